@@ -1,0 +1,1 @@
+"""HTTP surfaces: thin adapters from requests to use cases and back."""

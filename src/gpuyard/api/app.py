@@ -1,0 +1,92 @@
+"""``create_app(settings)``: the whole HTTP server, its store and its reconciler."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from gpuyard import __version__
+from gpuyard.api import catalog, clusters, errors
+from gpuyard.api.state import AppState
+from gpuyard.reconciler.loop import Reconciler
+from gpuyard.runtimes.base import Runtime
+from gpuyard.services.auth import IssuedKey
+from gpuyard.services.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.clock import Clock, SystemClock
+from gpuyard.services.context import Context
+from gpuyard.settings import Settings
+
+
+@dataclass
+class Server:
+    app: FastAPI
+    ctx: Context
+    reconciler: Reconciler
+    admin_key: IssuedKey | None
+
+
+def build_server(
+    settings: Settings,
+    runtime: Runtime,
+    *,
+    clock: Clock | None = None,
+    engine_url: str | None = None,
+    run_reconciler: bool = True,
+) -> Server:
+    """Migrate the store, seed it, register the local host and assemble the app.
+
+    The reconciler thread starts with the app (lifespan) when ``run_reconciler``;
+    it also runs one pass at start so work left by a crash resumes at once.
+    """
+    engine, sessions = open_store(settings)
+    ctx = Context(sessions=sessions, settings=settings, clock=clock or SystemClock())
+    reconciler = Reconciler(ctx, runtime)
+    ctx.wake = reconciler.wake
+    admin_key = first_start(ctx)
+    register_local_host(ctx, engine_url)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if run_reconciler:
+            reconciler.start()
+            reconciler.wake()
+        try:
+            yield
+        finally:
+            if run_reconciler:
+                reconciler.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="gpuyard",
+        version=__version__,
+        description="Self-hostable GPU cloud: clusters on real containers (REST v1/v2).",
+        lifespan=lifespan,
+    )
+    app.state.gpuyard = AppState(ctx=ctx, runtime=runtime)
+    errors.install(app)
+    app.include_router(clusters.router)
+    app.include_router(catalog.router)
+
+    @app.get("/healthz", tags=["meta"])
+    def healthz() -> JSONResponse:
+        problem = runtime.available()
+        return JSONResponse({"ok": True, "engine": problem or "ok"})
+
+    return Server(app=app, ctx=ctx, reconciler=reconciler, admin_key=admin_key)
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
+    """The ASGI app for ``settings`` (uvicorn factory use)."""
+    if runtime is None:
+        from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+        from gpuyard.runtimes.engine_url import detect_engine_url
+
+        url = detect_engine_url(settings.engine_url)
+        runtime = DockerEngineRuntime(url)
+        return build_server(settings, runtime, engine_url=url).app
+    return build_server(settings, runtime).app

@@ -1,0 +1,93 @@
+"""GPU types and hosts."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+
+from gpuyard.api.envelope import ok
+from gpuyard.api.state import app_state, current_principal
+from gpuyard.core.placement import free_resources
+from gpuyard.services.auth import Principal, Scope
+from gpuyard.services.catalog import list_gpu_types
+from gpuyard.services.hosts import capacities
+from gpuyard.store.schema import Host
+
+router = APIRouter(tags=["catalog"])
+
+
+@router.get("/v1/gpu-types")
+def gpu_types(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
+    """The catalog with prices per GPU-hour and how many are free right now."""
+    ctx = app_state(request).ctx
+    with ctx.read() as session:
+        types = list_gpu_types(session)
+        caps = capacities(session)
+    ratios = ctx.settings.allocation_ratios
+    free: dict[str, int] = {}
+    total: dict[str, int] = {}
+    for cap in caps:
+        for name, n in free_resources(cap, ratios)["gpus"].items():
+            free[name] = free.get(name, 0) + n
+        for g in cap.gpus:
+            total[g.gpu_type] = total.get(g.gpu_type, 0) + 1
+    return ok(
+        {
+            "gpu_types": [
+                {
+                    "id": g.id,
+                    "display_name": g.display_name,
+                    "manufacturer": g.manufacturer,
+                    "memory_gb": g.memory_gb,
+                    "secure_price": g.secure_price,
+                    "community_price": g.community_price,
+                    "secure_spot_price": g.secure_spot_price,
+                    "community_spot_price": g.community_spot_price,
+                    "total_gpus": total.get(g.id, 0),
+                    "available_gpus": free.get(g.id, 0),
+                }
+                for g in types
+            ]
+        }
+    )
+
+
+@router.get("/v1/hosts")
+def hosts(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
+    """Every host with its capacity, what is free and where each figure came from (admin)."""
+    principal.require(Scope.ADMIN)
+    ctx = app_state(request).ctx
+    with ctx.read() as session:
+        rows = {h.id: h for h in session.scalars(select(Host).order_by(Host.id))}
+        caps = capacities(session)
+    out = []
+    for cap in caps:
+        h = rows[cap.host_id]
+        out.append(
+            {
+                "id": h.id,
+                "name": h.name,
+                "location": h.location,
+                "cloud_type": h.cloud_type,
+                "address": h.address,
+                "engine_url": h.engine_url,
+                "healthy": h.healthy,
+                "vcpus": h.vcpus,
+                "memory_gb": h.memory_gb,
+                "disk_gb": h.disk_gb,
+                "gpu_source": h.gpu_source,
+                "declared": list(h.declared) + (["gpus"] if h.gpu_source == "declared" else []),
+                "gpus": [
+                    {
+                        "index": g.index,
+                        "type": g.gpu_type,
+                        "uuid": g.uuid,
+                        "allocated": g.index in cap.used_gpu_indices,
+                    }
+                    for g in cap.gpus
+                ],
+                "free": free_resources(cap, ctx.settings.allocation_ratios),
+            }
+        )
+    return ok({"hosts": out})

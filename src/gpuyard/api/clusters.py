@@ -1,0 +1,191 @@
+"""REST v1 and v2 cluster endpoints (seed 000)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from gpuyard.api import views
+from gpuyard.api.envelope import ok
+from gpuyard.api.state import AppState, app_state, current_principal
+from gpuyard.core.states import ClusterStatus
+from gpuyard.services import cluster_views
+from gpuyard.services import clusters as uc
+from gpuyard.services.auth import Principal
+from gpuyard.services.requests import CreateCluster, StartCluster
+
+router = APIRouter(tags=["clusters"])
+
+SETTLED = {ClusterStatus.RUNNING, ClusterStatus.ERROR, ClusterStatus.STOPPED, ClusterStatus.TERMINATED}
+
+
+def _detail(state: AppState, principal: Principal, cluster_id: str) -> cluster_views.ClusterDetails:
+    with state.ctx.read() as session:
+        cluster = uc.load_cluster(session, principal, cluster_id)
+        return cluster_views.one(state.ctx, session, cluster)
+
+
+async def _wait_settled(
+    state: AppState, principal: Principal, cluster_id: str, timeout_s: float
+) -> tuple[cluster_views.ClusterDetails, bool]:
+    """Wait on the recorded status (woken by the reconciler's notifier) until it
+    settles or the timeout passes. Returns the details and whether it timed out."""
+    deadline = time.monotonic() + timeout_s
+    notifier = state.ctx.notifier
+    while True:
+        generation = notifier.generation()
+        d = await run_in_threadpool(_detail, state, principal, cluster_id)
+        if ClusterStatus(d.cluster.status) in SETTLED:
+            return d, False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return d, True
+        await asyncio.to_thread(notifier.wait_change, generation, min(left, 1.0))
+
+
+@router.post("/v1/clusters", status_code=201)
+def create_cluster(
+    body: CreateCluster, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """Create a cluster: placed at once, then started by the reconciler."""
+    state = app_state(request)
+    cluster = uc.create_cluster(state.ctx, principal, body)
+    return ok(views.cluster_v1(_detail(state, principal, cluster.id)), status_code=201)
+
+
+@router.get("/v1/clusters")
+def list_clusters(
+    request: Request,
+    principal: Principal = Depends(current_principal),
+    project_id: int | None = Query(default=None),
+    search: str | None = Query(default=None, max_length=200),
+    status: str | None = Query(default=None, max_length=20),
+    page: int = Query(default=1, ge=1),
+    per_page: int = Query(default=50, ge=1, le=500),
+) -> JSONResponse:
+    state = app_state(request)
+    result = uc.list_clusters(
+        state.ctx, principal, project_id=project_id, search=search, status=status, page=page,
+        per_page=per_page,
+    )
+    with state.ctx.read() as session:
+        items = cluster_views.details(state.ctx, session, result.clusters)
+    pages = (result.total + per_page - 1) // per_page
+    return ok(
+        {
+            "clusters": [views.cluster_v1(d) for d in items],
+            "pagination": {"page": page, "per_page": per_page, "total": result.total, "pages": pages},
+        }
+    )
+
+
+@router.get("/v1/clusters/{cluster_id}")
+def get_cluster(
+    cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    return ok(views.cluster_v1(_detail(app_state(request), principal, cluster_id)))
+
+
+@router.get("/v1/clusters/{cluster_id}/events")
+def cluster_events(
+    cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    events = uc.list_events(app_state(request).ctx, principal, cluster_id)
+    return ok(
+        {
+            "events": [
+                {
+                    "id": e.id,
+                    "at": views.iso(e.created_at),
+                    "type": e.type,
+                    "from_status": e.from_status,
+                    "to_status": e.to_status,
+                    "message": e.message,
+                }
+                for e in events
+            ]
+        }
+    )
+
+
+async def _start(request: Request, principal: Principal, cluster_id: str, body: StartCluster) -> tuple[dict[str, Any], dict[str, Any], cluster_views.ClusterDetails]:
+    state = app_state(request)
+    result = await run_in_threadpool(uc.start_cluster, state.ctx, principal, cluster_id, body)
+    meta: dict[str, Any] = {"wait_for_ready": body.wait_for_ready}
+    if body.wait_for_ready:
+        d, timed_out = await _wait_settled(state, principal, cluster_id, body.timeout_minutes * 60)
+        meta["wait_timed_out"] = timed_out
+    else:
+        d = await run_in_threadpool(_detail, state, principal, cluster_id)
+    data = views.cluster_v1(d)
+    data["configuration_updates_applied"] = result.configuration_updates_applied
+    data["cost"] = {
+        **data["cost"],
+        "new_hourly_rate": result.new_rate,
+        "previous_hourly_rate": result.previous_rate,
+        "rate_change_reason": result.rate_change_reason,
+    }
+    return data, meta, d
+
+
+@router.post("/v1/clusters/{cluster_id}/start")
+async def start_cluster(
+    cluster_id: str,
+    request: Request,
+    body: StartCluster | None = None,
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """Start a stopped cluster, optionally changing its configuration first."""
+    data, meta, _ = await _start(request, principal, cluster_id, body or StartCluster())
+    return ok(data, **meta)
+
+
+@router.post("/v1/clusters/{cluster_id}/stop")
+def stop_cluster(
+    cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    state = app_state(request)
+    uc.stop_cluster(state.ctx, principal, cluster_id)
+    return ok(views.cluster_v1(_detail(state, principal, cluster_id)))
+
+
+@router.post("/v1/clusters/{cluster_id}/restart")
+def restart_cluster(
+    cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    state = app_state(request)
+    uc.restart_cluster(state.ctx, principal, cluster_id)
+    return ok(views.cluster_v1(_detail(state, principal, cluster_id)))
+
+
+@router.delete("/v1/clusters/{cluster_id}")
+def terminate_cluster(
+    cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    state = app_state(request)
+    uc.terminate_cluster(state.ctx, principal, cluster_id)
+    return ok(views.cluster_v1(_detail(state, principal, cluster_id)))
+
+
+@router.post("/v2/clusters/{cluster_id}/start")
+async def start_cluster_v2(
+    cluster_id: str,
+    request: Request,
+    body: StartCluster | None = None,
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """The flat v2 object of seed 000; errors keep the v1 envelope."""
+    _, _, d = await _start(request, principal, cluster_id, body or StartCluster())
+    return JSONResponse(views.cluster_v2(d))
+
+
+@router.get("/v2/clusters/{cluster_id}")
+def get_cluster_v2(
+    cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    return JSONResponse(views.cluster_v2(_detail(app_state(request), principal, cluster_id)))

@@ -1,0 +1,86 @@
+"""Exception handlers: every failure leaves in the v1 envelope, never as a trace."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gpuyard.api.envelope import error_body, error_response
+from gpuyard.core.errors import GpuyardError
+
+log = logging.getLogger(__name__)
+
+_HTTP_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+}
+
+
+def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
+    """``("body", "ports", 0, "internal_port")`` -> ``ports[0].internal_port``."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out or "body"
+
+
+def validation_response(exc: RequestValidationError) -> JSONResponse:
+    errors = []
+    for err in exc.errors():
+        loc = err.get("loc", ())
+        field = field_path(loc)
+        msg = str(err.get("msg", "invalid"))
+        if err.get("type") == "json_invalid":
+            field, msg = "body", "request body is not valid JSON"
+        elif err.get("type") == "extra_forbidden":
+            msg = "unknown field"
+        errors.append({"field": field, "message": msg})
+    first = errors[0] if errors else {"field": "body", "message": "invalid request"}
+    return JSONResponse(
+        error_body(
+            "VALIDATION_ERROR",
+            f"{first['field']}: {first['message']}",
+            {"field": first["field"], "errors": errors},
+        ),
+        status_code=400,
+    )
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(GpuyardError)
+    async def _domain(_: Request, exc: GpuyardError) -> JSONResponse:
+        if exc.http_status >= 500:
+            log.error("%s: %s", exc.code, exc.message)
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse(
+            error_body("INTERNAL_ERROR", "internal error; see the server log"), status_code=500
+        )

@@ -1,0 +1,128 @@
+"""JSON shapes of clusters for REST v1 and v2."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from gpuyard.core.progress import progress_for
+from gpuyard.core.states import ClusterStatus, allowed_actions
+from gpuyard.services.cluster_views import ClusterDetails
+
+
+def iso(t: datetime | None) -> str | None:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ") if t else None
+
+
+def network(d: ClusterDetails) -> dict[str, Any]:
+    running = d.cluster.status == ClusterStatus.RUNNING
+    ports = [
+        {
+            "internal_port": p.internal_port,
+            "external_port": p.external_port,
+            "protocol": p.protocol,
+            "description": p.description,
+            "address": f"{d.host_address}:{p.external_port}"
+            if d.host_address and p.external_port
+            else None,
+        }
+        for p in d.ports
+    ]
+    http = next((p for p in d.ports if p.protocol == "http" and p.external_port), None)
+    ssh = next((p for p in d.ports if p.internal_port == 22 and p.protocol != "udp"), None)
+    reachable = running and d.host_address is not None
+    return {
+        "ip": d.host_address,
+        "ports": ports,
+        "proxy_url": f"http://{d.host_address}:{http.external_port}" if reachable and http else None,
+        "ssh_connection": {
+            "host": d.host_address if reachable and ssh else None,
+            "port": ssh.external_port if reachable and ssh else None,
+            "username": "root" if reachable and ssh else None,
+            "connection_string": f"ssh root@{d.host_address} -p {ssh.external_port}"
+            if reachable and ssh
+            else None,
+        },
+    }
+
+
+def cost(d: ClusterDetails) -> dict[str, Any]:
+    return {
+        "hourly_rate": d.rate.total,
+        "currency": "USD",
+        "breakdown": asdict(d.rate),
+    }
+
+
+def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
+    c = d.cluster
+    status = ClusterStatus(c.status)
+    body: dict[str, Any] = {
+        "id": c.id,
+        "name": c.name,
+        "project_id": c.project_id,
+        "status": status.value,
+        "desired_status": c.desired_status,
+        "actions": [a.value for a in allowed_actions(status)],
+        "last_status_change": c.status_reason,
+        "error_message": c.error_message,
+        "docker_image": c.image,
+        "docker_args": c.docker_args,
+        "gpu_type": c.gpu_type,
+        "gpu_display_name": d.gpu_display_name,
+        "gpu_count": c.gpu_count,
+        "gpu_indices": list(c.gpu_indices),
+        "cpu_cores": c.cpu_cores,
+        "memory_gb": c.memory_gb,
+        "container_disk_gb": c.container_disk_gb,
+        "volume_gb": c.volume_gb,
+        "storage_gb": c.volume_gb,
+        "volume_mount_path": c.volume_mount_path,
+        "cloud_type": c.cloud_type,
+        "env": dict(c.env),
+        "ports": [
+            {
+                "internal_port": p.internal_port,
+                "external_port": p.external_port,
+                "protocol": p.protocol,
+                "description": p.description,
+            }
+            for p in d.ports
+        ],
+        "auto_terminate": dict(c.auto_terminate) or {"enabled": False},
+        "host": {
+            "id": c.host_id,
+            "name": d.host_name,
+            "location": d.host_location,
+            "gpu_source": d.gpu_source,
+        }
+        if c.host_id is not None
+        else None,
+        "network": network(d),
+        "cost": cost(d),
+        "created_at": iso(c.created_at),
+        "updated_at": iso(c.updated_at),
+        "start_initiated_at": iso(c.start_initiated_at),
+        "started_at": iso(c.started_at),
+        "stopped_at": iso(c.stopped_at),
+        "terminated_at": iso(c.terminated_at),
+    }
+    if status in (ClusterStatus.STARTING, ClusterStatus.PENDING):
+        body["startup_progress"] = asdict(progress_for(c.startup_step))
+        body["estimated_ready_at"] = iso(d.estimated_ready_at)
+    return body
+
+
+def cluster_v2(d: ClusterDetails) -> dict[str, Any]:
+    c = d.cluster
+    return {
+        "id": c.id,
+        "name": c.name,
+        "status": c.status,
+        "gpuType": c.gpu_type,
+        "gpuCount": c.gpu_count,
+        "containerDiskSize": c.container_disk_gb,
+        "volumeSize": c.volume_gb,
+        "createdAt": iso(c.created_at),
+    }

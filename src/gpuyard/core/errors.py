@@ -1,0 +1,78 @@
+"""One typed error hierarchy, rendered by each API surface in its own envelope.
+
+Every error carries a stable machine ``code`` (used verbatim by REST, GraphQL
+``extensions.code`` and the training API), a human ``message`` and structured
+``details``. ``http_status`` is the status REST answers with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GpuyardError(Exception):
+    """Base of every error the API may show a user."""
+
+    code = "INTERNAL_ERROR"
+    http_status = 500
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+
+class ValidationFailed(GpuyardError):
+    code = "VALIDATION_ERROR"
+    http_status = 400
+
+    def __init__(self, field: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{field}: {message}", {"field": field, **(details or {})})
+        self.field = field
+
+
+class Unauthorized(GpuyardError):
+    code = "UNAUTHORIZED"
+    http_status = 401
+
+
+class Forbidden(GpuyardError):
+    code = "FORBIDDEN"
+    http_status = 403
+
+
+class NotFound(GpuyardError):
+    code = "NOT_FOUND"
+    http_status = 404
+
+
+class ClusterNotFound(NotFound):
+    code = "CLUSTER_NOT_FOUND"
+
+
+class SnapshotNotFound(NotFound):
+    code = "SNAPSHOT_NOT_FOUND"
+
+
+class InvalidState(GpuyardError):
+    code = "INVALID_STATE"
+    http_status = 409
+
+
+class InsufficientCapacity(GpuyardError):
+    code = "INSUFFICIENT_CAPACITY"
+    http_status = 409
+
+
+class Conflict(GpuyardError):
+    """A concurrent change won; the caller may retry."""
+
+    code = "CONFLICT"
+    http_status = 409
+
+
+class RuntimeFailure(GpuyardError):
+    """The container engine refused or failed an operation."""
+
+    code = "RUNTIME_ERROR"
+    http_status = 502

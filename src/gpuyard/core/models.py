@@ -1,0 +1,144 @@
+"""Domain value objects shared by every layer.
+
+These are validated pydantic models (API bodies reuse them) or frozen dataclasses;
+loose dicts never cross a layer boundary.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_ENV_VALUE = 32 * 1024
+
+
+class CloudType(StrEnum):
+    SECURE = "SECURE"
+    COMMUNITY = "COMMUNITY"
+    ALL = "ALL"
+
+
+class GpuSource(StrEnum):
+    NVML = "nvml"
+    DECLARED = "declared"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PortSpec(StrictModel):
+    """A port the cluster exposes. ``external_port`` 0 asks gpuyard to assign one."""
+
+    internal_port: int = Field(ge=1, le=65535)
+    external_port: int = Field(default=0, ge=0, le=65535)
+    protocol: Literal["http", "tcp", "udp"] = "tcp"
+    description: str = Field(default="", max_length=200)
+
+    @property
+    def transport(self) -> Literal["tcp", "udp"]:
+        return "udp" if self.protocol == "udp" else "tcp"
+
+
+class AutoTerminatePolicy(StrictModel):
+    """When a cluster should stop itself. Stored and shown; enforced by the cost issue."""
+
+    enabled: bool = False
+    idle_minutes: int | None = Field(default=None, ge=1, le=525600)
+    cost_limit_usd: float | None = Field(default=None, gt=0)
+    max_runtime_hours: float | None = Field(default=None, gt=0, le=8760)
+    action: Literal["stop", "terminate"] = "stop"
+
+
+def validate_env(env: dict[str, str]) -> dict[str, str]:
+    for name, value in env.items():
+        if not ENV_NAME.match(name):
+            raise ValueError(f"invalid environment variable name {name!r}")
+        if len(value) > MAX_ENV_VALUE:
+            raise ValueError(f"environment variable {name!r} is longer than {MAX_ENV_VALUE}")
+    return env
+
+
+class ClusterConfig(StrictModel):
+    """Everything that defines what a cluster runs and what it reserves."""
+
+    image: str = Field(min_length=1, max_length=512)
+    docker_args: str = Field(default="", max_length=8192)
+    env: dict[str, str] = Field(default_factory=dict)
+    ports: tuple[PortSpec, ...] = ()
+    gpu_type: str | None = None
+    gpu_count: int = Field(default=0, ge=0, le=64)
+    cpu_cores: int = Field(default=1, ge=1, le=1024)
+    memory_gb: int = Field(default=1, ge=1, le=16384)
+    container_disk_gb: int = Field(default=10, ge=1, le=65536)
+    volume_gb: int = Field(default=0, ge=0, le=1048576)
+    volume_mount_path: str = Field(default="/workspace", max_length=512)
+    cloud_type: CloudType = CloudType.SECURE
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return validate_env(env)
+
+    @field_validator("volume_mount_path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/") or ".." in path.split("/"):
+            raise ValueError("must be an absolute path without '..'")
+        return path
+
+
+@dataclass(frozen=True)
+class GpuTypeInfo:
+    id: str
+    display_name: str
+    manufacturer: str
+    memory_gb: int
+    secure_price: float
+    community_price: float
+    secure_spot_price: float
+    community_spot_price: float
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    index: int
+    gpu_type: str
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    """What a host has and what is already taken, as placement sees it."""
+
+    host_id: int
+    cloud_type: CloudType
+    vcpus: int
+    memory_gb: int
+    disk_gb: int
+    gpus: tuple[HostGpu, ...]
+    used_vcpus: float = 0
+    used_memory_gb: float = 0
+    used_disk_gb: float = 0
+    used_gpu_indices: frozenset[int] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class ResourceRequest:
+    gpu_type: str | None
+    gpu_count: int
+    vcpus: int
+    memory_gb: int
+    disk_gb: int
+    cloud_type: CloudType = CloudType.ALL
+
+
+@dataclass(frozen=True)
+class Placement:
+    host_id: int
+    gpu_indices: tuple[int, ...]

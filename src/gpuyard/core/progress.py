@@ -1,0 +1,54 @@
+"""The fixed, named startup steps and how progress is shown.
+
+A cluster's ``startup_step`` counts completed steps (0..TOTAL_STEPS); percentages
+derive from it, so they only grow while the step counter only grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STEPS: tuple[tuple[str, str], ...] = (
+    ("initializing", "Validating request"),
+    ("initializing", "Allocating resources"),
+    ("provisioning", "Preparing storage"),
+    ("provisioning", "Restoring snapshot"),
+    ("provisioning", "Pulling image"),
+    ("provisioning", "Creating container"),
+    ("booting", "Starting container"),
+    ("booting", "Waiting for readiness"),
+)
+TOTAL_STEPS = len(STEPS)
+
+# Step counters after which each phase of the driver has finished.
+STEP_VALIDATED = 1
+STEP_ALLOCATED = 2
+STEP_STORAGE = 3
+STEP_SNAPSHOT = 4
+STEP_IMAGE = 5
+STEP_CREATED = 6
+STEP_STARTED = 7
+STEP_READY = 8
+
+
+@dataclass(frozen=True)
+class StartupProgress:
+    phase: str
+    percentage: int
+    current_step: str
+    steps_completed: int
+    total_steps: int = TOTAL_STEPS
+
+
+def progress_for(steps_completed: int) -> StartupProgress:
+    """Progress after ``steps_completed`` steps; the current step is the next one."""
+    done = max(0, min(steps_completed, TOTAL_STEPS))
+    phase, label = STEPS[min(done, TOTAL_STEPS - 1)]
+    if done == TOTAL_STEPS:
+        phase, label = "ready", "Ready"
+    return StartupProgress(
+        phase=phase,
+        percentage=round(done * 100 / TOTAL_STEPS),
+        current_step=label,
+        steps_completed=done,
+    )

@@ -1,0 +1,1 @@
+"""Level-based loops that drive clusters toward their desired state."""

@@ -1,0 +1,279 @@
+"""Per-cluster steps: each reads the cluster, calls the runtime outside any
+transaction, then records the result with a guarded update (DESIGN.md rule 2).
+
+Every step is safe to repeat: after a crash the reconciler simply runs it again.
+A Conflict while recording means the user changed the cluster meanwhile (stop,
+terminate); the step gives up and the next pass acts on the new status.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+
+from gpuyard.core.errors import Conflict, GpuyardError
+from gpuyard.core.progress import (
+    STEP_CREATED,
+    STEP_IMAGE,
+    STEP_READY,
+    STEP_SNAPSHOT,
+    STEP_STARTED,
+    STEP_STORAGE,
+)
+from gpuyard.core.states import ClusterStatus
+from gpuyard.runtimes.base import (
+    LABEL_CLUSTER,
+    LABEL_MANAGED,
+    ContainerSpec,
+    ContainerState,
+    PortBinding,
+    Runtime,
+    volume_name,
+)
+from gpuyard.services.context import Context
+from gpuyard.services.hosts import gpu_uuids
+from gpuyard.services.lifecycle import guarded_update, transition_cluster
+from gpuyard.services.placement import release_all, release_compute
+from gpuyard.store.schema import Cluster, PortAllocation, StartupSample
+
+log = logging.getLogger(__name__)
+
+
+class Abandon(Exception):
+    """The cluster moved on under us; stop this step quietly."""
+
+
+class ClusterDriver:
+    def __init__(self, ctx: Context, runtime: Runtime, sleep: Callable[[float], None] = time.sleep):
+        self.ctx = ctx
+        self.runtime = runtime
+        self.sleep = sleep
+
+    # -- helpers -------------------------------------------------------------
+    def _load(self, cluster_id: str) -> Cluster | None:
+        with self.ctx.read() as session:
+            return session.get(Cluster, cluster_id)
+
+    def _record(self, cluster: Cluster, **values: Any) -> None:
+        try:
+            with self.ctx.transaction() as session:
+                cluster.version = guarded_update(
+                    session, cluster.id, cluster.version, self.ctx.clock.now(), **values
+                )
+        except Conflict as exc:
+            raise Abandon() from exc
+        for k, v in values.items():
+            setattr(cluster, k, v)
+
+    def _transition(
+        self,
+        cluster: Cluster,
+        target: ClusterStatus,
+        reason: str,
+        release: Callable[..., None] | None = None,
+        **values: Any,
+    ) -> None:
+        try:
+            with self.ctx.transaction() as session:
+                if release is not None:
+                    release(session, cluster.id)
+                cluster.version = transition_cluster(
+                    session, cluster, target, reason, self.ctx.clock.now(), **values
+                )
+                cluster.status = target.value
+        except Conflict as exc:
+            raise Abandon() from exc
+        finally:
+            self.ctx.notifier.notify()
+
+    def _fail(self, cluster: Cluster, message: str) -> None:
+        log.warning("cluster %s failed: %s", cluster.id, message)
+        self._transition(
+            cluster,
+            ClusterStatus.ERROR,
+            f"error: {message}",
+            release=release_compute,
+            error_message=message,
+        )
+
+    # -- entry point -----------------------------------------------------------
+    def drive(self, cluster_id: str) -> None:
+        """Advance one cluster as far as it goes now. Never raises for a cluster-level
+        failure: those end in status ``error`` with a message."""
+        cluster = self._load(cluster_id)
+        if cluster is None:
+            return
+        status = ClusterStatus(cluster.status)
+        try:
+            if status in (ClusterStatus.PENDING, ClusterStatus.STARTING):
+                self._start(cluster)
+            elif status == ClusterStatus.STOPPING:
+                self._stop(cluster)
+            elif status == ClusterStatus.TERMINATING:
+                self._terminate(cluster)
+        except Abandon:
+            log.debug(
+                "cluster %s changed during %s; leaving it to the next pass", cluster_id, status
+            )
+
+    # -- phases --------------------------------------------------------------
+    def _start(self, c: Cluster) -> None:
+        if c.status == ClusterStatus.PENDING:
+            self._transition(c, ClusterStatus.STARTING, "starting")
+        try:
+            if c.volume_gb > 0 and c.startup_step < STEP_STORAGE:
+                self.runtime.ensure_volume(volume_name(c.id))
+            if c.startup_step < STEP_SNAPSHOT:
+                self._record(c, startup_step=STEP_SNAPSHOT)
+            if c.startup_step < STEP_IMAGE:
+                self.runtime.ensure_image(c.image)
+                self._record(c, startup_step=STEP_IMAGE)
+            # Container creation always repeats: it replaces any container left over
+            # from an interrupted attempt or the previous run (restart).
+            container_id = self.runtime.create(self._spec(c))
+            self._record(
+                c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
+            )
+            self.runtime.start(c.id)
+            self._record(c, startup_step=STEP_STARTED)
+            self._await_running(c)
+        except GpuyardError as exc:
+            self._fail(c, exc.message)
+
+    def _await_running(self, c: Cluster) -> None:
+        deadline = time.monotonic() + self.ctx.settings.readiness_timeout_s
+        delay = 0.02
+        while True:
+            seen = self.runtime.observe(c.id)
+            if seen.state == ContainerState.RUNNING:
+                break
+            if seen.state in (ContainerState.EXITED, ContainerState.MISSING):
+                tail = (
+                    self.runtime.logs(c.id, tail=5).strip()
+                    if seen.state == ContainerState.EXITED
+                    else ""
+                )
+                detail = f"; last output: {tail[-300:]}" if tail else ""
+                self._fail(c, f"container exited with code {seen.exit_code} during startup{detail}")
+                return
+            if time.monotonic() > deadline:
+                self._fail(c, "container did not reach running before the readiness timeout")
+                return
+            self.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        now = self.ctx.clock.now()
+        self._transition(
+            c, ClusterStatus.RUNNING, "running", startup_step=STEP_READY, started_at=now
+        )
+        if c.start_initiated_at is not None:
+            with self.ctx.transaction() as session:
+                seconds = (now - c.start_initiated_at).total_seconds()
+                session.add(StartupSample(seconds=max(0.0, seconds), created_at=now))
+
+    def _spec(self, c: Cluster) -> ContainerSpec:
+        with self.ctx.read() as session:
+            allocations = list(
+                session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == c.id))
+            )
+            uuids = gpu_uuids(session, c.host_id, list(c.gpu_indices)) if c.host_id else ()
+        env = dict(c.env)
+        indices = ",".join(str(i) for i in c.gpu_indices)
+        if uuids:
+            # Real GPUs are handed over as devices; inside they are numbered from 0.
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(uuids)))
+        else:
+            env["NVIDIA_VISIBLE_DEVICES"] = indices or "void"
+            env["CUDA_VISIBLE_DEVICES"] = indices
+        env["GPUYARD_CLUSTER_ID"] = c.id
+        try:
+            command = tuple(shlex.split(c.docker_args)) if c.docker_args.strip() else None
+        except ValueError as exc:
+            raise GpuyardError(f"docker_args cannot be parsed: {exc}") from exc
+        return ContainerSpec(
+            cluster_id=c.id,
+            image=c.image,
+            command=command,
+            env=env,
+            ports=tuple(
+                PortBinding(a.internal_port, a.port, "udp" if a.protocol == "udp" else "tcp")
+                for a in allocations
+            ),
+            volume_name=volume_name(c.id) if c.volume_gb > 0 else None,
+            volume_mount_path=c.volume_mount_path,
+            cpu_cores=float(c.cpu_cores),
+            memory_gb=float(c.memory_gb),
+            gpu_indices=tuple(c.gpu_indices),
+            gpu_uuids=uuids,
+            labels={LABEL_CLUSTER: c.id, LABEL_MANAGED: "true"},
+        )
+
+    def _stop(self, c: Cluster) -> None:
+        try:
+            self.runtime.stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
+        except GpuyardError as exc:
+            self._fail(c, f"stop failed: {exc.message}")
+            return
+        self._transition(
+            c,
+            ClusterStatus.STOPPED,
+            c.status_reason if c.status_reason.startswith("preempted") else "stopped",
+            release=release_compute,
+            stopped_at=self.ctx.clock.now(),
+            runtime_handle={},
+        )
+
+    def _terminate(self, c: Cluster) -> None:
+        try:
+            self.runtime.stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
+            self.runtime.remove_volume(volume_name(c.id))
+        except GpuyardError as exc:
+            # Terminate must not leave a running container billed to nobody: retry.
+            log.warning("terminate of %s failed, will retry: %s", c.id, exc.message)
+            raise Abandon() from exc
+        self._transition(
+            c,
+            ClusterStatus.TERMINATED,
+            "terminated",
+            release=release_all,
+            terminated_at=self.ctx.clock.now(),
+            runtime_handle={},
+        )
+
+    # -- observation of resting clusters ---------------------------------------
+    def check_running(self, cluster_id: str) -> None:
+        """A cluster recorded as running whose container is gone or exited fails."""
+        c = self._load(cluster_id)
+        if c is None or c.status != ClusterStatus.RUNNING:
+            return
+        seen = self.runtime.observe(cluster_id)
+        if seen.state == ContainerState.RUNNING:
+            return
+        try:
+            if seen.state == ContainerState.MISSING:
+                self._fail(c, "container disappeared")
+            else:
+                self._fail(c, f"container exited with code {seen.exit_code}")
+        except Abandon:
+            pass
+
+    def collect_orphan(self, cluster_id: str) -> None:
+        """Remove the container of a cluster that should have none."""
+        c = self._load(cluster_id)
+        if c is not None and c.status in (
+            ClusterStatus.PENDING,
+            ClusterStatus.STARTING,
+            ClusterStatus.RUNNING,
+            ClusterStatus.STOPPING,
+            ClusterStatus.TERMINATING,
+        ):
+            return
+        log.info("removing orphaned container of cluster %s", cluster_id)
+        self.runtime.stop(cluster_id, timeout_s=self.ctx.settings.stop_timeout_s)
+        if c is None:
+            self.runtime.remove_volume(volume_name(cluster_id))

@@ -1,0 +1,1 @@
+"""Runtime drivers. They import only gpuyard.core, never the server or the store."""

@@ -1,0 +1,243 @@
+"""An in-memory runtime for unit tests and scale benchmarks.
+
+It follows the :class:`~gpuyard.runtimes.base.Runtime` contracts exactly (idempotent on
+the cluster id, RuntimeFailure on misuse) with every state change immediate, so tests
+need no waiting. Volumes carry a dict of "files" so a test can check that data survives
+stop/start and disappears on terminate; the container disk (``FakeContainer.disk``) is
+dropped with the container, as a real engine does on stop.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.runtimes.base import (
+    Capabilities,
+    ContainerSpec,
+    ContainerState,
+    ContainerStats,
+    ManagedContainer,
+    Observed,
+)
+
+
+@dataclass
+class FakeContainer:
+    id: str
+    spec: ContainerSpec
+    state: ContainerState = ContainerState.CREATED
+    exit_code: int | None = None
+    error: str | None = None
+    started_at: str | None = None
+    disk: dict[str, str] = field(default_factory=dict)
+    log_lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FakeVolume:
+    name: str
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class FakeRuntime:
+    """Thread-safe in-memory runtime.
+
+    Knobs for tests: ``images`` (present locally; ``pullable`` decides whether a missing
+    one can be "pulled"), ``fail_images`` (``ensure_image`` raises for these),
+    ``unavailable`` (``available()`` answers this message), ``fail_next`` (operation name ->
+    message, raised once by that operation), and :meth:`crash` to simulate an exit.
+    ``calls`` counts every operation, for tests asserting how often the engine is hit.
+    """
+
+    name = "fake"
+
+    def __init__(
+        self,
+        *,
+        images: set[str] | None = None,
+        pullable: bool = True,
+        real_gpus: bool = False,
+    ) -> None:
+        self._lock = threading.Lock()
+        self.containers: dict[str, FakeContainer] = {}
+        self.volumes: dict[str, FakeVolume] = {}
+        self.images: set[str] = set(images or ())
+        self.pullable = pullable
+        self.fail_images: dict[str, str] = {}
+        self.fail_next: dict[str, str] = {}
+        self.unavailable: str | None = None
+        self.real_gpus = real_gpus
+        self.calls: dict[str, int] = {}
+        self.cpu_percent = 1.0
+        self.memory_percent = 2.0
+        self._seq = 0
+        self._tick = 0
+
+    # -- test helpers ----------------------------------------------------------------
+
+    def fail_image(self, image: str, reason: str = "manifest unknown") -> None:
+        """Make ``ensure_image(image)`` raise RuntimeFailure with ``reason``."""
+        with self._lock:
+            self.fail_images[image] = reason
+
+    def crash(self, cluster_id: str, exit_code: int = 1, error: str | None = None) -> None:
+        """Simulate the container's process exiting on its own."""
+        with self._lock:
+            c = self.containers.get(cluster_id)
+            if c is None:
+                raise KeyError(cluster_id)
+            c.state = ContainerState.EXITED
+            c.exit_code = exit_code
+            c.error = error
+
+    def volume_files(self, name: str) -> dict[str, str]:
+        """A copy of a volume's files (KeyError if the volume does not exist)."""
+        with self._lock:
+            return dict(self.volumes[name].files)
+
+    def write_file(self, cluster_id: str, path: str, content: str) -> None:
+        """Write ``path`` as the container would: under the volume mount it lands in
+        the volume, elsewhere on the container disk."""
+        with self._lock:
+            c = self.containers[cluster_id]
+            mount = c.spec.volume_mount_path.rstrip("/") + "/"
+            if c.spec.volume_name and path.startswith(mount):
+                self.volumes[c.spec.volume_name].files[path[len(mount) :]] = content
+            else:
+                c.disk[path] = content
+
+    # -- internals -------------------------------------------------------------------
+
+    def _enter(self, op: str) -> None:
+        """Count the call and raise an injected failure. Caller holds the lock."""
+        self.calls[op] = self.calls.get(op, 0) + 1
+        if self.unavailable is not None and op != "available":
+            raise RuntimeFailure(self.unavailable)
+        msg = self.fail_next.pop(op, None)
+        if msg is not None:
+            raise RuntimeFailure(msg)
+
+    def _timestamp(self) -> str:
+        self._tick += 1
+        return f"2024-01-01T00:00:{self._tick % 60:02d}.{self._tick:09d}Z"
+
+    # -- Runtime protocol ------------------------------------------------------------
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            real_gpus=self.real_gpus, cpu_limits=True, memory_limits=True, stats=True
+        )
+
+    def available(self) -> str | None:
+        with self._lock:
+            self._enter("available")
+            return self.unavailable
+
+    def ensure_image(self, image: str) -> None:
+        with self._lock:
+            self._enter("ensure_image")
+            reason = self.fail_images.get(image)
+            if reason is None and image not in self.images and not self.pullable:
+                reason = "pull access denied (fake runtime: pulling disabled)"
+            if reason is not None:
+                raise RuntimeFailure(
+                    f"image {image} is not present on the engine and could not be pulled: {reason}",
+                    {"image": image},
+                )
+            self.images.add(image)
+
+    def ensure_volume(self, name: str) -> None:
+        with self._lock:
+            self._enter("ensure_volume")
+            self.volumes.setdefault(name, FakeVolume(name))
+
+    def create(self, spec: ContainerSpec) -> str:
+        with self._lock:
+            self._enter("create")
+            if spec.image not in self.images:
+                raise RuntimeFailure(
+                    f"image {spec.image} is not present on the engine", {"image": spec.image}
+                )
+            if spec.volume_name:
+                self.volumes.setdefault(spec.volume_name, FakeVolume(spec.volume_name))
+            self._seq += 1
+            cid = f"fake{self._seq:060d}"
+            # Replacing drops the old container and its disk, as a real engine does.
+            self.containers[spec.cluster_id] = FakeContainer(id=cid, spec=spec)
+            return cid
+
+    def start(self, cluster_id: str) -> None:
+        with self._lock:
+            self._enter("start")
+            c = self.containers.get(cluster_id)
+            if c is None:
+                raise RuntimeFailure(
+                    f"cluster {cluster_id} has no container to start; create it first"
+                )
+            if c.state is not ContainerState.RUNNING:
+                c.state = ContainerState.RUNNING
+                c.exit_code = None
+                c.error = None
+                c.started_at = self._timestamp()
+                c.log_lines.append(f"started {cluster_id}")
+
+    def stop(self, cluster_id: str, timeout_s: int = 10) -> None:
+        with self._lock:
+            self._enter("stop")
+            self.containers.pop(cluster_id, None)
+
+    def remove_volume(self, name: str) -> None:
+        with self._lock:
+            self._enter("remove_volume")
+            for c in self.containers.values():
+                if c.spec.volume_name == name:
+                    raise RuntimeFailure(
+                        f"volume {name} is in use by container {c.id[:12]}; stop it first"
+                    )
+            self.volumes.pop(name, None)
+
+    def observe(self, cluster_id: str) -> Observed:
+        with self._lock:
+            self._enter("observe")
+            c = self.containers.get(cluster_id)
+            if c is None:
+                return Observed(state=ContainerState.MISSING)
+            return Observed(
+                state=c.state,
+                container_id=c.id,
+                exit_code=c.exit_code,
+                error=c.error,
+                started_at=c.started_at,
+            )
+
+    def list_managed(self) -> list[ManagedContainer]:
+        with self._lock:
+            self._enter("list_managed")
+            return [
+                ManagedContainer(cluster_id, c.id, c.state)
+                for cluster_id, c in self.containers.items()
+            ]
+
+    def stats(self, cluster_id: str) -> ContainerStats | None:
+        with self._lock:
+            self._enter("stats")
+            c = self.containers.get(cluster_id)
+            if c is None or c.state is not ContainerState.RUNNING:
+                return None
+            limit = int(c.spec.memory_gb * 1024**3)
+            return ContainerStats(
+                cpu_percent=self.cpu_percent,
+                memory_percent=self.memory_percent,
+                memory_bytes=int(limit * self.memory_percent / 100),
+            )
+
+    def logs(self, cluster_id: str, tail: int = 200) -> str:
+        with self._lock:
+            self._enter("logs")
+            c = self.containers.get(cluster_id)
+            if c is None:
+                return ""
+            lines = c.log_lines[-tail:] if tail > 0 else []
+            return "".join(f"{line}\n" for line in lines)

@@ -1,0 +1,1 @@
+"""Use cases. Each function takes what it needs (sessions, runtime, clock) explicitly."""

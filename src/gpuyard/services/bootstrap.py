@@ -1,0 +1,72 @@
+"""Start-up work: migrations, the GPU catalog, the first admin key, the local host."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpuyard.core.models import CloudType
+from gpuyard.services.auth import IssuedKey, bootstrap_admin
+from gpuyard.services.catalog import seed_catalog
+from gpuyard.services.context import Context
+from gpuyard.services.discovery import discover
+from gpuyard.services.hosts import register_host
+from gpuyard.settings import Settings
+from gpuyard.store.db import make_engine, make_sessionmaker
+from gpuyard.store.migrate import upgrade
+
+
+def open_store(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
+    """Connect and bring the schema to the latest migration."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.effective_database_url)
+    upgrade(engine)
+    return engine, make_sessionmaker(engine)
+
+
+def write_credentials(path: Path, url: str, key: str) -> None:
+    """Write ``{"url", "api_key"}`` readable by the owner only (created 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": url, "api_key": key}, f)
+    os.chmod(path, 0o600)
+
+
+def first_start(ctx: Context) -> IssuedKey | None:
+    """Seed the catalog; on the very first start create the admin and its key, and
+    save the key to the credentials file. Returns the key to print, else None."""
+    with ctx.transaction() as session:
+        seed_catalog(session)
+        issued = bootstrap_admin(session)
+    if issued is not None:
+        s = ctx.settings
+        write_credentials(s.credentials_path, f"http://{s.host}:{s.port}", issued.key)
+    return issued
+
+
+def register_local_host(ctx: Context, engine_url: str | None) -> int:
+    s = ctx.settings
+    inventory = discover(
+        declared_gpus=s.local_gpus,
+        vcpus=s.local_vcpus,
+        memory_gb=s.local_memory_gb,
+        disk_gb=s.local_disk_gb,
+        disk_path=s.home,
+    )
+    with ctx.transaction() as session:
+        host = register_host(
+            session,
+            name=socket.gethostname(),
+            location=s.local_location,
+            cloud_type=CloudType(s.local_cloud_type.upper()),
+            address=s.public_address or ("127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host),
+            engine_url=engine_url,
+            inventory=inventory,
+        )
+        return host.id

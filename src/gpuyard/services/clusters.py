@@ -1,0 +1,492 @@
+"""Cluster use cases: create, start, stop, restart, terminate, read.
+
+Each records intent in one transaction (placement included), then wakes the
+reconciler, which does the runtime work (DESIGN.md rule 1). None of them calls a
+runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from gpuyard.core.errors import (
+    ClusterNotFound,
+    Conflict,
+    InvalidState,
+    NotFound,
+    SnapshotNotFound,
+    ValidationFailed,
+)
+from gpuyard.core.ids import new_cluster_id
+from gpuyard.core.models import CloudType, GpuTypeInfo, PortSpec, ResourceRequest
+from gpuyard.core.pricing import RateParts, hourly_rate
+from gpuyard.core.progress import STEP_ALLOCATED
+from gpuyard.core.states import (
+    REQUIRED_STATUS,
+    SUGGESTIONS,
+    Action,
+    ClusterStatus,
+    allowed_actions,
+)
+from gpuyard.services.auth import Principal
+from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.context import Context
+from gpuyard.services.lifecycle import record_event, transition_cluster
+from gpuyard.services.placement import assign_ports, claim
+from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.store.schema import Cluster, Event, Project
+
+MAX_CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class StartResult:
+    cluster: Cluster
+    configuration_updates_applied: list[str]
+    previous_rate: float
+    new_rate: float
+    rate_change_reason: str | None
+
+
+def resolve_gpu_type(session: Session, name: str | None, field: str = "gpu_type") -> GpuTypeInfo:
+    if not name:
+        raise ValidationFailed(field, "a GPU type is required when gpu_count > 0")
+    info = find_gpu_type(session, name)
+    if info is None:
+        raise ValidationFailed(field, f"unknown GPU type {name!r}; see GET /v1/gpu-types")
+    return info
+
+
+def rate_of(
+    session: Session, c: Cluster, ctx: Context, *, running: bool | None = None
+) -> RateParts:
+    gpu = find_gpu_type(session, c.gpu_type) if c.gpu_type else None
+    if running is None:
+        running = c.status not in (
+            ClusterStatus.STOPPED,
+            ClusterStatus.TERMINATED,
+            ClusterStatus.ERROR,
+        )
+    return hourly_rate(
+        gpu=gpu,
+        gpu_count=c.gpu_count,
+        cpu_cores=c.cpu_cores,
+        memory_gb=c.memory_gb,
+        container_disk_gb=c.container_disk_gb,
+        volume_gb=c.volume_gb,
+        cloud_type=CloudType(c.cloud_type),
+        running=running and c.status != ClusterStatus.TERMINATED,
+        prices=ctx.settings.prices,
+    )
+
+
+def _project_for(session: Session, principal: Principal, project_id: int | None) -> int:
+    if project_id is None:
+        return principal.default_project_id
+    owner = session.scalar(select(Project.account_id).where(Project.id == project_id))
+    if owner != principal.account_id:
+        raise NotFound(f"project {project_id} not found", {"project_id": project_id})
+    return project_id
+
+
+def load_cluster(session: Session, principal: Principal, cluster_id: str) -> Cluster:
+    """The caller's cluster; another account's id is indistinguishable from none."""
+    cluster = session.scalar(
+        select(Cluster)
+        .join(Project, Project.id == Cluster.project_id)
+        .where(Cluster.id == cluster_id, Project.account_id == principal.account_id)
+    )
+    if cluster is None:
+        raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
+    return cluster
+
+
+def require_action(cluster: Cluster, action: Action) -> None:
+    status = ClusterStatus(cluster.status)
+    allowed = allowed_actions(status)
+    if action not in allowed:
+        raise InvalidState(
+            f"Cannot {action.value} a cluster that is {status.value}",
+            {
+                "current_status": status.value,
+                "required_status": REQUIRED_STATUS[action],
+                "allowed_actions": [a.value for a in allowed],
+                "suggestion": SUGGESTIONS[action],
+            },
+        )
+
+
+def _ports_json(ports: list[PortSpec] | tuple[PortSpec, ...]) -> list[Any]:
+    return [p.model_dump() for p in ports]
+
+
+def ports_of(cluster: Cluster) -> tuple[PortSpec, ...]:
+    return tuple(PortSpec.model_validate(p) for p in cluster.ports)
+
+
+def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> Cluster:
+    """Validate, place and record a new cluster in ``starting``. Nothing is stored when
+    placement fails (InsufficientCapacity)."""
+    principal.require_write()
+    now = ctx.clock.now()
+    gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
+    with ctx.transaction() as session:
+        project_id = _project_for(session, principal, body.project_id)
+        gpu = resolve_gpu_type(session, body.gpu_type) if gpu_count > 0 else None
+        if body.gpu_type and gpu is None:
+            gpu = resolve_gpu_type(session, body.gpu_type)
+        cluster_id = new_cluster_id()
+        cluster = Cluster(
+            id=cluster_id,
+            project_id=project_id,
+            name=body.name or f"cluster-{cluster_id[:6]}",
+            image=body.docker_image,
+            docker_args=body.docker_args,
+            env=dict(body.env),
+            ports=_ports_json(body.ports),
+            gpu_type=gpu.id if gpu else None,
+            gpu_count=gpu_count,
+            cpu_cores=body.cpu_cores,
+            memory_gb=body.memory_gb,
+            container_disk_gb=body.container_disk_gb,
+            volume_gb=body.volume_gb,
+            volume_mount_path=body.volume_mount_path,
+            cloud_type=body.cloud_type.value,
+            auto_terminate=body.auto_terminate.model_dump() if body.auto_terminate else {},
+            desired_status=ClusterStatus.RUNNING.value,
+            status=ClusterStatus.STARTING.value,
+            status_reason="created",
+            startup_step=STEP_ALLOCATED,
+            start_initiated_at=now,
+            created_at=now,
+            updated_at=now,
+            version=1,
+        )
+        session.add(cluster)
+        session.flush()
+        placement = claim(
+            session,
+            cluster_id=cluster_id,
+            request=ResourceRequest(
+                gpu_type=cluster.gpu_type,
+                gpu_count=gpu_count,
+                vcpus=body.cpu_cores,
+                memory_gb=body.memory_gb,
+                disk_gb=body.container_disk_gb,
+                cloud_type=body.cloud_type,
+            ),
+            volume_gb=body.volume_gb,
+            ratios=ctx.settings.allocation_ratios,
+        )
+        assign_ports(
+            session,
+            cluster_id=cluster_id,
+            host_id=placement.host_id,
+            ports=tuple(body.ports),
+            port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+        )
+        cluster.host_id = placement.host_id
+        cluster.gpu_indices = list(placement.gpu_indices)
+        record_event(
+            session, cluster_id, now, "status", "created", None, ClusterStatus.STARTING.value
+        )
+    ctx.wake()
+    return cluster
+
+
+def _merge_ports(current: tuple[PortSpec, ...], updates: list[PortSpec]) -> tuple[PortSpec, ...]:
+    """Upsert by (internal port, transport); order of first appearance is kept."""
+    merged = {(p.internal_port, p.transport): p for p in current}
+    for p in updates:
+        merged[(p.internal_port, p.transport)] = p
+    return tuple(merged.values())
+
+
+def _apply_start_changes(
+    session: Session, cluster: Cluster, body: StartCluster
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Validated column changes, the human list of what changed, and rate reasons."""
+    values: dict[str, Any] = {}
+    applied: list[str] = []
+    reasons: list[str] = []
+    upd = body.update_configuration
+    if upd is not None:
+        if upd.gpu_count is not None and upd.gpu_count > 0 and not cluster.gpu_type:
+            raise ValidationFailed(
+                "update_configuration.gpu_count",
+                "this cluster has no GPU type; create a GPU cluster",
+            )
+        if upd.storage_gb is not None and upd.storage_gb < cluster.volume_gb:
+            raise ValidationFailed(
+                "update_configuration.storage_gb",
+                f"storage cannot shrink ({cluster.volume_gb} GB -> {upd.storage_gb} GB)",
+                {"current_gb": cluster.volume_gb},
+            )
+        changes = (
+            ("cpu_cores", "cpu_cores", upd.cpu_cores, "CPU change"),
+            ("memory_gb", "memory_gb", upd.memory_gb, "Memory upgrade"),
+            ("storage_gb", "volume_gb", upd.storage_gb, "Storage expansion"),
+            ("docker_image", "image", upd.docker_image, None),
+            ("gpu_count", "gpu_count", upd.gpu_count, "GPU count change"),
+        )
+        for label, column, new, reason in changes:
+            old = getattr(cluster, column)
+            if new is None or new == old:
+                continue
+            values[column] = new
+            applied.append(f"{label}: {old} -> {new}")
+            if reason:
+                if label == "memory_gb" and new < old:
+                    reason = "Memory downgrade"
+                reasons.append(reason)
+    if body.environment_updates:
+        env = dict(cluster.env)
+        for name, value in body.environment_updates.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        values["env"] = env
+        applied.append("environment: " + ", ".join(sorted(body.environment_updates)))
+    if body.port_mapping_updates is not None:
+        ports = _merge_ports(ports_of(cluster), body.port_mapping_updates)
+        values["ports"] = _ports_json(ports)
+        applied.append(
+            "ports: "
+            + ", ".join(f"{p.internal_port}/{p.protocol}" for p in body.port_mapping_updates)
+        )
+    if body.auto_terminate_updates is not None:
+        policy = dict(cluster.auto_terminate or {})
+        policy.update(body.auto_terminate_updates.model_dump(exclude_unset=True))
+        policy.setdefault("enabled", True)
+        policy.setdefault("action", "stop")
+        values["auto_terminate"] = policy
+        applied.append(
+            "auto_terminate: " + ", ".join(sorted(body.auto_terminate_updates.model_fields_set))
+        )
+    return values, applied, reasons
+
+
+def start_cluster(
+    ctx: Context, principal: Principal, cluster_id: str, body: StartCluster
+) -> StartResult:
+    """Start a stopped (or failed) cluster on its host, applying the body's changes.
+
+    Raises InvalidState (not stopped), SnapshotNotFound, ValidationFailed, or
+    InsufficientCapacity ("not enough free GPUs on the host machine"); in every error
+    case nothing stored changes.
+    """
+    principal.require_write()
+    if body.restore_from_snapshot:
+        # Snapshots are not implemented yet: no id can exist, and ignoring it would
+        # start the cluster on data the user did not ask for.
+        with ctx.read() as session:
+            load_cluster(session, principal, cluster_id)
+        raise SnapshotNotFound(
+            f"snapshot {body.restore_from_snapshot!r} not found",
+            {"snapshot_id": body.restore_from_snapshot},
+        )
+    for _ in range(MAX_CONFLICT_RETRIES):
+        now = ctx.clock.now()
+        try:
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                require_action(cluster, Action.START)
+                # Detached: proposed changes must reach the row only through the funnel.
+                session.expunge(cluster)
+                previous = rate_of(session, cluster, ctx, running=True).total
+                values, applied, reasons = _apply_start_changes(session, cluster, body)
+                for column, value in values.items():
+                    setattr(cluster, column, value)
+                gpu_count = cluster.gpu_count
+                placement = claim(
+                    session,
+                    cluster_id=cluster.id,
+                    request=ResourceRequest(
+                        gpu_type=cluster.gpu_type,
+                        gpu_count=gpu_count,
+                        vcpus=cluster.cpu_cores,
+                        memory_gb=cluster.memory_gb,
+                        disk_gb=cluster.container_disk_gb,
+                    ),
+                    volume_gb=cluster.volume_gb,
+                    ratios=ctx.settings.allocation_ratios,
+                    host_id=cluster.host_id,
+                    not_enough_message="not enough free GPUs on the host machine"
+                    if gpu_count
+                    else "not enough free resources on the host machine",
+                )
+                assign_ports(
+                    session,
+                    cluster_id=cluster.id,
+                    host_id=placement.host_id,
+                    ports=ports_of(cluster),
+                    port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+                )
+                version = transition_cluster(
+                    session,
+                    cluster,
+                    ClusterStatus.STARTING,
+                    "start requested" + (f" ({'; '.join(applied)})" if applied else ""),
+                    now,
+                    desired_status=ClusterStatus.RUNNING.value,
+                    startup_step=STEP_ALLOCATED,
+                    start_initiated_at=now,
+                    error_message=None,
+                    gpu_indices=list(placement.gpu_indices),
+                    host_id=placement.host_id,
+                    **values,
+                )
+                cluster.status = ClusterStatus.STARTING.value
+                cluster.version = version
+                cluster.startup_step = STEP_ALLOCATED
+                cluster.start_initiated_at = now
+                cluster.error_message = None
+                cluster.gpu_indices = list(placement.gpu_indices)
+                new = rate_of(session, cluster, ctx, running=True).total
+        except Conflict:
+            continue
+        ctx.wake()
+        reason = ", ".join(reasons) if reasons and new != previous else None
+        return StartResult(cluster, applied, previous, new, reason)
+    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
+
+
+def _act(
+    ctx: Context,
+    principal: Principal,
+    cluster_id: str,
+    action: Action,
+    target: ClusterStatus,
+    reason: str,
+    desired: ClusterStatus,
+    **values: Any,
+) -> Cluster:
+    principal.require_write()
+    for _ in range(MAX_CONFLICT_RETRIES):
+        now = ctx.clock.now()
+        try:
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                require_action(cluster, action)
+                session.expunge(cluster)
+                cluster.version = transition_cluster(
+                    session, cluster, target, reason, now, desired_status=desired.value, **values
+                )
+                cluster.status = target.value
+                cluster.desired_status = desired.value
+                for column, value in values.items():
+                    setattr(cluster, column, value)
+        except Conflict:
+            continue
+        ctx.wake()
+        return cluster
+    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
+
+
+def stop_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    return _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.STOP,
+        ClusterStatus.STOPPING,
+        "stop requested",
+        ClusterStatus.STOPPED,
+    )
+
+
+def restart_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    """Recreate the container in place (container disk wiped, volume and GPUs kept)."""
+    return _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.RESTART,
+        ClusterStatus.STARTING,
+        "restart requested",
+        ClusterStatus.RUNNING,
+        startup_step=STEP_ALLOCATED,
+        start_initiated_at=ctx.clock.now(),
+    )
+
+
+def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    return _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.TERMINATE,
+        ClusterStatus.TERMINATING,
+        "terminate requested",
+        ClusterStatus.TERMINATED,
+    )
+
+
+def get_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    with ctx.read() as session:
+        return load_cluster(session, principal, cluster_id)
+
+
+@dataclass(frozen=True)
+class ClusterPage:
+    clusters: list[Cluster]
+    total: int
+    page: int
+    per_page: int
+
+
+def list_clusters(
+    ctx: Context,
+    principal: Principal,
+    *,
+    project_id: int | None = None,
+    search: str | None = None,
+    status: str | None = None,
+    page: int = 1,
+    per_page: int = 50,
+) -> ClusterPage:
+    """The account's clusters, newest first. Terminated ones only when asked for."""
+    q = (
+        select(Cluster)
+        .join(Project, Project.id == Cluster.project_id)
+        .where(Project.account_id == principal.account_id)
+    )
+    if project_id is not None:
+        q = q.where(Cluster.project_id == project_id)
+    if status:
+        try:
+            q = q.where(Cluster.status == ClusterStatus(status.lower()).value)
+        except ValueError as exc:
+            raise ValidationFailed(
+                "status",
+                f"unknown status {status!r}",
+                {"allowed": [s.value for s in ClusterStatus]},
+            ) from exc
+    else:
+        q = q.where(Cluster.status != ClusterStatus.TERMINATED.value)
+    if search:
+        like = f"%{search.lower()}%"
+        q = q.where(or_(func.lower(Cluster.name).like(like), Cluster.id.like(like)))
+    with ctx.read() as session:
+        total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
+        rows = list(
+            session.scalars(
+                q.order_by(Cluster.created_at.desc(), Cluster.id)
+                .offset((page - 1) * per_page)
+                .limit(per_page)
+            )
+        )
+    return ClusterPage(rows, total, page, per_page)
+
+
+def list_events(ctx: Context, principal: Principal, cluster_id: str) -> list[Event]:
+    with ctx.read() as session:
+        load_cluster(session, principal, cluster_id)
+        return list(
+            session.scalars(select(Event).where(Event.cluster_id == cluster_id).order_by(Event.id))
+        )

@@ -1,0 +1,62 @@
+"""What the use cases need, passed explicitly rather than imported."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpuyard.services.clock import Clock, SystemClock
+from gpuyard.settings import Settings
+
+
+class StatusNotifier:
+    """Wakes threads waiting for any cluster's recorded status to change."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generation = 0
+
+    def notify(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def generation(self) -> int:
+        with self._cond:
+            return self._generation
+
+    def wait_change(self, since: int, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._generation == since:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return self._generation
+
+
+@dataclass
+class Context:
+    sessions: sessionmaker[Session]
+    settings: Settings
+    clock: Clock = field(default_factory=SystemClock)
+    # Called after a commit that gives the reconciler work (DESIGN.md rule 1).
+    wake: Callable[[], None] = lambda: None
+    notifier: StatusNotifier = field(default_factory=StatusNotifier)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session whose transaction commits on success and rolls back on error."""
+        with self.sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self.sessions() as session:
+            yield session

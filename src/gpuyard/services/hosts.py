@@ -1,0 +1,120 @@
+"""Hosts in the store: registration of the local machine and capacity snapshots."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpuyard.core.models import CloudType, HostCapacity
+from gpuyard.core.models import HostGpu as HostGpuInfo
+from gpuyard.services.discovery import LocalInventory
+from gpuyard.store.schema import GpuAllocation, Host, HostGpu, Reservation, utcnow
+
+
+def register_host(
+    session: Session,
+    *,
+    name: str,
+    location: str,
+    cloud_type: CloudType,
+    address: str,
+    engine_url: str | None,
+    inventory: LocalInventory,
+) -> Host:
+    """Create or refresh a host row and its GPUs. GPUs that disappeared are removed
+    only when nothing holds them (a held GPU stays until its cluster releases it)."""
+    host = session.scalar(select(Host).where(Host.name == name))
+    if host is None:
+        host = Host(name=name)
+        session.add(host)
+    host.location = location
+    host.cloud_type = cloud_type.value
+    host.address = address
+    host.engine_url = engine_url
+    host.vcpus = inventory.vcpus
+    host.memory_gb = inventory.memory_gb
+    host.disk_gb = inventory.disk_gb
+    host.gpu_source = inventory.gpu_source.value
+    host.declared = list(inventory.declared)
+    host.healthy = True
+    host.updated_at = utcnow()
+    session.flush()
+    existing = {
+        g.gpu_index: g for g in session.scalars(select(HostGpu).where(HostGpu.host_id == host.id))
+    }
+    held = set(
+        session.scalars(select(GpuAllocation.gpu_index).where(GpuAllocation.host_id == host.id))
+    )
+    wanted = {g.index: g for g in inventory.gpus}
+    for index, row in existing.items():
+        if index not in wanted and index not in held:
+            session.delete(row)
+    for index, gpu in wanted.items():
+        row = existing.get(index)
+        if row is None:
+            session.add(
+                HostGpu(host_id=host.id, gpu_index=index, gpu_type=gpu.gpu_type, uuid=gpu.uuid)
+            )
+        else:
+            row.gpu_type, row.uuid = gpu.gpu_type, gpu.uuid
+    session.flush()
+    return host
+
+
+def capacities(session: Session, host_ids: list[int] | None = None) -> list[HostCapacity]:
+    """Every healthy host with what its allocations and reservations already use."""
+    q = select(Host).where(Host.healthy.is_(True)).order_by(Host.id)
+    if host_ids is not None:
+        q = q.where(Host.id.in_(host_ids))
+    hosts = list(session.scalars(q))
+    ids = [h.id for h in hosts]
+    gpus: dict[int, list[HostGpuInfo]] = defaultdict(list)
+    for g in session.scalars(
+        select(HostGpu).where(HostGpu.host_id.in_(ids)).order_by(HostGpu.gpu_index)
+    ):
+        gpus[g.host_id].append(HostGpuInfo(index=g.gpu_index, gpu_type=g.gpu_type, uuid=g.uuid))
+    used_gpus: dict[int, set[int]] = defaultdict(set)
+    for host_id, index in session.execute(
+        select(GpuAllocation.host_id, GpuAllocation.gpu_index).where(GpuAllocation.host_id.in_(ids))
+    ):
+        used_gpus[host_id].add(index)
+    used = {
+        row.host_id: row
+        for row in session.execute(
+            select(
+                Reservation.host_id,
+                func.sum(Reservation.vcpus).label("vcpus"),
+                func.sum(Reservation.memory_gb).label("memory_gb"),
+                func.sum(Reservation.container_disk_gb + Reservation.volume_gb).label("disk_gb"),
+            )
+            .where(Reservation.host_id.in_(ids))
+            .group_by(Reservation.host_id)
+        )
+    }
+    out = []
+    for h in hosts:
+        u = used.get(h.id)
+        out.append(
+            HostCapacity(
+                host_id=h.id,
+                cloud_type=CloudType(h.cloud_type),
+                vcpus=h.vcpus,
+                memory_gb=h.memory_gb,
+                disk_gb=h.disk_gb,
+                gpus=tuple(gpus[h.id]),
+                used_vcpus=float(u.vcpus or 0) if u else 0.0,
+                used_memory_gb=float(u.memory_gb or 0) if u else 0.0,
+                used_disk_gb=float(u.disk_gb or 0) if u else 0.0,
+                used_gpu_indices=frozenset(used_gpus[h.id]),
+            )
+        )
+    return out
+
+
+def gpu_uuids(session: Session, host_id: int, indices: list[int]) -> tuple[str, ...]:
+    rows = session.scalars(
+        select(HostGpu.uuid).where(HostGpu.host_id == host_id, HostGpu.gpu_index.in_(indices))
+    )
+    return tuple(u for u in rows if u)

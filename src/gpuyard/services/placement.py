@@ -1,0 +1,177 @@
+"""Claiming and releasing capacity in the store.
+
+Every claim runs inside the caller's transaction and starts by bumping the single
+placement-lock row, which serialises placements across threads and API replicas on
+SQLite and PostgreSQL alike. The unique keys on GPU and port rows stay the backstop.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.core.models import CloudType, Placement, PortSpec, ResourceRequest
+from gpuyard.core.placement import AllocationRatios, insufficient, place
+from gpuyard.services.hosts import capacities
+from gpuyard.store.schema import GpuAllocation, PlacementLock, PortAllocation, Reservation
+
+
+def lock_placement(session: Session) -> None:
+    session.execute(
+        update(PlacementLock).where(PlacementLock.id == 1).values(counter=PlacementLock.counter + 1)
+    )
+
+
+def claim(
+    session: Session,
+    *,
+    cluster_id: str,
+    request: ResourceRequest,
+    volume_gb: int,
+    ratios: AllocationRatios,
+    host_id: int | None = None,
+    not_enough_message: str | None = None,
+) -> Placement:
+    """Place ``request`` (on ``host_id`` when given: a stopped cluster's volume lives
+    there) and record the GPU allocations and reservation for ``cluster_id``.
+
+    The cluster's own existing reservation, if any, is replaced. Raises
+    InsufficientCapacity with what was asked and what is free.
+    """
+    lock_placement(session)
+    release_compute(session, cluster_id)
+    session.flush()
+    hosts = capacities(session, [host_id] if host_id is not None else None)
+    # The cluster's own volume is already counted in the host's used disk.
+    own = session.get(Reservation, cluster_id)
+    own_volume = own.volume_gb if own else 0
+    disk_needed = request.disk_gb + max(0, volume_gb - own_volume)
+    sized = ResourceRequest(
+        gpu_type=request.gpu_type,
+        gpu_count=request.gpu_count,
+        vcpus=request.vcpus,
+        memory_gb=request.memory_gb,
+        disk_gb=disk_needed,
+        cloud_type=request.cloud_type if host_id is None else CloudType.ALL,
+    )
+    if host_id is not None and not hosts:
+        raise InsufficientCapacity("the cluster's host is not available", {"host_id": host_id})
+    try:
+        placement = place(hosts, sized, ratios)
+    except InsufficientCapacity as exc:
+        if not_enough_message:
+            raise insufficient(hosts, sized, ratios, not_enough_message) from exc
+        raise
+    for index in placement.gpu_indices:
+        session.add(
+            GpuAllocation(host_id=placement.host_id, gpu_index=index, cluster_id=cluster_id)
+        )
+    if own is None:
+        session.add(
+            Reservation(
+                cluster_id=cluster_id,
+                host_id=placement.host_id,
+                vcpus=request.vcpus,
+                memory_gb=request.memory_gb,
+                container_disk_gb=request.disk_gb,
+                volume_gb=volume_gb,
+            )
+        )
+    else:
+        own.host_id = placement.host_id
+        own.vcpus, own.memory_gb = request.vcpus, request.memory_gb
+        own.container_disk_gb, own.volume_gb = request.disk_gb, volume_gb
+    session.flush()
+    return placement
+
+
+def release_compute(session: Session, cluster_id: str) -> None:
+    """Free GPUs, vCPUs, memory and container disk; keep the volume's disk and ports."""
+    session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id == cluster_id))
+    session.execute(
+        update(Reservation)
+        .where(Reservation.cluster_id == cluster_id)
+        .values(vcpus=0, memory_gb=0, container_disk_gb=0)
+    )
+
+
+def release_all(session: Session, cluster_id: str) -> None:
+    """Free everything the cluster holds (terminate)."""
+    session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id == cluster_id))
+    session.execute(delete(Reservation).where(Reservation.cluster_id == cluster_id))
+    session.execute(delete(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
+
+
+def assign_ports(
+    session: Session,
+    *,
+    cluster_id: str,
+    host_id: int,
+    ports: tuple[PortSpec, ...],
+    port_range: tuple[int, int],
+) -> dict[tuple[int, str], int]:
+    """(Re)assign host ports for ``ports``; returns ``(internal, transport) -> external``.
+
+    A port the cluster already had for the same internal port and transport is kept,
+    so addresses stay stable across stop/start. ``external_port`` > 0 claims exactly
+    that port (409 if another cluster holds it).
+    """
+    lock_placement(session)
+    previous = {
+        (r.internal_port, r.protocol): r.port
+        for r in session.scalars(
+            select(PortAllocation).where(PortAllocation.cluster_id == cluster_id)
+        )
+    }
+    session.execute(delete(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
+    session.flush()
+    taken = {
+        (r.port, r.protocol)
+        for r in session.execute(
+            select(PortAllocation.port, PortAllocation.protocol).where(
+                PortAllocation.host_id == host_id
+            )
+        )
+    }
+    result: dict[tuple[int, str], int] = {}
+    for spec in ports:
+        key = (spec.internal_port, spec.transport)
+        if key in result:
+            raise ValidationFailed(
+                "ports", f"internal port {spec.internal_port}/{spec.transport} listed twice"
+            )
+        if spec.external_port:
+            if (spec.external_port, spec.transport) in taken:
+                raise InsufficientCapacity(
+                    f"host port {spec.external_port}/{spec.transport} is already in use",
+                    {"external_port": spec.external_port},
+                )
+            port = spec.external_port
+        else:
+            keep = previous.get(key)
+            port = keep if keep and (keep, spec.transport) not in taken else 0
+            if not port:
+                port = next(
+                    (
+                        p
+                        for p in range(port_range[0], port_range[1] + 1)
+                        if (p, spec.transport) not in taken
+                    ),
+                    0,
+                )
+            if not port:
+                raise InsufficientCapacity("no free host port left in the configured range")
+        taken.add((port, spec.transport))
+        result[key] = port
+        session.add(
+            PortAllocation(
+                host_id=host_id,
+                port=port,
+                protocol=spec.transport,
+                cluster_id=cluster_id,
+                internal_port=spec.internal_port,
+            )
+        )
+    session.flush()
+    return result

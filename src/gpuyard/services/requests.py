@@ -1,0 +1,75 @@
+"""Validated inputs of the cluster use cases; the REST API uses them as bodies."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec, validate_env
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateCluster(_Body):
+    name: str = Field(default="", max_length=200)
+    project_id: int | None = None
+    gpu_type: str | None = None
+    gpu_count: int | None = Field(default=None, ge=0, le=64)
+    cpu_cores: int = Field(default=2, ge=1, le=1024)
+    memory_gb: int = Field(default=4, ge=1, le=16384)
+    container_disk_gb: int = Field(default=10, ge=1, le=65536)
+    volume_gb: int = Field(default=0, ge=0, le=1048576)
+    volume_mount_path: str = Field(default="/workspace", max_length=512)
+    docker_image: str = Field(min_length=1, max_length=512)
+    docker_args: str = Field(default="", max_length=8192)
+    env: dict[str, str] = Field(default_factory=dict)
+    ports: list[PortSpec] = Field(default_factory=list, max_length=64)
+    cloud_type: CloudType = CloudType.SECURE
+    auto_terminate: AutoTerminatePolicy | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        return validate_env(env)
+
+    @field_validator("volume_mount_path")
+    @classmethod
+    def _mount(cls, path: str) -> str:
+        if not path.startswith("/") or ".." in path.split("/") or path == "/":
+            raise ValueError("must be an absolute path (not '/') without '..'")
+        return path
+
+
+class ConfigurationUpdate(_Body):
+    cpu_cores: int | None = Field(default=None, ge=1, le=1024)
+    memory_gb: int | None = Field(default=None, ge=1, le=16384)
+    storage_gb: int | None = Field(default=None, ge=0, le=1048576)
+    docker_image: str | None = Field(default=None, min_length=1, max_length=512)
+    gpu_count: int | None = Field(default=None, ge=0, le=64)
+
+
+class AutoTerminateUpdate(_Body):
+    enabled: bool | None = None
+    idle_minutes: int | None = Field(default=None, ge=1, le=525600)
+    cost_limit_usd: float | None = Field(default=None, gt=0)
+    max_runtime_hours: float | None = Field(default=None, gt=0, le=8760)
+    action: str | None = Field(default=None, pattern="^(stop|terminate)$")
+
+
+class StartCluster(_Body):
+    wait_for_ready: bool = False
+    timeout_minutes: int = Field(default=10, ge=1, le=30)
+    update_configuration: ConfigurationUpdate | None = None
+    restore_from_snapshot: str | None = Field(default=None, max_length=100)
+    # A null value removes the variable.
+    environment_updates: dict[str, str | None] | None = None
+    port_mapping_updates: list[PortSpec] | None = Field(default=None, max_length=64)
+    auto_terminate_updates: AutoTerminateUpdate | None = None
+
+    @field_validator("environment_updates")
+    @classmethod
+    def _env(cls, env: dict[str, str | None] | None) -> dict[str, str | None] | None:
+        if env:
+            validate_env({k: v or "" for k, v in env.items()})
+        return env

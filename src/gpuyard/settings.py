@@ -1,0 +1,80 @@
+"""All configuration in one object, read from ``GPUYARD_*`` environment variables.
+
+Nothing reads the environment at import time: ``Settings()`` is built by the entry
+point and passed down (``create_app(settings)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpuyard.core.placement import AllocationRatios
+from gpuyard.core.pricing import Prices
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUYARD_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".gpuyard")
+    database_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine_url: str | None = None
+    start_podman_service: bool = True
+
+    # Local host inventory overrides (declared instead of discovered).
+    local_gpus: str | None = None
+    local_vcpus: int | None = None
+    local_memory_gb: int | None = None
+    local_disk_gb: int | None = None
+    local_cloud_type: str = "SECURE"
+    local_location: str = "local"
+    # Address users reach published ports on (shown in connection strings).
+    public_address: str | None = None
+
+    vcpu_allocation_ratio: float = 1.0
+    memory_allocation_ratio: float = 1.0
+    disk_allocation_ratio: float = 1.0
+
+    port_range_start: int = 20000
+    port_range_end: int = 29999
+
+    price_vcpu_hour: float = 0.0
+    price_memory_gb_hour: float = 0.0
+    price_container_disk_gb_month: float = 0.10
+    price_volume_gb_month_running: float = 0.10
+    price_volume_gb_month_stopped: float = 0.20
+
+    reconcile_interval_s: float = 2.0
+    reconcile_workers: int = 16
+    stop_timeout_s: int = 10
+    readiness_timeout_s: float = 120.0
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'gpuyard.db'}"
+
+    @property
+    def credentials_path(self) -> Path:
+        return self.home / "credentials"
+
+    @property
+    def allocation_ratios(self) -> AllocationRatios:
+        return AllocationRatios(
+            vcpu=self.vcpu_allocation_ratio,
+            memory=self.memory_allocation_ratio,
+            disk=self.disk_allocation_ratio,
+        )
+
+    @property
+    def prices(self) -> Prices:
+        return Prices(
+            vcpu_hour=self.price_vcpu_hour,
+            memory_gb_hour=self.price_memory_gb_hour,
+            container_disk_gb_month=self.price_container_disk_gb_month,
+            volume_gb_month_running=self.price_volume_gb_month_running,
+            volume_gb_month_stopped=self.price_volume_gb_month_stopped,
+        )

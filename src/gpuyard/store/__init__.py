@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy 2 tables, engine set-up and Alembic migrations."""

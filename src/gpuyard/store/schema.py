@@ -1,0 +1,231 @@
+"""The tables. Capacity claims are rows with unique keys so the database, not Python,
+decides who gets the last GPU or port (DESIGN.md rule 3)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Stores naive UTC, returns aware UTC on every backend."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Member(Base):
+    __tablename__ = "members"
+    __table_args__ = (UniqueConstraint("account_id", "user_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    role: Mapped[str] = mapped_column(String(20))
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(20))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(10))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class GpuType(Base):
+    __tablename__ = "gpu_types"
+    id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    display_name: Mapped[str] = mapped_column(String(100))
+    manufacturer: Mapped[str] = mapped_column(String(50))
+    memory_gb: Mapped[int] = mapped_column(Integer)
+    secure_price: Mapped[float] = mapped_column(Float)
+    community_price: Mapped[float] = mapped_column(Float)
+    secure_spot_price: Mapped[float] = mapped_column(Float)
+    community_spot_price: Mapped[float] = mapped_column(Float)
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    location: Mapped[str] = mapped_column(String(100))
+    cloud_type: Mapped[str] = mapped_column(String(20))
+    address: Mapped[str] = mapped_column(String(200))
+    engine_url: Mapped[str | None] = mapped_column(String(500))
+    vcpus: Mapped[int] = mapped_column(Integer)
+    memory_gb: Mapped[int] = mapped_column(Integer)
+    disk_gb: Mapped[int] = mapped_column(Integer)
+    gpu_source: Mapped[str] = mapped_column(String(20))
+    # Which of vcpus/memory_gb/disk_gb were declared rather than discovered.
+    declared: Mapped[list[Any]] = mapped_column(default=list)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class HostGpu(Base):
+    __tablename__ = "host_gpus"
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_type: Mapped[str] = mapped_column(String(100))
+    uuid: Mapped[str | None] = mapped_column(String(100))
+
+
+class Cluster(Base):
+    __tablename__ = "clusters"
+    __table_args__ = (Index("ix_clusters_project_status", "project_id", "status"),)
+    id: Mapped[str] = mapped_column(String(14), primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    image: Mapped[str] = mapped_column(String(512))
+    docker_args: Mapped[str] = mapped_column(Text, default="")
+    env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    ports: Mapped[list[Any]] = mapped_column(default=list)
+    gpu_type: Mapped[str | None] = mapped_column(String(100))
+    gpu_count: Mapped[int] = mapped_column(Integer, default=0)
+    cpu_cores: Mapped[int] = mapped_column(Integer)
+    memory_gb: Mapped[int] = mapped_column(Integer)
+    container_disk_gb: Mapped[int] = mapped_column(Integer)
+    volume_gb: Mapped[int] = mapped_column(Integer)
+    volume_mount_path: Mapped[str] = mapped_column(String(512))
+    cloud_type: Mapped[str] = mapped_column(String(20))
+    auto_terminate: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    desired_status: Mapped[str] = mapped_column(String(20))
+    status: Mapped[str] = mapped_column(String(20), index=True)
+    status_reason: Mapped[str] = mapped_column(Text, default="")
+    error_message: Mapped[str | None] = mapped_column(Text)
+    startup_step: Mapped[int] = mapped_column(Integer, default=0)
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
+    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
+    runtime_handle: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    start_initiated_at: Mapped[datetime | None] = mapped_column()
+    started_at: Mapped[datetime | None] = mapped_column()
+    stopped_at: Mapped[datetime | None] = mapped_column()
+    terminated_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class GpuAllocation(Base):
+    """One claimed GPU. The primary key makes a double allocation impossible."""
+
+    __tablename__ = "gpu_allocations"
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+
+
+class Reservation(Base):
+    """vCPU/memory/disk a cluster holds on its host. Compute drops to zero on stop;
+    the volume stays reserved until terminate."""
+
+    __tablename__ = "reservations"
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    vcpus: Mapped[int] = mapped_column(Integer)
+    memory_gb: Mapped[int] = mapped_column(Integer)
+    container_disk_gb: Mapped[int] = mapped_column(Integer)
+    volume_gb: Mapped[int] = mapped_column(Integer)
+
+
+class PortAllocation(Base):
+    __tablename__ = "port_allocations"
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
+    port: Mapped[int] = mapped_column(Integer, primary_key=True)
+    protocol: Mapped[str] = mapped_column(String(4), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    internal_port: Mapped[int] = mapped_column(Integer)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(String(14), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    type: Mapped[str] = mapped_column(String(40))
+    from_status: Mapped[str | None] = mapped_column(String(20))
+    to_status: Mapped[str | None] = mapped_column(String(20))
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class PlacementLock(Base):
+    """A single row every placement updates first, so placements serialise on every
+    backend (SQLite's write lock, PostgreSQL's row lock)."""
+
+    __tablename__ = "placement_lock"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    counter: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class StartupSample(Base):
+    """Measured create->running durations; estimated_ready_at comes from these."""
+
+    __tablename__ = "startup_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,296 @@
+"""DockerEngineRuntime against real Podman, through its Docker-compatible service.
+
+A private ``podman system service`` is started on a temporary socket for the session,
+and the offline busybox image is built once. Every test uses unique cluster ids and
+removes its containers and volumes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.runtimes.base import (
+    LABEL_CLUSTER,
+    ContainerSpec,
+    ContainerState,
+    Observed,
+    PortBinding,
+    Runtime,
+    volume_name,
+)
+from gpuyard.runtimes.devimage import SERVE_PORT, build_dev_image
+from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engine_url import PodmanService
+
+pytestmark = pytest.mark.e2e
+
+if shutil.which("podman") is None:
+    pytest.skip(
+        "podman is not installed (apt-get install podman): these tests drive real containers",
+        allow_module_level=True,
+    )
+
+IMAGE = "localhost/gpuyard/busybox:latest"
+
+
+@pytest.fixture(scope="session")
+def engine_url() -> Iterator[str]:
+    # A short path under /tmp: unix socket paths are limited to 108 bytes.
+    workdir = Path(tempfile.mkdtemp(prefix="gy-podman-"))
+    service = PodmanService(workdir / "podman.sock")
+    try:
+        url = service.start()
+    except RuntimeFailure as e:
+        shutil.rmtree(workdir, ignore_errors=True)
+        pytest.skip(f"cannot start podman system service: {e.message}")
+    try:
+        build_dev_image("podman", IMAGE)
+        yield url
+    finally:
+        service.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def rt(engine_url: str) -> DockerEngineRuntime:
+    return DockerEngineRuntime(engine_url)
+
+
+@pytest.fixture
+def new_cluster(rt: DockerEngineRuntime) -> Iterator[Callable[[], str]]:
+    """Hands out unique cluster ids and removes their containers and volumes after."""
+    made: list[str] = []
+
+    def make() -> str:
+        cid = "e2e" + uuid.uuid4().hex[:11]
+        made.append(cid)
+        return cid
+
+    yield make
+    for cid in made:
+        rt.stop(cid, timeout_s=1)
+        rt.remove_volume(volume_name(cid))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_spec(
+    cluster_id: str,
+    command: tuple[str, ...] | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    cpu_cores: float = 1,
+    memory_gb: float = 0.25,
+) -> ContainerSpec:
+    return ContainerSpec(
+        cluster_id=cluster_id,
+        image=IMAGE,
+        command=command,
+        env=env or {},
+        ports=(PortBinding(SERVE_PORT, port),) if port else (),
+        volume_name=volume_name(cluster_id),
+        volume_mount_path="/workspace",
+        cpu_cores=cpu_cores,
+        memory_gb=memory_gb,
+        gpu_indices=(),
+        labels={"gpuyard.test": "e2e"},
+    )
+
+
+def wait_state(
+    rt: Runtime, cluster_id: str, state: ContainerState, timeout_s: float = 10
+) -> Observed:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        obs = rt.observe(cluster_id)
+        if obs.state is state or time.monotonic() > deadline:
+            return obs
+        time.sleep(0.05)
+
+
+def http_get(port: int, timeout_s: float = 10) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+                return str(resp.read().decode())
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_available_and_capabilities(rt: DockerEngineRuntime) -> None:
+    runtime: Runtime = rt
+    assert runtime.available() is None
+    caps = runtime.capabilities()
+    assert caps.stats
+    assert not caps.real_gpus  # Podman's compat API drops DeviceRequests
+
+
+def test_create_start_env_port_logs(
+    rt: DockerEngineRuntime, new_cluster: Callable[[], str]
+) -> None:
+    cid = new_cluster()
+    port = free_port()
+    rt.ensure_image(IMAGE)
+    command = ("sh", "-c", 'echo "FOO=$FOO"; exec /usr/local/bin/gpuyard-serve')
+    container_id = rt.create(make_spec(cid, command, env={"FOO": "bar baz"}, port=port))
+    assert rt.observe(cid).state is ContainerState.CREATED
+    rt.start(cid)
+    rt.start(cid)  # idempotent
+    obs = rt.observe(cid)
+    assert obs.state is ContainerState.RUNNING
+    assert obs.container_id == container_id and obs.started_at
+    page = http_get(port)
+    assert f"host: {cid}" in page
+    assert "FOO=bar baz" in rt.logs(cid)
+
+
+def test_observe_exit_code_and_missing(
+    rt: DockerEngineRuntime, new_cluster: Callable[[], str]
+) -> None:
+    cid = new_cluster()
+    assert rt.observe(cid).state is ContainerState.MISSING
+    rt.create(make_spec(cid, ("sh", "-c", "exit 7")))
+    rt.start(cid)
+    obs = wait_state(rt, cid, ContainerState.EXITED)
+    assert (obs.state, obs.exit_code) == (ContainerState.EXITED, 7)
+    assert rt.stats(cid) is None
+    rt.stop(cid)
+    rt.stop(cid)  # a missing container is fine
+    assert rt.observe(cid).state is ContainerState.MISSING
+
+
+def test_volume_survives_stop_container_disk_does_not(
+    rt: DockerEngineRuntime, new_cluster: Callable[[], str]
+) -> None:
+    cid = new_cluster()
+    write = "echo kept > /workspace/keep; echo junk > /tmp/junk"
+    rt.create(make_spec(cid, ("sh", "-c", write)))
+    rt.start(cid)
+    assert wait_state(rt, cid, ContainerState.EXITED).exit_code == 0
+    rt.stop(cid)
+    assert rt.observe(cid).state is ContainerState.MISSING
+    check = "cat /workspace/keep; test -e /tmp/junk && echo junk-present || echo junk-gone"
+    rt.create(make_spec(cid, ("sh", "-c", check)))
+    rt.start(cid)
+    assert wait_state(rt, cid, ContainerState.EXITED).exit_code == 0
+    out = rt.logs(cid)
+    assert "kept" in out
+    assert "junk-gone" in out
+
+
+def test_create_replaces_existing_container(
+    rt: DockerEngineRuntime, new_cluster: Callable[[], str]
+) -> None:
+    cid = new_cluster()
+    first = rt.create(make_spec(cid))
+    rt.start(cid)
+    second = rt.create(make_spec(cid))
+    assert first != second
+    assert rt.observe(cid).state is ContainerState.CREATED
+
+
+def test_stop_default_command_is_prompt(
+    rt: DockerEngineRuntime, new_cluster: Callable[[], str]
+) -> None:
+    cid = new_cluster()
+    port = free_port()
+    rt.create(make_spec(cid, port=port))
+    rt.start(cid)
+    http_get(port)  # the entrypoint has installed its trap once httpd answers
+    managed = {m.cluster_id: m for m in rt.list_managed()}
+    assert managed[cid].state is ContainerState.RUNNING
+    t0 = time.monotonic()
+    rt.stop(cid, timeout_s=10)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3, f"stop took {elapsed:.1f} s: the image's TERM trap is not working"
+    assert cid not in {m.cluster_id for m in rt.list_managed()}
+
+
+def test_limits_and_stats(rt: DockerEngineRuntime, new_cluster: Callable[[], str]) -> None:
+    cid = new_cluster()
+    busy = ("sh", "-c", "while :; do :; done")
+    rt.create(make_spec(cid, busy, cpu_cores=0.5, memory_gb=0.125))
+    rt.start(cid)
+    caps = rt.capabilities()
+    if not (caps.cpu_limits and caps.memory_limits):
+        pytest.skip(f"this engine does not apply limits: {caps}")
+    first = rt.stats(cid)
+    assert first is not None
+    time.sleep(1.5)
+    second = rt.stats(cid)
+    assert second is not None
+    # 0.5 CPU of quota: measured over the interval between the two samples.
+    assert 30 <= second.cpu_percent <= 70, second
+    # The busy shell uses well under 1 MB of the 128 MiB limit.
+    assert 0 < second.memory_percent < 20, second
+    assert second.memory_bytes > 0
+
+
+def test_list_managed_carries_cluster_label(
+    rt: DockerEngineRuntime, new_cluster: Callable[[], str]
+) -> None:
+    a, b = new_cluster(), new_cluster()
+    rt.create(make_spec(a))
+    rt.create(make_spec(b))
+    rt.start(b)
+    states = {m.cluster_id: m.state for m in rt.list_managed()}
+    assert states[a] is ContainerState.CREATED
+    assert states[b] is ContainerState.RUNNING
+    assert LABEL_CLUSTER == "gpuyard.cluster_id"
+
+
+def test_remove_volume(rt: DockerEngineRuntime, new_cluster: Callable[[], str]) -> None:
+    cid = new_cluster()
+    vol = volume_name(cid)
+    rt.create(make_spec(cid))
+    assert _volume_exists(vol)
+    with pytest.raises(RuntimeFailure, match=vol):
+        rt.remove_volume(vol)  # still used by the container
+    rt.stop(cid)
+    rt.remove_volume(vol)
+    rt.remove_volume(vol)  # missing is fine
+    assert not _volume_exists(vol)
+
+
+def test_ensure_image_present_and_missing(rt: DockerEngineRuntime) -> None:
+    t0 = time.monotonic()
+    rt.ensure_image(IMAGE)
+    assert time.monotonic() - t0 < 1
+    with pytest.raises(RuntimeFailure) as info:
+        rt.ensure_image("localhost/gpuyard/does-not-exist:1.0")
+    msg = info.value.message
+    assert "localhost/gpuyard/does-not-exist:1.0 is not present" in msg
+    assert "could not be pulled" in msg
+
+
+def test_unreachable_engine_is_reported(tmp_path: Path) -> None:
+    bogus = DockerEngineRuntime(f"unix://{tmp_path}/nothing.sock", timeout_s=2)
+    msg = bogus.available()
+    assert msg is not None and "no container engine reachable" in msg
+    assert "install podman" in msg
+    with pytest.raises(RuntimeFailure, match="no container engine reachable"):
+        bogus.observe("x")
+    assert not bogus.capabilities().stats
+
+
+def _volume_exists(name: str) -> bool:
+    return subprocess.run(["podman", "volume", "exists", name], check=False).returncode == 0

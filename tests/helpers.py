@@ -1,0 +1,74 @@
+"""Test helpers: settings in a temp home and a real HTTP server in a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from gpuyard.api.app import Server, build_server
+from gpuyard.runtimes.base import Runtime
+from gpuyard.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def make_settings(home: Path, database_url: str | None = None, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "home": home,
+        "database_url": database_url,
+        "local_gpus": "NVIDIA RTX A6000:4,NVIDIA GeForce RTX 4090:4",
+        "local_vcpus": 64,
+        "local_memory_gb": 512,
+        "local_disk_gb": 4000,
+        "reconcile_interval_s": 0.2,
+        "stop_timeout_s": 2,
+        "port": free_port(),
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@dataclass
+class LiveServer:
+    server: Server
+    url: str
+    key: str
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {key or self.key}"}, timeout=60
+        )
+
+
+@contextmanager
+def live_server(settings: Settings, runtime: Runtime) -> Iterator[LiveServer]:
+    """Run the real app under uvicorn on a free port in a background thread."""
+    server = build_server(settings, runtime)
+    assert server.admin_key is not None
+    config = uvicorn.Config(server.app, host="127.0.0.1", port=settings.port, log_level="warning")
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uv.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield LiveServer(server, f"http://127.0.0.1:{settings.port}", server.admin_key.key)
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=15)
