@@ -7,6 +7,7 @@ removes its containers and volumes.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import socket
 import subprocess
@@ -16,7 +17,9 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import docker.errors
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
@@ -31,7 +34,7 @@ from gpuyard.runtimes.base import (
 )
 from gpuyard.runtimes.devimage import SERVE_PORT, build_dev_image
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine_url import PodmanService
+from gpuyard.runtimes.engine_url import PodmanService, detect_engine_url
 
 pytestmark = pytest.mark.e2e
 
@@ -294,3 +297,67 @@ def test_unreachable_engine_is_reported(tmp_path: Path) -> None:
 
 def _volume_exists(name: str) -> bool:
     return subprocess.run(["podman", "volume", "exists", name], check=False).returncode == 0
+
+
+def test_engine_discovery_and_service_idempotence(tmp_path: Path) -> None:
+    assert detect_engine_url("tcp://h:2375", env={"DOCKER_HOST": "unix:///x"}) == "tcp://h:2375"
+    assert detect_engine_url(None, env={"DOCKER_HOST": "unix:///x"}) == "unix:///x"
+    sock_dir = Path(tempfile.mkdtemp(prefix="gy-svc-"))
+    try:
+        service = PodmanService(sock_dir / "podman.sock")
+        url = service.start()
+        assert service.start() == url  # idempotent: no second process
+        assert DockerEngineRuntime(url).available() is None
+        service.stop()
+        service.stop()
+        assert not service.running
+        assert not (sock_dir / "podman.sock").exists()
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+class _RefusingContainers:
+    """Stands in for the SDK's ``client.containers``: refuses CPU quotas like a host
+    without the cpu cgroup controller would."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def create(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        if "nano_cpus" in kwargs:
+            raise docker.errors.APIError(
+                "500 Server Error", explanation="crun: cgroup cpu controller not available"
+            )
+        return type("C", (), {"id": "abc123"})()
+
+
+class _StubApi:
+    def remove_container(self, *args: Any, **kwargs: Any) -> None:
+        raise docker.errors.NotFound("no such container")
+
+    def inspect_volume(self, name: str) -> dict[str, Any]:
+        return {"Name": name}
+
+
+class _StubClient:
+    def __init__(self) -> None:
+        self.containers = _RefusingContainers()
+        self.api = _StubApi()
+
+
+def test_refused_limits_degrade_and_gpu_requests_are_sent() -> None:
+    rt = DockerEngineRuntime("unix:///nonexistent.sock")
+    stub = _StubClient()
+    rt._client_obj = stub  # the client is the one seam the driver has
+    spec = make_spec("degrade1", cpu_cores=2, memory_gb=1)
+    spec = dataclasses.replace(spec, gpu_uuids=("GPU-1111", "GPU-2222"))
+    assert rt.create(spec) == "abc123"
+    first, retry = stub.containers.calls
+    assert first["nano_cpus"] == 2_000_000_000
+    assert "nano_cpus" not in retry and retry["mem_limit"] == 1024**3
+    (request,) = retry["device_requests"]
+    assert request["DeviceIDs"] == ["GPU-1111", "GPU-2222"]
+    assert request["Capabilities"] == [["gpu"]] and request["Driver"] == "nvidia"
+    assert retry["ports"] == {} and retry["labels"][LABEL_CLUSTER] == "degrade1"
+    assert not rt._cpu_limits and rt._memory_limits

@@ -14,6 +14,8 @@ Podman differences handled here (measured against Podman 4.3.1, API 1.41):
 - ``stats`` on a stopped container answers an empty body, hence the state check first.
 - ``HostConfig.DeviceRequests`` is accepted and silently dropped, so GPUs are not attached
   through the API: :meth:`capabilities` reports ``real_gpus=False`` on Podman.
+- an explicit host IP ``0.0.0.0`` in a port binding yields a port that never answers,
+  so bindings carry no host IP (all interfaces on both engines).
 - a failed pull answers 200 with the error inside the progress stream, so the stream is
   read to the end and checked.
 """
@@ -112,6 +114,9 @@ class DockerEngineRuntime:
         self.base_url = base_url
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
+        # Separate from _lock: creating the client talks to the engine (up to the
+        # timeout), which must not stall calls that only touch local state.
+        self._client_lock = threading.Lock()
         self._client_obj: Any = None
         self._is_podman: bool | None = None
         # Flipped off the first time the engine refuses a limit; never flipped back,
@@ -121,8 +126,9 @@ class DockerEngineRuntime:
         # The last spec created per cluster, so start() can recreate without limits if
         # the OCI runtime only rejects them when the container starts.
         self._specs: dict[str, ContainerSpec] = {}
-        # Previous (cpu total ns, wall ns) per container id for CPU% deltas.
-        self._cpu_samples: dict[str, tuple[int, int]] = {}
+        # Previous (container id, cpu total ns, wall ns) per cluster for CPU% deltas;
+        # dropped on stop so the map stays as large as the set of live clusters.
+        self._cpu_samples: dict[str, tuple[str, int, int]] = {}
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -158,7 +164,7 @@ class DockerEngineRuntime:
     def _client(self) -> Any:
         """The SDK client, created on first use. A failed creation is not cached, so an
         engine started later is picked up by the next call."""
-        with self._lock:
+        with self._client_lock:
             if self._client_obj is None:
                 with self._errors("connecting to the container engine"):
                     # version="auto" negotiates with the engine: pinning would break on
@@ -284,11 +290,12 @@ class DockerEngineRuntime:
             return str(container.id)
 
     def _create_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
-        ports: dict[str, list[tuple[str, int]]] = {}
+        # No host IP: both engines then bind every interface (what 0.0.0.0 means).
+        # Passing "0.0.0.0" explicitly breaks Podman 4.3's compat API: its DNAT rule
+        # then matches destination 0.0.0.0 and the port never answers.
+        ports: dict[str, list[int]] = {}
         for p in spec.ports:
-            ports.setdefault(f"{p.internal_port}/{p.protocol}", []).append(
-                ("0.0.0.0", p.external_port)
-            )
+            ports.setdefault(f"{p.internal_port}/{p.protocol}", []).append(p.external_port)
         labels = {**spec.labels, LABEL_CLUSTER: spec.cluster_id, LABEL_MANAGED: "true"}
         kwargs: dict[str, Any] = {
             "image": spec.image,
@@ -372,6 +379,7 @@ class DockerEngineRuntime:
         self._remove_container(name)
         with self._lock:
             self._specs.pop(cluster_id, None)
+            self._cpu_samples.pop(cluster_id, None)
 
     def _remove_container(self, name: str) -> None:
         client = self._client()
@@ -464,10 +472,11 @@ class DockerEngineRuntime:
         )
         now = _parse_engine_time(raw.get("read")) or _now_ns()
         with self._lock:
-            prev = self._cpu_samples.get(cid)
-            self._cpu_samples[cid] = (cpu_total, now)
-        if prev is not None and now > prev[1] and cpu_total >= prev[0]:
-            cpu_percent = (cpu_total - prev[0]) / (now - prev[1]) * 100.0
+            prev = self._cpu_samples.get(cluster_id)
+            self._cpu_samples[cluster_id] = (cid, cpu_total, now)
+        # A sample of a previous container of the same cluster is not comparable.
+        if prev is not None and prev[0] == cid and now > prev[2] and cpu_total >= prev[1]:
+            cpu_percent = (cpu_total - prev[1]) / (now - prev[2]) * 100.0
         else:
             started = _parse_engine_time(observed.started_at)
             elapsed = now - started if started else 0

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.services.clock import Clock, SystemClock
+from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.settings import Settings
 
 
@@ -52,8 +53,10 @@ class Context:
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """A session whose transaction commits on success and rolls back on error."""
+        """A write transaction: commits on success, rolls back on error. On SQLite it
+        holds the write lock from its first statement (see store/db.py)."""
         with self.sessions() as session, session.begin():
+            session.connection(execution_options=WRITE_OPTIONS)
             yield session
 
     @contextmanager

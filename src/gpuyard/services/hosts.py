@@ -48,9 +48,9 @@ def register_host(
         session.scalars(select(GpuAllocation.gpu_index).where(GpuAllocation.host_id == host.id))
     )
     wanted = {g.index: g for g in inventory.gpus}
-    for index, row in existing.items():
+    for index, old in existing.items():
         if index not in wanted and index not in held:
-            session.delete(row)
+            session.delete(old)
     for index, gpu in wanted.items():
         row = existing.get(index)
         if row is None:

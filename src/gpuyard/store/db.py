@@ -11,6 +11,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 
+# Execution option naming the SQLite BEGIN mode ("IMMEDIATE" for write transactions).
+SQLITE_BEGIN_OPTION = "sqlite_begin"
+WRITE_OPTIONS = {SQLITE_BEGIN_OPTION: "IMMEDIATE"}
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         return _sqlite_engine(url)
@@ -42,7 +47,11 @@ def _sqlite_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN")
+        # Write transactions take the write lock up front (BEGIN IMMEDIATE): a deferred
+        # transaction that reads and then writes fails at once with SQLITE_BUSY when
+        # another writer committed in between, instead of waiting its turn.
+        mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "")
+        conn.exec_driver_sql(f"BEGIN {mode}".strip())
 
     return engine
 

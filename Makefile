@@ -1,0 +1,44 @@
+# gpuyard: `make run` starts the server, `make test` runs every test.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint unit system venv bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+system:
+	@bash scripts/setup-system.sh
+
+run: venv system
+	$(VENV)/bin/gpuyard serve
+
+lint: venv
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(VENV)/bin/pytest -q tests/unit
+
+# Every test: lint, type check, unit, service (SQLite and PostgreSQL), API and
+# end-to-end tests with real containers.
+test: venv
+	@WITH_POSTGRES=1 bash scripts/setup-system.sh
+	$(MAKE) --no-print-directory lint
+	GPUYARD_TEST_POSTGRES_URL="$${GPUYARD_TEST_POSTGRES_URL:-$$(bash scripts/test-postgres.sh)}" \
+		$(VENV)/bin/pytest -q -ra --durations=15 tests
+
+bench: venv system
+	$(PY) bench/bench_start_latency.py
+	$(PY) bench/bench_get_cluster.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Install the system packages gpuyard needs (as root, via apt) and make Podman usable on
+# hosts with hybrid cgroup mounts and low open-file limits. Safe to run repeatedly:
+# does nothing when everything is present, and never overwrites an existing
+# /etc/containers/containers.conf.
+set -euo pipefail
+
+want=(podman runc busybox-static)
+[ "${WITH_POSTGRES:-0}" = 1 ] && want+=(postgresql)
+missing=()
+for pkg in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "setup: missing ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root" >&2
+  fi
+fi
+
+conf=/etc/containers/containers.conf
+if [ "$(id -u)" = 0 ] && command -v podman >/dev/null && [ ! -e "$conf" ]; then
+  # Hybrid cgroup v1/v2 mounts break crun/systemd defaults; a low hard nofile limit
+  # breaks podman's default ulimits. Only then is the file needed.
+  hybrid=0; [ -d /sys/fs/cgroup/memory ] && [ ! -f /sys/fs/cgroup/cgroup.controllers ] && hybrid=1
+  lowfiles=0; [ "$(ulimit -Hn)" != unlimited ] && [ "$(ulimit -Hn)" -lt 1048576 ] && lowfiles=1
+  if [ $hybrid = 1 ] || [ $lowfiles = 1 ]; then
+    echo "setup: writing $conf (runc, cgroupfs, lower ulimits)"
+    mkdir -p /etc/containers
+    cat > "$conf" <<'CONF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+CONF
+  fi
+fi

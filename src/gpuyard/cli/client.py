@@ -1,0 +1,161 @@
+"""A small typed HTTP client for the REST v1 API, one method per endpoint.
+
+Every method returns the envelope's ``data`` (a JSON object) on success and raises
+:class:`ApiError` on an error envelope (or any non-2xx answer) and
+:class:`ServerUnreachable` when no server answers at the URL. Nothing else escapes:
+transport failures other than a refused connection become :class:`ServerUnreachable`
+too, with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+JSON = dict[str, Any]
+
+
+class ApiError(Exception):
+    """The server answered with an error: ``code`` (stable, e.g. ``CLUSTER_NOT_FOUND``),
+    ``message``, ``details`` and the HTTP ``status``."""
+
+    def __init__(self, code: str, message: str, details: JSON | None, status: int) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.details: JSON = details or {}
+        self.status = status
+
+
+class ServerUnreachable(Exception):
+    """No gpuyard server answered at ``url``; ``reason`` says why (refused, timeout...)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class GpuyardClient:
+    """Client of one server. ``transport`` is for tests (e.g. ``httpx.MockTransport``).
+
+    Usable as a context manager; :meth:`close` releases the connection pool.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None,
+        *,
+        timeout_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GpuyardClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: JSON | None = None,
+        params: dict[str, str | int] | None = None,
+    ) -> JSON:
+        try:
+            resp = self._http.request(method, path, json=json, params=params)
+        except httpx.ConnectError as e:
+            raise ServerUnreachable(self.url, f"connection failed ({e})") from e
+        except httpx.TimeoutException as e:
+            raise ServerUnreachable(self.url, "timed out waiting for an answer") from e
+        except httpx.TransportError as e:
+            raise ServerUnreachable(self.url, str(e) or type(e).__name__) from e
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.is_success and isinstance(body, dict) and body.get("success") is not False:
+            data = body.get("data", body)
+            return data if isinstance(data, dict) else {"value": data}
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict):
+            details = err.get("details")
+            raise ApiError(
+                str(err.get("code") or "HTTP_ERROR"),
+                str(err.get("message") or resp.reason_phrase),
+                details if isinstance(details, dict) else None,
+                resp.status_code,
+            )
+        text = resp.text.strip()[:200] or resp.reason_phrase
+        raise ApiError("HTTP_ERROR", f"HTTP {resp.status_code}: {text}", None, resp.status_code)
+
+    # -- endpoints ------------------------------------------------------------------
+
+    def healthz(self) -> JSON:
+        """``GET /healthz``: ``{"ok": true, "engine": "ok" | problem}`` (no key needed)."""
+        return self._request("GET", "/healthz")
+
+    def create_cluster(self, body: JSON) -> JSON:
+        """``POST /v1/clusters``; ``body`` follows ``CreateCluster``. Returns the cluster."""
+        return self._request("POST", "/v1/clusters", json=body)
+
+    def list_clusters(
+        self,
+        *,
+        status: str | None = None,
+        search: str | None = None,
+        project_id: int | None = None,
+        page: int = 1,
+        per_page: int = 50,
+    ) -> JSON:
+        """``GET /v1/clusters``: ``{"clusters": [...], "pagination": {...}}``."""
+        params: dict[str, str | int] = {"page": page, "per_page": per_page}
+        if status:
+            params["status"] = status
+        if search:
+            params["search"] = search
+        if project_id is not None:
+            params["project_id"] = project_id
+        return self._request("GET", "/v1/clusters", params=params)
+
+    def get_cluster(self, cluster_id: str) -> JSON:
+        return self._request("GET", f"/v1/clusters/{cluster_id}")
+
+    def start_cluster(self, cluster_id: str, body: JSON | None = None) -> JSON:
+        """``POST /v1/clusters/{id}/start``; ``body`` follows ``StartCluster``."""
+        return self._request("POST", f"/v1/clusters/{cluster_id}/start", json=body or {})
+
+    def stop_cluster(self, cluster_id: str) -> JSON:
+        return self._request("POST", f"/v1/clusters/{cluster_id}/stop")
+
+    def restart_cluster(self, cluster_id: str) -> JSON:
+        return self._request("POST", f"/v1/clusters/{cluster_id}/restart")
+
+    def terminate_cluster(self, cluster_id: str) -> JSON:
+        return self._request("DELETE", f"/v1/clusters/{cluster_id}")
+
+    def cluster_events(self, cluster_id: str) -> JSON:
+        """``GET /v1/clusters/{id}/events``: ``{"events": [...]}``, oldest first."""
+        return self._request("GET", f"/v1/clusters/{cluster_id}/events")
+
+    def gpu_types(self) -> JSON:
+        """``GET /v1/gpu-types``: ``{"gpu_types": [...]}`` with prices and availability."""
+        return self._request("GET", "/v1/gpu-types")
+
+    def hosts(self) -> JSON:
+        """``GET /v1/hosts`` (admin scope): ``{"hosts": [...]}``."""
+        return self._request("GET", "/v1/hosts")

@@ -1,0 +1,433 @@
+"""``gpuyard clusters ...``: create, list, inspect and drive clusters over REST v1."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from gpuyard.cli.client import JSON, GpuyardClient
+from gpuyard.cli.common import api_options, make_call
+from gpuyard.cli.output import Progress, key_values, print_json, print_table
+
+POLL_INTERVAL_S = 0.5
+IN_PROGRESS = {"pending", "starting", "stopping", "terminating"}
+FAILED = {"error", "stopped", "terminated"}
+PROTOCOLS = ("tcp", "udp", "http")
+
+
+# -- option parsing ---------------------------------------------------------------------
+
+
+def parse_env(values: tuple[str, ...]) -> dict[str, str]:
+    """``KEY=VAL`` pairs (VAL may be empty or contain ``=``) into a dict."""
+    env: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env")
+        env[key] = value
+    return env
+
+
+def parse_port(spec: str) -> JSON:
+    """``INTERNAL[:EXTERNAL][/PROTO]`` into a PortSpec body; EXTERNAL 0 or absent asks the
+    server to assign one, PROTO is tcp (default), udp or http."""
+    text, _, proto = spec.partition("/")
+    proto = (proto or "tcp").lower()
+    if proto not in PROTOCOLS:
+        raise click.BadParameter(
+            f"{spec!r}: protocol must be one of {', '.join(PROTOCOLS)}", param_hint="--port"
+        )
+    internal, _, external = text.partition(":")
+    try:
+        port: JSON = {"internal_port": int(internal), "protocol": proto}
+        if external:
+            port["external_port"] = int(external)
+    except ValueError:
+        raise click.BadParameter(
+            f"{spec!r} is not INTERNAL[:EXTERNAL][/tcp|udp|http]", param_hint="--port"
+        ) from None
+    return port
+
+
+# -- human views ------------------------------------------------------------------------
+
+
+def _gpus(c: JSON) -> str:
+    count = c.get("gpu_count") or 0
+    if not count:
+        return "none"
+    name = c.get("gpu_display_name") or c.get("gpu_type") or "GPU"
+    indices = c.get("gpu_indices") or []
+    where = f" (indices {','.join(str(i) for i in indices)})" if indices else ""
+    return f"{count} x {name}{where}"
+
+
+def _ports(c: JSON) -> str | None:
+    net = c.get("network") or {}
+    items = net.get("ports") or c.get("ports") or []
+    out = []
+    for p in items:
+        ext = p.get("address") or p.get("external_port") or "unassigned"
+        out.append(f"{p['internal_port']}/{p['protocol']} -> {ext}")
+    return ", ".join(out) or None
+
+
+def show_cluster(c: JSON) -> None:
+    """A cluster as aligned ``label: value`` lines."""
+    host = c.get("host") or {}
+    net = c.get("network") or {}
+    ssh = (net.get("ssh_connection") or {}).get("connection_string")
+    progress = c.get("startup_progress")
+    cost = c.get("cost") or {}
+    rate = cost.get("hourly_rate")
+    pairs: list[tuple[str, Any]] = [
+        ("id", c.get("id")),
+        ("name", c.get("name") or "-"),
+        ("status", c.get("status")),
+        (
+            "progress",
+            f"{progress['percentage']}% {progress['current_step']}" if progress else None,
+        ),
+        ("error", c.get("error_message")),
+        ("image", c.get("docker_image")),
+        ("args", c.get("docker_args") or None),
+        ("gpus", _gpus(c)),
+        ("cpu", f"{c.get('cpu_cores')} vCPU"),
+        ("memory", f"{c.get('memory_gb')} GB"),
+        ("disk", f"{c.get('container_disk_gb')} GB container"),
+        (
+            "volume",
+            f"{c.get('volume_gb')} GB at {c.get('volume_mount_path')}"
+            if c.get("volume_gb")
+            else "none",
+        ),
+        ("env", ", ".join(f"{k}={v}" for k, v in (c.get("env") or {}).items()) or None),
+        ("ports", _ports(c)),
+        ("url", net.get("proxy_url")),
+        ("ssh", ssh),
+        (
+            "host",
+            f"{host.get('name')} ({host.get('location')}, gpus {host.get('gpu_source')})"
+            if host
+            else None,
+        ),
+        ("cost", f"${rate}/h" if rate is not None else None),
+        ("actions", ", ".join(c.get("actions") or []) or "none"),
+        ("created", c.get("created_at")),
+    ]
+    click.echo(key_values(pairs))
+
+
+def emit(c: JSON, as_json: bool) -> None:
+    if as_json:
+        print_json(c)
+    else:
+        show_cluster(c)
+
+
+# -- waiting ----------------------------------------------------------------------------
+
+
+def wait_running(client: GpuyardClient, cluster_id: str, timeout_s: float) -> tuple[JSON, bool]:
+    """Poll ``GET /v1/clusters/{id}`` every 0.5 s, showing progress on stderr, until the
+    cluster is running (returns it and True), settles in error/stopped/terminated (returns
+    it and False) or ``timeout_s`` passes (returns the last view and False)."""
+    progress = Progress()
+    deadline = time.monotonic() + timeout_s
+    pct = 0
+    try:
+        while True:
+            c = client.get_cluster(cluster_id)
+            status = str(c.get("status"))
+            sp = c.get("startup_progress") or {}
+            pct = int(sp.get("percentage", pct))
+            if status == "running":
+                progress.update(status, 100, "Ready")
+                return c, True
+            if status in FAILED:
+                progress.update(status, pct, c.get("error_message") or status)
+                return c, False
+            progress.update(status, pct, str(sp.get("current_step") or status))
+            if time.monotonic() >= deadline:
+                return c, False
+            time.sleep(POLL_INTERVAL_S)
+    finally:
+        progress.finish()
+
+
+def finish_wait(client: GpuyardClient, cluster_id: str, timeout_s: float, as_json: bool) -> None:
+    """Wait (see :func:`wait_running`), print the cluster, and exit 1 unless running."""
+    c, ok = wait_running(client, cluster_id, timeout_s)
+    emit(c, as_json)
+    if ok:
+        return
+    status = c.get("status")
+    if status in FAILED:
+        why = c.get("error_message") or c.get("last_status_change") or "no reason recorded"
+        click.echo(f"error: cluster {cluster_id} is {status}: {why}", err=True)
+    else:
+        click.echo(
+            f"error: cluster {cluster_id} is still {status} after {timeout_s:.0f} s", err=True
+        )
+    raise SystemExit(1)
+
+
+# -- commands ---------------------------------------------------------------------------
+
+wait_option = click.option(
+    "--wait", is_flag=True, help="Poll until running; exit 1 if it fails or times out."
+)
+timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=600.0,
+    show_default=True,
+    help="Seconds --wait waits.",
+)
+env_option = click.option(
+    "--env", "env", multiple=True, metavar="KEY=VAL", help="Environment variable (repeatable)."
+)
+port_option = click.option(
+    "--port",
+    "ports",
+    multiple=True,
+    metavar="INTERNAL[:EXTERNAL][/PROTO]",
+    help="Port to expose, PROTO tcp|udp|http (repeatable).",
+)
+
+
+@click.group("clusters")
+def clusters() -> None:
+    """Create, list, inspect, start, stop and terminate clusters."""
+
+
+@clusters.command("create")
+@click.option("--name", default="", help="Display name.")
+@click.option("--gpu-type", default=None, help='GPU type id, e.g. "NVIDIA RTX A6000".')
+@click.option("--gpu-count", type=click.IntRange(0, 64), default=None)
+@click.option("--cpu-cores", type=click.IntRange(min=1), default=None)
+@click.option("--memory-gb", type=click.IntRange(min=1), default=None)
+@click.option("--container-disk-gb", type=click.IntRange(min=1), default=None)
+@click.option("--volume-gb", type=click.IntRange(min=0), default=None)
+@click.option("--volume-mount-path", default=None, help="Default /workspace.")
+@click.option("--image", required=True, help="Container image.")
+@click.option("--args", "docker_args", default=None, help="Command override.")
+@env_option
+@port_option
+@click.option("--cloud-type", type=click.Choice(["SECURE", "COMMUNITY"], case_sensitive=False))
+@click.option("--project-id", type=int, default=None)
+@wait_option
+@timeout_option
+@api_options
+def create(
+    name: str,
+    gpu_type: str | None,
+    gpu_count: int | None,
+    cpu_cores: int | None,
+    memory_gb: int | None,
+    container_disk_gb: int | None,
+    volume_gb: int | None,
+    volume_mount_path: str | None,
+    image: str,
+    docker_args: str | None,
+    env: tuple[str, ...],
+    ports: tuple[str, ...],
+    cloud_type: str | None,
+    project_id: int | None,
+    wait: bool,
+    timeout: float,
+    url: str | None,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Create a cluster (placed at once, started by the server)."""
+    body: JSON = {"name": name, "docker_image": image}
+    optional: dict[str, Any] = {
+        "gpu_type": gpu_type,
+        "gpu_count": gpu_count,
+        "cpu_cores": cpu_cores,
+        "memory_gb": memory_gb,
+        "container_disk_gb": container_disk_gb,
+        "volume_gb": volume_gb,
+        "volume_mount_path": volume_mount_path,
+        "docker_args": docker_args,
+        "cloud_type": cloud_type.upper() if cloud_type else None,
+        "project_id": project_id,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    if env:
+        body["env"] = parse_env(env)
+    if ports:
+        body["ports"] = [parse_port(p) for p in ports]
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        c = client.create_cluster(body)
+        if wait:
+            finish_wait(client, c["id"], timeout, call.as_json)
+        else:
+            emit(c, call.as_json)
+
+
+@clusters.command("list")
+@click.option("--status", default=None, help="Only clusters in this status.")
+@click.option("--search", default=None, help="Match id, name or image.")
+@click.option("--project-id", type=int, default=None)
+@api_options
+def list_(
+    status: str | None,
+    search: str | None,
+    project_id: int | None,
+    url: str | None,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """List clusters (newest page of up to 500)."""
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        data = client.list_clusters(
+            status=status, search=search, project_id=project_id, per_page=500
+        )
+    if call.as_json:
+        print_json(data)
+        return
+    rows = [
+        [
+            c["id"],
+            c.get("name"),
+            c.get("status"),
+            f"{c.get('gpu_count') or 0}x {c.get('gpu_type')}" if c.get("gpu_count") else "-",
+            c.get("cpu_cores"),
+            f"{c.get('memory_gb')}G",
+            c.get("docker_image"),
+            (c.get("cost") or {}).get("hourly_rate"),
+            c.get("created_at"),
+        ]
+        for c in data.get("clusters", [])
+    ]
+    print_table(
+        ["ID", "NAME", "STATUS", "GPUS", "CPU", "MEM", "IMAGE", "$/H", "CREATED"],
+        rows,
+        "no clusters",
+    )
+    total = (data.get("pagination") or {}).get("total", len(rows))
+    if total > len(rows):
+        click.echo(f"({len(rows)} of {total} shown)")
+
+
+@clusters.command("get")
+@click.argument("cluster_id")
+@api_options
+def get(cluster_id: str, url: str | None, api_key: str | None, as_json: bool) -> None:
+    """Show one cluster."""
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        emit(client.get_cluster(cluster_id), call.as_json)
+
+
+@clusters.command("start")
+@click.argument("cluster_id")
+@click.option("--image", default=None, help="New container image.")
+@click.option("--memory-gb", type=click.IntRange(min=1), default=None)
+@click.option("--cpu-cores", type=click.IntRange(min=1), default=None)
+@click.option("--gpu-count", type=click.IntRange(0, 64), default=None)
+@click.option("--storage-gb", type=click.IntRange(min=0), default=None, help="Volume size.")
+@env_option
+@click.option("--unset-env", multiple=True, metavar="KEY", help="Remove a variable (repeatable).")
+@port_option
+@wait_option
+@timeout_option
+@api_options
+def start(
+    cluster_id: str,
+    image: str | None,
+    memory_gb: int | None,
+    cpu_cores: int | None,
+    gpu_count: int | None,
+    storage_gb: int | None,
+    env: tuple[str, ...],
+    unset_env: tuple[str, ...],
+    ports: tuple[str, ...],
+    wait: bool,
+    timeout: float,
+    url: str | None,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Start a stopped cluster, optionally changing its configuration first.
+
+    --port replaces the whole port list."""
+    body: JSON = {}
+    update = {
+        k: v
+        for k, v in {
+            "docker_image": image,
+            "memory_gb": memory_gb,
+            "cpu_cores": cpu_cores,
+            "gpu_count": gpu_count,
+            "storage_gb": storage_gb,
+        }.items()
+        if v is not None
+    }
+    if update:
+        body["update_configuration"] = update
+    env_updates: dict[str, str | None] = {**parse_env(env), **dict.fromkeys(unset_env)}
+    if env_updates:
+        body["environment_updates"] = env_updates
+    if ports:
+        body["port_mapping_updates"] = [parse_port(p) for p in ports]
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        c = client.start_cluster(cluster_id, body)
+        applied = c.get("configuration_updates_applied") or []
+        if applied and not call.as_json:
+            click.echo("applied: " + "; ".join(str(a) for a in applied), err=True)
+        if wait:
+            finish_wait(client, cluster_id, timeout, call.as_json)
+        else:
+            emit(c, call.as_json)
+
+
+def _simple(action: str, help_text: str) -> None:
+    @clusters.command(action, help=help_text)
+    @click.argument("cluster_id")
+    @api_options
+    def command(cluster_id: str, url: str | None, api_key: str | None, as_json: bool) -> None:
+        call = make_call(url, api_key, as_json)
+        with call.client as client:
+            method = getattr(client, f"{action}_cluster")
+            c: JSON = method(cluster_id)
+        if call.as_json:
+            print_json(c)
+        else:
+            click.echo(f"{c['id']}: {c.get('status')} ({c.get('last_status_change') or action})")
+
+
+_simple("stop", "Stop a cluster: GPUs are released, the volume is kept.")
+_simple("restart", "Recreate a running cluster's container (container disk wiped).")
+_simple("terminate", "Terminate a cluster and delete its volume.")
+
+
+@clusters.command("events")
+@click.argument("cluster_id")
+@api_options
+def events(cluster_id: str, url: str | None, api_key: str | None, as_json: bool) -> None:
+    """A cluster's status changes and other events, oldest first."""
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        data = client.cluster_events(cluster_id)
+    if call.as_json:
+        print_json(data)
+        return
+    rows = [
+        [
+            e.get("at"),
+            e.get("type"),
+            f"{e.get('from_status') or '-'} -> {e.get('to_status')}" if e.get("to_status") else "",
+            e.get("message"),
+        ]
+        for e in data.get("events", [])
+    ]
+    print_table(["AT", "TYPE", "STATUS", "MESSAGE"], rows, "no events")

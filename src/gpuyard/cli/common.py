@@ -1,0 +1,91 @@
+"""Glue shared by the HTTP commands: global options, the client factory and the
+error boundary that turns client errors into ``error: ...`` and exit status 1."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from gpuyard.cli.client import ApiError, GpuyardClient, ServerUnreachable
+from gpuyard.cli.config import resolve_target
+from gpuyard.cli.output import format_api_error
+from gpuyard.core.errors import GpuyardError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class CliState:
+    """Options given to the root group, before the sub-command."""
+
+    url: str | None = None
+    api_key: str | None = None
+    json: bool = False
+
+
+def state(ctx: click.Context) -> CliState:
+    root = ctx.find_root()
+    if not isinstance(root.obj, CliState):
+        root.obj = CliState()
+    return root.obj
+
+
+def api_options(f: F) -> F:
+    """Add ``--url``, ``--api-key`` and ``--json`` to an HTTP command; each may also be
+    given to the root group (``gpuyard --json clusters list``)."""
+    f = click.option(
+        "--json", "as_json", is_flag=True, default=False, help="Print the raw JSON data."
+    )(f)
+    f = click.option(
+        "--api-key", "api_key", default=None, help="API key (else $GPUYARD_API_KEY, credentials)."
+    )(f)
+    f = click.option("--url", default=None, help="Server URL (else $GPUYARD_URL, credentials).")(f)
+    return f
+
+
+@dataclass
+class Call:
+    """What an HTTP command needs: a client and whether to print JSON."""
+
+    client: GpuyardClient
+    as_json: bool
+
+
+def make_call(url: str | None, api_key: str | None, as_json: bool) -> Call:
+    """Resolve the server from the command's flags, the root group's flags, the
+    environment and the credentials file (in that order)."""
+    s = state(click.get_current_context())
+    target = resolve_target(url or s.url, api_key or s.api_key)
+    return Call(GpuyardClient(target.url, target.api_key), as_json or s.json)
+
+
+class ErrorBoundaryGroup(click.Group):
+    """A group whose sub-commands' expected failures end as one ``error:`` message on
+    stderr and exit status 1, never as a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ApiError as e:
+            click.echo(format_api_error(e), err=True)
+            if e.status == 401:
+                click.echo(
+                    "  hint: pass --api-key, set GPUYARD_API_KEY, or create a key with "
+                    "`gpuyard keys create`",
+                    err=True,
+                )
+            ctx.exit(1)
+        except ServerUnreachable as e:
+            click.echo(
+                f"error: the gpuyard server is not reachable at {e.url} ({e.reason}); "
+                "start it with `make run` or `gpuyard serve`, or point --url / GPUYARD_URL "
+                "at it",
+                err=True,
+            )
+            ctx.exit(1)
+        except GpuyardError as e:
+            click.echo(f"error: {e.code}: {e.message}", err=True)
+            ctx.exit(1)
