@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -41,11 +42,29 @@ def make_settings(home: Path, database_url: str | None = None, **overrides: obje
     return Settings(**values)  # type: ignore[arg-type]
 
 
+class StatusRecorder:
+    """ASGI wrapper that remembers every response status, so a test can assert that
+    no request ever got a 5xx."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.statuses: list[int] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def record(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                self.statuses.append(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, record)
+
+
 @dataclass
 class LiveServer:
     server: Server
     url: str
     key: str
+    recorder: StatusRecorder
 
     def client(self, key: str | None = None) -> httpx.Client:
         return httpx.Client(
@@ -58,7 +77,8 @@ def live_server(settings: Settings, runtime: Runtime) -> Iterator[LiveServer]:
     """Run the real app under uvicorn on a free port in a background thread."""
     server = build_server(settings, runtime)
     assert server.admin_key is not None
-    config = uvicorn.Config(server.app, host="127.0.0.1", port=settings.port, log_level="warning")
+    recorder = StatusRecorder(server.app)
+    config = uvicorn.Config(recorder, host="127.0.0.1", port=settings.port, log_level="warning")
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
@@ -68,7 +88,9 @@ def live_server(settings: Settings, runtime: Runtime) -> Iterator[LiveServer]:
             raise RuntimeError("server did not start")
         time.sleep(0.02)
     try:
-        yield LiveServer(server, f"http://127.0.0.1:{settings.port}", server.admin_key.key)
+        yield LiveServer(server, f"http://127.0.0.1:{settings.port}", server.admin_key.key, recorder)
     finally:
         uv.should_exit = True
         thread.join(timeout=15)
+    errors = [s for s in recorder.statuses if s >= 500]
+    assert not errors, f"server answered {errors}"
