@@ -32,9 +32,10 @@ from gpuyard.runtimes.base import (
     Runtime,
     volume_name,
 )
-from gpuyard.runtimes.devimage import SERVE_PORT, build_dev_image
+from gpuyard.runtimes.devimage import SERVE_PORT
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine_url import PodmanService, detect_engine_url
+from tests.e2e.conftest import DEV_IMAGE
 
 pytestmark = pytest.mark.e2e
 
@@ -44,25 +45,7 @@ if shutil.which("podman") is None:
         allow_module_level=True,
     )
 
-IMAGE = "localhost/gpuyard/busybox:latest"
-
-
-@pytest.fixture(scope="session")
-def engine_url() -> Iterator[str]:
-    # A short path under /tmp: unix socket paths are limited to 108 bytes.
-    workdir = Path(tempfile.mkdtemp(prefix="gy-podman-"))
-    service = PodmanService(workdir / "podman.sock")
-    try:
-        url = service.start()
-    except RuntimeFailure as e:
-        shutil.rmtree(workdir, ignore_errors=True)
-        pytest.skip(f"cannot start podman system service: {e.message}")
-    try:
-        build_dev_image("podman", IMAGE)
-        yield url
-    finally:
-        service.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+IMAGE = DEV_IMAGE
 
 
 @pytest.fixture

@@ -1,0 +1,254 @@
+"""The real server process (``gpuyard serve``) driving real Podman containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from tests.e2e.conftest import DEV_IMAGE
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.e2e
+
+if shutil.which("podman") is None:
+    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+
+
+class ServerProcess:
+    def __init__(self, home: Path, engine_url: str, port: int) -> None:
+        self.home, self.engine_url, self.port = home, engine_url, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = home / "server.log"
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "GPUYARD_HOME": str(self.home),
+            "GPUYARD_PORT": str(self.port),
+            "GPUYARD_ENGINE_URL": self.engine_url,
+            "GPUYARD_LOCAL_GPUS": "NVIDIA RTX A6000:4",
+            "GPUYARD_LOCAL_VCPUS": "32",
+            "GPUYARD_LOCAL_MEMORY_GB": "256",
+            "GPUYARD_LOCAL_DISK_GB": "1000",
+            "GPUYARD_RECONCILE_INTERVAL_S": "0.5",
+            "GPUYARD_STOP_TIMEOUT_S": "2",
+        }
+        self.home.mkdir(parents=True, exist_ok=True)
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuyard", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            time.sleep(0.1)
+        raise AssertionError("server did not come up:\n" + self.log.read_text()[-3000:])
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @property
+    def key(self) -> str:
+        key: str = json.loads((self.home / "credentials").read_text())["api_key"]
+        return key
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=120
+        )
+
+
+@contextmanager
+def running_server(home: Path, engine_url: str) -> Iterator[ServerProcess]:
+    server = ServerProcess(home, engine_url, free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def engine(engine_url: str) -> Iterator[docker.DockerClient]:
+    client = docker.DockerClient(base_url=engine_url)
+    yield client
+    client.close()
+
+
+def wait_status(c: httpx.Client, cid: str, want: set[str], timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        data: dict[str, Any] = c.get(f"/v1/clusters/{cid}").json()["data"]
+        if data["status"] in want:
+            return data
+        assert time.monotonic() < deadline, data
+        time.sleep(0.1)
+
+
+def sh(engine: docker.DockerClient, cid: str, command: str) -> tuple[int, str]:
+    code, out = engine.containers.get(f"gpuyard-{cid}").exec_run(["sh", "-c", command])
+    return int(code), out.decode()
+
+
+def http_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body: bytes = r.read()
+        return body.decode()
+
+
+def test_cluster_lifecycle_on_real_containers(
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient
+) -> None:
+    with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
+        r = c.post(
+            "/v1/clusters",
+            json={
+                "name": "e2e",
+                "gpu_type": "NVIDIA RTX A6000",
+                "gpu_count": 2,
+                "docker_image": DEV_IMAGE,
+                "env": {"GREETING": "hello"},
+                "ports": [{"internal_port": 8888, "external_port": 0, "protocol": "http"}],
+                "volume_gb": 1,
+                "memory_gb": 1,
+                "cpu_cores": 1,
+            },
+        )
+        assert r.status_code == 201, r.text
+        cid = r.json()["data"]["id"]
+        data = wait_status(c, cid, {"running", "error"})
+        assert data["status"] == "running", data
+        port = data["ports"][0]["external_port"]
+        assert data["network"]["proxy_url"] == f"http://127.0.0.1:{port}"
+
+        container = engine.containers.get(f"gpuyard-{cid}")
+        env = dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
+        assert env["GREETING"] == "hello"
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1" == env["NVIDIA_VISIBLE_DEVICES"]
+        assert container.labels["gpuyard.cluster_id"] == cid
+        assert f"host: {cid}" in http_get(f"http://127.0.0.1:{port}/")
+
+        assert sh(engine, cid, "echo kept > /workspace/kept.txt; echo gone > /root/scratch")[0] == 0
+
+        assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
+        wait_status(c, cid, {"stopped"})
+        assert not engine.containers.list(all=True, filters={"name": f"gpuyard-{cid}"})
+
+        r = c.post(
+            f"/v1/clusters/{cid}/start",
+            json={
+                "wait_for_ready": True,
+                "timeout_minutes": 2,
+                "update_configuration": {"memory_gb": 2},
+                "environment_updates": {"BATCH_SIZE": "64"},
+            },
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["data"]["status"] == "running" and body["meta"]["wait_timed_out"] is False
+        assert body["data"]["configuration_updates_applied"][0] == "memory_gb: 1 -> 2"
+        assert sh(engine, cid, "cat /workspace/kept.txt") == (0, "kept\n")
+        assert sh(engine, cid, "test -e /root/scratch")[0] != 0
+        assert sh(engine, cid, "echo $BATCH_SIZE $GREETING") == (0, "64 hello\n")
+        container = engine.containers.get(f"gpuyard-{cid}")
+        assert container.attrs["HostConfig"]["Memory"] == 2 * 1024**3
+        assert data["ports"][0]["external_port"] == port  # stable across stop/start
+
+        events = c.get(f"/v1/clusters/{cid}/events").json()["data"]["events"]
+        assert [e["to_status"] for e in events][:4] == ["starting", "running", "stopping", "stopped"]
+
+        assert c.delete(f"/v1/clusters/{cid}").status_code == 200
+        wait_status(c, cid, {"terminated"})
+        assert not engine.containers.list(all=True, filters={"name": f"gpuyard-{cid}"})
+        assert not [v for v in engine.volumes.list() if v.name == f"gpuyard-vol-{cid}"]
+
+
+def test_missing_image_fails_with_clear_error(tmp_path: Path, engine_url: str) -> None:
+    with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
+        r = c.post("/v1/clusters", json={"docker_image": "localhost/gpuyard/nope:1"})
+        data = wait_status(c, r.json()["data"]["id"], {"error", "running"})
+        assert data["status"] == "error"
+        assert "localhost/gpuyard/nope:1" in data["error_message"]
+
+
+def test_kill9_while_starting_converges(
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient
+) -> None:
+    home = tmp_path / "home"
+    server = ServerProcess(home, engine_url, free_port())
+    server.start()
+    ids = []
+    with server.client() as c:
+        for i in range(4):
+            r = c.post(
+                "/v1/clusters",
+                json={"name": f"k{i}", "gpu_type": "NVIDIA RTX A6000", "gpu_count": 1,
+                      "docker_image": DEV_IMAGE, "volume_gb": 1},
+            )
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["data"]["id"])
+    server.kill9()
+    server.start()
+    try:
+        with server.client() as c:
+            final = {cid: wait_status(c, cid, {"running", "error"}, timeout=90) for cid in ids}
+            assert all(d["status"] == "running" for d in final.values()), final
+            # Terminate one and kill again mid-terminate: it still converges.
+            c.delete(f"/v1/clusters/{ids[0]}")
+        server.kill9()
+        server.start()
+        with server.client() as c:
+            wait_status(c, ids[0], {"terminated"}, timeout=60)
+            running = {cid for cid in ids[1:]}
+            for cid in running:
+                assert wait_status(c, cid, {"running"})["status"] == "running"
+        labelled = {
+            ct.labels["gpuyard.cluster_id"]
+            for ct in engine.containers.list(all=True, filters={"label": "gpuyard.managed"})
+            if ct.labels.get("gpuyard.cluster_id") in ids
+        }
+        assert labelled == running
+        db = sqlite3.connect(home / "gpuyard.db")
+        held = db.execute("SELECT cluster_id, gpu_index FROM gpu_allocations").fetchall()
+        db.close()
+        assert {cid for cid, _ in held} == running
+        assert len({idx for _, idx in held}) == len(held) == 3
+    finally:
+        with server.client() as c:
+            for cid in ids:
+                c.delete(f"/v1/clusters/{cid}")
+            for cid in ids:
+                wait_status(c, cid, {"terminated"}, timeout=60)
+        server.stop()
