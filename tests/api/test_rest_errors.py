@@ -31,7 +31,9 @@ def test_auth_forms(srv: LiveServer) -> None:
     with httpx.Client(base_url=srv.url) as c:
         err(c.get("/v1/clusters"), 401, "UNAUTHORIZED")
         err(c.get("/v1/clusters", headers={"Authorization": "Bearer nope"}), 401, "UNAUTHORIZED")
-        assert c.get("/v1/clusters", headers={"Authorization": f"Bearer {srv.key}"}).status_code == 200
+        assert (
+            c.get("/v1/clusters", headers={"Authorization": f"Bearer {srv.key}"}).status_code == 200
+        )
         assert c.get("/v1/clusters", headers={"Authorization": srv.key}).status_code == 200
         assert c.get("/v1/clusters", params={"api_key": srv.key}).status_code == 200
 
@@ -51,8 +53,10 @@ def test_revoked_and_read_only_keys(srv: LiveServer) -> None:
         ({"docker_image": "img", "volume_gb": -1}, "volume_gb"),
         ({"docker_image": "img", "gpu_type": "NVIDIA Imaginary 9000"}, "gpu_type"),
         ({"docker_image": "img", "ports": [{"internal_port": 70000}]}, "ports[0].internal_port"),
-        ({"docker_image": "img", "ports": [{"internal_port": 80, "protocol": "sctp"}]},
-         "ports[0].protocol"),
+        (
+            {"docker_image": "img", "ports": [{"internal_port": 80, "protocol": "sctp"}]},
+            "ports[0].protocol",
+        ),
         ({"docker_image": "img", "env": {"1BAD": "x"}}, "env"),
         ({"docker_image": "img", "env": {"A": 3}}, "env.A"),
         ({"gpu_count": 1}, "docker_image"),
@@ -70,7 +74,9 @@ def test_create_validation(srv: LiveServer, body: dict[str, Any], field: str) ->
 
 def test_bad_json_and_unknown_routes(srv: LiveServer) -> None:
     with srv.client() as c:
-        r = c.post("/v1/clusters", content=b"{not json", headers={"Content-Type": "application/json"})
+        r = c.post(
+            "/v1/clusters", content=b"{not json", headers={"Content-Type": "application/json"}
+        )
         err(r, 400, "VALIDATION_ERROR")
         err(c.get("/v1/nothing-here"), 404, "NOT_FOUND")
         err(c.put("/v1/clusters"), 405, "METHOD_NOT_ALLOWED")
@@ -79,11 +85,15 @@ def test_bad_json_and_unknown_routes(srv: LiveServer) -> None:
 
 def test_state_capacity_snapshot_and_isolation(srv: LiveServer) -> None:
     with srv.client() as c:
-        created = c.post("/v1/clusters", json={"gpu_type": A6000, "gpu_count": 2, "docker_image": "img"})
+        created = c.post(
+            "/v1/clusters", json={"gpu_type": A6000, "gpu_count": 2, "docker_image": "img"}
+        )
         assert created.status_code == 201, created.text
         cid = created.json()["data"]["id"]
         assert srv.server.reconciler.wait_idle(10)
-        e = err(c.post(f"/v1/clusters/{cid}/start", json={"wait_for_ready": True}), 409, "INVALID_STATE")
+        e = err(
+            c.post(f"/v1/clusters/{cid}/start", json={"wait_for_ready": True}), 409, "INVALID_STATE"
+        )
         assert e["details"] == {
             "current_status": "running",
             "required_status": "stopped",
@@ -110,7 +120,11 @@ def test_state_capacity_snapshot_and_isolation(srv: LiveServer) -> None:
             "VALIDATION_ERROR",
         )
         assert e["details"]["field"] == "update_configuration.storage_gb"
-        err(c.post(f"/v1/clusters/{cid}/start", json={"timeout_minutes": 31}), 400, "VALIDATION_ERROR")
+        err(
+            c.post(f"/v1/clusters/{cid}/start", json={"timeout_minutes": 31}),
+            400,
+            "VALIDATION_ERROR",
+        )
         err(c.post(f"/v1/clusters/{cid}/restart"), 409, "INVALID_STATE")
     other = key_for(srv, "mallory@example.com")
     with srv.client(other) as c:
@@ -124,8 +138,14 @@ def test_state_capacity_snapshot_and_isolation(srv: LiveServer) -> None:
 
 def test_openapi_lists_the_endpoints(srv: LiveServer) -> None:
     spec = httpx.get(srv.url + "/openapi.json").json()
-    for path in ("/v1/clusters", "/v1/clusters/{cluster_id}/start", "/v2/clusters/{cluster_id}/start",
-                 "/v1/gpu-types", "/v1/hosts", "/v1/clusters/{cluster_id}/events"):
+    for path in (
+        "/v1/clusters",
+        "/v1/clusters/{cluster_id}/start",
+        "/v2/clusters/{cluster_id}/start",
+        "/v1/gpu-types",
+        "/v1/hosts",
+        "/v1/clusters/{cluster_id}/events",
+    ):
         assert path in spec["paths"]
     start = spec["paths"]["/v1/clusters/{cluster_id}/start"]["post"]
     assert "requestBody" in start

@@ -12,7 +12,6 @@ from gpuyard.core.errors import (
     SnapshotNotFound,
     ValidationFailed,
 )
-from gpuyard.core.states import ClusterStatus
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerState, volume_name
 from gpuyard.runtimes.fake import FakeRuntime
@@ -50,7 +49,9 @@ def status(ctx: Context, p: Principal, cid: str) -> str:
 
 def gpus_held(ctx: Context, cid: str) -> list[int]:
     with ctx.read() as s:
-        return sorted(s.scalars(select(GpuAllocation.gpu_index).where(GpuAllocation.cluster_id == cid)))
+        return sorted(
+            s.scalars(select(GpuAllocation.gpu_index).where(GpuAllocation.cluster_id == cid))
+        )
 
 
 def test_create_runs_with_env_ports_and_gpu_env(
@@ -101,10 +102,16 @@ def test_start_applies_configuration_and_reports_rate(
     settle(rec, c.id)
     body = StartCluster.model_validate(
         {
-            "update_configuration": {"memory_gb": 16, "docker_image": "img2", "gpu_count": 2,
-                                     "storage_gb": 20},
+            "update_configuration": {
+                "memory_gb": 16,
+                "docker_image": "img2",
+                "gpu_count": 2,
+                "storage_gb": 20,
+            },
             "environment_updates": {"B": "2", "A": None},
-            "port_mapping_updates": [{"internal_port": 8888, "external_port": 0, "protocol": "tcp"}],
+            "port_mapping_updates": [
+                {"internal_port": 8888, "external_port": 0, "protocol": "tcp"}
+            ],
             "auto_terminate_updates": {"enabled": True, "idle_minutes": 30},
         }
     )
@@ -143,11 +150,17 @@ def test_start_errors_change_nothing(ctx: Context, alice: Principal, rec: Reconc
     assert other.status == "starting"
     with pytest.raises(InsufficientCapacity, match="not enough free GPUs on the host machine"):
         uc.start_cluster(
-            ctx, alice, c.id,
+            ctx,
+            alice,
+            c.id,
             StartCluster.model_validate({"update_configuration": {"memory_gb": 64}}),
         )
     after = uc.get_cluster(ctx, alice, c.id)
-    assert (after.status, after.memory_gb, after.version) == ("stopped", before.memory_gb, before.version)
+    assert (after.status, after.memory_gb, after.version) == (
+        "stopped",
+        before.memory_gb,
+        before.version,
+    )
 
 
 def test_other_account_sees_404(ctx: Context, alice: Principal, bob: Principal) -> None:
@@ -205,7 +218,9 @@ def test_restart_recreates_container_keeping_gpus(
     assert gpus_held(ctx, c.id) == [0, 1]
 
 
-def test_stop_during_start_wins(ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime) -> None:
+def test_stop_during_start_wins(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
     c = uc.create_cluster(ctx, alice, a6000(1))
     uc.stop_cluster(ctx, alice, c.id)
     settle(rec, c.id)
@@ -213,9 +228,7 @@ def test_stop_during_start_wins(ctx: Context, alice: Principal, rec: Reconciler,
     assert c.id not in runtime.containers
 
 
-def test_resume_after_crash_mid_start(
-    ctx: Context, alice: Principal, runtime: FakeRuntime
-) -> None:
+def test_resume_after_crash_mid_start(ctx: Context, alice: Principal, runtime: FakeRuntime) -> None:
     c = uc.create_cluster(ctx, alice, a6000(1))
     # A first reconciler "crashes" right after creating the container.
     runtime.ensure_image("img")

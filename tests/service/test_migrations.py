@@ -1,0 +1,21 @@
+"""Migrations: upgrade -> downgrade -> upgrade on each backend."""
+
+from __future__ import annotations
+
+from sqlalchemy import inspect
+
+from gpuyard.store.db import make_engine
+from gpuyard.store.migrate import downgrade, upgrade
+
+
+def test_upgrade_downgrade_upgrade(database_url: str) -> None:
+    engine = make_engine(database_url)
+    try:
+        upgrade(engine)
+        assert "clusters" in inspect(engine).get_table_names()
+        downgrade(engine)
+        assert "clusters" not in inspect(engine).get_table_names()
+        upgrade(engine)
+        assert {"clusters", "gpu_allocations", "api_keys"} <= set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()

@@ -1,0 +1,42 @@
+"""Core imports nothing from the server, store or runtimes; runtimes import only core."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "gpuyard"
+
+
+def imports_of(package: str) -> set[tuple[str, str]]:
+    found = set()
+    for path in (SRC / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add((path.name, node.module))
+            elif isinstance(node, ast.Import):
+                found.update((path.name, a.name) for a in node.names)
+    return found
+
+
+def test_core_is_pure() -> None:
+    bad = {
+        (f, m)
+        for f, m in imports_of("core")
+        if m.startswith("gpuyard.") and not m.startswith("gpuyard.core")
+    }
+    assert not bad
+    assert not {
+        (f, m)
+        for f, m in imports_of("core")
+        if m.split(".")[0] in ("sqlalchemy", "fastapi", "docker")
+    }
+
+
+def test_runtimes_import_only_core() -> None:
+    bad = {
+        (f, m)
+        for f, m in imports_of("runtimes")
+        if m.startswith("gpuyard.") and not m.startswith(("gpuyard.core", "gpuyard.runtimes"))
+    }
+    assert not bad
