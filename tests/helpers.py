@@ -88,7 +88,9 @@ def live_server(settings: Settings, runtime: Runtime) -> Iterator[LiveServer]:
             raise RuntimeError("server did not start")
         time.sleep(0.02)
     try:
-        yield LiveServer(server, f"http://127.0.0.1:{settings.port}", server.admin_key.key, recorder)
+        yield LiveServer(
+            server, f"http://127.0.0.1:{settings.port}", server.admin_key.key, recorder
+        )
     finally:
         uv.should_exit = True
         thread.join(timeout=15)

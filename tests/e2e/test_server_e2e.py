@@ -52,7 +52,10 @@ class ServerProcess:
         self.home.mkdir(parents=True, exist_ok=True)
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuyard", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "gpuyard", "serve"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -187,7 +190,12 @@ def test_cluster_lifecycle_on_real_containers(
         assert data["ports"][0]["external_port"] == port  # stable across stop/start
 
         events = c.get(f"/v1/clusters/{cid}/events").json()["data"]["events"]
-        assert [e["to_status"] for e in events][:4] == ["starting", "running", "stopping", "stopped"]
+        assert [e["to_status"] for e in events][:4] == [
+            "starting",
+            "running",
+            "stopping",
+            "stopped",
+        ]
 
         assert c.delete(f"/v1/clusters/{cid}").status_code == 200
         wait_status(c, cid, {"terminated"})
@@ -214,8 +222,13 @@ def test_kill9_while_starting_converges(
         for i in range(4):
             r = c.post(
                 "/v1/clusters",
-                json={"name": f"k{i}", "gpu_type": "NVIDIA RTX A6000", "gpu_count": 1,
-                      "docker_image": DEV_IMAGE, "volume_gb": 1},
+                json={
+                    "name": f"k{i}",
+                    "gpu_type": "NVIDIA RTX A6000",
+                    "gpu_count": 1,
+                    "docker_image": DEV_IMAGE,
+                    "volume_gb": 1,
+                },
             )
             assert r.status_code == 201, r.text
             ids.append(r.json()["data"]["id"])

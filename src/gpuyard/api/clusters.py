@@ -21,7 +21,12 @@ from gpuyard.services.requests import CreateCluster, StartCluster
 
 router = APIRouter(tags=["clusters"])
 
-SETTLED = {ClusterStatus.RUNNING, ClusterStatus.ERROR, ClusterStatus.STOPPED, ClusterStatus.TERMINATED}
+SETTLED = {
+    ClusterStatus.RUNNING,
+    ClusterStatus.ERROR,
+    ClusterStatus.STOPPED,
+    ClusterStatus.TERMINATED,
+}
 
 
 def _detail(state: AppState, principal: Principal, cluster_id: str) -> cluster_views.ClusterDetails:
@@ -70,7 +75,12 @@ def list_clusters(
 ) -> JSONResponse:
     state = app_state(request)
     result = uc.list_clusters(
-        state.ctx, principal, project_id=project_id, search=search, status=status, page=page,
+        state.ctx,
+        principal,
+        project_id=project_id,
+        search=search,
+        status=status,
+        page=page,
         per_page=per_page,
     )
     with state.ctx.read() as session:
@@ -79,7 +89,12 @@ def list_clusters(
     return ok(
         {
             "clusters": [views.cluster_v1(d) for d in items],
-            "pagination": {"page": page, "per_page": per_page, "total": result.total, "pages": pages},
+            "pagination": {
+                "page": page,
+                "per_page": per_page,
+                "total": result.total,
+                "pages": pages,
+            },
         }
     )
 
@@ -113,7 +128,9 @@ def cluster_events(
     )
 
 
-async def _start(request: Request, principal: Principal, cluster_id: str, body: StartCluster) -> tuple[dict[str, Any], dict[str, Any], cluster_views.ClusterDetails]:
+async def _start(
+    request: Request, principal: Principal, cluster_id: str, body: StartCluster
+) -> tuple[dict[str, Any], dict[str, Any], cluster_views.ClusterDetails]:
     state = app_state(request)
     result = await run_in_threadpool(uc.start_cluster, state.ctx, principal, cluster_id, body)
     meta: dict[str, Any] = {"wait_for_ready": body.wait_for_ready}

@@ -35,7 +35,9 @@ def network(d: ClusterDetails) -> dict[str, Any]:
     return {
         "ip": d.host_address,
         "ports": ports,
-        "proxy_url": f"http://{d.host_address}:{http.external_port}" if reachable and http else None,
+        "proxy_url": f"http://{d.host_address}:{http.external_port}"
+        if reachable and http
+        else None,
         "ssh_connection": {
             "host": d.host_address if reachable and ssh else None,
             "port": ssh.external_port if reachable and ssh else None,

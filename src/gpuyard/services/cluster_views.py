@@ -45,7 +45,9 @@ def estimated_startup_seconds(session: Session) -> float | None:
     """Median of the latest measured starts; None until one was measured."""
     samples = list(
         session.scalars(
-            select(StartupSample.seconds).order_by(StartupSample.id.desc()).limit(STARTUP_SAMPLE_WINDOW)
+            select(StartupSample.seconds)
+            .order_by(StartupSample.id.desc())
+            .limit(STARTUP_SAMPLE_WINDOW)
         )
     )
     return statistics.median(samples) if samples else None
@@ -55,7 +57,11 @@ def details(ctx: Context, session: Session, clusters: list[Cluster]) -> list[Clu
     ids = [c.id for c in clusters]
     host_ids = {c.host_id for c in clusters if c.host_id is not None}
     gpu_ids = {c.gpu_type for c in clusters if c.gpu_type}
-    hosts = {h.id: h for h in session.scalars(select(Host).where(Host.id.in_(host_ids)))} if host_ids else {}
+    hosts = (
+        {h.id: h for h in session.scalars(select(Host).where(Host.id.in_(host_ids)))}
+        if host_ids
+        else {}
+    )
     gpus = (
         {g.id: to_info(g) for g in session.scalars(select(GpuType).where(GpuType.id.in_(gpu_ids)))}
         if gpu_ids
@@ -78,9 +84,15 @@ def details(ctx: Context, session: Session, clusters: list[Cluster]) -> list[Clu
         for p in c.ports:
             transport = "udp" if p["protocol"] == "udp" else "tcp"
             ext = assigned[c.id].get((p["internal_port"], transport), 0)
-            ports.append(AssignedPort(p["internal_port"], ext, p["protocol"], p.get("description", "")))
+            ports.append(
+                AssignedPort(p["internal_port"], ext, p["protocol"], p.get("description", ""))
+            )
         status = ClusterStatus(c.status)
-        running = status not in (ClusterStatus.STOPPED, ClusterStatus.ERROR, ClusterStatus.TERMINATED)
+        running = status not in (
+            ClusterStatus.STOPPED,
+            ClusterStatus.ERROR,
+            ClusterStatus.TERMINATED,
+        )
         rate = hourly_rate(
             gpu=gpu,
             gpu_count=c.gpu_count,
@@ -93,9 +105,14 @@ def details(ctx: Context, session: Session, clusters: list[Cluster]) -> list[Clu
             prices=ctx.settings.prices,
         )
         eta = None
-        if startup is not None and c.start_initiated_at is not None and status in (
-            ClusterStatus.STARTING,
-            ClusterStatus.PENDING,
+        if (
+            startup is not None
+            and c.start_initiated_at is not None
+            and status
+            in (
+                ClusterStatus.STARTING,
+                ClusterStatus.PENDING,
+            )
         ):
             eta = c.start_initiated_at + timedelta(seconds=startup)
         out.append(

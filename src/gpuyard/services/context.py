@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.services.clock import Clock, SystemClock
-from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.settings import Settings
+from gpuyard.store.db import WRITE_OPTIONS
 
 
 class StatusNotifier:

@@ -10,7 +10,6 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-
 # Execution option naming the SQLite BEGIN mode ("IMMEDIATE" for write transactions).
 SQLITE_BEGIN_OPTION = "sqlite_begin"
 WRITE_OPTIONS = {SQLITE_BEGIN_OPTION: "IMMEDIATE"}
