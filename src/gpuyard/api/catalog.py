@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
-from gpuyard.api.envelope import ok
+from gpuyard.api.envelope import ERROR_RESPONSES, ok
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.placement import free_resources
 from gpuyard.services.auth import Principal, Scope
@@ -14,7 +14,7 @@ from gpuyard.services.catalog import list_gpu_types
 from gpuyard.services.hosts import capacities
 from gpuyard.store.schema import Host
 
-router = APIRouter(tags=["catalog"])
+router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES)
 
 
 @router.get("/v1/gpu-types")

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api import views
-from gpuyard.api.envelope import ok
+from gpuyard.api.envelope import ERROR_RESPONSES, ok
 from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services import cluster_views
@@ -19,7 +19,7 @@ from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
 from gpuyard.services.requests import CreateCluster, StartCluster
 
-router = APIRouter(tags=["clusters"])
+router = APIRouter(tags=["clusters"], responses=ERROR_RESPONSES)
 
 SETTLED = {
     ClusterStatus.RUNNING,

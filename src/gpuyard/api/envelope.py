@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.ids import new_request_id
@@ -31,3 +32,30 @@ def error_response(exc: GpuyardError) -> JSONResponse:
     return JSONResponse(
         error_body(exc.code, exc.message, exc.details), status_code=exc.http_status, headers=headers
     )
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class Meta(BaseModel):
+    request_id: str
+
+
+class ErrorEnvelope(BaseModel):
+    """The body of every error answer (documented in OpenAPI)."""
+
+    success: bool = False
+    error: ErrorDetail
+    meta: Meta
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorEnvelope, "description": "VALIDATION_ERROR naming the field"},
+    401: {"model": ErrorEnvelope, "description": "UNAUTHORIZED: missing or invalid API key"},
+    403: {"model": ErrorEnvelope, "description": "FORBIDDEN: the key's scope is too small"},
+    404: {"model": ErrorEnvelope, "description": "CLUSTER_NOT_FOUND, SNAPSHOT_NOT_FOUND, ..."},
+    409: {"model": ErrorEnvelope, "description": "INVALID_STATE or INSUFFICIENT_CAPACITY"},
+}

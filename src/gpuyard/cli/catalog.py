@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gpuyard.cli.common import api_options, make_call
-from gpuyard.cli.output import print_json, print_table
+from gpuyard.cli.output import cell, print_json, print_table
 
 
 @click.command("gpu-types")
@@ -59,9 +59,9 @@ def hosts(url: str | None, api_key: str | None, as_json: bool) -> None:
                 f"{free_gpus}/{len(gpus)} {', '.join(types)} ({h.get('gpu_source')})"
                 if gpus
                 else f"none ({h.get('gpu_source')})",
-                f"{free.get('vcpus', '?')}/{h.get('vcpus')}",
-                f"{free.get('memory_gb', '?')}/{h.get('memory_gb')}G",
-                f"{free.get('disk_gb', '?')}/{h.get('disk_gb')}G",
+                f"{cell(free.get('vcpus'))}/{h.get('vcpus')}",
+                f"{cell(free.get('memory_gb'))}/{h.get('memory_gb')}G",
+                f"{cell(free.get('disk_gb'))}/{h.get('disk_gb')}G",
                 h.get("healthy"),
                 h.get("engine_url") or "none",
             ]

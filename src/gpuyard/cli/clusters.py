@@ -9,7 +9,7 @@ import click
 
 from gpuyard.cli.client import JSON, GpuyardClient
 from gpuyard.cli.common import api_options, make_call
-from gpuyard.cli.output import Progress, key_values, print_json, print_table
+from gpuyard.cli.output import Progress, cell, key_values, print_json, print_table
 
 POLL_INTERVAL_S = 0.5
 IN_PROGRESS = {"pending", "starting", "stopping", "terminating"}
@@ -114,7 +114,7 @@ def show_cluster(c: JSON) -> None:
             if host
             else None,
         ),
-        ("cost", f"${rate}/h" if rate is not None else None),
+        ("cost", f"${cell(rate)}/h" if rate is not None else None),
         ("actions", ", ".join(c.get("actions") or []) or "none"),
         ("created", c.get("created_at")),
     ]
@@ -148,7 +148,7 @@ def wait_running(client: GpuyardClient, cluster_id: str, timeout_s: float) -> tu
                 progress.update(status, 100, "Ready")
                 return c, True
             if status in FAILED:
-                progress.update(status, pct, c.get("error_message") or status)
+                progress.update(status, pct, "failed" if status == "error" else status)
                 return c, False
             progress.update(status, pct, str(sp.get("current_step") or status))
             if time.monotonic() >= deadline:

@@ -97,8 +97,10 @@ class Reconciler:
             rows = list(session.execute(select(Cluster.id, Cluster.status, Cluster.updated_at)))
             # GPU rows of clusters that no longer hold compute (a crash between the
             # status change and the release, or a manual DB edit) are freed here.
-            holders = [cid for cid, status, _ in rows if ClusterStatus(status) in HOLDS_COMPUTE]
-            session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id.not_in(holders)))
+            resting = select(Cluster.id).where(
+                Cluster.status.not_in([s.value for s in HOLDS_COMPUTE])
+            )
+            session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id.in_(resting)))
         known = {cid: (ClusterStatus(status), updated) for cid, status, updated in rows}
         for cid, (status, updated) in known.items():
             seen = by_cluster.get(cid)

@@ -1,0 +1,73 @@
+"""The ``gpuyard`` command: the root group and the commands that run on the server's
+machine (``serve``, ``keys``, ``dev-image``); the HTTP commands live beside it."""
+
+from __future__ import annotations
+
+import shutil
+
+import click
+
+from gpuyard import __version__
+from gpuyard.cli.catalog import gpu_types, hosts
+from gpuyard.cli.clusters import clusters
+from gpuyard.cli.common import CliState, ErrorBoundaryGroup
+from gpuyard.cli.keys import keys
+
+# gpuyard.runtimes.devimage.DEFAULT_IMAGE (test_cli asserts they agree); not imported so
+# the CLI starts fast.
+DEV_IMAGE = "localhost/gpuyard/busybox:latest"
+
+
+@click.group(cls=ErrorBoundaryGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", default=None, help="Server URL for HTTP commands.")
+@click.option("--api-key", default=None, help="API key for HTTP commands.")
+@click.option("--json", "as_json", is_flag=True, help="Print raw JSON data.")
+@click.version_option(__version__, prog_name="gpuyard")
+@click.pass_context
+def cli(ctx: click.Context, url: str | None, api_key: str | None, as_json: bool) -> None:
+    """gpuyard: a self-hostable GPU cloud.
+
+    HTTP commands find the server and key in --url/--api-key, then GPUYARD_URL /
+    GPUYARD_API_KEY, then $GPUYARD_HOME/credentials (written on the server's first start).
+    """
+    ctx.obj = CliState(url=url, api_key=api_key, json=as_json)
+
+
+@cli.command("serve")
+@click.option("--host", default=None, help="Bind address (default $GPUYARD_HOST or 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default $GPUYARD_PORT or 8000).")
+def serve(host: str | None, port: int | None) -> None:
+    """Run the API server and its reconciler until Ctrl-C / SIGTERM."""
+    from gpuyard.cli.serve import run_server
+
+    run_server(host, port)
+
+
+@cli.command("dev-image")
+@click.option(
+    "--runtime",
+    "runtime_cli",
+    type=click.Choice(["podman", "docker"]),
+    default=None,
+    help="Engine CLI to import with (default: podman if installed, else docker).",
+)
+@click.option("--name", default=DEV_IMAGE, show_default=True, help="Image name.")
+def dev_image(runtime_cli: str | None, name: str) -> None:
+    """Build the offline busybox development image; prints its name as the last line."""
+    from gpuyard.runtimes.devimage import build_dev_image
+
+    if runtime_cli is None:
+        runtime_cli = "podman" if shutil.which("podman") else "docker"
+    click.echo(f"building {name} with {runtime_cli} import ...", err=True)
+    click.echo(build_dev_image(runtime_cli, name))
+
+
+cli.add_command(keys)
+cli.add_command(clusters)
+cli.add_command(gpu_types)
+cli.add_command(hosts)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="gpuyard")

@@ -1,0 +1,172 @@
+"""``gpuyard serve``: the API server with its reconciler, on a found (or started)
+container engine, with logging that never shows an API key."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from gpuyard.api.app import build_server
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engine_url import (
+    ROOT_PODMAN_SOCKET,
+    PodmanService,
+    default_service_socket,
+    detect_engine_url,
+)
+from gpuyard.services.auth import IssuedKey
+from gpuyard.settings import Settings
+
+log = logging.getLogger("gpuyard.serve")
+
+# A unix socket path must fit sockaddr_un.sun_path (108 bytes on Linux, with the NUL).
+_MAX_SOCKET_PATH = 100
+
+_QUERY_KEY = re.compile(r"(\b(?:api_key|apikey)=)[^&\s\"']+", re.IGNORECASE)
+_AUTH_HEADER = re.compile(
+    r"(authorization[\"']?\s*[:=]\s*[\"']?)(bearer\s+|basic\s+)?[^\s\"',}]+", re.IGNORECASE
+)
+_BARE_KEY = re.compile(r"\bgy_[A-Za-z0-9_-]{6,}")
+
+
+def redact(text: str) -> str:
+    """``text`` with API keys replaced by ``***``: ``api_key=``/``apikey=`` query values,
+    ``Authorization`` header values and anything shaped like a gpuyard key."""
+    text = _QUERY_KEY.sub(r"\1***", text)
+    text = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}***", text)
+    return _BARE_KEY.sub("gy_***", text)
+
+
+class RedactKeysFilter(logging.Filter):
+    """Rewrites each record's message (and traceback text) through :func:`redact` and
+    folds it onto one line. Attach it to a handler so it sees records of every logger,
+    uvicorn's access log included. Never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record still gets logged, as its template
+            message = str(record.msg)
+        clean = redact(message).replace("\r", "\\r").replace("\n", " | ")
+        if clean != message or record.args:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Root logging to stderr, one line per record, keys redacted (replaces handlers)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(RedactKeysFilter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def service_socket(settings: Settings) -> Path:
+    """Where a Podman service started by gpuyard listens: the standard rootful path when
+    running as root and ``/run/podman`` is usable, else ``<home>/podman.sock`` (or a short
+    runtime-dir path when the home is too deep for a socket path)."""
+    if os.geteuid() == 0:
+        root_dir = Path(ROOT_PODMAN_SOCKET).parent
+        try:
+            root_dir.mkdir(parents=True, exist_ok=True)
+            if os.access(root_dir, os.W_OK | os.X_OK):
+                return Path(ROOT_PODMAN_SOCKET)
+        except OSError:
+            pass
+    path = default_service_socket(settings.home)
+    if len(str(path)) > _MAX_SOCKET_PATH:
+        path = default_service_socket(None)
+    return path
+
+
+def connectable_url(settings: Settings) -> str:
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
+
+
+def announce_admin_key(key: IssuedKey, settings: Settings) -> None:
+    """Print the first-start admin key once, on stdout (never through logging)."""
+    url = connectable_url(settings)
+    bar = "=" * 72
+    click.echo(
+        f"\n{bar}\n"
+        "gpuyard first start: an admin API key was created. It is shown only this once.\n\n"
+        f"  API key:   {key.key}\n"
+        f"  saved to:  {settings.credentials_path} (mode 0600; the gpuyard CLI reads it)\n\n"
+        "Try it:\n"
+        f'  curl -H "Authorization: Bearer {key.key}" {url}/v1/gpu-types\n'
+        f"{bar}\n"
+    )
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def find_engine(settings: Settings) -> tuple[str | None, PodmanService | None]:
+    """The engine URL and, when gpuyard had to start one, the Podman service to stop.
+    Never raises: with no engine the URL is None and a warning says what to do."""
+    url = detect_engine_url(settings.engine_url)
+    if url is not None:
+        log.info("container engine: %s", url)
+        return url, None
+    if settings.start_podman_service and PodmanService.podman_installed():
+        service = PodmanService(service_socket(settings))
+        try:
+            url = service.start()
+        except RuntimeFailure as e:
+            log.warning("could not start the podman service: %s", e.message)
+        else:
+            log.info("started podman system service at %s", url)
+            return url, service
+    log.warning(
+        "no container engine found: the server runs, but cluster starts will fail at the "
+        "image step. Install podman (apt-get install podman) or Docker, or set "
+        "GPUYARD_ENGINE_URL / DOCKER_HOST to a running engine"
+    )
+    return None, None
+
+
+def run_server(host: str | None, port: int | None) -> None:
+    """Run until Ctrl-C or SIGTERM; a Podman service started here is always stopped."""
+    import uvicorn  # heavy; only the server needs it
+
+    overrides: dict[str, object] = {}
+    if host is not None:
+        overrides["host"] = host
+    if port is not None:
+        overrides["port"] = port
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    configure_logging()
+    # uvicorn handles both signals while it runs and re-raises them after a graceful
+    # shutdown; until then (and after) they unwind through the finally below.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    service: PodmanService | None = None
+    try:
+        url, service = find_engine(settings)
+        server = build_server(settings, DockerEngineRuntime(url), engine_url=url)
+        if server.admin_key is not None:
+            announce_admin_key(server.admin_key, settings)
+        log.info("gpuyard listening on %s (home %s)", connectable_url(settings), settings.home)
+        uvicorn.run(server.app, host=settings.host, port=settings.port, log_config=None)
+    except KeyboardInterrupt:
+        log.info("interrupted; shutting down")
+    finally:
+        if service is not None:
+            log.info("stopping the podman service")
+            service.stop()
+        signal.signal(signal.SIGTERM, previous)
