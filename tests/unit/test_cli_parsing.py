@@ -116,3 +116,14 @@ def test_resolve_target_order(tmp_path: Path) -> None:
     assert (t.url, t.api_key, t.key_source) == ("http://flag:2", "gy_flag", "--api-key")
     t = resolve_target(None, None, {"GPUYARD_HOME": str(tmp_path / "none")})
     assert (t.url, t.api_key) == (DEFAULT_URL, None)
+
+
+def test_constants_copied_to_keep_startup_fast_agree() -> None:
+    from gpuyard.api.state import KEY_CACHE_TTL_S
+    from gpuyard.cli import keys, main
+    from gpuyard.runtimes.devimage import DEFAULT_IMAGE
+    from gpuyard.services.auth import Scope
+
+    assert keys.KEY_CACHE_TTL_S == KEY_CACHE_TTL_S
+    assert tuple(s.value for s in Scope) == keys.SCOPES
+    assert main.DEV_IMAGE == DEFAULT_IMAGE
