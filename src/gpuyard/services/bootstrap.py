@@ -45,9 +45,16 @@ def first_start(ctx: Context) -> IssuedKey | None:
         seed_catalog(session)
         issued = bootstrap_admin(session)
     if issued is not None:
-        s = ctx.settings
-        write_credentials(s.credentials_path, f"http://{s.host}:{s.port}", issued.key)
+        write_credentials(ctx.settings.credentials_path, client_url(ctx.settings), issued.key)
     return issued
+
+
+def client_url(settings: Settings) -> str:
+    """The URL a local client should use: a wildcard bind is reached on loopback."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
 
 
 def register_local_host(ctx: Context, engine_url: str | None) -> int:
