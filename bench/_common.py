@@ -1,0 +1,76 @@
+"""Small helpers shared by the benchmark scripts (not a benchmark itself)."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+DEV_IMAGE = "localhost/gpuyard/busybox:latest"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited ({proc.returncode}):\n" + tail(log))
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up:\n" + tail(log))
+
+
+def tail(path: Path, n: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return "(no log)"
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 20) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds used so far by ``pid`` (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
