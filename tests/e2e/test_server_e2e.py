@@ -125,10 +125,19 @@ def sh(engine: docker.DockerClient, cid: str, command: str) -> tuple[int, str]:
     return int(code), out.decode()
 
 
-def http_get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        body: bytes = r.read()
-        return body.decode()
+def http_get(url: str, timeout: float = 10) -> str:
+    """GET with retries: "running" means the container's process runs; the service
+    inside may need a moment more to listen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body: bytes = r.read()
+                return body.decode()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def test_cluster_lifecycle_on_real_containers(

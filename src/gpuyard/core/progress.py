@@ -20,14 +20,10 @@ STEPS: tuple[tuple[str, str], ...] = (
 )
 TOTAL_STEPS = len(STEPS)
 
-# Step counters after which each phase of the driver has finished.
-STEP_VALIDATED = 1
+# Step counters recorded by the driver: after placement, after the container was
+# created (volume, snapshot and image are ready by then), and when running.
 STEP_ALLOCATED = 2
-STEP_STORAGE = 3
-STEP_SNAPSHOT = 4
-STEP_IMAGE = 5
 STEP_CREATED = 6
-STEP_STARTED = 7
 STEP_READY = 8
 
 

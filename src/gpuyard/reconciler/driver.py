@@ -15,16 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError
-from gpuyard.core.progress import (
-    STEP_CREATED,
-    STEP_IMAGE,
-    STEP_READY,
-    STEP_SNAPSHOT,
-    STEP_STARTED,
-    STEP_STORAGE,
-)
+from gpuyard.core.progress import STEP_CREATED, STEP_READY
 from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
@@ -75,13 +69,14 @@ class ClusterDriver:
         cluster: Cluster,
         target: ClusterStatus,
         reason: str,
-        release: Callable[..., None] | None = None,
+        also: Callable[[Session, str], None] | None = None,
         **values: Any,
     ) -> None:
+        """Transition through the funnel; ``also`` runs in the same transaction."""
         try:
             with self.ctx.transaction() as session:
-                if release is not None:
-                    release(session, cluster.id)
+                if also is not None:
+                    also(session, cluster.id)
                 cluster.version = transition_cluster(
                     session, cluster, target, reason, self.ctx.clock.now(), **values
                 )
@@ -97,7 +92,7 @@ class ClusterDriver:
             cluster,
             ClusterStatus.ERROR,
             f"error: {message}",
-            release=release_compute,
+            also=release_compute,
             error_message=message,
         )
 
@@ -126,13 +121,10 @@ class ClusterDriver:
         if c.status == ClusterStatus.PENDING:
             self._transition(c, ClusterStatus.STARTING, "starting")
         try:
-            if c.volume_gb > 0 and c.startup_step < STEP_STORAGE:
-                self.runtime.ensure_volume(volume_name(c.id))
-            if c.startup_step < STEP_SNAPSHOT:
-                self._record(c, startup_step=STEP_SNAPSHOT)
-            if c.startup_step < STEP_IMAGE:
-                self.runtime.ensure_image(c.image)
-                self._record(c, startup_step=STEP_IMAGE)
+            # Progress is recorded at the points that take time, not at every step:
+            # each record is a write transaction on the start path. The named volume
+            # is created by the engine when the container mounts it.
+            self.runtime.ensure_image(c.image)
             # Container creation always repeats: it replaces any container left over
             # from an interrupted attempt or the previous run (restart).
             container_id = self.runtime.create(self._spec(c))
@@ -140,7 +132,6 @@ class ClusterDriver:
                 c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
             )
             self.runtime.start(c.id)
-            self._record(c, startup_step=STEP_STARTED)
             self._await_running(c)
         except GpuyardError as exc:
             self._fail(c, exc.message)
@@ -167,13 +158,21 @@ class ClusterDriver:
             self.sleep(delay)
             delay = min(delay * 2, 0.5)
         now = self.ctx.clock.now()
+        started = c.start_initiated_at
+
+        def record_sample(session: Session, _cluster_id: str) -> None:
+            if started is not None:
+                seconds = max(0.0, (now - started).total_seconds())
+                session.add(StartupSample(seconds=seconds, created_at=now))
+
         self._transition(
-            c, ClusterStatus.RUNNING, "running", startup_step=STEP_READY, started_at=now
+            c,
+            ClusterStatus.RUNNING,
+            "running",
+            also=record_sample,
+            startup_step=STEP_READY,
+            started_at=now,
         )
-        if c.start_initiated_at is not None:
-            with self.ctx.transaction() as session:
-                seconds = (now - c.start_initiated_at).total_seconds()
-                session.add(StartupSample(seconds=max(0.0, seconds), created_at=now))
 
     def _spec(self, c: Cluster) -> ContainerSpec:
         with self.ctx.read() as session:
@@ -223,7 +222,7 @@ class ClusterDriver:
             c,
             ClusterStatus.STOPPED,
             c.status_reason if c.status_reason.startswith("preempted") else "stopped",
-            release=release_compute,
+            also=release_compute,
             stopped_at=self.ctx.clock.now(),
             runtime_handle={},
         )
@@ -240,7 +239,7 @@ class ClusterDriver:
             c,
             ClusterStatus.TERMINATED,
             "terminated",
-            release=release_all,
+            also=release_all,
             terminated_at=self.ctx.clock.now(),
             runtime_handle={},
         )

@@ -100,6 +100,10 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+
+class _NameInUse(Exception):
+    """The cluster's container name is taken by a previous container."""
+
 class DockerEngineRuntime:
     """Runtime over a Docker Engine API URL (``unix://``, ``tcp://``, ``ssh://``).
 
@@ -264,13 +268,17 @@ class DockerEngineRuntime:
         :meth:`capabilities`. Returns the container id."""
         client = self._client()
         name = container_name(spec.cluster_id)
-        self._remove_container(name)
-        if spec.volume_name:
-            self.ensure_volume(spec.volume_name)
         with self._lock:
             self._specs[spec.cluster_id] = spec
         try:
-            return self._create(client, spec)
+            # Optimistic: most creates have no predecessor, and a remove that finds
+            # nothing still costs an engine round trip. The named volume is created
+            # by the engine on mount if ensure_volume was not called.
+            try:
+                return self._create(client, spec)
+            except _NameInUse:
+                self._remove_container(name)
+                return self._create(client, spec)
         except RuntimeFailure as e:
             if not self._degrade_limits(spec, e):
                 raise
@@ -282,11 +290,15 @@ class DockerEngineRuntime:
         with self._errors(f"creating container for cluster {spec.cluster_id}"):
             try:
                 container = client.containers.create(**kwargs)
-            except docker.errors.ImageNotFound as e:
-                raise RuntimeFailure(
-                    f"image {spec.image} is not present on the engine: {_reason(e)}",
-                    {"image": spec.image},
-                ) from e
+            except docker.errors.APIError as e:
+                if e.status_code == 409 or "already in use" in str(e):
+                    raise _NameInUse() from e
+                if isinstance(e, docker.errors.ImageNotFound):
+                    raise RuntimeFailure(
+                        f"image {spec.image} is not present on the engine: {_reason(e)}",
+                        {"image": spec.image},
+                    ) from e
+                raise
             return str(container.id)
 
     def _create_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
