@@ -30,9 +30,7 @@ SETTLED = {
 
 
 def _detail(state: AppState, principal: Principal, cluster_id: str) -> cluster_views.ClusterDetails:
-    with state.ctx.read() as session:
-        cluster = uc.load_cluster(session, principal, cluster_id)
-        return cluster_views.one(state.ctx, session, cluster)
+    return cluster_views.load_visible(state.ctx, principal.account_id, cluster_id)
 
 
 async def _wait_settled(
@@ -100,10 +98,13 @@ def list_clusters(
 
 
 @router.get("/v1/clusters/{cluster_id}")
-def get_cluster(
+async def get_cluster(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    return ok(views.cluster_v1(_detail(app_state(request), principal, cluster_id)))
+    """The hottest read: served on the event loop (one indexed query, well under a
+    millisecond on SQLite) instead of paying a worker-thread hop."""
+    ctx = app_state(request).ctx
+    return ok(views.cluster_v1(cluster_views.load_visible(ctx, principal.account_id, cluster_id)))
 
 
 @router.get("/v1/clusters/{cluster_id}/events")
@@ -202,7 +203,7 @@ async def start_cluster_v2(
 
 
 @router.get("/v2/clusters/{cluster_id}")
-def get_cluster_v2(
+async def get_cluster_v2(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     return JSONResponse(views.cluster_v2(_detail(app_state(request), principal, cluster_id)))

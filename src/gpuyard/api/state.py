@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import Principal, hash_key, resolve_key
@@ -73,5 +74,13 @@ def key_from_request(request: Request) -> str | None:
     return request.query_params.get("api_key") or request.query_params.get("apikey")
 
 
-def current_principal(request: Request) -> Principal:
-    return app_state(request).principal(key_from_request(request))
+async def current_principal(request: Request) -> Principal:
+    """The caller. A cached key is answered on the event loop; only a cache miss
+    takes a worker thread for its database read."""
+    state = app_state(request)
+    key = key_from_request(request)
+    if key:
+        cached = state.keys.get(hash_key(key))
+        if cached is not None:
+            return cached
+    return await run_in_threadpool(state.principal, key)

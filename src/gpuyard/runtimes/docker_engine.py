@@ -100,9 +100,9 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-
 class _NameInUse(Exception):
     """The cluster's container name is taken by a previous container."""
+
 
 class DockerEngineRuntime:
     """Runtime over a Docker Engine API URL (``unix://``, ``tcp://``, ``ssh://``).

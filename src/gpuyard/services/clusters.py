@@ -22,8 +22,8 @@ from gpuyard.core.errors import (
     ValidationFailed,
 )
 from gpuyard.core.ids import new_cluster_id
-from gpuyard.core.models import CloudType, GpuTypeInfo, PortSpec, ResourceRequest
-from gpuyard.core.pricing import RateParts, hourly_rate
+from gpuyard.core.models import GpuTypeInfo, PortSpec, ResourceRequest
+from gpuyard.core.pricing import RateParts
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import (
     REQUIRED_STATUS,
@@ -34,6 +34,7 @@ from gpuyard.core.states import (
 )
 from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.cluster_views import cluster_rate
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event, transition_cluster
 from gpuyard.services.placement import assign_ports, claim
@@ -41,6 +42,7 @@ from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.store.schema import Cluster, Event, Project
 
 MAX_CONFLICT_RETRIES = 5
+HOST_PORT = "host_port"
 
 
 @dataclass(frozen=True)
@@ -65,23 +67,7 @@ def rate_of(
     session: Session, c: Cluster, ctx: Context, *, running: bool | None = None
 ) -> RateParts:
     gpu = find_gpu_type(session, c.gpu_type) if c.gpu_type else None
-    if running is None:
-        running = c.status not in (
-            ClusterStatus.STOPPED,
-            ClusterStatus.TERMINATED,
-            ClusterStatus.ERROR,
-        )
-    return hourly_rate(
-        gpu=gpu,
-        gpu_count=c.gpu_count,
-        cpu_cores=c.cpu_cores,
-        memory_gb=c.memory_gb,
-        container_disk_gb=c.container_disk_gb,
-        volume_gb=c.volume_gb,
-        cloud_type=CloudType(c.cloud_type),
-        running=running and c.status != ClusterStatus.TERMINATED,
-        prices=ctx.settings.prices,
-    )
+    return cluster_rate(c, gpu, ctx.settings.prices, running)
 
 
 def _project_for(session: Session, principal: Principal, project_id: int | None) -> int:
@@ -125,7 +111,18 @@ def _ports_json(ports: list[PortSpec] | tuple[PortSpec, ...]) -> list[Any]:
 
 
 def ports_of(cluster: Cluster) -> tuple[PortSpec, ...]:
-    return tuple(PortSpec.model_validate(p) for p in cluster.ports)
+    return tuple(
+        PortSpec.model_validate({k: v for k, v in p.items() if k != HOST_PORT})
+        for p in cluster.ports
+    )
+
+
+def _with_host_ports(
+    ports: tuple[PortSpec, ...], assigned: dict[tuple[int, str], int]
+) -> list[Any]:
+    """The ports JSON stored on the cluster: each spec plus the host port it got, so
+    reads need not join the port claims (which stay the source of truth)."""
+    return [{**p.model_dump(), HOST_PORT: assigned[(p.internal_port, p.transport)]} for p in ports]
 
 
 def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> Cluster:
@@ -182,13 +179,14 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
             volume_gb=body.volume_gb,
             ratios=ctx.settings.allocation_ratios,
         )
-        assign_ports(
+        assigned = assign_ports(
             session,
             cluster_id=cluster_id,
             host_id=placement.host_id,
             ports=tuple(body.ports),
             port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
         )
+        cluster.ports = _with_host_ports(tuple(body.ports), assigned)
         cluster.host_id = placement.host_id
         cluster.gpu_indices = list(placement.gpu_indices)
         record_event(
@@ -320,13 +318,15 @@ def start_cluster(
                     if gpu_count
                     else "not enough free resources on the host machine",
                 )
-                assign_ports(
+                specs = ports_of(cluster)
+                assigned = assign_ports(
                     session,
                     cluster_id=cluster.id,
                     host_id=placement.host_id,
-                    ports=ports_of(cluster),
+                    ports=specs,
                     port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
                 )
+                values["ports"] = cluster.ports = _with_host_ports(specs, assigned)
                 version = transition_cluster(
                     session,
                     cluster,

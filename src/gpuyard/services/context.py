@@ -8,9 +8,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.services.clock import Clock, SystemClock
+from gpuyard.services.references import ReferenceCache
 from gpuyard.settings import Settings
 from gpuyard.store.db import WRITE_OPTIONS
 
@@ -50,6 +52,7 @@ class Context:
     # Called after a commit that gives the reconciler work (DESIGN.md rule 1).
     wake: Callable[[], None] = lambda: None
     notifier: StatusNotifier = field(default_factory=StatusNotifier)
+    references: ReferenceCache = field(default_factory=ReferenceCache)
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -58,6 +61,14 @@ class Context:
         with self.sessions() as session, session.begin():
             session.connection(execution_options=WRITE_OPTIONS)
             yield session
+
+    @contextmanager
+    def connect(self) -> Iterator[Connection]:
+        """A plain connection for hot read paths: no ORM session to set up."""
+        bind = self.sessions.kw["bind"]
+        assert isinstance(bind, Engine)
+        with bind.connect() as conn:
+            yield conn
 
     @contextmanager
     def read(self) -> Iterator[Session]:

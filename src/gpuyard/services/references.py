@@ -1,0 +1,68 @@
+"""Hosts and GPU types as every cluster read needs them, cached briefly.
+
+They change rarely (host registration at start, catalog edits), while every
+``GET /v1/clusters/{id}`` shows them; a few seconds of staleness in a host's name or
+a GPU's display name is harmless, and prices are re-read by the paths that bill.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, select
+from sqlalchemy.orm import Session
+
+from gpuyard.core.models import GpuTypeInfo
+from gpuyard.store.schema import GpuType, Host
+
+
+@dataclass(frozen=True)
+class HostView:
+    name: str
+    location: str
+    address: str
+    gpu_source: str
+
+
+class ReferenceCache:
+    def __init__(self, ttl_s: float = 5.0) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._expires = 0.0
+        self._hosts: dict[int, HostView] = {}
+        self._gpus: dict[str, GpuTypeInfo] = {}
+
+    def get(self, db: Session | Connection) -> tuple[dict[int, HostView], dict[str, GpuTypeInfo]]:
+        """Host views by id and GPU types by id, re-read when older than ``ttl_s``."""
+        with self._lock:
+            if time.monotonic() < self._expires:
+                return self._hosts, self._gpus
+        hosts = {
+            r.id: HostView(r.name, r.location, r.address, r.gpu_source)
+            for r in db.execute(
+                select(Host.id, Host.name, Host.location, Host.address, Host.gpu_source)
+            )
+        }
+        gpus = {
+            r.id: GpuTypeInfo(
+                id=r.id,
+                display_name=r.display_name,
+                manufacturer=r.manufacturer,
+                memory_gb=r.memory_gb,
+                secure_price=r.secure_price,
+                community_price=r.community_price,
+                secure_spot_price=r.secure_spot_price,
+                community_spot_price=r.community_spot_price,
+            )
+            for r in db.execute(select(*GpuType.__table__.columns))
+        }
+        with self._lock:
+            self._hosts, self._gpus = hosts, gpus
+            self._expires = time.monotonic() + self.ttl_s
+        return hosts, gpus
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._expires = 0.0
