@@ -29,10 +29,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--home", type=Path, required=True)
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--threads", type=int, default=0,
-                    help="diagnostics: anyio threadpool size (default: library default, 40)")
-    ap.add_argument("--switch-interval", type=float, default=0.0,
-                    help="diagnostics: sys.setswitchinterval seconds (default: Python's 0.005)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="diagnostics: anyio threadpool size (default: library default, 40)",
+    )
+    ap.add_argument(
+        "--switch-interval",
+        type=float,
+        default=0.0,
+        help="diagnostics: sys.setswitchinterval seconds (default: Python's 0.005)",
+    )
     args = ap.parse_args()
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)

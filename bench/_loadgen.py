@@ -21,8 +21,13 @@ from urllib.parse import urlsplit
 
 
 async def worker(
-    host: str, port: int, request: bytes, stop_at: list[float], measure_from: float,
-    lat: list[float], counts: list[int],
+    host: str,
+    port: int,
+    request: bytes,
+    stop_at: list[float],
+    measure_from: float,
+    lat: list[float],
+    counts: list[int],
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:

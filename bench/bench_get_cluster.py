@@ -88,7 +88,9 @@ def run_wrk(url: str, key: str, conns: int, seconds: float) -> dict[str, float]:
             "requests": total, "errors": errors}  # fmt: skip
 
 
-def run_python_client(url: str, key: str, conns: int, warmup: float, seconds: float) -> dict[str, float]:
+def run_python_client(
+    url: str, key: str, conns: int, warmup: float, seconds: float
+) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, str(BENCH_DIR / "_loadgen.py"), "--url", url, "--connections", str(conns),
          "--warmup", str(warmup), "--duration", str(seconds),
@@ -148,7 +150,9 @@ def main() -> int:
         gy_url = f"http://127.0.0.1:{gy_port}"
         wait_http_ok(gy_url + "/healthz", gy, gy_log)
         key = json.loads((home / "credentials").read_text())["api_key"]
-        with httpx.Client(base_url=gy_url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+        with httpx.Client(
+            base_url=gy_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as c:
             r = c.post(
                 "/v1/clusters",
                 json={"name": "bench", "gpu_type": "NVIDIA RTX A6000", "gpu_count": 1,

@@ -78,7 +78,9 @@ class Bare:
         self.run("volume", "rm", "-f", volume, check=False)
 
 
-def wait_status(c: httpx.Client, cid: str, want: set[str], poll_s: float, timeout_s: float = 120) -> dict[str, Any]:
+def wait_status(
+    c: httpx.Client, cid: str, want: set[str], poll_s: float, timeout_s: float = 120
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         r = c.get(f"/v1/clusters/{cid}")
@@ -179,7 +181,9 @@ def main() -> int:
         bare_c: list[float] = []
         bare_run: list[float] = []
         bare_start: list[float] = []
-        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=120) as c:
+        with httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=120
+        ) as c:
             # One unmeasured warm-up of each path (first engine calls, SDK version probe).
             cid, _ = gy_create(c, -1)
             gy_restart(c, cid)
@@ -242,7 +246,9 @@ def main() -> int:
         r_create95 = percentile(gy_c, 95) / percentile(bare_c, 95)
         r_start95 = percentile(gy_s, 95) / percentile(bare_run, 95)
         ok = r_create <= GOAL and r_start <= GOAL
-        print(f"create->running  gpuyard/bare (podman run -d): median {r_create:.2f}x, p95 {r_create95:.2f}x")
+        print(
+            f"create->running  gpuyard/bare (podman run -d): median {r_create:.2f}x, p95 {r_create95:.2f}x"
+        )
         print(f"stopped->running gpuyard/bare (podman run -d): median {r_start:.2f}x, p95 {r_start95:.2f}x"
               f"; vs podman start: median {r_start2:.2f}x")  # fmt: skip
         print(f"RATIO median gpuyard/bare: create {r_create:.2f}x, stopped->running {r_start:.2f}x "

@@ -76,6 +76,7 @@ def main() -> int:
         def run() -> Any:
             with ctx.read() as s:
                 return fn(s)
+
         return run
 
     def load(s: Any) -> Any:
@@ -87,7 +88,9 @@ def main() -> int:
         return list(s.scalars(select(Host).where(Host.id.in_({c_obj.host_id}))))
 
     def q_gpu(s: Any) -> Any:
-        return [to_info(g) for g in s.scalars(select(GpuType).where(GpuType.id.in_({c_obj.gpu_type})))]
+        return [
+            to_info(g) for g in s.scalars(select(GpuType).where(GpuType.id.in_({c_obj.gpu_type})))
+        ]
 
     def q_ports(s: Any) -> Any:
         return list(s.scalars(select(PortAllocation).where(PortAllocation.cluster_id.in_([cid]))))
@@ -158,9 +161,18 @@ def main() -> int:
         ("ASGI in-process, _detail stubbed (no DB at all)", stubbed),
         ("full handler body (auth + _detail + view + render)", timeit(handler, n)),
         ("  auth: principal() cache hit (sha256 + dict)", timeit(lambda: state.principal(key), n)),
-        ("  auth: resolve_key() DB lookup (cache miss)", timeit(with_session(lambda s: resolve_key(s, key)), n)),
-        ("  _detail (session + load_cluster + details)", timeit(lambda: api_clusters._detail(state, principal, cid), n)),
-        ("    session open/BEGIN/close, no query", timeit(with_session(lambda s: s.execute(text("SELECT 1")).all()), n)),
+        (
+            "  auth: resolve_key() DB lookup (cache miss)",
+            timeit(with_session(lambda s: resolve_key(s, key)), n),
+        ),
+        (
+            "  _detail (session + load_cluster + details)",
+            timeit(lambda: api_clusters._detail(state, principal, cid), n),
+        ),
+        (
+            "    session open/BEGIN/close, no query",
+            timeit(with_session(lambda s: s.execute(text("SELECT 1")).all()), n),
+        ),
         ("    load_cluster (ORM select+join)", timeit(with_session(load), n)),
         ("    details() (3 ORM queries + rate)", timeit(with_session(details_only), n)),
         ("      hosts query", timeit(with_session(q_host), n)),

@@ -63,7 +63,9 @@ def main() -> int:
             t_all = time.perf_counter()
             timed("1 ensure_volume (inspect 404 + create)", rt.ensure_volume, vol)
             timed("2 ensure_image (inspect)", rt.ensure_image, DEV_IMAGE)
-            timed("3a create: remove old container (404)", rt._remove_container, container_name(cid))
+            timed(
+                "3a create: remove old container (404)", rt._remove_container, container_name(cid)
+            )
             timed("3b create: ensure_volume again (inspect)", rt.ensure_volume, vol)
             timed("3c create: containers.create (POST + SDK GET)", rt._create, rt._client(), spec)
             timed("4 start (POST start)", rt.start, cid)
@@ -86,7 +88,9 @@ def main() -> int:
             ctr.remove(force=True, v=True)
             subprocess.run(["podman", "--url", url, "rm", "-f", f"bare-{cid}"], capture_output=True)
             for v in (f"bare-{vol}", f"sdk-{vol}"):
-                subprocess.run(["podman", "--url", url, "volume", "rm", "-f", v], capture_output=True)
+                subprocess.run(
+                    ["podman", "--url", url, "volume", "rm", "-f", v], capture_output=True
+                )
             if i < 0:
                 times.clear()
         print(f"engine calls of one gpuyard start vs bare, median of {runs} (ms):")

@@ -98,11 +98,11 @@ def list_clusters(
 
 
 @router.get("/v1/clusters/{cluster_id}")
-async def get_cluster(
-    cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
-) -> JSONResponse:
+async def get_cluster(cluster_id: str, request: Request) -> JSONResponse:
     """The hottest read: served on the event loop (one indexed query, well under a
-    millisecond on SQLite) instead of paying a worker-thread hop."""
+    millisecond on SQLite) instead of paying a worker-thread hop, and without the
+    dependency machinery (same authentication as every endpoint)."""
+    principal = await current_principal(request)
     ctx = app_state(request).ctx
     return ok(views.cluster_v1(cluster_views.load_visible(ctx, principal.account_id, cluster_id)))
 

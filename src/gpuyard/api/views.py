@@ -12,7 +12,9 @@ from gpuyard.services.cluster_views import ClusterDetails
 
 
 def iso(t: datetime | None) -> str | None:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ") if t else None
+    """UTC time as ``2024-01-15T16:00:00Z`` (isoformat is several times faster than
+    strftime, and cluster objects carry six timestamps)."""
+    return t.replace(tzinfo=None).isoformat(timespec="seconds") + "Z" if t else None
 
 
 def network(d: ClusterDetails) -> dict[str, Any]:

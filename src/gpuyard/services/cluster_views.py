@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import cast
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import ClusterNotFound
@@ -74,20 +75,25 @@ def estimated_startup_seconds(db: Session | Connection) -> float | None:
     return statistics.median(samples) if samples else None
 
 
+# Built once: constructing a statement costs more than executing a cached one.
+_VISIBLE = (
+    select(*Cluster.__table__.columns)
+    .join(Project, Project.id == Cluster.project_id)
+    .where(Cluster.id == bindparam("cluster_id"), Project.account_id == bindparam("account_id"))
+)
+
+
 def load_visible(ctx: Context, account_id: int, cluster_id: str) -> ClusterDetails:
     """The read path of ``GET /v1/clusters/{id}``: one Core query on a plain
     connection (no ORM session), hosts and GPU types from the reference cache.
     Raises ClusterNotFound for an unknown id or another account's cluster."""
-    query = (
-        select(*Cluster.__table__.columns)
-        .join(Project, Project.id == Cluster.project_id)
-        .where(Cluster.id == cluster_id, Project.account_id == account_id)
-    )
     with ctx.connect() as conn:
-        row = conn.execute(query).first()
+        row = conn.execute(_VISIBLE, {"cluster_id": cluster_id, "account_id": account_id}).first()
         if row is None:
             raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-        return details(ctx, conn, [Cluster(**row._asdict())])[0]
+        # A Row has the Cluster's column attributes; building an ORM instance would
+        # cost more than the query.
+        return details(ctx, conn, [cast(Cluster, row)])[0]
 
 
 def details(
@@ -126,4 +132,3 @@ def details(
             )
         )
     return out
-
