@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-
 import uvicorn
 
 from gpuyard.api.app import build_server

@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BENCH_DIR, cpu_seconds, free_port, stop_process, tail, wait_http_ok  # noqa: E402
+from _common import BENCH_DIR, cpu_seconds, free_port, stop_process, tail, wait_http_ok
 
 GOAL = 0.5
 

@@ -45,10 +45,10 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEV_IMAGE, free_port, median, percentile, stop_process, tail, wait_http_ok  # noqa: E402
+from _common import DEV_IMAGE, free_port, median, percentile, stop_process, tail, wait_http_ok
 
-from gpuyard.runtimes.devimage import build_dev_image  # noqa: E402
-from gpuyard.runtimes.engine_url import PodmanService  # noqa: E402
+from gpuyard.runtimes.devimage import build_dev_image
+from gpuyard.runtimes.engine_url import PodmanService
 
 GOAL = 1.3
 POLL_S = 0.010

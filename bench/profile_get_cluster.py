@@ -35,7 +35,7 @@ from gpuyard.services.auth import hash_key, resolve_key
 from gpuyard.services.catalog import to_info
 from gpuyard.services.requests import CreateCluster
 from gpuyard.settings import Settings
-from gpuyard.store.schema import Cluster, GpuType, Host, PortAllocation
+from gpuyard.store.schema import GpuType, Host, PortAllocation
 
 
 def timeit(fn: Callable[[], Any], n: int) -> float:

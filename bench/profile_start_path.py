@@ -22,12 +22,12 @@ from typing import Any
 import docker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEV_IMAGE, median  # noqa: E402
+from _common import DEV_IMAGE, median
 
-from gpuyard.runtimes.base import ContainerSpec, PortBinding, container_name  # noqa: E402
-from gpuyard.runtimes.devimage import build_dev_image  # noqa: E402
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime  # noqa: E402
-from gpuyard.runtimes.engine_url import PodmanService  # noqa: E402
+from gpuyard.runtimes.base import ContainerSpec, PortBinding, container_name
+from gpuyard.runtimes.devimage import build_dev_image
+from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engine_url import PodmanService
 
 
 def main() -> int:
