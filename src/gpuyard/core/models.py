@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ENV_VALUE = 32 * 1024
@@ -62,35 +62,6 @@ def validate_env(env: dict[str, str]) -> dict[str, str]:
         if len(value) > MAX_ENV_VALUE:
             raise ValueError(f"environment variable {name!r} is longer than {MAX_ENV_VALUE}")
     return env
-
-
-class ClusterConfig(StrictModel):
-    """Everything that defines what a cluster runs and what it reserves."""
-
-    image: str = Field(min_length=1, max_length=512)
-    docker_args: str = Field(default="", max_length=8192)
-    env: dict[str, str] = Field(default_factory=dict)
-    ports: tuple[PortSpec, ...] = ()
-    gpu_type: str | None = None
-    gpu_count: int = Field(default=0, ge=0, le=64)
-    cpu_cores: int = Field(default=1, ge=1, le=1024)
-    memory_gb: int = Field(default=1, ge=1, le=16384)
-    container_disk_gb: int = Field(default=10, ge=1, le=65536)
-    volume_gb: int = Field(default=0, ge=0, le=1048576)
-    volume_mount_path: str = Field(default="/workspace", max_length=512)
-    cloud_type: CloudType = CloudType.SECURE
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        return validate_env(env)
-
-    @field_validator("volume_mount_path")
-    @classmethod
-    def _absolute(cls, path: str) -> str:
-        if not path.startswith("/") or ".." in path.split("/"):
-            raise ValueError("must be an absolute path without '..'")
-        return path
 
 
 @dataclass(frozen=True)

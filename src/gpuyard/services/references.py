@@ -10,11 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.models import GpuTypeInfo
+from gpuyard.services.catalog import to_info
 from gpuyard.store.schema import GpuType, Host
 
 
@@ -46,17 +48,7 @@ class ReferenceCache:
             )
         }
         gpus = {
-            r.id: GpuTypeInfo(
-                id=r.id,
-                display_name=r.display_name,
-                manufacturer=r.manufacturer,
-                memory_gb=r.memory_gb,
-                secure_price=r.secure_price,
-                community_price=r.community_price,
-                secure_spot_price=r.secure_spot_price,
-                community_spot_price=r.community_spot_price,
-            )
-            for r in db.execute(select(*GpuType.__table__.columns))
+            r.id: to_info(cast(GpuType, r)) for r in db.execute(select(*GpuType.__table__.columns))
         }
         with self._lock:
             self._hosts, self._gpus = hosts, gpus
