@@ -133,9 +133,8 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
     with ctx.transaction() as session:
         project_id = _project_for(session, principal, body.project_id)
-        gpu = resolve_gpu_type(session, body.gpu_type) if gpu_count > 0 else None
-        if body.gpu_type and gpu is None:
-            gpu = resolve_gpu_type(session, body.gpu_type)
+        needs_gpu = gpu_count > 0 or body.gpu_type
+        gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
         cluster_id = new_cluster_id()
         cluster = Cluster(
             id=cluster_id,
