@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from gpuyard.runtimes.engine_url import terminate_process
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 DEV_IMAGE = "localhost/gpuyard/busybox:latest"
@@ -58,14 +60,8 @@ def tail(path: Path, n: int = 3000) -> str:
 
 
 def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 20) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if proc is not None:
+        terminate_process(proc, timeout_s)
 
 
 def cpu_seconds(pid: int) -> float:

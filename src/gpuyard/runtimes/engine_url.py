@@ -87,6 +87,18 @@ def default_service_socket(home: str | os.PathLike[str] | None) -> Path:
     return Path(xdg) / "podman" / "podman.sock"
 
 
+def terminate_process(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``; always reaps the child (no zombie)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class PodmanService:
     """A ``podman system service --time=0`` child process listening on ``socket_path``.
 
@@ -170,13 +182,7 @@ class PodmanService:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate_process(proc, timeout_s)
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
 
