@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from gpuyard import __version__
 from gpuyard.api import catalog, clusters, errors
+from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.state import AppState
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import Runtime
@@ -75,6 +76,7 @@ def build_server(
     )
     app.state.gpuyard = AppState(ctx=ctx, runtime=runtime)
     errors.install(app)
+    app.add_middleware(ClusterReadFastPath)
     app.include_router(clusters.router)
     app.include_router(catalog.router)
 

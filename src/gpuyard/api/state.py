@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -64,14 +65,17 @@ def app_state(request: Request) -> AppState:
     return state
 
 
-def key_from_request(request: Request) -> str | None:
+def key_from(authorization: str | None, query: Callable[[str], str | None]) -> str | None:
     """``Authorization: Bearer KEY``, a bare ``Authorization: KEY``, ``?api_key=`` or
     ``?apikey=`` (the training API's spelling)."""
-    header = request.headers.get("authorization")
-    if header:
-        scheme, _, rest = header.strip().partition(" ")
-        return rest.strip() if scheme.lower() == "bearer" and rest else header.strip()
-    return request.query_params.get("api_key") or request.query_params.get("apikey")
+    if authorization:
+        scheme, _, rest = authorization.strip().partition(" ")
+        return rest.strip() if scheme.lower() == "bearer" and rest else authorization.strip()
+    return query("api_key") or query("apikey")
+
+
+def key_from_request(request: Request) -> str | None:
+    return key_from(request.headers.get("authorization"), request.query_params.get)
 
 
 async def current_principal(request: Request) -> Principal:

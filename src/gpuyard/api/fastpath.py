@@ -1,0 +1,99 @@
+"""A framework-free answer for ``GET /v1/clusters/{id}``, the request clients poll.
+
+Pure ASGI middleware: a request for exactly that path is answered here with the
+same authentication, body and error envelope as the routed endpoint (which stays
+in place, documented in OpenAPI, and serves anything this does not take). The
+routing and parameter machinery cost more than the work itself on this path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gpuyard.api import views
+from gpuyard.api.envelope import error_body
+from gpuyard.api.state import AppState, key_from
+from gpuyard.core.errors import GpuyardError
+from gpuyard.core.ids import new_request_id
+from gpuyard.services import cluster_views
+from gpuyard.services.auth import hash_key
+
+log = logging.getLogger(__name__)
+_PATH = re.compile(r"/v1/clusters/([^/]+)")
+
+
+def _dumps(body: Any) -> bytes:
+    # The same encoding Starlette's JSONResponse uses.
+    return json.dumps(
+        body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode()
+
+
+async def answer(
+    state: AppState,
+    authorization: str | None,
+    query: Callable[[str], str | None],
+    cluster_id: str,
+) -> tuple[int, bytes]:
+    """Status and JSON body of ``GET /v1/clusters/{id}``, errors in the v1 envelope."""
+    try:
+        key = key_from(authorization, query)
+        principal = state.keys.get(hash_key(key)) if key else None
+        if principal is None:
+            principal = await run_in_threadpool(state.principal, key)
+        details = cluster_views.load_visible(state.ctx, principal.account_id, cluster_id)
+        body = {
+            "success": True,
+            "data": views.cluster_v1(details),
+            "meta": {"request_id": new_request_id()},
+        }
+        return 200, _dumps(body)
+    except GpuyardError as exc:
+        return exc.http_status, _dumps(error_body(exc.code, exc.message, exc.details))
+    except Exception:
+        log.exception("unhandled error reading cluster %s", cluster_id)
+        return 500, _dumps(error_body("INTERNAL_ERROR", "internal error; see the server log"))
+
+
+class ClusterReadFastPath:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = (
+            _PATH.fullmatch(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "GET"
+            else None
+        )
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        query = scope.get("query_string", b"")
+        params = parse_qs(query.decode("latin-1")) if query else {}
+        status, body = await answer(
+            scope["app"].state.gpuyard,
+            authorization,
+            lambda name: (params.get(name) or [None])[0],
+            unquote(match.group(1)),
+        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
