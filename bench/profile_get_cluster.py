@@ -96,7 +96,7 @@ def main() -> int:
         return list(s.scalars(select(PortAllocation).where(PortAllocation.cluster_id.in_([cid]))))
 
     def details_only(s: Any) -> Any:
-        return cluster_views.details(ctx, s, [c_obj])[0]
+        return cluster_views.details(ctx, [c_obj], s)[0]
 
     def handler() -> Any:
         p = api_clusters.current_principal.__wrapped__ if False else state.principal(key)

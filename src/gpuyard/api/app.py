@@ -21,6 +21,7 @@ from gpuyard.services.bootstrap import first_start, open_store, register_local_h
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
+from gpuyard.store.sqlite_reader import reader_for
 
 
 @dataclass
@@ -45,7 +46,12 @@ def build_server(
     it also runs one pass at start so work left by a crash resumes at once.
     """
     engine, sessions = open_store(settings)
-    ctx = Context(sessions=sessions, settings=settings, clock=clock or SystemClock())
+    ctx = Context(
+        sessions=sessions,
+        settings=settings,
+        clock=clock or SystemClock(),
+        cluster_reader=reader_for(settings.effective_database_url),
+    )
     reconciler = Reconciler(ctx, runtime)
     ctx.wake = reconciler.wake
     admin_key = first_start(ctx)

@@ -82,7 +82,7 @@ def list_clusters(
         per_page=per_page,
     )
     with state.ctx.read() as session:
-        items = cluster_views.details(state.ctx, session, result.clusters)
+        items = cluster_views.details(state.ctx, result.clusters, session)
     pages = (result.total + per_page - 1) // per_page
     return ok(
         {

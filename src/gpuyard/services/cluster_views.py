@@ -84,25 +84,34 @@ _VISIBLE = (
 
 
 def load_visible(ctx: Context, account_id: int, cluster_id: str) -> ClusterDetails:
-    """The read path of ``GET /v1/clusters/{id}``: one Core query on a plain
-    connection (no ORM session), hosts and GPU types from the reference cache.
-    Raises ClusterNotFound for an unknown id or another account's cluster."""
-    with ctx.connect() as conn:
-        row = conn.execute(_VISIBLE, {"cluster_id": cluster_id, "account_id": account_id}).first()
-        if row is None:
-            raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-        # A Row has the Cluster's column attributes; building an ORM instance would
-        # cost more than the query.
-        return details(ctx, conn, [cast(Cluster, row)])[0]
+    """The read path of ``GET /v1/clusters/{id}``: the context's accelerated reader
+    when it has one, else one prepared Core query on a plain connection; hosts and
+    GPU types come from the reference cache. Raises ClusterNotFound for an unknown id
+    or another account's cluster."""
+    if ctx.cluster_reader is not None:
+        cluster = ctx.cluster_reader(cluster_id, account_id)
+    else:
+        with ctx.connect() as conn:
+            row = conn.execute(_VISIBLE, {"cluster_id": cluster_id, "account_id": account_id})
+            # A Row has the Cluster's column attributes; building an ORM instance would
+            # cost more than the query.
+            cluster = cast(Cluster | None, row.first())
+    if cluster is None:
+        raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
+    return details(ctx, [cluster])[0]
 
 
 def details(
-    ctx: Context, db: Session | Connection, clusters: list[Cluster]
+    ctx: Context, clusters: list[Cluster], db: Session | Connection | None = None
 ) -> list[ClusterDetails]:
+    """What each cluster shows. ``db`` is used when given; otherwise a connection is
+    opened only if the reference cache is stale or a cluster is starting."""
+    starting = any(c.status in _STARTING for c in clusters)
+    if db is None and (starting or ctx.references.stale()):
+        with ctx.connect() as conn:
+            return details(ctx, clusters, conn)
     hosts, gpus = ctx.references.get(db)
-    startup = (
-        estimated_startup_seconds(db) if any(c.status in _STARTING for c in clusters) else None
-    )
+    startup = estimated_startup_seconds(db) if starting and db is not None else None
     out = []
     for c in clusters:
         host = hosts.get(c.host_id) if c.host_id is not None else None

@@ -15,6 +15,7 @@ from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.references import ReferenceCache
 from gpuyard.settings import Settings
 from gpuyard.store.db import WRITE_OPTIONS
+from gpuyard.store.schema import Cluster
 
 
 class StatusNotifier:
@@ -53,6 +54,8 @@ class Context:
     wake: Callable[[], None] = lambda: None
     notifier: StatusNotifier = field(default_factory=StatusNotifier)
     references: ReferenceCache = field(default_factory=ReferenceCache)
+    # Optional accelerated read of one visible cluster row (store/sqlite_reader.py).
+    cluster_reader: Callable[[str, int], Cluster | None] | None = None
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

@@ -36,10 +36,17 @@ class ReferenceCache:
         self._hosts: dict[int, HostView] = {}
         self._gpus: dict[str, GpuTypeInfo] = {}
 
-    def get(self, db: Session | Connection) -> tuple[dict[int, HostView], dict[str, GpuTypeInfo]]:
-        """Host views by id and GPU types by id, re-read when older than ``ttl_s``."""
+    def stale(self) -> bool:
         with self._lock:
-            if time.monotonic() < self._expires:
+            return time.monotonic() >= self._expires
+
+    def get(
+        self, db: Session | Connection | None
+    ) -> tuple[dict[int, HostView], dict[str, GpuTypeInfo]]:
+        """Host views by id and GPU types by id, re-read through ``db`` when older than
+        ``ttl_s``; without ``db`` the cached values are returned as they are."""
+        with self._lock:
+            if time.monotonic() < self._expires or db is None:
                 return self._hosts, self._gpus
         hosts = {
             r.id: HostView(r.name, r.location, r.address, r.gpu_source)
