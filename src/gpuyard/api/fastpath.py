@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuyard.api import views
@@ -24,7 +23,6 @@ from gpuyard.api.state import AppState, key_from
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.ids import new_request_id
 from gpuyard.services import cluster_views
-from gpuyard.services.auth import hash_key
 
 log = logging.getLogger(__name__)
 _PATH = re.compile(r"/v1/clusters/([^/]+)")
@@ -45,10 +43,7 @@ async def answer(
 ) -> tuple[int, bytes]:
     """Status and JSON body of ``GET /v1/clusters/{id}``, errors in the v1 envelope."""
     try:
-        key = key_from(authorization, query)
-        principal = state.keys.get(hash_key(key)) if key else None
-        if principal is None:
-            principal = await run_in_threadpool(state.principal, key)
+        principal = await state.principal(key_from(authorization, query))
         details = cluster_views.load_visible(state.ctx, principal.account_id, cluster_id)
         body = {
             "success": True,

@@ -20,19 +20,34 @@ KEY_CACHE_TTL_S = 5.0
 
 @dataclass
 class PrincipalCache:
+    """Principals by key hash. An entry is fresh for ``ttl_s``; after that one caller
+    re-reads the key while the others keep using the old entry, so an expiry does not
+    send every concurrent request to the database at once."""
+
     ttl_s: float = KEY_CACHE_TTL_S
     _entries: dict[str, tuple[float, Principal]] = field(default_factory=dict)
+    _refreshing: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def get(self, key_hash: str) -> Principal | None:
+    def lookup(self, key_hash: str) -> Principal | None:
+        """The cached principal if fresh, or if stale while another caller refreshes
+        it; None when this caller must read the key (it then owns the refresh)."""
         with self._lock:
             hit = self._entries.get(key_hash)
-            if hit and hit[0] > time.monotonic():
+            if hit is None:
+                return None
+            if hit[0] > time.monotonic() or key_hash in self._refreshing:
                 return hit[1]
+            self._refreshing.add(key_hash)
             return None
 
-    def put(self, key_hash: str, principal: Principal) -> None:
+    def put(self, key_hash: str, principal: Principal | None) -> None:
+        """Record a fresh read (None: the key is no longer valid) and end a refresh."""
         with self._lock:
+            self._refreshing.discard(key_hash)
+            if principal is None:
+                self._entries.pop(key_hash, None)
+                return
             if len(self._entries) > 10_000:
                 self._entries.clear()
             self._entries[key_hash] = (time.monotonic() + self.ttl_s, principal)
@@ -48,16 +63,28 @@ class AppState:
     runtime: Runtime
     keys: PrincipalCache = field(default_factory=PrincipalCache)
 
-    def principal(self, key: str | None) -> Principal:
-        if key:
-            cached = self.keys.get(hash_key(key))
+    def _read_principal(self, key: str | None, key_hash: str | None) -> Principal:
+        try:
+            with self.ctx.read() as session:
+                principal = resolve_key(session, key)
+        except BaseException:
+            if key_hash is not None:
+                self.keys.put(key_hash, None)
+            raise
+        if key_hash is not None:
+            self.keys.put(key_hash, principal)
+        return principal
+
+    async def principal(self, key: str | None) -> Principal:
+        """The caller of ``key``. A cached key is answered on the event loop; only a
+        miss (or the one refresh of a stale entry) takes a worker thread.
+        Raises Unauthorized."""
+        key_hash = hash_key(key) if key else None
+        if key_hash is not None:
+            cached = self.keys.lookup(key_hash)
             if cached is not None:
                 return cached
-        with self.ctx.read() as session:
-            principal = resolve_key(session, key)
-        assert key is not None
-        self.keys.put(hash_key(key), principal)
-        return principal
+        return await run_in_threadpool(self._read_principal, key, key_hash)
 
 
 def app_state(request: Request) -> AppState:
@@ -79,12 +106,4 @@ def key_from_request(request: Request) -> str | None:
 
 
 async def current_principal(request: Request) -> Principal:
-    """The caller. A cached key is answered on the event loop; only a cache miss
-    takes a worker thread for its database read."""
-    state = app_state(request)
-    key = key_from_request(request)
-    if key:
-        cached = state.keys.get(hash_key(key))
-        if cached is not None:
-            return cached
-    return await run_in_threadpool(state.principal, key)
+    return await app_state(request).principal(key_from_request(request))
