@@ -100,6 +100,9 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+IMAGE_PRESENT_TTL_S = 30.0
+
+
 class _NameInUse(Exception):
     """The cluster's container name is taken by a previous container."""
 
@@ -130,6 +133,10 @@ class DockerEngineRuntime:
         # The last spec created per cluster, so start() can recreate without limits if
         # the OCI runtime only rejects them when the container starts.
         self._specs: dict[str, ContainerSpec] = {}
+        # Images known present, until the given monotonic time: an inspect per start
+        # is a round trip on the start path. An image removed meanwhile makes create
+        # fail with a clear error and is forgotten, so the next start pulls it.
+        self._images_seen: dict[str, float] = {}
         # Previous (container id, cpu total ns, wall ns) per cluster for CPU% deltas;
         # dropped on stop so the map stays as large as the set of live clusters.
         self._cpu_samples: dict[str, tuple[str, int, int]] = {}
@@ -217,16 +224,24 @@ class DockerEngineRuntime:
             return e.message
         return None
 
+    def _saw_image(self, image: str) -> None:
+        with self._lock:
+            self._images_seen[image] = time.monotonic() + IMAGE_PRESENT_TTL_S
+
     def ensure_image(self, image: str) -> None:
         """Make ``image`` present locally: no-op if it is, else pull it.
 
         Raises :class:`RuntimeFailure` (with the engine's reason) when it is absent and
         cannot be pulled.
         """
+        with self._lock:
+            if self._images_seen.get(image, 0.0) > time.monotonic():
+                return
         client = self._client()
         with self._errors(f"inspecting image {image}"):
             try:
                 client.api.inspect_image(image)
+                self._saw_image(image)
                 return
             except docker.errors.ImageNotFound:
                 pass
@@ -243,6 +258,7 @@ class DockerEngineRuntime:
             with self._errors(f"inspecting image {image}"):
                 try:
                     client.api.inspect_image(image)
+                    self._saw_image(image)
                     return
                 except docker.errors.ImageNotFound:
                     error = "the engine reported success but the image is still missing"
@@ -294,6 +310,8 @@ class DockerEngineRuntime:
                 if e.status_code == 409 or "already in use" in str(e):
                     raise _NameInUse() from e
                 if isinstance(e, docker.errors.ImageNotFound):
+                    with self._lock:
+                        self._images_seen.pop(spec.image, None)
                     raise RuntimeFailure(
                         f"image {spec.image} is not present on the engine: {_reason(e)}",
                         {"image": spec.image},
