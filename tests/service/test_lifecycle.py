@@ -272,3 +272,17 @@ def test_list_filters_and_pagination(ctx: Context, alice: Principal, rec: Reconc
     assert uc.list_clusters(ctx, alice, status="running").total == 3
     with pytest.raises(ValidationFailed):
         uc.list_clusters(ctx, alice, status="bogus")
+
+
+def test_failed_stop_keeps_gpus_and_retries(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
+    c = uc.create_cluster(ctx, alice, a6000(2))
+    settle(rec, c.id)
+    uc.stop_cluster(ctx, alice, c.id)
+    runtime.fail_next["stop"] = "engine unreachable"
+    rec.driver.drive(c.id)
+    # The container may still run: nothing is released until the engine confirms.
+    assert status(ctx, alice, c.id) == "stopping" and gpus_held(ctx, c.id) == [0, 1]
+    rec.driver.drive(c.id)
+    assert status(ctx, alice, c.id) == "stopped" and gpus_held(ctx, c.id) == []

@@ -58,6 +58,10 @@ HOLDS_COMPUTE: frozenset[ClusterStatus] = frozenset({S.PENDING, S.STARTING, S.RU
 # Statuses the reconciler must drive toward a resting status.
 IN_MOTION: frozenset[ClusterStatus] = frozenset({S.PENDING, S.STARTING, S.STOPPING, S.TERMINATING})
 
+# Statuses in which a cluster may legitimately have a container; in any other, a
+# container labelled with its id is an orphan.
+MAY_HAVE_CONTAINER: frozenset[ClusterStatus] = IN_MOTION | {S.RUNNING}
+
 # What status each action requires, for the INVALID_STATE details.
 REQUIRED_STATUS: dict[Action, str] = {
     Action.START: "stopped",

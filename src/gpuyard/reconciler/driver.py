@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
-from gpuyard.core.states import ClusterStatus
+from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
     LABEL_MANAGED,
@@ -216,12 +216,14 @@ class ClusterDriver:
         try:
             self.runtime.stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
         except GpuyardError as exc:
-            self._fail(c, f"stop failed: {exc.message}")
-            return
+            # The container may still run on its GPUs: they are not released until the
+            # engine confirms, so the stop is retried on the next pass.
+            log.warning("stop of %s failed, will retry: %s", c.id, exc.message)
+            raise Abandon() from exc
         self._transition(
             c,
             ClusterStatus.STOPPED,
-            c.status_reason if c.status_reason.startswith("preempted") else "stopped",
+            "stopped",
             also=release_compute,
             stopped_at=self.ctx.clock.now(),
             runtime_handle={},
@@ -264,13 +266,7 @@ class ClusterDriver:
     def collect_orphan(self, cluster_id: str) -> None:
         """Remove the container of a cluster that should have none."""
         c = self._load(cluster_id)
-        if c is not None and c.status in (
-            ClusterStatus.PENDING,
-            ClusterStatus.STARTING,
-            ClusterStatus.RUNNING,
-            ClusterStatus.STOPPING,
-            ClusterStatus.TERMINATING,
-        ):
+        if c is not None and ClusterStatus(c.status) in MAY_HAVE_CONTAINER:
             return
         log.info("removing orphaned container of cluster %s", cluster_id)
         self.runtime.stop(cluster_id, timeout_s=self.ctx.settings.stop_timeout_s)

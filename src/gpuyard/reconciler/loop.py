@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import delete, select
 
 from gpuyard.core.errors import GpuyardError
-from gpuyard.core.states import HOLDS_COMPUTE, IN_MOTION, ClusterStatus
+from gpuyard.core.states import HOLDS_COMPUTE, IN_MOTION, MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.driver import ClusterDriver
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.services.context import Context
@@ -109,9 +109,7 @@ class Reconciler:
                 self._submit(cid, self.driver.check_running)
         for cid in by_cluster:
             status_updated = known.get(cid)
-            if status_updated is None or status_updated[0] not in (
-                IN_MOTION | {ClusterStatus.RUNNING}
-            ):
+            if status_updated is None or status_updated[0] not in MAY_HAVE_CONTAINER:
                 self._submit(cid, self.driver.collect_orphan)
 
     # -- dispatch ------------------------------------------------------------
