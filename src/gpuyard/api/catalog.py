@@ -57,7 +57,10 @@ def gpu_types(request: Request, principal: Principal = Depends(current_principal
 def hosts(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
     """Every host with its capacity, what is free and where each figure came from (admin)."""
     principal.require(Scope.ADMIN)
-    ctx = app_state(request).ctx
+    state = app_state(request)
+    ctx = state.ctx
+    # This process's engine is the local host's; asked outside any transaction.
+    engine_problem = state.runtime.available()
     with ctx.read() as session:
         rows = {h.id: h for h in session.scalars(select(Host).order_by(Host.id))}
         caps = capacities(session)
@@ -72,6 +75,7 @@ def hosts(request: Request, principal: Principal = Depends(current_principal)) -
                 "cloud_type": h.cloud_type,
                 "address": h.address,
                 "engine_url": h.engine_url,
+                "engine": {"reachable": engine_problem is None, "message": engine_problem},
                 "healthy": h.healthy,
                 "vcpus": h.vcpus,
                 "memory_gb": h.memory_gb,
