@@ -81,6 +81,11 @@ def test_bad_json_and_unknown_routes(srv: LiveServer) -> None:
         err(c.get("/v1/nothing-here"), 404, "NOT_FOUND")
         err(c.put("/v1/clusters"), 405, "METHOD_NOT_ALLOWED")
         err(c.get("/v1/clusters", params={"page": 0}), 400, "VALIDATION_ERROR")
+        # Found by fuzzing: integers past the store's range were a 500.
+        err(c.get("/v1/clusters", params={"page": 10**22}), 400, "VALIDATION_ERROR")
+        err(c.get("/v1/clusters", params={"project_id": 2**40}), 400, "VALIDATION_ERROR")
+        big = {"docker_image": "img", "project_id": 2**40}
+        err(c.post("/v1/clusters", json=big), 400, "VALIDATION_ERROR")
 
 
 def test_state_capacity_snapshot_and_isolation(srv: LiveServer) -> None:

@@ -17,7 +17,7 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.services import cluster_views
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.requests import MAX_ID, CreateCluster, StartCluster
 
 router = APIRouter(tags=["clusters"], responses=ERROR_RESPONSES)
 
@@ -65,10 +65,10 @@ def create_cluster(
 def list_clusters(
     request: Request,
     principal: Principal = Depends(current_principal),
-    project_id: int | None = Query(default=None),
+    project_id: int | None = Query(default=None, ge=1, le=MAX_ID),
     search: str | None = Query(default=None, max_length=200),
     status: str | None = Query(default=None, max_length=20),
-    page: int = Query(default=1, ge=1),
+    page: int = Query(default=1, ge=1, le=1_000_000),
     per_page: int = Query(default=50, ge=1, le=500),
 ) -> JSONResponse:
     state = app_state(request)

@@ -6,6 +6,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec, validate_env
 
+# Integer ids are 32-bit in the store (PostgreSQL INTEGER).
+MAX_ID = 2**31 - 1
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -13,7 +16,7 @@ class _Body(BaseModel):
 
 class CreateCluster(_Body):
     name: str = Field(default="", max_length=200)
-    project_id: int | None = None
+    project_id: int | None = Field(default=None, ge=1, le=MAX_ID)
     gpu_type: str | None = None
     gpu_count: int | None = Field(default=None, ge=0, le=64)
     cpu_cores: int = Field(default=2, ge=1, le=1024)
