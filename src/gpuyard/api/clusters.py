@@ -10,8 +10,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from gpuyard.api import fastpath, views
+from gpuyard.api import fastpath, schemas, views
 from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.schemas import documented
 from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services import cluster_views
@@ -51,7 +52,7 @@ async def _wait_settled(
         await asyncio.to_thread(notifier.wait_change, generation, min(left, 1.0))
 
 
-@router.post("/v1/clusters", status_code=201)
+@router.post("/v1/clusters", status_code=201, responses=documented(schemas.ClusterEnvelope, 201))
 def create_cluster(
     body: CreateCluster, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
@@ -61,7 +62,7 @@ def create_cluster(
     return ok(views.cluster_v1(_detail(state, principal, cluster.id)), status_code=201)
 
 
-@router.get("/v1/clusters")
+@router.get("/v1/clusters", responses=documented(schemas.ClusterListEnvelope))
 def list_clusters(
     request: Request,
     principal: Principal = Depends(current_principal),
@@ -97,7 +98,7 @@ def list_clusters(
     )
 
 
-@router.get("/v1/clusters/{cluster_id}")
+@router.get("/v1/clusters/{cluster_id}", responses=documented(schemas.ClusterEnvelope))
 async def get_cluster(cluster_id: str, request: Request) -> Response:
     """One cluster. Served by api/fastpath.py's middleware before routing (this route
     documents it and answers the same way if the middleware is not installed)."""
@@ -110,7 +111,7 @@ async def get_cluster(cluster_id: str, request: Request) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
-@router.get("/v1/clusters/{cluster_id}/events")
+@router.get("/v1/clusters/{cluster_id}/events", responses=documented(schemas.EventListEnvelope))
 def cluster_events(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
@@ -154,7 +155,7 @@ async def _start(
     return data, meta, d
 
 
-@router.post("/v1/clusters/{cluster_id}/start")
+@router.post("/v1/clusters/{cluster_id}/start", responses=documented(schemas.StartEnvelope))
 async def start_cluster(
     cluster_id: str,
     request: Request,
@@ -166,7 +167,7 @@ async def start_cluster(
     return ok(data, **meta)
 
 
-@router.post("/v1/clusters/{cluster_id}/stop")
+@router.post("/v1/clusters/{cluster_id}/stop", responses=documented(schemas.ClusterEnvelope))
 def stop_cluster(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
@@ -175,7 +176,7 @@ def stop_cluster(
     return ok(views.cluster_v1(_detail(state, principal, cluster_id)))
 
 
-@router.post("/v1/clusters/{cluster_id}/restart")
+@router.post("/v1/clusters/{cluster_id}/restart", responses=documented(schemas.ClusterEnvelope))
 def restart_cluster(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
@@ -184,7 +185,7 @@ def restart_cluster(
     return ok(views.cluster_v1(_detail(state, principal, cluster_id)))
 
 
-@router.delete("/v1/clusters/{cluster_id}")
+@router.delete("/v1/clusters/{cluster_id}", responses=documented(schemas.ClusterEnvelope))
 def terminate_cluster(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
@@ -193,7 +194,7 @@ def terminate_cluster(
     return ok(views.cluster_v1(_detail(state, principal, cluster_id)))
 
 
-@router.post("/v2/clusters/{cluster_id}/start")
+@router.post("/v2/clusters/{cluster_id}/start", responses=documented(schemas.ClusterV2))
 async def start_cluster_v2(
     cluster_id: str,
     request: Request,
@@ -205,7 +206,7 @@ async def start_cluster_v2(
     return JSONResponse(views.cluster_v2(d))
 
 
-@router.get("/v2/clusters/{cluster_id}")
+@router.get("/v2/clusters/{cluster_id}", responses=documented(schemas.ClusterV2))
 async def get_cluster_v2(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:

@@ -1,0 +1,193 @@
+"""Response schemas for OpenAPI.
+
+Handlers build plain dicts (api/views.py) for speed; these models document the exact
+shape, and the API tests validate real responses against them with unknown fields
+forbidden, so the documentation cannot drift from what the server sends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Meta(_Out):
+    request_id: str
+
+
+class StartMeta(Meta):
+    wait_for_ready: bool
+    wait_timed_out: bool | None = None
+
+
+class Port(_Out):
+    internal_port: int
+    external_port: int
+    protocol: Literal["http", "tcp", "udp"]
+    description: str
+
+
+class NetworkPort(Port):
+    address: str | None
+
+
+class SshConnection(_Out):
+    host: str | None
+    port: int | None
+    username: str | None
+    connection_string: str | None
+
+
+class Network(_Out):
+    ip: str | None
+    ports: list[NetworkPort]
+    proxy_url: str | None
+    ssh_connection: SshConnection
+
+
+class RateBreakdown(_Out):
+    gpu: float
+    compute: float
+    container_disk: float
+    volume: float
+
+
+class Cost(_Out):
+    hourly_rate: float
+    currency: Literal["USD"]
+    breakdown: RateBreakdown
+
+
+class StartCost(Cost):
+    new_hourly_rate: float
+    previous_hourly_rate: float
+    rate_change_reason: str | None
+
+
+class HostRef(_Out):
+    id: int
+    name: str | None
+    location: str | None
+    gpu_source: str | None
+
+
+class StartupProgress(_Out):
+    phase: str
+    percentage: int
+    current_step: str
+    steps_completed: int
+    total_steps: int
+
+
+class Cluster(_Out):
+    id: str
+    name: str
+    project_id: int
+    status: str
+    desired_status: str
+    actions: list[str]
+    last_status_change: str
+    error_message: str | None
+    docker_image: str
+    docker_args: str
+    gpu_type: str | None
+    gpu_display_name: str | None
+    gpu_count: int
+    gpu_indices: list[int]
+    cpu_cores: int
+    memory_gb: int
+    container_disk_gb: int
+    volume_gb: int
+    storage_gb: int
+    volume_mount_path: str
+    cloud_type: str
+    env: dict[str, str]
+    ports: list[Port]
+    auto_terminate: dict[str, Any]
+    host: HostRef | None
+    network: Network
+    cost: Cost
+    created_at: str | None
+    updated_at: str | None
+    start_initiated_at: str | None
+    started_at: str | None
+    stopped_at: str | None
+    terminated_at: str | None
+    startup_progress: StartupProgress | None = None
+    estimated_ready_at: str | None = None
+
+
+class StartedCluster(Cluster):
+    cost: StartCost
+    configuration_updates_applied: list[str]
+
+
+class Pagination(_Out):
+    page: int
+    per_page: int
+    total: int
+    pages: int
+
+
+class ClusterList(_Out):
+    clusters: list[Cluster]
+    pagination: Pagination
+
+
+class EventOut(_Out):
+    id: int
+    at: str | None
+    type: str
+    from_status: str | None
+    to_status: str | None
+    message: str
+
+
+class EventList(_Out):
+    events: list[EventOut]
+
+
+class ClusterEnvelope(_Out):
+    success: Literal[True]
+    data: Cluster
+    meta: Meta
+
+
+class StartEnvelope(_Out):
+    success: Literal[True]
+    data: StartedCluster
+    meta: StartMeta
+
+
+class ClusterListEnvelope(_Out):
+    success: Literal[True]
+    data: ClusterList
+    meta: Meta
+
+
+class EventListEnvelope(_Out):
+    success: Literal[True]
+    data: EventList
+    meta: Meta
+
+
+class ClusterV2(_Out):
+    """The flat object of seed 000's v2 endpoints (camelCase field names are the seed's)."""
+
+    id: str
+    name: str
+    status: str
+    gpuType: str | None
+    gpuCount: int
+    containerDiskSize: int
+    volumeSize: int
+    createdAt: str | None
+
+
+def documented(model: type[BaseModel], status: int = 200) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": model}}
