@@ -15,10 +15,10 @@ from gpuyard.api.envelope import ERROR_RESPONSES, ok
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.core.states import ClusterStatus
-from gpuyard.services import cluster_views
+from gpuyard.services import cluster_views, spot
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
-from gpuyard.services.requests import MAX_ID, CreateCluster, StartCluster
+from gpuyard.services.requests import MAX_ID, BidResume, CreateCluster, StartCluster
 
 router = APIRouter(tags=["clusters"], responses=ERROR_RESPONSES)
 
@@ -138,9 +138,23 @@ async def _start(
 ) -> tuple[dict[str, Any], dict[str, Any], cluster_views.ClusterDetails]:
     state = app_state(request)
     result = await run_in_threadpool(uc.start_cluster, state.ctx, principal, cluster_id, body)
-    meta: dict[str, Any] = {"wait_for_ready": body.wait_for_ready}
-    if body.wait_for_ready:
-        d, timed_out = await _wait_settled(state, principal, cluster_id, body.timeout_minutes * 60)
+    wait = body.timeout_minutes * 60 if body.wait_for_ready else None
+    return await _started(request, principal, cluster_id, result, wait)
+
+
+async def _started(
+    request: Request,
+    principal: Principal,
+    cluster_id: str,
+    result: uc.StartResult,
+    wait: float | None,
+) -> tuple[dict[str, Any], dict[str, Any], cluster_views.ClusterDetails]:
+    """The start answer: the cluster (after waiting up to ``wait`` seconds for it to
+    settle, when given), what changed, and the rates before and after."""
+    state = app_state(request)
+    meta: dict[str, Any] = {"wait_for_ready": wait is not None}
+    if wait is not None:
+        d, timed_out = await _wait_settled(state, principal, cluster_id, wait)
         meta["wait_timed_out"] = timed_out
     else:
         d = await run_in_threadpool(_detail, state, principal, cluster_id)
@@ -164,6 +178,23 @@ async def start_cluster(
 ) -> JSONResponse:
     """Start a stopped cluster, optionally changing its configuration first."""
     data, meta, _ = await _start(request, principal, cluster_id, body or StartCluster())
+    return ok(data, **meta)
+
+
+@router.post("/v1/clusters/{cluster_id}/bid-resume", responses=documented(schemas.StartEnvelope))
+async def bid_resume_cluster(
+    cluster_id: str,
+    body: BidResume,
+    request: Request,
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """Resume a stopped cluster as spot at ``bid_per_gpu``: lower bids on its host may
+    be preempted; a bid below the GPU type's spot floor is refused."""
+    state = app_state(request)
+    result = await run_in_threadpool(
+        spot.bid_resume_cluster, state.ctx, principal, cluster_id, body.bid_per_gpu, body.gpu_count
+    )
+    data, meta, _ = await _started(request, principal, cluster_id, result, wait=None)
     return ok(data, **meta)
 
 

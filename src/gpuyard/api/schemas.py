@@ -106,6 +106,8 @@ class Cluster(_Out):
     storage_gb: int
     volume_mount_path: str
     cloud_type: str
+    interruptible: bool
+    bid_per_gpu: float | None
     env: dict[str, str]
     ports: list[Port]
     auto_terminate: dict[str, Any]

@@ -84,6 +84,8 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "storage_gb": c.volume_gb,
         "volume_mount_path": c.volume_mount_path,
         "cloud_type": c.cloud_type,
+        "interruptible": bool(c.interruptible),
+        "bid_per_gpu": c.bid_per_gpu,
         "env": dict(c.env),
         "ports": [
             {

@@ -37,7 +37,8 @@ def free_resources(host: HostCapacity, ratios: AllocationRatios) -> dict[str, An
     }
 
 
-def _fits(host: HostCapacity, req: ResourceRequest, ratios: AllocationRatios) -> bool:
+def fits(host: HostCapacity, req: ResourceRequest, ratios: AllocationRatios) -> bool:
+    """Whether ``req`` fits in what ``host`` has free."""
     if req.cloud_type != CloudType.ALL and host.cloud_type != req.cloud_type:
         return False
     free = free_resources(host, ratios)
@@ -64,7 +65,7 @@ def place(hosts: list[HostCapacity], req: ResourceRequest, ratios: AllocationRat
 
     Raises InsufficientCapacity with what was asked and what each host has free.
     """
-    eligible = [h for h in hosts if _fits(h, req, ratios)]
+    eligible = [h for h in hosts if fits(h, req, ratios)]
     if not eligible:
         raise insufficient(hosts, req, ratios)
 

@@ -50,13 +50,25 @@ def hourly_rate(
     cloud_type: CloudType,
     running: bool,
     prices: Prices,
+    bid_per_gpu: float | None = None,
 ) -> RateParts:
-    """The rate while running (everything) or while stopped (the volume only)."""
+    """The rate while running (everything) or while stopped (the volume only).
+    An interruptible cluster's GPUs cost its ``bid_per_gpu`` instead of the list price."""
     volume_month = prices.volume_gb_month_running if running else prices.volume_gb_month_stopped
     volume = round(volume_gb * volume_month / HOURS_PER_MONTH, 6)
     if not running:
         return RateParts(gpu=0.0, compute=0.0, container_disk=0.0, volume=volume)
-    gpu_part = round(gpu_price(gpu, cloud_type) * gpu_count, 6) if gpu and gpu_count else 0.0
+    unit = bid_per_gpu if bid_per_gpu is not None else (gpu_price(gpu, cloud_type) if gpu else 0.0)
+    gpu_part = round(unit * gpu_count, 6) if gpu_count else 0.0
     compute = round(cpu_cores * prices.vcpu_hour + memory_gb * prices.memory_gb_hour, 6)
     disk = round(container_disk_gb * prices.container_disk_gb_month / HOURS_PER_MONTH, 6)
     return RateParts(gpu=gpu_part, compute=compute, container_disk=disk, volume=volume)
+
+
+def spot_floor(gpu: GpuTypeInfo, cloud_type: CloudType) -> float:
+    """The lowest bid per GPU-hour the market accepts for ``gpu``."""
+    if cloud_type == CloudType.COMMUNITY:
+        return gpu.community_spot_price
+    if cloud_type == CloudType.SECURE:
+        return gpu.secure_spot_price
+    return min(gpu.secure_spot_price, gpu.community_spot_price)

@@ -223,7 +223,8 @@ class ClusterDriver:
         self._transition(
             c,
             ClusterStatus.STOPPED,
-            "stopped",
+            # Keep why it stopped ("stop requested", "preempted by ...") visible.
+            f"stopped ({c.status_reason})",
             also=release_compute,
             stopped_at=self.ctx.clock.now(),
             runtime_handle={},

@@ -60,6 +60,7 @@ def cluster_rate(
         cloud_type=CloudType(c.cloud_type),
         running=running,
         prices=prices,
+        bid_per_gpu=c.bid_per_gpu if c.interruptible else None,
     )
 
 

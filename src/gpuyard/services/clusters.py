@@ -22,8 +22,8 @@ from gpuyard.core.errors import (
     ValidationFailed,
 )
 from gpuyard.core.ids import new_cluster_id
-from gpuyard.core.models import GpuTypeInfo, PortSpec, ResourceRequest
-from gpuyard.core.pricing import RateParts
+from gpuyard.core.models import CloudType, GpuTypeInfo, PortSpec, ResourceRequest
+from gpuyard.core.pricing import RateParts, spot_floor
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import (
     REQUIRED_STATUS,
@@ -125,6 +125,30 @@ def _with_host_ports(
     return [{**p.model_dump(), HOST_PORT: assigned[(p.internal_port, p.transport)]} for p in ports]
 
 
+def spot_bid(gpu: GpuTypeInfo, gpu_count: int, cloud_type: CloudType, bid: float) -> float:
+    """``bid`` (USD per GPU-hour, rounded to cents) if it meets the GPU type's spot
+    floor; raises ValidationFailed naming ``bid_per_gpu`` otherwise."""
+    if gpu_count < 1:
+        raise ValidationFailed("bid_per_gpu", "a spot cluster needs at least one GPU")
+    floor = spot_floor(gpu, cloud_type)
+    bid = round(bid, 2)
+    if bid < floor:
+        raise ValidationFailed(
+            "bid_per_gpu",
+            f"bid {bid:.2f} USD/GPU-hour is below the spot floor {floor:.2f} for {gpu.id}",
+            {"minimum": floor},
+        )
+    return bid
+
+
+def checked_bid(
+    gpu: GpuTypeInfo | None, gpu_count: int, cloud_type: CloudType, body: CreateCluster
+) -> float:
+    if gpu is None or body.bid_per_gpu is None:
+        raise ValidationFailed("bid_per_gpu", "an interruptible cluster needs a GPU type and a bid")
+    return spot_bid(gpu, gpu_count, cloud_type, body.bid_per_gpu)
+
+
 def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> Cluster:
     """Validate, place and record a new cluster in ``starting``. Nothing is stored when
     placement fails (InsufficientCapacity)."""
@@ -135,6 +159,7 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
         project_id = _project_for(session, principal, body.project_id)
         needs_gpu = gpu_count > 0 or body.gpu_type
         gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
+        bid = checked_bid(gpu, gpu_count, body.cloud_type, body) if body.spot else None
         cluster_id = new_cluster_id()
         cluster = Cluster(
             id=cluster_id,
@@ -152,6 +177,8 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
             volume_gb=body.volume_gb,
             volume_mount_path=body.volume_mount_path,
             cloud_type=body.cloud_type.value,
+            interruptible=bid is not None,
+            bid_per_gpu=bid,
             auto_terminate=body.auto_terminate.model_dump() if body.auto_terminate else {},
             desired_status=ClusterStatus.RUNNING.value,
             status=ClusterStatus.STARTING.value,
@@ -177,6 +204,8 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
             ),
             volume_gb=body.volume_gb,
             ratios=ctx.settings.allocation_ratios,
+            now=now,
+            bid=bid,
         )
         assigned = assign_ports(
             session,
@@ -269,9 +298,16 @@ def _apply_start_changes(
 
 
 def start_cluster(
-    ctx: Context, principal: Principal, cluster_id: str, body: StartCluster
+    ctx: Context,
+    principal: Principal,
+    cluster_id: str,
+    body: StartCluster,
+    *,
+    bid_per_gpu: float | None = None,
 ) -> StartResult:
     """Start a stopped (or failed) cluster on its host, applying the body's changes.
+    With ``bid_per_gpu`` it resumes as spot (interruptible at that bid); without, a
+    spot cluster resumes on-demand.
 
     Raises InvalidState (not stopped), SnapshotNotFound, ValidationFailed, or
     InsufficientCapacity ("not enough free GPUs on the host machine"); in every error
@@ -297,6 +333,18 @@ def start_cluster(
                 session.expunge(cluster)
                 previous = rate_of(session, cluster, ctx, running=True).total
                 values, applied, reasons = _apply_start_changes(session, cluster, body)
+                if bid_per_gpu is not None:
+                    gpu = resolve_gpu_type(session, cluster.gpu_type)
+                    count = values.get("gpu_count", cluster.gpu_count)
+                    bid = spot_bid(gpu, count, CloudType(cluster.cloud_type), bid_per_gpu)
+                    values.update(interruptible=True, bid_per_gpu=bid)
+                    applied.append(f"bid_per_gpu: {bid:.2f}")
+                    reasons.append("Spot bid")
+                elif cluster.interruptible:
+                    # A plain resume is on-demand: the cluster is no longer preemptible.
+                    values.update(interruptible=False, bid_per_gpu=None)
+                    applied.append("interruptible: true -> false")
+                    reasons.append("On-demand resume")
                 for column, value in values.items():
                     setattr(cluster, column, value)
                 gpu_count = cluster.gpu_count
@@ -316,6 +364,8 @@ def start_cluster(
                     not_enough_message="not enough free GPUs on the host machine"
                     if gpu_count
                     else "not enough free resources on the host machine",
+                    now=now,
+                    bid=cluster.bid_per_gpu if cluster.interruptible else None,
                 )
                 specs = ports_of(cluster)
                 assigned = assign_ports(

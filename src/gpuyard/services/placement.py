@@ -7,14 +7,25 @@ SQLite and PostgreSQL alike. The unique keys on GPU and port rows stay the backs
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from gpuyard.core import spot
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.core.models import CloudType, Placement, PortSpec, ResourceRequest
 from gpuyard.core.placement import AllocationRatios, insufficient, place
+from gpuyard.core.states import HOLDS_COMPUTE, ClusterStatus
 from gpuyard.services.hosts import capacities
-from gpuyard.store.schema import GpuAllocation, PlacementLock, PortAllocation, Reservation
+from gpuyard.services.lifecycle import transition_cluster
+from gpuyard.store.schema import (
+    Cluster,
+    GpuAllocation,
+    PlacementLock,
+    PortAllocation,
+    Reservation,
+)
 
 
 def lock_placement(session: Session) -> None:
@@ -30,11 +41,18 @@ def claim(
     request: ResourceRequest,
     volume_gb: int,
     ratios: AllocationRatios,
+    now: datetime,
     host_id: int | None = None,
     not_enough_message: str | None = None,
+    bid: float | None = None,
 ) -> Placement:
     """Place ``request`` (on ``host_id`` when given: a stopped cluster's volume lives
     there) and record the GPU allocations and reservation for ``cluster_id``.
+
+    When nothing is free, interruptible clusters bidding less than ``bid`` (None:
+    on-demand, which outbids every spot bid) are preempted: moved to ``stopping``
+    with the reason, their compute released in this same transaction; the caller
+    wakes the reconciler, which stops their containers (volumes kept).
 
     The cluster's own existing reservation, if any, is replaced. Raises
     InsufficientCapacity with what was asked and what is free.
@@ -60,9 +78,14 @@ def claim(
     try:
         placement = place(hosts, sized, ratios)
     except InsufficientCapacity as exc:
-        if not_enough_message:
-            raise insufficient(hosts, sized, ratios, not_enough_message) from exc
-        raise
+        holders = load_holders(session, [h.host_id for h in hosts], exclude=cluster_id)
+        room = spot.plan(hosts, holders, sized, bid, ratios)
+        if room is None:
+            if not_enough_message:
+                raise insufficient(hosts, sized, ratios, not_enough_message) from exc
+            raise
+        preempt(session, room.victims, by=cluster_id, bid=bid, now=now)
+        placement = room.placement
     for index in placement.gpu_indices:
         session.add(
             GpuAllocation(host_id=placement.host_id, gpu_index=index, cluster_id=cluster_id)
@@ -84,6 +107,75 @@ def claim(
         own.container_disk_gb, own.volume_gb = request.disk_gb, volume_gb
     session.flush()
     return placement
+
+
+def load_holders(session: Session, host_ids: list[int], exclude: str) -> list[spot.Holder]:
+    """Clusters holding compute on these hosts. Only interruptible clusters that are
+    not already leaving carry a bid (and so can be preempted)."""
+    preemptible = {ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNNING}
+    rows = session.execute(
+        select(
+            Cluster.id,
+            Cluster.status,
+            Cluster.interruptible,
+            Cluster.bid_per_gpu,
+            Cluster.gpu_indices,
+            Reservation.host_id,
+            Reservation.vcpus,
+            Reservation.memory_gb,
+            Reservation.container_disk_gb,
+        )
+        .join(Reservation, Reservation.cluster_id == Cluster.id)
+        .where(
+            Reservation.host_id.in_(host_ids),
+            Cluster.id != exclude,
+            Cluster.status.in_([s.value for s in HOLDS_COMPUTE]),
+        )
+    )
+    return [
+        spot.Holder(
+            cluster_id=r.id,
+            host_id=r.host_id,
+            gpu_indices=tuple(r.gpu_indices),
+            vcpus=r.vcpus,
+            memory_gb=r.memory_gb,
+            container_disk_gb=r.container_disk_gb,
+            bid_per_gpu=r.bid_per_gpu
+            if r.interruptible and ClusterStatus(r.status) in preemptible
+            else None,
+        )
+        for r in rows
+    ]
+
+
+def preempt(
+    session: Session,
+    victims: tuple[spot.Holder, ...],
+    *,
+    by: str,
+    bid: float | None,
+    now: datetime,
+) -> None:
+    """Move each victim to ``stopping`` (reason names the winner and both prices) and
+    release its compute now, so the winner's claim can take it."""
+    winner = "an on-demand request" if bid is None else f"a bid of {bid:.2f} USD/GPU-hour"
+    for victim in victims:
+        cluster = session.get(Cluster, victim.cluster_id)
+        if cluster is None:
+            continue
+        session.expunge(cluster)
+        reason = (
+            f"preempted by cluster {by} ({winner} outbid {victim.bid_per_gpu:.2f} USD/GPU-hour)"
+        )
+        transition_cluster(
+            session,
+            cluster,
+            ClusterStatus.STOPPING,
+            reason,
+            now,
+            desired_status=ClusterStatus.STOPPED.value,
+        )
+        release_compute(session, victim.cluster_id)
 
 
 def release_compute(session: Session, cluster_id: str) -> None:

@@ -30,6 +30,14 @@ class CreateCluster(_Body):
     ports: list[PortSpec] = Field(default_factory=list, max_length=64)
     cloud_type: CloudType = CloudType.SECURE
     auto_terminate: AutoTerminatePolicy | None = None
+    # Spot: a bid per GPU-hour at or above the GPU type's spot floor; the cluster may
+    # be preempted (stopped, volume kept) by on-demand requests or higher bids.
+    interruptible: bool = False
+    bid_per_gpu: float | None = Field(default=None, gt=0, le=1000)
+
+    @property
+    def spot(self) -> bool:
+        return self.interruptible or self.bid_per_gpu is not None
 
     @field_validator("env")
     @classmethod
@@ -76,3 +84,8 @@ class StartCluster(_Body):
         if env:
             validate_env({k: v or "" for k, v in env.items()})
         return env
+
+
+class BidResume(_Body):
+    bid_per_gpu: float = Field(gt=0, le=1000)
+    gpu_count: int | None = Field(default=None, ge=1, le=64)

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -153,6 +154,9 @@ class Cluster(Base):
     volume_gb: Mapped[int] = mapped_column(Integer)
     volume_mount_path: Mapped[str] = mapped_column(String(512))
     cloud_type: Mapped[str] = mapped_column(String(20))
+    # Spot: an interruptible cluster pays its bid and may be preempted by a higher one.
+    interruptible: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    bid_per_gpu: Mapped[float | None] = mapped_column(Float)
     auto_terminate: Mapped[dict[str, Any]] = mapped_column(default=dict)
     desired_status: Mapped[str] = mapped_column(String(20))
     status: Mapped[str] = mapped_column(String(20), index=True)

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import JSON
+from sqlalchemy import JSON, Boolean
 
 from gpuyard.store.schema import Cluster, Project, UtcDateTime
 
@@ -25,6 +25,8 @@ from gpuyard.store.schema import Cluster, Project, UtcDateTime
 def _decoder(column_type: Any) -> Callable[[Any], Any] | None:
     if isinstance(column_type, JSON):
         return lambda v: None if v is None else json.loads(v)
+    if isinstance(column_type, Boolean):
+        return lambda v: None if v is None else bool(v)
     if isinstance(column_type, UtcDateTime):
         return lambda v: None if v is None else datetime.fromisoformat(v).replace(tzinfo=UTC)
     return None
