@@ -274,3 +274,29 @@ def test_kill9_while_starting_converges(
             for cid in ids:
                 wait_status(c, cid, {"terminated"}, timeout=60)
         server.stop()
+
+
+def test_preempted_spot_cluster_keeps_its_volume(
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient
+) -> None:
+    spot = {"gpu_type": "NVIDIA RTX A6000", "gpu_count": 4, "docker_image": DEV_IMAGE,
+            "volume_gb": 1, "interruptible": True, "bid_per_gpu": 0.40}  # fmt: skip
+    with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
+        low = c.post("/v1/clusters", json=spot).json()["data"]["id"]
+        wait_status(c, low, {"running"})
+        assert sh(engine, low, "echo epoch-7 > /workspace/ckpt")[0] == 0
+        boss = c.post(
+            "/v1/clusters",
+            json={"gpu_type": "NVIDIA RTX A6000", "gpu_count": 4, "docker_image": DEV_IMAGE},
+        ).json()["data"]["id"]
+        assert "preempted by" in wait_status(c, low, {"stopped"})["last_status_change"]
+        assert wait_status(c, boss, {"running", "error"})["status"] == "running"
+        assert not engine.containers.list(all=True, filters={"name": f"gpuyard-{low}"})
+        c.delete(f"/v1/clusters/{boss}")
+        wait_status(c, boss, {"terminated"})
+        r = c.post(f"/v1/clusters/{low}/bid-resume", json={"bid_per_gpu": 0.45})
+        assert r.status_code == 200, r.text
+        wait_status(c, low, {"running"})
+        assert sh(engine, low, "cat /workspace/ckpt") == (0, "epoch-7\n")
+        c.delete(f"/v1/clusters/{low}")
+        wait_status(c, low, {"terminated"})
