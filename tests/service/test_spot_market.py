@@ -142,3 +142,17 @@ def test_concurrent_bids_never_over_allocate(ctx: Context, alice: Principal) -> 
         if c.status == "starting"
     }
     assert len(holders) == 4
+
+
+def test_winner_waits_until_the_preempted_container_is_gone(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
+    low = uc.create_cluster(ctx, alice, spot_body(4, 0.40))
+    settle(rec, low.id)
+    boss = uc.create_cluster(ctx, alice, spot_body(4, None))
+    rec.driver.drive(boss.id)  # the victim is still stopping: no container yet
+    assert boss.id not in runtime.containers and low.id in runtime.containers
+    rec.driver.drive(low.id)
+    rec.driver.drive(boss.id)
+    assert low.id not in runtime.containers
+    assert uc.get_cluster(ctx, alice, boss.id).status == "running"

@@ -120,6 +120,10 @@ class ClusterDriver:
     def _start(self, c: Cluster) -> None:
         if c.status == ClusterStatus.PENDING:
             self._transition(c, ClusterStatus.STARTING, "starting")
+        if self._gpus_still_in_use(c):
+            # A preempted cluster is still stopping on our GPUs: start once it has
+            # stopped (its job wakes the reconciler), so no GPU is ever shared.
+            return
         try:
             # Progress is recorded at the points that take time, not at every step:
             # each record is a write transaction on the start path. The named volume
@@ -135,6 +139,20 @@ class ClusterDriver:
             self._await_running(c)
         except GpuyardError as exc:
             self._fail(c, exc.message)
+
+    def _gpus_still_in_use(self, c: Cluster) -> bool:
+        if not c.gpu_indices or c.host_id is None:
+            return False
+        mine = set(c.gpu_indices)
+        with self.ctx.read() as session:
+            leaving = session.scalars(
+                select(Cluster.gpu_indices).where(
+                    Cluster.host_id == c.host_id,
+                    Cluster.status == ClusterStatus.STOPPING.value,
+                    Cluster.id != c.id,
+                )
+            )
+            return any(mine & set(indices) for indices in leaving)
 
     def _await_running(self, c: Cluster) -> None:
         deadline = time.monotonic() + self.ctx.settings.readiness_timeout_s
