@@ -262,3 +262,16 @@ def test_write_key_from_cli_can_create(server: LiveServer) -> None:
     )
     assert ok_json(result)["status"] in ("pending", "starting", "running")
     assert httpx.get(f"{server.url}/healthz").json()["ok"] is True
+
+
+def test_spot_create_and_bid_resume(server: LiveServer) -> None:
+    c = create(server, "--bid", "0.42")
+    assert c["interruptible"] and c["bid_per_gpu"] == 0.42
+    ok_json(run(server, "clusters", "stop", c["id"], "--json"))
+    wait_status(server, c["id"], "stopped")
+    low = run(server, "clusters", "bid-resume", c["id"], "--bid", "0.01")
+    assert low.exit_code == 1 and "VALIDATION_ERROR" in low.stderr
+    resumed = ok_json(
+        run(server, "clusters", "bid-resume", c["id"], "--bid", "0.5", "--wait", "--json")
+    )
+    assert resumed["status"] == "running" and resumed["bid_per_gpu"] == 0.5

@@ -139,6 +139,10 @@ class GpuyardClient:
         """``POST /v1/clusters/{id}/start``; ``body`` follows ``StartCluster``."""
         return self._request("POST", f"/v1/clusters/{cluster_id}/start", json=body or {})
 
+    def bid_resume_cluster(self, cluster_id: str, body: JSON) -> JSON:
+        """``POST /v1/clusters/{id}/bid-resume``; ``body``: ``bid_per_gpu``, ``gpu_count``."""
+        return self._request("POST", f"/v1/clusters/{cluster_id}/bid-resume", json=body)
+
     def stop_cluster(self, cluster_id: str) -> JSON:
         return self._request("POST", f"/v1/clusters/{cluster_id}/stop")
 

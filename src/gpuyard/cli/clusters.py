@@ -219,6 +219,12 @@ def clusters() -> None:
 @port_option
 @click.option("--cloud-type", type=click.Choice(["SECURE", "COMMUNITY"], case_sensitive=False))
 @click.option("--project-id", type=int, default=None)
+@click.option(
+    "--bid",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Spot: bid per GPU-hour (USD); the cluster may be preempted by higher bids.",
+)
 @wait_option
 @timeout_option
 @api_options
@@ -237,6 +243,7 @@ def create(
     ports: tuple[str, ...],
     cloud_type: str | None,
     project_id: int | None,
+    bid: float | None,
     wait: bool,
     timeout: float,
     url: str | None,
@@ -256,6 +263,8 @@ def create(
         "docker_args": docker_args,
         "cloud_type": cloud_type.upper() if cloud_type else None,
         "project_id": project_id,
+        "bid_per_gpu": bid,
+        "interruptible": True if bid is not None else None,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if env:
@@ -384,6 +393,37 @@ def start(
         applied = c.get("configuration_updates_applied") or []
         if applied and not call.as_json:
             click.echo("applied: " + "; ".join(str(a) for a in applied), err=True)
+        if wait:
+            finish_wait(client, cluster_id, timeout, call.as_json)
+        else:
+            emit(c, call.as_json)
+
+
+@clusters.command("bid-resume")
+@click.argument("cluster_id")
+@click.option("--bid", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="Bid per GPU-hour (USD), at least the GPU type's spot floor.")  # fmt: skip
+@click.option("--gpu-count", type=click.IntRange(1, 64), default=None)
+@wait_option
+@timeout_option
+@api_options
+def bid_resume(
+    cluster_id: str,
+    bid: float,
+    gpu_count: int | None,
+    wait: bool,
+    timeout: float,
+    url: str | None,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Resume a stopped cluster as spot at --bid (may preempt lower bids)."""
+    body: JSON = {"bid_per_gpu": bid}
+    if gpu_count is not None:
+        body["gpu_count"] = gpu_count
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        c = client.bid_resume_cluster(cluster_id, body)
         if wait:
             finish_wait(client, cluster_id, timeout, call.as_json)
         else:
