@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gpuyard.core import spot
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.core.models import CloudType, ResourceRequest
+from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity, ResourceRequest
 from gpuyard.core.pricing import gpu_price, spot_floor
 from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
@@ -50,30 +50,54 @@ def _stock(free: int) -> str | None:
     return "High" if free >= 8 else "Medium" if free >= 3 else "Low"
 
 
+@dataclass(frozen=True)
+class Market:
+    """Capacity and live bids, loaded once to price many GPU types."""
+
+    hosts: list[HostCapacity]
+    holders: list[spot.Holder]
+
+
+def load_market(ctx: Context) -> Market:
+    with ctx.read() as session:
+        hosts = capacities(session)
+        holders = load_holders(session, [h.host_id for h in hosts], exclude="")
+    return Market(hosts, holders)
+
+
 def lowest_price(
-    ctx: Context, gpu_type_id: str, gpu_count: int, cloud_type: CloudType = CloudType.SECURE
+    ctx: Context,
+    gpu_type: str | GpuTypeInfo,
+    gpu_count: int,
+    cloud_type: CloudType = CloudType.SECURE,
+    market: Market | None = None,
 ) -> LowestPrice:
     """Prices for ``gpu_count`` GPUs of a type, from real free capacity and live bids:
     the bid that would win them now (the floor when they are free, one cent above the
-    bid to preempt otherwise, None when not even on-demand can make room)."""
+    bid to preempt otherwise, None when not even on-demand can make room). Pass a
+    ``market`` from load_market to price several types from one read."""
     if gpu_count < 1:
         raise ValidationFailed("gpuCount", "must be at least 1")
-    with ctx.read() as session:
-        gpu = find_gpu_type(session, gpu_type_id)
-        if gpu is None:
-            raise ValidationFailed("id", f"unknown GPU type {gpu_type_id!r}")
-        hosts = capacities(session)
-        holders = load_holders(session, [h.host_id for h in hosts], exclude="")
+    gpu = gpu_type if isinstance(gpu_type, GpuTypeInfo) else _gpu(ctx, gpu_type)
+    market = market or load_market(ctx)
     ratios = ctx.settings.allocation_ratios
     request = ResourceRequest(
         gpu_type=gpu.id, gpu_count=gpu_count, vcpus=1, memory_gb=1, disk_gb=0, cloud_type=cloud_type
     )
-    free = spot.free_gpu_counts(hosts, gpu.id, ratios)
+    free = spot.free_gpu_counts(market.hosts, gpu.id, ratios)
     return LowestPrice(
         minimum_bid_price=spot.minimum_bid(
-            hosts, holders, request, spot_floor(gpu, cloud_type), ratios
+            market.hosts, market.holders, request, spot_floor(gpu, cloud_type), ratios
         ),
         uninterruptable_price=gpu_price(gpu, cloud_type),
         stock_status=_stock(free),
         available_gpu_counts=[n for n in OFFERED_COUNTS if n <= free],
     )
+
+
+def _gpu(ctx: Context, gpu_type_id: str) -> GpuTypeInfo:
+    with ctx.read() as session:
+        gpu = find_gpu_type(session, gpu_type_id)
+    if gpu is None:
+        raise ValidationFailed("id", f"unknown GPU type {gpu_type_id!r}")
+    return gpu
