@@ -18,7 +18,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.store.schema import GpuAllocation
 
-A = "NVIDIA RTX A6000"  # the test host has 4, spot floor 0.38 (secure)
+A = "NVIDIA RTX A6000"  # the test host has 4, spot floor 0.20 (secure)
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def fill_with_bids(ctx: Context, p: Principal, rec: Reconciler) -> dict[float, s
 def test_bid_below_floor_is_refused(ctx: Context, alice: Principal) -> None:
     with pytest.raises(ValidationFailed) as exc:
         uc.create_cluster(ctx, alice, spot_body(1, 0.10))
-    assert exc.value.details == {"field": "bid_per_gpu", "minimum": 0.38}
+    assert exc.value.details == {"field": "bid_per_gpu", "minimum": 0.2}
 
 
 def test_on_demand_preempts_the_lowest_bid(ctx: Context, alice: Principal, rec: Reconciler) -> None:
@@ -113,7 +113,7 @@ def test_lowest_price_tracks_capacity_and_bids(
     ctx: Context, alice: Principal, rec: Reconciler
 ) -> None:
     free = spot.lowest_price(ctx, A, 1)
-    assert free.minimum_bid_price == 0.38 and free.uninterruptable_price == 0.76
+    assert free.minimum_bid_price == 0.2 and free.uninterruptable_price == 0.76
     assert free.available_gpu_counts == [1, 2, 4] and free.stock_status == "Medium"
     fill_with_bids(ctx, alice, rec)
     busy = spot.lowest_price(ctx, A, 2)

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from gpuyard import __version__
 from gpuyard.api import catalog, clusters, errors
 from gpuyard.api.fastpath import ClusterReadFastPath
+from gpuyard.api.graphql import build_router as graphql_router
 from gpuyard.api.state import AppState
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import Runtime
@@ -77,7 +78,7 @@ def build_server(
     app = FastAPI(
         title="gpuyard",
         version=__version__,
-        description="Self-hostable GPU cloud: clusters on real containers (REST v1/v2).",
+        description="Self-hostable GPU cloud: clusters on real containers (REST v1/v2, GraphQL).",
         lifespan=lifespan,
     )
     app.state.gpuyard = AppState(ctx=ctx, runtime=runtime)
@@ -85,6 +86,7 @@ def build_server(
     app.add_middleware(ClusterReadFastPath)
     app.include_router(clusters.router)
     app.include_router(catalog.router)
+    app.include_router(graphql_router())
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> JSONResponse:

@@ -17,7 +17,7 @@ SEED_GPU_TYPES: tuple[GpuTypeInfo, ...] = (
     _gpu("NVIDIA GeForce RTX 4090", "RTX 4090", 24, 0.69, 0.34, 0.35, 0.20),
     _gpu("NVIDIA RTX A4000", "RTX A4000", 16, 0.32, 0.17, 0.16, 0.09),
     _gpu("NVIDIA RTX A5000", "RTX A5000", 24, 0.36, 0.16, 0.18, 0.10),
-    _gpu("NVIDIA RTX A6000", "RTX A6000", 48, 0.76, 0.33, 0.38, 0.25),
+    _gpu("NVIDIA RTX A6000", "RTX A6000", 48, 0.76, 0.33, 0.20, 0.16),
     _gpu("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada", 48, 0.88, 0.74, 0.44, 0.37),
     _gpu("NVIDIA L4", "L4", 24, 0.43, 0.28, 0.22, 0.14),
     _gpu("NVIDIA L40S", "L40S", 48, 0.86, 0.79, 0.43, 0.40),

@@ -1,0 +1,180 @@
+"""``/graphql`` over HTTP: authentication, request shape, batching, and execution of
+cached documents on a worker thread.
+
+Contract:
+- the key comes from ``?api_key=``, ``Authorization: Bearer KEY`` or a bare
+  ``Authorization: KEY``; a missing or invalid key answers HTTP 401 with a GraphQL
+  error body (RunPod's SDK relies on the status);
+- a body is one operation ``{query, variables?, operationName?}`` or a JSON array of at
+  most ``max_batch`` of them (answered by an array, in order);
+- ``GET ?query=`` runs queries only; mutations need POST;
+- execution errors answer 200 with ``errors[]`` (``extensions.code``); only a request
+  that is not GraphQL at all answers 400 (or 413 when too large).
+
+Resolvers are synchronous (the use cases are); a whole request runs on one worker
+thread, outside the event loop, each operation with its own context.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from graphql import OperationType, execute_sync, get_operation_ast
+from starlette.concurrency import run_in_threadpool
+
+from gpuyard.api.graphql.context import GpuUuidCache, GqlContext
+from gpuyard.api.graphql.errors import format_error, request_error
+from gpuyard.api.graphql.limits import DocumentCache
+from gpuyard.api.graphql.schema import SCHEMA
+from gpuyard.api.graphql.settings import GraphQLSettings
+from gpuyard.api.state import AppState, app_state, key_from_request
+from gpuyard.core.errors import GpuyardError
+from gpuyard.services.auth import Principal
+
+
+@dataclass(frozen=True)
+class Operation:
+    query: str
+    variables: dict[str, Any] | None
+    operation_name: str | None
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        _dumps(body), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def _operation(raw: Any, max_length: int) -> Operation:
+    if not isinstance(raw, dict):
+        raise BadRequest("each operation must be a JSON object with a 'query' string")
+    query = raw.get("query")
+    variables = raw.get("variables")
+    name = raw.get("operationName")
+    if not isinstance(query, str) or not query.strip():
+        raise BadRequest("'query' must be a non-empty string")
+    if len(query) > max_length:
+        raise BadRequest(f"'query' is longer than {max_length} characters", 413)
+    if isinstance(variables, str) and variables:
+        try:
+            variables = json.loads(variables)
+        except ValueError as exc:
+            raise BadRequest("'variables' is not valid JSON") from exc
+    if variables is not None and not isinstance(variables, dict):
+        raise BadRequest("'variables' must be an object")
+    if name is not None and not isinstance(name, str):
+        raise BadRequest("'operationName' must be a string")
+    return Operation(query, variables or None, name or None)
+
+
+class GraphQLExecutor:
+    """Runs operations on the schema with the cached, validated documents."""
+
+    def __init__(self, settings: GraphQLSettings) -> None:
+        self.settings = settings
+        self.schema = SCHEMA._schema
+        self.documents = DocumentCache(self.schema, settings)
+        self.gpu_uuids = GpuUuidCache()
+
+    def run(
+        self, op: Operation, state: AppState, principal: Principal, *, allow_mutations: bool
+    ) -> dict[str, Any]:
+        """The response object of one operation. Never raises for a bad document or a
+        failing resolver: those become ``errors[]``."""
+        prepared = self.documents.prepare(op.query)
+        if prepared.document is None:
+            return {"errors": [format_error(e) for e in prepared.errors]}
+        document = prepared.document
+        if not allow_mutations:
+            operation = get_operation_ast(document, op.operation_name)
+            if operation is not None and operation.operation != OperationType.QUERY:
+                return request_error("VALIDATION_ERROR", "mutations are only accepted over POST")
+        result = execute_sync(
+            self.schema,
+            document,
+            context_value=GqlContext(state, principal, self.gpu_uuids),
+            variable_values=op.variables,
+            operation_name=op.operation_name,
+            hide_suggestions=not self.settings.introspection,
+        )
+        body: dict[str, Any] = {"data": result.data}
+        if result.errors:
+            body["errors"] = [format_error(e) for e in result.errors]
+        return body
+
+    def run_all(
+        self, ops: list[Operation], state: AppState, principal: Principal, allow_mutations: bool
+    ) -> list[dict[str, Any]]:
+        return [self.run(op, state, principal, allow_mutations=allow_mutations) for op in ops]
+
+
+async def _operations(request: Request, settings: GraphQLSettings) -> tuple[list[Operation], bool]:
+    """The request's operations and whether it was a batch. Raises BadRequest."""
+    limit = settings.max_query_length
+    if request.method == "GET":
+        params = request.query_params
+        raw: Any = {
+            "query": params.get("query"),
+            "variables": params.get("variables"),
+            "operationName": params.get("operationName"),
+        }
+    else:
+        body = await request.body()
+        if len(body) > (limit + 65_536) * settings.max_batch:
+            raise BadRequest("request body is too large", 413)
+        try:
+            raw = json.loads(body)
+        except ValueError as exc:
+            raise BadRequest("request body is not valid JSON") from exc
+    if isinstance(raw, list):
+        if not raw:
+            raise BadRequest("an empty batch")
+        if len(raw) > settings.max_batch:
+            raise BadRequest(f"a batch holds at most {settings.max_batch} operations")
+        return [_operation(r, limit) for r in raw], True
+    return [_operation(raw, limit)], False
+
+
+def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
+    """The ``/graphql`` route. ``settings`` default to ``GPUYARD_GRAPHQL_*`` variables
+    (read here, when the app is built)."""
+    settings = settings or GraphQLSettings()
+    executor = GraphQLExecutor(settings)
+    router = APIRouter(tags=["graphql"])
+
+    @router.post("/graphql", operation_id="graphql_post")
+    async def graphql_endpoint(request: Request) -> Response:
+        """GraphQL (seed 001 and RunPod's names). See README's GraphQL section."""
+        state = app_state(request)
+        try:
+            principal = await state.principal(key_from_request(request))
+        except GpuyardError as exc:
+            headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+            return _json(request_error(exc.code, exc.message), exc.http_status, headers)
+        try:
+            ops, batch = await _operations(request, settings)
+        except BadRequest as exc:
+            code = "PAYLOAD_TOO_LARGE" if exc.status == 413 else "VALIDATION_ERROR"
+            return _json(request_error(code, exc.message), exc.status)
+        results = await run_in_threadpool(
+            executor.run_all, ops, state, principal, request.method == "POST"
+        )
+        return _json(results if batch else results[0])
+
+    router.get("/graphql", operation_id="graphql_get")(graphql_endpoint)
+    return router

@@ -1,0 +1,164 @@
+# Strawberry's field decorators are typed as returning Any; the resolvers are typed.
+# mypy: disable-error-code="untyped-decorator"
+"""Root mutations: the seed's ``cluster*`` names and RunPod's ``pod*`` names, each
+pair answering through the same use case. Each returns at once (the reconciler does
+the runtime work); the answer shows the recorded intent (``desiredStatus``) and the
+real ``status``."""
+
+from __future__ import annotations
+
+import strawberry
+
+from gpuyard.api.graphql.errors import renamed
+from gpuyard.api.graphql.inputs import (
+    GRAPHQL_NAMES,
+    ClusterBidResumeInput,
+    ClusterFindAndDeployOnDemandInput,
+    ClusterRentInterruptableInput,
+    ClusterResumeInput,
+    ClusterStopInput,
+    ClusterTerminateInput,
+    DeployCpuPodInput,
+    DeployFields,
+    PodBidResumeInput,
+    PodFindAndDeployOnDemandInput,
+    PodRentInterruptableInput,
+    PodResumeInput,
+    PodStopInput,
+    PodTerminateInput,
+    create_bodies,
+)
+from gpuyard.api.graphql.queries import one_pod
+from gpuyard.api.graphql.types import Info, Pod
+from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.services import clusters as uc
+from gpuyard.services import spot
+from gpuyard.services.requests import ConfigurationUpdate, StartCluster
+
+MAX_GPUS = 64
+
+
+def deploy(
+    info: Info, data: DeployFields, *, cpu_only: bool = False, bid_per_gpu: float | None = None
+) -> Pod:
+    """Create a cluster with the first GPU type that has capacity. Raises the last
+    InsufficientCapacity when none has, or the first other error at once."""
+    gctx = info.context
+    bodies = create_bodies(data, gctx.ctx.clock.now(), cpu_only=cpu_only, bid_per_gpu=bid_per_gpu)
+    short: InsufficientCapacity | None = None
+    for body in bodies:
+        try:
+            cluster = uc.create_cluster(gctx.ctx, gctx.principal, body)
+        except InsufficientCapacity as exc:
+            short = exc
+            continue
+        except ValidationFailed as exc:
+            raise renamed(exc, GRAPHQL_NAMES) from exc
+        return one_pod(info, cluster.id)
+    assert short is not None
+    raise short
+
+
+def _gpu_count(gpu_count: int | None) -> int | None:
+    if gpu_count is not None and not 0 <= gpu_count <= MAX_GPUS:
+        raise ValidationFailed("input.gpuCount", f"must be between 0 and {MAX_GPUS}")
+    return gpu_count
+
+
+def resume(info: Info, cluster_id: str, gpu_count: int | None) -> Pod:
+    """Start a stopped cluster on its host, with ``gpu_count`` GPUs when it differs.
+    Raises InvalidState, InsufficientCapacity ("not enough free GPUs on the host
+    machine"), ValidationFailed or ClusterNotFound; nothing changes on error."""
+    gctx = info.context
+    wanted = _gpu_count(gpu_count)
+    current = uc.get_cluster(gctx.ctx, gctx.principal, cluster_id)
+    body = StartCluster()
+    if wanted is not None and wanted != current.gpu_count:
+        body = StartCluster(update_configuration=ConfigurationUpdate(gpu_count=wanted))
+    uc.start_cluster(gctx.ctx, gctx.principal, cluster_id, body)
+    return one_pod(info, cluster_id)
+
+
+def bid_resume(info: Info, cluster_id: str, bid_per_gpu: float, gpu_count: int | None) -> Pod:
+    """Resume a stopped cluster as interruptible at ``bid_per_gpu`` (preempting lower
+    bids when its host is full). Raises as :func:`resume` does, and VALIDATION_ERROR
+    for a bid below the spot floor."""
+    gctx = info.context
+    count = _gpu_count(gpu_count)
+    try:
+        spot.bid_resume_cluster(gctx.ctx, gctx.principal, cluster_id, bid_per_gpu, count)
+    except ValidationFailed as exc:
+        raise renamed(exc, {"bid_per_gpu": "bidPerGpu", "gpu_count": "gpuCount"}) from exc
+    return one_pod(info, cluster_id)
+
+
+def stop(info: Info, cluster_id: str) -> Pod:
+    gctx = info.context
+    uc.stop_cluster(gctx.ctx, gctx.principal, cluster_id)
+    return one_pod(info, cluster_id)
+
+
+def terminate(info: Info, cluster_id: str) -> None:
+    gctx = info.context
+    uc.terminate_cluster(gctx.ctx, gctx.principal, cluster_id)
+
+
+@strawberry.type
+class Mutation:
+    @strawberry.mutation(description="Deploy an on-demand cluster (seed 001).")
+    def cluster_find_and_deploy_on_demand(
+        self, info: Info, input: ClusterFindAndDeployOnDemandInput
+    ) -> Pod | None:
+        return deploy(info, input)
+
+    @strawberry.mutation(description="Deploy an on-demand pod (RunPod).")
+    def pod_find_and_deploy_on_demand(
+        self, info: Info, input: PodFindAndDeployOnDemandInput
+    ) -> Pod | None:
+        return deploy(info, input)
+
+    @strawberry.mutation(description="Deploy a pod without GPUs (RunPod).")
+    def deploy_cpu_pod(self, info: Info, input: DeployCpuPodInput) -> Pod | None:
+        return deploy(info, input, cpu_only=True)
+
+    @strawberry.mutation(description="Deploy an interruptible (spot) cluster at bidPerGpu.")
+    def cluster_rent_interruptable(
+        self, info: Info, input: ClusterRentInterruptableInput
+    ) -> Pod | None:
+        return deploy(info, input, bid_per_gpu=input.bid_per_gpu)
+
+    @strawberry.mutation(description="Deploy an interruptible (spot) pod at bidPerGpu.")
+    def pod_rent_interruptable(self, info: Info, input: PodRentInterruptableInput) -> Pod | None:
+        return deploy(info, input, bid_per_gpu=input.bid_per_gpu)
+
+    @strawberry.mutation(description="Start a stopped cluster on demand.")
+    def cluster_resume(self, info: Info, input: ClusterResumeInput) -> Pod | None:
+        return resume(info, input.cluster_id, input.gpu_count)
+
+    @strawberry.mutation(description="Start a stopped pod on demand (RunPod).")
+    def pod_resume(self, info: Info, input: PodResumeInput) -> Pod | None:
+        return resume(info, input.pod_id, input.gpu_count)
+
+    @strawberry.mutation(description="Start a stopped cluster as spot at bidPerGpu.")
+    def cluster_bid_resume(self, info: Info, input: ClusterBidResumeInput) -> Pod | None:
+        return bid_resume(info, input.cluster_id, input.bid_per_gpu, input.gpu_count)
+
+    @strawberry.mutation(description="Start a stopped pod as spot at bidPerGpu (RunPod).")
+    def pod_bid_resume(self, info: Info, input: PodBidResumeInput) -> Pod | None:
+        return bid_resume(info, input.pod_id, input.bid_per_gpu, input.gpu_count)
+
+    @strawberry.mutation(description="Stop a cluster (volume kept, GPUs released).")
+    def cluster_stop(self, info: Info, input: ClusterStopInput) -> Pod | None:
+        return stop(info, input.cluster_id)
+
+    @strawberry.mutation(description="Stop a pod (RunPod).")
+    def pod_stop(self, info: Info, input: PodStopInput) -> Pod | None:
+        return stop(info, input.pod_id)
+
+    @strawberry.mutation(description="Terminate a cluster (volume deleted). Returns null.")
+    def cluster_terminate(self, info: Info, input: ClusterTerminateInput) -> None:
+        terminate(info, input.cluster_id)
+
+    @strawberry.mutation(description="Terminate a pod (RunPod). Returns null.")
+    def pod_terminate(self, info: Info, input: PodTerminateInput) -> None:
+        terminate(info, input.pod_id)

@@ -1,0 +1,49 @@
+# Strawberry's field decorators are typed as returning Any; the resolvers are typed.
+# mypy: disable-error-code="untyped-decorator"
+"""Root query: the caller (``myself``), one cluster by id (``cluster``/``pod``) and
+the GPU catalog (``gpuTypes``). Every read is scoped to the caller's account."""
+
+from __future__ import annotations
+
+import strawberry
+
+from gpuyard.api.graphql.inputs import ClusterFilter, GpuTypeFilter, PodFilter
+from gpuyard.api.graphql.types import GpuType, Info, Pod, User, gpu_type_from, pod_from
+from gpuyard.services.catalog import find_gpu_type, list_gpu_types
+
+
+def one_pod(info: Info, cluster_id: str) -> Pod:
+    """The caller's cluster. Raises ClusterNotFound (also for another account's id)."""
+    d = info.context.cluster(cluster_id)
+    return pod_from(d, info.context.ctx.clock.now())
+
+
+@strawberry.type
+class Query:
+    @strawberry.field(description="The caller and their account's clusters.")
+    def myself(self, info: Info) -> User:
+        return User(id=str(info.context.principal.user_id), pub_key=None, network_volumes=[])
+
+    @strawberry.field(description="One cluster by id (terminated ones included).")
+    def cluster(self, info: Info, input: ClusterFilter) -> Pod | None:
+        return one_pod(info, input.cluster_id)
+
+    @strawberry.field(description="One pod by id (RunPod's name for cluster).")
+    def pod(self, info: Info, input: PodFilter) -> Pod | None:
+        return one_pod(info, input.pod_id)
+
+    @strawberry.field(
+        description="The GPU catalog, or the types named by input.id / input.ids "
+        "(by id or display name, case-insensitive); unknown names give no entry."
+    )
+    def gpu_types(self, info: Info, input: GpuTypeFilter | None = None) -> list[GpuType]:
+        ctx = info.context
+        hosts = list(ctx.capacities().values())
+        names = [n for n in [input.id, *(input.ids or [])] if n] if input else []
+        with ctx.ctx.read() as session:
+            if input is not None and (input.id is not None or input.ids is not None):
+                found = [find_gpu_type(session, n) for n in names]
+                types = list({g.id: g for g in found if g is not None}.values())
+            else:
+                types = list_gpu_types(session)
+        return [gpu_type_from(g, hosts) for g in types]

@@ -1,0 +1,368 @@
+# Strawberry's field decorators are typed as returning Any; the resolvers are typed.
+# mypy: disable-error-code="untyped-decorator"
+"""Object types of the schema: the cluster (RunPod's ``Pod``), its machine and
+runtime, GPU types with their lowest price, and the caller (``User``).
+
+Field values are computed once when an object is built from the domain
+(:func:`pod_from`, :func:`gpu_type_from`) so plain fields resolve by attribute; only
+what costs a read of its own (container stats, free GPUs, GPU UUIDs, prices) is a
+resolver, batched through the request's :class:`GqlContext`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from datetime import datetime
+from enum import Enum
+
+import strawberry
+
+from gpuyard.api.graphql.context import GqlContext
+from gpuyard.api.graphql.inputs import GpuLowestPriceInput
+from gpuyard.api.views import iso
+from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity
+from gpuyard.core.states import ClusterStatus, allowed_actions
+from gpuyard.services import spot
+from gpuyard.services.cluster_views import ClusterDetails
+
+Info = strawberry.Info[GqlContext, None]
+
+
+@strawberry.enum(name="PodStatus", description="RunPod's desired status of a pod.")
+class PodStatus(Enum):
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    EXITED = "EXITED"
+    PAUSED = "PAUSED"
+    DEAD = "DEAD"
+    TERMINATED = "TERMINATED"
+
+
+@strawberry.enum(name="PodType", description="RESERVED (on demand) or INTERRUPTABLE (spot).")
+class PodType(Enum):
+    INTERRUPTABLE = "INTERRUPTABLE"
+    RESERVED = "RESERVED"
+
+
+DESIRED_STATUS: dict[str, PodStatus] = {
+    ClusterStatus.PENDING: PodStatus.RUNNING,
+    ClusterStatus.STARTING: PodStatus.RUNNING,
+    ClusterStatus.RUNNING: PodStatus.RUNNING,
+    ClusterStatus.STOPPING: PodStatus.EXITED,
+    ClusterStatus.STOPPED: PodStatus.EXITED,
+    ClusterStatus.ERROR: PodStatus.EXITED,
+    ClusterStatus.TERMINATING: PodStatus.TERMINATED,
+    ClusterStatus.TERMINATED: PodStatus.TERMINATED,
+}
+
+
+@strawberry.type(name="PodRuntimePorts")
+class RuntimePort:
+    ip: str | None
+    is_ip_public: bool
+    private_port: int
+    public_port: int | None
+    type: str
+
+
+@strawberry.type(name="PodRuntimeGpus")
+class RuntimeGpu:
+    id: str
+    gpu_util_percent: float | None
+    memory_util_percent: float | None
+
+
+@strawberry.type(name="PodRuntimeContainer")
+class RuntimeContainer:
+    cpu_percent: float
+    memory_percent: float
+
+
+@strawberry.type(name="PodRuntime", description="Null unless the cluster is running.")
+class PodRuntime:
+    uptime_in_seconds: int
+    ports: list[RuntimePort]
+    _cluster_id: strawberry.Private[str]
+    _host_id: strawberry.Private[int | None]
+    _gpu_indices: strawberry.Private[tuple[int, ...]]
+    _declared: strawberry.Private[bool]
+
+    @strawberry.field(
+        description="The cluster's GPUs. Utilisation is 0 for declared GPUs (nothing to "
+        "measure) and null where it is not measured."
+    )
+    def gpus(self, info: Info) -> list[RuntimeGpu]:
+        util = 0.0 if self._declared else None
+        out = []
+        for index in self._gpu_indices:
+            uuid = info.context.gpu_uuid(self._host_id, index) if self._host_id else None
+            out.append(
+                RuntimeGpu(
+                    id=uuid or f"GPU-{self._host_id}-{index}",
+                    gpu_util_percent=util,
+                    memory_util_percent=util,
+                )
+            )
+        return out
+
+    @strawberry.field(description="CPU% (100 = one core) and memory% from the engine.")
+    def container(self, info: Info) -> RuntimeContainer | None:
+        stats = info.context.stats(self._cluster_id)
+        if stats is None:
+            return None
+        return RuntimeContainer(
+            cpu_percent=round(stats.cpu_percent, 2), memory_percent=round(stats.memory_percent, 2)
+        )
+
+
+@strawberry.type(description="The host a cluster is placed on.")
+class Machine:
+    id: str
+    name: str | None
+    pod_host_id: str
+    cluster_host_id: str
+    gpu_type_id: str | None
+    gpu_display_name: str | None
+    location: str | None
+    gpu_source: str | None = strawberry.field(
+        description="nvml (discovered) or declared (configured inventory)"
+    )
+    maintenance_start: str | None = None
+    maintenance_end: str | None = None
+    maintenance_note: str | None = None
+    _host_id: strawberry.Private[int] = 0
+
+    @strawberry.field(description="Free GPUs of this cluster's type on the machine now.")
+    def gpu_available(self, info: Info) -> int:
+        cap = info.context.capacities().get(self._host_id)
+        if cap is None or self.gpu_type_id is None:
+            return 0
+        return sum(
+            1
+            for g in cap.gpus
+            if g.gpu_type == self.gpu_type_id and g.index not in cap.used_gpu_indices
+        )
+
+
+@strawberry.type(name="Pod", description="A cluster (RunPod's pod), as the caller may see it.")
+class Pod:
+    id: str
+    name: str
+    image_name: str
+    docker_args: str
+    docker_id: str | None
+    env: list[str] = strawberry.field(description='"KEY=value" strings, as RunPod shows them')
+    gpu_count: int
+    vcpu_count: float
+    memory_in_gb: float
+    container_disk_in_gb: int
+    volume_in_gb: float
+    volume_mount_path: str
+    cost_per_hr: float
+    desired_status: PodStatus
+    last_status_change: str
+    machine_id: str | None
+    pod_type: PodType
+    interruptible: bool
+    bid_per_gpu: float | None
+    port: int | None
+    ports: str = strawberry.field(description='"8888/http,22/tcp"')
+    uptime_seconds: int
+    cloud_type: str
+    status: str = strawberry.field(description="The real status (REST's, lower case)")
+    actions: list[str] = strawberry.field(description="Actions allowed in this status")
+    error_message: str | None
+    created_at: str | None
+    machine: Machine | None
+    _runtime: strawberry.Private[PodRuntime | None]
+
+    @strawberry.field(description="Null unless running.")
+    def runtime(self) -> PodRuntime | None:
+        return self._runtime
+
+
+def _is_public(address: str | None) -> bool:
+    if not address:
+        return False
+    try:
+        return ipaddress.ip_address(address).is_global
+    except ValueError:
+        return address != "localhost"
+
+
+def pod_from(d: ClusterDetails, now: datetime) -> Pod:
+    """The GraphQL view of one cluster's details, at ``now``."""
+    c = d.cluster
+    status = ClusterStatus(c.status)
+    running = status == ClusterStatus.RUNNING
+    interruptible = bool(c.interruptible)
+    uptime = 0
+    if running and c.started_at is not None:
+        uptime = max(0, int((now - c.started_at).total_seconds()))
+    machine = None
+    runtime = None
+    if c.host_id is not None:
+        host_key = f"{c.id}-{c.host_id}"
+        machine = Machine(
+            id=str(c.host_id),
+            name=d.host_name,
+            pod_host_id=host_key,
+            cluster_host_id=host_key,
+            gpu_type_id=c.gpu_type,
+            gpu_display_name=d.gpu_display_name,
+            location=d.host_location,
+            gpu_source=d.gpu_source,
+            _host_id=c.host_id,
+        )
+    if running:
+        public = _is_public(d.host_address)
+        runtime = PodRuntime(
+            uptime_in_seconds=uptime,
+            ports=[
+                RuntimePort(
+                    ip=d.host_address,
+                    is_ip_public=public,
+                    private_port=p.internal_port,
+                    public_port=p.external_port or None,
+                    type=p.protocol,
+                )
+                for p in d.ports
+            ],
+            _cluster_id=c.id,
+            _host_id=c.host_id,
+            _gpu_indices=tuple(c.gpu_indices),
+            _declared=d.gpu_source == "declared",
+        )
+    return Pod(
+        id=c.id,
+        name=c.name,
+        image_name=c.image,
+        docker_args=c.docker_args,
+        docker_id=(c.runtime_handle or {}).get("container_id"),
+        env=[f"{k}={v}" for k, v in c.env.items()],
+        gpu_count=c.gpu_count,
+        vcpu_count=c.cpu_cores,
+        memory_in_gb=c.memory_gb,
+        container_disk_in_gb=c.container_disk_gb,
+        volume_in_gb=c.volume_gb,
+        volume_mount_path=c.volume_mount_path,
+        cost_per_hr=d.rate.total,  # a spot cluster's GPUs at its bid
+        desired_status=DESIRED_STATUS[status],
+        last_status_change=f"{c.status_reason}: {iso(c.updated_at)}",
+        machine_id=str(c.host_id) if c.host_id is not None else None,
+        pod_type=PodType.INTERRUPTABLE if interruptible else PodType.RESERVED,
+        interruptible=interruptible,
+        bid_per_gpu=c.bid_per_gpu if interruptible else None,
+        port=d.ports[0].internal_port if d.ports else None,
+        ports=",".join(f"{p.internal_port}/{p.protocol}" for p in d.ports),
+        uptime_seconds=uptime,
+        cloud_type=c.cloud_type,
+        status=status.value,
+        actions=[a.value for a in allowed_actions(status)],
+        error_message=c.error_message,
+        created_at=iso(c.created_at),
+        machine=machine,
+        _runtime=runtime,
+    )
+
+
+@strawberry.type
+class LowestPrice:
+    minimum_bid_price: float | None = strawberry.field(
+        description="The bid that would win gpuCount GPUs now; null when none can"
+    )
+    uninterruptable_price: float | None
+    stock_status: str | None = strawberry.field(description="High, Medium, Low or null")
+    available_gpu_counts: list[int]
+
+
+@strawberry.type
+class GpuType:
+    id: str
+    display_name: str
+    manufacturer: str
+    memory_in_gb: int
+    cuda_cores: int | None = strawberry.field(description="Not known: always null")
+    max_gpu_count: int = strawberry.field(description="Most GPUs of this type on one host")
+    secure_cloud: bool
+    community_cloud: bool
+    secure_price: float
+    community_price: float
+    secure_spot_price: float
+    community_spot_price: float
+    one_week_price: float | None = strawberry.field(description="No savings plans: null")
+    one_month_price: float | None
+    three_month_price: float | None
+    _info: strawberry.Private[GpuTypeInfo]
+
+    @strawberry.field(description="Prices for gpuCount GPUs of this type right now.")
+    def lowest_price(self, info: Info, input: GpuLowestPriceInput | None = None) -> LowestPrice:
+        count = input.gpu_count if input is not None and input.gpu_count is not None else 1
+        secure = input.secure_cloud if input is not None else None
+        cloud = (
+            CloudType.ALL if secure is None else CloudType.SECURE if secure else CloudType.COMMUNITY
+        )
+        gctx = info.context
+        view = spot.lowest_price(gctx.ctx, self._info, count, cloud, market=gctx.market())
+        return LowestPrice(
+            minimum_bid_price=view.minimum_bid_price,
+            uninterruptable_price=view.uninterruptable_price,
+            stock_status=view.stock_status,
+            available_gpu_counts=list(view.available_gpu_counts),
+        )
+
+
+def gpu_type_from(g: GpuTypeInfo, hosts: list[HostCapacity]) -> GpuType:
+    """The GraphQL view of a catalog entry given every host's capacity."""
+    per_host = [(h.cloud_type, sum(1 for x in h.gpus if x.gpu_type == g.id)) for h in hosts]
+    return GpuType(
+        id=g.id,
+        display_name=g.display_name,
+        manufacturer=g.manufacturer,
+        memory_in_gb=g.memory_gb,
+        cuda_cores=None,
+        max_gpu_count=max((n for _, n in per_host), default=0),
+        secure_cloud=any(n and t == CloudType.SECURE for t, n in per_host),
+        community_cloud=any(n and t == CloudType.COMMUNITY for t, n in per_host),
+        secure_price=g.secure_price,
+        community_price=g.community_price,
+        secure_spot_price=g.secure_spot_price,
+        community_spot_price=g.community_spot_price,
+        one_week_price=None,
+        one_month_price=None,
+        three_month_price=None,
+        _info=g,
+    )
+
+
+@strawberry.type
+class NetworkVolume:
+    id: str
+    name: str
+    size: int
+    data_center_id: str
+
+
+@strawberry.type(name="User", description="The caller: their account's clusters.")
+class User:
+    id: str
+    pub_key: str | None = strawberry.field(description="No SSH keys yet: null")
+    network_volumes: list[NetworkVolume] = strawberry.field(
+        description="No network volumes yet: always empty"
+    )
+
+    @strawberry.field(description="The account's clusters (not terminated), newest first.")
+    def clusters(self, info: Info) -> list[Pod]:
+        now = info.context.ctx.clock.now()
+        return [pod_from(d, now) for d in info.context.clusters()]
+
+    @strawberry.field(description="The same as clusters (RunPod's name).")
+    def pods(self, info: Info) -> list[Pod]:
+        pods: list[Pod] = self.clusters(info)
+        return pods
+
+    @strawberry.field(description="What the account's clusters cost per hour now.")
+    def current_spend_per_hr(self, info: Info) -> float:
+        now = info.context.ctx.clock.now()
+        return round(sum(pod_from(d, now).cost_per_hr for d in info.context.clusters()), 6)

@@ -1,0 +1,80 @@
+"""RunPod's Python SDK (``pip install runpod``), unmodified, against gpuyard's GraphQL.
+
+The SDK reads ``RUNPOD_API_BASE_URL`` on every call (runpod/api/graphql.py) and takes
+its key from the module-level ``runpod.api_key``; the test sets both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers import LiveServer
+
+runpod = pytest.importorskip("runpod")
+
+
+@pytest.fixture
+def sdk(srv: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", srv.url)
+    monkeypatch.setattr(runpod, "api_key", srv.key)
+    return runpod
+
+
+def test_sdk_lifecycle(srv: LiveServer, sdk: Any) -> None:
+    gpus = sdk.get_gpus()
+    assert {"id": "NVIDIA RTX A6000", "displayName": "RTX A6000", "memoryInGb": 48} in gpus
+    gpu = sdk.get_gpu("NVIDIA RTX A6000", 2)
+    assert gpu["maxGpuCount"] == 4 and gpu["secureCloud"] is True
+    assert gpu["lowestPrice"]["uninterruptablePrice"] > 0
+    with pytest.raises(ValueError):
+        sdk.get_gpu("NVIDIA GeForce GTX 280")  # not in the catalog
+
+    user = sdk.get_user()
+    assert user["id"] and user["networkVolumes"] == []
+
+    pod = sdk.create_pod(
+        "sdk-pod",
+        "runpod/pytorch:2.1",
+        "NVIDIA RTX A6000",
+        ports="8888/http,22/tcp",
+        env={"A": "1"},
+        volume_in_gb=5,
+    )
+    pid = pod["id"]
+    assert pod["imageName"] == "runpod/pytorch:2.1" and pod["env"] == ["A=1"]
+    assert pod["machine"]["podHostId"].startswith(pid)
+    assert srv.server.reconciler.wait_idle(10)
+
+    pods = sdk.get_pods()
+    assert [p["id"] for p in pods] == [pid]
+    mine = sdk.get_pod(pid)
+    assert mine["desiredStatus"] == "RUNNING" and mine["volumeMountPath"] == "/runpod-volume"
+    assert mine["ports"] == "8888/http,22/tcp" and mine["machine"]["gpuDisplayName"] == "RTX A6000"
+    assert {p["privatePort"] for p in mine["runtime"]["ports"]} == {8888, 22}
+
+    assert sdk.stop_pod(pid) == {"id": pid, "desiredStatus": "EXITED"}
+    assert srv.server.reconciler.wait_idle(10)
+    resumed = sdk.resume_pod(pid, 1)
+    assert resumed["id"] == pid and resumed["desiredStatus"] == "RUNNING"
+    assert srv.server.reconciler.wait_idle(10)
+    assert sdk.get_pod(pid)["runtime"] is not None
+
+    assert sdk.terminate_pod(pid) is None
+    assert srv.server.reconciler.wait_idle(10)
+    assert sdk.get_pods() == []
+    assert sdk.get_pod(pid)["desiredStatus"] == "TERMINATED"
+
+    cpu = sdk.create_pod("cpu", "busybox", instance_id="cpu3c-2-4")
+    assert cpu["id"] and cpu["machine"]["podHostId"]
+
+
+def test_sdk_errors(srv: LiveServer, sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runpod import error
+
+    with pytest.raises(error.QueryError, match="not found"):
+        sdk.stop_pod("nosuchpod00000")
+    monkeypatch.setattr(runpod, "api_key", "gy_not_a_key")
+    with pytest.raises(error.AuthenticationError):
+        sdk.get_pods()
