@@ -55,7 +55,12 @@ def cost(d: ClusterDetails) -> dict[str, Any]:
     return {
         "hourly_rate": d.rate.total,
         "currency": "USD",
-        "breakdown": asdict(d.rate),
+        "breakdown": {
+            "gpu": d.rate.gpu,
+            "compute": d.rate.compute,
+            "container_disk": d.rate.container_disk,
+            "volume": d.rate.volume,
+        },
     }
 
 
