@@ -39,6 +39,7 @@ test: venv
 bench: venv system
 	$(PY) bench/bench_start_latency.py
 	$(PY) bench/bench_get_cluster.py
+	$(PY) bench/bench_graphql.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
