@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     stop_timeout_s: int = 10
     readiness_timeout_s: float = 120.0
 
+    # Auto-termination: a cluster is idle while its CPU and every GPU stay under these.
+    idle_cpu_percent: float = 5.0
+    idle_gpu_percent: float = 10.0
+    idle_sample_interval_s: float = 15.0
+
     @property
     def effective_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'gpuyard.db'}"

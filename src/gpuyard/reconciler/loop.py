@@ -19,6 +19,7 @@ from sqlalchemy import delete, select
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.states import HOLDS_COMPUTE, IN_MOTION, MAY_HAVE_CONTAINER, ClusterStatus
+from gpuyard.reconciler.autoterminate import AutoTerminator
 from gpuyard.reconciler.driver import ClusterDriver
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.services.context import Context
@@ -32,6 +33,7 @@ class Reconciler:
         self.ctx = ctx
         self.runtime = runtime
         self.driver = ClusterDriver(ctx, runtime)
+        self.autoterm = AutoTerminator(ctx, runtime)
         self.observe_every_s = observe_every_s
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -60,7 +62,10 @@ class Reconciler:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self._wake.wait(self.ctx.settings.reconcile_interval_s)
+            # Sleep no longer than until the next auto-termination deadline.
+            timeout = self.ctx.settings.reconcile_interval_s
+            due_in = self.autoterm.seconds_until_next()
+            self._wake.wait(timeout if due_in is None else min(timeout, due_in))
             self._wake.clear()
             if self._stopping.is_set():
                 break
@@ -80,6 +85,10 @@ class Reconciler:
             )
         for cluster_id in moving:
             self._submit(cluster_id, self.driver.drive)
+        try:
+            self.autoterm.run()
+        except Exception:  # never let a policy problem stop the lifecycle work
+            log.exception("auto-termination pass failed")
         due = time.monotonic() - self._last_observe >= self.observe_every_s
         if observe or (observe is None and due):
             self._last_observe = time.monotonic()

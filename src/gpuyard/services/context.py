@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -54,6 +55,10 @@ class Context:
     wake: Callable[[], None] = lambda: None
     notifier: StatusNotifier = field(default_factory=StatusNotifier)
     references: ReferenceCache = field(default_factory=ReferenceCache)
+    # Since when each running cluster has been seen idle (auto-termination keeps it;
+    # cluster views read it to show the next deadline). In memory: after a restart
+    # the idle window starts again, which only ever delays a stop.
+    idle_since: dict[str, datetime] = field(default_factory=dict)
     # Optional accelerated read of one visible cluster row (store/sqlite_reader.py).
     cluster_reader: Callable[[str, int], Cluster | None] | None = None
 
