@@ -35,6 +35,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = home / "server.log"
+        self.extra_env: dict[str, str] = {}
 
     def start(self) -> None:
         env = {
@@ -48,6 +49,7 @@ class ServerProcess:
             "GPUYARD_LOCAL_DISK_GB": "1000",
             "GPUYARD_RECONCILE_INTERVAL_S": "0.5",
             "GPUYARD_STOP_TIMEOUT_S": "2",
+            **self.extra_env,
         }
         self.home.mkdir(parents=True, exist_ok=True)
         out = self.log.open("ab")
@@ -300,3 +302,31 @@ def test_preempted_spot_cluster_keeps_its_volume(
         assert sh(engine, low, "cat /workspace/ckpt") == (0, "epoch-7\n")
         c.delete(f"/v1/clusters/{low}")
         wait_status(c, low, {"terminated"})
+
+
+def test_auto_termination_really_stops_containers(
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient
+) -> None:
+    server = ServerProcess(tmp_path / "home", engine_url, free_port())
+    server.extra_env = {"GPUYARD_IDLE_SAMPLE_INTERVAL_S": "0.5", "GPUYARD_IDLE_CPU_PERCENT": "20"}
+    server.start()
+    try:
+        with server.client() as c:
+            base = {"docker_image": DEV_IMAGE, "cpu_cores": 1, "memory_gb": 1}
+            short = c.post("/v1/clusters", json={
+                **base, "auto_terminate": {"enabled": True, "max_runtime_hours": 0.001}
+            }).json()["data"]["id"]  # fmt: skip
+            idle = c.post("/v1/clusters", json={
+                **base, "auto_terminate": {"enabled": True, "idle_minutes": 0.05}
+            }).json()["data"]["id"]  # fmt: skip
+            wait_status(c, short, {"running"})
+            wait_status(c, idle, {"running"})
+            stopped = wait_status(c, short, {"stopped"}, timeout=30)
+            assert "max runtime 0.001 h reached" in stopped["last_status_change"]
+            stopped = wait_status(c, idle, {"stopped"}, timeout=30)
+            assert "idle for 0.05 min" in stopped["last_status_change"]
+            for cid in (short, idle):
+                assert not engine.containers.list(all=True, filters={"name": f"gpuyard-{cid}"})
+                c.delete(f"/v1/clusters/{cid}")
+    finally:
+        server.stop()

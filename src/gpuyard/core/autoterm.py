@@ -49,7 +49,7 @@ class Deadline:
             return (
                 f"auto-{verb}: max runtime {policy.max_runtime_hours:g} h reached at {hours:.4f} h"
             )
-        return f"auto-{verb}: idle for {policy.idle_minutes} min"
+        return f"auto-{verb}: idle for {policy.idle_minutes:g} min"
 
 
 def parse_policy(raw: dict[str, Any] | None) -> AutoTerminatePolicy | None:

@@ -49,7 +49,7 @@ class AutoTerminatePolicy(StrictModel):
     """When a cluster should stop itself. Stored and shown; enforced by the cost issue."""
 
     enabled: bool = False
-    idle_minutes: int | None = Field(default=None, ge=1, le=525600)
+    idle_minutes: float | None = Field(default=None, gt=0, le=525600)
     cost_limit_usd: float | None = Field(default=None, gt=0)
     max_runtime_hours: float | None = Field(default=None, gt=0, le=8760)
     action: Literal["stop", "terminate"] = "stop"

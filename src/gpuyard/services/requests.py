@@ -62,7 +62,7 @@ class ConfigurationUpdate(_Body):
 
 class AutoTerminateUpdate(_Body):
     enabled: bool | None = None
-    idle_minutes: int | None = Field(default=None, ge=1, le=525600)
+    idle_minutes: float | None = Field(default=None, gt=0, le=525600)
     cost_limit_usd: float | None = Field(default=None, gt=0)
     max_runtime_hours: float | None = Field(default=None, gt=0, le=8760)
     action: str | None = Field(default=None, pattern="^(stop|terminate)$")
