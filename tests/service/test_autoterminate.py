@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuyard.core.autoterm import Rule
+from gpuyard.core.errors import ValidationFailed
 from gpuyard.reconciler.autoterminate import AutoTerminator
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
@@ -13,6 +14,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.store.schema import StartupSample
 
 A = "NVIDIA RTX A6000"
 
@@ -141,3 +143,29 @@ def test_disabled_policy_never_fires(
     rec.driver.drive(cid)
     clock.advance(86400)
     assert terminator(ctx, runtime).run() == []
+
+
+def test_a_limit_spent_before_running_is_refused(
+    ctx: Context, alice: Principal, rec: Reconciler, clock: FakeClock
+) -> None:
+    with ctx.transaction() as session:
+        session.add(StartupSample(seconds=60.0, created_at=clock.now()))
+    body = CreateCluster.model_validate(
+        {"gpu_type": A, "docker_image": "img",
+         "auto_terminate": {"enabled": True, "max_runtime_hours": 0.01}}
+    )  # fmt: skip
+    with pytest.raises(ValidationFailed) as exc:
+        uc.create_cluster(ctx, alice, body)
+    assert exc.value.details["field"] == "auto_terminate"
+    assert "max runtime 0.01 h would be reached before the cluster is running" in exc.value.message
+    assert uc.list_clusters(ctx, alice).total == 0  # nothing stored
+    cheap = body.model_copy(update={"auto_terminate": None})
+    cid = uc.create_cluster(ctx, alice, cheap).id
+    rec.driver.drive(cid)
+    uc.stop_cluster(ctx, alice, cid)
+    rec.driver.drive(cid)
+    spent = StartCluster.model_validate(
+        {"auto_terminate_updates": {"enabled": True, "cost_limit_usd": 0.001}}
+    )
+    with pytest.raises(ValidationFailed, match=r"cost limit 0\.00 USD"):
+        uc.start_cluster(ctx, alice, cid, spent)

@@ -8,11 +8,13 @@ runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from gpuyard.core.autoterm import Rule, deadlines, parse_policy
 from gpuyard.core.errors import (
     ClusterNotFound,
     Conflict,
@@ -34,7 +36,7 @@ from gpuyard.core.states import (
 )
 from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
-from gpuyard.services.cluster_views import cluster_rate
+from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event, transition_cluster
 from gpuyard.services.placement import assign_ports, claim
@@ -149,6 +151,32 @@ def checked_bid(
     return spot_bid(gpu, gpu_count, cloud_type, body.bid_per_gpu)
 
 
+def refuse_spent_policy(
+    session: Session, policy_json: dict[str, Any], hourly_rate: float, now: datetime
+) -> None:
+    """Refuse a start whose auto-termination limit would be reached before the cluster
+    is even running (its cost or runtime limit is used up by the measured startup
+    time): starting it would only bill for a start that is stopped at once."""
+    policy = parse_policy(policy_json)
+    if policy is None:
+        return
+    startup = timedelta(seconds=estimated_startup_seconds(session) or 0.0)
+    plan = deadlines(policy, run_started_at=now, hourly_rate=hourly_rate, idle_since=None)
+    if plan and plan[0].at <= now + startup:
+        first = plan[0]
+        limit = (
+            f"cost limit {policy.cost_limit_usd:.2f} USD at {hourly_rate:.4f} USD/h"
+            if first.rule == Rule.COST_LIMIT
+            else f"max runtime {policy.max_runtime_hours:g} h"
+        )
+        raise ValidationFailed(
+            "auto_terminate",
+            f"the {limit} would be reached before the cluster is running "
+            f"(starting takes about {startup.total_seconds():.0f} s); raise the limit",
+            {"rule": first.rule.value, "startup_seconds": startup.total_seconds()},
+        )
+
+
 def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> Cluster:
     """Validate, place and record a new cluster in ``starting``. Nothing is stored when
     placement fails (InsufficientCapacity)."""
@@ -217,6 +245,9 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
         cluster.ports = _with_host_ports(tuple(body.ports), assigned)
         cluster.host_id = placement.host_id
         cluster.gpu_indices = list(placement.gpu_indices)
+        refuse_spent_policy(
+            session, cluster.auto_terminate, rate_of(session, cluster, ctx, running=True).total, now
+        )
         record_event(
             session, cluster_id, now, "status", "created", None, ClusterStatus.STARTING.value
         )
@@ -397,6 +428,7 @@ def start_cluster(
                 cluster.error_message = None
                 cluster.gpu_indices = list(placement.gpu_indices)
                 new = rate_of(session, cluster, ctx, running=True).total
+                refuse_spent_policy(session, cluster.auto_terminate, new, now)
         except Conflict:
             continue
         ctx.wake()
