@@ -275,3 +275,16 @@ def test_spot_create_and_bid_resume(server: LiveServer) -> None:
         run(server, "clusters", "bid-resume", c["id"], "--bid", "0.5", "--wait", "--json")
     )
     assert resumed["status"] == "running" and resumed["bid_per_gpu"] == 0.5
+
+
+def test_billing_shows_spend_by_group(server: LiveServer) -> None:
+    cluster = create(server)
+    data = ok_json(run(server, "billing", "--group-by", "gpu_type", "--json"))
+    assert data["group_by"] == "gpu_type" and data["currency"] == "USD"
+    assert all(item["key"] == A6000 for item in data["items"])
+    human = run(server, "billing", "--from", "2020-01-01")
+    assert human.exit_code == 0, human.output
+    assert "total:" in human.output and "USD" in human.output
+    bad = run(server, "billing", "--from", "yesterday")
+    assert bad.exit_code == 1 and "from" in bad.output
+    assert cluster["id"]

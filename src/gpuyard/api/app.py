@@ -11,10 +11,14 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gpuyard import __version__
-from gpuyard.api import catalog, clusters, errors
+from gpuyard.api import billing, catalog, clusters, errors
+from gpuyard.api import metrics as metrics_api
 from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
 from gpuyard.api.state import AppState
+from gpuyard.observability.counters import record_auto_termination
+from gpuyard.observability.metrics import Metrics
+from gpuyard.reconciler.autoterminate import Fired
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import IssuedKey
@@ -84,8 +88,21 @@ def build_server(
     app.state.gpuyard = AppState(ctx=ctx, runtime=runtime)
     errors.install(app)
     app.add_middleware(ClusterReadFastPath)
+    # Metrics: added last, so its latency middleware is outermost and times the fast path.
+    metrics = Metrics(ctx)
+    metrics_api.install(app, metrics)
+    reconciler.on_pass = metrics.observe_pass
+    fired_hook = reconciler.autoterm.on_fire
+
+    def count_fired(fired: Fired) -> None:
+        record_auto_termination(ctx, fired.rule)
+        if fired_hook is not None:
+            fired_hook(fired)
+
+    reconciler.autoterm.on_fire = count_fired
     app.include_router(clusters.router)
     app.include_router(catalog.router)
+    app.include_router(billing.router)
     app.include_router(graphql_router())
 
     @app.get("/healthz", tags=["meta"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Out(BaseModel):
@@ -57,10 +57,21 @@ class RateBreakdown(_Out):
     volume: float
 
 
+class Accrued(_Out):
+    """USD billed so far (per-second usage intervals; rounded down to micro-USD)."""
+
+    current_run: float
+    lifetime: float
+
+
 class Cost(_Out):
     hourly_rate: float
     currency: Literal["USD"]
     breakdown: RateBreakdown
+    accrued_usd: Accrued
+    # When the current run began (its latest start); ``accrued_usd.current_run`` counts
+    # from here.
+    since: str | None
 
 
 class StartCost(Cost):
@@ -189,6 +200,32 @@ class ClusterV2(_Out):
     containerDiskSize: int
     volumeSize: int
     createdAt: str | None
+
+
+class BillingItem(_Out):
+    key: str  # cluster id, GPU type ("none" for GPU-less usage) or UTC day (YYYY-MM-DD)
+    name: str | None  # the cluster's name (group_by=cluster)
+    total_usd: float
+    gpu_hours: float
+    breakdown: RateBreakdown
+
+
+class Billing(_Out):
+    from_: str = Field(alias="from")
+    to: str
+    group_by: Literal["cluster", "gpu_type", "day"]
+    project_id: int | None
+    currency: Literal["USD"]
+    total_usd: float
+    breakdown: RateBreakdown
+    items: list[BillingItem]
+    total_micro_usd: int
+
+
+class BillingEnvelope(_Out):
+    success: Literal[True]
+    data: Billing
+    meta: Meta
 
 
 def documented(model: type[BaseModel], status: int = 200) -> dict[int | str, dict[str, Any]]:

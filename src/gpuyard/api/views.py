@@ -6,6 +6,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
+from gpuyard.core.ledger import MICRO
 from gpuyard.core.progress import progress_for
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services.cluster_views import ClusterDetails
@@ -52,6 +53,7 @@ def network(d: ClusterDetails) -> dict[str, Any]:
 
 
 def cost(d: ClusterDetails) -> dict[str, Any]:
+    a = d.accrual
     return {
         "hourly_rate": d.rate.total,
         "currency": "USD",
@@ -61,6 +63,11 @@ def cost(d: ClusterDetails) -> dict[str, Any]:
             "container_disk": d.rate.container_disk,
             "volume": d.rate.volume,
         },
+        "accrued_usd": {
+            "current_run": a.current_run_micro / MICRO if a else 0.0,
+            "lifetime": a.lifetime_micro / MICRO if a else 0.0,
+        },
+        "since": iso(d.cluster.start_initiated_at),
     }
 
 

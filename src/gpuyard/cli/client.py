@@ -163,3 +163,20 @@ class GpuyardClient:
     def hosts(self) -> JSON:
         """``GET /v1/hosts`` (admin scope): ``{"hosts": [...]}``."""
         return self._request("GET", "/v1/hosts")
+
+    def billing(
+        self,
+        *,
+        from_: str | None = None,
+        to: str | None = None,
+        group_by: str | None = None,
+        project_id: int | None = None,
+    ) -> JSON:
+        """``GET /v1/billing``: totals and ``items`` per cluster, GPU type or day."""
+        params: dict[str, str | int] = {}
+        for name, value in (("from", from_), ("to", to), ("group_by", group_by)):
+            if value:
+                params[name] = value
+        if project_id is not None:
+            params["project_id"] = project_id
+        return self._request("GET", "/v1/billing", params=params)

@@ -8,6 +8,7 @@ import shutil
 import click
 
 from gpuyard import __version__
+from gpuyard.cli.billing import billing
 from gpuyard.cli.catalog import gpu_types, hosts
 from gpuyard.cli.clusters import clusters
 from gpuyard.cli.common import CliState, ErrorBoundaryGroup
@@ -66,6 +67,7 @@ cli.add_command(keys)
 cli.add_command(clusters)
 cli.add_command(gpu_types)
 cli.add_command(hosts)
+cli.add_command(billing)
 
 
 def main() -> None:

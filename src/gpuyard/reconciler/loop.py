@@ -44,6 +44,11 @@ class Reconciler:
         )
         self._thread: threading.Thread | None = None
         self._last_observe = 0.0
+        # Metrics hook (observability/metrics.py): called after each loop pass with
+        # (lag_s, duration_s). Lag: from when the pass was due (the first wake() since
+        # the last pass, or the end of the sleep) to when it began.
+        self.on_pass: Callable[[float, float], None] | None = None
+        self._woken_at: float | None = None
 
     # -- control -------------------------------------------------------------
     def start(self) -> None:
@@ -58,6 +63,8 @@ class Reconciler:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def wake(self) -> None:
+        if self._woken_at is None:
+            self._woken_at = time.monotonic()
         self._wake.set()
 
     def _run(self) -> None:
@@ -65,14 +72,25 @@ class Reconciler:
             # Sleep no longer than until the next auto-termination deadline.
             timeout = self.ctx.settings.reconcile_interval_s
             due_in = self.autoterm.seconds_until_next()
-            self._wake.wait(timeout if due_in is None else min(timeout, due_in))
+            sleep_s = timeout if due_in is None else min(timeout, due_in)
+            due_at = time.monotonic() + sleep_s
+            self._wake.wait(sleep_s)
             self._wake.clear()
+            woken_at, self._woken_at = self._woken_at, None
             if self._stopping.is_set():
                 break
+            started = time.monotonic()
             try:
                 self.run_pass()
             except Exception:  # keep the loop alive; the next pass retries from scratch
                 log.exception("reconcile pass failed")
+            hook = self.on_pass
+            if hook is not None:
+                due = due_at if woken_at is None else min(due_at, woken_at)
+                try:
+                    hook(max(0.0, started - due), time.monotonic() - started)
+                except Exception:  # metrics never stop the loop
+                    log.exception("reconciler pass hook failed")
 
     # -- one pass ------------------------------------------------------------
     def run_pass(self, *, observe: bool | None = None) -> None:
@@ -142,7 +160,7 @@ class Reconciler:
             with self._lock:
                 self._in_flight.discard(cluster_id)
             # The cluster may have been changed while we worked (stop during start).
-            self._wake.set()
+            self.wake()
 
     def idle(self) -> bool:
         with self._lock:

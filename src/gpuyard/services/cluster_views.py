@@ -11,14 +11,19 @@ from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import ClusterNotFound
+from gpuyard.core.ledger import Accrual, Interval
 from gpuyard.core.models import CloudType, GpuTypeInfo
 from gpuyard.core.pricing import Prices, RateParts, hourly_rate
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
+from gpuyard.services.metering import accrual_of, load_intervals
 from gpuyard.store.schema import Cluster, Project, StartupSample
 
 STARTUP_SAMPLE_WINDOW = 20
-_NOT_RUNNING = (ClusterStatus.STOPPED, ClusterStatus.ERROR, ClusterStatus.TERMINATED)
+# What each status bills (docs/decisions.md, "Metering"): compute, GPUs and container
+# disk from the start request until the stop request; the volume until terminate.
+_BILLS_COMPUTE = (ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNNING)
+_BILLS_NOTHING = (ClusterStatus.TERMINATING, ClusterStatus.TERMINATED)
 _STARTING = (ClusterStatus.STARTING, ClusterStatus.PENDING)
 
 
@@ -41,22 +46,29 @@ class ClusterDetails:
     ports: tuple[AssignedPort, ...]
     rate: RateParts
     estimated_ready_at: datetime | None
+    accrual: Accrual | None = None
 
 
 def cluster_rate(
-    c: Cluster, gpu: GpuTypeInfo | None, prices: Prices, running: bool | None = None
+    c: Cluster,
+    gpu: GpuTypeInfo | None,
+    prices: Prices,
+    running: bool | None = None,
+    status: ClusterStatus | None = None,
 ) -> RateParts:
-    """The cluster's hourly rate in its current status (or as if ``running``)."""
-    status = ClusterStatus(c.status)
+    """The cluster's hourly rate in its current status (or in ``status``, or as if
+    ``running``): what the usage ledger bills for that status."""
+    if status is None:
+        status = ClusterStatus(c.status)
     if running is None:
-        running = status not in _NOT_RUNNING
+        running = status in _BILLS_COMPUTE
     return hourly_rate(
         gpu=gpu,
         gpu_count=c.gpu_count,
         cpu_cores=c.cpu_cores,
         memory_gb=c.memory_gb,
         container_disk_gb=c.container_disk_gb,
-        volume_gb=0 if status == ClusterStatus.TERMINATED else c.volume_gb,
+        volume_gb=0 if status in _BILLS_NOTHING else c.volume_gb,
         cloud_type=CloudType(c.cloud_type),
         running=running,
         prices=prices,
@@ -91,26 +103,37 @@ def load_visible(ctx: Context, account_id: int, cluster_id: str) -> ClusterDetai
     or another account's cluster."""
     if ctx.cluster_reader is not None:
         cluster = ctx.cluster_reader(cluster_id, account_id)
-    else:
-        with ctx.connect() as conn:
-            row = conn.execute(_VISIBLE, {"cluster_id": cluster_id, "account_id": account_id})
-            # A Row has the Cluster's column attributes; building an ORM instance would
-            # cost more than the query.
-            cluster = cast(Cluster | None, row.first())
-    if cluster is None:
-        raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-    return details(ctx, [cluster])[0]
+        if cluster is None:
+            raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
+        intervals = {cluster_id: ctx.cluster_reader.intervals(cluster_id)}
+        return details(ctx, [cluster], intervals=intervals)[0]
+    with ctx.connect() as conn:
+        row = conn.execute(_VISIBLE, {"cluster_id": cluster_id, "account_id": account_id})
+        # A Row has the Cluster's column attributes; building an ORM instance would
+        # cost more than the query.
+        cluster = cast(Cluster | None, row.first())
+        if cluster is None:
+            raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
+        return details(ctx, [cluster], conn)[0]
 
 
 def details(
-    ctx: Context, clusters: list[Cluster], db: Session | Connection | None = None
+    ctx: Context,
+    clusters: list[Cluster],
+    db: Session | Connection | None = None,
+    intervals: dict[str, list[Interval]] | None = None,
 ) -> list[ClusterDetails]:
     """What each cluster shows. ``db`` is used when given; otherwise a connection is
-    opened only if the reference cache is stale or a cluster is starting."""
+    opened only if something must be read (usage intervals not given, a stale
+    reference cache, a cluster starting). Usage intervals are one indexed query."""
     starting = any(c.status in _STARTING for c in clusters)
-    if db is None and (starting or ctx.references.stale()):
+    if db is None and (intervals is None or starting or ctx.references.stale()):
         with ctx.connect() as conn:
-            return details(ctx, clusters, conn)
+            return details(ctx, clusters, conn, intervals)
+    if intervals is None:
+        assert db is not None
+        intervals = load_intervals(db, [c.id for c in clusters])
+    now = ctx.clock.now()
     hosts, gpus = ctx.references.get(db)
     startup = estimated_startup_seconds(db) if starting and db is not None else None
     out = []
@@ -139,6 +162,7 @@ def details(
                 ),
                 rate=cluster_rate(c, gpu, ctx.settings.prices),
                 estimated_ready_at=eta,
+                accrual=accrual_of(c, intervals.get(c.id, []), now),
             )
         )
     return out

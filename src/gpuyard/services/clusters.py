@@ -38,7 +38,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import record_event, transition_cluster
+from gpuyard.services.lifecycle import meter_status, record_event, transition_cluster
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.store.schema import Cluster, Event, Project
@@ -251,6 +251,7 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
         record_event(
             session, cluster_id, now, "status", "created", None, ClusterStatus.STARTING.value
         )
+        meter_status(session, cluster, ClusterStatus.STARTING, now)
     ctx.wake()
     return cluster
 

@@ -8,10 +8,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpuyard.core.ledger import Interval
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.references import ReferenceCache
 from gpuyard.settings import Settings
@@ -46,6 +48,14 @@ class StatusNotifier:
             return self._generation
 
 
+class ClusterReader(Protocol):
+    """An accelerated read of one visible cluster row and of its usage intervals."""
+
+    def __call__(self, cluster_id: str, account_id: int) -> Cluster | None: ...
+
+    def intervals(self, cluster_id: str) -> list[Interval]: ...
+
+
 @dataclass
 class Context:
     sessions: sessionmaker[Session]
@@ -60,7 +70,7 @@ class Context:
     # the idle window starts again, which only ever delays a stop.
     idle_since: dict[str, datetime] = field(default_factory=dict)
     # Optional accelerated read of one visible cluster row (store/sqlite_reader.py).
-    cluster_reader: Callable[[str, int], Cluster | None] | None = None
+    cluster_reader: ClusterReader | None = None
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -68,6 +78,7 @@ class Context:
         holds the write lock from its first statement (see store/db.py)."""
         with self.sessions() as session, session.begin():
             session.connection(execution_options=WRITE_OPTIONS)
+            session.info["gpuyard.prices"] = self.settings.prices  # lifecycle.PRICES_KEY
             yield session
 
     @contextmanager

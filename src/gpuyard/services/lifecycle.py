@@ -7,14 +7,23 @@ Every change is a guarded update: ``UPDATE clusters ... WHERE id = :id AND versi
 from __future__ import annotations
 
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError
+from gpuyard.core.ledger import boundary, micro_rates
+from gpuyard.core.pricing import Prices
 from gpuyard.core.states import ClusterStatus, can_transition
-from gpuyard.store.schema import Cluster, Event
+from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.cluster_views import cluster_rate
+from gpuyard.store.schema import Cluster, Event, UsageInterval
+
+# Context.transaction puts the price list here, so the funnel can meter without every
+# caller passing it.
+PRICES_KEY = "gpuyard.prices"
 
 
 class IllegalTransition(GpuyardError):
@@ -87,4 +96,46 @@ def transition_cluster(
         **values,
     )
     record_event(session, cluster.id, now, "status", reason, current.value, target.value)
+    meter_status(session, SimpleNamespace(**{**_columns(cluster), **values}), target, now)
     return version
+
+
+def _columns(cluster: Cluster) -> dict[str, Any]:
+    return {c.name: getattr(cluster, c.name) for c in Cluster.__table__.columns}
+
+
+def meter_status(session: Session, cluster: Any, status: ClusterStatus, now: datetime) -> None:
+    """Close the cluster's open usage intervals at ``now`` (truncated to the second)
+    and open one per billed meter at ``status``'s rate for the cluster as given (its
+    columns after the change). Called by the funnel and once at creation; nothing else
+    writes the ledger. An interval that would end where it began is dropped."""
+    at = boundary(now)
+    open_ = UsageInterval.ended_at.is_(None)
+    session.execute(
+        delete(UsageInterval)
+        .where(UsageInterval.cluster_id == cluster.id, open_, UsageInterval.started_at >= at)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        update(UsageInterval)
+        .where(UsageInterval.cluster_id == cluster.id, open_)
+        .values(ended_at=at)
+        .execution_options(synchronize_session=False)
+    )
+    prices = session.info.get(PRICES_KEY)
+    if not isinstance(prices, Prices):
+        raise RuntimeError("metering needs the session from Context.transaction()")
+    gpu = find_gpu_type(session, cluster.gpu_type) if cluster.gpu_type else None
+    rates = micro_rates(cluster_rate(cluster, gpu, prices, status=status))
+    for meter, rate in rates.items():
+        session.add(
+            UsageInterval(
+                cluster_id=cluster.id,
+                project_id=cluster.project_id,
+                meter=meter,
+                gpu_type=cluster.gpu_type,
+                rate_micro=rate,
+                started_at=at,
+                ended_at=None,
+            )
+        )

@@ -233,3 +233,23 @@ class StartupSample(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     seconds: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UsageInterval(Base):
+    """One meter of one cluster billed at one rate (micro-USD per hour) from
+    ``started_at`` to ``ended_at`` (None while open). Opened and closed only by the
+    status funnel (services/lifecycle.py) and at creation; see core/ledger.py."""
+
+    __tablename__ = "usage_intervals"
+    __table_args__ = (
+        Index("ix_usage_intervals_cluster", "cluster_id", "started_at"),
+        Index("ix_usage_intervals_project", "project_id", "started_at"),
+    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(String(14))
+    project_id: Mapped[int] = mapped_column(Integer)
+    meter: Mapped[str] = mapped_column(String(20))
+    gpu_type: Mapped[str | None] = mapped_column(String(100))
+    rate_micro: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[datetime] = mapped_column()
+    ended_at: Mapped[datetime | None] = mapped_column()
