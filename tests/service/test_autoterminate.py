@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuyard.api.views import cluster_v1
 from gpuyard.core.autoterm import Rule
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.reconciler.autoterminate import AutoTerminator
@@ -12,6 +13,7 @@ from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.cluster_views import load_visible
 from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.store.schema import StartupSample
@@ -169,3 +171,13 @@ def test_a_limit_spent_before_running_is_refused(
     )
     with pytest.raises(ValidationFailed, match=r"cost limit 0\.00 USD"):
         uc.start_cluster(ctx, alice, cid, spent)
+
+
+def test_the_cluster_shows_what_fires_next(
+    ctx: Context, alice: Principal, rec: Reconciler, clock: FakeClock
+) -> None:
+    cid = running(ctx, alice, rec, {"max_runtime_hours": 2, "cost_limit_usd": 100})
+    block = cluster_v1(load_visible(ctx, alice.account_id, cid))["auto_terminate"]
+    assert block["enabled"] and block["max_runtime_hours"] == 2
+    assert block["next_rule"] == "max_runtime" and block["next_action"] == "stop"
+    assert block["next_deadline_at"] == "2026-01-01T02:00:00Z"

@@ -71,6 +71,17 @@ def cost(d: ClusterDetails) -> dict[str, Any]:
     }
 
 
+def auto_terminate(d: ClusterDetails) -> dict[str, Any]:
+    """The stored policy, plus what fires next and when (null when nothing will)."""
+    nxt = d.next_auto_terminate
+    return {
+        **(dict(d.cluster.auto_terminate) or {"enabled": False}),
+        "next_deadline_at": iso(nxt.at) if nxt else None,
+        "next_rule": nxt.rule.value if nxt else None,
+        "next_action": nxt.action if nxt else None,
+    }
+
+
 def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
     c = d.cluster
     status = ClusterStatus(c.status)
@@ -108,7 +119,7 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
             }
             for p in d.ports
         ],
-        "auto_terminate": dict(c.auto_terminate) or {"enabled": False},
+        "auto_terminate": auto_terminate(d),
         "host": {
             "id": c.host_id,
             "name": d.host_name,

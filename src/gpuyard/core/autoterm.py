@@ -94,3 +94,10 @@ def deadlines(
             Deadline(idle_since + timedelta(minutes=policy.idle_minutes), Rule.IDLE, policy.action)
         )
     return sorted(out, key=lambda d: d.at)
+
+
+def run_started_at(
+    start_initiated_at: datetime | None, started_at: datetime | None, created_at: datetime
+) -> datetime:
+    """The current run began when its start was requested (billing starts there too)."""
+    return start_initiated_at or started_at or created_at

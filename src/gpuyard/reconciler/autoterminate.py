@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import cast
 
 from sqlalchemy import select
 
-from gpuyard.core.autoterm import Deadline, Rule, deadlines, parse_policy
+from gpuyard.core.autoterm import Deadline, Rule, deadlines, parse_policy, run_started_at
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.models import AutoTerminatePolicy
 from gpuyard.core.states import ClusterStatus
@@ -89,8 +89,7 @@ class _Watched:
 
 
 def run_start(c: Cluster) -> datetime:
-    """The current run began when its start was requested (billing starts there too)."""
-    return c.start_initiated_at or c.started_at or c.created_at
+    return run_started_at(c.start_initiated_at, c.started_at, c.created_at)
 
 
 @dataclass(frozen=True)
@@ -155,27 +154,7 @@ class AutoTerminator:
         self.next_due = next_due
         return fired
 
-    def next_deadline(self, cluster: Cluster) -> Deadline | None:
-        """What fires next for ``cluster`` (for display), or None."""
-        policy = parse_policy(cluster.auto_terminate)
-        if policy is None or cluster.status != ClusterStatus.RUNNING:
-            return None
-        rate = self._rate(cluster)
-        plan = deadlines(
-            policy,
-            run_started_at=run_start(cluster),
-            hourly_rate=rate,
-            idle_since=self.idle_since.get(cluster.id),
-        )
-        return plan[0] if plan else None
-
     # -- internals -----------------------------------------------------------------
-    def _rate(self, c: Cluster) -> float:
-        with self.ctx.connect() as conn:
-            _, gpus = self.ctx.references.get(conn)
-        gpu = gpus.get(c.gpu_type) if c.gpu_type else None
-        return cluster_rate(c, gpu, self.ctx.settings.prices, running=True).total
-
     def _refresh(self) -> None:
         """Bring the watched set up to date: one light query of running clusters'
         versions, full rows only for the new or changed ones (a pass over 10,000
@@ -273,12 +252,3 @@ class AutoTerminator:
 def _detail(deadline: Deadline, now: datetime) -> str:
     lag = (now - deadline.at).total_seconds()
     return f"rule {deadline.rule.value} due at {deadline.at.isoformat()} fired {lag:.3f} s later"
-
-
-def policy_view(terminator: AutoTerminator | None, cluster: Any) -> dict[str, Any]:
-    """The ``auto_terminate`` block: the stored policy plus what fires next and when."""
-    block: dict[str, Any] = dict(cluster.auto_terminate or {}) or {"enabled": False}
-    nxt = terminator.next_deadline(cluster) if terminator is not None else None
-    block["next_deadline_at"] = nxt.at.isoformat() if nxt else None
-    block["next_rule"] = nxt.rule.value if nxt else None
-    return block

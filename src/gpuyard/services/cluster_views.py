@@ -10,6 +10,7 @@ from typing import cast
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
+from gpuyard.core.autoterm import Deadline, deadlines, parse_policy, run_started_at
 from gpuyard.core.errors import ClusterNotFound
 from gpuyard.core.ledger import Accrual, Interval
 from gpuyard.core.models import CloudType, GpuTypeInfo
@@ -47,6 +48,8 @@ class ClusterDetails:
     rate: RateParts
     estimated_ready_at: datetime | None
     accrual: Accrual | None = None
+    # What auto-termination fires next for this run (running clusters with a policy).
+    next_auto_terminate: Deadline | None = None
 
 
 def cluster_rate(
@@ -74,6 +77,22 @@ def cluster_rate(
         prices=prices,
         bid_per_gpu=c.bid_per_gpu if c.interruptible else None,
     )
+
+
+def next_auto_terminate(ctx: Context, c: Cluster, gpu: GpuTypeInfo | None) -> Deadline | None:
+    """The earliest auto-termination deadline of a running cluster's current run."""
+    if c.status != ClusterStatus.RUNNING:
+        return None
+    policy = parse_policy(c.auto_terminate)
+    if policy is None:
+        return None
+    plan = deadlines(
+        policy,
+        run_started_at=run_started_at(c.start_initiated_at, c.started_at, c.created_at),
+        hourly_rate=cluster_rate(c, gpu, ctx.settings.prices, running=True).total,
+        idle_since=ctx.idle_since.get(c.id),
+    )
+    return plan[0] if plan else None
 
 
 def estimated_startup_seconds(db: Session | Connection) -> float | None:
@@ -163,6 +182,7 @@ def details(
                 rate=cluster_rate(c, gpu, ctx.settings.prices),
                 estimated_ready_at=eta,
                 accrual=accrual_of(c, intervals.get(c.id, []), now),
+                next_auto_terminate=next_auto_terminate(ctx, c, gpu),
             )
         )
     return out
