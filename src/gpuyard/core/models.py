@@ -46,7 +46,7 @@ class PortSpec(StrictModel):
 
 
 class AutoTerminatePolicy(StrictModel):
-    """When a cluster should stop itself. Stored and shown; enforced by the cost issue."""
+    """When a cluster should stop itself (enforced by reconciler/autoterminate.py)."""
 
     enabled: bool = False
     idle_minutes: float | None = Field(default=None, gt=0, le=525600)
