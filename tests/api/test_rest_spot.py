@@ -45,3 +45,16 @@ def test_spot_over_rest(srv: LiveServer) -> None:
         assert resumed.status_code == 200, resumed.text
         body = schemas.StartEnvelope.model_validate(resumed.json())
         assert body.data.bid_per_gpu == 0.45 and body.data.gpu_count == 2
+
+
+def test_auto_terminate_policy_can_change_while_running(srv: LiveServer) -> None:
+    with srv.client() as c:
+        cid = c.post("/v1/clusters", json={"docker_image": "img"}).json()["data"]["id"]
+        assert srv.server.reconciler.wait_idle(10)
+        r = c.put(f"/v1/clusters/{cid}/auto-terminate", json={"max_runtime_hours": 5})
+        assert r.status_code == 200, r.text
+        block = schemas.ClusterEnvelope.model_validate(r.json()).data.auto_terminate
+        assert block["enabled"] and block["next_rule"] == "max_runtime"
+        bad = c.put(f"/v1/clusters/{cid}/auto-terminate", json={"idle_minutes": -1})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["details"]["field"] == "idle_minutes"

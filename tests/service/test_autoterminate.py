@@ -15,7 +15,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.cluster_views import load_visible
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
 from gpuyard.store.schema import StartupSample
 
 A = "NVIDIA RTX A6000"
@@ -181,3 +181,19 @@ def test_the_cluster_shows_what_fires_next(
     assert block["enabled"] and block["max_runtime_hours"] == 2
     assert block["next_rule"] == "max_runtime" and block["next_action"] == "stop"
     assert block["next_deadline_at"] == "2026-01-01T02:00:00Z"
+
+
+def test_policy_changed_mid_run(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
+) -> None:
+    cid = running(ctx, alice, rec, {"max_runtime_hours": 2})
+    at = terminator(ctx, runtime)
+    clock.advance(3600)
+    assert at.run() == []
+    longer = AutoTerminateUpdate.model_validate({"max_runtime_hours": 4})
+    uc.update_auto_terminate(ctx, alice, cid, longer)
+    assert at.run() == [] and at.seconds_until_next() == pytest.approx(3 * 3600)
+    passed = AutoTerminateUpdate.model_validate({"max_runtime_hours": 0.5, "action": "terminate"})
+    uc.update_auto_terminate(ctx, alice, cid, passed)
+    assert [f.rule for f in at.run()] == [Rule.MAX_RUNTIME]  # already passed: fires now
+    assert uc.get_cluster(ctx, alice, cid).status == "terminating"

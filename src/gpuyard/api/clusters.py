@@ -18,7 +18,13 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.services import cluster_views, spot
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
-from gpuyard.services.requests import MAX_ID, BidResume, CreateCluster, StartCluster
+from gpuyard.services.requests import (
+    MAX_ID,
+    AutoTerminateUpdate,
+    BidResume,
+    CreateCluster,
+    StartCluster,
+)
 
 router = APIRouter(tags=["clusters"], responses=ERROR_RESPONSES)
 
@@ -196,6 +202,22 @@ async def bid_resume_cluster(
     )
     data, meta, _ = await _started(request, principal, cluster_id, result, wait=None)
     return ok(data, **meta)
+
+
+@router.put(
+    "/v1/clusters/{cluster_id}/auto-terminate", responses=documented(schemas.ClusterEnvelope)
+)
+def update_auto_terminate(
+    cluster_id: str,
+    body: AutoTerminateUpdate,
+    request: Request,
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """Change the auto-termination policy (same fields as ``auto_terminate_updates``);
+    on a running cluster it applies to the current run at once."""
+    state = app_state(request)
+    uc.update_auto_terminate(state.ctx, principal, cluster_id, body)
+    return ok(views.cluster_v1(_detail(state, principal, cluster_id)))
 
 
 @router.post("/v1/clusters/{cluster_id}/stop", responses=documented(schemas.ClusterEnvelope))

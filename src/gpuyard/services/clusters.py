@@ -38,9 +38,14 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import meter_status, record_event, transition_cluster
+from gpuyard.services.lifecycle import (
+    guarded_update,
+    meter_status,
+    record_event,
+    transition_cluster,
+)
 from gpuyard.services.placement import assign_ports, claim
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
 from gpuyard.store.schema import Cluster, Event, Project
 
 MAX_CONFLICT_RETRIES = 5
@@ -318,11 +323,7 @@ def _apply_start_changes(
             + ", ".join(f"{p.internal_port}/{p.protocol}" for p in body.port_mapping_updates)
         )
     if body.auto_terminate_updates is not None:
-        policy = dict(cluster.auto_terminate or {})
-        policy.update(body.auto_terminate_updates.model_dump(exclude_unset=True))
-        policy.setdefault("enabled", True)
-        policy.setdefault("action", "stop")
-        values["auto_terminate"] = policy
+        values["auto_terminate"] = merged_policy(cluster, body.auto_terminate_updates)
         applied.append(
             "auto_terminate: " + ", ".join(sorted(body.auto_terminate_updates.model_fields_set))
         )
@@ -435,6 +436,46 @@ def start_cluster(
         ctx.wake()
         reason = ", ".join(reasons) if reasons and new != previous else None
         return StartResult(cluster, applied, previous, new, reason)
+    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
+
+
+def merged_policy(cluster: Cluster, update: AutoTerminateUpdate) -> dict[str, Any]:
+    """The cluster's policy with ``update``'s fields applied (enabled by default)."""
+    policy = dict(cluster.auto_terminate or {})
+    policy.update(update.model_dump(exclude_unset=True))
+    policy.setdefault("enabled", True)
+    policy.setdefault("action", "stop")
+    return policy
+
+
+def update_auto_terminate(
+    ctx: Context, principal: Principal, cluster_id: str, update: AutoTerminateUpdate
+) -> Cluster:
+    """Change a cluster's auto-termination policy in any status but terminated. On a
+    running cluster it applies to the current run at once: a limit the run has
+    already passed fires on the reconciler's next pass."""
+    principal.require_write()
+    for _ in range(MAX_CONFLICT_RETRIES):
+        now = ctx.clock.now()
+        try:
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                if cluster.status in (ClusterStatus.TERMINATING, ClusterStatus.TERMINATED):
+                    require_action(cluster, Action.TERMINATE)  # raises INVALID_STATE
+                session.expunge(cluster)
+                policy = merged_policy(cluster, update)
+                cluster.version = guarded_update(
+                    session, cluster.id, cluster.version, now, auto_terminate=policy
+                )
+                cluster.auto_terminate = policy
+                record_event(
+                    session, cluster.id, now, "auto_terminate",
+                    "policy updated: " + ", ".join(sorted(update.model_fields_set)),
+                )  # fmt: skip
+        except Conflict:
+            continue
+        ctx.wake()
+        return cluster
     raise Conflict(f"cluster {cluster_id} keeps changing; retry")
 
 
