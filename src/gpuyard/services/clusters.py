@@ -77,6 +77,18 @@ def rate_of(
     return cluster_rate(c, gpu, ctx.settings.prices, running)
 
 
+def request_of(c: Cluster, cloud_type: CloudType = CloudType.ALL) -> ResourceRequest:
+    """What the cluster asks of a host (its container disk; the volume is sized apart)."""
+    return ResourceRequest(
+        gpu_type=c.gpu_type,
+        gpu_count=c.gpu_count,
+        vcpus=c.cpu_cores,
+        memory_gb=c.memory_gb,
+        disk_gb=c.container_disk_gb,
+        cloud_type=cloud_type,
+    )
+
+
 def _project_for(session: Session, principal: Principal, project_id: int | None) -> int:
     if project_id is None:
         return principal.default_project_id
@@ -227,14 +239,7 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
         placement = claim(
             session,
             cluster_id=cluster_id,
-            request=ResourceRequest(
-                gpu_type=cluster.gpu_type,
-                gpu_count=gpu_count,
-                vcpus=body.cpu_cores,
-                memory_gb=body.memory_gb,
-                disk_gb=body.container_disk_gb,
-                cloud_type=body.cloud_type,
-            ),
+            request=request_of(cluster, body.cloud_type),
             volume_gb=body.volume_gb,
             ratios=ctx.settings.allocation_ratios,
             now=now,
@@ -384,13 +389,7 @@ def start_cluster(
                 placement = claim(
                     session,
                     cluster_id=cluster.id,
-                    request=ResourceRequest(
-                        gpu_type=cluster.gpu_type,
-                        gpu_count=gpu_count,
-                        vcpus=cluster.cpu_cores,
-                        memory_gb=cluster.memory_gb,
-                        disk_gb=cluster.container_disk_gb,
-                    ),
+                    request=request_of(cluster),
                     volume_gb=cluster.volume_gb,
                     ratios=ctx.settings.allocation_ratios,
                     host_id=cluster.host_id,
