@@ -76,7 +76,14 @@ def run_wrk(url: str, key: str, conns: int, seconds: float) -> dict[str, float]:
          "-H", f"Authorization: Bearer {key}", url],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    pcts = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    return parse_wrk(out)
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    """req/s, p50/p99 (ms), request and error counts from wrk's --latency output."""
+    pcts = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
+    if "99" not in pcts:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)

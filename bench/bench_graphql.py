@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_seconds, free_port, stop_process, tail, wait_http_ok
-from bench_get_cluster import Result, _ms, children_cpu, run_python_client
+from bench_get_cluster import Result, children_cpu, parse_wrk, run_python_client
 
 GOAL = 0.5
 CLUSTERS = 20
@@ -66,8 +66,6 @@ def serve(home: Path, port: int) -> None:
 def run_wrk(
     url: str, key: str, conns: int, seconds: float, body: str | None, work: Path
 ) -> dict[str, float]:
-    import re
-
     cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--latency", "--timeout", "10s",
            "-H", f"Authorization: Bearer {key}"]  # fmt: skip
     if body is not None:
@@ -79,18 +77,7 @@ def run_wrk(
         )
         cmd += ["-s", str(script)]
     out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
-    pcts = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M))
-    if "99" not in pcts:
-        raise RuntimeError(f"unexpected wrk output:\n{out}")
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    errs = re.search(r"Socket errors:.*", out)
-    errors = int(non2xx.group(1)) if non2xx else 0
-    if errs:
-        errors += sum(int(n) for n in re.findall(r"\d+", errs.group(0)))
-    return {"rps": rps, "p50_ms": _ms(pcts["50"]), "p99_ms": _ms(pcts["99"]),
-            "requests": total, "errors": errors}  # fmt: skip
+    return parse_wrk(out)
 
 
 def main() -> int:

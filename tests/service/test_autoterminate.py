@@ -21,16 +21,6 @@ from gpuyard.store.schema import StartupSample
 A = "NVIDIA RTX A6000"
 
 
-@pytest.fixture
-def runtime() -> FakeRuntime:
-    return FakeRuntime()
-
-
-@pytest.fixture
-def rec(ctx: Context, runtime: FakeRuntime) -> Reconciler:
-    return Reconciler(ctx, runtime)
-
-
 def running(ctx: Context, p: Principal, rec: Reconciler, policy: dict[str, object]) -> str:
     body = CreateCluster.model_validate(
         {"gpu_type": A, "docker_image": "img", "auto_terminate": {"enabled": True, **policy}}

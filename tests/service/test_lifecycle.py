@@ -22,16 +22,6 @@ from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.store.schema import Event, GpuAllocation, PortAllocation, Reservation
 
 
-@pytest.fixture
-def runtime() -> FakeRuntime:
-    return FakeRuntime()
-
-
-@pytest.fixture
-def rec(ctx: Context, runtime: FakeRuntime) -> Reconciler:
-    return Reconciler(ctx, runtime)
-
-
 def a6000(n: int = 1, **kw: object) -> CreateCluster:
     return CreateCluster.model_validate(
         {"gpu_type": "NVIDIA RTX A6000", "gpu_count": n, "docker_image": "img", **kw}

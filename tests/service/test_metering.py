@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from sqlalchemy import select
 
 from gpuyard.core.ledger import Interval, micro, total_amount
@@ -17,16 +16,6 @@ from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.store.schema import UsageInterval
 
 A = "NVIDIA RTX A6000"
-
-
-@pytest.fixture
-def runtime() -> FakeRuntime:
-    return FakeRuntime()
-
-
-@pytest.fixture
-def rec(ctx: Context, runtime: FakeRuntime) -> Reconciler:
-    return Reconciler(ctx, runtime)
 
 
 def body(**kw: object) -> CreateCluster:

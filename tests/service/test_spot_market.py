@@ -21,16 +21,6 @@ from gpuyard.store.schema import GpuAllocation
 A = "NVIDIA RTX A6000"  # the test host has 4, spot floor 0.20 (secure)
 
 
-@pytest.fixture
-def runtime() -> FakeRuntime:
-    return FakeRuntime()
-
-
-@pytest.fixture
-def rec(ctx: Context, runtime: FakeRuntime) -> Reconciler:
-    return Reconciler(ctx, runtime)
-
-
 def spot_body(n: int, bid: float | None, **kw: object) -> CreateCluster:
     body: dict[str, object] = {"gpu_type": A, "gpu_count": n, "docker_image": "img", **kw}
     if bid is not None:

@@ -1,0 +1,19 @@
+"""Service-test fixtures: the fake runtime and a reconciler over the ``ctx`` store."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuyard.reconciler.loop import Reconciler
+from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.services.context import Context
+
+
+@pytest.fixture
+def runtime() -> FakeRuntime:
+    return FakeRuntime()
+
+
+@pytest.fixture
+def rec(ctx: Context, runtime: FakeRuntime) -> Reconciler:
+    return Reconciler(ctx, runtime)
