@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuyard.core.ippool import parse_pool
 from gpuyard.core.placement import AllocationRatios
 from gpuyard.core.pricing import Prices
 
@@ -34,6 +35,9 @@ class Settings(BaseSettings):
     local_location: str = "local"
     # Address users reach published ports on (shown in connection strings).
     public_address: str | None = None
+    # The pool projects reserve public IPs from (core/ippool.py): a CIDR such as
+    # 127.0.10.0/28 or comma-separated addresses and CIDRs. None: no reserved IPs.
+    reserved_ips: str | None = None
 
     vcpu_allocation_ratio: float = 1.0
     memory_allocation_ratio: float = 1.0
@@ -57,6 +61,22 @@ class Settings(BaseSettings):
     idle_cpu_percent: float = 5.0
     idle_gpu_percent: float = 10.0
     idle_sample_interval_s: float = 15.0
+
+    # Training clusters: where their SSH ports listen, how long a node may take to
+    # show up in Slurm, how long update_image waits for a drained node's jobs.
+    training_bind_address: str = "0.0.0.0"
+    training_ready_timeout_s: float = 180.0
+    training_drain_timeout_s: float = 300.0
+    # Off: training clusters are recorded but no operator builds them (tests, hosts
+    # without a node image).
+    training_enabled: bool = True
+
+    @field_validator("reserved_ips")
+    @classmethod
+    def _reserved_ips(cls, value: str | None) -> str | None:
+        # A malformed pool fails at start-up, not on the first allocation.
+        parse_pool(value)
+        return value
 
     @property
     def effective_database_url(self) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gpuyard import __version__
-from gpuyard.api import billing, catalog, clusters, errors
+from gpuyard.api import billing, catalog, clusters, errors, training
 from gpuyard.api import metrics as metrics_api
 from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
@@ -20,6 +20,7 @@ from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
 from gpuyard.reconciler.autoterminate import Fired
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import IssuedKey
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
@@ -44,6 +45,7 @@ def build_server(
     clock: Clock | None = None,
     engine_url: str | None = None,
     run_reconciler: bool = True,
+    training_operator: Callable[[Context], TrainingOperator] | None = None,
 ) -> Server:
     """Migrate the store, seed it, register the local host and assemble the app.
 
@@ -61,6 +63,10 @@ def build_server(
     ctx.wake = reconciler.wake
     admin_key = first_start(ctx)
     register_local_host(ctx, engine_url)
+    operator = training_operator(ctx) if training_operator is not None else None
+    if operator is not None:
+        ctx.training_wake = operator.wake
+        ctx.training_edge = operator.sync_edge
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -72,9 +78,13 @@ def build_server(
         if run_reconciler:
             reconciler.start()
             reconciler.wake()
+        if operator is not None:
+            operator.start()
         try:
             yield
         finally:
+            if operator is not None:
+                operator.stop()
             if run_reconciler:
                 reconciler.stop()
             engine.dispose()
@@ -85,7 +95,7 @@ def build_server(
         description="Self-hostable GPU cloud: clusters on real containers (REST v1/v2, GraphQL).",
         lifespan=lifespan,
     )
-    app.state.gpuyard = AppState(ctx=ctx, runtime=runtime)
+    app.state.gpuyard = AppState(ctx=ctx, runtime=runtime, training=operator)
     errors.install(app)
     app.add_middleware(ClusterReadFastPath)
     # Metrics: added last, so its latency middleware is outermost and times the fast path.
@@ -104,6 +114,7 @@ def build_server(
     app.include_router(catalog.router)
     app.include_router(billing.router)
     app.include_router(graphql_router())
+    app.include_router(training.router)
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> JSONResponse:
@@ -121,5 +132,27 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
 
         url = detect_engine_url(settings.engine_url)
         runtime = DockerEngineRuntime(url)
-        return build_server(settings, runtime, engine_url=url).app
+        operator = training_operator_factory(settings, url) if settings.training_enabled else None
+        return build_server(settings, runtime, engine_url=url, training_operator=operator).app
     return build_server(settings, runtime).app
+
+
+def training_operator_factory(
+    settings: Settings, engine_url: str | None
+) -> Callable[[Context], TrainingOperator]:
+    """Training clusters on real Slurm nodes of the local engine, reached through
+    userspace forwarders."""
+    from gpuyard.net.forwarder import TcpForwarder
+    from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
+
+    def make(ctx: Context) -> TrainingOperator:
+        return TrainingOperator(
+            ctx,
+            SlurmNodeRuntime(engine_url),
+            TcpForwarder(),
+            ready_timeout_s=settings.training_ready_timeout_s,
+            drain_timeout_s=settings.training_drain_timeout_s,
+            bind_address=settings.training_bind_address,
+        )
+
+    return make

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -57,11 +58,21 @@ class PrincipalCache:
             self._entries.clear()
 
 
+class PartitionReader(Protocol):
+    """Slurm's view of a training cluster's nodes (reconciler/training.py)."""
+
+    def partition_state(
+        self, cluster_id: int, max_age_s: float = 2.0
+    ) -> list[tuple[str, str]] | None: ...
+
+
 @dataclass
 class AppState:
     ctx: Context
     runtime: Runtime
     keys: PrincipalCache = field(default_factory=PrincipalCache)
+    # The training operator, when training clusters are served by real nodes.
+    training: PartitionReader | None = None
 
     def _read_principal(self, key: str | None, key_hash: str | None) -> Principal:
         try:

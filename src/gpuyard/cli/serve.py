@@ -13,7 +13,7 @@ from types import FrameType
 
 import click
 
-from gpuyard.api.app import build_server
+from gpuyard.api.app import build_server, training_operator_factory
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine_url import (
@@ -158,7 +158,10 @@ def run_server(host: str | None, port: int | None) -> None:
     service: PodmanService | None = None
     try:
         url, service = find_engine(settings)
-        server = build_server(settings, DockerEngineRuntime(url), engine_url=url)
+        operator = training_operator_factory(settings, url) if settings.training_enabled else None
+        server = build_server(
+            settings, DockerEngineRuntime(url), engine_url=url, training_operator=operator
+        )
         if server.admin_key is not None:
             announce_admin_key(server.admin_key, settings)
         log.info("gpuyard listening on %s (home %s)", connectable_url(settings), settings.home)

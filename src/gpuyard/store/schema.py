@@ -181,7 +181,8 @@ class GpuAllocation(Base):
     __tablename__ = "gpu_allocations"
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
     gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    # The holder: a cluster id, or a training node's owner id (core/training.py).
+    cluster_id: Mapped[str] = mapped_column(String(14), index=True)
 
 
 class Reservation(Base):
@@ -189,7 +190,8 @@ class Reservation(Base):
     the volume stays reserved until terminate."""
 
     __tablename__ = "reservations"
-    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), primary_key=True)
+    # The holder: a cluster id, or a training node's owner id (core/training.py).
+    cluster_id: Mapped[str] = mapped_column(String(14), primary_key=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
     vcpus: Mapped[int] = mapped_column(Integer)
     memory_gb: Mapped[int] = mapped_column(Integer)
@@ -202,7 +204,8 @@ class PortAllocation(Base):
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
     port: Mapped[int] = mapped_column(Integer, primary_key=True)
     protocol: Mapped[str] = mapped_column(String(4), primary_key=True)
-    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    # The holder: a cluster id, or a training cluster's owner id (core/training.py).
+    cluster_id: Mapped[str] = mapped_column(String(14), index=True)
     internal_port: Mapped[int] = mapped_column(Integer)
 
 
@@ -253,3 +256,117 @@ class UsageInterval(Base):
     rate_micro: Mapped[int] = mapped_column(BigInteger)
     started_at: Mapped[datetime] = mapped_column()
     ended_at: Mapped[datetime | None] = mapped_column()
+
+
+class SshKey(Base):
+    """A user's OpenSSH public key; training nodes authorise the keys a cluster names."""
+
+    __tablename__ = "ssh_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    public_key: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ImageVersion(Base):
+    """A node image users may pick by id (``image_version_id``)."""
+
+    __tablename__ = "image_versions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[str] = mapped_column(String(100))
+    image: Mapped[str] = mapped_column(String(512), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Plan(Base):
+    """A node size with its price (``sku_id``)."""
+
+    __tablename__ = "plans"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    gpu_type: Mapped[str] = mapped_column(String(100))
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    cpus_per_node: Mapped[int] = mapped_column(Integer)
+    memory_gb_per_node: Mapped[int] = mapped_column(Integer)
+
+
+class ReservedIp(Base):
+    """An address of the admin's pool held by a project; attached to at most one
+    training cluster."""
+
+    __tablename__ = "reserved_ips"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    address: Mapped[str] = mapped_column(String(64), unique=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
+    training_cluster_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SecurityGroup(Base):
+    """Inbound rules (core/secgroups.py); enforced for clusters that attach them."""
+
+    __tablename__ = "security_groups"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str] = mapped_column(Text, default="")
+    rules: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TrainingCluster(Base):
+    """A Slurm training cluster: one controller node and N workers (training_nodes).
+    ``operation`` is the action being carried out (None when at rest); the operator
+    resumes it after a crash."""
+
+    __tablename__ = "training_clusters"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    location: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(20), index=True)
+    status_reason: Mapped[str] = mapped_column(Text, default="")
+    error_message: Mapped[str | None] = mapped_column(Text)
+    image_version_id: Mapped[int] = mapped_column(Integer)
+    sku_id: Mapped[int | None] = mapped_column(Integer)
+    gpu_type: Mapped[str] = mapped_column(String(100))
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    cpus_per_node: Mapped[int] = mapped_column(Integer)
+    memory_gb_per_node: Mapped[int] = mapped_column(Integer)
+    ssh_key_ids: Mapped[list[Any]] = mapped_column(default=list)
+    security_group_ids: Mapped[list[Any]] = mapped_column(default=list)
+    lifecycle_script: Mapped[str | None] = mapped_column(Text)
+    # A secret: never logged, never shown.
+    munge_key: Mapped[str] = mapped_column(Text)
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
+    ssh_port: Mapped[int | None] = mapped_column(Integer)
+    next_worker: Mapped[int] = mapped_column(Integer, default=1)
+    operation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column()
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class TrainingNode(Base):
+    """One node container of a training cluster."""
+
+    __tablename__ = "training_nodes"
+    __table_args__ = (UniqueConstraint("cluster_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster_id: Mapped[int] = mapped_column(ForeignKey("training_clusters.id"), index=True)
+    role: Mapped[str] = mapped_column(String(20))
+    name: Mapped[str] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(20))
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
+    gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
+    image_version_id: Mapped[int] = mapped_column(Integer)
+    container_id: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,193 @@
+"""Seed 002: ``/distributed_jobs_v2/cluster/`` — training clusters and their actions.
+
+This surface has its own envelope, ``{code, data, errors, message}`` with the HTTP
+status equal to ``code``, for answers and errors alike (including a bad key or a body
+that is not JSON), so every failure is rendered here rather than by the v1 handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from gpuyard.api.state import AppState, app_state, key_from_request
+from gpuyard.core.errors import GpuyardError, ValidationFailed
+from gpuyard.services import training
+from gpuyard.services.auth import Principal
+from gpuyard.services.projects import parse_int
+from gpuyard.services.reserved_ips import reserved_ip_view
+from gpuyard.services.training_views import cluster_view
+from gpuyard.store.schema import ReservedIp
+
+log = logging.getLogger(__name__)
+
+BASE = "/distributed_jobs_v2/cluster"
+router = APIRouter(tags=["training clusters (seed 002)"])
+
+
+def envelope(code: int, data: Any, message: str, errors: Any = None) -> JSONResponse:
+    return JSONResponse(
+        {"code": code, "data": data, "errors": errors or {}, "message": message},
+        status_code=code,
+    )
+
+
+def error_envelope(exc: GpuyardError) -> JSONResponse:
+    errors: dict[str, Any] = {"code": exc.code, "details": exc.details}
+    if isinstance(exc, ValidationFailed):
+        errors["field"] = exc.field
+    return envelope(exc.http_status, {}, exc.message, errors)
+
+
+def _scope(request: Request) -> training.Scope:
+    q = request.query_params
+    project_id = parse_int("project_id", q.get("project_id"), required=True)
+    location = q.get("location")
+    if not location:
+        raise ValidationFailed("location", "is required (GET /v1/locations lists them)")
+    active_iam = parse_int("active_iam", q.get("active_iam"), required=False)
+    assert project_id is not None
+    return training.Scope(project_id=project_id, location=location, active_iam=active_iam)
+
+
+def _cluster_id(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ValidationFailed("Cluster_Id", f"{raw!r} is not an integer cluster id") from exc
+    return value
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        raise ValidationFailed("body", "a JSON object is required")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ValidationFailed("body", "request body is not valid JSON") from exc
+    if not isinstance(body, dict):
+        raise ValidationFailed("body", "must be a JSON object")
+    return body
+
+
+Work = Callable[[AppState, Principal, training.Scope], tuple[int, Any, str]]
+
+
+async def _handle(request: Request, work: Work) -> JSONResponse:
+    """Authenticate, parse the scope, run ``work`` in a worker thread and render."""
+    try:
+        state = app_state(request)
+        principal = await state.principal(key_from_request(request))
+        scope = _scope(request)
+        code, data, message = await run_in_threadpool(work, state, principal, scope)
+        return envelope(code, data, message)
+    except GpuyardError as exc:
+        if exc.http_status >= 500:
+            log.error("%s: %s", exc.code, exc.message)
+        return error_envelope(exc)
+
+
+def _view(state: AppState, principal: Principal, scope: training.Scope, cluster_id: int) -> Any:
+    ctx = state.ctx
+    operator = state.training
+    with ctx.read() as session:
+        cluster = training.load_cluster(session, principal, scope, cluster_id)
+        partition = None
+        if operator is not None and cluster.status != "creating":
+            partition = operator.partition_state(cluster.id)
+        return cluster_view(
+            session,
+            cluster,
+            prices=ctx.settings.prices,
+            public_address=ctx.settings.public_address,
+            partition=partition,
+        )
+
+
+@router.post(BASE + "/")
+@router.post(BASE, include_in_schema=False)
+async def create_training_cluster(request: Request) -> JSONResponse:
+    """Create a training cluster: a controller (login) node and ``no_of_nodes`` workers."""
+    try:
+        body = await _body(request)
+    except GpuyardError as exc:
+        return error_envelope(exc)
+
+    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+        cluster_id = training.create_cluster(state.ctx, p, scope, body)
+        return 201, _view(state, p, scope, cluster_id), "Cluster created successfully"
+
+    return await _handle(request, work)
+
+
+@router.get(BASE + "/")
+@router.get(BASE, include_in_schema=False)
+async def list_training_clusters(request: Request) -> JSONResponse:
+    """Training clusters of ``project_id`` at ``location``."""
+
+    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+        with state.ctx.read() as session:
+            ids = [c.id for c in training.list_clusters(session, p, scope)]
+        return 200, [_view(state, p, scope, i) for i in ids], "Success"
+
+    return await _handle(request, work)
+
+
+@router.get(BASE + "/{Cluster_Id}/")
+@router.get(BASE + "/{Cluster_Id}", include_in_schema=False)
+async def get_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:  # noqa: N803
+    """One training cluster with its nodes, SSH entry and Slurm partition state."""
+
+    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+        return 200, _view(state, p, scope, _cluster_id(Cluster_Id)), "Success"
+
+    return await _handle(request, work)
+
+
+@router.put(BASE + "/{Cluster_Id}/")
+@router.put(BASE + "/{Cluster_Id}", include_in_schema=False)
+async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:  # noqa: N803
+    """Seed 002's actions: update_ssh_keys, update_image, restart_workers,
+    restart_cluster, scale_cluster, attach_ip, detach_ip, add_security_group,
+    remove_security_group."""
+    try:
+        body = await _body(request)
+    except GpuyardError as exc:
+        return error_envelope(exc)
+
+    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+        cluster_id = _cluster_id(Cluster_Id)
+        result = training.perform_action(state.ctx, p, scope, cluster_id, body)
+        if result.kind == "reserved_ip":
+            with state.ctx.read() as session:
+                ip = session.get(ReservedIp, result.reserved_ip_id)
+                assert ip is not None
+                return 200, reserved_ip_view(ip), "Reserved IP attached successfully"
+        if result.kind == "empty":
+            return 200, {}, "Reserved IP detached successfully"
+        if result.kind == "message":
+            return 200, result.message, result.message
+        return 200, _view(state, p, scope, cluster_id), "Cluster updated successfully"
+
+    return await _handle(request, work)
+
+
+@router.delete(BASE + "/{Cluster_Id}/")
+@router.delete(BASE + "/{Cluster_Id}", include_in_schema=False)
+async def delete_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:  # noqa: N803
+    """Delete: every node container, the network, the Slurm state volume, the
+    forwarders; capacity and reserved IPs are released."""
+
+    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+        cluster_id = _cluster_id(Cluster_Id)
+        training.delete_cluster(state.ctx, p, scope, cluster_id)
+        return 200, {"id": cluster_id, "status": "deleting"}, "Cluster deletion started"
+
+    return await _handle(request, work)

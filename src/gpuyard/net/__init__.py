@@ -1,0 +1,2 @@
+"""Networking the control plane does itself: the userspace TCP forwarder that makes
+reserved IPs and security groups real. Imports only gpuyard.core."""

@@ -1,0 +1,495 @@
+"""The training operator: carries out training-cluster operations on real nodes.
+
+An operation (``training_clusters.operation``) is recorded by the service in the same
+transaction that validated it; the operator runs it in a worker thread, one at a time
+per cluster, and clears it when done. Every step is idempotent, so an operation cut
+short by a crash is simply run again at the next start (a periodic scan resumes any
+operation not in flight). A newer operation (e.g. a delete during a create) supersedes
+the running one between steps.
+
+The operator also owns the cluster's network edge: TCP forwarders from the cluster's
+SSH port and its reserved IPs to the controller, filtered by its security groups.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from sqlalchemy import select
+
+from gpuyard.core import secgroups
+from gpuyard.core.errors import GpuyardError
+from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus
+from gpuyard.runtimes import slurm_config
+from gpuyard.runtimes.slurm_nodes import NodeSpec
+from gpuyard.services.context import Context
+from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of
+from gpuyard.store.schema import (
+    ImageVersion,
+    ReservedIp,
+    SecurityGroup,
+    SshKey,
+    TrainingCluster,
+    TrainingNode,
+)
+
+log = logging.getLogger(__name__)
+
+LABEL_TRAINING = "gpuyard.training_cluster_id"
+LABEL_ROLE = "gpuyard.role"
+LABEL_NODE = "gpuyard.node"
+
+
+class NodeRuntime(Protocol):
+    """What the operator needs of runtimes/slurm_nodes.SlurmNodeRuntime."""
+
+    def ensure_network(self, name: str) -> None: ...
+    def remove_network(self, name: str) -> None: ...
+    def create_node(self, spec: NodeSpec, files: dict[str, tuple[bytes, int]]) -> str: ...
+    def install_authorized_keys(self, name: str, keys_text: str) -> None: ...
+    def exec(self, name: str, argv: list[str], timeout_s: float = 30) -> tuple[int, str]: ...
+    def restart_node(self, name: str) -> None: ...
+    def remove_node(self, name: str) -> None: ...
+    def node_state(self, name: str) -> Literal["missing", "created", "running", "exited"]: ...
+    def node_address(self, name: str, network: str) -> str | None: ...
+    def list_nodes(self, label: str, value: str) -> list[str]: ...
+    def wait_slurm_ready(
+        self, controller: str, expected_nodes: list[str], timeout_s: float
+    ) -> None: ...
+    def sinfo(self, controller: str) -> list[tuple[str, str]]: ...
+    def remove_volume(self, name: str) -> None: ...
+
+
+class Edge(Protocol):
+    """What the operator needs of net/forwarder.TcpForwarder."""
+
+    def ensure(
+        self,
+        listen_host: str,
+        listen_port: int,
+        target_host: str,
+        target_port: int,
+        acl: Callable[[str, int], bool],
+    ) -> None: ...
+    def remove(self, listen_host: str, listen_port: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class Superseded(Exception):
+    """A newer operation replaced the one being run."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One read of a cluster, what its nodes need, and its operation."""
+
+    cluster: TrainingCluster
+    nodes: list[TrainingNode]
+    images: dict[int, str]
+    keys_text: str
+    operation: dict[str, Any] | None
+
+
+class TrainingOperator:
+    def __init__(
+        self,
+        ctx: Context,
+        nodes: NodeRuntime,
+        edge: Edge | None,
+        *,
+        ready_timeout_s: float = 180.0,
+        drain_timeout_s: float = 300.0,
+        scan_interval_s: float = 5.0,
+        bind_address: str = "0.0.0.0",
+        workers: int = 8,
+    ) -> None:
+        self.ctx = ctx
+        self.nodes = nodes
+        self.edge = edge
+        self.ready_timeout_s = ready_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.scan_interval_s = scan_interval_s
+        self.bind_address = bind_address
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="training")
+        self._lock = threading.Lock()
+        self._in_flight: set[int] = set()
+        self._again: set[int] = set()
+        self._listeners: dict[int, set[tuple[str, int]]] = {}
+        self._acls: dict[int, list[list[secgroups.Rule]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sinfo_cache: dict[int, tuple[float, list[tuple[str, str]]]] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._scan_loop, name="training-scan", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.edge is not None:
+            self.edge.close()
+
+    def _scan_loop(self) -> None:
+        first = True
+        while not self._stop.is_set():
+            try:
+                self.scan(sync_edges=first)
+                first = False
+            except Exception:
+                log.exception("training scan failed")
+            self._stop.wait(self.scan_interval_s)
+
+    def scan(self, sync_edges: bool = False) -> None:
+        """Resume every recorded operation not in flight; on the first scan after a
+        start also rebuild every live cluster's edge."""
+        with self.ctx.read() as session:
+            rows = session.execute(
+                select(TrainingCluster.id, TrainingCluster.operation).where(
+                    TrainingCluster.deleted_at.is_(None)
+                )
+            ).all()
+        for cluster_id, operation in rows:
+            if operation is not None:
+                self.wake(cluster_id)
+            elif sync_edges:
+                self.sync_edge(cluster_id)
+
+    def wake(self, cluster_id: int) -> None:
+        """Run the cluster's recorded operation (again, if one is in flight)."""
+        with self._lock:
+            if cluster_id in self._in_flight:
+                self._again.add(cluster_id)
+                return
+            self._in_flight.add(cluster_id)
+        self._pool.submit(self._drive, cluster_id)
+
+    def _drive(self, cluster_id: int) -> None:
+        try:
+            while True:
+                try:
+                    self._run_once(cluster_id)
+                except Exception:
+                    log.exception("training cluster %s: operation failed", cluster_id)
+                with self._lock:
+                    if cluster_id not in self._again:
+                        self._in_flight.discard(cluster_id)
+                        return
+                    self._again.discard(cluster_id)
+        finally:
+            with self._lock:
+                self._in_flight.discard(cluster_id)
+
+    # ------------------------------------------------------------ reading
+
+    def _snapshot(self, cluster_id: int) -> Snapshot | None:
+        with self.ctx.read() as session:
+            cluster = session.get(TrainingCluster, cluster_id)
+            if cluster is None or cluster.deleted_at is not None:
+                return None
+            nodes = nodes_of(session, cluster_id)
+            image_ids = {cluster.image_version_id, *(n.image_version_id for n in nodes)}
+            images = {
+                i.id: i.image
+                for i in session.scalars(select(ImageVersion).where(ImageVersion.id.in_(image_ids)))
+            }
+            keys = session.scalars(select(SshKey).where(SshKey.id.in_(cluster.ssh_key_ids)))
+            keys_text = "".join(k.public_key.strip() + "\n" for k in keys)
+            session.expunge_all()
+        return Snapshot(cluster, nodes, images, keys_text, cluster.operation)
+
+    def _check(self, cluster_id: int, token: str) -> None:
+        with self.ctx.read() as session:
+            op = session.scalar(
+                select(TrainingCluster.operation).where(TrainingCluster.id == cluster_id)
+            )
+        if not op or op.get("token") != token:
+            raise Superseded()
+
+    # ------------------------------------------------------------ running
+
+    def _run_once(self, cluster_id: int) -> None:
+        snap = self._snapshot(cluster_id)
+        if snap is None or snap.operation is None:
+            return
+        action = snap.operation.get("action")
+        token = str(snap.operation.get("token"))
+        try:
+            if action == "delete":
+                self._teardown(snap)
+                finish_delete(self.ctx, cluster_id)
+                self._sinfo_cache.pop(cluster_id, None)
+                return
+            if action in ("create", "scale_cluster"):
+                self._build(snap, token)
+            elif action == "restart_workers":
+                self._restart(snap, token, controller=False)
+            elif action == "restart_cluster":
+                self._restart(snap, token, controller=True)
+            elif action == "update_ssh_keys":
+                for node in snap.nodes:
+                    self._check(cluster_id, token)
+                    self.nodes.install_authorized_keys(node.name, snap.keys_text)
+            elif action == "update_image":
+                self._roll_image(snap, token)
+            else:
+                raise GpuyardError(f"unknown operation {action!r}")
+            self._finish(cluster_id, token, None)
+        except Superseded:
+            self.wake(cluster_id)
+        except GpuyardError as exc:
+            self._finish(cluster_id, token, exc.message)
+        except Exception as exc:  # a bug or an engine surprise: the cluster shows it
+            log.exception("training cluster %s: %s failed", cluster_id, action)
+            self._finish(cluster_id, token, f"{type(exc).__name__}: {exc}")
+        self.sync_edge(cluster_id)
+
+    def _finish(self, cluster_id: int, token: str, error: str | None) -> None:
+        with self.ctx.transaction() as session:
+            cluster = session.get(TrainingCluster, cluster_id)
+            if cluster is None or not cluster.operation:
+                return
+            if cluster.operation.get("token") != token:
+                return
+            action = cluster.operation.get("action")
+            if error is None:
+                cluster.status = TrainingStatus.RUNNING.value
+                cluster.status_reason = f"{action} done"
+                cluster.error_message = None
+            else:
+                cluster.status = TrainingStatus.ERROR.value
+                cluster.status_reason = f"{action} failed"
+                cluster.error_message = error
+            cluster.operation = None
+            cluster.updated_at = self.ctx.clock.now()
+            cluster.version += 1
+
+    def _set_nodes(self, ids: Sequence[int], status: NodeStatus, **values: Any) -> None:
+        with self.ctx.transaction() as session:
+            for node_id in ids:
+                node = session.get(TrainingNode, node_id)
+                if node is not None:
+                    node.status = status.value
+                    for k, v in values.items():
+                        setattr(node, k, v)
+
+    # ------------------------------------------------------------ node files
+
+    def _files(self, snap: Snapshot, node: TrainingNode) -> dict[str, tuple[bytes, int]]:
+        c = snap.cluster
+        names = NodeName(c.id)
+        files: dict[str, tuple[bytes, int]] = {
+            "munge.key": (base64.b64decode(c.munge_key), 0o400),
+            "slurm.conf": (
+                slurm_config.slurm_conf(names.prefix, names.controller, 64).encode(),
+                0o644,
+            ),
+            "authorized_keys": (snap.keys_text.encode(), 0o600),
+        }
+        if node.role == NodeRole.WORKER:
+            files["gres.conf"] = (slurm_config.gres_conf(c.gpus_per_node).encode(), 0o644)
+        if c.lifecycle_script:
+            files["lifecycle.sh"] = (c.lifecycle_script.encode(), 0o755)
+        return files
+
+    def _spec(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> NodeSpec:
+        c = snap.cluster
+        names = NodeName(c.id)
+        controller = node.role == NodeRole.CONTROLLER
+        return NodeSpec(
+            name=node.name,
+            role="controller" if controller else "worker",
+            image=snap.images[image_version_id],
+            network=names.network,
+            cpus=2 if controller else c.cpus_per_node,
+            memory_gb=4 if controller else c.memory_gb_per_node,
+            gpu_count=0 if controller else c.gpus_per_node,
+            gpu_indices=tuple(node.gpu_indices),
+            labels={
+                LABEL_TRAINING: str(c.id),
+                LABEL_ROLE: node.role,
+                LABEL_NODE: node.name,
+            },
+            state_volume=names.state_volume if controller else None,
+        )
+
+    def _create(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> str:
+        return self.nodes.create_node(
+            self._spec(snap, node, image_version_id), self._files(snap, node)
+        )
+
+    # ------------------------------------------------------------ operations
+
+    def _build(self, snap: Snapshot, token: str) -> None:
+        """Create every node not yet running (controller first), then wait until Slurm
+        lists every worker as usable. Running nodes are left alone, so a scale never
+        disturbs running jobs."""
+        c = snap.cluster
+        names = NodeName(c.id)
+        self.nodes.ensure_network(names.network)
+        ordered = sorted(snap.nodes, key=lambda n: n.role != NodeRole.CONTROLLER)
+        for node in ordered:
+            self._check(c.id, token)
+            if node.status == NodeStatus.RUNNING and self.nodes.node_state(node.name) == "running":
+                continue
+            container = self._create(snap, node, node.image_version_id)
+            self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
+        workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
+        self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
+        self._set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
+
+    def _restart(self, snap: Snapshot, token: str, *, controller: bool) -> None:
+        names = NodeName(snap.cluster.id)
+        workers = [n for n in snap.nodes if n.role == NodeRole.WORKER]
+        chosen = [n for n in snap.nodes if controller or n.role == NodeRole.WORKER]
+        self._set_nodes([n.id for n in chosen], NodeStatus.RESTARTING)
+        if controller:
+            self.nodes.ensure_network(names.network)
+        for node in sorted(chosen, key=lambda n: n.role != NodeRole.CONTROLLER):
+            self._check(snap.cluster.id, token)
+            if self.nodes.node_state(node.name) == "missing":
+                self._create(snap, node, node.image_version_id)
+            else:
+                self.nodes.restart_node(node.name)
+        self.nodes.wait_slurm_ready(names.controller, [n.name for n in workers], self.ready_timeout_s)
+        self._set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
+
+    def _scontrol(self, controller: str, *args: str) -> tuple[int, str]:
+        return self.nodes.exec(controller, ["scontrol", *args], 30)
+
+    def _drain(self, controller: str, node: str) -> None:
+        """Drain ``node`` and wait (bounded) until its jobs are done."""
+        self._scontrol(controller, "update", f"nodename={node}", "state=drain", "reason=update_image")
+        deadline = time.monotonic() + self.drain_timeout_s
+        while time.monotonic() < deadline:
+            states = dict(self.nodes.sinfo(controller))
+            state = states.get(node, "")
+            if not state or state.startswith("drained") or "down" in state:
+                return
+            time.sleep(1.0)
+
+    def _roll_image(self, snap: Snapshot, token: str) -> None:
+        """Replace each node whose image differs, one at a time: workers drained first
+        and resumed after; the controller last (its state volume keeps the queue)."""
+        c = snap.cluster
+        names = NodeName(c.id)
+        workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
+        ordered = sorted(snap.nodes, key=lambda n: n.role == NodeRole.CONTROLLER)
+        for node in ordered:
+            if node.image_version_id == c.image_version_id:
+                continue
+            self._check(c.id, token)
+            self._set_nodes([node.id], NodeStatus.REPLACING)
+            worker = node.role == NodeRole.WORKER
+            if worker:
+                self._drain(names.controller, node.name)
+            self.nodes.remove_node(node.name)
+            container = self._create(snap, node, c.image_version_id)
+            self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
+            if worker:
+                self._scontrol(names.controller, "update", f"nodename={node.name}", "state=resume")
+            self._set_nodes(
+                [node.id],
+                NodeStatus.RUNNING,
+                image_version_id=c.image_version_id,
+                container_id=container,
+            )
+            if not worker:
+                self.sync_edge(c.id)  # the controller's address may have changed
+
+    def _teardown(self, snap: Snapshot) -> None:
+        c = snap.cluster
+        names = NodeName(c.id)
+        self._drop_edge(c.id)
+        for name in {*(n.name for n in snap.nodes), *self.nodes.list_nodes(LABEL_TRAINING, str(c.id))}:
+            self.nodes.remove_node(name)
+        self.nodes.remove_network(names.network)
+        self.nodes.remove_volume(names.state_volume)
+
+    # ------------------------------------------------------------ edge
+
+    def _drop_edge(self, cluster_id: int) -> None:
+        if self.edge is None:
+            return
+        for host, port in self._listeners.pop(cluster_id, set()):
+            self.edge.remove(host, port)
+        self._acls.pop(cluster_id, None)
+
+    def sync_edge(self, cluster_id: int) -> None:
+        """Make the forwarders of ``cluster_id`` match the store: its SSH port and each
+        attached reserved IP reach the controller's SSH, filtered by its security
+        groups (none attached: open). Safe to call any time, from any thread."""
+        if self.edge is None:
+            return
+        try:
+            self._sync_edge(cluster_id)
+        except Exception:
+            log.exception("training cluster %s: edge sync failed", cluster_id)
+
+    def _sync_edge(self, cluster_id: int) -> None:
+        assert self.edge is not None
+        with self.ctx.read() as session:
+            cluster = session.get(TrainingCluster, cluster_id)
+            if cluster is None or cluster.deleted_at is not None or cluster.status in (
+                TrainingStatus.DELETING,
+                TrainingStatus.DELETED,
+            ):
+                self._drop_edge(cluster_id)
+                return
+            ips = list(
+                session.scalars(
+                    select(ReservedIp.address).where(ReservedIp.training_cluster_id == cluster_id)
+                )
+            )
+            groups = session.scalars(
+                select(SecurityGroup).where(SecurityGroup.id.in_(cluster.security_group_ids))
+            )
+            rule_sets = [secgroups.parse_rules(g.rules) for g in groups]
+            ssh_port = cluster.ssh_port
+        names = NodeName(cluster_id)
+        target = self.nodes.node_address(names.controller, names.network)
+        with self._lock:
+            self._acls[cluster_id] = rule_sets
+        wanted: set[tuple[str, int]] = set()
+        if target is not None:
+            if ssh_port:
+                wanted.add((self.bind_address, ssh_port))
+            wanted |= {(ip, SSH_PORT) for ip in ips}
+
+        def acl(source: str, _listen_port: int) -> bool:
+            with self._lock:
+                sets = self._acls.get(cluster_id, [])
+            return secgroups.allows(sets, "tcp", SSH_PORT, source)
+
+        for host, port in self._listeners.get(cluster_id, set()) - wanted:
+            self.edge.remove(host, port)
+        for host, port in wanted:
+            assert target is not None
+            self.edge.ensure(host, port, target, SSH_PORT, acl)
+        self._listeners[cluster_id] = wanted
+
+    # ------------------------------------------------------------ reads for views
+
+    def partition_state(self, cluster_id: int, max_age_s: float = 2.0) -> list[tuple[str, str]] | None:
+        """Slurm's view of the nodes (``sinfo``), cached briefly; None when the
+        controller does not answer."""
+        hit = self._sinfo_cache.get(cluster_id)
+        if hit is not None and time.monotonic() - hit[0] < max_age_s:
+            return hit[1]
+        try:
+            states = self.nodes.sinfo(NodeName(cluster_id).controller)
+        except Exception:
+            return None
+        self._sinfo_cache[cluster_id] = (time.monotonic(), states)
+        return states

@@ -1,0 +1,153 @@
+"""Reserved public IPs: addresses of the admin's pool (core/ippool.py) held by a
+project until released; a training cluster may attach one (``attach_ip``).
+
+Allocation hands out the lowest free address. Two concurrent allocations can never
+hold the same address: the address column is unique, and an allocation that loses
+that race retries with the next free address.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpuyard.core.errors import (
+    Conflict,
+    InsufficientCapacity,
+    InvalidState,
+    NotFound,
+    ValidationFailed,
+)
+from gpuyard.core.ippool import parse_pool
+from gpuyard.services.auth import Principal
+from gpuyard.services.context import Context
+from gpuyard.services.projects import resolve_project
+from gpuyard.services.resource_util import in_id_range, iso, one_id
+from gpuyard.store.schema import ReservedIp
+
+# Each retry follows a commit by another allocation, so the pool drains meanwhile;
+# this bound only stops a livelock.
+MAX_ATTEMPTS = 20
+
+
+class ReservedIpNotFound(NotFound):
+    code = "RESERVED_IP_NOT_FOUND"
+
+
+def _used(session: Session) -> set[str]:
+    return set(session.scalars(select(ReservedIp.address)))
+
+
+def _lowest_free(session: Session, pool_text: str | None) -> str:
+    pool = parse_pool(pool_text)
+    if not pool:
+        raise InsufficientCapacity(
+            "no reserved IP pool is configured; an admin sets GPUYARD_RESERVED_IPS "
+            "(e.g. 203.0.113.0/28)",
+            {"pool_size": 0},
+        )
+    used = _used(session)
+    for address in pool:
+        if str(address) not in used:
+            return str(address)
+    raise InsufficientCapacity(
+        f"the reserved IP pool is exhausted: all {len(pool)} addresses are reserved; "
+        "release one or ask an admin to extend GPUYARD_RESERVED_IPS",
+        {"pool_size": len(pool)},
+    )
+
+
+def allocate_reserved_ip(
+    ctx: Context, principal: Principal, project_id: int | None, active_iam: int | None = None
+) -> ReservedIp:
+    """Reserve the lowest free pool address for a project of the acting account.
+    Raises ProjectNotFound / Forbidden, InsufficientCapacity (no pool, or exhausted),
+    or Conflict when it kept losing races (practically never)."""
+    for _ in range(MAX_ATTEMPTS):
+        try:
+            with ctx.transaction() as session:
+                project = resolve_project(session, principal, project_id, active_iam)
+                row = ReservedIp(
+                    address=_lowest_free(session, ctx.settings.reserved_ips),
+                    account_id=project.account_id,
+                    project_id=project.id,
+                )
+                session.add(row)
+                session.flush()
+                return row
+        except IntegrityError:
+            # Another transaction took that address first (the unique key); the next
+            # attempt sees its row and picks another.
+            continue
+    raise Conflict("could not reserve an address: too many concurrent allocations; retry")
+
+
+def list_reserved_ips(session: Session, project_id: int) -> list[ReservedIp]:
+    return list(
+        session.scalars(
+            select(ReservedIp).where(ReservedIp.project_id == project_id).order_by(ReservedIp.id)
+        )
+    )
+
+
+def find_reserved_ip(
+    session: Session, account_id: int, reserved_ip_id: int, project_id: int | None = None
+) -> ReservedIp:
+    """One reserved IP of ``account_id`` (and of ``project_id`` when given), by a path
+    id. Raises ReservedIpNotFound, also for another account's."""
+    row = session.get(ReservedIp, reserved_ip_id) if in_id_range(reserved_ip_id) else None
+    if (
+        row is None
+        or row.account_id != account_id
+        or (project_id is not None and row.project_id != project_id)
+    ):
+        raise ReservedIpNotFound(
+            f"reserved IP {reserved_ip_id} not found", {"reserved_ip_id": reserved_ip_id}
+        )
+    return row
+
+
+def get_reserved_ip(
+    session: Session, account_id: int, reserved_ip_id: object, field: str = "reserved_ip_id"
+) -> ReservedIp:
+    """The reserved IP a request body names. Raises ValidationFailed(field, ...) for a
+    missing, non-integer, unknown or other account's id."""
+    if reserved_ip_id is None:
+        raise ValidationFailed(field, "is required")
+    wanted = one_id(reserved_ip_id, field, "reserved IP")
+    row = session.get(ReservedIp, wanted) if in_id_range(wanted) else None
+    if row is None or row.account_id != account_id:
+        raise ValidationFailed(field, f"reserved IP {wanted} not found", {"reserved_ip_id": wanted})
+    return row
+
+
+def release_reserved_ip(
+    session: Session, account_id: int, reserved_ip_id: int, project_id: int | None = None
+) -> ReservedIp:
+    """Return an address to the pool. Raises ReservedIpNotFound, or InvalidState while
+    a training cluster has it attached."""
+    row = find_reserved_ip(session, account_id, reserved_ip_id, project_id)
+    if row.training_cluster_id is not None:
+        raise InvalidState(
+            f"reserved IP {row.address} is attached to training cluster "
+            f"{row.training_cluster_id}; detach it first (action detach_ip)",
+            {"reserved_ip_id": row.id, "training_cluster_id": row.training_cluster_id},
+        )
+    session.delete(row)
+    session.flush()
+    return row
+
+
+def reserved_ip_view(row: ReservedIp) -> dict[str, Any]:
+    """The API shape of a reserved IP."""
+    return {
+        "id": row.id,
+        "address": row.address,
+        "project_id": row.project_id,
+        "status": "reserved" if row.training_cluster_id is None else "attached",
+        "training_cluster_id": row.training_cluster_id,
+        "created_at": iso(row.created_at),
+    }

@@ -1,0 +1,251 @@
+"""SSH public keys of an account: OpenSSH public-key parsing, storage and look-up.
+
+A key is accepted only if it is a well-formed OpenSSH public key: a supported type,
+a base64 blob that decodes, whose embedded type string equals the declared type and
+whose fields have the sizes that type requires. It is stored normalised as
+``"type base64 comment"`` with the fingerprint ``ssh-keygen -lf`` prints
+(``SHA256:`` + unpadded base64 of the blob's SHA-256).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+import struct
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuyard.core.errors import NotFound, ValidationFailed
+from gpuyard.services.resource_util import id_list, in_id_range, iso
+from gpuyard.store.schema import SshKey
+
+FIELD = "public_key"
+# An RSA key of 16384 bits is ~2.8 KB of base64; anything far larger is not a key.
+MAX_KEY_CHARS = 16 * 1024
+MIN_RSA_BITS = 1024
+MAX_NAME_CHARS = 200
+
+# The curve each ECDSA type names inside its blob, and its uncompressed point size.
+_EC_POINT_BYTES = {"nistp256": 65, "nistp384": 97, "nistp521": 133}
+_ED25519_BYTES = 32
+
+SK_ECDSA = "sk-ecdsa-sha2-nistp256@openssh.com"
+SK_ED25519 = "sk-ssh-ed25519@openssh.com"
+KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    SK_ECDSA,
+    SK_ED25519,
+)
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+
+
+class SshKeyNotFound(NotFound):
+    code = "SSH_KEY_NOT_FOUND"
+
+
+class _Blob:
+    """Reads the SSH wire encoding (RFC 4251 ``string`` / ``mpint``) of a key blob."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def string(self, what: str) -> bytes:
+        if self.pos + 4 > len(self.data):
+            raise ValidationFailed(FIELD, f"the key data is truncated (reading {what})")
+        (n,) = struct.unpack(">I", self.data[self.pos : self.pos + 4])
+        self.pos += 4
+        if self.pos + n > len(self.data):
+            raise ValidationFailed(FIELD, f"the key data is truncated (reading {what})")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def mpint_bits(self, what: str) -> int:
+        """The bit length of a positive mpint."""
+        raw = self.string(what)
+        if not raw or raw[0] & 0x80:
+            raise ValidationFailed(FIELD, f"the key's {what} is not a positive integer")
+        return int.from_bytes(raw, "big").bit_length()
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise ValidationFailed(FIELD, "the key data has trailing bytes")
+
+
+def _reject_non_public(text: str) -> None:
+    """Explain the usual mistakes instead of a bare 'invalid key'."""
+    if "PRIVATE KEY" in text:
+        raise ValidationFailed(
+            FIELD,
+            "this is a PRIVATE key; never share it. Send the public key instead: the "
+            "contents of the .pub file (or the output of `ssh-keygen -y -f KEYFILE`)",
+        )
+    if "BEGIN SSH2 PUBLIC KEY" in text:
+        raise ValidationFailed(
+            FIELD,
+            "this is an RFC 4716 (SSH2/PuTTY) public key; convert it to OpenSSH format "
+            "with `ssh-keygen -i -f KEYFILE`",
+        )
+    if "\n" in text or "\r" in text:
+        raise ValidationFailed(FIELD, "must be a single OpenSSH public key on one line")
+
+
+def _check_blob(key_type: str, blob: bytes) -> None:
+    b = _Blob(blob)
+    embedded = b.string("the key type")
+    if embedded != key_type.encode():
+        shown = embedded.decode("ascii", "replace")[:60]
+        raise ValidationFailed(
+            FIELD, f"the key data is a {shown!r} key but the line declares {key_type!r}"
+        )
+    if key_type == "ssh-rsa":
+        b.mpint_bits("public exponent")
+        bits = b.mpint_bits("modulus")
+        if bits < MIN_RSA_BITS:
+            raise ValidationFailed(
+                FIELD, f"RSA keys must have at least {MIN_RSA_BITS} bits (this one has {bits})"
+            )
+    elif key_type in ("ssh-ed25519", SK_ED25519):
+        if len(b.string("the Ed25519 key")) != _ED25519_BYTES:
+            raise ValidationFailed(FIELD, "the Ed25519 key is not 32 bytes")
+    else:
+        curve = key_type.removeprefix("sk-").removeprefix("ecdsa-sha2-").split("@")[0]
+        if b.string("the curve name") != curve.encode():
+            raise ValidationFailed(FIELD, f"the key data does not name the curve {curve!r}")
+        point = b.string("the curve point")
+        if len(point) != _EC_POINT_BYTES[curve] or point[0] != 0x04:
+            raise ValidationFailed(FIELD, f"the {curve} curve point is malformed")
+    if key_type.startswith("sk-") and not b.string("the security-key application"):
+        raise ValidationFailed(FIELD, "the security-key application is empty")
+    b.end()
+
+
+def fingerprint(blob: bytes) -> str:
+    """``SHA256:...`` exactly as ``ssh-keygen -lf`` prints it (base64, no padding)."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def parse_public_key(text: object) -> tuple[str, str]:
+    """Validate an OpenSSH public key line (``type base64 [comment]``).
+
+    Returns ``(normalised, fingerprint)``: the line with single spaces between type,
+    data and the (stripped) comment, and the SHA256 fingerprint. Raises
+    ValidationFailed("public_key", ...) saying what is wrong, with a hint for private
+    keys and RFC 4716 keys.
+    """
+    if not isinstance(text, str):
+        raise ValidationFailed(FIELD, "must be a string holding an OpenSSH public key")
+    text = text.strip()
+    if not text:
+        raise ValidationFailed(FIELD, "is empty; paste the contents of your .pub file")
+    if len(text) > MAX_KEY_CHARS:
+        raise ValidationFailed(FIELD, f"is longer than {MAX_KEY_CHARS} characters")
+    _reject_non_public(text)
+    parts = text.split(None, 2)
+    key_type = parts[0]
+    if key_type not in KEY_TYPES:
+        raise ValidationFailed(
+            FIELD,
+            f"unsupported key type {key_type[:60]!r}; expected one of {', '.join(KEY_TYPES)}"
+            " (authorized_keys options before the type are not accepted)",
+            {"allowed": list(KEY_TYPES)},
+        )
+    if len(parts) < 2:
+        raise ValidationFailed(FIELD, "the base64 key data after the key type is missing")
+    data = parts[1]
+    if not _BASE64.fullmatch(data):
+        raise ValidationFailed(FIELD, "the key data is not valid base64")
+    try:
+        blob = base64.b64decode(data, validate=True)
+    except binascii.Error as exc:
+        raise ValidationFailed(FIELD, "the key data is not valid base64") from exc
+    _check_blob(key_type, blob)
+    comment = parts[2].strip() if len(parts) == 3 else ""
+    if any(ord(c) < 32 or ord(c) == 127 for c in comment):
+        raise ValidationFailed(FIELD, "the comment contains control characters")
+    normalised = f"{key_type} {base64.b64encode(blob).decode()}"
+    return (f"{normalised} {comment}" if comment else normalised), fingerprint(blob)
+
+
+def _name(name: object) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name.strip()) > MAX_NAME_CHARS:
+        raise ValidationFailed("name", f"must be 1 to {MAX_NAME_CHARS} characters")
+    return name.strip()
+
+
+def add_key(session: Session, account_id: int, name: object, public_key: object) -> SshKey:
+    """Store a validated key for ``account_id``. Raises ValidationFailed("name" |
+    "public_key"). The same key may be stored twice (under two names)."""
+    clean_name = _name(name)
+    normalised, fp = parse_public_key(public_key)
+    row = SshKey(account_id=account_id, name=clean_name, public_key=normalised, fingerprint=fp)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def list_keys(session: Session, account_id: int) -> list[SshKey]:
+    return list(
+        session.scalars(select(SshKey).where(SshKey.account_id == account_id).order_by(SshKey.id))
+    )
+
+
+def get_key(session: Session, account_id: int, key_id: int) -> SshKey:
+    """One key of ``account_id``. Raises SshKeyNotFound (also for another account's)."""
+    row = session.get(SshKey, key_id) if in_id_range(key_id) else None
+    if row is None or row.account_id != account_id:
+        raise SshKeyNotFound(f"SSH key {key_id} not found", {"ssh_key_id": key_id})
+    return row
+
+
+def delete_key(session: Session, account_id: int, key_id: int) -> SshKey:
+    """Delete one key. Clusters that already authorised it keep it until their keys
+    are next updated (their nodes hold copies, not references)."""
+    row = get_key(session, account_id, key_id)
+    session.delete(row)
+    session.flush()
+    return row
+
+
+def keys_by_ids(
+    session: Session, account_id: int, ids: object, field: str = "ssh_key_ids"
+) -> list[SshKey]:
+    """The keys named by ``ids`` (a non-empty JSON list of integer ids of
+    ``account_id``'s keys), in the given order, duplicates dropped. Raises
+    ValidationFailed(field, ...) for anything else; another account's key reads as
+    unknown."""
+    wanted = id_list(ids, field, "SSH key")
+    rows = {
+        r.id: r
+        for r in session.scalars(
+            select(SshKey).where(
+                SshKey.account_id == account_id,
+                SshKey.id.in_([i for i in wanted if in_id_range(i)]),
+            )
+        )
+    }
+    missing = [i for i in wanted if i not in rows]
+    if missing:
+        raise ValidationFailed(
+            field, f"SSH key {missing[0]} not found", {"missing_ids": missing}
+        )
+    return [rows[i] for i in wanted]
+
+
+def ssh_key_view(row: SshKey) -> dict[str, object]:
+    """The API shape of a key."""
+    return {
+        "id": row.id,
+        "name": row.name,
+        "public_key": row.public_key,
+        "fingerprint": row.fingerprint,
+        "created_at": iso(row.created_at),
+    }

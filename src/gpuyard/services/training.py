@@ -1,0 +1,635 @@
+"""Training clusters (seed 002): create, read, delete and the nine actions.
+
+Every request is validated completely before anything is written, and every write
+happens in one transaction: a create or ``scale_cluster`` that cannot get all its GPUs
+changes nothing. Work on the nodes (containers, Slurm) is left to the training
+operator (reconciler/training.py) through ``operation``; the network edge (reserved
+IPs, security groups) changes at once and the edge is re-synced.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuyard.core import training as domain
+from gpuyard.core.errors import InsufficientCapacity, NotFound, ValidationFailed
+from gpuyard.core.models import CloudType, PortSpec, ResourceRequest
+from gpuyard.core.states import ClusterStatus
+from gpuyard.core.training import Action, NodeName, NodeRole, NodeStatus, TrainingStatus
+from gpuyard.services.auth import Principal
+from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.context import Context
+from gpuyard.services.images import get_image_version
+from gpuyard.services.lifecycle import meter_status
+from gpuyard.services.placement import assign_ports, claim, lock_placement, release_all
+from gpuyard.services.plans import get_plan
+from gpuyard.services.projects import acting_account, resolve_project
+from gpuyard.services.reserved_ips import get_reserved_ip
+from gpuyard.services.security_groups import groups_by_ids
+from gpuyard.services.ssh_keys import keys_by_ids
+from gpuyard.store.schema import Host, ReservedIp, TrainingCluster, TrainingNode
+
+SSH_PORT = 22
+CREATE_FIELDS = {
+    "name",
+    "image_version_id",
+    "ssh_key_ids",
+    "no_of_nodes",
+    "sku_id",
+    "gpu_type",
+    "gpus_per_node",
+    "cpus_per_node",
+    "memory_gb_per_node",
+    "security_group_id",
+    "lifecycle_script",
+}
+MAX_SCRIPT_BYTES = 64 * 1024
+
+
+class TrainingClusterNotFound(NotFound):
+    code = "TRAINING_CLUSTER_NOT_FOUND"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where a request points: ``project_id`` and ``location`` (both required by seed
+    002) and the optional ``active_iam``."""
+
+    project_id: int
+    location: str
+    active_iam: int | None = None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    gpu_type: str
+    gpus_per_node: int
+    cpus_per_node: int
+    memory_gb_per_node: int
+    sku_id: int | None
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an action answers: the cluster, a Reserved IP, nothing, or a message."""
+
+    kind: str  # "cluster" | "reserved_ip" | "empty" | "message"
+    cluster_id: int
+    reserved_ip_id: int | None = None
+    message: str = ""
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _visible(session: Session, principal: Principal, scope: Scope) -> tuple[int, int]:
+    project = resolve_project(session, principal, scope.project_id, scope.active_iam)
+    return project.account_id, project.id
+
+
+def load_cluster(
+    session: Session, principal: Principal, scope: Scope, cluster_id: int
+) -> TrainingCluster:
+    """The live cluster of the scope's project and location, else 404 (another
+    account's cluster is indistinguishable from a missing one)."""
+    account_id, project_id = _visible(session, principal, scope)
+    row = session.get(TrainingCluster, cluster_id)
+    if (
+        row is None
+        or row.deleted_at is not None
+        or row.account_id != account_id
+        or row.project_id != project_id
+        or row.location != scope.location
+    ):
+        raise TrainingClusterNotFound(
+            f"training cluster {cluster_id} not found in project {scope.project_id} at "
+            f"location {scope.location!r}",
+            {"cluster_id": cluster_id},
+        )
+    return row
+
+
+def list_clusters(session: Session, principal: Principal, scope: Scope) -> list[TrainingCluster]:
+    account_id, project_id = _visible(session, principal, scope)
+    return list(
+        session.scalars(
+            select(TrainingCluster)
+            .where(
+                TrainingCluster.account_id == account_id,
+                TrainingCluster.project_id == project_id,
+                TrainingCluster.location == scope.location,
+                TrainingCluster.deleted_at.is_(None),
+            )
+            .order_by(TrainingCluster.id)
+        )
+    )
+
+
+def nodes_of(session: Session, cluster_id: int) -> list[TrainingNode]:
+    return list(
+        session.scalars(
+            select(TrainingNode)
+            .where(TrainingNode.cluster_id == cluster_id)
+            .order_by(TrainingNode.role, TrainingNode.id)
+        )
+    )
+
+
+# ---------------------------------------------------------------- create
+
+
+def _text(body: dict[str, Any], field: str, *, limit: int) -> str:
+    value = body.get(field)
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationFailed(field, "is required and must be a non-empty string")
+    if len(value) > limit:
+        raise ValidationFailed(field, f"must be at most {limit} characters")
+    return value.strip()
+
+
+def _plan(session: Session, body: dict[str, Any]) -> NodePlan:
+    custom = ("gpu_type", "gpus_per_node", "cpus_per_node", "memory_gb_per_node")
+    given = [f for f in custom if body.get(f) is not None]
+    if body.get("sku_id") is not None:
+        if given:
+            raise ValidationFailed(given[0], "give either sku_id or a custom plan, not both")
+        if isinstance(body["sku_id"], bool) or not isinstance(body["sku_id"], int):
+            raise ValidationFailed("sku_id", "must be an integer plan id (GET /v1/plans)")
+        plan = get_plan(session, body["sku_id"])
+        return NodePlan(
+            plan.gpu_type,
+            plan.gpus_per_node,
+            plan.cpus_per_node,
+            plan.memory_gb_per_node,
+            plan.id,
+        )
+    if not given:
+        raise ValidationFailed(
+            "sku_id", "a plan is required: sku_id, or gpu_type with gpus/cpus/memory per node"
+        )
+    for field in custom:
+        if body.get(field) is None:
+            raise ValidationFailed(field, "is required for a custom plan")
+    gpu_type = body["gpu_type"]
+    info = find_gpu_type(session, gpu_type) if isinstance(gpu_type, str) else None
+    if info is None:
+        raise ValidationFailed("gpu_type", f"unknown GPU type {gpu_type!r} (GET /v1/gpu-types)")
+    return NodePlan(
+        info.id,
+        domain.positive_int("gpus_per_node", body["gpus_per_node"], 16),
+        domain.positive_int("cpus_per_node", body["cpus_per_node"], 512),
+        domain.positive_int("memory_gb_per_node", body["memory_gb_per_node"], 4096),
+        None,
+    )
+
+
+def _location_hosts(session: Session, location: str) -> list[int]:
+    hosts = list(
+        session.scalars(
+            select(Host.id).where(Host.location == location, Host.healthy.is_(True))
+        )
+    )
+    if not hosts:
+        known = sorted(set(session.scalars(select(Host.location))))
+        raise ValidationFailed(
+            "location", f"unknown location {location!r}", {"locations": known}
+        )
+    return hosts
+
+
+def _node_request(role: NodeRole, plan: NodePlan) -> ResourceRequest:
+    if role is NodeRole.CONTROLLER:
+        return ResourceRequest(
+            gpu_type=None,
+            gpu_count=0,
+            vcpus=domain.CONTROLLER_VCPUS,
+            memory_gb=domain.CONTROLLER_MEMORY_GB,
+            disk_gb=0,
+            cloud_type=CloudType.ALL,
+        )
+    return ResourceRequest(
+        gpu_type=plan.gpu_type,
+        gpu_count=plan.gpus_per_node,
+        vcpus=plan.cpus_per_node,
+        memory_gb=plan.memory_gb_per_node,
+        disk_gb=0,
+        cloud_type=CloudType.ALL,
+    )
+
+
+def _place_node(
+    ctx: Context,
+    session: Session,
+    cluster: TrainingCluster,
+    role: NodeRole,
+    name: str,
+    host_id: int,
+    now: datetime,
+) -> TrainingNode:
+    node = TrainingNode(
+        cluster_id=cluster.id,
+        role=role.value,
+        name=name,
+        status=NodeStatus.CREATING.value,
+        host_id=host_id,
+        gpu_indices=[],
+        image_version_id=cluster.image_version_id,
+        created_at=now,
+    )
+    session.add(node)
+    session.flush()
+    plan = plan_of(cluster)
+    placement = claim(
+        session,
+        cluster_id=domain.node_owner(node.id),
+        request=_node_request(role, plan),
+        volume_gb=0,
+        ratios=ctx.settings.allocation_ratios,
+        now=now,
+        host_id=host_id,
+    )
+    node.gpu_indices = list(placement.gpu_indices)
+    meter_node(session, cluster, node, ClusterStatus.RUNNING, now)
+    return node
+
+
+def plan_of(cluster: TrainingCluster) -> NodePlan:
+    return NodePlan(
+        cluster.gpu_type,
+        cluster.gpus_per_node,
+        cluster.cpus_per_node,
+        cluster.memory_gb_per_node,
+        cluster.sku_id,
+    )
+
+
+def meter_node(
+    session: Session,
+    cluster: TrainingCluster,
+    node: TrainingNode,
+    status: ClusterStatus,
+    now: datetime,
+) -> None:
+    """Open (``running``) or close (``terminated``) the node's usage intervals: a node is
+    billed like an on-demand cluster of its size from placement to deletion."""
+    worker = node.role == NodeRole.WORKER
+    as_cluster = SimpleNamespace(
+        id=domain.node_owner(node.id),
+        project_id=cluster.project_id,
+        gpu_type=cluster.gpu_type if worker else None,
+        gpu_count=cluster.gpus_per_node if worker else 0,
+        cpu_cores=cluster.cpus_per_node if worker else domain.CONTROLLER_VCPUS,
+        memory_gb=cluster.memory_gb_per_node if worker else domain.CONTROLLER_MEMORY_GB,
+        container_disk_gb=0,
+        volume_gb=0,
+        cloud_type=CloudType.SECURE.value,
+        interruptible=False,
+        bid_per_gpu=None,
+    )
+    meter_status(session, as_cluster, status, now)
+
+
+def _place_all(
+    ctx: Context, session: Session, cluster: TrainingCluster, hosts: list[int], now: datetime
+) -> None:
+    """Controller and workers on one host (one private bridge network per cluster):
+    the first host of the location that fits them all."""
+    names = NodeName(cluster.id)
+    workers = cluster.next_worker - 1
+    last: InsufficientCapacity | None = None
+    for host_id in hosts:
+        savepoint = session.begin_nested()
+        try:
+            _place_node(ctx, session, cluster, NodeRole.CONTROLLER, names.controller, host_id, now)
+            for index in range(1, workers + 1):
+                _place_node(ctx, session, cluster, NodeRole.WORKER, names.worker(index), host_id, now)
+            ports = assign_ports(
+                session,
+                cluster_id=domain.cluster_owner(cluster.id),
+                host_id=host_id,
+                ports=(PortSpec(internal_port=SSH_PORT),),
+                port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+            )
+        except InsufficientCapacity as exc:
+            savepoint.rollback()
+            last = exc
+            continue
+        savepoint.commit()
+        cluster.host_id = host_id
+        cluster.ssh_port = ports[(SSH_PORT, "tcp")]
+        return
+    plan = plan_of(cluster)
+    raise InsufficientCapacity(
+        f"not enough free capacity in location {cluster.location!r} for a controller and "
+        f"{workers} worker(s) of {plan.gpus_per_node}x {plan.gpu_type}",
+        {"needed_gpus": workers * plan.gpus_per_node, **(last.details if last else {})},
+    )
+
+
+def create_cluster(
+    ctx: Context, principal: Principal, scope: Scope, body: dict[str, Any]
+) -> int:
+    """Validate ``body`` fully, place every node and record the cluster in one
+    transaction; the operator then builds it. Returns the new id."""
+    principal.require_write()
+    for field in body:
+        if field not in CREATE_FIELDS:
+            raise ValidationFailed(field, "unknown field", {"allowed": sorted(CREATE_FIELDS)})
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        account_id, project_id = _visible(session, principal, scope)
+        name = _text(body, "name", limit=100)
+        image = get_image_version(session, body.get("image_version_id"))
+        keys = keys_by_ids(session, account_id, body.get("ssh_key_ids"))
+        workers = domain.positive_int("no_of_nodes", body.get("no_of_nodes"), domain.MAX_WORKERS)
+        plan = _plan(session, body)
+        groups: list[int] = []
+        if body.get("security_group_id") is not None:
+            groups = [
+                g.id
+                for g in groups_by_ids(
+                    session, account_id, [body["security_group_id"]], "security_group_id"
+                )
+            ]
+        script = body.get("lifecycle_script")
+        if script is not None and not isinstance(script, str):
+            raise ValidationFailed("lifecycle_script", "must be a string (a shell script)")
+        if script is not None and len(script.encode()) > MAX_SCRIPT_BYTES:
+            raise ValidationFailed("lifecycle_script", f"must be at most {MAX_SCRIPT_BYTES} bytes")
+        hosts = _location_hosts(session, scope.location)
+        lock_placement(session)
+        cluster = TrainingCluster(
+            account_id=account_id,
+            project_id=project_id,
+            location=scope.location,
+            name=name,
+            status=TrainingStatus.CREATING.value,
+            status_reason="creating the controller and worker nodes",
+            image_version_id=image.id,
+            sku_id=plan.sku_id,
+            gpu_type=plan.gpu_type,
+            gpus_per_node=plan.gpus_per_node,
+            cpus_per_node=plan.cpus_per_node,
+            memory_gb_per_node=plan.memory_gb_per_node,
+            ssh_key_ids=[k.id for k in keys],
+            security_group_ids=groups,
+            lifecycle_script=script or None,
+            munge_key=base64.b64encode(secrets.token_bytes(1024)).decode(),
+            next_worker=workers + 1,
+            operation={"action": "create", "token": secrets.token_hex(8)},
+            created_at=now,
+            updated_at=now,
+        )
+        session.add(cluster)
+        session.flush()
+        _place_all(ctx, session, cluster, hosts, now)
+        cluster_id = cluster.id
+    ctx.training_wake(cluster_id)
+    return cluster_id
+
+
+# ---------------------------------------------------------------- delete
+
+
+def delete_cluster(ctx: Context, principal: Principal, scope: Scope, cluster_id: int) -> None:
+    """Mark for deletion; the operator removes every container, the network, the state
+    volume and the forwarders, then releases capacity. Idempotent while deleting."""
+    principal.require_write()
+    with ctx.transaction() as session:
+        cluster = load_cluster(session, principal, scope, cluster_id)
+        if cluster.status != TrainingStatus.DELETING:
+            _begin(cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", ctx.clock.now())
+    ctx.training_wake(cluster_id)
+
+
+def finish_delete(ctx: Context, cluster_id: int) -> None:
+    """After the runtime cleaned up: release capacity, detach reserved IPs, close the
+    nodes' meters and hide the cluster."""
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        cluster = session.get(TrainingCluster, cluster_id)
+        if cluster is None or cluster.deleted_at is not None:
+            return
+        lock_placement(session)
+        for node in nodes_of(session, cluster_id):
+            meter_node(session, cluster, node, ClusterStatus.TERMINATED, now)
+            release_all(session, domain.node_owner(node.id))
+            session.delete(node)
+        release_all(session, domain.cluster_owner(cluster_id))
+        for ip in session.scalars(
+            select(ReservedIp).where(ReservedIp.training_cluster_id == cluster_id)
+        ):
+            ip.training_cluster_id = None
+        cluster.status = TrainingStatus.DELETED.value
+        cluster.status_reason = "deleted"
+        cluster.operation = None
+        cluster.deleted_at = now
+        cluster.updated_at = now
+        cluster.version += 1
+
+
+# ---------------------------------------------------------------- actions
+
+
+def _begin(
+    cluster: TrainingCluster,
+    status: TrainingStatus,
+    operation: dict[str, Any],
+    reason: str,
+    now: datetime,
+) -> None:
+    cluster.status = status.value
+    cluster.status_reason = reason
+    cluster.error_message = None
+    cluster.operation = {**operation, "token": secrets.token_hex(8)}
+    cluster.updated_at = now
+    cluster.version += 1
+
+
+def perform_action(
+    ctx: Context, principal: Principal, scope: Scope, cluster_id: int, body: dict[str, Any]
+) -> ActionResult:
+    """Validate and apply one of seed 002's actions. Raises ValidationFailed naming the
+    field, InvalidState naming the status, InsufficientCapacity for a scale that does
+    not fit (nothing added)."""
+    principal.require_write()
+    action = domain.parse_action(body)
+    domain.require_fields(action, body)
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        cluster = load_cluster(session, principal, scope, cluster_id)
+        domain.check_allowed(action, TrainingStatus(cluster.status))
+        account_id = acting_account(session, principal, scope.active_iam)
+        handler = _HANDLERS[action]
+        result = handler(ctx, session, cluster, account_id, body, now)
+    if action in domain.LONG_ACTIONS:
+        ctx.training_wake(cluster_id)
+    else:
+        ctx.training_edge(cluster_id)
+    return result
+
+
+Handler = Callable[
+    [Context, Session, TrainingCluster, int, dict[str, Any], datetime], ActionResult
+]
+
+
+def _update_ssh_keys(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    keys = keys_by_ids(s, account, body["ssh_key_ids"])
+    c.ssh_key_ids = [k.id for k in keys]
+    _begin(c, TrainingStatus.UPDATING, {"action": "update_ssh_keys"}, "replacing SSH keys", now)
+    return ActionResult("cluster", c.id)
+
+
+def _update_image(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    image = get_image_version(s, body["image_version_id"])
+    c.image_version_id = image.id
+    _begin(
+        c,
+        TrainingStatus.UPDATING,
+        {"action": "update_image"},
+        f"rolling the nodes to image {image.name} {image.version}, one at a time",
+        now,
+    )
+    return ActionResult("cluster", c.id)
+
+
+def _restart_workers(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    _begin(c, TrainingStatus.RESTARTING, {"action": "restart_workers"}, "restarting workers", now)
+    return ActionResult("cluster", c.id)
+
+
+def _restart_cluster(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    _begin(
+        c, TrainingStatus.RESTARTING, {"action": "restart_cluster"}, "restarting every node", now
+    )
+    return ActionResult("cluster", c.id)
+
+
+def _scale_cluster(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    existing = sum(1 for n in nodes_of(s, c.id) if n.role == NodeRole.WORKER)
+    room = domain.MAX_WORKERS - existing
+    if room < 1:
+        raise ValidationFailed(
+            "additional_nodes", f"the cluster already has the maximum of {domain.MAX_WORKERS}"
+        )
+    extra = domain.positive_int("additional_nodes", body["additional_nodes"], room)
+    if c.host_id is None:
+        raise InsufficientCapacity("the cluster has no host to add nodes on")
+    lock_placement(s)
+    names = NodeName(c.id)
+    added = []
+    try:
+        for index in range(c.next_worker, c.next_worker + extra):
+            node = _place_node(ctx, s, c, NodeRole.WORKER, names.worker(index), c.host_id, now)
+            added.append(node.id)
+    except InsufficientCapacity as exc:
+        plan = plan_of(c)
+        raise InsufficientCapacity(
+            f"not enough free GPUs on the cluster's host for {extra} more worker(s) of "
+            f"{plan.gpus_per_node}x {plan.gpu_type}; nothing was added",
+            exc.details,
+        ) from exc
+    c.next_worker += extra
+    _begin(
+        c,
+        TrainingStatus.SCALING,
+        {"action": "scale_cluster", "nodes": added},
+        f"adding {extra} worker(s)",
+        now,
+    )
+    return ActionResult("cluster", c.id)
+
+
+def _attach_ip(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    ip = get_reserved_ip(s, account, body["reserved_ip_id"])
+    if ip.project_id != c.project_id:
+        raise ValidationFailed("reserved_ip_id", f"reserved IP {ip.id} belongs to another project")
+    if ip.training_cluster_id not in (None, c.id):
+        raise ValidationFailed(
+            "reserved_ip_id",
+            f"reserved IP {ip.address} is attached to training cluster {ip.training_cluster_id}",
+        )
+    ip.training_cluster_id = c.id
+    c.updated_at = now
+    return ActionResult("reserved_ip", c.id, reserved_ip_id=ip.id)
+
+
+def _detach_ip(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    domain.parse_ip_type(body["ip_type"])
+    ip = get_reserved_ip(s, account, body["reserved_ip_id"])
+    if ip.training_cluster_id != c.id:
+        raise ValidationFailed(
+            "reserved_ip_id", f"reserved IP {ip.address} is not attached to this cluster"
+        )
+    ip.training_cluster_id = None
+    c.updated_at = now
+    return ActionResult("empty", c.id)
+
+
+def _add_security_group(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    ids = domain.int_list("security_groups_ids", body["security_groups_ids"])
+    groups = groups_by_ids(s, account, ids, "security_groups_ids")
+    for g in groups:
+        if g.project_id != c.project_id:
+            raise ValidationFailed(
+                "security_groups_ids", f"security group {g.id} belongs to another project"
+            )
+    current = list(c.security_group_ids)
+    c.security_group_ids = current + [g.id for g in groups if g.id not in current]
+    c.updated_at = now
+    names = ", ".join(g.name for g in groups)
+    return ActionResult("message", c.id, message=f"security group(s) {names} added")
+
+
+def _remove_security_group(
+    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+) -> ActionResult:
+    raw = body["security_group_id"]
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise ValidationFailed("security_group_id", f"must be an integer id, got {raw!r}")
+    if raw not in c.security_group_ids:
+        raise ValidationFailed(
+            "security_group_id", f"security group {raw} is not attached to this cluster"
+        )
+    c.security_group_ids = [g for g in c.security_group_ids if g != raw]
+    c.updated_at = now
+    return ActionResult("message", c.id, message=f"security group {raw} removed")
+
+
+_HANDLERS: dict[Action, Handler] = {
+    Action.UPDATE_SSH_KEYS: _update_ssh_keys,
+    Action.UPDATE_IMAGE: _update_image,
+    Action.RESTART_WORKERS: _restart_workers,
+    Action.RESTART_CLUSTER: _restart_cluster,
+    Action.SCALE_CLUSTER: _scale_cluster,
+    Action.ATTACH_IP: _attach_ip,
+    Action.DETACH_IP: _detach_ip,
+    Action.ADD_SECURITY_GROUP: _add_security_group,
+    Action.REMOVE_SECURITY_GROUP: _remove_security_group,
+}

@@ -1,0 +1,127 @@
+"""What the training API shows of a cluster (seed 002's cluster object)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuyard.core import training as domain
+from gpuyard.core.models import CloudType
+from gpuyard.core.pricing import Prices, hourly_rate
+from gpuyard.core.training import NodeName, NodeRole, TrainingStatus
+from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.training import nodes_of
+from gpuyard.store.schema import Host, ImageVersion, ReservedIp, SecurityGroup, TrainingCluster
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat().replace("+00:00", "Z")
+
+
+def node_rates(session: Session, cluster: TrainingCluster, prices: Prices) -> dict[str, float]:
+    """Hourly price of one worker and of the controller (on-demand, secure)."""
+    gpu = find_gpu_type(session, cluster.gpu_type)
+
+    def rate(gpus: int, cpus: int, memory: int) -> float:
+        parts = hourly_rate(
+            gpu=gpu if gpus else None,
+            gpu_count=gpus,
+            cpu_cores=cpus,
+            memory_gb=memory,
+            container_disk_gb=0,
+            volume_gb=0,
+            cloud_type=CloudType.SECURE,
+            running=True,
+            prices=prices,
+        )
+        return round(parts.gpu + parts.compute + parts.container_disk + parts.volume, 6)
+
+    return {
+        "worker": rate(cluster.gpus_per_node, cluster.cpus_per_node, cluster.memory_gb_per_node),
+        "controller": rate(0, domain.CONTROLLER_VCPUS, domain.CONTROLLER_MEMORY_GB),
+    }
+
+
+def cluster_view(
+    session: Session,
+    cluster: TrainingCluster,
+    *,
+    prices: Prices,
+    public_address: str | None,
+    partition: list[tuple[str, str]] | None,
+) -> dict[str, Any]:
+    nodes = nodes_of(session, cluster.id)
+    hosts = {h.id: h for h in session.scalars(select(Host).where(Host.id.in_({n.host_id for n in nodes if n.host_id})))}
+    image = session.get(ImageVersion, cluster.image_version_id)
+    groups = list(
+        session.scalars(select(SecurityGroup).where(SecurityGroup.id.in_(cluster.security_group_ids)))
+    )
+    ips = list(
+        session.scalars(select(ReservedIp).where(ReservedIp.training_cluster_id == cluster.id))
+    )
+    rates = node_rates(session, cluster, prices)
+    workers = [n for n in nodes if n.role == NodeRole.WORKER]
+    host = hosts.get(cluster.host_id) if cluster.host_id else None
+    ssh_host = public_address or (host.address if host else None)
+    ssh = None
+    if cluster.ssh_port and ssh_host:
+        ssh = {
+            "host": ssh_host,
+            "port": cluster.ssh_port,
+            "user": "root",
+            "command": f"ssh -p {cluster.ssh_port} root@{ssh_host}",
+        }
+    status = TrainingStatus(cluster.status)
+    return {
+        "id": cluster.id,
+        "name": cluster.name,
+        "project_id": cluster.project_id,
+        "location": cluster.location,
+        "status": cluster.status,
+        "status_reason": cluster.status_reason,
+        "error_message": cluster.error_message,
+        "no_of_nodes": len(workers),
+        "image_version": {
+            "id": cluster.image_version_id,
+            "name": image.name if image else None,
+            "version": image.version if image else None,
+        },
+        "plan": {
+            "sku_id": cluster.sku_id,
+            "gpu_type": cluster.gpu_type,
+            "gpus_per_node": cluster.gpus_per_node,
+            "cpus_per_node": cluster.cpus_per_node,
+            "memory_gb_per_node": cluster.memory_gb_per_node,
+            "price_per_node_hour": rates["worker"],
+        },
+        "price_per_hour": round(rates["controller"] + rates["worker"] * len(workers), 6),
+        "controller": NodeName(cluster.id).controller,
+        "ssh": ssh,
+        "nodes": [
+            {
+                "id": n.id,
+                "name": n.name,
+                "role": n.role,
+                "status": n.status,
+                "host": hosts[n.host_id].name if n.host_id in hosts else None,
+                "gpu_indices": list(n.gpu_indices),
+                "image_version_id": n.image_version_id,
+            }
+            for n in nodes
+        ],
+        "slurm": {
+            "partition": "gpu",
+            "available": partition is not None,
+            "nodes": [{"name": name, "state": state} for name, state in (partition or [])],
+        },
+        "reserved_ips": [{"id": ip.id, "address": ip.address} for ip in ips],
+        "security_groups": [{"id": g.id, "name": g.name} for g in groups],
+        "ssh_key_ids": list(cluster.ssh_key_ids),
+        "lifecycle_script": cluster.lifecycle_script is not None,
+        "allowed_actions": domain.allowed_actions(status),
+        "created_at": _iso(cluster.created_at),
+        "updated_at": _iso(cluster.updated_at),
+    }
