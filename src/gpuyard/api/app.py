@@ -12,7 +12,13 @@ from fastapi.responses import JSONResponse
 
 from gpuyard import __version__
 from gpuyard.api import billing, catalog, clusters, errors, training
+from gpuyard.api import images as images_api
 from gpuyard.api import metrics as metrics_api
+from gpuyard.api import plans as plans_api
+from gpuyard.api import projects as projects_api
+from gpuyard.api import reserved_ips as reserved_ips_api
+from gpuyard.api import security_groups as security_groups_api
+from gpuyard.api import ssh_keys as ssh_keys_api
 from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
 from gpuyard.api.state import AppState
@@ -113,6 +119,12 @@ def build_server(
     app.include_router(clusters.router)
     app.include_router(catalog.router)
     app.include_router(billing.router)
+    app.include_router(projects_api.router)
+    app.include_router(plans_api.router)
+    app.include_router(ssh_keys_api.router)
+    app.include_router(images_api.router)
+    app.include_router(reserved_ips_api.router)
+    app.include_router(security_groups_api.router)
     app.include_router(graphql_router())
     app.include_router(training.router)
 

@@ -142,7 +142,7 @@ async def list_training_clusters(request: Request) -> JSONResponse:
 
 @router.get(BASE + "/{Cluster_Id}/")
 @router.get(BASE + "/{Cluster_Id}", include_in_schema=False)
-async def get_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:  # noqa: N803
+async def get_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:
     """One training cluster with its nodes, SSH entry and Slurm partition state."""
 
     def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
@@ -153,7 +153,7 @@ async def get_training_cluster(request: Request, Cluster_Id: str) -> JSONRespons
 
 @router.put(BASE + "/{Cluster_Id}/")
 @router.put(BASE + "/{Cluster_Id}", include_in_schema=False)
-async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:  # noqa: N803
+async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:
     """Seed 002's actions: update_ssh_keys, update_image, restart_workers,
     restart_cluster, scale_cluster, attach_ip, detach_ip, add_security_group,
     remove_security_group."""
@@ -181,7 +181,7 @@ async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
 
 @router.delete(BASE + "/{Cluster_Id}/")
 @router.delete(BASE + "/{Cluster_Id}", include_in_schema=False)
-async def delete_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:  # noqa: N803
+async def delete_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:
     """Delete: every node container, the network, the Slurm state volume, the
     forwarders; capacity and reserved IPs are released."""
 

@@ -60,6 +60,11 @@ class GpuyardClient:
     def close(self) -> None:
         self._http.close()
 
+    @property
+    def http(self) -> httpx.Client:
+        """The underlying HTTP client, for APIs with their own envelope (training)."""
+        return self._http
+
     def __enter__(self) -> GpuyardClient:
         return self
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy import select
 
@@ -28,7 +28,6 @@ from gpuyard.core import secgroups
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus
 from gpuyard.runtimes import slurm_config
-from gpuyard.runtimes.slurm_nodes import NodeSpec
 from gpuyard.services.context import Context
 from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of
 from gpuyard.store.schema import (
@@ -39,6 +38,9 @@ from gpuyard.store.schema import (
     TrainingCluster,
     TrainingNode,
 )
+
+if TYPE_CHECKING:
+    from gpuyard.runtimes.slurm_nodes import NodeSpec
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +306,8 @@ class TrainingOperator:
         return files
 
     def _spec(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> NodeSpec:
+        from gpuyard.runtimes.slurm_nodes import NodeSpec
+
         c = snap.cluster
         names = NodeName(c.id)
         controller = node.role == NodeRole.CONTROLLER
@@ -362,7 +366,9 @@ class TrainingOperator:
                 self._create(snap, node, node.image_version_id)
             else:
                 self.nodes.restart_node(node.name)
-        self.nodes.wait_slurm_ready(names.controller, [n.name for n in workers], self.ready_timeout_s)
+        self.nodes.wait_slurm_ready(
+            names.controller, [n.name for n in workers], self.ready_timeout_s
+        )
         self._set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
 
     def _scontrol(self, controller: str, *args: str) -> tuple[int, str]:
@@ -370,7 +376,9 @@ class TrainingOperator:
 
     def _drain(self, controller: str, node: str) -> None:
         """Drain ``node`` and wait (bounded) until its jobs are done."""
-        self._scontrol(controller, "update", f"nodename={node}", "state=drain", "reason=update_image")
+        self._scontrol(
+            controller, "update", f"nodename={node}", "state=drain", "reason=update_image"
+        )
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline:
             states = dict(self.nodes.sinfo(controller))
@@ -412,7 +420,10 @@ class TrainingOperator:
         c = snap.cluster
         names = NodeName(c.id)
         self._drop_edge(c.id)
-        for name in {*(n.name for n in snap.nodes), *self.nodes.list_nodes(LABEL_TRAINING, str(c.id))}:
+        for name in {
+            *(n.name for n in snap.nodes),
+            *self.nodes.list_nodes(LABEL_TRAINING, str(c.id)),
+        }:
             self.nodes.remove_node(name)
         self.nodes.remove_network(names.network)
         self.nodes.remove_volume(names.state_volume)
@@ -441,9 +452,14 @@ class TrainingOperator:
         assert self.edge is not None
         with self.ctx.read() as session:
             cluster = session.get(TrainingCluster, cluster_id)
-            if cluster is None or cluster.deleted_at is not None or cluster.status in (
-                TrainingStatus.DELETING,
-                TrainingStatus.DELETED,
+            if (
+                cluster is None
+                or cluster.deleted_at is not None
+                or cluster.status
+                in (
+                    TrainingStatus.DELETING,
+                    TrainingStatus.DELETED,
+                )
             ):
                 self._drop_edge(cluster_id)
                 return
@@ -481,7 +497,9 @@ class TrainingOperator:
 
     # ------------------------------------------------------------ reads for views
 
-    def partition_state(self, cluster_id: int, max_age_s: float = 2.0) -> list[tuple[str, str]] | None:
+    def partition_state(
+        self, cluster_id: int, max_age_s: float = 2.0
+    ) -> list[tuple[str, str]] | None:
         """Slurm's view of the nodes (``sinfo``), cached briefly; None when the
         controller does not answer."""
         hit = self._sinfo_cache.get(cluster_id)

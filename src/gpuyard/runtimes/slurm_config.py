@@ -22,6 +22,9 @@ SLURMD_SPOOL_DIR = "/var/lib/slurm/slurmd"
 PARTITION = "gpu"
 CONFIG_DIR = "/etc/gpuyard"
 IMAGE_VERSION_FILE = "/etc/gpuyard-image-version"
+# Under /dev (a tmpfs the engine recreates on every start), so the entrypoint remakes
+# the links each start and a stale link can never survive a device change.
+GPU_DEVICE_DIR = "/dev/gpuyard"
 SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
 
@@ -107,16 +110,21 @@ def slurm_conf(cluster_name: str, controller: str, max_nodes: int) -> str:
 def gres_conf(gpu_count: int) -> str:
     """``gres.conf`` for a worker with ``gpu_count`` GPUs (0: none).
 
-    Count-only GRES (no ``File=``) with autodetection off: Slurm 22.05 accepts it without
-    any ``/dev/nvidia*`` device, which is what hosts without real GPUs have. The GPUs
-    the container may use are already chosen by the control plane
-    (``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``), so Slurm only counts them.
+    Slurm 22.05's gpu plugin silently drops a count-only line (``Name=gpu Count=N``, no
+    ``File=``) and then marks the node INVALID ("gres/gpu count reported lower than
+    configured"), and it wants each ``File`` to be a character device. So each GPU is a
+    path ``GPU_DEVICE_DIR/gpu<i>`` that the entrypoint links, on every start, to the
+    container's i-th ``/dev/nvidia<n>`` when there is one and to ``/dev/null`` when there
+    is none (hosts without real GPUs). Slurm numbers ``CUDA_VISIBLE_DEVICES`` for a step
+    by position in this list, which is how CUDA numbers the container's GPUs too.
     """
     if gpu_count < 0:
         raise ValueError(f"gpu_count must not be negative, got {gpu_count}")
     lines = ["# Written by gpuyard.", "AutoDetect=off"]
-    if gpu_count:
-        lines.append(f"Name=gpu Count={gpu_count}")
+    if gpu_count == 1:
+        lines.append(f"Name=gpu File={GPU_DEVICE_DIR}/gpu0")
+    elif gpu_count > 1:
+        lines.append(f"Name=gpu File={GPU_DEVICE_DIR}/gpu[0-{gpu_count - 1}]")
     return "\n".join(lines) + "\n"
 
 
@@ -199,7 +207,12 @@ case "$ROLE" in
     if [ -z "${GPUYARD_SLURMD_CONF:-}" ] && [ "${GPUYARD_GPUS:-0}" -gt 0 ]; then
       SLURMD_CONF="$SLURMD_CONF Gres=gpu:${GPUYARD_GPUS}"
     fi
-    mkdir -p __SPOOL_DIR__
+    mkdir -p __SPOOL_DIR__ __GPU_DIR__
+    # gres.conf names __GPU_DIR__/gpu<i>: the i-th real GPU when present, else /dev/null.
+    mapfile -t REAL < <(ls /dev/nvidia[0-9]* 2>/dev/null | sort -V)
+    for ((i = 0; i < ${GPUYARD_GPUS:-0}; i++)); do
+      ln -sfn "${REAL[$i]:-/dev/null}" "__GPU_DIR__/gpu$i"
+    done
     /usr/sbin/slurmd -D -Z -N "$NODE" --conf "$SLURMD_CONF" &
     PIDS+=($!)
     ;;
@@ -235,4 +248,5 @@ def entrypoint_script() -> str:
         _ENTRYPOINT.replace("__CONF__", CONFIG_DIR)
         .replace("__STATE_DIR__", STATE_DIR)
         .replace("__SPOOL_DIR__", SLURMD_SPOOL_DIR)
+        .replace("__GPU_DIR__", GPU_DEVICE_DIR)
     )

@@ -16,6 +16,8 @@ from gpuyard.services.catalog import seed_catalog
 from gpuyard.services.context import Context
 from gpuyard.services.discovery import discover
 from gpuyard.services.hosts import register_host
+from gpuyard.services.images import ensure_default_image
+from gpuyard.services.plans import seed_plans
 from gpuyard.settings import Settings
 from gpuyard.store.db import make_engine, make_sessionmaker
 from gpuyard.store.migrate import upgrade
@@ -39,10 +41,15 @@ def write_credentials(path: Path, url: str, key: str) -> None:
 
 
 def first_start(ctx: Context) -> IssuedKey | None:
-    """Seed the catalog; on the very first start create the admin and its key, and
-    save the key to the credentials file. Returns the key to print, else None."""
+    """Seed the catalog, the node plans and the default Slurm image (each only adds
+    what is missing); on the very first start create the admin and its key, and save
+    the key to the credentials file. Returns the key to print, else None."""
     with ctx.transaction() as session:
         seed_catalog(session)
+        # Plans derive from the catalog just seeded.
+        session.flush()
+        seed_plans(session)
+        ensure_default_image(session)
         issued = bootstrap_admin(session)
     if issued is not None:
         write_credentials(ctx.settings.credentials_path, client_url(ctx.settings), issued.key)

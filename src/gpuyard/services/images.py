@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import GpuyardError, NotFound, ValidationFailed
@@ -57,32 +58,44 @@ def register_image(
     if not _IMAGE_REF.fullmatch(clean_image):
         raise ValidationFailed("image", "must be an image reference without whitespace")
     clean_description = _text("description", description, 10_000, required=False)
-    existing = session.scalar(select(ImageVersion).where(ImageVersion.image == clean_image))
-    if existing is not None:
-        raise ImageExists(
-            f"image {clean_image!r} is already registered as image version {existing.id}",
-            {"field": "image", "image_version_id": existing.id},
-        )
+    _refuse_existing(session, clean_image)
     row = ImageVersion(
         name=clean_name,
         version=clean_version,
         image=clean_image,
         description=clean_description,
     )
-    session.add(row)
-    session.flush()
+    try:
+        # A savepoint: a concurrent registration of the same reference (unique key)
+        # must end as ImageExists, not abort the caller's transaction.
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        _refuse_existing(session, clean_image)
+        raise
     return row
+
+
+def _refuse_existing(session: Session, image: str) -> None:
+    existing = session.scalar(select(ImageVersion).where(ImageVersion.image == image))
+    if existing is not None:
+        raise ImageExists(
+            f"image {image!r} is already registered as image version {existing.id}",
+            {"field": "image", "image_version_id": existing.id},
+        )
 
 
 def ensure_default_image(session: Session) -> ImageVersion:
     """The Slurm node image's row, registered on the first start (idempotent: an
     existing row, possibly edited by an admin, is kept as it is)."""
-    row = session.scalar(select(ImageVersion).where(ImageVersion.image == SLURM_IMAGE))
-    if row is not None:
+    try:
+        return register_image(
+            session, SLURM_IMAGE_NAME, SLURM_IMAGE_VERSION, SLURM_IMAGE, SLURM_IMAGE_DESCRIPTION
+        )
+    except ImageExists:
+        row = session.scalar(select(ImageVersion).where(ImageVersion.image == SLURM_IMAGE))
+        assert row is not None
         return row
-    return register_image(
-        session, SLURM_IMAGE_NAME, SLURM_IMAGE_VERSION, SLURM_IMAGE, SLURM_IMAGE_DESCRIPTION
-    )
 
 
 def list_images(session: Session) -> list[ImageVersion]:

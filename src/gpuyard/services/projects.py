@@ -64,7 +64,9 @@ def parse_int(field: str, value: str | None, *, required: bool) -> int | None:
 
 def list_projects(session: Session, account_id: int) -> list[Project]:
     return list(
-        session.scalars(select(Project).where(Project.account_id == account_id).order_by(Project.id))
+        session.scalars(
+            select(Project).where(Project.account_id == account_id).order_by(Project.id)
+        )
     )
 
 

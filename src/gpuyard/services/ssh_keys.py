@@ -234,9 +234,7 @@ def keys_by_ids(
     }
     missing = [i for i in wanted if i not in rows]
     if missing:
-        raise ValidationFailed(
-            field, f"SSH key {missing[0]} not found", {"missing_ids": missing}
-        )
+        raise ValidationFailed(field, f"SSH key {missing[0]} not found", {"missing_ids": missing})
     return [rows[i] for i in wanted]
 
 

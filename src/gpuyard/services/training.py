@@ -194,15 +194,11 @@ def _plan(session: Session, body: dict[str, Any]) -> NodePlan:
 
 def _location_hosts(session: Session, location: str) -> list[int]:
     hosts = list(
-        session.scalars(
-            select(Host.id).where(Host.location == location, Host.healthy.is_(True))
-        )
+        session.scalars(select(Host.id).where(Host.location == location, Host.healthy.is_(True)))
     )
     if not hosts:
         known = sorted(set(session.scalars(select(Host.location))))
-        raise ValidationFailed(
-            "location", f"unknown location {location!r}", {"locations": known}
-        )
+        raise ValidationFailed("location", f"unknown location {location!r}", {"locations": known})
     return hosts
 
 
@@ -311,7 +307,9 @@ def _place_all(
         try:
             _place_node(ctx, session, cluster, NodeRole.CONTROLLER, names.controller, host_id, now)
             for index in range(1, workers + 1):
-                _place_node(ctx, session, cluster, NodeRole.WORKER, names.worker(index), host_id, now)
+                _place_node(
+                    ctx, session, cluster, NodeRole.WORKER, names.worker(index), host_id, now
+                )
             ports = assign_ports(
                 session,
                 cluster_id=domain.cluster_owner(cluster.id),
@@ -335,9 +333,7 @@ def _place_all(
     )
 
 
-def create_cluster(
-    ctx: Context, principal: Principal, scope: Scope, body: dict[str, Any]
-) -> int:
+def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[str, Any]) -> int:
     """Validate ``body`` fully, place every node and record the cluster in one
     transaction; the operator then builds it. Returns the new id."""
     principal.require_write()
@@ -407,7 +403,9 @@ def delete_cluster(ctx: Context, principal: Principal, scope: Scope, cluster_id:
     with ctx.transaction() as session:
         cluster = load_cluster(session, principal, scope, cluster_id)
         if cluster.status != TrainingStatus.DELETING:
-            _begin(cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", ctx.clock.now())
+            _begin(
+                cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", ctx.clock.now()
+            )
     ctx.training_wake(cluster_id)
 
 
@@ -478,9 +476,7 @@ def perform_action(
     return result
 
 
-Handler = Callable[
-    [Context, Session, TrainingCluster, int, dict[str, Any], datetime], ActionResult
-]
+Handler = Callable[[Context, Session, TrainingCluster, int, dict[str, Any], datetime], ActionResult]
 
 
 def _update_ssh_keys(

@@ -54,10 +54,17 @@ def cluster_view(
     partition: list[tuple[str, str]] | None,
 ) -> dict[str, Any]:
     nodes = nodes_of(session, cluster.id)
-    hosts = {h.id: h for h in session.scalars(select(Host).where(Host.id.in_({n.host_id for n in nodes if n.host_id})))}
+    hosts = {
+        h.id: h
+        for h in session.scalars(
+            select(Host).where(Host.id.in_({n.host_id for n in nodes if n.host_id}))
+        )
+    }
     image = session.get(ImageVersion, cluster.image_version_id)
     groups = list(
-        session.scalars(select(SecurityGroup).where(SecurityGroup.id.in_(cluster.security_group_ids)))
+        session.scalars(
+            select(SecurityGroup).where(SecurityGroup.id.in_(cluster.security_group_ids))
+        )
     )
     ips = list(
         session.scalars(select(ReservedIp).where(ReservedIp.training_cluster_id == cluster.id))

@@ -1,0 +1,49 @@
+"""``/v1/projects``: the acting account's projects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from gpuyard.api import resource_schemas as rs
+from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.resource_params import account_of
+from gpuyard.api.schemas import documented
+from gpuyard.api.state import app_state, current_principal
+from gpuyard.services import projects
+from gpuyard.services.auth import Principal
+from gpuyard.services.resource_util import iso
+from gpuyard.store.schema import Project
+
+router = APIRouter(tags=["projects"], responses=ERROR_RESPONSES)
+
+
+def project_view(p: Project) -> dict[str, Any]:
+    return {"id": p.id, "name": p.name, "is_default": p.is_default, "created_at": iso(p.created_at)}
+
+
+@router.get("/v1/projects", responses=documented(rs.ProjectListEnvelope))
+def list_projects(
+    request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """The projects of the acting account (``active_iam``: another account the
+    caller is a member of), oldest first."""
+    with app_state(request).ctx.read() as session:
+        account_id = account_of(session, principal, request)
+        rows = projects.list_projects(session, account_id)
+    return ok({"projects": [project_view(p) for p in rows]})
+
+
+@router.post("/v1/projects", status_code=201, responses=documented(rs.ProjectEnvelope, 201))
+def create_project(
+    body: rs.CreateProject, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """Create a (non-default) project in the acting account. Needs the write scope."""
+    principal.require_write()
+    with app_state(request).ctx.transaction() as session:
+        account_id = account_of(session, principal, request)
+        row = projects.create_project(session, account_id, body.name)
+        data = project_view(row)
+    return ok(data, status_code=201)

@@ -1,0 +1,68 @@
+"""Parameters shared by the training-resource routers: path ids, ``project_id`` and
+``active_iam`` query parameters, each rejected with a 400 naming it when malformed."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from fastapi import Request
+from sqlalchemy.orm import Session
+
+from gpuyard.core.errors import ValidationFailed
+from gpuyard.services.auth import Principal
+from gpuyard.services.projects import acting_account, parse_int, resolve_project
+from gpuyard.services.requests import MAX_ID
+from gpuyard.store.schema import Project
+
+# Plain decimal digits: int() would also take " 7", "7_0" or non-ASCII digits.
+_DIGITS = re.compile(r"[0-9]{1,19}", re.ASCII)
+
+
+def path_id(name: str, value: str) -> int:
+    """An integer id from the path. Raises ValidationFailed(name) when it is not one;
+    an id beyond the store's range is returned as is and then matches nothing (404)."""
+    if not _DIGITS.fullmatch(value):
+        raise ValidationFailed(name, f"{value[:40]!r} is not an integer id")
+    return int(value)
+
+
+def query_id(request: Request, name: str) -> int | None:
+    """An optional integer id from the query string; None when absent."""
+    value = parse_int(name, request.query_params.get(name), required=False)
+    if value is not None and not 1 <= value <= MAX_ID:
+        raise ValidationFailed(name, f"must be between 1 and {MAX_ID}")
+    return value
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose resources a request reads or writes: the acting account and the
+    project the caller named (None: not named)."""
+
+    account_id: int
+    project_id: int | None
+
+
+def account_of(session: Session, principal: Principal, request: Request) -> int:
+    """The acting account (``active_iam``). Raises ValidationFailed / Forbidden."""
+    return acting_account(session, principal, query_id(request, "active_iam"))
+
+
+def project_of(session: Session, principal: Principal, request: Request) -> Project:
+    """``project_id`` (default: the acting account's default project) of the acting
+    account. Raises ValidationFailed, ProjectNotFound or Forbidden."""
+    return resolve_project(
+        session, principal, query_id(request, "project_id"), query_id(request, "active_iam")
+    )
+
+
+def scope_of(session: Session, principal: Principal, request: Request) -> Scope:
+    """For reads and writes of one resource by id: the acting account and, when
+    ``project_id`` was given, that project (validated: another account's is 404)."""
+    project_id = query_id(request, "project_id")
+    active_iam = query_id(request, "active_iam")
+    if project_id is None:
+        return Scope(acting_account(session, principal, active_iam), None)
+    project = resolve_project(session, principal, project_id, active_iam)
+    return Scope(project.account_id, project.id)

@@ -1,0 +1,189 @@
+"""OpenAPI models of the training-resource endpoints: request bodies and responses.
+
+Like api/schemas.py, responses forbid unknown fields and the API tests validate real
+answers against them, so the documentation cannot drift from what is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, create_model
+
+from gpuyard.api.schemas import Meta
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- request bodies -----------------------------------------------------------------
+
+
+class CreateProject(_In):
+    name: StrictStr
+
+
+class AddSshKey(_In):
+    name: StrictStr
+    # One OpenSSH public key line: "ssh-ed25519 AAAA... comment".
+    public_key: StrictStr
+
+
+class RegisterImage(_In):
+    name: StrictStr
+    version: StrictStr
+    # An image reference the container engine can run.
+    image: StrictStr
+    description: StrictStr | None = None
+
+
+class RuleIn(_In):
+    protocol: Literal["tcp", "udp", "all"]
+    # "22" or "8000-9000" (an integer is taken as a single port).
+    port_range: StrictStr | StrictInt
+    source_cidr: StrictStr
+
+
+class SecurityGroupIn(_In):
+    """Create, or replace (PUT) every field of, a security group."""
+
+    name: StrictStr
+    description: StrictStr | None = None
+    rules: list[RuleIn]
+
+
+# -- responses ----------------------------------------------------------------------
+
+
+class Project(_Out):
+    id: int
+    name: str
+    is_default: bool
+    created_at: str | None
+
+
+class LocationGpuType(_Out):
+    gpu_type: str
+    total_gpus: int
+    free_gpus: int
+
+
+class Location(_Out):
+    location: str
+    hosts: int
+    healthy_hosts: int
+    gpu_types: list[LocationGpuType]
+
+
+class Plan(_Out):
+    sku_id: int
+    name: str
+    gpu_type: str
+    gpus_per_node: int
+    cpus_per_node: int
+    memory_gb_per_node: int
+    price_per_hour: float
+
+
+class SshKey(_Out):
+    id: int
+    name: str
+    public_key: str
+    fingerprint: str
+    created_at: str | None
+
+
+class ImageVersion(_Out):
+    id: int
+    name: str
+    version: str
+    image: str
+    description: str
+    created_at: str | None
+
+
+class ReservedIp(_Out):
+    id: int
+    address: str
+    project_id: int
+    status: Literal["reserved", "attached"]
+    training_cluster_id: int | None
+    created_at: str | None
+
+
+class Rule(_Out):
+    protocol: Literal["tcp", "udp", "all"]
+    port_range: str
+    source_cidr: str
+
+
+class SecurityGroup(_Out):
+    id: int
+    name: str
+    description: str
+    project_id: int
+    rules: list[Rule]
+    created_at: str | None
+
+
+class Deleted(_Out):
+    id: int
+    deleted: Literal[True]
+
+
+def _envelope(name: str, data: Any) -> type[BaseModel]:
+    return create_model(
+        name,
+        __base__=_Out,
+        success=(Literal[True], ...),
+        data=(data, ...),
+        meta=(Meta, ...),
+    )
+
+
+class ProjectList(_Out):
+    projects: list[Project]
+
+
+class LocationList(_Out):
+    locations: list[Location]
+
+
+class PlanList(_Out):
+    plans: list[Plan]
+
+
+class SshKeyList(_Out):
+    ssh_keys: list[SshKey]
+
+
+class ImageList(_Out):
+    images: list[ImageVersion]
+
+
+class ReservedIpList(_Out):
+    reserved_ips: list[ReservedIp]
+
+
+class SecurityGroupList(_Out):
+    security_groups: list[SecurityGroup]
+
+
+ProjectEnvelope = _envelope("ProjectEnvelope", Project)
+ProjectListEnvelope = _envelope("ProjectListEnvelope", ProjectList)
+LocationListEnvelope = _envelope("LocationListEnvelope", LocationList)
+PlanListEnvelope = _envelope("PlanListEnvelope", PlanList)
+SshKeyEnvelope = _envelope("SshKeyEnvelope", SshKey)
+SshKeyListEnvelope = _envelope("SshKeyListEnvelope", SshKeyList)
+ImageEnvelope = _envelope("ImageEnvelope", ImageVersion)
+ImageListEnvelope = _envelope("ImageListEnvelope", ImageList)
+ReservedIpEnvelope = _envelope("ReservedIpEnvelope", ReservedIp)
+ReservedIpListEnvelope = _envelope("ReservedIpListEnvelope", ReservedIpList)
+SecurityGroupEnvelope = _envelope("SecurityGroupEnvelope", SecurityGroup)
+SecurityGroupListEnvelope = _envelope("SecurityGroupListEnvelope", SecurityGroupList)
+DeletedEnvelope = _envelope("DeletedEnvelope", Deleted)

@@ -1,0 +1,99 @@
+"""``/v1/security-groups``: a project's named lists of inbound rules."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from gpuyard.api import resource_schemas as rs
+from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.resource_params import path_id, project_of, scope_of
+from gpuyard.api.schemas import documented
+from gpuyard.api.state import app_state, current_principal
+from gpuyard.services import security_groups as sg
+from gpuyard.services.auth import Principal
+
+router = APIRouter(tags=["security-groups"], responses=ERROR_RESPONSES)
+
+_ID = "security_group_id"
+
+
+def _rules(body: rs.SecurityGroupIn) -> list[dict[str, object]]:
+    # Back to plain JSON values: core/secgroups.py validates and names the fields.
+    return [r.model_dump() for r in body.rules]
+
+
+@router.get("/v1/security-groups", responses=documented(rs.SecurityGroupListEnvelope))
+def list_groups(
+    request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """The project's security groups (``project_id``; default: the default project)."""
+    with app_state(request).ctx.read() as session:
+        project = project_of(session, principal, request)
+        rows = sg.list_groups(session, project.id)
+        return ok({"security_groups": [sg.group_view(r) for r in rows]})
+
+
+@router.post(
+    "/v1/security-groups", status_code=201, responses=documented(rs.SecurityGroupEnvelope, 201)
+)
+def create_group(
+    body: rs.SecurityGroupIn, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """Create a group. Rules only allow: ``protocol`` tcp|udp|all to ``port_range``
+    ("22" or "8000-9000") from ``source_cidr``; no rules denies everything."""
+    principal.require_write()
+    with app_state(request).ctx.transaction() as session:
+        project = project_of(session, principal, request)
+        row = sg.create_group(
+            session, project.account_id, project.id, body.name, body.description, _rules(body)
+        )
+        data = sg.group_view(row)
+    return ok(data, status_code=201)
+
+
+@router.get(
+    "/v1/security-groups/{security_group_id}", responses=documented(rs.SecurityGroupEnvelope)
+)
+def get_group(
+    security_group_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    wanted = path_id(_ID, security_group_id)
+    with app_state(request).ctx.read() as session:
+        scope = scope_of(session, principal, request)
+        return ok(sg.group_view(sg.find_group(session, scope.account_id, wanted, scope.project_id)))
+
+
+@router.put(
+    "/v1/security-groups/{security_group_id}", responses=documented(rs.SecurityGroupEnvelope)
+)
+def replace_group(
+    security_group_id: str,
+    body: rs.SecurityGroupIn,
+    request: Request,
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """Replace the name, description (absent: empty) and rules. Training clusters that
+    attach the group enforce the new rules from then on."""
+    principal.require_write()
+    wanted = path_id(_ID, security_group_id)
+    with app_state(request).ctx.transaction() as session:
+        scope = scope_of(session, principal, request)
+        row = sg.find_group(session, scope.account_id, wanted, scope.project_id)
+        data = sg.group_view(
+            sg.replace_group(session, row, body.name, body.description, _rules(body))
+        )
+    return ok(data)
+
+
+@router.delete("/v1/security-groups/{security_group_id}", responses=documented(rs.DeletedEnvelope))
+def delete_group(
+    security_group_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """Delete a group; one attached to a live training cluster is 409 INVALID_STATE."""
+    principal.require_write()
+    wanted = path_id(_ID, security_group_id)
+    with app_state(request).ctx.transaction() as session:
+        scope = scope_of(session, principal, request)
+        sg.delete_group(session, scope.account_id, wanted, scope.project_id)
+    return ok({"id": wanted, "deleted": True})

@@ -1,0 +1,62 @@
+"""``/v1/ssh-keys``: the acting account's SSH public keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from gpuyard.api import resource_schemas as rs
+from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.resource_params import account_of, path_id
+from gpuyard.api.schemas import documented
+from gpuyard.api.state import app_state, current_principal
+from gpuyard.services import ssh_keys
+from gpuyard.services.auth import Principal
+
+router = APIRouter(tags=["ssh-keys"], responses=ERROR_RESPONSES)
+
+
+@router.get("/v1/ssh-keys", responses=documented(rs.SshKeyListEnvelope))
+def list_keys(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
+    """The acting account's keys, oldest first."""
+    with app_state(request).ctx.read() as session:
+        rows = ssh_keys.list_keys(session, account_of(session, principal, request))
+        return ok({"ssh_keys": [ssh_keys.ssh_key_view(r) for r in rows]})
+
+
+@router.post("/v1/ssh-keys", status_code=201, responses=documented(rs.SshKeyEnvelope, 201))
+def add_key(
+    body: rs.AddSshKey, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """Add an OpenSSH public key (ssh-ed25519, ssh-rsa, ecdsa-sha2-nistp256/384/521 or
+    a security-key type). It is validated, stored normalised and fingerprinted."""
+    principal.require_write()
+    with app_state(request).ctx.transaction() as session:
+        account_id = account_of(session, principal, request)
+        data = ssh_keys.ssh_key_view(
+            ssh_keys.add_key(session, account_id, body.name, body.public_key)
+        )
+    return ok(data, status_code=201)
+
+
+@router.get("/v1/ssh-keys/{ssh_key_id}", responses=documented(rs.SshKeyEnvelope))
+def get_key(
+    ssh_key_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    key_id = path_id("ssh_key_id", ssh_key_id)
+    with app_state(request).ctx.read() as session:
+        row = ssh_keys.get_key(session, account_of(session, principal, request), key_id)
+        return ok(ssh_keys.ssh_key_view(row))
+
+
+@router.delete("/v1/ssh-keys/{ssh_key_id}", responses=documented(rs.DeletedEnvelope))
+def delete_key(
+    ssh_key_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """Delete a key. Training clusters that authorised it keep it on their nodes
+    until their keys are next replaced (``update_ssh_keys``)."""
+    principal.require_write()
+    key_id = path_id("ssh_key_id", ssh_key_id)
+    with app_state(request).ctx.transaction() as session:
+        ssh_keys.delete_key(session, account_of(session, principal, request), key_id)
+    return ok({"id": key_id, "deleted": True})
