@@ -11,6 +11,7 @@ from gpuyard.api.envelope import ERROR_RESPONSES, ok
 from gpuyard.api.resource_params import path_id, project_of, query_id, scope_of
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
+from gpuyard.core.errors import ValidationFailed
 from gpuyard.services import reserved_ips
 from gpuyard.services.auth import Principal
 
@@ -33,6 +34,12 @@ async def allocate_ip(
     """Reserve the lowest free address of the pool for the project. No pool, or
     every address taken: 409 INSUFFICIENT_CAPACITY."""
     principal.require_write()
+    # The project comes from the query string; a body (say {"project_id": 3}) would
+    # otherwise be ignored silently and the address land in the default project.
+    if (await request.body()).strip() not in (b"", b"{}", b"null"):
+        raise ValidationFailed(
+            "body", "takes no body: pass project_id and active_iam as query parameters"
+        )
     project_id = query_id(request, "project_id")
     active_iam = query_id(request, "active_iam")
     row = await run_in_threadpool(

@@ -16,7 +16,7 @@ from gpuyard.services.requests import MAX_ID
 from gpuyard.store.schema import Project
 
 # Plain decimal digits: int() would also take " 7", "7_0" or non-ASCII digits.
-_DIGITS = re.compile(r"[0-9]{1,19}", re.ASCII)
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 
 
 def path_id(name: str, value: str) -> int:
@@ -24,7 +24,8 @@ def path_id(name: str, value: str) -> int:
     an id beyond the store's range is returned as is and then matches nothing (404)."""
     if not _DIGITS.fullmatch(value):
         raise ValidationFailed(name, f"{value[:40]!r} is not an integer id")
-    return int(value)
+    # Far beyond any id either way; int() would refuse thousands of digits.
+    return int(value) if len(value) <= 20 else MAX_ID + 1
 
 
 def query_id(request: Request, name: str) -> int | None:
@@ -36,7 +37,7 @@ def query_id(request: Request, name: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class Scope:
+class ResourceScope:
     """Whose resources a request reads or writes: the acting account and the
     project the caller named (None: not named)."""
 
@@ -57,12 +58,12 @@ def project_of(session: Session, principal: Principal, request: Request) -> Proj
     )
 
 
-def scope_of(session: Session, principal: Principal, request: Request) -> Scope:
+def scope_of(session: Session, principal: Principal, request: Request) -> ResourceScope:
     """For reads and writes of one resource by id: the acting account and, when
     ``project_id`` was given, that project (validated: another account's is 404)."""
     project_id = query_id(request, "project_id")
     active_iam = query_id(request, "active_iam")
     if project_id is None:
-        return Scope(acting_account(session, principal, active_iam), None)
+        return ResourceScope(acting_account(session, principal, active_iam), None)
     project = resolve_project(session, principal, project_id, active_iam)
-    return Scope(project.account_id, project.id)
+    return ResourceScope(project.account_id, project.id)

@@ -6,9 +6,9 @@ answers against them, so the documentation cannot drift from what is sent.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, create_model
+from pydantic import BaseModel, ConfigDict, StrictStr, WithJsonSchema, create_model
 
 from gpuyard.api.schemas import Meta
 
@@ -44,8 +44,9 @@ class RegisterImage(_In):
 
 class RuleIn(_In):
     protocol: Literal["tcp", "udp", "all"]
-    # "22" or "8000-9000" (an integer is taken as a single port).
-    port_range: StrictStr | StrictInt
+    # "22" or "8000-9000" (an integer is taken as a single port); core/secgroups.py
+    # validates it, so its errors name the field exactly (a union here would not).
+    port_range: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]})]
     source_cidr: StrictStr
 
 

@@ -185,3 +185,102 @@ class GpuyardClient:
         if project_id is not None:
             params["project_id"] = project_id
         return self._request("GET", "/v1/billing", params=params)
+
+    # -- training-cluster resources ---------------------------------------------------
+
+    @staticmethod
+    def _scope(project_id: int | None, active_iam: int | None) -> dict[str, str | int]:
+        params: dict[str, str | int] = {}
+        if project_id is not None:
+            params["project_id"] = project_id
+        if active_iam is not None:
+            params["active_iam"] = active_iam
+        return params
+
+    def list_projects(self, *, active_iam: int | None = None) -> JSON:
+        """``GET /v1/projects``: ``{"projects": [...]}``."""
+        return self._request("GET", "/v1/projects", params=self._scope(None, active_iam))
+
+    def create_project(self, name: str, *, active_iam: int | None = None) -> JSON:
+        """``POST /v1/projects``. Returns the project."""
+        return self._request(
+            "POST", "/v1/projects", json={"name": name}, params=self._scope(None, active_iam)
+        )
+
+    def locations(self) -> JSON:
+        """``GET /v1/locations``: ``{"locations": [...]}`` with GPU capacity."""
+        return self._request("GET", "/v1/locations")
+
+    def plans(self) -> JSON:
+        """``GET /v1/plans``: ``{"plans": [...]}`` (``sku_id`` and price per node-hour)."""
+        return self._request("GET", "/v1/plans")
+
+    def list_ssh_keys(self, *, active_iam: int | None = None) -> JSON:
+        """``GET /v1/ssh-keys``: ``{"ssh_keys": [...]}``."""
+        return self._request("GET", "/v1/ssh-keys", params=self._scope(None, active_iam))
+
+    def add_ssh_key(self, name: str, public_key: str, *, active_iam: int | None = None) -> JSON:
+        """``POST /v1/ssh-keys``. Returns the key with its fingerprint."""
+        return self._request(
+            "POST",
+            "/v1/ssh-keys",
+            json={"name": name, "public_key": public_key},
+            params=self._scope(None, active_iam),
+        )
+
+    def delete_ssh_key(self, key_id: str, *, active_iam: int | None = None) -> JSON:
+        return self._request(
+            "DELETE", f"/v1/ssh-keys/{key_id}", params=self._scope(None, active_iam)
+        )
+
+    def list_images(self) -> JSON:
+        """``GET /v1/images``: ``{"images": [...]}``."""
+        return self._request("GET", "/v1/images")
+
+    def register_image(self, body: JSON) -> JSON:
+        """``POST /v1/images`` (admin scope); ``body``: name, version, image, description."""
+        return self._request("POST", "/v1/images", json=body)
+
+    def list_reserved_ips(
+        self, *, project_id: int | None = None, active_iam: int | None = None
+    ) -> JSON:
+        """``GET /v1/reserved-ips``: ``{"reserved_ips": [...]}``."""
+        return self._request("GET", "/v1/reserved-ips", params=self._scope(project_id, active_iam))
+
+    def allocate_reserved_ip(
+        self, *, project_id: int | None = None, active_iam: int | None = None
+    ) -> JSON:
+        """``POST /v1/reserved-ips``: the lowest free pool address."""
+        return self._request("POST", "/v1/reserved-ips", params=self._scope(project_id, active_iam))
+
+    def release_reserved_ip(
+        self, ip_id: str, *, project_id: int | None = None, active_iam: int | None = None
+    ) -> JSON:
+        return self._request(
+            "DELETE", f"/v1/reserved-ips/{ip_id}", params=self._scope(project_id, active_iam)
+        )
+
+    def list_security_groups(
+        self, *, project_id: int | None = None, active_iam: int | None = None
+    ) -> JSON:
+        """``GET /v1/security-groups``: ``{"security_groups": [...]}``."""
+        return self._request(
+            "GET", "/v1/security-groups", params=self._scope(project_id, active_iam)
+        )
+
+    def create_security_group(
+        self, body: JSON, *, project_id: int | None = None, active_iam: int | None = None
+    ) -> JSON:
+        """``POST /v1/security-groups``; ``body``: name, description, rules."""
+        return self._request(
+            "POST", "/v1/security-groups", json=body, params=self._scope(project_id, active_iam)
+        )
+
+    def delete_security_group(
+        self, group_id: str, *, project_id: int | None = None, active_iam: int | None = None
+    ) -> JSON:
+        return self._request(
+            "DELETE",
+            f"/v1/security-groups/{group_id}",
+            params=self._scope(project_id, active_iam),
+        )

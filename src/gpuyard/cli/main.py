@@ -13,6 +13,7 @@ from gpuyard.cli.catalog import gpu_types, hosts
 from gpuyard.cli.clusters import clusters
 from gpuyard.cli.common import CliState, ErrorBoundaryGroup
 from gpuyard.cli.keys import keys
+from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS
 from gpuyard.cli.training import training
 
 # gpuyard.runtimes.devimage.DEFAULT_IMAGE (test_cli asserts they agree); not imported so
@@ -69,6 +70,8 @@ cli.add_command(clusters)
 cli.add_command(gpu_types)
 cli.add_command(hosts)
 cli.add_command(billing)
+for command in RESOURCE_COMMANDS:
+    cli.add_command(command)
 cli.add_command(training)
 
 

@@ -18,7 +18,7 @@ import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
 from gpuyard.core.errors import ValidationFailed
 
@@ -45,7 +45,9 @@ class Rule:
     port_high: int
     source: Network
 
-    def matches(self, protocol: str, port: int, source: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    def matches(
+        self, protocol: str, port: int, source: ipaddress.IPv4Address | ipaddress.IPv6Address
+    ) -> bool:
         """Whether this rule allows ``protocol`` traffic to ``port`` from ``source``
         (already unmapped: see ``allows``). Addresses of the other IP version never
         match, so ``0.0.0.0/0`` does not open a port to IPv6 clients."""
@@ -97,9 +99,11 @@ def _parse_protocol(field: str, value: object) -> Protocol:
     # Exact, lower-case names only: the stored form is compared as-is elsewhere.
     if not isinstance(value, str) or value not in PROTOCOLS:
         raise ValidationFailed(
-            field, f"must be one of {', '.join(PROTOCOLS)}, got {value!r}", {"allowed": list(PROTOCOLS)}
+            field,
+            f"must be one of {', '.join(PROTOCOLS)}, got {value!r}",
+            {"allowed": list(PROTOCOLS)},
         )
-    return cast(Protocol, value)
+    return value
 
 
 def _parse_port_range(field: str, value: object) -> tuple[int, int]:
@@ -110,9 +114,7 @@ def _parse_port_range(field: str, value: object) -> tuple[int, int]:
         low = int(m.group(1))
         high = int(m.group(2)) if m.group(2) is not None else low
     else:
-        raise ValidationFailed(
-            field, f"must be a port or a range like \"8000-9000\", got {value!r}"
-        )
+        raise ValidationFailed(field, f'must be a port or a range like "8000-9000", got {value!r}')
     for port in (low, high):
         if not MIN_PORT <= port <= MAX_PORT:
             raise ValidationFailed(field, f"port {port} is outside {MIN_PORT}..{MAX_PORT}")
@@ -124,7 +126,7 @@ def _parse_port_range(field: str, value: object) -> tuple[int, int]:
 def _parse_source(field: str, value: object) -> Network:
     # Only strings: ip_network() would also take an int or a tuple.
     if not isinstance(value, str):
-        raise ValidationFailed(field, f"must be a CIDR like \"10.0.0.0/8\", got {value!r}")
+        raise ValidationFailed(field, f'must be a CIDR like "10.0.0.0/8", got {value!r}')
     try:
         return ipaddress.ip_network(value, strict=True)
     except ValueError as exc:

@@ -324,7 +324,11 @@ class _Pipe:
         except (OSError, TimeoutError) as exc:
             self.listener.failed += 1
             log.info(
-                "%s:%d -> %s:%d unreachable: %s", *self.listener.key, host, port, exc or "timeout"
+                "%s:%d -> %s:%d unreachable: %s",
+                *self.listener.key,
+                host,
+                port,
+                str(exc) or "timed out",
             )
             # Reset, as the client would have seen connecting to a refusing target itself.
             if self.client.transport is not None:
@@ -417,7 +421,7 @@ class _Side(asyncio.Protocol):
         self.pipe.lost(self, exc)
 
 
-def _reset(transport: asyncio.BaseTransport) -> None:
+def _reset(transport: asyncio.Transport) -> None:
     """Close ``transport`` at once with a RST, dropping whatever is still buffered."""
     sock = transport.get_extra_info("socket")
     if sock is not None:
@@ -436,9 +440,7 @@ def _resolve(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
     """The socket family and address to bind for ``host``: the first answer of
     getaddrinfo, which for an address literal is that address."""
     try:
-        infos = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
         raise _bind_failure((host, port), exc) from exc
     family, _, _, _, address = infos[0]

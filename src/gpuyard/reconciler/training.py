@@ -181,7 +181,7 @@ class TrainingOperator:
         try:
             while True:
                 try:
-                    self._run_once(cluster_id)
+                    self.run(cluster_id)
                 except Exception:
                     log.exception("training cluster %s: operation failed", cluster_id)
                 with self._lock:
@@ -220,6 +220,11 @@ class TrainingOperator:
             raise Superseded()
 
     # ------------------------------------------------------------ running
+
+    def run(self, cluster_id: int) -> None:
+        """Carry out the cluster's recorded operation now, in this thread (the worker
+        threads call this; so can tests and tools)."""
+        self._run_once(cluster_id)
 
     def _run_once(self, cluster_id: int) -> None:
         snap = self._snapshot(cluster_id)

@@ -85,6 +85,8 @@ def slurm_conf(cluster_name: str, controller: str, max_nodes: int) -> str:
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none",
+        # The image has no mail transport; the default MailProg logs an error each start.
+        "MailProg=/bin/true",
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         # Memory is not a consumable: a job without --mem would otherwise claim a
@@ -207,6 +209,22 @@ case "$ROLE" in
     if [ -z "${GPUYARD_SLURMD_CONF:-}" ] && [ "${GPUYARD_GPUS:-0}" -gt 0 ]; then
       SLURMD_CONF="$SLURMD_CONF Gres=gpu:${GPUYARD_GPUS}"
     fi
+    # Slurm 22.05 keeps a dynamic node's NodeAddr from its first registration and does
+    # not update it when the node registers again, but the engine gives a restarted
+    # container a new IP. So a node the controller already knows is re-addressed first
+    # (root is a Slurm admin through munge); "Invalid node name" means it is new.
+    CTL=$(sed -n 's/^SlurmctldHost=//p' /etc/slurm/slurm.conf | head -n1)
+    for _ in $(seq 20); do
+      CTL_IP=$(getent ahostsv4 "$CTL" | awk 'NR == 1 { print $1 }')
+      MY_IP=$(ip -o -4 route get "${CTL_IP:-0.0.0.0}" 2>/dev/null \
+        | sed -n 's/.* src \([0-9.]*\).*/\1/p')
+      if [ -n "$MY_IP" ]; then
+        out=$(scontrol update NodeName="$NODE" NodeAddr="$MY_IP" NodeHostname="$NODE" 2>&1) \
+          && { log "re-addressed $NODE to $MY_IP"; break; }
+        case "$out" in *"Invalid node name"*) break ;; esac
+      fi
+      sleep 1
+    done
     mkdir -p __SPOOL_DIR__ __GPU_DIR__
     # gres.conf names __GPU_DIR__/gpu<i>: the i-th real GPU when present, else /dev/null.
     mapfile -t REAL < <(ls /dev/nvidia[0-9]* 2>/dev/null | sort -V)

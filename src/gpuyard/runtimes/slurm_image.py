@@ -30,6 +30,9 @@ MIRROR = "http://deb.debian.org/debian"
 PACKAGES = (
     "slurmd", "slurmctld", "slurm-client", "munge", "openssh-server", "openssh-client",
     "procps", "iproute2", "iputils-ping", "less", "ca-certificates",
+    # Slurm's mpi/pmix plugins need it (srun --mpi=pmix); without it every daemon start
+    # logs plugin load errors.
+    "libpmix2",
 )  # fmt: skip
 DEBOOTSTRAP_TIMEOUT_S = 900.0
 

@@ -94,7 +94,8 @@ def ensure_default_image(session: Session) -> ImageVersion:
         )
     except ImageExists:
         row = session.scalar(select(ImageVersion).where(ImageVersion.image == SLURM_IMAGE))
-        assert row is not None
+        if row is None:
+            raise
         return row
 
 

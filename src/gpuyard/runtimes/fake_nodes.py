@@ -1,0 +1,115 @@
+"""An in-memory stand-in for SlurmNodeRuntime, for fast tests of the training operator.
+
+It records what a real runtime would do (containers with their image, files and
+restart counts; networks; volumes) and answers ``sinfo`` with every running worker
+idle. ``fail_create`` makes the next creates of the named nodes fail. The real thing
+is runtimes/slurm_nodes.py, tested end to end on Podman.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpuyard.core.errors import RuntimeFailure
+
+
+@dataclass
+class FakeNode:
+    spec: Any
+    files: dict[str, tuple[bytes, int]]
+    state: Literal["running", "exited"] = "running"
+    restarts: int = 0
+    authorized_keys: str = ""
+    generation: int = 0
+
+
+@dataclass
+class FakeNodeRuntime:
+    nodes: dict[str, FakeNode] = field(default_factory=dict)
+    networks: set[str] = field(default_factory=set)
+    volumes: set[str] = field(default_factory=set)
+    fail_create: set[str] = field(default_factory=set)
+    execs: list[tuple[str, list[str]]] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ensure_network(self, name: str) -> None:
+        self.networks.add(name)
+
+    def remove_network(self, name: str) -> None:
+        self.networks.discard(name)
+
+    def create_node(self, spec: Any, files: dict[str, tuple[bytes, int]]) -> str:
+        with self._lock:
+            if spec.name in self.fail_create:
+                self.fail_create.discard(spec.name)
+                raise RuntimeFailure(f"could not create {spec.name}: injected failure")
+            if spec.network not in self.networks:
+                raise RuntimeFailure(f"network {spec.network} does not exist")
+            old = self.nodes.get(spec.name)
+            self.nodes[spec.name] = FakeNode(
+                spec=spec,
+                files=dict(files),
+                authorized_keys=files.get("authorized_keys", (b"", 0))[0].decode(),
+                generation=(old.generation + 1) if old else 0,
+            )
+            if spec.state_volume:
+                self.volumes.add(spec.state_volume)
+            self.created.append(spec.name)
+            return f"fake-{spec.name}-{self.nodes[spec.name].generation}"
+
+    def install_authorized_keys(self, name: str, keys_text: str) -> None:
+        self._node(name).authorized_keys = keys_text
+
+    def exec(self, name: str, argv: list[str], timeout_s: float = 30) -> tuple[int, str]:
+        self._node(name)
+        self.execs.append((name, list(argv)))
+        return 0, ""
+
+    def restart_node(self, name: str) -> None:
+        node = self._node(name)
+        node.restarts += 1
+        node.state = "running"
+
+    def remove_node(self, name: str) -> None:
+        with self._lock:
+            self.nodes.pop(name, None)
+
+    def node_state(self, name: str) -> Literal["missing", "created", "running", "exited"]:
+        node = self.nodes.get(name)
+        return "missing" if node is None else node.state
+
+    def node_address(self, name: str, network: str) -> str | None:
+        node = self.nodes.get(name)
+        if node is None or node.state != "running":
+            return None
+        return f"10.99.0.{sorted(self.nodes).index(name) + 2}"
+
+    def list_nodes(self, label: str, value: str) -> list[str]:
+        return [n for n, node in self.nodes.items() if node.spec.labels.get(label) == value]
+
+    def wait_slurm_ready(
+        self, controller: str, expected_nodes: list[str], timeout_s: float
+    ) -> None:
+        missing = [n for n in [controller, *expected_nodes] if self.node_state(n) != "running"]
+        if missing:
+            raise RuntimeFailure(f"nodes not up in Slurm: {', '.join(missing)}")
+
+    def sinfo(self, controller: str) -> list[tuple[str, str]]:
+        self._node(controller)
+        return [
+            (name, "idle")
+            for name, node in sorted(self.nodes.items())
+            if node.spec.role == "worker" and node.state == "running"
+        ]
+
+    def remove_volume(self, name: str) -> None:
+        self.volumes.discard(name)
+
+    def _node(self, name: str) -> FakeNode:
+        node = self.nodes.get(name)
+        if node is None:
+            raise RuntimeFailure(f"node {name} does not exist")
+        return node

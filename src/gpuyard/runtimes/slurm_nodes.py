@@ -1,0 +1,521 @@
+"""Slurm node containers (controller and workers) over the Docker Engine API.
+
+The building blocks a training-cluster service composes: one private bridge network per
+cluster (with DNS, so nodes resolve each other by container name), one controller
+container running ``slurmctld`` with its state on a named volume, and worker containers
+that join as Slurm dynamic nodes. The image is
+:data:`gpuyard.runtimes.slurm_image.SLURM_IMAGE`; the files each node needs are
+rendered by :mod:`gpuyard.runtimes.slurm_config` and handed to :meth:`create_node`.
+
+Every public method turns engine and transport errors into :class:`RuntimeFailure`.
+Measured against Podman 4.3.1 (rootful, netavark + aardvark-dns):
+
+- a restarted container gets a new IP on its network; the node entrypoint re-addresses
+  its Slurm node before ``slurmd`` registers (Slurm 22.05 keeps a dynamic node's first
+  address), and workers find the controller by name, so restarts need nothing here;
+- the host routes to container IPs on the cluster network, so :meth:`node_address`
+  is directly reachable from the host (SSH on port 22);
+- ``put_archive`` works on a created (not yet started) container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import posixpath
+import shlex
+import tarfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import docker
+import docker.errors
+import requests
+
+from gpuyard.core.errors import RuntimeFailure, ValidationFailed
+from gpuyard.runtimes.base import LABEL_MANAGED
+from gpuyard.runtimes.engine_url import detect_engine_url
+from gpuyard.runtimes.slurm_config import (
+    CONFIG_DIR,
+    STATE_DIR,
+    valid_node_name,
+    worker_conf_arg,
+)
+
+LABEL_SLURM_ROLE = "gpuyard.slurm.role"
+NodeRole = Literal["controller", "worker"]
+NodeState = Literal["missing", "created", "running", "exited"]
+
+_RUNNING_STATES = {"running", "paused", "restarting"}
+_CREATED_STATES = {"created", "configured", "initialized"}
+# sinfo %T states in which a node takes (or runs) jobs.
+READY_STATES = frozenset({"idle", "allocated", "mixed", "alloc", "mix"})
+_LIMIT_ERROR_MARKERS = (
+    "cgroup",
+    "cpu.cfs",
+    "cpu quota",
+    "nanocpus",
+    "memory limit",
+    "memory.limit",
+    "kernel does not support",
+    "not supported",
+)
+STOP_TIMEOUT_S = 10
+_SHM_MIN_BYTES = 64 * 1024**2
+_SHM_MAX_BYTES = 16 * 1024**3
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One Slurm node container.
+
+    ``name`` is the container name, hostname, network alias and Slurm NodeName at once,
+    so it must be DNS-safe (see :func:`slurm_config.valid_node_name`). ``state_volume``
+    (controller only) is a named volume mounted at the Slurm state dir, so queued and
+    running jobs survive a controller restart or re-creation.
+    """
+
+    name: str
+    role: NodeRole
+    image: str
+    network: str
+    cpus: int
+    memory_gb: int
+    gpu_count: int
+    gpu_indices: tuple[int, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    state_volume: str | None = None
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, docker.errors.APIError):
+        explanation = getattr(e, "explanation", None)
+        if explanation:
+            return str(explanation)
+    return str(e) or type(e).__name__
+
+
+def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
+    """An uncompressed tar of ``files`` (relative path -> (content, mode)), root-owned."""
+    buf = io.BytesIO()
+    now = int(time.time())
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        dirs: set[str] = set()
+        for rel in sorted(files):
+            parent = posixpath.dirname(rel)
+            while parent and parent not in dirs:
+                dirs.add(parent)
+                parent = posixpath.dirname(parent)
+        for d in sorted(dirs):
+            info = tarfile.TarInfo(d)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o755
+            info.mtime = now
+            tar.addfile(info)
+        for rel, (data, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mode = mode
+            info.mtime = now
+            info.uid = info.gid = 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _relative(path: str) -> str:
+    """A file key for :meth:`SlurmNodeRuntime.put_files` as a path under CONFIG_DIR."""
+    norm = posixpath.normpath(path)
+    if norm.startswith(CONFIG_DIR + "/"):
+        norm = norm[len(CONFIG_DIR) + 1 :]
+    if norm.startswith("/") or norm == "." or norm.split("/")[0] == "..":
+        raise ValidationFailed("files", f"{path!r} is not a path under {CONFIG_DIR}/")
+    return norm
+
+
+class SlurmNodeRuntime:
+    """Creates, inspects and drives Slurm node containers on one engine.
+
+    ``base_url`` None means: the engine found by
+    :func:`gpuyard.runtimes.engine_url.detect_engine_url` (``DOCKER_HOST``, then the
+    well-known Podman and Docker sockets). The SDK client is created on first use.
+    Thread-safe. ``timeout_s`` bounds every engine request, so an :meth:`exec` must
+    finish well within it.
+    """
+
+    def __init__(self, base_url: str | None, timeout_s: float = 60.0) -> None:
+        self.base_url = base_url
+        self.timeout_s = timeout_s
+        self._client_lock = threading.Lock()
+        self._client_obj: Any = None
+        self._lock = threading.Lock()
+        # Flipped off the first time the engine refuses a limit (host cgroup setup).
+        self._cpu_limits = True
+        self._memory_limits = True
+
+    # -- plumbing -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except (RuntimeFailure, ValidationFailed):
+            raise
+        except (requests.exceptions.ConnectionError, ConnectionError) as e:
+            raise RuntimeFailure(
+                f"{action} failed: no container engine reachable at "
+                f"{self.base_url or 'the default socket'} ({type(e).__name__})",
+                {"action": action},
+            ) from e
+        except docker.errors.DockerException as e:
+            raise RuntimeFailure(f"{action} failed: {_reason(e)}", {"action": action}) from e
+        except (requests.exceptions.RequestException, OSError, ValueError, KeyError) as e:
+            raise RuntimeFailure(f"{action} failed: {_reason(e)}", {"action": action}) from e
+
+    def _client(self) -> Any:
+        with self._client_lock:
+            if self._client_obj is None:
+                url = detect_engine_url(self.base_url)
+                with self._errors("connecting to the container engine"):
+                    self._client_obj = docker.DockerClient(
+                        base_url=url, version="auto", timeout=self.timeout_s
+                    )
+            return self._client_obj
+
+    def _inspect(self, name: str) -> dict[str, Any] | None:
+        with self._errors(f"inspecting node {name}"):
+            try:
+                info: dict[str, Any] = self._client().api.inspect_container(name)
+            except docker.errors.NotFound:
+                return None
+        return info
+
+    # -- networks and volumes ---------------------------------------------------------
+
+    def ensure_network(self, name: str) -> None:
+        """Create the cluster's bridge network (DNS on: nodes resolve each other by
+        container name) if missing. Idempotent, also under concurrent calls."""
+        api = self._client().api
+        with self._errors(f"creating network {name}"):
+            try:
+                api.inspect_network(name)
+                return
+            except docker.errors.NotFound:
+                pass
+            try:
+                api.create_network(
+                    name, driver="bridge", labels={LABEL_MANAGED: "true"}, check_duplicate=True
+                )
+            except docker.errors.APIError as e:
+                # A concurrent caller created it between inspect and create.
+                if e.status_code != 409 and "already exists" not in _reason(e):
+                    raise
+
+    def remove_network(self, name: str) -> None:
+        """Delete the network. Idempotent; raises RuntimeFailure while nodes use it."""
+        with (
+            self._errors(f"removing network {name}"),
+            contextlib.suppress(docker.errors.NotFound),
+        ):
+            self._client().api.remove_network(name)
+
+    def remove_volume(self, name: str) -> None:
+        """Delete a named volume. Idempotent; raises RuntimeFailure while one is using it."""
+        with (
+            self._errors(f"removing volume {name}"),
+            contextlib.suppress(docker.errors.NotFound),
+        ):
+            self._client().api.remove_volume(name)
+
+    # -- nodes ----------------------------------------------------------------------
+
+    def create_node(self, spec: NodeSpec, files: Mapping[str, tuple[bytes, int]]) -> str:
+        """Create and start the node's container; returns its id.
+
+        Idempotent on ``spec.name`` by replacement: an existing container with that name
+        is removed first (its Slurm state survives: the controller's is on
+        ``state_volume``, and a worker re-registers under the same name). ``files``
+        maps paths under ``/etc/gpuyard/`` to (content, mode); they are copied in before
+        the container starts, and the entrypoint installs ``munge.key`` (required),
+        ``slurm.conf`` (required), ``gres.conf``, ``authorized_keys`` and runs
+        ``lifecycle.sh`` once. The network must exist (:meth:`ensure_network`). CPU and
+        memory limits the engine refuses are dropped, as the docker-engine runtime does.
+        Raises ValidationFailed for a name that is not DNS-safe, RuntimeFailure for
+        engine failures (e.g. a missing image or network).
+        """
+        if not valid_node_name(spec.name):
+            raise ValidationFailed(
+                "name",
+                f"node name {spec.name!r} must be lowercase letters, digits and inner "
+                "hyphens, at most 63 characters",
+            )
+        archive = _tar({_relative(p): v for p, v in files.items()})
+        self.remove_node(spec.name)
+        try:
+            return self._create_and_start(spec, archive)
+        except RuntimeFailure as e:
+            if not self._degrade_limits(spec, e):
+                raise
+        self.remove_node(spec.name)
+        return self._create_and_start(spec, archive)
+
+    def _create_and_start(self, spec: NodeSpec, archive: bytes) -> str:
+        client = self._client()
+        kwargs = self._create_kwargs(spec)
+        with self._errors(f"creating node {spec.name}"):
+            container = client.containers.create(**kwargs)
+        cid = str(container.id)
+        with self._errors(f"copying configuration into node {spec.name}"):
+            if not client.api.put_archive(cid, CONFIG_DIR, archive):
+                raise RuntimeFailure(f"the engine refused the files for node {spec.name}")
+        with self._errors(f"starting node {spec.name}"):
+            client.api.start(cid)
+        return cid
+
+    def _create_kwargs(self, spec: NodeSpec) -> dict[str, Any]:
+        api = self._client().api
+        indices = ",".join(str(i) for i in spec.gpu_indices)
+        memory_mb = spec.memory_gb * 1024
+        env = {
+            "GPUYARD_ROLE": spec.role,
+            "GPUYARD_NODE_NAME": spec.name,
+            "GPUYARD_CPUS": str(spec.cpus),
+            "GPUYARD_MEMORY_MB": str(memory_mb),
+            "GPUYARD_GPUS": str(spec.gpu_count),
+            # Same convention as the docker-engine runtime's clusters without real GPUs.
+            "NVIDIA_VISIBLE_DEVICES": indices or "void",
+            "CUDA_VISIBLE_DEVICES": indices,
+        }
+        if spec.role == "worker":
+            env["GPUYARD_SLURMD_CONF"] = worker_conf_arg(
+                max(spec.cpus, 1), max(memory_mb, 1), spec.gpu_count
+            )
+        labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_SLURM_ROLE: spec.role}
+        kwargs: dict[str, Any] = {
+            "image": spec.image,
+            "name": spec.name,
+            "hostname": spec.name,
+            "environment": env,
+            "labels": labels,
+            "detach": True,
+            # catatonit/tini as PID 1 reaps the slurmstepd and sshd session processes
+            # that get re-parented to PID 1, and forwards SIGTERM to the entrypoint.
+            "init": True,
+            "network": spec.network,
+            "networking_config": {
+                spec.network: api.create_endpoint_config(aliases=[spec.name])
+            },
+            "stop_signal": "SIGTERM",
+        }
+        if spec.state_volume:
+            kwargs["volumes"] = {spec.state_volume: {"bind": STATE_DIR, "mode": "rw"}}
+        if self._cpu_limits and spec.cpus > 0:
+            kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+        if self._memory_limits and spec.memory_gb > 0:
+            kwargs["mem_limit"] = int(spec.memory_gb * 1024**3)
+        if spec.memory_gb > 0:
+            # NCCL and PyTorch data loaders use /dev/shm heavily; the engines' 64 MB
+            # default fails multi-GPU training, so give half the memory, within bounds.
+            shm = min(max(spec.memory_gb * 1024**3 // 2, _SHM_MIN_BYTES), _SHM_MAX_BYTES)
+            kwargs["shm_size"] = int(shm)
+        return kwargs
+
+    def _degrade_limits(self, spec: NodeSpec, e: RuntimeFailure) -> bool:
+        """Turn off the limit(s) an engine error blames; True if a retry makes sense."""
+        uses_cpu = self._cpu_limits and spec.cpus > 0
+        uses_mem = self._memory_limits and spec.memory_gb > 0
+        text = e.message.lower()
+        if not (uses_cpu or uses_mem) or not any(m in text for m in _LIMIT_ERROR_MARKERS):
+            return False
+        blames_cpu = "cpu" in text
+        blames_mem = "memory" in text or "mem" in text
+        with self._lock:
+            if blames_cpu or not blames_mem:
+                self._cpu_limits = False
+            if blames_mem or not blames_cpu:
+                self._memory_limits = False
+        return True
+
+    def put_files(self, name: str, files: Mapping[str, tuple[bytes, int]]) -> None:
+        """Write ``files`` (paths under ``/etc/gpuyard/`` -> (content, mode)) into the
+        node, created or running. Each file is replaced whole but not atomically; the
+        entrypoint installs them on the next (re)start. Raises RuntimeFailure when the
+        node does not exist."""
+        archive = _tar({_relative(p): v for p, v in files.items()})
+        with self._errors(f"copying files into node {name}"):
+            try:
+                ok = self._client().api.put_archive(name, CONFIG_DIR, archive)
+            except docker.errors.NotFound as e:
+                raise RuntimeFailure(f"node {name} does not exist", {"node": name}) from e
+            if not ok:
+                raise RuntimeFailure(f"the engine refused the files for node {name}")
+
+    def install_authorized_keys(self, name: str, keys_text: str) -> None:
+        """Replace root's ``authorized_keys`` on a running node, atomically (rename),
+        0600 root. Also updates ``/etc/gpuyard/authorized_keys`` so a restart keeps the
+        new keys. Raises RuntimeFailure when the node is not running or the swap fails."""
+        text = keys_text if keys_text.endswith("\n") or not keys_text else keys_text + "\n"
+        self.put_files(name, {"authorized_keys.new": (text.encode(), 0o600)})
+        new = f"{CONFIG_DIR}/authorized_keys.new"
+        script = (
+            "set -e; install -d -m 0700 -o root -g root /root/.ssh; "
+            f"install -m 0600 -o root -g root {new} /root/.ssh/.authorized_keys.tmp; "
+            "mv -f /root/.ssh/.authorized_keys.tmp /root/.ssh/authorized_keys; "
+            f"mv -f {new} {CONFIG_DIR}/authorized_keys"
+        )
+        code, out = self.exec(name, ["sh", "-c", script])
+        if code != 0:
+            raise RuntimeFailure(
+                f"installing authorized_keys on node {name} failed (exit {code}): {out[-300:]}",
+                {"node": name},
+            )
+
+    def exec(self, name: str, argv: list[str], timeout_s: float = 30) -> tuple[int, str]:
+        """Run ``argv`` as root in the running node; (exit code, stdout+stderr).
+
+        The command is killed after ``timeout_s`` (exit code 124, coreutils ``timeout``
+        inside the container); ``timeout_s`` must be below the runtime's ``timeout_s``.
+        Raises RuntimeFailure when the node is missing or not running.
+        """
+        if not argv:
+            raise ValueError("argv must not be empty")
+        if timeout_s <= 0 or timeout_s >= self.timeout_s:
+            raise ValueError(
+                f"timeout_s must be in (0, {self.timeout_s}) (the engine request timeout)"
+            )
+        cmd = ["timeout", "-k", "2", f"{timeout_s:g}", *argv]
+        with self._errors(f"running {shlex.join(argv)[:80]} on node {name}"):
+            try:
+                container = self._client().containers.get(name)
+            except docker.errors.NotFound as e:
+                raise RuntimeFailure(f"node {name} does not exist", {"node": name}) from e
+            result = container.exec_run(cmd, stdout=True, stderr=True, user="root")
+        output = result.output
+        text = output.decode("utf-8", errors="replace") if isinstance(output, bytes) else ""
+        code = result.exit_code
+        return (int(code) if code is not None else -1), text
+
+    def restart_node(self, name: str) -> None:
+        """Restart the node's container (SIGTERM, SIGKILL after 10 s, start). The node's
+        files and Slurm state are kept. Raises RuntimeFailure when it does not exist."""
+        with self._errors(f"restarting node {name}"):
+            try:
+                self._client().api.restart(name, timeout=STOP_TIMEOUT_S)
+            except docker.errors.NotFound as e:
+                raise RuntimeFailure(f"node {name} does not exist", {"node": name}) from e
+
+    def remove_node(self, name: str) -> None:
+        """Stop and delete the node's container. Idempotent. Named volumes are kept
+        (:meth:`remove_volume`); the controller still lists a removed worker until
+        :meth:`delete_slurm_node`."""
+        with self._errors(f"removing node {name}"):
+            try:
+                self._client().api.remove_container(name, v=True, force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as e:
+                if "already in progress" not in _reason(e):
+                    raise
+
+    def node_state(self, name: str) -> NodeState:
+        """The container's state; ``missing`` when there is none."""
+        info = self._inspect(name)
+        if info is None:
+            return "missing"
+        status = str((info.get("State") or {}).get("Status", "")).lower()
+        if status in _RUNNING_STATES:
+            return "running"
+        if status in _CREATED_STATES:
+            return "created"
+        return "exited"
+
+    def node_address(self, name: str, network: str) -> str | None:
+        """The node's IPv4 address on ``network``, or None when it has none (missing or
+        stopped). The address changes when the container restarts: read it again."""
+        info = self._inspect(name)
+        if info is None:
+            return None
+        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+        ip = (networks.get(network) or {}).get("IPAddress")
+        return str(ip) if ip else None
+
+    def list_nodes(self, label: str, value: str) -> list[str]:
+        """Names of the node containers (any state) labelled ``label=value``, sorted."""
+        with self._errors(f"listing nodes with {label}={value}"):
+            rows = self._client().api.containers(
+                all=True, filters={"label": f"{label}={value}"}
+            )
+        names: list[str] = []
+        for row in rows:
+            for n in row.get("Names") or []:
+                names.append(str(n).lstrip("/"))
+                break
+        return sorted(names)
+
+    # -- Slurm ------------------------------------------------------------------------
+
+    def sinfo(self, controller: str) -> list[tuple[str, str]]:
+        """(node, state) for every node the controller knows, e.g. ("w-1", "idle").
+        A trailing ``*`` on the state means not responding. Raises RuntimeFailure when
+        sinfo fails (e.g. slurmctld not up yet)."""
+        code, out = self.exec(controller, ["sinfo", "-h", "-N", "-o", "%N %T"], timeout_s=15)
+        if code != 0:
+            raise RuntimeFailure(
+                f"sinfo on {controller} failed (exit {code}): {out.strip()[-300:]}",
+                {"node": controller},
+            )
+        seen: dict[str, str] = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                seen.setdefault(parts[0], parts[1])
+        return list(seen.items())
+
+    def wait_slurm_ready(
+        self, controller: str, expected_nodes: list[str], timeout_s: float
+    ) -> None:
+        """Block until every expected node is idle, allocated or mixed in ``sinfo``.
+        Raises RuntimeFailure with the last sinfo output (or error) on timeout."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while True:
+            try:
+                states = dict(self.sinfo(controller))
+                last = " ".join(f"{n}={s}" for n, s in sorted(states.items())) or "no nodes"
+                if all(states.get(n) in READY_STATES for n in expected_nodes):
+                    return
+            except RuntimeFailure as e:
+                last = e.message
+            if time.monotonic() >= deadline:
+                raise RuntimeFailure(
+                    f"Slurm on {controller} not ready within {timeout_s:.0f} s; waiting for "
+                    f"{', '.join(expected_nodes)}; last sinfo: {last[:500]}",
+                    {"node": controller},
+                )
+            time.sleep(0.25)
+
+    def slurm_pid(self, name: str, process: str) -> int | None:
+        """The pid (in the node's PID namespace) of ``process`` (e.g. ``slurmd``), or
+        None when it is not running or the node is not running."""
+        if self.node_state(name) != "running":
+            return None
+        code, out = self.exec(name, ["pidof", "-s", process], timeout_s=10)
+        if code != 0:
+            return None
+        try:
+            return int(out.split()[0])
+        except (IndexError, ValueError):
+            return None
+
+    def delete_slurm_node(self, controller: str, node: str) -> None:
+        """Make the controller forget a (removed) dynamic worker. Idempotent; raises
+        RuntimeFailure when Slurm refuses, e.g. while the node still has jobs."""
+        code, out = self.exec(controller, ["scontrol", "delete", f"NodeName={node}"])
+        if code != 0 and "Invalid node name" not in out:
+            raise RuntimeFailure(
+                f"scontrol delete {node} on {controller} failed (exit {code}): "
+                f"{out.strip()[-300:]}",
+                {"node": node},
+            )

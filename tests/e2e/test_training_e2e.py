@@ -1,0 +1,328 @@
+"""A training cluster end to end: the real server (``gpuyard serve``), real Podman node
+containers running real Slurm (slurmctld, slurmd, munge, sshd), reached over SSH with
+the user's key through the server's forwarders. Every seed 002 action is checked by
+its observable effect."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image, derive_image
+from tests.e2e.test_server_e2e import ServerProcess
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.e2e
+
+BASE = "/distributed_jobs_v2/cluster/"
+IMAGE_V2 = "localhost/gpuyard/slurm-node:e2e-v2"
+RESERVED = "127.0.10.0/29"
+
+
+@pytest.fixture(scope="module")
+def slurm_images(engine_url: str) -> Iterator[str]:
+    try:
+        build_slurm_image("podman", SLURM_IMAGE)
+    except Exception as exc:  # no debootstrap / no mirror: say why
+        pytest.fail(f"cannot build the Slurm node image: {exc}")
+    derive_image(SLURM_IMAGE, IMAGE_V2, "v2", "podman")
+    yield SLURM_IMAGE
+
+
+@pytest.fixture
+def server(tmp_path: Path, engine_url: str, slurm_images: str) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path / "home", engine_url, free_port())
+    srv.extra_env = {
+        "GPUYARD_RESERVED_IPS": RESERVED,
+        "GPUYARD_TRAINING_BIND_ADDRESS": "127.0.0.1",
+        "GPUYARD_PORT_RANGE_START": str(40000 + free_port() % 2000),
+        "GPUYARD_PORT_RANGE_END": "45000",
+    }
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+class Ssh:
+    """The system ``ssh`` client against the cluster's entry point."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+
+    def keygen(self, name: str) -> tuple[Path, str]:
+        path = self.tmp / name
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(path)],
+            check=True,
+        )
+        return path, (self.tmp / f"{name}.pub").read_text().strip()
+
+    def run(
+        self,
+        key: Path,
+        host: str,
+        port: int,
+        command: str,
+        *,
+        source: str | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [
+            "ssh",
+            "-i",
+            str(key),
+            "-p",
+            str(port),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "ConnectTimeout=10",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+        if source:
+            argv += ["-b", source]
+        argv += [f"root@{host}", command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_running(c: httpx.Client, cid: int, params: dict[str, Any], timeout: float = 240) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        data = c.get(f"{BASE}{cid}/", params=params).json()["data"]
+        if data["status"] == "running":
+            return data
+        assert data["status"] != "error", data
+        assert time.monotonic() < deadline, data
+        time.sleep(1)
+
+
+def act(c: httpx.Client, cid: int, params: dict[str, Any], **body: Any) -> Any:
+    r = c.put(f"{BASE}{cid}/", params=params, json=body)
+    assert r.status_code == 200, r.json()
+    return r.json()["data"]
+
+
+def host_pids(engine: docker.DockerClient, name: str, process: str) -> set[str]:
+    """Host PIDs of ``process`` in container ``name`` (PIDs inside a container repeat
+    across restarts, host PIDs do not)."""
+    top = engine.containers.get(name).top()
+    cmd = top["Titles"].index("CMD") if "CMD" in top["Titles"] else len(top["Titles"]) - 1
+    pid = top["Titles"].index("PID")
+    return {p[pid] for p in top["Processes"] if process in p[cmd]}
+
+
+def connect(host: str, port: int, source: str | None = None) -> bool:
+    """Whether a TCP connection gets the SSH banner (a refused or reset one does not)."""
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        if source:
+            s.bind((source, 0))
+        s.connect((host, port))
+        return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def until(check: Any, timeout: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(1)
+
+
+def test_training_cluster_end_to_end(
+    server: ServerProcess, engine_url: str, tmp_path: Path
+) -> None:
+    engine = docker.DockerClient(base_url=engine_url)
+    ssh = Ssh(tmp_path)
+    key1, pub1 = ssh.keygen("first")
+    key2, pub2 = ssh.keygen("second")
+    with server.client() as c:
+        project = c.get("/v1/projects").json()["data"]
+        projects = project if isinstance(project, list) else project["projects"]
+        params = {"project_id": projects[0]["id"], "location": "local"}
+        k1 = c.post("/v1/ssh-keys", json={"name": "first", "public_key": pub1}).json()["data"]
+        k2 = c.post("/v1/ssh-keys", json={"name": "second", "public_key": pub2}).json()["data"]
+        images = c.get("/v1/images").json()["data"]
+        images = images if isinstance(images, list) else images["images"]
+        base = next(i for i in images if i["image"] == SLURM_IMAGE)
+        v2 = c.post(
+            "/v1/images", json={"name": "slurm-node", "version": "e2e-v2", "image": IMAGE_V2}
+        ).json()["data"]
+
+        created = c.post(
+            BASE,
+            params=params,
+            json={
+                "name": "e2e",
+                "image_version_id": base["id"],
+                "ssh_key_ids": [k1["id"]],
+                "no_of_nodes": 2,
+                "gpu_type": "NVIDIA RTX A6000",
+                "gpus_per_node": 1,
+                "cpus_per_node": 1,
+                "memory_gb_per_node": 1,
+                "lifecycle_script": "#!/bin/sh\necho ran > /root/lifecycle-ran\n",
+            },
+        )
+        assert created.status_code == 201, created.json()
+        cid = created.json()["data"]["id"]
+        cluster = wait_running(c, cid, params)
+        port = cluster["ssh"]["port"]
+        prefix = f"gy-tc{cid}"
+        w1, w2, w3 = (f"{prefix}-worker-{i}" for i in (1, 2, 3))
+
+        # srun over SSH with the user's key runs on both workers.
+        out = ssh.run(key1, "127.0.0.1", port, "srun -N2 hostname")
+        assert out.returncode == 0, out.stderr
+        assert sorted(out.stdout.split()) == [w1, w2]
+        assert {n["state"] for n in cluster["slurm"]["nodes"]} <= {"idle", "mixed", "allocated"}
+        out = ssh.run(key1, "127.0.0.1", port, f"srun -w {w1} cat /root/lifecycle-ran")
+        assert out.stdout.strip() == "ran", out.stderr
+
+        # scale_cluster while a job runs: the job keeps running, the new node works.
+        job = ssh.run(key1, "127.0.0.1", port, "sbatch --parsable -N2 --wrap 'sleep 600'")
+        job_id = job.stdout.strip()
+        assert job_id.isdigit(), job.stderr
+        until(
+            lambda: (
+                ssh.run(key1, "127.0.0.1", port, f"squeue -h -j {job_id} -o %T").stdout.strip()
+                == "RUNNING"
+            ),
+            what="job running",
+        )
+        act(c, cid, params, action="scale_cluster", additional_nodes=1)
+        cluster = wait_running(c, cid, params)
+        assert (
+            ssh.run(key1, "127.0.0.1", port, f"squeue -h -j {job_id} -o %T").stdout.strip()
+            == "RUNNING"
+        )
+        states = dict(
+            line.split()
+            for line in ssh.run(
+                key1, "127.0.0.1", port, 'sinfo -h -N -o "%N %T"'
+            ).stdout.splitlines()
+        )
+        assert states[w3] == "idle", states
+        assert ssh.run(key1, "127.0.0.1", port, f"srun -w {w3} hostname").stdout.strip() == w3
+        ssh.run(key1, "127.0.0.1", port, f"scancel {job_id}")
+
+        # restart_workers: slurmctld keeps its PID, every slurmd gets a new one.
+        ctld = host_pids(engine, f"{prefix}-controller", "slurmctld")
+        slurmds = {w: host_pids(engine, w, "slurmd") for w in (w1, w2, w3)}
+        assert ctld and all(slurmds.values())
+        act(c, cid, params, action="restart_workers")
+        cluster = wait_running(c, cid, params)
+        assert host_pids(engine, f"{prefix}-controller", "slurmctld") == ctld
+        for w, before in slurmds.items():
+            after = host_pids(engine, w, "slurmd")
+            assert after and after.isdisjoint(before), (w, before, after)
+        until(
+            lambda: (
+                {
+                    n["state"]
+                    for n in c.get(f"{BASE}{cid}/", params=params).json()["data"]["slurm"]["nodes"]
+                }
+                == {"idle"}
+            ),
+            what="nodes idle after restart_workers",
+        )
+
+        # update_ssh_keys: exactly the given keys.
+        act(c, cid, params, action="update_ssh_keys", ssh_key_ids=[k2["id"]])
+        wait_running(c, cid, params)
+        assert ssh.run(key2, "127.0.0.1", port, "hostname").stdout.strip() == f"{prefix}-controller"
+        assert ssh.run(key1, "127.0.0.1", port, "hostname").returncode != 0
+        assert ssh.run(key2, "127.0.0.1", port, f"srun -w {w2} hostname").returncode == 0
+
+        # attach_ip / detach_ip: the reserved address reaches the controller's SSH.
+        ip = c.post("/v1/reserved-ips", params={"project_id": params["project_id"]}).json()["data"]
+        assert not connect(ip["address"], 22)
+        attached = act(c, cid, params, action="attach_ip", reserved_ip_id=ip["id"])
+        assert attached["address"] == ip["address"]
+        until(lambda: connect(ip["address"], 22), 10, "reserved IP reachable")
+        out = ssh.run(key2, ip["address"], 22, "hostname")
+        assert out.stdout.strip() == f"{prefix}-controller", out.stderr
+
+        # A security group allowing only 127.0.0.2: enforced on the port and the IP.
+        group = c.post(
+            "/v1/security-groups",
+            json={
+                "name": "only-2",
+                "rules": [{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
+            },
+        ).json()["data"]
+        act(c, cid, params, action="add_security_group", security_groups_ids=[group["id"]])
+        until(lambda: not connect("127.0.0.1", port, "127.0.0.3"), 10, "127.0.0.3 refused")
+        assert connect("127.0.0.1", port, "127.0.0.2")
+        assert connect(ip["address"], 22, "127.0.0.2")
+        assert not connect(ip["address"], 22, "127.0.0.3")
+        out = ssh.run(key2, "127.0.0.1", port, "hostname", source="127.0.0.2")
+        assert out.returncode == 0, out.stderr
+        assert ssh.run(key2, "127.0.0.1", port, "hostname", source="127.0.0.3").returncode != 0
+        act(c, cid, params, action="remove_security_group", security_group_id=group["id"])
+        until(lambda: connect("127.0.0.1", port, "127.0.0.3"), 10, "open again")
+
+        act(c, cid, params, action="detach_ip", reserved_ip_id=ip["id"], ip_type="public")
+        until(lambda: not connect(ip["address"], 22), 10, "reserved IP unreachable")
+
+        # update_image: every node runs the new image, one at a time.
+        act(c, cid, params, action="update_image", image_version_id=v2["id"])
+        cluster = wait_running(c, cid, params)
+        assert {n["image_version_id"] for n in cluster["nodes"]} == {v2["id"]}
+        for n in cluster["nodes"]:
+            assert engine.containers.get(n["name"]).attrs["Config"]["Image"].endswith("e2e-v2")
+        out = ssh.run(
+            key2,
+            "127.0.0.1",
+            port,
+            "cat /etc/gpuyard-image-version; srun -N3 cat /etc/gpuyard-image-version",
+        )
+        assert out.stdout.split() == ["v2"] * 4, out.stdout + out.stderr
+
+        # restart_cluster: a pending job survives the controller's restart.
+        pending = ssh.run(
+            key2, "127.0.0.1", port, "sbatch --parsable -N1 --begin=now+3600 --wrap 'true'"
+        )
+        pending_id = pending.stdout.strip()
+        assert pending_id.isdigit(), pending.stderr
+        act(c, cid, params, action="restart_cluster")
+        wait_running(c, cid, params)
+        out = ssh.run(key2, "127.0.0.1", port, f"squeue -h -j {pending_id} -o %T")
+        assert out.stdout.strip() == "PENDING", out.stdout + out.stderr
+
+        # DELETE leaves nothing behind.
+        assert c.delete(f"{BASE}{cid}/", params=params).status_code == 200
+        until(lambda: c.get(f"{BASE}{cid}/", params=params).status_code == 404, 120, "cluster gone")
+        label = f"gpuyard.training_cluster_id={cid}"
+        assert engine.containers.list(all=True, filters={"label": label}) == []
+        assert not [n for n in engine.networks.list() if n.name.startswith(prefix)]
+        assert not [v for v in engine.volumes.list() if v.name.startswith(prefix)]
+        assert not connect("127.0.0.1", port)
+        gpus = c.get("/v1/gpu-types").json()["data"]["gpu_types"]
+        a6000 = next(g for g in gpus if g["id"] == "NVIDIA RTX A6000")
+        assert a6000["available_gpus"] == a6000["total_gpus"]
+    engine.close()

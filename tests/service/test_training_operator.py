@@ -1,0 +1,282 @@
+"""The training operator on a real database (SQLite and PostgreSQL) with the in-memory
+node runtime: what each operation does to nodes, capacity, meters and the edge, and
+that it survives being cut short. Real Slurm is exercised in tests/e2e."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from gpuyard.core.errors import InsufficientCapacity
+from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
+from gpuyard.services import training
+from gpuyard.services.auth import Principal
+from gpuyard.services.context import Context
+from gpuyard.services.images import register_image
+from gpuyard.services.reserved_ips import allocate_reserved_ip
+from gpuyard.services.security_groups import create_group
+from gpuyard.services.ssh_keys import add_key
+from gpuyard.store.schema import (
+    GpuAllocation,
+    ImageVersion,
+    PortAllocation,
+    Reservation,
+    TrainingCluster,
+    UsageInterval,
+)
+
+A = "NVIDIA RTX A6000"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"
+KEY2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIiFnWfuFP/oHj4/cPWrNG4LfEHgYgkI5GcafWodg8r+ k2"
+
+
+class FakeEdge:
+    def __init__(self) -> None:
+        self.listeners: dict[tuple[str, int], tuple[str, int, Callable[[str, int], bool]]] = {}
+
+    def ensure(
+        self, host: str, port: int, target: str, target_port: int, acl: Callable[[str, int], bool]
+    ) -> None:
+        self.listeners[(host, port)] = (target, target_port, acl)
+
+    def remove(self, host: str, port: int) -> None:
+        self.listeners.pop((host, port), None)
+
+    def close(self) -> None:
+        self.listeners.clear()
+
+
+@pytest.fixture
+def nodes() -> FakeNodeRuntime:
+    return FakeNodeRuntime()
+
+
+@pytest.fixture
+def edge() -> FakeEdge:
+    return FakeEdge()
+
+
+@pytest.fixture
+def operator(ctx: Context, nodes: FakeNodeRuntime, edge: FakeEdge) -> TrainingOperator:
+    op = TrainingOperator(ctx, nodes, edge, drain_timeout_s=0)
+    return op
+
+
+@pytest.fixture
+def world(ctx: Context, alice: Principal) -> dict[str, Any]:
+    ctx.settings.reserved_ips = "127.0.10.0/30"
+    with ctx.transaction() as s:
+        key = add_key(s, alice.account_id, "k1", KEY)
+        image = s.scalar(select(ImageVersion).order_by(ImageVersion.id))
+        assert image is not None
+        other = register_image(s, name="slurm-node", version="v2", image="localhost/x:v2")
+        return {
+            "key": key.id,
+            "image": image.id,
+            "image2": other.id,
+            "scope": training.Scope(project_id=alice.default_project_id, location="local"),
+        }
+
+
+def create(ctx: Context, alice: Principal, world: dict[str, Any], workers: int = 2) -> int:
+    return training.create_cluster(
+        ctx,
+        alice,
+        world["scope"],
+        {
+            "name": "t",
+            "image_version_id": world["image"],
+            "ssh_key_ids": [world["key"]],
+            "no_of_nodes": workers,
+            "gpu_type": A,
+            "gpus_per_node": 1,
+            "cpus_per_node": 2,
+            "memory_gb_per_node": 4,
+            "lifecycle_script": "echo hi > /tmp/hi",
+        },
+    )
+
+
+def status(ctx: Context, cluster_id: int) -> TrainingCluster:
+    with ctx.read() as s:
+        row = s.get(TrainingCluster, cluster_id)
+        assert row is not None
+        s.expunge(row)
+        return row
+
+
+def count(ctx: Context, model: Any, *where: Any) -> int:
+    with ctx.read() as s:
+        return int(s.scalar(select(func.count()).select_from(model).where(*where)) or 0)
+
+
+def act(ctx: Context, alice: Principal, world: dict[str, Any], cid: int, **body: Any) -> Any:
+    return training.perform_action(ctx, alice, world["scope"], cid, body)
+
+
+def test_create_builds_every_node_and_opens_the_edge(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+    edge: FakeEdge,
+) -> None:
+    cid = create(ctx, alice, world)
+    assert count(ctx, GpuAllocation) == 2
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "running" and c.operation is None, c.error_message
+    names = sorted(nodes.nodes)
+    assert names == [f"gy-tc{cid}-controller", f"gy-tc{cid}-worker-1", f"gy-tc{cid}-worker-2"]
+    assert nodes.created[0].endswith("controller")  # the controller comes up first
+    worker = nodes.nodes[f"gy-tc{cid}-worker-1"]
+    assert worker.spec.gpu_count == 1 and len(worker.spec.gpu_indices) == 1
+    assert worker.spec.labels["gpuyard.role"] == "worker"
+    assert set(worker.files) >= {"munge.key", "slurm.conf", "gres.conf", "authorized_keys"}
+    assert worker.files["lifecycle.sh"][0] == b"echo hi > /tmp/hi"
+    assert KEY in worker.authorized_keys
+    controller = nodes.nodes[f"gy-tc{cid}-controller"]
+    assert controller.spec.state_volume and "gres.conf" not in controller.files
+    # The SSH port listens and reaches the controller's sshd; no security group: open.
+    assert list(edge.listeners) == [("0.0.0.0", c.ssh_port)]
+    target, port, acl = edge.listeners[("0.0.0.0", c.ssh_port)]
+    assert port == 22 and acl("203.0.113.9", c.ssh_port)
+    # Every node is metered from placement on.
+    assert count(ctx, UsageInterval, UsageInterval.ended_at.is_(None)) >= 3
+
+
+def test_scale_restart_image_keys(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+) -> None:
+    cid = create(ctx, alice, world, workers=1)
+    operator.run(cid)
+    first = nodes.nodes[f"gy-tc{cid}-worker-1"]
+
+    act(ctx, alice, world, cid, action="scale_cluster", additional_nodes=2)
+    operator.run(cid)
+    assert status(ctx, cid).status == "running"
+    assert f"gy-tc{cid}-worker-3" in nodes.nodes
+    assert nodes.nodes[f"gy-tc{cid}-worker-1"] is first  # running nodes untouched
+    assert count(ctx, GpuAllocation) == 3
+    with pytest.raises(InsufficientCapacity):
+        act(ctx, alice, world, cid, action="scale_cluster", additional_nodes=2)
+    assert count(ctx, GpuAllocation) == 3 and status(ctx, cid).status == "running"
+
+    act(ctx, alice, world, cid, action="restart_workers")
+    operator.run(cid)
+    assert nodes.nodes[f"gy-tc{cid}-controller"].restarts == 0
+    assert all(nodes.nodes[f"gy-tc{cid}-worker-{i}"].restarts == 1 for i in (1, 2, 3))
+    act(ctx, alice, world, cid, action="restart_cluster")
+    operator.run(cid)
+    assert nodes.nodes[f"gy-tc{cid}-controller"].restarts == 1
+
+    act(ctx, alice, world, cid, action="update_image", image_version_id=world["image2"])
+    operator.run(cid)
+    assert status(ctx, cid).status == "running"
+    assert {n.spec.image for n in nodes.nodes.values()} == {"localhost/x:v2"}
+    drained = [argv for _, argv in nodes.execs if "state=drain" in argv]
+    resumed = [argv for _, argv in nodes.execs if "state=resume" in argv]
+    assert len(drained) == len(resumed) == 3
+
+    with ctx.transaction() as s:
+        other = add_key(s, alice.account_id, "k2", KEY2)
+        other_id = other.id
+    act(ctx, alice, world, cid, action="update_ssh_keys", ssh_key_ids=[other_id])
+    operator.run(cid)
+    assert all(
+        "k2" in n.authorized_keys and "k1" not in n.authorized_keys for n in nodes.nodes.values()
+    )
+
+
+def test_edge_follows_reserved_ips_and_security_groups(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    edge: FakeEdge,
+) -> None:
+    cid = create(ctx, alice, world, workers=1)
+    operator.run(cid)
+    ssh_port = status(ctx, cid).ssh_port
+    ip = allocate_reserved_ip(ctx, alice, alice.default_project_id)
+    ip_id, address = ip.id, ip.address
+    with ctx.transaction() as s:
+        group = create_group(
+            s,
+            alice.account_id,
+            alice.default_project_id,
+            name="only-2",
+            description="",
+            rules=[{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
+        )
+        group_id = group.id
+    act(ctx, alice, world, cid, action="attach_ip", reserved_ip_id=ip_id)
+    operator.sync_edge(cid)
+    assert set(edge.listeners) == {("0.0.0.0", ssh_port), (address, 22)}
+    act(ctx, alice, world, cid, action="add_security_group", security_groups_ids=[group_id])
+    operator.sync_edge(cid)
+    _, _, acl = edge.listeners[(address, 22)]
+    assert acl("127.0.0.2", 22) and not acl("127.0.0.3", 22)
+    act(ctx, alice, world, cid, action="remove_security_group", security_group_id=group_id)
+    operator.sync_edge(cid)
+    assert acl("127.0.0.3", 22)
+    act(ctx, alice, world, cid, action="detach_ip", reserved_ip_id=ip_id, ip_type="public")
+    operator.sync_edge(cid)
+    assert set(edge.listeners) == {("0.0.0.0", ssh_port)}
+
+
+def test_failure_shows_error_and_restart_cluster_recovers(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+) -> None:
+    cid = create(ctx, alice, world, workers=1)
+    nodes.fail_create.add(f"gy-tc{cid}-worker-1")
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "error" and "injected failure" in (c.error_message or "")
+    act(ctx, alice, world, cid, action="restart_cluster")
+    operator.run(cid)
+    assert status(ctx, cid).status == "running"
+    assert nodes.node_state(f"gy-tc{cid}-worker-1") == "running"
+
+
+def test_delete_after_a_half_built_cluster_leaves_nothing(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    nodes: FakeNodeRuntime,
+    edge: FakeEdge,
+) -> None:
+    cid = create(ctx, alice, world, workers=2)
+    # The first operator fails half-way (one worker up); the cluster shows the error.
+    first = TrainingOperator(ctx, nodes, edge)
+    nodes.fail_create.add(f"gy-tc{cid}-worker-2")
+    first.run(cid)
+    assert status(ctx, cid).status == "error"
+    assert nodes.node_state(f"gy-tc{cid}-worker-1") == "running"
+
+    training.delete_cluster(ctx, alice, world["scope"], cid)
+    second = TrainingOperator(ctx, nodes, edge)
+    second.run(cid)
+    assert nodes.nodes == {} and nodes.networks == set() and nodes.volumes == set()
+    assert edge.listeners == {}
+    assert count(ctx, GpuAllocation) == 0
+    assert count(ctx, Reservation) == 0
+    assert count(ctx, PortAllocation) == 0
+    assert count(ctx, UsageInterval, UsageInterval.ended_at.is_(None)) == 0
+    assert status(ctx, cid).deleted_at is not None
+    with pytest.raises(training.TrainingClusterNotFound):
+        with ctx.read() as s:
+            training.load_cluster(s, alice, world["scope"], cid)
