@@ -146,8 +146,9 @@ def test_create_builds_every_node_and_opens_the_edge(
     assert list(edge.listeners) == [("0.0.0.0", c.ssh_port)]
     target, port, acl = edge.listeners[("0.0.0.0", c.ssh_port)]
     assert port == 22 and acl("203.0.113.9", c.ssh_port)
-    # Every node is metered from placement on.
-    assert count(ctx, UsageInterval, UsageInterval.ended_at.is_(None)) >= 3
+    # Every worker's GPUs are metered from placement on (vCPUs are free by default).
+    open_gpu = (UsageInterval.ended_at.is_(None), UsageInterval.meter == "gpu")
+    assert count(ctx, UsageInterval, *open_gpu) == 2
 
 
 def test_scale_restart_image_keys(

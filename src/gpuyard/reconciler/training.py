@@ -424,7 +424,14 @@ class TrainingOperator:
     def _teardown(self, snap: Snapshot) -> None:
         c = snap.cluster
         names = NodeName(c.id)
-        self._drop_edge(c.id)
+        with self.ctx.read() as session:
+            ips = session.scalars(
+                select(ReservedIp.address).where(ReservedIp.training_cluster_id == c.id)
+            )
+            known = {(ip, SSH_PORT) for ip in ips}
+        if c.ssh_port:
+            known.add((self.bind_address, c.ssh_port))
+        self._drop_edge(c.id, known)
         for name in {
             *(n.name for n in snap.nodes),
             *self.nodes.list_nodes(LABEL_TRAINING, str(c.id)),
@@ -435,10 +442,12 @@ class TrainingOperator:
 
     # ------------------------------------------------------------ edge
 
-    def _drop_edge(self, cluster_id: int) -> None:
+    def _drop_edge(self, cluster_id: int, also: set[tuple[str, int]] | None = None) -> None:
+        """Close the cluster's listeners: those this process opened, plus ``also``
+        (what the store says it may have, should another operator have opened them)."""
         if self.edge is None:
             return
-        for host, port in self._listeners.pop(cluster_id, set()):
+        for host, port in self._listeners.pop(cluster_id, set()) | (also or set()):
             self.edge.remove(host, port)
         self._acls.pop(cluster_id, None)
 
