@@ -51,6 +51,26 @@ def server(tmp_path: Path, engine_url: str, slurm_images: str) -> Iterator[Serve
         yield srv
     finally:
         srv.stop()
+        leftovers(engine_url)
+
+
+def leftovers(engine_url: str) -> None:
+    """Remove what a failed run left (a passing run leaves nothing: it deletes)."""
+    engine = docker.DockerClient(base_url=engine_url)
+    try:
+        for container in engine.containers.list(
+            all=True, filters={"label": "gpuyard.training_cluster_id"}
+        ):
+            if container.name.startswith("gy-tc"):
+                container.remove(force=True)
+        for network in engine.networks.list():
+            if network.name.startswith("gy-tc"):
+                network.remove()
+        for volume in engine.volumes.list():
+            if volume.name.startswith("gy-tc"):
+                volume.remove(force=True)
+    finally:
+        engine.close()
 
 
 class Ssh:
@@ -119,13 +139,13 @@ def act(c: httpx.Client, cid: int, params: dict[str, Any], **body: Any) -> Any:
     return r.json()["data"]
 
 
-def host_pids(engine: docker.DockerClient, name: str, process: str) -> set[str]:
+def host_pids(name: str, process: str) -> set[str]:
     """Host PIDs of ``process`` in container ``name`` (PIDs inside a container repeat
     across restarts, host PIDs do not)."""
-    top = engine.containers.get(name).top()
-    cmd = top["Titles"].index("CMD") if "CMD" in top["Titles"] else len(top["Titles"]) - 1
-    pid = top["Titles"].index("PID")
-    return {p[pid] for p in top["Processes"] if process in p[cmd]}
+    out = subprocess.run(
+        ["podman", "top", name, "hpid", "comm"], capture_output=True, text=True, check=True
+    ).stdout
+    return {line.split()[0] for line in out.splitlines()[1:] if line.split()[1:] == [process]}
 
 
 def connect(host: str, port: int, source: str | None = None) -> bool:
@@ -231,14 +251,14 @@ def test_training_cluster_end_to_end(
         ssh.run(key1, "127.0.0.1", port, f"scancel {job_id}")
 
         # restart_workers: slurmctld keeps its PID, every slurmd gets a new one.
-        ctld = host_pids(engine, f"{prefix}-controller", "slurmctld")
-        slurmds = {w: host_pids(engine, w, "slurmd") for w in (w1, w2, w3)}
+        ctld = host_pids(f"{prefix}-controller", "slurmctld")
+        slurmds = {w: host_pids(w, "slurmd") for w in (w1, w2, w3)}
         assert ctld and all(slurmds.values())
         act(c, cid, params, action="restart_workers")
         cluster = wait_running(c, cid, params)
-        assert host_pids(engine, f"{prefix}-controller", "slurmctld") == ctld
+        assert host_pids(f"{prefix}-controller", "slurmctld") == ctld
         for w, before in slurmds.items():
-            after = host_pids(engine, w, "slurmd")
+            after = host_pids(w, "slurmd")
             assert after and after.isdisjoint(before), (w, before, after)
         until(
             lambda: (

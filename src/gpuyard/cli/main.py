@@ -54,13 +54,32 @@ def serve(host: str | None, port: int | None) -> None:
     default=None,
     help="Engine CLI to import with (default: podman if installed, else docker).",
 )
-@click.option("--name", default=DEV_IMAGE, show_default=True, help="Image name.")
-def dev_image(runtime_cli: str | None, name: str) -> None:
-    """Build the offline busybox development image; prints its name as the last line."""
-    from gpuyard.runtimes.devimage import build_dev_image
-
+@click.option(
+    "--name",
+    default=None,
+    help=f"Image name [default: {DEV_IMAGE}, or the Slurm node image with --slurm].",
+)
+@click.option(
+    "--slurm",
+    is_flag=True,
+    help="Build the Slurm node image for training clusters instead (debootstrap, root).",
+)
+@click.option("--force", is_flag=True, help="With --slurm: rebuild even if the image exists.")
+def dev_image(runtime_cli: str | None, name: str | None, slurm: bool, force: bool) -> None:
+    """Build the offline busybox development image (or, with --slurm, the Slurm node
+    image); prints its name as the last line."""
     if runtime_cli is None:
         runtime_cli = "podman" if shutil.which("podman") else "docker"
+    if slurm:
+        from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
+
+        name = name or SLURM_IMAGE
+        click.echo(f"building {name} with debootstrap and {runtime_cli} import ...", err=True)
+        click.echo(build_slurm_image(runtime_cli, name, force=force))
+        return
+    from gpuyard.runtimes.devimage import build_dev_image
+
+    name = name or DEV_IMAGE
     click.echo(f"building {name} with {runtime_cli} import ...", err=True)
     click.echo(build_dev_image(runtime_cli, name))
 

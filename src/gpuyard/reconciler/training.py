@@ -392,6 +392,20 @@ class TrainingOperator:
                 return
             time.sleep(1.0)
 
+    def _resume(self, controller: str, node: str) -> None:
+        """Return a replaced worker to service: once its new slurmd has registered
+        (it is still marked drained), resume it. Bounded by the ready timeout."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            state = dict(self.nodes.sinfo(controller)).get(node, "")
+            if state and not state.endswith("*") and "drain" not in state and "down" not in state:
+                return
+            if state and not state.endswith("*"):
+                self._scontrol(controller, "update", f"nodename={node}", "state=resume")
+            if time.monotonic() > deadline:
+                return  # wait_slurm_ready reports what Slurm shows
+            time.sleep(0.5)
+
     def _roll_image(self, snap: Snapshot, token: str) -> None:
         """Replace each node whose image differs, one at a time: workers drained first
         and resumed after; the controller last (its state volume keeps the queue)."""
@@ -409,9 +423,9 @@ class TrainingOperator:
                 self._drain(names.controller, node.name)
             self.nodes.remove_node(node.name)
             container = self._create(snap, node, c.image_version_id)
-            self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
             if worker:
-                self._scontrol(names.controller, "update", f"nodename={node.name}", "state=resume")
+                self._resume(names.controller, node.name)
+            self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
             self._set_nodes(
                 [node.id],
                 NodeStatus.RUNNING,

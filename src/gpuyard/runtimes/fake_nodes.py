@@ -32,6 +32,8 @@ class FakeNodeRuntime:
     volumes: set[str] = field(default_factory=set)
     fail_create: set[str] = field(default_factory=set)
     execs: list[tuple[str, list[str]]] = field(default_factory=list)
+    # Slurm remembers a drain across the node's replacement, as the real one does.
+    drained: set[str] = field(default_factory=set)
     created: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -66,6 +68,12 @@ class FakeNodeRuntime:
     def exec(self, name: str, argv: list[str], timeout_s: float = 30) -> tuple[int, str]:
         self._node(name)
         self.execs.append((name, list(argv)))
+        if argv[:2] == ["scontrol", "update"]:
+            node = argv[2].split("=", 1)[1]
+            if "state=drain" in argv:
+                self.drained.add(node)
+            elif "state=resume" in argv:
+                self.drained.discard(node)
         return 0, ""
 
     def restart_node(self, name: str) -> None:
@@ -93,14 +101,18 @@ class FakeNodeRuntime:
     def wait_slurm_ready(
         self, controller: str, expected_nodes: list[str], timeout_s: float
     ) -> None:
-        missing = [n for n in [controller, *expected_nodes] if self.node_state(n) != "running"]
+        missing = [
+            n
+            for n in [controller, *expected_nodes]
+            if self.node_state(n) != "running" or n in self.drained
+        ]
         if missing:
             raise RuntimeFailure(f"nodes not up in Slurm: {', '.join(missing)}")
 
     def sinfo(self, controller: str) -> list[tuple[str, str]]:
         self._node(controller)
         return [
-            (name, "idle")
+            (name, "drained" if name in self.drained else "idle")
             for name, node in sorted(self.nodes.items())
             if node.spec.role == "worker" and node.state == "running"
         ]

@@ -205,9 +205,10 @@ case "$ROLE" in
     PIDS+=($!)
     ;;
   worker)
-    SLURMD_CONF="${GPUYARD_SLURMD_CONF:-CPUs=${GPUYARD_CPUS:-1} RealMemory=${GPUYARD_MEMORY_MB:-1024}}"
-    if [ -z "${GPUYARD_SLURMD_CONF:-}" ] && [ "${GPUYARD_GPUS:-0}" -gt 0 ]; then
-      SLURMD_CONF="$SLURMD_CONF Gres=gpu:${GPUYARD_GPUS}"
+    SLURMD_CONF="${GPUYARD_SLURMD_CONF:-}"
+    if [ -z "$SLURMD_CONF" ]; then
+      SLURMD_CONF="CPUs=${GPUYARD_CPUS:-1} RealMemory=${GPUYARD_MEMORY_MB:-1024}"
+      [ "${GPUYARD_GPUS:-0}" -gt 0 ] && SLURMD_CONF="$SLURMD_CONF Gres=gpu:${GPUYARD_GPUS}"
     fi
     # Slurm 22.05 keeps a dynamic node's NodeAddr from its first registration and does
     # not update it when the node registers again, but the engine gives a restarted

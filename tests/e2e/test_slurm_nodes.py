@@ -1,0 +1,294 @@
+"""A real multi-node Slurm cluster in Podman containers, through SlurmNodeRuntime.
+
+One cluster (network, controller with a state volume, two workers) is built for the
+module; the tests run in file order on it and each leaves it healthy for the next:
+srun across workers, a dynamic worker joining under a running job, worker and
+controller restarts, SSH with installed keys, and finally the clean-up. The Slurm node
+image is built once per session (about a minute, needs root, debootstrap and Debian's
+mirror) and kept for later runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import pytest
+
+from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
+from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image, derive_image
+from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
+
+pytestmark = pytest.mark.e2e
+
+if shutil.which("podman") is None:
+    pytest.skip(
+        "podman is not installed (apt-get install podman): these tests drive real containers",
+        allow_module_level=True,
+    )
+
+LABEL = "gpuyard.test.training_cluster"
+READY_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session")
+def slurm_image(engine_url: str) -> str:
+    return build_slurm_image("podman", SLURM_IMAGE)
+
+
+@dataclass
+class Cluster:
+    rt: SlurmNodeRuntime
+    cid: str
+    network: str
+    volume: str
+    controller: str
+    workers: list[str]
+    munge_key: bytes
+    key_path: Path
+
+    def files(self, gpus: int) -> dict[str, tuple[bytes, int]]:
+        return {
+            "munge.key": (self.munge_key, 0o400),
+            "slurm.conf": (slurm_conf(self.cid, self.controller, 8).encode(), 0o644),
+            "gres.conf": (gres_conf(gpus).encode(), 0o644),
+            "authorized_keys": (Path(f"{self.key_path}.pub").read_bytes(), 0o600),
+            "lifecycle.sh": (b"echo ran >> /root/lifecycle-runs\n", 0o755),
+        }
+
+    def add_worker(self, name: str, gpu_indices: tuple[int, ...]) -> None:
+        spec = NodeSpec(
+            name=name,
+            role="worker",
+            image=SLURM_IMAGE,
+            network=self.network,
+            cpus=4,
+            memory_gb=2,
+            gpu_count=len(gpu_indices),
+            gpu_indices=gpu_indices,
+            labels={LABEL: self.cid},
+        )
+        self.rt.create_node(spec, self.files(len(gpu_indices)))
+        self.workers.append(name)
+
+    def run(self, *argv: str, node: str | None = None) -> str:
+        code, out = self.rt.exec(node or self.controller, list(argv))
+        assert code == 0, f"{argv} exited {code}: {out}"
+        return out
+
+
+def keygen(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path
+
+
+def ssh(key: Path, address: str, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            "ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+            "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", f"root@{address}", command,
+        ],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+
+
+def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+def cleanup(c: Cluster) -> None:
+    for name in c.rt.list_nodes(LABEL, c.cid):
+        c.rt.remove_node(name)
+    c.rt.remove_network(c.network)
+    c.rt.remove_volume(c.volume)
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    engine_url: str, slurm_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    if shutil.which("ssh-keygen") is None or shutil.which("ssh") is None:
+        pytest.fail("openssh-client is missing: run scripts/setup-system.sh")
+    cid = "gy-e2e-" + uuid.uuid4().hex[:6]
+    c = Cluster(
+        rt=SlurmNodeRuntime(engine_url),
+        cid=cid,
+        network=f"{cid}-net",
+        volume=f"{cid}-state",
+        controller=f"{cid}-ctl",
+        workers=[],
+        munge_key=os.urandom(1024),
+        key_path=keygen(tmp_path_factory.mktemp("ssh") / "id_ed25519"),
+    )
+    try:
+        c.rt.ensure_network(c.network)
+        c.rt.ensure_network(c.network)  # idempotent
+        ctl = NodeSpec(
+            name=c.controller,
+            role="controller",
+            image=slurm_image,
+            network=c.network,
+            cpus=1,
+            memory_gb=1,
+            gpu_count=0,
+            labels={LABEL: cid},
+            state_volume=c.volume,
+        )
+        c.rt.create_node(ctl, c.files(0))
+        c.add_worker(f"{cid}-worker-1", (0, 1))
+        c.add_worker(f"{cid}-worker-2", (2, 3))
+        c.rt.wait_slurm_ready(c.controller, c.workers, READY_TIMEOUT_S)
+        yield c
+    finally:
+        cleanup(c)
+
+
+def test_srun_spans_both_workers(cluster: Cluster) -> None:
+    out = cluster.run("srun", "-N2", "hostname")
+    assert sorted(out.split()) == sorted(cluster.workers)
+    # Two GPUs per worker as GRES, with no /dev/nvidia* on the host.
+    gpus = cluster.run("srun", "-N1", "--gres=gpu:2", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES")
+    assert gpus.strip() == "0,1"
+    env = cluster.run("env", node=cluster.workers[1])
+    assert "NVIDIA_VISIBLE_DEVICES=2,3" in env
+    assert "munge" not in env.lower()
+    # The munge key is installed for munged only, and never logged.
+    assert cluster.run("stat", "-c", "%a %U", "/etc/munge/munge.key").split() == ["400", "munge"]
+    logs = docker.DockerClient(base_url=cluster.rt.base_url).api.logs(cluster.controller)
+    assert cluster.munge_key not in logs
+    assert cluster.run("cat", "/etc/gpuyard-image-version").strip() == "base"
+
+
+def test_dynamic_worker_joins_under_a_running_job(cluster: Cluster) -> None:
+    job = cluster.run("sbatch", "-N2", "--parsable", "--wrap", "sleep 600").strip()
+
+    def state() -> str:
+        return cluster.run("squeue", "-h", "-j", job, "-o", "%T").strip()
+
+    eventually(lambda: state() == "RUNNING", 20, "the batch job to run")
+    new = f"{cluster.cid}-worker-3"
+    cluster.add_worker(new, (4, 5))
+    cluster.rt.wait_slurm_ready(cluster.controller, cluster.workers, READY_TIMEOUT_S)
+    assert dict(cluster.rt.sinfo(cluster.controller))[new] == "idle"
+    assert state() == "RUNNING"
+    assert cluster.run("srun", "-w", new, "hostname").strip() == new
+    cluster.run("scancel", job)
+
+
+def _start_ticks(c: Cluster, node: str, pid: int) -> str:
+    # PIDs can repeat in a fresh PID namespace; the start time (ticks since host boot)
+    # tells a new process from the old one.
+    return c.run("sh", "-c", f"cut -d' ' -f22 /proc/{pid}/stat", node=node).strip()
+
+
+def test_worker_restart_keeps_controller(cluster: Cluster) -> None:
+    rt = cluster.rt
+    ctl_pid = rt.slurm_pid(cluster.controller, "slurmctld")
+    assert ctl_pid is not None
+    before: dict[str, tuple[int, str]] = {}
+    for w in cluster.workers:
+        pid = rt.slurm_pid(w, "slurmd")
+        assert pid is not None
+        before[w] = (pid, _start_ticks(cluster, w, pid))
+    for w in cluster.workers:
+        rt.restart_node(w)
+    for w in cluster.workers:
+
+        def restarted(w: str = w) -> bool:
+            pid = rt.slurm_pid(w, "slurmd")
+            return pid is not None and (pid, _start_ticks(cluster, w, pid)) != before[w]
+
+        # The entrypoint starts slurmd a moment after the container starts.
+        eventually(restarted, 20, f"a new slurmd on {w}")
+    assert rt.slurm_pid(cluster.controller, "slurmctld") == ctl_pid
+    rt.wait_slurm_ready(cluster.controller, cluster.workers, READY_TIMEOUT_S)
+    # Podman gives a restarted container a new IP; the controller must use the new one.
+    for w in cluster.workers:
+        shown = cluster.run("scontrol", "show", "node", w)
+        assert f"NodeAddr={rt.node_address(w, cluster.network)} " in shown
+    out = cluster.run("srun", f"-N{len(cluster.workers)}", "hostname")
+    assert sorted(out.split()) == sorted(cluster.workers)
+    # lifecycle.sh ran once per container, not again on restart.
+    runs = cluster.run("cat", "/root/lifecycle-runs", node=cluster.workers[0])
+    assert runs.split() == ["ran"]
+
+
+def test_controller_restart_keeps_queued_jobs(cluster: Cluster) -> None:
+    job = cluster.run("sbatch", "--hold", "--parsable", "--wrap", "hostname").strip()
+    cluster.rt.restart_node(cluster.controller)
+
+    def queued() -> str:
+        code, out = cluster.rt.exec(cluster.controller, ["squeue", "-h", "-j", job, "-o", "%T %r"])
+        return out.strip() if code == 0 else ""
+
+    eventually(lambda: queued() != "", 30, "slurmctld to answer after its restart")
+    assert queued().startswith("PENDING")
+    cluster.rt.wait_slurm_ready(cluster.controller, cluster.workers, READY_TIMEOUT_S)
+    cluster.run("scontrol", "release", job)
+
+    def done() -> bool:
+        out = cluster.run("scontrol", "show", "job", job)
+        return "JobState=COMPLETED" in out
+
+    eventually(done, 30, "the released job to complete")
+    out = cluster.run("srun", f"-N{len(cluster.workers)}", "hostname")
+    assert sorted(out.split()) == sorted(cluster.workers)
+
+
+def test_ssh_with_installed_keys(cluster: Cluster, tmp_path: Path) -> None:
+    rt = cluster.rt
+    address = rt.node_address(cluster.controller, cluster.network)
+    assert address
+    first = ssh(cluster.key_path, address, "hostname")
+    assert (first.returncode, first.stdout.strip()) == (0, cluster.controller), first.stderr
+    new_key = keygen(tmp_path / "id_new")
+    rt.install_authorized_keys(cluster.controller, Path(f"{new_key}.pub").read_text())
+    mode = cluster.run("stat", "-c", "%a %U", "/root/.ssh/authorized_keys")
+    assert mode.split() == ["600", "root"]
+    ok = ssh(new_key, address, "sinfo -h -o %D")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == str(len(cluster.workers))
+    assert ssh(cluster.key_path, address, "true").returncode != 0  # old key replaced
+
+
+def test_derived_image_carries_marker(cluster: Cluster) -> None:
+    name = f"localhost/gpuyard/{cluster.cid}:v2"
+    derive_image(SLURM_IMAGE, name, "v2", runtime_cli="podman")
+    client = docker.DockerClient(base_url=cluster.rt.base_url)
+    try:
+        out = client.containers.run(name, ["cat", "/etc/gpuyard-image-version"], remove=True)
+        assert out.decode().strip() == "v2"
+        config = client.api.inspect_image(name)["Config"]
+        assert config["Cmd"] == ["/usr/local/bin/gpuyard-node"]
+    finally:
+        client.api.remove_image(name, force=True)
+
+
+def test_cleanup_removes_everything(cluster: Cluster) -> None:
+    rt = cluster.rt
+    for name in list(cluster.workers):
+        rt.remove_node(name)
+        rt.delete_slurm_node(cluster.controller, name)
+        rt.delete_slurm_node(cluster.controller, name)  # idempotent
+        assert rt.node_state(name) == "missing"
+    assert rt.sinfo(cluster.controller) == []
+    cleanup(cluster)
+    cleanup(cluster)  # idempotent
+    assert rt.list_nodes(LABEL, cluster.cid) == []
+    assert rt.node_state(cluster.controller) == "missing"
+    client = docker.DockerClient(base_url=rt.base_url)
+    with pytest.raises(docker.errors.NotFound):
+        client.api.inspect_network(cluster.network)
+    with pytest.raises(docker.errors.NotFound):
+        client.api.inspect_volume(cluster.volume)
