@@ -5,6 +5,7 @@ its observable effect."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -51,7 +52,8 @@ def server(tmp_path: Path, engine_url: str, slurm_images: str) -> Iterator[Serve
         yield srv
     finally:
         srv.stop()
-        leftovers(engine_url)
+        if not os.environ.get("GPUYARD_E2E_KEEP"):
+            leftovers(engine_url)
 
 
 def leftovers(engine_url: str) -> None:

@@ -350,8 +350,13 @@ class TrainingOperator:
         ordered = sorted(snap.nodes, key=lambda n: n.role != NodeRole.CONTROLLER)
         for node in ordered:
             self._check(c.id, token)
-            if node.status == NodeStatus.RUNNING and self.nodes.node_state(node.name) == "running":
+            state = self.nodes.node_state(node.name)
+            if node.status == NodeStatus.RUNNING and state == "running":
                 continue
+            if node.role == NodeRole.CONTROLLER and state == "missing":
+                # A new cluster starts with an empty Slurm state, whatever an earlier
+                # install with the same ids left behind.
+                self.nodes.remove_volume(names.state_volume)
             container = self._create(snap, node, node.image_version_id)
             self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
@@ -365,16 +370,47 @@ class TrainingOperator:
         self._set_nodes([n.id for n in chosen], NodeStatus.RESTARTING)
         if controller:
             self.nodes.ensure_network(names.network)
+        before = self._slurmd_started(names.controller)
         for node in sorted(chosen, key=lambda n: n.role != NodeRole.CONTROLLER):
             self._check(snap.cluster.id, token)
             if self.nodes.node_state(node.name) == "missing":
                 self._create(snap, node, node.image_version_id)
             else:
                 self.nodes.restart_node(node.name)
+        self._wait_reregistered(names.controller, [n.name for n in workers], before)
         self.nodes.wait_slurm_ready(
             names.controller, [n.name for n in workers], self.ready_timeout_s
         )
         self._set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
+
+    def _slurmd_started(self, controller: str) -> dict[str, str]:
+        """Each node's ``SlurmdStartTime`` as the controller knows it ({} when it does
+        not answer)."""
+        try:
+            code, out = self.nodes.exec(controller, ["scontrol", "show", "node", "-o"], 15)
+        except GpuyardError:
+            return {}
+        if code != 0:
+            return {}
+        started: dict[str, str] = {}
+        for line in out.splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if "NodeName" in fields and "SlurmdStartTime" in fields:
+                started[fields["NodeName"]] = fields["SlurmdStartTime"]
+        return started
+
+    def _wait_reregistered(
+        self, controller: str, workers: list[str], before: dict[str, str]
+    ) -> None:
+        """Until every restarted worker's slurmd has registered anew: right after a
+        container restart Slurm still shows the old slurmd's state as idle."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        pending = [w for w in workers if w in before]
+        while pending and time.monotonic() < deadline:
+            now = self._slurmd_started(controller)
+            pending = [w for w in pending if now.get(w, before[w]) == before[w]]
+            if pending:
+                time.sleep(0.5)
 
     def _scontrol(self, controller: str, *args: str) -> tuple[int, str]:
         return self.nodes.exec(controller, ["scontrol", *args], 30)
@@ -406,6 +442,24 @@ class TrainingOperator:
                 return  # wait_slurm_ready reports what Slurm shows
             time.sleep(0.5)
 
+    def _readdress(self, snap: Snapshot) -> None:
+        """Tell a replaced controller where each worker is now. Slurm keeps a dynamic
+        node's address from the state file, which may predate the worker's own
+        re-registration (workers were replaced before the controller)."""
+        names = NodeName(snap.cluster.id)
+        for node in snap.nodes:
+            if node.role != NodeRole.WORKER:
+                continue
+            address = self.nodes.node_address(node.name, names.network)
+            if address:
+                self._scontrol(
+                    names.controller,
+                    "update",
+                    f"NodeName={node.name}",
+                    f"NodeAddr={address}",
+                    f"NodeHostname={node.name}",
+                )
+
     def _roll_image(self, snap: Snapshot, token: str) -> None:
         """Replace each node whose image differs, one at a time: workers drained first
         and resumed after; the controller last (its state volume keeps the queue)."""
@@ -433,6 +487,7 @@ class TrainingOperator:
                 container_id=container,
             )
             if not worker:
+                self._readdress(snap)
                 self.sync_edge(c.id)  # the controller's address may have changed
 
     def _teardown(self, snap: Snapshot) -> None:

@@ -262,19 +262,20 @@ class SlurmNodeRuntime:
         return self._create_and_start(spec, archive)
 
     def _create_and_start(self, spec: NodeSpec, archive: bytes) -> str:
-        client = self._client()
-        kwargs = self._create_kwargs(spec)
+        api = self._client().api
         with self._errors(f"creating node {spec.name}"):
-            container = client.containers.create(**kwargs)
-        cid = str(container.id)
+            created = api.create_container(**self._create_args(spec))
+        cid = str(created["Id"])
         with self._errors(f"copying configuration into node {spec.name}"):
-            if not client.api.put_archive(cid, CONFIG_DIR, archive):
+            if not api.put_archive(cid, CONFIG_DIR, archive):
                 raise RuntimeFailure(f"the engine refused the files for node {spec.name}")
         with self._errors(f"starting node {spec.name}"):
-            client.api.start(cid)
+            api.start(cid)
         return cid
 
-    def _create_kwargs(self, spec: NodeSpec) -> dict[str, Any]:
+    def _create_args(self, spec: NodeSpec) -> dict[str, Any]:
+        """Low-level ``create_container`` arguments: the SDK's high-level ``create``
+        cannot set ``StopTimeout``."""
         api = self._client().api
         indices = ",".join(str(i) for i in spec.gpu_indices)
         memory_mb = spec.memory_gb * 1024
@@ -292,38 +293,45 @@ class SlurmNodeRuntime:
             env["GPUYARD_SLURMD_CONF"] = worker_conf_arg(
                 max(spec.cpus, 1), max(memory_mb, 1), spec.gpu_count
             )
-        labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_SLURM_ROLE: spec.role}
-        kwargs: dict[str, Any] = {
-            "image": spec.image,
-            "name": spec.name,
-            "hostname": spec.name,
-            "environment": env,
-            "labels": labels,
-            "detach": True,
+        host: dict[str, Any] = {
+            "network_mode": spec.network,
             # catatonit/tini as PID 1 reaps the slurmstepd and sshd session processes
             # that get re-parented to PID 1, and forwards SIGTERM to the entrypoint.
             "init": True,
-            "network": spec.network,
-            "networking_config": {spec.network: api.create_endpoint_config(aliases=[spec.name])},
-            "stop_signal": "SIGTERM",
             # A restarting node's name is briefly unknown to the network's DNS, and a
-            # lookup then falls through to the host's resolvers; with glibc's defaults
-            # (5 s, 2 tries, 2 servers) slurmd stalled 20-40 s on such a lookup and
-            # delayed job completions and sruns after a controller restart.
+            # lookup then falls through to the host's resolvers; glibc's defaults (5 s,
+            # 2 tries, 2 servers) turn that into a 20 s stall inside slurmd.
             "dns_opt": ["timeout:1", "attempts:2"],
         }
         if spec.state_volume:
-            kwargs["volumes"] = {spec.state_volume: {"bind": STATE_DIR, "mode": "rw"}}
+            host["binds"] = {spec.state_volume: {"bind": STATE_DIR, "mode": "rw"}}
         if self._cpu_limits and spec.cpus > 0:
-            kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+            host["nano_cpus"] = int(spec.cpus * 1e9)
         if self._memory_limits and spec.memory_gb > 0:
-            kwargs["mem_limit"] = int(spec.memory_gb * 1024**3)
+            host["mem_limit"] = int(spec.memory_gb * 1024**3)
         if spec.memory_gb > 0:
             # NCCL and PyTorch data loaders use /dev/shm heavily; the engines' 64 MB
             # default fails multi-GPU training, so give half the memory, within bounds.
             shm = min(max(spec.memory_gb * 1024**3 // 2, _SHM_MIN_BYTES), _SHM_MAX_BYTES)
-            kwargs["shm_size"] = int(shm)
-        return kwargs
+            host["shm_size"] = int(shm)
+        return {
+            "image": spec.image,
+            "name": spec.name,
+            "hostname": spec.name,
+            "environment": env,
+            "labels": {**spec.labels, LABEL_MANAGED: "true", LABEL_SLURM_ROLE: spec.role},
+            "detach": True,
+            "volumes": [STATE_DIR] if spec.state_volume else None,
+            "host_config": api.create_host_config(**host),
+            "networking_config": api.create_networking_config(
+                {spec.network: api.create_endpoint_config(aliases=[spec.name])}
+            ),
+            "stop_signal": "SIGTERM",
+            # Podman's compat API stores a stop timeout of 0 when none is given, so a
+            # plain `podman stop` or `podman restart` SIGKILLed slurmctld before it could
+            # save its state, and finished jobs came back as running after a restart.
+            "stop_timeout": STOP_TIMEOUT_S,
+        }
 
     def _degrade_limits(self, spec: NodeSpec, e: RuntimeFailure) -> bool:
         """Turn off the limit(s) an engine error blames; True if a retry makes sense."""
