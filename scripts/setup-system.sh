@@ -5,7 +5,7 @@
 # /etc/containers/containers.conf.
 set -euo pipefail
 
-want=(podman runc busybox-static)
+want=(podman runc busybox-static debootstrap openssh-client)
 [ "${WITH_POSTGRES:-0}" = 1 ] && want+=(postgresql)
 missing=()
 for pkg in "${want[@]}"; do

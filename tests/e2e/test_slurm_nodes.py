@@ -168,6 +168,11 @@ def test_srun_spans_both_workers(cluster: Cluster) -> None:
     logs = docker.DockerClient(base_url=cluster.rt.base_url).api.logs(cluster.controller)
     assert cluster.munge_key not in logs
     assert cluster.run("cat", "/etc/gpuyard-image-version").strip() == "base"
+    # The controller has a fixed address, pinned on workers so Slurm needs no DNS.
+    ctl_ip = cluster.rt.node_address(cluster.controller, cluster.network)
+    assert ctl_ip is not None and ctl_ip.endswith(".254")
+    pinned = cluster.run("getent", "hosts", cluster.controller, node=cluster.workers[0])
+    assert pinned.split()[0] == ctl_ip
 
 
 def test_dynamic_worker_joins_under_a_running_job(cluster: Cluster) -> None:
@@ -226,7 +231,9 @@ def test_worker_restart_keeps_controller(cluster: Cluster) -> None:
 
 def test_controller_restart_keeps_queued_jobs(cluster: Cluster) -> None:
     job = cluster.run("sbatch", "--hold", "--parsable", "--wrap", "hostname").strip()
+    address = cluster.rt.node_address(cluster.controller, cluster.network)
     cluster.rt.restart_node(cluster.controller)
+    assert cluster.rt.node_address(cluster.controller, cluster.network) == address
 
     def queued() -> str:
         code, out = cluster.rt.exec(cluster.controller, ["squeue", "-h", "-j", job, "-o", "%T %r"])

@@ -145,7 +145,7 @@ def test_create_builds_every_node_and_opens_the_edge(
     # The SSH port listens and reaches the controller's sshd; no security group: open.
     assert list(edge.listeners) == [("0.0.0.0", c.ssh_port)]
     target, port, acl = edge.listeners[("0.0.0.0", c.ssh_port)]
-    assert port == 22 and acl("203.0.113.9", c.ssh_port)
+    assert target.startswith("10.99.") and port == 22 and acl("203.0.113.9", c.ssh_port)
     # Every worker's GPUs are metered from placement on (vCPUs are free by default).
     open_gpu = (UsageInterval.ended_at.is_(None), UsageInterval.meter == "gpu")
     assert count(ctx, UsageInterval, *open_gpu) == 2
@@ -278,6 +278,5 @@ def test_delete_after_a_half_built_cluster_leaves_nothing(
     assert count(ctx, PortAllocation) == 0
     assert count(ctx, UsageInterval, UsageInterval.ended_at.is_(None)) == 0
     assert status(ctx, cid).deleted_at is not None
-    with pytest.raises(training.TrainingClusterNotFound):
-        with ctx.read() as s:
-            training.load_cluster(s, alice, world["scope"], cid)
+    with pytest.raises(training.TrainingClusterNotFound), ctx.read() as s:
+        training.load_cluster(s, alice, world["scope"], cid)

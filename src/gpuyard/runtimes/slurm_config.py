@@ -72,8 +72,9 @@ def slurm_conf(cluster_name: str, controller: str, max_nodes: int) -> str:
         "CredType=cred/munge",
         f"StateSaveLocation={STATE_DIR}",
         f"SlurmdSpoolDir={SLURMD_SPOOL_DIR}",
-        "SlurmctldPidFile=/run/slurmctld.pid",
-        "SlurmdPidFile=/run/slurmd.pid",
+        # In a directory the slurm user owns, so slurmctld can remove its pid file.
+        "SlurmctldPidFile=/run/slurm/slurmctld.pid",
+        "SlurmdPidFile=/run/slurm/slurmd.pid",
         # Workers join as dynamic nodes (slurmd -Z); none is listed here.
         f"MaxNodeCount={max_nodes}",
         # Dynamic node names are only known to the controller, so slurmds cannot
@@ -158,10 +159,20 @@ log() { echo "gpuyard-node[$NODE]: $*"; }
 die() { log "$*"; exit 1; }
 
 PIDS=()
-stop_all() {
-  log "stopping"
+SLURM_PID=""
+# Slurm first, munged last: slurmctld still signs messages while it shuts down, and
+# without munged it waits 3 s on each one it cannot send.
+stop_daemons() {
+  if [ -n "$SLURM_PID" ]; then
+    kill -TERM "$SLURM_PID" 2>/dev/null
+    wait "$SLURM_PID" 2>/dev/null
+  fi
   [ ${#PIDS[@]} -gt 0 ] && kill -TERM "${PIDS[@]}" 2>/dev/null
   wait "${PIDS[@]}" 2>/dev/null
+}
+stop_all() {
+  log "stopping"
+  stop_daemons
   exit 0
 }
 trap stop_all TERM INT
@@ -174,8 +185,9 @@ put() {
 
 # Runtime directories: /run and the pid files in it survive `restart` in the
 # container's layer, so stale ones are cleared rather than trusted.
-rm -f /run/slurmctld.pid /run/slurmd.pid /run/sshd.pid
-mkdir -p /run/munge /run/sshd /var/lib/gpuyard /var/log/gpuyard
+rm -rf /run/slurm /run/sshd.pid
+mkdir -p /run/munge /run/sshd /run/slurm /var/lib/gpuyard /var/log/gpuyard
+chown slurm:slurm /run/slurm
 chown munge:munge /run/munge /var/lib/munge /var/log/munge /etc/munge
 chmod 0755 /run/munge
 chmod 0700 /etc/munge
@@ -202,7 +214,7 @@ case "$ROLE" in
     chmod 0700 __STATE_DIR__
     # Default start mode recovers jobs and nodes from the state dir.
     /usr/sbin/slurmctld -D &
-    PIDS+=($!)
+    SLURM_PID=$!
     ;;
   worker)
     SLURMD_CONF="${GPUYARD_SLURMD_CONF:-}"
@@ -233,7 +245,7 @@ case "$ROLE" in
       ln -sfn "${REAL[$i]:-/dev/null}" "__GPU_DIR__/gpu$i"
     done
     /usr/sbin/slurmd -D -Z -N "$NODE" --conf "$SLURMD_CONF" &
-    PIDS+=($!)
+    SLURM_PID=$!
     ;;
   *) die "GPUYARD_ROLE must be controller or worker, got '$ROLE'" ;;
 esac
@@ -248,11 +260,10 @@ fi
 
 # A daemon that dies ends the container, so the engine reports it exited instead of
 # the node lingering half-alive. `wait -n` returns early when the trap fires.
-wait -n "${PIDS[@]}"
+wait -n "$SLURM_PID" "${PIDS[@]}"
 rc=$?
 log "a daemon exited with code $rc"
-kill -TERM "${PIDS[@]}" 2>/dev/null
-wait "${PIDS[@]}" 2>/dev/null
+stop_daemons
 exit "$rc"
 """
 

@@ -10,9 +10,15 @@ rendered by :mod:`gpuyard.runtimes.slurm_config` and handed to :meth:`create_nod
 Every public method turns engine and transport errors into :class:`RuntimeFailure`.
 Measured against Podman 4.3.1 (rootful, netavark + aardvark-dns):
 
-- a restarted container gets a new IP on its network; the node entrypoint re-addresses
-  its Slurm node before ``slurmd`` registers (Slurm 22.05 keeps a dynamic node's first
-  address), and workers find the controller by name, so restarts need nothing here;
+- a restarted container gets a new IP on its network. Workers' IPs may change: the node
+  entrypoint re-addresses its Slurm node before ``slurmd`` registers (Slurm 22.05 keeps
+  a dynamic node's first address). The controller gets a fixed IP (the subnet's last
+  host), pinned in every worker's /etc/hosts, so Slurm traffic never needs DNS;
+- aardvark-dns, shared by all containers on the host, can stop answering for up to
+  ~10 s while any container starts or stops; slurmd then stalled 20-40 s resolving the
+  controller and jobs finished late, which the pin avoids;
+- the compat API stores ``StopTimeout`` 0 unless given, so ``podman stop`` SIGKILLed
+  slurmctld before it saved state (finished jobs came back running): it is set to 10 s;
 - the host routes to container IPs on the cluster network, so :meth:`node_address`
   is directly reachable from the host (SSH on port 22);
 - ``put_archive`` works on a created (not yet started) container.
@@ -22,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import ipaddress
 import posixpath
+import re
 import shlex
 import tarfile
 import threading
@@ -46,6 +54,8 @@ from gpuyard.runtimes.slurm_config import (
 )
 
 LABEL_SLURM_ROLE = "gpuyard.slurm.role"
+# On a controller created with a fixed address: that address (workers pin it).
+LABEL_CONTROLLER_ADDRESS = "gpuyard.slurm.controller_address"
 NodeRole = Literal["controller", "worker"]
 NodeState = Literal["missing", "created", "running", "exited"]
 
@@ -63,6 +73,8 @@ _LIMIT_ERROR_MARKERS = (
     "kernel does not support",
     "not supported",
 )
+# Docker allows fixed IPs only on networks created with an explicit subnet.
+_FIXED_IP_REFUSED_MARKERS = ("user configured subnets", "user specified ip address")
 STOP_TIMEOUT_S = 10
 _SHM_MIN_BYTES = 64 * 1024**2
 _SHM_MAX_BYTES = 16 * 1024**3
@@ -253,18 +265,72 @@ class SlurmNodeRuntime:
             )
         archive = _tar({_relative(p): v for p, v in files.items()})
         self.remove_node(spec.name)
-        try:
-            return self._create_and_start(spec, archive)
-        except RuntimeFailure as e:
-            if not self._degrade_limits(spec, e):
-                raise
-        self.remove_node(spec.name)
-        return self._create_and_start(spec, archive)
+        fixed = self._fixed_controller_address(spec.network) if spec.role == "controller" else None
+        pins = self._controller_pin(spec, files) if spec.role == "worker" else {}
+        for _ in range(3):
+            try:
+                return self._create_and_start(spec, archive, fixed, pins)
+            except RuntimeFailure as e:
+                # A container that was created but failed to start must not linger.
+                self.remove_node(spec.name)
+                text = e.message.lower()
+                if fixed and any(m in text for m in _FIXED_IP_REFUSED_MARKERS):
+                    fixed = None  # Docker: no fixed IPs on auto-subnet networks; use DNS.
+                    continue
+                if not self._degrade_limits(spec, e):
+                    raise
+        raise RuntimeFailure(f"creating node {spec.name} failed repeatedly", {"node": spec.name})
 
-    def _create_and_start(self, spec: NodeSpec, archive: bytes) -> str:
+    def _fixed_controller_address(self, network: str) -> str | None:
+        """The controller's fixed IPv4 on ``network``: the subnet's last usable host
+        (the gateway is usually the first). Far from where sequential IP allocation
+        starts, so no worker holds it in practice. None when the network has no IPv4
+        subnet the engine reports."""
+        with self._errors(f"inspecting network {network}"):
+            try:
+                info = self._client().api.inspect_network(network)
+            except docker.errors.NotFound as e:
+                raise RuntimeFailure(
+                    f"network {network} does not exist; call ensure_network first",
+                    {"network": network},
+                ) from e
+        for cfg in (info.get("IPAM") or {}).get("Config") or []:
+            try:
+                subnet = ipaddress.ip_network(str(cfg.get("Subnet")), strict=False)
+            except ValueError:
+                continue
+            if subnet.version != 4 or subnet.num_addresses < 8:
+                continue
+            candidate = subnet.broadcast_address - 1
+            if str(candidate) == cfg.get("Gateway"):
+                candidate -= 1
+            return str(candidate)
+        return None
+
+    def _controller_pin(
+        self, spec: NodeSpec, files: Mapping[str, tuple[bytes, int]]
+    ) -> dict[str, str]:
+        """``{controller name: fixed address}`` for a worker's /etc/hosts, when the
+        controller named in its slurm.conf exists with a fixed address; else empty
+        (the worker then finds the controller through the network's DNS)."""
+        conf = files.get("slurm.conf") or files.get(f"{CONFIG_DIR}/slurm.conf")
+        if conf is None:
+            return {}
+        match = re.search(rb"^SlurmctldHost=([a-z0-9-]+)", conf[0], re.MULTILINE)
+        if match is None:
+            return {}
+        controller = match.group(1).decode()
+        info = self._inspect(controller)
+        labels = ((info or {}).get("Config") or {}).get("Labels") or {}
+        address = labels.get(LABEL_CONTROLLER_ADDRESS)
+        return {controller: str(address)} if address else {}
+
+    def _create_and_start(
+        self, spec: NodeSpec, archive: bytes, fixed: str | None, pins: dict[str, str]
+    ) -> str:
         api = self._client().api
         with self._errors(f"creating node {spec.name}"):
-            created = api.create_container(**self._create_args(spec))
+            created = api.create_container(**self._create_args(spec, fixed, pins))
         cid = str(created["Id"])
         with self._errors(f"copying configuration into node {spec.name}"):
             if not api.put_archive(cid, CONFIG_DIR, archive):
@@ -273,9 +339,12 @@ class SlurmNodeRuntime:
             api.start(cid)
         return cid
 
-    def _create_args(self, spec: NodeSpec) -> dict[str, Any]:
+    def _create_args(
+        self, spec: NodeSpec, fixed: str | None, pins: dict[str, str]
+    ) -> dict[str, Any]:
         """Low-level ``create_container`` arguments: the SDK's high-level ``create``
-        cannot set ``StopTimeout``."""
+        cannot set ``StopTimeout``. ``fixed``: the controller's fixed IPv4; ``pins``:
+        /etc/hosts entries (the controller's name on workers)."""
         api = self._client().api
         indices = ",".join(str(i) for i in spec.gpu_indices)
         memory_mb = spec.memory_gb * 1024
@@ -298,11 +367,14 @@ class SlurmNodeRuntime:
             # catatonit/tini as PID 1 reaps the slurmstepd and sshd session processes
             # that get re-parented to PID 1, and forwards SIGTERM to the entrypoint.
             "init": True,
-            # A restarting node's name is briefly unknown to the network's DNS, and a
-            # lookup then falls through to the host's resolvers; glibc's defaults (5 s,
-            # 2 tries, 2 servers) turn that into a 20 s stall inside slurmd.
+            # aardvark-dns can go silent for seconds while any container on the host
+            # starts or stops; glibc's defaults (5 s, 2 tries, 2 servers) turned that
+            # into 20-40 s stalls. Slurm's own traffic avoids DNS (see pins), this
+            # bounds the stall for everything else.
             "dns_opt": ["timeout:1", "attempts:2"],
         }
+        if pins:
+            host["extra_hosts"] = dict(pins)
         if spec.state_volume:
             host["binds"] = {spec.state_volume: {"bind": STATE_DIR, "mode": "rw"}}
         if self._cpu_limits and spec.cpus > 0:
@@ -314,17 +386,22 @@ class SlurmNodeRuntime:
             # default fails multi-GPU training, so give half the memory, within bounds.
             shm = min(max(spec.memory_gb * 1024**3 // 2, _SHM_MIN_BYTES), _SHM_MAX_BYTES)
             host["shm_size"] = int(shm)
+        labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_SLURM_ROLE: spec.role}
+        endpoint: dict[str, str] = {}
+        if fixed:
+            endpoint["ipv4_address"] = fixed
+            labels[LABEL_CONTROLLER_ADDRESS] = fixed
         return {
             "image": spec.image,
             "name": spec.name,
             "hostname": spec.name,
             "environment": env,
-            "labels": {**spec.labels, LABEL_MANAGED: "true", LABEL_SLURM_ROLE: spec.role},
+            "labels": labels,
             "detach": True,
             "volumes": [STATE_DIR] if spec.state_volume else None,
             "host_config": api.create_host_config(**host),
             "networking_config": api.create_networking_config(
-                {spec.network: api.create_endpoint_config(aliases=[spec.name])}
+                {spec.network: api.create_endpoint_config(aliases=[spec.name], **endpoint)}
             ),
             "stop_signal": "SIGTERM",
             # Podman's compat API stores a stop timeout of 0 when none is given, so a
@@ -418,12 +495,19 @@ class SlurmNodeRuntime:
                 raise RuntimeFailure(f"node {name} does not exist", {"node": name}) from e
 
     def remove_node(self, name: str) -> None:
-        """Stop and delete the node's container. Idempotent. Named volumes are kept
-        (:meth:`remove_volume`); the controller still lists a removed worker until
-        :meth:`delete_slurm_node`."""
+        """Stop (SIGTERM, SIGKILL after 10 s) and delete the node's container.
+        Idempotent. The stop is graceful so slurmctld saves its state first. Named
+        volumes are kept (:meth:`remove_volume`); the controller still lists a removed
+        worker until :meth:`delete_slurm_node`."""
+        api = self._client().api
+        with self._errors(f"stopping node {name}"):
+            try:
+                api.stop(name, timeout=STOP_TIMEOUT_S)
+            except docker.errors.NotFound:
+                return
         with self._errors(f"removing node {name}"):
             try:
-                self._client().api.remove_container(name, v=True, force=True)
+                api.remove_container(name, v=True, force=True)
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as e:
