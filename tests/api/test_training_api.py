@@ -4,6 +4,7 @@ the fake runtime runs no Slurm); tests/e2e/test_training_e2e.py does that for re
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -426,3 +427,43 @@ def test_actions_validate_and_apply(tsrv: LiveServer, setup: dict[str, Any]) -> 
             again = c.put(url, params=params(setup), json={"action": action, **extra})
             assert_error(again, 409, "INVALID_STATE")
             set_status(tsrv, cluster["id"], "running")
+
+
+def test_cli_training_commands(tsrv: LiveServer, setup: dict[str, Any]) -> None:
+    from click.testing import CliRunner
+
+    from gpuyard.cli.main import cli
+
+    env = {"GPUYARD_URL": tsrv.url, "GPUYARD_API_KEY": tsrv.key}
+    runner = CliRunner()
+    scope = ["--project-id", str(setup["project_id"])]
+
+    def run(*args: str) -> Any:
+        result = runner.invoke(cli, list(args), env=env)
+        return result
+
+    created = run(
+        "--json", "training", "create", *scope, "--name", "cli",
+        "--image-version-id", str(setup["image_id"]), "--ssh-key-id", str(setup["key_id"]),
+        "--nodes", "1", "--gpu-type", A, "--gpus-per-node", "1", "--cpus-per-node", "2",
+        "--memory-gb-per-node", "4",
+    )  # fmt: skip
+    assert created.exit_code == 0, created.output
+    cid = json.loads(created.output)["id"]
+    listed = run("training", "list", *scope)
+    assert listed.exit_code == 0 and "cli" in listed.output and "creating" in listed.output
+    shown = run("training", "get", *scope, str(cid))
+    assert shown.exit_code == 0 and f"gy-tc{cid}-controller" in shown.output
+    refused = run("training", "action", *scope, str(cid), "restart_workers")
+    assert refused.exit_code == 1 and "INVALID_STATE" in refused.output
+    set_status(tsrv, cid, "running")
+    missing = run("training", "action", *scope, str(cid), "scale_cluster")
+    assert missing.exit_code == 1 and "additional_nodes" in missing.output
+    scaled = run(
+        "--json", "training", "action", *scope, str(cid), "scale_cluster", "--additional-nodes", "1"
+    )
+    assert scaled.exit_code == 0 and json.loads(scaled.output)["no_of_nodes"] == 2
+    deleted = run("training", "delete", *scope, str(cid))
+    assert deleted.exit_code == 0 and "deleting" in deleted.output
+    gone = run("training", "get", "--project-id", "99999", str(cid))
+    assert gone.exit_code == 1 and "PROJECT_NOT_FOUND" in gone.output
