@@ -159,10 +159,12 @@ log() { echo "gpuyard-node[$NODE]: $*"; }
 die() { log "$*"; exit 1; }
 
 PIDS=()
+HELPERS=()
 SLURM_PID=""
 # Slurm first, munged last: slurmctld still signs messages while it shuts down, and
 # without munged it waits 3 s on each one it cannot send.
 stop_daemons() {
+  [ ${#HELPERS[@]} -gt 0 ] && kill -TERM "${HELPERS[@]}" 2>/dev/null
   if [ -n "$SLURM_PID" ]; then
     kill -TERM "$SLURM_PID" 2>/dev/null
     wait "$SLURM_PID" 2>/dev/null
@@ -224,20 +226,26 @@ case "$ROLE" in
     fi
     # Slurm 22.05 keeps a dynamic node's NodeAddr from its first registration and does
     # not update it when the node registers again, but the engine gives a restarted
-    # container a new IP. So a node the controller already knows is re-addressed first
+    # container a new IP. So a node the controller already knows is re-addressed
     # (root is a Slurm admin through munge); "Invalid node name" means it is new.
     CTL=$(sed -n 's/^SlurmctldHost=//p' /etc/slurm/slurm.conf | head -n1)
-    for _ in $(seq 20); do
-      CTL_IP=$(getent ahostsv4 "$CTL" | awk 'NR == 1 { print $1 }')
-      MY_IP=$(ip -o -4 route get "${CTL_IP:-0.0.0.0}" 2>/dev/null \
+    readdress() {
+      local ctl_ip my_ip out
+      ctl_ip=$(getent ahostsv4 "$CTL" | awk 'NR == 1 { print $1 }')
+      my_ip=$(ip -o -4 route get "${ctl_ip:-0.0.0.0}" 2>/dev/null \
         | sed -n 's/.* src \([0-9.]*\).*/\1/p')
-      if [ -n "$MY_IP" ]; then
-        out=$(scontrol update NodeName="$NODE" NodeAddr="$MY_IP" NodeHostname="$NODE" 2>&1) \
-          && { log "re-addressed $NODE to $MY_IP"; break; }
-        case "$out" in *"Invalid node name"*) break ;; esac
-      fi
-      sleep 1
-    done
+      [ -n "$my_ip" ] || return 1
+      out=$(timeout 5 scontrol update NodeName="$NODE" NodeAddr="$my_ip" \
+        NodeHostname="$NODE" 2>&1) && { log "re-addressed $NODE to $my_ip"; return 0; }
+      case "$out" in *"Invalid node name"*) return 0 ;; esac
+      return 1
+    }
+    # Until it succeeds, in the background: a controller that is down must not keep
+    # slurmd from starting, nor the trap from running. slurmd waits for it up to 5 s,
+    # so with the controller up the node registers at its new address at once.
+    ( until readdress; do sleep 2; done ) &
+    HELPERS+=($!)
+    for _ in $(seq 50); do kill -0 "${HELPERS[-1]}" 2>/dev/null || break; sleep 0.1; done
     mkdir -p __SPOOL_DIR__ __GPU_DIR__
     # gres.conf names __GPU_DIR__/gpu<i>: the i-th real GPU when present, else /dev/null.
     mapfile -t REAL < <(ls /dev/nvidia[0-9]* 2>/dev/null | sort -V)

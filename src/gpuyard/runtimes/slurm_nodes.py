@@ -254,6 +254,12 @@ class SlurmNodeRuntime:
         ``slurm.conf`` (required), ``gres.conf``, ``authorized_keys`` and runs
         ``lifecycle.sh`` once. The network must exist (:meth:`ensure_network`). CPU and
         memory limits the engine refuses are dropped, as the docker-engine runtime does.
+
+        A controller gets a fixed IPv4 (the subnet's last host; the same one when it is
+        re-created). A worker pins the controller named in its ``slurm.conf`` to that
+        address in /etc/hosts, so create the controller first: a worker created while
+        no controller container exists falls back to DNS.
+
         Raises ValidationFailed for a name that is not DNS-safe, RuntimeFailure for
         engine failures (e.g. a missing image or network).
         """
