@@ -234,8 +234,8 @@ def build_slurm_image(
 
     A no-op when the engine already has ``name`` built from this gpuyard's recipe
     (:func:`recipe_digest`) unless ``force``; an image from another recipe is rebuilt.
-    Needs root, the engine CLI (``runtime_cli``, default podman if installed, else docker), debootstrap
-    and Debian's mirror. Raises :class:`RuntimeFailure` saying what to install or fix
+    Needs root, the engine CLI (``runtime_cli``, default podman if installed, else
+    docker), debootstrap and Debian's mirror. Raises :class:`RuntimeFailure` saying what to install or fix
     when any is missing or a step fails. Takes about a minute; the temporary rootfs is
     always removed.
     """
