@@ -235,9 +235,9 @@ def build_slurm_image(
     A no-op when the engine already has ``name`` built from this gpuyard's recipe
     (:func:`recipe_digest`) unless ``force``; an image from another recipe is rebuilt.
     Needs root, the engine CLI (``runtime_cli``, default podman if installed, else
-    docker), debootstrap and Debian's mirror. Raises :class:`RuntimeFailure` saying what to install or fix
-    when any is missing or a step fails. Takes about a minute; the temporary rootfs is
-    always removed.
+    docker), debootstrap and Debian's mirror. Raises :class:`RuntimeFailure` saying
+    what to install or fix when any is missing or a step fails. Takes about a minute;
+    the temporary rootfs is always removed.
     """
     cli = _engine_cli(runtime_cli)
     old_id = _image_id(cli, name)
