@@ -77,12 +77,16 @@ def replace_group(
     attach the group enforce the new rules from then on."""
     principal.require_write()
     wanted = path_id(_ID, security_group_id)
-    with app_state(request).ctx.transaction() as session:
+    ctx = app_state(request).ctx
+    with ctx.transaction() as session:
         scope = scope_of(session, principal, request)
         row = sg.find_group(session, scope.account_id, wanted, scope.project_id)
         data = sg.group_view(
             sg.replace_group(session, row, body.name, body.description, _rules(body))
         )
+        attached = sg.attached_clusters(session, row)
+    for cluster_id in attached:
+        ctx.training_edge(cluster_id)
     return ok(data)
 
 

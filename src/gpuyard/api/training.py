@@ -57,11 +57,9 @@ def _scope(request: Request) -> training.Scope:
 
 
 def _cluster_id(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise ValidationFailed("Cluster_Id", f"{raw!r} is not an integer cluster id") from exc
-    return value
+    if not raw.isdigit() or not raw.isascii() or len(raw) > 12:
+        raise ValidationFailed("Cluster_Id", f"{raw[:40]!r} is not an integer cluster id")
+    return int(raw)
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -70,8 +68,10 @@ async def _body(request: Request) -> dict[str, Any]:
         raise ValidationFailed("body", "a JSON object is required")
     try:
         body = json.loads(raw)
-    except ValueError as exc:
-        raise ValidationFailed("body", "request body is not valid JSON") from exc
+        # Lone surrogates ("\ud800") parse but cannot be stored or encoded.
+        json.dumps(body, ensure_ascii=False).encode()
+    except (ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        raise ValidationFailed("body", "request body is not valid JSON text") from exc
     if not isinstance(body, dict):
         raise ValidationFailed("body", "must be a JSON object")
     return body
@@ -92,6 +92,9 @@ async def _handle(request: Request, work: Work) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("%s: %s", exc.code, exc.message)
         return error_envelope(exc)
+    except Exception:  # a bug: logged with its trace, answered without one
+        log.exception("training API: %s %s failed", request.method, request.url.path)
+        return envelope(500, {}, "internal error", {"code": "INTERNAL_ERROR"})
 
 
 def _view(state: AppState, principal: Principal, scope: training.Scope, cluster_id: int) -> Any:
@@ -135,7 +138,13 @@ async def list_training_clusters(request: Request) -> JSONResponse:
     def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
         with state.ctx.read() as session:
             ids = [c.id for c in training.list_clusters(session, p, scope)]
-        return 200, [_view(state, p, scope, i) for i in ids], "Success"
+        views = []
+        for cluster_id in ids:
+            try:
+                views.append(_view(state, p, scope, cluster_id))
+            except training.TrainingClusterNotFound:
+                continue  # deleted meanwhile
+        return 200, views, "Success"
 
     return await _handle(request, work)
 
@@ -188,6 +197,11 @@ async def delete_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
     def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
         cluster_id = _cluster_id(Cluster_Id)
         training.delete_cluster(state.ctx, p, scope, cluster_id)
+        if state.training is None:
+            # No operator (GPUYARD_TRAINING_ENABLED=false): nothing was ever built,
+            # so release what the cluster holds now.
+            training.finish_delete(state.ctx, cluster_id)
+            return 200, {"id": cluster_id, "status": "deleted"}, "Cluster deleted"
         return 200, {"id": cluster_id, "status": "deleting"}, "Cluster deletion started"
 
     return await _handle(request, work)

@@ -26,11 +26,13 @@ from sqlalchemy import select
 
 from gpuyard.core import secgroups
 from gpuyard.core.errors import GpuyardError
+from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
 from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of
 from gpuyard.store.schema import (
+    Cluster,
     ImageVersion,
     ReservedIp,
     SecurityGroup,
@@ -125,6 +127,9 @@ class TrainingOperator:
         self._again: set[int] = set()
         self._listeners: dict[int, set[tuple[str, int]]] = {}
         self._acls: dict[int, list[list[secgroups.Rule]]] = {}
+        # One edge sync at a time: a sync that read the store earlier must not finish
+        # after (and undo) a newer one.
+        self._edge_lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sinfo_cache: dict[int, tuple[float, list[tuple[str, str]]]] = {}
@@ -234,7 +239,12 @@ class TrainingOperator:
         token = str(snap.operation.get("token"))
         try:
             if action == "delete":
-                self._teardown(snap)
+                try:
+                    self._teardown(snap)
+                except Exception:
+                    # Stays `deleting`; the periodic scan tries again.
+                    log.exception("training cluster %s: teardown failed", cluster_id)
+                    return
                 finish_delete(self.ctx, cluster_id)
                 self._sinfo_cache.pop(cluster_id, None)
                 return
@@ -264,7 +274,7 @@ class TrainingOperator:
 
     def _finish(self, cluster_id: int, token: str, error: str | None) -> None:
         with self.ctx.transaction() as session:
-            cluster = session.get(TrainingCluster, cluster_id)
+            cluster = session.get(TrainingCluster, cluster_id, with_for_update=True)
             if cluster is None or not cluster.operation:
                 return
             if cluster.operation.get("token") != token:
@@ -353,15 +363,38 @@ class TrainingOperator:
             state = self.nodes.node_state(node.name)
             if node.status == NodeStatus.RUNNING and state == "running":
                 continue
-            if node.role == NodeRole.CONTROLLER and state == "missing":
+            creating = bool(snap.operation and snap.operation.get("action") == "create")
+            if node.role == NodeRole.CONTROLLER and state == "missing" and creating:
                 # A new cluster starts with an empty Slurm state, whatever an earlier
                 # install with the same ids left behind.
                 self.nodes.remove_volume(names.state_volume)
+            self._wait_gpus_free(node, c.id, token)
             container = self._create(snap, node, node.image_version_id)
             self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
         self._set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
+
+    def _wait_gpus_free(self, node: TrainingNode, cluster_id: int, token: str) -> None:
+        """A spot cluster preempted for this node may still be stopping on its GPUs:
+        wait until it has stopped, so no GPU is ever shared."""
+        if not node.gpu_indices or node.host_id is None:
+            return
+        mine = set(node.gpu_indices)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            with self.ctx.read() as session:
+                leaving = session.scalars(
+                    select(Cluster.gpu_indices).where(
+                        Cluster.host_id == node.host_id,
+                        Cluster.status == ClusterStatus.STOPPING.value,
+                    )
+                )
+                if not any(mine & set(indices) for indices in leaving):
+                    return
+            self._check(cluster_id, token)
+            time.sleep(0.5)
+        raise GpuyardError(f"GPUs {sorted(mine)} are still held by a stopping cluster")
 
     def _restart(self, snap: Snapshot, token: str, *, controller: bool) -> None:
         names = NodeName(snap.cluster.id)
@@ -377,6 +410,8 @@ class TrainingOperator:
                 self._create(snap, node, node.image_version_id)
             else:
                 self.nodes.restart_node(node.name)
+                # A node an interrupted update_ssh_keys missed gets the keys now.
+                self.nodes.install_authorized_keys(node.name, snap.keys_text)
         self._wait_reregistered(names.controller, [n.name for n in workers], before)
         self.nodes.wait_slurm_ready(
             names.controller, [n.name for n in workers], self.ready_timeout_s
@@ -516,9 +551,10 @@ class TrainingOperator:
         (what the store says it may have, should another operator have opened them)."""
         if self.edge is None:
             return
-        for host, port in self._listeners.pop(cluster_id, set()) | (also or set()):
-            self.edge.remove(host, port)
-        self._acls.pop(cluster_id, None)
+        with self._edge_lock:
+            for host, port in self._listeners.pop(cluster_id, set()) | (also or set()):
+                self.edge.remove(host, port)
+            self._acls.pop(cluster_id, None)
 
     def sync_edge(self, cluster_id: int) -> None:
         """Make the forwarders of ``cluster_id`` match the store: its SSH port and each
@@ -527,7 +563,8 @@ class TrainingOperator:
         if self.edge is None:
             return
         try:
-            self._sync_edge(cluster_id)
+            with self._edge_lock:
+                self._sync_edge(cluster_id)
         except Exception:
             log.exception("training cluster %s: edge sync failed", cluster_id)
 
@@ -571,12 +608,21 @@ class TrainingOperator:
                 sets = self._acls.get(cluster_id, [])
             return secgroups.allows(sets, "tcp", SSH_PORT, source)
 
-        for host, port in self._listeners.get(cluster_id, set()) - wanted:
-            self.edge.remove(host, port)
+        held = self._listeners.setdefault(cluster_id, set())
+        for listener in held - wanted:
+            self.edge.remove(*listener)
+            held.discard(listener)
+        failed: list[str] = []
         for host, port in wanted:
             assert target is not None
-            self.edge.ensure(host, port, target, SSH_PORT, acl)
-        self._listeners[cluster_id] = wanted
+            try:
+                self.edge.ensure(host, port, target, SSH_PORT, acl)
+            except GpuyardError as exc:  # one address not assignable: keep the others
+                failed.append(exc.message)
+                continue
+            held.add((host, port))
+        if failed:
+            log.error("training cluster %s: %s", cluster_id, "; ".join(failed))
 
     # ------------------------------------------------------------ reads for views
 

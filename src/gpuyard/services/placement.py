@@ -132,6 +132,8 @@ def load_holders(session: Session, host_ids: list[int], exclude: str) -> list[sp
             Cluster.status.in_([s.value for s in HOLDS_COMPUTE]),
         )
     )
+    # Only clusters can be preempted; other holders (training nodes) are already
+    # counted in each host's used capacity.
     holders = [
         spot.Holder(
             cluster_id=r.id,
@@ -146,38 +148,7 @@ def load_holders(session: Session, host_ids: list[int], exclude: str) -> list[sp
         )
         for r in rows
     ]
-    return holders + _other_holders(session, host_ids, exclude)
-
-
-def _other_holders(session: Session, host_ids: list[int], exclude: str) -> list[spot.Holder]:
-    """Holders that are not clusters (training nodes): never preemptible, but their
-    capacity must count, or a preemption plan would hand out their GPUs."""
-    reservations = session.execute(
-        select(Reservation)
-        .outerjoin(Cluster, Cluster.id == Reservation.cluster_id)
-        .where(
-            Reservation.host_id.in_(host_ids),
-            Reservation.cluster_id != exclude,
-            Cluster.id.is_(None),
-        )
-    ).scalars()
-    out = []
-    for r in reservations:
-        gpus = session.scalars(
-            select(GpuAllocation.gpu_index).where(GpuAllocation.cluster_id == r.cluster_id)
-        )
-        out.append(
-            spot.Holder(
-                cluster_id=r.cluster_id,
-                host_id=r.host_id,
-                gpu_indices=tuple(sorted(gpus)),
-                vcpus=r.vcpus,
-                memory_gb=r.memory_gb,
-                container_disk_gb=r.container_disk_gb,
-                bid_per_gpu=None,
-            )
-        )
-    return out
+    return holders
 
 
 def preempt(

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
 from gpuyard.services.auth import Principal
+from gpuyard.services.resource_util import in_id_range
 from gpuyard.store.schema import Member, Project
 
 
@@ -25,7 +26,7 @@ def acting_account(session: Session, principal: Principal, active_iam: int | Non
     membership that is not the caller's."""
     if active_iam is None:
         return principal.account_id
-    member = session.get(Member, active_iam)
+    member = session.get(Member, active_iam) if in_id_range(active_iam) else None
     if member is None or member.user_id != principal.user_id:
         raise Forbidden(f"active_iam {active_iam} is not a membership of this user")
     return member.account_id
@@ -44,7 +45,7 @@ def resolve_project(
             .order_by(Project.is_default.desc(), Project.id)
         )
     else:
-        project = session.get(Project, project_id)
+        project = session.get(Project, project_id) if in_id_range(project_id) else None
     if project is None or project.account_id != account_id:
         raise ProjectNotFound(f"project {project_id} not found", {"project_id": project_id})
     return project

@@ -34,6 +34,7 @@ from gpuyard.services.placement import assign_ports, claim, lock_placement, rele
 from gpuyard.services.plans import get_plan
 from gpuyard.services.projects import acting_account, resolve_project
 from gpuyard.services.reserved_ips import get_reserved_ip
+from gpuyard.services.resource_util import in_id_range
 from gpuyard.services.security_groups import groups_by_ids
 from gpuyard.services.ssh_keys import keys_by_ids
 from gpuyard.store.schema import Host, ReservedIp, TrainingCluster, TrainingNode
@@ -97,12 +98,22 @@ def _visible(session: Session, principal: Principal, scope: Scope) -> tuple[int,
 
 
 def load_cluster(
-    session: Session, principal: Principal, scope: Scope, cluster_id: int
+    session: Session,
+    principal: Principal,
+    scope: Scope,
+    cluster_id: int,
+    *,
+    for_update: bool = False,
 ) -> TrainingCluster:
     """The live cluster of the scope's project and location, else 404 (another
-    account's cluster is indistinguishable from a missing one)."""
+    account's cluster is indistinguishable from a missing one). ``for_update`` locks
+    the row (PostgreSQL) so concurrent actions and deletes apply one after another."""
     account_id, project_id = _visible(session, principal, scope)
-    row = session.get(TrainingCluster, cluster_id)
+    row = (
+        session.get(TrainingCluster, cluster_id, with_for_update=for_update)
+        if in_id_range(cluster_id)
+        else None
+    )
     if (
         row is None
         or row.deleted_at is not None
@@ -350,12 +361,14 @@ def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[
         plan = _plan(session, body)
         groups: list[int] = []
         if body.get("security_group_id") is not None:
-            groups = [
-                g.id
-                for g in groups_by_ids(
-                    session, account_id, [body["security_group_id"]], "security_group_id"
+            found = groups_by_ids(
+                session, account_id, [body["security_group_id"]], "security_group_id"
+            )
+            if any(g.project_id != project_id for g in found):
+                raise ValidationFailed(
+                    "security_group_id", "the security group belongs to another project"
                 )
-            ]
+            groups = [g.id for g in found]
         script = body.get("lifecycle_script")
         if script is not None and not isinstance(script, str):
             raise ValidationFailed("lifecycle_script", "must be a string (a shell script)")
@@ -389,6 +402,7 @@ def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[
         session.flush()
         _place_all(ctx, session, cluster, hosts, now)
         cluster_id = cluster.id
+    ctx.wake()  # spot clusters preempted for the nodes must stop
     ctx.training_wake(cluster_id)
     return cluster_id
 
@@ -401,7 +415,7 @@ def delete_cluster(ctx: Context, principal: Principal, scope: Scope, cluster_id:
     volume and the forwarders, then releases capacity. Idempotent while deleting."""
     principal.require_write()
     with ctx.transaction() as session:
-        cluster = load_cluster(session, principal, scope, cluster_id)
+        cluster = load_cluster(session, principal, scope, cluster_id, for_update=True)
         if cluster.status != TrainingStatus.DELETING:
             _begin(
                 cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", ctx.clock.now()
@@ -414,7 +428,7 @@ def finish_delete(ctx: Context, cluster_id: int) -> None:
     nodes' meters and hide the cluster."""
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        cluster = session.get(TrainingCluster, cluster_id)
+        cluster = session.get(TrainingCluster, cluster_id, with_for_update=True)
         if cluster is None or cluster.deleted_at is not None:
             return
         lock_placement(session)
@@ -464,12 +478,13 @@ def perform_action(
     domain.require_fields(action, body)
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        cluster = load_cluster(session, principal, scope, cluster_id)
+        cluster = load_cluster(session, principal, scope, cluster_id, for_update=True)
         domain.check_allowed(action, TrainingStatus(cluster.status))
         account_id = acting_account(session, principal, scope.active_iam)
         handler = _HANDLERS[action]
         result = handler(ctx, session, cluster, account_id, body, now)
     if action in domain.LONG_ACTIONS:
+        ctx.wake()  # a scale may have preempted spot clusters
         ctx.training_wake(cluster_id)
     else:
         ctx.training_edge(cluster_id)
@@ -560,6 +575,7 @@ def _attach_ip(
     ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
 ) -> ActionResult:
     ip = get_reserved_ip(s, account, body["reserved_ip_id"])
+    s.refresh(ip, with_for_update=True)  # two clusters attaching one IP: one wins
     if ip.project_id != c.project_id:
         raise ValidationFailed("reserved_ip_id", f"reserved IP {ip.id} belongs to another project")
     if ip.training_cluster_id not in (None, c.id):
