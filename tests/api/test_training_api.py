@@ -288,6 +288,11 @@ def test_scope_misuse_never_leaks(tsrv: LiveServer, setup: dict[str, Any]) -> No
     assert_error(r, 401, "UNAUTHORIZED")
     r = httpx.get(f"{tsrv.url}{BASE}", params=params(setup, apikey="nope"))
     assert_error(r, 401, "UNAUTHORIZED")
+    # Without a key nothing about the request is judged: a malformed body is still 401.
+    r = httpx.post(f"{tsrv.url}{BASE}", params=params(setup), content=b"{nope")
+    assert_error(r, 401, "UNAUTHORIZED")
+    r = httpx.put(f"{tsrv.url}{BASE}1/", params=params(setup), content=b"[1]")
+    assert_error(r, 401, "UNAUTHORIZED")
 
 
 def test_actions_validate_and_apply(tsrv: LiveServer, setup: dict[str, Any]) -> None:

@@ -77,16 +77,19 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-Work = Callable[[AppState, Principal, training.Scope], tuple[int, Any, str]]
+Work = Callable[[AppState, Principal, training.Scope, dict[str, Any]], tuple[int, Any, str]]
 
 
-async def _handle(request: Request, work: Work) -> JSONResponse:
-    """Authenticate, parse the scope, run ``work`` in a worker thread and render."""
+async def _handle(request: Request, work: Work, *, with_body: bool = False) -> JSONResponse:
+    """Authenticate, parse the scope (and the JSON body when ``with_body``; otherwise
+    ``work`` gets ``{}``), run ``work`` in a worker thread and render. A caller without
+    a valid key hears 401 before anything about its request is judged."""
     try:
         state = app_state(request)
         principal = await state.principal(key_from_request(request))
         scope = _scope(request)
-        code, data, message = await run_in_threadpool(work, state, principal, scope)
+        body = await _body(request) if with_body else {}
+        code, data, message = await run_in_threadpool(work, state, principal, scope, body)
         return envelope(code, data, message)
     except GpuyardError as exc:
         if exc.http_status >= 500:
@@ -98,13 +101,18 @@ async def _handle(request: Request, work: Work) -> JSONResponse:
 
 
 def _view(state: AppState, principal: Principal, scope: training.Scope, cluster_id: int) -> Any:
+    """The cluster's answer object. Slurm's partition state is asked of the controller
+    between two reads, never while a database session is open (``sinfo`` is a runtime
+    call); the second read sees the cluster as it is after it."""
     ctx = state.ctx
     operator = state.training
     with ctx.read() as session:
+        status = training.load_cluster(session, principal, scope, cluster_id).status
+    partition = None
+    if operator is not None and status != "creating":
+        partition = operator.partition_state(cluster_id)
+    with ctx.read() as session:
         cluster = training.load_cluster(session, principal, scope, cluster_id)
-        partition = None
-        if operator is not None and cluster.status != "creating":
-            partition = operator.partition_state(cluster.id)
         return cluster_view(
             session,
             cluster,
@@ -118,16 +126,14 @@ def _view(state: AppState, principal: Principal, scope: training.Scope, cluster_
 @router.post(BASE, include_in_schema=False)
 async def create_training_cluster(request: Request) -> JSONResponse:
     """Create a training cluster: a controller (login) node and ``no_of_nodes`` workers."""
-    try:
-        body = await _body(request)
-    except GpuyardError as exc:
-        return error_envelope(exc)
 
-    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+    def work(
+        state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
+    ) -> tuple[int, Any, str]:
         cluster_id = training.create_cluster(state.ctx, p, scope, body)
         return 201, _view(state, p, scope, cluster_id), "Cluster created successfully"
 
-    return await _handle(request, work)
+    return await _handle(request, work, with_body=True)
 
 
 @router.get(BASE + "/")
@@ -135,7 +141,9 @@ async def create_training_cluster(request: Request) -> JSONResponse:
 async def list_training_clusters(request: Request) -> JSONResponse:
     """Training clusters of ``project_id`` at ``location``."""
 
-    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+    def work(
+        state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
+    ) -> tuple[int, Any, str]:
         with state.ctx.read() as session:
             ids = [c.id for c in training.list_clusters(session, p, scope)]
         views = []
@@ -154,7 +162,9 @@ async def list_training_clusters(request: Request) -> JSONResponse:
 async def get_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:
     """One training cluster with its nodes, SSH entry and Slurm partition state."""
 
-    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+    def work(
+        state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
+    ) -> tuple[int, Any, str]:
         return 200, _view(state, p, scope, _cluster_id(Cluster_Id)), "Success"
 
     return await _handle(request, work)
@@ -166,12 +176,10 @@ async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
     """Seed 002's actions: update_ssh_keys, update_image, restart_workers,
     restart_cluster, scale_cluster, attach_ip, detach_ip, add_security_group,
     remove_security_group."""
-    try:
-        body = await _body(request)
-    except GpuyardError as exc:
-        return error_envelope(exc)
 
-    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+    def work(
+        state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
+    ) -> tuple[int, Any, str]:
         cluster_id = _cluster_id(Cluster_Id)
         result = training.perform_action(state.ctx, p, scope, cluster_id, body)
         if result.kind == "reserved_ip":
@@ -185,7 +193,7 @@ async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
             return 200, result.message, result.message
         return 200, _view(state, p, scope, cluster_id), "Cluster updated successfully"
 
-    return await _handle(request, work)
+    return await _handle(request, work, with_body=True)
 
 
 @router.delete(BASE + "/{Cluster_Id}/")
@@ -194,7 +202,9 @@ async def delete_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
     """Delete: every node container, the network, the Slurm state volume, the
     forwarders; capacity and reserved IPs are released."""
 
-    def work(state: AppState, p: Principal, scope: training.Scope) -> tuple[int, Any, str]:
+    def work(
+        state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
+    ) -> tuple[int, Any, str]:
         cluster_id = _cluster_id(Cluster_Id)
         training.delete_cluster(state.ctx, p, scope, cluster_id)
         if state.training is None:
