@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     training_bind_address: str = "0.0.0.0"
     training_ready_timeout_s: float = 180.0
     training_drain_timeout_s: float = 300.0
+    # How long a node's lifecycle script may run before the operation goes on without it.
+    training_lifecycle_timeout_s: float = 1800.0
     # Off: training clusters are recorded but no operator builds them (tests, hosts
     # without a node image).
     training_enabled: bool = True

@@ -224,6 +224,12 @@ def test_create_validation_names_the_field(tsrv: LiveServer, setup: dict[str, An
         # 4 A6000s on the host: 3 workers of 2 cannot fit; nothing is created or held.
         r = c.post(BASE, params=params(setup), json=body(setup, no_of_nodes=3, gpus_per_node=2))
         assert_error(r, 409, "INSUFFICIENT_CAPACITY")
+        # What the whole cluster needs against what the host has free before the try
+        # (not what a half-placed attempt left).
+        details = r.json()["errors"]["details"]
+        assert details["needed"] == {"gpu_type": A, "gpus": 6, "vcpus": 14, "memory_gb": 28}
+        assert details["available"][0]["gpus"][A] == 4
+        assert "6x NVIDIA RTX A6000, 14 vCPUs and 28 GB" in r.json()["message"]
         assert c.get(BASE, params=params(setup)).json()["data"] == []
         assert allocated_gpus(tsrv) == 0
         # With a plan from /v1/plans.
@@ -351,6 +357,8 @@ def test_actions_validate_and_apply(tsrv: LiveServer, setup: dict[str, Any]) -> 
             url, params=params(setup), json={"action": "scale_cluster", "additional_nodes": 4}
         )
         assert_error(r, 409, "INSUFFICIENT_CAPACITY")
+        assert r.json()["errors"]["details"]["available"][0]["gpus"][A] == 3
+        assert "nothing was added" in r.json()["message"]
         assert allocated_gpus(tsrv) == 1
         assert_error(
             c.put(

@@ -280,3 +280,69 @@ def test_delete_after_a_half_built_cluster_leaves_nothing(
     assert status(ctx, cid).deleted_at is not None
     with pytest.raises(training.TrainingClusterNotFound), ctx.read() as s:
         training.load_cluster(s, alice, world["scope"], cid)
+
+
+def test_lifecycle_script_results_are_awaited_and_shown(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    nodes: FakeNodeRuntime,
+    edge: FakeEdge,
+) -> None:
+    operator = TrainingOperator(ctx, nodes, edge, drain_timeout_s=0, lifecycle_timeout_s=0)
+    cid = create(ctx, alice, world)
+    names = training.NodeName(cid)
+    nodes.lifecycle_rc[names.worker(2)] = 100
+    nodes.lifecycle_rc[names.controller] = None  # never finishes within the timeout
+    operator.run(cid)
+    c = status(ctx, cid)
+    # The nodes work; the cluster runs and says where the script did not succeed.
+    assert c.status == "running" and c.error_message is None
+    assert f"{names.controller} (still running after 0 s)" in c.status_reason
+    assert f"{names.worker(2)} (exit 100)" in c.status_reason
+    with ctx.read() as s:
+        got = {
+            n.name: (n.lifecycle_status, n.lifecycle_exit_code) for n in training.nodes_of(s, cid)
+        }
+    assert got == {
+        names.controller: ("timed_out", None),
+        names.worker(1): ("succeeded", 0),
+        names.worker(2): ("failed", 100),
+    }
+
+    # A new worker runs the script once; the others are not waited for again.
+    act(ctx, alice, world, cid, action="scale_cluster", additional_nodes=1)
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "running" and c.status_reason == "scale_cluster done"
+    with ctx.read() as s:
+        new = next(n for n in training.nodes_of(s, cid) if n.name == names.worker(3))
+        assert (new.lifecycle_status, new.lifecycle_exit_code) == ("succeeded", 0)
+
+
+def test_lifecycle_wait_is_cut_short_by_a_delete(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    nodes: FakeNodeRuntime,
+    edge: FakeEdge,
+) -> None:
+    """A script that never ends does not keep a delete waiting for the timeout."""
+    operator = TrainingOperator(ctx, nodes, edge, drain_timeout_s=0, lifecycle_timeout_s=600)
+    cid = create(ctx, alice, world, workers=1)
+    nodes.lifecycle_rc[training.NodeName(cid).worker(1)] = None
+    polls = 0
+    real = nodes.lifecycle_result
+
+    def result_then_delete(name: str) -> int | None:
+        nonlocal polls
+        polls += 1
+        if polls == 2:
+            training.delete_cluster(ctx, alice, world["scope"], cid)
+        return real(name)
+
+    nodes.lifecycle_result = result_then_delete  # type: ignore[method-assign]
+    operator.run(cid)  # returns once superseded, well before 600 s
+    operator.run(cid)  # the delete
+    assert nodes.nodes == {}
+    assert count(ctx, GpuAllocation) == 0

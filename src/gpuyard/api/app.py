@@ -164,6 +164,7 @@ def training_operator_factory(
             TcpForwarder(),
             ready_timeout_s=settings.training_ready_timeout_s,
             drain_timeout_s=settings.training_drain_timeout_s,
+            lifecycle_timeout_s=settings.training_lifecycle_timeout_s,
             bind_address=settings.training_bind_address,
         )
 

@@ -44,6 +44,21 @@ class NodeStatus(StrEnum):
     ERROR = "error"
 
 
+class LifecycleStatus(StrEnum):
+    """How a node's lifecycle script (run once per node container) went."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+
+# Where the node image's entrypoint puts the lifecycle script's output and exit code:
+# the contract between the image (runtimes/slurm_config.py) and the operator.
+LIFECYCLE_LOG = "/var/log/gpuyard/lifecycle.log"
+LIFECYCLE_RC = "/var/lib/gpuyard/lifecycle.rc"
+
+
 class Action(StrEnum):
     UPDATE_SSH_KEYS = "update_ssh_keys"
     UPDATE_IMAGE = "update_image"

@@ -27,7 +27,14 @@ from sqlalchemy import select
 from gpuyard.core import secgroups
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus
+from gpuyard.core.training import (
+    LIFECYCLE_LOG,
+    LifecycleStatus,
+    NodeName,
+    NodeRole,
+    NodeStatus,
+    TrainingStatus,
+)
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
 from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of
@@ -68,6 +75,7 @@ class NodeRuntime(Protocol):
         self, controller: str, expected_nodes: list[str], timeout_s: float
     ) -> None: ...
     def sinfo(self, controller: str) -> list[tuple[str, str]]: ...
+    def lifecycle_result(self, name: str) -> int | None: ...
     def remove_volume(self, name: str) -> None: ...
 
 
@@ -110,6 +118,7 @@ class TrainingOperator:
         *,
         ready_timeout_s: float = 180.0,
         drain_timeout_s: float = 300.0,
+        lifecycle_timeout_s: float = 1800.0,
         scan_interval_s: float = 5.0,
         bind_address: str = "0.0.0.0",
         workers: int = 8,
@@ -119,6 +128,7 @@ class TrainingOperator:
         self.edge = edge
         self.ready_timeout_s = ready_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.lifecycle_timeout_s = lifecycle_timeout_s
         self.scan_interval_s = scan_interval_s
         self.bind_address = bind_address
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="training")
@@ -262,7 +272,10 @@ class TrainingOperator:
                 self._roll_image(snap, token)
             else:
                 raise GpuyardError(f"unknown operation {action!r}")
-            self._finish(cluster_id, token, None)
+            # Nodes whose container is new run the lifecycle script once: the
+            # operation is done when it has finished on each of them.
+            failed = self._await_lifecycle(cluster_id, token)
+            self._finish(cluster_id, token, None, failed)
         except Superseded:
             self.wake(cluster_id)
         except GpuyardError as exc:
@@ -272,7 +285,11 @@ class TrainingOperator:
             self._finish(cluster_id, token, f"{type(exc).__name__}: {exc}")
         self.sync_edge(cluster_id)
 
-    def _finish(self, cluster_id: int, token: str, error: str | None) -> None:
+    def _finish(
+        self, cluster_id: int, token: str, error: str | None, failed: Sequence[str] = ()
+    ) -> None:
+        """End the operation ``token``: back to ``running`` (its status reason naming
+        the nodes whose lifecycle script failed, if any) or to ``error``."""
         with self.ctx.transaction() as session:
             cluster = session.get(TrainingCluster, cluster_id, with_for_update=True)
             if cluster is None or not cluster.operation:
@@ -283,6 +300,11 @@ class TrainingOperator:
             if error is None:
                 cluster.status = TrainingStatus.RUNNING.value
                 cluster.status_reason = f"{action} done"
+                if failed:
+                    cluster.status_reason += (
+                        f"; the lifecycle script failed on {', '.join(failed)} "
+                        f"(its output is in {LIFECYCLE_LOG} on the node)"
+                    )
                 cluster.error_message = None
             else:
                 cluster.status = TrainingStatus.ERROR.value
@@ -344,9 +366,74 @@ class TrainingOperator:
         )
 
     def _create(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> str:
-        return self.nodes.create_node(
+        """Create the node's container; a new container runs the cluster's lifecycle
+        script once, so the store marks it running (awaited by _await_lifecycle)."""
+        container = self.nodes.create_node(
             self._spec(snap, node, image_version_id), self._files(snap, node)
         )
+        script = bool(snap.cluster.lifecycle_script)
+        with self.ctx.transaction() as session:
+            row = session.get(TrainingNode, node.id)
+            if row is not None:
+                row.lifecycle_status = LifecycleStatus.RUNNING.value if script else None
+                row.lifecycle_exit_code = None
+        return container
+
+    def _await_lifecycle(self, cluster_id: int, token: str) -> list[str]:
+        """Wait until the lifecycle script has finished on every node the store shows
+        it running on (bounded by ``lifecycle_timeout_s`` from now) and record each
+        result. Returns the nodes where it failed or timed out, one phrase each."""
+        with self.ctx.read() as session:
+            pending = dict(
+                session.execute(
+                    select(TrainingNode.id, TrainingNode.name).where(
+                        TrainingNode.cluster_id == cluster_id,
+                        TrainingNode.lifecycle_status == LifecycleStatus.RUNNING.value,
+                    )
+                ).all()
+            )
+        if not pending:
+            return []
+        self._set_reason(
+            cluster_id, token, f"running the lifecycle script on {len(pending)} node(s)"
+        )
+        failed: list[str] = []
+        deadline = time.monotonic() + self.lifecycle_timeout_s
+        while pending:
+            self._check(cluster_id, token)
+            for node_id, name in list(pending.items()):
+                code = self.nodes.lifecycle_result(name)
+                if code is None:
+                    continue
+                del pending[node_id]
+                ok = code == 0
+                status = LifecycleStatus.SUCCEEDED if ok else LifecycleStatus.FAILED
+                self._set_lifecycle(node_id, status, code)
+                if not ok:
+                    failed.append(f"{name} (exit {code})")
+            if pending and time.monotonic() >= deadline:
+                for node_id, name in pending.items():
+                    self._set_lifecycle(node_id, LifecycleStatus.TIMED_OUT, None)
+                    failed.append(f"{name} (still running after {self.lifecycle_timeout_s:g} s)")
+                break
+            if pending:
+                time.sleep(1.0)
+        return sorted(failed)
+
+    def _set_lifecycle(self, node_id: int, status: LifecycleStatus, code: int | None) -> None:
+        with self.ctx.transaction() as session:
+            row = session.get(TrainingNode, node_id)
+            if row is not None:
+                row.lifecycle_status = status.value
+                row.lifecycle_exit_code = code
+
+    def _set_reason(self, cluster_id: int, token: str, reason: str) -> None:
+        """Say what the running operation is doing (only while ``token`` is current)."""
+        with self.ctx.transaction() as session:
+            cluster = session.get(TrainingCluster, cluster_id, with_for_update=True)
+            if cluster is not None and (cluster.operation or {}).get("token") == token:
+                cluster.status_reason = reason
+                cluster.updated_at = self.ctx.clock.now()
 
     # ------------------------------------------------------------ operations
 

@@ -35,6 +35,9 @@ class FakeNodeRuntime:
     # Slurm remembers a drain across the node's replacement, as the real one does.
     drained: set[str] = field(default_factory=set)
     created: list[str] = field(default_factory=list)
+    # Lifecycle script exit codes by node name (a node with a script and no entry:
+    # 0; None: still running).
+    lifecycle_rc: dict[str, int | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ensure_network(self, name: str) -> None:
@@ -75,6 +78,14 @@ class FakeNodeRuntime:
             elif "state=resume" in argv:
                 self.drained.discard(node)
         return 0, ""
+
+    def lifecycle_result(self, name: str) -> int | None:
+        node = self._node(name)
+        if node.state != "running":
+            raise RuntimeFailure(f"node {name} is not running")
+        if "lifecycle.sh" not in node.files:
+            return None
+        return self.lifecycle_rc.get(name, 0)
 
     def restart_node(self, name: str) -> None:
         node = self._node(name)

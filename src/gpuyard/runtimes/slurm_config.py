@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from gpuyard.core.training import LIFECYCLE_LOG, LIFECYCLE_RC
+
 # Debian's slurm packages create these directories owned by the ``slurm`` user; the
 # controller's state volume is mounted on STATE_DIR, so a new (empty) volume starts
 # with the image's ownership and a restarted controller finds its saved state there.
@@ -188,7 +190,8 @@ put() {
 # Runtime directories: /run and the pid files in it survive `restart` in the
 # container's layer, so stale ones are cleared rather than trusted.
 rm -rf /run/slurm /run/sshd.pid
-mkdir -p /run/munge /run/sshd /run/slurm /var/lib/gpuyard /var/log/gpuyard
+mkdir -p /run/munge /run/sshd /run/slurm \
+  "$(dirname __LIFECYCLE_RC__)" "$(dirname __LIFECYCLE_LOG__)"
 chown slurm:slurm /run/slurm
 chown munge:munge /run/munge /var/lib/munge /var/log/munge /etc/munge
 chmod 0755 /run/munge
@@ -259,11 +262,12 @@ case "$ROLE" in
 esac
 log "started role=$ROLE"
 
-if [ -f "$CONF/lifecycle.sh" ] && [ ! -e /var/lib/gpuyard/lifecycle.started ]; then
-  # At most once per container, also across restarts; the exit code lands beside it.
-  touch /var/lib/gpuyard/lifecycle.started
-  ( bash "$CONF/lifecycle.sh" >/var/log/gpuyard/lifecycle.log 2>&1
-    echo $? >/var/lib/gpuyard/lifecycle.rc ) </dev/null &
+if [ -f "$CONF/lifecycle.sh" ] && [ ! -e __LIFECYCLE_RC__.started ]; then
+  # At most once per container, also across restarts. The exit code is written to a
+  # temporary file and renamed, so a reader never sees it half-written.
+  touch __LIFECYCLE_RC__.started
+  ( bash "$CONF/lifecycle.sh" >__LIFECYCLE_LOG__ 2>&1
+    echo $? >__LIFECYCLE_RC__.tmp && mv __LIFECYCLE_RC__.tmp __LIFECYCLE_RC__ ) </dev/null &
 fi
 
 # A daemon that dies ends the container, so the engine reports it exited instead of
@@ -287,4 +291,6 @@ def entrypoint_script() -> str:
         .replace("__STATE_DIR__", STATE_DIR)
         .replace("__SPOOL_DIR__", SLURMD_SPOOL_DIR)
         .replace("__GPU_DIR__", GPU_DEVICE_DIR)
+        .replace("__LIFECYCLE_RC__", LIFECYCLE_RC)
+        .replace("__LIFECYCLE_LOG__", LIFECYCLE_LOG)
     )

@@ -44,6 +44,7 @@ import docker.errors
 import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
+from gpuyard.core.training import LIFECYCLE_RC
 from gpuyard.runtimes.base import LABEL_MANAGED
 from gpuyard.runtimes.engine_url import detect_engine_url
 from gpuyard.runtimes.slurm_config import (
@@ -571,6 +572,15 @@ class SlurmNodeRuntime:
             if len(parts) == 2:
                 seen.setdefault(parts[0], parts[1])
         return list(seen.items())
+
+    def lifecycle_result(self, name: str) -> int | None:
+        """The exit code of the node's lifecycle script once it has finished; None
+        while it runs. Raises RuntimeFailure when the node is missing or not running."""
+        code, out = self.exec(name, ["cat", LIFECYCLE_RC], timeout_s=10)
+        text = out.strip()
+        if code != 0 or not text.lstrip("-").isdigit():
+            return None
+        return int(text)
 
     def wait_slurm_ready(
         self, controller: str, expected_nodes: list[str], timeout_s: float

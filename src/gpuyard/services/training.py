@@ -23,11 +23,13 @@ from sqlalchemy.orm import Session
 from gpuyard.core import training as domain
 from gpuyard.core.errors import InsufficientCapacity, NotFound, ValidationFailed
 from gpuyard.core.models import CloudType, PortSpec, ResourceRequest
+from gpuyard.core.placement import free_resources
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import Action, NodeName, NodeRole, NodeStatus, TrainingStatus
 from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.context import Context
+from gpuyard.services.hosts import capacities
 from gpuyard.services.images import get_image_version
 from gpuyard.services.lifecycle import meter_status
 from gpuyard.services.placement import assign_ports, claim, lock_placement, release_all
@@ -336,11 +338,55 @@ def _place_all(
         cluster.host_id = host_id
         cluster.ssh_port = ports[(SSH_PORT, "tcp")]
         return
+    raise _short_of(
+        ctx,
+        session,
+        cluster,
+        hosts,
+        workers=workers,
+        with_controller=True,
+        what=f"in location {cluster.location!r} for a controller and {workers} worker(s)",
+        cause=last,
+    )
+
+
+def _short_of(
+    ctx: Context,
+    session: Session,
+    cluster: TrainingCluster,
+    host_ids: list[int],
+    *,
+    workers: int,
+    with_controller: bool,
+    what: str,
+    cause: InsufficientCapacity | None,
+) -> InsufficientCapacity:
+    """The error for nodes that fit on none of ``host_ids``: everything they need on one
+    host, in all, against what each host has free. Call it after the failed attempt's
+    claims were rolled back, so ``available`` is what the user could really have."""
     plan = plan_of(cluster)
-    raise InsufficientCapacity(
-        f"not enough free capacity in location {cluster.location!r} for a controller and "
-        f"{workers} worker(s) of {plan.gpus_per_node}x {plan.gpu_type}",
-        {"needed_gpus": workers * plan.gpus_per_node, **(last.details if last else {})},
+    needed = {
+        "gpu_type": plan.gpu_type,
+        "gpus": workers * plan.gpus_per_node,
+        "vcpus": workers * plan.cpus_per_node + (domain.CONTROLLER_VCPUS if with_controller else 0),
+        "memory_gb": workers * plan.memory_gb_per_node
+        + (domain.CONTROLLER_MEMORY_GB if with_controller else 0),
+    }
+    ratios = ctx.settings.allocation_ratios
+    details: dict[str, Any] = {
+        "needed_gpus": needed["gpus"],
+        "needed": needed,
+        "available": [free_resources(h, ratios) for h in capacities(session, host_ids)],
+    }
+    if cause is not None:
+        details["reason"] = cause.message
+    return InsufficientCapacity(
+        f"not enough free capacity {what}: they need {needed['gpus']}x {plan.gpu_type}, "
+        f"{needed['vcpus']} vCPUs and {needed['memory_gb']} GB of memory on one host "
+        "(the controller takes "
+        f"{domain.CONTROLLER_VCPUS if with_controller else 0} vCPUs and "
+        f"{domain.CONTROLLER_MEMORY_GB if with_controller else 0} GB of that)",
+        details,
     )
 
 
@@ -549,17 +595,24 @@ def _scale_cluster(
     lock_placement(s)
     names = NodeName(c.id)
     added = []
+    savepoint = s.begin_nested()
     try:
         for index in range(c.next_worker, c.next_worker + extra):
             node = _place_node(ctx, s, c, NodeRole.WORKER, names.worker(index), c.host_id, now)
             added.append(node.id)
     except InsufficientCapacity as exc:
-        plan = plan_of(c)
-        raise InsufficientCapacity(
-            f"not enough free GPUs on the cluster's host for {extra} more worker(s) of "
-            f"{plan.gpus_per_node}x {plan.gpu_type}; nothing was added",
-            exc.details,
+        savepoint.rollback()
+        raise _short_of(
+            ctx,
+            s,
+            c,
+            [c.host_id],
+            workers=extra,
+            with_controller=False,
+            what=f"on the cluster's host for {extra} more worker(s); nothing was added",
+            cause=exc,
         ) from exc
+    savepoint.commit()
     c.next_worker += extra
     _begin(
         c,

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from gpuyard.core import training as domain
 from gpuyard.core.models import CloudType
 from gpuyard.core.pricing import Prices, hourly_rate
-from gpuyard.core.training import NodeName, NodeRole, TrainingStatus
+from gpuyard.core.training import LIFECYCLE_LOG, NodeName, NodeRole, TrainingStatus
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.training import nodes_of
 from gpuyard.store.schema import Host, ImageVersion, ReservedIp, SecurityGroup, TrainingCluster
@@ -116,6 +116,15 @@ def cluster_view(
                 "host": hosts[n.host_id].name if n.host_id in hosts else None,
                 "gpu_indices": list(n.gpu_indices),
                 "image_version_id": n.image_version_id,
+                "lifecycle": (
+                    {
+                        "status": n.lifecycle_status,
+                        "exit_code": n.lifecycle_exit_code,
+                        "log": LIFECYCLE_LOG,
+                    }
+                    if n.lifecycle_status
+                    else None
+                ),
             }
             for n in nodes
         ],

@@ -369,4 +369,8 @@ class TrainingNode(Base):
     gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
     image_version_id: Mapped[int] = mapped_column(Integer)
     container_id: Mapped[str | None] = mapped_column(String(100))
+    # The lifecycle script of the node's current container (core.training.
+    # LifecycleStatus; None: the cluster has no script). The exit code once finished.
+    lifecycle_status: Mapped[str | None] = mapped_column(String(20))
+    lifecycle_exit_code: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
