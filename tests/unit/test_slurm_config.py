@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from gpuyard.core.training import LIFECYCLE_LOG, LIFECYCLE_RC
 from gpuyard.runtimes.slurm_config import (
     CONFIG_DIR,
     GPU_DEVICE_DIR,
@@ -132,7 +133,10 @@ def test_entrypoint_script_contract() -> None:
         '/usr/sbin/slurmd -D -Z -N "$NODE" --conf "$SLURMD_CONF"',
         "/usr/sbin/sshd -D -e",
         "munged --foreground",
-        "lifecycle.started",
+        # The lifecycle script runs once per container; its exit code appears whole.
+        f"[ ! -e {LIFECYCLE_RC}.started ]",
+        f"mv {LIFECYCLE_RC}.tmp {LIFECYCLE_RC}",
+        f">{LIFECYCLE_LOG} 2>&1",
         "GPUYARD_ROLE",
         "GPUYARD_NODE_NAME",
         "GPUYARD_GPUS",
