@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from gpuyard.core.errors import InsufficientCapacity
 from gpuyard.reconciler.training import TrainingOperator
@@ -25,6 +25,7 @@ from gpuyard.store.schema import (
     ImageVersion,
     PortAllocation,
     Reservation,
+    SecurityGroup,
     TrainingCluster,
     UsageInterval,
 )
@@ -233,6 +234,59 @@ def test_edge_follows_reserved_ips_and_security_groups(
     act(ctx, alice, world, cid, action="detach_ip", reserved_ip_id=ip_id, ip_type="public")
     operator.sync_edge(cid)
     assert set(edge.listeners) == {("0.0.0.0", ssh_port)}
+
+
+def test_edge_changes_apply_while_the_engine_is_down_and_the_scan_heals(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+    edge: FakeEdge,
+) -> None:
+    cid = create(ctx, alice, world, workers=1)
+    operator.run(cid)
+    ssh_port = status(ctx, cid).ssh_port
+    ip = allocate_reserved_ip(ctx, alice, alice.default_project_id)
+    ip_id, address = ip.id, ip.address
+    with ctx.transaction() as s:
+        group_id = create_group(
+            s,
+            alice.account_id,
+            alice.default_project_id,
+            name="only-2",
+            description="",
+            rules=[{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
+        ).id
+    act(ctx, alice, world, cid, action="attach_ip", reserved_ip_id=ip_id)
+    operator.sync_edge(cid)
+    _, _, acl = edge.listeners[(address, 22)]
+
+    real_address = nodes.node_address
+
+    def engine_down(name: str, network: str) -> str | None:
+        raise RuntimeError("engine does not answer")
+
+    nodes.node_address = engine_down  # type: ignore[method-assign]
+    # A new group and a detach still take effect although the engine does not answer.
+    act(ctx, alice, world, cid, action="add_security_group", security_groups_ids=[group_id])
+    act(ctx, alice, world, cid, action="detach_ip", reserved_ip_id=ip_id, ip_type="public")
+    operator.sync_edge(cid)
+    assert not acl("127.0.0.3", 22) and acl("127.0.0.2", 22)
+    assert set(edge.listeners) == {("0.0.0.0", ssh_port)}
+
+    # A listener lost meanwhile comes back with the next scan once the engine answers.
+    nodes.node_address = real_address  # type: ignore[method-assign]
+    edge.listeners.clear()
+    operator.scan()
+    assert set(edge.listeners) == {("0.0.0.0", ssh_port)}
+
+    # An attached group that vanished from the store closes the cluster (fail closed).
+    with ctx.transaction() as s:
+        s.execute(delete(SecurityGroup).where(SecurityGroup.id == group_id))
+    operator.scan()
+    _, _, acl = edge.listeners[("0.0.0.0", ssh_port)]
+    assert not acl("127.0.0.2", 22) and not acl("127.0.0.3", 22)
 
 
 def test_failure_shows_error_and_restart_cluster_recovers(

@@ -152,21 +152,22 @@ def test_allowed_source_is_forwarded_denied_source_is_reset(
     assert calls == [(BAD, port), (GOOD, port)]
 
 
-def test_updating_the_acl_takes_effect_for_new_connections_only(
+def test_a_new_acl_applies_to_new_and_established_connections(
     fwd: TcpForwarder, target: EchoServer, port: int
 ) -> None:
-    fwd.ensure(LISTEN, port, "127.0.0.1", target.port, only(GOOD))
-    with connect(port, GOOD) as established:
-        assert echo(established) == b"ping"
-        fwd.ensure(LISTEN, port, "127.0.0.1", target.port, only(BAD))
-        assert_turned_away(port, GOOD)
-        with connect(port, BAD) as now_allowed:
-            assert echo(now_allowed, b"x") == b"x"
-        # The connection let in under the old acl is left alone.
-        assert echo(established, b"still") == b"still"
+    fwd.ensure(LISTEN, port, "127.0.0.1", target.port, only(GOOD, BAD))
+    with connect(port, GOOD) as kept, connect(port, BAD) as cut:
+        assert echo(kept) == b"ping" and echo(cut) == b"ping"
+        fwd.ensure(LISTEN, port, "127.0.0.1", target.port, only(GOOD))
+        # The session the new acl denies is cut at once; the one it allows goes on.
+        assert_closed(cut)
+        assert echo(kept, b"still") == b"still"
+        assert_turned_away(port, BAD)
+        with connect(port, GOOD) as again:
+            assert echo(again, b"x") == b"x"
     assert fwd.listeners() == {(LISTEN, port)}
     stats = fwd.stats()[(LISTEN, port)]
-    assert (stats.accepted, stats.denied) == (2, 1)
+    assert (stats.accepted, stats.denied) == (3, 1)
 
 
 def test_updating_the_target_takes_effect_for_new_connections(

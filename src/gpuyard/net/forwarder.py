@@ -4,8 +4,10 @@ Each listener accepts on ``(listen_host, listen_port)`` and pipes every connecti
 lets through to ``(target_host, target_port)``. This is what makes a reserved IP or an
 allocated host port reach a node container, and what makes security groups real: the
 listener's ``acl`` is asked once per accepted connection, before anything is connected
-to the target. A denied connection is closed at once with SO_LINGER 0, so the client
-sees a reset (as from a firewall's REJECT with tcp-reset) and the target never sees it.
+to the target, and again for every open connection when the acl is replaced (a rule
+change reaches sessions already established). A denied connection is closed at once
+with SO_LINGER 0, so the client sees a reset (as from a firewall's REJECT with
+tcp-reset) and the target never sees it.
 
 Threading: every public method may be called from any thread but the forwarder's own,
 and returns once its change took effect on the loop. The ``acl`` runs on the loop
@@ -36,7 +38,8 @@ from gpuyard.core.errors import RuntimeFailure
 log = logging.getLogger(__name__)
 
 Acl = Callable[[str, int], bool]
-"""``acl(source_ip, listen_port) -> allowed``, asked once per accepted connection."""
+"""``acl(source_ip, listen_port) -> allowed``, asked per accepted connection and, for the
+open ones, again whenever the listener's acl is replaced."""
 
 T = TypeVar("T")
 
@@ -96,7 +99,8 @@ class TcpForwarder:
     ) -> None:
         """Listen on ``(listen_host, listen_port)`` and forward to the target, or, when
         that listener exists, switch its target and acl in place: connections accepted
-        from now on use the new ones, established connections are left alone.
+        from now on use the new ones; each established connection is asked of the new
+        acl and reset if it denies it (one it allows keeps its old target).
 
         ``listen_host`` is an address (``"0.0.0.0"``, ``"10.1.2.3"``, ``"::"``) or a
         name, resolved here in the caller's thread. The listening socket has
@@ -193,6 +197,10 @@ class TcpForwarder:
         if existing is not None:
             existing.target = target
             existing.acl = acl
+            for pipe in list(existing.pipes):
+                if not existing.allows(pipe.source):
+                    log.debug("acl change: resetting %s -> %s:%d", pipe.source, *key)
+                    pipe.reset()
             return
         listener = _Listener(key, target, acl, self._connect_timeout_s)
         sock = _bind(key, *address)
@@ -249,6 +257,14 @@ class _Listener:
         self.bytes_to_target = 0
         self.bytes_to_client = 0
 
+    def allows(self, source: str) -> bool:
+        """Whether the acl lets ``source`` in; an acl that raises denies (fail closed)."""
+        try:
+            return bool(self.acl(source, self.key[1]))
+        except Exception:
+            log.exception("acl of %s:%d failed for %s; denying", *self.key, source)
+            return False
+
     def protocol(self) -> asyncio.Protocol:
         """The server's protocol factory: each accepted connection is a new pipe."""
         return _Pipe(self).client
@@ -282,6 +298,7 @@ class _Pipe:
         self.client = _Side(self)
         self.target: _Side | None = None
         self.connect_task: asyncio.Task[None] | None = None
+        self.source = ""  # the client's address, once accepted
 
     def made(self, side: _Side, transport: asyncio.Transport) -> None:
         if side is self.client:
@@ -291,19 +308,14 @@ class _Pipe:
 
     def _accepted(self, transport: asyncio.Transport) -> None:
         listener = self.listener
-        port = listener.key[1]
         peer = transport.get_extra_info("peername")
         source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self.source = source
         if listener.closed:
             # Accepted by the kernel just before remove(): it must not get through.
             _reset(transport)
             return
-        try:
-            allowed = bool(listener.acl(source, port))
-        except Exception:
-            log.exception("acl of %s:%d failed for %s; denying", *listener.key, source)
-            allowed = False
-        if not allowed:
+        if not listener.allows(source):
             listener.denied += 1
             log.debug("denied %s -> %s:%d", source, *listener.key)
             _reset(transport)

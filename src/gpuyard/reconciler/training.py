@@ -159,18 +159,17 @@ class TrainingOperator:
             self.edge.close()
 
     def _scan_loop(self) -> None:
-        first = True
         while not self._stop.is_set():
             try:
-                self.scan(sync_edges=first)
-                first = False
+                self.scan()
             except Exception:
                 log.exception("training scan failed")
             self._stop.wait(self.scan_interval_s)
 
-    def scan(self, sync_edges: bool = False) -> None:
-        """Resume every recorded operation not in flight; on the first scan after a
-        start also rebuild every live cluster's edge."""
+    def scan(self) -> None:
+        """Resume every recorded operation not in flight, and bring every other live
+        cluster's edge in line with the store (after a start: rebuild it; after a sync
+        that failed, e.g. the engine did not answer: heal it)."""
         with self.ctx.read() as session:
             rows = session.execute(
                 select(TrainingCluster.id, TrainingCluster.operation).where(
@@ -180,7 +179,7 @@ class TrainingOperator:
         for cluster_id, operation in rows:
             if operation is not None:
                 self.wake(cluster_id)
-            elif sync_edges:
+            else:
                 self.sync_edge(cluster_id)
 
     def wake(self, cluster_id: int) -> None:
@@ -675,30 +674,40 @@ class TrainingOperator:
                     select(ReservedIp.address).where(ReservedIp.training_cluster_id == cluster_id)
                 )
             )
-            groups = session.scalars(
-                select(SecurityGroup).where(SecurityGroup.id.in_(cluster.security_group_ids))
+            attached = set(cluster.security_group_ids)
+            groups = list(
+                session.scalars(select(SecurityGroup).where(SecurityGroup.id.in_(attached)))
             )
             rule_sets = [secgroups.parse_rules(g.rules) for g in groups]
             ssh_port = cluster.ssh_port
-        names = NodeName(cluster_id)
-        target = self.nodes.node_address(names.controller, names.network)
+        if len(groups) < len(attached):
+            # An attached group that no longer exists must not open the cluster up
+            # (no group at all means open): fail closed until the store is consistent.
+            log.error("training cluster %s: an attached security group is missing", cluster_id)
+            rule_sets = [[]]
+        # The rules and the set of addresses apply before any engine call, so an engine
+        # that does not answer cannot keep a detached IP or a new rule from taking effect.
         with self._lock:
             self._acls[cluster_id] = rule_sets
-        wanted: set[tuple[str, int]] = set()
-        if target is not None:
-            if ssh_port:
-                wanted.add((self.bind_address, ssh_port))
-            wanted |= {(ip, SSH_PORT) for ip in ips}
+        addresses: set[tuple[str, int]] = {(ip, SSH_PORT) for ip in ips}
+        if ssh_port:
+            addresses.add((self.bind_address, ssh_port))
+        held = self._listeners.setdefault(cluster_id, set())
+        for listener in held - addresses:
+            self.edge.remove(*listener)
+            held.discard(listener)
+        names = NodeName(cluster_id)
+        target = self.nodes.node_address(names.controller, names.network)
+        wanted = addresses if target is not None else set()
+        for listener in held - wanted:
+            self.edge.remove(*listener)
+            held.discard(listener)
 
         def acl(source: str, _listen_port: int) -> bool:
             with self._lock:
                 sets = self._acls.get(cluster_id, [])
             return secgroups.allows(sets, "tcp", SSH_PORT, source)
 
-        held = self._listeners.setdefault(cluster_id, set())
-        for listener in held - wanted:
-            self.edge.remove(*listener)
-            held.discard(listener)
         failed: list[str] = []
         for host, port in wanted:
             assert target is not None
