@@ -148,6 +148,12 @@ def test_hostile_input_gets_the_envelope(tsrv: LiveServer, setup: dict[str, Any]
         for raw in (rb'{"name": "\ud800"}', b"[" * 100_000 + b"]" * 100_000):
             r = c.post(BASE, params=params(setup), content=raw)
             assert_error(r, 400, "VALIDATION_ERROR", "body")
+        r = c.post(BASE, params=params(setup), content=b" " * (300 * 1024) + b"{}")
+        assert_error(r, 413, "PAYLOAD_TOO_LARGE")
+        # A long id list is refused before any of it is looked up.
+        r = c.post(BASE, params=params(setup), json=body(setup, ssh_key_ids=list(range(20_000))))
+        assert_error(r, 400, "VALIDATION_ERROR", "ssh_key_ids")
+        assert "at most 100" in r.json()["message"]
         other = c.post("/v1/projects", json={"name": "other"}).json()["data"]
         group = c.post(
             "/v1/security-groups",

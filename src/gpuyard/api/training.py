@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api.state import AppState, app_state, key_from_request
-from gpuyard.core.errors import GpuyardError, ValidationFailed
+from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
 from gpuyard.services import training
 from gpuyard.services.auth import Principal
 from gpuyard.services.projects import parse_int
@@ -62,8 +62,14 @@ def _cluster_id(raw: str) -> int:
     return int(raw)
 
 
+# Far above any real body (a lifecycle script is at most 64 KiB): parsing stays cheap.
+MAX_BODY_BYTES = 256 * 1024
+
+
 async def _body(request: Request) -> dict[str, Any]:
     raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
     if not raw:
         raise ValidationFailed("body", "a JSON object is required")
     try:

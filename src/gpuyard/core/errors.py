@@ -31,6 +31,11 @@ class ValidationFailed(GpuyardError):
         self.field = field
 
 
+class PayloadTooLarge(GpuyardError):
+    code = "PAYLOAD_TOO_LARGE"
+    http_status = 413
+
+
 class Unauthorized(GpuyardError):
     code = "UNAUTHORIZED"
     http_status = 401

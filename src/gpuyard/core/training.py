@@ -147,21 +147,6 @@ def positive_int(field: str, value: object, maximum: int | None = None) -> int:
     return value
 
 
-def int_list(field: str, value: object, *, allow_empty: bool = False) -> list[int]:
-    """A list of distinct integer ids, order kept."""
-    if not isinstance(value, list):
-        raise ValidationFailed(field, "must be a list of integer ids")
-    if not value and not allow_empty:
-        raise ValidationFailed(field, "must name at least one id")
-    out: list[int] = []
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, int):
-            raise ValidationFailed(field, f"must be a list of integer ids, got {item!r}")
-        if item not in out:
-            out.append(item)
-    return out
-
-
 def parse_ip_type(value: object) -> str:
     if value not in IP_TYPES:
         raise ValidationFailed("ip_type", f"must be one of {', '.join(IP_TYPES)}")

@@ -658,8 +658,7 @@ def _detach_ip(
 def _add_security_group(
     ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
 ) -> ActionResult:
-    ids = domain.int_list("security_groups_ids", body["security_groups_ids"])
-    groups = groups_by_ids(s, account, ids, "security_groups_ids")
+    groups = groups_by_ids(s, account, body["security_groups_ids"], "security_groups_ids")
     for g in groups:
         if g.project_id != c.project_id:
             raise ValidationFailed(
