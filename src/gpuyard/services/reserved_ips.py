@@ -93,12 +93,27 @@ def list_reserved_ips(session: Session, project_id: int) -> list[ReservedIp]:
     )
 
 
+def _load(session: Session, reserved_ip_id: int, for_update: bool) -> ReservedIp | None:
+    """The row (fresh and locked until commit when ``for_update``, on PostgreSQL: an
+    attach and a release of one address then apply one after the other)."""
+    if not in_id_range(reserved_ip_id):
+        return None
+    return session.get(
+        ReservedIp, reserved_ip_id, with_for_update=for_update, populate_existing=for_update
+    )
+
+
 def find_reserved_ip(
-    session: Session, account_id: int, reserved_ip_id: int, project_id: int | None = None
+    session: Session,
+    account_id: int,
+    reserved_ip_id: int,
+    project_id: int | None = None,
+    *,
+    for_update: bool = False,
 ) -> ReservedIp:
     """One reserved IP of ``account_id`` (and of ``project_id`` when given), by a path
     id. Raises ReservedIpNotFound, also for another account's."""
-    row = session.get(ReservedIp, reserved_ip_id) if in_id_range(reserved_ip_id) else None
+    row = _load(session, reserved_ip_id, for_update)
     if (
         row is None
         or row.account_id != account_id
@@ -111,14 +126,19 @@ def find_reserved_ip(
 
 
 def get_reserved_ip(
-    session: Session, account_id: int, reserved_ip_id: object, field: str = "reserved_ip_id"
+    session: Session,
+    account_id: int,
+    reserved_ip_id: object,
+    field: str = "reserved_ip_id",
+    *,
+    for_update: bool = False,
 ) -> ReservedIp:
     """The reserved IP a request body names. Raises ValidationFailed(field, ...) for a
     missing, non-integer, unknown or other account's id."""
     if reserved_ip_id is None:
         raise ValidationFailed(field, "is required")
     wanted = one_id(reserved_ip_id, field, "reserved IP")
-    row = session.get(ReservedIp, wanted) if in_id_range(wanted) else None
+    row = _load(session, wanted, for_update)
     if row is None or row.account_id != account_id:
         raise ValidationFailed(field, f"reserved IP {wanted} not found", {"reserved_ip_id": wanted})
     return row
@@ -129,7 +149,7 @@ def release_reserved_ip(
 ) -> ReservedIp:
     """Return an address to the pool. Raises ReservedIpNotFound, or InvalidState while
     a training cluster has it attached."""
-    row = find_reserved_ip(session, account_id, reserved_ip_id, project_id)
+    row = find_reserved_ip(session, account_id, reserved_ip_id, project_id, for_update=True)
     if row.training_cluster_id is not None:
         raise InvalidState(
             f"reserved IP {row.address} is attached to training cluster "

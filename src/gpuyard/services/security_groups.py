@@ -92,11 +92,23 @@ def list_groups(session: Session, project_id: int) -> list[SecurityGroup]:
 
 
 def find_group(
-    session: Session, account_id: int, group_id: int, project_id: int | None = None
+    session: Session,
+    account_id: int,
+    group_id: int,
+    project_id: int | None = None,
+    *,
+    for_update: bool = False,
 ) -> SecurityGroup:
-    """One group of ``account_id`` (and of ``project_id`` when given), by a path id.
-    Raises SecurityGroupNotFound, also for another account's."""
-    row = session.get(SecurityGroup, group_id) if in_id_range(group_id) else None
+    """One group of ``account_id`` (and of ``project_id`` when given), by a path id;
+    ``for_update`` locks it (PostgreSQL). Raises SecurityGroupNotFound, also for
+    another account's."""
+    row = (
+        session.get(
+            SecurityGroup, group_id, with_for_update=for_update, populate_existing=for_update
+        )
+        if in_id_range(group_id)
+        else None
+    )
     if (
         row is None
         or row.account_id != account_id
@@ -125,8 +137,9 @@ def delete_group(
     session: Session, account_id: int, group_id: int, project_id: int | None = None
 ) -> SecurityGroup:
     """Delete a group. Raises SecurityGroupNotFound, or InvalidState while a training
-    cluster attaches it."""
-    row = find_group(session, account_id, group_id, project_id)
+    cluster attaches it. The row is locked first, as attaching locks it, so a delete
+    and an attach of one group apply one after the other."""
+    row = find_group(session, account_id, group_id, project_id, for_update=True)
     clusters = attached_clusters(session, row)
     if clusters:
         raise InvalidState(
@@ -146,15 +159,20 @@ def groups_by_ids(
     """The groups named by ``ids`` (a non-empty JSON list of integer ids of
     ``account_id``'s groups), in the given order, duplicates dropped. Raises
     ValidationFailed(field, ...) for anything else; another account's group reads as
-    unknown."""
+    unknown. The rows are locked (PostgreSQL) so none is deleted before the caller
+    commits its attachment (see delete_group)."""
     wanted = id_list(ids, field, "security group")
     rows = {
         r.id: r
         for r in session.scalars(
-            select(SecurityGroup).where(
+            select(SecurityGroup)
+            .where(
                 SecurityGroup.account_id == account_id,
                 SecurityGroup.id.in_([i for i in wanted if in_id_range(i)]),
             )
+            .order_by(SecurityGroup.id)  # one lock order for every request
+            .with_for_update()
+            .execution_options(populate_existing=True)
         )
     }
     missing = [i for i in wanted if i not in rows]

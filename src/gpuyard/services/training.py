@@ -627,8 +627,8 @@ def _scale_cluster(
 def _attach_ip(
     ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
 ) -> ActionResult:
-    ip = get_reserved_ip(s, account, body["reserved_ip_id"])
-    s.refresh(ip, with_for_update=True)  # two clusters attaching one IP: one wins
+    # Locked: two clusters attaching one IP, or an attach and a release: one wins.
+    ip = get_reserved_ip(s, account, body["reserved_ip_id"], for_update=True)
     if ip.project_id != c.project_id:
         raise ValidationFailed("reserved_ip_id", f"reserved IP {ip.id} belongs to another project")
     if ip.training_cluster_id not in (None, c.id):
@@ -645,7 +645,7 @@ def _detach_ip(
     ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
 ) -> ActionResult:
     domain.parse_ip_type(body["ip_type"])
-    ip = get_reserved_ip(s, account, body["reserved_ip_id"])
+    ip = get_reserved_ip(s, account, body["reserved_ip_id"], for_update=True)
     if ip.training_cluster_id != c.id:
         raise ValidationFailed(
             "reserved_ip_id", f"reserved IP {ip.address} is not attached to this cluster"
