@@ -66,7 +66,7 @@ from gpuyard.core.training import NodeName, TrainingStatus
 from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
-from gpuyard.runtimes.slurm_nodes import READY_STATES, NodeSpec, SlurmNodeRuntime
+from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
 from gpuyard.services.bootstrap import open_store
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Project, TrainingCluster
@@ -78,6 +78,8 @@ READY_TIMEOUT_S = 90.0
 PLACEHOLDER_ID = 46000
 PORT_RANGE = (46000, 46999)
 RESERVED_IPS = "127.0.46.0/29"
+# sinfo states of a node that takes work (drained ones are up but take none).
+USABLE = frozenset({"idle", "mixed", "allocated", "mix", "alloc"})
 WORKER_CPUS = 1
 WORKER_MEMORY_GB = 1
 LABEL_BENCH = "gpuyard.bench"
@@ -282,7 +284,7 @@ def one_round(
         # Checked outside the timed window, on Slurm itself (the view's partition
         # state is cached for up to 2 s).
         nodes = dict(rt.sinfo(NodeName(cid).controller))
-        if len(nodes) != 3 or set(nodes.values()) - READY_STATES:
+        if len(nodes) != 3 or set(nodes.values()) - USABLE:
             raise RuntimeError(f"after scale, Slurm shows {nodes}")
         state["cid"], state["data"] = cid, data
 

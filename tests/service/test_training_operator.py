@@ -307,6 +307,44 @@ def test_failure_shows_error_and_restart_cluster_recovers(
     assert nodes.node_state(f"gy-tc{cid}-worker-1") == "running"
 
 
+def test_restart_cluster_recovers_a_failed_update_image(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+) -> None:
+    """The replacement of a drained worker fails: the cluster shows the error, and
+    restart_cluster brings the worker back into service (its drain undone), while a
+    drain the user made stays."""
+    cid = create(ctx, alice, world, workers=2)
+    operator.run(cid)
+    names = training.NodeName(cid)
+    nodes.exec(
+        names.controller,
+        [
+            "scontrol",
+            "update",
+            f"nodename={names.worker(2)}",
+            "state=drain",
+            "reason=user-maintenance",
+        ],
+    )
+    act(ctx, alice, world, cid, action="update_image", image_version_id=world["image2"])
+    nodes.fail_create.add(names.worker(1))
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "error" and "injected failure" in (c.error_message or "")
+    assert nodes.drained == {names.worker(1): "update_image", names.worker(2): "user-maintenance"}
+
+    act(ctx, alice, world, cid, action="restart_cluster")
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "running", c.error_message
+    assert nodes.node_state(names.worker(1)) == "running"
+    assert nodes.drained == {names.worker(2): "user-maintenance"}
+
+
 def test_delete_after_a_half_built_cluster_leaves_nothing(
     ctx: Context,
     alice: Principal,

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 LABEL_TRAINING = "gpuyard.training_cluster_id"
 LABEL_ROLE = "gpuyard.role"
 LABEL_NODE = "gpuyard.node"
+# Slurm's drain reason for a worker update_image is replacing.
+DRAIN_REASON = "update_image"
 
 
 class NodeRuntime(Protocol):
@@ -499,26 +501,43 @@ class TrainingOperator:
                 # A node an interrupted update_ssh_keys missed gets the keys now.
                 self.nodes.install_authorized_keys(node.name, snap.keys_text)
         self._wait_reregistered(names.controller, [n.name for n in workers], before)
+        self._resume_our_drains(names.controller)
         self.nodes.wait_slurm_ready(
             names.controller, [n.name for n in workers], self.ready_timeout_s
         )
         self._set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
 
-    def _slurmd_started(self, controller: str) -> dict[str, str]:
-        """Each node's ``SlurmdStartTime`` as the controller knows it ({} when it does
-        not answer)."""
+    def _slurm_nodes(self, controller: str) -> dict[str, dict[str, str]]:
+        """Each node's ``scontrol show node`` fields (first word of each value) as the
+        controller knows them ({} when it does not answer)."""
         try:
             code, out = self.nodes.exec(controller, ["scontrol", "show", "node", "-o"], 15)
         except GpuyardError:
             return {}
         if code != 0:
             return {}
-        started: dict[str, str] = {}
+        found: dict[str, dict[str, str]] = {}
         for line in out.splitlines():
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-            if "NodeName" in fields and "SlurmdStartTime" in fields:
-                started[fields["NodeName"]] = fields["SlurmdStartTime"]
-        return started
+            if "NodeName" in fields:
+                found[fields["NodeName"]] = fields
+        return found
+
+    def _slurmd_started(self, controller: str) -> dict[str, str]:
+        """Each node's ``SlurmdStartTime`` as the controller knows it."""
+        return {
+            name: fields["SlurmdStartTime"]
+            for name, fields in self._slurm_nodes(controller).items()
+            if "SlurmdStartTime" in fields
+        }
+
+    def _resume_our_drains(self, controller: str) -> None:
+        """Resume workers still drained by an update_image that did not finish (a
+        restart is how a cluster in ``error`` is recovered); drains a user made with
+        their own reason stay."""
+        for name, fields in self._slurm_nodes(controller).items():
+            if "DRAIN" in fields.get("State", "") and fields.get("Reason") == DRAIN_REASON:
+                self._scontrol(controller, "update", f"nodename={name}", "state=resume")
 
     def _wait_reregistered(
         self, controller: str, workers: list[str], before: dict[str, str]
@@ -539,7 +558,7 @@ class TrainingOperator:
     def _drain(self, controller: str, node: str) -> None:
         """Drain ``node`` and wait (bounded) until its jobs are done."""
         self._scontrol(
-            controller, "update", f"nodename={node}", "state=drain", "reason=update_image"
+            controller, "update", f"nodename={node}", "state=drain", f"reason={DRAIN_REASON}"
         )
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline:

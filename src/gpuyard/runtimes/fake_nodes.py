@@ -32,8 +32,9 @@ class FakeNodeRuntime:
     volumes: set[str] = field(default_factory=set)
     fail_create: set[str] = field(default_factory=set)
     execs: list[tuple[str, list[str]]] = field(default_factory=list)
-    # Slurm remembers a drain across the node's replacement, as the real one does.
-    drained: set[str] = field(default_factory=set)
+    # Slurm remembers a drain (and its reason) across the node's replacement, as the
+    # real one does.
+    drained: dict[str, str] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)
     # Lifecycle script exit codes by node name (a node with a script and no entry:
     # 0; None: still running).
@@ -74,10 +75,24 @@ class FakeNodeRuntime:
         if argv[:2] == ["scontrol", "update"]:
             node = argv[2].split("=", 1)[1]
             if "state=drain" in argv:
-                self.drained.add(node)
+                reasons = [a.split("=", 1)[1] for a in argv if a.startswith("reason=")]
+                self.drained[node] = reasons[0] if reasons else "drained"
             elif "state=resume" in argv:
-                self.drained.discard(node)
+                self.drained.pop(node, None)
+        if argv == ["scontrol", "show", "node", "-o"]:
+            return 0, "".join(self._node_line(n) for n in sorted(self.nodes))
         return 0, ""
+
+    def _node_line(self, name: str) -> str:
+        """One worker as ``scontrol show node -o`` prints it (the fields the operator
+        reads); SlurmdStartTime changes with every start of the node."""
+        node = self.nodes[name]
+        if node.spec.role != "worker" or node.state != "running":
+            return ""
+        state = "IDLE+DRAIN" if name in self.drained else "IDLE"
+        reason = f" Reason={self.drained[name]} [root@now]" if name in self.drained else ""
+        started = f"{node.generation}.{node.restarts}"
+        return f"NodeName={name} State={state} SlurmdStartTime={started}{reason}\n"
 
     def lifecycle_result(self, name: str) -> int | None:
         node = self._node(name)
@@ -112,11 +127,7 @@ class FakeNodeRuntime:
     def wait_slurm_ready(
         self, controller: str, expected_nodes: list[str], timeout_s: float
     ) -> None:
-        missing = [
-            n
-            for n in [controller, *expected_nodes]
-            if self.node_state(n) != "running" or n in self.drained
-        ]
+        missing = [n for n in [controller, *expected_nodes] if self.node_state(n) != "running"]
         if missing:
             raise RuntimeFailure(f"nodes not up in Slurm: {', '.join(missing)}")
 

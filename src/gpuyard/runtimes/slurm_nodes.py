@@ -62,8 +62,12 @@ NodeState = Literal["missing", "created", "running", "exited"]
 
 _RUNNING_STATES = {"running", "paused", "restarting"}
 _CREATED_STATES = {"created", "configured", "initialized"}
-# sinfo %T states in which a node takes (or runs) jobs.
-READY_STATES = frozenset({"idle", "allocated", "mixed", "alloc", "mix"})
+# sinfo %T states of a worker that is up: its slurmd has registered and answers. A
+# drained (or draining) one is up too: someone chose to keep work off it, and it
+# stays that way.
+READY_STATES = frozenset(
+    {"idle", "allocated", "mixed", "alloc", "mix", "drained", "draining", "drain"}
+)
 _LIMIT_ERROR_MARKERS = (
     "cgroup",
     "cpu.cfs",
