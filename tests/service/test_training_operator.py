@@ -361,6 +361,10 @@ def test_delete_after_a_half_built_cluster_leaves_nothing(
     assert nodes.node_state(f"gy-tc{cid}-worker-1") == "running"
 
     training.delete_cluster(ctx, alice, world["scope"], cid)
+    # Billing ends with the request, before (and however long) the teardown runs;
+    # the GPUs stay held until the containers are gone.
+    assert count(ctx, UsageInterval, UsageInterval.ended_at.is_(None)) == 0
+    assert count(ctx, GpuAllocation) == 2
     second = TrainingOperator(ctx, nodes, edge)
     second.run(cid)
     assert nodes.nodes == {} and nodes.networks == set() and nodes.volumes == set()

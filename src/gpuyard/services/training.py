@@ -458,14 +458,17 @@ def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[
 
 def delete_cluster(ctx: Context, principal: Principal, scope: Scope, cluster_id: int) -> None:
     """Mark for deletion; the operator removes every container, the network, the state
-    volume and the forwarders, then releases capacity. Idempotent while deleting."""
+    volume and the forwarders, then releases capacity. Billing ends now, at the request
+    (as a terminated cluster's does), however long the teardown takes. Idempotent while
+    deleting."""
     principal.require_write()
     with ctx.transaction() as session:
         cluster = load_cluster(session, principal, scope, cluster_id, for_update=True)
         if cluster.status != TrainingStatus.DELETING:
-            _begin(
-                cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", ctx.clock.now()
-            )
+            now = ctx.clock.now()
+            for node in nodes_of(session, cluster_id):
+                meter_node(session, cluster, node, ClusterStatus.TERMINATED, now)
+            _begin(cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", now)
     ctx.training_wake(cluster_id)
 
 
@@ -479,6 +482,8 @@ def finish_delete(ctx: Context, cluster_id: int) -> None:
             return
         lock_placement(session)
         for node in nodes_of(session, cluster_id):
+            # Closed at the request already; closing again is a no-op, and covers a
+            # cluster whose delete was recorded before billing ended at the request.
             meter_node(session, cluster, node, ClusterStatus.TERMINATED, now)
             release_all(session, domain.node_owner(node.id))
             session.delete(node)
