@@ -120,6 +120,13 @@ def test_create_list_get_delete(tsrv: LiveServer, setup: dict[str, Any]) -> None
             params=params(setup, apikey=tsrv.key),
         )
         assert bare.status_code == 200 and bare.json()["data"]["id"] == cluster["id"]
+        events = c.get(f"{BASE}{cluster['id']}/events/", params=params(setup)).json()["data"]
+        assert [(e["from_status"], e["to_status"]) for e in events] == [(None, "creating")]
+        assert_error(
+            c.get(f"{BASE}{cluster['id']}/events/", params=params(setup, location="elsewhere")),
+            404,
+            "TRAINING_CLUSTER_NOT_FOUND",
+        )
 
         # No operator here (nothing was built): the delete completes at once and
         # releases every GPU and port.

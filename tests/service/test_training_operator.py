@@ -343,6 +343,17 @@ def test_restart_cluster_recovers_a_failed_update_image(
     assert c.status == "running", c.error_message
     assert nodes.node_state(names.worker(1)) == "running"
     assert nodes.drained == {names.worker(2): "user-maintenance"}
+    # Every status change went through the funnel and left an event saying why.
+    events = training.list_events(ctx, alice, world["scope"], cid)
+    assert [(e.from_status, e.to_status) for e in events] == [
+        (None, "creating"),
+        ("creating", "running"),
+        ("running", "updating"),
+        ("updating", "error"),
+        ("error", "restarting"),
+        ("restarting", "running"),
+    ]
+    assert "injected failure" in events[3].message
 
 
 def test_delete_after_a_half_built_cluster_leaves_nothing(

@@ -9,6 +9,7 @@ from gpuyard.core.models import CloudType, PortSpec
 from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.core.progress import TOTAL_STEPS, progress_for
 from gpuyard.core.states import TRANSITIONS, Action, ClusterStatus, allowed_actions, can_transition
+from gpuyard.core.training import TrainingStatus, can_transition
 from gpuyard.services.discovery import parse_declared_gpus
 from gpuyard.services.requests import CreateCluster, StartCluster
 
@@ -78,3 +79,14 @@ def test_request_validation() -> None:
     with pytest.raises(ValidationError):
         StartCluster.model_validate({"timeout_minutes": 31})
     assert StartCluster.model_validate({}).timeout_minutes == 10
+
+
+def test_training_transitions() -> None:
+    T = TrainingStatus
+    assert can_transition(T.CREATING, T.RUNNING) and can_transition(T.ERROR, T.RESTARTING)
+    assert can_transition(T.SCALING, T.DELETING) and can_transition(T.DELETING, T.DELETED)
+    # An operation starts only from running (or error for a restart); deleted is final.
+    assert not can_transition(T.UPDATING, T.SCALING)
+    assert not can_transition(T.ERROR, T.UPDATING)
+    assert not can_transition(T.DELETING, T.RUNNING)
+    assert not any(can_transition(T.DELETED, t) for t in T)

@@ -122,21 +122,7 @@ def cluster_events(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     events = uc.list_events(app_state(request).ctx, principal, cluster_id)
-    return ok(
-        {
-            "events": [
-                {
-                    "id": e.id,
-                    "at": views.iso(e.created_at),
-                    "type": e.type,
-                    "from_status": e.from_status,
-                    "to_status": e.to_status,
-                    "message": e.message,
-                }
-                for e in events
-            ]
-        }
-    )
+    return ok({"events": [views.event(e) for e in events]})
 
 
 async def _start(

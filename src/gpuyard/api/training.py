@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from gpuyard.api import views
 from gpuyard.api.state import AppState, app_state, key_from_request
 from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
 from gpuyard.services import training
@@ -200,6 +201,20 @@ async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
         return 200, _view(state, p, scope, cluster_id), "Cluster updated successfully"
 
     return await _handle(request, work, with_body=True)
+
+
+@router.get(BASE + "/{Cluster_Id}/events/")
+@router.get(BASE + "/{Cluster_Id}/events", include_in_schema=False)
+async def training_cluster_events(request: Request, Cluster_Id: str) -> JSONResponse:
+    """The cluster's status changes and why, oldest first (an operation's error too)."""
+
+    def work(
+        state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
+    ) -> tuple[int, Any, str]:
+        events = training.list_events(state.ctx, p, scope, _cluster_id(Cluster_Id))
+        return 200, [views.event(e) for e in events], "Success"
+
+    return await _handle(request, work)
 
 
 @router.delete(BASE + "/{Cluster_Id}/")

@@ -10,12 +10,25 @@ from gpuyard.core.ledger import MICRO
 from gpuyard.core.progress import progress_for
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services.cluster_views import ClusterDetails
+from gpuyard.store.schema import Event
 
 
 def iso(t: datetime | None) -> str | None:
     """UTC time as ``2024-01-15T16:00:00Z`` (isoformat is several times faster than
     strftime, and cluster objects carry six timestamps)."""
     return t.replace(tzinfo=None).isoformat(timespec="seconds") + "Z" if t else None
+
+
+def event(e: Event) -> dict[str, Any]:
+    """One status change (or other event) of a cluster or training cluster."""
+    return {
+        "id": e.id,
+        "at": iso(e.created_at),
+        "type": e.type,
+        "from_status": e.from_status,
+        "to_status": e.to_status,
+        "message": e.message,
+    }
 
 
 def network(d: ClusterDetails) -> dict[str, Any]:

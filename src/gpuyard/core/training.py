@@ -31,6 +31,29 @@ class TrainingStatus(StrEnum):
     ERROR = "error"
 
 
+_BUSY = (TrainingStatus.UPDATING, TrainingStatus.RESTARTING, TrainingStatus.SCALING)
+# Every status change a training cluster may make. An operation (create, an action, a
+# delete) starts from running (restart_cluster also from error) and ends in running or
+# error; a delete supersedes whatever runs.
+TRANSITIONS: dict[TrainingStatus, frozenset[TrainingStatus]] = {
+    TrainingStatus.CREATING: frozenset(
+        {TrainingStatus.RUNNING, TrainingStatus.ERROR, TrainingStatus.DELETING}
+    ),
+    TrainingStatus.RUNNING: frozenset({*_BUSY, TrainingStatus.DELETING}),
+    **{
+        busy: frozenset({TrainingStatus.RUNNING, TrainingStatus.ERROR, TrainingStatus.DELETING})
+        for busy in _BUSY
+    },
+    TrainingStatus.ERROR: frozenset({TrainingStatus.RESTARTING, TrainingStatus.DELETING}),
+    TrainingStatus.DELETING: frozenset({TrainingStatus.DELETED}),
+    TrainingStatus.DELETED: frozenset(),
+}
+
+
+def can_transition(current: TrainingStatus, target: TrainingStatus) -> bool:
+    return target in TRANSITIONS[current]
+
+
 class NodeRole(StrEnum):
     CONTROLLER = "controller"
     WORKER = "worker"

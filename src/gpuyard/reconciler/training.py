@@ -37,7 +37,7 @@ from gpuyard.core.training import (
 )
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
-from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of
+from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of, transition_training
 from gpuyard.store.schema import (
     Cluster,
     ImageVersion,
@@ -298,22 +298,24 @@ class TrainingOperator:
             if cluster.operation.get("token") != token:
                 return
             action = cluster.operation.get("action")
-            if error is None:
-                cluster.status = TrainingStatus.RUNNING.value
-                cluster.status_reason = f"{action} done"
-                if failed:
-                    cluster.status_reason += (
-                        f"; the lifecycle script failed on {', '.join(failed)} "
-                        f"(its output is in {LIFECYCLE_LOG} on the node)"
-                    )
-                cluster.error_message = None
-            else:
-                cluster.status = TrainingStatus.ERROR.value
-                cluster.status_reason = f"{action} failed"
-                cluster.error_message = error
-            cluster.operation = None
-            cluster.updated_at = self.ctx.clock.now()
-            cluster.version += 1
+            now = self.ctx.clock.now()
+            if error is not None:
+                transition_training(
+                    session,
+                    cluster,
+                    TrainingStatus.ERROR,
+                    f"{action} failed",
+                    now,
+                    error_message=error,
+                )
+                return
+            reason = f"{action} done"
+            if failed:
+                reason += (
+                    f"; the lifecycle script failed on {', '.join(failed)} "
+                    f"(its output is in {LIFECYCLE_LOG} on the node)"
+                )
+            transition_training(session, cluster, TrainingStatus.RUNNING, reason, now)
 
     def _set_nodes(self, ids: Sequence[int], status: NodeStatus, **values: Any) -> None:
         with self.ctx.transaction() as session:

@@ -31,7 +31,7 @@ from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.context import Context
 from gpuyard.services.hosts import capacities
 from gpuyard.services.images import get_image_version
-from gpuyard.services.lifecycle import meter_status
+from gpuyard.services.lifecycle import IllegalTransition, meter_status, record_event
 from gpuyard.services.placement import assign_ports, claim, lock_placement, release_all
 from gpuyard.services.plans import get_plan
 from gpuyard.services.projects import acting_account, resolve_project
@@ -39,7 +39,7 @@ from gpuyard.services.reserved_ips import get_reserved_ip
 from gpuyard.services.resource_util import in_id_range
 from gpuyard.services.security_groups import groups_by_ids
 from gpuyard.services.ssh_keys import keys_by_ids
-from gpuyard.store.schema import Host, ReservedIp, TrainingCluster, TrainingNode
+from gpuyard.store.schema import Event, Host, ReservedIp, TrainingCluster, TrainingNode
 
 SSH_PORT = 22
 CREATE_FIELDS = {
@@ -446,6 +446,15 @@ def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[
         )
         session.add(cluster)
         session.flush()
+        record_event(
+            session,
+            domain.cluster_owner(cluster.id),
+            now,
+            "status",
+            cluster.status_reason,
+            None,
+            TrainingStatus.CREATING,
+        )
         _place_all(ctx, session, cluster, hosts, now)
         cluster_id = cluster.id
     ctx.wake()  # spot clusters preempted for the nodes must stop
@@ -454,6 +463,16 @@ def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[
 
 
 # ---------------------------------------------------------------- delete
+
+
+def list_events(ctx: Context, principal: Principal, scope: Scope, cluster_id: int) -> list[Event]:
+    """The cluster's status changes, oldest first (404 as load_cluster)."""
+    with ctx.read() as session:
+        load_cluster(session, principal, scope, cluster_id)
+        owner = domain.cluster_owner(cluster_id)
+        return list(
+            session.scalars(select(Event).where(Event.cluster_id == owner).order_by(Event.id))
+        )
 
 
 def delete_cluster(ctx: Context, principal: Principal, scope: Scope, cluster_id: int) -> None:
@@ -468,7 +487,7 @@ def delete_cluster(ctx: Context, principal: Principal, scope: Scope, cluster_id:
             now = ctx.clock.now()
             for node in nodes_of(session, cluster_id):
                 meter_node(session, cluster, node, ClusterStatus.TERMINATED, now)
-            _begin(cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", now)
+            _begin(session, cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", now)
     ctx.training_wake(cluster_id)
 
 
@@ -492,30 +511,53 @@ def finish_delete(ctx: Context, cluster_id: int) -> None:
             select(ReservedIp).where(ReservedIp.training_cluster_id == cluster_id)
         ):
             ip.training_cluster_id = None
-        cluster.status = TrainingStatus.DELETED.value
-        cluster.status_reason = "deleted"
-        cluster.operation = None
+        transition_training(session, cluster, TrainingStatus.DELETED, "deleted", now)
         cluster.deleted_at = now
-        cluster.updated_at = now
-        cluster.version += 1
 
 
 # ---------------------------------------------------------------- actions
 
 
+def transition_training(
+    session: Session,
+    cluster: TrainingCluster,
+    target: TrainingStatus,
+    reason: str,
+    now: datetime,
+    *,
+    operation: dict[str, Any] | None = None,
+    error_message: str | None = None,
+) -> None:
+    """The one place a training cluster's status changes (the cluster row read in this
+    session, locked where the caller needs it). Checks the transition table, sets the
+    reason, error message and recorded operation, bumps the version and records an
+    event under the cluster's holder id. Raises IllegalTransition."""
+    current = TrainingStatus(cluster.status)
+    if not domain.can_transition(current, target):
+        raise IllegalTransition(
+            f"training cluster {cluster.id}: {current} -> {target} is not allowed"
+        )
+    cluster.status = target.value
+    cluster.status_reason = reason
+    cluster.error_message = error_message
+    cluster.operation = operation
+    cluster.updated_at = now
+    cluster.version += 1
+    message = f"{reason}: {error_message}" if error_message else reason
+    record_event(session, domain.cluster_owner(cluster.id), now, "status", message, current, target)
+
+
 def _begin(
+    session: Session,
     cluster: TrainingCluster,
     status: TrainingStatus,
     operation: dict[str, Any],
     reason: str,
     now: datetime,
 ) -> None:
-    cluster.status = status.value
-    cluster.status_reason = reason
-    cluster.error_message = None
-    cluster.operation = {**operation, "token": secrets.token_hex(8)}
-    cluster.updated_at = now
-    cluster.version += 1
+    """Start an operation: the status it runs in, and the operation with a new token."""
+    operation = {**operation, "token": secrets.token_hex(8)}
+    transition_training(session, cluster, status, reason, now, operation=operation)
 
 
 def perform_action(
@@ -550,7 +592,7 @@ def _update_ssh_keys(
 ) -> ActionResult:
     keys = keys_by_ids(s, account, body["ssh_key_ids"])
     c.ssh_key_ids = [k.id for k in keys]
-    _begin(c, TrainingStatus.UPDATING, {"action": "update_ssh_keys"}, "replacing SSH keys", now)
+    _begin(s, c, TrainingStatus.UPDATING, {"action": "update_ssh_keys"}, "replacing SSH keys", now)
     return ActionResult("cluster", c.id)
 
 
@@ -560,6 +602,7 @@ def _update_image(
     image = get_image_version(s, body["image_version_id"])
     c.image_version_id = image.id
     _begin(
+        s,
         c,
         TrainingStatus.UPDATING,
         {"action": "update_image"},
@@ -572,7 +615,9 @@ def _update_image(
 def _restart_workers(
     ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
 ) -> ActionResult:
-    _begin(c, TrainingStatus.RESTARTING, {"action": "restart_workers"}, "restarting workers", now)
+    _begin(
+        s, c, TrainingStatus.RESTARTING, {"action": "restart_workers"}, "restarting workers", now
+    )
     return ActionResult("cluster", c.id)
 
 
@@ -580,7 +625,7 @@ def _restart_cluster(
     ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
 ) -> ActionResult:
     _begin(
-        c, TrainingStatus.RESTARTING, {"action": "restart_cluster"}, "restarting every node", now
+        s, c, TrainingStatus.RESTARTING, {"action": "restart_cluster"}, "restarting every node", now
     )
     return ActionResult("cluster", c.id)
 
@@ -620,6 +665,7 @@ def _scale_cluster(
     savepoint.commit()
     c.next_worker += extra
     _begin(
+        s,
         c,
         TrainingStatus.SCALING,
         {"action": "scale_cluster", "nodes": added},
