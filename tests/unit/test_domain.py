@@ -9,7 +9,7 @@ from gpuyard.core.models import CloudType, PortSpec
 from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.core.progress import TOTAL_STEPS, progress_for
 from gpuyard.core.states import TRANSITIONS, Action, ClusterStatus, allowed_actions, can_transition
-from gpuyard.core.training import TrainingStatus, can_transition
+from gpuyard.core import training as training_rules
 from gpuyard.services.discovery import parse_declared_gpus
 from gpuyard.services.requests import CreateCluster, StartCluster
 
