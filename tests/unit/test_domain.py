@@ -3,13 +3,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from gpuyard.core import training as training_rules
 from gpuyard.core.catalog import SEED_GPU_TYPES
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.models import CloudType, PortSpec
 from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.core.progress import TOTAL_STEPS, progress_for
 from gpuyard.core.states import TRANSITIONS, Action, ClusterStatus, allowed_actions, can_transition
-from gpuyard.core import training as training_rules
 from gpuyard.services.discovery import parse_declared_gpus
 from gpuyard.services.requests import CreateCluster, StartCluster
 
@@ -82,11 +82,12 @@ def test_request_validation() -> None:
 
 
 def test_training_transitions() -> None:
-    T = TrainingStatus
-    assert can_transition(T.CREATING, T.RUNNING) and can_transition(T.ERROR, T.RESTARTING)
-    assert can_transition(T.SCALING, T.DELETING) and can_transition(T.DELETING, T.DELETED)
+    t = training_rules.TrainingStatus
+    allowed = training_rules.can_transition
+    assert allowed(t.CREATING, t.RUNNING) and allowed(t.ERROR, t.RESTARTING)
+    assert allowed(t.SCALING, t.DELETING) and allowed(t.DELETING, t.DELETED)
     # An operation starts only from running (or error for a restart); deleted is final.
-    assert not can_transition(T.UPDATING, T.SCALING)
-    assert not can_transition(T.ERROR, T.UPDATING)
-    assert not can_transition(T.DELETING, T.RUNNING)
-    assert not any(can_transition(T.DELETED, t) for t in T)
+    assert not allowed(t.UPDATING, t.SCALING)
+    assert not allowed(t.ERROR, t.UPDATING)
+    assert not allowed(t.DELETING, t.RUNNING)
+    assert not any(allowed(t.DELETED, other) for other in t)
