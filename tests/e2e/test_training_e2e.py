@@ -165,6 +165,21 @@ def connect(host: str, port: int, source: str | None = None) -> bool:
         s.close()
 
 
+def cut_off(s: socket.socket) -> bool:
+    """Whether the peer closed or reset ``s`` (reading what was buffered first)."""
+    s.settimeout(10)
+    try:
+        while s.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        s.close()
+
+
 def until(check: Any, timeout: float = 60, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -224,6 +239,9 @@ def test_training_cluster_end_to_end(
         assert {n["state"] for n in cluster["slurm"]["nodes"]} <= {"idle", "mixed", "allocated"}
         out = ssh.run(key1, "127.0.0.1", port, f"srun -w {w1} cat /root/lifecycle-ran")
         assert out.stdout.strip() == "ran", out.stderr
+        # The cluster became running after the script had finished on every node.
+        assert {n["lifecycle"]["status"] for n in cluster["nodes"]} == {"succeeded"}
+        assert {n["lifecycle"]["exit_code"] for n in cluster["nodes"]} == {0}
 
         # scale_cluster while a job runs: the job keeps running, the new node works.
         job = ssh.run(key1, "127.0.0.1", port, "sbatch --parsable -N2 --wrap 'sleep 600'")
@@ -297,8 +315,12 @@ def test_training_cluster_end_to_end(
                 "rules": [{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
             },
         ).json()["data"]
+        # A session from 127.0.0.3 opened before the group is cut when it is added.
+        session = socket.create_connection(("127.0.0.1", port), 5, ("127.0.0.3", 0))
+        assert session.recv(64).startswith(b"SSH-")
         act(c, cid, params, action="add_security_group", security_groups_ids=[group["id"]])
         until(lambda: not connect("127.0.0.1", port, "127.0.0.3"), 10, "127.0.0.3 refused")
+        assert cut_off(session)
         assert connect("127.0.0.1", port, "127.0.0.2")
         assert connect(ip["address"], 22, "127.0.0.2")
         assert not connect(ip["address"], 22, "127.0.0.3")
@@ -335,6 +357,12 @@ def test_training_cluster_end_to_end(
         wait_running(c, cid, params)
         out = ssh.run(key2, "127.0.0.1", port, f"squeue -h -j {pending_id} -o %T")
         assert out.stdout.strip() == "PENDING", out.stdout + out.stderr
+
+        # Every status change is on record, in order.
+        events = c.get(f"{BASE}{cid}/events/", params=params).json()["data"]
+        moves = [(e["from_status"], e["to_status"]) for e in events]
+        assert moves[:2] == [(None, "creating"), ("creating", "running")]
+        assert moves[-2:] == [("running", "restarting"), ("restarting", "running")]
 
         # DELETE leaves nothing behind.
         assert c.delete(f"{BASE}{cid}/", params=params).status_code == 200
