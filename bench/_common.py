@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +52,21 @@ def wait_http_ok(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: 
             pass
         time.sleep(0.05)
     raise RuntimeError(f"{url} did not come up:\n" + tail(log))
+
+
+def start_server(
+    home: Path, port: int, env: dict[str, str], log: Path
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``python -m gpuyard serve`` with ``env`` (GPUYARD_HOME=home, port set by the
+    caller), output appended to ``log``; once /healthz answers: (process, base URL,
+    the admin key its first start wrote)."""
+    home.mkdir(parents=True)
+    with log.open("ab") as out:
+        server = subprocess.Popen([sys.executable, "-m", "gpuyard", "serve"], env=env,
+                                  stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    wait_http_ok(base + "/healthz", server, log)
+    return server, base, json.loads((home / "credentials").read_text())["api_key"]
 
 
 def tail(path: Path, n: int = 3000) -> str:

@@ -31,7 +31,6 @@ start requested -> recorded running, no HTTP polling) for the same runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sqlite3
@@ -45,7 +44,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEV_IMAGE, free_port, median, percentile, stop_process, tail, wait_http_ok
+from _common import DEV_IMAGE, free_port, median, percentile, start_server, stop_process, tail
 
 from gpuyard.runtimes.devimage import build_dev_image
 from gpuyard.runtimes.engine_url import PodmanService
@@ -168,13 +167,7 @@ def main() -> int:
             "GPUYARD_LOCAL_MEMORY_GB": "512",
             "GPUYARD_LOCAL_DISK_GB": "2000",
         }
-        home.mkdir(parents=True)
-        with log.open("ab") as out:
-            server = subprocess.Popen([sys.executable, "-m", "gpuyard", "serve"], env=env,
-                                      stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        wait_http_ok(base + "/healthz", server, log)
-        key = json.loads((home / "credentials").read_text())["api_key"]
+        server, base, key = start_server(home, port, env, log)
 
         gy_c: list[float] = []
         gy_s: list[float] = []

@@ -42,7 +42,6 @@ discarded, cleaned up and run again, at most 3 times, saying so.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -59,7 +58,7 @@ import httpx
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, median, stop_process, tail, wait_http_ok
+from _common import free_port, median, start_server, stop_process, tail
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.training import NodeName, TrainingStatus
@@ -464,13 +463,7 @@ def main() -> int:
             "GPUYARD_RESERVED_IPS": RESERVED_IPS, "GPUYARD_TRAINING_BIND_ADDRESS": "127.0.0.1",
             "GPUYARD_TRAINING_READY_TIMEOUT_S": str(int(READY_TIMEOUT_S)),
         })  # fmt: skip
-        home.mkdir(parents=True)
-        with log.open("ab") as out:
-            server = subprocess.Popen([sys.executable, "-m", "gpuyard", "serve"], env=env,
-                                      stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        wait_http_ok(base + "/healthz", server, log)
-        key = json.loads((home / "credentials").read_text())["api_key"]
+        server, base, key = start_server(home, port, env, log)
         bump_cluster_ids(home)
 
         rt = SlurmNodeRuntime(url)

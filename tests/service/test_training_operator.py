@@ -199,6 +199,28 @@ def test_scale_restart_image_keys(
     )
 
 
+def edge_world(
+    ctx: Context, alice: Principal, world: dict[str, Any], operator: TrainingOperator
+) -> tuple[int, int, int, str, int]:
+    """A running 1-worker cluster, a reserved IP (not attached) and a group allowing only
+    127.0.0.2 (not attached): (cluster id, SSH port, IP id, address, group id)."""
+    cid = create(ctx, alice, world, workers=1)
+    operator.run(cid)
+    ssh_port = status(ctx, cid).ssh_port
+    assert ssh_port is not None
+    ip = allocate_reserved_ip(ctx, alice, alice.default_project_id)
+    with ctx.transaction() as s:
+        group_id = create_group(
+            s,
+            alice.account_id,
+            alice.default_project_id,
+            name="only-2",
+            description="",
+            rules=[{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
+        ).id
+    return cid, ssh_port, ip.id, ip.address, group_id
+
+
 def test_edge_follows_reserved_ips_and_security_groups(
     ctx: Context,
     alice: Principal,
@@ -206,21 +228,7 @@ def test_edge_follows_reserved_ips_and_security_groups(
     operator: TrainingOperator,
     edge: FakeEdge,
 ) -> None:
-    cid = create(ctx, alice, world, workers=1)
-    operator.run(cid)
-    ssh_port = status(ctx, cid).ssh_port
-    ip = allocate_reserved_ip(ctx, alice, alice.default_project_id)
-    ip_id, address = ip.id, ip.address
-    with ctx.transaction() as s:
-        group = create_group(
-            s,
-            alice.account_id,
-            alice.default_project_id,
-            name="only-2",
-            description="",
-            rules=[{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
-        )
-        group_id = group.id
+    cid, ssh_port, ip_id, address, group_id = edge_world(ctx, alice, world, operator)
     act(ctx, alice, world, cid, action="attach_ip", reserved_ip_id=ip_id)
     operator.sync_edge(cid)
     assert set(edge.listeners) == {("0.0.0.0", ssh_port), (address, 22)}
@@ -244,20 +252,7 @@ def test_edge_changes_apply_while_the_engine_is_down_and_the_scan_heals(
     nodes: FakeNodeRuntime,
     edge: FakeEdge,
 ) -> None:
-    cid = create(ctx, alice, world, workers=1)
-    operator.run(cid)
-    ssh_port = status(ctx, cid).ssh_port
-    ip = allocate_reserved_ip(ctx, alice, alice.default_project_id)
-    ip_id, address = ip.id, ip.address
-    with ctx.transaction() as s:
-        group_id = create_group(
-            s,
-            alice.account_id,
-            alice.default_project_id,
-            name="only-2",
-            description="",
-            rules=[{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
-        ).id
+    cid, ssh_port, ip_id, address, group_id = edge_world(ctx, alice, world, operator)
     act(ctx, alice, world, cid, action="attach_ip", reserved_ip_id=ip_id)
     operator.sync_edge(cid)
     _, _, acl = edge.listeners[(address, 22)]
