@@ -10,6 +10,7 @@ from gpuyard.core.models import CloudType, PortSpec
 from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.core.progress import TOTAL_STEPS, progress_for
 from gpuyard.core.states import TRANSITIONS, Action, ClusterStatus, allowed_actions, can_transition
+from gpuyard.core.text import nul_path
 from gpuyard.services.discovery import parse_declared_gpus
 from gpuyard.services.requests import CreateCluster, StartCluster
 
@@ -91,3 +92,14 @@ def test_training_transitions() -> None:
     assert not allowed(t.ERROR, t.UPDATING)
     assert not allowed(t.DELETING, t.RUNNING)
     assert not any(allowed(t.DELETED, other) for other in t)
+
+
+def test_nul_path_names_where_a_nul_is() -> None:
+    assert nul_path({"a": [1, "ok", {"b": "x\x00"}]}) == "a[2].b"
+    assert nul_path({"k\x00": 1}) == "k\\u0000"
+    assert nul_path("\x00") == ""
+    assert nul_path({"a": ["fine"], "n": None, "f": 1.5}) is None
+    deep: object = "\x00"
+    for _ in range(5000):  # deeper than Python's recursion limit
+        deep = [deep]
+    assert nul_path(deep) == "[0]" * 5000

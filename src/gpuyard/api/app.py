@@ -21,6 +21,7 @@ from gpuyard.api import security_groups as security_groups_api
 from gpuyard.api import ssh_keys as ssh_keys_api
 from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
+from gpuyard.api.nul_guard import NulGuard
 from gpuyard.api.state import AppState
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
@@ -104,6 +105,8 @@ def build_server(
     app.state.gpuyard = AppState(ctx=ctx, runtime=runtime, training=operator)
     errors.install(app)
     app.add_middleware(ClusterReadFastPath)
+    # Ahead of the fast path and routing: no NUL in a path or query reaches a query.
+    app.add_middleware(NulGuard)
     # Metrics: added last, so its latency middleware is outermost and times the fast path.
     metrics = Metrics(ctx)
     metrics_api.install(app, metrics)

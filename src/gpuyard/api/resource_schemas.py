@@ -8,9 +8,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictStr, WithJsonSchema, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictStr,
+    WithJsonSchema,
+    create_model,
+    model_validator,
+)
 
 from gpuyard.api.schemas import Meta
+from gpuyard.core.text import refuse_nul
 
 
 class _Out(BaseModel):
@@ -19,6 +27,11 @@ class _Out(BaseModel):
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return refuse_nul(data)
 
 
 # -- request bodies -----------------------------------------------------------------

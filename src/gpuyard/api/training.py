@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from gpuyard.api import views
 from gpuyard.api.state import AppState, app_state, key_from_request
 from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
+from gpuyard.core.text import nul_path
 from gpuyard.services import training
 from gpuyard.services.auth import Principal
 from gpuyard.services.projects import parse_int
@@ -81,6 +82,9 @@ async def _body(request: Request) -> dict[str, Any]:
         raise ValidationFailed("body", "request body is not valid JSON text") from exc
     if not isinstance(body, dict):
         raise ValidationFailed("body", "must be a JSON object")
+    where = nul_path(body)
+    if where is not None:
+        raise ValidationFailed(where or "body", "must not contain NUL (\\u0000) characters")
     return body
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec, validate_env
+from gpuyard.core.text import refuse_nul
 
 # Integer ids are 32-bit in the store (PostgreSQL INTEGER).
 MAX_ID = 2**31 - 1
@@ -12,6 +15,11 @@ MAX_ID = 2**31 - 1
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return refuse_nul(data)
 
 
 class CreateCluster(_Body):

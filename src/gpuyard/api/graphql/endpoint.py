@@ -18,6 +18,7 @@ thread, outside the event loop, each operation with its own context.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ from gpuyard.api.graphql.schema import SCHEMA
 from gpuyard.api.graphql.settings import GraphQLSettings
 from gpuyard.api.state import AppState, app_state, key_from_request
 from gpuyard.core.errors import GpuyardError
+from gpuyard.core.text import nul_path
 from gpuyard.services.auth import Principal
 
 
@@ -60,6 +62,9 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     )
 
 
+_NUL_IN_QUERY = re.compile(r"\x00|\\u0000|\\u\{0+\}", re.IGNORECASE)
+
+
 def _operation(raw: Any, max_length: int) -> Operation:
     if not isinstance(raw, dict):
         raise BadRequest("each operation must be a JSON object with a 'query' string")
@@ -79,6 +84,14 @@ def _operation(raw: Any, max_length: int) -> Operation:
         raise BadRequest("'variables' must be an object")
     if name is not None and not isinstance(name, str):
         raise BadRequest("'operationName' must be a string")
+    # NUL, raw or escaped in a string literal, never reaches the store (PostgreSQL
+    # refuses it in text).
+    where = "query" if _NUL_IN_QUERY.search(query) else None
+    if where is None and variables:
+        found = nul_path(variables)
+        where = None if found is None else f"variables.{found}" if found else "variables"
+    if where is not None:
+        raise BadRequest(f"{where}: must not contain NUL (\\u0000) characters")
     return Operation(query, variables or None, name or None)
 
 
