@@ -513,6 +513,7 @@ def test_cli_training_commands(tsrv: LiveServer, setup: dict[str, Any]) -> None:
     assert listed.exit_code == 0 and "cli" in listed.output and "creating" in listed.output
     shown = run("training", "get", *scope, str(cid))
     assert shown.exit_code == 0 and f"gy-tc{cid}-controller" in shown.output
+    assert "LIFECYCLE" in shown.output
     refused = run("training", "action", *scope, str(cid), "restart_workers")
     assert refused.exit_code == 1 and "INVALID_STATE" in refused.output
     set_status(tsrv, cid, "running")
@@ -522,6 +523,9 @@ def test_cli_training_commands(tsrv: LiveServer, setup: dict[str, Any]) -> None:
         "--json", "training", "action", *scope, str(cid), "scale_cluster", "--additional-nodes", "1"
     )
     assert scaled.exit_code == 0 and json.loads(scaled.output)["no_of_nodes"] == 2
+    history = run("training", "events", *scope, str(cid))
+    assert history.exit_code == 0, history.output
+    assert "- -> creating" in history.output and "running -> scaling" in history.output
     deleted = run("training", "delete", *scope, str(cid))
     assert deleted.exit_code == 0 and str(cid) in deleted.output
     gone = run("training", "get", "--project-id", "99999", str(cid))

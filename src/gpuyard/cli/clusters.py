@@ -9,7 +9,7 @@ import click
 
 from gpuyard.cli.client import JSON, GpuyardClient
 from gpuyard.cli.common import api_options, make_call
-from gpuyard.cli.output import Progress, cell, key_values, print_json, print_table
+from gpuyard.cli.output import Progress, cell, key_values, print_events, print_json, print_table
 
 POLL_INTERVAL_S = 0.5
 IN_PROGRESS = {"pending", "starting", "stopping", "terminating"}
@@ -461,13 +461,4 @@ def events(cluster_id: str, url: str | None, api_key: str | None, as_json: bool)
     if call.as_json:
         print_json(data)
         return
-    rows = [
-        [
-            e.get("at"),
-            e.get("type"),
-            f"{e.get('from_status') or '-'} -> {e.get('to_status')}" if e.get("to_status") else "",
-            e.get("message"),
-        ]
-        for e in data.get("events", [])
-    ]
-    print_table(["AT", "TYPE", "STATUS", "MESSAGE"], rows, "no events")
+    print_events(data.get("events", []))

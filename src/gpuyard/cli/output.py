@@ -120,3 +120,17 @@ class Progress:
             self._stream.write("\n")
             self._stream.flush()
             self._drawn = 0
+
+
+def print_events(events: list[dict[str, Any]]) -> None:
+    """Events (a cluster's or a training cluster's) as a table, oldest first."""
+    rows = [
+        [
+            e.get("at"),
+            e.get("type"),
+            f"{e.get('from_status') or '-'} -> {e.get('to_status')}" if e.get("to_status") else "",
+            e.get("message"),
+        ]
+        for e in events
+    ]
+    print_table(["AT", "TYPE", "STATUS", "MESSAGE"], rows, "no events")

@@ -11,7 +11,7 @@ import httpx
 
 from gpuyard.cli.client import ApiError, GpuyardClient, ServerUnreachable
 from gpuyard.cli.common import api_options, make_call
-from gpuyard.cli.output import print_json, print_table
+from gpuyard.cli.output import print_events, print_json, print_table
 
 BASE = "/distributed_jobs_v2/cluster/"
 ACTIONS = (
@@ -84,13 +84,27 @@ def _show(cluster: dict[str, Any]) -> None:
     for ip in cluster.get("reserved_ips", []):
         click.echo(f"  reserved IP: {ip['address']} (id {ip['id']})")
     rows = [
-        [n["name"], n["role"], n["status"], n.get("host"), ",".join(map(str, n["gpu_indices"]))]
+        [
+            n["name"],
+            n["role"],
+            n["status"],
+            n.get("host"),
+            ",".join(map(str, n["gpu_indices"])),
+            _lifecycle(n.get("lifecycle")),
+        ]
         for n in cluster.get("nodes", [])
     ]
-    print_table(["NODE", "ROLE", "STATUS", "HOST", "GPUS"], rows, "no nodes")
+    print_table(["NODE", "ROLE", "STATUS", "HOST", "GPUS", "LIFECYCLE"], rows, "no nodes")
     slurm = cluster.get("slurm") or {}
     if slurm.get("nodes"):
         click.echo("  slurm: " + ", ".join(f"{n['name']}={n['state']}" for n in slurm["nodes"]))
+
+
+def _lifecycle(result: dict[str, Any] | None) -> str:
+    if not result:
+        return "-"
+    code = result.get("exit_code")
+    return f"{result['status']} (exit {code})" if code else str(result["status"])
 
 
 def _wait(
@@ -295,3 +309,28 @@ def delete(
             client, "DELETE", f"{BASE}{cluster_id}/", _params(project_id, location, active_iam)
         )
     print_json(data) if c.as_json else click.echo(f"{cluster_id} deleting")
+
+
+@training.command("events")
+@scope_options
+@click.argument("cluster_id", type=int)
+@api_options
+def events(
+    project_id: int,
+    location: str,
+    active_iam: int | None,
+    cluster_id: int,
+    url: str | None,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """A training cluster's status changes and why, oldest first."""
+    c = make_call(url, api_key, as_json)
+    with c.client as client:
+        data = call(
+            client,
+            "GET",
+            f"{BASE}{cluster_id}/events/",
+            _params(project_id, location, active_iam),
+        )
+    print_json(data) if c.as_json else print_events(data)
