@@ -714,15 +714,18 @@ class TrainingOperator:
         if ssh_port:
             addresses.add((self.bind_address, ssh_port))
         held = self._listeners.setdefault(cluster_id, set())
-        for listener in held - addresses:
-            self.edge.remove(*listener)
-            held.discard(listener)
+
+        def keep_only(keep: set[tuple[str, int]]) -> None:
+            assert self.edge is not None
+            for listener in held - keep:
+                self.edge.remove(*listener)
+                held.discard(listener)
+
+        keep_only(addresses)
         names = NodeName(cluster_id)
         target = self.nodes.node_address(names.controller, names.network)
         wanted = addresses if target is not None else set()
-        for listener in held - wanted:
-            self.edge.remove(*listener)
-            held.discard(listener)
+        keep_only(wanted)  # no controller to reach: nothing listens
 
         def acl(source: str, _listen_port: int) -> bool:
             with self._lock:

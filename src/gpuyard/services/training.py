@@ -380,14 +380,16 @@ def _short_of(
     }
     if cause is not None:
         details["reason"] = cause.message
-    return InsufficientCapacity(
+    message = (
         f"not enough free capacity {what}: they need {needed['gpus']}x {plan.gpu_type}, "
-        f"{needed['vcpus']} vCPUs and {needed['memory_gb']} GB of memory on one host "
-        "(the controller takes "
-        f"{domain.CONTROLLER_VCPUS if with_controller else 0} vCPUs and "
-        f"{domain.CONTROLLER_MEMORY_GB if with_controller else 0} GB of that)",
-        details,
+        f"{needed['vcpus']} vCPUs and {needed['memory_gb']} GB of memory on one host"
     )
+    if with_controller:
+        message += (
+            f" (the controller takes {domain.CONTROLLER_VCPUS} vCPUs and "
+            f"{domain.CONTROLLER_MEMORY_GB} GB of that)"
+        )
+    return InsufficientCapacity(message, details)
 
 
 def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[str, Any]) -> int:
