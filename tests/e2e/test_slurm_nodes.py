@@ -282,6 +282,35 @@ def test_derived_image_carries_marker(cluster: Cluster) -> None:
         client.api.remove_image(name, force=True)
 
 
+def test_lifecycle_result_and_a_restart_cutting_it_short(cluster: Cluster) -> None:
+    rt = cluster.rt
+    eventually(lambda: rt.lifecycle_result(cluster.workers[0]) == 0, 20, "exit code 0")
+    name = f"{cluster.cid}-slow"
+    spec = NodeSpec(
+        name=name,
+        role="worker",
+        image=SLURM_IMAGE,
+        network=cluster.network,
+        cpus=1,
+        memory_gb=1,
+        gpu_count=0,
+        labels={LABEL: cluster.cid},
+    )
+    rt.create_node(spec, {**cluster.files(0), "lifecycle.sh": (b"sleep 300\n", 0o755)})
+    try:
+        eventually(lambda: "sleep" in cluster.run("ps", "-e", node=name), 20, "script running")
+        assert rt.lifecycle_result(name) is None
+        rt.restart_node(name)
+        # Not run again, and not waited for in vain: it reads as ended by SIGTERM.
+        eventually(lambda: rt.lifecycle_result(name) == 143, 30, "interrupted script")
+        assert "interrupted by a restart" in cluster.run(
+            "cat", "/var/log/gpuyard/lifecycle.log", node=name
+        )
+    finally:
+        rt.remove_node(name)
+        rt.delete_slurm_node(cluster.controller, name)
+
+
 def test_cleanup_removes_everything(cluster: Cluster) -> None:
     rt = cluster.rt
     for name in list(cluster.workers):

@@ -262,6 +262,12 @@ case "$ROLE" in
 esac
 log "started role=$ROLE"
 
+if [ -e __LIFECYCLE_RC__.started ] && [ ! -e __LIFECYCLE_RC__ ]; then
+  # Started in an earlier life of this container and cut short by its stop: it is not
+  # run again, and it did not succeed (143: ended by SIGTERM).
+  echo "gpuyard: the lifecycle script was interrupted by a restart" >>__LIFECYCLE_LOG__
+  echo 143 >__LIFECYCLE_RC__
+fi
 if [ -f "$CONF/lifecycle.sh" ] && [ ! -e __LIFECYCLE_RC__.started ]; then
   # At most once per container, also across restarts. The exit code is written to a
   # temporary file and renamed, so a reader never sees it half-written.
