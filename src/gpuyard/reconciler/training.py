@@ -7,8 +7,8 @@ short by a crash is simply run again at the next start (a periodic scan resumes 
 operation not in flight). A newer operation (e.g. a delete during a create) supersedes
 the running one between steps.
 
-The operator also owns the cluster's network edge: TCP forwarders from the cluster's
-SSH port and its reserved IPs to the controller, filtered by its security groups.
+The operator also keeps each cluster's network edge in line with the store
+(reconciler/training_edge.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import base64
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sqlalchemy import select
 
-from gpuyard.core import secgroups
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import (
@@ -35,6 +34,7 @@ from gpuyard.core.training import (
     NodeStatus,
     TrainingStatus,
 )
+from gpuyard.reconciler.training_edge import ClusterEdges, Edge
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
 from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of, transition_training
@@ -42,7 +42,6 @@ from gpuyard.store.schema import (
     Cluster,
     ImageVersion,
     ReservedIp,
-    SecurityGroup,
     SshKey,
     TrainingCluster,
     TrainingNode,
@@ -81,21 +80,6 @@ class NodeRuntime(Protocol):
     def remove_volume(self, name: str) -> None: ...
 
 
-class Edge(Protocol):
-    """What the operator needs of net/forwarder.TcpForwarder."""
-
-    def ensure(
-        self,
-        listen_host: str,
-        listen_port: int,
-        target_host: str,
-        target_port: int,
-        acl: Callable[[str, int], bool],
-    ) -> None: ...
-    def remove(self, listen_host: str, listen_port: int) -> None: ...
-    def close(self) -> None: ...
-
-
 class Superseded(Exception):
     """A newer operation replaced the one being run."""
 
@@ -127,7 +111,7 @@ class TrainingOperator:
     ) -> None:
         self.ctx = ctx
         self.nodes = nodes
-        self.edge = edge
+        self.edges = ClusterEdges(ctx, edge, nodes, bind_address)
         self.ready_timeout_s = ready_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.lifecycle_timeout_s = lifecycle_timeout_s
@@ -137,11 +121,6 @@ class TrainingOperator:
         self._lock = threading.Lock()
         self._in_flight: set[int] = set()
         self._again: set[int] = set()
-        self._listeners: dict[int, set[tuple[str, int]]] = {}
-        self._acls: dict[int, list[list[secgroups.Rule]]] = {}
-        # One edge sync at a time: a sync that read the store earlier must not finish
-        # after (and undo) a newer one.
-        self._edge_lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sinfo_cache: dict[int, tuple[float, list[tuple[str, str]]]] = {}
@@ -157,8 +136,7 @@ class TrainingOperator:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self.edge is not None:
-            self.edge.close()
+        self.edges.close()
 
     def _scan_loop(self) -> None:
         while not self._stop.is_set():
@@ -642,7 +620,7 @@ class TrainingOperator:
             known = {(ip, SSH_PORT) for ip in ips}
         if c.ssh_port:
             known.add((self.bind_address, c.ssh_port))
-        self._drop_edge(c.id, known)
+        self.edges.drop(c.id, known)
         for name in {
             *(n.name for n in snap.nodes),
             *self.nodes.list_nodes(LABEL_TRAINING, str(c.id)),
@@ -651,98 +629,10 @@ class TrainingOperator:
         self.nodes.remove_network(names.network)
         self.nodes.remove_volume(names.state_volume)
 
-    # ------------------------------------------------------------ edge
-
-    def _drop_edge(self, cluster_id: int, also: set[tuple[str, int]] | None = None) -> None:
-        """Close the cluster's listeners: those this process opened, plus ``also``
-        (what the store says it may have, should another operator have opened them)."""
-        if self.edge is None:
-            return
-        with self._edge_lock:
-            for host, port in self._listeners.pop(cluster_id, set()) | (also or set()):
-                self.edge.remove(host, port)
-            self._acls.pop(cluster_id, None)
-
     def sync_edge(self, cluster_id: int) -> None:
-        """Make the forwarders of ``cluster_id`` match the store: its SSH port and each
-        attached reserved IP reach the controller's SSH, filtered by its security
-        groups (none attached: open). Safe to call any time, from any thread."""
-        if self.edge is None:
-            return
-        try:
-            with self._edge_lock:
-                self._sync_edge(cluster_id)
-        except Exception:
-            log.exception("training cluster %s: edge sync failed", cluster_id)
-
-    def _sync_edge(self, cluster_id: int) -> None:
-        assert self.edge is not None
-        with self.ctx.read() as session:
-            cluster = session.get(TrainingCluster, cluster_id)
-            if (
-                cluster is None
-                or cluster.deleted_at is not None
-                or cluster.status
-                in (
-                    TrainingStatus.DELETING,
-                    TrainingStatus.DELETED,
-                )
-            ):
-                self._drop_edge(cluster_id)
-                return
-            ips = list(
-                session.scalars(
-                    select(ReservedIp.address).where(ReservedIp.training_cluster_id == cluster_id)
-                )
-            )
-            attached = set(cluster.security_group_ids)
-            groups = list(
-                session.scalars(select(SecurityGroup).where(SecurityGroup.id.in_(attached)))
-            )
-            rule_sets = [secgroups.parse_rules(g.rules) for g in groups]
-            ssh_port = cluster.ssh_port
-        if len(groups) < len(attached):
-            # An attached group that no longer exists must not open the cluster up
-            # (no group at all means open): fail closed until the store is consistent.
-            log.error("training cluster %s: an attached security group is missing", cluster_id)
-            rule_sets = [[]]
-        # The rules and the set of addresses apply before any engine call, so an engine
-        # that does not answer cannot keep a detached IP or a new rule from taking effect.
-        with self._lock:
-            self._acls[cluster_id] = rule_sets
-        addresses: set[tuple[str, int]] = {(ip, SSH_PORT) for ip in ips}
-        if ssh_port:
-            addresses.add((self.bind_address, ssh_port))
-        held = self._listeners.setdefault(cluster_id, set())
-
-        def keep_only(keep: set[tuple[str, int]]) -> None:
-            assert self.edge is not None
-            for listener in held - keep:
-                self.edge.remove(*listener)
-                held.discard(listener)
-
-        keep_only(addresses)
-        names = NodeName(cluster_id)
-        target = self.nodes.node_address(names.controller, names.network)
-        wanted = addresses if target is not None else set()
-        keep_only(wanted)  # no controller to reach: nothing listens
-
-        def acl(source: str, _listen_port: int) -> bool:
-            with self._lock:
-                sets = self._acls.get(cluster_id, [])
-            return secgroups.allows(sets, "tcp", SSH_PORT, source)
-
-        failed: list[str] = []
-        for host, port in wanted:
-            assert target is not None
-            try:
-                self.edge.ensure(host, port, target, SSH_PORT, acl)
-            except GpuyardError as exc:  # one address not assignable: keep the others
-                failed.append(exc.message)
-                continue
-            held.add((host, port))
-        if failed:
-            log.error("training cluster %s: %s", cluster_id, "; ".join(failed))
+        """Make the cluster's forwarders and security groups match the store (see
+        ClusterEdges.sync). Safe to call any time, from any thread."""
+        self.edges.sync(cluster_id)
 
     # ------------------------------------------------------------ reads for views
 
