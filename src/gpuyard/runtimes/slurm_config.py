@@ -263,8 +263,9 @@ esac
 log "started role=$ROLE"
 
 if [ -e __LIFECYCLE_RC__.started ] && [ ! -e __LIFECYCLE_RC__ ]; then
-  # Started in an earlier life of this container and cut short by its stop: it is not
-  # run again, and it did not succeed (143: ended by SIGTERM).
+  # Started in an earlier life of this container and cut short by its stop before its
+  # shell could write a code: it is not run again, and it did not succeed (143: ended
+  # by SIGTERM).
   echo "gpuyard: the lifecycle script was interrupted by a restart" >>__LIFECYCLE_LOG__
   echo 143 >__LIFECYCLE_RC__
 fi
