@@ -64,8 +64,8 @@ class Cluster:
             "lifecycle.sh": (b"echo ran >> /root/lifecycle-runs\n", 0o755),
         }
 
-    def add_worker(self, name: str, gpu_indices: tuple[int, ...]) -> None:
-        spec = NodeSpec(
+    def worker_spec(self, name: str, gpu_indices: tuple[int, ...] = ()) -> NodeSpec:
+        return NodeSpec(
             name=name,
             role="worker",
             image=SLURM_IMAGE,
@@ -76,7 +76,9 @@ class Cluster:
             gpu_indices=gpu_indices,
             labels={LABEL: self.cid},
         )
-        self.rt.create_node(spec, self.files(len(gpu_indices)))
+
+    def add_worker(self, name: str, gpu_indices: tuple[int, ...]) -> None:
+        self.rt.create_node(self.worker_spec(name, gpu_indices), self.files(len(gpu_indices)))
         self.workers.append(name)
 
     def run(self, *argv: str, node: str | None = None) -> str:
@@ -287,17 +289,8 @@ def test_lifecycle_result_and_a_restart_cutting_it_short(cluster: Cluster) -> No
     rt = cluster.rt
     eventually(lambda: rt.lifecycle_result(cluster.workers[0]) == 0, 20, "exit code 0")
     name = f"{cluster.cid}-slow"
-    spec = NodeSpec(
-        name=name,
-        role="worker",
-        image=SLURM_IMAGE,
-        network=cluster.network,
-        cpus=1,
-        memory_gb=1,
-        gpu_count=0,
-        labels={LABEL: cluster.cid},
-    )
-    rt.create_node(spec, {**cluster.files(0), "lifecycle.sh": (b"sleep 300\n", 0o755)})
+    slow_script = {"lifecycle.sh": (b"sleep 300\n", 0o755)}
+    rt.create_node(cluster.worker_spec(name), {**cluster.files(0), **slow_script})
     try:
         # The script has begun (its marker is written just before it starts).
         marker = f"{LIFECYCLE_RC}.started"
