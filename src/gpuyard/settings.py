@@ -57,6 +57,23 @@ class Settings(BaseSettings):
     stop_timeout_s: int = 10
     readiness_timeout_s: float = 120.0
 
+    # Ownership and collection (README "What gpuyard owns"): a container of ours the
+    # database does not know is removed after this grace; a volume is quarantined and
+    # deleted only after the retention (or by an admin).
+    orphan_container_grace_s: float = 120.0
+    orphan_volume_retention_hours: float = 72.0
+    # Desired state wins: a cluster that should run and does not is recreated with
+    # exponential back-off; after ``restart_limit`` failures within
+    # ``restart_window_s`` it goes to error.
+    restart_backoff_initial_s: float = 1.0
+    restart_backoff_max_s: float = 300.0
+    restart_limit: int = 5
+    restart_window_s: float = 600.0
+    # Engines that cannot apply CPU/memory limits: refuse creates unless allowed here.
+    allow_unenforced_limits: bool = False
+    # How long an Idempotency-Key is remembered.
+    idempotency_ttl_hours: float = 24.0
+
     # Auto-termination: a cluster is idle while its CPU and every GPU stay under these.
     idle_cpu_percent: float = 5.0
     idle_gpu_percent: float = 10.0

@@ -33,6 +33,7 @@ from gpuyard.services.auth import IssuedKey
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.context import Context
+from gpuyard.services.installation import ensure_installation
 from gpuyard.settings import Settings
 from gpuyard.store.sqlite_reader import reader_for
 
@@ -60,9 +61,12 @@ def build_server(
     it also runs one pass at start so work left by a crash resumes at once.
     """
     engine, sessions = open_store(settings)
+    with sessions.begin() as session:
+        ownership = ensure_installation(session)
     ctx = Context(
         sessions=sessions,
         settings=settings,
+        ownership=ownership,
         clock=clock or SystemClock(),
         cluster_reader=reader_for(settings.effective_database_url),
     )

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.core.ledger import Interval
+from gpuyard.core.ownership import Ownership
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.references import ReferenceCache
 from gpuyard.settings import Settings
@@ -61,6 +62,9 @@ class Context:
     sessions: sessionmaker[Session]
     settings: Settings
     clock: Clock = field(default_factory=SystemClock)
+    # Whose engine objects are ours (DESIGN.md rule 8). build_server sets the stored
+    # installation's; the default (a fresh identity) suits tests of one store.
+    ownership: Ownership = field(default_factory=Ownership.new)
     # Called after a commit that gives the reconciler work (DESIGN.md rule 1).
     wake: Callable[[], None] = lambda: None
     notifier: StatusNotifier = field(default_factory=StatusNotifier)

@@ -20,6 +20,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    true,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -124,8 +125,24 @@ class Host(Base):
     # Which of vcpus/memory_gb/disk_gb were declared rather than discovered.
     declared: Mapped[list[Any]] = mapped_column(default=list)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    # A stable identity (GPUYARD_HOME/host-id or /etc/machine-id): a renamed machine
+    # keeps its row, so its GPUs are never offered twice.
+    machine_id: Mapped[str | None] = mapped_column(String(64), unique=True)
+    # False when the engine cannot apply CPU/memory limits; ``limits_note`` says why.
+    enforces_limits: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    limits_note: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Installation(Base):
+    """The one row naming this installation: its UUID labels every engine object it
+    makes (core/ownership.py)."""
+
+    __tablename__ = "installation"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(36), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class HostGpu(Base):
@@ -166,6 +183,16 @@ class Cluster(Base):
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
     gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
     runtime_handle: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The engine volume; None: the installation's name for it (Ownership.volume). Set
+    # for clusters older than installation ids, whose volume keeps its first name.
+    volume_name: Mapped[str | None] = mapped_column(String(255))
+    # Desired state wins: how often the container was brought back, the last exit
+    # code seen, and the failure times within the restart window (ISO strings).
+    restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_exit_code: Mapped[int | None] = mapped_column(Integer)
+    last_restart_at: Mapped[datetime | None] = mapped_column()
+    next_restart_at: Mapped[datetime | None] = mapped_column()
+    recent_failures: Mapped[list[Any]] = mapped_column(default=list)
     start_initiated_at: Mapped[datetime | None] = mapped_column()
     started_at: Mapped[datetime | None] = mapped_column()
     stopped_at: Mapped[datetime | None] = mapped_column()
@@ -348,6 +375,9 @@ class TrainingCluster(Base):
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
     ssh_port: Mapped[int | None] = mapped_column(Integer)
     next_worker: Mapped[int] = mapped_column(Integer, default=1)
+    # Engine names of its nodes, network and state volume start with this
+    # (Ownership.training_prefix); older clusters keep ``gy-tc{id}``.
+    name_prefix: Mapped[str | None] = mapped_column(String(40))
     operation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -373,4 +403,41 @@ class TrainingNode(Base):
     # LifecycleStatus; None: the cluster has no script). The exit code once finished.
     lifecycle_status: Mapped[str | None] = mapped_column(String(20))
     lifecycle_exit_code: Mapped[int | None] = mapped_column(Integer)
+    # How often the operator recreated its container after it died.
+    restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class OrphanVolume(Base):
+    """A volume of ours the database does not know: kept (quarantined), never deleted
+    on sight, so a database restored from an older backup loses no tenant data.
+    Deleted after ``delete_after`` or by an admin."""
+
+    __tablename__ = "orphan_volumes"
+    __table_args__ = (UniqueConstraint("host_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(255))
+    cluster_id: Mapped[str | None] = mapped_column(String(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    found_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delete_after: Mapped[datetime] = mapped_column()
+    # None while quarantined; when deleted (or found known again: ``released``).
+    deleted_at: Mapped[datetime | None] = mapped_column()
+    outcome: Mapped[str | None] = mapped_column(String(20))
+
+
+class IdempotencyKey(Base):
+    """A create request's ``Idempotency-Key``: a retry with the same key and body
+    answers the resource the first request made; keys expire (``expires_at``)."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("account_id", "route", "key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(Integer)
+    route: Mapped[str] = mapped_column(String(100))
+    key: Mapped[str] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    resource_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)

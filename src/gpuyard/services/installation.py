@@ -1,0 +1,22 @@
+"""The installation's identity: one UUID in the database (created by migration 0006,
+or here if the row was lost), which labels every engine object gpuyard makes."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuyard.core.ownership import Ownership
+from gpuyard.store.schema import Installation
+
+
+def ensure_installation(session: Session) -> Ownership:
+    """This installation's ownership; creates the id on a database that has none.
+    Idempotent: every later call answers the same id."""
+    row = session.scalar(select(Installation).order_by(Installation.id).limit(1))
+    if row is None:
+        fresh = Ownership.new()
+        row = Installation(id=1, uuid=fresh.installation_id)
+        session.add(row)
+        session.flush()
+    return Ownership(row.uuid)
