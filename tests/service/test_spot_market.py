@@ -9,7 +9,6 @@ from sqlalchemy import select
 
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.base import volume_name
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services import spot
@@ -87,7 +86,7 @@ def test_preempted_volume_survives_bid_resume(
     got = uc.get_cluster(ctx, alice, victim.id)
     assert got.status == "running" and got.interruptible and got.bid_per_gpu == 0.45
     assert got.gpu_count == 2
-    assert runtime.volume_files(volume_name(victim.id)) == {"ckpt.pt": "epoch-7"}
+    assert runtime.volume_files(ctx.ownership.volume(victim.id)) == {"ckpt.pt": "epoch-7"}
 
 
 def test_plain_resume_is_on_demand(ctx: Context, alice: Principal, rec: Reconciler) -> None:

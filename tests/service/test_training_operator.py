@@ -133,15 +133,19 @@ def test_create_builds_every_node_and_opens_the_edge(
     c = status(ctx, cid)
     assert c.status == "running" and c.operation is None, c.error_message
     names = sorted(nodes.nodes)
-    assert names == [f"gy-tc{cid}-controller", f"gy-tc{cid}-worker-1", f"gy-tc{cid}-worker-2"]
+    assert names == [
+        f"{ctx.ownership.prefix}-tc{cid}-controller",
+        f"{ctx.ownership.prefix}-tc{cid}-worker-1",
+        f"{ctx.ownership.prefix}-tc{cid}-worker-2",
+    ]
     assert nodes.created[0].endswith("controller")  # the controller comes up first
-    worker = nodes.nodes[f"gy-tc{cid}-worker-1"]
+    worker = nodes.nodes[f"{ctx.ownership.prefix}-tc{cid}-worker-1"]
     assert worker.spec.gpu_count == 1 and len(worker.spec.gpu_indices) == 1
     assert worker.spec.labels["gpuyard.role"] == "worker"
     assert set(worker.files) >= {"munge.key", "slurm.conf", "gres.conf", "authorized_keys"}
     assert worker.files["lifecycle.sh"][0] == b"echo hi > /tmp/hi"
     assert KEY in worker.authorized_keys
-    controller = nodes.nodes[f"gy-tc{cid}-controller"]
+    controller = nodes.nodes[f"{ctx.ownership.prefix}-tc{cid}-controller"]
     assert controller.spec.state_volume and "gres.conf" not in controller.files
     # The SSH port listens and reaches the controller's sshd; no security group: open.
     assert list(edge.listeners) == [("0.0.0.0", c.ssh_port)]
@@ -161,13 +165,15 @@ def test_scale_restart_image_keys(
 ) -> None:
     cid = create(ctx, alice, world, workers=1)
     operator.run(cid)
-    first = nodes.nodes[f"gy-tc{cid}-worker-1"]
+    first = nodes.nodes[f"{ctx.ownership.prefix}-tc{cid}-worker-1"]
 
     act(ctx, alice, world, cid, action="scale_cluster", additional_nodes=2)
     operator.run(cid)
     assert status(ctx, cid).status == "running"
-    assert f"gy-tc{cid}-worker-3" in nodes.nodes
-    assert nodes.nodes[f"gy-tc{cid}-worker-1"] is first  # running nodes untouched
+    assert f"{ctx.ownership.prefix}-tc{cid}-worker-3" in nodes.nodes
+    assert (
+        nodes.nodes[f"{ctx.ownership.prefix}-tc{cid}-worker-1"] is first
+    )  # running nodes untouched
     assert count(ctx, GpuAllocation) == 3
     with pytest.raises(InsufficientCapacity):
         act(ctx, alice, world, cid, action="scale_cluster", additional_nodes=2)
@@ -175,11 +181,13 @@ def test_scale_restart_image_keys(
 
     act(ctx, alice, world, cid, action="restart_workers")
     operator.run(cid)
-    assert nodes.nodes[f"gy-tc{cid}-controller"].restarts == 0
-    assert all(nodes.nodes[f"gy-tc{cid}-worker-{i}"].restarts == 1 for i in (1, 2, 3))
+    assert nodes.nodes[f"{ctx.ownership.prefix}-tc{cid}-controller"].restarts == 0
+    assert all(
+        nodes.nodes[f"{ctx.ownership.prefix}-tc{cid}-worker-{i}"].restarts == 1 for i in (1, 2, 3)
+    )
     act(ctx, alice, world, cid, action="restart_cluster")
     operator.run(cid)
-    assert nodes.nodes[f"gy-tc{cid}-controller"].restarts == 1
+    assert nodes.nodes[f"{ctx.ownership.prefix}-tc{cid}-controller"].restarts == 1
 
     act(ctx, alice, world, cid, action="update_image", image_version_id=world["image2"])
     operator.run(cid)
@@ -292,14 +300,14 @@ def test_failure_shows_error_and_restart_cluster_recovers(
     nodes: FakeNodeRuntime,
 ) -> None:
     cid = create(ctx, alice, world, workers=1)
-    nodes.fail_create.add(f"gy-tc{cid}-worker-1")
+    nodes.fail_create.add(f"{ctx.ownership.prefix}-tc{cid}-worker-1")
     operator.run(cid)
     c = status(ctx, cid)
     assert c.status == "error" and "injected failure" in (c.error_message or "")
     act(ctx, alice, world, cid, action="restart_cluster")
     operator.run(cid)
     assert status(ctx, cid).status == "running"
-    assert nodes.node_state(f"gy-tc{cid}-worker-1") == "running"
+    assert nodes.node_state(f"{ctx.ownership.prefix}-tc{cid}-worker-1") == "running"
 
 
 def test_restart_cluster_recovers_a_failed_update_image(
@@ -314,7 +322,7 @@ def test_restart_cluster_recovers_a_failed_update_image(
     drain the user made stays."""
     cid = create(ctx, alice, world, workers=2)
     operator.run(cid)
-    names = training.NodeName(cid)
+    names = training.NodeName(cid, ctx.ownership.training_prefix(cid))
     nodes.exec(
         names.controller,
         [
@@ -361,10 +369,10 @@ def test_delete_after_a_half_built_cluster_leaves_nothing(
     cid = create(ctx, alice, world, workers=2)
     # The first operator fails half-way (one worker up); the cluster shows the error.
     first = TrainingOperator(ctx, nodes, edge)
-    nodes.fail_create.add(f"gy-tc{cid}-worker-2")
+    nodes.fail_create.add(f"{ctx.ownership.prefix}-tc{cid}-worker-2")
     first.run(cid)
     assert status(ctx, cid).status == "error"
-    assert nodes.node_state(f"gy-tc{cid}-worker-1") == "running"
+    assert nodes.node_state(f"{ctx.ownership.prefix}-tc{cid}-worker-1") == "running"
 
     training.delete_cluster(ctx, alice, world["scope"], cid)
     # Billing ends with the request, before (and however long) the teardown runs;
@@ -393,7 +401,7 @@ def test_lifecycle_script_results_are_awaited_and_shown(
 ) -> None:
     operator = TrainingOperator(ctx, nodes, edge, drain_timeout_s=0, lifecycle_timeout_s=0)
     cid = create(ctx, alice, world)
-    names = training.NodeName(cid)
+    names = training.NodeName(cid, ctx.ownership.training_prefix(cid))
     nodes.lifecycle_rc[names.worker(2)] = 100
     nodes.lifecycle_rc[names.controller] = None  # never finishes within the timeout
     operator.run(cid)
@@ -432,7 +440,7 @@ def test_lifecycle_wait_is_cut_short_by_a_delete(
     """A script that never ends does not keep a delete waiting for the timeout."""
     operator = TrainingOperator(ctx, nodes, edge, drain_timeout_s=0, lifecycle_timeout_s=600)
     cid = create(ctx, alice, world, workers=1)
-    nodes.lifecycle_rc[training.NodeName(cid).worker(1)] = None
+    nodes.lifecycle_rc[training.NodeName(cid, ctx.ownership.training_prefix(cid)).worker(1)] = None
     polls = 0
     real = nodes.lifecycle_result
 

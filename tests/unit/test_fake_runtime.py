@@ -7,14 +7,20 @@ import threading
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import (
     ContainerSpec,
     ContainerState,
     PortBinding,
     Runtime,
-    volume_name,
 )
 from gpuyard.runtimes.fake import FakeRuntime
+
+OWNER = Ownership.new()
+
+
+def volume_name(cluster_id: str) -> str:
+    return OWNER.volume(cluster_id)
 
 IMAGE = "localhost/gpuyard/busybox:latest"
 
@@ -36,7 +42,9 @@ def spec(cluster_id: str = "c1", *, volume: bool = True, image: str = IMAGE) -> 
 
 @pytest.fixture
 def rt() -> FakeRuntime:
-    return FakeRuntime(images={IMAGE})
+    runtime = FakeRuntime(images={IMAGE})
+    runtime.bind(OWNER)
+    return runtime
 
 
 def test_satisfies_protocol(rt: FakeRuntime) -> None:
@@ -95,12 +103,14 @@ def test_remove_volume_refuses_in_use_and_tolerates_missing(rt: FakeRuntime) -> 
 
 def test_ensure_image_failures() -> None:
     rt = FakeRuntime(pullable=True)
+    rt.bind(OWNER)
     rt.ensure_image("x:1")
     assert "x:1" in rt.images
     rt.fail_image("bad:1", "manifest unknown")
     with pytest.raises(RuntimeFailure, match=r"bad:1 .*could not be pulled: manifest unknown"):
         rt.ensure_image("bad:1")
     offline = FakeRuntime(pullable=False)
+    offline.bind(OWNER)
     with pytest.raises(RuntimeFailure, match="could not be pulled"):
         offline.ensure_image("y:1")
     with pytest.raises(RuntimeFailure, match="not present"):

@@ -70,10 +70,11 @@ def build_server(
         clock=clock or SystemClock(),
         cluster_reader=reader_for(settings.effective_database_url),
     )
-    reconciler = Reconciler(ctx, runtime)
-    ctx.wake = reconciler.wake
     admin_key = first_start(ctx)
-    register_local_host(ctx, engine_url)
+    host_id = register_local_host(ctx, engine_url)
+    # Binds the runtime to this installation: from here on it sees only our objects.
+    reconciler = Reconciler(ctx, runtime, host_id=host_id)
+    ctx.wake = reconciler.wake
     operator = training_operator(ctx) if training_operator is not None else None
     if operator is not None:
         ctx.training_wake = operator.wake
@@ -150,7 +151,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         from gpuyard.runtimes.engine_url import detect_engine_url
 
         url = detect_engine_url(settings.engine_url)
-        runtime = DockerEngineRuntime(url)
+        runtime = DockerEngineRuntime(url, allow_unenforced_limits=settings.allow_unenforced_limits)
         operator = training_operator_factory(settings, url) if settings.training_enabled else None
         return build_server(settings, runtime, engine_url=url, training_operator=operator).app
     return build_server(settings, runtime).app
@@ -167,7 +168,7 @@ def training_operator_factory(
     def make(ctx: Context) -> TrainingOperator:
         return TrainingOperator(
             ctx,
-            SlurmNodeRuntime(engine_url),
+            SlurmNodeRuntime(engine_url, allow_unenforced_limits=settings.allow_unenforced_limits),
             TcpForwarder(),
             ready_timeout_s=settings.training_ready_timeout_s,
             drain_timeout_s=settings.training_drain_timeout_s,

@@ -95,6 +95,13 @@ class StartupProgress(_Out):
     total_steps: int
 
 
+class LastExit(_Out):
+    exit_code: int | None
+    seen_at: str | None
+    restarted_at: str | None
+    next_restart_at: str | None
+
+
 class Cluster(_Out):
     id: str
     name: str
@@ -104,6 +111,8 @@ class Cluster(_Out):
     actions: list[str]
     last_status_change: str
     error_message: str | None
+    restarts: int = Field(description="How often the container was brought back after dying")
+    last_exit: LastExit | None
     docker_image: str
     docker_args: str
     gpu_type: str | None

@@ -10,7 +10,7 @@ from gpuyard.core.ledger import MICRO
 from gpuyard.core.progress import progress_for
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services.cluster_views import ClusterDetails
-from gpuyard.store.schema import Event
+from gpuyard.store.schema import Cluster, Event
 
 
 def iso(t: datetime | None) -> str | None:
@@ -95,6 +95,20 @@ def auto_terminate(d: ClusterDetails) -> dict[str, Any]:
     }
 
 
+def last_exit(c: Cluster) -> dict[str, Any] | None:
+    """The last time the container died on its own and was (or will be) brought back:
+    its exit code (null: it disappeared), when that was seen, when it was restarted."""
+    if c.last_exit_code is None and not c.recent_failures and c.last_restart_at is None:
+        return None
+    seen = c.recent_failures[-1] if c.recent_failures else None
+    return {
+        "exit_code": c.last_exit_code,
+        "seen_at": str(seen) if seen else None,
+        "restarted_at": iso(c.last_restart_at),
+        "next_restart_at": iso(c.next_restart_at),
+    }
+
+
 def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
     c = d.cluster
     status = ClusterStatus(c.status)
@@ -107,6 +121,8 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "actions": [a.value for a in allowed_actions(status)],
         "last_status_change": c.status_reason,
         "error_message": c.error_message,
+        "restarts": c.restarts,
+        "last_exit": last_exit(c),
         "docker_image": c.image,
         "docker_args": c.docker_args,
         "gpu_type": c.gpu_type,

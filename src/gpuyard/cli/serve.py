@@ -160,7 +160,10 @@ def run_server(host: str | None, port: int | None) -> None:
         url, service = find_engine(settings)
         operator = training_operator_factory(settings, url) if settings.training_enabled else None
         server = build_server(
-            settings, DockerEngineRuntime(url), engine_url=url, training_operator=operator
+            settings,
+            DockerEngineRuntime(url, allow_unenforced_limits=settings.allow_unenforced_limits),
+            engine_url=url,
+            training_operator=operator,
         )
         if server.admin_key is not None:
             announce_admin_key(server.admin_key, settings)

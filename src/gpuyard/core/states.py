@@ -60,7 +60,8 @@ IN_MOTION: frozenset[ClusterStatus] = frozenset({S.PENDING, S.STARTING, S.STOPPI
 
 # Statuses in which a cluster may legitimately have a container; in any other, a
 # container labelled with its id is an orphan.
-MAY_HAVE_CONTAINER: frozenset[ClusterStatus] = IN_MOTION | {S.RUNNING}
+# An ``error`` cluster keeps its stopped container, so its logs can be read.
+MAY_HAVE_CONTAINER: frozenset[ClusterStatus] = IN_MOTION | {S.RUNNING, S.ERROR}
 
 # What status each action requires, for the INVALID_STATE details.
 REQUIRED_STATUS: dict[Action, str] = {

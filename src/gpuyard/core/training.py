@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpuyard.core.errors import InvalidState, ValidationFailed
+from gpuyard.core.ownership import legacy_training_prefix
 
 # What a controller (login) node reserves: it runs slurmctld and sshd, no GPUs.
 CONTROLLER_VCPUS = 2
@@ -182,10 +183,13 @@ class NodeName:
     once, so they are DNS labels (lowercase letters, digits, dashes)."""
 
     cluster_id: int
+    # The cluster's stored prefix (Ownership.training_prefix); None: a cluster made
+    # before installation ids, whose names keep the old form.
+    stored_prefix: str | None = None
 
     @property
     def prefix(self) -> str:
-        return f"gy-tc{self.cluster_id}"
+        return self.stored_prefix or legacy_training_prefix(self.cluster_id)
 
     @property
     def controller(self) -> str:

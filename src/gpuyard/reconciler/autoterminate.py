@@ -193,7 +193,7 @@ class AutoTerminator:
         now = self.ctx.clock.now()
         for cluster in clusters:
             try:
-                stats = self.runtime.stats(cluster.id)
+                stats = self.runtime.stats(cluster.id, "idle")
             except GpuyardError as exc:
                 log.debug("no stats for %s: %s", cluster.id, exc.message)
                 continue

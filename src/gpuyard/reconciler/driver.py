@@ -12,6 +12,7 @@ import logging
 import shlex
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -19,23 +20,36 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
+from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
-    LABEL_MANAGED,
     ContainerSpec,
     ContainerState,
     PortBinding,
     Runtime,
-    volume_name,
 )
 from gpuyard.services.context import Context
 from gpuyard.services.hosts import gpu_uuids
-from gpuyard.services.lifecycle import guarded_update, transition_cluster
+from gpuyard.services.lifecycle import guarded_update, record_event, transition_cluster
 from gpuyard.services.placement import release_all, release_compute
 from gpuyard.store.schema import Cluster, PortAllocation, StartupSample
 
 log = logging.getLogger(__name__)
+
+# Lines of a dead container's output kept in error_message and events.
+ERROR_LOG_LINES = 50
+
+
+def _parse_times(values: list[Any]) -> list[datetime]:
+    out = []
+    for v in values:
+        try:
+            t = datetime.fromisoformat(str(v))
+        except ValueError:
+            continue
+        out.append(t if t.tzinfo else t.replace(tzinfo=UTC))
+    return out
 
 
 class Abandon(Exception):
@@ -47,6 +61,20 @@ class ClusterDriver:
         self.ctx = ctx
         self.runtime = runtime
         self.sleep = sleep
+        s = ctx.settings
+        self.restart_policy = RestartPolicy(
+            initial_s=s.restart_backoff_initial_s,
+            max_s=s.restart_backoff_max_s,
+            limit=s.restart_limit,
+            window_s=s.restart_window_s,
+        )
+        # Told when a cluster's next restart attempt is due (the reconciler looks then).
+        self.on_restart_due: Callable[[str, datetime], None] = lambda _cid, _at: None
+
+    def volume_of(self, c: Cluster) -> str:
+        """The cluster's engine volume: its stored name (clusters older than
+        installation ids) or this installation's name for it."""
+        return c.volume_name or self.ctx.ownership.volume(c.id)
 
     # -- helpers -------------------------------------------------------------
     def _load(self, cluster_id: str) -> Cluster | None:
@@ -87,7 +115,16 @@ class ClusterDriver:
             self.ctx.notifier.notify()
 
     def _fail(self, cluster: Cluster, message: str) -> None:
+        """To ``error``. The container is stopped but kept, so its logs can be read
+        until the cluster is started again or terminated; its GPUs are released only
+        once the engine has confirmed it is stopped."""
         log.warning("cluster %s failed: %s", cluster.id, message)
+        try:
+            self.runtime.halt(cluster.id, timeout_s=self.ctx.settings.stop_timeout_s)
+        except GpuyardError as exc:
+            # It may still run on its GPUs: keep them, retry on the next pass.
+            log.warning("cannot stop failed cluster %s, will retry: %s", cluster.id, exc.message)
+            raise Abandon() from exc
         self._transition(
             cluster,
             ClusterStatus.ERROR,
@@ -221,13 +258,13 @@ class ClusterDriver:
                 PortBinding(a.internal_port, a.port, "udp" if a.protocol == "udp" else "tcp")
                 for a in allocations
             ),
-            volume_name=volume_name(c.id) if c.volume_gb > 0 else None,
+            volume_name=self.volume_of(c) if c.volume_gb > 0 else None,
             volume_mount_path=c.volume_mount_path,
             cpu_cores=float(c.cpu_cores),
             memory_gb=float(c.memory_gb),
             gpu_indices=tuple(c.gpu_indices),
             gpu_uuids=uuids,
-            labels={LABEL_CLUSTER: c.id, LABEL_MANAGED: "true"},
+            labels={LABEL_CLUSTER: c.id},
         )
 
     def _stop(self, c: Cluster) -> None:
@@ -251,7 +288,7 @@ class ClusterDriver:
     def _terminate(self, c: Cluster) -> None:
         try:
             self.runtime.stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
-            self.runtime.remove_volume(volume_name(c.id))
+            self.runtime.remove_volume(self.volume_of(c), legacy=c.volume_name is not None)
         except GpuyardError as exc:
             # Terminate must not leave a running container billed to nobody: retry.
             log.warning("terminate of %s failed, will retry: %s", c.id, exc.message)
@@ -265,29 +302,136 @@ class ClusterDriver:
             runtime_handle={},
         )
 
-    # -- observation of resting clusters ---------------------------------------
-    def check_running(self, cluster_id: str) -> None:
-        """A cluster recorded as running whose container is gone or exited fails."""
+    # -- desired state wins -------------------------------------------------------
+
+    def recover(self, cluster_id: str) -> None:
+        """A cluster that should run whose container is gone or exited is brought back:
+        recreated with the same GPUs, ports, env and volume after an exponential
+        back-off, counting restarts; after the policy's limit of failures within its
+        window it goes to ``error`` (exit code and last log lines kept). Its GPUs stay
+        claimed throughout: the status stays ``running``."""
         c = self._load(cluster_id)
         if c is None or c.status != ClusterStatus.RUNNING:
             return
         seen = self.runtime.observe(cluster_id)
         if seen.state == ContainerState.RUNNING:
             return
+        now = self.ctx.clock.now()
         try:
-            if seen.state == ContainerState.MISSING:
-                self._fail(c, "container disappeared")
+            if c.next_restart_at is None:
+                self._count_failure(c, seen.state, seen.exit_code, seen.error, now)
+            elif now >= c.next_restart_at:
+                self._restart(c, now)
             else:
-                self._fail(c, f"container exited with code {seen.exit_code}")
+                self.on_restart_due(c.id, c.next_restart_at)
         except Abandon:
             pass
 
-    def collect_orphan(self, cluster_id: str) -> None:
-        """Remove the container of a cluster that should have none."""
+    def _count_failure(
+        self,
+        c: Cluster,
+        state: ContainerState,
+        exit_code: int | None,
+        error: str | None,
+        now: datetime,
+    ) -> None:
+        what = (
+            "container disappeared"
+            if state == ContainerState.MISSING
+            else f"container exited with code {exit_code}"
+        )
+        if error:
+            what += f" ({error})"
+        verdict = judge_failure(self.restart_policy, _parse_times(c.recent_failures), now)
+        if verdict.give_up:
+            tail = self._log_tail(c.id, state)
+            message = (
+                f"{what}; gave up after {len(verdict.failures)} failures within "
+                f"{self.restart_policy.window_s:g} s"
+            )
+            self._fail(c, f"{message}{tail}")
+            return
+        delay = (verdict.retry_at - now).total_seconds()
+        with self.ctx.transaction() as session:
+            try:
+                c.version = guarded_update(
+                    session,
+                    c.id,
+                    c.version,
+                    now,
+                    recent_failures=[t.isoformat() for t in verdict.failures],
+                    last_exit_code=exit_code,
+                    next_restart_at=verdict.retry_at,
+                )
+            except Conflict as exc:
+                raise Abandon() from exc
+            record_event(session, c.id, now, "restart", f"{what}; restarting in {delay:g} s")
+        self.ctx.notifier.notify()
+        self.on_restart_due(c.id, verdict.retry_at)
+
+    def _log_tail(self, cluster_id: str, state: ContainerState) -> str:
+        if state == ContainerState.MISSING:
+            return ""
+        try:
+            tail = self.runtime.logs(cluster_id, tail=ERROR_LOG_LINES).rstrip()
+        except GpuyardError:
+            return ""
+        return f"; last output:\n{tail}" if tail else ""
+
+    def _restart(self, c: Cluster, now: datetime) -> None:
+        number = c.restarts + 1
+        try:
+            self.runtime.ensure_image(c.image)
+            container_id = self.runtime.create(self._spec(c))
+            self.runtime.start(c.id)
+        except GpuyardError as exc:
+            # Counted as one more failure on the next look.
+            self._record(c, next_restart_at=None)
+            log.warning("restart %d of cluster %s failed: %s", number, c.id, exc.message)
+            return
+        with self.ctx.transaction() as session:
+            try:
+                c.version = guarded_update(
+                    session,
+                    c.id,
+                    c.version,
+                    now,
+                    restarts=number,
+                    last_restart_at=now,
+                    next_restart_at=None,
+                    runtime_handle={"container_id": container_id},
+                )
+            except Conflict as exc:
+                raise Abandon() from exc
+            record_event(
+                session,
+                c.id,
+                now,
+                "restart",
+                f"restarted (restart {number}; last exit code {c.last_exit_code})",
+            )
+        self.ctx.notifier.notify()
+
+    # -- collection ------------------------------------------------------------------
+
+    def collect_container(self, cluster_id: str) -> None:
+        """Remove the container of ours that a cluster should not have (the reconciler
+        calls this only after the grace period), and say so in the cluster's events."""
         c = self._load(cluster_id)
         if c is not None and ClusterStatus(c.status) in MAY_HAVE_CONTAINER:
             return
-        log.info("removing orphaned container of cluster %s", cluster_id)
+        log.info("removing container of cluster %s: no cluster of ours should have it", cluster_id)
         self.runtime.stop(cluster_id, timeout_s=self.ctx.settings.stop_timeout_s)
-        if c is None:
-            self.runtime.remove_volume(volume_name(cluster_id))
+        with self.ctx.transaction() as session:
+            record_event(
+                session,
+                cluster_id,
+                self.ctx.clock.now(),
+                "collected",
+                "removed a container of this installation that "
+                + (
+                    "no cluster in the database knows"
+                    if c is None
+                    else f"a {c.status} cluster should not have"
+                ),
+            )

@@ -1,10 +1,18 @@
 """The reconciler: a loop that, on every wake-up or interval, compares desired and
-observed state from scratch and hands per-cluster work to a thread pool.
+observed state from scratch and hands per-cluster work to the work queue.
 
 At most one job runs per cluster at a time (in this process), so a start, a stop
-and an orphan removal of the same cluster never interleave. A periodic pass also
-observes the engine: running clusters whose container died fail, containers no
-cluster should have are removed, and GPU rows held by resting clusters are freed.
+and a collection of the same cluster never interleave; slow work (starts, which pull
+images and wait for readiness; restarts) and urgent work (stops, terminates,
+collection) run in separate lanes (reconciler/workqueue.py). A periodic pass also
+observes the engine, looking only at this installation's objects:
+
+- a running cluster whose container died is brought back (ClusterDriver.recover);
+- a container of ours that no cluster should have is removed once it has been seen
+  so for the grace period (``GPUYARD_ORPHAN_CONTAINER_GRACE_S``);
+- a volume of ours the database does not know is quarantined, never deleted on sight
+  (reconciler/orphans.py);
+- GPU rows held by resting clusters are freed.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select
 
@@ -21,34 +29,64 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.states import HOLDS_COMPUTE, IN_MOTION, MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.autoterminate import AutoTerminator
 from gpuyard.reconciler.driver import ClusterDriver
+from gpuyard.reconciler.orphans import VolumeCollector
+from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.services.context import Context
-from gpuyard.store.schema import Cluster, GpuAllocation
+from gpuyard.store.schema import Cluster, GpuAllocation, Host
 
 log = logging.getLogger(__name__)
 
+URGENT = "urgent"
+SLOW = "slow"
+# Statuses whose work must never wait behind slow work.
+_URGENT_STATUSES = {ClusterStatus.STOPPING.value, ClusterStatus.TERMINATING.value}
+
 
 class Reconciler:
-    def __init__(self, ctx: Context, runtime: Runtime, *, observe_every_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        runtime: Runtime,
+        *,
+        observe_every_s: float = 5.0,
+        volume_scan_every_s: float = 30.0,
+        host_id: int | None = None,
+    ) -> None:
         self.ctx = ctx
         self.runtime = runtime
+        runtime.bind(ctx.ownership)
         self.driver = ClusterDriver(ctx, runtime)
+        self.driver.on_restart_due = self._restart_due_at
         self.autoterm = AutoTerminator(ctx, runtime)
         self.observe_every_s = observe_every_s
+        self.volume_scan_every_s = volume_scan_every_s
+        self._host_id = host_id
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._in_flight: set[str] = set()
-        self._pool = ThreadPoolExecutor(
-            max_workers=ctx.settings.reconcile_workers, thread_name_prefix="reconcile"
-        )
+        workers = max(2, ctx.settings.reconcile_workers)
+        self.queue = WorkQueue({URGENT: workers, SLOW: workers}, on_done=self.wake)
         self._thread: threading.Thread | None = None
         self._last_observe = 0.0
+        self._last_volume_scan = 0.0
+        # Containers of ours that no cluster should have: when each was first seen so.
+        self._unknown_since: dict[str, datetime] = {}
+        # Clusters whose next restart attempt is due at the given time.
+        self._restarts_due: dict[str, datetime] = {}
         # Metrics hook (observability/metrics.py): called after each loop pass with
         # (lag_s, duration_s). Lag: from when the pass was due (the first wake() since
         # the last pass, or the end of the sleep) to when it began.
         self.on_pass: Callable[[float, float], None] | None = None
         self._woken_at: float | None = None
+
+    @property
+    def host_id(self) -> int | None:
+        """The host whose engine this reconciler drives (the first host if not set)."""
+        if self._host_id is None:
+            with self.ctx.read() as session:
+                self._host_id = session.scalar(select(Host.id).order_by(Host.id).limit(1))
+        return self._host_id
 
     # -- control -------------------------------------------------------------
     def start(self) -> None:
@@ -60,7 +98,7 @@ class Reconciler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.queue.close(wait=True)
 
     def wake(self) -> None:
         if self._woken_at is None:
@@ -69,10 +107,12 @@ class Reconciler:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            # Sleep no longer than until the next auto-termination deadline.
+            # Sleep no longer than until the next auto-termination deadline or restart.
             timeout = self.ctx.settings.reconcile_interval_s
-            due_in = self.autoterm.seconds_until_next()
-            sleep_s = timeout if due_in is None else min(timeout, due_in)
+            dues = [
+                d for d in (self.autoterm.seconds_until_next(), self._restart_in()) if d is not None
+            ]
+            sleep_s = min([timeout, *dues])
             due_at = time.monotonic() + sleep_s
             self._wake.wait(sleep_s)
             self._wake.clear()
@@ -94,77 +134,120 @@ class Reconciler:
 
     # -- one pass ------------------------------------------------------------
     def run_pass(self, *, observe: bool | None = None) -> None:
-        """Dispatch every cluster in motion; observe the engine when due."""
+        """Dispatch every cluster in motion and every restart that is due; observe
+        the engine when due."""
         with self.ctx.read() as session:
             moving = list(
-                session.scalars(
-                    select(Cluster.id).where(Cluster.status.in_([s.value for s in IN_MOTION]))
+                session.execute(
+                    select(Cluster.id, Cluster.status).where(
+                        Cluster.status.in_([s.value for s in IN_MOTION])
+                    )
                 )
             )
-        for cluster_id in moving:
-            self._submit(cluster_id, self.driver.drive)
+        for cluster_id, status in moving:
+            lane = URGENT if status in _URGENT_STATUSES else SLOW
+            self._submit(cluster_id, self.driver.drive, lane)
+        now = self.ctx.clock.now()
+        with self._lock:
+            due = [cid for cid, at in self._restarts_due.items() if at <= now]
+            for cid in due:
+                del self._restarts_due[cid]
+        for cid in due:
+            self._submit(cid, self.driver.recover, SLOW)
         try:
             self.autoterm.run()
         except Exception:  # never let a policy problem stop the lifecycle work
             log.exception("auto-termination pass failed")
-        due = time.monotonic() - self._last_observe >= self.observe_every_s
-        if observe or (observe is None and due):
+        due_observe = time.monotonic() - self._last_observe >= self.observe_every_s
+        if observe or (observe is None and due_observe):
             self._last_observe = time.monotonic()
             self.observe()
 
+    def _restart_due_at(self, cluster_id: str, at: datetime) -> None:
+        with self._lock:
+            self._restarts_due[cluster_id] = at
+        self.wake()
+
+    def _restart_in(self) -> float | None:
+        with self._lock:
+            if not self._restarts_due:
+                return None
+            first = min(self._restarts_due.values())
+        return max(0.0, (first - self.ctx.clock.now()).total_seconds())
+
     def observe(self) -> None:
+        """Compare this installation's containers (and, less often, volumes) with the
+        store; see the module docstring."""
         try:
             containers = self.runtime.list_managed()
         except GpuyardError as exc:
+            # An engine that does not answer (e.g. restarting) is not evidence that
+            # anything died: nothing is recovered or collected until it answers.
             log.warning("cannot list containers: %s", exc.message)
             return
         listed_at = self.ctx.clock.now()
         by_cluster = {c.cluster_id: c for c in containers}
         with self.ctx.transaction() as session:
-            rows = list(session.execute(select(Cluster.id, Cluster.status, Cluster.updated_at)))
+            rows = list(
+                session.execute(
+                    select(Cluster.id, Cluster.status, Cluster.updated_at).where(
+                        Cluster.status.in_([s.value for s in MAY_HAVE_CONTAINER])
+                    )
+                )
+            )
             # GPU rows of clusters that no longer hold compute (a crash between the
             # status change and the release, or a manual DB edit) are freed here.
             resting = select(Cluster.id).where(
                 Cluster.status.not_in([s.value for s in HOLDS_COMPUTE])
             )
             session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id.in_(resting)))
-        known = {cid: (ClusterStatus(status), updated) for cid, status, updated in rows}
-        for cid, (status, updated) in known.items():
+        live = {cid: (ClusterStatus(status), updated) for cid, status, updated in rows}
+        for cid, (status, updated) in live.items():
             seen = by_cluster.get(cid)
             dead = seen is None or seen.state != ContainerState.RUNNING
             if status == ClusterStatus.RUNNING and updated < listed_at and dead:
-                self._submit(cid, self.driver.check_running)
-        for cid in by_cluster:
-            status_updated = known.get(cid)
-            if status_updated is None or status_updated[0] not in MAY_HAVE_CONTAINER:
-                self._submit(cid, self.driver.collect_orphan)
+                self._submit(cid, self.driver.recover, SLOW)
+        self._collect_containers(set(by_cluster) - set(live), listed_at)
+        if time.monotonic() - self._last_volume_scan >= self.volume_scan_every_s:
+            self._last_volume_scan = time.monotonic()
+            self.scan_volumes()
+
+    def _collect_containers(self, unexpected: set[str], now: datetime) -> None:
+        """Containers of ours that no cluster should have are removed only once they
+        have been seen so for the grace period (a create racing the listing, or a
+        store briefly behind, never loses a container)."""
+        grace = timedelta(seconds=self.ctx.settings.orphan_container_grace_s)
+        for cid in list(self._unknown_since):
+            if cid not in unexpected:
+                del self._unknown_since[cid]
+        for cid in unexpected:
+            first = self._unknown_since.setdefault(cid, now)
+            if now - first >= grace:
+                self._submit(cid, self.driver.collect_container, URGENT)
+
+    def scan_volumes(self) -> None:
+        """Quarantine unknown volumes of ours; delete those past their retention."""
+        host_id = self.host_id
+        if host_id is not None:
+            VolumeCollector(self.ctx, self.runtime, host_id).scan()
 
     # -- dispatch ------------------------------------------------------------
-    def _submit(self, cluster_id: str, job: Callable[[str], None]) -> None:
-        with self._lock:
-            if cluster_id in self._in_flight or self._stopping.is_set():
-                return
-            self._in_flight.add(cluster_id)
-        try:
-            self._pool.submit(self._run_job, cluster_id, job)
-        except RuntimeError:  # pool shut down
-            with self._lock:
-                self._in_flight.discard(cluster_id)
+    def _submit(self, cluster_id: str, job: Callable[[str], None], lane: str) -> None:
+        if self._stopping.is_set():
+            return
+        self.queue.submit(cluster_id, lane, lambda: self._run_job(cluster_id, job))
 
-    def _run_job(self, cluster_id: str, job: Callable[[str], None]) -> None:
+    @staticmethod
+    def _run_job(cluster_id: str, job: Callable[[str], None]) -> None:
         try:
             job(cluster_id)
-        except Exception:
-            log.exception("reconcile job for cluster %s failed", cluster_id)
-        finally:
-            with self._lock:
-                self._in_flight.discard(cluster_id)
-            # The cluster may have been changed while we worked (stop during start).
-            self.wake()
+        except GpuyardError as exc:
+            # Engine trouble: the queue retries this cluster after a back-off.
+            log.warning("reconcile job for cluster %s failed: %s", cluster_id, exc.message)
+            raise
 
     def idle(self) -> bool:
-        with self._lock:
-            return not self._in_flight
+        return not self.queue.busy()
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """For tests and shutdown: wait until no job runs and nothing is in motion."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from sqlalchemy import select
 
 from gpuyard.core.errors import GpuyardError
+from gpuyard.core.ownership import Ownership
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import (
     LIFECYCLE_LOG,
@@ -62,6 +63,7 @@ DRAIN_REASON = "update_image"
 class NodeRuntime(Protocol):
     """What the operator needs of runtimes/slurm_nodes.SlurmNodeRuntime."""
 
+    def bind(self, owner: Ownership) -> None: ...
     def ensure_network(self, name: str) -> None: ...
     def remove_network(self, name: str) -> None: ...
     def create_node(self, spec: NodeSpec, files: dict[str, tuple[bytes, int]]) -> str: ...
@@ -111,6 +113,7 @@ class TrainingOperator:
     ) -> None:
         self.ctx = ctx
         self.nodes = nodes
+        nodes.bind(ctx.ownership)
         self.edges = ClusterEdges(ctx, edge, nodes, bind_address)
         self.ready_timeout_s = ready_timeout_s
         self.drain_timeout_s = drain_timeout_s
@@ -308,7 +311,7 @@ class TrainingOperator:
 
     def _files(self, snap: Snapshot, node: TrainingNode) -> dict[str, tuple[bytes, int]]:
         c = snap.cluster
-        names = NodeName(c.id)
+        names = NodeName(c.id, c.name_prefix)
         files: dict[str, tuple[bytes, int]] = {
             "munge.key": (base64.b64decode(c.munge_key), 0o400),
             "slurm.conf": (
@@ -327,7 +330,7 @@ class TrainingOperator:
         from gpuyard.runtimes.slurm_nodes import NodeSpec
 
         c = snap.cluster
-        names = NodeName(c.id)
+        names = NodeName(c.id, c.name_prefix)
         controller = node.role == NodeRole.CONTROLLER
         return NodeSpec(
             name=node.name,
@@ -423,7 +426,7 @@ class TrainingOperator:
         lists every worker as usable. Running nodes are left alone, so a scale never
         disturbs running jobs."""
         c = snap.cluster
-        names = NodeName(c.id)
+        names = NodeName(c.id, c.name_prefix)
         self.nodes.ensure_network(names.network)
         ordered = sorted(snap.nodes, key=lambda n: n.role != NodeRole.CONTROLLER)
         for node in ordered:
@@ -465,7 +468,7 @@ class TrainingOperator:
         raise GpuyardError(f"GPUs {sorted(mine)} are still held by a stopping cluster")
 
     def _restart(self, snap: Snapshot, token: str, *, controller: bool) -> None:
-        names = NodeName(snap.cluster.id)
+        names = NodeName(snap.cluster.id, snap.cluster.name_prefix)
         workers = [n for n in snap.nodes if n.role == NodeRole.WORKER]
         chosen = [n for n in snap.nodes if controller or n.role == NodeRole.WORKER]
         self._set_nodes([n.id for n in chosen], NodeStatus.RESTARTING)
@@ -566,7 +569,7 @@ class TrainingOperator:
         """Tell a replaced controller where each worker is now. Slurm keeps a dynamic
         node's address from the state file, which may predate the worker's own
         re-registration (workers were replaced before the controller)."""
-        names = NodeName(snap.cluster.id)
+        names = NodeName(snap.cluster.id, snap.cluster.name_prefix)
         for node in snap.nodes:
             if node.role != NodeRole.WORKER:
                 continue
@@ -584,7 +587,7 @@ class TrainingOperator:
         """Replace each node whose image differs, one at a time: workers drained first
         and resumed after; the controller last (its state volume keeps the queue)."""
         c = snap.cluster
-        names = NodeName(c.id)
+        names = NodeName(c.id, c.name_prefix)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         ordered = sorted(snap.nodes, key=lambda n: n.role == NodeRole.CONTROLLER)
         for node in ordered:
@@ -612,7 +615,7 @@ class TrainingOperator:
 
     def _teardown(self, snap: Snapshot) -> None:
         c = snap.cluster
-        names = NodeName(c.id)
+        names = NodeName(c.id, c.name_prefix)
         with self.ctx.read() as session:
             ips = session.scalars(
                 select(ReservedIp.address).where(ReservedIp.training_cluster_id == c.id)
@@ -644,8 +647,12 @@ class TrainingOperator:
         hit = self._sinfo_cache.get(cluster_id)
         if hit is not None and time.monotonic() - hit[0] < max_age_s:
             return hit[1]
+        with self.ctx.read() as session:
+            prefix = session.scalar(
+                select(TrainingCluster.name_prefix).where(TrainingCluster.id == cluster_id)
+            )
         try:
-            states = self.nodes.sinfo(NodeName(cluster_id).controller)
+            states = self.nodes.sinfo(NodeName(cluster_id, prefix).controller)
         except Exception:
             return None
         self._sinfo_cache[cluster_id] = (time.monotonic(), states)

@@ -123,6 +123,7 @@ class ClusterEdges:
             )
             rule_sets = [secgroups.parse_rules(g.rules) for g in groups]
             ssh_port = cluster.ssh_port
+            names = NodeName(cluster_id, cluster.name_prefix)
         if len(groups) < len(attached):
             # An attached group that no longer exists must not open the cluster up
             # (no group at all means open): fail closed until the store is consistent.
@@ -143,7 +144,6 @@ class ClusterEdges:
                 held.discard(listener)
 
         keep_only(addresses)
-        names = NodeName(cluster_id)
         target = self.nodes.node_address(names.controller, names.network)
         if target is None:
             keep_only(set())  # no controller to reach: nothing listens

@@ -14,8 +14,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
-LABEL_CLUSTER = "gpuyard.cluster_id"
-LABEL_MANAGED = "gpuyard.managed"
+from gpuyard.core.ownership import LABEL_CLUSTER, LABEL_INSTALLATION, LABEL_MANAGED, Ownership
+
+__all__ = ["LABEL_CLUSTER", "LABEL_INSTALLATION", "LABEL_MANAGED"]
+
+# Who reads a container's CPU%: each has its own sampling window (see Runtime.stats).
+StatsConsumer = Literal["view", "idle"]
 
 
 class ContainerState(StrEnum):
@@ -67,6 +71,16 @@ class ManagedContainer:
 
 
 @dataclass(frozen=True)
+class ManagedVolume:
+    """A volume of this installation: its name, the cluster it was made for (label),
+    and its size when the engine reports one."""
+
+    name: str
+    cluster_id: str | None
+    size_bytes: int | None
+
+
+@dataclass(frozen=True)
 class ContainerStats:
     cpu_percent: float
     memory_percent: float
@@ -79,12 +93,19 @@ class Capabilities:
     cpu_limits: bool
     memory_limits: bool
     stats: bool
+    # Why the engine refused CPU/memory limits, once it has.
+    limits_problem: str | None = None
 
 
 class Runtime(Protocol):
     """A container engine driver. See the module docstring for shared contracts."""
 
     name: str
+
+    def bind(self, owner: Ownership) -> None:
+        """Act for installation ``owner``: name and label everything with its id, and
+        list, observe and remove only objects carrying it. Called once, at start."""
+        ...
 
     def capabilities(self) -> Capabilities: ...
 
@@ -96,7 +117,7 @@ class Runtime(Protocol):
         """Make ``image`` present locally, pulling it if needed."""
         ...
 
-    def ensure_volume(self, name: str) -> None: ...
+    def ensure_volume(self, name: str, cluster_id: str | None = None) -> None: ...
 
     def create(self, spec: ContainerSpec) -> str:
         """Create (not start) the cluster's container, replacing any previous one of the
@@ -109,22 +130,28 @@ class Runtime(Protocol):
         """Stop and remove the cluster's container (the container disk is wiped)."""
         ...
 
-    def remove_volume(self, name: str) -> None: ...
+    def halt(self, cluster_id: str, timeout_s: int = 10) -> None:
+        """Stop the cluster's container but keep it, so its logs can still be read."""
+        ...
+
+    def remove_volume(self, name: str, *, legacy: bool = False) -> None:
+        """Delete our volume ``name``. ``legacy``: it predates installation ids (its
+        name comes from the store) and is removed if no installation claims it."""
+        ...
 
     def observe(self, cluster_id: str) -> Observed: ...
 
     def list_managed(self) -> list[ManagedContainer]:
-        """Every container this control plane created, found by label."""
+        """Every cluster container of this installation, found by its labels."""
         ...
 
-    def stats(self, cluster_id: str) -> ContainerStats | None: ...
+    def list_volumes(self) -> list[ManagedVolume]:
+        """Every volume of this installation, found by its labels."""
+        ...
+
+    def stats(self, cluster_id: str, consumer: StatsConsumer = "view") -> ContainerStats | None:
+        """CPU% since ``consumer``'s previous call (each consumer its own window) and
+        memory%; None unless running."""
+        ...
 
     def logs(self, cluster_id: str, tail: int = 200) -> str: ...
-
-
-def container_name(cluster_id: str) -> str:
-    return f"gpuyard-{cluster_id}"
-
-
-def volume_name(cluster_id: str) -> str:
-    return f"gpuyard-vol-{cluster_id}"

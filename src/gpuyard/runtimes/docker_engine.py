@@ -25,43 +25,31 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import docker
 import docker.errors
 import docker.types
-import requests
 
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
-    LABEL_MANAGED,
     Capabilities,
     ContainerSpec,
     ContainerState,
     ContainerStats,
     ManagedContainer,
+    ManagedVolume,
     Observed,
-    container_name,
+    StatsConsumer,
 )
+from gpuyard.runtimes.engine import Engine, reason
 
 _ZERO_TIME_PREFIX = "0001-01-01"
 _RUNNING_STATES = {"running", "paused", "restarting"}
 _CREATED_STATES = {"created", "configured", "initialized"}
-# Engine error texts that mean "this host cannot apply a CPU/memory limit" (cgroup
-# controllers missing or not delegated, e.g. rootless on cgroup v1).
-_LIMIT_ERROR_MARKERS = (
-    "cgroup",
-    "cpu.cfs",
-    "cpu quota",
-    "nanocpus",
-    "memory limit",
-    "memory.limit",
-    "kernel does not support",
-    "not supported",
-)
 
 
 def _now_ns() -> int:
@@ -91,15 +79,6 @@ def _parse_engine_time(value: str | None) -> int | None:
     return int(dt.timestamp()) * 1_000_000_000 + (int(frac) if frac else 0)
 
 
-def _reason(e: BaseException) -> str:
-    """The engine's own explanation when there is one, else the exception text."""
-    if isinstance(e, docker.errors.APIError):
-        explanation = getattr(e, "explanation", None)
-        if explanation:
-            return str(explanation)
-    return str(e) or type(e).__name__
-
-
 IMAGE_PRESENT_TTL_S = 30.0
 
 
@@ -107,29 +86,42 @@ class _NameInUse(Exception):
     """The cluster's container name is taken by a previous container."""
 
 
+def _state_of(status: str) -> ContainerState:
+    status = status.lower()
+    if status in _RUNNING_STATES:
+        return ContainerState.RUNNING
+    if status in _CREATED_STATES:
+        return ContainerState.CREATED
+    return ContainerState.EXITED
+
+
 class DockerEngineRuntime:
-    """Runtime over a Docker Engine API URL (``unix://``, ``tcp://``, ``ssh://``).
+    """Runtime over a Docker Engine API URL (``unix://``, ``tcp://``, ``ssh://``), acting
+    for one installation (``owner``, or bound later with :meth:`bind`).
 
     The SDK client is created on first use, so constructing this object never touches
     the engine and a server can start with no engine present. Thread-safe: the SDK's
     ``requests`` session is shared, and the little state kept here is behind a lock.
+    Containers are named ``gy{installation}-{cluster id}`` and carry our labels; nothing
+    without them is ever stopped or removed (runtimes/engine.py).
     """
 
     name = "docker-engine"
 
-    def __init__(self, base_url: str | None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        base_url: str | None,
+        timeout_s: float = 60.0,
+        owner: Ownership | None = None,
+        *,
+        allow_unenforced_limits: bool = False,
+    ) -> None:
+        self.engine = Engine(
+            base_url, timeout_s, owner, allow_unenforced_limits=allow_unenforced_limits
+        )
         self.base_url = base_url
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        # Separate from _lock: creating the client talks to the engine (up to the
-        # timeout), which must not stall calls that only touch local state.
-        self._client_lock = threading.Lock()
-        self._client_obj: Any = None
-        self._is_podman: bool | None = None
-        # Flipped off the first time the engine refuses a limit; never flipped back,
-        # because the host's cgroup setup does not change under a running server.
-        self._cpu_limits = True
-        self._memory_limits = True
         # The last spec created per cluster, so start() can recreate without limits if
         # the OCI runtime only rejects them when the container starts.
         self._specs: dict[str, ContainerSpec] = {}
@@ -137,92 +129,42 @@ class DockerEngineRuntime:
         # is a round trip on the start path. An image removed meanwhile makes create
         # fail with a clear error and is forgotten, so the next start pulls it.
         self._images_seen: dict[str, float] = {}
-        # Previous (container id, cpu total ns, wall ns) per cluster for CPU% deltas;
-        # dropped on stop so the map stays as large as the set of live clusters.
-        self._cpu_samples: dict[str, tuple[str, int, int]] = {}
+        # Previous (container id, cpu total ns, wall ns) per (consumer, cluster) for
+        # CPU% deltas. Each consumer has its own window, so how often an API client
+        # polls never shortens the window idle detection measures. Dropped on stop.
+        self._cpu_samples: dict[tuple[StatsConsumer, str], tuple[str, int, int]] = {}
 
-    # -- plumbing -------------------------------------------------------------------
+    def bind(self, owner: Ownership) -> None:
+        """Act for installation ``owner`` (see :meth:`Engine.bind`)."""
+        self.engine.bind(owner)
 
-    @property
-    def _where(self) -> str:
-        return self.base_url or "the default Docker socket"
-
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        """Translate every engine/transport failure inside the block to RuntimeFailure."""
-        try:
-            yield
-        except RuntimeFailure:
-            raise
-        except (requests.exceptions.ConnectionError, ConnectionError) as e:
-            raise RuntimeFailure(self._unreachable(e), {"action": action}) from e
-        except docker.errors.DockerException as e:
-            text = _reason(e)
-            if "Error while fetching server API version" in text:
-                raise RuntimeFailure(self._unreachable(e), {"action": action}) from e
-            raise RuntimeFailure(f"{action} failed: {text}", {"action": action}) from e
-        except (requests.exceptions.RequestException, OSError, ValueError, KeyError) as e:
-            # ValueError covers JSON decode errors from empty or garbled engine replies.
-            raise RuntimeFailure(f"{action} failed: {_reason(e)}", {"action": action}) from e
-
-    def _unreachable(self, e: BaseException) -> str:
-        return (
-            f"no container engine reachable at {self._where}: install podman "
-            f"(apt-get install podman) or Docker and start it, or set the engine URL "
-            f"({type(e).__name__}: {str(e)[:200]})"
-        )
-
-    def _client(self) -> Any:
-        """The SDK client, created on first use. A failed creation is not cached, so an
-        engine started later is picked up by the next call."""
-        with self._client_lock:
-            if self._client_obj is None:
-                with self._errors("connecting to the container engine"):
-                    # version="auto" negotiates with the engine: pinning would break on
-                    # Docker releases that raised their minimum API version.
-                    self._client_obj = docker.DockerClient(
-                        base_url=self.base_url, version="auto", timeout=self.timeout_s
-                    )
-            return self._client_obj
-
-    def _engine_is_podman(self) -> bool:
-        if self._is_podman is None:
-            with self._errors("querying the engine version"):
-                version = self._client().version()
-            components = version.get("Components") or []
-            self._is_podman = any("podman" in str(c.get("Name", "")).lower() for c in components)
-        return self._is_podman
+    def _name(self, cluster_id: str) -> str:
+        return self.engine.owner.container(cluster_id)
 
     # -- Runtime protocol -------------------------------------------------------------
 
     def capabilities(self) -> Capabilities:
         """What this engine supports, as far as known. GPU support is reported False on
-        Podman (its compat API drops DeviceRequests) or when the engine is unreachable."""
+        Podman (its compat API drops DeviceRequests) or when the engine is unreachable;
+        limits are False once the engine has refused them."""
+        limits = self.engine.limits_problem is None
         try:
-            podman = self._engine_is_podman()
+            podman = self.engine.is_podman()
         except RuntimeFailure:
             return Capabilities(
-                real_gpus=False,
-                cpu_limits=self._cpu_limits,
-                memory_limits=self._memory_limits,
-                stats=False,
+                real_gpus=False, cpu_limits=limits, memory_limits=limits, stats=False
             )
         return Capabilities(
             real_gpus=not podman,
-            cpu_limits=self._cpu_limits,
-            memory_limits=self._memory_limits,
+            cpu_limits=limits,
+            memory_limits=limits,
             stats=True,
+            limits_problem=self.engine.limits_problem,
         )
 
     def available(self) -> str | None:
         """None when the engine answers a ping, else a message saying what to do."""
-        try:
-            client = self._client()
-            with self._errors("ping"):
-                client.ping()
-        except RuntimeFailure as e:
-            return e.message
-        return None
+        return self.engine.ping()
 
     def _saw_image(self, image: str) -> None:
         with self._lock:
@@ -237,10 +179,10 @@ class DockerEngineRuntime:
         with self._lock:
             if self._images_seen.get(image, 0.0) > time.monotonic():
                 return
-        client = self._client()
-        with self._errors(f"inspecting image {image}"):
+        api = self.engine.api
+        with self.engine.errors(f"inspecting image {image}"):
             try:
-                client.api.inspect_image(image)
+                api.inspect_image(image)
                 self._saw_image(image)
                 return
             except docker.errors.ImageNotFound:
@@ -248,16 +190,16 @@ class DockerEngineRuntime:
         repo, tag = _split_image(image)
         error: str | None = None
         try:
-            with self._errors(f"pulling image {image}"):
-                for event in client.api.pull(repo, tag=tag, stream=True, decode=True):
+            with self.engine.errors(f"pulling image {image}"):
+                for event in api.pull(repo, tag=tag, stream=True, decode=True):
                     if isinstance(event, dict) and event.get("error"):
                         error = str(event["error"])
         except RuntimeFailure as e:
             error = e.message
         if error is None:
-            with self._errors(f"inspecting image {image}"):
+            with self.engine.errors(f"inspecting image {image}"):
                 try:
-                    client.api.inspect_image(image)
+                    api.inspect_image(image)
                     self._saw_image(image)
                     return
                 except docker.errors.ImageNotFound:
@@ -269,43 +211,46 @@ class DockerEngineRuntime:
             {"image": image},
         )
 
-    def ensure_volume(self, name: str) -> None:
-        """Create the named volume if it does not exist. Idempotent."""
-        client = self._client()
-        with self._errors(f"creating volume {name}"):
-            try:
-                client.api.inspect_volume(name)
-            except docker.errors.NotFound:
-                client.api.create_volume(name=name, labels={LABEL_MANAGED: "true"})
+    def ensure_volume(self, name: str, cluster_id: str | None = None) -> None:
+        """Create our volume ``name`` if it does not exist. Idempotent."""
+        self.engine.ensure_volume(name, {LABEL_CLUSTER: cluster_id} if cluster_id else None)
 
     def create(self, spec: ContainerSpec) -> str:
-        """Create (not start) the cluster's container, first removing any container with
-        the same name. Limits the engine refuses are dropped and reported through
-        :meth:`capabilities`. Returns the container id."""
-        client = self._client()
-        name = container_name(spec.cluster_id)
+        """Create (not start) the cluster's container, first removing any container of
+        ours with the same name. If the engine refuses CPU/memory limits, the create
+        fails with a clear error, unless running without limits is allowed (then the
+        limits are dropped and :meth:`capabilities` says so). Returns the container id."""
+        name = self._name(spec.cluster_id)
         with self._lock:
             self._specs[spec.cluster_id] = spec
+        if spec.volume_name:
+            # Created with our labels (the engine would make an unlabelled one on
+            # mount, which our volume listing would not see).
+            self.ensure_volume(spec.volume_name, spec.cluster_id)
         try:
             # Optimistic: most creates have no predecessor, and a remove that finds
-            # nothing still costs an engine round trip. The named volume is created
-            # by the engine on mount if ensure_volume was not called.
+            # nothing still costs an engine round trip.
             try:
-                return self._create(client, spec)
+                return self._create(spec)
             except _NameInUse:
-                self._remove_container(name)
-                return self._create(client, spec)
+                self.engine.remove_container(name)
+                return self._create(spec)
         except RuntimeFailure as e:
-            if not self._degrade_limits(spec, e):
+            if not self.engine.limits_refused(e, self._uses_limits(spec)):
                 raise
-        self._remove_container(name)
-        return self._create(client, spec)
+            if self.engine.apply_limits:
+                raise self.engine.limits_error() from e
+        self.engine.remove_container(name)
+        return self._create(spec)
 
-    def _create(self, client: Any, spec: ContainerSpec) -> str:
+    def _uses_limits(self, spec: ContainerSpec) -> bool:
+        return self.engine.apply_limits and (spec.cpu_cores > 0 or spec.memory_gb > 0)
+
+    def _create(self, spec: ContainerSpec) -> str:
         kwargs = self._create_kwargs(spec)
-        with self._errors(f"creating container for cluster {spec.cluster_id}"):
+        with self.engine.errors(f"creating container for cluster {spec.cluster_id}"):
             try:
-                container = client.containers.create(**kwargs)
+                container = self.engine.client().containers.create(**kwargs)
             except docker.errors.APIError as e:
                 if e.status_code == 409 or "already in use" in str(e):
                     raise _NameInUse() from e
@@ -313,7 +258,7 @@ class DockerEngineRuntime:
                     with self._lock:
                         self._images_seen.pop(spec.image, None)
                     raise RuntimeFailure(
-                        f"image {spec.image} is not present on the engine: {_reason(e)}",
+                        f"image {spec.image} is not present on the engine: {reason(e)}",
                         {"image": spec.image},
                     ) from e
                 raise
@@ -326,13 +271,12 @@ class DockerEngineRuntime:
         ports: dict[str, list[int]] = {}
         for p in spec.ports:
             ports.setdefault(f"{p.internal_port}/{p.protocol}", []).append(p.external_port)
-        labels = {**spec.labels, LABEL_CLUSTER: spec.cluster_id, LABEL_MANAGED: "true"}
         kwargs: dict[str, Any] = {
             "image": spec.image,
-            "name": container_name(spec.cluster_id),
+            "name": self._name(spec.cluster_id),
             "hostname": spec.cluster_id,
             "environment": dict(spec.env),
-            "labels": labels,
+            "labels": self.engine.labels({**spec.labels, LABEL_CLUSTER: spec.cluster_id}),
             "ports": ports,
             "detach": True,
         }
@@ -340,9 +284,9 @@ class DockerEngineRuntime:
             kwargs["command"] = list(spec.command)
         if spec.volume_name:
             kwargs["volumes"] = {spec.volume_name: {"bind": spec.volume_mount_path, "mode": "rw"}}
-        if self._cpu_limits and spec.cpu_cores > 0:
+        if self.engine.apply_limits and spec.cpu_cores > 0:
             kwargs["nano_cpus"] = int(spec.cpu_cores * 1e9)
-        if self._memory_limits and spec.memory_gb > 0:
+        if self.engine.apply_limits and spec.memory_gb > 0:
             kwargs["mem_limit"] = int(spec.memory_gb * 1024**3)
         if spec.gpu_uuids:
             kwargs["device_requests"] = [
@@ -352,44 +296,29 @@ class DockerEngineRuntime:
             ]
         return kwargs
 
-    def _degrade_limits(self, spec: ContainerSpec, e: RuntimeFailure) -> bool:
-        """Turn off the limit(s) an engine error blames; True if a retry makes sense."""
-        uses_cpu = self._cpu_limits and spec.cpu_cores > 0
-        uses_mem = self._memory_limits and spec.memory_gb > 0
-        text = e.message.lower()
-        if not (uses_cpu or uses_mem) or not any(m in text for m in _LIMIT_ERROR_MARKERS):
-            return False
-        blames_cpu = "cpu" in text
-        blames_mem = "memory" in text or "mem" in text
-        with self._lock:
-            # If the message does not say which, drop both rather than retry forever.
-            if blames_cpu or not blames_mem:
-                self._cpu_limits = False
-            if blames_mem or not blames_cpu:
-                self._memory_limits = False
-        return True
-
     def start(self, cluster_id: str) -> None:
         """Start the created container. Idempotent: starting a running one is a no-op.
         Raises :class:`RuntimeFailure` when the container does not exist."""
-        client = self._client()
-        name = container_name(cluster_id)
+        name = self._name(cluster_id)
         try:
-            self._start(client, cluster_id, name)
+            self._start(cluster_id, name)
         except RuntimeFailure as e:
             with self._lock:
                 spec = self._specs.get(cluster_id)
-            if spec is None or not self._degrade_limits(spec, e):
+            if spec is None or not self.engine.limits_refused(e, self._uses_limits(spec)):
                 raise
-            # The OCI runtime refused a limit at start: recreate without it.
-            self._remove_container(name)
-            self._create(client, spec)
-            self._start(client, cluster_id, name)
+            if self.engine.apply_limits:
+                raise self.engine.limits_error() from e
+            # The OCI runtime refused a limit at start, and that is allowed: recreate
+            # without limits.
+            self.engine.remove_container(name)
+            self._create(spec)
+            self._start(cluster_id, name)
 
-    def _start(self, client: Any, cluster_id: str, name: str) -> None:
-        with self._errors(f"starting cluster {cluster_id}"):
+    def _start(self, cluster_id: str, name: str) -> None:
+        with self.engine.errors(f"starting cluster {cluster_id}"):
             try:
-                client.api.start(name)
+                self.engine.api.start(name)
             except docker.errors.NotFound as e:
                 raise RuntimeFailure(
                     f"cluster {cluster_id} has no container to start; create it first",
@@ -399,54 +328,36 @@ class DockerEngineRuntime:
     def stop(self, cluster_id: str, timeout_s: int = 10) -> None:
         """Stop (SIGTERM, SIGKILL after ``timeout_s``) and remove the container, wiping
         the container disk; named volumes survive. A missing container is fine."""
-        client = self._client()
-        name = container_name(cluster_id)
-        with (
-            self._errors(f"stopping cluster {cluster_id}"),
-            contextlib.suppress(docker.errors.NotFound),
-        ):
-            client.api.stop(name, timeout=timeout_s)
-        self._remove_container(name)
+        self.engine.stop_and_remove(self._name(cluster_id), timeout_s)
         with self._lock:
             self._specs.pop(cluster_id, None)
-            self._cpu_samples.pop(cluster_id, None)
+            for consumer in ("view", "idle"):
+                self._cpu_samples.pop((consumer, cluster_id), None)
 
-    def _remove_container(self, name: str) -> None:
-        client = self._client()
-        with self._errors(f"removing container {name}"):
-            try:
-                # v=True drops anonymous volumes an image declares; named ones stay.
-                client.api.remove_container(name, v=True, force=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as e:
-                # Another caller is already removing it: the outcome is the same.
-                if "already in progress" not in _reason(e):
-                    raise
+    def halt(self, cluster_id: str, timeout_s: int = 10) -> None:
+        """Stop the container but keep it (and its logs) until it is started again or
+        removed. A missing container is fine."""
+        name = self._name(cluster_id)
+        if self.engine.inspect_container(name) is None:
+            return
+        with (
+            self.engine.errors(f"stopping cluster {cluster_id}"),
+            contextlib.suppress(docker.errors.NotFound),
+        ):
+            self.engine.api.stop(name, timeout=timeout_s)
 
-    def remove_volume(self, name: str) -> None:
-        """Delete the named volume. A missing volume is fine; one still in use by a
-        container raises :class:`RuntimeFailure`."""
-        client = self._client()
-        with self._errors(f"removing volume {name}"), contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_volume(name)
+    def remove_volume(self, name: str, *, legacy: bool = False) -> None:
+        """Delete our named volume. A missing volume is fine; one still in use by a
+        container raises :class:`RuntimeFailure`; somebody else's raises NotOurs."""
+        self.engine.remove_volume(name, legacy=legacy)
 
     def observe(self, cluster_id: str) -> Observed:
         """The container's current state; MISSING when there is none."""
-        client = self._client()
-        with self._errors(f"inspecting cluster {cluster_id}"):
-            try:
-                info = client.api.inspect_container(container_name(cluster_id))
-            except docker.errors.NotFound:
-                return Observed(state=ContainerState.MISSING)
+        info = self.engine.inspect_container(self._name(cluster_id))
+        if info is None:
+            return Observed(state=ContainerState.MISSING)
         state = info.get("State") or {}
-        status = str(state.get("Status", "")).lower()
-        if status in _RUNNING_STATES:
-            cstate = ContainerState.RUNNING
-        elif status in _CREATED_STATES:
-            cstate = ContainerState.CREATED
-        else:
-            cstate = ContainerState.EXITED
+        cstate = _state_of(str(state.get("Status", "")))
         error = state.get("Error") or None
         if state.get("OOMKilled"):
             error = "out of memory: the container was OOM-killed"
@@ -462,39 +373,38 @@ class DockerEngineRuntime:
         )
 
     def list_managed(self) -> list[ManagedContainer]:
-        """Every container labelled as managed by gpuyard, running or not (one call)."""
-        client = self._client()
-        with self._errors("listing managed containers"):
-            rows = client.api.containers(all=True, filters={"label": LABEL_MANAGED})
+        """Every cluster container of this installation, running or not (one call)."""
         out: list[ManagedContainer] = []
-        for row in rows:
-            labels = row.get("Labels") or {}
-            cluster_id = labels.get(LABEL_CLUSTER)
-            if not cluster_id:
-                continue
-            status = str(row.get("State", "")).lower()
-            if status in _RUNNING_STATES:
-                cstate = ContainerState.RUNNING
-            elif status in _CREATED_STATES:
-                cstate = ContainerState.CREATED
-            else:
-                cstate = ContainerState.EXITED
-            out.append(ManagedContainer(str(cluster_id), str(row.get("Id")), cstate))
+        for row in self.engine.list_containers(LABEL_CLUSTER):
+            cluster_id = (row.get("Labels") or {}).get(LABEL_CLUSTER)
+            if cluster_id:
+                state = _state_of(str(row.get("State", "")))
+                out.append(ManagedContainer(str(cluster_id), str(row.get("Id")), state))
         return out
 
-    def stats(self, cluster_id: str) -> ContainerStats | None:
+    def list_volumes(self) -> list[ManagedVolume]:
+        """Every volume of this installation, with its size where the engine says."""
+        return [
+            ManagedVolume(
+                name=v.name,
+                cluster_id=v.labels.get(LABEL_CLUSTER),
+                size_bytes=v.size_bytes,
+            )
+            for v in self.engine.list_volumes()
+        ]
+
+    def stats(self, cluster_id: str, consumer: StatsConsumer = "view") -> ContainerStats | None:
         """One-shot CPU% (100 = one core) and memory% of the limit; None unless running.
 
-        CPU% is averaged since the previous call for this container, or since the
-        container started on the first call.
+        CPU% is averaged since the previous call by the same ``consumer`` for this
+        container, or since the container started on its first call.
         """
         observed = self.observe(cluster_id)
         if observed.state is not ContainerState.RUNNING or observed.container_id is None:
             return None
-        client = self._client()
         cid = observed.container_id
-        with self._errors(f"reading stats of cluster {cluster_id}"):
-            raw = client.api.stats(cid, stream=False, one_shot=True)
+        with self.engine.errors(f"reading stats of cluster {cluster_id}"):
+            raw = self.engine.api.stats(cid, stream=False, one_shot=True)
         if not isinstance(raw, dict):
             return None
         cpu_total = int(
@@ -502,8 +412,8 @@ class DockerEngineRuntime:
         )
         now = _parse_engine_time(raw.get("read")) or _now_ns()
         with self._lock:
-            prev = self._cpu_samples.get(cluster_id)
-            self._cpu_samples[cluster_id] = (cid, cpu_total, now)
+            prev = self._cpu_samples.get((consumer, cluster_id))
+            self._cpu_samples[(consumer, cluster_id)] = (cid, cpu_total, now)
         # A sample of a previous container of the same cluster is not comparable.
         if prev is not None and prev[0] == cid and now > prev[2] and cpu_total >= prev[1]:
             cpu_percent = (cpu_total - prev[1]) / (now - prev[2]) * 100.0
@@ -527,11 +437,10 @@ class DockerEngineRuntime:
 
     def logs(self, cluster_id: str, tail: int = 200) -> str:
         """The last ``tail`` lines of stdout+stderr; empty when there is no container."""
-        client = self._client()
-        with self._errors(f"reading logs of cluster {cluster_id}"):
+        with self.engine.errors(f"reading logs of cluster {cluster_id}"):
             try:
-                data = client.api.logs(
-                    container_name(cluster_id), stdout=True, stderr=True, tail=tail
+                data = self.engine.api.logs(
+                    self._name(cluster_id), stdout=True, stderr=True, tail=tail
                 )
             except docker.errors.NotFound:
                 return ""

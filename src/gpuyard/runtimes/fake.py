@@ -13,13 +13,16 @@ import threading
 from dataclasses import dataclass, field
 
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import (
     Capabilities,
     ContainerSpec,
     ContainerState,
     ContainerStats,
     ManagedContainer,
+    ManagedVolume,
     Observed,
+    StatsConsumer,
 )
 
 
@@ -33,12 +36,16 @@ class FakeContainer:
     started_at: str | None = None
     disk: dict[str, str] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
+    # The installation id it is labelled with (None: unlabelled, somebody else's).
+    owner: str | None = None
 
 
 @dataclass
 class FakeVolume:
     name: str
     files: dict[str, str] = field(default_factory=dict)
+    owner: str | None = None
+    cluster_id: str | None = None
 
 
 class FakeRuntime:
@@ -74,6 +81,26 @@ class FakeRuntime:
         self.memory_percent = 2.0
         self._seq = 0
         self._tick = 0
+        self.owner: Ownership | None = None
+
+    def sharing_engine(self) -> FakeRuntime:
+        """Another runtime over the same (fake) engine: what a second installation on
+        the same host sees. Bind it to its own owner."""
+        other = FakeRuntime(pullable=self.pullable, real_gpus=self.real_gpus)
+        other._lock = self._lock
+        other.containers = self.containers
+        other.volumes = self.volumes
+        other.images = self.images
+        return other
+
+    def _owner_id(self) -> str:
+        if self.owner is None:
+            raise RuntimeFailure("no installation id bound to the engine yet")
+        return self.owner.installation_id
+
+    def _mine(self, cluster_id: str) -> FakeContainer | None:
+        c = self.containers.get(cluster_id)
+        return c if c is not None and c.owner == self._owner_id() else None
 
     # -- test helpers ----------------------------------------------------------------
 
@@ -125,6 +152,11 @@ class FakeRuntime:
 
     # -- Runtime protocol ------------------------------------------------------------
 
+    def bind(self, owner: Ownership) -> None:
+        if self.owner is not None and self.owner != owner:
+            raise ValueError("this engine is already bound to another installation")
+        self.owner = owner
+
     def capabilities(self) -> Capabilities:
         return Capabilities(
             real_gpus=self.real_gpus, cpu_limits=True, memory_limits=True, stats=True
@@ -148,10 +180,12 @@ class FakeRuntime:
                 )
             self.images.add(image)
 
-    def ensure_volume(self, name: str) -> None:
+    def ensure_volume(self, name: str, cluster_id: str | None = None) -> None:
         with self._lock:
             self._enter("ensure_volume")
-            self.volumes.setdefault(name, FakeVolume(name))
+            self.volumes.setdefault(
+                name, FakeVolume(name, owner=self._owner_id(), cluster_id=cluster_id)
+            )
 
     def create(self, spec: ContainerSpec) -> str:
         with self._lock:
@@ -160,18 +194,25 @@ class FakeRuntime:
                 raise RuntimeFailure(
                     f"image {spec.image} is not present on the engine", {"image": spec.image}
                 )
+            owner = self._owner_id()
+            old = self.containers.get(spec.cluster_id)
+            if old is not None and old.owner != owner:
+                raise RuntimeFailure(f"container name of {spec.cluster_id} is taken")
             if spec.volume_name:
-                self.volumes.setdefault(spec.volume_name, FakeVolume(spec.volume_name))
+                self.volumes.setdefault(
+                    spec.volume_name,
+                    FakeVolume(spec.volume_name, owner=owner, cluster_id=spec.cluster_id),
+                )
             self._seq += 1
             cid = f"fake{self._seq:060d}"
             # Replacing drops the old container and its disk, as a real engine does.
-            self.containers[spec.cluster_id] = FakeContainer(id=cid, spec=spec)
+            self.containers[spec.cluster_id] = FakeContainer(id=cid, spec=spec, owner=owner)
             return cid
 
     def start(self, cluster_id: str) -> None:
         with self._lock:
             self._enter("start")
-            c = self.containers.get(cluster_id)
+            c = self._mine(cluster_id)
             if c is None:
                 raise RuntimeFailure(
                     f"cluster {cluster_id} has no container to start; create it first"
@@ -186,11 +227,25 @@ class FakeRuntime:
     def stop(self, cluster_id: str, timeout_s: int = 10) -> None:
         with self._lock:
             self._enter("stop")
-            self.containers.pop(cluster_id, None)
+            if self._mine(cluster_id) is not None:
+                del self.containers[cluster_id]
 
-    def remove_volume(self, name: str) -> None:
+    def halt(self, cluster_id: str, timeout_s: int = 10) -> None:
+        with self._lock:
+            self._enter("halt")
+            c = self._mine(cluster_id)
+            if c is not None and c.state is not ContainerState.EXITED:
+                c.state = ContainerState.EXITED
+                c.exit_code = 143
+
+    def remove_volume(self, name: str, *, legacy: bool = False) -> None:
         with self._lock:
             self._enter("remove_volume")
+            volume = self.volumes.get(name)
+            if volume is None:
+                return
+            if volume.owner != self._owner_id() and not (legacy and volume.owner is None):
+                raise RuntimeFailure(f"volume {name} does not belong to this installation")
             for c in self.containers.values():
                 if c.spec.volume_name == name:
                     raise RuntimeFailure(
@@ -201,7 +256,7 @@ class FakeRuntime:
     def observe(self, cluster_id: str) -> Observed:
         with self._lock:
             self._enter("observe")
-            c = self.containers.get(cluster_id)
+            c = self._mine(cluster_id)
             if c is None:
                 return Observed(state=ContainerState.MISSING)
             return Observed(
@@ -215,15 +270,27 @@ class FakeRuntime:
     def list_managed(self) -> list[ManagedContainer]:
         with self._lock:
             self._enter("list_managed")
+            owner = self._owner_id()
             return [
                 ManagedContainer(cluster_id, c.id, c.state)
                 for cluster_id, c in self.containers.items()
+                if c.owner == owner
             ]
 
-    def stats(self, cluster_id: str) -> ContainerStats | None:
+    def list_volumes(self) -> list[ManagedVolume]:
+        with self._lock:
+            self._enter("list_volumes")
+            owner = self._owner_id()
+            return [
+                ManagedVolume(v.name, v.cluster_id, sum(len(x) for x in v.files.values()))
+                for v in self.volumes.values()
+                if v.owner == owner
+            ]
+
+    def stats(self, cluster_id: str, consumer: StatsConsumer = "view") -> ContainerStats | None:
         with self._lock:
             self._enter("stats")
-            c = self.containers.get(cluster_id)
+            c = self._mine(cluster_id)
             if c is None or c.state is not ContainerState.RUNNING:
                 return None
             limit = int(c.spec.memory_gb * 1024**3)
@@ -236,7 +303,7 @@ class FakeRuntime:
     def logs(self, cluster_id: str, tail: int = 200) -> str:
         with self._lock:
             self._enter("logs")
-            c = self.containers.get(cluster_id)
+            c = self._mine(cluster_id)
             if c is None:
                 return ""
             lines = c.log_lines[-tail:] if tail > 0 else []

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.ownership import Ownership
 
 
 @dataclass
@@ -40,6 +41,10 @@ class FakeNodeRuntime:
     # 0; None: still running).
     lifecycle_rc: dict[str, int | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    owner: Ownership | None = None
+
+    def bind(self, owner: Ownership) -> None:
+        self.owner = owner
 
     def ensure_network(self, name: str) -> None:
         self.networks.add(name)

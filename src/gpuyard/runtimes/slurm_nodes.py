@@ -26,26 +26,24 @@ Measured against Podman 4.3.1 (rootful, netavark + aardvark-dns):
 
 from __future__ import annotations
 
-import contextlib
 import io
 import ipaddress
 import posixpath
 import re
 import shlex
 import tarfile
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import docker
 import docker.errors
-import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
+from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import LIFECYCLE_RC
-from gpuyard.runtimes.base import LABEL_MANAGED
+from gpuyard.runtimes.engine import Engine
 from gpuyard.runtimes.engine_url import detect_engine_url
 from gpuyard.runtimes.slurm_config import (
     CONFIG_DIR,
@@ -67,16 +65,6 @@ _CREATED_STATES = {"created", "configured", "initialized"}
 # stays that way.
 READY_STATES = frozenset(
     {"idle", "allocated", "mixed", "alloc", "mix", "drained", "draining", "drain"}
-)
-_LIMIT_ERROR_MARKERS = (
-    "cgroup",
-    "cpu.cfs",
-    "cpu quota",
-    "nanocpus",
-    "memory limit",
-    "memory.limit",
-    "kernel does not support",
-    "not supported",
 )
 # Docker allows fixed IPs only on networks created with an explicit subnet.
 _FIXED_IP_REFUSED_MARKERS = ("user configured subnets", "user specified ip address")
@@ -105,14 +93,6 @@ class NodeSpec:
     gpu_indices: tuple[int, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     state_volume: str | None = None
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, docker.errors.APIError):
-        explanation = getattr(e, "explanation", None)
-        if explanation:
-            return str(explanation)
-    return str(e) or type(e).__name__
 
 
 def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
@@ -162,89 +142,48 @@ class SlurmNodeRuntime:
     finish well within it.
     """
 
-    def __init__(self, base_url: str | None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        base_url: str | None,
+        timeout_s: float = 60.0,
+        owner: Ownership | None = None,
+        *,
+        allow_unenforced_limits: bool = False,
+    ) -> None:
         self.base_url = base_url
         self.timeout_s = timeout_s
-        self._client_lock = threading.Lock()
-        self._client_obj: Any = None
-        self._lock = threading.Lock()
-        # Flipped off the first time the engine refuses a limit (host cgroup setup).
-        self._cpu_limits = True
-        self._memory_limits = True
+        self.engine = Engine(
+            detect_engine_url(base_url),
+            timeout_s,
+            owner,
+            allow_unenforced_limits=allow_unenforced_limits,
+        )
+        self._errors = self.engine.errors
 
-    # -- plumbing -------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except (RuntimeFailure, ValidationFailed):
-            raise
-        except (requests.exceptions.ConnectionError, ConnectionError) as e:
-            raise RuntimeFailure(
-                f"{action} failed: no container engine reachable at "
-                f"{self.base_url or 'the default socket'} ({type(e).__name__})",
-                {"action": action},
-            ) from e
-        except docker.errors.DockerException as e:
-            raise RuntimeFailure(f"{action} failed: {_reason(e)}", {"action": action}) from e
-        except (requests.exceptions.RequestException, OSError, ValueError, KeyError) as e:
-            raise RuntimeFailure(f"{action} failed: {_reason(e)}", {"action": action}) from e
+    def bind(self, owner: Ownership) -> None:
+        """Act for installation ``owner`` (see :meth:`Engine.bind`)."""
+        self.engine.bind(owner)
 
     def _client(self) -> Any:
-        with self._client_lock:
-            if self._client_obj is None:
-                url = detect_engine_url(self.base_url)
-                with self._errors("connecting to the container engine"):
-                    self._client_obj = docker.DockerClient(
-                        base_url=url, version="auto", timeout=self.timeout_s
-                    )
-            return self._client_obj
+        return self.engine.client()
 
     def _inspect(self, name: str) -> dict[str, Any] | None:
-        with self._errors(f"inspecting node {name}"):
-            try:
-                info: dict[str, Any] = self._client().api.inspect_container(name)
-            except docker.errors.NotFound:
-                return None
-        return info
+        return self.engine.inspect_container(name, legacy=_legacy(name))
 
     # -- networks and volumes ---------------------------------------------------------
 
     def ensure_network(self, name: str) -> None:
         """Create the cluster's bridge network (DNS on: nodes resolve each other by
         container name) if missing. Idempotent, also under concurrent calls."""
-        api = self._client().api
-        with self._errors(f"creating network {name}"):
-            try:
-                api.inspect_network(name)
-                return
-            except docker.errors.NotFound:
-                pass
-            try:
-                api.create_network(
-                    name, driver="bridge", labels={LABEL_MANAGED: "true"}, check_duplicate=True
-                )
-            except docker.errors.APIError as e:
-                # A concurrent caller created it between inspect and create.
-                if e.status_code != 409 and "already exists" not in _reason(e):
-                    raise
+        self.engine.ensure_network(name)
 
     def remove_network(self, name: str) -> None:
         """Delete the network. Idempotent; raises RuntimeFailure while nodes use it."""
-        with (
-            self._errors(f"removing network {name}"),
-            contextlib.suppress(docker.errors.NotFound),
-        ):
-            self._client().api.remove_network(name)
+        self.engine.remove_network(name, legacy=_legacy(name))
 
     def remove_volume(self, name: str) -> None:
         """Delete a named volume. Idempotent; raises RuntimeFailure while one is using it."""
-        with (
-            self._errors(f"removing volume {name}"),
-            contextlib.suppress(docker.errors.NotFound),
-        ):
-            self._client().api.remove_volume(name)
+        self.engine.remove_volume(name, legacy=_legacy(name))
 
     # -- nodes ----------------------------------------------------------------------
 
@@ -276,6 +215,9 @@ class SlurmNodeRuntime:
             )
         archive = _tar({_relative(p): v for p, v in files.items()})
         self.remove_node(spec.name)
+        if spec.state_volume:
+            # Made with our labels now (the engine would make an unlabelled one on mount).
+            self.engine.ensure_volume(spec.state_volume)
         fixed = self._fixed_controller_address(spec.network) if spec.role == "controller" else None
         pins = self._controller_pin(spec, files) if spec.role == "worker" else {}
         for _ in range(3):
@@ -288,8 +230,11 @@ class SlurmNodeRuntime:
                 if fixed and any(m in text for m in _FIXED_IP_REFUSED_MARKERS):
                     fixed = None  # Docker: no fixed IPs on auto-subnet networks; use DNS.
                     continue
-                if not self._degrade_limits(spec, e):
+                uses_limits = self.engine.apply_limits and (spec.cpus > 0 or spec.memory_gb > 0)
+                if not self.engine.limits_refused(e, uses_limits):
                     raise
+                if self.engine.apply_limits:
+                    raise self.engine.limits_error() from e
         raise RuntimeFailure(f"creating node {spec.name} failed repeatedly", {"node": spec.name})
 
     def _fixed_controller_address(self, network: str) -> str | None:
@@ -388,16 +333,16 @@ class SlurmNodeRuntime:
             host["extra_hosts"] = dict(pins)
         if spec.state_volume:
             host["binds"] = {spec.state_volume: {"bind": STATE_DIR, "mode": "rw"}}
-        if self._cpu_limits and spec.cpus > 0:
+        if self.engine.apply_limits and spec.cpus > 0:
             host["nano_cpus"] = int(spec.cpus * 1e9)
-        if self._memory_limits and spec.memory_gb > 0:
+        if self.engine.apply_limits and spec.memory_gb > 0:
             host["mem_limit"] = int(spec.memory_gb * 1024**3)
         if spec.memory_gb > 0:
             # NCCL and PyTorch data loaders use /dev/shm heavily; the engines' 64 MB
             # default fails multi-GPU training, so give half the memory, within bounds.
             shm = min(max(spec.memory_gb * 1024**3 // 2, _SHM_MIN_BYTES), _SHM_MAX_BYTES)
             host["shm_size"] = int(shm)
-        labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_SLURM_ROLE: spec.role}
+        labels = self.engine.labels({**spec.labels, LABEL_SLURM_ROLE: spec.role})
         endpoint: dict[str, str] = {}
         if fixed:
             endpoint["ipv4_address"] = fixed
@@ -420,22 +365,6 @@ class SlurmNodeRuntime:
             # save its state, and finished jobs came back as running after a restart.
             "stop_timeout": STOP_TIMEOUT_S,
         }
-
-    def _degrade_limits(self, spec: NodeSpec, e: RuntimeFailure) -> bool:
-        """Turn off the limit(s) an engine error blames; True if a retry makes sense."""
-        uses_cpu = self._cpu_limits and spec.cpus > 0
-        uses_mem = self._memory_limits and spec.memory_gb > 0
-        text = e.message.lower()
-        if not (uses_cpu or uses_mem) or not any(m in text for m in _LIMIT_ERROR_MARKERS):
-            return False
-        blames_cpu = "cpu" in text
-        blames_mem = "memory" in text or "mem" in text
-        with self._lock:
-            if blames_cpu or not blames_mem:
-                self._cpu_limits = False
-            if blames_mem or not blames_cpu:
-                self._memory_limits = False
-        return True
 
     def put_files(self, name: str, files: Mapping[str, tuple[bytes, int]]) -> None:
         """Write ``files`` (paths under ``/etc/gpuyard/`` -> (content, mode)) into the
@@ -510,20 +439,7 @@ class SlurmNodeRuntime:
         Idempotent. The stop is graceful so slurmctld saves its state first. Named
         volumes are kept (:meth:`remove_volume`); the controller still lists a removed
         worker until :meth:`delete_slurm_node`."""
-        api = self._client().api
-        with self._errors(f"stopping node {name}"):
-            try:
-                api.stop(name, timeout=STOP_TIMEOUT_S)
-            except docker.errors.NotFound:
-                return
-        with self._errors(f"removing node {name}"):
-            try:
-                api.remove_container(name, v=True, force=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as e:
-                if "already in progress" not in _reason(e):
-                    raise
+        self.engine.stop_and_remove(name, STOP_TIMEOUT_S, legacy=_legacy(name))
 
     def node_state(self, name: str) -> NodeState:
         """The container's state; ``missing`` when there is none."""
@@ -548,9 +464,8 @@ class SlurmNodeRuntime:
         return str(ip) if ip else None
 
     def list_nodes(self, label: str, value: str) -> list[str]:
-        """Names of the node containers (any state) labelled ``label=value``, sorted."""
-        with self._errors(f"listing nodes with {label}={value}"):
-            rows = self._client().api.containers(all=True, filters={"label": f"{label}={value}"})
+        """Names of our node containers (any state) labelled ``label=value``, sorted."""
+        rows = self.engine.list_containers(f"{label}={value}")
         names: list[str] = []
         for row in rows:
             for n in row.get("Names") or []:
@@ -632,3 +547,9 @@ class SlurmNodeRuntime:
                 f"{out.strip()[-300:]}",
                 {"node": node},
             )
+
+
+def _legacy(name: str) -> bool:
+    """Names of training clusters made before installation ids (``gy-tc{id}...``): an
+    upgraded store still knows them, so they stay ours although unlabelled."""
+    return name.startswith("gy-tc")

@@ -105,7 +105,7 @@ def cluster_view(
             "price_per_node_hour": rates["worker"],
         },
         "price_per_hour": round(rates["controller"] + rates["worker"] * len(workers), 6),
-        "controller": NodeName(cluster.id).controller,
+        "controller": NodeName(cluster.id, cluster.name_prefix).controller,
         "ssh": ssh,
         "nodes": [
             {

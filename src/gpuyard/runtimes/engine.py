@@ -1,0 +1,364 @@
+"""One way to reach a container engine: the Docker Engine API through the ``docker`` SDK,
+restricted to one installation's objects.
+
+Both the cluster runtime (docker_engine.py) and the Slurm node runtime (slurm_nodes.py)
+work through an :class:`Engine`. It owns the SDK client, the translation of every
+engine and transport error to :class:`RuntimeFailure`, the ownership labels, and the
+operations that touch objects by name (remove a container, a volume, a network; list
+them). Those refuse objects that do not carry this installation's id (DESIGN.md rule 8):
+whatever else is on the engine — another installation's objects, a developer's own
+containers — is never stopped, removed or renamed.
+
+It also decides how CPU and memory limits are treated: if the engine refuses them, the
+refusal is remembered (:attr:`Engine.limits_problem`) and the create fails with a clear
+error, unless the operator allowed running without limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+
+from gpuyard.core.errors import RuntimeFailure, ValidationFailed
+from gpuyard.core.ownership import LABEL_INSTALLATION, LABEL_MANAGED, Ownership
+
+# Engine error texts that mean "this host cannot apply a CPU/memory limit" (cgroup
+# controllers missing or not delegated, e.g. rootless on cgroup v1).
+LIMIT_ERROR_MARKERS = (
+    "cgroup",
+    "cpu.cfs",
+    "cpu quota",
+    "nanocpus",
+    "memory limit",
+    "memory.limit",
+    "kernel does not support",
+    "not supported",
+)
+
+
+def reason(e: BaseException) -> str:
+    """The engine's own explanation when there is one, else the exception text."""
+    if isinstance(e, docker.errors.APIError):
+        explanation = getattr(e, "explanation", None)
+        if explanation:
+            return str(explanation)
+    return str(e) or type(e).__name__
+
+
+@dataclass(frozen=True)
+class EngineVolume:
+    """A volume of ours: its name, labels, size when the engine reports it, creation."""
+
+    name: str
+    labels: dict[str, str]
+    size_bytes: int | None
+    created_at: str | None
+
+
+class NotOurs(RuntimeFailure):
+    """The named engine object exists but belongs to somebody else; it was left alone."""
+
+
+class Engine:
+    """A container engine at ``base_url`` (``unix://``, ``tcp://``, ``ssh://``; None: the
+    SDK's default, ``DOCKER_HOST``), acting for the installation ``owner``.
+
+    The SDK client is created on first use, so constructing this never touches the
+    engine. ``owner`` may be bound later (:meth:`bind`), once the store is open; every
+    operation that needs it raises :class:`RuntimeFailure` until then. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None,
+        timeout_s: float = 60.0,
+        owner: Ownership | None = None,
+        *,
+        allow_unenforced_limits: bool = False,
+    ) -> None:
+        self.base_url = base_url
+        self.timeout_s = timeout_s
+        self._owner = owner
+        self.allow_unenforced_limits = allow_unenforced_limits
+        self._client_lock = threading.Lock()
+        self._client_obj: Any = None
+        self._is_podman: bool | None = None
+        self._lock = threading.Lock()
+        # Why the engine cannot apply limits (None: it can, as far as known). Kept for
+        # the life of the process: a host's cgroup setup does not change under it.
+        self.limits_problem: str | None = None
+
+    # -- ownership ------------------------------------------------------------------
+
+    def bind(self, owner: Ownership) -> None:
+        """Act for ``owner`` from now on. Binding the same owner again is a no-op;
+        a different one raises ValueError (one engine object, one installation)."""
+        with self._lock:
+            if self._owner is not None and self._owner != owner:
+                raise ValueError("this engine is already bound to another installation")
+            self._owner = owner
+
+    @property
+    def owner(self) -> Ownership:
+        owner = self._owner
+        if owner is None:
+            raise RuntimeFailure("no installation id bound to the engine yet")
+        return owner
+
+    def claims(self, labels: Mapping[str, str] | None, *, legacy: bool = False) -> bool:
+        """True for an object labelled with our id; with ``legacy`` also for one made
+        before installation ids (labelled only ``gpuyard.managed``), which the caller
+        knows from its store to be ours."""
+        if self.owner.owns(labels):
+            return True
+        found = labels or {}
+        return legacy and LABEL_MANAGED in found and LABEL_INSTALLATION not in found
+
+    def labels(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``extra`` plus the labels that mark an object as ours (those win)."""
+        return {**(extra or {}), **self.owner.labels()}
+
+    # -- plumbing -------------------------------------------------------------------
+
+    @property
+    def where(self) -> str:
+        return self.base_url or "the default Docker socket"
+
+    def unreachable(self, e: BaseException) -> str:
+        return (
+            f"no container engine reachable at {self.where}: install podman "
+            f"(apt-get install podman) or Docker and start it, or set the engine URL "
+            f"({type(e).__name__}: {str(e)[:200]})"
+        )
+
+    @contextlib.contextmanager
+    def errors(self, action: str) -> Iterator[None]:
+        """Translate every engine/transport failure inside the block to RuntimeFailure."""
+        try:
+            yield
+        except (RuntimeFailure, ValidationFailed):
+            raise
+        except (requests.exceptions.ConnectionError, ConnectionError) as e:
+            raise RuntimeFailure(self.unreachable(e), {"action": action}) from e
+        except docker.errors.DockerException as e:
+            text = reason(e)
+            if "Error while fetching server API version" in text:
+                raise RuntimeFailure(self.unreachable(e), {"action": action}) from e
+            raise RuntimeFailure(f"{action} failed: {text}", {"action": action}) from e
+        except (requests.exceptions.RequestException, OSError, ValueError, KeyError) as e:
+            # ValueError covers JSON decode errors from empty or garbled engine replies.
+            raise RuntimeFailure(f"{action} failed: {reason(e)}", {"action": action}) from e
+
+    def client(self) -> Any:
+        """The SDK client, created on first use. A failed creation is not cached, so an
+        engine started later is picked up by the next call."""
+        with self._client_lock:
+            if self._client_obj is None:
+                with self.errors("connecting to the container engine"):
+                    # version="auto" negotiates with the engine: pinning would break on
+                    # Docker releases that raised their minimum API version.
+                    self._client_obj = docker.DockerClient(
+                        base_url=self.base_url, version="auto", timeout=self.timeout_s
+                    )
+            return self._client_obj
+
+    @property
+    def api(self) -> Any:
+        return self.client().api
+
+    def is_podman(self) -> bool:
+        if self._is_podman is None:
+            with self.errors("querying the engine version"):
+                version = self.client().version()
+            components = version.get("Components") or []
+            self._is_podman = any("podman" in str(c.get("Name", "")).lower() for c in components)
+        return self._is_podman
+
+    def ping(self) -> str | None:
+        """None when the engine answers a ping, else a message saying what to do."""
+        try:
+            with self.errors("ping"):
+                self.client().ping()
+        except RuntimeFailure as e:
+            return e.message
+        return None
+
+    # -- limits ---------------------------------------------------------------------
+
+    def limits_refused(self, e: RuntimeFailure, uses_limits: bool) -> bool:
+        """Whether ``e`` is the engine refusing CPU/memory limits. If so, remember why;
+        True means: retry without limits (the operator allowed that). Otherwise the
+        caller raises :meth:`limits_error`."""
+        text = e.message.lower()
+        if not uses_limits or not any(m in text for m in LIMIT_ERROR_MARKERS):
+            return False
+        with self._lock:
+            self.limits_problem = e.message[:500]
+        return True
+
+    @property
+    def apply_limits(self) -> bool:
+        """False only when the engine refused limits and the operator allowed that."""
+        return self.limits_problem is None or not self.allow_unenforced_limits
+
+    def limits_error(self) -> RuntimeFailure:
+        return RuntimeFailure(
+            "this host's container engine cannot enforce CPU/memory limits "
+            f"({self.limits_problem}); fix its cgroup setup, or allow running without "
+            "limits with GPUYARD_ALLOW_UNENFORCED_LIMITS=true",
+            {"enforces_limits": False},
+        )
+
+    # -- containers -----------------------------------------------------------------
+
+    def inspect_container(self, name: str, *, legacy: bool = False) -> dict[str, Any] | None:
+        """The container's inspect data if it exists and is ours; None when missing.
+        Raises :class:`NotOurs` for a container of that name that is not ours
+        (``legacy``: see :meth:`claims`)."""
+        with self.errors(f"inspecting container {name}"):
+            try:
+                info: dict[str, Any] = self.api.inspect_container(name)
+            except docker.errors.NotFound:
+                return None
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if not self.claims(labels, legacy=legacy):
+            raise NotOurs(
+                f"container {name} exists but does not belong to this installation; left alone",
+                {"container": name},
+            )
+        return info
+
+    def stop_and_remove(self, name: str, timeout_s: int, *, legacy: bool = False) -> None:
+        """Stop (SIGTERM, SIGKILL after ``timeout_s``) and delete our container ``name``.
+        Idempotent; a container that is not ours raises :class:`NotOurs`."""
+        if self.inspect_container(name, legacy=legacy) is None:
+            return
+        with self.errors(f"stopping container {name}"), contextlib.suppress(docker.errors.NotFound):
+            self.api.stop(name, timeout=timeout_s)
+        self.remove_container(name, checked=True)
+
+    def remove_container(self, name: str, *, checked: bool = False) -> None:
+        """Delete our container ``name`` (forcefully). ``checked``: the caller has just
+        verified it is ours. Idempotent."""
+        if not checked and self.inspect_container(name) is None:
+            return
+        with self.errors(f"removing container {name}"):
+            try:
+                # v=True drops anonymous volumes an image declares; named ones stay.
+                self.api.remove_container(name, v=True, force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as e:
+                # Another caller is already removing it: the outcome is the same.
+                if "already in progress" not in reason(e):
+                    raise
+
+    def list_containers(self, *label_filters: str) -> list[dict[str, Any]]:
+        """Our containers (any state) that also match every ``label_filters`` entry
+        (``key`` or ``key=value``). Rows as the engine's list endpoint answers them."""
+        filters = [self.owner.label_filter(), *label_filters]
+        with self.errors("listing containers"):
+            rows: list[dict[str, Any]] = self.api.containers(all=True, filters={"label": filters})
+        # Engines apply label filters; checking again costs nothing and guards against
+        # one that ignores a filter.
+        return [r for r in rows if self.owner.owns(r.get("Labels"))]
+
+    # -- volumes --------------------------------------------------------------------
+
+    def ensure_volume(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        """Create our volume ``name`` if it does not exist. Idempotent."""
+        with self.errors(f"creating volume {name}"):
+            try:
+                self.api.inspect_volume(name)
+            except docker.errors.NotFound:
+                self.api.create_volume(name=name, labels=self.labels(labels))
+
+    def remove_volume(self, name: str, *, legacy: bool = False) -> None:
+        """Delete our volume ``name``. Idempotent; one in use raises RuntimeFailure.
+
+        ``legacy``: the volume predates installation ids (named by the store, labelled
+        only ``gpuyard.managed``); it is removed if no installation claims it."""
+        with self.errors(f"removing volume {name}"):
+            try:
+                info = self.api.inspect_volume(name)
+            except docker.errors.NotFound:
+                return
+            if not self.claims(info.get("Labels"), legacy=legacy):
+                raise NotOurs(
+                    f"volume {name} does not belong to this installation; left alone",
+                    {"volume": name},
+                )
+            with contextlib.suppress(docker.errors.NotFound):
+                self.api.remove_volume(name)
+
+    def list_volumes(self) -> list[EngineVolume]:
+        """Our volumes, with their sizes where the engine reports them (one ``df``)."""
+        with self.errors("listing volumes"):
+            answer = self.api.volumes(filters={"label": self.owner.label_filter()}) or {}
+        rows = [v for v in answer.get("Volumes") or [] if self.owner.owns(v.get("Labels"))]
+        sizes = self._volume_sizes() if rows else {}
+        return [
+            EngineVolume(
+                name=str(v.get("Name")),
+                labels=dict(v.get("Labels") or {}),
+                size_bytes=sizes.get(str(v.get("Name"))),
+                created_at=v.get("CreatedAt"),
+            )
+            for v in rows
+        ]
+
+    def _volume_sizes(self) -> dict[str, int]:
+        try:
+            with self.errors("reading disk usage"):
+                df = self.api.df() or {}
+        except RuntimeFailure:
+            return {}  # sizes are informative; a listing never fails for them
+        out: dict[str, int] = {}
+        for v in df.get("Volumes") or []:
+            size = (v.get("UsageData") or {}).get("Size")
+            if isinstance(size, int) and size >= 0:
+                out[str(v.get("Name"))] = size
+        return out
+
+    # -- networks -------------------------------------------------------------------
+
+    def ensure_network(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        """Create our bridge network (DNS on) if missing. Idempotent, also under
+        concurrent calls."""
+        with self.errors(f"creating network {name}"):
+            try:
+                self.api.inspect_network(name)
+                return
+            except docker.errors.NotFound:
+                pass
+            try:
+                self.api.create_network(
+                    name, driver="bridge", labels=self.labels(labels), check_duplicate=True
+                )
+            except docker.errors.APIError as e:
+                # A concurrent caller created it between inspect and create.
+                if e.status_code != 409 and "already exists" not in reason(e):
+                    raise
+
+    def remove_network(self, name: str, *, legacy: bool = False) -> None:
+        """Delete our network. Idempotent; raises RuntimeFailure while in use, and
+        :class:`NotOurs` for somebody else's (``legacy``: see :meth:`claims`)."""
+        with self.errors(f"removing network {name}"):
+            try:
+                info = self.api.inspect_network(name)
+            except docker.errors.NotFound:
+                return
+            if not self.claims(info.get("Labels"), legacy=legacy):
+                raise NotOurs(
+                    f"network {name} does not belong to this installation; left alone",
+                    {"network": name},
+                )
+            with contextlib.suppress(docker.errors.NotFound):
+                self.api.remove_network(name)

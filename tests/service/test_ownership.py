@@ -1,0 +1,168 @@
+"""Two installations share one (fake) engine: each sees, recovers and collects only its
+own objects; unknown containers of ours go after a grace period; unknown volumes of
+ours are quarantined, never deleted on sight."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.orphans import delete_quarantined
+from gpuyard.runtimes.base import ContainerSpec, ContainerState
+from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.services import clusters as uc
+from gpuyard.services.auth import Principal
+from gpuyard.services.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.clock import FakeClock
+from gpuyard.services.context import Context
+from gpuyard.store.schema import Event, OrphanVolume
+from tests.conftest import new_principal
+from tests.helpers import make_settings
+from tests.service.test_lifecycle import a6000, settle
+
+
+@pytest.fixture
+def other(tmp_path: Path, clock: FakeClock) -> Iterator[Context]:
+    """A second installation (its own home and SQLite store) on the same machine."""
+    settings = make_settings(tmp_path / "other-home", f"sqlite:///{tmp_path / 'other.db'}")
+    engine, sessions = open_store(settings)
+    context = Context(sessions=sessions, settings=settings, clock=clock)
+    first_start(context)
+    register_local_host(context, None)
+    yield context
+    engine.dispose()
+
+
+def _spec(cluster_id: str, volume: str | None) -> ContainerSpec:
+    return ContainerSpec(
+        cluster_id=cluster_id,
+        image="img",
+        command=None,
+        env={},
+        ports=(),
+        volume_name=volume,
+        volume_mount_path="/workspace",
+        cpu_cores=1,
+        memory_gb=1,
+        gpu_indices=(),
+    )
+
+
+def _orphans(ctx: Context) -> list[OrphanVolume]:
+    with ctx.read() as s:
+        rows = list(s.scalars(select(OrphanVolume).order_by(OrphanVolume.id)))
+        s.expunge_all()
+        return rows
+
+
+def test_two_installations_never_touch_each_other(
+    ctx: Context,
+    other: Context,
+    alice: Principal,
+    rec: Reconciler,
+    runtime: FakeRuntime,
+    clock: FakeClock,
+) -> None:
+    assert ctx.ownership != other.ownership
+    other_rt = runtime.sharing_engine()
+    other_rec = Reconciler(other, other_rt)
+    carol = new_principal(other, "carol@example.com")
+    mine = uc.create_cluster(ctx, alice, a6000(1, volume_gb=5))
+    theirs = uc.create_cluster(other, carol, a6000(1, volume_gb=5))
+    settle(rec, mine.id)
+    settle(other_rec, theirs.id)
+    # A container and a volume nobody labelled (a developer's own): never touched.
+    runtime.containers["devcontainer01"] = runtime.containers[mine.id].__class__(
+        id="dev", spec=_spec("devcontainer01", "dev-volume"), owner=None
+    )
+    runtime.volumes["dev-volume"] = runtime.volumes[ctx.ownership.volume(mine.id)].__class__(
+        "dev-volume", owner=None
+    )
+    for _ in range(3):
+        clock.advance(600)
+        for r in (rec, other_rec):
+            r.observe()
+            r.scan_volumes()
+            r.wait_idle(timeout=10)
+    assert {mine.id, theirs.id, "devcontainer01"} <= set(runtime.containers)
+    assert all(runtime.containers[c].state == ContainerState.RUNNING for c in (mine.id, theirs.id))
+    assert _orphans(ctx) == [] and _orphans(other) == []
+    # Terminating in one leaves the other's container and volume alone.
+    uc.terminate_cluster(ctx, alice, mine.id)
+    settle(rec, mine.id)
+    assert mine.id not in runtime.containers
+    assert theirs.id in runtime.containers
+    assert other.ownership.volume(theirs.id) in runtime.volumes
+    assert "dev-volume" in runtime.volumes
+    rec.stop()
+    other_rec.stop()
+
+
+def test_unknown_container_of_ours_goes_only_after_the_grace(
+    ctx: Context, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
+) -> None:
+    runtime.ensure_image("img")
+    runtime.create(_spec("zzzzzzzzzzzzzz", None))
+    runtime.start("zzzzzzzzzzzzzz")
+    rec.observe()
+    rec.wait_idle(timeout=10)
+    clock.advance(ctx.settings.orphan_container_grace_s - 1)
+    rec.observe()
+    rec.wait_idle(timeout=10)
+    assert "zzzzzzzzzzzzzz" in runtime.containers
+    clock.advance(2)
+    rec.observe()
+    rec.wait_idle(timeout=10)
+    rec.stop()
+    assert "zzzzzzzzzzzzzz" not in runtime.containers
+    with ctx.read() as s:
+        events = list(s.scalars(select(Event).where(Event.cluster_id == "zzzzzzzzzzzzzz")))
+    assert [e.type for e in events] == ["collected"]
+    assert "no cluster in the database knows" in events[0].message
+
+
+def test_unknown_volume_is_quarantined_then_deleted_after_retention(
+    ctx: Context, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
+) -> None:
+    lost = ctx.ownership.volume("lostcluster001")
+    runtime.ensure_volume(lost, "lostcluster001")
+    runtime.volumes[lost].files["data"] = "x" * 100
+    rec.scan_volumes()
+    rows = _orphans(ctx)
+    assert [(r.name, r.size_bytes, r.deleted_at) for r in rows] == [(lost, 100, None)]
+    assert lost in runtime.volumes
+    clock.advance(ctx.settings.orphan_volume_retention_hours * 3600 - 10)
+    rec.scan_volumes()
+    assert lost in runtime.volumes
+    clock.advance(20)
+    rec.scan_volumes()
+    assert lost not in runtime.volumes
+    (row,) = _orphans(ctx)
+    assert row.outcome == "deleted" and row.deleted_at is not None
+
+
+def test_quarantined_volume_known_again_is_released_not_deleted(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
+) -> None:
+    c = uc.create_cluster(ctx, alice, a6000(1, volume_gb=5))
+    settle(rec, c.id)
+    volume = ctx.ownership.volume(c.id)
+    # The store forgets the cluster (an older backup restored), then learns it again.
+    with ctx.transaction() as s:
+        row = s.get(type(uc.get_cluster(ctx, alice, c.id)), c.id)
+        assert row is not None
+        row.status = "terminated"
+    rec.scan_volumes()
+    assert [r.name for r in _orphans(ctx)] == [volume]
+    with ctx.transaction() as s:
+        row = s.get(type(uc.get_cluster(ctx, alice, c.id)), c.id)
+        assert row is not None
+        row.status = "running"
+    assert not delete_quarantined(ctx, runtime, _orphans(ctx)[0], "admin")
+    assert volume in runtime.volumes
+    (released,) = _orphans(ctx)
+    assert released.outcome == "released"
