@@ -14,6 +14,7 @@ from gpuyard import __version__
 from gpuyard.api import billing, catalog, clusters, errors, training
 from gpuyard.api import images as images_api
 from gpuyard.api import metrics as metrics_api
+from gpuyard.api import orphans as orphans_api
 from gpuyard.api import plans as plans_api
 from gpuyard.api import projects as projects_api
 from gpuyard.api import reserved_ips as reserved_ips_api
@@ -133,6 +134,7 @@ def build_server(
     app.include_router(images_api.router)
     app.include_router(reserved_ips_api.router)
     app.include_router(security_groups_api.router)
+    app.include_router(orphans_api.router)
     app.include_router(graphql_router())
     app.include_router(training.router)
 

@@ -166,8 +166,16 @@ class GpuyardClient:
         return self._request("GET", "/v1/gpu-types")
 
     def hosts(self) -> JSON:
-        """``GET /v1/hosts`` (admin scope): ``{"hosts": [...]}``."""
+        """``GET /v1/hosts`` (admin scope): ``{"installation_id", "hosts": [...]}``."""
         return self._request("GET", "/v1/hosts")
+
+    def orphans(self, *, include_done: bool = False) -> JSON:
+        """``GET /v1/orphans`` (admin): ``{"installation_id", "orphans": [...]}``."""
+        return self._request("GET", "/v1/orphans", params={"all": "true"} if include_done else None)
+
+    def delete_orphan(self, orphan_id: str) -> JSON:
+        """``DELETE /v1/orphans/{id}`` (admin): the orphan, now deleted."""
+        return self._request("DELETE", f"/v1/orphans/{orphan_id}")
 
     def billing(
         self,

@@ -13,6 +13,7 @@ from gpuyard.cli.catalog import gpu_types, hosts
 from gpuyard.cli.clusters import clusters
 from gpuyard.cli.common import CliState, ErrorBoundaryGroup
 from gpuyard.cli.keys import keys
+from gpuyard.cli.orphans import orphans
 from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS
 from gpuyard.cli.training import training
 
@@ -89,6 +90,7 @@ cli.add_command(clusters)
 cli.add_command(gpu_types)
 cli.add_command(hosts)
 cli.add_command(billing)
+cli.add_command(orphans)
 for command in RESOURCE_COMMANDS:
     cli.add_command(command)
 cli.add_command(training)

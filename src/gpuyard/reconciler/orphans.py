@@ -14,33 +14,13 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from gpuyard.core.errors import GpuyardError
-from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeName
 from gpuyard.runtimes.base import ManagedVolume, Runtime
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
-from gpuyard.store.schema import Cluster, OrphanVolume, TrainingCluster
+from gpuyard.services.orphans import delete_quarantined, known_volume_names
+from gpuyard.store.schema import OrphanVolume
 
 log = logging.getLogger(__name__)
-
-
-def known_volume_names(ctx: Context) -> set[str]:
-    """Every engine volume name the database knows to be in use: live clusters'
-    volumes and live training clusters' Slurm state volumes."""
-    with ctx.read() as session:
-        clusters = session.execute(
-            select(Cluster.id, Cluster.volume_name).where(
-                Cluster.status != ClusterStatus.TERMINATED.value
-            )
-        ).all()
-        trainings = session.execute(
-            select(TrainingCluster.id, TrainingCluster.name_prefix).where(
-                TrainingCluster.deleted_at.is_(None)
-            )
-        ).all()
-    names = {name or ctx.ownership.volume(cid) for cid, name in clusters}
-    names.update(NodeName(tid, prefix).state_volume for tid, prefix in trainings)
-    return names
 
 
 class VolumeCollector:
@@ -134,35 +114,3 @@ class VolumeCollector:
             session.expunge_all()
         for row in due:
             delete_quarantined(self.ctx, self.runtime, row, "retention passed")
-
-
-def delete_quarantined(ctx: Context, runtime: Runtime, row: OrphanVolume, why: str) -> bool:
-    """Delete a quarantined volume on the engine, then mark its row. Returns False
-    (and leaves the row) when the engine refuses, e.g. the volume is in use. A volume
-    the database has come to know meanwhile is released, not deleted."""
-    if row.name in known_volume_names(ctx):
-        with ctx.transaction() as session:
-            live = session.get(OrphanVolume, row.id)
-            if live is not None and live.deleted_at is None:
-                live.deleted_at, live.outcome = ctx.clock.now(), "released"
-        return False
-    try:
-        runtime.remove_volume(row.name)
-    except GpuyardError as exc:
-        log.warning("cannot delete quarantined volume %s: %s", row.name, exc.message)
-        return False
-    now = ctx.clock.now()
-    with ctx.transaction() as session:
-        live = session.get(OrphanVolume, row.id)
-        if live is not None:
-            live.deleted_at, live.outcome = now, "deleted"
-        if row.cluster_id:
-            record_event(
-                session,
-                row.cluster_id[:14],
-                now,
-                "collected",
-                f"quarantined volume {row.name} deleted ({why})",
-            )
-    log.info("deleted quarantined volume %s (%s)", row.name, why)
-    return True

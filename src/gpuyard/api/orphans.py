@@ -1,0 +1,83 @@
+"""``/v1/orphans`` (admin): engine objects of this installation that the database does
+not know. Volumes are quarantined here, never deleted on sight (reconciler/orphans.py);
+an admin lists them and deletes one now, or lets the retention pass."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
+
+from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.resource_params import path_id
+from gpuyard.api.schemas import Meta, documented
+from gpuyard.api.state import app_state, current_principal
+from gpuyard.services import orphans
+from gpuyard.services.auth import Principal, Scope
+
+router = APIRouter(tags=["orphans"], responses=ERROR_RESPONSES)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Orphan(_Out):
+    id: int
+    kind: Literal["volume"]
+    name: str
+    host_id: int
+    host: str | None
+    cluster_id: str | None
+    size_bytes: int | None
+    found_at: str
+    delete_after: str
+    status: Literal["quarantined", "deleted", "released", "vanished"]
+    deleted_at: str | None
+
+
+class OrphanList(_Out):
+    installation_id: str
+    orphans: list[Orphan]
+
+
+class OrphanListEnvelope(_Out):
+    success: Literal[True]
+    data: OrphanList
+    meta: Meta
+
+
+class OrphanEnvelope(_Out):
+    success: Literal[True]
+    data: Orphan
+    meta: Meta
+
+
+@router.get("/v1/orphans", responses=documented(OrphanListEnvelope))
+async def list_orphans(
+    request: Request,
+    include_done: bool = Query(False, alias="all"),
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """Quarantined volumes of this installation, oldest first (``all=true``: also the
+    deleted, released and vanished ones). Admin."""
+    principal.require(Scope.ADMIN)
+    ctx = app_state(request).ctx
+    rows = await run_in_threadpool(orphans.list_orphans, ctx, include_done=include_done)
+    return ok({"installation_id": ctx.ownership.installation_id, "orphans": rows})
+
+
+@router.delete("/v1/orphans/{orphan_id}", responses=documented(OrphanEnvelope))
+async def delete_orphan(
+    orphan_id: str, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """Delete a quarantined volume now, with its data. Admin. 404 for an unknown id,
+    409 when the engine refuses or a cluster owns the volume again."""
+    principal.require(Scope.ADMIN)
+    state = app_state(request)
+    oid = path_id("orphan_id", orphan_id)
+    row = await run_in_threadpool(orphans.delete_orphan, state.ctx, state.runtime, oid)
+    return ok(row)
