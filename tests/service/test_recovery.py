@@ -4,6 +4,8 @@ Fake runtime, real database, injected clock."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 from sqlalchemy import select
@@ -151,3 +153,28 @@ def test_engine_that_does_not_answer_is_not_a_death(
     row = _row(ctx, c.id)
     assert row.status == "running" and row.restarts == 0 and row.last_exit_code is None
     assert gpus_held(ctx, c.id) == [0]
+
+
+def test_a_stop_is_not_queued_behind_a_hanging_pull(
+    ctx: Context, alice: Principal, runtime: FakeRuntime
+) -> None:
+    ctx.settings.reconcile_workers = 1  # one worker per lane: lanes, not luck
+    rec = Reconciler(ctx, runtime)
+    b = uc.create_cluster(ctx, alice, a6000(1))
+    settle(rec, b.id)
+    assert uc.get_cluster(ctx, alice, b.id).status == "running"
+    gate = threading.Event()
+    runtime.pull_gate = gate
+    slow = uc.create_cluster(ctx, alice, a6000(1, docker_image="registry.example/huge:1"))
+    rec.run_pass(observe=False)  # the start of `slow` now hangs in its pull
+    uc.stop_cluster(ctx, alice, b.id)
+    deadline = time.monotonic() + 5
+    while uc.get_cluster(ctx, alice, b.id).status != "stopped":
+        assert time.monotonic() < deadline, "the stop waited for the pull"
+        rec.run_pass(observe=False)
+        time.sleep(0.02)
+    assert uc.get_cluster(ctx, alice, slow.id).status == "starting"
+    gate.set()
+    assert rec.wait_idle(timeout=10)
+    rec.stop()
+    assert uc.get_cluster(ctx, alice, slow.id).status == "running"

@@ -96,7 +96,11 @@ class WorkQueue:
             if wait > 0:
                 entry.again = True
                 return True
-            entry.running = True
+            # This run covers every earlier submission and any pending retry.
+            entry.running, entry.again = True, False
+            timer, entry.timer = entry.timer, None
+        if timer is not None:
+            timer.cancel()
         self._dispatch(key, entry)
         return True
 

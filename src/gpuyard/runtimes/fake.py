@@ -82,6 +82,8 @@ class FakeRuntime:
         self._seq = 0
         self._tick = 0
         self.owner: Ownership | None = None
+        # When set, pulling an image that is not present waits for this event.
+        self.pull_gate: threading.Event | None = None
 
     def sharing_engine(self) -> FakeRuntime:
         """Another runtime over the same (fake) engine: what a second installation on
@@ -168,6 +170,10 @@ class FakeRuntime:
             return self.unavailable
 
     def ensure_image(self, image: str) -> None:
+        gate = self.pull_gate
+        if gate is not None and image not in self.images:
+            # A slow registry: the pull hangs until the test opens the gate.
+            gate.wait()
         with self._lock:
             self._enter("ensure_image")
             reason = self.fail_images.get(image)
