@@ -69,6 +69,13 @@ class InsufficientCapacity(GpuyardError):
     http_status = 409
 
 
+class IdempotencyKeyReused(GpuyardError):
+    """An ``Idempotency-Key`` already answered a create with a different body."""
+
+    code = "IDEMPOTENCY_KEY_REUSED"
+    http_status = 422
+
+
 class Conflict(GpuyardError):
     """A concurrent change won; the caller may retry."""
 
@@ -81,3 +88,11 @@ class RuntimeFailure(GpuyardError):
 
     code = "RUNTIME_ERROR"
     http_status = 502
+
+
+class LimitsNotEnforced(GpuyardError):
+    """The chosen host's engine cannot apply CPU/memory limits and the operator has not
+    allowed running without them."""
+
+    code = "LIMITS_NOT_ENFORCED"
+    http_status = 409

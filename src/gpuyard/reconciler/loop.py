@@ -208,6 +208,7 @@ class Reconciler:
             if status == ClusterStatus.RUNNING and updated < listed_at and dead:
                 self._submit(cid, self.driver.recover, SLOW)
         self._collect_containers(set(by_cluster) - set(live), listed_at)
+        self._sync_host_limits()
         if time.monotonic() - self._last_volume_scan >= self.volume_scan_every_s:
             self._last_volume_scan = time.monotonic()
             self.scan_volumes()
@@ -224,6 +225,22 @@ class Reconciler:
             first = self._unknown_since.setdefault(cid, now)
             if now - first >= grace:
                 self._submit(cid, self.driver.collect_container, URGENT)
+
+    def _sync_host_limits(self) -> None:
+        """Show on the host whether its engine enforces CPU/memory limits (the runtime
+        learns it from the engine's refusal), so creates can refuse with a clear error."""
+        host_id = self.host_id
+        if host_id is None:
+            return
+        problem = self.runtime.capabilities().limits_problem
+        with self.ctx.transaction() as session:
+            host = session.get(Host, host_id)
+            if host is not None and (host.enforces_limits, host.limits_note) != (
+                problem is None,
+                problem,
+            ):
+                host.enforces_limits = problem is None
+                host.limits_note = problem
 
     def scan_volumes(self) -> None:
         """Quarantine unknown volumes of ours; delete those past their retention."""

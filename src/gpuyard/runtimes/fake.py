@@ -82,6 +82,8 @@ class FakeRuntime:
         self._seq = 0
         self._tick = 0
         self.owner: Ownership | None = None
+        # Why the (fake) engine refuses CPU/memory limits; None: it applies them.
+        self.limits_problem: str | None = None
         # When set, pulling an image that is not present waits for this event.
         self.pull_gate: threading.Event | None = None
 
@@ -160,8 +162,13 @@ class FakeRuntime:
         self.owner = owner
 
     def capabilities(self) -> Capabilities:
+        limits = self.limits_problem is None
         return Capabilities(
-            real_gpus=self.real_gpus, cpu_limits=True, memory_limits=True, stats=True
+            real_gpus=self.real_gpus,
+            cpu_limits=limits,
+            memory_limits=limits,
+            stats=True,
+            limits_problem=self.limits_problem,
         )
 
     def available(self) -> str | None:

@@ -19,6 +19,7 @@ from gpuyard.core.errors import (
     ClusterNotFound,
     Conflict,
     InvalidState,
+    LimitsNotEnforced,
     NotFound,
     SnapshotNotFound,
     ValidationFailed,
@@ -38,6 +39,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
+from gpuyard.services.idempotency import Claim
 from gpuyard.services.lifecycle import (
     guarded_update,
     meter_status,
@@ -45,8 +47,9 @@ from gpuyard.services.lifecycle import (
     transition_cluster,
 )
 from gpuyard.services.placement import assign_ports, claim
+from gpuyard.services.port_rules import check_external_ports, server_ports
 from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
-from gpuyard.store.schema import Cluster, Event, Project
+from gpuyard.store.schema import Cluster, Event, Host, Project
 
 MAX_CONFLICT_RETRIES = 5
 HOST_PORT = "host_port"
@@ -194,10 +197,28 @@ def refuse_spent_policy(
         )
 
 
-def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> Cluster:
+def refuse_unenforced_limits(session: Session, ctx: Context, host_id: int) -> None:
+    """Raise LimitsNotEnforced when ``host_id``'s engine cannot apply CPU/memory limits
+    and the operator has not allowed that (GPUYARD_ALLOW_UNENFORCED_LIMITS)."""
+    host = session.get(Host, host_id)
+    if host is None or host.enforces_limits or ctx.settings.allow_unenforced_limits:
+        return
+    raise LimitsNotEnforced(
+        f"host {host.name}'s container engine cannot enforce CPU/memory limits "
+        f"({host.limits_note or 'refused by the engine'}); the operator can fix its cgroup "
+        "setup or allow running without limits (GPUYARD_ALLOW_UNENFORCED_LIMITS=true)",
+        {"host_id": host_id, "enforces_limits": False},
+    )
+
+
+def create_cluster(
+    ctx: Context, principal: Principal, body: CreateCluster, *, idempotency: Claim | None = None
+) -> Cluster:
     """Validate, place and record a new cluster in ``starting``. Nothing is stored when
-    placement fails (InsufficientCapacity)."""
+    placement fails (InsufficientCapacity). With ``idempotency`` its key is stored in
+    the same transaction, before placement (see services/idempotency.py)."""
     principal.require_write()
+    check_external_ports(body.ports, ctx.settings, "ports")
     now = ctx.clock.now()
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
     with ctx.transaction() as session:
@@ -236,6 +257,8 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
         )
         session.add(cluster)
         session.flush()
+        if idempotency is not None:
+            idempotency.record(session, cluster_id, now)
         placement = claim(
             session,
             cluster_id=cluster_id,
@@ -251,7 +274,9 @@ def create_cluster(ctx: Context, principal: Principal, body: CreateCluster) -> C
             host_id=placement.host_id,
             ports=tuple(body.ports),
             port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+            reserved=server_ports(ctx.settings),
         )
+        refuse_unenforced_limits(session, ctx, placement.host_id)
         cluster.ports = _with_host_ports(tuple(body.ports), assigned)
         cluster.host_id = placement.host_id
         cluster.gpu_indices = list(placement.gpu_indices)
@@ -352,6 +377,8 @@ def start_cluster(
     case nothing stored changes.
     """
     principal.require_write()
+    if body.port_mapping_updates:
+        check_external_ports(body.port_mapping_updates, ctx.settings, "port_mapping_updates")
     if body.restore_from_snapshot:
         # Snapshots are not implemented yet: no id can exist, and ignoring it would
         # start the cluster on data the user did not ask for.
@@ -406,6 +433,7 @@ def start_cluster(
                     host_id=placement.host_id,
                     ports=specs,
                     port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+                    reserved=server_ports(ctx.settings),
                 )
                 values["ports"] = cluster.ports = _with_host_ports(specs, assigned)
                 version = transition_cluster(
