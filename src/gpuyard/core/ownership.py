@@ -71,6 +71,11 @@ class Ownership:
         return f"{self.prefix}-tc{training_cluster_id}"
 
 
+def legacy_container_name(cluster_id: str) -> str:
+    """The container name clusters had before installation ids."""
+    return f"gpuyard-{cluster_id}"
+
+
 def legacy_volume_name(cluster_id: str) -> str:
     """The volume name clusters had before installation ids (kept for their data)."""
     return f"gpuyard-vol-{cluster_id}"

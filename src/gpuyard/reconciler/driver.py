@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError
+from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
 from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
@@ -265,6 +266,8 @@ class ClusterDriver:
             gpu_indices=tuple(c.gpu_indices),
             gpu_uuids=uuids,
             labels={LABEL_CLUSTER: c.id},
+            # A cluster older than installation ids may still run its old container.
+            replaces=legacy_container_name(c.id) if c.volume_name is not None else None,
         )
 
     def _stop(self, c: Cluster) -> None:

@@ -52,6 +52,9 @@ class ContainerSpec:
     gpu_indices: tuple[int, ...]
     gpu_uuids: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+    # A container of this cluster made before installation ids (unlabelled by any
+    # installation), to be removed before this one is created; None: there is none.
+    replaces: str | None = None
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,8 @@ class DockerEngineRuntime:
         name = self._name(spec.cluster_id)
         with self._lock:
             self._specs[spec.cluster_id] = spec
+        if spec.replaces:
+            self.engine.stop_and_remove(spec.replaces, timeout_s=10, legacy=True)
         if spec.volume_name:
             # Created with our labels (the engine would make an unlabelled one on
             # mount, which our volume listing would not see).
