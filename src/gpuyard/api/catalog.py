@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
 
 from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.host_schemas import HostListEnvelope
+from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
-from gpuyard.core.placement import free_resources
+from gpuyard.core.placement import AllocationRatios, free_resources
 from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.catalog import list_gpu_types
+from gpuyard.services.host_views import HostView, list_hosts
 from gpuyard.services.hosts import capacities
-from gpuyard.store.schema import Host
 
 router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES)
 
@@ -53,45 +56,52 @@ def gpu_types(request: Request, principal: Principal = Depends(current_principal
     )
 
 
-@router.get("/v1/hosts")
+@router.get("/v1/hosts", responses=documented(HostListEnvelope))
 def hosts(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
-    """Every host with its capacity, what is free and where each figure came from (admin)."""
+    """This installation's id, and every host with its identity, capacity, what is
+    free, whether it enforces CPU/memory limits and where each figure came from (admin)."""
     principal.require(Scope.ADMIN)
     state = app_state(request)
-    ctx = state.ctx
     # This process's engine is the local host's; asked outside any transaction.
     engine_problem = state.runtime.available()
-    with ctx.read() as session:
-        rows = {h.id: h for h in session.scalars(select(Host).order_by(Host.id))}
-        caps = capacities(session)
-    out = []
-    for cap in caps:
-        h = rows[cap.host_id]
-        out.append(
+    overview = list_hosts(state.ctx)
+    ratios = state.ctx.settings.allocation_ratios
+    return ok(
+        {
+            "installation_id": overview.installation_id,
+            "hosts": [host_view(h, engine_problem, ratios) for h in overview.hosts],
+        }
+    )
+
+
+def host_view(h: HostView, engine_problem: str | None, ratios: AllocationRatios) -> dict[str, Any]:
+    """One host as ``GET /v1/hosts`` shows it (api/host_schemas.py HostOut)."""
+    cap = h.capacity
+    return {
+        "id": h.id,
+        "name": h.name,
+        "machine_id": h.machine_id,
+        "location": h.location,
+        "cloud_type": h.cloud_type,
+        "address": h.address,
+        "engine_url": h.engine_url,
+        "engine": {"reachable": engine_problem is None, "message": engine_problem},
+        "healthy": h.healthy,
+        "vcpus": h.vcpus,
+        "memory_gb": h.memory_gb,
+        "disk_gb": h.disk_gb,
+        "gpu_source": h.gpu_source,
+        "declared": list(h.declared),
+        "enforces_limits": h.enforces_limits,
+        "limits_note": h.limits_note,
+        "gpus": [
             {
-                "id": h.id,
-                "name": h.name,
-                "location": h.location,
-                "cloud_type": h.cloud_type,
-                "address": h.address,
-                "engine_url": h.engine_url,
-                "engine": {"reachable": engine_problem is None, "message": engine_problem},
-                "healthy": h.healthy,
-                "vcpus": h.vcpus,
-                "memory_gb": h.memory_gb,
-                "disk_gb": h.disk_gb,
-                "gpu_source": h.gpu_source,
-                "declared": list(h.declared) + (["gpus"] if h.gpu_source == "declared" else []),
-                "gpus": [
-                    {
-                        "index": g.index,
-                        "type": g.gpu_type,
-                        "uuid": g.uuid,
-                        "allocated": g.index in cap.used_gpu_indices,
-                    }
-                    for g in cap.gpus
-                ],
-                "free": free_resources(cap, ctx.settings.allocation_ratios),
+                "index": g.index,
+                "type": g.gpu_type,
+                "uuid": g.uuid,
+                "allocated": g.index in cap.used_gpu_indices,
             }
-        )
-    return ok({"hosts": out})
+            for g in cap.gpus
+        ],
+        "free": free_resources(cap, ratios),
+    }

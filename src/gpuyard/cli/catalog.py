@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from gpuyard.cli.common import api_options, make_call
@@ -44,6 +46,7 @@ def hosts(url: str | None, api_key: str | None, as_json: bool) -> None:
     if call.as_json:
         print_json(data)
         return
+    click.echo(f"installation: {data.get('installation_id') or 'unknown'}")
     rows = []
     for h in data.get("hosts", []):
         free = h.get("free") or {}
@@ -63,12 +66,22 @@ def hosts(url: str | None, api_key: str | None, as_json: bool) -> None:
                 f"{cell(free.get('memory_gb'))}/{h.get('memory_gb')}G",
                 f"{cell(free.get('disk_gb'))}/{h.get('disk_gb')}G",
                 h.get("healthy"),
+                limits_cell(h),
                 h.get("engine_url") or "none",
             ]
         )
     print_table(
         ["ID", "NAME", "LOCATION", "CLOUD", "GPUS FREE", "VCPU FREE", "MEM FREE", "DISK FREE",
-         "HEALTHY", "ENGINE"],
+         "HEALTHY", "LIMITS", "ENGINE"],
         rows,
         "no hosts",
     )  # fmt: skip
+
+
+def limits_cell(host: dict[str, Any]) -> str:
+    """``enforced``, or ``NOT ENFORCED`` with the host's note: an operator must see at a
+    glance that tenants on this host are not held to their CPU and memory."""
+    if host.get("enforces_limits", True):
+        return "enforced"
+    note = host.get("limits_note")
+    return f"NOT ENFORCED ({note})" if note else "NOT ENFORCED"

@@ -15,6 +15,7 @@ from gpuyard.services.auth import IssuedKey, bootstrap_admin
 from gpuyard.services.catalog import seed_catalog
 from gpuyard.services.context import Context
 from gpuyard.services.discovery import discover
+from gpuyard.services.host_identity import MACHINE_ID_PATH, local_host_id
 from gpuyard.services.hosts import register_host
 from gpuyard.services.images import ensure_default_image
 from gpuyard.services.plans import seed_plans
@@ -64,8 +65,22 @@ def client_url(settings: Settings) -> str:
     return f"http://{host}:{settings.port}"
 
 
-def register_local_host(ctx: Context, engine_url: str | None) -> int:
+def register_local_host(
+    ctx: Context,
+    engine_url: str | None,
+    *,
+    machine_id_path: Path | None = MACHINE_ID_PATH,
+    hostname: str | None = None,
+) -> int:
+    """Register (or refresh) the machine this server runs on; returns its host id.
+
+    The row is the one of this machine's stable id (services/host_identity.py: the
+    ``host-id`` file under GPUYARD_HOME, first derived from ``machine_id_path``), so a
+    new ``hostname`` (default: the system's) renames the row instead of adding one.
+    Raises HostIdentityError when the ``host-id`` file is damaged.
+    """
     s = ctx.settings
+    machine_id = local_host_id(s.home, machine_id_path)
     inventory = discover(
         declared_gpus=s.local_gpus,
         vcpus=s.local_vcpus,
@@ -76,7 +91,8 @@ def register_local_host(ctx: Context, engine_url: str | None) -> int:
     with ctx.transaction() as session:
         host = register_host(
             session,
-            name=socket.gethostname(),
+            machine_id=machine_id,
+            name=hostname or socket.gethostname(),
             location=s.local_location,
             cloud_type=CloudType(s.local_cloud_type.upper()),
             address=s.public_address or ("127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host),

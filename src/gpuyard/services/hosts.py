@@ -13,9 +13,30 @@ from gpuyard.services.discovery import LocalInventory
 from gpuyard.store.schema import GpuAllocation, Host, HostGpu, Reservation, utcnow
 
 
+def _host_of_machine(session: Session, machine_id: str, name: str) -> Host | None:
+    """The row of the machine ``machine_id``: the one carrying that id, else a row from
+    before host ids (no id, same name), which is adopted so an upgrade keeps it."""
+    host = session.scalar(select(Host).where(Host.machine_id == machine_id))
+    if host is None:
+        host = session.scalar(select(Host).where(Host.name == name, Host.machine_id.is_(None)))
+        if host is not None:
+            host.machine_id = machine_id
+    return host
+
+
+def _free_name(session: Session, name: str, machine_id: str, host_id: int | None) -> str:
+    """``name``, or ``name-<first 8 of the id>`` when another row already holds it
+    (names are unique; the id is what identifies the machine)."""
+    holder = session.scalar(select(Host.id).where(Host.name == name))
+    if holder is None or holder == host_id:
+        return name
+    return f"{name[:190]}-{machine_id[:8]}"
+
+
 def register_host(
     session: Session,
     *,
+    machine_id: str,
     name: str,
     location: str,
     cloud_type: CloudType,
@@ -23,12 +44,21 @@ def register_host(
     engine_url: str | None,
     inventory: LocalInventory,
 ) -> Host:
-    """Create or refresh a host row and its GPUs. GPUs that disappeared are removed
-    only when nothing holds them (a held GPU stays until its cluster releases it)."""
-    host = session.scalar(select(Host).where(Host.name == name))
+    """Create or refresh the host row of the machine ``machine_id`` and its GPUs.
+
+    The row is found by ``machine_id``, never by name: a renamed machine keeps its row
+    (the name follows; when another row holds the new name, the id's first eight
+    digits are appended) and its GPUs are never offered twice. A row from before host
+    ids with the same name is adopted once. GPUs that disappeared are removed only
+    when nothing holds them (a held GPU stays until its cluster releases it).
+    Idempotent.
+    """
+    host = _host_of_machine(session, machine_id, name)
     if host is None:
-        host = Host(name=name)
+        host = Host(name=_free_name(session, name, machine_id, None), machine_id=machine_id)
         session.add(host)
+    else:
+        host.name = _free_name(session, name, machine_id, host.id)
     host.location = location
     host.cloud_type = cloud_type.value
     host.address = address

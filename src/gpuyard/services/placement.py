@@ -205,12 +205,14 @@ def assign_ports(
     host_id: int,
     ports: tuple[PortSpec, ...],
     port_range: tuple[int, int],
+    reserved: frozenset[int] = frozenset(),
 ) -> dict[tuple[int, str], int]:
     """(Re)assign host ports for ``ports``; returns ``(internal, transport) -> external``.
 
     A port the cluster already had for the same internal port and transport is kept,
     so addresses stay stable across stop/start. ``external_port`` > 0 claims exactly
-    that port (409 if another cluster holds it).
+    that port (409 if another cluster holds it). A port in ``reserved`` (the server's
+    own) is never assigned.
     """
     lock_placement(session)
     previous = {
@@ -251,7 +253,7 @@ def assign_ports(
                     (
                         p
                         for p in range(port_range[0], port_range[1] + 1)
-                        if (p, spec.transport) not in taken
+                        if (p, spec.transport) not in taken and p not in reserved
                     ),
                     0,
                 )

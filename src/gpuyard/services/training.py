@@ -34,6 +34,7 @@ from gpuyard.services.images import get_image_version
 from gpuyard.services.lifecycle import IllegalTransition, meter_status, record_event
 from gpuyard.services.placement import assign_ports, claim, lock_placement, release_all
 from gpuyard.services.plans import get_plan
+from gpuyard.services.port_rules import server_ports
 from gpuyard.services.projects import acting_account, resolve_project
 from gpuyard.services.reserved_ips import get_reserved_ip
 from gpuyard.services.resource_util import in_id_range
@@ -329,6 +330,7 @@ def _place_all(
                 host_id=host_id,
                 ports=(PortSpec(internal_port=SSH_PORT),),
                 port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+                reserved=server_ports(ctx.settings),
             )
         except InsufficientCapacity as exc:
             savepoint.rollback()
