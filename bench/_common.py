@@ -6,6 +6,7 @@ import json
 import math
 import os
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -87,3 +88,14 @@ def cpu_seconds(pid: int) -> float:
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def installation_label(home: Path) -> str | None:
+    """``gpuyard.installation=<uuid>`` of the server whose GPUYARD_HOME is ``home`` (its
+    engine objects carry it), or None when its database does not exist yet."""
+    db = home / "gpuyard.db"
+    if not db.exists():
+        return None
+    with sqlite3.connect(db) as conn:
+        row = conn.execute("SELECT uuid FROM installation LIMIT 1").fetchone()
+    return f"gpuyard.installation={row[0]}" if row else None

@@ -44,7 +44,16 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEV_IMAGE, free_port, median, percentile, start_server, stop_process, tail
+from _common import (
+    DEV_IMAGE,
+    free_port,
+    installation_label,
+    median,
+    percentile,
+    start_server,
+    stop_process,
+    tail,
+)
 
 from gpuyard.runtimes.devimage import build_dev_image
 from gpuyard.runtimes.engine_url import PodmanService
@@ -265,11 +274,14 @@ def main() -> int:
         if bare is not None:
             for name, vol in bare_names:
                 bare.cleanup(name, vol)
-            # Anything gpuyard left behind (e.g. after a failure mid-run).
-            subprocess.run(["podman", "--url", bare.url, "rm", "-f", "-v", "--filter",
-                            "label=gpuyard.managed"], capture_output=True)  # fmt: skip
-            subprocess.run(["podman", "--url", bare.url, "volume", "prune", "-f", "--filter",
-                            "label=gpuyard.managed"], capture_output=True)  # fmt: skip
+            # Anything this run's server left behind (e.g. after a failure mid-run): only
+            # objects labelled with its installation id, never anybody else's.
+            mine = installation_label(home)
+            if mine:
+                subprocess.run(["podman", "--url", bare.url, "rm", "-f", "-v", "--filter",
+                                f"label={mine}"], capture_output=True)  # fmt: skip
+                subprocess.run(["podman", "--url", bare.url, "volume", "prune", "-f", "--filter",
+                                f"label={mine}"], capture_output=True)  # fmt: skip
         service.stop()
         shutil.rmtree(work, ignore_errors=True)
 

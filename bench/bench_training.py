@@ -29,12 +29,12 @@ Then both clusters are removed (not in the ratios; shown for reference): gpuyard
 network and the state volume.
 
 Sharing the engine with a concurrent e2e run: the baseline's names start with
-``gy-bench-<pid>-``; gpuyard names nodes ``gy-tc<cluster id>-...``, and a fresh
-server's ids start at 1 like the e2e tests', so a deleted placeholder row (id 46000)
-is written into the store first, and this server's clusters are 46001 and up. The
-training e2e tests' clean-up still removes every ``gy-tc*`` container it finds, so a
-round whose containers vanish (Slurm readiness is bounded at 90 s on both sides) is
-discarded, cleaned up and run again, at most 3 times, saying so.
+``gy-bench-<pid>-`` and its nodes carry the bench server's installation id; gpuyard
+names nodes ``gy<installation>-tc<cluster id>-...``, so nothing collides with another
+run. A deleted placeholder row (id 46000) is still written into the store first, so
+this server's clusters are 46001 and up. A round whose containers vanish anyway (Slurm
+readiness is bounded at 90 s on both sides) is discarded, cleaned up and run again,
+at most 3 times, saying so.
 
     .venv/bin/python bench/bench_training.py [--rounds 5] [--srun-reps 5]
 """
@@ -58,9 +58,10 @@ import httpx
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, median, start_server, stop_process, tail
+from _common import free_port, installation_label, median, start_server, stop_process, tail
 
 from gpuyard.core.errors import GpuyardError
+from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import NodeName, TrainingStatus
 from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
@@ -282,7 +283,7 @@ def one_round(
         got["gy_scale"].append(dt)
         # Checked outside the timed window, on Slurm itself (the view's partition
         # state is cached for up to 2 s).
-        nodes = dict(rt.sinfo(NodeName(cid).controller))
+        nodes = dict(rt.sinfo(node_names(rt, cid).controller))
         if len(nodes) != 3 or set(nodes.values()) - USABLE:
             raise RuntimeError(f"after scale, Slurm shows {nodes}")
         state["cid"], state["data"] = cid, data
@@ -297,7 +298,7 @@ def one_round(
 
     # srun on the gpuyard cluster by three paths, rotated.
     cid, data = state["cid"], state["data"]
-    names = NodeName(cid)
+    names = node_names(rt, cid)
     workers = {names.worker(k) for k in (1, 2, 3)}
     address = rt.node_address(names.controller, names.network)
     if address is None:
@@ -366,12 +367,20 @@ def ratio_line(what: str, gy: list[float], bare: list[float], vs: str) -> str:
     return f"{what:<28} gpuyard/{vs}: median {median(gy) / median(bare):.2f}x"
 
 
-def engine_sweep(url: str, cluster_ids: list[int]) -> None:
+def node_names(rt: SlurmNodeRuntime, cluster_id: int) -> NodeName:
+    """The server's names for a training cluster's nodes (the bench acts for its
+    installation: ``rt`` is bound to the server's installation id)."""
+    return NodeName(cluster_id, rt.engine.owner.training_prefix(cluster_id))
+
+
+def engine_sweep(url: str, rt: SlurmNodeRuntime, cluster_ids: list[int]) -> None:
     """Remove whatever a failed run left: our baseline nodes, and our gpuyard clusters'
     containers, networks and volumes (never another run's)."""
     engine = docker.DockerClient(base_url=url)
     try:
-        prefixes = [f"gy-bench-{os.getpid()}-"] + [f"{NodeName(c).prefix}-" for c in cluster_ids]
+        prefixes = [f"gy-bench-{os.getpid()}-"] + [
+            f"{node_names(rt, c).prefix}-" for c in cluster_ids
+        ]
         for container in engine.containers.list(all=True):
             if any(container.name.startswith(p) for p in prefixes):
                 container.remove(force=True, v=True)
@@ -389,7 +398,7 @@ def engine_sweep(url: str, cluster_ids: list[int]) -> None:
 
 def diagnose(rt: SlurmNodeRuntime, cluster_ids: list[int], bares: list[Bare]) -> None:
     """On a failure: what the engine and Slurm show for the clusters still there."""
-    clusters = [(NodeName(c).controller, rt.list_nodes("gpuyard.training_cluster_id", str(c)))
+    clusters = [(node_names(rt, c).controller, rt.list_nodes("gpuyard.training_cluster_id", str(c)))
                 for c in cluster_ids]  # fmt: skip
     clusters += [(b.controller, [b.controller, *b.workers]) for b in bares]
     for controller, nodes in clusters:
@@ -466,7 +475,11 @@ def main() -> int:
         server, base, key = start_server(home, port, env, log)
         bump_cluster_ids(home)
 
-        rt = SlurmNodeRuntime(url)
+        # The baseline nodes are made for the server's installation (its label and id),
+        # so the bench's clean-up and the server's views agree on what is whose.
+        label = installation_label(home)
+        assert label is not None
+        rt = SlurmNodeRuntime(url, owner=Ownership(label.split("=", 1)[1]))
         rt.node_state("gy-bench-warm-up")  # the SDK client and its version probe, untimed
 
         results: dict[str, list[float]] = {k: [] for k in RESULT_KEYS}
@@ -569,8 +582,8 @@ def main() -> int:
                 bare.remove()
             except Exception as e:
                 print(f"cleanup: {e}", file=sys.stderr)
-        if url:
-            engine_sweep(url, sorted(live_gy))
+        if url and rt is not None:
+            engine_sweep(url, rt, sorted(live_gy))
         service.stop()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -24,7 +24,8 @@ import docker
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEV_IMAGE, median
 
-from gpuyard.runtimes.base import ContainerSpec, PortBinding, container_name
+from gpuyard.core.ownership import Ownership
+from gpuyard.runtimes.base import ContainerSpec, PortBinding
 from gpuyard.runtimes.devimage import build_dev_image
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine_url import PodmanService
@@ -40,7 +41,8 @@ def main() -> int:
     times: dict[str, list[float]] = defaultdict(list)
     try:
         build_dev_image("podman", DEV_IMAGE)
-        rt = DockerEngineRuntime(url)
+        owner = Ownership.new()
+        rt = DockerEngineRuntime(url, owner=owner)
         rt.available()
         rt.capabilities()
         client: Any = docker.DockerClient(base_url=url, version="auto")
@@ -53,7 +55,7 @@ def main() -> int:
 
         for i in range(-1, runs):  # run -1 is a warm-up
             cid = f"gyprof{i + 1:02d}xx"
-            vol = f"gpuyard-vol-{cid}"
+            vol = owner.volume(cid)
             spec = ContainerSpec(
                 cluster_id=cid, image=DEV_IMAGE, command=None, env={"CUDA_VISIBLE_DEVICES": "0"},
                 ports=(PortBinding(8888, 21000 + i + 1, "tcp"),), volume_name=vol,
@@ -64,10 +66,12 @@ def main() -> int:
             timed("1 ensure_volume (inspect 404 + create)", rt.ensure_volume, vol)
             timed("2 ensure_image (inspect)", rt.ensure_image, DEV_IMAGE)
             timed(
-                "3a create: remove old container (404)", rt._remove_container, container_name(cid)
+                "3a create: remove old container (404)",
+                rt.engine.remove_container,
+                owner.container(cid),
             )
             timed("3b create: ensure_volume again (inspect)", rt.ensure_volume, vol)
-            timed("3c create: containers.create (POST + SDK GET)", rt._create, rt._client(), spec)
+            timed("3c create: containers.create (POST + SDK GET)", rt._create, spec)
             timed("4 start (POST start)", rt.start, cid)
             timed("5 observe (inspect) until running", rt.observe, cid)
             times["= all engine calls of one start"].append(time.perf_counter() - t_all)
