@@ -249,4 +249,7 @@ async def start_cluster_v2(
 async def get_cluster_v2(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    return JSONResponse(views.cluster_v2(_detail(app_state(request), principal, cluster_id)))
+    """The flat v2 object; the read runs on the read lane, never on the event loop."""
+    state = app_state(request)
+    d = await state.reads.run(_detail, state, principal, cluster_id)
+    return JSONResponse(views.cluster_v2(d))

@@ -11,6 +11,7 @@ from typing import Protocol
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from gpuyard.api.read_lane import ReadLane
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import Principal, hash_key, resolve_key
 from gpuyard.services.context import Context
@@ -73,6 +74,8 @@ class AppState:
     keys: PrincipalCache = field(default_factory=PrincipalCache)
     # The training operator, when training clusters are served by real nodes.
     training: PartitionReader | None = None
+    # Where async handlers run their database reads, off the event loop.
+    reads: ReadLane = field(default_factory=ReadLane)
 
     def _read_principal(self, key: str | None, key_hash: str | None) -> Principal:
         try:
