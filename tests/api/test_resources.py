@@ -133,7 +133,8 @@ def pool_srv(tmp_path: Path, fake_runtime: FakeRuntime) -> Iterator[LiveServer]:
         price_vcpu_hour=0.01,
         price_memory_gb_hour=0.001,
     )
-    with live_server(settings, fake_runtime) as server:
+    # Its own runtime over the same (fake) engine: a second installation.
+    with live_server(settings, fake_runtime.sharing_engine()) as server:
         yield server
 
 

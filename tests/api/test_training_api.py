@@ -512,7 +512,8 @@ def test_cli_training_commands(tsrv: LiveServer, setup: dict[str, Any]) -> None:
     listed = run("training", "list", *scope)
     assert listed.exit_code == 0 and "cli" in listed.output and "creating" in listed.output
     shown = run("training", "get", *scope, str(cid))
-    assert shown.exit_code == 0 and f"gy-tc{cid}-controller" in shown.output
+    prefix = tsrv.server.ctx.ownership.training_prefix(cid)
+    assert shown.exit_code == 0 and f"{prefix}-controller" in shown.output
     assert "LIFECYCLE" in shown.output
     refused = run("training", "action", *scope, str(cid), "restart_workers")
     assert refused.exit_code == 1 and "INVALID_STATE" in refused.output

@@ -115,13 +115,15 @@ class ClusterDriver:
         finally:
             self.ctx.notifier.notify()
 
-    def _fail(self, cluster: Cluster, message: str) -> None:
+    def _fail(self, cluster: Cluster, message: str, *, container: bool = True) -> None:
         """To ``error``. The container is stopped but kept, so its logs can be read
         until the cluster is started again or terminated; its GPUs are released only
-        once the engine has confirmed it is stopped."""
+        once the engine has confirmed it is stopped. ``container`` False: this attempt
+        made none (the create itself failed), so there is nothing to stop."""
         log.warning("cluster %s failed: %s", cluster.id, message)
         try:
-            self.runtime.halt(cluster.id, timeout_s=self.ctx.settings.stop_timeout_s)
+            if container:
+                self.runtime.halt(cluster.id, timeout_s=self.ctx.settings.stop_timeout_s)
         except GpuyardError as exc:
             # It may still run on its GPUs: keep them, retry on the next pass.
             log.warning("cannot stop failed cluster %s, will retry: %s", cluster.id, exc.message)
@@ -162,21 +164,24 @@ class ClusterDriver:
             # A preempted cluster is still stopping on our GPUs: start once it has
             # stopped (its job wakes the reconciler), so no GPU is ever shared.
             return
+        created = False
         try:
             # Progress is recorded at the points that take time, not at every step:
-            # each record is a write transaction on the start path. The named volume
-            # is created by the engine when the container mounts it.
+            # each record is a write transaction on the start path.
             self.runtime.ensure_image(c.image)
             # Container creation always repeats: it replaces any container left over
             # from an interrupted attempt or the previous run (restart).
             container_id = self.runtime.create(self._spec(c))
+            created = True
             self._record(
                 c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
             )
             self.runtime.start(c.id)
             self._await_running(c)
         except GpuyardError as exc:
-            self._fail(c, exc.message)
+            # A restart's previous container may still run even if no new one was made.
+            had = created or bool((c.runtime_handle or {}).get("container_id"))
+            self._fail(c, exc.message, container=had)
 
     def _gpus_still_in_use(self, c: Cluster) -> bool:
         if not c.gpu_indices or c.host_id is None:
