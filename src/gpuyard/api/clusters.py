@@ -11,12 +11,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api import fastpath, schemas, views
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.envelope import ERROR_RESPONSES, ErrorEnvelope, ok
+from gpuyard.api.idempotency import REPLAYED_HEADER, IdempotencyKeyHeader
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services import cluster_views, spot
 from gpuyard.services import clusters as uc
+from gpuyard.services import idempotency as idem
 from gpuyard.services.auth import Principal
 from gpuyard.services.requests import (
     MAX_ID,
@@ -58,14 +60,37 @@ async def _wait_settled(
         await asyncio.to_thread(notifier.wait_change, generation, min(left, 1.0))
 
 
-@router.post("/v1/clusters", status_code=201, responses=documented(schemas.ClusterEnvelope, 201))
+@router.post(
+    "/v1/clusters",
+    status_code=201,
+    responses={
+        **documented(schemas.ClusterEnvelope, 201),
+        422: {
+            "model": ErrorEnvelope,
+            "description": "IDEMPOTENCY_KEY_REUSED: the Idempotency-Key came with another body",
+        },
+    },
+)
 def create_cluster(
-    body: CreateCluster, request: Request, principal: Principal = Depends(current_principal)
+    body: CreateCluster,
+    request: Request,
+    idempotency_key: IdempotencyKeyHeader = None,
+    principal: Principal = Depends(current_principal),
 ) -> JSONResponse:
-    """Create a cluster: placed at once, then started by the reconciler."""
+    """Create a cluster: placed at once, then started by the reconciler. With an
+    ``Idempotency-Key``, a retry answers the same cluster (see the header)."""
     state = app_state(request)
-    cluster = uc.create_cluster(state.ctx, principal, body)
-    return ok(views.cluster_v1(_detail(state, principal, cluster.id)), status_code=201)
+    ctx = state.ctx
+    claim = idem.claim_for(
+        ctx, principal, idem.ROUTE_CLUSTERS, idempotency_key, body.model_dump(mode="json")
+    )
+    cluster_id, replayed = idem.create_once(
+        ctx, claim, lambda c: uc.create_cluster(ctx, principal, body, idempotency=c).id
+    )
+    answer = ok(views.cluster_v1(_detail(state, principal, cluster_id)), status_code=201)
+    if replayed:
+        answer.headers[REPLAYED_HEADER] = "true"
+    return answer
 
 
 @router.get("/v1/clusters", responses=documented(schemas.ClusterListEnvelope))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,9 +18,11 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api import views
+from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.state import AppState, app_state, key_from_request
 from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
 from gpuyard.core.text import nul_path
+from gpuyard.services import idempotency as idem
 from gpuyard.services import training
 from gpuyard.services.auth import Principal
 from gpuyard.services.projects import parse_int
@@ -135,13 +138,25 @@ def _view(state: AppState, principal: Principal, scope: training.Scope, cluster_
 
 @router.post(BASE + "/")
 @router.post(BASE, include_in_schema=False)
-async def create_training_cluster(request: Request) -> JSONResponse:
-    """Create a training cluster: a controller (login) node and ``no_of_nodes`` workers."""
+async def create_training_cluster(
+    request: Request, idempotency_key: IdempotencyKeyHeader = None
+) -> JSONResponse:
+    """Create a training cluster: a controller (login) node and ``no_of_nodes`` workers.
+    With an ``Idempotency-Key``, a retry with the same body and query answers the same
+    cluster."""
 
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        cluster_id = training.create_cluster(state.ctx, p, scope, body)
+        ctx = state.ctx
+        # The query scope is part of the request: a key reused for another project
+        # or location is another request.
+        payload = {"scope": asdict(scope), "body": body}
+        claim = idem.claim_for(ctx, p, idem.ROUTE_TRAINING, idempotency_key, payload)
+        created, _ = idem.create_once(
+            ctx, claim, lambda c: str(training.create_cluster(ctx, p, scope, body, idempotency=c))
+        )
+        cluster_id = int(created)
         return 201, _view(state, p, scope, cluster_id), "Cluster created successfully"
 
     return await _handle(request, work, with_body=True)

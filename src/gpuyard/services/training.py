@@ -30,6 +30,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.context import Context
 from gpuyard.services.hosts import capacities
+from gpuyard.services.idempotency import Claim
 from gpuyard.services.images import get_image_version
 from gpuyard.services.lifecycle import IllegalTransition, meter_status, record_event
 from gpuyard.services.placement import assign_ports, claim, lock_placement, release_all
@@ -394,9 +395,17 @@ def _short_of(
     return InsufficientCapacity(message, details)
 
 
-def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[str, Any]) -> int:
+def create_cluster(
+    ctx: Context,
+    principal: Principal,
+    scope: Scope,
+    body: dict[str, Any],
+    *,
+    idempotency: Claim | None = None,
+) -> int:
     """Validate ``body`` fully, place every node and record the cluster in one
-    transaction; the operator then builds it. Returns the new id."""
+    transaction; the operator then builds it. Returns the new id. With
+    ``idempotency`` its key is stored in that transaction, before placement."""
     principal.require_write()
     for field in body:
         if field not in CREATE_FIELDS:
@@ -450,6 +459,8 @@ def create_cluster(ctx: Context, principal: Principal, scope: Scope, body: dict[
         )
         session.add(cluster)
         session.flush()
+        if idempotency is not None:
+            idempotency.record(session, cluster.id, now)
         record_event(
             session,
             domain.cluster_owner(cluster.id),

@@ -65,6 +65,8 @@ class GqlContext:
     state: AppState
     principal: Principal
     gpu_uuids: GpuUuidCache = field(default_factory=GpuUuidCache)
+    # The request's ``Idempotency-Key`` header, as sent (the deploy mutations use it).
+    idempotency_key: str | None = None
     _clusters: list[cluster_views.ClusterDetails] | None = None
     _stats: dict[str, ContainerStats | None] = field(default_factory=dict)
     _market: Market | None = None

@@ -32,6 +32,7 @@ from gpuyard.api.graphql.errors import format_error, request_error
 from gpuyard.api.graphql.limits import DocumentCache
 from gpuyard.api.graphql.schema import SCHEMA
 from gpuyard.api.graphql.settings import GraphQLSettings
+from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.state import AppState, app_state, key_from_request
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.text import nul_path
@@ -105,10 +106,17 @@ class GraphQLExecutor:
         self.gpu_uuids = GpuUuidCache()
 
     def run(
-        self, op: Operation, state: AppState, principal: Principal, *, allow_mutations: bool
+        self,
+        op: Operation,
+        state: AppState,
+        principal: Principal,
+        *,
+        allow_mutations: bool,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """The response object of one operation. Never raises for a bad document or a
-        failing resolver: those become ``errors[]``."""
+        failing resolver: those become ``errors[]``. ``idempotency_key`` is the
+        request's header, for the deploy mutations."""
         prepared = self.documents.prepare(op.query)
         if prepared.document is None:
             return {"errors": [format_error(e) for e in prepared.errors]}
@@ -120,7 +128,7 @@ class GraphQLExecutor:
         result = execute_sync(
             self.schema,
             document,
-            context_value=GqlContext(state, principal, self.gpu_uuids),
+            context_value=GqlContext(state, principal, self.gpu_uuids, idempotency_key),
             variable_values=op.variables,
             operation_name=op.operation_name,
             hide_suggestions=not self.settings.introspection,
@@ -131,9 +139,23 @@ class GraphQLExecutor:
         return body
 
     def run_all(
-        self, ops: list[Operation], state: AppState, principal: Principal, allow_mutations: bool
+        self,
+        ops: list[Operation],
+        state: AppState,
+        principal: Principal,
+        allow_mutations: bool,
+        idempotency_key: str | None = None,
     ) -> list[dict[str, Any]]:
-        return [self.run(op, state, principal, allow_mutations=allow_mutations) for op in ops]
+        return [
+            self.run(
+                op,
+                state,
+                principal,
+                allow_mutations=allow_mutations,
+                idempotency_key=idempotency_key,
+            )
+            for op in ops
+        ]
 
 
 async def _operations(request: Request, settings: GraphQLSettings) -> tuple[list[Operation], bool]:
@@ -171,8 +193,12 @@ def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
     router = APIRouter(tags=["graphql"])
 
     @router.post("/graphql", operation_id="graphql_post")
-    async def graphql_endpoint(request: Request) -> Response:
-        """GraphQL (seed 001 and RunPod's names). See README's GraphQL section."""
+    async def graphql_endpoint(
+        request: Request, idempotency_key: IdempotencyKeyHeader = None
+    ) -> Response:
+        """GraphQL (seed 001 and RunPod's names). See README's GraphQL section. The
+        deploy mutations honour ``Idempotency-Key`` (the key covers the mutation's name
+        and input)."""
         state = app_state(request)
         try:
             principal = await state.principal(key_from_request(request))
@@ -185,7 +211,7 @@ def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
             code = "PAYLOAD_TOO_LARGE" if exc.status == 413 else "VALIDATION_ERROR"
             return _json(request_error(code, exc.message), exc.status)
         results = await run_in_threadpool(
-            executor.run_all, ops, state, principal, request.method == "POST"
+            executor.run_all, ops, state, principal, request.method == "POST", idempotency_key
         )
         return _json(results if batch else results[0])
 

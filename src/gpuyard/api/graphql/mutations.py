@@ -32,6 +32,7 @@ from gpuyard.api.graphql.queries import one_pod
 from gpuyard.api.graphql.types import Info, Pod
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.services import clusters as uc
+from gpuyard.services import idempotency as idem
 from gpuyard.services import spot
 from gpuyard.services.requests import ConfigurationUpdate, StartCluster
 
@@ -42,21 +43,36 @@ def deploy(
     info: Info, data: DeployFields, *, cpu_only: bool = False, bid_per_gpu: float | None = None
 ) -> Pod:
     """Create a cluster with the first GPU type that has capacity. Raises the last
-    InsufficientCapacity when none has, or the first other error at once."""
+    InsufficientCapacity when none has, or the first other error at once.
+
+    With the request's ``Idempotency-Key``, a retry of the same mutation with the same
+    input answers the same pod (IDEMPOTENCY_KEY_REUSED for another mutation or input
+    under that key)."""
     gctx = info.context
-    bodies = create_bodies(data, gctx.ctx.clock.now(), cpu_only=cpu_only, bid_per_gpu=bid_per_gpu)
-    short: InsufficientCapacity | None = None
-    for body in bodies:
-        try:
-            cluster = uc.create_cluster(gctx.ctx, gctx.principal, body)
-        except InsufficientCapacity as exc:
-            short = exc
-            continue
-        except ValidationFailed as exc:
-            raise renamed(exc, GRAPHQL_NAMES) from exc
-        return one_pod(info, cluster.id)
-    assert short is not None
-    raise short
+    claim = idem.claim_for(
+        gctx.ctx,
+        gctx.principal,
+        idem.ROUTE_GRAPHQL,
+        gctx.idempotency_key,
+        {"mutation": info.field_name, "input": strawberry.asdict(data)},
+    )
+
+    def create(key: idem.Claim | None) -> str:
+        now = gctx.ctx.clock.now()
+        bodies = create_bodies(data, now, cpu_only=cpu_only, bid_per_gpu=bid_per_gpu)
+        short: InsufficientCapacity | None = None
+        for body in bodies:
+            try:
+                return uc.create_cluster(gctx.ctx, gctx.principal, body, idempotency=key).id
+            except InsufficientCapacity as exc:
+                short = exc
+            except ValidationFailed as exc:
+                raise renamed(exc, GRAPHQL_NAMES) from exc
+        assert short is not None
+        raise short
+
+    cluster_id, _ = idem.create_once(gctx.ctx, claim, create)
+    return one_pod(info, cluster_id)
 
 
 def _gpu_count(gpu_count: int | None) -> int | None:
