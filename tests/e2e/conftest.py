@@ -1,16 +1,26 @@
 """Real-engine fixtures: a private ``podman system service`` for the session and the
-offline busybox image built once."""
+offline busybox image built once; and the one clean-up the e2e suite may do.
+
+The engine may be shared with a running dev server or another installation (its
+storage is the machine's Podman storage), so a test never removes an object by name
+prefix or by ``gpuyard.managed`` alone: only objects labelled with an installation id
+the test itself created (:func:`purge_installation`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
+import docker.errors
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.ownership import LABEL_INSTALLATION
 from gpuyard.runtimes.devimage import build_dev_image
 from gpuyard.runtimes.engine_url import PodmanService
 
@@ -33,3 +43,36 @@ def engine_url() -> Iterator[str]:
     finally:
         service.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def purge_installation(engine_url: str, installation_id: str) -> list[str]:
+    """Remove every container, volume and network labelled with ``installation_id``
+    (an installation the calling test created), and nothing else. Each object's label is
+    checked again before it is removed, so an engine that ignored the filter cannot make
+    this touch somebody else's object. Returns the names removed (for messages)."""
+    wanted = f"{LABEL_INSTALLATION}={installation_id}"
+
+    def ours(labels: dict[str, str] | None) -> bool:
+        return (labels or {}).get(LABEL_INSTALLATION) == installation_id
+
+    removed: list[str] = []
+    client = docker.DockerClient(base_url=engine_url)
+    try:
+        for container in client.containers.list(all=True, filters={"label": wanted}):
+            if ours(container.labels):
+                with contextlib.suppress(docker.errors.NotFound):
+                    container.remove(force=True, v=True)
+                removed.append(container.name)
+        for volume in client.volumes.list(filters={"label": wanted}):
+            if ours(volume.attrs.get("Labels")):
+                with contextlib.suppress(docker.errors.NotFound):
+                    volume.remove(force=True)
+                removed.append(volume.name)
+        for network in client.networks.list(filters={"label": wanted}):
+            if ours(network.attrs.get("Labels")):
+                with contextlib.suppress(docker.errors.NotFound):
+                    network.remove()
+                removed.append(network.name)
+    finally:
+        client.close()
+    return removed

@@ -1,8 +1,9 @@
 """DockerEngineRuntime against real Podman, through its Docker-compatible service.
 
 A private ``podman system service`` is started on a temporary socket for the session,
-and the offline busybox image is built once. Every test uses unique cluster ids and
-removes its containers and volumes.
+and the offline busybox image is built once. Every test acts for an installation of its
+own (a fresh :class:`Ownership`), uses unique cluster ids and removes, afterwards, only
+what carries that installation's id: the engine may be shared with a dev server.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import docker.errors
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
     ContainerSpec,
@@ -30,12 +33,12 @@ from gpuyard.runtimes.base import (
     Observed,
     PortBinding,
     Runtime,
-    volume_name,
 )
 from gpuyard.runtimes.devimage import SERVE_PORT
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engine import NotOurs
 from gpuyard.runtimes.engine_url import PodmanService, detect_engine_url
-from tests.e2e.conftest import DEV_IMAGE
+from tests.e2e.conftest import DEV_IMAGE, purge_installation
 
 pytestmark = pytest.mark.e2e
 
@@ -49,8 +52,16 @@ IMAGE = DEV_IMAGE
 
 
 @pytest.fixture
-def rt(engine_url: str) -> DockerEngineRuntime:
-    return DockerEngineRuntime(engine_url)
+def owner(engine_url: str) -> Iterator[Ownership]:
+    """An installation of this test's own; whatever carries its id is removed after."""
+    mine = Ownership.new()
+    yield mine
+    purge_installation(engine_url, mine.installation_id)
+
+
+@pytest.fixture
+def rt(engine_url: str, owner: Ownership) -> DockerEngineRuntime:
+    return DockerEngineRuntime(engine_url, owner=owner)
 
 
 @pytest.fixture
@@ -66,7 +77,7 @@ def new_cluster(rt: DockerEngineRuntime) -> Iterator[Callable[[], str]]:
     yield make
     for cid in made:
         rt.stop(cid, timeout_s=1)
-        rt.remove_volume(volume_name(cid))
+        rt.remove_volume(rt.engine.owner.volume(cid))
 
 
 def free_port() -> int:
@@ -76,6 +87,7 @@ def free_port() -> int:
 
 
 def make_spec(
+    rt: DockerEngineRuntime,
     cluster_id: str,
     command: tuple[str, ...] | None = None,
     *,
@@ -90,7 +102,7 @@ def make_spec(
         command=command,
         env=env or {},
         ports=(PortBinding(SERVE_PORT, port),) if port else (),
-        volume_name=volume_name(cluster_id),
+        volume_name=rt.engine.owner.volume(cluster_id),
         volume_mount_path="/workspace",
         cpu_cores=cpu_cores,
         memory_gb=memory_gb,
@@ -137,7 +149,7 @@ def test_create_start_env_port_logs(
     port = free_port()
     rt.ensure_image(IMAGE)
     command = ("sh", "-c", 'echo "FOO=$FOO"; exec /usr/local/bin/gpuyard-serve')
-    container_id = rt.create(make_spec(cid, command, env={"FOO": "bar baz"}, port=port))
+    container_id = rt.create(make_spec(rt, cid, command, env={"FOO": "bar baz"}, port=port))
     assert rt.observe(cid).state is ContainerState.CREATED
     rt.start(cid)
     rt.start(cid)  # idempotent
@@ -154,7 +166,7 @@ def test_observe_exit_code_and_missing(
 ) -> None:
     cid = new_cluster()
     assert rt.observe(cid).state is ContainerState.MISSING
-    rt.create(make_spec(cid, ("sh", "-c", "exit 7")))
+    rt.create(make_spec(rt, cid, ("sh", "-c", "exit 7")))
     rt.start(cid)
     obs = wait_state(rt, cid, ContainerState.EXITED)
     assert (obs.state, obs.exit_code) == (ContainerState.EXITED, 7)
@@ -169,13 +181,13 @@ def test_volume_survives_stop_container_disk_does_not(
 ) -> None:
     cid = new_cluster()
     write = "echo kept > /workspace/keep; echo junk > /tmp/junk"
-    rt.create(make_spec(cid, ("sh", "-c", write)))
+    rt.create(make_spec(rt, cid, ("sh", "-c", write)))
     rt.start(cid)
     assert wait_state(rt, cid, ContainerState.EXITED).exit_code == 0
     rt.stop(cid)
     assert rt.observe(cid).state is ContainerState.MISSING
     check = "cat /workspace/keep; test -e /tmp/junk && echo junk-present || echo junk-gone"
-    rt.create(make_spec(cid, ("sh", "-c", check)))
+    rt.create(make_spec(rt, cid, ("sh", "-c", check)))
     rt.start(cid)
     assert wait_state(rt, cid, ContainerState.EXITED).exit_code == 0
     out = rt.logs(cid)
@@ -187,9 +199,9 @@ def test_create_replaces_existing_container(
     rt: DockerEngineRuntime, new_cluster: Callable[[], str]
 ) -> None:
     cid = new_cluster()
-    first = rt.create(make_spec(cid))
+    first = rt.create(make_spec(rt, cid))
     rt.start(cid)
-    second = rt.create(make_spec(cid))
+    second = rt.create(make_spec(rt, cid))
     assert first != second
     assert rt.observe(cid).state is ContainerState.CREATED
 
@@ -199,7 +211,7 @@ def test_stop_default_command_is_prompt(
 ) -> None:
     cid = new_cluster()
     port = free_port()
-    rt.create(make_spec(cid, port=port))
+    rt.create(make_spec(rt, cid, port=port))
     rt.start(cid)
     http_get(port)  # the entrypoint has installed its trap once httpd answers
     managed = {m.cluster_id: m for m in rt.list_managed()}
@@ -214,7 +226,7 @@ def test_stop_default_command_is_prompt(
 def test_limits_and_stats(rt: DockerEngineRuntime, new_cluster: Callable[[], str]) -> None:
     cid = new_cluster()
     busy = ("sh", "-c", "while :; do :; done")
-    rt.create(make_spec(cid, busy, cpu_cores=0.5, memory_gb=0.125))
+    rt.create(make_spec(rt, cid, busy, cpu_cores=0.5, memory_gb=0.125))
     rt.start(cid)
     caps = rt.capabilities()
     if not (caps.cpu_limits and caps.memory_limits):
@@ -224,8 +236,10 @@ def test_limits_and_stats(rt: DockerEngineRuntime, new_cluster: Callable[[], str
     time.sleep(1.5)
     second = rt.stats(cid)
     assert second is not None
-    # 0.5 CPU of quota: measured over the interval between the two samples.
-    assert 30 <= second.cpu_percent <= 70, second
+    # 0.5 CPU of quota: measured over the interval between the two samples. The
+    # ceiling is the quota; the floor is low because a loaded CI machine (2 cores
+    # shared with other suites) may give the loop much less than its quota.
+    assert 10 <= second.cpu_percent <= 70, second
     # The busy shell uses well under 1 MB of the 128 MiB limit.
     assert 0 < second.memory_percent < 20, second
     assert second.memory_bytes > 0
@@ -235,8 +249,8 @@ def test_list_managed_carries_cluster_label(
     rt: DockerEngineRuntime, new_cluster: Callable[[], str]
 ) -> None:
     a, b = new_cluster(), new_cluster()
-    rt.create(make_spec(a))
-    rt.create(make_spec(b))
+    rt.create(make_spec(rt, a))
+    rt.create(make_spec(rt, b))
     rt.start(b)
     states = {m.cluster_id: m.state for m in rt.list_managed()}
     assert states[a] is ContainerState.CREATED
@@ -246,8 +260,8 @@ def test_list_managed_carries_cluster_label(
 
 def test_remove_volume(rt: DockerEngineRuntime, new_cluster: Callable[[], str]) -> None:
     cid = new_cluster()
-    vol = volume_name(cid)
-    rt.create(make_spec(cid))
+    vol = rt.engine.owner.volume(cid)
+    rt.create(make_spec(rt, cid))
     assert _volume_exists(vol)
     with pytest.raises(RuntimeFailure, match=vol):
         rt.remove_volume(vol)  # still used by the container
@@ -269,7 +283,9 @@ def test_ensure_image_present_and_missing(rt: DockerEngineRuntime) -> None:
 
 
 def test_unreachable_engine_is_reported(tmp_path: Path) -> None:
-    bogus = DockerEngineRuntime(f"unix://{tmp_path}/nothing.sock", timeout_s=2)
+    bogus = DockerEngineRuntime(
+        f"unix://{tmp_path}/nothing.sock", timeout_s=2, owner=Ownership.new()
+    )
     msg = bogus.available()
     assert msg is not None and "no container engine reachable" in msg
     assert "install podman" in msg
@@ -316,6 +332,9 @@ class _RefusingContainers:
 
 
 class _StubApi:
+    def inspect_container(self, name: str) -> dict[str, Any]:
+        raise docker.errors.NotFound("no such container")
+
     def remove_container(self, *args: Any, **kwargs: Any) -> None:
         raise docker.errors.NotFound("no such container")
 
@@ -328,19 +347,105 @@ class _StubClient:
         self.containers = _RefusingContainers()
         self.api = _StubApi()
 
+    def version(self) -> dict[str, Any]:
+        return {"Components": [{"Name": "Podman Engine"}]}
 
-def test_refused_limits_degrade_and_gpu_requests_are_sent() -> None:
-    rt = DockerEngineRuntime("unix:///nonexistent.sock")
+
+def _stubbed(allow_unenforced_limits: bool) -> tuple[DockerEngineRuntime, _StubClient]:
+    rt = DockerEngineRuntime(
+        "unix:///nonexistent.sock",
+        owner=Ownership.new(),
+        allow_unenforced_limits=allow_unenforced_limits,
+    )
     stub = _StubClient()
-    rt._client_obj = stub  # the client is the one seam the driver has
-    spec = make_spec("degrade1", cpu_cores=2, memory_gb=1)
+    rt.engine._client_obj = stub  # the SDK client is the one seam the engine layer has
+    return rt, stub
+
+
+def test_refused_limits_fail_clearly_unless_allowed() -> None:
+    rt, stub = _stubbed(allow_unenforced_limits=False)
+    with pytest.raises(RuntimeFailure, match="cannot enforce CPU/memory limits") as info:
+        rt.create(make_spec(rt, "refuse1", cpu_cores=2, memory_gb=1))
+    assert "GPUYARD_ALLOW_UNENFORCED_LIMITS" in info.value.message
+    (only,) = stub.containers.calls  # no retry without limits
+    assert only["nano_cpus"] == 2_000_000_000
+    caps = rt.capabilities()
+    assert not caps.cpu_limits and not caps.memory_limits
+
+
+def test_allowed_unenforced_limits_degrade_and_gpu_requests_are_sent() -> None:
+    rt, stub = _stubbed(allow_unenforced_limits=True)
+    spec = make_spec(rt, "degrade1", cpu_cores=2, memory_gb=1)
     spec = dataclasses.replace(spec, gpu_uuids=("GPU-1111", "GPU-2222"))
     assert rt.create(spec) == "abc123"
     first, retry = stub.containers.calls
-    assert first["nano_cpus"] == 2_000_000_000
-    assert "nano_cpus" not in retry and retry["mem_limit"] == 1024**3
+    assert first["nano_cpus"] == 2_000_000_000 and first["mem_limit"] == 1024**3
+    assert "nano_cpus" not in retry and "mem_limit" not in retry
     (request,) = retry["device_requests"]
     assert request["DeviceIDs"] == ["GPU-1111", "GPU-2222"]
     assert request["Capabilities"] == [["gpu"]] and request["Driver"] == "nvidia"
     assert retry["ports"] == {} and retry["labels"][LABEL_CLUSTER] == "degrade1"
-    assert not rt._cpu_limits and rt._memory_limits
+    assert retry["labels"][LABEL_INSTALLATION] == rt.engine.owner.installation_id
+    assert retry["name"] == f"{rt.engine.owner.prefix}-degrade1"
+    assert rt.capabilities().limits_problem
+
+
+def test_names_and_labels_carry_the_installation(
+    rt: DockerEngineRuntime, new_cluster: Callable[[], str], engine_url: str
+) -> None:
+    cid = new_cluster()
+    owner = rt.engine.owner
+    rt.create(make_spec(rt, cid))
+    client = docker.DockerClient(base_url=engine_url)
+    try:
+        container = client.containers.get(owner.container(cid))
+        volume = client.volumes.get(owner.volume(cid))
+    finally:
+        client.close()
+    assert container.name == f"gy{owner.short}-{cid}"
+    assert container.labels[LABEL_INSTALLATION] == owner.installation_id
+    assert volume.name == f"gy{owner.short}-vol-{cid}"
+    assert volume.attrs["Labels"][LABEL_INSTALLATION] == owner.installation_id
+
+
+def test_objects_of_others_are_never_touched(engine_url: str, owner: Ownership) -> None:
+    """Another installation's container and volume, and an unlabelled container under
+    a name of ours, are neither listed, stopped, removed, nor replaced."""
+    other = Ownership.new()
+    mine = DockerEngineRuntime(engine_url, owner=owner)
+    theirs = DockerEngineRuntime(engine_url, owner=other)
+    cid = "e2e" + uuid.uuid4().hex[:11]
+    squatter = owner.container("sq" + uuid.uuid4().hex[:10])
+    try:
+        theirs.create(make_spec(theirs, cid))
+        theirs.start(cid)
+        # A container somebody made by hand under a name of our installation's form.
+        subprocess.run(
+            ["podman", "run", "-d", "--name", squatter, "--label", "gpuyard.managed=true",
+             IMAGE, "sleep", "600"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        assert cid not in {m.cluster_id for m in mine.list_managed()}
+        assert theirs.engine.owner.volume(cid) not in {v.name for v in mine.list_volumes()}
+        assert mine.observe(cid).state is ContainerState.MISSING  # its name is not ours
+        mine.stop(cid)  # nothing of ours by that name: a no-op
+        with pytest.raises(NotOurs):
+            mine.remove_volume(theirs.engine.owner.volume(cid))
+        squat_id = squatter.removeprefix(f"{owner.prefix}-")
+        with pytest.raises(NotOurs):
+            mine.stop(squat_id)
+        with pytest.raises(NotOurs):
+            mine.observe(squat_id)
+        assert theirs.observe(cid).state is ContainerState.RUNNING
+        assert _volume_exists(theirs.engine.owner.volume(cid))
+        state = subprocess.run(
+            ["podman", "inspect", "--format", "{{.State.Status}}", squatter],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        assert state == "running"
+    finally:
+        # Only what this test made: the squatter by its exact name, the other
+        # installation by its id.
+        subprocess.run(["podman", "rm", "-f", "-t", "0", squatter], check=False,
+                       capture_output=True)  # fmt: skip
+        purge_installation(engine_url, other.installation_id)

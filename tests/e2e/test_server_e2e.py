@@ -1,4 +1,8 @@
-"""The real server process (``gpuyard serve``) driving real Podman containers."""
+"""The real server process (``gpuyard serve``) driving real Podman containers.
+
+Every server a test starts is cleaned up by installation id only
+(:meth:`ServerProcess.cleanup`): the engine may be shared with a dev server.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ import docker
 import httpx
 import pytest
 
-from tests.e2e.conftest import DEV_IMAGE
+from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
+from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e
@@ -36,6 +41,9 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = home / "server.log"
         self.extra_env: dict[str, str] = {}
+        # Every installation id this process has had (a new home makes a new one):
+        # what cleanup() may remove from the engine, and nothing else.
+        self.installations: set[str] = set()
 
     def start(self) -> None:
         env = {
@@ -63,6 +71,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    self.installations.add(self.installation.installation_id)
                     return
             except httpx.HTTPError:
                 pass
@@ -84,6 +93,29 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
 
+    def cleanup(self) -> None:
+        """Stop the server, then remove what its installations left on the engine
+        (a test that failed half-way leaves containers and volumes behind)."""
+        self.stop()
+        for installation_id in sorted(self.installations):
+            purge_installation(self.engine_url, installation_id)
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / "gpuyard.db"
+
+    @property
+    def installation(self) -> Ownership:
+        """This server's installation identity, read from its database (the one row of
+        the ``installation`` table); it names and labels everything it makes."""
+        db = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=10)
+        try:
+            row = db.execute("SELECT uuid FROM installation ORDER BY id LIMIT 1").fetchone()
+        finally:
+            db.close()
+        assert row is not None, f"no installation id in {self.db_path}"
+        return Ownership(str(row[0]))
+
     @property
     def key(self) -> str:
         key: str = json.loads((self.home / "credentials").read_text())["api_key"]
@@ -98,11 +130,21 @@ class ServerProcess:
 @contextmanager
 def running_server(home: Path, engine_url: str) -> Iterator[ServerProcess]:
     server = ServerProcess(home, engine_url, free_port())
-    server.start()
     try:
+        server.start()
         yield server
     finally:
-        server.stop()
+        server.cleanup()
+
+
+def container_name(server: ServerProcess, cid: str) -> str:
+    """The engine name of cluster ``cid``'s container on ``server``."""
+    return server.installation.container(cid)
+
+
+def volume_name(server: ServerProcess, cid: str) -> str:
+    """The engine name of cluster ``cid``'s volume on ``server``."""
+    return server.installation.volume(cid)
 
 
 @pytest.fixture
@@ -122,9 +164,20 @@ def wait_status(c: httpx.Client, cid: str, want: set[str], timeout: float = 60) 
         time.sleep(0.1)
 
 
-def sh(engine: docker.DockerClient, cid: str, command: str) -> tuple[int, str]:
-    code, out = engine.containers.get(f"gpuyard-{cid}").exec_run(["sh", "-c", command])
+def sh(
+    engine: docker.DockerClient, server: ServerProcess, cid: str, command: str
+) -> tuple[int, str]:
+    """Run ``command`` in cluster ``cid``'s container on ``server``."""
+    container = engine.containers.get(container_name(server, cid))
+    code, out = container.exec_run(["sh", "-c", command])
     return int(code), out.decode()
+
+
+def gone(engine: docker.DockerClient, server: ServerProcess, cid: str) -> bool:
+    """True when cluster ``cid`` of ``server`` has no container (in any state)."""
+    name = container_name(server, cid)
+    listed = engine.containers.list(all=True, filters={"name": name})
+    return not [c for c in listed if c.name == name]
 
 
 def http_get(url: str, timeout: float = 10) -> str:
@@ -167,18 +220,20 @@ def test_cluster_lifecycle_on_real_containers(
         port = data["ports"][0]["external_port"]
         assert data["network"]["proxy_url"] == f"http://127.0.0.1:{port}"
 
-        container = engine.containers.get(f"gpuyard-{cid}")
+        container = engine.containers.get(container_name(server, cid))
         env = dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
         assert env["GREETING"] == "hello"
         assert env["CUDA_VISIBLE_DEVICES"] == "0,1" == env["NVIDIA_VISIBLE_DEVICES"]
         assert container.labels["gpuyard.cluster_id"] == cid
+        assert container.labels[LABEL_INSTALLATION] == server.installation.installation_id
         assert f"host: {cid}" in http_get(f"http://127.0.0.1:{port}/")
 
-        assert sh(engine, cid, "echo kept > /workspace/kept.txt; echo gone > /root/scratch")[0] == 0
+        write = "echo kept > /workspace/kept.txt; echo gone > /root/scratch"
+        assert sh(engine, server, cid, write)[0] == 0
 
         assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
         wait_status(c, cid, {"stopped"})
-        assert not engine.containers.list(all=True, filters={"name": f"gpuyard-{cid}"})
+        assert gone(engine, server, cid)
 
         r = c.post(
             f"/v1/clusters/{cid}/start",
@@ -193,10 +248,10 @@ def test_cluster_lifecycle_on_real_containers(
         body = r.json()
         assert body["data"]["status"] == "running" and body["meta"]["wait_timed_out"] is False
         assert body["data"]["configuration_updates_applied"][0] == "memory_gb: 1 -> 2"
-        assert sh(engine, cid, "cat /workspace/kept.txt") == (0, "kept\n")
-        assert sh(engine, cid, "test -e /root/scratch")[0] != 0
-        assert sh(engine, cid, "echo $BATCH_SIZE $GREETING") == (0, "64 hello\n")
-        container = engine.containers.get(f"gpuyard-{cid}")
+        assert sh(engine, server, cid, "cat /workspace/kept.txt") == (0, "kept\n")
+        assert sh(engine, server, cid, "test -e /root/scratch")[0] != 0
+        assert sh(engine, server, cid, "echo $BATCH_SIZE $GREETING") == (0, "64 hello\n")
+        container = engine.containers.get(container_name(server, cid))
         assert container.attrs["HostConfig"]["Memory"] == 2 * 1024**3
         assert data["ports"][0]["external_port"] == port  # stable across stop/start
 
@@ -210,8 +265,8 @@ def test_cluster_lifecycle_on_real_containers(
 
         assert c.delete(f"/v1/clusters/{cid}").status_code == 200
         wait_status(c, cid, {"terminated"})
-        assert not engine.containers.list(all=True, filters={"name": f"gpuyard-{cid}"})
-        assert not [v for v in engine.volumes.list() if v.name == f"gpuyard-vol-{cid}"]
+        assert gone(engine, server, cid)
+        assert not [v for v in engine.volumes.list() if v.name == volume_name(server, cid)]
 
 
 def test_missing_image_fails_with_clear_error(tmp_path: Path, engine_url: str) -> None:
@@ -260,7 +315,9 @@ def test_kill9_while_starting_converges(
                 assert wait_status(c, cid, {"running"})["status"] == "running"
         labelled = {
             ct.labels["gpuyard.cluster_id"]
-            for ct in engine.containers.list(all=True, filters={"label": "gpuyard.managed"})
+            for ct in engine.containers.list(
+                all=True, filters={"label": server.installation.label_filter()}
+            )
             if ct.labels.get("gpuyard.cluster_id") in ids
         }
         assert labelled == running
@@ -275,7 +332,7 @@ def test_kill9_while_starting_converges(
                 c.delete(f"/v1/clusters/{cid}")
             for cid in ids:
                 wait_status(c, cid, {"terminated"}, timeout=60)
-        server.stop()
+        server.cleanup()
 
 
 def test_preempted_spot_cluster_keeps_its_volume(
@@ -286,20 +343,20 @@ def test_preempted_spot_cluster_keeps_its_volume(
     with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
         low = c.post("/v1/clusters", json=spot).json()["data"]["id"]
         wait_status(c, low, {"running"})
-        assert sh(engine, low, "echo epoch-7 > /workspace/ckpt")[0] == 0
+        assert sh(engine, server, low, "echo epoch-7 > /workspace/ckpt")[0] == 0
         boss = c.post(
             "/v1/clusters",
             json={"gpu_type": "NVIDIA RTX A6000", "gpu_count": 4, "docker_image": DEV_IMAGE},
         ).json()["data"]["id"]
         assert "preempted by" in wait_status(c, low, {"stopped"})["last_status_change"]
         assert wait_status(c, boss, {"running", "error"})["status"] == "running"
-        assert not engine.containers.list(all=True, filters={"name": f"gpuyard-{low}"})
+        assert gone(engine, server, low)
         c.delete(f"/v1/clusters/{boss}")
         wait_status(c, boss, {"terminated"})
         r = c.post(f"/v1/clusters/{low}/bid-resume", json={"bid_per_gpu": 0.45})
         assert r.status_code == 200, r.text
         wait_status(c, low, {"running"})
-        assert sh(engine, low, "cat /workspace/ckpt") == (0, "epoch-7\n")
+        assert sh(engine, server, low, "cat /workspace/ckpt") == (0, "epoch-7\n")
         c.delete(f"/v1/clusters/{low}")
         wait_status(c, low, {"terminated"})
 
@@ -326,7 +383,7 @@ def test_auto_termination_really_stops_containers(
             stopped = wait_status(c, idle, {"stopped"}, timeout=30)
             assert "idle for 0.05 min" in stopped["last_status_change"]
             for cid in (short, idle):
-                assert not engine.containers.list(all=True, filters={"name": f"gpuyard-{cid}"})
+                assert gone(engine, server, cid)
                 c.delete(f"/v1/clusters/{cid}")
     finally:
-        server.stop()
+        server.cleanup()
