@@ -33,6 +33,7 @@ from gpuyard.reconciler.orphans import VolumeCollector
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.services.context import Context
+from gpuyard.services.idempotency import purge_expired
 from gpuyard.store.schema import Cluster, GpuAllocation, Host
 
 log = logging.getLogger(__name__)
@@ -212,6 +213,7 @@ class Reconciler:
         if time.monotonic() - self._last_volume_scan >= self.volume_scan_every_s:
             self._last_volume_scan = time.monotonic()
             self.scan_volumes()
+            purge_expired(self.ctx)  # idempotency keys past their 24 h
 
     def _collect_containers(self, unexpected: set[str], now: datetime) -> None:
         """Containers of ours that no cluster should have are removed only once they
