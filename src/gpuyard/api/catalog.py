@@ -13,9 +13,8 @@ from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.placement import AllocationRatios, free_resources
 from gpuyard.services.auth import Principal, Scope
-from gpuyard.services.catalog import list_gpu_types
+from gpuyard.services.catalog import gpu_type_offers
 from gpuyard.services.host_views import HostView, list_hosts
-from gpuyard.services.hosts import capacities
 
 router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES)
 
@@ -23,34 +22,23 @@ router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES)
 @router.get("/v1/gpu-types")
 def gpu_types(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
     """The catalog with prices per GPU-hour and how many are free right now."""
-    ctx = app_state(request).ctx
-    with ctx.read() as session:
-        types = list_gpu_types(session)
-        caps = capacities(session)
-    ratios = ctx.settings.allocation_ratios
-    free: dict[str, int] = {}
-    total: dict[str, int] = {}
-    for cap in caps:
-        for name, n in free_resources(cap, ratios)["gpus"].items():
-            free[name] = free.get(name, 0) + n
-        for g in cap.gpus:
-            total[g.gpu_type] = total.get(g.gpu_type, 0) + 1
+    offers = gpu_type_offers(app_state(request).ctx)
     return ok(
         {
             "gpu_types": [
                 {
-                    "id": g.id,
-                    "display_name": g.display_name,
-                    "manufacturer": g.manufacturer,
-                    "memory_gb": g.memory_gb,
-                    "secure_price": g.secure_price,
-                    "community_price": g.community_price,
-                    "secure_spot_price": g.secure_spot_price,
-                    "community_spot_price": g.community_spot_price,
-                    "total_gpus": total.get(g.id, 0),
-                    "available_gpus": free.get(g.id, 0),
+                    "id": o.info.id,
+                    "display_name": o.info.display_name,
+                    "manufacturer": o.info.manufacturer,
+                    "memory_gb": o.info.memory_gb,
+                    "secure_price": o.info.secure_price,
+                    "community_price": o.info.community_price,
+                    "secure_spot_price": o.info.secure_spot_price,
+                    "community_spot_price": o.info.community_spot_price,
+                    "total_gpus": o.total_gpus,
+                    "available_gpus": o.available_gpus,
                 }
-                for g in types
+                for o in offers
             ]
         }
     )

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from gpuyard.api import resource_schemas as rs
 from gpuyard.api.envelope import ERROR_RESPONSES, ok
-from gpuyard.api.resource_params import account_of
+from gpuyard.api.resource_params import query_id
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services import projects
@@ -30,9 +30,8 @@ def list_projects(
 ) -> JSONResponse:
     """The projects of the acting account (``active_iam``: another account the
     caller is a member of), oldest first."""
-    with app_state(request).ctx.read() as session:
-        account_id = account_of(session, principal, request)
-        rows = projects.list_projects(session, account_id)
+    active_iam = query_id(request, "active_iam")
+    rows = projects.list_projects(app_state(request).ctx, principal, active_iam)
     return ok({"projects": [project_view(p) for p in rows]})
 
 
@@ -42,8 +41,6 @@ def create_project(
 ) -> JSONResponse:
     """Create a (non-default) project in the acting account. Needs the write scope."""
     principal.require_write()
-    with app_state(request).ctx.transaction() as session:
-        account_id = account_of(session, principal, request)
-        row = projects.create_project(session, account_id, body.name)
-        data = project_view(row)
-    return ok(data, status_code=201)
+    active_iam = query_id(request, "active_iam")
+    row = projects.create_project(app_state(request).ctx, principal, active_iam, body.name)
+    return ok(project_view(row), status_code=201)

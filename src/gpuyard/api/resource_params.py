@@ -4,14 +4,20 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from fastapi import Request
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.services.auth import Principal
-from gpuyard.services.projects import acting_account, parse_int, resolve_project
+from gpuyard.services.projects import (
+    ProjectRef,
+    ResourceScope,
+    acting_account,
+    parse_int,
+    project_of_ref,
+    resource_scope,
+)
 from gpuyard.services.requests import MAX_ID
 from gpuyard.store.schema import Project
 
@@ -36,13 +42,10 @@ def query_id(request: Request, name: str) -> int | None:
     return value
 
 
-@dataclass(frozen=True)
-class ResourceScope:
-    """Whose resources a request reads or writes: the acting account and the
-    project the caller named (None: not named)."""
-
-    account_id: int
-    project_id: int | None
+def project_ref(request: Request) -> ProjectRef:
+    """The ``project_id`` and ``active_iam`` query parameters, in that order, each
+    rejected with ValidationFailed naming it when malformed."""
+    return ProjectRef(query_id(request, "project_id"), query_id(request, "active_iam"))
 
 
 def account_of(session: Session, principal: Principal, request: Request) -> int:
@@ -53,17 +56,10 @@ def account_of(session: Session, principal: Principal, request: Request) -> int:
 def project_of(session: Session, principal: Principal, request: Request) -> Project:
     """``project_id`` (default: the acting account's default project) of the acting
     account. Raises ValidationFailed, ProjectNotFound or Forbidden."""
-    return resolve_project(
-        session, principal, query_id(request, "project_id"), query_id(request, "active_iam")
-    )
+    return project_of_ref(session, principal, project_ref(request))
 
 
 def scope_of(session: Session, principal: Principal, request: Request) -> ResourceScope:
     """For reads and writes of one resource by id: the acting account and, when
     ``project_id`` was given, that project (validated: another account's is 404)."""
-    project_id = query_id(request, "project_id")
-    active_iam = query_id(request, "active_iam")
-    if project_id is None:
-        return ResourceScope(acting_account(session, principal, active_iam), None)
-    project = resolve_project(session, principal, project_id, active_iam)
-    return ResourceScope(project.account_id, project.id)
+    return resource_scope(session, principal, project_ref(request))

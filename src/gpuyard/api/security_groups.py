@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 
 from gpuyard.api import resource_schemas as rs
 from gpuyard.api.envelope import ERROR_RESPONSES, ok
-from gpuyard.api.resource_params import path_id, project_of, scope_of
+from gpuyard.api.resource_params import path_id, project_ref
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services import security_groups as sg
@@ -28,10 +28,8 @@ def list_groups(
     request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """The project's security groups (``project_id``; default: the default project)."""
-    with app_state(request).ctx.read() as session:
-        project = project_of(session, principal, request)
-        rows = sg.list_groups(session, project.id)
-        return ok({"security_groups": [sg.group_view(r) for r in rows]})
+    rows = sg.list_project_groups(app_state(request).ctx, principal, project_ref(request))
+    return ok({"security_groups": [sg.group_view(r) for r in rows]})
 
 
 @router.post(
@@ -43,13 +41,15 @@ def create_group(
     """Create a group. Rules only allow: ``protocol`` tcp|udp|all to ``port_range``
     ("22" or "8000-9000") from ``source_cidr``; no rules denies everything."""
     principal.require_write()
-    with app_state(request).ctx.transaction() as session:
-        project = project_of(session, principal, request)
-        row = sg.create_group(
-            session, project.account_id, project.id, body.name, body.description, _rules(body)
-        )
-        data = sg.group_view(row)
-    return ok(data, status_code=201)
+    row = sg.create_project_group(
+        app_state(request).ctx,
+        principal,
+        project_ref(request),
+        body.name,
+        body.description,
+        _rules(body),
+    )
+    return ok(sg.group_view(row), status_code=201)
 
 
 @router.get(
@@ -59,9 +59,8 @@ def get_group(
     security_group_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     wanted = path_id(_ID, security_group_id)
-    with app_state(request).ctx.read() as session:
-        scope = scope_of(session, principal, request)
-        return ok(sg.group_view(sg.find_group(session, scope.account_id, wanted, scope.project_id)))
+    row = sg.show_group(app_state(request).ctx, principal, wanted, project_ref(request))
+    return ok(sg.group_view(row))
 
 
 @router.put(
@@ -77,17 +76,16 @@ def replace_group(
     attach the group enforce the new rules from then on."""
     principal.require_write()
     wanted = path_id(_ID, security_group_id)
-    ctx = app_state(request).ctx
-    with ctx.transaction() as session:
-        scope = scope_of(session, principal, request)
-        row = sg.find_group(session, scope.account_id, wanted, scope.project_id)
-        data = sg.group_view(
-            sg.replace_group(session, row, body.name, body.description, _rules(body))
-        )
-        attached = sg.attached_clusters(session, row)
-    for cluster_id in attached:
-        ctx.training_edge(cluster_id)
-    return ok(data)
+    row = sg.update_group(
+        app_state(request).ctx,
+        principal,
+        wanted,
+        project_ref(request),
+        body.name,
+        body.description,
+        _rules(body),
+    )
+    return ok(sg.group_view(row))
 
 
 @router.delete("/v1/security-groups/{security_group_id}", responses=documented(rs.DeletedEnvelope))
@@ -97,7 +95,5 @@ def delete_group(
     """Delete a group; one attached to a live training cluster is 409 INVALID_STATE."""
     principal.require_write()
     wanted = path_id(_ID, security_group_id)
-    with app_state(request).ctx.transaction() as session:
-        scope = scope_of(session, principal, request)
-        sg.delete_group(session, scope.account_id, wanted, scope.project_id)
+    sg.remove_group(app_state(request).ctx, principal, wanted, project_ref(request))
     return ok({"id": wanted, "deleted": True})

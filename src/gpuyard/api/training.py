@@ -27,8 +27,8 @@ from gpuyard.services import training
 from gpuyard.services.auth import Principal
 from gpuyard.services.projects import parse_int
 from gpuyard.services.reserved_ips import reserved_ip_view
-from gpuyard.services.training_views import cluster_view
-from gpuyard.store.schema import ReservedIp
+from gpuyard.services.training_inputs import parse_action_request, parse_cluster_spec
+from gpuyard.services.training_reads import PartitionProbe, show_cluster, show_clusters
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +114,13 @@ async def _handle(request: Request, work: Work, *, with_body: bool = False) -> J
         return envelope(500, {}, "internal error", {"code": "INTERNAL_ERROR"})
 
 
+def _partition(state: AppState) -> PartitionProbe | None:
+    """Slurm's partition state of a cluster, when an operator runs its nodes."""
+    return None if state.training is None else state.training.partition_state
+
+
 def _view(state: AppState, principal: Principal, scope: training.Scope, cluster_id: int) -> Any:
-    """The cluster's answer object. Slurm's partition state is asked of the controller
-    between two reads, never while a database session is open (``sinfo`` is a runtime
-    call); the second read sees the cluster as it is after it."""
-    ctx = state.ctx
-    operator = state.training
-    with ctx.read() as session:
-        status = training.load_cluster(session, principal, scope, cluster_id).status
-    partition = None
-    if operator is not None and status != "creating":
-        partition = operator.partition_state(cluster_id)
-    with ctx.read() as session:
-        cluster = training.load_cluster(session, principal, scope, cluster_id)
-        return cluster_view(
-            session,
-            cluster,
-            prices=ctx.settings.prices,
-            public_address=ctx.settings.public_address,
-            partition=partition,
-        )
+    return show_cluster(state.ctx, principal, scope, cluster_id, _partition(state))
 
 
 @router.post(BASE + "/")
@@ -148,13 +135,15 @@ async def create_training_cluster(
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
+        p.require_write()  # a read-only key hears 403 before its body is judged
+        spec = parse_cluster_spec(body)
         ctx = state.ctx
         # The query scope is part of the request: a key reused for another project
         # or location is another request.
         payload = {"scope": asdict(scope), "body": body}
         claim = idem.claim_for(ctx, p, idem.ROUTE_TRAINING, idempotency_key, payload)
         created, _ = idem.create_once(
-            ctx, claim, lambda c: str(training.create_cluster(ctx, p, scope, body, idempotency=c))
+            ctx, claim, lambda c: str(training.create_cluster(ctx, p, scope, spec, idempotency=c))
         )
         cluster_id = int(created)
         return 201, _view(state, p, scope, cluster_id), "Cluster created successfully"
@@ -170,15 +159,7 @@ async def list_training_clusters(request: Request) -> JSONResponse:
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        with state.ctx.read() as session:
-            ids = [c.id for c in training.list_clusters(session, p, scope)]
-        views = []
-        for cluster_id in ids:
-            try:
-                views.append(_view(state, p, scope, cluster_id))
-            except training.TrainingClusterNotFound:
-                continue  # deleted meanwhile
-        return 200, views, "Success"
+        return 200, show_clusters(state.ctx, p, scope, _partition(state)), "Success"
 
     return await _handle(request, work)
 
@@ -207,12 +188,12 @@ async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
         cluster_id = _cluster_id(Cluster_Id)
-        result = training.perform_action(state.ctx, p, scope, cluster_id, body)
+        p.require_write()  # a read-only key hears 403 before its body is judged
+        action = parse_action_request(body)
+        result = training.perform_action(state.ctx, p, scope, cluster_id, action)
         if result.kind == "reserved_ip":
-            with state.ctx.read() as session:
-                ip = session.get(ReservedIp, result.reserved_ip_id)
-                assert ip is not None
-                return 200, reserved_ip_view(ip), "Reserved IP attached successfully"
+            assert result.reserved_ip is not None
+            return 200, reserved_ip_view(result.reserved_ip), "Reserved IP attached successfully"
         if result.kind == "empty":
             return 200, {}, "Reserved IP detached successfully"
         if result.kind == "message":
@@ -246,11 +227,11 @@ async def delete_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
         cluster_id = _cluster_id(Cluster_Id)
-        training.delete_cluster(state.ctx, p, scope, cluster_id)
-        if state.training is None:
-            # No operator (GPUYARD_TRAINING_ENABLED=false): nothing was ever built,
-            # so release what the cluster holds now.
-            training.finish_delete(state.ctx, cluster_id)
+        # No operator (GPUYARD_TRAINING_ENABLED=false): nothing was ever built, so
+        # what the cluster holds is released at once.
+        no_operator = state.training is None
+        training.delete_cluster(state.ctx, p, scope, cluster_id, finish_now=no_operator)
+        if no_operator:
             return 200, {"id": cluster_id, "status": "deleted"}, "Cluster deleted"
         return 200, {"id": cluster_id, "status": "deleting"}, "Cluster deletion started"
 

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.catalog import SEED_GPU_TYPES
 from gpuyard.core.models import GpuTypeInfo
+from gpuyard.core.placement import free_resources
+from gpuyard.services.hosts import capacities
 from gpuyard.store.schema import GpuType
+
+if TYPE_CHECKING:  # context.py imports this module (through references.py)
+    from gpuyard.services.context import Context
 
 
 def seed_catalog(session: Session) -> None:
@@ -56,3 +64,29 @@ def find_gpu_type(session: Session, name: str) -> GpuTypeInfo | None:
                 row = candidate
                 break
     return to_info(row) if row else None
+
+
+@dataclass(frozen=True)
+class GpuTypeOffer:
+    """A catalog entry with how many GPUs of the type the hosts have in all, and how
+    many are free right now (under the allocation ratios)."""
+
+    info: GpuTypeInfo
+    total_gpus: int
+    available_gpus: int
+
+
+def gpu_type_offers(ctx: Context) -> list[GpuTypeOffer]:
+    """Every GPU type of the catalog, by id, with its GPUs in all and free now."""
+    with ctx.read() as session:
+        types = list_gpu_types(session)
+        caps = capacities(session)
+    ratios = ctx.settings.allocation_ratios
+    free: dict[str, int] = {}
+    total: dict[str, int] = {}
+    for cap in caps:
+        for name, n in free_resources(cap, ratios)["gpus"].items():
+            free[name] = free.get(name, 0) + n
+        for g in cap.gpus:
+            total[g.gpu_type] = total.get(g.gpu_type, 0) + 1
+    return [GpuTypeOffer(g, total.get(g.id, 0), free.get(g.id, 0)) for g in types]

@@ -8,17 +8,38 @@ exists).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
 from gpuyard.services.auth import Principal
+from gpuyard.services.context import Context
 from gpuyard.services.resource_util import in_id_range
 from gpuyard.store.schema import Member, Project
 
 
 class ProjectNotFound(NotFound):
     code = "PROJECT_NOT_FOUND"
+
+
+@dataclass(frozen=True)
+class ProjectRef:
+    """What a request named: its ``project_id`` and ``active_iam`` query parameters,
+    well-formed but not yet checked against the store (None: not given)."""
+
+    project_id: int | None = None
+    active_iam: int | None = None
+
+
+@dataclass(frozen=True)
+class ResourceScope:
+    """Whose resources a request reads or writes: the acting account and the
+    project the caller named (None: not named)."""
+
+    account_id: int
+    project_id: int | None
 
 
 def acting_account(session: Session, principal: Principal, active_iam: int | None) -> int:
@@ -63,19 +84,44 @@ def parse_int(field: str, value: str | None, *, required: bool) -> int | None:
         raise ValidationFailed(field, f"{value!r} is not an integer") from exc
 
 
-def list_projects(session: Session, account_id: int) -> list[Project]:
-    return list(
-        session.scalars(
-            select(Project).where(Project.account_id == account_id).order_by(Project.id)
+def project_of_ref(session: Session, principal: Principal, ref: ProjectRef) -> Project:
+    """``ref.project_id`` (default: the acting account's default project) of the acting
+    account. Raises ProjectNotFound or Forbidden."""
+    return resolve_project(session, principal, ref.project_id, ref.active_iam)
+
+
+def resource_scope(session: Session, principal: Principal, ref: ProjectRef) -> ResourceScope:
+    """For reads and writes of one resource by id: the acting account and, when
+    ``ref`` names a project, that project (validated: another account's is 404)."""
+    if ref.project_id is None:
+        return ResourceScope(acting_account(session, principal, ref.active_iam), None)
+    project = project_of_ref(session, principal, ref)
+    return ResourceScope(project.account_id, project.id)
+
+
+def list_projects(ctx: Context, principal: Principal, active_iam: int | None) -> list[Project]:
+    """The projects of the acting account, oldest first. Raises Forbidden."""
+    with ctx.read() as session:
+        account_id = acting_account(session, principal, active_iam)
+        return list(
+            session.scalars(
+                select(Project).where(Project.account_id == account_id).order_by(Project.id)
+            )
         )
-    )
 
 
-def create_project(session: Session, account_id: int, name: str) -> Project:
-    name = name.strip()
-    if not name or len(name) > 200:
-        raise ValidationFailed("name", "must be 1 to 200 characters")
-    project = Project(account_id=account_id, name=name, is_default=False)
-    session.add(project)
-    session.flush()
-    return project
+def create_project(
+    ctx: Context, principal: Principal, active_iam: int | None, name: str
+) -> Project:
+    """A new, non-default project of the acting account. Raises Forbidden, or
+    ValidationFailed("name") for a blank or over-long name. The caller checks the
+    write scope."""
+    with ctx.transaction() as session:
+        account_id = acting_account(session, principal, active_iam)
+        name = name.strip()
+        if not name or len(name) > 200:
+            raise ValidationFailed("name", "must be 1 to 200 characters")
+        project = Project(account_id=account_id, name=name, is_default=False)
+        session.add(project)
+        session.flush()
+        return project

@@ -1,5 +1,9 @@
 """Security groups of a project: named lists of inbound rules (core/secgroups.py)
-that training clusters attach. Rules are stored in their canonical form."""
+that training clusters attach. Rules are stored in their canonical form.
+
+The session-level functions work inside a caller's transaction (the training
+service attaches groups in its own); the ``ctx`` use cases at the end open their own
+and re-sync the network edge of attached clusters after a commit."""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import InvalidState, NotFound, ValidationFailed
 from gpuyard.core.secgroups import parse_rules, rule_to_dict
+from gpuyard.services.auth import Principal
+from gpuyard.services.context import Context
+from gpuyard.services.projects import ProjectRef, project_of_ref, resource_scope
 from gpuyard.services.resource_util import id_list, in_id_range, iso
 from gpuyard.store.schema import SecurityGroup, TrainingCluster
 
@@ -193,3 +200,68 @@ def group_view(row: SecurityGroup) -> dict[str, Any]:
         "rules": list(row.rules),
         "created_at": iso(row.created_at),
     }
+
+
+# ---------------------------------------------------------------- use cases
+
+
+def list_project_groups(ctx: Context, principal: Principal, ref: ProjectRef) -> list[SecurityGroup]:
+    """The groups of ``ref``'s project (default: the acting account's default
+    project), oldest first. Raises ProjectNotFound / Forbidden."""
+    with ctx.read() as session:
+        return list_groups(session, project_of_ref(session, principal, ref).id)
+
+
+def create_project_group(
+    ctx: Context,
+    principal: Principal,
+    ref: ProjectRef,
+    name: object,
+    description: object,
+    rules: object,
+) -> SecurityGroup:
+    """A new group of ``ref``'s project. Raises ProjectNotFound / Forbidden, or
+    ValidationFailed naming the field. The caller checks the write scope."""
+    with ctx.transaction() as session:
+        project = project_of_ref(session, principal, ref)
+        return create_group(session, project.account_id, project.id, name, description, rules)
+
+
+def show_group(ctx: Context, principal: Principal, group_id: int, ref: ProjectRef) -> SecurityGroup:
+    """One group of the acting account (and of ``ref.project_id`` when given).
+    Raises SecurityGroupNotFound, ProjectNotFound / Forbidden."""
+    with ctx.read() as session:
+        scope = resource_scope(session, principal, ref)
+        return find_group(session, scope.account_id, group_id, scope.project_id)
+
+
+def update_group(
+    ctx: Context,
+    principal: Principal,
+    group_id: int,
+    ref: ProjectRef,
+    name: object,
+    description: object,
+    rules: object,
+) -> SecurityGroup:
+    """Replace a group's name, description (absent: empty) and rules, then re-sync
+    the network edge of every live training cluster that attaches it (after the
+    commit: the edge is a runtime call), so they enforce the new rules at once.
+    Raises as show_group, or ValidationFailed naming the field. The caller checks
+    the write scope."""
+    with ctx.transaction() as session:
+        scope = resource_scope(session, principal, ref)
+        row = find_group(session, scope.account_id, group_id, scope.project_id)
+        replace_group(session, row, name, description, rules)
+        attached = attached_clusters(session, row)
+    for cluster_id in attached:
+        ctx.training_edge(cluster_id)
+    return row
+
+
+def remove_group(ctx: Context, principal: Principal, group_id: int, ref: ProjectRef) -> None:
+    """Delete a group (see delete_group: 409 while a training cluster attaches it).
+    Raises as show_group, or InvalidState. The caller checks the write scope."""
+    with ctx.transaction() as session:
+        scope = resource_scope(session, principal, ref)
+        delete_group(session, scope.account_id, group_id, scope.project_id)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, assert_never
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,7 +25,7 @@ from gpuyard.core.errors import InsufficientCapacity, NotFound, ValidationFailed
 from gpuyard.core.models import CloudType, PortSpec, ResourceRequest
 from gpuyard.core.placement import free_resources
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import Action, NodeName, NodeRole, NodeStatus, TrainingStatus
+from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus
 from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.context import Context
@@ -41,23 +41,26 @@ from gpuyard.services.reserved_ips import get_reserved_ip
 from gpuyard.services.resource_util import in_id_range
 from gpuyard.services.security_groups import groups_by_ids
 from gpuyard.services.ssh_keys import keys_by_ids
+from gpuyard.services.training_inputs import (
+    ActionRequest,
+    AddSecurityGroups,
+    AttachIp,
+    ClusterSpec,
+    DetachIp,
+    PlanById,
+    PlanChoice,
+    RemoveSecurityGroup,
+    RestartCluster,
+    RestartWorkers,
+    ScaleCluster,
+    UpdateImage,
+    UpdateSshKeys,
+    parse_action_request,
+    parse_cluster_spec,
+)
 from gpuyard.store.schema import Event, Host, ReservedIp, TrainingCluster, TrainingNode
 
 SSH_PORT = 22
-CREATE_FIELDS = {
-    "name",
-    "image_version_id",
-    "ssh_key_ids",
-    "no_of_nodes",
-    "sku_id",
-    "gpu_type",
-    "gpus_per_node",
-    "cpus_per_node",
-    "memory_gb_per_node",
-    "security_group_id",
-    "lifecycle_script",
-}
-MAX_SCRIPT_BYTES = 64 * 1024
 
 
 class TrainingClusterNotFound(NotFound):
@@ -85,12 +88,14 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class ActionResult:
-    """What an action answers: the cluster, a Reserved IP, nothing, or a message."""
+    """What an action answers: the cluster, a Reserved IP (``reserved_ip``: the row
+    as committed, detached), nothing, or a message."""
 
     kind: str  # "cluster" | "reserved_ip" | "empty" | "message"
     cluster_id: int
     reserved_ip_id: int | None = None
     message: str = ""
+    reserved_ip: ReservedIp | None = None
 
 
 # ---------------------------------------------------------------- reading
@@ -162,24 +167,11 @@ def nodes_of(session: Session, cluster_id: int) -> list[TrainingNode]:
 # ---------------------------------------------------------------- create
 
 
-def _text(body: dict[str, Any], field: str, *, limit: int) -> str:
-    value = body.get(field)
-    if not isinstance(value, str) or not value.strip():
-        raise ValidationFailed(field, "is required and must be a non-empty string")
-    if len(value) > limit:
-        raise ValidationFailed(field, f"must be at most {limit} characters")
-    return value.strip()
-
-
-def _plan(session: Session, body: dict[str, Any]) -> NodePlan:
-    custom = ("gpu_type", "gpus_per_node", "cpus_per_node", "memory_gb_per_node")
-    given = [f for f in custom if body.get(f) is not None]
-    if body.get("sku_id") is not None:
-        if given:
-            raise ValidationFailed(given[0], "give either sku_id or a custom plan, not both")
-        if isinstance(body["sku_id"], bool) or not isinstance(body["sku_id"], int):
-            raise ValidationFailed("sku_id", "must be an integer plan id (GET /v1/plans)")
-        plan = get_plan(session, body["sku_id"])
+def _plan(session: Session, choice: PlanChoice) -> NodePlan:
+    """The node plan a well-formed choice names. Raises ValidationFailed for an
+    unknown plan id or GPU type."""
+    if isinstance(choice, PlanById):
+        plan = get_plan(session, choice.sku_id)
         return NodePlan(
             plan.gpu_type,
             plan.gpus_per_node,
@@ -187,23 +179,13 @@ def _plan(session: Session, body: dict[str, Any]) -> NodePlan:
             plan.memory_gb_per_node,
             plan.id,
         )
-    if not given:
-        raise ValidationFailed(
-            "sku_id", "a plan is required: sku_id, or gpu_type with gpus/cpus/memory per node"
-        )
-    for field in custom:
-        if body.get(field) is None:
-            raise ValidationFailed(field, "is required for a custom plan")
-    gpu_type = body["gpu_type"]
-    info = find_gpu_type(session, gpu_type) if isinstance(gpu_type, str) else None
+    info = find_gpu_type(session, choice.gpu_type)
     if info is None:
-        raise ValidationFailed("gpu_type", f"unknown GPU type {gpu_type!r} (GET /v1/gpu-types)")
+        raise ValidationFailed(
+            "gpu_type", f"unknown GPU type {choice.gpu_type!r} (GET /v1/gpu-types)"
+        )
     return NodePlan(
-        info.id,
-        domain.positive_int("gpus_per_node", body["gpus_per_node"], 16),
-        domain.positive_int("cpus_per_node", body["cpus_per_node"], 512),
-        domain.positive_int("memory_gb_per_node", body["memory_gb_per_node"], 4096),
-        None,
+        info.id, choice.gpus_per_node, choice.cpus_per_node, choice.memory_gb_per_node, None
     )
 
 
@@ -314,7 +296,7 @@ def _place_all(
 ) -> None:
     """Controller and workers on one host (one private bridge network per cluster):
     the first host of the location that fits them all."""
-    names = NodeName(cluster.id)
+    names = NodeName(cluster.id, cluster.name_prefix)
     workers = cluster.next_worker - 1
     last: InsufficientCapacity | None = None
     for host_id in hosts:
@@ -399,47 +381,42 @@ def create_cluster(
     ctx: Context,
     principal: Principal,
     scope: Scope,
-    body: dict[str, Any],
+    spec: ClusterSpec | Mapping[str, Any],
     *,
     idempotency: Claim | None = None,
 ) -> int:
-    """Validate ``body`` fully, place every node and record the cluster in one
-    transaction; the operator then builds it. Returns the new id. With
-    ``idempotency`` its key is stored in that transaction, before placement."""
+    """Check what ``spec`` names against the store (project, image, keys, plan, group,
+    location), place every node and record the cluster in one transaction; the
+    operator then builds it. Returns the new id. A mapping (a seed 002 body as JSON
+    gave it) is parsed with parse_cluster_spec first. Raises ValidationFailed naming
+    the field, ProjectNotFound / Forbidden, InsufficientCapacity (nothing is held).
+    With ``idempotency`` its key is stored in that transaction, before placement."""
     principal.require_write()
-    for field in body:
-        if field not in CREATE_FIELDS:
-            raise ValidationFailed(field, "unknown field", {"allowed": sorted(CREATE_FIELDS)})
+    if not isinstance(spec, ClusterSpec):
+        spec = parse_cluster_spec(spec)
     now = ctx.clock.now()
     with ctx.transaction() as session:
         account_id, project_id = _visible(session, principal, scope)
-        name = _text(body, "name", limit=100)
-        image = get_image_version(session, body.get("image_version_id"))
-        keys = keys_by_ids(session, account_id, body.get("ssh_key_ids"))
-        workers = domain.positive_int("no_of_nodes", body.get("no_of_nodes"), domain.MAX_WORKERS)
-        plan = _plan(session, body)
+        image = get_image_version(session, spec.image_version_id)
+        keys = keys_by_ids(session, account_id, list(spec.ssh_key_ids))
+        plan = _plan(session, spec.plan)
         groups: list[int] = []
-        if body.get("security_group_id") is not None:
+        if spec.security_group_id is not None:
             found = groups_by_ids(
-                session, account_id, [body["security_group_id"]], "security_group_id"
+                session, account_id, [spec.security_group_id], "security_group_id"
             )
             if any(g.project_id != project_id for g in found):
                 raise ValidationFailed(
                     "security_group_id", "the security group belongs to another project"
                 )
             groups = [g.id for g in found]
-        script = body.get("lifecycle_script")
-        if script is not None and not isinstance(script, str):
-            raise ValidationFailed("lifecycle_script", "must be a string (a shell script)")
-        if script is not None and len(script.encode()) > MAX_SCRIPT_BYTES:
-            raise ValidationFailed("lifecycle_script", f"must be at most {MAX_SCRIPT_BYTES} bytes")
         hosts = _location_hosts(session, scope.location)
         lock_placement(session)
         cluster = TrainingCluster(
             account_id=account_id,
             project_id=project_id,
             location=scope.location,
-            name=name,
+            name=spec.name,
             status=TrainingStatus.CREATING.value,
             status_reason="creating the controller and worker nodes",
             image_version_id=image.id,
@@ -450,15 +427,17 @@ def create_cluster(
             memory_gb_per_node=plan.memory_gb_per_node,
             ssh_key_ids=[k.id for k in keys],
             security_group_ids=groups,
-            lifecycle_script=script or None,
+            lifecycle_script=spec.lifecycle_script,
             munge_key=base64.b64encode(secrets.token_bytes(1024)).decode(),
-            next_worker=workers + 1,
+            next_worker=spec.no_of_nodes + 1,
             operation={"action": "create", "token": secrets.token_hex(8)},
             created_at=now,
             updated_at=now,
         )
         session.add(cluster)
         session.flush()
+        # Engine names carry the installation, so two installations never collide.
+        cluster.name_prefix = ctx.ownership.training_prefix(cluster.id)
         if idempotency is not None:
             idempotency.record(session, cluster.id, now)
         record_event(
@@ -490,11 +469,14 @@ def list_events(ctx: Context, principal: Principal, scope: Scope, cluster_id: in
         )
 
 
-def delete_cluster(ctx: Context, principal: Principal, scope: Scope, cluster_id: int) -> None:
+def delete_cluster(
+    ctx: Context, principal: Principal, scope: Scope, cluster_id: int, *, finish_now: bool = False
+) -> None:
     """Mark for deletion; the operator removes every container, the network, the state
     volume and the forwarders, then releases capacity. Billing ends now, at the request
     (as a terminated cluster's does), however long the teardown takes. Idempotent while
-    deleting."""
+    deleting. ``finish_now`` (no operator runs: nothing was ever built) releases what
+    the cluster holds and hides it at once, as finish_delete."""
     principal.require_write()
     with ctx.transaction() as session:
         cluster = load_cluster(session, principal, scope, cluster_id, for_update=True)
@@ -504,6 +486,8 @@ def delete_cluster(ctx: Context, principal: Principal, scope: Scope, cluster_id:
                 meter_node(session, cluster, node, ClusterStatus.TERMINATED, now)
             _begin(session, cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", now)
     ctx.training_wake(cluster_id)
+    if finish_now:
+        finish_delete(ctx, cluster_id)
 
 
 def finish_delete(ctx: Context, cluster_id: int) -> None:
@@ -576,21 +560,27 @@ def _begin(
 
 
 def perform_action(
-    ctx: Context, principal: Principal, scope: Scope, cluster_id: int, body: dict[str, Any]
+    ctx: Context,
+    principal: Principal,
+    scope: Scope,
+    cluster_id: int,
+    request: ActionRequest | Mapping[str, Any],
 ) -> ActionResult:
-    """Validate and apply one of seed 002's actions. Raises ValidationFailed naming the
-    field, InvalidState naming the status, InsufficientCapacity for a scale that does
-    not fit (nothing added)."""
+    """Apply one of seed 002's actions in one transaction, then hand a long action to
+    the operator or re-sync the cluster's network edge. A mapping (a seed 002 body as
+    JSON gave it) is parsed with parse_action_request first. Raises ValidationFailed
+    naming the field, InvalidState naming the status, InsufficientCapacity for a scale
+    that does not fit (nothing added)."""
     principal.require_write()
-    action = domain.parse_action(body)
-    domain.require_fields(action, body)
+    if isinstance(request, Mapping):
+        request = parse_action_request(request)
+    action = request.action
     now = ctx.clock.now()
     with ctx.transaction() as session:
         cluster = load_cluster(session, principal, scope, cluster_id, for_update=True)
         domain.check_allowed(action, TrainingStatus(cluster.status))
         account_id = acting_account(session, principal, scope.active_iam)
-        handler = _HANDLERS[action]
-        result = handler(ctx, session, cluster, account_id, body, now)
+        result = _apply(ctx, session, cluster, account_id, request, now)
     if action in domain.LONG_ACTIONS:
         ctx.wake()  # a scale may have preempted spot clusters
         ctx.training_wake(cluster_id)
@@ -599,22 +589,50 @@ def perform_action(
     return result
 
 
-Handler = Callable[[Context, Session, TrainingCluster, int, dict[str, Any], datetime], ActionResult]
+def _apply(
+    ctx: Context,
+    s: Session,
+    c: TrainingCluster,
+    account: int,
+    request: ActionRequest,
+    now: datetime,
+) -> ActionResult:
+    """The handler of ``request``'s action, inside the caller's transaction."""
+    match request:
+        case UpdateSshKeys():
+            return _update_ssh_keys(s, c, account, request, now)
+        case UpdateImage():
+            return _update_image(s, c, request, now)
+        case RestartWorkers():
+            return _restart_workers(s, c, now)
+        case RestartCluster():
+            return _restart_cluster(s, c, now)
+        case ScaleCluster():
+            return _scale_cluster(ctx, s, c, request, now)
+        case AttachIp():
+            return _attach_ip(s, c, account, request, now)
+        case DetachIp():
+            return _detach_ip(s, c, account, request, now)
+        case AddSecurityGroups():
+            return _add_security_group(s, c, account, request, now)
+        case RemoveSecurityGroup():
+            return _remove_security_group(c, request, now)
+    assert_never(request)
 
 
 def _update_ssh_keys(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+    s: Session, c: TrainingCluster, account: int, request: UpdateSshKeys, now: datetime
 ) -> ActionResult:
-    keys = keys_by_ids(s, account, body["ssh_key_ids"])
+    keys = keys_by_ids(s, account, list(request.ssh_key_ids))
     c.ssh_key_ids = [k.id for k in keys]
     _begin(s, c, TrainingStatus.UPDATING, {"action": "update_ssh_keys"}, "replacing SSH keys", now)
     return ActionResult("cluster", c.id)
 
 
 def _update_image(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+    s: Session, c: TrainingCluster, request: UpdateImage, now: datetime
 ) -> ActionResult:
-    image = get_image_version(s, body["image_version_id"])
+    image = get_image_version(s, request.image_version_id)
     c.image_version_id = image.id
     _begin(
         s,
@@ -627,18 +645,14 @@ def _update_image(
     return ActionResult("cluster", c.id)
 
 
-def _restart_workers(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
-) -> ActionResult:
+def _restart_workers(s: Session, c: TrainingCluster, now: datetime) -> ActionResult:
     _begin(
         s, c, TrainingStatus.RESTARTING, {"action": "restart_workers"}, "restarting workers", now
     )
     return ActionResult("cluster", c.id)
 
 
-def _restart_cluster(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
-) -> ActionResult:
+def _restart_cluster(s: Session, c: TrainingCluster, now: datetime) -> ActionResult:
     _begin(
         s, c, TrainingStatus.RESTARTING, {"action": "restart_cluster"}, "restarting every node", now
     )
@@ -646,7 +660,7 @@ def _restart_cluster(
 
 
 def _scale_cluster(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+    ctx: Context, s: Session, c: TrainingCluster, request: ScaleCluster, now: datetime
 ) -> ActionResult:
     existing = sum(1 for n in nodes_of(s, c.id) if n.role == NodeRole.WORKER)
     room = domain.MAX_WORKERS - existing
@@ -654,11 +668,11 @@ def _scale_cluster(
         raise ValidationFailed(
             "additional_nodes", f"the cluster already has the maximum of {domain.MAX_WORKERS}"
         )
-    extra = domain.positive_int("additional_nodes", body["additional_nodes"], room)
+    extra = domain.positive_int("additional_nodes", request.additional_nodes, room)
     if c.host_id is None:
         raise InsufficientCapacity("the cluster has no host to add nodes on")
     lock_placement(s)
-    names = NodeName(c.id)
+    names = NodeName(c.id, c.name_prefix)
     added = []
     savepoint = s.begin_nested()
     try:
@@ -691,10 +705,10 @@ def _scale_cluster(
 
 
 def _attach_ip(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+    s: Session, c: TrainingCluster, account: int, request: AttachIp, now: datetime
 ) -> ActionResult:
     # Locked: two clusters attaching one IP, or an attach and a release: one wins.
-    ip = get_reserved_ip(s, account, body["reserved_ip_id"], for_update=True)
+    ip = get_reserved_ip(s, account, request.reserved_ip_id, for_update=True)
     if ip.project_id != c.project_id:
         raise ValidationFailed("reserved_ip_id", f"reserved IP {ip.id} belongs to another project")
     if ip.training_cluster_id not in (None, c.id):
@@ -704,14 +718,13 @@ def _attach_ip(
         )
     ip.training_cluster_id = c.id
     c.updated_at = now
-    return ActionResult("reserved_ip", c.id, reserved_ip_id=ip.id)
+    return ActionResult("reserved_ip", c.id, reserved_ip_id=ip.id, reserved_ip=ip)
 
 
 def _detach_ip(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+    s: Session, c: TrainingCluster, account: int, request: DetachIp, now: datetime
 ) -> ActionResult:
-    domain.parse_ip_type(body["ip_type"])
-    ip = get_reserved_ip(s, account, body["reserved_ip_id"], for_update=True)
+    ip = get_reserved_ip(s, account, request.reserved_ip_id, for_update=True)
     if ip.training_cluster_id != c.id:
         raise ValidationFailed(
             "reserved_ip_id", f"reserved IP {ip.address} is not attached to this cluster"
@@ -722,9 +735,9 @@ def _detach_ip(
 
 
 def _add_security_group(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+    s: Session, c: TrainingCluster, account: int, request: AddSecurityGroups, now: datetime
 ) -> ActionResult:
-    groups = groups_by_ids(s, account, body["security_groups_ids"], "security_groups_ids")
+    groups = groups_by_ids(s, account, list(request.security_group_ids), "security_groups_ids")
     for g in groups:
         if g.project_id != c.project_id:
             raise ValidationFailed(
@@ -738,11 +751,9 @@ def _add_security_group(
 
 
 def _remove_security_group(
-    ctx: Context, s: Session, c: TrainingCluster, account: int, body: dict[str, Any], now: datetime
+    c: TrainingCluster, request: RemoveSecurityGroup, now: datetime
 ) -> ActionResult:
-    raw = body["security_group_id"]
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise ValidationFailed("security_group_id", f"must be an integer id, got {raw!r}")
+    raw = request.security_group_id
     if raw not in c.security_group_ids:
         raise ValidationFailed(
             "security_group_id", f"security group {raw} is not attached to this cluster"
@@ -750,16 +761,3 @@ def _remove_security_group(
     c.security_group_ids = [g for g in c.security_group_ids if g != raw]
     c.updated_at = now
     return ActionResult("message", c.id, message=f"security group {raw} removed")
-
-
-_HANDLERS: dict[Action, Handler] = {
-    Action.UPDATE_SSH_KEYS: _update_ssh_keys,
-    Action.UPDATE_IMAGE: _update_image,
-    Action.RESTART_WORKERS: _restart_workers,
-    Action.RESTART_CLUSTER: _restart_cluster,
-    Action.SCALE_CLUSTER: _scale_cluster,
-    Action.ATTACH_IP: _attach_ip,
-    Action.DETACH_IP: _detach_ip,
-    Action.ADD_SECURITY_GROUP: _add_security_group,
-    Action.REMOVE_SECURITY_GROUP: _remove_security_group,
-}
