@@ -152,7 +152,11 @@ class DockerEngineRuntime:
             podman = self.engine.is_podman()
         except RuntimeFailure:
             return Capabilities(
-                real_gpus=False, cpu_limits=limits, memory_limits=limits, stats=False
+                real_gpus=False,
+                cpu_limits=limits,
+                memory_limits=limits,
+                stats=False,
+                limits_problem=self.engine.limits_problem,
             )
         return Capabilities(
             real_gpus=not podman,
