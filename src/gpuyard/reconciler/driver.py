@@ -82,16 +82,23 @@ class ClusterDriver:
         with self.ctx.read() as session:
             return session.get(Cluster, cluster_id)
 
-    def _record(self, cluster: Cluster, **values: Any) -> None:
+    def _record(self, cluster: Cluster, *, restart_event: str | None = None, **values: Any) -> None:
+        """Apply ``values`` with a guarded update (Abandon if the row moved on), with a
+        ``restart`` event in the same transaction when given."""
+        now = self.ctx.clock.now()
         try:
             with self.ctx.transaction() as session:
                 cluster.version = guarded_update(
-                    session, cluster.id, cluster.version, self.ctx.clock.now(), **values
+                    session, cluster.id, cluster.version, now, **values
                 )
+                if restart_event is not None:
+                    record_event(session, cluster.id, now, "restart", restart_event)
         except Conflict as exc:
             raise Abandon() from exc
         for k, v in values.items():
             setattr(cluster, k, v)
+        if restart_event is not None:
+            self.ctx.notifier.notify()
 
     def _transition(
         self,
@@ -360,21 +367,13 @@ class ClusterDriver:
             self._fail(c, f"{message}{tail}")
             return
         delay = (verdict.retry_at - now).total_seconds()
-        with self.ctx.transaction() as session:
-            try:
-                c.version = guarded_update(
-                    session,
-                    c.id,
-                    c.version,
-                    now,
-                    recent_failures=[t.isoformat() for t in verdict.failures],
-                    last_exit_code=exit_code,
-                    next_restart_at=verdict.retry_at,
-                )
-            except Conflict as exc:
-                raise Abandon() from exc
-            record_event(session, c.id, now, "restart", f"{what}; restarting in {delay:g} s")
-        self.ctx.notifier.notify()
+        self._record(
+            c,
+            restart_event=f"{what}; restarting in {delay:g} s",
+            recent_failures=[t.isoformat() for t in verdict.failures],
+            last_exit_code=exit_code,
+            next_restart_at=verdict.retry_at,
+        )
         self.on_restart_due(c.id, verdict.retry_at)
 
     def _log_tail(self, cluster_id: str, state: ContainerState) -> str:
@@ -397,28 +396,14 @@ class ClusterDriver:
             self._record(c, next_restart_at=None)
             log.warning("restart %d of cluster %s failed: %s", number, c.id, exc.message)
             return
-        with self.ctx.transaction() as session:
-            try:
-                c.version = guarded_update(
-                    session,
-                    c.id,
-                    c.version,
-                    now,
-                    restarts=number,
-                    last_restart_at=now,
-                    next_restart_at=None,
-                    runtime_handle={"container_id": container_id},
-                )
-            except Conflict as exc:
-                raise Abandon() from exc
-            record_event(
-                session,
-                c.id,
-                now,
-                "restart",
-                f"restarted (restart {number}; last exit code {c.last_exit_code})",
-            )
-        self.ctx.notifier.notify()
+        self._record(
+            c,
+            restart_event=f"restarted (restart {number}; last exit code {c.last_exit_code})",
+            restarts=number,
+            last_restart_at=now,
+            next_restart_at=None,
+            runtime_handle={"container_id": container_id},
+        )
 
     # -- collection ------------------------------------------------------------------
 
