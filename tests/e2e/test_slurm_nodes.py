@@ -6,6 +6,10 @@ srun across workers, a dynamic worker joining under a running job, worker and
 controller restarts, SSH with installed keys, and finally the clean-up. The Slurm node
 image is built once per session (about a minute, needs root, debootstrap and Debian's
 mirror) and kept for later runs.
+
+The runtime acts for an installation made for the module: its objects carry that id
+(and names start with its prefix), and the fixture's safety-net clean-up removes only
+objects labelled with it (the engine may be shared with a dev server).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from pathlib import Path
 import docker
 import pytest
 
+from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import LIFECYCLE_RC
 from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image, derive_image
 from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
+from tests.e2e.conftest import purge_installation
 
 pytestmark = pytest.mark.e2e
 
@@ -123,9 +129,10 @@ def cluster(
 ) -> Iterator[Cluster]:
     if shutil.which("ssh-keygen") is None or shutil.which("ssh") is None:
         pytest.fail("openssh-client is missing: run scripts/setup-system.sh")
-    cid = "gy-e2e-" + uuid.uuid4().hex[:6]
+    owner = Ownership.new()
+    cid = f"{owner.prefix}-e2e-{uuid.uuid4().hex[:4]}"
     c = Cluster(
-        rt=SlurmNodeRuntime(engine_url),
+        rt=SlurmNodeRuntime(engine_url, owner=owner),
         cid=cid,
         network=f"{cid}-net",
         volume=f"{cid}-state",
@@ -154,7 +161,10 @@ def cluster(
         c.rt.wait_slurm_ready(c.controller, c.workers, READY_TIMEOUT_S)
         yield c
     finally:
-        cleanup(c)
+        try:
+            cleanup(c)
+        finally:
+            purge_installation(engine_url, owner.installation_id)
 
 
 def test_srun_spans_both_workers(cluster: Cluster) -> None:

@@ -1,7 +1,10 @@
 """A training cluster end to end: the real server (``gpuyard serve``), real Podman node
 containers running real Slurm (slurmctld, slurmd, munge, sshd), reached over SSH with
 the user's key through the server's forwarders. Every seed 002 action is checked by
-its observable effect."""
+its observable effect, and a worker killed under a running job comes back.
+
+The engine may be shared with a dev server: clean-up removes only objects labelled
+with the installation id of the server a test started (ServerProcess.cleanup)."""
 
 from __future__ import annotations
 
@@ -51,28 +54,12 @@ def server(tmp_path: Path, engine_url: str, slurm_images: str) -> Iterator[Serve
     try:
         yield srv
     finally:
-        srv.stop()
-        if not os.environ.get("GPUYARD_E2E_KEEP"):
-            leftovers(engine_url)
-
-
-def leftovers(engine_url: str) -> None:
-    """Remove what a failed run left (a passing run leaves nothing: it deletes)."""
-    engine = docker.DockerClient(base_url=engine_url)
-    try:
-        for container in engine.containers.list(
-            all=True, filters={"label": "gpuyard.training_cluster_id"}
-        ):
-            if container.name.startswith("gy-tc"):
-                container.remove(force=True)
-        for network in engine.networks.list():
-            if network.name.startswith("gy-tc"):
-                network.remove()
-        for volume in engine.volumes.list():
-            if volume.name.startswith("gy-tc"):
-                volume.remove(force=True)
-    finally:
-        engine.close()
+        # What a failed run left (a passing one deletes its cluster): only objects
+        # labelled with this server's installation id, never by name.
+        if os.environ.get("GPUYARD_E2E_KEEP"):
+            srv.stop()
+        else:
+            srv.cleanup()
 
 
 class Ssh:
@@ -229,7 +216,7 @@ def test_training_cluster_end_to_end(
         cid = created.json()["data"]["id"]
         cluster = wait_running(c, cid, params)
         port = cluster["ssh"]["port"]
-        prefix = f"gy-tc{cid}"
+        prefix = server.installation.training_prefix(cid)
         w1, w2, w3 = (f"{prefix}-worker-{i}" for i in (1, 2, 3))
 
         # srun over SSH with the user's key runs on both workers.
@@ -375,4 +362,91 @@ def test_training_cluster_end_to_end(
         gpus = c.get("/v1/gpu-types").json()["data"]["gpu_types"]
         a6000 = next(g for g in gpus if g["id"] == "NVIDIA RTX A6000")
         assert a6000["available_gpus"] == a6000["total_gpus"]
+    engine.close()
+
+
+def test_a_killed_worker_comes_back_and_a_job_on_the_other_runs_on(
+    server: ServerProcess, engine_url: str, tmp_path: Path
+) -> None:
+    """Desired state wins for training nodes: a worker container killed between
+    operations is recreated, rejoins Slurm and is idle again; a job running on the
+    other worker meanwhile finishes normally."""
+    engine = docker.DockerClient(base_url=engine_url)
+    ssh = Ssh(tmp_path)
+    key, pub = ssh.keygen("user")
+    with server.client() as c:
+        project = c.get("/v1/projects").json()["data"]
+        projects = project if isinstance(project, list) else project["projects"]
+        params = {"project_id": projects[0]["id"], "location": "local"}
+        k = c.post("/v1/ssh-keys", json={"name": "user", "public_key": pub}).json()["data"]
+        images = c.get("/v1/images").json()["data"]
+        images = images if isinstance(images, list) else images["images"]
+        base = next(i for i in images if i["image"] == SLURM_IMAGE)
+        created = c.post(
+            BASE,
+            params=params,
+            json={
+                "name": "kill",
+                "image_version_id": base["id"],
+                "ssh_key_ids": [k["id"]],
+                "no_of_nodes": 2,
+                "gpu_type": "NVIDIA RTX A6000",
+                "gpus_per_node": 1,
+                "cpus_per_node": 1,
+                "memory_gb_per_node": 1,
+            },
+        )
+        assert created.status_code == 201, created.json()
+        cid = created.json()["data"]["id"]
+        port = wait_running(c, cid, params)["ssh"]["port"]
+        prefix = server.installation.training_prefix(cid)
+        w1, w2 = f"{prefix}-worker-1", f"{prefix}-worker-2"
+
+        def sh(command: str) -> str:
+            out = ssh.run(key, "127.0.0.1", port, command)
+            assert out.returncode == 0, (command, out.stdout, out.stderr)
+            return out.stdout.strip()
+
+        def sinfo() -> dict[str, str]:
+            return dict(line.split() for line in sh('sinfo -h -N -o "%N %T"').splitlines())
+
+        job_id = sh(f"sbatch --parsable -N1 -w {w2} --wrap 'sleep 60; hostname'")
+        assert job_id.isdigit()
+        until(lambda: sh(f"squeue -h -j {job_id} -o %T") == "RUNNING", what="job running")
+        old_container = engine.containers.get(w1).id
+        engine.containers.get(w1).kill()
+        assert engine.containers.get(w1).status == "exited"
+
+        def back() -> bool:
+            view = c.get(f"{BASE}{cid}/", params=params).json()["data"]
+            node = next(n for n in view["nodes"] if n["name"] == w1)
+            return node["restarts"] == 1 and node["status"] == "running"
+
+        until(back, 180, "the killed worker recreated")
+        assert engine.containers.get(w1).id != old_container
+        until(lambda: sinfo().get(w1) == "idle", 60, "the worker idle in sinfo again")
+        assert sh(f"srun -w {w1} hostname") == w1
+        view = c.get(f"{BASE}{cid}/", params=params).json()["data"]
+        assert view["status"] == "running"
+        assert {n["name"]: n["restarts"] for n in view["nodes"]}[w2] == 0
+
+        # The job on the other worker was not disturbed: it runs to its normal end.
+        def job() -> dict[str, str]:
+            text = sh(f"scontrol show job -o {job_id}")
+            return dict(f.split("=", 1) for f in text.split() if "=" in f)
+
+        until(lambda: job()["JobState"] != "RUNNING", 120, "the job to finish")
+        finished = job()
+        assert (finished["JobState"], finished["ExitCode"]) == ("COMPLETED", "0:0"), finished
+        assert finished["NodeList"] == w2 and finished.get("Restarts", "0") == "0", finished
+
+        events = c.get(f"{BASE}{cid}/events/", params=params).json()["data"]
+        messages = [e["message"] for e in events]
+        assert any(m.startswith(f"worker {w1}: its container exited") for m in messages), messages
+        assert f"back in Slurm: {w1} (restart 1)" in messages, messages
+
+        assert c.delete(f"{BASE}{cid}/", params=params).status_code == 200
+        until(lambda: c.get(f"{BASE}{cid}/", params=params).status_code == 404, 120, "gone")
+        label = f"gpuyard.training_cluster_id={cid}"
+        assert engine.containers.list(all=True, filters={"label": label}) == []
     engine.close()

@@ -29,6 +29,7 @@ from gpuyard.observability.metrics import Metrics
 from gpuyard.reconciler.autoterminate import Fired
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import IssuedKey
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
@@ -54,7 +55,7 @@ def build_server(
     clock: Clock | None = None,
     engine_url: str | None = None,
     run_reconciler: bool = True,
-    training_operator: Callable[[Context], TrainingOperator] | None = None,
+    training_operator: Callable[[Context, WorkQueue], TrainingOperator] | None = None,
 ) -> Server:
     """Migrate the store, seed it, register the local host and assemble the app.
 
@@ -76,7 +77,8 @@ def build_server(
     # Binds the runtime to this installation: from here on it sees only our objects.
     reconciler = Reconciler(ctx, runtime, host_id=host_id)
     ctx.wake = reconciler.wake
-    operator = training_operator(ctx) if training_operator is not None else None
+    # Training operations and node recoveries run on the reconciler's one work queue.
+    operator = training_operator(ctx, reconciler.queue) if training_operator is not None else None
     if operator is not None:
         ctx.training_wake = operator.wake
         ctx.training_edge = operator.sync_edge
@@ -161,13 +163,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
 
 def training_operator_factory(
     settings: Settings, engine_url: str | None
-) -> Callable[[Context], TrainingOperator]:
+) -> Callable[[Context, WorkQueue], TrainingOperator]:
     """Training clusters on real Slurm nodes of the local engine, reached through
     userspace forwarders."""
     from gpuyard.net.forwarder import TcpForwarder
     from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 
-    def make(ctx: Context) -> TrainingOperator:
+    def make(ctx: Context, queue: WorkQueue | None = None) -> TrainingOperator:
         return TrainingOperator(
             ctx,
             SlurmNodeRuntime(engine_url, allow_unenforced_limits=settings.allow_unenforced_limits),
@@ -176,6 +178,7 @@ def training_operator_factory(
             drain_timeout_s=settings.training_drain_timeout_s,
             lifecycle_timeout_s=settings.training_lifecycle_timeout_s,
             bind_address=settings.training_bind_address,
+            queue=queue,
         )
 
     return make

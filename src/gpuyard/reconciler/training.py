@@ -1,11 +1,16 @@
 """The training operator: carries out training-cluster operations on real nodes.
 
 An operation (``training_clusters.operation``) is recorded by the service in the same
-transaction that validated it; the operator runs it in a worker thread, one at a time
-per cluster, and clears it when done. Every step is idempotent, so an operation cut
-short by a crash is simply run again at the next start (a periodic scan resumes any
-operation not in flight). A newer operation (e.g. a delete during a create) supersedes
-the running one between steps.
+transaction that validated it; the operator runs it as a job on the shared work queue
+(reconciler/workqueue.py, key ``("training", cluster_id)``, lane ``slow``), so at most
+one job runs per cluster at a time, and clears it when done. Every step is
+idempotent, so an operation cut short by a crash is simply run again at the next start
+(a periodic scan resumes any operation not in flight). A newer operation (e.g. a delete
+during a create) supersedes the running one between steps.
+
+Between operations the scan observes each running cluster's nodes: a controller or
+worker whose container died is recreated and rejoins Slurm, as a job of the same key
+(reconciler/training_recovery.py).
 
 The operator also keeps each cluster's network edge in line with the store
 (reconciler/training_edge.py).
@@ -18,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -36,6 +40,8 @@ from gpuyard.core.training import (
     TrainingStatus,
 )
 from gpuyard.reconciler.training_edge import ClusterEdges, Edge
+from gpuyard.reconciler.training_recovery import NodeRecovery
+from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
 from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of, transition_training
@@ -58,6 +64,9 @@ LABEL_ROLE = "gpuyard.role"
 LABEL_NODE = "gpuyard.node"
 # Slurm's drain reason for a worker update_image is replacing.
 DRAIN_REASON = "update_image"
+# The work queue lane of operations and recoveries: the reconciler's slow lane (they
+# wait on Slurm, drains and lifecycle scripts; stops never queue behind them).
+LANE = "slow"
 
 
 class NodeRuntime(Protocol):
@@ -110,7 +119,11 @@ class TrainingOperator:
         scan_interval_s: float = 5.0,
         bind_address: str = "0.0.0.0",
         workers: int = 8,
+        queue: WorkQueue | None = None,
     ) -> None:
+        """``queue``: the work queue to run jobs on (the server passes the reconciler's,
+        which has a ``slow`` lane); None: a private one with ``workers`` threads,
+        closed by :meth:`stop`."""
         self.ctx = ctx
         self.nodes = nodes
         nodes.bind(ctx.ownership)
@@ -120,13 +133,12 @@ class TrainingOperator:
         self.lifecycle_timeout_s = lifecycle_timeout_s
         self.scan_interval_s = scan_interval_s
         self.bind_address = bind_address
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="training")
-        self._lock = threading.Lock()
-        self._in_flight: set[int] = set()
-        self._again: set[int] = set()
+        self._own_queue = queue is None
+        self.queue = queue if queue is not None else WorkQueue({LANE: workers})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sinfo_cache: dict[int, tuple[float, list[tuple[str, str]]]] = {}
+        self.recovery = NodeRecovery(self)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -138,7 +150,9 @@ class TrainingOperator:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # A running job ends at its next step (_check); a shared queue is its owner's.
+        if self._own_queue:
+            self.queue.close(wait=False)
         self.edges.close()
 
     def _scan_loop(self) -> None:
@@ -150,45 +164,40 @@ class TrainingOperator:
             self._stop.wait(self.scan_interval_s)
 
     def scan(self) -> None:
-        """Resume every recorded operation not in flight, and bring every other live
+        """Resume every recorded operation not in flight; bring every other live
         cluster's edge in line with the store (after a start: rebuild it; after a sync
-        that failed, e.g. the engine did not answer: heal it)."""
+        that failed, e.g. the engine did not answer: heal it); and hand each running
+        cluster with a dead node to the queue, where it is brought back."""
         with self.ctx.read() as session:
             rows = session.execute(
-                select(TrainingCluster.id, TrainingCluster.operation).where(
+                select(TrainingCluster.id, TrainingCluster.operation, TrainingCluster.status).where(
                     TrainingCluster.deleted_at.is_(None)
                 )
             ).all()
-        for cluster_id, operation in rows:
+        for cluster_id, operation, status in rows:
             if operation is not None:
                 self.wake(cluster_id)
-            else:
-                self.sync_edge(cluster_id)
+                continue
+            self.sync_edge(cluster_id)
+            if status == TrainingStatus.RUNNING and self.recovery.wanted(cluster_id):
+                self.wake(cluster_id)
 
     def wake(self, cluster_id: int) -> None:
-        """Run the cluster's recorded operation (again, if one is in flight)."""
-        with self._lock:
-            if cluster_id in self._in_flight:
-                self._again.add(cluster_id)
-                return
-            self._in_flight.add(cluster_id)
-        self._pool.submit(self._drive, cluster_id)
+        """Queue the cluster's job: its recorded operation, or (with none) bringing back
+        its dead nodes. If its job is running, it runs once more afterwards (the
+        newest operation then supersedes), never twice at once."""
+        if self._stop.is_set():
+            return
+        self.queue.submit(("training", cluster_id), LANE, lambda: self._drive(cluster_id))
 
     def _drive(self, cluster_id: int) -> None:
+        if self._stop.is_set():
+            return
         try:
-            while True:
-                try:
-                    self.run(cluster_id)
-                except Exception:
-                    log.exception("training cluster %s: operation failed", cluster_id)
-                with self._lock:
-                    if cluster_id not in self._again:
-                        self._in_flight.discard(cluster_id)
-                        return
-                    self._again.discard(cluster_id)
-        finally:
-            with self._lock:
-                self._in_flight.discard(cluster_id)
+            if not self._run_once(cluster_id):
+                self.recover(cluster_id)
+        except Exception:
+            log.exception("training cluster %s: operation failed", cluster_id)
 
     # ------------------------------------------------------------ reading
 
@@ -208,25 +217,40 @@ class TrainingOperator:
             session.expunge_all()
         return Snapshot(cluster, nodes, images, keys_text, cluster.operation)
 
-    def _check(self, cluster_id: int, token: str) -> None:
+    def _check(self, cluster_id: int, token: str | None) -> None:
+        """Raise Superseded unless operation ``token`` is still the recorded one
+        (``None``: unless no operation is recorded, for a recovery), or when stopping."""
+        if self._stop.is_set():
+            raise Superseded()
         with self.ctx.read() as session:
             op = session.scalar(
                 select(TrainingCluster.operation).where(TrainingCluster.id == cluster_id)
             )
-        if not op or op.get("token") != token:
+        current = op.get("token") if op else None
+        if (token is None and op) or (token is not None and current != token):
             raise Superseded()
 
     # ------------------------------------------------------------ running
 
     def run(self, cluster_id: int) -> None:
-        """Carry out the cluster's recorded operation now, in this thread (the worker
-        threads call this; so can tests and tools)."""
+        """Carry out the cluster's recorded operation now, in this thread (the queue's
+        jobs call this; so can tests and tools)."""
         self._run_once(cluster_id)
 
-    def _run_once(self, cluster_id: int) -> None:
+    def recover(self, cluster_id: int) -> None:
+        """Bring back the nodes of a running cluster with no operation whose containers
+        died, now, in this thread (see NodeRecovery.run). A no-op while an operation
+        is recorded; one requested meanwhile supersedes it and is queued."""
+        try:
+            self.recovery.run(cluster_id)
+        except Superseded:
+            self.wake(cluster_id)
+
+    def _run_once(self, cluster_id: int) -> bool:
+        """Run the recorded operation; False when there is none (or no cluster)."""
         snap = self._snapshot(cluster_id)
         if snap is None or snap.operation is None:
-            return
+            return False
         action = snap.operation.get("action")
         token = str(snap.operation.get("token"))
         try:
@@ -236,10 +260,11 @@ class TrainingOperator:
                 except Exception:
                     # Stays `deleting`; the periodic scan tries again.
                     log.exception("training cluster %s: teardown failed", cluster_id)
-                    return
+                    return True
                 finish_delete(self.ctx, cluster_id)
                 self._sinfo_cache.pop(cluster_id, None)
-                return
+                self.recovery.forget(cluster_id)
+                return True
             if action in ("create", "scale_cluster"):
                 self._build(snap, token)
             elif action == "restart_workers":
@@ -266,6 +291,7 @@ class TrainingOperator:
             log.exception("training cluster %s: %s failed", cluster_id, action)
             self._finish(cluster_id, token, f"{type(exc).__name__}: {exc}")
         self.sync_edge(cluster_id)
+        return True
 
     def _finish(
         self, cluster_id: int, token: str, error: str | None, failed: Sequence[str] = ()
@@ -363,10 +389,12 @@ class TrainingOperator:
                 row.lifecycle_exit_code = None
         return container
 
-    def _await_lifecycle(self, cluster_id: int, token: str) -> list[str]:
+    def _await_lifecycle(self, cluster_id: int, token: str | None) -> list[str]:
         """Wait until the lifecycle script has finished on every node the store shows
         it running on (bounded by ``lifecycle_timeout_s`` from now) and record each
-        result. Returns the nodes where it failed or timed out, one phrase each."""
+        result. Returns the nodes where it failed or timed out, one phrase each.
+        ``token``: the operation waiting (None: a recovery, which says nothing in the
+        cluster's status reason)."""
         with self.ctx.read() as session:
             pending = dict(
                 session.execute(
@@ -378,9 +406,10 @@ class TrainingOperator:
             )
         if not pending:
             return []
-        self._set_reason(
-            cluster_id, token, f"running the lifecycle script on {len(pending)} node(s)"
-        )
+        if token is not None:
+            self._set_reason(
+                cluster_id, token, f"running the lifecycle script on {len(pending)} node(s)"
+            )
         failed: list[str] = []
         deadline = time.monotonic() + self.lifecycle_timeout_s
         while pending:
@@ -401,7 +430,7 @@ class TrainingOperator:
                     failed.append(f"{name} (still running after {self.lifecycle_timeout_s:g} s)")
                 break
             if pending:
-                time.sleep(1.0)
+                self._stop.wait(1.0)
         return sorted(failed)
 
     def _set_lifecycle(self, node_id: int, status: LifecycleStatus, code: int | None) -> None:

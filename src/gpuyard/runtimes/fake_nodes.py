@@ -2,8 +2,10 @@
 
 It records what a real runtime would do (containers with their image, files and
 restart counts; networks; volumes) and answers ``sinfo`` with every running worker
-idle. ``fail_create`` makes the next creates of the named nodes fail. The real thing
-is runtimes/slurm_nodes.py, tested end to end on Podman.
+idle. ``fail_create`` makes the next creates of the named nodes fail; :meth:`kill`
+makes a node die as a container does (exited, or gone); ``unreachable`` makes every
+call fail as an engine that does not answer. The real thing is runtimes/slurm_nodes.py,
+tested end to end on Podman.
 """
 
 from __future__ import annotations
@@ -37,22 +39,40 @@ class FakeNodeRuntime:
     # real one does.
     drained: dict[str, str] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)
+    removed_volumes: list[str] = field(default_factory=list)
     # Lifecycle script exit codes by node name (a node with a script and no entry:
     # 0; None: still running).
     lifecycle_rc: dict[str, int | None] = field(default_factory=dict)
+    # While True, every call raises as a runtime whose engine does not answer.
+    unreachable: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
     owner: Ownership | None = None
+
+    def _answer(self) -> None:
+        if self.unreachable:
+            raise RuntimeFailure("no container engine reachable (injected)")
+
+    def kill(self, name: str, *, remove: bool = False) -> None:
+        """The node's container dies (``remove``: and is gone, as after ``rm -f``)."""
+        with self._lock:
+            if remove:
+                del self.nodes[name]
+            else:
+                self.nodes[name].state = "exited"
 
     def bind(self, owner: Ownership) -> None:
         self.owner = owner
 
     def ensure_network(self, name: str) -> None:
+        self._answer()
         self.networks.add(name)
 
     def remove_network(self, name: str) -> None:
+        self._answer()
         self.networks.discard(name)
 
     def create_node(self, spec: Any, files: dict[str, tuple[bytes, int]]) -> str:
+        self._answer()
         with self._lock:
             if spec.name in self.fail_create:
                 self.fail_create.discard(spec.name)
@@ -113,20 +133,24 @@ class FakeNodeRuntime:
         node.state = "running"
 
     def remove_node(self, name: str) -> None:
+        self._answer()
         with self._lock:
             self.nodes.pop(name, None)
 
     def node_state(self, name: str) -> Literal["missing", "created", "running", "exited"]:
+        self._answer()
         node = self.nodes.get(name)
         return "missing" if node is None else node.state
 
     def node_address(self, name: str, network: str) -> str | None:
+        self._answer()
         node = self.nodes.get(name)
         if node is None or node.state != "running":
             return None
         return f"10.99.0.{sorted(self.nodes).index(name) + 2}"
 
     def list_nodes(self, label: str, value: str) -> list[str]:
+        self._answer()
         return [n for n, node in self.nodes.items() if node.spec.labels.get(label) == value]
 
     def wait_slurm_ready(
@@ -145,9 +169,12 @@ class FakeNodeRuntime:
         ]
 
     def remove_volume(self, name: str) -> None:
+        self._answer()
+        self.removed_volumes.append(name)
         self.volumes.discard(name)
 
     def _node(self, name: str) -> FakeNode:
+        self._answer()
         node = self.nodes.get(name)
         if node is None:
             raise RuntimeFailure(f"node {name} does not exist")

@@ -116,6 +116,8 @@ def cluster_view(
                 "host": hosts[n.host_id].name if n.host_id in hosts else None,
                 "gpu_indices": list(n.gpu_indices),
                 "image_version_id": n.image_version_id,
+                # How often the operator recreated the node's container after it died.
+                "restarts": n.restarts,
                 "lifecycle": (
                     {
                         "status": n.lifecycle_status,
