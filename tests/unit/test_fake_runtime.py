@@ -22,6 +22,7 @@ OWNER = Ownership.new()
 def volume_name(cluster_id: str) -> str:
     return OWNER.volume(cluster_id)
 
+
 IMAGE = "localhost/gpuyard/busybox:latest"
 
 

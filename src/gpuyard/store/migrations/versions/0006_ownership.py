@@ -34,9 +34,7 @@ def upgrade() -> None:
         sa.column("uuid", sa.String()),
         sa.column("created_at", sa.DateTime()),
     )
-    op.execute(
-        installation.insert().values(id=1, uuid=str(uuid.uuid4()), created_at=sa.func.now())
-    )
+    op.execute(installation.insert().values(id=1, uuid=str(uuid.uuid4()), created_at=sa.func.now()))
     with op.batch_alter_table("hosts") as batch:
         batch.add_column(sa.Column("machine_id", sa.String(64), nullable=True))
         batch.add_column(
