@@ -100,10 +100,10 @@ def last_exit(c: Cluster) -> dict[str, Any] | None:
     its exit code (null: it disappeared), when that was seen, when it was restarted."""
     if c.last_exit_code is None and not c.recent_failures and c.last_restart_at is None:
         return None
-    seen = c.recent_failures[-1] if c.recent_failures else None
+    seen = datetime.fromisoformat(str(c.recent_failures[-1])) if c.recent_failures else None
     return {
         "exit_code": c.last_exit_code,
-        "seen_at": str(seen) if seen else None,
+        "seen_at": iso(seen),
         "restarted_at": iso(c.last_restart_at),
         "next_restart_at": iso(c.next_restart_at),
     }
