@@ -114,3 +114,14 @@ async def _one(lane: ReadLane) -> str:
 def test_a_lane_needs_a_thread() -> None:
     with pytest.raises(ValueError):
         ReadLane(threads=0)
+
+
+def test_quick_reads_share_one_thread() -> None:
+    """More threads only fight over the GIL: quick reads never start a second one."""
+    lane = ReadLane(threads=4, stall_s=5.0)
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(*(lane.run(int, str(n)) for n in range(50))))
+
+    assert asyncio.run(main()) == list(range(50))
+    assert lane.threads == 1
