@@ -143,7 +143,10 @@ class ReadLane:
         spawn = recheck = False
         with self._lock:
             waiting = self._pending > self._idle and self._threads < self._size
-            stalled = all(now - t >= self._stall_s for t in self._busy_since.values())
+            # Every live thread is on a job, and has been for stall_s.
+            stalled = len(self._busy_since) == self._threads and all(
+                now - t >= self._stall_s for t in self._busy_since.values()
+            )
             if waiting and (self._threads == 0 or stalled):
                 self._threads += 1
                 self._idle += 1
