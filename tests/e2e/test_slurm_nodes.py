@@ -287,7 +287,14 @@ def test_derived_image_carries_marker(cluster: Cluster) -> None:
     derive_image(SLURM_IMAGE, name, "v2", runtime_cli="podman")
     client = docker.DockerClient(base_url=cluster.rt.base_url)
     try:
-        out = client.containers.run(name, ["cat", "/etc/gpuyard-image-version"], remove=True)
+        # Detached, then waited for: Podman 4.3's attach can miss the end of a container
+        # that exits at once, and a streaming run() then hangs.
+        probe = client.containers.run(name, ["cat", "/etc/gpuyard-image-version"], detach=True)
+        try:
+            probe.wait(timeout=60)
+            out = probe.logs(stdout=True, stderr=False)
+        finally:
+            probe.remove(force=True)
         assert out.decode().strip() == "v2"
         config = client.api.inspect_image(name)["Config"]
         assert config["Cmd"] == ["/usr/local/bin/gpuyard-node"]
