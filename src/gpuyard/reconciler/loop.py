@@ -235,14 +235,17 @@ class Reconciler:
         if host_id is None:
             return
         problem = self.runtime.capabilities().limits_problem
+        wanted = (problem is None, problem)
+        with self.ctx.read() as session:
+            shown = session.execute(
+                select(Host.enforces_limits, Host.limits_note).where(Host.id == host_id)
+            ).one_or_none()
+        if shown is None or tuple(shown) == wanted:
+            return  # the usual case: no write transaction every observe pass
         with self.ctx.transaction() as session:
             host = session.get(Host, host_id)
-            if host is not None and (host.enforces_limits, host.limits_note) != (
-                problem is None,
-                problem,
-            ):
-                host.enforces_limits = problem is None
-                host.limits_note = problem
+            if host is not None:
+                host.enforces_limits, host.limits_note = wanted
 
     def scan_volumes(self) -> None:
         """Quarantine unknown volumes of ours; delete those past their retention."""
