@@ -17,6 +17,8 @@ from dataclasses import dataclass
 LABEL_MANAGED = "gpuyard.managed"
 LABEL_INSTALLATION = "gpuyard.installation"
 LABEL_CLUSTER = "gpuyard.cluster_id"
+# On an account network: the account whose clusters it connects.
+LABEL_ACCOUNT = "gpuyard.account_id"
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -69,6 +71,17 @@ class Ownership:
 
     def training_prefix(self, training_cluster_id: int) -> str:
         return f"{self.prefix}-tc{training_cluster_id}"
+
+    def account_network(self, account_id: int) -> str:
+        """The private network every cluster of ``account_id`` joins: one per account
+        and installation, with no route to any other account's network."""
+        if isinstance(account_id, bool) or not isinstance(account_id, int) or account_id < 0:
+            raise ValueError(f"account id must be a non-negative integer: {account_id!r}")
+        return f"{self.prefix}-net-a{account_id}"
+
+    def account_network_labels(self, account_id: int) -> dict[str, str]:
+        """The labels of :meth:`account_network`: ours, plus the account's id."""
+        return {**self.labels(), LABEL_ACCOUNT: str(account_id)}
 
 
 def legacy_container_name(cluster_id: str) -> str:

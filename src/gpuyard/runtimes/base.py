@@ -14,9 +14,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
-from gpuyard.core.ownership import LABEL_CLUSTER, LABEL_INSTALLATION, LABEL_MANAGED, Ownership
+from gpuyard.core.ownership import (
+    LABEL_ACCOUNT,
+    LABEL_CLUSTER,
+    LABEL_INSTALLATION,
+    LABEL_MANAGED,
+    Ownership,
+)
 
-__all__ = ["LABEL_CLUSTER", "LABEL_INSTALLATION", "LABEL_MANAGED"]
+__all__ = ["LABEL_ACCOUNT", "LABEL_CLUSTER", "LABEL_INSTALLATION", "LABEL_MANAGED"]
 
 # Who reads a container's CPU%: each has its own sampling window (see Runtime.stats).
 StatsConsumer = Literal["view", "idle"]
@@ -55,6 +61,11 @@ class ContainerSpec:
     # A container of this cluster made before installation ids (unlabelled by any
     # installation), to be removed before this one is created; None: there is none.
     replaces: str | None = None
+    # The account the cluster belongs to: its container joins that account's private
+    # network (Ownership.account_network), created on demand, with no route to other
+    # accounts' networks. None: the engine's default network, shared with everything
+    # else on it — only for callers with no account (benchmarks); clusters have one.
+    account_id: int | None = None
 
 
 @dataclass(frozen=True)

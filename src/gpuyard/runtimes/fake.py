@@ -5,6 +5,10 @@ the cluster id, RuntimeFailure on misuse) with every state change immediate, so 
 need no waiting. Volumes carry a dict of "files" so a test can check that data survives
 stop/start and disappears on terminate; the container disk (``FakeContainer.disk``) is
 dropped with the container, as a real engine does on stop.
+
+Networks follow the isolation contract of the real runtime: a cluster with an account
+joins that account's network (created on its first create), and :meth:`FakeRuntime.can_reach`
+answers whether one cluster's container could open a connection to another's.
 """
 
 from __future__ import annotations
@@ -41,6 +45,13 @@ class FakeContainer:
 
 
 @dataclass
+class FakeNetwork:
+    name: str
+    owner: str
+    account_id: int
+
+
+@dataclass
 class FakeVolume:
     name: str
     files: dict[str, str] = field(default_factory=dict)
@@ -70,6 +81,7 @@ class FakeRuntime:
         self._lock = threading.Lock()
         self.containers: dict[str, FakeContainer] = {}
         self.volumes: dict[str, FakeVolume] = {}
+        self.networks: dict[str, FakeNetwork] = {}
         self.images: set[str] = set(images or ())
         self.pullable = pullable
         self.fail_images: dict[str, str] = {}
@@ -94,6 +106,7 @@ class FakeRuntime:
         other._lock = self._lock
         other.containers = self.containers
         other.volumes = self.volumes
+        other.networks = self.networks
         other.images = self.images
         return other
 
@@ -139,6 +152,26 @@ class FakeRuntime:
             else:
                 c.disk[path] = content
 
+    def network_of(self, cluster_id: str) -> str | None:
+        """The network the cluster's container is on (None: the engine's default)."""
+        with self._lock:
+            c = self.containers[cluster_id]
+            owner = Ownership(c.owner) if c.owner else None
+            if owner is None or c.spec.account_id is None:
+                return None
+            return owner.account_network(c.spec.account_id)
+
+    def can_reach(self, source: str, target: str) -> bool:
+        """Whether cluster ``source``'s container could connect to ``target``'s: both
+        running and on the same network (networks have no routes between them)."""
+        with self._lock:
+            a, b = self.containers.get(source), self.containers.get(target)
+            if a is None or b is None:
+                return False
+            if ContainerState.RUNNING not in (a.state, b.state) or a.state != b.state:
+                return False
+        return self.network_of(source) == self.network_of(target)
+
     # -- internals -------------------------------------------------------------------
 
     def _enter(self, op: str) -> None:
@@ -149,6 +182,19 @@ class FakeRuntime:
         msg = self.fail_next.pop(op, None)
         if msg is not None:
             raise RuntimeFailure(msg)
+
+    def _ensure_network(self, account_id: int) -> None:
+        """The account's network, made if missing. Caller holds the lock."""
+        owner = self.owner
+        assert owner is not None  # _owner_id() checked it
+        name = owner.account_network(account_id)
+        network = self.networks.setdefault(
+            name, FakeNetwork(name, owner=owner.installation_id, account_id=account_id)
+        )
+        if network.owner != owner.installation_id:
+            raise RuntimeFailure(
+                f"network {name} exists but does not belong to this installation; left alone"
+            )
 
     def _timestamp(self) -> str:
         self._tick += 1
@@ -216,6 +262,8 @@ class FakeRuntime:
                     spec.volume_name,
                     FakeVolume(spec.volume_name, owner=owner, cluster_id=spec.cluster_id),
                 )
+            if spec.account_id is not None:
+                self._ensure_network(spec.account_id)
             self._seq += 1
             cid = f"fake{self._seq:060d}"
             # Replacing drops the old container and its disk, as a real engine does.
