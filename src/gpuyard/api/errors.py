@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuyard.api.envelope import error_body, error_response
 from gpuyard.core.errors import GpuyardError
@@ -62,7 +63,45 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     )
 
 
+class UnexpectedErrors:
+    """ASGI middleware: an exception no handler took becomes the 500 envelope here,
+    and is not raised further. Starlette's outermost error middleware would answer the
+    same body but then re-raise, and uvicorn closes the connection of a request whose
+    app raised: the client's next request on that keep-alive connection would fail."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            if started:
+                raise  # half an answer is out: only closing the connection is honest
+            log.exception("unhandled error")
+            response = JSONResponse(
+                error_body("INTERNAL_ERROR", "internal error; see the server log"),
+                status_code=500,
+            )
+            await response(scope, receive, send)
+
+
 def install(app: FastAPI) -> None:
+    # Innermost of the middlewares (install runs before the others are added): it
+    # wraps routing and every handler.
+    app.add_middleware(UnexpectedErrors)
+
     @app.exception_handler(GpuyardError)
     async def _domain(_: Request, exc: GpuyardError) -> JSONResponse:
         if exc.http_status >= 500:

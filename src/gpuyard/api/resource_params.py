@@ -1,45 +1,36 @@
-"""Parameters shared by the training-resource routers: path ids, ``project_id`` and
-``active_iam`` query parameters, each rejected with a 400 naming it when malformed."""
+"""Parameters shared by the training-resource routers: path ids, the ``project_id``
+and ``active_iam`` query parameters, each rejected with a 400 naming it when malformed
+or out of the store's id range."""
 
 from __future__ import annotations
-
-import re
 
 from fastapi import Request
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.input_rules import parse_id
 from gpuyard.services.auth import Principal
 from gpuyard.services.projects import (
     ProjectRef,
     ResourceScope,
     acting_account,
-    parse_int,
     project_of_ref,
     resource_scope,
 )
-from gpuyard.services.requests import MAX_ID
 from gpuyard.store.schema import Project
-
-# Plain decimal digits: int() would also take " 7", "7_0" or non-ASCII digits.
-_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 
 
 def path_id(name: str, value: str) -> int:
-    """An integer id from the path. Raises ValidationFailed(name) when it is not one;
-    an id beyond the store's range is returned as is and then matches nothing (404)."""
-    if not _DIGITS.fullmatch(value):
-        raise ValidationFailed(name, f"{value[:40]!r} is not an integer id")
-    # Far beyond any id either way; int() would refuse thousands of digits.
-    return int(value) if len(value) <= 20 else MAX_ID + 1
+    """An integer id from the path, 1..MAX_DB_ID. Raises ValidationFailed(name) for
+    anything else (routes typed with api/path_ids.py's ``IdPath`` need none of this)."""
+    number = parse_id(name, value, required=True)
+    assert number is not None
+    return number
 
 
 def query_id(request: Request, name: str) -> int | None:
-    """An optional integer id from the query string; None when absent."""
-    value = parse_int(name, request.query_params.get(name), required=False)
-    if value is not None and not 1 <= value <= MAX_ID:
-        raise ValidationFailed(name, f"must be between 1 and {MAX_ID}")
-    return value
+    """An optional integer id from the query string, 1..MAX_DB_ID; None when absent.
+    Raises ValidationFailed(name) for anything else (path ids are api/path_ids.py's)."""
+    return parse_id(name, request.query_params.get(name))
 
 
 def project_ref(request: Request) -> ProjectRef:

@@ -14,10 +14,12 @@ from pydantic import (
     StrictStr,
     WithJsonSchema,
     create_model,
+    field_validator,
     model_validator,
 )
 
 from gpuyard.api.schemas import Meta
+from gpuyard.core.input_rules import check_name, check_text
 from gpuyard.core.text import refuse_nul
 
 
@@ -35,16 +37,26 @@ class _In(BaseModel):
 
 
 # -- request bodies -----------------------------------------------------------------
+# Names refuse control and bidirectional-text characters; descriptions may also hold
+# tabs and line breaks (core/input_rules.py).
+
+
+def _optional_text(value: str | None) -> str | None:
+    return None if value is None else check_text(value)
 
 
 class CreateProject(_In):
     name: StrictStr
+
+    _name = field_validator("name")(check_name)
 
 
 class AddSshKey(_In):
     name: StrictStr
     # One OpenSSH public key line: "ssh-ed25519 AAAA... comment".
     public_key: StrictStr
+
+    _name = field_validator("name")(check_name)
 
 
 class RegisterImage(_In):
@@ -53,6 +65,9 @@ class RegisterImage(_In):
     # An image reference the container engine can run.
     image: StrictStr
     description: StrictStr | None = None
+
+    _names = field_validator("name", "version")(check_name)
+    _description = field_validator("description")(_optional_text)
 
 
 class RuleIn(_In):
@@ -69,6 +84,9 @@ class SecurityGroupIn(_In):
     name: StrictStr
     description: StrictStr | None = None
     rules: list[RuleIn]
+
+    _name = field_validator("name")(check_name)
+    _description = field_validator("description")(_optional_text)
 
 
 # -- responses ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from gpuyard.core import training as domain
 from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.input_rules import check_name
 from gpuyard.core.training import Action
 from gpuyard.services.resource_util import id_list, one_id
 
@@ -79,6 +80,10 @@ def _name(body: Mapping[str, object]) -> str:
         raise ValidationFailed("name", "is required and must be a non-empty string")
     if len(value) > MAX_NAME_CHARS:
         raise ValidationFailed("name", f"must be at most {MAX_NAME_CHARS} characters")
+    try:
+        check_name(value)
+    except ValueError as exc:
+        raise ValidationFailed("name", str(exc)) from None
     return value.strip()
 
 
