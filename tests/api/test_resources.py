@@ -273,8 +273,9 @@ def test_ssh_keys_crud_and_isolation(srv: LiveServer) -> None:
         assert [k["id"] for k in listed] == [kid]
         err(c.get("/v1/ssh-keys/abc"), 400, "VALIDATION_ERROR", "ssh_key_id")
         err(c.get("/v1/ssh-keys/1.5"), 400, "VALIDATION_ERROR", "ssh_key_id")
-        err(c.get("/v1/ssh-keys/99999999999999999999"), 404, "SSH_KEY_NOT_FOUND")
-        err(c.get("/v1/ssh-keys/0"), 404, "SSH_KEY_NOT_FOUND")
+        # Ids are 1..MAX_ID (OpenAPI says so): anything else is refused, never looked up.
+        err(c.get("/v1/ssh-keys/99999999999999999999"), 400, "VALIDATION_ERROR", "ssh_key_id")
+        err(c.get("/v1/ssh-keys/0"), 400, "VALIDATION_ERROR", "ssh_key_id")
     bob = new_account(srv, "bob@example.com")
     with srv.client(bob.key) as c:
         assert c.get("/v1/ssh-keys").json()["data"]["ssh_keys"] == []

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gpuyard import __version__
-from gpuyard.api import billing, catalog, clusters, errors, training
+from gpuyard.api import billing, catalog, clusters, errors, method_not_allowed, training
 from gpuyard.api import images as images_api
 from gpuyard.api import metrics as metrics_api
 from gpuyard.api import orphans as orphans_api
@@ -20,9 +20,11 @@ from gpuyard.api import projects as projects_api
 from gpuyard.api import reserved_ips as reserved_ips_api
 from gpuyard.api import security_groups as security_groups_api
 from gpuyard.api import ssh_keys as ssh_keys_api
+from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
 from gpuyard.api.nul_guard import NulGuard
+from gpuyard.api.rate_limit import RateLimit, RateLimiter, RateLimits, seconds_of
 from gpuyard.api.state import AppState
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
@@ -56,11 +58,13 @@ def build_server(
     engine_url: str | None = None,
     run_reconciler: bool = True,
     training_operator: Callable[[Context, WorkQueue], TrainingOperator] | None = None,
+    rate_limit_clock: Clock | None = None,
 ) -> Server:
     """Migrate the store, seed it, register the local host and assemble the app.
 
     The reconciler thread starts with the app (lifespan) when ``run_reconciler``;
     it also runs one pass at start so work left by a crash resumes at once.
+    ``rate_limit_clock`` (tests): the rate limiter's time instead of monotonic time.
     """
     engine, sessions = open_store(settings)
     with sessions.begin() as session:
@@ -112,12 +116,22 @@ def build_server(
     )
     app.state.gpuyard = AppState(ctx=ctx, runtime=runtime, training=operator)
     errors.install(app)
+    method_not_allowed.install(app)
     app.add_middleware(ClusterReadFastPath)
     # Ahead of the fast path and routing: no NUL in a path or query reaches a query.
     app.add_middleware(NulGuard)
+    # Ahead of routing and every body read: an oversize body is refused unread (413).
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # Ahead of everything that does work (the fast path, body reads, routing); its
+    # buckets' clock is monotonic time unless a test injects one.
+    limits = RateLimits.from_settings(settings)
+    if limits.enabled:
+        limiter = RateLimiter(limits, seconds_of(rate_limit_clock) if rate_limit_clock else None)
+        app.state.rate_limiter = limiter
+        app.add_middleware(RateLimit, limiter=limiter)
     # Metrics: added last, so its latency middleware is outermost and times the fast path.
     metrics = Metrics(ctx)
-    metrics_api.install(app, metrics)
+    metrics_api.install(app, metrics, settings)
     reconciler.on_pass = metrics.observe_pass
     fired_hook = reconciler.autoterm.on_fire
 
@@ -137,7 +151,9 @@ def build_server(
     app.include_router(reserved_ips_api.router)
     app.include_router(security_groups_api.router)
     app.include_router(orphans_api.router)
-    app.include_router(graphql_router())
+    # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
+    # schema cannot say which query strings are valid, so OpenAPI leaves it out.
+    app.include_router(graphql_router(), include_in_schema=False)
     app.include_router(training.router)
 
     @app.get("/healthz", tags=["meta"])

@@ -9,11 +9,13 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api import schemas
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.envelope import ok
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.api.views import iso
 from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.input_rules import parse_id
 from gpuyard.core.ledger import METERS, MICRO
 from gpuyard.services import metering
 from gpuyard.services.auth import Principal
@@ -36,12 +38,8 @@ def parse_time(field: str, value: str | None, default: datetime) -> datetime:
 
 
 def parse_project(value: str | None) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise ValidationFailed("project_id", f"{value!r} is not an integer project id") from exc
+    """An optional project id, 1..MAX_DB_ID (a larger one would reach the store)."""
+    return parse_id("project_id", value)
 
 
 def parse_group_by(value: str | None) -> metering.GroupBy:

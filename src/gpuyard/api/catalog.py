@@ -7,8 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.envelope import ok
 from gpuyard.api.host_schemas import HostListEnvelope
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.placement import AllocationRatios, free_resources

@@ -19,8 +19,21 @@ DESCRIPTION = (
 )
 
 # Declared as a plain optional string: the service validates it (services/idempotency.py)
-# so a bad key is answered in each surface's own envelope.
-IdempotencyKeyHeader = Annotated[str | None, Header(alias=HEADER, description=DESCRIPTION)]
+# so a bad key is answered in each surface's own envelope. OpenAPI still states the rule
+# (json_schema_extra documents without validating); HTTP strips a value's outer blanks,
+# so the pattern keeps them out.
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias=HEADER,
+        description=DESCRIPTION,
+        json_schema_extra={
+            "minLength": 1,
+            "maxLength": MAX_KEY_LENGTH,
+            "pattern": f"^[!-~]([ -~]{{0,{MAX_KEY_LENGTH - 2}}}[!-~])?$",
+        },
+    ),
+]
 
 # Set on an answer that replays an earlier request's resource.
 REPLAYED_HEADER = "Idempotent-Replayed"

@@ -6,14 +6,17 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from gpuyard.api import resource_schemas as rs
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
-from gpuyard.api.resource_params import path_id
+from gpuyard.api.envelope import ok
+from gpuyard.api.json_body import OffLoopJsonRoute
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
+from gpuyard.api.path_ids import IdPath
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services import images
 from gpuyard.services.auth import Principal, Scope
 
-router = APIRouter(tags=["images"], responses=ERROR_RESPONSES)
+# JSON bodies above a few KiB are parsed off the event loop (api/json_body.py).
+router = APIRouter(tags=["images"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
 
 @router.get("/v1/images", responses=documented(rs.ImageListEnvelope))
@@ -32,16 +35,24 @@ def register_image(
     """Register an image version (admin scope). An image reference is registered
     once: a second registration is 409 IMAGE_EXISTS."""
     principal.require(Scope.ADMIN)
-    with app_state(request).ctx.transaction() as session:
-        row = images.register_image(session, body.name, body.version, body.image, body.description)
+    ctx = app_state(request).ctx
+    with ctx.transaction() as session:
+        row = images.register_image(
+            session,
+            body.name,
+            body.version,
+            body.image,
+            body.description,
+            registries=ctx.settings.registry_policy,
+        )
         data = images.image_view(row)
     return ok(data, status_code=201)
 
 
 @router.get("/v1/images/{image_version_id}", responses=documented(rs.ImageEnvelope))
 def get_image(
-    image_version_id: str, request: Request, principal: Principal = Depends(current_principal)
+    image_version_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    wanted = path_id("image_version_id", image_version_id)
+    wanted = image_version_id
     with app_state(request).ctx.read() as session:
         return ok(images.image_view(images.find_image(session, wanted)))

@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
-from gpuyard.api.resource_params import path_id
+from gpuyard.api.envelope import ok
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
+from gpuyard.api.path_ids import IdPath
 from gpuyard.api.schemas import Meta, documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services import orphans
@@ -72,12 +73,12 @@ async def list_orphans(
 
 @router.delete("/v1/orphans/{orphan_id}", responses=documented(OrphanEnvelope))
 async def delete_orphan(
-    orphan_id: str, request: Request, principal: Principal = Depends(current_principal)
+    orphan_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """Delete a quarantined volume now, with its data. Admin. 404 for an unknown id,
     409 when the engine refuses or a cluster owns the volume again."""
     principal.require(Scope.ADMIN)
     state = app_state(request)
-    oid = path_id("orphan_id", orphan_id)
+    oid = orphan_id
     row = await run_in_threadpool(orphans.delete_orphan, state.ctx, state.runtime, oid)
     return ok(row)

@@ -6,7 +6,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from gpuyard.api import resource_schemas as rs
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.envelope import ok
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services.auth import Principal

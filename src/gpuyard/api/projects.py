@@ -8,7 +8,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from gpuyard.api import resource_schemas as rs
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
+from gpuyard.api.envelope import ok
+from gpuyard.api.json_body import OffLoopJsonRoute
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.resource_params import query_id
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
@@ -17,7 +19,8 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.resource_util import iso
 from gpuyard.store.schema import Project
 
-router = APIRouter(tags=["projects"], responses=ERROR_RESPONSES)
+# JSON bodies above a few KiB are parsed off the event loop (api/json_body.py).
+router = APIRouter(tags=["projects"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
 
 def project_view(p: Project) -> dict[str, Any]:

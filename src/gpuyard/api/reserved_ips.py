@@ -7,8 +7,10 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api import resource_schemas as rs
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
-from gpuyard.api.resource_params import path_id, project_of, query_id, scope_of
+from gpuyard.api.envelope import ok
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
+from gpuyard.api.path_ids import IdPath
+from gpuyard.api.resource_params import project_of, query_id, scope_of
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.errors import ValidationFailed
@@ -54,9 +56,9 @@ async def allocate_ip(
 
 @router.get("/v1/reserved-ips/{reserved_ip_id}", responses=documented(rs.ReservedIpEnvelope))
 def get_ip(
-    reserved_ip_id: str, request: Request, principal: Principal = Depends(current_principal)
+    reserved_ip_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    wanted = path_id("reserved_ip_id", reserved_ip_id)
+    wanted = reserved_ip_id
     with app_state(request).ctx.read() as session:
         scope = scope_of(session, principal, request)
         row = reserved_ips.find_reserved_ip(session, scope.account_id, wanted, scope.project_id)
@@ -65,12 +67,12 @@ def get_ip(
 
 @router.delete("/v1/reserved-ips/{reserved_ip_id}", responses=documented(rs.DeletedEnvelope))
 def release_ip(
-    reserved_ip_id: str, request: Request, principal: Principal = Depends(current_principal)
+    reserved_ip_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """Release an address back to the pool; one attached to a training cluster is
     409 INVALID_STATE (detach it first)."""
     principal.require_write()
-    wanted = path_id("reserved_ip_id", reserved_ip_id)
+    wanted = reserved_ip_id
     with app_state(request).ctx.transaction() as session:
         scope = scope_of(session, principal, request)
         reserved_ips.release_reserved_ip(session, scope.account_id, wanted, scope.project_id)

@@ -6,16 +6,20 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from gpuyard.api import resource_schemas as rs
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
-from gpuyard.api.resource_params import path_id, project_ref
+from gpuyard.api.envelope import ok
+from gpuyard.api.json_body import OffLoopJsonRoute
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
+from gpuyard.api.path_ids import IdPath
+from gpuyard.api.resource_params import project_ref
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services import security_groups as sg
 from gpuyard.services.auth import Principal
 
-router = APIRouter(tags=["security-groups"], responses=ERROR_RESPONSES)
-
-_ID = "security_group_id"
+# JSON bodies above a few KiB are parsed off the event loop (api/json_body.py).
+router = APIRouter(
+    tags=["security-groups"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute
+)
 
 
 def _rules(body: rs.SecurityGroupIn) -> list[dict[str, object]]:
@@ -56,9 +60,9 @@ def create_group(
     "/v1/security-groups/{security_group_id}", responses=documented(rs.SecurityGroupEnvelope)
 )
 def get_group(
-    security_group_id: str, request: Request, principal: Principal = Depends(current_principal)
+    security_group_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    wanted = path_id(_ID, security_group_id)
+    wanted = security_group_id
     row = sg.show_group(app_state(request).ctx, principal, wanted, project_ref(request))
     return ok(sg.group_view(row))
 
@@ -67,7 +71,7 @@ def get_group(
     "/v1/security-groups/{security_group_id}", responses=documented(rs.SecurityGroupEnvelope)
 )
 def replace_group(
-    security_group_id: str,
+    security_group_id: IdPath,
     body: rs.SecurityGroupIn,
     request: Request,
     principal: Principal = Depends(current_principal),
@@ -75,7 +79,7 @@ def replace_group(
     """Replace the name, description (absent: empty) and rules. Training clusters that
     attach the group enforce the new rules from then on."""
     principal.require_write()
-    wanted = path_id(_ID, security_group_id)
+    wanted = security_group_id
     row = sg.update_group(
         app_state(request).ctx,
         principal,
@@ -90,10 +94,10 @@ def replace_group(
 
 @router.delete("/v1/security-groups/{security_group_id}", responses=documented(rs.DeletedEnvelope))
 def delete_group(
-    security_group_id: str, request: Request, principal: Principal = Depends(current_principal)
+    security_group_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """Delete a group; one attached to a live training cluster is 409 INVALID_STATE."""
     principal.require_write()
-    wanted = path_id(_ID, security_group_id)
+    wanted = security_group_id
     sg.remove_group(app_state(request).ctx, principal, wanted, project_ref(request))
     return ok({"id": wanted, "deleted": True})

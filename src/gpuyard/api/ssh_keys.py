@@ -6,14 +6,18 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from gpuyard.api import resource_schemas as rs
-from gpuyard.api.envelope import ERROR_RESPONSES, ok
-from gpuyard.api.resource_params import account_of, path_id
+from gpuyard.api.envelope import ok
+from gpuyard.api.json_body import OffLoopJsonRoute
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
+from gpuyard.api.path_ids import IdPath
+from gpuyard.api.resource_params import account_of
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services import ssh_keys
 from gpuyard.services.auth import Principal
 
-router = APIRouter(tags=["ssh-keys"], responses=ERROR_RESPONSES)
+# JSON bodies above a few KiB are parsed off the event loop (api/json_body.py).
+router = APIRouter(tags=["ssh-keys"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
 
 @router.get("/v1/ssh-keys", responses=documented(rs.SshKeyListEnvelope))
@@ -41,9 +45,9 @@ def add_key(
 
 @router.get("/v1/ssh-keys/{ssh_key_id}", responses=documented(rs.SshKeyEnvelope))
 def get_key(
-    ssh_key_id: str, request: Request, principal: Principal = Depends(current_principal)
+    ssh_key_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    key_id = path_id("ssh_key_id", ssh_key_id)
+    key_id = ssh_key_id
     with app_state(request).ctx.read() as session:
         row = ssh_keys.get_key(session, account_of(session, principal, request), key_id)
         return ok(ssh_keys.ssh_key_view(row))
@@ -51,12 +55,12 @@ def get_key(
 
 @router.delete("/v1/ssh-keys/{ssh_key_id}", responses=documented(rs.DeletedEnvelope))
 def delete_key(
-    ssh_key_id: str, request: Request, principal: Principal = Depends(current_principal)
+    ssh_key_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """Delete a key. Training clusters that authorised it keep it on their nodes
     until their keys are next replaced (``update_ssh_keys``)."""
     principal.require_write()
-    key_id = path_id("ssh_key_id", ssh_key_id)
+    key_id = ssh_key_id
     with app_state(request).ctx.transaction() as session:
         ssh_keys.delete_key(session, account_of(session, principal, request), key_id)
     return ok({"id": key_id, "deleted": True})

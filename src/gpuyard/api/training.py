@@ -19,13 +19,16 @@ from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api import views
 from gpuyard.api.idempotency import IdempotencyKeyHeader
+from gpuyard.api.json_body import loads
 from gpuyard.api.state import AppState, app_state, key_from_request
+from gpuyard.api.training_openapi import ACTION_BODY, CREATE_BODY, operation
 from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
 from gpuyard.core.text import nul_path
 from gpuyard.services import idempotency as idem
 from gpuyard.services import training
 from gpuyard.services.auth import Principal
 from gpuyard.services.projects import parse_int
+from gpuyard.services.requests import MAX_ID
 from gpuyard.services.reserved_ips import reserved_ip_view
 from gpuyard.services.training_inputs import parse_action_request, parse_cluster_spec
 from gpuyard.services.training_reads import PartitionProbe, show_cluster, show_clusters
@@ -33,7 +36,12 @@ from gpuyard.services.training_reads import PartitionProbe, show_cluster, show_c
 log = logging.getLogger(__name__)
 
 BASE = "/distributed_jobs_v2/cluster"
-router = APIRouter(tags=["training clusters (seed 002)"])
+# Declared here so FastAPI does not document its own 422 shape; each route's
+# openapi_extra (api/training_openapi.py) gives the real one.
+router = APIRouter(
+    tags=["training clusters (seed 002)"],
+    responses={422: {"description": "IDEMPOTENCY_KEY_REUSED"}},
+)
 
 
 def envelope(code: int, data: Any, message: str, errors: Any = None) -> JSONResponse:
@@ -50,25 +58,48 @@ def error_envelope(exc: GpuyardError) -> JSONResponse:
     return envelope(exc.http_status, {}, exc.message, errors)
 
 
+def _query_id(request: Request, name: str, *, required: bool) -> int | None:
+    value = parse_int(name, request.query_params.get(name), required=required)
+    if value is not None and not 1 <= value <= MAX_ID:
+        raise ValidationFailed(name, f"must be between 1 and {MAX_ID}")
+    return value
+
+
 def _scope(request: Request) -> training.Scope:
-    q = request.query_params
-    project_id = parse_int("project_id", q.get("project_id"), required=True)
-    location = q.get("location")
+    """``project_id``, ``location`` and ``active_iam`` as api/training_openapi.py
+    declares them. Raises ValidationFailed naming the parameter."""
+    project_id = _query_id(request, "project_id", required=True)
+    location = request.query_params.get("location")
     if not location:
         raise ValidationFailed("location", "is required (GET /v1/locations lists them)")
-    active_iam = parse_int("active_iam", q.get("active_iam"), required=False)
+    active_iam = _query_id(request, "active_iam", required=False)
     assert project_id is not None
     return training.Scope(project_id=project_id, location=location, active_iam=active_iam)
 
 
-def _cluster_id(raw: str) -> int:
-    if not raw.isdigit() or not raw.isascii() or len(raw) > 12:
-        raise ValidationFailed("Cluster_Id", f"{raw[:40]!r} is not an integer cluster id")
+def _cluster_id(request: Request) -> int:
+    """The path's ``Cluster_Id``: plain ASCII digits, 1..MAX_ID (as OpenAPI says)."""
+    raw: str = request.path_params["Cluster_Id"]
+    if not raw.isdigit() or not raw.isascii() or len(raw) > 10 or not 1 <= int(raw) <= MAX_ID:
+        raise ValidationFailed(
+            "Cluster_Id", f"{raw[:40]!r} is not an integer cluster id (1..{MAX_ID})"
+        )
     return int(raw)
 
 
 # Far above any real body (a lifecycle script is at most 64 KiB): parsing stays cheap.
 MAX_BODY_BYTES = 256 * 1024
+
+
+def _integral(value: Any) -> Any:
+    """``274.0`` as ``274``: JSON has one number type and JSON Schema counts an integral
+    number as an integer, so does this surface (its ids and counts are the body's own
+    values or items of its own lists; nothing deeper holds a number)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [int(v) if isinstance(v, float) and v.is_integer() else v for v in value]
+    return value
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -78,13 +109,14 @@ async def _body(request: Request) -> dict[str, Any]:
     if not raw:
         raise ValidationFailed("body", "a JSON object is required")
     try:
-        body = json.loads(raw)
+        body = await loads(raw)  # off the event loop when large
         # Lone surrogates ("\ud800") parse but cannot be stored or encoded.
         json.dumps(body, ensure_ascii=False).encode()
     except (ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
         raise ValidationFailed("body", "request body is not valid JSON text") from exc
     if not isinstance(body, dict):
         raise ValidationFailed("body", "must be a JSON object")
+    body = {name: _integral(value) for name, value in body.items()}
     where = nul_path(body)
     if where is not None:
         raise ValidationFailed(where or "body", "must not contain NUL (\\u0000) characters")
@@ -123,7 +155,7 @@ def _view(state: AppState, principal: Principal, scope: training.Scope, cluster_
     return show_cluster(state.ctx, principal, scope, cluster_id, _partition(state))
 
 
-@router.post(BASE + "/")
+@router.post(BASE + "/", status_code=201, openapi_extra=operation(with_id=False, body=CREATE_BODY))
 @router.post(BASE, include_in_schema=False)
 async def create_training_cluster(
     request: Request, idempotency_key: IdempotencyKeyHeader = None
@@ -151,7 +183,7 @@ async def create_training_cluster(
     return await _handle(request, work, with_body=True)
 
 
-@router.get(BASE + "/")
+@router.get(BASE + "/", openapi_extra=operation(with_id=False))
 @router.get(BASE, include_in_schema=False)
 async def list_training_clusters(request: Request) -> JSONResponse:
     """Training clusters of ``project_id`` at ``location``."""
@@ -164,22 +196,22 @@ async def list_training_clusters(request: Request) -> JSONResponse:
     return await _handle(request, work)
 
 
-@router.get(BASE + "/{Cluster_Id}/")
+@router.get(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True))
 @router.get(BASE + "/{Cluster_Id}", include_in_schema=False)
-async def get_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:
+async def get_training_cluster(request: Request) -> JSONResponse:
     """One training cluster with its nodes, SSH entry and Slurm partition state."""
 
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        return 200, _view(state, p, scope, _cluster_id(Cluster_Id)), "Success"
+        return 200, _view(state, p, scope, _cluster_id(request)), "Success"
 
     return await _handle(request, work)
 
 
-@router.put(BASE + "/{Cluster_Id}/")
+@router.put(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True, body=ACTION_BODY))
 @router.put(BASE + "/{Cluster_Id}", include_in_schema=False)
-async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:
+async def act_on_training_cluster(request: Request) -> JSONResponse:
     """Seed 002's actions: update_ssh_keys, update_image, restart_workers,
     restart_cluster, scale_cluster, attach_ip, detach_ip, add_security_group,
     remove_security_group."""
@@ -187,7 +219,7 @@ async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        cluster_id = _cluster_id(Cluster_Id)
+        cluster_id = _cluster_id(request)
         p.require_write()  # a read-only key hears 403 before its body is judged
         action = parse_action_request(body)
         result = training.perform_action(state.ctx, p, scope, cluster_id, action)
@@ -203,30 +235,30 @@ async def act_on_training_cluster(request: Request, Cluster_Id: str) -> JSONResp
     return await _handle(request, work, with_body=True)
 
 
-@router.get(BASE + "/{Cluster_Id}/events/")
+@router.get(BASE + "/{Cluster_Id}/events/", openapi_extra=operation(with_id=True))
 @router.get(BASE + "/{Cluster_Id}/events", include_in_schema=False)
-async def training_cluster_events(request: Request, Cluster_Id: str) -> JSONResponse:
+async def training_cluster_events(request: Request) -> JSONResponse:
     """The cluster's status changes and why, oldest first (an operation's error too)."""
 
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        events = training.list_events(state.ctx, p, scope, _cluster_id(Cluster_Id))
+        events = training.list_events(state.ctx, p, scope, _cluster_id(request))
         return 200, [views.event(e) for e in events], "Success"
 
     return await _handle(request, work)
 
 
-@router.delete(BASE + "/{Cluster_Id}/")
+@router.delete(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True))
 @router.delete(BASE + "/{Cluster_Id}", include_in_schema=False)
-async def delete_training_cluster(request: Request, Cluster_Id: str) -> JSONResponse:
+async def delete_training_cluster(request: Request) -> JSONResponse:
     """Delete: every node container, the network, the Slurm state volume, the
     forwarders; capacity and reserved IPs are released."""
 
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        cluster_id = _cluster_id(Cluster_Id)
+        cluster_id = _cluster_id(request)
         # No operator (GPUYARD_TRAINING_ENABLED=false): nothing was ever built, so
         # what the cluster holds is released at once.
         no_operator = state.training is None

@@ -1,0 +1,129 @@
+"""Schemathesis checks the fuzz run (tests/api/test_fuzz.py) adds to its built-in ones,
+loaded as its hooks module (``SCHEMATHESIS_HOOKS=tests.api.fuzz_checks``).
+
+Why each exists:
+
+- ``rejection_names_a_semantic_field``. Some rules of a REST body cannot be written in
+  JSON Schema: they depend on the installation's data (a GPU type of the catalog, an
+  existing image, key, plan or location) or settings (the host port range, the registry
+  allow-list), or they parse text (an OpenSSH key, a CIDR). For the operations listed in
+  ``SEMANTIC_FIELDS`` the fuzz config lets ``positive_data_acceptance`` take a 400 (see
+  tests/api/fuzz/schemathesis.toml); this check then holds that 400 to naming one of the
+  fields listed for that operation, so any other schema-valid value refused is still a
+  failure. The creates taking an Idempotency-Key may answer 422, only as
+  IDEMPOTENCY_KEY_REUSED (the fuzzer reuses keys with other bodies).
+- ``graphql_errors_are_typed``. Schemathesis counts any resolver error without an
+  Apollo-style marker as a server error, but "cluster not found" is an answer, not a
+  failure. The GraphQL run replaces ``not_a_server_error`` and
+  ``positive_data_acceptance`` with this: no 5xx, no ``INTERNAL_ERROR`` (what the server
+  answers for a bug), and every error carries a code of the domain's typed errors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import schemathesis
+from schemathesis.core.transport import Response
+from schemathesis.generation.case import Case
+
+# (method, path template) -> field names (a prefix up to "." or "[") whose rules need
+# the store, the settings or a parser. Keep in step with the toml's operations.
+SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
+    # gpu_type: the catalog; docker_image: the registry allow-list setting; ports: the
+    # host port range setting; bid_per_gpu/interruptible: a bid needs a GPU type and
+    # must reach its spot floor (catalog prices); project_id: must exist.
+    ("POST", "/v1/clusters"): frozenset(
+        {"gpu_type", "docker_image", "ports", "bid_per_gpu", "interruptible", "project_id"}
+    ),
+    # A start may change ports (host port range setting) and the GPU type (catalog).
+    ("POST", "/v1/clusters/{cluster_id}/start"): frozenset(
+        {"port_mapping_updates", "update_configuration", "gpu_type"}
+    ),
+    ("POST", "/v2/clusters/{cluster_id}/start"): frozenset(
+        {"port_mapping_updates", "update_configuration", "gpu_type"}
+    ),
+    # The text of an OpenSSH public key is parsed and checked.
+    ("POST", "/v1/ssh-keys"): frozenset({"public_key"}),
+    # CIDRs and port ranges are parsed ("22", "8000-9000").
+    ("POST", "/v1/security-groups"): frozenset({"rules"}),
+    ("PUT", "/v1/security-groups/{security_group_id}"): frozenset({"rules"}),
+    # An image reference is parsed and held to the registry allow-list.
+    ("POST", "/v1/images"): frozenset({"image"}),
+    # Location, image, keys, plan, GPU type and group must exist in the installation.
+    ("POST", "/distributed_jobs_v2/cluster/"): frozenset(
+        {
+            "location",
+            "image_version_id",
+            "ssh_key_ids",
+            "sku_id",
+            "gpu_type",
+            "security_group_id",
+        }
+    ),
+}
+_ROOT = re.compile(r"[^.\[]+")
+
+
+def _field(body: Any) -> str | None:
+    """The field a 400 names, in the v1 envelope or seed 002's."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error") if "error" in body else body.get("errors")
+    if not isinstance(error, dict):
+        return None
+    field = error.get("field")
+    if field is None and isinstance(error.get("details"), dict):
+        field = error["details"].get("field")
+    return field if isinstance(field, str) else None
+
+
+def _code(body: Any) -> str | None:
+    """The error code of a v1 or seed 002 error body."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error") if "error" in body else body.get("errors")
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+@schemathesis.check
+def rejection_names_a_semantic_field(ctx: Any, response: Response, case: Case) -> None:
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive:
+        return
+    if response.status_code == 422:
+        code = _code(response.json())
+        if code != "IDEMPOTENCY_KEY_REUSED":
+            raise AssertionError(f"schema-valid request answered 422 {code}")
+        return
+    if response.status_code != 400:
+        return
+    allowed = SEMANTIC_FIELDS.get((case.method.upper(), case.path))
+    if allowed is None:
+        return  # positive_data_acceptance judges it, with 400 not allowed
+    field = _field(response.json())
+    root = _ROOT.match(field or "")
+    if root is None or root.group(0) not in allowed:
+        raise AssertionError(
+            f"schema-valid request refused for {field!r}, whose rule the schema could state "
+            f"(only {sorted(allowed)} may be refused for reasons outside it)"
+        )
+
+
+@schemathesis.check
+def graphql_errors_are_typed(ctx: Any, response: Response, case: Case) -> None:
+    if not case.operation.label.startswith(("Query.", "Mutation.")):
+        return  # a REST operation
+    if response.status_code >= 500:
+        raise AssertionError(f"server error {response.status_code}")
+    body = response.json()
+    errors = body.get("errors") if isinstance(body, dict) else None
+    for error in errors or []:
+        extensions = error.get("extensions") if isinstance(error, dict) else None
+        code = extensions.get("code") if isinstance(extensions, dict) else None
+        if code == "INTERNAL_ERROR":
+            raise AssertionError(f"internal error: {error}")
+        if not isinstance(code, str) or not code.isupper():
+            raise AssertionError(f"an error without a typed code: {error}")
