@@ -9,9 +9,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+from pydantic_core import PydanticCustomError
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ENV_VALUE = 32 * 1024
@@ -45,14 +53,57 @@ class PortSpec(StrictModel):
         return "udp" if self.protocol == "udp" else "tcp"
 
 
-class AutoTerminatePolicy(StrictModel):
-    """When a cluster should stop itself (enforced by reconciler/autoterminate.py)."""
+# Bounds of every auto-termination value, shared by every surface. Each is a finite
+# JSON number (not a boolean, not a string) greater than 0 and at most:
+IDLE_MINUTES_MAX = 525_600.0  # a year
+MAX_RUNTIME_HOURS_MAX = 8_760.0  # a year
+COST_LIMIT_USD_MAX = 1_000_000.0
 
-    enabled: bool = False
-    idle_minutes: float | None = Field(default=None, gt=0, le=525600)
-    cost_limit_usd: float | None = Field(default=None, gt=0)
-    max_runtime_hours: float | None = Field(default=None, gt=0, le=8760)
-    action: Literal["stop", "terminate"] = "stop"
+
+def _policy_bounds(maximum: float, unit: str) -> WrapValidator:
+    """One message naming both bounds, whatever was wrong (type, NaN, range)."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError(
+                "policy_bounds",
+                "must be a finite number greater than 0 and at most {maximum} ({unit})",
+                {"maximum": f"{maximum:,.0f}", "unit": unit},
+            ) from None
+
+    return WrapValidator(check)
+
+
+def _policy_number(maximum: float) -> Any:
+    return Field(gt=0, le=maximum, strict=True, allow_inf_nan=False)
+
+
+IdleMinutes = Annotated[
+    float, _policy_number(IDLE_MINUTES_MAX), _policy_bounds(IDLE_MINUTES_MAX, "minutes")
+]
+MaxRuntimeHours = Annotated[
+    float, _policy_number(MAX_RUNTIME_HOURS_MAX), _policy_bounds(MAX_RUNTIME_HOURS_MAX, "hours")
+]
+CostLimitUsd = Annotated[
+    float, _policy_number(COST_LIMIT_USD_MAX), _policy_bounds(COST_LIMIT_USD_MAX, "USD")
+]
+AutoTerminateAction = Literal["stop", "terminate"]
+
+
+class AutoTerminatePolicy(StrictModel):
+    """When a cluster should stop itself (enforced by reconciler/autoterminate.py).
+
+    Every value is bounded (the constants above) so no deadline can overflow and no
+    stored policy can break a reader; ``action`` is ``stop`` or ``terminate`` (null
+    is refused, not read as the default)."""
+
+    enabled: bool = Field(default=False, strict=True)
+    idle_minutes: IdleMinutes | None = None
+    cost_limit_usd: CostLimitUsd | None = None
+    max_runtime_hours: MaxRuntimeHours | None = None
+    action: AutoTerminateAction = "stop"
 
 
 def validate_env(env: dict[str, str]) -> dict[str, str]:

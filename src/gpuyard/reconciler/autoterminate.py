@@ -8,6 +8,11 @@ of its time — also for deadlines that passed while the server was down (the fi
 pass after start fires them). Idleness is sampled from the engine's stats and GPU
 utilisation every ``idle_sample_interval_s``; a cluster is idle when its CPU and
 every one of its GPUs are under their thresholds.
+
+One cluster never stops the watch of the others: a stored policy that does not
+validate is not enforced and is reported once (a log line and an ``auto_terminate``
+event on that cluster), and any error while reading, sampling or firing one cluster
+is caught, logged once and recorded on that cluster alone.
 """
 
 from __future__ import annotations
@@ -16,21 +21,28 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import cast
 
-from sqlalchemy import select
+from sqlalchemy import Connection, Select, select
 
-from gpuyard.core.autoterm import Deadline, Rule, deadlines, parse_policy, run_started_at
+from gpuyard.core.autoterm import (
+    Deadline,
+    Rule,
+    deadlines,
+    idle_deadline,
+    read_policy,
+    run_started_at,
+)
 from gpuyard.core.errors import Conflict, GpuyardError
-from gpuyard.core.models import AutoTerminatePolicy
+from gpuyard.core.models import AutoTerminatePolicy, GpuTypeInfo
 from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.cluster_views import cluster_rate
 from gpuyard.services.context import Context
 from gpuyard.services.hosts import gpu_uuids
 from gpuyard.services.lifecycle import record_event, transition_cluster
-from gpuyard.store.schema import Cluster
+from gpuyard.store.schema import Cluster, Event
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +92,9 @@ class _Watched:
         self.fixed = plan[0] if plan else None
 
     def first(self, idle_since: datetime | None) -> Deadline | None:
-        if not self.policy.idle_minutes or idle_since is None:
+        idle = idle_deadline(self.policy, idle_since)
+        if idle is None:
             return self.fixed
-        idle = Deadline(
-            idle_since + timedelta(minutes=self.policy.idle_minutes), Rule.IDLE, self.policy.action
-        )
         return idle if self.fixed is None or idle.at < self.fixed.at else self.fixed
 
 
@@ -119,6 +129,8 @@ class AutoTerminator:
         # Running clusters with a policy, and the versions last read of all running ones.
         self._watch: dict[str, _Watched] = {}
         self._seen: dict[str, int] = {}
+        # The problem last reported per cluster, so each is logged and recorded once.
+        self._reported: dict[str, str] = {}
 
     # -- public --------------------------------------------------------------------
     def seconds_until_next(self) -> float | None:
@@ -139,18 +151,24 @@ class AutoTerminator:
         fired: list[Fired] = []
         next_due: datetime | None = None
         for entry in list(self._watch.values()):
-            first = entry.first(self.idle_since.get(entry.cluster.id))
-            if first is None:
-                continue
-            if first.at <= now:
-                if self._fire(entry.cluster, entry.policy, entry.rate, first, now):
-                    fired.append(Fired(entry.cluster.id, first.rule, first.at, now))
-                    self._watch.pop(entry.cluster.id, None)
-            elif next_due is None or first.at < next_due:
-                next_due = first.at
+            cid = entry.cluster.id
+            try:
+                first = entry.first(self.idle_since.get(cid))
+                if first is None:
+                    continue
+                if first.at <= now:
+                    if self._fire(entry.cluster, entry.policy, entry.rate, first, now):
+                        fired.append(Fired(cid, first.rule, first.at, now))
+                        self._watch.pop(cid, None)
+                elif next_due is None or first.at < next_due:
+                    next_due = first.at
+            except Exception as exc:  # this cluster's failure is its own (next pass retries)
+                self._report(cid, f"auto-termination failed: {type(exc).__name__}: {exc}", exc)
         for cid in list(self.idle_since):
             if cid not in self._watch:
                 del self.idle_since[cid]
+        for cid in [c for c in self._reported if c not in self._seen]:
+            del self._reported[cid]
         self.next_due = next_due
         return fired
 
@@ -162,31 +180,96 @@ class AutoTerminator:
         running = select(Cluster.id, Cluster.version).where(
             Cluster.status == ClusterStatus.RUNNING.value
         )
+        problems: list[tuple[str, str, BaseException | None]] = []
         with self.ctx.connect() as conn:
-            versions = {cid: version for cid, version in conn.execute(running)}
-            for cid in [c for c in self._watch if c not in versions]:
-                del self._watch[cid]
-            stale = [
-                cid
-                for cid, version in versions.items()
-                if cid not in self._seen or self._seen[cid] != version
-            ]
-            self._seen = versions
-            if not stale:
-                return
-            _, gpus = self.ctx.references.get(conn)
-            columns = select(*Cluster.__table__.columns)
-            for start in range(0, len(stale), 500):
-                chunk = stale[start : start + 500]
-                for row in conn.execute(columns.where(Cluster.id.in_(chunk))):
-                    cluster = cast(Cluster, row)
-                    policy = parse_policy(cluster.auto_terminate)
-                    if policy is None or cluster.status != ClusterStatus.RUNNING:
-                        self._watch.pop(cluster.id, None)
-                        continue
-                    gpu = gpus.get(cluster.gpu_type) if cluster.gpu_type else None
-                    rate = cluster_rate(cluster, gpu, self.ctx.settings.prices, running=True)
-                    self._watch[cluster.id] = _Watched(cluster, policy, rate.total)
+            self._refresh_rows(conn, running, problems)
+        # Reported after the read connection is closed (each report is a write).
+        for cid, problem, exc in problems:
+            self._report(cid, problem, exc)
+
+    def _refresh_rows(
+        self,
+        conn: Connection,
+        running: Select[str, int],
+        problems: list[tuple[str, str, BaseException | None]],
+    ) -> None:
+        """Update the watched set from one connection; collect what to report."""
+        versions = {cid: version for cid, version in conn.execute(running)}
+        for cid in [c for c in self._watch if c not in versions]:
+            del self._watch[cid]
+        stale = [
+            cid
+            for cid, version in versions.items()
+            if cid not in self._seen or self._seen[cid] != version
+        ]
+        self._seen = versions
+        if not stale:
+            return
+        _, gpus = self.ctx.references.get(conn)
+        for start in range(0, len(stale), 500):
+            for cid, row in self._rows(conn, stale[start : start + 500]):
+                try:
+                    if row is None:
+                        raise LookupError("its row could not be read")
+                    error = self._track(cast(Cluster, row), gpus)
+                    if error is not None:
+                        problems.append((cid, f"policy not enforced: {error}", None))
+                except Exception as exc:  # one bad row never unwatches the others
+                    self._watch.pop(cid, None)
+                    self._seen.pop(cid, None)  # read it again next pass
+                    problems.append((cid, f"not watched: {type(exc).__name__}: {exc}", exc))
+
+    def _rows(self, conn: Connection, ids: list[str]) -> list[tuple[str, object | None]]:
+        """The full rows of ``ids``; when the batch cannot be read (a row the driver
+        cannot decode), each row alone, None for those that still fail."""
+        columns = select(*Cluster.__table__.columns)
+        try:
+            return [(row.id, row) for row in conn.execute(columns.where(Cluster.id.in_(ids)))]
+        except Exception:
+            conn.rollback()
+        out: list[tuple[str, object | None]] = []
+        for cid in ids:
+            try:
+                out.append((cid, conn.execute(columns.where(Cluster.id == cid)).first()))
+            except Exception:
+                conn.rollback()
+                out.append((cid, None))
+        return out
+
+    def _track(self, cluster: Cluster, gpus: dict[str, GpuTypeInfo]) -> str | None:
+        """Watch (or stop watching) one running cluster after reading its row; the
+        reason its stored policy is not enforced, None when it is valid."""
+        stored = read_policy(cluster.auto_terminate)
+        if stored.policy is None or cluster.status != ClusterStatus.RUNNING:
+            self._watch.pop(cluster.id, None)
+            return stored.error
+        gpu = gpus.get(cluster.gpu_type) if cluster.gpu_type else None
+        rate = cluster_rate(cluster, gpu, self.ctx.settings.prices, running=True)
+        self._watch[cluster.id] = _Watched(cluster, stored.policy, rate.total)
+        self._reported.pop(cluster.id, None)
+        return None
+
+    def _report(self, cluster_id: str, problem: str, exc: BaseException | None = None) -> None:
+        """Log ``problem`` and record it as an event on the cluster, once per problem
+        (also across restarts: not when the cluster's latest such event says it)."""
+        if self._reported.get(cluster_id) == problem:
+            return
+        self._reported[cluster_id] = problem
+        log.warning("cluster %s: auto-termination %s", cluster_id, problem, exc_info=exc)
+        try:
+            with self.ctx.transaction() as session:
+                last = session.scalar(
+                    select(Event.message)
+                    .where(Event.cluster_id == cluster_id, Event.type == "auto_terminate")
+                    .order_by(Event.id.desc())
+                    .limit(1)
+                )
+                if last != problem:
+                    record_event(
+                        session, cluster_id, self.ctx.clock.now(), "auto_terminate", problem
+                    )
+        except Exception:  # the log line above is the record then
+            log.exception("cluster %s: could not record the auto-termination problem", cluster_id)
 
     def _sample_idle(self, clusters: list[Cluster]) -> None:
         s = self.ctx.settings
@@ -197,13 +280,20 @@ class AutoTerminator:
             except GpuyardError as exc:
                 log.debug("no stats for %s: %s", cluster.id, exc.message)
                 continue
+            except Exception as exc:  # one engine's failure is this cluster's alone
+                self._report(cluster.id, f"idle sample failed: {type(exc).__name__}", exc)
+                continue
             if stats is None:
                 continue
-            uuids: tuple[str, ...] = ()
-            if cluster.host_id is not None and cluster.gpu_indices:
-                with self.ctx.read() as session:
-                    uuids = gpu_uuids(session, cluster.host_id, list(cluster.gpu_indices))
-            utilization = self.gpu_utilization(uuids) or []
+            try:
+                uuids: tuple[str, ...] = ()
+                if cluster.host_id is not None and cluster.gpu_indices:
+                    with self.ctx.read() as session:
+                        uuids = gpu_uuids(session, cluster.host_id, list(cluster.gpu_indices))
+                utilization = self.gpu_utilization(uuids) or []
+            except Exception as exc:
+                self._report(cluster.id, f"GPU utilisation failed: {type(exc).__name__}", exc)
+                continue
             idle = stats.cpu_percent < s.idle_cpu_percent and all(
                 u < s.idle_gpu_percent for u in utilization
             )

@@ -10,7 +10,7 @@ from typing import cast
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.autoterm import Deadline, deadlines, parse_policy, run_started_at
+from gpuyard.core.autoterm import Deadline, deadlines, read_policy, run_started_at
 from gpuyard.core.errors import ClusterNotFound
 from gpuyard.core.ledger import Accrual, Interval
 from gpuyard.core.models import CloudType, GpuTypeInfo
@@ -50,6 +50,8 @@ class ClusterDetails:
     accrual: Accrual | None = None
     # What auto-termination fires next for this run (running clusters with a policy).
     next_auto_terminate: Deadline | None = None
+    # Why the stored policy is not enforced (it does not validate); None when valid.
+    auto_terminate_error: str | None = None
 
 
 def cluster_rate(
@@ -83,7 +85,7 @@ def next_auto_terminate(ctx: Context, c: Cluster, gpu: GpuTypeInfo | None) -> De
     """The earliest auto-termination deadline of a running cluster's current run."""
     if c.status != ClusterStatus.RUNNING:
         return None
-    policy = parse_policy(c.auto_terminate)
+    policy = read_policy(c.auto_terminate).policy
     if policy is None:
         return None
     plan = deadlines(
@@ -183,6 +185,7 @@ def details(
                 estimated_ready_at=eta,
                 accrual=accrual_of(c, intervals.get(c.id, []), now),
                 next_auto_terminate=next_auto_terminate(ctx, c, gpu),
+                auto_terminate_error=read_policy(c.auto_terminate).error,
             )
         )
     return out
