@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuyard.core.image_refs import DEFAULT_ALLOWED_REGISTRIES, RegistryPolicy
 from gpuyard.core.ippool import parse_pool
 from gpuyard.core.placement import AllocationRatios
 from gpuyard.core.pricing import Prices
@@ -43,6 +44,11 @@ class Settings(BaseSettings):
     memory_allocation_ratio: float = 1.0
     disk_allocation_ratio: float = 1.0
 
+    # Registries images may come from (core/image_refs.py): names, *.wildcards, exact
+    # addresses for a private registry, `localhost` (local images, never pulled) and
+    # `public`. Addresses and localhost names are refused unless listed exactly.
+    allowed_registries: str = DEFAULT_ALLOWED_REGISTRIES
+
     port_range_start: int = 20000
     port_range_end: int = 29999
 
@@ -71,8 +77,16 @@ class Settings(BaseSettings):
     restart_window_s: float = 600.0
     # Engines that cannot apply CPU/memory limits: refuse creates unless allowed here.
     allow_unenforced_limits: bool = False
+    # Each account's clusters share a network closed to other accounts by host firewall
+    # rules (net/isolation.py; root needed on Podman). True: run without them, letting
+    # clusters of different accounts reach each other (single-tenant installations).
+    allow_unisolated_networks: bool = False
     # How long an Idempotency-Key is remembered.
     idempotency_ttl_hours: float = 24.0
+    # Secrets at rest (README "Security"): the Fernet key that encrypts secret env
+    # values and munge keys in the database. None: ``<home>/secret.key``, created 0600
+    # on the first start. Replicas sharing one database must share this file.
+    secret_key_file: Path | None = None
 
     # Auto-termination: a cluster is idle while its CPU and every GPU stay under these.
     idle_cpu_percent: float = 5.0
@@ -90,12 +104,45 @@ class Settings(BaseSettings):
     # without a node image).
     training_enabled: bool = True
 
+    # Rate limits (api/rate_limit.py; README "Rate limits"): token buckets per API key
+    # and per source address (requests a second, burst), and failed API keys per
+    # minute per source. 0 turns a limit off. Buckets are per replica: N replicas let
+    # up to N times these through. ``trusted_proxies`` (IPs/CIDRs, comma-separated):
+    # whose X-Forwarded-For names the source; empty: the peer address, always.
+    rate_limit_per_key: float = Field(default=20.0, ge=0)
+    rate_limit_key_burst: int = Field(default=100, ge=1)
+    rate_limit_per_source: float = Field(default=50.0, ge=0)
+    rate_limit_source_burst: int = Field(default=200, ge=1)
+    rate_limit_auth_failures_per_minute: int = Field(default=10, ge=0)
+    rate_limit_max_tracked: int = Field(default=50_000, ge=1)
+    trusted_proxies: str = ""
+
+    # Hostile-input limits and the metrics endpoint (README "Security"). A request body
+    # larger than max_body_bytes is refused with 413 before it is read or parsed
+    # (api/body_limit.py). /metrics answers an admin-scope API key or metrics_token
+    # (Authorization: Bearer); metrics_public opens it to anyone who reaches the port.
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    metrics_enabled: bool = True
+    metrics_token: SecretStr | None = None
+    metrics_public: bool = False
+
     @field_validator("reserved_ips")
     @classmethod
     def _reserved_ips(cls, value: str | None) -> str | None:
         # A malformed pool fails at start-up, not on the first allocation.
         parse_pool(value)
         return value
+
+    @field_validator("allowed_registries")
+    @classmethod
+    def _allowed_registries(cls, value: str) -> str:
+        # A malformed entry fails at start-up, not on the first create.
+        RegistryPolicy.parse(value)
+        return value
+
+    @property
+    def registry_policy(self) -> RegistryPolicy:
+        return RegistryPolicy.parse(self.allowed_registries)
 
     @property
     def effective_database_url(self) -> str:
@@ -104,6 +151,10 @@ class Settings(BaseSettings):
     @property
     def credentials_path(self) -> Path:
         return self.home / "credentials"
+
+    @property
+    def secret_key_path(self) -> Path:
+        return self.secret_key_file or self.home / "secret.key"
 
     @property
     def allocation_ratios(self) -> AllocationRatios:

@@ -1,5 +1,6 @@
 """``GET /metrics``: store gauges at scrape time, API latency, reconciler passes,
-auto-terminations by rule and the optional scrape token."""
+auto-terminations by rule, and who may scrape (an admin-scope key or the metrics
+token by default; anyone only when GPUYARD_METRICS_PUBLIC is set)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gpuyard.core.autoterm import Rule
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.reconciler.autoterminate import Fired
 from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.services.auth import Scope, create_account, issue_key
 from gpuyard.services.clock import SystemClock
 from tests.helpers import LiveServer, live_server, make_settings
 
@@ -24,7 +26,8 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(srv: LiveServer, **headers: str) -> Samples:
-    r = httpx.get(srv.url + "/metrics", headers=headers)
+    """Scrape with ``headers`` (default: the admin key)."""
+    r = httpx.get(srv.url + "/metrics", headers=headers or {"Authorization": f"Bearer {srv.key}"})
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain")
     return {
@@ -159,6 +162,33 @@ def test_auto_terminations_by_rule(srv: LiveServer) -> None:
     assert value(m, "gpuyard_auto_terminations_total", rule="max_runtime") == 1
 
 
+def key_of_scope(srv: LiveServer, scope: Scope) -> str:
+    """A key of ``scope`` for a new, ordinary (non-admin) user."""
+    with srv.server.ctx.transaction() as session:
+        user, account, _ = create_account(session, email=f"{scope}@example.com", name="u")
+        return issue_key(session, user_id=user.id, account_id=account.id, name="k", scope=scope).key
+
+
+def test_metrics_need_an_admin_key_by_default(srv: LiveServer) -> None:
+    url = srv.url + "/metrics"
+    missing = httpx.get(url)
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert missing.json()["error"]["code"] == "UNAUTHORIZED"
+    assert "gpuyard_" not in missing.text
+    assert httpx.get(url, headers={"Authorization": "Bearer gy_not-a-key"}).status_code == 401
+    for scope in (Scope.READ, Scope.WRITE):
+        refused = httpx.get(url, headers={"Authorization": f"Bearer {key_of_scope(srv, scope)}"})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "FORBIDDEN"
+        assert "gpuyard_" not in refused.text
+    admin = scrape(srv)
+    assert value(admin, "gpuyard_metrics_store_up") == 1
+    # Every accepted spelling of the key works here as on the API.
+    assert httpx.get(url, params={"api_key": srv.key}).status_code == 200
+    assert httpx.get(url, headers={"Authorization": srv.key}).status_code == 200
+
+
 @pytest.fixture
 def token_srv(
     tmp_path: Path, fake_runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
@@ -168,18 +198,38 @@ def token_srv(
         yield server
 
 
-def test_token_restricts_metrics(token_srv: LiveServer) -> None:
+def test_token_or_admin_key(token_srv: LiveServer) -> None:
     url = token_srv.url + "/metrics"
     missing = httpx.get(url)
     assert missing.status_code == 401
     assert missing.headers["www-authenticate"] == "Bearer"
     assert missing.json()["error"]["code"] == "UNAUTHORIZED"
     assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    # An API key is not the metrics token.
-    api_key = {"Authorization": f"Bearer {token_srv.key}"}
-    assert httpx.get(url, headers=api_key).status_code == 401
+    # The token is not an API key, and a user's key is not the token.
+    assert (
+        httpx.get(
+            token_srv.url + "/v1/clusters", headers={"Authorization": "Bearer s3cret-scrape"}
+        ).status_code
+        == 401
+    )
+    user = key_of_scope(token_srv, Scope.WRITE)
+    assert httpx.get(url, headers={"Authorization": f"Bearer {user}"}).status_code == 403
     m = scrape(token_srv, Authorization="Bearer s3cret-scrape")
     assert value(m, "gpuyard_metrics_store_up") == 1
+    assert value(scrape(token_srv), "gpuyard_metrics_store_up") == 1  # the admin key
+
+
+def test_public_setting_opens_metrics(tmp_path: Path, fake_runtime: FakeRuntime) -> None:
+    settings = make_settings(tmp_path / "home", metrics_public=True)
+    with live_server(settings, fake_runtime) as server:
+        assert value(scrape(server, Accept="text/plain"), "gpuyard_metrics_store_up") == 1
+
+
+def test_disabled_metrics_are_not_served(tmp_path: Path, fake_runtime: FakeRuntime) -> None:
+    settings = make_settings(tmp_path / "home", metrics_enabled=False)
+    with live_server(settings, fake_runtime) as server:
+        r = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {server.key}"})
+        assert r.status_code == 404
 
 
 def test_metrics_are_per_server(tmp_path: Path) -> None:

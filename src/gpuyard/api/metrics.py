@@ -1,8 +1,12 @@
 """``GET /metrics`` (Prometheus) and the API latency middleware.
 
-Settings come from ``GPUYARD_METRICS_*`` variables (:class:`MetricsSettings`):
-``GPUYARD_METRICS_ENABLED`` (default true) and ``GPUYARD_METRICS_TOKEN``, which when set
-requires ``Authorization: Bearer <token>`` on scrapes.
+The scrape shows fleet-wide counts and spend, so it is not public by default. Settings
+(:class:`gpuyard.settings.Settings`): ``GPUYARD_METRICS_ENABLED`` (default true),
+``GPUYARD_METRICS_TOKEN`` and ``GPUYARD_METRICS_PUBLIC`` (default false). A scrape is
+answered when the endpoint is public, when it sends ``Authorization: Bearer <token>``
+with the metrics token, or when it sends an API key (any accepted spelling) of admin
+scope; otherwise 401 (no or unknown credentials) or 403 (a key of smaller scope), in
+the REST v1 envelope.
 """
 
 from __future__ import annotations
@@ -14,25 +18,21 @@ from time import perf_counter
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client.exposition import choose_encoder
-from pydantic import SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Send
+from starlette.types import Scope as AsgiScope
 
 from gpuyard.api.envelope import error_body
+from gpuyard.api.state import app_state, key_from_request
+from gpuyard.core.errors import Forbidden, GpuyardError, Unauthorized
 from gpuyard.observability.metrics import Metrics
+from gpuyard.services.auth import Scope
+from gpuyard.settings import Settings
 
 # Requests the fast path (api/fastpath.py) answers before routing: they carry no route.
 _FAST_PATH = re.compile(r"/v1/clusters/[^/]+")
 _FAST_PATH_ROUTE = "/v1/clusters/{cluster_id}"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-
-
-class MetricsSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPUYARD_METRICS_", extra="ignore")
-
-    enabled: bool = True
-    # When set, scrapes must send ``Authorization: Bearer <token>``.
-    token: SecretStr | None = None
 
 
 class RequestLatency:
@@ -46,7 +46,7 @@ class RequestLatency:
         self.histogram = metrics.http_duration
         self._series: dict[tuple[str, str, int], list[float]] = {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -81,30 +81,55 @@ class RequestLatency:
             self.histogram.observe(series, elapsed)
 
 
-def _unauthorized() -> JSONResponse:
+def _refusal(exc: GpuyardError) -> JSONResponse:
+    message = (
+        "a metrics token or an admin-scope API key is required (Authorization: Bearer)"
+        if isinstance(exc, Unauthorized)
+        else exc.message
+    )
+    headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
     return JSONResponse(
-        error_body("UNAUTHORIZED", "a valid metrics token is required (Authorization: Bearer)"),
-        status_code=401,
-        headers={"WWW-Authenticate": "Bearer"},
+        error_body(exc.code, message, exc.details), status_code=exc.http_status, headers=headers
     )
 
 
-def install(app: FastAPI, metrics: Metrics, settings: MetricsSettings | None = None) -> None:
+def _bearer(request: Request) -> bytes | None:
+    scheme, _, value = request.headers.get("authorization", "").strip().partition(" ")
+    return value.strip().encode() if scheme.lower() == "bearer" and value.strip() else None
+
+
+async def authorize_scrape(request: Request, token: bytes | None) -> GpuyardError | None:
+    """None when the scrape may be answered: the metrics token, or an API key of admin
+    scope. Otherwise the error to answer (Unauthorized or Forbidden)."""
+    given = _bearer(request)
+    if token is not None and given is not None and hmac.compare_digest(given, token):
+        return None
+    try:
+        principal = await app_state(request).principal(key_from_request(request))
+        principal.require(Scope.ADMIN)
+    except (Unauthorized, Forbidden) as exc:
+        return exc
+    return None
+
+
+def install(app: FastAPI, metrics: Metrics, settings: Settings) -> None:
     """Add the latency middleware (call after every other middleware, so it is the
     outermost one) and the ``/metrics`` route."""
-    settings = settings or MetricsSettings()
-    if not settings.enabled:
+    if not settings.metrics_enabled:
         return
     app.add_middleware(RequestLatency, metrics=metrics)
-    token = settings.token.get_secret_value().encode() if settings.token else None
+    secret = settings.metrics_token
+    token = secret.get_secret_value().encode() if secret and secret.get_secret_value() else None
+    public = settings.metrics_public
 
-    def scrape(request: Request) -> Response:
-        if token is not None:
-            given = request.headers.get("authorization", "")
-            scheme, _, value = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token):
-                return _unauthorized()
+    async def scrape(request: Request) -> Response:
+        if not public:
+            refused = await authorize_scrape(request, token)
+            if refused is not None:
+                return _refusal(refused)
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(metrics.registry), headers={"Content-Type": content_type})
+        # Collecting reads the store (gauges at scrape time): never on the event loop.
+        output = await run_in_threadpool(encoder, metrics.registry)
+        return Response(output, headers={"Content-Type": content_type})
 
     app.add_api_route("/metrics", scrape, methods=["GET"], include_in_schema=False)
