@@ -106,13 +106,25 @@ def app_state(request: Request) -> AppState:
     return state
 
 
+# The query parameters that carry an API key: ``?api_key=`` (GraphQL seed) and
+# ``?apikey=`` (the training API's spelling). Names are matched exactly (case counts)
+# after percent-decoding, as every URL parser does: ``?api%5Fkey=`` is ``?api_key=``.
+# The log redactor (cli/serve.py) hides every spelling that folds to one of these.
+KEY_QUERY_PARAMS = ("api_key", "apikey")
+
+
 def key_from(authorization: str | None, query: Callable[[str], str | None]) -> str | None:
-    """``Authorization: Bearer KEY``, a bare ``Authorization: KEY``, ``?api_key=`` or
-    ``?apikey=`` (the training API's spelling)."""
+    """``Authorization: Bearer KEY``, a bare ``Authorization: KEY``, else the first of
+    :data:`KEY_QUERY_PARAMS` present (for a repeated parameter, ``query`` decides which
+    value: Starlette's answers the last)."""
     if authorization:
         scheme, _, rest = authorization.strip().partition(" ")
         return rest.strip() if scheme.lower() == "bearer" and rest else authorization.strip()
-    return query("api_key") or query("apikey")
+    for name in KEY_QUERY_PARAMS:
+        key = query(name)
+        if key:
+            return key
+    return None
 
 
 def key_from_request(request: Request) -> str | None:
