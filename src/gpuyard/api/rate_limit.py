@@ -1,0 +1,255 @@
+"""Rate limits on every API surface: per API key, per source address, and on failed keys.
+
+Pure ASGI middleware, outside the fast path and routing, so nothing answers before it
+(``/healthz`` excepted: probes must never be refused). Per request, in this order:
+
+1. a request that presents a key, from a source that has used up its failed-key
+   allowance, is refused — whether or not this key is valid: answering a valid key
+   differently would leave guessing as fast as ever (429 for a wrong key, 200 for the
+   right one);
+2. the source address's bucket, then the key's bucket, each give a token or refuse.
+
+A refusal is a 429 with ``Retry-After`` (whole seconds) in the envelope of the surface
+the request was for (REST v1, GraphQL ``errors``, the training API). Every answer that
+was let through carries ``X-RateLimit-Limit`` (the bucket's size), ``-Remaining`` and
+``-Reset`` (seconds until the bucket is full again) of whichever of its buckets has fewer
+tokens left.
+
+Failed keys are counted from the answer itself: every surface answers an unknown or
+revoked key with HTTP 401 (api/state.py raises Unauthorized and each surface renders it),
+so a 401 to a request that presented a key charges its source one failure. The auth code
+needs no hook, and a surface added later is covered as long as it answers 401.
+
+Buckets live in this process's memory (core/token_bucket.py): N replicas behind a
+balancer let a client through up to N times the configured rates (README "Rate limits").
+The key identity is a 16-byte BLAKE2 digest of the key: no key is kept in clear.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from starlette.datastructures import QueryParams
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpuyard.api.envelope import error_body
+from gpuyard.api.graphql.errors import request_error
+from gpuyard.api.state import key_from
+from gpuyard.core.token_bucket import BucketTable, Decision, Rate
+from gpuyard.services.clock import Clock
+from gpuyard.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Never limited: liveness probes and load balancers' health checks.
+EXEMPT_PATHS = frozenset({"/healthz"})
+CODE = "RATE_LIMITED"
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """The configured limits; None means that limit is off."""
+
+    per_key: Rate | None
+    per_source: Rate | None
+    # At most ``burst`` failed keys at once from one source, refilled at ``per_second``.
+    auth_failures: Rate | None
+    max_tracked: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RateLimits:
+        failures = settings.rate_limit_auth_failures_per_minute
+        return cls(
+            per_key=_rate(settings.rate_limit_per_key, settings.rate_limit_key_burst),
+            per_source=_rate(settings.rate_limit_per_source, settings.rate_limit_source_burst),
+            auth_failures=Rate(failures / 60.0, failures) if failures > 0 else None,
+            max_tracked=settings.rate_limit_max_tracked,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return any(r is not None for r in (self.per_key, self.per_source, self.auth_failures))
+
+
+def _rate(per_second: float, burst: int) -> Rate | None:
+    return Rate(per_second, burst) if per_second > 0 else None
+
+
+def seconds_of(clock: Clock) -> Callable[[], float]:
+    """A :class:`~gpuyard.services.clock.Clock` (e.g. a test's FakeClock) as seconds."""
+    return lambda: clock.now().timestamp()
+
+
+class Verdict(NamedTuple):
+    """What the limiter says about one request: the deciding bucket's state and which
+    limit it is (``key``, ``source`` or ``auth_failures``)."""
+
+    decision: Decision
+    limit: str
+
+
+class RateLimiter:
+    """The buckets of one process. Used from the event loop only (not thread-safe);
+    every method is O(1) and memory is bounded by ``max_tracked`` buckets per limit."""
+
+    def __init__(self, limits: RateLimits, clock: Callable[[], float] | None = None) -> None:
+        self.limits = limits
+        self._clock = clock or time.monotonic
+
+        def table(rate: Rate | None) -> BucketTable | None:
+            return None if rate is None else BucketTable(rate, limits.max_tracked)
+
+        self.keys = table(limits.per_key)
+        self.sources = table(limits.per_source)
+        self.failures = table(limits.auth_failures)
+
+    def admit(self, source: str, key_id: bytes | None) -> Verdict | None:
+        """Take this request's tokens; the deciding verdict, or None when no limit applies."""
+        now = self._clock()
+        best: Verdict | None = None
+        if key_id is not None and self.failures is not None:
+            locked = self.failures.peek(source, now)
+            if not locked.allowed:
+                return Verdict(locked, "auth_failures")
+        if self.sources is not None:
+            best = Verdict(self.sources.take(source, now), "source")
+            if not best.decision.allowed:
+                return best
+        if key_id is not None and self.keys is not None:
+            by_key = self.keys.take(key_id, now)
+            if not by_key.allowed or best is None or by_key.remaining < best.decision.remaining:
+                return Verdict(by_key, "key")
+        return best
+
+    def auth_failed(self, source: str) -> None:
+        """One failed key from ``source``: charged even past the allowance, so a burst of
+        guesses already in flight lengthens the wait that follows it."""
+        if self.failures is None:
+            return
+        now = self._clock()
+        was_open = self.failures.peek(source, now).allowed
+        if not self.failures.charge(source, now).allowed and was_open:
+            log.warning("rate limit: %s used up its failed-key allowance", source)
+
+
+def key_id(key: str | None) -> bytes | None:
+    """The identity a key's bucket is kept under (never the key itself)."""
+    if not key:
+        return None
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+
+def _presented_key(scope: Scope) -> str | None:
+    """The key exactly as api/state.py reads it for the routed surfaces: its
+    ``key_from`` on the Authorization header, else on the query string parsed by
+    Starlette's own ``QueryParams`` (so a repeated parameter resolves the same way)."""
+    authorization = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+            break
+    raw: bytes = scope.get("query_string", b"")
+    if authorization is None and not raw:
+        return None
+    params: QueryParams | None = None
+
+    def query(name: str) -> str | None:
+        nonlocal params
+        if params is None:
+            params = QueryParams(raw)
+        return params.get(name)
+
+    return key_from(authorization, query)
+
+
+def _source(scope: Scope) -> str:
+    # The peer address as the server gives it; uvicorn substitutes X-Forwarded-For only
+    # for the proxies GPUYARD_TRUSTED_PROXIES lists (cli/serve.py).
+    client = scope.get("client")
+    return str(client[0]) if client else "local"
+
+
+_WHO = {
+    "key": "for this API key",
+    "source": "from this address",
+    "auth_failures": "with invalid API keys from this address",
+}
+
+
+def headers_of(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """``X-RateLimit-Limit`` (the bucket's size), ``-Remaining`` (whole requests left)
+    and ``-Reset`` (whole seconds until the bucket is full again)."""
+    tokens, rate = decision.tokens, decision.rate
+    reset = math.ceil((rate.burst - tokens) / rate.per_second) if tokens < rate.burst else 0
+    return [
+        (b"x-ratelimit-limit", str(rate.burst).encode()),
+        (b"x-ratelimit-remaining", str(int(tokens) if tokens > 0 else 0).encode()),
+        (b"x-ratelimit-reset", str(reset).encode()),
+    ]
+
+
+def refusal_body(path: str, verdict: Verdict, retry_after: int) -> dict[str, Any]:
+    """The 429 body in the envelope of the surface ``path`` belongs to."""
+    message = f"too many requests {_WHO[verdict.limit]}; retry after {retry_after} s"
+    details = {"limit": verdict.limit, "retry_after_s": retry_after}
+    if path.startswith("/graphql"):
+        body = request_error(CODE, message)
+        body["errors"][0]["extensions"]["details"] = details
+        return body
+    if path.startswith("/distributed_jobs_v2"):
+        errors = {"code": CODE, "details": details}
+        return {"code": 429, "data": {}, "errors": errors, "message": message}
+    return error_body(CODE, message, details)
+
+
+class RateLimit:
+    """The middleware; ``limiter`` holds the buckets."""
+
+    def __init__(self, app: ASGIApp, limiter: RateLimiter) -> None:
+        self.app = app
+        self.limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
+            await self.app(scope, receive, send)
+            return
+        source = _source(scope)
+        key = _presented_key(scope)
+        limiter = self.limiter
+        verdict = limiter.admit(source, key_id(key))
+        if verdict is not None and not verdict.decision.allowed:
+            await self._refuse(scope["path"], verdict, send)
+            return
+        extra = headers_of(verdict.decision) if verdict is not None else []
+        if not extra and not (key and limiter.failures is not None):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if key and message["status"] == 401:
+                    limiter.auth_failed(source)
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+    @staticmethod
+    async def _refuse(path: str, verdict: Verdict, send: Send) -> None:
+        retry_after = max(1, math.ceil(verdict.decision.retry_after_s))
+        body = json.dumps(refusal_body(path, verdict, retry_after)).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"retry-after", b"%d" % retry_after),
+            *headers_of(verdict.decision),
+        ]
+        await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,252 @@
+"""Rate limits (api/rate_limit.py): per key, per source address and on failed keys, on
+every surface (the GET fast path included), 429 with Retry-After and X-RateLimit-* in
+the surface's envelope. The limiter's clock is a FakeClock: nothing here sleeps."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from fastapi.testclient import TestClient
+
+from gpuyard.api.app import Server, build_server
+from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.clock import FakeClock
+from tests.helpers import make_settings
+
+OFF = {
+    "rate_limit_per_key": 0,
+    "rate_limit_per_source": 0,
+    "rate_limit_auth_failures_per_minute": 0,
+}
+GRAPHQL = {"query": "{ myself { id } }"}
+TRAINING = "/distributed_jobs_v2/?project_id=1&location=local"
+
+
+def _server(tmp_path: Path, clock: FakeClock, **limits: object) -> Server:
+    settings = make_settings(tmp_path / "home", **{**OFF, **limits})
+    return build_server(settings, FakeRuntime(), run_reconciler=False, rate_limit_clock=clock)
+
+
+@contextmanager
+def _client(server: Server, key: str | None, address: str = "203.0.113.5") -> Iterator[TestClient]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with TestClient(server.app, client=(address, 40000), headers=headers) as client:
+        yield client
+
+
+def _second_key(server: Server) -> str:
+    with server.ctx.transaction() as session:
+        user, account, _ = create_account(session, email="bob@example.com", name="bob")
+        issued = issue_key(
+            session, user_id=user.id, account_id=account.id, name="b", scope=Scope.WRITE
+        )
+    return issued.key
+
+
+def _assert_refused(r: httpx.Response, limit: str, retry_after: int) -> None:
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == str(retry_after)
+    assert r.headers["x-ratelimit-remaining"] == "0"
+    assert {"x-ratelimit-limit", "x-ratelimit-reset"} <= set(r.headers)
+
+
+def test_a_key_over_its_limit_gets_429_in_the_rest_envelope_until_tokens_return(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_per_key=1, rate_limit_key_burst=3)
+    assert server.admin_key is not None
+    with _client(server, server.admin_key.key) as c:
+        answers = [c.get("/v1/projects") for _ in range(3)]
+        assert [r.status_code for r in answers] == [200, 200, 200]
+        # Answers let through say where the key stands.
+        assert [r.headers["x-ratelimit-remaining"] for r in answers] == ["2", "1", "0"]
+        assert {r.headers["x-ratelimit-limit"] for r in answers} == {"3"}
+        assert answers[-1].headers["x-ratelimit-reset"] == "3"
+        refused = c.get("/v1/projects")
+        _assert_refused(refused, "key", retry_after=1)
+        body = refused.json()
+        assert body["success"] is False
+        assert body["error"]["code"] == "RATE_LIMITED"
+        assert body["error"]["details"] == {"limit": "key", "retry_after_s": 1}
+        assert "request_id" in body["meta"]
+        clock.advance(1)
+        assert c.get("/v1/projects").status_code == 200
+
+
+def test_the_cluster_fast_path_is_limited_too(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_per_key=1, rate_limit_key_burst=2)
+    assert server.admin_key is not None
+    with _client(server, server.admin_key.key) as c:
+        first = c.get("/v1/clusters/nosuchcluster00")
+        assert first.status_code == 404 and first.headers["x-ratelimit-remaining"] == "1"
+        assert c.get("/v1/clusters/nosuchcluster00").status_code == 404
+        refused = c.get("/v1/clusters/nosuchcluster00")
+        _assert_refused(refused, "key", retry_after=1)
+        assert refused.json()["error"]["code"] == "RATE_LIMITED"
+
+
+def test_graphql_is_refused_in_the_graphql_envelope(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_per_key=0.5, rate_limit_key_burst=1)
+    assert server.admin_key is not None
+    with _client(server, server.admin_key.key) as c:
+        ok = c.post("/graphql", json=GRAPHQL)
+        assert ok.status_code == 200 and "errors" not in ok.json()
+        assert ok.headers["x-ratelimit-remaining"] == "0"
+        refused = c.post("/graphql", json=GRAPHQL)
+        _assert_refused(refused, "key", retry_after=2)
+        [error] = refused.json()["errors"]
+        assert error["extensions"]["code"] == "RATE_LIMITED"
+        assert error["extensions"]["details"]["limit"] == "key"
+        assert "retry after 2 s" in error["message"]
+
+
+def test_the_training_api_is_refused_in_its_own_envelope(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_per_key=1, rate_limit_key_burst=1)
+    assert server.admin_key is not None
+    with _client(server, server.admin_key.key) as c:
+        assert c.get(TRAINING).status_code != 429
+        refused = c.get(TRAINING)
+        _assert_refused(refused, "key", retry_after=1)
+        body = refused.json()
+        assert body["code"] == 429 and body["errors"]["code"] == "RATE_LIMITED"
+
+
+def test_another_key_is_not_held_back_by_one_over_its_limit(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_per_key=1, rate_limit_key_burst=2)
+    assert server.admin_key is not None
+    other = _second_key(server)
+    with _client(server, server.admin_key.key) as busy, _client(server, other) as calm:
+        for _ in range(2):
+            assert busy.get("/v1/projects").status_code == 200
+        assert busy.get("/v1/projects").status_code == 429
+        answer = calm.get("/v1/projects")
+        assert answer.status_code == 200 and answer.headers["x-ratelimit-remaining"] == "1"
+
+
+def test_a_source_over_its_limit_is_refused_and_another_source_is_not(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_per_source=1, rate_limit_source_burst=2)
+    assert server.admin_key is not None
+    key = server.admin_key.key
+    with _client(server, key) as near, _client(server, key, "198.51.100.7") as far:
+        assert [near.get("/v1/projects").status_code for _ in range(2)] == [200, 200]
+        refused = near.get("/v1/projects")
+        _assert_refused(refused, "source", retry_after=1)
+        assert refused.json()["error"]["details"]["limit"] == "source"
+        # Requests without a key count against the address as well.
+        assert near.get("/openapi.json", headers={"Authorization": ""}).status_code == 429
+        assert far.get("/v1/projects").status_code == 200
+
+
+def test_guessing_keys_from_one_source_is_throttled_after_the_allowance(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_auth_failures_per_minute=10)
+    assert server.admin_key is not None
+    key = server.admin_key.key
+    with _client(server, None) as guesser, _client(server, key, "198.51.100.7") as elsewhere:
+
+        def guess() -> httpx.Response:
+            wrong = {"Authorization": f"Bearer gy_{secrets.token_urlsafe(30)}"}
+            return guesser.get("/v1/projects", headers=wrong)
+
+        assert [guess().status_code for _ in range(10)] == [401] * 10
+        refused = guess()
+        _assert_refused(refused, "auth_failures", retry_after=6)  # 10 a minute: one per 6 s
+        assert refused.json()["error"]["details"]["limit"] == "auth_failures"
+        # Other surfaces, and the query-parameter spelling, are refused as well.
+        assert guesser.post("/graphql", json=GRAPHQL, params={"api_key": "x"}).status_code == 429
+        # A valid key from the same source is refused too: a different answer for the
+        # right key would let the guessing go on at full speed.
+        assert (
+            guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"}).status_code
+            == 429
+        )
+        # Another source is not affected.
+        assert elsewhere.get("/v1/projects").status_code == 200
+        # One guess more per 6 s; after a minute the source is back to normal.
+        clock.advance(6)
+        assert guess().status_code == 401
+        assert guess().status_code == 429
+        clock.advance(60)
+        assert (
+            guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"}).status_code
+            == 200
+        )
+
+
+def test_failed_keys_count_on_graphql_and_the_fast_path_too(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_auth_failures_per_minute=2)
+    with _client(server, "gy_wrong") as c:
+        assert c.post("/graphql", json=GRAPHQL).status_code == 401
+        assert c.get("/v1/clusters/nosuchcluster00").status_code == 401
+        refused = c.post("/graphql", json=GRAPHQL)
+        assert refused.status_code == 429
+        assert refused.json()["errors"][0]["extensions"]["code"] == "RATE_LIMITED"
+
+
+def test_requests_without_a_key_are_not_failed_keys(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_auth_failures_per_minute=1)
+    with _client(server, None) as c:
+        assert [c.get("/v1/projects").status_code for _ in range(5)] == [401] * 5
+
+
+def test_healthz_is_never_limited(tmp_path: Path) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_per_source=1, rate_limit_source_burst=1)
+    with _client(server, None) as c:
+        answers = [c.get("/healthz") for _ in range(20)]
+        assert {r.status_code for r in answers} == {200}
+        assert "x-ratelimit-limit" not in answers[0].headers
+
+
+def test_limits_set_to_zero_never_answer_429(tmp_path: Path) -> None:
+    clock = FakeClock()  # frozen: no token would ever come back
+    server = _server(tmp_path, clock)
+    assert server.admin_key is not None
+    with _client(server, server.admin_key.key) as c:
+        answers = [c.get("/v1/projects") for _ in range(300)]
+        assert {r.status_code for r in answers} == {200}
+        assert "x-ratelimit-limit" not in answers[0].headers
+        wrong = {"Authorization": "Bearer gy_wrong"}
+        assert {c.get("/v1/projects", headers=wrong).status_code for _ in range(30)} == {401}
+
+
+def test_the_defaults_limit_a_flood_of_random_keys(tmp_path: Path) -> None:
+    """The reproduction: 500 random-key guesses from one source used to get 0 x 429."""
+    settings = make_settings(tmp_path / "home")
+    server = build_server(
+        settings, FakeRuntime(), run_reconciler=False, rate_limit_clock=FakeClock()
+    )
+    with _client(server, None) as c:
+        codes = [
+            c.get("/v1/projects", headers={"Authorization": f"Bearer gy_{i:040d}"}).status_code
+            for i in range(500)
+        ]
+    assert codes.count(401) == settings.rate_limit_auth_failures_per_minute
+    assert codes.count(429) == 500 - settings.rate_limit_auth_failures_per_minute
+
+
+def test_a_key_in_the_query_string_shares_the_bucket_of_the_same_key_in_a_header(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_per_key=1, rate_limit_key_burst=2)
+    assert server.admin_key is not None
+    key = server.admin_key.key
+    with _client(server, key) as by_header, _client(server, None) as by_query:
+        assert by_header.get("/v1/projects").status_code == 200
+        assert by_query.post("/graphql", json=GRAPHQL, params={"api_key": key}).status_code == 200
+        refused = by_query.get(TRAINING + f"&apikey={key}")
+        _assert_refused(refused, "key", retry_after=1)
