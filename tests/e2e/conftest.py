@@ -21,6 +21,7 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
+from gpuyard.net.isolation import IptablesIsolation
 from gpuyard.runtimes.devimage import build_dev_image
 from gpuyard.runtimes.engine_url import PodmanService
 
@@ -47,6 +48,7 @@ def engine_url() -> Iterator[str]:
 
 def purge_installation(engine_url: str, installation_id: str) -> list[str]:
     """Remove every container, volume and network labelled with ``installation_id``
+    and its host firewall chain
     (an installation the calling test created), and nothing else. Each object's label is
     checked again before it is removed, so an engine that ignored the filter cannot make
     this touch somebody else's object. Returns the names removed (for messages)."""
@@ -75,4 +77,6 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
                 removed.append(network.name)
     finally:
         client.close()
+    # The installation's host firewall chain (net/isolation.py), if it made one.
+    IptablesIsolation(installation_id[:8]).remove()
     return removed

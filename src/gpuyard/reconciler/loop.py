@@ -214,6 +214,11 @@ class Reconciler:
             self._last_volume_scan = time.monotonic()
             self.scan_volumes()
             purge_expired(self.ctx)  # idempotency keys past their 24 h
+            # Our network isolation rules, repaired if a firewall reload dropped them.
+            try:
+                self.runtime.guard_networks()
+            except GpuyardError as exc:
+                log.warning("cannot re-apply network isolation: %s", exc.message)
 
     def _collect_containers(self, unexpected: set[str], now: datetime) -> None:
         """Containers of ours that no cluster should have are removed only once they

@@ -163,6 +163,11 @@ class Runtime(Protocol):
         """Every volume of this installation, found by its labels."""
         ...
 
+    def guard_networks(self) -> None:
+        """Re-apply the isolation of this installation's networks (host rules a
+        firewall reload may have removed); a no-op where nothing is managed."""
+        ...
+
     def stats(self, cluster_id: str, consumer: StatsConsumer = "view") -> ContainerStats | None:
         """CPU% since ``consumer``'s previous call (each consumer its own window) and
         memory%; None unless running."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,11 @@ import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
 from gpuyard.core.ownership import LABEL_INSTALLATION, LABEL_MANAGED, Ownership
+from gpuyard.net.isolation import IptablesIsolation, IsolationUnavailable, bridge_name
+
+# The Docker network option that names a bridge network's interface (Podman's compat
+# API honours it too).
+BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
 
 # Engine error texts that mean "this host cannot apply a CPU/memory limit" (cgroup
 # controllers missing or not delegated, e.g. rootless on cgroup v1).
@@ -62,6 +67,15 @@ class EngineVolume:
     created_at: str | None
 
 
+@dataclass(frozen=True)
+class EngineNetwork:
+    """A network of ours: its name, labels and driver options."""
+
+    name: str
+    labels: dict[str, str]
+    options: dict[str, str]
+
+
 class NotOurs(RuntimeFailure):
     """The named engine object exists but belongs to somebody else; it was left alone."""
 
@@ -82,8 +96,20 @@ class Engine:
         owner: Ownership | None = None,
         *,
         allow_unenforced_limits: bool = False,
+        manage_host_firewall: bool = False,
+        allow_unisolated_networks: bool = False,
     ) -> None:
         self.base_url = base_url
+        # The host rules that keep our networks apart (net/isolation.py), made when the
+        # owner is known (its chain is named after the installation); None: none
+        # managed (a remote engine, a caller without networks).
+        self.manage_host_firewall = manage_host_firewall
+        self.firewall: IptablesIsolation | None = (
+            IptablesIsolation(owner.short) if manage_host_firewall and owner else None
+        )
+        self.allow_unisolated_networks = allow_unisolated_networks
+        self._firewall_checked = False
+        self._firewall_problem: str | None = None
         self.timeout_s = timeout_s
         self._owner = owner
         self.allow_unenforced_limits = allow_unenforced_limits
@@ -104,6 +130,8 @@ class Engine:
             if self._owner is not None and self._owner != owner:
                 raise ValueError("this engine is already bound to another installation")
             self._owner = owner
+            if self.manage_host_firewall and self.firewall is None:
+                self.firewall = IptablesIsolation(owner.short)
 
     @property
     def owner(self) -> Ownership:
@@ -329,23 +357,121 @@ class Engine:
 
     # -- networks -------------------------------------------------------------------
 
-    def ensure_network(self, name: str, labels: Mapping[str, str] | None = None) -> None:
-        """Create our bridge network (DNS on) if missing. Idempotent, also under
-        concurrent calls."""
+    def ensure_network(
+        self, name: str, labels: Mapping[str, str] | None = None, *, legacy: bool = False
+    ) -> None:
+        """Create our bridge network ``name`` if it does not exist, then close it to
+        every other network (net/isolation.py): its containers reach the outside world
+        through NAT and each other, nothing else on the host reaches them except through
+        published ports. The bridge interface is named by ``bridge_name(name)`` so the
+        host rules can name it.
+
+        Idempotent, also under concurrent calls: two creates at once both succeed and
+        leave one network. A network of that name that is not ours raises
+        :class:`NotOurs` and is not used (``legacy``: see :meth:`claims`). Raises
+        RuntimeFailure when the isolation cannot be applied (see :meth:`isolate`)."""
         with self.errors(f"creating network {name}"):
+            if self.inspect_network(name, legacy=legacy) is None:
+                try:
+                    self.api.create_network(
+                        name,
+                        driver="bridge",
+                        labels=self.labels(labels),
+                        options={BRIDGE_NAME_OPTION: bridge_name(name)},
+                        check_duplicate=True,
+                    )
+                except docker.errors.APIError as e:
+                    # A concurrent caller created it between inspect and create (Docker
+                    # answers 409, Podman's compat API 500 "already exists").
+                    if e.status_code != 409 and "already exists" not in reason(e):
+                        raise
+                # Whoever won the race, the network must be ours.
+                if self.inspect_network(name, legacy=legacy) is None:
+                    raise RuntimeFailure(
+                        f"network {name} vanished right after it was created", {"network": name}
+                    )
+        self.isolate([bridge_name(name)])
+
+    def isolate(self, bridges: Iterable[str]) -> None:
+        """Apply the host rules that close ``bridges`` (net/isolation.py).
+
+        Without a host firewall we can change (``firewall`` None, or not root): on
+        Docker its own isolation of bridge networks holds and this is a no-op; on Podman
+        (netavark's isolation is not dependable, see net/isolation.py) it raises
+        RuntimeFailure unless the operator allowed shared networks."""
+        if self.allow_unisolated_networks:
+            return
+        problem = self.firewall_problem()
+        if problem is None and self.firewall is not None:
             try:
-                self.api.inspect_network(name)
+                self.firewall.protect(bridges)
                 return
-            except docker.errors.NotFound:
-                pass
+            except IsolationUnavailable as exc:
+                problem = str(exc)
+        if not self.is_podman():
+            return
+        raise RuntimeFailure(
+            "cannot isolate this account's network from other accounts on this host: "
+            f"{problem}. Run gpuyard as root, or set GPUYARD_ALLOW_UNISOLATED_NETWORKS=true "
+            "to let clusters of different accounts reach each other.",
+            {"reason": "network_isolation_unavailable"},
+        )
+
+    def firewall_problem(self) -> str | None:
+        """Why the host firewall cannot be managed here (None: it can). Asked once."""
+        if self.firewall is None:
+            return "no host firewall is managed for this engine"
+        with self._lock:
+            if self._firewall_checked:
+                return self._firewall_problem
+        problem = self.firewall.available()
+        with self._lock:
+            self._firewall_problem, self._firewall_checked = problem, True
+        return problem
+
+    def guard_networks(self) -> None:
+        """Re-apply the isolation of every network of ours (a firewall reload removed
+        our rules, say). Networks made before bridges were named are skipped."""
+        if self.allow_unisolated_networks or self.firewall_problem() is not None:
+            return
+        bridges = [
+            bridge_name(n.name)
+            for n in self.list_networks()
+            if n.options.get(BRIDGE_NAME_OPTION) in (None, bridge_name(n.name))
+        ]
+        if bridges:
+            self.isolate(bridges)
+
+    def inspect_network(self, name: str, *, legacy: bool = False) -> dict[str, Any] | None:
+        """The network's inspect data if it exists and is ours; None when missing.
+        Raises :class:`NotOurs` for a network of that name that is not ours."""
+        with self.errors(f"inspecting network {name}"):
             try:
-                self.api.create_network(
-                    name, driver="bridge", labels=self.labels(labels), check_duplicate=True
-                )
-            except docker.errors.APIError as e:
-                # A concurrent caller created it between inspect and create.
-                if e.status_code != 409 and "already exists" not in reason(e):
-                    raise
+                info: dict[str, Any] = self.api.inspect_network(name)
+            except docker.errors.NotFound:
+                return None
+        if not self.claims(info.get("Labels"), legacy=legacy):
+            raise NotOurs(
+                f"network {name} exists but does not belong to this installation; left alone",
+                {"network": name},
+            )
+        return info
+
+    def list_networks(self, *label_filters: str) -> list[EngineNetwork]:
+        """Our networks that also match every ``label_filters`` entry (``key`` or
+        ``key=value``)."""
+        filters = [self.owner.label_filter(), *label_filters]
+        with self.errors("listing networks"):
+            rows: list[dict[str, Any]] = self.api.networks(filters={"label": filters}) or []
+        return [
+            EngineNetwork(
+                name=str(r.get("Name")),
+                labels=dict(r.get("Labels") or {}),
+                options=dict(r.get("Options") or {}),
+            )
+            for r in rows
+            if self.owner.owns(r.get("Labels"))
+        ]
 
     def remove_network(self, name: str, *, legacy: bool = False) -> None:
         """Delete our network. Idempotent; raises RuntimeFailure while in use, and

@@ -338,6 +338,11 @@ class FakeRuntime:
                 if c.owner == owner
             ]
 
+    def guard_networks(self) -> None:
+        """Nothing to re-apply: the fake's networks are isolated by construction."""
+        with self._lock:
+            self._enter("guard_networks")
+
     def list_volumes(self) -> list[ManagedVolume]:
         with self._lock:
             self._enter("list_volumes")

@@ -149,6 +149,8 @@ class SlurmNodeRuntime:
         owner: Ownership | None = None,
         *,
         allow_unenforced_limits: bool = False,
+        manage_host_firewall: bool = False,
+        allow_unisolated_networks: bool = False,
     ) -> None:
         self.base_url = base_url
         self.timeout_s = timeout_s
@@ -157,6 +159,8 @@ class SlurmNodeRuntime:
             timeout_s,
             owner,
             allow_unenforced_limits=allow_unenforced_limits,
+            manage_host_firewall=manage_host_firewall,
+            allow_unisolated_networks=allow_unisolated_networks,
         )
         self._errors = self.engine.errors
 
@@ -175,7 +179,7 @@ class SlurmNodeRuntime:
     def ensure_network(self, name: str) -> None:
         """Create the cluster's bridge network (DNS on: nodes resolve each other by
         container name) if missing. Idempotent, also under concurrent calls."""
-        self.engine.ensure_network(name)
+        self.engine.ensure_network(name, legacy=_legacy(name))
 
     def remove_network(self, name: str) -> None:
         """Delete the network. Idempotent; raises RuntimeFailure while nodes use it."""

@@ -1,0 +1,149 @@
+"""The host firewall rules that keep account networks apart.
+
+Every engine network gpuyard makes (one per account, one per training cluster) gets a
+bridge interface named by :func:`bridge_name`. This module keeps, in the host's
+``FORWARD`` chain, a jump to one chain of this installation that drops every *new*
+connection into one of our bridges from anywhere but that bridge itself — unless the
+engine's port publishing rewrote it (conntrack state ``DNAT``): a published host port
+stays reachable, as it is from the outside world. Answers to a cluster's own outgoing
+connections are ``ESTABLISHED`` and pass, so a cluster reaches the internet (NAT), the
+host, and its own account's clusters, never another account's or a training
+cluster's network.
+
+Why our own rules: Docker isolates its bridge networks from each other, but Podman's
+netavark (1.4, measured) keeps one shared jump for all its ``isolate`` networks and
+deletes it whenever any one of them loses its last container — one tenant stopping
+their last cluster would open every other account's network until the next container
+starts. The rules here are ours alone (one chain per installation), are checked before
+each container joins a network, and again every pass of the reconciler's scan, so a
+firewall reload is repaired within the scan interval.
+
+Commands run through an injected runner, so the rule logic is tested without a host
+firewall; :class:`IptablesIsolation` is the real one (``iptables -w``; root needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+# Linux interface names hold at most 15 characters.
+_IFNAME_MAX = 15
+
+Runner = Callable[[Sequence[str]], "CommandResult"]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    output: str
+
+
+def bridge_name(network: str) -> str:
+    """The bridge interface of our network ``network``: ``gy`` and 12 hex digits of its
+    name's hash (unique per name; within Linux's 15-character limit)."""
+    name = "gy" + hashlib.sha256(network.encode()).hexdigest()[:12]
+    assert len(name) <= _IFNAME_MAX
+    return name
+
+
+def chain_name(installation_prefix: str) -> str:
+    """This installation's chain: two installations on one host keep separate rules."""
+    return f"GY-ISO-{installation_prefix}"[:28]
+
+
+def drop_rule(bridge: str) -> list[str]:
+    """The rule (after ``-A CHAIN``) that closes ``bridge`` to new connections from
+    other interfaces, except published ports."""
+    return [
+        "-o", bridge, "!", "-i", bridge,
+        "-m", "conntrack", "--ctstate", "NEW",
+        "-m", "conntrack", "!", "--ctstate", "DNAT",
+        "-m", "comment", "--comment", "gpuyard network isolation",
+        "-j", "DROP",
+    ]  # fmt: skip
+
+
+def subprocess_runner(argv: Sequence[str]) -> CommandResult:
+    """Run ``argv``; its exit status and output (stdout and stderr together)."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return CommandResult(127, str(exc))
+    return CommandResult(done.returncode, (done.stdout + done.stderr).strip())
+
+
+class IsolationUnavailable(Exception):
+    """The host firewall cannot be changed from here (no iptables, not root)."""
+
+
+class IptablesIsolation:
+    """Our isolation chain on the local host, kept with ``iptables``.
+
+    ``protect(bridges)`` is idempotent and thread-safe: the chain exists, ``FORWARD``
+    jumps to it first, and each bridge has its drop rule. Raises
+    :class:`IsolationUnavailable` when the firewall cannot be changed."""
+
+    def __init__(
+        self,
+        installation_prefix: str,
+        *,
+        runner: Runner = subprocess_runner,
+        iptables: str | None = None,
+    ) -> None:
+        self.chain = chain_name(installation_prefix)
+        self._run = runner
+        self._iptables = iptables or shutil.which("iptables") or "iptables"
+        self._lock = threading.Lock()
+
+    def _ipt(self, *args: str) -> CommandResult:
+        # -w: wait for the xtables lock instead of failing while the engine changes rules.
+        return self._run([self._iptables, "-w", *args])
+
+    def available(self) -> str | None:
+        """None when rules can be read and written here, else why not."""
+        probe = self._ipt("-S", "FORWARD")
+        if probe.returncode != 0:
+            return f"the host firewall cannot be managed ({probe.output or 'iptables failed'})"
+        return None
+
+    def protect(self, bridges: Iterable[str]) -> None:
+        with self._lock:
+            self._ensure_chain()
+            for bridge in sorted(set(bridges)):
+                rule = drop_rule(bridge)
+                if self._ipt("-C", self.chain, *rule).returncode != 0:
+                    self._must(self._ipt("-A", self.chain, *rule), f"closing bridge {bridge}")
+
+    def _ensure_chain(self) -> None:
+        if self._ipt("-S", self.chain).returncode != 0:
+            created = self._ipt("-N", self.chain)
+            # A concurrent process may have made it meanwhile.
+            if created.returncode != 0 and self._ipt("-S", self.chain).returncode != 0:
+                self._must(created, "creating the isolation chain")
+        if self._ipt("-C", "FORWARD", "-j", self.chain).returncode != 0:
+            self._must(self._ipt("-I", "FORWARD", "1", "-j", self.chain), "jumping to it")
+
+    def rules(self) -> list[str]:
+        """The chain's rules as ``iptables -S`` prints them (empty if it is missing)."""
+        listed = self._ipt("-S", self.chain)
+        if listed.returncode != 0:
+            return []
+        return [line for line in listed.output.splitlines() if line.startswith("-A ")]
+
+    def remove(self) -> None:
+        """Delete the chain and its jump (tests and uninstall). Idempotent."""
+        with self._lock:
+            while self._ipt("-D", "FORWARD", "-j", self.chain).returncode == 0:
+                pass
+            self._ipt("-F", self.chain)
+            self._ipt("-X", self.chain)
+
+    @staticmethod
+    def _must(result: CommandResult, doing: str) -> None:
+        if result.returncode != 0:
+            raise IsolationUnavailable(f"{doing}: {result.output or 'iptables failed'}")

@@ -1,0 +1,117 @@
+"""The host rules that keep account networks apart (net/isolation.py), against a fake
+iptables that keeps its chains in memory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuyard.net.isolation import (
+    CommandResult,
+    IptablesIsolation,
+    bridge_name,
+    chain_name,
+    drop_rule,
+)
+
+
+class FakeIptables:
+    """Just enough of ``iptables -w`` (-S, -N, -C, -A, -I, -D, -F, -X) to run the rules."""
+
+    def __init__(self, *, broken: bool = False) -> None:
+        self.chains: dict[str, list[list[str]]] = {"FORWARD": []}
+        self.broken = broken
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str]) -> CommandResult:
+        args = list(argv)
+        self.calls.append(args)
+        assert args[:2] == ["iptables", "-w"]
+        if self.broken:
+            return CommandResult(4, "Permission denied (you must be root)")
+        op, chain, rest = args[2], args[3], args[4:]
+        rules = self.chains.get(chain)
+        if op == "-N":
+            if rules is not None:
+                return CommandResult(1, "Chain already exists.")
+            self.chains[chain] = []
+            return CommandResult(0, "")
+        if rules is None:
+            return CommandResult(1, "No chain/target/match by that name.")
+        if op == "-S":
+            return CommandResult(0, "\n".join(f"-A {chain} {' '.join(r)}" for r in rules))
+        if op == "-C":
+            return CommandResult(0 if rest in rules else 1, "")
+        if op == "-A":
+            rules.append(rest)
+        elif op == "-I":
+            rules.insert(int(rest[0]) - 1, rest[1:])
+        elif op == "-D":
+            if rest not in rules:
+                return CommandResult(1, "Bad rule")
+            rules.remove(rest)
+        elif op == "-F":
+            rules.clear()
+        elif op == "-X":
+            del self.chains[chain]
+        return CommandResult(0, "")
+
+
+def test_bridge_names_fit_linux_interfaces_and_differ_per_network() -> None:
+    names = {bridge_name(f"gy1a2b3c4d-net-a{i}") for i in range(1000)}
+    assert len(names) == 1000
+    assert all(len(n) <= 15 and n.startswith("gy") for n in names)
+    assert bridge_name("x") == bridge_name("x")
+
+
+def test_protect_jumps_first_and_closes_each_bridge_once() -> None:
+    fake = FakeIptables()
+    fake.chains["FORWARD"] = [["-j", "NETAVARK_FORWARD"]]
+    iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
+    iso.protect(["gyaaa", "gybbb"])
+    iso.protect(["gybbb", "gyccc"])
+    chain = chain_name("1a2b3c4d")
+    # Our jump comes before the engine's rules; nothing is doubled by a second call.
+    assert fake.chains["FORWARD"] == [["-j", chain], ["-j", "NETAVARK_FORWARD"]]
+    assert fake.chains[chain] == [drop_rule("gyaaa"), drop_rule("gybbb"), drop_rule("gyccc")]
+    assert len(iso.rules()) == 3
+
+
+def test_the_rule_drops_only_new_unpublished_traffic_from_other_interfaces() -> None:
+    rule = " ".join(drop_rule("gyaaa"))
+    assert "-o gyaaa ! -i gyaaa" in rule
+    assert "--ctstate NEW" in rule and "! --ctstate DNAT" in rule
+    assert rule.endswith("-j DROP")
+
+
+def test_a_reload_that_flushed_our_rules_is_repaired() -> None:
+    fake = FakeIptables()
+    iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
+    iso.protect(["gyaaa"])
+    fake.chains = {"FORWARD": []}  # a firewall reload
+    iso.protect(["gyaaa"])
+    assert fake.chains["FORWARD"] == [["-j", iso.chain]]
+    assert fake.chains[iso.chain] == [drop_rule("gyaaa")]
+
+
+def test_remove_takes_out_the_chain_and_every_jump() -> None:
+    fake = FakeIptables()
+    iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
+    iso.protect(["gyaaa"])
+    iso.remove()
+    iso.remove()  # idempotent
+    assert fake.chains == {"FORWARD": []}
+
+
+def test_two_installations_keep_separate_chains() -> None:
+    fake = FakeIptables()
+    IptablesIsolation("11111111", runner=fake, iptables="iptables").protect(["gyaaa"])
+    other = IptablesIsolation("22222222", runner=fake, iptables="iptables")
+    other.protect(["gybbb"])
+    other.remove()
+    assert fake.chains[chain_name("11111111")] == [drop_rule("gyaaa")]
+
+
+def test_without_root_it_says_why() -> None:
+    iso = IptablesIsolation("1a2b3c4d", runner=FakeIptables(broken=True), iptables="iptables")
+    problem = iso.available()
+    assert problem is not None and "Permission denied" in problem
