@@ -132,7 +132,7 @@ def cluster(
     owner = Ownership.new()
     cid = f"{owner.prefix}-e2e-{uuid.uuid4().hex[:4]}"
     c = Cluster(
-        rt=SlurmNodeRuntime(engine_url, owner=owner),
+        rt=SlurmNodeRuntime(engine_url, owner=owner, manage_host_firewall=True),
         cid=cid,
         network=f"{cid}-net",
         volume=f"{cid}-state",
