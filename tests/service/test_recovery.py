@@ -165,7 +165,7 @@ def test_a_stop_is_not_queued_behind_a_hanging_pull(
     assert uc.get_cluster(ctx, alice, b.id).status == "running"
     gate = threading.Event()
     runtime.pull_gate = gate
-    slow = uc.create_cluster(ctx, alice, a6000(1, docker_image="registry.example/huge:1"))
+    slow = uc.create_cluster(ctx, alice, a6000(1, docker_image="ghcr.io/example/huge:1"))
     rec.run_pass(observe=False)  # the start of `slow` now hangs in its pull
     uc.stop_cluster(ctx, alice, b.id)
     deadline = time.monotonic() + 5

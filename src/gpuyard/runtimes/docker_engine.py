@@ -23,6 +23,7 @@ Podman differences handled here (measured against Podman 4.3.1, API 1.41):
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from datetime import datetime
@@ -33,7 +34,9 @@ import docker.errors
 import docker.types
 
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.image_refs import parse_image_ref
 from gpuyard.core.ownership import Ownership
+from gpuyard.runtimes import pull_errors
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
     Capabilities,
@@ -46,6 +49,8 @@ from gpuyard.runtimes.base import (
     StatsConsumer,
 )
 from gpuyard.runtimes.engine import Engine, reason
+
+log = logging.getLogger(__name__)
 
 _ZERO_TIME_PREFIX = "0001-01-01"
 _RUNNING_STATES = {"running", "paused", "restarting"}
@@ -175,10 +180,13 @@ class DockerEngineRuntime:
             self._images_seen[image] = time.monotonic() + IMAGE_PRESENT_TTL_S
 
     def ensure_image(self, image: str) -> None:
-        """Make ``image`` present locally: no-op if it is, else pull it.
+        """Make ``image`` present locally: no-op if it is, else pull it. A
+        ``localhost/...`` image is never pulled (it is built or loaded on the host).
 
-        Raises :class:`RuntimeFailure` (with the engine's reason) when it is absent and
-        cannot be pulled.
+        Raises :class:`RuntimeFailure` when it is absent and cannot be pulled. Its
+        message gives the reason as one of runtimes/pull_errors.py's fixed messages,
+        never the engine's text, which names addresses and tells closed, open and HTTP
+        ports apart; that text is logged at debug level only.
         """
         with self._lock:
             if self._images_seen.get(image, 0.0) > time.monotonic():
@@ -191,29 +199,46 @@ class DockerEngineRuntime:
                 return
             except docker.errors.ImageNotFound:
                 pass
-        repo, tag = _split_image(image)
-        error: str | None = None
-        try:
-            with self.engine.errors(f"pulling image {image}"):
-                for event in api.pull(repo, tag=tag, stream=True, decode=True):
-                    if isinstance(event, dict) and event.get("error"):
-                        error = str(event["error"])
-        except RuntimeFailure as e:
-            error = e.message
-        if error is None:
+        problem, detail = self._pull(image)
+        if problem is None:
             with self.engine.errors(f"inspecting image {image}"):
                 try:
                     api.inspect_image(image)
                     self._saw_image(image)
                     return
                 except docker.errors.ImageNotFound:
-                    error = "the engine reported success but the image is still missing"
+                    problem = pull_errors.FAILED
+                    detail = "the engine reported success but the image is still missing"
+        log.debug("image %s could not be pulled: %s", image, detail)
         raise RuntimeFailure(
             f"image {image} is not present on the engine and could not be pulled: "
-            f"{error[:300]}. Pull or build it on the host, or check the registry name "
+            f"{problem}. Pull or build it on the host, or check the registry name "
             "and credentials.",
-            {"image": image},
+            {"image": image, "reason": problem},
         )
+
+    def _pull(self, image: str) -> tuple[str | None, str]:
+        """Pull ``image``: (None, "") when the engine reported success, else (the
+        fixed user message, the engine's own text for the debug log)."""
+        try:
+            local = parse_image_ref(image).local_only
+        except ValueError:
+            local = False
+        if local:
+            return pull_errors.NOT_FOUND, "localhost/ images are never pulled"
+        repo, tag = _split_image(image)
+        problem: str | None = None
+        detail = ""
+        try:
+            with self.engine.errors(f"pulling image {image}"):
+                for event in self.engine.api.pull(repo, tag=tag, stream=True, decode=True):
+                    if isinstance(event, dict) and event.get("error"):
+                        detail = str(event["error"])
+                        problem = pull_errors.user_message(detail)
+        except RuntimeFailure as e:
+            detail = e.message
+            problem = pull_errors.from_exception(e)
+        return problem, detail
 
     def ensure_volume(self, name: str, cluster_id: str | None = None) -> None:
         """Create our volume ``name`` if it does not exist. Idempotent."""

@@ -25,6 +25,7 @@ from gpuyard.core.errors import (
     ValidationFailed,
 )
 from gpuyard.core.ids import new_cluster_id
+from gpuyard.core.image_refs import check_image
 from gpuyard.core.models import CloudType, GpuTypeInfo, PortSpec, ResourceRequest
 from gpuyard.core.pricing import RateParts, spot_floor
 from gpuyard.core.progress import STEP_ALLOCATED
@@ -218,6 +219,8 @@ def create_cluster(
     placement fails (InsufficientCapacity). With ``idempotency`` its key is stored in
     the same transaction, before placement (see services/idempotency.py)."""
     principal.require_write()
+    # The engine connects to the registry an image names: only allowed registries.
+    check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
     check_external_ports(body.ports, ctx.settings, "ports")
     now = ctx.clock.now()
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
@@ -377,6 +380,10 @@ def start_cluster(
     case nothing stored changes.
     """
     principal.require_write()
+    upd = body.update_configuration
+    if upd is not None and upd.docker_image is not None:
+        field = "update_configuration.docker_image"
+        check_image(upd.docker_image, ctx.settings.registry_policy, field)
     if body.port_mapping_updates:
         check_external_ports(body.port_mapping_updates, ctx.settings, "port_mapping_updates")
     if body.restore_from_snapshot:

@@ -5,13 +5,12 @@ The default Slurm node image is registered at start-up (bootstrap).
 
 from __future__ import annotations
 
-import re
-
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import GpuyardError, NotFound, ValidationFailed
+from gpuyard.core.image_refs import DEFAULT_ALLOWED_REGISTRIES, RegistryPolicy, check_image
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE
 from gpuyard.services.resource_util import in_id_range, iso, one_id
 from gpuyard.store.schema import ImageVersion
@@ -21,8 +20,10 @@ SLURM_IMAGE_NAME = "slurm-node"
 SLURM_IMAGE_VERSION = "22.05-bookworm"
 SLURM_IMAGE_DESCRIPTION = "Slurm 22.05 on Debian bookworm: slurmctld, slurmd, munge and sshd"
 
-# An image reference: no whitespace or control characters (the engine parses it).
-_IMAGE_REF = re.compile(r"[^\s\x00-\x1f\x7f]{1,512}")
+# The allow-list used when the caller passes none: the default setting's.
+DEFAULT_POLICY = RegistryPolicy.parse(DEFAULT_ALLOWED_REGISTRIES)
+# The built-in node image is built on the host (localhost/...), whatever the setting.
+_LOCAL_ONLY = RegistryPolicy.parse("localhost")
 
 
 class ImageNotFound(NotFound):
@@ -48,15 +49,21 @@ def _text(field: str, value: object, limit: int, *, required: bool = True) -> st
 
 
 def register_image(
-    session: Session, name: object, version: object, image: object, description: object = None
+    session: Session,
+    name: object,
+    version: object,
+    image: object,
+    description: object = None,
+    *,
+    registries: RegistryPolicy = DEFAULT_POLICY,
 ) -> ImageVersion:
-    """Register an image version. Raises ValidationFailed naming the field, or
+    """Register an image version whose registry ``registries`` allows (the operator's
+    GPUYARD_ALLOWED_REGISTRIES at the API). Raises ValidationFailed naming the field, or
     ImageExists (409) when ``image`` is already registered."""
     clean_name = _text("name", name, 200)
     clean_version = _text("version", version, 100)
     clean_image = _text("image", image, 512)
-    if not _IMAGE_REF.fullmatch(clean_image):
-        raise ValidationFailed("image", "must be an image reference without whitespace")
+    check_image(clean_image, registries, "image")
     clean_description = _text("description", description, 10_000, required=False)
     _refuse_existing(session, clean_image)
     row = ImageVersion(
@@ -90,7 +97,12 @@ def ensure_default_image(session: Session) -> ImageVersion:
     existing row, possibly edited by an admin, is kept as it is)."""
     try:
         return register_image(
-            session, SLURM_IMAGE_NAME, SLURM_IMAGE_VERSION, SLURM_IMAGE, SLURM_IMAGE_DESCRIPTION
+            session,
+            SLURM_IMAGE_NAME,
+            SLURM_IMAGE_VERSION,
+            SLURM_IMAGE,
+            SLURM_IMAGE_DESCRIPTION,
+            registries=_LOCAL_ONLY,
         )
     except ImageExists:
         row = session.scalar(select(ImageVersion).where(ImageVersion.image == SLURM_IMAGE))
