@@ -58,6 +58,10 @@ def serve(home: Path, port: int) -> None:
         local_vcpus=128,
         local_memory_gb=1024,
         local_disk_gb=4000,
+        # One key from one address, far past the default limits: the limiter stays on
+        # (its cost is in the figures) with limits it never reaches.
+        rate_limit_per_key=1e9,
+        rate_limit_per_source=1e9,
     )  # type: ignore[call-arg]
     app = build_server(settings, FakeRuntime()).app
     uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning")

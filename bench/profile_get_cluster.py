@@ -52,8 +52,10 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=2000)
     n = ap.parse_args().iterations
     home = Path(tempfile.mkdtemp(prefix="gy-prof-"))
+    # Limits on (the middleware's cost is in the figures) but never reached by the loop.
     settings = Settings(home=home, port=0, local_gpus="NVIDIA RTX A6000:8", local_vcpus=64,
-                        local_memory_gb=512, local_disk_gb=2000)  # type: ignore[call-arg]  # fmt: skip
+                        local_memory_gb=512, local_disk_gb=2000, rate_limit_per_key=1e9,
+                        rate_limit_per_source=1e9)  # type: ignore[call-arg]  # fmt: skip
     server = build_server(settings, FakeRuntime(), run_reconciler=False)
     ctx, app = server.ctx, server.app
     assert server.admin_key is not None
