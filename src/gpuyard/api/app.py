@@ -171,7 +171,12 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         from gpuyard.runtimes.engine_url import detect_engine_url
 
         url = detect_engine_url(settings.engine_url)
-        runtime = DockerEngineRuntime(url, allow_unenforced_limits=settings.allow_unenforced_limits)
+        runtime = DockerEngineRuntime(
+            url,
+            allow_unenforced_limits=settings.allow_unenforced_limits,
+            manage_host_firewall=True,
+            allow_unisolated_networks=settings.allow_unisolated_networks,
+        )
         operator = training_operator_factory(settings, url) if settings.training_enabled else None
         return build_server(settings, runtime, engine_url=url, training_operator=operator).app
     return build_server(settings, runtime).app
@@ -188,7 +193,12 @@ def training_operator_factory(
     def make(ctx: Context, queue: WorkQueue | None = None) -> TrainingOperator:
         return TrainingOperator(
             ctx,
-            SlurmNodeRuntime(engine_url, allow_unenforced_limits=settings.allow_unenforced_limits),
+            SlurmNodeRuntime(
+                engine_url,
+                allow_unenforced_limits=settings.allow_unenforced_limits,
+                manage_host_firewall=True,
+                allow_unisolated_networks=settings.allow_unisolated_networks,
+            ),
             TcpForwarder(),
             ready_timeout_s=settings.training_ready_timeout_s,
             drain_timeout_s=settings.training_drain_timeout_s,

@@ -18,6 +18,12 @@ Podman differences handled here (measured against Podman 4.3.1, API 1.41):
   so bindings carry no host IP (all interfaces on both engines).
 - a failed pull answers 200 with the error inside the progress stream, so the stream is
   read to the end and checked.
+- bridge networks are not dependably isolated from each other (netavark 1.4 drops its
+  shared isolation rule whenever any isolated network empties), so the host rules of
+  net/isolation.py keep them apart (:meth:`Engine.ensure_network`).
+
+Each cluster's container joins its account's private network (one per account, made on
+demand), so clusters of different accounts have no route to each other.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from gpuyard.core.image_refs import parse_image_ref
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes import pull_errors
 from gpuyard.runtimes.base import (
+    LABEL_ACCOUNT,
     LABEL_CLUSTER,
     Capabilities,
     ContainerSpec,
@@ -85,10 +92,15 @@ def _parse_engine_time(value: str | None) -> int | None:
 
 
 IMAGE_PRESENT_TTL_S = 30.0
+NETWORK_PRESENT_TTL_S = 30.0
 
 
 class _NameInUse(Exception):
     """The cluster's container name is taken by a previous container."""
+
+
+class _NetworkGone(Exception):
+    """The account network the container was to join no longer exists."""
 
 
 def _state_of(status: str) -> ContainerState:
@@ -120,9 +132,16 @@ class DockerEngineRuntime:
         owner: Ownership | None = None,
         *,
         allow_unenforced_limits: bool = False,
+        manage_host_firewall: bool = False,
+        allow_unisolated_networks: bool = False,
     ) -> None:
         self.engine = Engine(
-            base_url, timeout_s, owner, allow_unenforced_limits=allow_unenforced_limits
+            base_url,
+            timeout_s,
+            owner,
+            allow_unenforced_limits=allow_unenforced_limits,
+            manage_host_firewall=manage_host_firewall,
+            allow_unisolated_networks=allow_unisolated_networks,
         )
         self.base_url = base_url
         self.timeout_s = timeout_s
@@ -134,6 +153,9 @@ class DockerEngineRuntime:
         # is a round trip on the start path. An image removed meanwhile makes create
         # fail with a clear error and is forgotten, so the next start pulls it.
         self._images_seen: dict[str, float] = {}
+        # Account networks known present, until the given monotonic time (same reason).
+        # One removed meanwhile makes the create fail; it is then made again, once.
+        self._networks_seen: dict[str, float] = {}
         # Previous (container id, cpu total ns, wall ns) per (consumer, cluster) for
         # CPU% deltas. Each consumer has its own window, so how often an API client
         # polls never shortens the window idle detection measures. Dropped on stop.
@@ -244,6 +266,21 @@ class DockerEngineRuntime:
         """Create our volume ``name`` if it does not exist. Idempotent."""
         self.engine.ensure_volume(name, {LABEL_CLUSTER: cluster_id} if cluster_id else None)
 
+    def ensure_account_network(self, account_id: int, *, fresh: bool = False) -> str:
+        """Create account ``account_id``'s private network if it does not exist (see
+        :meth:`Engine.ensure_network`: closed to every other network, NAT to the
+        outside) and check its isolation rules. Returns its name.
+        Idempotent, also under concurrent calls; ``fresh`` skips the recent-sighting
+        cache. Raises RuntimeFailure (NotOurs for a network of that name not ours)."""
+        name = self.engine.owner.account_network(account_id)
+        with self._lock:
+            if not fresh and self._networks_seen.get(name, 0.0) > time.monotonic():
+                return name
+        self.engine.ensure_network(name, {LABEL_ACCOUNT: str(account_id)})
+        with self._lock:
+            self._networks_seen[name] = time.monotonic() + NETWORK_PRESENT_TTL_S
+        return name
+
     def create(self, spec: ContainerSpec) -> str:
         """Create (not start) the cluster's container, first removing any container of
         ours with the same name. If the engine refuses CPU/memory limits, the create
@@ -278,6 +315,17 @@ class DockerEngineRuntime:
         return self.engine.apply_limits and (spec.cpu_cores > 0 or spec.memory_gb > 0)
 
     def _create(self, spec: ContainerSpec) -> str:
+        if spec.account_id is None:
+            return self._create_once(spec)
+        self.ensure_account_network(spec.account_id)
+        try:
+            return self._create_once(spec)
+        except _NetworkGone:
+            # Removed since it was last seen (by an operator, a purge): make it again.
+            self.ensure_account_network(spec.account_id, fresh=True)
+            return self._create_once(spec)
+
+    def _create_once(self, spec: ContainerSpec) -> str:
         kwargs = self._create_kwargs(spec)
         with self.engine.errors(f"creating container for cluster {spec.cluster_id}"):
             try:
@@ -285,6 +333,12 @@ class DockerEngineRuntime:
             except docker.errors.APIError as e:
                 if e.status_code == 409 or "already in use" in str(e):
                     raise _NameInUse() from e
+                network = kwargs.get("network")
+                text = reason(e).lower()
+                if network and "network" in text and "not found" in text:
+                    with self._lock:
+                        self._networks_seen.pop(str(network), None)
+                    raise _NetworkGone() from e
                 if isinstance(e, docker.errors.ImageNotFound):
                     with self._lock:
                         self._images_seen.pop(spec.image, None)
@@ -311,6 +365,10 @@ class DockerEngineRuntime:
             "ports": ports,
             "detach": True,
         }
+        if spec.account_id is not None:
+            # Only this network: not also the engine's default one, where every other
+            # container on the engine could reach it.
+            kwargs["network"] = self.engine.owner.account_network(spec.account_id)
         if spec.command:
             kwargs["command"] = list(spec.command)
         if spec.volume_name:
@@ -412,6 +470,10 @@ class DockerEngineRuntime:
                 state = _state_of(str(row.get("State", "")))
                 out.append(ManagedContainer(str(cluster_id), str(row.get("Id")), state))
         return out
+
+    def guard_networks(self) -> None:
+        """Re-apply the host rules that close our networks (see Engine.guard_networks)."""
+        self.engine.guard_networks()
 
     def list_volumes(self) -> list[ManagedVolume]:
         """Every volume of this installation, with its size where the engine says."""
