@@ -10,10 +10,13 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
+from urllib.parse import unquote_plus
 
 import click
 
 from gpuyard.api.app import build_server, training_operator_factory
+from gpuyard.api.state import KEY_QUERY_PARAMS
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine_url import (
@@ -30,18 +33,47 @@ log = logging.getLogger("gpuyard.serve")
 # A unix socket path must fit sockaddr_un.sun_path (108 bytes on Linux, with the NUL).
 _MAX_SOCKET_PATH = 100
 
-_QUERY_KEY = re.compile(r"(\b(?:api_key|apikey)=)[^&\s\"']+", re.IGNORECASE)
+# A ``name=value`` pair as it appears in a query string (raw, as uvicorn's access log
+# shows it) or in any other text. The value runs to the next ``&`` or whitespace: a
+# quote or ``;`` inside a raw query must not end it early and leave the rest in clear.
+_PARAM = re.compile(r"(?P<name>[A-Za-z0-9_.~%+\[\]-]{1,256})=(?P<value>[^&\s]*)")
+# Every accepted key parameter, as _normalized() spells it.
+_KEY_NAMES = frozenset(re.sub(r"[^a-z0-9]", "", name.lower()) for name in KEY_QUERY_PARAMS)
 _AUTH_HEADER = re.compile(
-    r"(authorization[\"']?\s*[:=]\s*[\"']?)(bearer\s+|basic\s+)?[^\s\"',}]+", re.IGNORECASE
+    r"(authorization[\"']?\s*[:=,]\s*(?:b?[\"'])?)(bearer\s+|basic\s+)?[^\s\"',}]+", re.IGNORECASE
 )
+# A key as a field of structured text: ``"api_key": "..."``, ``'apikey': '...'``.
+_KEY_FIELD = re.compile(r"(api[_-]?key[\"']?\s*:\s*(?:b?[\"'])?)[^\s\"',}]+", re.IGNORECASE)
 _BARE_KEY = re.compile(r"\bgy_[A-Za-z0-9_-]{6,}")
 
 
+def _normalized(name: str) -> str:
+    """A parameter name as the server could read it, folded generously: percent-
+    and plus-decoded until stable (``api%5Fkey``, ``api%255Fkey``), lower-cased, with
+    everything but letters and digits dropped (``API-Key``, ``api_key[]``)."""
+    for _ in range(4):
+        decoded = unquote_plus(name)
+        if decoded == name:
+            break
+        name = decoded
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _redact_param(match: re.Match[str]) -> str:
+    if _normalized(match["name"]) in _KEY_NAMES and match["value"]:
+        return f"{match['name']}=***"
+    return match[0]
+
+
 def redact(text: str) -> str:
-    """``text`` with API keys replaced by ``***``: ``api_key=``/``apikey=`` query values,
-    ``Authorization`` header values and anything shaped like a gpuyard key."""
-    text = _QUERY_KEY.sub(r"\1***", text)
+    """``text`` with API keys replaced by ``***``: the value of every query parameter
+    the server would take as a key, in any spelling (percent-encoded, any case,
+    repeated), ``Authorization`` header values and anything shaped like a gpuyard key.
+    Errs on the side of hiding: a look-alike name is redacted too."""
+    if "=" in text:
+        text = _PARAM.sub(_redact_param, text)
     text = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}***", text)
+    text = _KEY_FIELD.sub(r"\1***", text)
     return _BARE_KEY.sub("gy_***", text)
 
 
@@ -63,9 +95,10 @@ class RedactKeysFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    """Root logging to stderr, one line per record, keys redacted (replaces handlers)."""
-    handler = logging.StreamHandler(sys.stderr)
+def configure_logging(level: int = logging.INFO, stream: TextIO | None = None) -> None:
+    """Root logging to ``stream`` (default stderr), one line per record, keys redacted
+    (replaces handlers)."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     handler.addFilter(RedactKeysFilter())
     logging.basicConfig(level=level, handlers=[handler], force=True)

@@ -122,12 +122,23 @@ class ClusterDriver:
         finally:
             self.ctx.notifier.notify()
 
-    def _fail(self, cluster: Cluster, message: str, *, container: bool = True) -> None:
+    def _fail(
+        self,
+        cluster: Cluster,
+        message: str,
+        *,
+        container: bool = True,
+        summary: str | None = None,
+    ) -> None:
         """To ``error``. The container is stopped but kept, so its logs can be read
         until the cluster is started again or terminated; its GPUs are released only
         once the engine has confirmed it is stopped. ``container`` False: this attempt
         made none (the create itself failed), so there is nothing to stop."""
-        log.warning("cluster %s failed: %s", cluster.id, message)
+        # ``message`` may hold the container's last output or the engine's words about
+        # the user's image and command (secrets, possibly): it goes to the cluster's
+        # error_message and events only. The server log gets ``summary``, which names
+        # the kind of failure and the exit code, never what the container printed.
+        log.warning("cluster %s failed: %s", cluster.id, summary or "see its error_message")
         try:
             if container:
                 self.runtime.halt(cluster.id, timeout_s=self.ctx.settings.stop_timeout_s)
@@ -188,7 +199,7 @@ class ClusterDriver:
         except GpuyardError as exc:
             # A restart's previous container may still run even if no new one was made.
             had = created or bool((c.runtime_handle or {}).get("container_id"))
-            self._fail(c, exc.message, container=had)
+            self._fail(c, exc.message, container=had, summary=f"start failed ({exc.code})")
 
     def _gpus_still_in_use(self, c: Cluster) -> bool:
         if not c.gpu_indices or c.host_id is None:
@@ -218,10 +229,12 @@ class ClusterDriver:
                     else ""
                 )
                 detail = f"; last output: {tail[-300:]}" if tail else ""
-                self._fail(c, f"container exited with code {seen.exit_code} during startup{detail}")
+                exited = f"container exited with code {seen.exit_code} during startup"
+                self._fail(c, f"{exited}{detail}", summary=exited)
                 return
             if time.monotonic() > deadline:
-                self._fail(c, "container did not reach running before the readiness timeout")
+                late = "container did not reach running before the readiness timeout"
+                self._fail(c, late, summary=late)
                 return
             self.sleep(delay)
             delay = min(delay * 2, 0.5)
@@ -364,7 +377,11 @@ class ClusterDriver:
                 f"{what}; gave up after {len(verdict.failures)} failures within "
                 f"{self.restart_policy.window_s:g} s"
             )
-            self._fail(c, f"{message}{tail}")
+            kind = (
+                "container disappeared" if state == ContainerState.MISSING else "container exited"
+            )
+            summary = f"{kind} (code {exit_code}); gave up after {len(verdict.failures)} failures"
+            self._fail(c, f"{message}{tail}", summary=summary)
             return
         delay = (verdict.retry_at - now).total_seconds()
         self._record(
@@ -392,9 +409,12 @@ class ClusterDriver:
             container_id = self.runtime.create(self._spec(c))
             self.runtime.start(c.id)
         except GpuyardError as exc:
-            # Counted as one more failure on the next look.
-            self._record(c, next_restart_at=None)
-            log.warning("restart %d of cluster %s failed: %s", number, c.id, exc.message)
+            # Counted as one more failure on the next look. The engine's words stay with
+            # the cluster (its events), out of the server log.
+            self._record(
+                c, next_restart_at=None, restart_event=f"restart {number} failed: {exc.message}"
+            )
+            log.warning("restart %d of cluster %s failed (%s)", number, c.id, exc.code)
             return
         self._record(
             c,
