@@ -131,8 +131,19 @@ def connectable_url(settings: Settings) -> str:
     return f"http://{host}:{settings.port}"
 
 
-def announce_admin_key(key: IssuedKey, settings: Settings) -> None:
-    """Print the first-start admin key once, on stdout (never through logging)."""
+def announce_admin_key(key: IssuedKey, settings: Settings, *, tty: bool | None = None) -> None:
+    """Say where the first-start admin key was saved, on stdout (never through logging).
+    The key itself is printed only when stdout is a terminal (``tty``; default: asked
+    of stdout): a pipe or a file is a journal or a CI log that keeps it for anyone
+    who can read those."""
+    if tty is None:
+        tty = sys.stdout.isatty()
+    if not tty:
+        click.echo(
+            "gpuyard first start: an admin API key was created; "
+            f"key saved to {settings.credentials_path} (mode 0600; the gpuyard CLI reads it)"
+        )
+        return
     url = connectable_url(settings)
     bar = "=" * 72
     click.echo(
@@ -194,14 +205,28 @@ def run_server(host: str | None, port: int | None) -> None:
         operator = training_operator_factory(settings, url) if settings.training_enabled else None
         server = build_server(
             settings,
-            DockerEngineRuntime(url, allow_unenforced_limits=settings.allow_unenforced_limits),
+            DockerEngineRuntime(
+                url,
+                allow_unenforced_limits=settings.allow_unenforced_limits,
+                manage_host_firewall=True,
+                allow_unisolated_networks=settings.allow_unisolated_networks,
+            ),
             engine_url=url,
             training_operator=operator,
         )
         if server.admin_key is not None:
             announce_admin_key(server.admin_key, settings)
         log.info("gpuyard listening on %s (home %s)", connectable_url(settings), settings.home)
-        uvicorn.run(server.app, host=settings.host, port=settings.port, log_config=None)
+        # X-Forwarded-For names the client (rate limits, logs) only behind a listed proxy.
+        proxies = settings.trusted_proxies.strip()
+        uvicorn.run(
+            server.app,
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            proxy_headers=bool(proxies),
+            forwarded_allow_ips=proxies or None,
+        )
     except KeyboardInterrupt:
         log.info("interrupted; shutting down")
     finally:
