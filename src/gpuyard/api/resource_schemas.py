@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     StrictStr,
     WithJsonSchema,
     create_model,
@@ -19,7 +20,7 @@ from pydantic import (
 )
 
 from gpuyard.api.schemas import Meta
-from gpuyard.core.input_rules import check_name, check_text
+from gpuyard.core.input_rules import NAME_PATTERN, TEXT_PATTERN, check_name, check_text
 from gpuyard.core.text import refuse_nul
 
 
@@ -38,7 +39,9 @@ class _In(BaseModel):
 
 # -- request bodies -----------------------------------------------------------------
 # Names refuse control and bidirectional-text characters; descriptions may also hold
-# tabs and line breaks (core/input_rules.py).
+# tabs and line breaks (core/input_rules.py). The patterns document it in OpenAPI.
+Name = Annotated[StrictStr, Field(json_schema_extra={"pattern": NAME_PATTERN})]
+Text = Annotated[StrictStr, Field(json_schema_extra={"pattern": TEXT_PATTERN})]
 
 
 def _optional_text(value: str | None) -> str | None:
@@ -46,13 +49,13 @@ def _optional_text(value: str | None) -> str | None:
 
 
 class CreateProject(_In):
-    name: StrictStr
+    name: Name
 
     _name = field_validator("name")(check_name)
 
 
 class AddSshKey(_In):
-    name: StrictStr
+    name: Name
     # One OpenSSH public key line: "ssh-ed25519 AAAA... comment".
     public_key: StrictStr
 
@@ -60,11 +63,11 @@ class AddSshKey(_In):
 
 
 class RegisterImage(_In):
-    name: StrictStr
-    version: StrictStr
+    name: Name
+    version: Name
     # An image reference the container engine can run.
     image: StrictStr
-    description: StrictStr | None = None
+    description: Text | None = None
 
     _names = field_validator("name", "version")(check_name)
     _description = field_validator("description")(_optional_text)
@@ -81,8 +84,8 @@ class RuleIn(_In):
 class SecurityGroupIn(_In):
     """Create, or replace (PUT) every field of, a security group."""
 
-    name: StrictStr
-    description: StrictStr | None = None
+    name: Name
+    description: Text | None = None
     rules: list[RuleIn]
 
     _name = field_validator("name")(check_name)

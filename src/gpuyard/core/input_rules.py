@@ -59,13 +59,18 @@ def check_env_limits(env: Mapping[str, str | None]) -> None:
 
 # Characters that can make shown text lie about itself: bidirectional overrides,
 # embeddings, isolates and marks (U+202A-U+202E, U+2066-U+2069, U+200E, U+200F,
-# U+061C: "Trojan Source" reordering) and line/paragraph separators.
-_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
-# C0 controls, DEL and C1 controls (terminal escapes, newlines in a table cell).
-_CONTROLS = "\x00-\x1f\x7f-\x9f"
-_BAD_IN_NAME = re.compile(f"[{_CONTROLS}{_BIDI}]")
+# U+061C: "Trojan Source" reordering) and line/paragraph separators. Written as regex
+# escapes, which Python's re, ECMA and so JSON Schema all read the same way.
+_BIDI = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
+# Names: no C0 control, DEL or C1 control either (terminal escapes, line breaks).
+_NAME_BAD = rf"\x00-\x1f\x7f-\x9f{_BIDI}"
 # Descriptions may span lines and hold tabs; nothing else of the above.
-_BAD_IN_TEXT = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI}]")
+_TEXT_BAD = rf"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI}"
+# The rules as JSON Schema patterns, so the OpenAPI document says what is accepted.
+NAME_PATTERN = f"^[^{_NAME_BAD}]*$"
+TEXT_PATTERN = f"^[^{_TEXT_BAD}]*$"
+_BAD_IN_NAME = re.compile(f"[{_NAME_BAD}]")
+_BAD_IN_TEXT = re.compile(f"[{_TEXT_BAD}]")
 
 
 def _refuse(pattern: re.Pattern[str], value: str, what: str) -> str:

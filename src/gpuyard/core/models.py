@@ -21,6 +21,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from gpuyard.core.input_rules import NAME_PATTERN
+
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ENV_VALUE = 32 * 1024
 
@@ -43,10 +45,15 @@ class StrictModel(BaseModel):
 class PortSpec(StrictModel):
     """A port the cluster exposes. ``external_port`` 0 asks gpuyard to assign one."""
 
-    internal_port: int = Field(ge=1, le=65535)
-    external_port: int = Field(default=0, ge=0, le=65535)
+    # Strict: "8888" and true are not ports (core/input_rules.py: no coercion).
+    internal_port: int = Field(ge=1, le=65535, strict=True)
+    external_port: int = Field(default=0, ge=0, le=65535, strict=True)
     protocol: Literal["http", "tcp", "udp"] = "tcp"
-    description: str = Field(default="", max_length=200)
+    # Input is held to NAME_PATTERN by the request models (services/requests.py), not
+    # here: ports stored before that rule must still load.
+    description: str = Field(
+        default="", max_length=200, json_schema_extra={"pattern": NAME_PATTERN}
+    )
 
     @property
     def transport(self) -> Literal["tcp", "udp"]:

@@ -9,7 +9,9 @@ Contract:
   most ``max_batch`` of them (answered by an array, in order);
 - ``GET ?query=`` runs queries only; mutations need POST;
 - execution errors answer 200 with ``errors[]`` (``extensions.code``); only a request
-  that is not GraphQL at all answers 400 (or 413 when too large).
+  that is not GraphQL at all answers 400 (or 413 when too large), among them a body or
+  ``variables`` nesting arrays and objects deeper than 64 levels (refused before
+  parsing).
 
 Resolvers are synchronous (the use cases are); a whole request runs on one worker
 thread, outside the event loop, each operation with its own context.
@@ -33,8 +35,10 @@ from gpuyard.api.graphql.limits import DocumentCache
 from gpuyard.api.graphql.schema import SCHEMA
 from gpuyard.api.graphql.settings import GraphQLSettings
 from gpuyard.api.idempotency import IdempotencyKeyHeader
+from gpuyard.api.json_body import OFF_LOOP_BYTES
 from gpuyard.api.state import AppState, app_state, key_from_request
 from gpuyard.core.errors import GpuyardError
+from gpuyard.core.input_rules import MAX_JSON_DEPTH, json_too_deep
 from gpuyard.core.text import nul_path
 from gpuyard.services.auth import Principal
 
@@ -63,6 +67,26 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     )
 
 
+def parse_json(text: bytes | str, what: str) -> Any:
+    """``text`` parsed, or BadRequest (400) when it is not JSON or nests arrays and
+    objects deeper than MAX_JSON_DEPTH: the depth is judged before parsing, so no
+    parser (or resolver) ever recurses on a hostile document."""
+    if json_too_deep(text):
+        raise BadRequest(f"{what} nests arrays and objects deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: a backstop only
+        raise BadRequest(f"{what} is not valid JSON") from exc
+
+
+async def parse_json_off_loop(text: bytes | str, what: str) -> Any:
+    """:func:`parse_json`, on a worker thread when ``text`` is large (api/json_body.py's
+    rule: the depth scan and the parse would otherwise hold the event loop)."""
+    if len(text) <= OFF_LOOP_BYTES:
+        return parse_json(text, what)
+    return await run_in_threadpool(parse_json, text, what)
+
+
 _NUL_IN_QUERY = re.compile(r"\x00|\\u0000|\\u\{0+\}", re.IGNORECASE)
 
 
@@ -77,10 +101,8 @@ def _operation(raw: Any, max_length: int) -> Operation:
     if len(query) > max_length:
         raise BadRequest(f"'query' is longer than {max_length} characters", 413)
     if isinstance(variables, str) and variables:
-        try:
-            variables = json.loads(variables)
-        except ValueError as exc:
-            raise BadRequest("'variables' is not valid JSON") from exc
+        # From a GET query string, at most a URL long: parsed in place.
+        variables = parse_json(variables, "'variables'")
     if variables is not None and not isinstance(variables, dict):
         raise BadRequest("'variables' must be an object")
     if name is not None and not isinstance(name, str):
@@ -172,10 +194,7 @@ async def _operations(request: Request, settings: GraphQLSettings) -> tuple[list
         body = await request.body()
         if len(body) > (limit + 65_536) * settings.max_batch:
             raise BadRequest("request body is too large", 413)
-        try:
-            raw = json.loads(body)
-        except ValueError as exc:
-            raise BadRequest("request body is not valid JSON") from exc
+        raw = await parse_json_off_loop(body, "request body")
     if isinstance(raw, list):
         if not raw:
             raise BadRequest("an empty batch")
