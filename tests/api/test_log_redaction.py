@@ -109,7 +109,9 @@ def test_configure_logging_writes_redacted_lines_to_the_given_stream() -> None:
     stream = io.StringIO()
     try:
         configure_logging(stream=stream)
-        logging.getLogger("uvicorn.access").handle(access_line("/x?api%5Fkey=SECRETD1"))
+        # Straight to the root's handlers: an in-process uvicorn of another test may have
+        # stopped "uvicorn.access" from propagating (``gpuyard serve`` never does).
+        root.handle(access_line("/x?api%5Fkey=SECRETD1"))
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
