@@ -24,8 +24,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuyard.api.envelope import error_body
-from gpuyard.api.graphql.errors import request_error
+from gpuyard.api.surface_errors import surface_error
 
 CODE = "PAYLOAD_TOO_LARGE"
 
@@ -35,13 +34,7 @@ def too_large_body(path: str, limit: int) -> dict[str, Any]:
     ``errors[]``, the training API's ``{code, data, errors, message}``, else REST v1
     (v2 keeps the v1 envelope for errors)."""
     message = f"request body is larger than {limit} bytes (GPUYARD_MAX_BODY_BYTES)"
-    details = {"limit_bytes": limit}
-    if path == "/graphql" or path.startswith("/graphql/"):
-        return request_error(CODE, message)
-    if path.startswith("/distributed_jobs_v2"):
-        errors = {"code": CODE, "details": details}
-        return {"code": 413, "data": {}, "errors": errors, "message": message}
-    return error_body(CODE, message, details)
+    return surface_error(path, 413, CODE, message, {"limit_bytes": limit})
 
 
 def _framing(scope: Scope) -> tuple[int | None, bool]:

@@ -11,8 +11,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpuyard.api.envelope import error_body
-from gpuyard.api.graphql.errors import request_error
+from gpuyard.api.surface_errors import surface_error
 from gpuyard.core.text import NUL
 
 
@@ -32,12 +31,7 @@ def _field(scope: Scope) -> str | None:
 
 def _answer(path: str, field: str) -> dict[str, Any]:
     message = f"{field}: must not contain NUL (\\u0000) characters"
-    if path.startswith("/distributed_jobs_v2"):
-        errors = {"code": "VALIDATION_ERROR", "field": field, "details": {"field": field}}
-        return {"code": 400, "data": {}, "errors": errors, "message": message}
-    if path.startswith("/graphql"):
-        return request_error("VALIDATION_ERROR", message)
-    return error_body("VALIDATION_ERROR", message, {"field": field})
+    return surface_error(path, 400, "VALIDATION_ERROR", message, {"field": field})
 
 
 class NulGuard:

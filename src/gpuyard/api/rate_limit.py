@@ -39,9 +39,8 @@ from typing import Any, NamedTuple
 from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuyard.api.envelope import error_body
-from gpuyard.api.graphql.errors import request_error
 from gpuyard.api.state import key_from
+from gpuyard.api.surface_errors import surface_error
 from gpuyard.core.token_bucket import BucketTable, Decision, Rate
 from gpuyard.services.clock import Clock
 from gpuyard.settings import Settings
@@ -199,14 +198,7 @@ def refusal_body(path: str, verdict: Verdict, retry_after: int) -> dict[str, Any
     """The 429 body in the envelope of the surface ``path`` belongs to."""
     message = f"too many requests {_WHO[verdict.limit]}; retry after {retry_after} s"
     details = {"limit": verdict.limit, "retry_after_s": retry_after}
-    if path.startswith("/graphql"):
-        body = request_error(CODE, message)
-        body["errors"][0]["extensions"]["details"] = details
-        return body
-    if path.startswith("/distributed_jobs_v2"):
-        errors = {"code": CODE, "details": details}
-        return {"code": 429, "data": {}, "errors": errors, "message": message}
-    return error_body(CODE, message, details)
+    return surface_error(path, 429, CODE, message, details)
 
 
 class RateLimit:
