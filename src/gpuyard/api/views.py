@@ -8,6 +8,7 @@ from typing import Any
 
 from gpuyard.core.ledger import MICRO
 from gpuyard.core.progress import progress_for
+from gpuyard.core.secret_env import masked_env
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services.cluster_views import ClusterDetails
 from gpuyard.store.schema import Cluster, Event
@@ -138,7 +139,7 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "cloud_type": c.cloud_type,
         "interruptible": bool(c.interruptible),
         "bid_per_gpu": c.bid_per_gpu,
-        "env": dict(c.env),
+        "env": masked_env(c.env),
         "ports": [
             {
                 "internal_port": p.internal_port,

@@ -34,6 +34,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.hosts import gpu_uuids
 from gpuyard.services.lifecycle import guarded_update, record_event, transition_cluster
 from gpuyard.services.placement import release_all, release_compute
+from gpuyard.services.secrets import open_env, secret_box
 from gpuyard.store.schema import Cluster, PortAllocation, StartupSample
 
 log = logging.getLogger(__name__)
@@ -261,7 +262,9 @@ class ClusterDriver:
                 session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == c.id))
             )
             uuids = gpu_uuids(session, c.host_id, list(c.gpu_indices)) if c.host_id else ()
-        env = dict(c.env)
+        # Secret values are opened here only, for the engine (SecretUnreadable fails the
+        # start with a message naming the key file).
+        env = open_env(secret_box(self.ctx.settings), c.env)
         indices = ",".join(str(i) for i in c.gpu_indices)
         if uuids:
             # Real GPUs are handed over as devices; inside they are numbered from 0.

@@ -44,6 +44,7 @@ from gpuyard.reconciler.training_recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
+from gpuyard.services.secrets import secret_box
 from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of, transition_training
 from gpuyard.store.schema import (
     Cluster,
@@ -339,7 +340,7 @@ class TrainingOperator:
         c = snap.cluster
         names = NodeName(c.id, c.name_prefix)
         files: dict[str, tuple[bytes, int]] = {
-            "munge.key": (base64.b64decode(c.munge_key), 0o400),
+            "munge.key": (base64.b64decode(secret_box(self.ctx.settings).open(c.munge_key)), 0o400),
             "slurm.conf": (
                 slurm_config.slurm_conf(names.prefix, names.controller, 64).encode(),
                 0o644,

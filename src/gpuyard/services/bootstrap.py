@@ -15,18 +15,37 @@ from gpuyard.services.auth import IssuedKey, bootstrap_admin
 from gpuyard.services.catalog import seed_catalog
 from gpuyard.services.context import Context
 from gpuyard.services.discovery import discover
-from gpuyard.services.host_identity import MACHINE_ID_PATH, local_host_id
+from gpuyard.services.host_identity import HOST_ID_FILE, MACHINE_ID_PATH, local_host_id
 from gpuyard.services.hosts import register_host
 from gpuyard.services.images import ensure_default_image
 from gpuyard.services.plans import seed_plans
+from gpuyard.services.secrets import load_or_create_key, seal_stored_secrets
 from gpuyard.settings import Settings
-from gpuyard.store.db import make_engine, make_sessionmaker
+from gpuyard.store.db import make_engine, make_sessionmaker, truncate_wal
 from gpuyard.store.migrate import upgrade
+
+# Files under the home that hold secrets or identities: owner-only, whatever the umask
+# or an older version left (the database files are db.py's).
+_PRIVATE_FILES = ("credentials", HOST_ID_FILE, "secret.key")
+
+
+def secure_home(home: Path) -> None:
+    """Create ``home`` (0700) or set an existing one to 0700, and set the private files
+    already in it to 0600, so no other local user reads the database, the credentials
+    or the keys. Idempotent."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    for name in _PRIVATE_FILES:
+        path = home / name
+        if path.is_file():
+            os.chmod(path, 0o600)
 
 
 def open_store(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
-    """Connect and bring the schema to the latest migration."""
-    settings.home.mkdir(parents=True, exist_ok=True)
+    """Secure the home, create the secret key, connect and bring the schema to the
+    latest migration (the SQLite files are made owner-only by make_engine)."""
+    secure_home(settings.home)
+    load_or_create_key(settings.secret_key_path)
     engine = make_engine(settings.effective_database_url)
     upgrade(engine)
     return engine, make_sessionmaker(engine)
@@ -44,7 +63,11 @@ def write_credentials(path: Path, url: str, key: str) -> None:
 def first_start(ctx: Context) -> IssuedKey | None:
     """Seed the catalog, the node plans and the default Slurm image (each only adds
     what is missing); on the very first start create the admin and its key, and save
-    the key to the credentials file. Returns the key to print, else None."""
+    the key to the credentials file; seal plaintext secrets older versions stored
+    (services/secrets.py). Returns the key to print, else None."""
+    if seal_stored_secrets(ctx):
+        # The WAL still holds the plaintext page versions the pass replaced.
+        truncate_wal(ctx.sessions.kw["bind"])
     with ctx.transaction() as session:
         seed_catalog(session)
         # Plans derive from the catalog just seeded.

@@ -50,6 +50,7 @@ from gpuyard.services.lifecycle import (
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.port_rules import check_external_ports, server_ports
 from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
+from gpuyard.services.secrets import SecretBox, seal_env, secret_box, update_env
 from gpuyard.store.schema import Cluster, Event, Host, Project
 
 MAX_CONFLICT_RETRIES = 5
@@ -236,7 +237,7 @@ def create_cluster(
             name=body.name or f"cluster-{cluster_id[:6]}",
             image=body.docker_image,
             docker_args=body.docker_args,
-            env=dict(body.env),
+            env=seal_env(secret_box(ctx.settings), body.env, body.secret_env),
             ports=_ports_json(body.ports),
             gpu_type=gpu.id if gpu else None,
             gpu_count=gpu_count,
@@ -303,7 +304,7 @@ def _merge_ports(current: tuple[PortSpec, ...], updates: list[PortSpec]) -> tupl
 
 
 def _apply_start_changes(
-    session: Session, cluster: Cluster, body: StartCluster
+    session: Session, cluster: Cluster, body: StartCluster, box: SecretBox
 ) -> tuple[dict[str, Any], list[str], list[str]]:
     """Validated column changes, the human list of what changed, and rate reasons."""
     values: dict[str, Any] = {}
@@ -340,13 +341,8 @@ def _apply_start_changes(
                     reason = "Memory downgrade"
                 reasons.append(reason)
     if body.environment_updates:
-        env = dict(cluster.env)
-        for name, value in body.environment_updates.items():
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
-        values["env"] = env
+        # Secret values sealed; a mask sent back keeps the stored secret.
+        values["env"] = update_env(box, cluster.env, body.environment_updates, body.secret_env)
         applied.append("environment: " + ", ".join(sorted(body.environment_updates)))
     if body.port_mapping_updates is not None:
         ports = _merge_ports(ports_of(cluster), body.port_mapping_updates)
@@ -404,7 +400,9 @@ def start_cluster(
                 # Detached: proposed changes must reach the row only through the funnel.
                 session.expunge(cluster)
                 previous = rate_of(session, cluster, ctx, running=True).total
-                values, applied, reasons = _apply_start_changes(session, cluster, body)
+                values, applied, reasons = _apply_start_changes(
+                    session, cluster, body, secret_box(ctx.settings)
+                )
                 if bid_per_gpu is not None:
                     gpu = resolve_gpu_type(session, cluster.gpu_type)
                     count = values.get("gpu_count", cluster.gpu_count)

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec, validate_env
+from gpuyard.core.secret_env import env_map_json_schema, split_marks
 from gpuyard.core.text import refuse_nul
 
 # Integer ids are 32-bit in the store (PostgreSQL INTEGER).
@@ -34,7 +44,10 @@ class CreateCluster(_Body):
     volume_mount_path: str = Field(default="/workspace", max_length=512)
     docker_image: str = Field(min_length=1, max_length=512)
     docker_args: str = Field(default="", max_length=8192)
-    env: dict[str, str] = Field(default_factory=dict)
+    # A value may be {"value": ..., "secret": true}: see _secret_marks.
+    env: Annotated[dict[str, str], WithJsonSchema(env_map_json_schema())] = Field(
+        default_factory=dict
+    )
     ports: list[PortSpec] = Field(default_factory=list, max_length=64)
     cloud_type: CloudType = CloudType.SECURE
     auto_terminate: AutoTerminatePolicy | None = None
@@ -43,9 +56,30 @@ class CreateCluster(_Body):
     interruptible: bool = False
     bid_per_gpu: float | None = Field(default=None, gt=0, le=1000)
 
+    # Names the body marked ``secret: true`` (core/secret_env.py).
+    _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
+
     @property
     def spot(self) -> bool:
         return self.interruptible or self.bid_per_gpu is not None
+
+    @property
+    def secret_env(self) -> frozenset[str]:
+        return self._secret_env
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _secret_marks(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        # Marked values become plain strings before validation, so every env rule sees
+        # strings; the marks are kept beside them.
+        marked: frozenset[str] = frozenset()
+        if isinstance(data, dict) and "env" in data:
+            env, marked = split_marks(data["env"])
+            data = {**data, "env": env}
+        body = handler(data)
+        if marked:
+            body._secret_env = marked
+        return body
 
     @field_validator("env")
     @classmethod
@@ -81,10 +115,31 @@ class StartCluster(_Body):
     timeout_minutes: int = Field(default=10, ge=1, le=30)
     update_configuration: ConfigurationUpdate | None = None
     restore_from_snapshot: str | None = Field(default=None, max_length=100)
-    # A null value removes the variable.
-    environment_updates: dict[str, str | None] | None = None
+    # A null value removes the variable; a value may be {"value": ..., "secret": true}.
+    environment_updates: Annotated[
+        dict[str, str | None] | None, WithJsonSchema(env_map_json_schema(nullable=True))
+    ] = None
     port_mapping_updates: list[PortSpec] | None = Field(default=None, max_length=64)
     auto_terminate_updates: AutoTerminateUpdate | None = None
+
+    # Names the body marked ``secret: true`` (core/secret_env.py).
+    _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @property
+    def secret_env(self) -> frozenset[str]:
+        return self._secret_env
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _secret_marks(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        marked: frozenset[str] = frozenset()
+        if isinstance(data, dict) and "environment_updates" in data:
+            env, marked = split_marks(data["environment_updates"], nullable=True)
+            data = {**data, "environment_updates": env}
+        body = handler(data)
+        if marked:
+            body._secret_env = marked
+        return body
 
     @field_validator("environment_updates")
     @classmethod

@@ -39,6 +39,7 @@ from gpuyard.services.port_rules import server_ports
 from gpuyard.services.projects import acting_account, resolve_project
 from gpuyard.services.reserved_ips import get_reserved_ip
 from gpuyard.services.resource_util import in_id_range
+from gpuyard.services.secrets import secret_box
 from gpuyard.services.security_groups import groups_by_ids
 from gpuyard.services.ssh_keys import keys_by_ids
 from gpuyard.services.training_inputs import (
@@ -428,7 +429,10 @@ def create_cluster(
             ssh_key_ids=[k.id for k in keys],
             security_group_ids=groups,
             lifecycle_script=spec.lifecycle_script,
-            munge_key=base64.b64encode(secrets.token_bytes(1024)).decode(),
+            # Sealed at rest (services/secrets.py); opened only for the nodes' files.
+            munge_key=secret_box(ctx.settings).seal(
+                base64.b64encode(secrets.token_bytes(1024)).decode()
+            ),
             next_worker=spec.no_of_nodes + 1,
             operation={"action": "create", "token": secrets.token_hex(8)},
             created_at=now,

@@ -1,8 +1,11 @@
 """Engine and session set-up. SQLite runs in WAL mode with a busy timeout; its
-transactions begin explicitly so a placement's first statement takes the write lock."""
+transactions begin explicitly so a placement's first statement takes the write lock.
+Its files are the owner's only (0600): they hold secrets' ciphertexts, key hashes and
+every tenant's configuration."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,29 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
 
 
+# SQLite's companions of a database file; it creates them with the database file's
+# mode (whatever the umask), so a 0600 database gets 0600 companions.
+SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+
+
+def secure_sqlite_files(path: Path) -> None:
+    """Create the database file at ``path`` as 0600 before SQLite first opens it (SQLite
+    would make it 0644 under the usual umask), and set it and its existing -wal, -shm
+    and -journal files to 0600. Idempotent."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for suffix in SQLITE_SUFFIXES:
+        companion = Path(f"{path}{suffix}")
+        if companion.is_file():
+            os.chmod(companion, 0o600)
+
+
 def _sqlite_engine(url: str) -> Engine:
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # A plain file path only: a "file:" URI or query options are SQLite's to parse.
+        if "?" not in path and not path.startswith("file:"):
+            secure_sqlite_files(Path(path))
     engine = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": 30},
@@ -42,6 +64,9 @@ def _sqlite_engine(url: str) -> Engine:
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA busy_timeout=30000")
+        # Freed space is zeroed: a value overwritten by its sealed form (or deleted)
+        # leaves no plaintext behind in the file's free pages.
+        cur.execute("PRAGMA secure_delete=ON")
         cur.close()
 
     @event.listens_for(engine, "begin")
@@ -55,6 +80,19 @@ def _sqlite_engine(url: str) -> Engine:
         conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE" if mode else "BEGIN")
 
     return engine
+
+
+def truncate_wal(engine: Engine) -> None:
+    """Checkpoint a SQLite database and truncate its WAL, so page versions it held
+    (plaintext a start-up pass has just overwritten) are gone from disk. Best effort:
+    a reader holding an old snapshot leaves the WAL as it is. No-op elsewhere."""
+    if engine.dialect.name != "sqlite":
+        return
+    raw = engine.raw_connection()
+    try:
+        raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[union-attr]
+    finally:
+        raw.close()
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

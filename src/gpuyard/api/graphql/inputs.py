@@ -40,6 +40,11 @@ class ComputeType(Enum):
 class EnvironmentVariableInput:
     key: str
     value: str
+    secret: bool | None = strawberry.field(
+        default=None,
+        description="Store the value encrypted and show it masked (names with PASSWORD, "
+        "TOKEN, SECRET, KEY, ... are secret without it)",
+    )
 
 
 @strawberry.input(name="DeployInputFields", description="Fields every deploy input has.")
@@ -285,7 +290,11 @@ def create_bodies(
         "name": data.name or "",
         "docker_image": data.image_name,
         "docker_args": data.docker_args or "",
-        "env": {e.key: e.value for e in data.env or [] if e is not None},
+        "env": {
+            e.key: {"value": e.value, "secret": True} if e.secret else e.value
+            for e in data.env or []
+            if e is not None
+        },
         "ports": parse_ports(data.ports, data.port),
         "volume_mount_path": data.volume_mount_path or "/workspace",
         "volume_gb": data.volume_in_gb or 0,

@@ -21,6 +21,7 @@ from gpuyard.api.graphql.context import GqlContext
 from gpuyard.api.graphql.inputs import GpuLowestPriceInput
 from gpuyard.api.views import iso
 from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity
+from gpuyard.core.secret_env import masked_env
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services import spot
 from gpuyard.services.cluster_views import ClusterDetails
@@ -152,7 +153,9 @@ class Pod:
     image_name: str
     docker_args: str
     docker_id: str | None
-    env: list[str] = strawberry.field(description='"KEY=value" strings, as RunPod shows them')
+    env: list[str] = strawberry.field(
+        description='"KEY=value" strings, as RunPod shows them; secret values as "KEY=********"'
+    )
     gpu_count: int
     vcpu_count: float
     memory_in_gb: float
@@ -240,7 +243,7 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
         image_name=c.image,
         docker_args=c.docker_args,
         docker_id=(c.runtime_handle or {}).get("container_id"),
-        env=[f"{k}={v}" for k, v in c.env.items()],
+        env=[f"{k}={v}" for k, v in masked_env(c.env).items()],
         gpu_count=c.gpu_count,
         vcpu_count=c.cpu_cores,
         memory_in_gb=c.memory_gb,
