@@ -20,7 +20,12 @@ from pydantic import (
 )
 
 from gpuyard.api.schemas import Meta
-from gpuyard.core.input_rules import NAME_PATTERN, TEXT_PATTERN, check_name, check_text
+from gpuyard.core.input_rules import (
+    REQUIRED_NAME_PATTERN,
+    TEXT_PATTERN,
+    check_name,
+    check_text,
+)
 from gpuyard.core.text import refuse_nul
 
 
@@ -40,7 +45,17 @@ class _In(BaseModel):
 # -- request bodies -----------------------------------------------------------------
 # Names refuse control and bidirectional-text characters; descriptions may also hold
 # tabs and line breaks (core/input_rules.py). The patterns document it in OpenAPI.
-Name = Annotated[StrictStr, Field(json_schema_extra={"pattern": NAME_PATTERN})]
+# Names are 1 to 200 characters (services/*: what they store), versions 1 to 100.
+Name = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": REQUIRED_NAME_PATTERN}),
+]
+# No text field takes a NUL (_In refuses one anywhere in the body).
+NO_NUL = "^[^\\u0000]*$"
+Version = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=100, json_schema_extra={"pattern": REQUIRED_NAME_PATTERN}),
+]
 Text = Annotated[StrictStr, Field(json_schema_extra={"pattern": TEXT_PATTERN})]
 
 
@@ -64,7 +79,7 @@ class AddSshKey(_In):
 
 class RegisterImage(_In):
     name: Name
-    version: Name
+    version: Version
     # An image reference the container engine can run.
     image: StrictStr
     description: Text | None = None
@@ -77,8 +92,11 @@ class RuleIn(_In):
     protocol: Literal["tcp", "udp", "all"]
     # "22" or "8000-9000" (an integer is taken as a single port); core/secgroups.py
     # validates it, so its errors name the field exactly (a union here would not).
-    port_range: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}]})]
-    source_cidr: StrictStr
+    port_range: Annotated[
+        Any,
+        WithJsonSchema({"anyOf": [{"type": "string", "pattern": NO_NUL}, {"type": "integer"}]}),
+    ]
+    source_cidr: Annotated[StrictStr, Field(json_schema_extra={"pattern": NO_NUL})]
 
 
 class SecurityGroupIn(_In):

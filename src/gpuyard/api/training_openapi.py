@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuyard.api.openapi_responses import training_error_responses
 from gpuyard.core import training as domain
+from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN
 from gpuyard.core.training import REQUIRED_FIELDS, Action
 from gpuyard.services.requests import MAX_ID
 from gpuyard.services.resource_util import MAX_IDS
@@ -23,11 +24,9 @@ from gpuyard.services.training_inputs import MAX_NAME_CHARS, MAX_SCRIPT_BYTES
 Schema = dict[str, Any]
 
 ID: Schema = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
-# What core/input_rules.py ``check_name`` refuses (C0, DEL, C1 controls; bidirectional
-# controls and line separators), as an ECMA regex; at least one other character that
-# is not white space, since the name is stored stripped.
-_NOT_IN_NAME = r"\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
-NAME_PATTERN = f"^[^{_NOT_IN_NAME}]*[^\\s{_NOT_IN_NAME}][^{_NOT_IN_NAME}]*$"
+# What core/input_rules.py ``check_name`` refuses, with at least one character that is
+# not white space (the name is stored stripped).
+NAME_PATTERN = REQUIRED_NAME_PATTERN
 ENVELOPE: Schema = {
     "type": "object",
     "title": "TrainingEnvelope",

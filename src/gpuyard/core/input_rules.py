@@ -69,6 +69,9 @@ _TEXT_BAD = rf"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI}"
 # The rules as JSON Schema patterns, so the OpenAPI document says what is accepted.
 NAME_PATTERN = f"^[^{_NAME_BAD}]*$"
 TEXT_PATTERN = f"^[^{_TEXT_BAD}]*$"
+# A required name: as NAME_PATTERN, with at least one character that is not white space
+# (names are stripped before they are stored, so a blank one is empty).
+REQUIRED_NAME_PATTERN = rf"^[^{_NAME_BAD}]*[^{_NAME_BAD}\s][^{_NAME_BAD}]*$"
 _BAD_IN_NAME = re.compile(f"[{_NAME_BAD}]")
 _BAD_IN_TEXT = re.compile(f"[{_TEXT_BAD}]")
 
