@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpuyard.core.models import ENV_NAME, MAX_ENV_VALUE
+
 # Name fragments that make a value secret. Wider than the obvious four on purpose:
 # masking a harmless value costs a user one look at their own config, showing a
 # password costs more. ``KEY`` also catches API_KEY, ACCESS_KEY, PRIVATE_KEY.
@@ -67,19 +69,19 @@ MARKED_VALUE_FIELDS = frozenset({"value", "secret"})
 def env_map_json_schema(*, nullable: bool = False) -> dict[str, object]:
     """The OpenAPI schema of such a map (``nullable``: values may be null, and so may
     the map, as in ``environment_updates``)."""
-    value: dict[str, object] = {"type": "string"}
+    value: dict[str, object] = {"type": "string", "maxLength": MAX_ENV_VALUE}
     values: list[dict[str, object]] = [
-        {"type": "string"},
+        value,
         {
             "type": "object",
-            "properties": {"value": {"type": "string"}, "secret": {"type": "boolean"}},
+            "properties": {"value": value, "secret": {"type": "boolean"}},
             "required": ["value"],
             "additionalProperties": False,
         },
     ]
     if nullable:
-        value = {"type": ["string", "null"]}
-        values[1]["properties"] = {"value": value, "secret": {"type": "boolean"}}
+        nullable_value = {"type": ["string", "null"], "maxLength": MAX_ENV_VALUE}
+        values[1]["properties"] = {"value": nullable_value, "secret": {"type": "boolean"}}
         values.append({"type": "null"})
     schema: dict[str, object] = {
         "type": ["object", "null"] if nullable else "object",
@@ -89,6 +91,7 @@ def env_map_json_schema(*, nullable: bool = False) -> dict[str, object]:
             "PASSWORD, PASSWD, PASSPHRASE, TOKEN, SECRET, KEY, CREDENTIAL or PRIVATE are "
             f'secret without the flag. Sending back the mask "{MASK}" keeps a secret.'
         ),
+        "propertyNames": {"pattern": ENV_NAME.pattern},
         "additionalProperties": {"anyOf": values},
     }
     return schema
