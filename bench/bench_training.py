@@ -394,7 +394,7 @@ def engine_sweep(url: str, rt: SlurmNodeRuntime, cluster_ids: list[int]) -> None
         print(f"cleanup: {e}", file=sys.stderr)
     finally:
         engine.close()
-    # The installation's host firewall chain (net/isolation.py).
+    # The installation's host firewall chain (runtimes/host_firewall.py).
     if rt.engine.firewall is not None:
         rt.engine.firewall.remove()
 
@@ -482,7 +482,9 @@ def main() -> int:
         # so the bench's clean-up and the server's views agree on what is whose.
         label = installation_label(home)
         assert label is not None
-        rt = SlurmNodeRuntime(url, owner=Ownership(label.split("=", 1)[1]), manage_host_firewall=True)
+        rt = SlurmNodeRuntime(
+            url, owner=Ownership(label.split("=", 1)[1]), manage_host_firewall=True
+        )
         rt.node_state("gy-bench-warm-up")  # the SDK client and its version probe, untimed
 
         results: dict[str, list[float]] = {k: [] for k in RESULT_KEYS}

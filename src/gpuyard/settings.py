@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     # Engines that cannot apply CPU/memory limits: refuse creates unless allowed here.
     allow_unenforced_limits: bool = False
     # Each account's clusters share a network closed to other accounts by host firewall
-    # rules (net/isolation.py; root needed on Podman). True: run without them, letting
+    # rules (runtimes/host_firewall.py; root needed on Podman). True: run without them, letting
     # clusters of different accounts reach each other (single-tenant installations).
     allow_unisolated_networks: bool = False
     # How long an Idempotency-Key is remembered.

@@ -21,9 +21,9 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
-from gpuyard.net.isolation import IptablesIsolation
 from gpuyard.runtimes.devimage import build_dev_image
 from gpuyard.runtimes.engine_url import PodmanService
+from gpuyard.runtimes.host_firewall import IptablesIsolation
 
 DEV_IMAGE = "localhost/gpuyard/busybox:latest"
 
@@ -77,6 +77,6 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
                 removed.append(network.name)
     finally:
         client.close()
-    # The installation's host firewall chain (net/isolation.py), if it made one.
+    # The installation's host firewall chain (runtimes/host_firewall.py), if it made one.
     IptablesIsolation(installation_id[:8]).remove()
     return removed

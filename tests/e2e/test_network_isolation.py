@@ -21,10 +21,10 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, Ownership
-from gpuyard.net.isolation import bridge_name
 from gpuyard.runtimes.devimage import SERVE_PORT
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import NotOurs
+from gpuyard.runtimes.host_firewall import bridge_name
 from gpuyard.services.auth import Scope, create_account, issue_key
 from gpuyard.services.bootstrap import open_store
 from gpuyard.settings import Settings

@@ -1,11 +1,11 @@
-"""The host rules that keep account networks apart (net/isolation.py), against a fake
+"""The host rules that keep account networks apart (runtimes/host_firewall.py), against a fake
 iptables that keeps its chains in memory."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuyard.net.isolation import (
+from gpuyard.runtimes.host_firewall import (
     CommandResult,
     IptablesIsolation,
     bridge_name,

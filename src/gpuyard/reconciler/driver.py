@@ -35,7 +35,7 @@ from gpuyard.services.hosts import gpu_uuids
 from gpuyard.services.lifecycle import guarded_update, record_event, transition_cluster
 from gpuyard.services.placement import release_all, release_compute
 from gpuyard.services.secrets import open_env, secret_box
-from gpuyard.store.schema import Cluster, PortAllocation, StartupSample
+from gpuyard.store.schema import Cluster, PortAllocation, Project, StartupSample
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +262,11 @@ class ClusterDriver:
                 session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == c.id))
             )
             uuids = gpu_uuids(session, c.host_id, list(c.gpu_indices)) if c.host_id else ()
+            # The container joins its account's private network: no route to the
+            # clusters of other accounts.
+            account_id = session.scalar(
+                select(Project.account_id).where(Project.id == c.project_id)
+            )
         # Secret values are opened here only, for the engine (SecretUnreadable fails the
         # start with a message naming the key file).
         env = open_env(secret_box(self.ctx.settings), c.env)
@@ -296,6 +301,7 @@ class ClusterDriver:
             labels={LABEL_CLUSTER: c.id},
             # A cluster older than installation ids may still run its old container.
             replaces=legacy_container_name(c.id) if c.volume_name is not None else None,
+            account_id=account_id,
         )
 
     def _stop(self, c: Cluster) -> None:

@@ -20,7 +20,7 @@ Podman differences handled here (measured against Podman 4.3.1, API 1.41):
   read to the end and checked.
 - bridge networks are not dependably isolated from each other (netavark 1.4 drops its
   shared isolation rule whenever any isolated network empties), so the host rules of
-  net/isolation.py keep them apart (:meth:`Engine.ensure_network`).
+  runtimes/host_firewall.py keep them apart (:meth:`Engine.ensure_network`).
 
 Each cluster's container joins its account's private network (one per account, made on
 demand), so clusters of different accounts have no route to each other.

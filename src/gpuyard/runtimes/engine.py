@@ -28,7 +28,7 @@ import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
 from gpuyard.core.ownership import LABEL_INSTALLATION, LABEL_MANAGED, Ownership
-from gpuyard.net.isolation import IptablesIsolation, IsolationUnavailable, bridge_name
+from gpuyard.runtimes.host_firewall import IptablesIsolation, IsolationUnavailable, bridge_name
 
 # The Docker network option that names a bridge network's interface (Podman's compat
 # API honours it too).
@@ -100,7 +100,7 @@ class Engine:
         allow_unisolated_networks: bool = False,
     ) -> None:
         self.base_url = base_url
-        # The host rules that keep our networks apart (net/isolation.py), made when the
+        # The host rules that keep our networks apart (runtimes/host_firewall.py), made when the
         # owner is known (its chain is named after the installation); None: none
         # managed (a remote engine, a caller without networks).
         self.manage_host_firewall = manage_host_firewall
@@ -361,7 +361,7 @@ class Engine:
         self, name: str, labels: Mapping[str, str] | None = None, *, legacy: bool = False
     ) -> None:
         """Create our bridge network ``name`` if it does not exist, then close it to
-        every other network (net/isolation.py): its containers reach the outside world
+        every other network (runtimes/host_firewall.py): its containers reach the outside world
         through NAT and each other, nothing else on the host reaches them except through
         published ports. The bridge interface is named by ``bridge_name(name)`` so the
         host rules can name it.
@@ -393,11 +393,11 @@ class Engine:
         self.isolate([bridge_name(name)])
 
     def isolate(self, bridges: Iterable[str]) -> None:
-        """Apply the host rules that close ``bridges`` (net/isolation.py).
+        """Apply the host rules that close ``bridges`` (runtimes/host_firewall.py).
 
         Without a host firewall we can change (``firewall`` None, or not root): on
         Docker its own isolation of bridge networks holds and this is a no-op; on Podman
-        (netavark's isolation is not dependable, see net/isolation.py) it raises
+        (netavark's isolation is not dependable, see runtimes/host_firewall.py) it raises
         RuntimeFailure unless the operator allowed shared networks."""
         if self.allow_unisolated_networks:
             return
