@@ -33,9 +33,20 @@ from schemathesis.generation.case import Case
 SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     # gpu_type: the catalog; docker_image: the registry allow-list setting; ports: the
     # host port range setting; bid_per_gpu/interruptible: a bid needs a GPU type and
-    # must reach its spot floor (catalog prices); project_id: must exist.
+    # must reach its spot floor (catalog prices); project_id: must exist;
+    # volume_mount_path: its pattern says "absolute, plain segments", but which system
+    # directories are refused (/sys, /lib*, ...) and "no . or .. segment" would need
+    # look-ahead, which the fuzzer's regex generation does not take.
     ("POST", "/v1/clusters"): frozenset(
-        {"gpu_type", "docker_image", "ports", "bid_per_gpu", "interruptible", "project_id"}
+        {
+            "gpu_type",
+            "docker_image",
+            "ports",
+            "bid_per_gpu",
+            "interruptible",
+            "project_id",
+            "volume_mount_path",
+        }
     ),
     # A start may change ports (host port range setting) and the GPU type (catalog).
     ("POST", "/v1/clusters/{cluster_id}/start"): frozenset(
@@ -88,6 +99,9 @@ def _code(body: Any) -> str | None:
     return code if isinstance(code, str) else None
 
 
+_NUL_REFUSAL = "must not contain NUL"
+
+
 @schemathesis.check
 def rejection_names_a_semantic_field(ctx: Any, response: Response, case: Case) -> None:
     meta = case.meta
@@ -103,7 +117,12 @@ def rejection_names_a_semantic_field(ctx: Any, response: Response, case: Case) -
     allowed = SEMANTIC_FIELDS.get((case.method.upper(), case.path))
     if allowed is None:
         return  # positive_data_acceptance judges it, with 400 not allowed
-    field = _field(response.json())
+    body = response.json()
+    if _NUL_REFUSAL in str(body):
+        # No text anywhere takes a NUL (docs/decisions.md): one rule for every string,
+        # which the document would otherwise have to repeat as a pattern on each.
+        return
+    field = _field(body)
     root = _ROOT.match(field or "")
     if root is None or root.group(0) not in allowed:
         raise AssertionError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -25,6 +26,9 @@ _HTTP_CODES = {
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
 }
+
+
+_NAMED_ERROR = re.compile(r"^([A-Za-z_][\w.\[\]-]*): (.+)$", re.DOTALL)
 
 
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -51,6 +55,12 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
             field, msg = "body", "request body is not valid JSON"
         elif err.get("type") == "extra_forbidden":
             msg = "unknown field"
+        elif field == "body" and err.get("type") == "value_error":
+            # A whole-body check (the NUL guard of the request models) says where in its
+            # message, "env.TOKEN: must not contain ...": name that field.
+            named = _NAMED_ERROR.match(str((err.get("ctx") or {}).get("error", "")))
+            if named is not None:
+                field, msg = named.group(1), named.group(2)
         errors.append({"field": field, "message": msg})
     first = errors[0] if errors else {"field": "body", "message": "invalid request"}
     return JSONResponse(

@@ -6,6 +6,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
+from gpuyard.core.autoterm import shown_policy
 from gpuyard.core.ledger import MICRO
 from gpuyard.core.progress import progress_for
 from gpuyard.core.secret_env import masked_env
@@ -86,10 +87,12 @@ def cost(d: ClusterDetails) -> dict[str, Any]:
 
 
 def auto_terminate(d: ClusterDetails) -> dict[str, Any]:
-    """The stored policy, plus what fires next and when (null when nothing will)."""
+    """The stored policy, plus what fires next and when (null when nothing will) and
+    ``error``: why a stored policy is not enforced (null when it is valid)."""
     nxt = d.next_auto_terminate
     return {
-        **(dict(d.cluster.auto_terminate) or {"enabled": False}),
+        **shown_policy(d.cluster.auto_terminate),
+        "error": d.auto_terminate_error,
         "next_deadline_at": iso(nxt.at) if nxt else None,
         "next_rule": nxt.rule.value if nxt else None,
         "next_action": nxt.action if nxt else None,

@@ -106,6 +106,9 @@ FORBIDDEN_MOUNT_ALIASES = ("/var/run", "/var/lock")
 # Plain path segments only: ':' and ',' mean something in the engine's mount syntax.
 _SEGMENT = re.compile(r"[A-Za-z0-9._@+=~-]+")
 MAX_MOUNT_PATH_CHARS = 512
+# The shape of a mount path for the OpenAPI document: absolute, plain segments (the
+# system directories and "." / ".." segments are refused by check_mount_path).
+MOUNT_PATH_PATTERN = r"^(/[A-Za-z0-9._@+=~-]+)+$"
 
 
 def check_mount_path(path: str) -> str:

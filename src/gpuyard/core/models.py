@@ -18,6 +18,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -38,6 +39,26 @@ class GpuSource(StrEnum):
     DECLARED = "declared"
 
 
+def _int_fields(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(
+        name for name, info in model.model_fields.items() if info.annotation in (int, int | None)
+    )
+
+
+def whole_floats_as_ints(model: type[BaseModel], data: Any) -> Any:
+    """``data`` with a whole float (17.0) given for one of ``model``'s integer fields
+    turned into the integer: JSON Schema counts it as one, and so do clients that write
+    every number as a float. Strings and booleans stay for the strict check to refuse;
+    the fields keep their plain integer schema."""
+    if not isinstance(data, dict):
+        return data
+    ints = _int_fields(model)
+    return {
+        k: int(v) if k in ints and isinstance(v, float) and v.is_integer() else v
+        for k, v in data.items()
+    }
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -45,7 +66,12 @@ class StrictModel(BaseModel):
 class PortSpec(StrictModel):
     """A port the cluster exposes. ``external_port`` 0 asks gpuyard to assign one."""
 
-    # Strict: "8888" and true are not ports (core/input_rules.py: no coercion).
+    # Strict: "8888" and true are not ports (core/input_rules.py: no coercion); 8888.0 is.
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_floats(cls, data: Any) -> Any:
+        return whole_floats_as_ints(cls, data)
+
     internal_port: int = Field(ge=1, le=65535, strict=True)
     external_port: int = Field(default=0, ge=0, le=65535, strict=True)
     protocol: Literal["http", "tcp", "udp"] = "tcp"

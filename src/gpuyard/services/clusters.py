@@ -26,6 +26,7 @@ from gpuyard.core.errors import (
 )
 from gpuyard.core.ids import new_cluster_id
 from gpuyard.core.image_refs import check_image
+from gpuyard.core.input_rules import MAX_ENV_VARS
 from gpuyard.core.models import CloudType, GpuTypeInfo, PortSpec, ResourceRequest
 from gpuyard.core.pricing import RateParts, spot_floor
 from gpuyard.core.progress import STEP_ALLOCATED
@@ -37,6 +38,7 @@ from gpuyard.core.states import (
     allowed_actions,
 )
 from gpuyard.services.auth import Principal
+from gpuyard.services.autoterm_policy import merge_policy
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
@@ -343,6 +345,13 @@ def _apply_start_changes(
     if body.environment_updates:
         # Secret values sealed; a mask sent back keeps the stored secret.
         values["env"] = update_env(box, cluster.env, body.environment_updates, body.secret_env)
+        # Each request is bounded by its model; this bounds what repeated ones add up to.
+        if len(values["env"]) > max(MAX_ENV_VARS, len(cluster.env)):
+            raise ValidationFailed(
+                "environment_updates",
+                f"the cluster would have {len(values['env'])} environment variables;"
+                f" at most {MAX_ENV_VARS}",
+            )
         applied.append("environment: " + ", ".join(sorted(body.environment_updates)))
     if body.port_mapping_updates is not None:
         ports = _merge_ports(ports_of(cluster), body.port_mapping_updates)
@@ -352,7 +361,9 @@ def _apply_start_changes(
             + ", ".join(f"{p.internal_port}/{p.protocol}" for p in body.port_mapping_updates)
         )
     if body.auto_terminate_updates is not None:
-        values["auto_terminate"] = merged_policy(cluster, body.auto_terminate_updates)
+        values["auto_terminate"] = merged_policy(
+            cluster, body.auto_terminate_updates, "auto_terminate_updates."
+        )
         applied.append(
             "auto_terminate: " + ", ".join(sorted(body.auto_terminate_updates.model_fields_set))
         )
@@ -471,13 +482,12 @@ def start_cluster(
     raise Conflict(f"cluster {cluster_id} keeps changing; retry")
 
 
-def merged_policy(cluster: Cluster, update: AutoTerminateUpdate) -> dict[str, Any]:
-    """The cluster's policy with ``update``'s fields applied (enabled by default)."""
-    policy = dict(cluster.auto_terminate or {})
-    policy.update(update.model_dump(exclude_unset=True))
-    policy.setdefault("enabled", True)
-    policy.setdefault("action", "stop")
-    return policy
+def merged_policy(
+    cluster: Cluster, update: AutoTerminateUpdate, prefix: str = ""
+) -> dict[str, Any]:
+    """The cluster's policy with ``update``'s fields applied (enabled by default),
+    validated as a whole (ValidationFailed otherwise; see services/autoterm_policy.py)."""
+    return merge_policy(cluster.auto_terminate, update, prefix)
 
 
 def update_auto_terminate(

@@ -15,12 +15,41 @@ from pydantic import (
     model_validator,
 )
 
-from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec, validate_env
+from gpuyard.core.input_rules import (
+    MAX_DB_ID,
+    MAX_MOUNT_PATH_CHARS,
+    MOUNT_PATH_PATTERN,
+    NAME_PATTERN,
+    check_env_limits,
+    check_mount_path,
+    check_name,
+)
+from gpuyard.core.models import (
+    AutoTerminateAction,
+    AutoTerminatePolicy,
+    CloudType,
+    CostLimitUsd,
+    IdleMinutes,
+    MaxRuntimeHours,
+    PortSpec,
+    validate_env,
+    whole_floats_as_ints,
+)
 from gpuyard.core.secret_env import env_map_json_schema, split_marks
 from gpuyard.core.text import refuse_nul
 
 # Integer ids are 32-bit in the store (PostgreSQL INTEGER).
-MAX_ID = 2**31 - 1
+MAX_ID = MAX_DB_ID
+
+
+def check_port_labels(ports: list[PortSpec]) -> list[PortSpec]:
+    """``ports`` unchanged, or ValueError when a description is not a clean label."""
+    for i, port in enumerate(ports):
+        try:
+            check_name(port.description)
+        except ValueError as exc:
+            raise ValueError(f"[{i}].description {exc}") from None
+    return ports
 
 
 class _Body(BaseModel):
@@ -29,19 +58,24 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_nul(cls, data: Any) -> Any:
-        return refuse_nul(data)
+        return whole_floats_as_ints(cls, refuse_nul(data))
 
 
 class CreateCluster(_Body):
-    name: str = Field(default="", max_length=200)
-    project_id: int | None = Field(default=None, ge=1, le=MAX_ID)
+    name: str = Field(default="", max_length=200, json_schema_extra={"pattern": NAME_PATTERN})
+    # Numbers are strict (here and below): "2" and true are not 2.
+    project_id: int | None = Field(default=None, ge=1, le=MAX_ID, strict=True)
     gpu_type: str | None = None
-    gpu_count: int | None = Field(default=None, ge=0, le=64)
-    cpu_cores: int = Field(default=2, ge=1, le=1024)
-    memory_gb: int = Field(default=4, ge=1, le=16384)
-    container_disk_gb: int = Field(default=10, ge=1, le=65536)
-    volume_gb: int = Field(default=0, ge=0, le=1048576)
-    volume_mount_path: str = Field(default="/workspace", max_length=512)
+    gpu_count: int | None = Field(default=None, ge=0, le=64, strict=True)
+    cpu_cores: int = Field(default=2, ge=1, le=1024, strict=True)
+    memory_gb: int = Field(default=4, ge=1, le=16384, strict=True)
+    container_disk_gb: int = Field(default=10, ge=1, le=65536, strict=True)
+    volume_gb: int = Field(default=0, ge=0, le=1048576, strict=True)
+    volume_mount_path: str = Field(
+        default="/workspace",
+        max_length=MAX_MOUNT_PATH_CHARS,
+        json_schema_extra={"pattern": MOUNT_PATH_PATTERN},
+    )
     docker_image: str = Field(min_length=1, max_length=512)
     docker_args: str = Field(default="", max_length=8192)
     # A value may be {"value": ..., "secret": true}: see _secret_marks.
@@ -53,8 +87,8 @@ class CreateCluster(_Body):
     auto_terminate: AutoTerminatePolicy | None = None
     # Spot: a bid per GPU-hour at or above the GPU type's spot floor; the cluster may
     # be preempted (stopped, volume kept) by on-demand requests or higher bids.
-    interruptible: bool = False
-    bid_per_gpu: float | None = Field(default=None, gt=0, le=1000)
+    interruptible: bool = Field(default=False, strict=True)
+    bid_per_gpu: float | None = Field(default=None, gt=0, le=1000, strict=True)
 
     # Names the body marked ``secret: true`` (core/secret_env.py).
     _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
@@ -84,35 +118,49 @@ class CreateCluster(_Body):
     @field_validator("env")
     @classmethod
     def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        check_env_limits(env)
         return validate_env(env)
+
+    # -- input rules (core/input_rules.py): names, mount path, port labels --
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        return check_name(name)
 
     @field_validator("volume_mount_path")
     @classmethod
     def _mount(cls, path: str) -> str:
-        if not path.startswith("/") or ".." in path.split("/") or path == "/":
-            raise ValueError("must be an absolute path (not '/') without '..'")
-        return path
+        return check_mount_path(path)
+
+    @field_validator("ports")
+    @classmethod
+    def _port_labels(cls, ports: list[PortSpec]) -> list[PortSpec]:
+        return check_port_labels(ports)
 
 
 class ConfigurationUpdate(_Body):
-    cpu_cores: int | None = Field(default=None, ge=1, le=1024)
-    memory_gb: int | None = Field(default=None, ge=1, le=16384)
-    storage_gb: int | None = Field(default=None, ge=0, le=1048576)
+    cpu_cores: int | None = Field(default=None, ge=1, le=1024, strict=True)
+    memory_gb: int | None = Field(default=None, ge=1, le=16384, strict=True)
+    storage_gb: int | None = Field(default=None, ge=0, le=1048576, strict=True)
     docker_image: str | None = Field(default=None, min_length=1, max_length=512)
-    gpu_count: int | None = Field(default=None, ge=0, le=64)
+    gpu_count: int | None = Field(default=None, ge=0, le=64, strict=True)
 
 
 class AutoTerminateUpdate(_Body):
-    enabled: bool | None = None
-    idle_minutes: float | None = Field(default=None, gt=0, le=525600)
-    cost_limit_usd: float | None = Field(default=None, gt=0)
-    max_runtime_hours: float | None = Field(default=None, gt=0, le=8760)
-    action: str | None = Field(default=None, pattern="^(stop|terminate)$")
+    """Changes to a policy: only the fields sent apply (a rule sent as null is
+    removed). Values have the bounds of ``AutoTerminatePolicy``; ``enabled`` and
+    ``action`` may be left out but not sent as null."""
+
+    enabled: bool = Field(default=True, strict=True)
+    idle_minutes: IdleMinutes | None = None
+    cost_limit_usd: CostLimitUsd | None = None
+    max_runtime_hours: MaxRuntimeHours | None = None
+    action: AutoTerminateAction = "stop"
 
 
 class StartCluster(_Body):
-    wait_for_ready: bool = False
-    timeout_minutes: int = Field(default=10, ge=1, le=30)
+    wait_for_ready: bool = Field(default=False, strict=True)
+    timeout_minutes: int = Field(default=10, ge=1, le=30, strict=True)
     update_configuration: ConfigurationUpdate | None = None
     restore_from_snapshot: str | None = Field(default=None, max_length=100)
     # A null value removes the variable; a value may be {"value": ..., "secret": true}.
@@ -145,10 +193,16 @@ class StartCluster(_Body):
     @classmethod
     def _env(cls, env: dict[str, str | None] | None) -> dict[str, str | None] | None:
         if env:
+            check_env_limits(env)
             validate_env({k: v or "" for k, v in env.items()})
         return env
 
+    @field_validator("port_mapping_updates")
+    @classmethod
+    def _port_labels(cls, ports: list[PortSpec] | None) -> list[PortSpec] | None:
+        return None if ports is None else check_port_labels(ports)
+
 
 class BidResume(_Body):
-    bid_per_gpu: float = Field(gt=0, le=1000)
-    gpu_count: int | None = Field(default=None, ge=1, le=64)
+    bid_per_gpu: float = Field(gt=0, le=1000, strict=True)
+    gpu_count: int | None = Field(default=None, ge=1, le=64, strict=True)

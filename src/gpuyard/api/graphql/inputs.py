@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from gpuyard.api.graphql.errors import from_pydantic
 from gpuyard.core.errors import NotFound, ValidationFailed
+from gpuyard.core.input_rules import MAX_ENV_VARS
 from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec
 from gpuyard.services.requests import CreateCluster
 
@@ -281,6 +282,11 @@ def create_bodies(
     if data.instance_id and (m := _INSTANCE.match(data.instance_id)):
         vcpus = vcpus or int(m.group(1))
         memory = memory or int(m.group(2))
+    if data.env is not None and len(data.env) > MAX_ENV_VARS:
+        # Counted as sent: duplicates would otherwise hide in the dict built below.
+        raise ValidationFailed(
+            "input.env", f"{len(data.env)} environment variables; at most {MAX_ENV_VARS}"
+        )
     auto: AutoTerminatePolicy | None = None
     if data.stop_after:
         auto = _deadline(data.stop_after, "input.stopAfter", now, "stop")
