@@ -46,6 +46,13 @@ def test_table_aligns_and_fills_blanks() -> None:
     assert cell(2.0) == "2" and cell(0.0014) == "0.0014" and cell(True) == "yes"
 
 
+def test_cells_never_carry_terminal_escapes_or_bidi_controls() -> None:
+    # A name stored before the input rules: shown, not acted on by the terminal.
+    assert cell("job\x1b[2J\x07") == "job\ufffd[2J\ufffd"
+    assert cell("evil\u202etxt.exe") == "evil\ufffdtxt.exe"
+    assert cell("plain name") == "plain name"
+
+
 def test_format_api_error_lists_details() -> None:
     err = ApiError(
         "INVALID_STATE",

@@ -1,5 +1,5 @@
-"""Parameters shared by the training-resource routers: path ids, the ``project_id``
-and ``active_iam`` query parameters, each rejected with a 400 naming it when malformed
+"""Parameters shared by the training-resource routers: the ``project_id`` and
+``active_iam`` query parameters, each rejected with a 400 naming it when malformed
 or out of the store's id range."""
 
 from __future__ import annotations
@@ -17,14 +17,6 @@ from gpuyard.services.projects import (
     resource_scope,
 )
 from gpuyard.store.schema import Project
-
-
-def path_id(name: str, value: str) -> int:
-    """An integer id from the path, 1..MAX_DB_ID. Raises ValidationFailed(name) for
-    anything else (routes typed with api/path_ids.py's ``IdPath`` need none of this)."""
-    number = parse_id(name, value, required=True)
-    assert number is not None
-    return number
 
 
 def query_id(request: Request, name: str) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 import click
 
 from gpuyard.cli.client import ApiError
+from gpuyard.core.input_rules import shown_safely
 
 JSON = dict[str, Any]
 
@@ -21,14 +22,16 @@ def print_json(data: Any) -> None:
 
 
 def cell(value: Any) -> str:
-    """A value as a table cell: ``-`` for None/empty, ``yes``/``no`` for booleans."""
+    """A value as a table cell: ``-`` for None/empty, ``yes``/``no`` for booleans;
+    control and bidirectional-text characters shown as U+FFFD (a name stored before
+    the input rules must not drive the terminal)."""
     if value is None or value == "" or value == [] or value == {}:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.4f}".rstrip("0").rstrip(".") if value else "0"
-    return str(value)
+    return shown_safely(str(value))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -84,6 +84,13 @@ def _refuse(pattern: re.Pattern[str], value: str, what: str) -> str:
     return value
 
 
+def shown_safely(value: str) -> str:
+    """``value`` with every character a name may not hold (controls, bidirectional
+    controls) replaced by U+FFFD: for text stored before the rules, shown on a
+    terminal, where an escape sequence would act instead of being seen."""
+    return _BAD_IN_NAME.sub("\ufffd", value)
+
+
 def check_name(value: str) -> str:
     """``value`` unchanged, or ValueError when it holds a control character (C0, DEL,
     C1) or a bidirectional-text control. For every user-chosen name."""

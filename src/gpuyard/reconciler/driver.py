@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError
+from gpuyard.core.image_refs import check_image
 from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
 from gpuyard.core.restarts import RestartPolicy, judge_failure
@@ -187,7 +188,7 @@ class ClusterDriver:
         try:
             # Progress is recorded at the points that take time, not at every step:
             # each record is a write transaction on the start path.
-            self.runtime.ensure_image(c.image)
+            self._ensure_image(c)
             # Container creation always repeats: it replaces any container left over
             # from an interrupted attempt or the previous run (restart).
             container_id = self.runtime.create(self._spec(c))
@@ -411,10 +412,18 @@ class ClusterDriver:
             return ""
         return f"; last output:\n{tail}" if tail else ""
 
+    def _ensure_image(self, c: Cluster) -> None:
+        """Pull the cluster's image if needed, once its registry is allowed: a cluster
+        stored before the allow-list (or before the operator narrowed it) must not make
+        the engine connect where the API would now refuse. Raises ValidationFailed
+        naming the registry, or RuntimeFailure from the pull."""
+        check_image(c.image, self.ctx.settings.registry_policy, "docker_image")
+        self.runtime.ensure_image(c.image)
+
     def _restart(self, c: Cluster, now: datetime) -> None:
         number = c.restarts + 1
         try:
-            self.runtime.ensure_image(c.image)
+            self._ensure_image(c)
             container_id = self.runtime.create(self._spec(c))
             self.runtime.start(c.id)
         except GpuyardError as exc:
