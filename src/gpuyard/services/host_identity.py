@@ -11,10 +11,10 @@ the hostname changes, and not when ``/etc/machine-id`` does.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import uuid
 from pathlib import Path
+
+from gpuyard.services.files import write_once
 
 MACHINE_ID_PATH = Path("/etc/machine-id")
 HOST_ID_FILE = "host-id"
@@ -61,22 +61,10 @@ def read_host_id(path: Path) -> str | None:
 def _write_once(path: Path, value: str) -> str:
     """Write ``value`` to ``path`` unless the file exists; returns what the file holds.
 
-    The content is written to a private temporary file first and hard-linked into
-    place, so a reader never sees a half-written id, and of two servers starting at
-    once on one home the first link wins and both answer its id.
+    Written with :func:`write_once`: of two servers starting at once on one home the
+    first wins, and both answer its id.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(value + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        # Another server on this home linked its id first: that one stands.
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_once(path, value.encode())
     stored = read_host_id(path)
     if stored is None:  # linked above, or by the server that won the race
         raise HostIdentityError(f"{path} vanished while it was being created")

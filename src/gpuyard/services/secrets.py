@@ -16,11 +16,9 @@ start by :func:`seal_stored_secrets`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
-import uuid
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from sqlalchemy import select, update
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.secret_env import MASK, SEALED_PREFIX, is_sealed, is_secret, is_secret_name
 from gpuyard.services.context import Context
+from gpuyard.services.files import write_once
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Cluster, TrainingCluster
 
@@ -47,30 +46,13 @@ class SecretUnreadable(GpuyardError):
     code = "SECRET_UNREADABLE"
 
 
-def _write_once(path: Path, value: bytes) -> None:
-    """Create ``path`` (0600) holding ``value`` unless it exists. Written to a private
-    temporary file and hard-linked into place, so a reader never sees half a key and
-    of two servers starting at once on one home the first link wins."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(value + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def load_or_create_key(path: Path) -> bytes:
     """The Fernet key in ``path``, created (0600, parent 0700 when made here) on the
     first call. The file's mode is set to 0600 each time. Raises SecretKeyError when
     the file holds something else."""
     if not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write_once(path, Fernet.generate_key())
+        write_once(path, Fernet.generate_key())
     os.chmod(path, 0o600)
     key = path.read_bytes().strip()
     try:
