@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import (
     BaseModel,
@@ -61,7 +61,37 @@ class _Body(BaseModel):
         return whole_floats_as_ints(cls, refuse_nul(data))
 
 
-class CreateCluster(_Body):
+class _MarksSecrets(_Body):
+    """A body with an env map whose values may be marked ``{"value": ..., "secret":
+    true}`` (core/secret_env.py). Marked values become plain strings before validation,
+    so every env rule sees strings; the marked names are kept in :attr:`secret_env`."""
+
+    _marks_field: ClassVar[str]
+    # Whether the map may remove a variable with null (updates).
+    _marks_nullable: ClassVar[bool] = False
+    _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @property
+    def secret_env(self) -> frozenset[str]:
+        return self._secret_env
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _secret_marks(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        marked: frozenset[str] = frozenset()
+        field = cls._marks_field
+        if isinstance(data, dict) and field in data:
+            env, marked = split_marks(data[field], nullable=cls._marks_nullable)
+            data = {**data, field: env}
+        body = handler(data)
+        if marked:
+            body._secret_env = marked
+        return body
+
+
+class CreateCluster(_MarksSecrets):
+    _marks_field: ClassVar[str] = "env"
+
     name: str = Field(default="", max_length=200, json_schema_extra={"pattern": NAME_PATTERN})
     # Numbers are strict (here and below): "2" and true are not 2.
     project_id: int | None = Field(default=None, ge=1, le=MAX_ID, strict=True)
@@ -90,30 +120,9 @@ class CreateCluster(_Body):
     interruptible: bool = Field(default=False, strict=True)
     bid_per_gpu: float | None = Field(default=None, gt=0, le=1000, strict=True)
 
-    # Names the body marked ``secret: true`` (core/secret_env.py).
-    _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
-
     @property
     def spot(self) -> bool:
         return self.interruptible or self.bid_per_gpu is not None
-
-    @property
-    def secret_env(self) -> frozenset[str]:
-        return self._secret_env
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _secret_marks(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
-        # Marked values become plain strings before validation, so every env rule sees
-        # strings; the marks are kept beside them.
-        marked: frozenset[str] = frozenset()
-        if isinstance(data, dict) and "env" in data:
-            env, marked = split_marks(data["env"])
-            data = {**data, "env": env}
-        body = handler(data)
-        if marked:
-            body._secret_env = marked
-        return body
 
     @field_validator("env")
     @classmethod
@@ -158,7 +167,10 @@ class AutoTerminateUpdate(_Body):
     action: AutoTerminateAction = "stop"
 
 
-class StartCluster(_Body):
+class StartCluster(_MarksSecrets):
+    _marks_field: ClassVar[str] = "environment_updates"
+    _marks_nullable: ClassVar[bool] = True
+
     wait_for_ready: bool = Field(default=False, strict=True)
     timeout_minutes: int = Field(default=10, ge=1, le=30, strict=True)
     update_configuration: ConfigurationUpdate | None = None
@@ -169,25 +181,6 @@ class StartCluster(_Body):
     ] = None
     port_mapping_updates: list[PortSpec] | None = Field(default=None, max_length=64)
     auto_terminate_updates: AutoTerminateUpdate | None = None
-
-    # Names the body marked ``secret: true`` (core/secret_env.py).
-    _secret_env: frozenset[str] = PrivateAttr(default=frozenset())
-
-    @property
-    def secret_env(self) -> frozenset[str]:
-        return self._secret_env
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _secret_marks(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
-        marked: frozenset[str] = frozenset()
-        if isinstance(data, dict) and "environment_updates" in data:
-            env, marked = split_marks(data["environment_updates"], nullable=True)
-            data = {**data, "environment_updates": env}
-        body = handler(data)
-        if marked:
-            body._secret_env = marked
-        return body
 
     @field_validator("environment_updates")
     @classmethod
