@@ -71,6 +71,30 @@ class LiveServer:
             base_url=self.url, headers={"Authorization": f"Bearer {key or self.key}"}, timeout=60
         )
 
+    def graphql(
+        self, query: str, variables: dict[str, Any] | None = None, key: str | None = None
+    ) -> dict[str, Any]:
+        """POST ``query`` to /graphql (as ``key``, default the admin key); the body of
+        its 200 answer (errors included)."""
+        r = httpx.post(
+            f"{self.url}/graphql",
+            json={"query": query, "variables": variables},
+            headers={"Authorization": f"Bearer {key or self.key}"},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+
+def refused(r: httpx.Response, field: str) -> dict[str, Any]:
+    """The REST v1 envelope's 400 VALIDATION_ERROR naming ``field``: its ``error``."""
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["success"] is False and body["error"]["code"] == "VALIDATION_ERROR", body
+    assert body["error"]["details"]["field"] == field, body
+    return dict(body["error"])
+
 
 @contextmanager
 def live_server(settings: Settings, runtime: Runtime) -> Iterator[LiveServer]:

@@ -43,15 +43,7 @@ def post_raw(srv: LiveServer, body: str, key: str | None = None) -> httpx.Respon
 def gql(
     srv: LiveServer, query: str, key: str | None = None, variables: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    r = httpx.post(
-        f"{srv.url}/graphql",
-        json={"query": query, "variables": variables},
-        headers={"Authorization": f"Bearer {key or srv.key}"},
-        timeout=30,
-    )
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
+    return srv.graphql(query, variables, key)
 
 
 def data_of(r: httpx.Response) -> dict[str, Any]:

@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gpuyard.runtimes.fake import FakeRuntime
-from tests.helpers import LiveServer, live_server, make_settings
+from tests.helpers import LiveServer, live_server, make_settings, refused
 
 A6000 = "NVIDIA RTX A6000"
 REFUSED = [
@@ -31,25 +30,8 @@ ALLOWED = [
 ]
 
 
-def refused(r: httpx.Response, field: str) -> dict[str, Any]:
-    """The v1 envelope's VALIDATION_ERROR naming ``field``."""
-    assert r.status_code == 400, r.text
-    body = r.json()
-    assert body["success"] is False and body["error"]["code"] == "VALIDATION_ERROR", body
-    assert body["error"]["details"]["field"] == field, body
-    return dict(body["error"])
-
-
 def gql(srv: LiveServer, query: str, variables: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(
-        f"{srv.url}/graphql",
-        json={"query": query, "variables": variables},
-        headers={"Authorization": f"Bearer {srv.key}"},
-        timeout=30,
-    )
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
+    return srv.graphql(query, variables)
 
 
 POD_DEPLOY = (

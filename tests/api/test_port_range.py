@@ -12,17 +12,9 @@ import httpx
 import pytest
 
 from gpuyard.runtimes.fake import FakeRuntime
-from tests.helpers import LiveServer, free_port, live_server, make_settings
+from tests.helpers import LiveServer, free_port, live_server, make_settings, refused
 
 A6000 = "NVIDIA RTX A6000"
-
-
-def refused(r: httpx.Response, field: str) -> dict[str, Any]:
-    assert r.status_code == 400, r.text
-    body = r.json()
-    assert body["success"] is False and body["error"]["code"] == "VALIDATION_ERROR", body
-    assert body["error"]["details"]["field"] == field, body
-    return dict(body["error"])
 
 
 def create(c: httpx.Client, *ports: dict[str, Any]) -> httpx.Response:

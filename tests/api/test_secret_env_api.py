@@ -25,16 +25,10 @@ def create_v1(srv: LiveServer, c: httpx.Client, env: dict[str, Any]) -> dict[str
 
 
 def graphql(srv: LiveServer, query: str) -> dict[str, Any]:
-    r = httpx.post(
-        f"{srv.url}/graphql",
-        json={"query": query},
-        headers={"Authorization": f"Bearer {srv.key}"},
-        timeout=30,
-    )
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
+    body = srv.graphql(query)
     assert "errors" not in body, body
-    return body["data"]
+    data: dict[str, Any] = body["data"]
+    return data
 
 
 def test_rest_and_graphql_answers_mask_secrets(srv: LiveServer, fake_runtime: FakeRuntime) -> None:
