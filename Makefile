@@ -42,6 +42,7 @@ bench: venv system
 	$(PY) bench/bench_graphql.py
 	$(PY) bench/bench_autoterminate.py
 	$(PY) bench/bench_training.py
+	$(PY) bench/bench_hostile.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

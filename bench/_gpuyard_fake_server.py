@@ -40,6 +40,11 @@ def main() -> None:
         default=0.0,
         help="diagnostics: sys.setswitchinterval seconds (default: Python's 0.005)",
     )
+    ap.add_argument(
+        "--default-rate-limits",
+        action="store_true",
+        help="keep the shipped rate limits (bench_hostile.py measures them)",
+    )
     args = ap.parse_args()
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
@@ -52,9 +57,12 @@ def main() -> None:
         local_disk_gb=2000,
         # The load generator is one key from one address, far past the default limits:
         # the limiter stays on (its cost is in the figures) with limits it never reaches.
-        rate_limit_per_key=1e9,
-        rate_limit_per_source=1e9,
-    )  # type: ignore[call-arg]
+        **(
+            {}
+            if args.default_rate_limits
+            else {"rate_limit_per_key": 1e9, "rate_limit_per_source": 1e9}
+        ),
+    )  # type: ignore[arg-type]
     server = build_server(settings, FakeRuntime())
     app = server.app
     if args.threads:
