@@ -8,6 +8,7 @@ Objects are cleaned up by installation label only (tests/e2e/conftest.py).
 from __future__ import annotations
 
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -221,3 +222,29 @@ def test_a_network_of_that_name_not_ours_is_left_alone(engine_url: str, owner: O
     finally:
         squatter.remove()
         client.close()
+
+
+def test_an_unused_account_network_is_removed_with_its_rule(
+    engine_url: str, owner: Ownership
+) -> None:
+    rt = DockerEngineRuntime(engine_url, owner=owner, manage_host_firewall=True)
+    name = rt.ensure_account_network(43)
+    firewall = rt.engine.firewall
+    assert firewall is not None
+    assert any(f"-o {bridge_name(name)} " in r for r in firewall.rules())
+    # No container on it: the periodic pass gives its address pool back, rule and all.
+    rt.guard_networks()
+    assert rt.engine.list_networks(f"{LABEL_ACCOUNT}=43") == []
+    assert not any(f"-o {bridge_name(name)} " in r for r in firewall.rules())
+    # Our jump stays first in FORWARD even when something inserted a rule above it (one
+    # that matches nothing here: other tests may be running).
+    decoy = ["-i", "gy-no-such", "-j", "ACCEPT", "-m", "comment", "--comment", "gpuyard-test"]
+    subprocess.run(["iptables", "-w", "5", "-I", "FORWARD", "1", *decoy], check=True)
+    try:
+        rt.engine.keep_isolation_first()
+        forward = subprocess.run(
+            ["iptables", "-w", "5", "-S", "FORWARD"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        assert forward[1] == f"-A FORWARD -j {firewall.chain}", forward
+    finally:
+        subprocess.run(["iptables", "-w", "5", "-D", "FORWARD", *decoy], check=False)

@@ -25,10 +25,10 @@ class FakeIptables:
     def __call__(self, argv: Sequence[str]) -> CommandResult:
         args = list(argv)
         self.calls.append(args)
-        assert args[:2] == ["iptables", "-w"]
+        assert args[:3] == ["iptables", "-w", "5"]
         if self.broken:
             return CommandResult(4, "Permission denied (you must be root)")
-        op, chain, rest = args[2], args[3], args[4:]
+        op, chain, rest = args[3], args[4], args[5:]
         rules = self.chains.get(chain)
         if op == "-N":
             if rules is not None:
@@ -76,11 +76,30 @@ def test_protect_jumps_first_and_closes_each_bridge_once() -> None:
     assert len(iso.rules()) == 3
 
 
-def test_the_rule_drops_only_new_unpublished_traffic_from_other_interfaces() -> None:
+def test_the_rule_lets_only_answers_and_published_ports_in_from_other_interfaces() -> None:
     rule = " ".join(drop_rule("gyaaa"))
     assert "-o gyaaa ! -i gyaaa" in rule
-    assert "--ctstate NEW" in rule and "! --ctstate DNAT" in rule
+    # New connections and INVALID packets (an ACK scan) are dropped alike.
+    assert "! --ctstate RELATED,ESTABLISHED,DNAT" in rule
     assert rule.endswith("-j DROP")
+
+
+def test_an_engine_jump_inserted_above_ours_is_put_back_below() -> None:
+    fake = FakeIptables()
+    iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
+    iso.protect(["gyaaa"])
+    # The engine's first container start after a reboot puts its accepting jump on top.
+    fake.chains["FORWARD"].insert(0, ["-j", "NETAVARK_FORWARD"])
+    iso.keep_first()
+    assert fake.chains["FORWARD"] == [["-j", iso.chain], ["-j", "NETAVARK_FORWARD"]]
+
+
+def test_exactly_drops_the_rules_of_removed_networks() -> None:
+    fake = FakeIptables()
+    iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
+    iso.protect(["gyaaa", "gybbb"])
+    iso.protect(["gybbb"], exactly=True)
+    assert fake.chains[iso.chain] == [drop_rule("gybbb")]
 
 
 def test_a_reload_that_flushed_our_rules_is_repaired() -> None:

@@ -168,13 +168,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     """The ASGI app for ``settings`` (uvicorn factory use)."""
     if runtime is None:
         from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-        from gpuyard.runtimes.engine_url import detect_engine_url
+        from gpuyard.runtimes.engine_url import detect_engine_url, is_local_engine
 
         url = detect_engine_url(settings.engine_url)
         runtime = DockerEngineRuntime(
             url,
             allow_unenforced_limits=settings.allow_unenforced_limits,
-            manage_host_firewall=True,
+            manage_host_firewall=is_local_engine(url),
             allow_unisolated_networks=settings.allow_unisolated_networks,
         )
         operator = training_operator_factory(settings, url) if settings.training_enabled else None
@@ -188,6 +188,7 @@ def training_operator_factory(
     """Training clusters on real Slurm nodes of the local engine, reached through
     userspace forwarders."""
     from gpuyard.net.forwarder import TcpForwarder
+    from gpuyard.runtimes.engine_url import is_local_engine
     from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 
     def make(ctx: Context, queue: WorkQueue | None = None) -> TrainingOperator:
@@ -196,7 +197,7 @@ def training_operator_factory(
             SlurmNodeRuntime(
                 engine_url,
                 allow_unenforced_limits=settings.allow_unenforced_limits,
-                manage_host_firewall=True,
+                manage_host_firewall=is_local_engine(engine_url),
                 allow_unisolated_networks=settings.allow_unisolated_networks,
             ),
             TcpForwarder(),

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
-from gpuyard.api.envelope import error_body
+from gpuyard.api.surface_errors import surface_error
 
 # The methods a route here may serve, in the order ``Allow`` lists them.
 _ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -36,12 +36,7 @@ def answer(request: Request) -> JSONResponse:
     """The 405 for ``request``: ``Allow`` and the surface's own error envelope."""
     allowed = allowed_methods(request.app.router.routes, request.scope)
     message = f"{request.method} is not allowed here; allowed: {', '.join(allowed) or 'none'}"
-    body: object
-    if request.url.path.startswith("/distributed_jobs_v2"):
-        errors = {"code": "METHOD_NOT_ALLOWED", "details": {"allowed": allowed}}
-        body = {"code": 405, "data": {}, "errors": errors, "message": message}
-    else:
-        body = error_body("METHOD_NOT_ALLOWED", message, {"allowed": allowed})
+    body = surface_error(request.url.path, 405, "METHOD_NOT_ALLOWED", message, {"allowed": allowed})
     return JSONResponse(body, status_code=405, headers={"Allow": ", ".join(allowed)})
 
 

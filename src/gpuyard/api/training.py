@@ -23,12 +23,11 @@ from gpuyard.api.json_body import loads
 from gpuyard.api.state import AppState, app_state, key_from_request
 from gpuyard.api.training_openapi import ACTION_BODY, CREATE_BODY, operation
 from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
+from gpuyard.core.input_rules import parse_id
 from gpuyard.core.text import nul_path
 from gpuyard.services import idempotency as idem
 from gpuyard.services import training
 from gpuyard.services.auth import Principal
-from gpuyard.services.projects import parse_int
-from gpuyard.services.requests import MAX_ID
 from gpuyard.services.reserved_ips import reserved_ip_view
 from gpuyard.services.training_inputs import parse_action_request, parse_cluster_spec
 from gpuyard.services.training_reads import PartitionProbe, show_cluster, show_clusters
@@ -59,10 +58,7 @@ def error_envelope(exc: GpuyardError) -> JSONResponse:
 
 
 def _query_id(request: Request, name: str, *, required: bool) -> int | None:
-    value = parse_int(name, request.query_params.get(name), required=required)
-    if value is not None and not 1 <= value <= MAX_ID:
-        raise ValidationFailed(name, f"must be between 1 and {MAX_ID}")
-    return value
+    return parse_id(name, request.query_params.get(name), required=required)
 
 
 def _scope(request: Request) -> training.Scope:
@@ -79,12 +75,9 @@ def _scope(request: Request) -> training.Scope:
 
 def _cluster_id(request: Request) -> int:
     """The path's ``Cluster_Id``: plain ASCII digits, 1..MAX_ID (as OpenAPI says)."""
-    raw: str = request.path_params["Cluster_Id"]
-    if not raw.isdigit() or not raw.isascii() or len(raw) > 10 or not 1 <= int(raw) <= MAX_ID:
-        raise ValidationFailed(
-            "Cluster_Id", f"{raw[:40]!r} is not an integer cluster id (1..{MAX_ID})"
-        )
-    return int(raw)
+    number = parse_id("Cluster_Id", request.path_params["Cluster_Id"], required=True)
+    assert number is not None
+    return number
 
 
 # Far above any real body (a lifecycle script is at most 64 KiB): parsing stays cheap.

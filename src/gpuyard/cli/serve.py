@@ -24,6 +24,7 @@ from gpuyard.runtimes.engine_url import (
     PodmanService,
     default_service_socket,
     detect_engine_url,
+    is_local_engine,
 )
 from gpuyard.services.auth import IssuedKey
 from gpuyard.settings import Settings
@@ -208,7 +209,7 @@ def run_server(host: str | None, port: int | None) -> None:
             DockerEngineRuntime(
                 url,
                 allow_unenforced_limits=settings.allow_unenforced_limits,
-                manage_host_firewall=True,
+                manage_host_firewall=is_local_engine(url),
                 allow_unisolated_networks=settings.allow_unisolated_networks,
             ),
             engine_url=url,

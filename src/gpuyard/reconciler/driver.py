@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import Conflict, GpuyardError
+from gpuyard.core.errors import Conflict, GpuyardError, RuntimeFailure
 from gpuyard.core.image_refs import check_image
 from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
@@ -268,6 +268,9 @@ class ClusterDriver:
             account_id = session.scalar(
                 select(Project.account_id).where(Project.id == c.project_id)
             )
+        if account_id is None:
+            # Never the engine's shared default network.
+            raise RuntimeFailure(f"cluster {c.id} has no account to place its network in")
         # Secret values are opened here only, for the engine (SecretUnreadable fails the
         # start with a message naming the key file).
         env = open_env(secret_box(self.ctx.settings), c.env)

@@ -403,6 +403,7 @@ class DockerEngineRuntime:
             self.engine.remove_container(name)
             self._create(spec)
             self._start(cluster_id, name)
+        self.engine.keep_isolation_first()
 
     def _start(self, cluster_id: str, name: str) -> None:
         with self.engine.errors(f"starting cluster {cluster_id}"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +28,11 @@ import docker.errors
 import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
-from gpuyard.core.ownership import LABEL_INSTALLATION, LABEL_MANAGED, Ownership
+from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, LABEL_MANAGED, Ownership
 from gpuyard.runtimes.host_firewall import IptablesIsolation, IsolationUnavailable, bridge_name
+
+# How long a failed probe of the host firewall is believed before it is asked again.
+FIREWALL_RETRY_S = 60.0
 
 # The Docker network option that names a bridge network's interface (Podman's compat
 # API honours it too).
@@ -110,6 +114,7 @@ class Engine:
         self.allow_unisolated_networks = allow_unisolated_networks
         self._firewall_checked = False
         self._firewall_problem: str | None = None
+        self._firewall_retry_at = 0.0
         self.timeout_s = timeout_s
         self._owner = owner
         self.allow_unenforced_limits = allow_unenforced_limits
@@ -418,29 +423,62 @@ class Engine:
         )
 
     def firewall_problem(self) -> str | None:
-        """Why the host firewall cannot be managed here (None: it can). Asked once."""
+        """Why the host firewall cannot be managed here (None: it can). A success is
+        kept; a failure is asked again after a minute (a lock held at start-up must not
+        refuse creates until the next restart)."""
         if self.firewall is None:
             return "no host firewall is managed for this engine"
         with self._lock:
-            if self._firewall_checked:
+            if self._firewall_checked and (
+                self._firewall_problem is None or time.monotonic() < self._firewall_retry_at
+            ):
                 return self._firewall_problem
         problem = self.firewall.available()
         with self._lock:
             self._firewall_problem, self._firewall_checked = problem, True
+            self._firewall_retry_at = time.monotonic() + FIREWALL_RETRY_S
         return problem
 
-    def guard_networks(self) -> None:
-        """Re-apply the isolation of every network of ours (a firewall reload removed
-        our rules, say). Networks made before bridges were named are skipped."""
-        if self.allow_unisolated_networks or self.firewall_problem() is not None:
+    def keep_isolation_first(self) -> None:
+        """After a container start: the engine may just have inserted its own accepting
+        jumps above ours (runtimes/host_firewall.py ``keep_first``)."""
+        if self.allow_unisolated_networks or self.firewall is None:
             return
-        bridges = [
-            bridge_name(n.name)
-            for n in self.list_networks()
-            if n.options.get(BRIDGE_NAME_OPTION) in (None, bridge_name(n.name))
-        ]
-        if bridges:
-            self.isolate(bridges)
+        if self.firewall_problem() is None:
+            with contextlib.suppress(IsolationUnavailable):
+                self.firewall.keep_first()
+
+    def guard_networks(self) -> None:
+        """The periodic pass over our networks: account networks no container uses are
+        removed (each holds one of the engine's address pools, which run out: Docker's
+        defaults give about 30), and the host rules are made to close exactly the
+        bridges of the networks left (a firewall reload removed them, say; a removed
+        network's rule goes). A network made before bridges were named keeps the
+        engine's bridge, which these rules do not name: it is closed once it is made
+        again (an account network at its next use after it empties)."""
+        live: list[str] = []
+        for network in self.list_networks():
+            if LABEL_ACCOUNT in network.labels and self._remove_if_unused(network.name):
+                continue
+            live.append(bridge_name(network.name))
+        if self.allow_unisolated_networks or self.firewall is None:
+            return
+        if self.firewall_problem() is None:
+            with self.errors("re-applying network isolation"):
+                try:
+                    self.firewall.protect(live, exactly=True)
+                except IsolationUnavailable as exc:
+                    raise RuntimeFailure(str(exc)) from exc
+
+    def _remove_if_unused(self, name: str) -> bool:
+        """Remove our network ``name`` unless a container is on it; True if removed.
+        The engine refuses to remove a network in use, so a container joining it
+        meanwhile wins (and one that finds it gone makes it again)."""
+        try:
+            self.remove_network(name)
+        except RuntimeFailure:
+            return False
+        return True
 
     def inspect_network(self, name: str, *, legacy: bool = False) -> dict[str, Any] | None:
         """The network's inspect data if it exists and is ours; None when missing.

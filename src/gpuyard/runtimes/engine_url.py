@@ -53,6 +53,15 @@ def detect_engine_url(explicit: str | None, env: Mapping[str, str] | None = None
     return None
 
 
+def is_local_engine(url: str | None) -> bool:
+    """Whether ``url`` reaches an engine on this machine (a unix socket), so this
+    machine's firewall is the engine host's (runtimes/host_firewall.py). None: the SDK's
+    default, ``DOCKER_HOST`` or the local socket."""
+    if url is None:
+        url = os.environ.get("DOCKER_HOST") or "unix://"
+    return url.startswith("unix://")
+
+
 def _is_socket(path: str) -> bool:
     try:
         return stat.S_ISSOCK(os.stat(path).st_mode)

@@ -25,6 +25,7 @@ firewall; :class:`IptablesIsolation` is the real one (``iptables -w``; root need
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import threading
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 
 # Linux interface names hold at most 15 characters.
 _IFNAME_MAX = 15
+
+_OUT_BRIDGE = re.compile(r" -o (\S+) ")
 
 Runner = Callable[[Sequence[str]], "CommandResult"]
 
@@ -59,10 +62,11 @@ def chain_name(installation_prefix: str) -> str:
 def drop_rule(bridge: str) -> list[str]:
     """The rule (after ``-A CHAIN``) that closes ``bridge`` to new connections from
     other interfaces, except published ports."""
+    # Anything but an answer (ESTABLISHED, RELATED) or a published port (DNAT): new
+    # connections, and INVALID packets too (an ACK scan).
     return [
         "-o", bridge, "!", "-i", bridge,
-        "-m", "conntrack", "--ctstate", "NEW",
-        "-m", "conntrack", "!", "--ctstate", "DNAT",
+        "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT",
         "-m", "comment", "--comment", "gpuyard network isolation",
         "-j", "DROP",
     ]  # fmt: skip
@@ -101,8 +105,9 @@ class IptablesIsolation:
         self._lock = threading.Lock()
 
     def _ipt(self, *args: str) -> CommandResult:
-        # -w: wait for the xtables lock instead of failing while the engine changes rules.
-        return self._run([self._iptables, "-w", *args])
+        # -w 5: wait a little for the xtables lock while the engine changes rules, never
+        # for ever (the caller retries on its next pass).
+        return self._run([self._iptables, "-w", "5", *args])
 
     def available(self) -> str | None:
         """None when rules can be read and written here, else why not."""
@@ -111,13 +116,29 @@ class IptablesIsolation:
             return f"the host firewall cannot be managed ({probe.output or 'iptables failed'})"
         return None
 
-    def protect(self, bridges: Iterable[str]) -> None:
+    def protect(self, bridges: Iterable[str], *, exactly: bool = False) -> None:
+        """Close ``bridges``. ``exactly``: they are all our live bridges, so rules for
+        any other (a removed network's) are deleted."""
         with self._lock:
             self._ensure_chain()
-            for bridge in sorted(set(bridges)):
+            present = self._closed_bridges()
+            wanted = set(bridges)
+            for bridge in sorted(wanted - present):
                 rule = drop_rule(bridge)
-                if self._ipt("-C", self.chain, *rule).returncode != 0:
-                    self._must(self._ipt("-A", self.chain, *rule), f"closing bridge {bridge}")
+                self._must(self._ipt("-A", self.chain, *rule), f"closing bridge {bridge}")
+            if exactly:
+                for bridge in sorted(present - wanted):
+                    self._ipt("-D", self.chain, *drop_rule(bridge))
+
+    def keep_first(self) -> None:
+        """Our jump is the first rule of ``FORWARD``: the engine inserts its own jumps
+        (which accept its networks' traffic) at the top when they are missing, e.g. at
+        the first container start after a reboot, and above ours they would win."""
+        with self._lock:
+            self._ensure_chain()
+
+    def _closed_bridges(self) -> set[str]:
+        return {m.group(1) for line in self.rules() if (m := _OUT_BRIDGE.search(line))}
 
     def _ensure_chain(self) -> None:
         if self._ipt("-S", self.chain).returncode != 0:
@@ -125,8 +146,14 @@ class IptablesIsolation:
             # A concurrent process may have made it meanwhile.
             if created.returncode != 0 and self._ipt("-S", self.chain).returncode != 0:
                 self._must(created, "creating the isolation chain")
-        if self._ipt("-C", "FORWARD", "-j", self.chain).returncode != 0:
-            self._must(self._ipt("-I", "FORWARD", "1", "-j", self.chain), "jumping to it")
+        listed = self._ipt("-S", "FORWARD")
+        self._must(listed, "reading FORWARD")
+        rules = [line for line in listed.output.splitlines() if line.startswith("-A FORWARD")]
+        if rules and rules[0] == f"-A FORWARD -j {self.chain}":
+            return
+        while self._ipt("-D", "FORWARD", "-j", self.chain).returncode == 0:
+            pass
+        self._must(self._ipt("-I", "FORWARD", "1", "-j", self.chain), "jumping to it first")
 
     def rules(self) -> list[str]:
         """The chain's rules as ``iptables -S`` prints them (empty if it is missing)."""

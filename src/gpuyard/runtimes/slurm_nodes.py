@@ -297,6 +297,7 @@ class SlurmNodeRuntime:
                 raise RuntimeFailure(f"the engine refused the files for node {spec.name}")
         with self._errors(f"starting node {spec.name}"):
             api.start(cid)
+        self.engine.keep_isolation_first()
         return cid
 
     def _create_args(
