@@ -27,6 +27,7 @@ from gpuyard.runtimes.engine_url import (
     is_local_engine,
 )
 from gpuyard.services.auth import IssuedKey
+from gpuyard.services.secrets import SecretKeyError
 from gpuyard.settings import Settings
 
 log = logging.getLogger("gpuyard.serve")
@@ -230,6 +231,8 @@ def run_server(host: str | None, port: int | None) -> None:
         )
     except KeyboardInterrupt:
         log.info("interrupted; shutting down")
+    except SecretKeyError as e:
+        raise click.ClickException(str(e)) from e
     finally:
         if service is not None:
             log.info("stopping the podman service")

@@ -19,7 +19,12 @@ from gpuyard.services.host_identity import HOST_ID_FILE, MACHINE_ID_PATH, local_
 from gpuyard.services.hosts import register_host
 from gpuyard.services.images import ensure_default_image
 from gpuyard.services.plans import seed_plans
-from gpuyard.services.secrets import load_or_create_key, seal_stored_secrets
+from gpuyard.services.secrets import (
+    holds_sealed_secrets,
+    load_or_create_key,
+    missing_key_error,
+    seal_stored_secrets,
+)
 from gpuyard.settings import Settings
 from gpuyard.store.db import make_engine, make_sessionmaker, truncate_wal
 from gpuyard.store.migrate import upgrade
@@ -42,13 +47,22 @@ def secure_home(home: Path) -> None:
 
 
 def open_store(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
-    """Secure the home, create the secret key, connect and bring the schema to the
-    latest migration (the SQLite files are made owner-only by make_engine)."""
+    """Secure the home, connect, bring the schema to the latest migration (the SQLite
+    files are made owner-only by make_engine) and load the secret key — created on a
+    first start, but never in place of a lost one: a missing key file while the store
+    holds sealed values raises SecretKeyError."""
     secure_home(settings.home)
-    load_or_create_key(settings.secret_key_path)
     engine = make_engine(settings.effective_database_url)
     upgrade(engine)
-    return engine, make_sessionmaker(engine)
+    sessions = make_sessionmaker(engine)
+    key_path = settings.secret_key_path
+    if not key_path.exists():
+        with sessions() as session:
+            if holds_sealed_secrets(session):
+                engine.dispose()
+                raise missing_key_error(key_path)
+    load_or_create_key(key_path)
+    return engine, sessions
 
 
 def write_credentials(path: Path, url: str, key: str) -> None:

@@ -23,7 +23,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
-from sqlalchemy import select, update
+from sqlalchemy import Text, cast, select, update
+from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.secret_env import MASK, SEALED_PREFIX, is_sealed, is_secret, is_secret_name
@@ -64,6 +65,25 @@ def load_or_create_key(path: Path) -> bytes:
             "stored secret unreadable"
         ) from exc
     return key
+
+
+def holds_sealed_secrets(session: Session) -> bool:
+    """Whether the store holds any sealed value (env or munge key): then a missing key
+    file is a lost key, not a first start."""
+    pattern = f"%{SEALED_PREFIX}%"
+    env = session.scalar(select(Cluster.id).where(cast(Cluster.env, Text).like(pattern)).limit(1))
+    munge = session.scalar(
+        select(TrainingCluster.id).where(TrainingCluster.munge_key.like(pattern)).limit(1)
+    )
+    return env is not None or munge is not None
+
+
+def missing_key_error(path: Path) -> SecretKeyError:
+    return SecretKeyError(
+        f"{path} is missing, but the database holds secrets sealed with it; restore the "
+        "key file from a backup (or point GPUYARD_SECRET_KEY_FILE at it). Replicas that "
+        "share a database must share this file."
+    )
 
 
 class SecretBox:
