@@ -11,6 +11,7 @@ import base64
 import os
 import socket
 import struct
+import time
 from typing import Any
 
 import httpx
@@ -387,3 +388,26 @@ def test_a_500_keeps_the_connection_alive(srv: LiveServer, fake_runtime: FakeRun
     # The forced 500 was the point of this test; the fixture refuses any other.
     assert srv.recorder.statuses.count(500) == 1
     srv.recorder.statuses.remove(500)
+
+
+def test_repeated_environment_updates_cannot_grow_past_the_limits(srv: LiveServer) -> None:
+    kib32 = "x" * (32 * 1024 - 16)
+    with srv.client() as c:
+        env = {f"BIG{i}": kib32 for i in range(7)}
+        made = c.post("/v1/clusters", json={**CREATE, "env": env})
+        assert made.status_code == 201, made.text
+        cid = made.json()["data"]["id"]
+        assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
+        deadline = time.monotonic() + 30
+        while c.get(f"/v1/clusters/{cid}").json()["data"]["status"] != "stopped":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # Each body is within its own limits; together they would pass 256 KiB.
+        more = {"environment_updates": {"MORE0": kib32, "MORE1": kib32}}
+        body = v1_error(c.post(f"/v1/clusters/{cid}/start", json=more), "environment_updates")
+        assert "bytes" in body["error"]["message"], body
+        shown = c.get(f"/v1/clusters/{cid}").json()["data"]
+        assert shown["status"] == "stopped" and "MORE0" not in str(shown.get("env"))
+        # Replacing values keeps the size: allowed.
+        same = {"environment_updates": {"BIG0": "small"}}
+        assert c.post(f"/v1/clusters/{cid}/start", json=same).status_code == 200

@@ -29,6 +29,14 @@ MAX_ENV_VALUE_BYTES = 32 * 1024  # UTF-8
 MAX_ENV_TOTAL_BYTES = 256 * 1024
 
 
+def env_bytes(env: Mapping[str, str | None]) -> int:
+    """The environment's size as the limit counts it: ``NAME=value`` in UTF-8."""
+    return sum(
+        len(name) + 1 + len((value or "").encode("utf-8", "surrogatepass"))
+        for name, value in env.items()
+    )
+
+
 def check_env_limits(env: Mapping[str, str | None]) -> None:
     """Raise ValueError when ``env`` has more than :data:`MAX_ENV_VARS` variables, a
     name longer than :data:`MAX_ENV_NAME_CHARS`, a value over :data:`MAX_ENV_VALUE_BYTES`
@@ -36,7 +44,6 @@ def check_env_limits(env: Mapping[str, str | None]) -> None:
     as empty. The name pattern is core/models.py's ``validate_env``."""
     if len(env) > MAX_ENV_VARS:
         raise ValueError(f"{len(env)} environment variables; at most {MAX_ENV_VARS}")
-    total = 0
     for name, value in env.items():
         if len(name) > MAX_ENV_NAME_CHARS:
             raise ValueError(
@@ -48,7 +55,7 @@ def check_env_limits(env: Mapping[str, str | None]) -> None:
             raise ValueError(
                 f"environment variable {name!r} is {size} bytes; at most {MAX_ENV_VALUE_BYTES}"
             )
-        total += len(name) + 1 + size
+    total = env_bytes(env)
     if total > MAX_ENV_TOTAL_BYTES:
         raise ValueError(
             f"the environment is {total} bytes (NAME=value, UTF-8); at most {MAX_ENV_TOTAL_BYTES}"

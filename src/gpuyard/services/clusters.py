@@ -26,7 +26,7 @@ from gpuyard.core.errors import (
 )
 from gpuyard.core.ids import new_cluster_id
 from gpuyard.core.image_refs import check_image
-from gpuyard.core.input_rules import MAX_ENV_VARS
+from gpuyard.core.input_rules import check_env_limits, env_bytes
 from gpuyard.core.models import CloudType, GpuTypeInfo, PortSpec, ResourceRequest
 from gpuyard.core.pricing import RateParts, spot_floor
 from gpuyard.core.progress import STEP_ALLOCATED
@@ -52,7 +52,7 @@ from gpuyard.services.lifecycle import (
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.port_rules import check_external_ports, server_ports
 from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
-from gpuyard.services.secrets import SecretBox, seal_env, secret_box, update_env
+from gpuyard.services.secrets import SecretBox, open_env, seal_env, secret_box, update_env
 from gpuyard.store.schema import Cluster, Event, Host, Project
 
 MAX_CONFLICT_RETRIES = 5
@@ -297,6 +297,21 @@ def create_cluster(
     return cluster
 
 
+def _check_merged_env(box: SecretBox, old: dict[str, str], new: dict[str, str]) -> None:
+    """Refuse an update that takes the cluster's environment past a limit of
+    core/input_rules.py (counted on the plain values) and makes it larger than it was.
+    Raises ValidationFailed naming ``environment_updates``."""
+    plain = open_env(box, new)
+    try:
+        check_env_limits(plain)
+    except ValueError as exc:
+        before = open_env(box, old)
+        if len(plain) > len(before) or env_bytes(plain) > env_bytes(before):
+            raise ValidationFailed(
+                "environment_updates", f"the cluster's environment would hold {exc}"
+            ) from exc
+
+
 def _merge_ports(current: tuple[PortSpec, ...], updates: list[PortSpec]) -> tuple[PortSpec, ...]:
     """Upsert by (internal port, transport); order of first appearance is kept."""
     merged = {(p.internal_port, p.transport): p for p in current}
@@ -345,13 +360,9 @@ def _apply_start_changes(
     if body.environment_updates:
         # Secret values sealed; a mask sent back keeps the stored secret.
         values["env"] = update_env(box, cluster.env, body.environment_updates, body.secret_env)
-        # Each request is bounded by its model; this bounds what repeated ones add up to.
-        if len(values["env"]) > max(MAX_ENV_VARS, len(cluster.env)):
-            raise ValidationFailed(
-                "environment_updates",
-                f"the cluster would have {len(values['env'])} environment variables;"
-                f" at most {MAX_ENV_VARS}",
-            )
+        # Each request is bounded by its model; this bounds what repeated ones add up to
+        # (an environment stored before the limits may keep its size, not grow).
+        _check_merged_env(box, cluster.env, values["env"])
         applied.append("environment: " + ", ".join(sorted(body.environment_updates)))
     if body.port_mapping_updates is not None:
         ports = _merge_ports(ports_of(cluster), body.port_mapping_updates)
