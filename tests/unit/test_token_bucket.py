@@ -101,3 +101,13 @@ def test_idle_buckets_are_dropped_once_full_again() -> None:
 def test_a_rate_must_be_positive_and_finite(per_second: float, burst: int) -> None:
     with pytest.raises(ValueError):
         Rate(per_second, burst)
+
+
+def test_ipv6_sources_count_by_their_64() -> None:
+    from gpuyard.api.rate_limit import source_of
+
+    assert source_of("2001:db8:1:2::1") == source_of("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert source_of("2001:db8:1:3::1") != source_of("2001:db8:1:2::1")
+    assert source_of("203.0.113.7") == "203.0.113.7"
+    assert source_of("::ffff:203.0.113.7") == "203.0.113.7"
+    assert source_of("testclient") == "testclient"

@@ -28,6 +28,7 @@ The key identity is a 16-byte BLAKE2 digest of the key: no key is kept in clear.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import math
@@ -168,11 +169,26 @@ def _presented_key(scope: Scope) -> str | None:
     return key_from(authorization, query)
 
 
+def source_of(address: str) -> str:
+    """The bucket a peer address counts against: the address itself for IPv4, its /64
+    for IPv6 (one host usually holds a whole /64, so per-address buckets would hand it
+    billions of fresh allowances)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 def _source(scope: Scope) -> str:
     # The peer address as the server gives it; uvicorn substitutes X-Forwarded-For only
     # for the proxies GPUYARD_TRUSTED_PROXIES lists (cli/serve.py).
     client = scope.get("client")
-    return str(client[0]) if client else "local"
+    return source_of(str(client[0])) if client else "local"
 
 
 _WHO = {
