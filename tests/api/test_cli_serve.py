@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -37,7 +38,8 @@ def start_serve(home: Path, port: int) -> subprocess.Popen[str]:
     )
 
 
-def wait_up(url: str, proc: subprocess.Popen[str]) -> None:
+def wait_up(url: str, proc: subprocess.Popen[Any]) -> None:
+    """Until the server at ``url`` answers /healthz; fails if ``proc`` exits first."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()

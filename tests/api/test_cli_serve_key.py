@@ -14,8 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from tests.api.test_cli_serve import wait_up
 from tests.helpers import free_port
 
 
@@ -38,18 +37,6 @@ def serve(home: Path, port: int, stdout: int) -> subprocess.Popen[bytes]:
     )
 
 
-def wait_up(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError("server did not start")
-
-
 def saved_key(home: Path) -> str:
     key: str = json.loads((home / "credentials").read_text())["api_key"]
     return key
@@ -59,7 +46,7 @@ def test_piped_stdout_gets_the_path_not_the_key(tmp_path: Path) -> None:
     port = free_port()
     proc = serve(tmp_path, port, subprocess.PIPE)
     try:
-        wait_up(port, proc)
+        wait_up(f"http://127.0.0.1:{port}", proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
@@ -76,7 +63,7 @@ def test_a_terminal_is_shown_the_key(tmp_path: Path) -> None:
     os.close(follower)
     out = b""
     try:
-        wait_up(port, proc)
+        wait_up(f"http://127.0.0.1:{port}", proc)
         key = saved_key(tmp_path).encode()
         deadline = time.monotonic() + 10
         while key not in out and time.monotonic() < deadline:
