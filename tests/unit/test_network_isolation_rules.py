@@ -94,14 +94,6 @@ def test_an_engine_jump_inserted_above_ours_is_put_back_below() -> None:
     assert fake.chains["FORWARD"] == [["-j", iso.chain], ["-j", "NETAVARK_FORWARD"]]
 
 
-def test_exactly_drops_the_rules_of_removed_networks() -> None:
-    fake = FakeIptables()
-    iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
-    iso.protect(["gyaaa", "gybbb"])
-    iso.protect(["gybbb"], exactly=True)
-    assert fake.chains[iso.chain] == [drop_rule("gybbb")]
-
-
 def test_a_reload_that_flushed_our_rules_is_repaired() -> None:
     fake = FakeIptables()
     iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")

@@ -451,9 +451,8 @@ class Engine:
     def guard_networks(self) -> None:
         """The periodic pass over our networks: account networks no container uses are
         removed (each holds one of the engine's address pools, which run out: Docker's
-        defaults give about 30), and the host rules are made to close exactly the
-        bridges of the networks left (a firewall reload removed them, say; a removed
-        network's rule goes). A network made before bridges were named keeps the
+        defaults give about 30), and the host rules are re-applied for the networks left
+        (a firewall reload removed them, say). A network made before bridges were named keeps the
         engine's bridge, which these rules do not name: it is closed once it is made
         again (an account network at its next use after it empties)."""
         live: list[str] = []
@@ -466,7 +465,7 @@ class Engine:
         if self.firewall_problem() is None:
             with self.errors("re-applying network isolation"):
                 try:
-                    self.firewall.protect(live, exactly=True)
+                    self.firewall.protect(live)
                 except IsolationUnavailable as exc:
                     raise RuntimeFailure(str(exc)) from exc
 

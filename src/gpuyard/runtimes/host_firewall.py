@@ -116,19 +116,21 @@ class IptablesIsolation:
             return f"the host firewall cannot be managed ({probe.output or 'iptables failed'})"
         return None
 
-    def protect(self, bridges: Iterable[str], *, exactly: bool = False) -> None:
-        """Close ``bridges``. ``exactly``: they are all our live bridges, so rules for
-        any other (a removed network's) are deleted."""
+    def protect(self, bridges: Iterable[str]) -> None:
+        """Close ``bridges`` (the rules of those already closed are left as they are).
+
+        Rules are never deleted here, not even a removed network's: deciding that a
+        bridge is gone races with a network being made under the same name (one
+        process listing, another creating), and a wrongly deleted rule would open a
+        live network until the next pass. A bridge's name is fixed by its network's
+        name, so a network made again reuses its rule; the chain grows by one rule per
+        network ever made (accounts, training clusters), which costs nothing to keep."""
         with self._lock:
             self._ensure_chain()
             present = self._closed_bridges()
-            wanted = set(bridges)
-            for bridge in sorted(wanted - present):
+            for bridge in sorted(set(bridges) - present):
                 rule = drop_rule(bridge)
                 self._must(self._ipt("-A", self.chain, *rule), f"closing bridge {bridge}")
-            if exactly:
-                for bridge in sorted(present - wanted):
-                    self._ipt("-D", self.chain, *drop_rule(bridge))
 
     def keep_first(self) -> None:
         """Our jump is the first rule of ``FORWARD``: the engine inserts its own jumps
