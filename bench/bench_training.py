@@ -63,6 +63,7 @@ from _common import free_port, installation_label, median, start_server, stop_pr
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import NodeName, TrainingStatus
+from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
@@ -483,7 +484,9 @@ def main() -> int:
         label = installation_label(home)
         assert label is not None
         rt = SlurmNodeRuntime(
-            url, owner=Ownership(label.split("=", 1)[1]), manage_host_firewall=True
+            url,
+            owner=Ownership(label.split("=", 1)[1]),
+            policy=EnginePolicy(manage_host_firewall=True),
         )
         rt.node_state("gy-bench-warm-up")  # the SDK client and its version probe, untimed
 

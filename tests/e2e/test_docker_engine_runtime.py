@@ -36,7 +36,7 @@ from gpuyard.runtimes.base import (
 )
 from gpuyard.runtimes.devimage import SERVE_PORT
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import NotOurs
+from gpuyard.runtimes.engine import EnginePolicy, NotOurs
 from gpuyard.runtimes.engine_url import PodmanService, detect_engine_url
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 
@@ -355,7 +355,7 @@ def _stubbed(allow_unenforced_limits: bool) -> tuple[DockerEngineRuntime, _StubC
     rt = DockerEngineRuntime(
         "unix:///nonexistent.sock",
         owner=Ownership.new(),
-        allow_unenforced_limits=allow_unenforced_limits,
+        policy=EnginePolicy(allow_unenforced_limits=allow_unenforced_limits),
     )
     stub = _StubClient()
     rt.engine._client_obj = stub  # the SDK client is the one seam the engine layer has

@@ -24,7 +24,7 @@ from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, Ownership
 from gpuyard.runtimes.devimage import SERVE_PORT
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import NotOurs
+from gpuyard.runtimes.engine import EnginePolicy, NotOurs
 from gpuyard.runtimes.host_firewall import bridge_name
 from gpuyard.services.auth import Scope, create_account, issue_key
 from gpuyard.services.bootstrap import open_store
@@ -32,6 +32,9 @@ from gpuyard.settings import Settings
 from gpuyard.store.db import WRITE_OPTIONS
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.e2e.test_server_e2e import ServerProcess, container_name, running_server, wait_status
+
+# Runtimes that keep the host firewall rules, as the server's do.
+FIREWALL = EnginePolicy(manage_host_firewall=True)
 
 pytestmark = pytest.mark.e2e
 
@@ -174,9 +177,7 @@ def test_account_network_is_created_once_under_concurrent_creates(
     engine_url: str, owner: Ownership
 ) -> None:
     # Separate runtimes (separate engine connections), as several replicas would be.
-    runtimes = [
-        DockerEngineRuntime(engine_url, owner=owner, manage_host_firewall=True) for _ in range(6)
-    ]
+    runtimes = [DockerEngineRuntime(engine_url, owner=owner, policy=FIREWALL) for _ in range(6)]
     barrier = threading.Barrier(len(runtimes))
     names: list[str] = []
     errors: list[BaseException] = []
@@ -225,7 +226,7 @@ def test_a_network_of_that_name_not_ours_is_left_alone(engine_url: str, owner: O
 
 
 def test_an_unused_account_network_is_removed(engine_url: str, owner: Ownership) -> None:
-    rt = DockerEngineRuntime(engine_url, owner=owner, manage_host_firewall=True)
+    rt = DockerEngineRuntime(engine_url, owner=owner, policy=FIREWALL)
     name = rt.ensure_account_network(43)
     firewall = rt.engine.firewall
     assert firewall is not None

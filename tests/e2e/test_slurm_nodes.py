@@ -28,10 +28,14 @@ import pytest
 
 from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import LIFECYCLE_RC
+from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image, derive_image
 from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
 from tests.e2e.conftest import purge_installation
+
+# Runtimes that keep the host firewall rules, as the server's do.
+FIREWALL = EnginePolicy(manage_host_firewall=True)
 
 pytestmark = pytest.mark.e2e
 
@@ -132,7 +136,7 @@ def cluster(
     owner = Ownership.new()
     cid = f"{owner.prefix}-e2e-{uuid.uuid4().hex[:4]}"
     c = Cluster(
-        rt=SlurmNodeRuntime(engine_url, owner=owner, manage_host_firewall=True),
+        rt=SlurmNodeRuntime(engine_url, owner=owner, policy=FIREWALL),
         cid=cid,
         network=f"{cid}-net",
         volume=f"{cid}-state",

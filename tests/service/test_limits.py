@@ -15,6 +15,7 @@ from gpuyard.core.ownership import Ownership
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerSpec
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
@@ -93,7 +94,9 @@ def _spec() -> ContainerSpec:
 @pytest.mark.parametrize("allowed", [False, True])
 def test_runtime_refuses_instead_of_dropping_limits(allowed: bool) -> None:
     rt = DockerEngineRuntime(
-        "unix:///nowhere.sock", owner=Ownership.new(), allow_unenforced_limits=allowed
+        "unix:///nowhere.sock",
+        owner=Ownership.new(),
+        policy=EnginePolicy(allow_unenforced_limits=allowed),
     )
     client = _Client()
     rt.engine._client_obj = client  # the engine client, injected

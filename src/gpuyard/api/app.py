@@ -6,6 +6,7 @@ import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -40,6 +41,9 @@ from gpuyard.services.context import Context
 from gpuyard.services.installation import ensure_installation
 from gpuyard.settings import Settings
 from gpuyard.store.sqlite_reader import reader_for
+
+if TYPE_CHECKING:
+    from gpuyard.runtimes.engine import EnginePolicy
 
 
 @dataclass
@@ -168,18 +172,26 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     """The ASGI app for ``settings`` (uvicorn factory use)."""
     if runtime is None:
         from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-        from gpuyard.runtimes.engine_url import detect_engine_url, is_local_engine
+        from gpuyard.runtimes.engine_url import detect_engine_url
 
         url = detect_engine_url(settings.engine_url)
-        runtime = DockerEngineRuntime(
-            url,
-            allow_unenforced_limits=settings.allow_unenforced_limits,
-            manage_host_firewall=is_local_engine(url),
-            allow_unisolated_networks=settings.allow_unisolated_networks,
-        )
+        runtime = DockerEngineRuntime(url, policy=engine_policy(settings, url))
         operator = training_operator_factory(settings, url) if settings.training_enabled else None
         return build_server(settings, runtime, engine_url=url, training_operator=operator).app
     return build_server(settings, runtime).app
+
+
+def engine_policy(settings: Settings, engine_url: str | None) -> EnginePolicy:
+    """The engine policy of a server on ``engine_url``: the operator's settings, and the
+    host firewall managed when the engine is on this machine."""
+    from gpuyard.runtimes.engine import EnginePolicy
+    from gpuyard.runtimes.engine_url import is_local_engine
+
+    return EnginePolicy(
+        allow_unenforced_limits=settings.allow_unenforced_limits,
+        manage_host_firewall=is_local_engine(engine_url),
+        allow_unisolated_networks=settings.allow_unisolated_networks,
+    )
 
 
 def training_operator_factory(
@@ -188,18 +200,12 @@ def training_operator_factory(
     """Training clusters on real Slurm nodes of the local engine, reached through
     userspace forwarders."""
     from gpuyard.net.forwarder import TcpForwarder
-    from gpuyard.runtimes.engine_url import is_local_engine
     from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 
     def make(ctx: Context, queue: WorkQueue | None = None) -> TrainingOperator:
         return TrainingOperator(
             ctx,
-            SlurmNodeRuntime(
-                engine_url,
-                allow_unenforced_limits=settings.allow_unenforced_limits,
-                manage_host_firewall=is_local_engine(engine_url),
-                allow_unisolated_networks=settings.allow_unisolated_networks,
-            ),
+            SlurmNodeRuntime(engine_url, policy=engine_policy(settings, engine_url)),
             TcpForwarder(),
             ready_timeout_s=settings.training_ready_timeout_s,
             drain_timeout_s=settings.training_drain_timeout_s,

@@ -15,7 +15,7 @@ from urllib.parse import unquote_plus
 
 import click
 
-from gpuyard.api.app import build_server, training_operator_factory
+from gpuyard.api.app import build_server, engine_policy, training_operator_factory
 from gpuyard.api.state import KEY_QUERY_PARAMS
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
@@ -24,7 +24,6 @@ from gpuyard.runtimes.engine_url import (
     PodmanService,
     default_service_socket,
     detect_engine_url,
-    is_local_engine,
 )
 from gpuyard.services.auth import IssuedKey
 from gpuyard.services.secrets import SecretKeyError
@@ -207,12 +206,7 @@ def run_server(host: str | None, port: int | None) -> None:
         operator = training_operator_factory(settings, url) if settings.training_enabled else None
         server = build_server(
             settings,
-            DockerEngineRuntime(
-                url,
-                allow_unenforced_limits=settings.allow_unenforced_limits,
-                manage_host_firewall=is_local_engine(url),
-                allow_unisolated_networks=settings.allow_unisolated_networks,
-            ),
+            DockerEngineRuntime(url, policy=engine_policy(settings, url)),
             engine_url=url,
             training_operator=operator,
         )

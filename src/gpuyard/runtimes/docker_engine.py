@@ -55,7 +55,7 @@ from gpuyard.runtimes.base import (
     Observed,
     StatsConsumer,
 )
-from gpuyard.runtimes.engine import Engine, reason
+from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
 
 log = logging.getLogger(__name__)
 
@@ -131,17 +131,13 @@ class DockerEngineRuntime:
         timeout_s: float = 60.0,
         owner: Ownership | None = None,
         *,
-        allow_unenforced_limits: bool = False,
-        manage_host_firewall: bool = False,
-        allow_unisolated_networks: bool = False,
+        policy: EnginePolicy = DEFAULT_POLICY,
     ) -> None:
         self.engine = Engine(
             base_url,
             timeout_s,
             owner,
-            allow_unenforced_limits=allow_unenforced_limits,
-            manage_host_firewall=manage_host_firewall,
-            allow_unisolated_networks=allow_unisolated_networks,
+            policy=policy,
         )
         self.base_url = base_url
         self.timeout_s = timeout_s

@@ -80,6 +80,23 @@ class EngineNetwork:
     options: dict[str, str]
 
 
+@dataclass(frozen=True)
+class EnginePolicy:
+    """What the operator allows an engine and what gpuyard manages beside it; one
+    value for the cluster runtime and the Slurm node runtime alike."""
+
+    # Run without CPU/memory limits on an engine that cannot apply them.
+    allow_unenforced_limits: bool = False
+    # Keep the host firewall rules that close our networks (a local engine only: the
+    # rules must be on the engine's host).
+    manage_host_firewall: bool = False
+    # Run without those rules where they cannot be kept (single-tenant installations).
+    allow_unisolated_networks: bool = False
+
+
+DEFAULT_POLICY = EnginePolicy()
+
+
 class NotOurs(RuntimeFailure):
     """The named engine object exists but belongs to somebody else; it was left alone."""
 
@@ -99,11 +116,10 @@ class Engine:
         timeout_s: float = 60.0,
         owner: Ownership | None = None,
         *,
-        allow_unenforced_limits: bool = False,
-        manage_host_firewall: bool = False,
-        allow_unisolated_networks: bool = False,
+        policy: EnginePolicy = DEFAULT_POLICY,
     ) -> None:
         self.base_url = base_url
+        manage_host_firewall = policy.manage_host_firewall
         # The host rules that keep our networks apart (runtimes/host_firewall.py), made when the
         # owner is known (its chain is named after the installation); None: none
         # managed (a remote engine, a caller without networks).
@@ -111,13 +127,13 @@ class Engine:
         self.firewall: IptablesIsolation | None = (
             IptablesIsolation(owner.short) if manage_host_firewall and owner else None
         )
-        self.allow_unisolated_networks = allow_unisolated_networks
+        self.allow_unisolated_networks = policy.allow_unisolated_networks
         self._firewall_checked = False
         self._firewall_problem: str | None = None
         self._firewall_retry_at = 0.0
         self.timeout_s = timeout_s
         self._owner = owner
-        self.allow_unenforced_limits = allow_unenforced_limits
+        self.allow_unenforced_limits = policy.allow_unenforced_limits
         self._client_lock = threading.Lock()
         self._client_obj: Any = None
         self._is_podman: bool | None = None

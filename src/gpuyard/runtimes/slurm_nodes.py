@@ -43,7 +43,7 @@ import docker.errors
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
 from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import LIFECYCLE_RC
-from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy
 from gpuyard.runtimes.engine_url import detect_engine_url
 from gpuyard.runtimes.slurm_config import (
     CONFIG_DIR,
@@ -148,9 +148,7 @@ class SlurmNodeRuntime:
         timeout_s: float = 60.0,
         owner: Ownership | None = None,
         *,
-        allow_unenforced_limits: bool = False,
-        manage_host_firewall: bool = False,
-        allow_unisolated_networks: bool = False,
+        policy: EnginePolicy = DEFAULT_POLICY,
     ) -> None:
         self.base_url = base_url
         self.timeout_s = timeout_s
@@ -158,9 +156,7 @@ class SlurmNodeRuntime:
             detect_engine_url(base_url),
             timeout_s,
             owner,
-            allow_unenforced_limits=allow_unenforced_limits,
-            manage_host_firewall=manage_host_firewall,
-            allow_unisolated_networks=allow_unisolated_networks,
+            policy=policy,
         )
         self._errors = self.engine.errors
 
