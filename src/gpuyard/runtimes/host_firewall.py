@@ -143,16 +143,18 @@ class IptablesIsolation:
         return {m.group(1) for line in self.rules() if (m := _OUT_BRIDGE.search(line))}
 
     def _ensure_chain(self) -> None:
+        listed = self._ipt("-S", "FORWARD")
+        self._must(listed, "reading FORWARD")
+        rules = [line for line in listed.output.splitlines() if line.startswith("-A FORWARD")]
+        if rules and rules[0] == f"-A FORWARD -j {self.chain}":
+            # The usual case, one command (this runs after every container start): a
+            # jump to it means the chain exists.
+            return
         if self._ipt("-S", self.chain).returncode != 0:
             created = self._ipt("-N", self.chain)
             # A concurrent process may have made it meanwhile.
             if created.returncode != 0 and self._ipt("-S", self.chain).returncode != 0:
                 self._must(created, "creating the isolation chain")
-        listed = self._ipt("-S", "FORWARD")
-        self._must(listed, "reading FORWARD")
-        rules = [line for line in listed.output.splitlines() if line.startswith("-A FORWARD")]
-        if rules and rules[0] == f"-A FORWARD -j {self.chain}":
-            return
         while self._ipt("-D", "FORWARD", "-j", self.chain).returncode == 0:
             pass
         self._must(self._ipt("-I", "FORWARD", "1", "-j", self.chain), "jumping to it first")
