@@ -69,6 +69,7 @@ def register_host(
     host.gpu_source = inventory.gpu_source.value
     host.declared = list(inventory.declared)
     host.healthy = True
+    host.is_local = True
     host.updated_at = utcnow()
     session.flush()
     existing = {

@@ -131,8 +131,54 @@ class Host(Base):
     # False when the engine cannot apply CPU/memory limits; ``limits_note`` says why.
     enforces_limits: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     limits_note: Mapped[str | None] = mapped_column(Text)
+    # The operator's word (core/fleet.py HostStatus): active, cordoned (no new
+    # placements) or draining. Reachability is apart: ``healthy`` (placement's filter)
+    # turns False after the heartbeat setting's worth of misses.
+    status: Mapped[str] = mapped_column(String(20), default="active", server_default="active")
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column()
+    unreachable_since: Mapped[datetime | None] = mapped_column()
+    missed_heartbeats: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    heartbeat_error: Mapped[str | None] = mapped_column(Text)
+    engine_name: Mapped[str | None] = mapped_column(String(20))
+    engine_version: Mapped[str | None] = mapped_column(String(100))
+    # Where a tcp:// engine's TLS client material lives (ca.pem, cert.pem, key.pem).
+    engine_tls_dir: Mapped[str | None] = mapped_column(String(500))
+    # The machine the server runs on (registered at start, not through the API).
+    is_local: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class VolumeMove(Base):
+    """A cluster's volume being copied to another host (resume elsewhere, drain). The
+    source host's disk stays counted (services/hosts.py capacities) until it ends."""
+
+    __tablename__ = "volume_moves"
+    cluster_id: Mapped[str] = mapped_column(String(14), primary_key=True)
+    from_host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    to_host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    volume_gb: Mapped[int] = mapped_column(Integer)
+    # The engine volume on the source host (the target gets the installation's name).
+    source_volume: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text)
+    # copying, copied (the old copy is deleted once the cluster runs), failed
+    status: Mapped[str] = mapped_column(String(20))
+    bytes_copied: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    seconds: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+
+class Lease(Base):
+    """One background duty's owner among API replicas until ``expires_at``
+    (services/leases.py). ``fence`` grows with every change of holder."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(100))
+    expires_at: Mapped[datetime] = mapped_column()
+    fence: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Installation(Base):
