@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     stop_timeout_s: int = 10
     readiness_timeout_s: float = 120.0
 
+    # Fleet (README "Hosts"): every host's engine is pinged this often; after
+    # ``heartbeat_misses`` misses in a row it is unreachable (nothing new lands there,
+    # its clusters keep their GPUs and bill nothing until it answers again).
+    heartbeat_interval_s: float = 5.0
+    heartbeat_misses: int = 3
+    # Engine calls to a host other than this machine give up after this long, so a
+    # dead host holds up only its own work lane.
+    remote_engine_timeout_s: float = 30.0
+
     # Ownership and collection (README "What gpuyard owns"): a container of ours the
     # database does not know is removed after this grace; a volume is quarantined and
     # deleted only after the retention (or by an admin).

@@ -114,13 +114,18 @@ class AutoTerminator:
     def __init__(
         self,
         ctx: Context,
-        runtime: Runtime,
+        runtime: Runtime | Callable[[int | None], Runtime],
         *,
         gpu_utilization: GpuUtilization = nvml_utilization,
         on_fire: Callable[[Fired], None] | None = None,
     ) -> None:
         self.ctx = ctx
-        self.runtime = runtime
+        # The engine of a cluster's host (a fleet's lookup), or one for every host.
+        if callable(runtime):
+            self.runtime_of: Callable[[int | None], Runtime] = runtime
+        else:
+            single = runtime
+            self.runtime_of = lambda _host_id: single
         self.gpu_utilization = gpu_utilization
         self.on_fire = on_fire
         self.idle_since = ctx.idle_since
@@ -276,7 +281,7 @@ class AutoTerminator:
         now = self.ctx.clock.now()
         for cluster in clusters:
             try:
-                stats = self.runtime.stats(cluster.id, "idle")
+                stats = self.runtime_of(cluster.host_id).stats(cluster.id, "idle")
             except GpuyardError as exc:
                 log.debug("no stats for %s: %s", cluster.id, exc.message)
                 continue

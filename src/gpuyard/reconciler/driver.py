@@ -59,10 +59,25 @@ class Abandon(Exception):
     """The cluster moved on under us; stop this step quietly."""
 
 
+RuntimeOf = Callable[[int | None], Runtime]
+
+
 class ClusterDriver:
-    def __init__(self, ctx: Context, runtime: Runtime, sleep: Callable[[float], None] = time.sleep):
+    """Carries out each cluster's steps on the engine of the cluster's host
+    (``runtime_of(host_id)``: a fleet's lookup, or one runtime for every host)."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        runtime_of: RuntimeOf | Runtime,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.ctx = ctx
-        self.runtime = runtime
+        if callable(runtime_of):
+            self.runtime_of: RuntimeOf = runtime_of
+        else:
+            single = runtime_of
+            self.runtime_of = lambda _host_id: single
         self.sleep = sleep
         s = ctx.settings
         self.restart_policy = RestartPolicy(
@@ -143,7 +158,9 @@ class ClusterDriver:
         log.warning("cluster %s failed: %s", cluster.id, summary or "see its error_message")
         try:
             if container:
-                self.runtime.halt(cluster.id, timeout_s=self.ctx.settings.stop_timeout_s)
+                self.runtime_of(cluster.host_id).halt(
+                    cluster.id, timeout_s=self.ctx.settings.stop_timeout_s
+                )
         except GpuyardError as exc:
             # It may still run on its GPUs: keep them, retry on the next pass.
             log.warning("cannot stop failed cluster %s, will retry: %s", cluster.id, exc.message)
@@ -191,12 +208,12 @@ class ClusterDriver:
             self._ensure_image(c)
             # Container creation always repeats: it replaces any container left over
             # from an interrupted attempt or the previous run (restart).
-            container_id = self.runtime.create(self._spec(c))
+            container_id = self.runtime_of(c.host_id).create(self._spec(c))
             created = True
             self._record(
                 c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
             )
-            self.runtime.start(c.id)
+            self.runtime_of(c.host_id).start(c.id)
             self._await_running(c)
         except GpuyardError as exc:
             # A restart's previous container may still run even if no new one was made.
@@ -221,12 +238,12 @@ class ClusterDriver:
         deadline = time.monotonic() + self.ctx.settings.readiness_timeout_s
         delay = 0.02
         while True:
-            seen = self.runtime.observe(c.id)
+            seen = self.runtime_of(c.host_id).observe(c.id)
             if seen.state == ContainerState.RUNNING:
                 break
             if seen.state in (ContainerState.EXITED, ContainerState.MISSING):
                 tail = (
-                    self.runtime.logs(c.id, tail=5).strip()
+                    self.runtime_of(c.host_id).logs(c.id, tail=5).strip()
                     if seen.state == ContainerState.EXITED
                     else ""
                 )
@@ -310,7 +327,7 @@ class ClusterDriver:
 
     def _stop(self, c: Cluster) -> None:
         try:
-            self.runtime.stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
+            self.runtime_of(c.host_id).stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
         except GpuyardError as exc:
             # The container may still run on its GPUs: they are not released until the
             # engine confirms, so the stop is retried on the next pass.
@@ -328,8 +345,10 @@ class ClusterDriver:
 
     def _terminate(self, c: Cluster) -> None:
         try:
-            self.runtime.stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
-            self.runtime.remove_volume(self.volume_of(c), legacy=c.volume_name is not None)
+            self.runtime_of(c.host_id).stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
+            self.runtime_of(c.host_id).remove_volume(
+                self.volume_of(c), legacy=c.volume_name is not None
+            )
         except GpuyardError as exc:
             # Terminate must not leave a running container billed to nobody: retry.
             log.warning("terminate of %s failed, will retry: %s", c.id, exc.message)
@@ -354,7 +373,7 @@ class ClusterDriver:
         c = self._load(cluster_id)
         if c is None or c.status != ClusterStatus.RUNNING:
             return
-        seen = self.runtime.observe(cluster_id)
+        seen = self.runtime_of(c.host_id).observe(cluster_id)
         if seen.state == ContainerState.RUNNING:
             return
         now = self.ctx.clock.now()
@@ -385,7 +404,7 @@ class ClusterDriver:
             what += f" ({error})"
         verdict = judge_failure(self.restart_policy, _parse_times(c.recent_failures), now)
         if verdict.give_up:
-            tail = self._log_tail(c.id, state)
+            tail = self._log_tail(c, state)
             message = (
                 f"{what}; gave up after {len(verdict.failures)} failures within "
                 f"{self.restart_policy.window_s:g} s"
@@ -406,11 +425,11 @@ class ClusterDriver:
         )
         self.on_restart_due(c.id, verdict.retry_at)
 
-    def _log_tail(self, cluster_id: str, state: ContainerState) -> str:
+    def _log_tail(self, c: Cluster, state: ContainerState) -> str:
         if state == ContainerState.MISSING:
             return ""
         try:
-            tail = self.runtime.logs(cluster_id, tail=ERROR_LOG_LINES).rstrip()
+            tail = self.runtime_of(c.host_id).logs(c.id, tail=ERROR_LOG_LINES).rstrip()
         except GpuyardError:
             return ""
         return f"; last output:\n{tail}" if tail else ""
@@ -421,14 +440,14 @@ class ClusterDriver:
         the engine connect where the API would now refuse. Raises ValidationFailed
         naming the registry, or RuntimeFailure from the pull."""
         check_image(c.image, self.ctx.settings.registry_policy, "docker_image")
-        self.runtime.ensure_image(c.image)
+        self.runtime_of(c.host_id).ensure_image(c.image)
 
     def _restart(self, c: Cluster, now: datetime) -> None:
         number = c.restarts + 1
         try:
             self._ensure_image(c)
-            container_id = self.runtime.create(self._spec(c))
-            self.runtime.start(c.id)
+            container_id = self.runtime_of(c.host_id).create(self._spec(c))
+            self.runtime_of(c.host_id).start(c.id)
         except GpuyardError as exc:
             # Counted as one more failure on the next look. The engine's words stay with
             # the cluster (its events), out of the server log.
@@ -448,14 +467,19 @@ class ClusterDriver:
 
     # -- collection ------------------------------------------------------------------
 
-    def collect_container(self, cluster_id: str) -> None:
+    def collect_container(self, cluster_id: str, on_host: int | None = None) -> None:
         """Remove the container of ours that a cluster should not have (the reconciler
-        calls this only after the grace period), and say so in the cluster's events."""
+        calls this only after the grace period), and say so in the cluster's events.
+        ``on_host``: the host whose engine holds it (None: the one engine of every
+        host); a cluster that now lives on another host (it moved) should not have it
+        here."""
         c = self._load(cluster_id)
-        if c is not None and ClusterStatus(c.status) in MAY_HAVE_CONTAINER:
+        here = on_host is None or (c is not None and c.host_id == on_host)
+        if c is not None and here and ClusterStatus(c.status) in MAY_HAVE_CONTAINER:
             return
         log.info("removing container of cluster %s: no cluster of ours should have it", cluster_id)
-        self.runtime.stop(cluster_id, timeout_s=self.ctx.settings.stop_timeout_s)
+        runtime = self.runtime_of(on_host if on_host is not None else None)
+        runtime.stop(cluster_id, timeout_s=self.ctx.settings.stop_timeout_s)
         with self.ctx.transaction() as session:
             record_event(
                 session,
@@ -467,5 +491,7 @@ class ClusterDriver:
                     "no cluster in the database knows"
                     if c is None
                     else f"a {c.status} cluster should not have"
+                    if here
+                    else f"was left on host {on_host} (the cluster runs on host {c.host_id})"
                 ),
             )

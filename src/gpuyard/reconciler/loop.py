@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from functools import partial
+from typing import Protocol
 
 from sqlalchemy import delete, select
 
@@ -32,11 +34,31 @@ from gpuyard.reconciler.driver import ClusterDriver
 from gpuyard.reconciler.orphans import VolumeCollector
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
+from gpuyard.runtimes.fleet import SHARED_ENGINE, Fleet, HostEngine
 from gpuyard.services.context import Context
+from gpuyard.services.host_health import record_heartbeat
 from gpuyard.services.idempotency import purge_expired
 from gpuyard.store.schema import Cluster, GpuAllocation, Host
 
 log = logging.getLogger(__name__)
+
+
+class Leases(Protocol):
+    """Which duties this replica owns now (services/leases.py LeaseKeeper)."""
+
+    def holds(self, name: str) -> bool: ...
+
+
+class _AllMine:
+    """A lone server owns every duty."""
+
+    def holds(self, name: str) -> bool:
+        return True
+
+
+# Duties that are not per host, each owned by one replica at a time.
+AUTOTERM_DUTY = "autoterm"
+MAINTENANCE_DUTY = "maintenance"
 
 URGENT = "urgent"
 SLOW = "slow"
@@ -45,34 +67,49 @@ _URGENT_STATUSES = {ClusterStatus.STOPPING.value, ClusterStatus.TERMINATING.valu
 
 
 class Reconciler:
+    """Drives every host of the fleet (``runtime`` is a Fleet, or one runtime serving
+    every host). With ``leases`` (several API replicas on one database) it works only
+    on what this replica holds: the engines of the hosts it owns (``host:<id>``: their
+    heartbeats, observation and the clusters on them), auto-termination and
+    maintenance; without, everything."""
+
     def __init__(
         self,
         ctx: Context,
-        runtime: Runtime,
+        runtime: Runtime | Fleet,
         *,
         observe_every_s: float = 5.0,
         volume_scan_every_s: float = 30.0,
         host_id: int | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.ctx = ctx
-        self.runtime = runtime
-        runtime.bind(ctx.ownership)
-        self.driver = ClusterDriver(ctx, runtime)
+        self.fleet = runtime if isinstance(runtime, Fleet) else Fleet(runtime)
+        self.fleet.set_hosts(self.host_engine)
+        self.fleet.bind(ctx.ownership)
+        self.runtime = self.fleet.local
+        self.leases: Leases = leases or _AllMine()
+        self.driver = ClusterDriver(ctx, self.fleet.for_host)
         self.driver.on_restart_due = self._restart_due_at
-        self.autoterm = AutoTerminator(ctx, runtime)
+        self.autoterm = AutoTerminator(ctx, self.fleet.for_host)
         self.observe_every_s = observe_every_s
+        self.heartbeat_every_s = ctx.settings.heartbeat_interval_s
         self.volume_scan_every_s = volume_scan_every_s
         self._host_id = host_id
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        workers = max(2, ctx.settings.reconcile_workers)
-        self.queue = WorkQueue({URGENT: workers, SLOW: workers}, on_done=self.wake)
+        self._workers = max(2, ctx.settings.reconcile_workers)
+        self.queue = WorkQueue({URGENT: self._workers, SLOW: self._workers}, on_done=self.wake)
         self._thread: threading.Thread | None = None
-        self._last_observe = 0.0
-        self._last_volume_scan = 0.0
+        self._last_heartbeat = 0.0
+        self._last_observe: dict[str, float] = {}
+        self._last_volume_scan: dict[str, float] = {}
+        # Hosts as last read from the store (engine URL, status), refreshed every pass
+        # that looks at engines.
+        self._hosts: dict[int, HostEngine] = {}
         # Containers of ours that no cluster should have: when each was first seen so.
-        self._unknown_since: dict[str, datetime] = {}
+        self._unknown_since: dict[tuple[str, str], datetime] = {}
         # Clusters whose next restart attempt is due at the given time.
         self._restarts_due: dict[str, datetime] = {}
         # Metrics hook (observability/metrics.py): called after each loop pass with
@@ -80,14 +117,55 @@ class Reconciler:
         # the last pass, or the end of the sleep) to when it began.
         self.on_pass: Callable[[float, float], None] | None = None
         self._woken_at: float | None = None
+        # Told (outside any transaction) when a host first answers or comes back, e.g.
+        # to discover its inventory.
+        self.on_host_answered: Callable[[HostEngine, Runtime], None] | None = None
 
     @property
     def host_id(self) -> int | None:
-        """The host whose engine this reconciler drives (the first host if not set)."""
+        """The host this server runs on (the first host if not set)."""
         if self._host_id is None:
             with self.ctx.read() as session:
-                self._host_id = session.scalar(select(Host.id).order_by(Host.id).limit(1))
+                self._host_id = session.scalar(
+                    select(Host.id).order_by(Host.is_local.desc(), Host.id).limit(1)
+                )
         return self._host_id
+
+    # -- hosts -----------------------------------------------------------------
+    def refresh_hosts(self) -> dict[int, HostEngine]:
+        """Re-read every host's engine address from the store."""
+        with self.ctx.read() as session:
+            rows = session.execute(
+                select(Host.id, Host.name, Host.engine_url, Host.engine_tls_dir, Host.is_local)
+            )
+            hosts = {
+                r.id: HostEngine(r.id, r.name, r.engine_url, r.engine_tls_dir, r.is_local)
+                for r in rows
+            }
+        gone = set(self._hosts) - set(hosts)
+        self._hosts = hosts
+        for host_id in gone:
+            self.fleet.forget(host_id)
+        return hosts
+
+    def host_engine(self, host_id: int) -> HostEngine | None:
+        """How to reach ``host_id`` (the fleet's lookup)."""
+        found = self._hosts.get(host_id)
+        if found is None:
+            found = self.refresh_hosts().get(host_id)
+        return found
+
+    def _engine_key(self, host_id: int | None) -> str:
+        return SHARED_ENGINE if host_id is None else self.fleet.key_of(host_id)
+
+    def _lane(self, lane: str, key: str) -> str:
+        """Each engine has its own lanes, so a slow or dead host holds up only its own
+        work."""
+        if key == SHARED_ENGINE:
+            return lane
+        name = f"{lane}:{key}"
+        self.queue.ensure_lane(name, self._workers)
+        return name
 
     # -- control -------------------------------------------------------------
     def start(self) -> None:
@@ -100,6 +178,7 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.queue.close(wait=True)
+        self.fleet.close()
 
     def wake(self) -> None:
         if self._woken_at is None:
@@ -135,34 +214,49 @@ class Reconciler:
 
     # -- one pass ------------------------------------------------------------
     def run_pass(self, *, observe: bool | None = None) -> None:
-        """Dispatch every cluster in motion and every restart that is due; observe
-        the engine when due."""
+        """Dispatch every cluster in motion and every restart that is due (on the
+        engines this replica owns); heartbeat and observe the engines when due."""
         with self.ctx.read() as session:
             moving = list(
                 session.execute(
-                    select(Cluster.id, Cluster.status).where(
+                    select(Cluster.id, Cluster.status, Cluster.host_id).where(
                         Cluster.status.in_([s.value for s in IN_MOTION])
                     )
                 )
             )
-        for cluster_id, status in moving:
-            lane = URGENT if status in _URGENT_STATUSES else SLOW
-            self._submit(cluster_id, self.driver.drive, lane)
+        owned: dict[str, bool] = {}
+
+        def mine(host_id: int | None) -> bool:
+            key = self._engine_key(host_id)
+            if key not in owned:
+                owned[key] = self.leases.holds(key)
+            return owned[key]
+
+        for cluster_id, status, host_id in moving:
+            if mine(host_id):
+                lane = URGENT if status in _URGENT_STATUSES else SLOW
+                self._submit(cluster_id, self.driver.drive, lane, host_id)
         now = self.ctx.clock.now()
         with self._lock:
             due = [cid for cid, at in self._restarts_due.items() if at <= now]
             for cid in due:
                 del self._restarts_due[cid]
         for cid in due:
-            self._submit(cid, self.driver.recover, SLOW)
-        try:
-            self.autoterm.run()
-        except Exception:  # never let a policy problem stop the lifecycle work
-            log.exception("auto-termination pass failed")
-        due_observe = time.monotonic() - self._last_observe >= self.observe_every_s
-        if observe or (observe is None and due_observe):
-            self._last_observe = time.monotonic()
-            self.observe()
+            self._submit(cid, self.driver.recover, SLOW, self._host_of(cid))
+        if self.leases.holds(AUTOTERM_DUTY):
+            try:
+                self.autoterm.run()
+            except Exception:  # never let a policy problem stop the lifecycle work
+                log.exception("auto-termination pass failed")
+        if observe is False:
+            return
+        if time.monotonic() - self._last_heartbeat >= self.heartbeat_every_s or observe:
+            self._last_heartbeat = time.monotonic()
+            self._check_engines(force_observe=bool(observe))
+
+    def _host_of(self, cluster_id: str) -> int | None:
+        with self.ctx.read() as session:
+            return session.scalar(select(Cluster.host_id).where(Cluster.id == cluster_id))
 
     def _restart_due_at(self, cluster_id: str, at: datetime) -> None:
         with self._lock:
@@ -176,93 +270,191 @@ class Reconciler:
             first = min(self._restarts_due.values())
         return max(0.0, (first - self.ctx.clock.now()).total_seconds())
 
+    # -- engines: heartbeat, observe -----------------------------------------------
+    def _engines(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The engines of every host (one shared engine without a factory)."""
+        hosts = self.refresh_hosts()
+        engines = self.fleet.engines(hosts.values())
+        return engines or [(SHARED_ENGINE, ())]
+
+    def _check_engines(self, *, force_observe: bool = False) -> None:
+        """Queue one heartbeat (and observation, when due) per engine this replica
+        owns, each on its engine's own lane."""
+        if self.leases.holds(MAINTENANCE_DUTY):
+            self._free_resting_gpus()
+        for key, host_ids in self._engines():
+            if not self.leases.holds(key):
+                continue
+            lane = self._lane(URGENT, key)
+            self.queue.submit(
+                ("engine", key), lane, partial(self._check_engine, key, host_ids, force_observe)
+            )
+
+    def _check_engine(self, key: str, host_ids: tuple[int, ...], force_observe: bool) -> None:
+        runtime = self._engine_runtime(host_ids)
+        problem = runtime.available()
+        if host_ids:
+            changed = record_heartbeat(
+                self.ctx, host_ids, problem, misses_allowed=self.ctx.settings.heartbeat_misses
+            )
+            hook = self.on_host_answered
+            if problem is None and hook is not None:
+                for host_id in changed:
+                    host = self._hosts.get(host_id)
+                    if host is not None:
+                        try:
+                            hook(host, runtime)
+                        except Exception:  # inventory is retried on the next change
+                            log.exception("host %s: after-answer hook failed", host_id)
+        if problem is not None:
+            return
+        last = self._last_observe.get(key, 0.0)
+        if force_observe or time.monotonic() - last >= self.observe_every_s:
+            self._last_observe[key] = time.monotonic()
+            self.observe_engine(key, host_ids)
+
+    def _engine_runtime(self, host_ids: Iterable[int]) -> Runtime:
+        first = next(iter(host_ids), None)
+        return self.fleet.for_host(first)
+
     def observe(self) -> None:
-        """Compare this installation's containers (and, less often, volumes) with the
-        store; see the module docstring."""
+        """Observe every engine this replica owns now, in this thread (tests)."""
+        if self.leases.holds(MAINTENANCE_DUTY):
+            self._free_resting_gpus()
+        for key, host_ids in self._engines():
+            if self.leases.holds(key):
+                self.observe_engine(key, host_ids)
+
+    def observe_engine(self, key: str, host_ids: tuple[int, ...]) -> None:
+        """Compare one engine's containers of this installation (and, less often, its
+        volumes) with the store; see the module docstring."""
+        runtime = self._engine_runtime(host_ids)
         try:
-            containers = self.runtime.list_managed()
+            containers = runtime.list_managed()
         except GpuyardError as exc:
             # An engine that does not answer (e.g. restarting) is not evidence that
             # anything died: nothing is recovered or collected until it answers.
-            log.warning("cannot list containers: %s", exc.message)
+            log.warning("cannot list containers on %s: %s", key, exc.message)
             return
         listed_at = self.ctx.clock.now()
         by_cluster = {c.cluster_id: c for c in containers}
-        with self.ctx.transaction() as session:
-            rows = list(
-                session.execute(
-                    select(Cluster.id, Cluster.status, Cluster.updated_at).where(
-                        Cluster.status.in_([s.value for s in MAY_HAVE_CONTAINER])
-                    )
-                )
+        shared = key == SHARED_ENGINE
+        with self.ctx.read() as session:
+            q = select(Cluster.id, Cluster.status, Cluster.updated_at).where(
+                Cluster.status.in_([s.value for s in MAY_HAVE_CONTAINER])
             )
-            # GPU rows of clusters that no longer hold compute (a crash between the
-            # status change and the release, or a manual DB edit) are freed here.
-            resting = select(Cluster.id).where(
-                Cluster.status.not_in([s.value for s in HOLDS_COMPUTE])
-            )
-            session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id.in_(resting)))
+            if not shared:
+                q = q.where(Cluster.host_id.in_(host_ids))
+            rows = list(session.execute(q))
         live = {cid: (ClusterStatus(status), updated) for cid, status, updated in rows}
         for cid, (status, updated) in live.items():
             seen = by_cluster.get(cid)
             dead = seen is None or seen.state != ContainerState.RUNNING
             if status == ClusterStatus.RUNNING and updated < listed_at and dead:
-                self._submit(cid, self.driver.recover, SLOW)
-        self._collect_containers(set(by_cluster) - set(live), listed_at)
-        self._sync_host_limits()
-        if time.monotonic() - self._last_volume_scan >= self.volume_scan_every_s:
-            self._last_volume_scan = time.monotonic()
-            self.scan_volumes()
-            purge_expired(self.ctx)  # idempotency keys past their 24 h
+                self._submit(cid, self.driver.recover, SLOW, host_ids[0] if host_ids else None)
+        self._collect_containers(key, host_ids, set(by_cluster) - set(live), listed_at)
+        self._sync_host_limits(runtime, host_ids)
+        last_scan = self._last_volume_scan.get(key, 0.0)
+        if time.monotonic() - last_scan >= self.volume_scan_every_s:
+            self._last_volume_scan[key] = time.monotonic()
+            self._scan_engine_volumes(runtime, host_ids)
+            if self.leases.holds(MAINTENANCE_DUTY):
+                purge_expired(self.ctx)  # idempotency keys past their 24 h
             # Our network isolation rules, repaired if a firewall reload dropped them.
             try:
-                self.runtime.guard_networks()
+                runtime.guard_networks()
             except GpuyardError as exc:
-                log.warning("cannot re-apply network isolation: %s", exc.message)
+                log.warning("cannot re-apply network isolation on %s: %s", key, exc.message)
 
-    def _collect_containers(self, unexpected: set[str], now: datetime) -> None:
-        """Containers of ours that no cluster should have are removed only once they
-        have been seen so for the grace period (a create racing the listing, or a
-        store briefly behind, never loses a container)."""
+    def _free_resting_gpus(self) -> None:
+        """GPU rows of clusters that no longer hold compute (a crash between the status
+        change and the release, or a manual DB edit) are freed."""
+        with self.ctx.transaction() as session:
+            resting = select(Cluster.id).where(
+                Cluster.status.not_in([s.value for s in HOLDS_COMPUTE])
+            )
+            session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id.in_(resting)))
+
+    def _collect_containers(
+        self, key: str, host_ids: tuple[int, ...], unexpected: set[str], now: datetime
+    ) -> None:
+        """Containers of ours that no cluster should have (on this engine) are removed
+        only once they have been seen so for the grace period (a create racing the
+        listing, or a store briefly behind, never loses a container)."""
         grace = timedelta(seconds=self.ctx.settings.orphan_container_grace_s)
-        for cid in list(self._unknown_since):
-            if cid not in unexpected:
-                del self._unknown_since[cid]
+        for seen in [s for s in self._unknown_since if s[0] == key]:
+            if seen[1] not in unexpected:
+                del self._unknown_since[seen]
+        host = host_ids[0] if host_ids and key != SHARED_ENGINE else None
         for cid in unexpected:
-            first = self._unknown_since.setdefault(cid, now)
+            first = self._unknown_since.setdefault((key, cid), now)
             if now - first >= grace:
-                self._submit(cid, self.driver.collect_container, URGENT)
+                self._submit(
+                    cid,
+                    partial(self._collect_one, on_host=host),
+                    URGENT,
+                    host,
+                    job_key=("collect", key, cid),
+                )
 
-    def _sync_host_limits(self) -> None:
-        """Show on the host whether its engine enforces CPU/memory limits (the runtime
+    def _collect_one(self, cluster_id: str, *, on_host: int | None) -> None:
+        self.driver.collect_container(cluster_id, on_host=on_host)
+
+    def _sync_host_limits(self, runtime: Runtime, host_ids: tuple[int, ...]) -> None:
+        """Show on the hosts whether their engine enforces CPU/memory limits (the runtime
         learns it from the engine's refusal), so creates can refuse with a clear error."""
-        host_id = self.host_id
-        if host_id is None:
+        ids = host_ids or ((self.host_id,) if self.host_id is not None else ())
+        if not ids:
             return
-        problem = self.runtime.capabilities().limits_problem
+        problem = runtime.capabilities().limits_problem
         wanted = (problem is None, problem)
         with self.ctx.read() as session:
-            shown = session.execute(
-                select(Host.enforces_limits, Host.limits_note).where(Host.id == host_id)
-            ).one_or_none()
-        if shown is None or tuple(shown) == wanted:
+            shown = list(
+                session.execute(
+                    select(Host.id, Host.enforces_limits, Host.limits_note).where(Host.id.in_(ids))
+                )
+            )
+        stale = [r.id for r in shown if (r.enforces_limits, r.limits_note) != wanted]
+        if not stale:
             return  # the usual case: no write transaction every observe pass
         with self.ctx.transaction() as session:
-            host = session.get(Host, host_id)
-            if host is not None:
-                host.enforces_limits, host.limits_note = wanted
+            for host_id in stale:
+                host = session.get(Host, host_id)
+                if host is not None:
+                    host.enforces_limits, host.limits_note = wanted
+
+    def _scan_engine_volumes(self, runtime: Runtime, host_ids: tuple[int, ...]) -> None:
+        # One engine shared by several host rows keeps its quarantine under the local
+        # host, as before there were fleets.
+        host_id = host_ids[0] if len(host_ids) == 1 else self.host_id
+        if host_id is not None:
+            VolumeCollector(self.ctx, runtime, host_id).scan()
 
     def scan_volumes(self) -> None:
-        """Quarantine unknown volumes of ours; delete those past their retention."""
-        host_id = self.host_id
-        if host_id is not None:
-            VolumeCollector(self.ctx, self.runtime, host_id).scan()
+        """Quarantine unknown volumes of ours; delete those past their retention (every
+        engine this replica owns, in this thread)."""
+        for key, host_ids in self._engines():
+            if self.leases.holds(key):
+                self._scan_engine_volumes(self._engine_runtime(host_ids), host_ids)
 
     # -- dispatch ------------------------------------------------------------
-    def _submit(self, cluster_id: str, job: Callable[[str], None], lane: str) -> None:
+    def _submit(
+        self,
+        cluster_id: str,
+        job: Callable[[str], None],
+        lane: str,
+        host_id: int | None,
+        *,
+        job_key: object = None,
+    ) -> None:
         if self._stopping.is_set():
             return
-        self.queue.submit(cluster_id, lane, lambda: self._run_job(cluster_id, job))
+        lane_name = self._lane(lane, self._engine_key(host_id))
+        self.queue.submit(
+            job_key if job_key is not None else cluster_id,
+            lane_name,
+            lambda: self._run_job(cluster_id, job),
+        )
 
     @staticmethod
     def _run_job(cluster_id: str, job: Callable[[str], None]) -> None:

@@ -75,6 +75,15 @@ class WorkQueue:
         self._keys: dict[Hashable, _Key] = {}
         self._closed = False
 
+    def ensure_lane(self, lane: str, workers: int) -> None:
+        """Add lane ``lane`` with ``workers`` threads unless it exists (per-host lanes
+        are made when a host is first worked on; threads start only when used)."""
+        with self._lock:
+            if lane not in self._pools and not self._closed:
+                self._pools[lane] = ThreadPoolExecutor(
+                    max_workers=workers, thread_name_prefix=f"work-{lane}"
+                )
+
     def submit(self, key: Hashable, lane: str, job: Job) -> bool:
         """Run ``job`` for ``key`` on ``lane``. If the key's job is running, run this
         one after it; if the key is backing off, when the back-off ends. Returns False
@@ -182,5 +191,7 @@ class WorkQueue:
             timers = [e.timer for e in self._keys.values() if e.timer is not None]
         for t in timers:
             t.cancel()
-        for pool in self._pools.values():
+        with self._lock:
+            pools = list(self._pools.values())
+        for pool in pools:
             pool.shutdown(wait=wait, cancel_futures=True)

@@ -19,7 +19,7 @@ from gpuyard.core.pricing import Prices
 from gpuyard.core.states import ClusterStatus, can_transition
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.cluster_views import cluster_rate
-from gpuyard.store.schema import Cluster, Event, UsageInterval
+from gpuyard.store.schema import Cluster, Event, Host, UsageInterval
 
 # Context.transaction puts the price list here, so the funnel can meter without every
 # caller passing it.
@@ -122,6 +122,8 @@ def meter_status(session: Session, cluster: Any, status: ClusterStatus, now: dat
         .values(ended_at=at)
         .execution_options(synchronize_session=False)
     )
+    if billing_paused(session, getattr(cluster, "host_id", None)):
+        return  # its host does not answer: nothing is billed until it does
     prices = session.info.get(PRICES_KEY)
     if not isinstance(prices, Prices):
         raise RuntimeError("metering needs the session from Context.transaction()")
@@ -139,3 +141,12 @@ def meter_status(session: Session, cluster: Any, status: ClusterStatus, now: dat
                 ended_at=None,
             )
         )
+
+
+def billing_paused(session: Session, host_id: int | None) -> bool:
+    """Whether clusters on ``host_id`` bill nothing now: the host has been found
+    unreachable and has not answered since (services/host_health.py)."""
+    if host_id is None:
+        return False
+    host = session.get(Host, host_id)
+    return host is not None and host.unreachable_since is not None
