@@ -85,6 +85,15 @@ class HostRef(_Out):
     name: str | None
     location: str | None
     gpu_source: str | None
+    status: str | None
+    reachability: str | None
+
+
+class MovingVolume(_Out):
+    from_host_id: int
+    to_host_id: int
+    bytes_copied: int
+    started_at: str | None
 
 
 class StartupProgress(_Out):
@@ -93,6 +102,7 @@ class StartupProgress(_Out):
     current_step: str
     steps_completed: int
     total_steps: int
+    moving_volume: MovingVolume | None = None
 
 
 class LastExit(_Out):
@@ -132,6 +142,7 @@ class Cluster(_Out):
     ports: list[Port]
     auto_terminate: dict[str, Any]
     host: HostRef | None
+    host_status: str | None
     network: Network
     cost: Cost
     created_at: str | None

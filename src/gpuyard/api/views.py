@@ -158,9 +158,14 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
             "name": d.host_name,
             "location": d.host_location,
             "gpu_source": d.gpu_source,
+            "status": d.host_status,
+            "reachability": d.host_reachability,
         }
         if c.host_id is not None
         else None,
+        # "unreachable": the host's engine has missed its heartbeats; the cluster keeps
+        # its GPUs and bills nothing until the host answers again.
+        "host_status": d.host_reachability,
         "network": network(d),
         "cost": cost(d),
         "created_at": iso(c.created_at),
@@ -171,7 +176,17 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "terminated_at": iso(c.terminated_at),
     }
     if status in (ClusterStatus.STARTING, ClusterStatus.PENDING):
-        body["startup_progress"] = asdict(progress_for(c.startup_step))
+        progress = asdict(progress_for(c.startup_step))
+        if d.move is not None:
+            # The volume is being copied from the cluster's old host to this one.
+            progress["current_step"] = "Moving volume"
+            progress["moving_volume"] = {
+                "from_host_id": d.move.from_host_id,
+                "to_host_id": d.move.to_host_id,
+                "bytes_copied": d.move.bytes_copied,
+                "started_at": iso(d.move.started_at),
+            }
+        body["startup_progress"] = progress
         body["estimated_ready_at"] = iso(d.estimated_ready_at)
     return body
 

@@ -69,6 +69,14 @@ class InsufficientCapacity(GpuyardError):
     http_status = 409
 
 
+class HostUnreachable(GpuyardError):
+    """The cluster's host does not answer, so its volume cannot be read (a move would
+    lose the data); nothing changed."""
+
+    code = "HOST_UNREACHABLE"
+    http_status = 409
+
+
 class IdempotencyKeyReused(GpuyardError):
     """An ``Idempotency-Key`` already answered a create with a different body."""
 

@@ -8,6 +8,7 @@ terminate); the step gives up and the next pass acts on the new status.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 import time
@@ -31,12 +32,23 @@ from gpuyard.runtimes.base import (
     PortBinding,
     Runtime,
 )
+from gpuyard.runtimes.volume_moves import copy_volume_between
 from gpuyard.services.context import Context
 from gpuyard.services.hosts import gpu_uuids
 from gpuyard.services.lifecycle import guarded_update, record_event, transition_cluster
+from gpuyard.services.moves import (
+    DONE,
+    IN_FLIGHT,
+    copies_to_delete,
+    fail_move,
+    finish_copy,
+    old_copy_deleted,
+    pending_move,
+    record_progress,
+)
 from gpuyard.services.placement import release_all, release_compute
 from gpuyard.services.secrets import open_env, secret_box
-from gpuyard.store.schema import Cluster, PortAllocation, Project, StartupSample
+from gpuyard.store.schema import Cluster, PortAllocation, Project, StartupSample, VolumeMove
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +213,9 @@ class ClusterDriver:
             # A preempted cluster is still stopping on our GPUs: start once it has
             # stopped (its job wakes the reconciler), so no GPU is ever shared.
             return
+        move = pending_move(self.ctx, c.id)
+        if move is not None and not self._move_volume(c, move, starting=True):
+            return
         created = False
         try:
             # Progress is recorded at the points that take time, not at every step:
@@ -215,10 +230,120 @@ class ClusterDriver:
             )
             self.runtime_of(c.host_id).start(c.id)
             self._await_running(c)
+            if move is not None and c.status == ClusterStatus.RUNNING.value:
+                # The volume moved here for this start: its old copy goes now.
+                self.delete_old_copies(None, cluster_id=c.id)
         except GpuyardError as exc:
             # A restart's previous container may still run even if no new one was made.
             had = created or bool((c.runtime_handle or {}).get("container_id"))
             self._fail(c, exc.message, container=had, summary=f"start failed ({exc.code})")
+
+    # -- moving between hosts ----------------------------------------------------------
+
+    def _move_volume(self, c: Cluster, move: VolumeMove, *, starting: bool) -> bool:
+        """Copy the cluster's volume from its old host to its new one (services/moves.py)
+        and record it. On failure the cluster goes back to its old host, where its data
+        still is: a start ends in ``error`` saying why, a resting cluster stays as it
+        was. Returns whether the data is on the new host."""
+        target_volume = self.ctx.ownership.volume(c.id)
+        began = time.monotonic()
+        last = [began]
+
+        def progress(copied: int) -> None:
+            # At most one write a second: the copy is the slow part, not the store.
+            if time.monotonic() - last[0] >= 1.0:
+                last[0] = time.monotonic()
+                record_progress(self.ctx, c.id, copied)
+
+        try:
+            copied = copy_volume_between(
+                self.runtime_of(move.from_host_id),
+                move.source_volume,
+                self.runtime_of(move.to_host_id),
+                target_volume,
+                c.id,
+                progress,
+            )
+        except GpuyardError as exc:
+            self._move_failed(c, move, exc, starting=starting)
+            return False
+        seconds = time.monotonic() - began
+        now = self.ctx.clock.now()
+        try:
+            with self.ctx.transaction() as session:
+                # From now on the cluster's volume is the installation's name for it.
+                c.version = guarded_update(session, c.id, c.version, now, volume_name=None)
+                finish_copy(session, c.id, copied, seconds, now)
+        except Conflict as exc:
+            raise Abandon() from exc
+        c.volume_name = None
+        self.ctx.notifier.notify()
+        return True
+
+    def _move_failed(
+        self, c: Cluster, move: VolumeMove, exc: GpuyardError, *, starting: bool
+    ) -> None:
+        message = (
+            f"moving the volume from host #{move.from_host_id} to host #{move.to_host_id} "
+            f"failed: {exc.message}; the data is still on host #{move.from_host_id}"
+        )
+        log.warning("cluster %s: volume move failed (%s)", c.id, exc.code)
+        now = self.ctx.clock.now()
+        # The partial copy is not needed; the next move empties its target anyway.
+        with contextlib.suppress(GpuyardError):
+            self.runtime_of(move.to_host_id).remove_volume(self.ctx.ownership.volume(c.id))
+
+        def back(session: Session, cluster_id: str) -> None:
+            fail_move(session, cluster_id, exc.message, now)
+            release_compute(session, cluster_id)
+
+        if starting:
+            self._transition(
+                c,
+                ClusterStatus.ERROR,
+                f"error: {message}",
+                also=back,
+                error_message=message,
+                host_id=move.from_host_id,
+                gpu_indices=[],
+            )
+            return
+        try:
+            with self.ctx.transaction() as session:
+                back(session, c.id)
+                c.version = guarded_update(session, c.id, c.version, now, host_id=move.from_host_id)
+                record_event(session, c.id, now, "moved", message)
+        except Conflict as exc2:
+            raise Abandon() from exc2
+
+    def move_resting(self, cluster_id: str) -> None:
+        """Carry out the volume move of a stopped cluster (a drain), then delete the old
+        copy: nothing runs on either copy."""
+        c = self._load(cluster_id)
+        move = pending_move(self.ctx, cluster_id)
+        if c is None or move is None:
+            return
+        if c.status not in (ClusterStatus.STOPPED.value, ClusterStatus.ERROR.value):
+            return  # started meanwhile: the start carries out the move
+        try:
+            if self._move_volume(c, move, starting=False):
+                self.delete_old_copies([move.from_host_id])
+        except Abandon:
+            pass
+
+    def delete_old_copies(self, host_ids: list[int] | None, cluster_id: str | None = None) -> None:
+        """Delete the old copies of moved volumes on ``host_ids`` (None: any) whose
+        cluster has settled on its new host; a copy that cannot be deleted now (its
+        host does not answer) is tried again on the next pass."""
+        found = copies_to_delete(self.ctx, tuple(host_ids) if host_ids else None, cluster_id)
+        for move in found:
+            legacy = move.source_volume != self.ctx.ownership.volume(move.cluster_id)
+            try:
+                self.runtime_of(move.from_host_id).remove_volume(move.source_volume, legacy=legacy)
+            except GpuyardError as exc:
+                log.warning("old copy of %s's volume stays for now: %s", move.cluster_id, exc)
+                continue
+            old_copy_deleted(self.ctx, move.cluster_id)
 
     def _gpus_still_in_use(self, c: Cluster) -> bool:
         if not c.gpu_indices or c.host_id is None:
@@ -349,6 +474,8 @@ class ClusterDriver:
             self.runtime_of(c.host_id).remove_volume(
                 self.volume_of(c), legacy=c.volume_name is not None
             )
+            # A volume on its way here still has its old copy on the old host.
+            self._remove_moving_copy(c)
         except GpuyardError as exc:
             # Terminate must not leave a running container billed to nobody: retry.
             log.warning("terminate of %s failed, will retry: %s", c.id, exc.message)
@@ -361,6 +488,20 @@ class ClusterDriver:
             terminated_at=self.ctx.clock.now(),
             runtime_handle={},
         )
+
+    def _remove_moving_copy(self, c: Cluster) -> None:
+        with self.ctx.read() as session:
+            move = session.get(VolumeMove, c.id)
+            if move is None or move.status not in IN_FLIGHT:
+                return
+            session.expunge(move)
+        legacy = move.source_volume != self.ctx.ownership.volume(c.id)
+        self.runtime_of(move.from_host_id).remove_volume(move.source_volume, legacy=legacy)
+        now = self.ctx.clock.now()
+        with self.ctx.transaction() as session:
+            row = session.get(VolumeMove, c.id)
+            if row is not None:
+                row.status, row.finished_at = DONE, now
 
     # -- desired state wins -------------------------------------------------------
 

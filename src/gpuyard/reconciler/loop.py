@@ -28,6 +28,7 @@ from typing import Protocol
 from sqlalchemy import delete, select
 
 from gpuyard.core.errors import GpuyardError
+from gpuyard.core.fleet import HostStatus
 from gpuyard.core.states import HOLDS_COMPUTE, IN_MOTION, MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.autoterminate import AutoTerminator
 from gpuyard.reconciler.driver import ClusterDriver
@@ -35,10 +36,12 @@ from gpuyard.reconciler.orphans import VolumeCollector
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.runtimes.fleet import SHARED_ENGINE, Fleet, HostEngine
+from gpuyard.services.clusters import start_drained
 from gpuyard.services.context import Context
 from gpuyard.services.host_health import record_heartbeat
 from gpuyard.services.idempotency import purge_expired
-from gpuyard.store.schema import Cluster, GpuAllocation, Host
+from gpuyard.services.moves import COPYING, DRAIN_STOP
+from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +246,7 @@ class Reconciler:
                 del self._restarts_due[cid]
         for cid in due:
             self._submit(cid, self.driver.recover, SLOW, self._host_of(cid))
+        self._dispatch_moves(mine)
         if self.leases.holds(AUTOTERM_DUTY):
             try:
                 self.autoterm.run()
@@ -253,6 +257,46 @@ class Reconciler:
         if time.monotonic() - self._last_heartbeat >= self.heartbeat_every_s or observe:
             self._last_heartbeat = time.monotonic()
             self._check_engines(force_observe=bool(observe))
+
+    def _dispatch_moves(self, mine: Callable[[int | None], bool]) -> None:
+        """Volume moves of resting clusters (a drain) run on their new host's lanes."""
+        with self.ctx.read() as session:
+            resting = list(
+                session.execute(
+                    select(VolumeMove.cluster_id, VolumeMove.to_host_id)
+                    .join(Cluster, Cluster.id == VolumeMove.cluster_id)
+                    .where(
+                        VolumeMove.status == COPYING,
+                        Cluster.status.in_(
+                            [ClusterStatus.STOPPED.value, ClusterStatus.ERROR.value]
+                        ),
+                    )
+                )
+            )
+        for cluster_id, to_host in resting:
+            if mine(to_host):
+                self._submit(cluster_id, self.driver.move_resting, SLOW, to_host)
+
+    def _restart_drained(self, host_ids: tuple[int, ...]) -> None:
+        """Clusters a drain of these hosts stopped are started on other hosts (level
+        based: a cluster that cannot move yet is tried again on the next scan)."""
+        with self.ctx.read() as session:
+            q = (
+                select(Cluster.id)
+                .join(Host, Host.id == Cluster.host_id)
+                .where(
+                    Host.status == HostStatus.DRAINING.value,
+                    Cluster.status == ClusterStatus.STOPPED.value,
+                    Cluster.status_reason.startswith(f"stopped ({DRAIN_STOP}"),
+                )
+            )
+            if host_ids:
+                q = q.where(Cluster.host_id.in_(host_ids))
+            drained = list(session.scalars(q))
+        for cluster_id in drained:
+            problem = start_drained(self.ctx, cluster_id)
+            if problem is not None:
+                log.warning("drained cluster %s cannot move yet: %s", cluster_id, problem)
 
     def _host_of(self, cluster_id: str) -> int | None:
         with self.ctx.read() as session:
@@ -312,6 +356,16 @@ class Reconciler:
         if force_observe or time.monotonic() - last >= self.observe_every_s:
             self._last_observe[key] = time.monotonic()
             self.observe_engine(key, host_ids)
+            # Moves away from these hosts: drained clusters go, old copies are deleted.
+            self._restart_drained(host_ids)
+            self.driver.delete_old_copies(list(host_ids) or None)
+
+    def heartbeat_now(self) -> None:
+        """Heartbeat (and observe) every engine this replica owns, in this thread
+        (tests and tools; the loop queues these on each engine's lane)."""
+        for key, host_ids in self._engines():
+            if self.leases.holds(key):
+                self._check_engine(key, host_ids, True)
 
     def _engine_runtime(self, host_ids: Iterable[int]) -> Runtime:
         first = next(iter(host_ids), None)

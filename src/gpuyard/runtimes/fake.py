@@ -141,6 +141,11 @@ class FakeRuntime:
         with self._lock:
             return dict(self.volumes[name].files)
 
+    def replace_volume_files(self, name: str, files: dict[str, str]) -> None:
+        """Set a volume's files to exactly ``files`` (a copy arriving from another host)."""
+        with self._lock:
+            self.volumes[name].files = dict(files)
+
     def write_file(self, cluster_id: str, path: str, content: str) -> None:
         """Write ``path`` as the container would: under the volume mount it lands in
         the volume, elsewhere on the container disk."""

@@ -18,7 +18,7 @@ from gpuyard.core.pricing import Prices, RateParts, hourly_rate
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
 from gpuyard.services.metering import accrual_of, load_intervals
-from gpuyard.store.schema import Cluster, Project, StartupSample
+from gpuyard.store.schema import Cluster, Project, StartupSample, VolumeMove
 
 STARTUP_SAMPLE_WINDOW = 20
 # What each status bills (docs/decisions.md, "Metering"): compute, GPUs and container
@@ -52,6 +52,20 @@ class ClusterDetails:
     next_auto_terminate: Deadline | None = None
     # Why the stored policy is not enforced (it does not validate); None when valid.
     auto_terminate_error: str | None = None
+    # What the host's heartbeats say (reachable, unreachable) and its operator status.
+    host_reachability: str | None = None
+    host_status: str | None = None
+    # The volume on its way to this host (a start elsewhere, a drain); None: none.
+    move: VolumeMoveView | None = None
+
+
+@dataclass(frozen=True)
+class VolumeMoveView:
+    from_host_id: int
+    to_host_id: int
+    status: str
+    bytes_copied: int
+    started_at: datetime
 
 
 def cluster_rate(
@@ -157,6 +171,7 @@ def details(
     now = ctx.clock.now()
     hosts, gpus = ctx.references.get(db)
     startup = estimated_startup_seconds(db) if starting and db is not None else None
+    moves = volume_moves(db, [c.id for c in clusters if c.status in _STARTING]) if starting else {}
     out = []
     for c in clusters:
         host = hosts.get(c.host_id) if c.host_id is not None else None
@@ -169,7 +184,13 @@ def details(
                 cluster=c,
                 host_name=host.name if host else None,
                 host_location=host.location if host else None,
-                host_address=ctx.settings.public_address or (host.address if host else None),
+                # A remote host is reached at its own address; this machine at the
+                # operator's public address when set.
+                host_address=(
+                    host.address
+                    if host and not host.is_local
+                    else ctx.settings.public_address or (host.address if host else None)
+                ),
                 gpu_source=host.gpu_source if host else None,
                 gpu_display_name=gpu.display_name if gpu else None,
                 ports=tuple(
@@ -186,6 +207,35 @@ def details(
                 accrual=accrual_of(c, intervals.get(c.id, []), now),
                 next_auto_terminate=next_auto_terminate(ctx, c, gpu),
                 auto_terminate_error=read_policy(c.auto_terminate).error,
+                host_reachability=(
+                    None if host is None else "reachable" if host.reachable else "unreachable"
+                ),
+                host_status=host.status if host else None,
+                move=moves.get(c.id),
             )
         )
     return out
+
+
+def volume_moves(
+    db: Session | Connection | None, cluster_ids: list[str]
+) -> dict[str, VolumeMoveView]:
+    """The volume moves in flight of ``cluster_ids`` (one indexed query)."""
+    if db is None or not cluster_ids:
+        return {}
+    rows = db.execute(
+        select(
+            VolumeMove.cluster_id,
+            VolumeMove.from_host_id,
+            VolumeMove.to_host_id,
+            VolumeMove.status,
+            VolumeMove.bytes_copied,
+            VolumeMove.started_at,
+        ).where(VolumeMove.cluster_id.in_(cluster_ids), VolumeMove.status == "copying")
+    )
+    return {
+        r.cluster_id: VolumeMoveView(
+            r.from_host_id, r.to_host_id, r.status, r.bytes_copied, r.started_at
+        )
+        for r in rows
+    }

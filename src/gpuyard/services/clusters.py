@@ -7,6 +7,7 @@ runtime.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -18,6 +19,7 @@ from gpuyard.core.autoterm import Rule, deadlines, parse_policy
 from gpuyard.core.errors import (
     ClusterNotFound,
     Conflict,
+    GpuyardError,
     InvalidState,
     LimitsNotEnforced,
     NotFound,
@@ -37,7 +39,7 @@ from gpuyard.core.states import (
     ClusterStatus,
     allowed_actions,
 )
-from gpuyard.services.auth import Principal
+from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.autoterm_policy import merge_policy
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
@@ -49,6 +51,7 @@ from gpuyard.services.lifecycle import (
     record_event,
     transition_cluster,
 )
+from gpuyard.services.moves import place_for_start
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.port_rules import check_external_ports, server_ports
 from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
@@ -393,9 +396,14 @@ def start_cluster(
     With ``bid_per_gpu`` it resumes as spot (interruptible at that bid); without, a
     spot cluster resumes on-demand.
 
-    Raises InvalidState (not stopped), SnapshotNotFound, ValidationFailed, or
-    InsufficientCapacity ("not enough free GPUs on the host machine"); in every error
-    case nothing stored changes.
+    When the cluster's host cannot take it (full, cordoned, draining, unreachable) and
+    ``body.allow_move``, it starts on another host and its volume is copied there first
+    (services/moves.py).
+
+    Raises InvalidState (not stopped), SnapshotNotFound, ValidationFailed,
+    InsufficientCapacity ("not enough free GPUs on the host machine") or HostUnreachable
+    (its volume is on a host that does not answer); in every error case nothing stored
+    changes.
     """
     principal.require_write()
     upd = body.update_configuration
@@ -440,17 +448,17 @@ def start_cluster(
                 for column, value in values.items():
                     setattr(cluster, column, value)
                 gpu_count = cluster.gpu_count
-                placement = claim(
+                # On its own host; else (full, cordoned, unreachable) on another one,
+                # its volume moved there, unless the body says not to.
+                placement = place_for_start(
                     session,
-                    cluster_id=cluster.id,
-                    request=request_of(cluster),
-                    volume_gb=cluster.volume_gb,
-                    ratios=ctx.settings.allocation_ratios,
-                    host_id=cluster.host_id,
+                    ctx,
+                    cluster,
+                    now,
+                    allow_move=body.allow_move,
                     not_enough_message="not enough free GPUs on the host machine"
                     if gpu_count
                     else "not enough free resources on the host machine",
-                    now=now,
                     bid=cluster.bid_per_gpu if cluster.interruptible else None,
                 )
                 specs = ports_of(cluster)
@@ -483,6 +491,7 @@ def start_cluster(
                 cluster.start_initiated_at = now
                 cluster.error_message = None
                 cluster.gpu_indices = list(placement.gpu_indices)
+                cluster.host_id = placement.host_id
                 new = rate_of(session, cluster, ctx, running=True).total
                 refuse_spent_policy(session, cluster.auto_terminate, new, now)
         except Conflict:
@@ -600,6 +609,54 @@ def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cl
         ClusterStatus.TERMINATING,
         "terminate requested",
         ClusterStatus.TERMINATED,
+    )
+
+
+def request_drain_stop(ctx: Context, cluster_id: str, reason: str) -> None:
+    """Stop a cluster because its host drains (the reconciler starts it again on
+    another host once it has stopped: ``restart_drained``)."""
+    with ctx.read() as session:
+        principal = owner_principal(session, cluster_id)
+    if principal is None:
+        return
+    # InvalidState: it moved on meanwhile (stopping already, terminated).
+    with contextlib.suppress(InvalidState):
+        _act(
+            ctx,
+            principal,
+            cluster_id,
+            Action.STOP,
+            ClusterStatus.STOPPING,
+            reason,
+            ClusterStatus.STOPPED,
+        )
+
+
+def start_drained(ctx: Context, cluster_id: str) -> str | None:
+    """Start a cluster a drain stopped, on another host. Returns why it cannot (it
+    stays stopped, its volume where it is), or None."""
+    with ctx.read() as session:
+        principal = owner_principal(session, cluster_id)
+    if principal is None:
+        return None
+    try:
+        start_cluster(ctx, principal, cluster_id, StartCluster())
+    except GpuyardError as exc:
+        return exc.message
+    return None
+
+
+def owner_principal(session: Session, cluster_id: str) -> Principal | None:
+    """Acting for the cluster's account (the control plane's own moves)."""
+    row = session.execute(
+        select(Project.account_id, Project.id)
+        .join(Cluster, Cluster.project_id == Project.id)
+        .where(Cluster.id == cluster_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    return Principal(
+        key_id=0, user_id=0, account_id=row[0], scope=Scope.WRITE, default_project_id=row[1]
     )
 
 

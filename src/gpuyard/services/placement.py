@@ -45,6 +45,7 @@ def claim(
     host_id: int | None = None,
     not_enough_message: str | None = None,
     bid: float | None = None,
+    exclude_hosts: frozenset[int] = frozenset(),
 ) -> Placement:
     """Place ``request`` (on ``host_id`` when given: a stopped cluster's volume lives
     there) and record the GPU allocations and reservation for ``cluster_id``.
@@ -61,9 +62,14 @@ def claim(
     release_compute(session, cluster_id)
     session.flush()
     hosts = capacities(session, [host_id] if host_id is not None else None)
-    # The cluster's own volume is already counted in the host's used disk.
+    if exclude_hosts:
+        # E.g. the host a cluster moves away from.
+        hosts = [h for h in hosts if h.host_id not in exclude_hosts]
+    # The cluster's own volume is already counted in its host's used disk (not in
+    # another host's: a cluster moving there brings its whole volume).
     own = session.get(Reservation, cluster_id)
-    own_volume = own.volume_gb if own else 0
+    stays = own is not None and (host_id in (None, own.host_id) and not exclude_hosts)
+    own_volume = own.volume_gb if own is not None and stays else 0
     disk_needed = request.disk_gb + max(0, volume_gb - own_volume)
     sized = ResourceRequest(
         gpu_type=request.gpu_type,

@@ -26,6 +26,10 @@ class HostView:
     location: str
     address: str
     gpu_source: str
+    # What the heartbeats say (False: unreachable) and the operator's status.
+    reachable: bool = True
+    status: str = "active"
+    is_local: bool = True
 
 
 class ReferenceCache:
@@ -49,9 +53,26 @@ class ReferenceCache:
             if time.monotonic() < self._expires or db is None:
                 return self._hosts, self._gpus
         hosts = {
-            r.id: HostView(r.name, r.location, r.address, r.gpu_source)
+            r.id: HostView(
+                r.name,
+                r.location,
+                r.address,
+                r.gpu_source,
+                r.unreachable_since is None,
+                r.status,
+                r.is_local,
+            )
             for r in db.execute(
-                select(Host.id, Host.name, Host.location, Host.address, Host.gpu_source)
+                select(
+                    Host.id,
+                    Host.name,
+                    Host.location,
+                    Host.address,
+                    Host.gpu_source,
+                    Host.unreachable_since,
+                    Host.status,
+                    Host.is_local,
+                )
             )
         }
         gpus = {

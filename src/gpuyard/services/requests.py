@@ -181,6 +181,9 @@ class StartCluster(_MarksSecrets):
     ] = None
     port_mapping_updates: list[PortSpec] | None = Field(default=None, max_length=64)
     auto_terminate_updates: AutoTerminateUpdate | None = None
+    # When the cluster's host is full, cordoned or unreachable, start it on another host
+    # with its volume copied there (false: answer INSUFFICIENT_CAPACITY instead).
+    allow_move: bool = Field(default=True, strict=True)
 
     @field_validator("environment_updates")
     @classmethod
