@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -72,13 +73,22 @@ def register_host(
     host.is_local = True
     host.updated_at = utcnow()
     session.flush()
+    sync_host_gpus(session, host, inventory.gpus)
+    return host
+
+
+def sync_host_gpus(session: Session, host: Host, gpus: Sequence[HostGpuInfo]) -> None:
+    """Make ``host``'s ``host_gpus`` rows say ``gpus`` (by index: new ones added, type
+    and uuid refreshed). A GPU no longer listed is removed only when nothing holds it
+    (a held GPU stays until its cluster releases it, so it is never offered twice).
+    ``host`` must have its id (flushed). Idempotent; flushes."""
     existing = {
         g.gpu_index: g for g in session.scalars(select(HostGpu).where(HostGpu.host_id == host.id))
     }
     held = set(
         session.scalars(select(GpuAllocation.gpu_index).where(GpuAllocation.host_id == host.id))
     )
-    wanted = {g.index: g for g in inventory.gpus}
+    wanted = {g.index: g for g in gpus}
     for index, old in existing.items():
         if index not in wanted and index not in held:
             session.delete(old)
@@ -91,7 +101,6 @@ def register_host(
         else:
             row.gpu_type, row.uuid = gpu.gpu_type, gpu.uuid
     session.flush()
-    return host
 
 
 def capacities(session: Session, host_ids: list[int] | None = None) -> list[HostCapacity]:
