@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tarfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 
 from gpuyard.core.errors import RuntimeFailure
 
@@ -51,15 +52,31 @@ PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexisten
 GROUP = "root:x:0:\nnogroup:x:65534:\n"
 
 
-def _rootfs_tar() -> bytes:
-    """The image's rootfs as an uncompressed tar, built in memory (about 2 MB)."""
+# The directories every busybox rootfs built here has (besides /tmp, which is 1777).
+BASE_DIRS = ("bin", "usr", "usr/bin", "usr/local", "usr/local/bin", "etc", "root", "proc",
+             "sys", "dev", "var", "var/run")  # fmt: skip
+
+
+def busybox_rootfs(
+    files: Mapping[str, tuple[bytes, int]],
+    *,
+    dirs: Sequence[str] = (),
+    applets: Iterable[str] = APPLETS,
+    mtime: int | None = None,
+) -> bytes:
+    """A minimal rootfs as an uncompressed tar, built in memory (about 2 MB): the base
+    directories plus ``dirs``, ``/bin/busybox`` with a symlink per applet, ``/etc/passwd``,
+    ``/etc/group`` and ``/etc/hostname``, and ``files`` (path without a leading slash ->
+    (content, mode)). ``mtime`` fixed (e.g. 0) makes the tar a pure function of its
+    inputs, so its hash can name an image. Raises :class:`RuntimeFailure` when
+    busybox-static is not installed."""
     if not os.path.exists(BUSYBOX_PATH):
         raise RuntimeFailure(
             f"{BUSYBOX_PATH} not found: install it with `apt-get install busybox-static` "
-            "to build the offline development image"
+            "to build the offline images"
         )
     buf = io.BytesIO()
-    now = int(time.time())
+    now = int(time.time()) if mtime is None else mtime
 
     def add_dir(tar: tarfile.TarFile, path: str, mode: int = 0o755) -> None:
         info = tarfile.TarInfo(path)
@@ -76,23 +93,31 @@ def _rootfs_tar() -> bytes:
         tar.addfile(info, io.BytesIO(data))
 
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for d in ("bin", "usr", "usr/bin", "usr/local", "usr/local/bin", "etc", "root", "www",
-                  "workspace", "proc", "sys", "dev", "var", "var/run"):  # fmt: skip
+        for d in dict.fromkeys((*BASE_DIRS, *dirs)):
             add_dir(tar, d)
         add_dir(tar, "tmp", 0o1777)
         with open(BUSYBOX_PATH, "rb") as f:
             add_file(tar, "bin/busybox", f.read(), 0o755)
-        for applet in sorted(set(APPLETS)):
+        for applet in sorted(set(applets)):
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type = tarfile.SYMTYPE
             link.linkname = "busybox"
             link.mtime = now
             tar.addfile(link)
-        add_file(tar, "usr/local/bin/gpuyard-serve", SERVE_SCRIPT.encode(), 0o755)
         add_file(tar, "etc/passwd", PASSWD.encode())
         add_file(tar, "etc/group", GROUP.encode())
         add_file(tar, "etc/hostname", b"gpuyard\n")
+        for path, (data, mode) in sorted(files.items()):
+            add_file(tar, path, data, mode)
     return buf.getvalue()
+
+
+def _rootfs_tar() -> bytes:
+    """The development image's rootfs."""
+    return busybox_rootfs(
+        {"usr/local/bin/gpuyard-serve": (SERVE_SCRIPT.encode(), 0o755)},
+        dirs=("www", "workspace"),
+    )
 
 
 def build_dev_image(runtime_cli: str = "podman", name: str = DEFAULT_IMAGE) -> str:

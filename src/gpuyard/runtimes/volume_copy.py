@@ -1,0 +1,576 @@
+"""Copy a volume from one host's container engine to another's, byte for byte, through
+the Engine API alone (no agent on either host, never through the user's container).
+
+Two helper containers of ours (the helper image, runtimes/helper_image.py) do it: one
+on the source host mounts the source volume read-only and runs ``tar c`` of it; one on
+the target host mounts the emptied target volume and is only created, never started.
+gpuyard reads the tar stream from the source helper's attach stream and sends it,
+chunk by chunk and never whole in memory, as the body of the target's archive upload
+(``PUT /containers/{id}/archive``), which unpacks it into the volume.
+
+Why not the source engine's archive download (``GET /containers/{id}/archive``): on
+Podman 4.3 it rewrites every entry's owner to the container's user (``podman cp``
+semantics), so files owned by uid 1234 would arrive owned by root. The upload keeps the
+tar's owners on Podman and Docker alike (``copyUIDGID`` is left off). Both engines
+accept a chunked upload, so the stream needs no length known in advance.
+
+What survives the trip: contents, owners (numeric), modes including setuid/setgid/
+sticky, mtimes (directories too), symlinks, hard links, empty directories, device
+nodes and FIFOs, long names. What does not: extended attributes and ACLs (busybox tar
+writes none), and holes in sparse files (they arrive filled with zeros).
+
+The target volume is removed and made again first (with the source volume's labels,
+ours replacing its ownership labels), so a copy retried after a failure converges on
+the source's content instead of merging with stale files. Helpers are removed when the
+copy ends, failed or not; a helper left by a process that died mid-copy is removed by
+the next copy of the same volume. A failure raises :class:`VolumeCopyFailed`, which says
+which side failed; :class:`SourceUnreachable` when the source engine cannot be reached
+(the volume cannot be read at all; callers answer 409 HOST_UNREACHABLE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import secrets
+import tarfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import docker.errors
+import requests
+
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.ownership import LABEL_INSTALLATION, LABEL_MANAGED
+from gpuyard.runtimes.engine import Engine, reason
+from gpuyard.runtimes.helper_image import ensure_helper_image, forget_helper_image
+
+# Marks our helper containers, and which volume each one holds.
+LABEL_ROLE = "gpuyard.role"
+ROLE_VOLUME_COPY = "volume-copy"
+LABEL_HELPER_VOLUME = "gpuyard.helper_volume"
+# Where a helper mounts its volume.
+MOUNT = "/data"
+# The receiving helper's command: a script uploaded once the volume is in.
+FIX_ROOT_SCRIPT = "gy-fix-root"
+# How much of the stream is gathered before it is handed on: large enough that the
+# per-chunk Python work is negligible, small enough to bound memory (one chunk in
+# flight, plus the socket buffers).
+DEFAULT_CHUNK_SIZE = 1 << 20
+# How often the progress callback is called at most (it usually writes to a database).
+PROGRESS_INTERVAL_S = 0.5
+
+Side = Literal["source", "target"]
+Progress = Callable[[int], None]
+
+
+class VolumeCopyFailed(RuntimeFailure):
+    """A volume copy failed; ``side`` says whose engine failed, ``unreachable`` whether
+    that engine could not be reached at all. Nothing on the source was changed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        side: Side,
+        unreachable: bool = False,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, {"side": side, "unreachable": unreachable, **(details or {})})
+        self.side: Side = side
+        self.unreachable = unreachable
+
+
+class SourceUnreachable(VolumeCopyFailed):
+    """The source host's engine did not answer: its volume cannot be read."""
+
+    def __init__(self, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message, side="source", unreachable=True, details=details)
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    """What a copy moved: ``bytes_copied`` counts the tar stream (file contents plus a
+    512-byte header per entry and padding to 512 bytes), ``seconds`` the whole copy
+    including the helpers' set-up."""
+
+    bytes_copied: int
+    seconds: float
+    source: str
+    target: str
+    source_volume: str
+    target_volume: str
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes_copied / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- pure parts ------------------------------------------------------------------------
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a transport failure: the engine did not
+    answer, as opposed to answering with a refusal."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+            return True
+        if isinstance(seen, ConnectionError | TimeoutError):
+            return True
+        if isinstance(seen, docker.errors.DockerException) and (
+            "Error while fetching server API version" in str(seen)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class ProgressMeter:
+    """Counts bytes and tells ``callback`` the running total at most every
+    ``interval_s`` (by ``clock``), and always at :meth:`finish`."""
+
+    def __init__(
+        self,
+        callback: Progress | None,
+        interval_s: float = PROGRESS_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.total = 0
+        self._callback = callback
+        self._interval_s = interval_s
+        self._clock = clock
+        self._next_at = clock() + interval_s
+        self._told = -1
+
+    def add(self, n: int) -> None:
+        self.total += n
+        if self._callback is not None and self._clock() >= self._next_at:
+            self._tell()
+
+    def finish(self) -> None:
+        if self._callback is not None and self._told != self.total:
+            self._tell()
+
+    def _tell(self) -> None:
+        assert self._callback is not None
+        self._told = self.total
+        self._next_at = self._clock() + self._interval_s
+        self._callback(self.total)
+
+
+def rechunk(pieces: Iterable[bytes | None], chunk_size: int) -> Iterator[bytes]:
+    """``pieces`` gathered into chunks of at least ``chunk_size`` bytes (the last may be
+    shorter); empty and None pieces are skipped. Memory: one chunk."""
+    buf = bytearray()
+    for piece in pieces:
+        if not piece:
+            continue
+        if not buf and len(piece) >= chunk_size:
+            yield piece
+            continue
+        buf += piece
+        if len(buf) >= chunk_size:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
+
+
+@dataclass(frozen=True)
+class RootMeta:
+    """The volume root's own metadata, from the stream's first entry (``.``)."""
+
+    mode: int
+    uid: int
+    gid: int
+    mtime: int
+
+
+def root_meta(first_chunk: bytes) -> RootMeta | None:
+    """The metadata of the tar stream's first entry when it is the root directory
+    (``.``), else None. ``first_chunk`` holds at least its 512-byte header."""
+    try:
+        info = tarfile.TarInfo.frombuf(first_chunk[:512], "utf-8", "surrogateescape")
+    except tarfile.TarError:
+        return None
+    if info.name.rstrip("/") not in (".", "") or not info.isdir():
+        return None
+    return RootMeta(mode=info.mode, uid=info.uid, gid=info.gid, mtime=int(info.mtime))
+
+
+def fix_root_script(meta: RootMeta) -> bytes:
+    """A shell script giving the mounted target volume's root the source root's owner,
+    mode and mtime. The archive upload skips the ``.`` entry, so without it a volume
+    whose root a non-root user owns would arrive owned by root. Owner first: chown
+    clears set-id bits."""
+    return (
+        f"set -e\nchown {meta.uid}:{meta.gid} {MOUNT}\nchmod {meta.mode & 0o7777:o} {MOUNT}\n"
+        f"touch -c -d @{meta.mtime} {MOUNT}\n"
+    ).encode()
+
+
+def script_tar(name: str, script: bytes) -> bytes:
+    """A one-file tar holding ``script`` as ``name`` (mode 0755)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(script)
+        info.mode = 0o755
+        tar.addfile(info, io.BytesIO(script))
+    return buf.getvalue()
+
+
+class _ChunkReader:
+    """A read-only file over an iterator of byte chunks (for tarfile's stream mode)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = b""
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self._buf) < n:
+            try:
+                self._buf += next(self._chunks)
+            except StopIteration:
+                break
+        if n < 0:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+
+def _entry_name(name: str) -> str:
+    """An entry's path inside the volume: the leading ``data/`` (or ``./``) dropped."""
+    head, _, rest = name.strip("/").partition("/")
+    return rest if head in (MOUNT.strip("/"), ".") else name.strip("/")
+
+
+def tree_manifest(chunks: Iterable[bytes]) -> list[str]:
+    """One sorted line per entry of the tar stream ``chunks``: name, type, mode, owner,
+    mtime, content SHA-256 (regular files), link target (symlinks), device numbers, the
+    hard-link group (the smallest name sharing the inode) and extended attributes.
+    Independent of entry order, so two volumes with the same tree list the same even
+    when ``tar`` walked their directories in a different order."""
+    records: dict[str, dict[str, Any]] = {}
+    links: dict[str, str] = {}  # hard link name -> the name it links to
+    with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as tar:  # type: ignore[call-overload]
+        for member in tar:
+            name = _entry_name(member.name)
+            record: dict[str, Any] = {
+                "name": name,
+                "type": member.type.decode(),
+                "mode": oct(member.mode),
+                "uid": member.uid,
+                "gid": member.gid,
+                "mtime": int(member.mtime),
+            }
+            if member.isreg():
+                digest = hashlib.sha256()
+                reader = tar.extractfile(member)
+                assert reader is not None
+                while block := reader.read(1 << 20):
+                    digest.update(block)
+                record["sha256"] = digest.hexdigest()
+                record["size"] = member.size
+            elif member.issym():
+                record["link"] = member.linkname
+            elif member.islnk():
+                links[name] = _entry_name(member.linkname)
+            elif member.ischr() or member.isblk():
+                record["dev"] = [member.devmajor, member.devminor]
+            xattrs = {k: v for k, v in member.pax_headers.items() if k.startswith("SCHILY.xattr.")}
+            if xattrs:
+                record["xattrs"] = dict(sorted(xattrs.items()))
+            records[name] = record
+    groups: dict[str, set[str]] = {}
+    for name, target in links.items():
+        while target in links:  # a link to a link: resolve to the first name
+            target = links[target]
+        groups.setdefault(target, {target}).add(name)
+    for target, names in groups.items():
+        first = records.get(target, {})
+        for name in names:
+            # The link's own header describes the same inode: take the first entry's.
+            records[name] = {**first, "name": name, "hardlinks": min(names)}
+    return sorted(json.dumps(r, sort_keys=True) for r in records.values())
+
+
+# -- engine parts ----------------------------------------------------------------------
+
+
+def _side_error(engine: Engine, side: Side, action: str, exc: BaseException) -> VolumeCopyFailed:
+    text = exc.message if isinstance(exc, RuntimeFailure) else reason(exc)
+    details = {"engine": engine.where, "action": action}
+    if is_unreachable(exc):
+        if side == "source":
+            return SourceUnreachable(
+                f"the source host's engine at {engine.where} is unreachable, so the volume "
+                f"cannot be read ({action}): {text}",
+                details,
+            )
+        return VolumeCopyFailed(
+            f"the target host's engine at {engine.where} is unreachable ({action}): {text}",
+            side=side,
+            unreachable=True,
+            details=details,
+        )
+    return VolumeCopyFailed(
+        f"{action} on the {side} host failed: {text}", side=side, details=details
+    )
+
+
+@contextlib.contextmanager
+def _on(engine: Engine, side: Side, action: str) -> Iterator[None]:
+    """Every failure inside is a :class:`VolumeCopyFailed` for ``side``."""
+    try:
+        with engine.errors(action):
+            yield
+    except VolumeCopyFailed:
+        raise
+    except Exception as exc:
+        raise _side_error(engine, side, action, exc) from exc
+
+
+def _helper_labels(engine: Engine, volume: str) -> dict[str, str]:
+    return engine.labels({LABEL_ROLE: ROLE_VOLUME_COPY, LABEL_HELPER_VOLUME: volume})
+
+
+def _helper_name(engine: Engine, role: str) -> str:
+    return f"{engine.owner.prefix}-mv-{secrets.token_hex(4)}-{role}"
+
+
+def remove_helpers(engine: Engine, volume: str | None = None) -> list[str]:
+    """Remove our volume-copy helpers (those holding ``volume`` only, when given).
+    Returns their names. Only containers labelled as ours are touched."""
+    filters = [f"{LABEL_ROLE}={ROLE_VOLUME_COPY}"]
+    if volume is not None:
+        filters.append(f"{LABEL_HELPER_VOLUME}={volume}")
+    removed = []
+    for row in engine.list_containers(*filters):
+        names = row.get("Names") or [row.get("Id")]
+        name = str(names[0]).lstrip("/")
+        engine.remove_container(name)
+        removed.append(name)
+    return removed
+
+
+def _create_helper(
+    engine: Engine, volume: str, role: str, command: list[str], *, read_only: bool
+) -> str:
+    """Create (not start) a helper with ``volume`` at MOUNT. The source's output (the
+    stream) is kept out of the engine's log (disk, time); the receiver's is logged."""
+    image = ensure_helper_image(engine)
+    name = _helper_name(engine, role)
+    kwargs: dict[str, Any] = {
+        "command": command,
+        "name": name,
+        "labels": _helper_labels(engine, volume),
+        "network_disabled": True,
+        "host_config": engine.api.create_host_config(
+            binds={volume: {"bind": MOUNT, "mode": "ro" if read_only else "rw"}},
+            network_mode="none",
+            **({"log_config": {"Type": "none", "Config": {}}} if read_only else {}),
+        ),
+    }
+    try:
+        engine.api.create_container(image, **kwargs)
+    except docker.errors.ImageNotFound:
+        forget_helper_image(engine)  # removed behind our back: import it again
+        engine.api.create_container(ensure_helper_image(engine), **kwargs)
+    return name
+
+
+def _volume_labels(engine: Engine, volume: str) -> dict[str, str]:
+    """The labels of our volume ``volume`` (legacy ones included: see Engine.claims).
+    Raises VolumeCopyFailed (source side) when it is missing or not ours."""
+    try:
+        info = engine.api.inspect_volume(volume)
+    except docker.errors.NotFound as exc:
+        raise VolumeCopyFailed(
+            f"volume {volume} does not exist on {engine.where}",
+            side="source",
+            details={"volume": volume, "reason": "volume_not_found"},
+        ) from exc
+    labels = dict(info.get("Labels") or {})
+    if not engine.claims(labels, legacy=True):
+        raise VolumeCopyFailed(
+            f"volume {volume} on {engine.where} does not belong to this installation",
+            side="source",
+            details={"volume": volume, "reason": "not_ours"},
+        )
+    return labels
+
+
+def _reset_volume(engine: Engine, volume: str, labels: Mapping[str, str]) -> None:
+    """Make ``volume`` exist, ours and empty: a leftover from an earlier attempt is
+    removed (with any helper of ours still holding it) and made again."""
+    remove_helpers(engine, volume)
+    engine.remove_volume(volume)
+    carried = {k: v for k, v in labels.items() if k not in (LABEL_INSTALLATION, LABEL_MANAGED)}
+    engine.ensure_volume(volume, carried)
+
+
+@contextlib.contextmanager
+def volume_tar_stream(
+    engine: Engine, volume: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> Iterator[Iterator[bytes]]:
+    """The tar of our volume ``volume`` on ``engine`` as an iterator of chunks (entries
+    named ``./...``, the volume root as ``.``), read from a helper running ``tar c`` on
+    the volume mounted read-only. The iterator raises VolumeCopyFailed (source side) if
+    the stream breaks or tar fails, after the last chunk, so a consumer never takes a
+    truncated stream for a whole one. The helper is removed on exit."""
+    with _on(engine, "source", f"reading volume {volume}"):
+        _volume_labels(engine, volume)
+        remove_helpers(engine, volume)  # left by a copy that died mid-way
+        name = _create_helper(engine, volume, "src", ["tar", "c", "-C", MOUNT, "."], read_only=True)
+    try:
+        with _on(engine, "source", f"reading volume {volume}"):
+            # Attached before the start, so not a byte is missed.
+            frames = engine.api.attach(
+                name, stdout=True, stderr=True, stream=True, logs=False, demux=True
+            )
+            engine.api.start(name)
+        yield _drain(engine, volume, name, frames, chunk_size)
+    finally:
+        with contextlib.suppress(RuntimeFailure):
+            engine.remove_container(name)
+
+
+def _drain(
+    engine: Engine, volume: str, name: str, frames: Iterable[Any], chunk_size: int
+) -> Iterator[bytes]:
+    errors: list[bytes] = []
+
+    def stdout() -> Iterator[bytes | None]:
+        for out, err in frames:
+            if err and sum(map(len, errors)) < 4096:
+                errors.append(err)
+            yield out
+
+    with _on(engine, "source", f"reading volume {volume}"):
+        yield from rechunk(stdout(), chunk_size)
+        status = engine.api.wait(name, timeout=engine.timeout_s)
+        code = status.get("StatusCode") if isinstance(status, dict) else status
+    if code != 0:
+        text = b"".join(errors).decode(errors="replace").strip()
+        raise VolumeCopyFailed(
+            f"tar of volume {volume} on {engine.where} failed (exit {code}): {text[-500:]}",
+            side="source",
+            details={"volume": volume, "exit_code": code},
+        )
+
+
+def copy_volume(
+    source: Engine,
+    source_volume: str,
+    target: Engine,
+    target_volume: str,
+    *,
+    on_progress: Progress | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    progress_interval_s: float = PROGRESS_INTERVAL_S,
+) -> CopyResult:
+    """Copy our volume ``source_volume`` on ``source`` to ``target_volume`` on
+    ``target`` (made there with the source volume's labels; emptied first, so a retried
+    copy converges). ``on_progress`` gets the running byte count at most every
+    ``progress_interval_s`` and once at the end. The same engine may be both sides,
+    with two different volume names.
+
+    Raises :class:`SourceUnreachable` when the source engine does not answer,
+    :class:`VolumeCopyFailed` (``side`` says which) for any other failure; the source
+    is never changed, and a failed copy may leave a partial target volume that the next
+    copy replaces. ValueError when source and target are the same volume."""
+    if source is target and source_volume == target_volume:
+        raise ValueError("cannot copy a volume onto itself")
+    if chunk_size < 512:
+        raise ValueError("chunk_size must be at least one tar block (512 bytes)")
+    started = time.monotonic()
+    meter = ProgressMeter(on_progress, progress_interval_s)
+    # The source first: an unreachable source must not cost the target its volume.
+    with _on(source, "source", f"reading volume {source_volume}"):
+        labels = _volume_labels(source, source_volume)
+        ensure_helper_image(source)
+    with _on(target, "target", f"preparing volume {target_volume}"):
+        _reset_volume(target, target_volume, labels)
+        receiver = _create_helper(
+            target, target_volume, "dst", ["sh", f"/{FIX_ROOT_SCRIPT}"], read_only=False
+        )
+    try:
+        with volume_tar_stream(source, source_volume, chunk_size=chunk_size) as chunks:
+            source_failure: list[VolumeCopyFailed] = []
+            roots: list[RootMeta | None] = []
+
+            def body() -> Iterator[bytes]:
+                try:
+                    for chunk in chunks:
+                        if not roots:
+                            roots.append(root_meta(chunk))
+                        meter.add(len(chunk))
+                        yield chunk
+                except VolumeCopyFailed as exc:
+                    # Raised into the upload, which aborts it; re-raised below as the
+                    # cause (the HTTP library may wrap or swallow it).
+                    source_failure.append(exc)
+                    raise
+
+            try:
+                with _on(target, "target", f"writing volume {target_volume}"):
+                    target.api.put_archive(receiver, MOUNT, body())
+            except VolumeCopyFailed:
+                if source_failure:
+                    raise source_failure[0] from None
+                raise
+            if source_failure:
+                raise source_failure[0]
+        if roots and roots[0] is not None:
+            _fix_root(target, receiver, target_volume, roots[0])
+    finally:
+        with contextlib.suppress(RuntimeFailure):
+            target.remove_container(receiver)
+    meter.finish()
+    return CopyResult(
+        bytes_copied=meter.total,
+        seconds=time.monotonic() - started,
+        source=source.where,
+        target=target.where,
+        source_volume=source_volume,
+        target_volume=target_volume,
+    )
+
+
+def _fix_root(engine: Engine, receiver: str, volume: str, meta: RootMeta) -> None:
+    """Run the receiver once with the script that sets the volume root's metadata."""
+    with _on(engine, "target", f"setting the root of volume {volume}"):
+        engine.api.put_archive(receiver, "/", script_tar(FIX_ROOT_SCRIPT, fix_root_script(meta)))
+        engine.api.start(receiver)
+        status = engine.api.wait(receiver, timeout=engine.timeout_s)
+        code = status.get("StatusCode") if isinstance(status, dict) else status
+        if code != 0:
+            logs = engine.api.logs(receiver, tail=20).decode(errors="replace").strip()
+            raise VolumeCopyFailed(
+                f"setting the root of volume {volume} failed (exit {code}): {logs[-500:]}",
+                side="target",
+                details={"volume": volume, "exit_code": code},
+            )
+
+
+def volume_manifest(engine: Engine, volume: str) -> list[str]:
+    """:func:`tree_manifest` of our volume ``volume`` (for verification and tests).
+    Raises VolumeCopyFailed like a copy's source side."""
+    with volume_tar_stream(engine, volume) as chunks:
+        manifest = tree_manifest(chunks)
+        for _ in chunks:  # the end-of-archive padding, then tar's exit status is checked
+            pass
+    return manifest
+
+
+def volume_checksum(engine: Engine, volume: str) -> str:
+    """A SHA-256 over the volume's whole tree: contents and metadata (see
+    :func:`tree_manifest`); equal for a volume and its copy."""
+    return hashlib.sha256("\n".join(volume_manifest(engine, volume)).encode()).hexdigest()
