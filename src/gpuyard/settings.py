@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     # its clusters keep their GPUs and bill nothing until it answers again).
     heartbeat_interval_s: float = 5.0
     heartbeat_misses: int = 3
+    # Several API replicas on one database (services/leases.py): each background duty
+    # is owned by one replica through a lease in the database that lasts this long
+    # unless renewed; a dead replica's duties move to another within about this time.
+    lease_ttl_s: float = Field(default=15.0, gt=0)
     # Engine calls to a host other than this machine give up after this long, so a
     # dead host holds up only its own work lane.
     remote_engine_timeout_s: float = 30.0

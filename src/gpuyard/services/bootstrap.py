@@ -27,6 +27,7 @@ from gpuyard.services.secrets import (
 )
 from gpuyard.settings import Settings
 from gpuyard.store.db import make_engine, make_sessionmaker, truncate_wal
+from gpuyard.store.locks import startup_lock, startup_xact_lock
 from gpuyard.store.migrate import upgrade
 
 # Files under the home that hold secrets or identities: owner-only, whatever the umask
@@ -50,10 +51,13 @@ def open_store(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
     """Secure the home, connect, bring the schema to the latest migration (the SQLite
     files are made owner-only by make_engine) and load the secret key — created on a
     first start, but never in place of a lost one: a missing key file while the store
-    holds sealed values raises SecretKeyError."""
+    holds sealed values raises SecretKeyError. Replicas starting together on one
+    PostgreSQL migrate one after the other (the start-up advisory lock): the first
+    upgrades, the others find the schema at head."""
     secure_home(settings.home)
     engine = make_engine(settings.effective_database_url)
-    upgrade(engine)
+    with startup_lock(engine):
+        upgrade(engine)
     sessions = make_sessionmaker(engine)
     key_path = settings.secret_key_path
     if not key_path.exists():
@@ -78,11 +82,14 @@ def first_start(ctx: Context) -> IssuedKey | None:
     """Seed the catalog, the node plans and the default Slurm image (each only adds
     what is missing); on the very first start create the admin and its key, and save
     the key to the credentials file; seal plaintext secrets older versions stored
-    (services/secrets.py). Returns the key to print, else None."""
+    (services/secrets.py). Returns the key to print, else None. Safe when replicas
+    start together on one database: their seeding transactions run one after the
+    other (the start-up lock), so the later ones add nothing and create no key."""
     if seal_stored_secrets(ctx):
         # The WAL still holds the plaintext page versions the pass replaced.
         truncate_wal(ctx.sessions.kw["bind"])
     with ctx.transaction() as session:
+        startup_xact_lock(session)
         seed_catalog(session)
         # Plans derive from the catalog just seeded.
         session.flush()
@@ -114,7 +121,8 @@ def register_local_host(
     The row is the one of this machine's stable id (services/host_identity.py: the
     ``host-id`` file under GPUYARD_HOME, first derived from ``machine_id_path``), so a
     new ``hostname`` (default: the system's) renames the row instead of adding one.
-    Raises HostIdentityError when the ``host-id`` file is damaged.
+    Raises HostIdentityError when the ``host-id`` file is damaged. Replicas on one
+    machine (one home) registering together get the one row (the start-up lock).
     """
     s = ctx.settings
     machine_id = local_host_id(s.home, machine_id_path)
@@ -126,6 +134,7 @@ def register_local_host(
         disk_path=s.home,
     )
     with ctx.transaction() as session:
+        startup_xact_lock(session)
         host = register_host(
             session,
             machine_id=machine_id,

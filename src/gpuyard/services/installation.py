@@ -7,12 +7,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.ownership import Ownership
+from gpuyard.store.locks import startup_xact_lock
 from gpuyard.store.schema import Installation
 
 
 def ensure_installation(session: Session) -> Ownership:
     """This installation's ownership; creates the id on a database that has none.
-    Idempotent: every later call answers the same id."""
+    Idempotent: every later call answers the same id, also across replicas starting
+    together (the start-up lock makes the second wait for the first one's row)."""
+    startup_xact_lock(session)
     row = session.scalar(select(Installation).order_by(Installation.id).limit(1))
     if row is None:
         fresh = Ownership.new()
