@@ -1,0 +1,153 @@
+"""A simulated host on this machine: its own network namespace and address (a veth pair
+made here), and its own Podman service with its own storage, reached over TCP on that
+address, so what gpuyard sends it crosses the veth like traffic to a remote host
+(shared/notes/test-hosts-on-one-machine.md). Root only.
+
+Used by the volume copy e2e test and bench/bench_volume_move.py. Everything it makes is
+named ``gyvc<n>`` and removed by :meth:`PodmanHost.close`; addresses are inside the /30
+it made (10.231.<n>.0/30, n from 200 up, a range the fleet scripts leave alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from gpuyard.runtimes.engine_url import terminate_process
+
+PORT = 2375
+CONF = """[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+tmp_dir = "{run}/libpod"
+[network]
+network_config_dir = "{lib}/networks"
+"""
+
+
+def _run(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=30)
+
+
+def available() -> str | None:
+    """Why simulated hosts cannot be made here (None: they can)."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "nsenter", "unshare", "podman"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed"
+    return None
+
+
+class PodmanHost:
+    """One simulated host; :meth:`start` returns its engine URL (``tcp://ADDR:2375``)."""
+
+    def __init__(self) -> None:
+        self.index = self._free_index()
+        self.name = f"gyvc{self.index}"
+        self.netns = f"/run/netns/{self.name}"
+        self.address = f"10.231.{self.index}.2"
+        self.lib = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir="/var/lib"))
+        self.run = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir="/run"))
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def _free_index() -> int:
+        taken = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        for index in range(200, 250):
+            name = f"gyvc{index}"
+            if name not in taken and f"{name}-o" not in links:
+                return index
+        raise RuntimeError("no free simulated-host index")
+
+    @property
+    def url(self) -> str:
+        return f"tcp://{self.address}:{PORT}"
+
+    def nsenter(self) -> list[str]:
+        """The command prefix that runs a program in this host's network namespace."""
+        return ["nsenter", f"--net={self.netns}"]
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        net, outer, inner = f"10.231.{self.index}", f"{self.name}-o", f"{self.name}-i"
+        _run("ip", "netns", "add", self.name)
+        _run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+        _run("ip", "link", "set", inner, "netns", self.name)
+        _run("ip", "addr", "add", f"{net}.1/30", "dev", outer)
+        _run("ip", "link", "set", outer, "up")
+        _run(*self.nsenter(), "sh", "-c",
+             f"ip addr add {net}.2/30 dev {inner} && ip link set {inner} up && "
+             f"ip link set lo up && ip route add default via {net}.1")  # fmt: skip
+        conf = self.run / "containers.conf"
+        conf.write_text(CONF.format(run=self.run, lib=self.lib))
+        # unshare -m and a private /dev/shm keep this Podman's locks apart from the
+        # machine's; nsenter --net (not `ip netns exec`) keeps the cgroup v1 mounts.
+        script = (
+            "mount -t tmpfs tmpfs /dev/shm && exec podman "
+            f"--root {self.lib}/storage --runroot {self.run}/runroot "
+            f"system service --time=0 {self.url}"
+        )
+        with open(self.run / "service.log", "ab") as log:
+            self._proc = subprocess.Popen(
+                [*self.nsenter(), "unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                env={**os.environ, "CONTAINERS_CONF": str(conf)},
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"podman on {self.name} exited: {self.log()}")
+            probe = subprocess.run(
+                ["sh", "-c", f"exec 3<>/dev/tcp/{self.address}/{PORT}"],
+                capture_output=True,
+                executable="/bin/bash",
+            )
+            if probe.returncode == 0:
+                return self.url
+            time.sleep(0.1)
+        raise RuntimeError(f"podman on {self.name} did not answer: {self.log()}")
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.run / "service.log").read_text(errors="replace")[-2000:]
+        return ""
+
+    def volume_dir(self, volume: str) -> Path:
+        """Where ``volume``'s files lie on this machine (its storage is a plain dir)."""
+        return self.lib / "storage" / "volumes" / volume / "_data"
+
+    def close(self) -> None:
+        """Stop the service and remove the namespace, the veth and the storage. Its
+        containers die with it: the storage and the namespace are this host's alone."""
+        if self._proc is not None:
+            terminate_process(self._proc, 10)
+            self._proc = None
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _run("ip", "netns", "del", self.name)
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _run("ip", "link", "del", f"{self.name}-o")
+        # Overlay mounts lived in the service's private mount namespace, gone with it.
+        shutil.rmtree(self.lib, ignore_errors=True)
+        shutil.rmtree(self.run, ignore_errors=True)
+
+    def __enter__(self) -> PodmanHost:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
