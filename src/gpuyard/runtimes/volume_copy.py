@@ -16,8 +16,17 @@ accept a chunked upload, so the stream needs no length known in advance.
 
 What survives the trip: contents, owners (numeric), modes including setuid/setgid/
 sticky, mtimes (directories too), symlinks, hard links, empty directories, device
-nodes and FIFOs, long names. What does not: extended attributes and ACLs (busybox tar
-writes none), and holes in sparse files (they arrive filled with zeros).
+nodes and FIFOs, long names, and the volume root's own owner, mode and mtime. What
+does not: extended attributes and ACLs (busybox tar writes none), and holes in sparse
+files (they arrive filled with zeros).
+
+The receiver is started once after the upload, running a script that sets the root's
+owner, mode and mtime from the stream's ``.`` entry. That start is the target volume's
+first mount, where the engine gives the root the mountpoint's owner and mode and copies
+the image's files there into an empty volume: done by our helper, it is undone at once;
+left to the user's container, it would change the root and merge that image's files
+into the copied volume. (The same first-mount rule is why a volume is always mounted by
+its cluster before anything reads it.)
 
 The target volume is removed and made again first (with the source volume's labels,
 ours replacing its ownership labels), so a copy retried after a failure converges on
@@ -65,6 +74,8 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 PROGRESS_INTERVAL_S = 0.5
 
 Side = Literal["source", "target"]
+# A piece of a tar stream (the reader hands on its own buffers, no copy).
+Chunk = bytes | bytearray
 Progress = Callable[[int], None]
 
 
@@ -244,11 +255,11 @@ class RootMeta:
     mtime: int
 
 
-def root_meta(first_chunk: bytes) -> RootMeta | None:
+def root_meta(first_chunk: Chunk) -> RootMeta | None:
     """The metadata of the tar stream's first entry when it is the root directory
     (``.``), else None. ``first_chunk`` holds at least its 512-byte header."""
     try:
-        info = tarfile.TarInfo.frombuf(first_chunk[:512], "utf-8", "surrogateescape")
+        info = tarfile.TarInfo.frombuf(bytes(first_chunk[:512]), "utf-8", "surrogateescape")
     except tarfile.TarError:
         return None
     if info.name.rstrip("/") not in (".", "") or not info.isdir():
@@ -258,9 +269,8 @@ def root_meta(first_chunk: bytes) -> RootMeta | None:
 
 def fix_root_script(meta: RootMeta) -> bytes:
     """A shell script giving the mounted target volume's root the source root's owner,
-    mode and mtime. The archive upload skips the ``.`` entry, so without it a volume
-    whose root a non-root user owns would arrive owned by root. Owner first: chown
-    clears set-id bits."""
+    mode and mtime, after the engine's first-mount handling changed them (see the
+    module docstring). Owner first: chown clears set-id bits."""
     return (
         f"set -e\nchown {meta.uid}:{meta.gid} {MOUNT}\nchmod {meta.mode & 0o7777:o} {MOUNT}\n"
         f"touch -c -d @{meta.mtime} {MOUNT}\n"
@@ -281,7 +291,7 @@ def script_tar(name: str, script: bytes) -> bytes:
 class _ChunkReader:
     """A read-only file over an iterator of byte chunks (for tarfile's stream mode)."""
 
-    def __init__(self, chunks: Iterable[bytes]) -> None:
+    def __init__(self, chunks: Iterable[Chunk]) -> None:
         self._chunks = iter(chunks)
         self._buf = b""
 
@@ -304,7 +314,7 @@ def _entry_name(name: str) -> str:
     return rest if head in (MOUNT.strip("/"), ".") else name.strip("/")
 
 
-def tree_manifest(chunks: Iterable[bytes]) -> list[str]:
+def tree_manifest(chunks: Iterable[Chunk]) -> list[str]:
     """One sorted line per entry of the tar stream ``chunks``: name, type, mode, owner,
     mtime, content SHA-256 (regular files), link target (symlinks), device numbers, the
     hard-link group (the smallest name sharing the inode) and extended attributes.
@@ -472,7 +482,7 @@ def _reset_volume(engine: Engine, volume: str, labels: Mapping[str, str]) -> Non
 @contextlib.contextmanager
 def volume_tar_stream(
     engine: Engine, volume: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> Iterator[Iterator[bytes]]:
+) -> Iterator[Iterator[Chunk]]:
     """The tar of our volume ``volume`` on ``engine`` as an iterator of chunks (entries
     named ``./...``, the volume root as ``.``), read from a helper running ``tar c`` on
     the volume mounted read-only. The iterator raises VolumeCopyFailed (source side) if
@@ -493,7 +503,7 @@ def volume_tar_stream(
             engine.remove_container(name)
 
 
-def _drain(engine: Engine, volume: str, name: str, sock: Any, chunk_size: int) -> Iterator[bytes]:
+def _drain(engine: Engine, volume: str, name: str, sock: Any, chunk_size: int) -> Iterator[Chunk]:
     stderr = bytearray()
     truncated = ""
     try:
@@ -556,7 +566,7 @@ def copy_volume(
             source_failure: list[VolumeCopyFailed] = []
             roots: list[RootMeta | None] = []
 
-            def body() -> Iterator[bytes]:
+            def body() -> Iterator[Chunk]:
                 try:
                     for chunk in chunks:
                         if not roots:
