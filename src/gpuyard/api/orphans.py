@@ -80,5 +80,5 @@ async def delete_orphan(
     principal.require(Scope.ADMIN)
     state = app_state(request)
     oid = orphan_id
-    row = await run_in_threadpool(orphans.delete_orphan, state.ctx, state.runtime, oid)
+    row = await run_in_threadpool(orphans.delete_orphan, state.ctx, state.runtime_of, oid)
     return ok(row)

@@ -76,6 +76,14 @@ class AppState:
     training: PartitionReader | None = None
     # Where async handlers run their database reads, off the event loop.
     reads: ReadLane = field(default_factory=ReadLane)
+    # The engine of a host (None: this machine's): the reconciler's fleet when set.
+    host_runtime: Callable[[int | None], Runtime] | None = None
+
+    def runtime_of(self, host_id: int | None) -> Runtime:
+        """The runtime driving host ``host_id``'s engine (RuntimeFailure if unknown)."""
+        if self.host_runtime is None:
+            return self.runtime
+        return self.host_runtime(host_id)
 
     def _read_principal(self, key: str | None, key_hash: str | None) -> Principal:
         try:

@@ -62,6 +62,7 @@ class _AllMine:
 # Duties that are not per host, each owned by one replica at a time.
 AUTOTERM_DUTY = "autoterm"
 MAINTENANCE_DUTY = "maintenance"
+TRAINING_DUTY = "training"
 
 URGENT = "urgent"
 SLOW = "slow"
@@ -111,6 +112,7 @@ class Reconciler:
         # Hosts as last read from the store (engine URL, status), refreshed every pass
         # that looks at engines.
         self._hosts: dict[int, HostEngine] = {}
+        self._foreign: set[int] = set()
         # Containers of ours that no cluster should have: when each was first seen so.
         self._unknown_since: dict[tuple[str, str], datetime] = {}
         # Clusters whose next restart attempt is due at the given time.
@@ -137,14 +139,21 @@ class Reconciler:
     # -- hosts -----------------------------------------------------------------
     def refresh_hosts(self) -> dict[int, HostEngine]:
         """Re-read every host's engine address from the store."""
+        own = self.host_id
         with self.ctx.read() as session:
-            rows = session.execute(
-                select(Host.id, Host.name, Host.engine_url, Host.engine_tls_dir, Host.is_local)
+            rows = list(
+                session.execute(
+                    select(Host.id, Host.name, Host.engine_url, Host.engine_tls_dir, Host.is_local)
+                )
             )
-            hosts = {
-                r.id: HostEngine(r.id, r.name, r.engine_url, r.engine_tls_dir, r.is_local)
-                for r in rows
-            }
+        # Another replica's own machine is driven by that replica (its engine URL is a
+        # socket on that machine), never from here.
+        self._foreign = {r.id for r in rows if r.is_local and r.id != own}
+        hosts = {
+            r.id: HostEngine(r.id, r.name, r.engine_url, r.engine_tls_dir, r.id == own)
+            for r in rows
+            if r.id not in self._foreign
+        }
         gone = set(self._hosts) - set(hosts)
         self._hosts = hosts
         for host_id in gone:
@@ -230,6 +239,8 @@ class Reconciler:
         owned: dict[str, bool] = {}
 
         def mine(host_id: int | None) -> bool:
+            if host_id in self._foreign:
+                return False
             key = self._engine_key(host_id)
             if key not in owned:
                 owned[key] = self.leases.holds(key)

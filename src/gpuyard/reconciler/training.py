@@ -22,7 +22,7 @@ import base64
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -140,6 +140,9 @@ class TrainingOperator:
         self._thread: threading.Thread | None = None
         self._sinfo_cache: dict[int, tuple[float, list[tuple[str, str]]]] = {}
         self.recovery = NodeRecovery(self)
+        # Several replicas: only the holder of the ``training`` lease runs operations
+        # (services/leases.py); None: this process owns them.
+        self.owns: Callable[[], bool] = lambda: True
 
     # ------------------------------------------------------------ lifecycle
 
@@ -159,7 +162,8 @@ class TrainingOperator:
     def _scan_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.scan()
+                if self.owns():
+                    self.scan()
             except Exception:
                 log.exception("training scan failed")
             self._stop.wait(self.scan_interval_s)
@@ -187,8 +191,8 @@ class TrainingOperator:
         """Queue the cluster's job: its recorded operation, or (with none) bringing back
         its dead nodes. If its job is running, it runs once more afterwards (the
         newest operation then supersedes), never twice at once."""
-        if self._stop.is_set():
-            return
+        if self._stop.is_set() or not self.owns():
+            return  # another replica's scan picks it up
         self.queue.submit(("training", cluster_id), LANE, lambda: self._drive(cluster_id))
 
     def _drive(self, cluster_id: int) -> None:

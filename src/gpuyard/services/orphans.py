@@ -5,6 +5,7 @@ See reconciler/orphans.py for how volumes get here."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -68,7 +69,9 @@ def _view(o: OrphanVolume, host: str | None) -> dict[str, Any]:
     }
 
 
-def delete_orphan(ctx: Context, runtime: Runtime, orphan_id: int) -> dict[str, Any]:
+def delete_orphan(
+    ctx: Context, runtime_of: Callable[[int | None], Runtime], orphan_id: int
+) -> dict[str, Any]:
     """Delete a quarantined volume now (admin). Raises NotFound for an unknown or
     already finished id, Conflict when the engine refuses (e.g. in use) or the store
     knows the volume again (it is released instead)."""
@@ -77,6 +80,10 @@ def delete_orphan(ctx: Context, runtime: Runtime, orphan_id: int) -> dict[str, A
         if row is None or row.deleted_at is not None:
             raise NotFound(f"no quarantined volume {orphan_id}")
         session.expunge(row)
+    try:
+        runtime = runtime_of(row.host_id)
+    except GpuyardError as exc:
+        raise Conflict(f"the volume's host cannot be reached: {exc.message}") from exc
     if not delete_quarantined(ctx, runtime, row, "deleted by an admin"):
         with ctx.read() as session:
             now_row = session.get(OrphanVolume, orphan_id)

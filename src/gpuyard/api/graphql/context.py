@@ -24,7 +24,7 @@ from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.spot import Market, load_market
-from gpuyard.store.schema import HostGpu
+from gpuyard.store.schema import Cluster, HostGpu
 
 # RunPod answers every pod of the user at once; this bounds one answer.
 MAX_LISTED = 500
@@ -108,19 +108,38 @@ class GqlContext:
                 and d.cluster.id != cluster_id
                 and d.cluster.id not in self._stats
             ]
-        runtime = self.state.runtime
+        hosts = self._hosts_of(wanted)
+
+        def stats_of(cid: str) -> ContainerStats | None:
+            # Each cluster's stats come from its own host's engine.
+            try:
+                runtime = self.state.runtime_of(hosts.get(cid))
+            except GpuyardError:
+                return None
+            return _safe_stats(runtime.stats, cid)
+
         started = time.monotonic()
-        self._stats[cluster_id] = _safe_stats(runtime.stats, cluster_id)
+        self._stats[cluster_id] = stats_of(cluster_id)
         rest = wanted[1:]
         if rest and time.monotonic() - started > _SLOW_STATS_S:
-            for cid, value in zip(
-                rest, _stats_pool.map(lambda c: _safe_stats(runtime.stats, c), rest), strict=True
-            ):
+            for cid, value in zip(rest, _stats_pool.map(stats_of, rest), strict=True):
                 self._stats[cid] = value
         else:
             for cid in rest:
-                self._stats[cid] = _safe_stats(runtime.stats, cid)
+                self._stats[cid] = stats_of(cid)
         return self._stats[cluster_id]
+
+    def _hosts_of(self, cluster_ids: list[str]) -> dict[str, int | None]:
+        """The host of each cluster: from the listed clusters, else one read."""
+        known = {d.cluster.id: d.cluster.host_id for d in self._clusters or []}
+        missing = [cid for cid in cluster_ids if cid not in known]
+        if missing:
+            with self.ctx.read() as session:
+                rows = session.execute(
+                    select(Cluster.id, Cluster.host_id).where(Cluster.id.in_(missing))
+                )
+                known.update({cid: host_id for cid, host_id in rows})
+        return known
 
     def market(self) -> Market:
         """Every healthy host's capacity and use, and the live bids: read once per
