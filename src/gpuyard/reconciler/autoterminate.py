@@ -136,6 +136,8 @@ class AutoTerminator:
         self._seen: dict[str, int] = {}
         # The problem last reported per cluster, so each is logged and recorded once.
         self._reported: dict[str, str] = {}
+        # The fence of the duty's lease the last run was done under (several replicas).
+        self._fence: int | None = None
 
     # -- public --------------------------------------------------------------------
     def seconds_until_next(self) -> float | None:
@@ -143,9 +145,18 @@ class AutoTerminator:
             return None
         return max(0.0, (self.next_due - self.ctx.clock.now()).total_seconds())
 
-    def run(self, *, sample: bool | None = None) -> list[Fired]:
+    def run(self, *, sample: bool | None = None, fence: int | None = None) -> list[Fired]:
         """Fire every deadline that is due; remember the next one. ``sample`` forces
-        (or suppresses) an idleness sample; by default one is taken when due."""
+        (or suppresses) an idleness sample; by default one is taken when due.
+
+        ``fence``: the fence of the auto-termination lease this run is done under
+        (services/leases.py), when replicas share the duty. A fence other than the last
+        run's means another replica held the duty in between and may have seen the
+        clusters busy: the idle windows sampled before are dropped and start again, so
+        a handover can delay an idle stop, never bring one forward."""
+        if fence is not None and fence != self._fence:
+            self.idle_since.clear()
+            self._fence = fence
         self._refresh()
         interval = self.ctx.settings.idle_sample_interval_s
         due_sample = time.monotonic() - self._last_sample >= interval
