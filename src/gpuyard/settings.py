@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuyard.core.fleet import PlacementPolicy
 from gpuyard.core.image_refs import DEFAULT_ALLOWED_REGISTRIES, RegistryPolicy
 from gpuyard.core.ippool import parse_pool
 from gpuyard.core.placement import AllocationRatios
@@ -39,6 +40,10 @@ class Settings(BaseSettings):
     # The pool projects reserve public IPs from (core/ippool.py): a CIDR such as
     # 127.0.10.0/28 or comma-separated addresses and CIDRs. None: no reserved IPs.
     reserved_ips: str | None = None
+
+    # Placement (core/placement.py): binpack fills the fullest host that fits first
+    # (whole hosts stay free for large requests); spread takes the emptiest.
+    placement_policy: PlacementPolicy = PlacementPolicy.BINPACK
 
     vcpu_allocation_ratio: float = 1.0
     memory_allocation_ratio: float = 1.0

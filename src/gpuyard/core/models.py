@@ -181,6 +181,10 @@ class HostCapacity:
     used_memory_gb: float = 0
     used_disk_gb: float = 0
     used_gpu_indices: frozenset[int] = field(default_factory=frozenset)
+    location: str = ""
+    # Whether new clusters may land here (core/fleet.py takes_placements: active and
+    # healthy). A host that does not is never chosen, whatever it has free.
+    takes_placements: bool = True
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,8 @@ class ResourceRequest:
     memory_gb: int
     disk_gb: int
     cloud_type: CloudType = CloudType.ALL
+    # The host's location (data centre) the request is pinned to; None: anywhere.
+    location: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,18 @@
 """Pure placement: choose a host and GPU indices for a resource request.
 
-No I/O. The caller (services/placement.py) loads capacities inside a serialised
-transaction and inserts the allocation rows; the database's unique key on
+No I/O. The caller (services/placement.py) loads the candidate hosts' capacities inside
+a serialised transaction and inserts the allocation rows; the database's unique key on
 ``(host_id, gpu_index)`` remains the last word if two placements ever race.
+
+Filters: the host takes placements (active and healthy), the cloud type and location
+asked for, and free GPUs of the type, vCPUs, memory and disk. Scores (``policy_key``):
+
+- ``binpack`` (best fit): the host left with the fewest free GPUs of the type, then the
+  least free vCPUs, so large hosts stay whole for large requests;
+- ``spread``: the host with the most free GPUs of the type (for a CPU-only request: the
+  most free vCPUs), so one host failing hits fewer clusters.
+
+Ties go to the lowest host id: the same state always gives the same answer.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuyard.core.errors import InsufficientCapacity
+from gpuyard.core.fleet import PlacementPolicy
 from gpuyard.core.models import CloudType, HostCapacity, Placement, ResourceRequest
 
 
@@ -38,16 +49,43 @@ def free_resources(host: HostCapacity, ratios: AllocationRatios) -> dict[str, An
 
 
 def fits(host: HostCapacity, req: ResourceRequest, ratios: AllocationRatios) -> bool:
-    """Whether ``req`` fits in what ``host`` has free."""
+    """Whether ``req`` may land on ``host`` and fits in what it has free."""
+    return why_not(host, req, ratios) is None
+
+
+def why_not(host: HostCapacity, req: ResourceRequest, ratios: AllocationRatios) -> str | None:
+    """Why ``req`` cannot land on ``host`` (None: it can), in words for an error."""
+    if not host.takes_placements:
+        return "the host takes no new clusters (cordoned, draining or unreachable)"
     if req.cloud_type != CloudType.ALL and host.cloud_type != req.cloud_type:
-        return False
+        return f"the host is {host.cloud_type.value} cloud"
+    if req.location is not None and host.location != req.location:
+        return f"the host is in location {host.location!r}"
     free = free_resources(host, ratios)
-    return (
-        free["vcpus"] >= req.vcpus
-        and free["memory_gb"] >= req.memory_gb
-        and free["disk_gb"] >= req.disk_gb
-        and (req.gpu_count == 0 or free["gpus"].get(req.gpu_type or "", 0) >= req.gpu_count)
-    )
+    if req.gpu_count and free["gpus"].get(req.gpu_type or "", 0) < req.gpu_count:
+        return f"not enough free {req.gpu_type} GPUs"
+    for key, asked in (
+        ("vcpus", req.vcpus),
+        ("memory_gb", req.memory_gb),
+        ("disk_gb", req.disk_gb),
+    ):
+        if free[key] < asked:
+            return f"not enough free {key.removesuffix('_gb').replace('vcpus', 'vCPUs')}"
+    return None
+
+
+def policy_key(
+    host: HostCapacity, req: ResourceRequest, ratios: AllocationRatios, policy: PlacementPolicy
+) -> tuple[float, float, int]:
+    """The sort key of ``host`` under ``policy``: the smallest key wins."""
+    free = free_resources(host, ratios)
+    gpus = float(free["gpus"].get(req.gpu_type or "", 0)) if req.gpu_count else 0.0
+    vcpus = float(free["vcpus"])
+    if policy is PlacementPolicy.SPREAD:
+        if req.gpu_count:
+            return (-gpus, 0.0, host.host_id)
+        return (-vcpus, 0.0, host.host_id)
+    return (gpus, vcpus, host.host_id)
 
 
 def choose_gpus(host: HostCapacity, req: ResourceRequest) -> tuple[int, ...]:
@@ -59,21 +97,21 @@ def choose_gpus(host: HostCapacity, req: ResourceRequest) -> tuple[int, ...]:
     return tuple(free[: req.gpu_count])
 
 
-def place(hosts: list[HostCapacity], req: ResourceRequest, ratios: AllocationRatios) -> Placement:
-    """Best fit: the eligible host left with the fewest free GPUs of the type, then
-    the least free vCPUs, so large hosts stay whole for large requests.
+def place(
+    hosts: list[HostCapacity],
+    req: ResourceRequest,
+    ratios: AllocationRatios,
+    policy: PlacementPolicy = PlacementPolicy.BINPACK,
+) -> Placement:
+    """The eligible host that ``policy`` scores best (see the module docstring), and
+    the lowest free GPU indices of the type there. Deterministic.
 
     Raises InsufficientCapacity with what was asked and what each host has free.
     """
     eligible = [h for h in hosts if fits(h, req, ratios)]
     if not eligible:
         raise insufficient(hosts, req, ratios)
-
-    def waste(h: HostCapacity) -> tuple[float, float, int]:
-        free = free_resources(h, ratios)
-        return (free["gpus"].get(req.gpu_type or "", 0), free["vcpus"], h.host_id)
-
-    best = min(eligible, key=waste)
+    best = min(eligible, key=lambda h: policy_key(h, req, ratios, policy))
     return Placement(host_id=best.host_id, gpu_indices=choose_gpus(best, req))
 
 
@@ -90,6 +128,7 @@ def insufficient(
         "memory_gb": req.memory_gb,
         "disk_gb": req.disk_gb,
         "cloud_type": req.cloud_type.value,
+        "location": req.location,
     }
     what = f"{req.gpu_count} x {req.gpu_type}" if req.gpu_count else f"{req.vcpus} vCPUs"
     return InsufficientCapacity(

@@ -8,7 +8,7 @@ runtime.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -51,6 +51,7 @@ from gpuyard.services.lifecycle import (
     record_event,
     transition_cluster,
 )
+from gpuyard.services.locations import check_location
 from gpuyard.services.moves import place_for_start
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.port_rules import check_external_ports, server_ports
@@ -219,11 +220,18 @@ def refuse_unenforced_limits(session: Session, ctx: Context, host_id: int) -> No
 
 
 def create_cluster(
-    ctx: Context, principal: Principal, body: CreateCluster, *, idempotency: Claim | None = None
+    ctx: Context,
+    principal: Principal,
+    body: CreateCluster,
+    *,
+    idempotency: Claim | None = None,
+    location: str | None = None,
 ) -> Cluster:
     """Validate, place and record a new cluster in ``starting``. Nothing is stored when
     placement fails (InsufficientCapacity). With ``idempotency`` its key is stored in
-    the same transaction, before placement (see services/idempotency.py)."""
+    the same transaction, before placement (see services/idempotency.py). ``location``
+    pins it to the hosts of that location (GraphQL ``dataCenterId``); a location no
+    host has is a ValidationFailed on ``location``."""
     principal.require_write()
     # The engine connects to the registry an image names: only allowed registries.
     check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
@@ -232,6 +240,8 @@ def create_cluster(
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
     with ctx.transaction() as session:
         project_id = _project_for(session, principal, body.project_id)
+        if location is not None:
+            check_location(session, location)
         needs_gpu = gpu_count > 0 or body.gpu_type
         gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
         bid = checked_bid(gpu, gpu_count, body.cloud_type, body) if body.spot else None
@@ -271,11 +281,12 @@ def create_cluster(
         placement = claim(
             session,
             cluster_id=cluster_id,
-            request=request_of(cluster, body.cloud_type),
+            request=replace(request_of(cluster, body.cloud_type), location=location),
             volume_gb=body.volume_gb,
             ratios=ctx.settings.allocation_ratios,
             now=now,
             bid=bid,
+            policy=ctx.settings.placement_policy,
         )
         assigned = assign_ports(
             session,

@@ -5,13 +5,21 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, func, select, true
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from gpuyard.core.fleet import HostStatus, takes_placements
 from gpuyard.core.models import CloudType, HostCapacity
 from gpuyard.core.models import HostGpu as HostGpuInfo
 from gpuyard.services.discovery import LocalInventory
-from gpuyard.store.schema import GpuAllocation, Host, HostGpu, Reservation, utcnow
+from gpuyard.store.schema import (
+    GpuAllocation,
+    Host,
+    HostGpu,
+    Reservation,
+    VolumeMove,
+    utcnow,
+)
 
 
 def _host_of_machine(session: Session, machine_id: str, name: str) -> Host | None:
@@ -103,21 +111,45 @@ def sync_host_gpus(session: Session, host: Host, gpus: Sequence[HostGpuInfo]) ->
     session.flush()
 
 
-def capacities(session: Session, host_ids: list[int] | None = None) -> list[HostCapacity]:
-    """Every healthy host with what its allocations and reservations already use."""
-    q = select(Host).where(Host.healthy.is_(True)).order_by(Host.id)
-    if host_ids is not None:
-        q = q.where(Host.id.in_(host_ids))
+# volume_moves whose source copy still exists (store/schema.py VolumeMove): their
+# volume stays counted on the source host's disk; done and failed moves are final.
+MOVES_IN_FLIGHT = ("copying", "copied")
+
+
+def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[HostCapacity]:
+    """Hosts with what their allocations, reservations and in-flight volume moves (the
+    source's copy) already use: the hosts ``host_ids`` in that order, whatever their
+    status (``takes_placements`` says whether each may take new clusters), or, when
+    None, every host that takes placements (active and healthy), by id.
+
+    Loads every host it returns: placement asks only for a few candidates
+    (services/candidates.py); the whole fleet is for catalog sums."""
+    q = select(Host)
+    if host_ids is None:
+        q = q.where(Host.healthy.is_(True), Host.status == HostStatus.ACTIVE.value)
+        q = q.order_by(Host.id)
+    else:
+        q = q.where(Host.id.in_(list(host_ids)))
     hosts = list(session.scalars(q))
+    if host_ids is not None:
+        order = {host_id: i for i, host_id in enumerate(host_ids)}
+        hosts.sort(key=lambda h: order[h.id])
     ids = [h.id for h in hosts]
+
+    def where_host(column: InstrumentedAttribute[int]) -> ColumnElement[bool]:
+        # All of the fleet: no IN list of thousands of ids.
+        return column.in_(ids) if host_ids is not None else true()
+
     gpus: dict[int, list[HostGpuInfo]] = defaultdict(list)
     for g in session.scalars(
-        select(HostGpu).where(HostGpu.host_id.in_(ids)).order_by(HostGpu.gpu_index)
+        select(HostGpu).where(where_host(HostGpu.host_id)).order_by(HostGpu.gpu_index)
     ):
         gpus[g.host_id].append(HostGpuInfo(index=g.gpu_index, gpu_type=g.gpu_type, uuid=g.uuid))
     used_gpus: dict[int, set[int]] = defaultdict(set)
     for host_id, index in session.execute(
-        select(GpuAllocation.host_id, GpuAllocation.gpu_index).where(GpuAllocation.host_id.in_(ids))
+        select(GpuAllocation.host_id, GpuAllocation.gpu_index).where(
+            where_host(GpuAllocation.host_id)
+        )
     ):
         used_gpus[host_id].add(index)
     used = {
@@ -129,8 +161,16 @@ def capacities(session: Session, host_ids: list[int] | None = None) -> list[Host
                 func.sum(Reservation.memory_gb).label("memory_gb"),
                 func.sum(Reservation.container_disk_gb + Reservation.volume_gb).label("disk_gb"),
             )
-            .where(Reservation.host_id.in_(ids))
+            .where(where_host(Reservation.host_id))
             .group_by(Reservation.host_id)
+        )
+    }
+    moving: dict[int, float] = {
+        host_id: float(gb or 0)
+        for host_id, gb in session.execute(
+            select(VolumeMove.from_host_id, func.sum(VolumeMove.volume_gb))
+            .where(where_host(VolumeMove.from_host_id), VolumeMove.status.in_(MOVES_IN_FLIGHT))
+            .group_by(VolumeMove.from_host_id)
         )
     }
     out = []
@@ -146,8 +186,10 @@ def capacities(session: Session, host_ids: list[int] | None = None) -> list[Host
                 gpus=tuple(gpus[h.id]),
                 used_vcpus=float(u.vcpus or 0) if u else 0.0,
                 used_memory_gb=float(u.memory_gb or 0) if u else 0.0,
-                used_disk_gb=float(u.disk_gb or 0) if u else 0.0,
+                used_disk_gb=(float(u.disk_gb or 0) if u else 0.0) + moving.get(h.id, 0.0),
                 used_gpu_indices=frozenset(used_gpus[h.id]),
+                location=h.location,
+                takes_placements=takes_placements(h.status, h.healthy),
             )
         )
     return out

@@ -132,6 +132,7 @@ def _claim(
     from gpuyard.services.clusters import request_of  # the use case module imports this
 
     kwargs: dict[str, Any] = {"exclude_hosts": exclude} if exclude else {}
+    kwargs["policy"] = ctx.settings.placement_policy
     return claim(
         session,
         cluster_id=cluster.id,
@@ -355,6 +356,7 @@ def move_resting(ctx: Context, cluster_id: str, reason: str, now: datetime) -> s
                     host_id=None,
                     now=now,
                     exclude_hosts=frozenset({old_host}),
+                    policy=ctx.settings.placement_policy,
                 )
         except InsufficientCapacity as exc:
             return f"no other host has {cluster.volume_gb} GB of disk free ({exc.message})"

@@ -14,18 +14,24 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core import spot
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
-from gpuyard.core.models import CloudType, Placement, PortSpec, ResourceRequest
+from gpuyard.core.fleet import PlacementPolicy, takes_placements
+from gpuyard.core.models import CloudType, HostCapacity, Placement, PortSpec, ResourceRequest
 from gpuyard.core.placement import AllocationRatios, insufficient, place
 from gpuyard.core.states import HOLDS_COMPUTE, ClusterStatus
+from gpuyard.services.candidates import candidate_hosts, nearest_hosts, placeable
 from gpuyard.services.hosts import capacities
 from gpuyard.services.lifecycle import transition_cluster
 from gpuyard.store.schema import (
     Cluster,
     GpuAllocation,
+    Host,
     PlacementLock,
     PortAllocation,
     Reservation,
 )
+
+# Statuses in which an interruptible cluster can be preempted (not already leaving).
+PREEMPTIBLE = (ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNNING)
 
 
 def lock_placement(session: Session) -> None:
@@ -46,9 +52,18 @@ def claim(
     not_enough_message: str | None = None,
     bid: float | None = None,
     exclude_hosts: frozenset[int] = frozenset(),
+    policy: PlacementPolicy = PlacementPolicy.BINPACK,
 ) -> Placement:
-    """Place ``request`` (on ``host_id`` when given: a stopped cluster's volume lives
-    there) and record the GPU allocations and reservation for ``cluster_id``.
+    """Place ``request`` and record the GPU allocations and reservation for
+    ``cluster_id``: on ``host_id`` when given (a stopped cluster's volume lives there),
+    else on the host ``policy`` scores best among those that take placements (active,
+    healthy), match the request's cloud type and location and are not in
+    ``exclude_hosts`` (e.g. the host a cluster moves away from). Only a few candidate
+    hosts are loaded (services/candidates.py), however large the fleet.
+
+    A pinned host that is cordoned, draining or unreachable fails at once with an
+    InsufficientCapacity that says so (``details.host_status``/``reachable``), so the
+    caller can decide to move the cluster.
 
     When nothing is free, interruptible clusters bidding less than ``bid`` (None:
     on-demand, which outbids every spot bid) are preempted: moved to ``stopping``
@@ -61,35 +76,40 @@ def claim(
     lock_placement(session)
     release_compute(session, cluster_id)
     session.flush()
-    hosts = capacities(session, [host_id] if host_id is not None else None)
-    if exclude_hosts:
-        # E.g. the host a cluster moves away from.
-        hosts = [h for h in hosts if h.host_id not in exclude_hosts]
     # The cluster's own volume is already counted in its host's used disk (not in
     # another host's: a cluster moving there brings its whole volume).
     own = session.get(Reservation, cluster_id)
     stays = own is not None and (host_id in (None, own.host_id) and not exclude_hosts)
     own_volume = own.volume_gb if own is not None and stays else 0
-    disk_needed = request.disk_gb + max(0, volume_gb - own_volume)
+    pinned = host_id is not None
     sized = ResourceRequest(
         gpu_type=request.gpu_type,
         gpu_count=request.gpu_count,
         vcpus=request.vcpus,
         memory_gb=request.memory_gb,
-        disk_gb=disk_needed,
-        cloud_type=request.cloud_type if host_id is None else CloudType.ALL,
+        disk_gb=request.disk_gb + max(0, volume_gb - own_volume),
+        # A pinned host was chosen before (its cloud type and location included).
+        cloud_type=CloudType.ALL if pinned else request.cloud_type,
+        location=None if pinned else request.location,
     )
-    if host_id is not None and not hosts:
-        raise InsufficientCapacity("the cluster's host is not available", {"host_id": host_id})
+    if host_id is not None:
+        if host_id in exclude_hosts:
+            raise InsufficientCapacity("the cluster's host is not available", {"host_id": host_id})
+        hosts = capacities(session, [host_id])
+        refuse_unplaceable(session, host_id)
+    else:
+        hosts = candidate_hosts(session, sized, ratios, policy, exclude=exclude_hosts)
     try:
-        placement = place(hosts, sized, ratios)
+        placement = place(hosts, sized, ratios, policy)
     except InsufficientCapacity as exc:
-        holders = load_holders(session, [h.host_id for h in hosts], exclude=cluster_id)
-        room = spot.plan(hosts, holders, sized, bid, ratios)
+        pool = hosts if pinned else _spot_pool(session, sized, bid, exclude_hosts)
+        holders = load_holders(session, [h.host_id for h in pool], exclude=cluster_id)
+        room = spot.plan(pool, holders, sized, bid, ratios)
         if room is None:
-            if not_enough_message:
-                raise insufficient(hosts, sized, ratios, not_enough_message) from exc
-            raise
+            shown = (
+                hosts if pinned else nearest_hosts(session, sized, ratios, exclude=exclude_hosts)
+            )
+            raise insufficient(shown, sized, ratios, not_enough_message) from exc
         preempt(session, room.victims, by=cluster_id, bid=bid, now=now)
         placement = room.placement
     for index in placement.gpu_indices:
@@ -115,10 +135,43 @@ def claim(
     return placement
 
 
+def refuse_unplaceable(session: Session, host_id: int) -> None:
+    """Raise InsufficientCapacity saying why, when ``host_id`` is gone or takes no new
+    clusters: cordoned or draining (the operator's word) or unreachable (missed
+    heartbeats)."""
+    host = session.get(Host, host_id)
+    if host is None:
+        raise InsufficientCapacity("the cluster's host is gone", {"host_id": host_id})
+    if takes_placements(host.status, host.healthy):
+        return
+    why = "unreachable" if not host.healthy else host.status
+    raise InsufficientCapacity(
+        f"the cluster's host {host.name} (#{host_id}) is {why} and takes no new clusters",
+        {"host_id": host_id, "host_status": host.status, "reachable": host.healthy},
+    )
+
+
+def _spot_pool(
+    session: Session, req: ResourceRequest, bid: float | None, exclude: frozenset[int]
+) -> list[HostCapacity]:
+    """The hosts where preempting spot clusters could make room for ``req`` at ``bid``:
+    those (taking placements, in its cloud type and location) that hold a cluster
+    bidding less. Bounded by the hosts running spot clusters, not the fleet."""
+    outbid = select(Reservation.host_id).join(Cluster, Cluster.id == Reservation.cluster_id)
+    outbid = outbid.where(
+        Cluster.interruptible.is_(True),
+        Cluster.status.in_([s.value for s in PREEMPTIBLE]),
+    )
+    if bid is not None:
+        outbid = outbid.where(Cluster.bid_per_gpu < bid)
+    q = placeable(select(Host.id), req, exclude).where(Host.id.in_(outbid))
+    ids = list(session.scalars(q.order_by(Host.id)))
+    return capacities(session, ids) if ids else []
+
+
 def load_holders(session: Session, host_ids: list[int], exclude: str) -> list[spot.Holder]:
     """Clusters holding compute on these hosts. Only interruptible clusters that are
     not already leaving carry a bid (and so can be preempted)."""
-    preemptible = {ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNNING}
     rows = session.execute(
         select(
             Cluster.id,
@@ -149,7 +202,7 @@ def load_holders(session: Session, host_ids: list[int], exclude: str) -> list[sp
             memory_gb=r.memory_gb,
             container_disk_gb=r.container_disk_gb,
             bid_per_gpu=r.bid_per_gpu
-            if r.interruptible and ClusterStatus(r.status) in preemptible
+            if r.interruptible and ClusterStatus(r.status) in PREEMPTIBLE
             else None,
         )
         for r in rows

@@ -22,17 +22,20 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core import training as domain
 from gpuyard.core.errors import InsufficientCapacity, NotFound, ValidationFailed
+from gpuyard.core.fleet import HostStatus
 from gpuyard.core.models import CloudType, PortSpec, ResourceRequest
 from gpuyard.core.placement import free_resources
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus
 from gpuyard.services.auth import Principal
+from gpuyard.services.candidates import candidate_hosts
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.context import Context
 from gpuyard.services.hosts import capacities
 from gpuyard.services.idempotency import Claim
 from gpuyard.services.images import get_image_version
 from gpuyard.services.lifecycle import IllegalTransition, meter_status, record_event
+from gpuyard.services.locations import check_location
 from gpuyard.services.placement import assign_ports, claim, lock_placement, release_all
 from gpuyard.services.plans import get_plan
 from gpuyard.services.port_rules import server_ports
@@ -190,14 +193,38 @@ def _plan(session: Session, choice: PlanChoice) -> NodePlan:
     )
 
 
-def _location_hosts(session: Session, location: str) -> list[int]:
-    hosts = list(
-        session.scalars(select(Host.id).where(Host.location == location, Host.healthy.is_(True)))
+def _location_hosts(
+    ctx: Context, session: Session, location: str, plan: NodePlan, workers: int
+) -> list[int]:
+    """The hosts of ``location`` to try for the whole cluster, best first: those that
+    take placements (active, healthy) with room for every node at once, ordered by the
+    placement policy (a few, however large the location); when none has room as things
+    stand, every host there that takes placements (claims may preempt spot clusters).
+    Raises ValidationFailed for a location no host is at."""
+    check_location(session, location)
+    need = ResourceRequest(
+        gpu_type=plan.gpu_type,
+        gpu_count=workers * plan.gpus_per_node,
+        vcpus=workers * plan.cpus_per_node + domain.CONTROLLER_VCPUS,
+        memory_gb=workers * plan.memory_gb_per_node + domain.CONTROLLER_MEMORY_GB,
+        disk_gb=0,
+        location=location,
     )
-    if not hosts:
-        known = sorted(set(session.scalars(select(Host.location))))
-        raise ValidationFailed("location", f"unknown location {location!r}", {"locations": known})
-    return hosts
+    ratios, policy = ctx.settings.allocation_ratios, ctx.settings.placement_policy
+    hosts = [h.host_id for h in candidate_hosts(session, need, ratios, policy)]
+    if hosts:
+        return hosts
+    return list(
+        session.scalars(
+            select(Host.id)
+            .where(
+                Host.location == location,
+                Host.healthy.is_(True),
+                Host.status == HostStatus.ACTIVE.value,
+            )
+            .order_by(Host.id)
+        )
+    )
 
 
 def _node_request(role: NodeRole, plan: NodePlan) -> ResourceRequest:
@@ -411,8 +438,8 @@ def create_cluster(
                     "security_group_id", "the security group belongs to another project"
                 )
             groups = [g.id for g in found]
-        hosts = _location_hosts(session, scope.location)
         lock_placement(session)
+        hosts = _location_hosts(ctx, session, scope.location, plan, spec.no_of_nodes)
         cluster = TrainingCluster(
             account_id=account_id,
             project_id=project_id,

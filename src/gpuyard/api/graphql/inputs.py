@@ -213,6 +213,7 @@ GRAPHQL_NAMES = {
     "cloud_type": "cloudType",
     "auto_terminate": "stopAfter",
     "bid_per_gpu": "bidPerGpu",
+    "location": "dataCenterId",
 }
 
 _PORT = re.compile(r"^\s*(\d{1,5})\s*(?:/\s*(http|tcp|udp)\s*)?$", re.IGNORECASE)

@@ -63,7 +63,11 @@ def deploy(
         short: InsufficientCapacity | None = None
         for body in bodies:
             try:
-                return uc.create_cluster(gctx.ctx, gctx.principal, body, idempotency=key).id
+                # dataCenterId pins the location ("" as absent: anywhere).
+                where = data.data_center_id or None
+                return uc.create_cluster(
+                    gctx.ctx, gctx.principal, body, idempotency=key, location=where
+                ).id
             except InsufficientCapacity as exc:
                 short = exc
             except ValidationFailed as exc:
