@@ -62,6 +62,10 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     ("PUT", "/v1/security-groups/{security_group_id}"): frozenset({"rules"}),
     # An image reference is parsed and held to the registry allow-list.
     ("POST", "/v1/images"): frozenset({"image"}),
+    # A host's engine URL is parsed (scheme, user, host, port, socket path) and judged
+    # with its TLS directory (which must hold the certificates on the server); GPU types
+    # must be in the catalog; the address must be a host name or IP address.
+    ("POST", "/v1/hosts"): frozenset({"engine_url", "engine_tls_dir", "gpus", "address"}),
     # Location, image, keys, plan, GPU type and group must exist in the installation.
     ("POST", "/distributed_jobs_v2/cluster/"): frozenset(
         {

@@ -1,16 +1,21 @@
-"""``gpuyard hosts``: the installation id above the table, and a limits column that
-says plainly when a host does not enforce CPU/memory limits."""
+"""``gpuyard hosts``: the installation id above the table, a limits column that says
+plainly when a host does not enforce CPU/memory limits, and the fleet commands (add
+with its wait for the first heartbeat, get, cordon, uncordon, delete, key)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import select
 
+from gpuyard.cli.hosts import POLL_S, wait_reachable
 from gpuyard.cli.main import cli
-from gpuyard.store.schema import Host
-from tests.helpers import LiveServer
+from gpuyard.runtimes.fake import FakeRuntime
+from tests.helpers import LiveServer, live_server, make_settings
 
 
 def run(srv: LiveServer, *args: str) -> Result:
@@ -31,9 +36,11 @@ def test_hosts_prints_the_installation_id_and_the_limits(srv: LiveServer) -> Non
     assert "LIMITS" in header.split()
     assert "enforced" in row.split() and "NOT ENFORCED" not in row
 
-    with srv.server.ctx.transaction() as s:
-        host = s.scalars(select(Host)).one()
-        host.enforces_limits, host.limits_note = False, "no cpu controller"
+    # Said by the engine, as the reconciler's observation stores it.
+    runtime = srv.server.reconciler.fleet.local
+    assert isinstance(runtime, FakeRuntime)
+    runtime.limits_problem = "no cpu controller"
+    srv.server.reconciler.observe()
     result = run(srv, "hosts")
     assert result.exit_code == 0, result.output
     assert "NOT ENFORCED (no cpu controller)" in result.stdout.splitlines()[2]
@@ -45,3 +52,140 @@ def test_hosts_json_carries_the_installation_id(srv: LiveServer) -> None:
     data = json.loads(result.stdout)
     assert data["installation_id"] == srv.server.ctx.ownership.installation_id
     assert data["hosts"][0]["enforces_limits"] is True
+
+
+# -- the fleet commands ------------------------------------------------------------------
+
+H100 = "NVIDIA H100 80GB HBM3"
+DECLARED = ("--gpus", "H100 SXM:2", "--vcpus", "16", "--memory-gb", "128", "--disk-gb", "900")
+
+
+@pytest.fixture
+def beating(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server that heartbeats its hosts every 0.2 s."""
+    settings = make_settings(tmp_path / "home", heartbeat_interval_s=0.2)
+    with live_server(settings, FakeRuntime()) as server:
+        yield server
+
+
+def ok_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_add_waits_for_the_first_heartbeat_and_says_what_it_found(beating: LiveServer) -> None:
+    result = run(
+        beating, "hosts", "add", "gpu-1", "--engine", "ssh://gpuyard@10.1.2.3:2222",
+        "--location", "lab", "--cloud-type", "community", *DECLARED,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    first, found = result.stdout.splitlines()
+    assert first.startswith("added host 2 (gpu-1), engine ssh://gpuyard@10.1.2.3:2222")
+    assert found.startswith("reachable: engine ")
+    assert "16 vCPUs (declared)" in found and f"2/2 {H100} (declared)" in found
+
+    table = run(beating, "hosts")
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith("installation: ")
+    header = lines[1]
+    for column in ("STATUS", "REACHABILITY", "GPUS FREE/TOTAL", "ENGINE", "LAST HEARTBEAT"):
+        assert column in header
+    [row] = [line for line in lines[2:] if " gpu-1 " in line]
+    assert "active" in row.split() and "reachable" in row.split()
+    assert "lab" in row.split() and "COMMUNITY" in row.split()
+    assert "16/16" in row.split() and "128/128G" in row.split()
+    assert "ssh://gpuyard@10.1.2.3:2222" in row and "ago" in row
+
+
+def test_add_without_an_answer_says_why_and_fails(beating: LiveServer) -> None:
+    runtime = beating.server.reconciler.fleet.local
+    assert isinstance(runtime, FakeRuntime)
+    runtime.unavailable = "ssh: Permission denied (publickey)"
+    try:
+        result = run(
+            beating, "hosts", "add", "locked", "--engine", "ssh://root@10.9.9.9",
+            "--wait-timeout", "1.5",
+        )  # fmt: skip
+    finally:
+        runtime.unavailable = None
+    assert result.exit_code == 1, result.output
+    assert "added host 2 (locked)" in result.stdout
+    assert "not reachable after 1.5 s: ssh: Permission denied (publickey)" in result.stdout
+    assert "gpuyard hosts get 2" in result.stderr
+
+
+def test_get_cordon_uncordon_delete_and_their_json(srv: LiveServer) -> None:
+    host = ok_json(
+        run(srv, "hosts", "add", "gpu-2", "--engine", "unix:///run/x/podman.sock",
+            "--no-wait", "--json", *DECLARED)
+    )  # fmt: skip
+    assert host["name"] == "gpu-2" and host["reachability"] in ("unknown", "reachable")
+    hid = str(host["id"])
+
+    shown = run(srv, "hosts", "get", hid)
+    assert shown.exit_code == 0, shown.output
+    assert "name:" in shown.stdout and "gpu-2" in shown.stdout
+    assert "clusters: none" in shown.stdout
+    assert ok_json(run(srv, "hosts", "get", hid, "--json"))["id"] == host["id"]
+
+    cordoned = run(srv, "hosts", "cordon", hid)
+    assert cordoned.exit_code == 0, cordoned.output
+    assert cordoned.stdout.strip() == f"host {hid} (gpu-2) cordoned: status cordoned"
+    assert ok_json(run(srv, "hosts", "uncordon", hid, "--json"))["status"] == "active"
+
+    local = run(srv, "hosts", "delete", "1")
+    assert local.exit_code == 1 and "LOCAL_HOST" in local.stderr
+    assert ok_json(run(srv, "hosts", "delete", hid, "--json")) == {
+        "id": host["id"],
+        "name": "gpu-2",
+        "deleted": True,
+    }
+    gone = run(srv, "hosts", "get", hid)
+    assert gone.exit_code == 1 and "HOST_NOT_FOUND" in gone.stderr
+    bad = run(srv, "hosts", "get", "abc")
+    assert bad.exit_code == 2  # refused by the CLI itself
+
+
+def test_add_refusals_name_the_field(srv: LiveServer) -> None:
+    result = run(srv, "hosts", "add", "x", "--engine", "ssh://gpu-1", "--no-wait")
+    assert result.exit_code == 1
+    assert "VALIDATION_ERROR" in result.stderr and "engine_url" in result.stderr
+
+
+def test_key_prints_the_installations_public_key(srv: LiveServer) -> None:
+    line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKqz gpuyard"
+    keys = srv.server.ctx.settings.home / "ssh"
+    keys.mkdir(exist_ok=True)
+    (keys / "id_ed25519.pub").write_text(line + "\n")
+    result = run(srv, "hosts", "key")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == line + "\n"
+    assert ok_json(run(srv, "hosts", "key", "--json")) == {"public_key": line}
+
+
+def test_wait_stops_at_its_deadline_and_once_the_inventory_is_in() -> None:
+    """``wait_reachable`` with a fake clock: reachable but not yet discovered keeps it
+    polling; discovered ends it; the deadline ends it either way."""
+    now = [0.0]
+    answers = iter(
+        [
+            {"reachability": "unknown", "inventory": {"vcpus": "discovered"}},
+            {"reachability": "reachable", "inventory": {"vcpus": "discovered"}},
+            {
+                "reachability": "reachable",
+                "inventory": {"vcpus": "discovered"},
+                "engine_version": "4.9.3",
+            },
+        ]
+    )
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    host, ok = wait_reachable(lambda: next(answers), 30, sleep=sleep, clock=lambda: now[0])
+    assert ok and host["engine_version"] == "4.9.3" and now[0] == 2 * POLL_S
+    never = {"reachability": "unknown", "inventory": {}}
+    now[0] = 0.0
+    host, ok = wait_reachable(lambda: never, 3, sleep=sleep, clock=lambda: now[0])
+    assert not ok and now[0] == pytest.approx(3.0)

@@ -14,7 +14,7 @@ from gpuyard.api.app import build_server
 from gpuyard.api.host_schemas import HostListEnvelope
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.host_identity import HOST_ID_FILE
-from gpuyard.store.schema import Host, Installation
+from gpuyard.store.schema import Installation
 from tests.helpers import LiveServer, live_server, make_settings
 
 
@@ -34,11 +34,14 @@ def test_hosts_show_installation_and_machine_ids_in_the_documented_shape(
     assert host["enforces_limits"] is True and host["limits_note"] is None
 
 
-def test_a_host_that_cannot_enforce_limits_says_so(srv: LiveServer) -> None:
+def test_a_host_that_cannot_enforce_limits_says_so(
+    srv: LiveServer, fake_runtime: FakeRuntime
+) -> None:
     note = "the engine runs without a cgroup controller for cpu and memory"
-    with srv.server.ctx.transaction() as s:
-        host = s.scalars(select(Host)).one()
-        host.enforces_limits, host.limits_note = False, note
+    # Said by the engine, as the reconciler's observation stores it (a value written to
+    # the store directly would be put right by the next observation).
+    fake_runtime.limits_problem = note
+    srv.server.reconciler.observe()
     with srv.client() as c:
         body = c.get("/v1/hosts").json()
     HostListEnvelope.model_validate(body)

@@ -1,21 +1,15 @@
-"""GPU types and hosts."""
+"""The GPU catalog (hosts: api/hosts.py)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from gpuyard.api.envelope import ok
-from gpuyard.api.host_schemas import HostListEnvelope
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
-from gpuyard.api.schemas import documented
 from gpuyard.api.state import app_state, current_principal
-from gpuyard.core.placement import AllocationRatios, free_resources
-from gpuyard.services.auth import Principal, Scope
+from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import gpu_type_offers
-from gpuyard.services.host_views import HostView, list_hosts
 
 router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES)
 
@@ -43,54 +37,3 @@ def gpu_types(request: Request, principal: Principal = Depends(current_principal
             ]
         }
     )
-
-
-@router.get("/v1/hosts", responses=documented(HostListEnvelope))
-def hosts(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
-    """This installation's id, and every host with its identity, capacity, what is
-    free, whether it enforces CPU/memory limits and where each figure came from (admin)."""
-    principal.require(Scope.ADMIN)
-    state = app_state(request)
-    # This process's engine is the local host's; asked outside any transaction.
-    engine_problem = state.runtime.available()
-    overview = list_hosts(state.ctx)
-    ratios = state.ctx.settings.allocation_ratios
-    return ok(
-        {
-            "installation_id": overview.installation_id,
-            "hosts": [host_view(h, engine_problem, ratios) for h in overview.hosts],
-        }
-    )
-
-
-def host_view(h: HostView, engine_problem: str | None, ratios: AllocationRatios) -> dict[str, Any]:
-    """One host as ``GET /v1/hosts`` shows it (api/host_schemas.py HostOut)."""
-    cap = h.capacity
-    return {
-        "id": h.id,
-        "name": h.name,
-        "machine_id": h.machine_id,
-        "location": h.location,
-        "cloud_type": h.cloud_type,
-        "address": h.address,
-        "engine_url": h.engine_url,
-        "engine": {"reachable": engine_problem is None, "message": engine_problem},
-        "healthy": h.healthy,
-        "vcpus": h.vcpus,
-        "memory_gb": h.memory_gb,
-        "disk_gb": h.disk_gb,
-        "gpu_source": h.gpu_source,
-        "declared": list(h.declared),
-        "enforces_limits": h.enforces_limits,
-        "limits_note": h.limits_note,
-        "gpus": [
-            {
-                "index": g.index,
-                "type": g.gpu_type,
-                "uuid": g.uuid,
-                "allocated": g.index in cap.used_gpu_indices,
-            }
-            for g in cap.gpus
-        ],
-        "free": free_resources(cap, ratios),
-    }

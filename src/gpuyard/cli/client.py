@@ -169,6 +169,30 @@ class GpuyardClient:
         """``GET /v1/hosts`` (admin scope): ``{"installation_id", "hosts": [...]}``."""
         return self._request("GET", "/v1/hosts")
 
+    def add_host(self, body: JSON) -> JSON:
+        """``POST /v1/hosts`` (admin): the new host."""
+        return self._request("POST", "/v1/hosts", json=body)
+
+    def get_host(self, host_id: int) -> JSON:
+        """``GET /v1/hosts/{id}`` (admin)."""
+        return self._request("GET", f"/v1/hosts/{host_id}")
+
+    def cordon_host(self, host_id: int) -> JSON:
+        """``POST /v1/hosts/{id}/cordon`` (admin)."""
+        return self._request("POST", f"/v1/hosts/{host_id}/cordon")
+
+    def uncordon_host(self, host_id: int) -> JSON:
+        """``POST /v1/hosts/{id}/uncordon`` (admin)."""
+        return self._request("POST", f"/v1/hosts/{host_id}/uncordon")
+
+    def delete_host(self, host_id: int) -> JSON:
+        """``DELETE /v1/hosts/{id}`` (admin): ``{"id", "name", "deleted"}``."""
+        return self._request("DELETE", f"/v1/hosts/{host_id}")
+
+    def host_ssh_key(self) -> JSON:
+        """``GET /v1/hosts/ssh-key`` (admin): ``{"public_key": ...}``."""
+        return self._request("GET", "/v1/hosts/ssh-key")
+
     def orphans(self, *, include_done: bool = False) -> JSON:
         """``GET /v1/orphans`` (admin): ``{"installation_id", "orphans": [...]}``."""
         return self._request("GET", "/v1/orphans", params={"all": "true"} if include_done else None)

@@ -9,9 +9,10 @@ import click
 
 from gpuyard import __version__
 from gpuyard.cli.billing import billing
-from gpuyard.cli.catalog import gpu_types, hosts
+from gpuyard.cli.catalog import gpu_types
 from gpuyard.cli.clusters import clusters
 from gpuyard.cli.common import CliState, ErrorBoundaryGroup
+from gpuyard.cli.hosts import hosts
 from gpuyard.cli.keys import keys
 from gpuyard.cli.orphans import orphans
 from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS

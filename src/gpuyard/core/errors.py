@@ -77,6 +77,33 @@ class HostUnreachable(GpuyardError):
     http_status = 409
 
 
+class HostNotFound(NotFound):
+    code = "HOST_NOT_FOUND"
+
+
+class HostExists(GpuyardError):
+    """A host with that name or engine URL is already registered (``details.field``
+    names which, ``details.host_id`` the holder)."""
+
+    code = "HOST_EXISTS"
+    http_status = 409
+
+
+class HostNotEmpty(GpuyardError):
+    """The host still holds clusters, capacity claims or data; ``details.left`` lists
+    them. Terminate or move them first."""
+
+    code = "HOST_NOT_EMPTY"
+    http_status = 409
+
+
+class LocalHostProtected(GpuyardError):
+    """The host the server runs on is registered at every start; it cannot be removed."""
+
+    code = "LOCAL_HOST"
+    http_status = 409
+
+
 class IdempotencyKeyReused(GpuyardError):
     """An ``Idempotency-Key`` already answered a create with a different body."""
 

@@ -19,6 +19,7 @@ class Reachability(StrEnum):
 
     REACHABLE = "reachable"
     UNREACHABLE = "unreachable"
+    UNKNOWN = "unknown"  # no heartbeat has reached it yet (a host just added)
 
 
 class PlacementPolicy(StrEnum):
