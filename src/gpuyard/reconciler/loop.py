@@ -51,12 +51,17 @@ class Leases(Protocol):
 
     def holds(self, name: str) -> bool: ...
 
+    def fence(self, name: str) -> int | None: ...
+
 
 class _AllMine:
     """A lone server owns every duty."""
 
     def holds(self, name: str) -> bool:
         return True
+
+    def fence(self, name: str) -> int | None:
+        return None
 
 
 # Duties that are not per host, each owned by one replica at a time.
@@ -260,7 +265,8 @@ class Reconciler:
         self._dispatch_moves(mine)
         if self.leases.holds(AUTOTERM_DUTY):
             try:
-                self.autoterm.run()
+                # Idle windows sampled under another holder's fence start again.
+                self.autoterm.run(fence=self.leases.fence(AUTOTERM_DUTY))
             except Exception:  # never let a policy problem stop the lifecycle work
                 log.exception("auto-termination pass failed")
         if observe is False:
