@@ -401,3 +401,19 @@ def test_the_ssh_key_is_the_installations(fleet: LiveServer) -> None:
     assert r.status_code == 200, r.text
     SshPublicKeyEnvelope.model_validate(r.json())
     assert r.json()["data"] == {"public_key": line}
+
+
+def test_a_cordoned_host_takes_no_new_cluster_until_uncordoned(fleet: LiveServer) -> None:
+    host = added(fleet, SSH_HOST)
+    heartbeat(fleet)
+    body = {"docker_image": "img", "gpu_type": H100, "gpu_count": 1, "cloud_type": "ALL"}
+    with fleet.client() as c:
+        assert c.post(f"/v1/hosts/{host['id']}/cordon").status_code == 200
+        # Only this host has H100s: nothing can take the cluster.
+        error(c.post("/v1/clusters", json=body), 409, "INSUFFICIENT_CAPACITY")
+        assert c.post(f"/v1/hosts/{host['id']}/uncordon").status_code == 200
+        r = c.post("/v1/clusters", json=body)
+        assert r.status_code in (200, 201), r.text
+    with fleet.server.ctx.read() as s:
+        cluster = s.get(Cluster, r.json()["data"]["id"])
+        assert cluster is not None and cluster.host_id == host["id"]
