@@ -31,15 +31,17 @@ from gpuyard.api.state import AppState
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
 from gpuyard.reconciler.autoterminate import Fired
-from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.loop import TRAINING_DUTY, Reconciler
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
+from gpuyard.runtimes.fleet import Fleet, RuntimeFactory
 from gpuyard.services.auth import IssuedKey
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.context import Context
 from gpuyard.services.installation import ensure_installation
+from gpuyard.services.leases import LeaseKeeper
 from gpuyard.settings import Settings
 from gpuyard.store.sqlite_reader import reader_for
 
@@ -64,12 +66,15 @@ def build_server(
     run_reconciler: bool = True,
     training_operator: Callable[[Context, WorkQueue], TrainingOperator] | None = None,
     rate_limit_clock: Clock | None = None,
+    host_runtimes: RuntimeFactory | None = None,
 ) -> Server:
     """Migrate the store, seed it, register the local host and assemble the app.
 
     The reconciler thread starts with the app (lifespan) when ``run_reconciler``;
     it also runs one pass at start so work left by a crash resumes at once.
     ``rate_limit_clock`` (tests): the rate limiter's time instead of monotonic time.
+    ``host_runtimes``: makes the runtime of each host added through the API (None:
+    ``runtime`` drives every host, as in tests on one engine).
     """
     engine, sessions = open_store(settings)
     with sessions.begin() as session:
@@ -83,14 +88,21 @@ def build_server(
     )
     admin_key = first_start(ctx)
     host_id = register_local_host(ctx, engine_url)
-    # Binds the runtime to this installation: from here on it sees only our objects.
-    reconciler = Reconciler(ctx, runtime, host_id=host_id)
+    # Every host added through the API gets its own runtime; this machine's is
+    # ``runtime``. Binding ties them to this installation: they see only our objects.
+    fleet = Fleet(runtime, host_runtimes)
+    # Several replicas share a PostgreSQL database: each duty has one owner at a time.
+    # SQLite serves one process, which owns everything.
+    leases = LeaseKeeper.for_replica(ctx) if _shared_database(ctx) else None
+    reconciler = Reconciler(ctx, fleet, host_id=host_id, leases=leases)
     ctx.wake = reconciler.wake
     # Training operations and node recoveries run on the reconciler's one work queue.
     operator = training_operator(ctx, reconciler.queue) if training_operator is not None else None
     if operator is not None:
         ctx.training_wake = operator.wake
         ctx.training_edge = operator.sync_edge
+        if leases is not None:
+            operator.owns = lambda: leases.holds(TRAINING_DUTY)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -111,6 +123,9 @@ def build_server(
                 operator.stop()
             if run_reconciler:
                 reconciler.stop()
+            if leases is not None:
+                # Hand our duties to the other replicas now, not after the lease time.
+                leases.release_all()
             engine.dispose()
 
     app = FastAPI(
@@ -119,7 +134,9 @@ def build_server(
         description="Self-hostable GPU cloud: clusters on real containers (REST v1/v2, GraphQL).",
         lifespan=lifespan,
     )
-    app.state.gpuyard = AppState(ctx=ctx, runtime=runtime, training=operator)
+    app.state.gpuyard = AppState(
+        ctx=ctx, runtime=runtime, training=operator, host_runtime=fleet.for_host
+    )
     errors.install(app)
     method_not_allowed.install(app)
     app.add_middleware(ClusterReadFastPath)
@@ -168,6 +185,11 @@ def build_server(
         return JSONResponse({"ok": True, "engine": problem or "ok"})
 
     return Server(app=app, ctx=ctx, reconciler=reconciler, admin_key=admin_key)
+
+
+def _shared_database(ctx: Context) -> bool:
+    """Whether other replicas may share this database (PostgreSQL)."""
+    return ctx.settings.effective_database_url.startswith("postgresql")
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
