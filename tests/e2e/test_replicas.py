@@ -188,11 +188,6 @@ def replicas(tmp_path: Path, engine_url: str, database_url: str) -> Iterator[lis
             purge_installation(engine_url, installation_id)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="passes once the reconciler owns only the duties whose leases it holds "
-    "(LeaseKeeper wired into api/app.py and reconciler/loop.py)",
-)
 def test_kill_the_lease_holder_while_clusters_start(
     replicas: list[Replica], database_url: str, engine_url: str
 ) -> None:
