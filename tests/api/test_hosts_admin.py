@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from gpuyard.api.host_schemas import (
     HostDeletedEnvelope,
+    HostDrainEnvelope,
     HostEnvelope,
     HostListEnvelope,
     SshPublicKeyEnvelope,
@@ -417,3 +418,46 @@ def test_a_cordoned_host_takes_no_new_cluster_until_uncordoned(fleet: LiveServer
     with fleet.server.ctx.read() as s:
         cluster = s.get(Cluster, r.json()["data"]["id"])
         assert cluster is not None and cluster.host_id == host["id"]
+
+
+def test_drain_moves_a_stopped_cluster_and_stops_a_running_one(fleet: LiveServer) -> None:
+    host = added(fleet, SSH_HOST)
+    host_id = host["id"]
+    heartbeat(fleet)
+    body = {
+        "docker_image": "img",
+        "gpu_type": H100,
+        "gpu_count": 1,
+        "volume_gb": 5,
+        "cloud_type": "ALL",
+    }
+    with fleet.client() as c:
+        running = c.post("/v1/clusters", json=body).json()["data"]["id"]
+        resting = c.post("/v1/clusters", json=body).json()["data"]["id"]
+
+        def status(cid: str) -> str:
+            return str(c.get(f"/v1/clusters/{cid}").json()["data"]["status"])
+
+        _wait(lambda: status(running) == "running" and status(resting) == "running")
+        assert c.post(f"/v1/clusters/{resting}/stop").status_code == 200
+        _wait(lambda: status(resting) == "stopped")
+
+        r = c.post(f"/v1/hosts/{host_id}/drain")
+        assert r.status_code == 200, r.text
+        HostDrainEnvelope.model_validate(r.json())
+        data = r.json()["data"]
+        assert data["host"]["status"] == "draining"
+        assert data["drain"] == {"stopping": [running], "moving": [resting], "cannot_move": []}
+        # The stopped cluster's volume goes to the only other host (the server's own).
+        _wait(lambda: c.get(f"/v1/clusters/{resting}").json()["data"]["host"]["id"] == 1)
+        assert status(resting) == "stopped"
+        # No other host has H100s: the running one stops and stays until it can move.
+        _wait(lambda: status(running) == "stopped")
+        heartbeat(fleet)  # the drain's scan tries to start it elsewhere, and cannot
+        shown = c.get(f"/v1/clusters/{running}").json()["data"]
+        assert shown["host"]["id"] == host_id and shown["status"] == "stopped"
+        error(c.post("/v1/hosts/999999/drain"), 404, "HOST_NOT_FOUND")
+
+        assert c.delete(f"/v1/clusters/{running}").status_code == 200
+        _wait(lambda: status(running) == "terminated")
+        assert c.delete(f"/v1/hosts/{host_id}").status_code == 200

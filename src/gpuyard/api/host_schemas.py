@@ -319,6 +319,30 @@ class HostEnvelope(_Out):
     meta: Meta
 
 
+class CannotMove(_Out):
+    cluster_id: str
+    reason: str
+
+
+class DrainOut(_Out):
+    # Running clusters being stopped, to start again on another host.
+    stopping: list[str]
+    # Stopped clusters whose volume is being moved to another host.
+    moving: list[str]
+    cannot_move: list[CannotMove]
+
+
+class HostDrained(_Out):
+    host: HostOut
+    drain: DrainOut
+
+
+class HostDrainEnvelope(_Out):
+    success: Literal[True]
+    data: HostDrained
+    meta: Meta
+
+
 class HostDeleted(_Out):
     id: int
     name: str

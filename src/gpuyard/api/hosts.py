@@ -15,6 +15,7 @@ from gpuyard.api.envelope import ok
 from gpuyard.api.host_schemas import (
     AddHostIn,
     HostDeletedEnvelope,
+    HostDrainEnvelope,
     HostEnvelope,
     HostListEnvelope,
     SshPublicKeyEnvelope,
@@ -30,6 +31,7 @@ from gpuyard.core.placement import AllocationRatios, free_resources
 from gpuyard.services import host_admin
 from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.host_views import HostView, get_host, list_hosts
+from gpuyard.services.moves import drain_host
 
 router = APIRouter(tags=["hosts"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
@@ -125,6 +127,29 @@ def uncordon(
     """Take placements on the host again; ends a drain too (admin). Idempotent."""
     principal.require(Scope.ADMIN)
     return ok(_render(request, host_admin.uncordon(app_state(request).ctx, host_id)))
+
+
+@router.post(ONE + "/drain", responses=documented(HostDrainEnvelope))
+def drain(
+    host_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """Cordon the host and send its clusters away (admin): running ones are stopped and
+    started again on other hosts with their volume, stopped ones have their volume
+    moved. ``drain.cannot_move`` lists what has nowhere to go (retried while the host
+    drains). Idempotent."""
+    principal.require(Scope.ADMIN)
+    ctx = app_state(request).ctx
+    report = drain_host(ctx, host_id)
+    return ok(
+        {
+            "host": _render(request, get_host(ctx, host_id)),
+            "drain": {
+                "stopping": report.stopping,
+                "moving": report.moving,
+                "cannot_move": report.cannot_move,
+            },
+        }
+    )
 
 
 @router.delete(ONE, responses=documented(HostDeletedEnvelope))

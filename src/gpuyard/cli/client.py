@@ -181,6 +181,10 @@ class GpuyardClient:
         """``POST /v1/hosts/{id}/cordon`` (admin)."""
         return self._request("POST", f"/v1/hosts/{host_id}/cordon")
 
+    def drain_host(self, host_id: int) -> JSON:
+        """``POST /v1/hosts/{id}/drain`` (admin)."""
+        return self._request("POST", f"/v1/hosts/{host_id}/drain")
+
     def uncordon_host(self, host_id: int) -> JSON:
         """``POST /v1/hosts/{id}/uncordon`` (admin)."""
         return self._request("POST", f"/v1/hosts/{host_id}/uncordon")

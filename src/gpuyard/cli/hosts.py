@@ -1,5 +1,5 @@
 """``gpuyard hosts``: the fleet (needs an admin key). The table of hosts, and
-``add``, ``get``, ``cordon``, ``uncordon``, ``delete`` and ``key`` (the SSH public key
+``add``, ``get``, ``cordon``, ``uncordon``, ``drain``, ``delete`` and ``key`` (the SSH public key
 to install on hosts reached over ``ssh://``)."""
 
 from __future__ import annotations
@@ -328,6 +328,28 @@ cordon = _status_command(
 uncordon = _status_command(
     "uncordon", "uncordoned", "Take placements on a host again (ends a drain too)."
 )
+
+
+@hosts.command("drain")
+@click.argument("host_id", type=click.IntRange(min=1))
+@api_options
+def drain(host_id: int, url: str | None, api_key: str | None, as_json: bool) -> None:
+    """Cordon a host and move its clusters to other hosts (running ones are stopped and
+    started elsewhere; stopped ones have their volume moved)."""
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        data = client.drain_host(host_id)
+    if call.as_json:
+        print_json(data)
+        return
+    report = data["drain"]
+    click.echo(f"host {host_id} draining")
+    for cid in report["stopping"]:
+        click.echo(f"  {cid}: stopping, then starting on another host")
+    for cid in report["moving"]:
+        click.echo(f"  {cid}: moving its volume to another host")
+    for item in report["cannot_move"]:
+        click.echo(f"  {item['cluster_id']}: cannot move now: {item['reason']}")
 
 
 @hosts.command("delete")

@@ -337,9 +337,13 @@ class ClusterDriver:
         host does not answer) is tried again on the next pass."""
         found = copies_to_delete(self.ctx, tuple(host_ids) if host_ids else None, cluster_id)
         for move in found:
-            legacy = move.source_volume != self.ctx.ownership.volume(move.cluster_id)
+            target_volume = self.ctx.ownership.volume(move.cluster_id)
+            legacy = move.source_volume != target_volume
+            source = self.runtime_of(move.from_host_id)
             try:
-                self.runtime_of(move.from_host_id).remove_volume(move.source_volume, legacy=legacy)
+                if source is not self.runtime_of(move.to_host_id) or legacy:
+                    # (One engine for both hosts: the "old copy" is the volume itself.)
+                    source.remove_volume(move.source_volume, legacy=legacy)
             except GpuyardError as exc:
                 log.warning("old copy of %s's volume stays for now: %s", move.cluster_id, exc)
                 continue

@@ -26,13 +26,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import HostUnreachable, InsufficientCapacity, NotFound
+from gpuyard.core.errors import HostNotFound, HostUnreachable, InsufficientCapacity
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.models import Placement
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
-from gpuyard.services.placement import claim
+from gpuyard.services.placement import claim, lock_placement
 from gpuyard.store.schema import Cluster, Host, Reservation, VolumeMove
 
 COPYING = "copying"
@@ -302,9 +302,10 @@ def drain_host(ctx: Context, host_id: int) -> DrainReport:
 
     now = ctx.clock.now()
     with ctx.transaction() as session:
+        lock_placement(session)  # a create alongside sees the host before or after
         host = session.get(Host, host_id)
         if host is None:
-            raise NotFound(f"host {host_id} not found", {"host_id": host_id})
+            raise HostNotFound(f"host {host_id} not found", {"host_id": host_id})
         host.status = HostStatus.DRAINING.value
         clusters = list(
             session.scalars(
