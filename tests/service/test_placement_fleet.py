@@ -292,3 +292,28 @@ def test_training_cluster_location_skips_hosts_that_take_nothing(ctx: Context) -
         assert _location_hosts(ctx, s, "train", plan, 8) == [small, big]
         with pytest.raises(ValidationFailed):
             _location_hosts(ctx, s, "nowhere", plan, 1)
+
+
+def test_placement_follows_changes_made_behind_its_back(ctx: Context, alice: Principal) -> None:
+    """What another replica or the hosts API changes (claims, cordons, new hosts) is
+    seen by the next placement, though this process's fleet hint did not make it."""
+    h1, h2, h3 = three_hosts(ctx)
+    assert uc.create_cluster(ctx, alice, one_gpu("a")).host_id == h1
+    # Another replica takes h1's other GPUs: the next create must not land there.
+    with ctx.transaction() as s:
+        for index in (1, 2, 3):
+            s.add(GpuAllocation(host_id=h1, gpu_index=index, cluster_id=f"other{index}"))
+    assert uc.create_cluster(ctx, alice, one_gpu("b")).host_id == h2
+    with ctx.transaction() as s:
+        s.execute(update(Host).where(Host.id == h2).values(status="cordoned"))
+    assert uc.create_cluster(ctx, alice, one_gpu("c")).host_id == h3
+    with ctx.transaction() as s:
+        s.execute(update(Host).where(Host.id == h2).values(status="active"))
+    # h2 and h3 both have 3 free: the lower id, now that h2 takes placements again.
+    assert uc.create_cluster(ctx, alice, one_gpu("d")).host_id == h2
+    h4 = add_host(ctx, "h4", 1)
+    # Binpack: the new 1-GPU host is left with none free.
+    assert uc.create_cluster(ctx, alice, one_gpu("e")).host_id == h4
+    with ctx.read() as s:
+        rows = list(s.execute(select(GpuAllocation.host_id, GpuAllocation.gpu_index)))
+    assert len(rows) == len(set(rows)) == 8

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, true
+from sqlalchemy import ColumnElement, and_, bindparam, func, select, true
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpuyard.core.fleet import HostStatus, takes_placements
@@ -124,13 +125,25 @@ def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[
 
     Loads every host it returns: placement asks only for a few candidates
     (services/candidates.py); the whole fleet is for catalog sums."""
-    q = select(Host)
+    if host_ids is not None:
+        return _few_capacities(session, list(host_ids))
+    # Columns, not ORM objects: a claim reads a few hosts, the catalog thousands.
+    q = select(
+        Host.id,
+        Host.cloud_type,
+        Host.vcpus,
+        Host.memory_gb,
+        Host.disk_gb,
+        Host.location,
+        Host.status,
+        Host.healthy,
+    )
     if host_ids is None:
         q = q.where(Host.healthy.is_(True), Host.status == HostStatus.ACTIVE.value)
         q = q.order_by(Host.id)
     else:
         q = q.where(Host.id.in_(list(host_ids)))
-    hosts = list(session.scalars(q))
+    hosts = list(session.execute(q))
     if host_ids is not None:
         order = {host_id: i for i, host_id in enumerate(host_ids)}
         hosts.sort(key=lambda h: order[h.id])
@@ -141,10 +154,12 @@ def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[
         return column.in_(ids) if host_ids is not None else true()
 
     gpus: dict[int, list[HostGpuInfo]] = defaultdict(list)
-    for g in session.scalars(
-        select(HostGpu).where(where_host(HostGpu.host_id)).order_by(HostGpu.gpu_index)
+    for host_id, index, gpu_type, uuid in session.execute(
+        select(HostGpu.host_id, HostGpu.gpu_index, HostGpu.gpu_type, HostGpu.uuid)
+        .where(where_host(HostGpu.host_id))
+        .order_by(HostGpu.gpu_index)
     ):
-        gpus[g.host_id].append(HostGpuInfo(index=g.gpu_index, gpu_type=g.gpu_type, uuid=g.uuid))
+        gpus[host_id].append(HostGpuInfo(index=index, gpu_type=gpu_type, uuid=uuid))
     used_gpus: dict[int, set[int]] = defaultdict(set)
     for host_id, index in session.execute(
         select(GpuAllocation.host_id, GpuAllocation.gpu_index).where(
@@ -193,6 +208,83 @@ def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[
             )
         )
     return out
+
+
+def _used(column: Any, host: Any) -> Any:
+    return (
+        select(func.coalesce(func.sum(column), 0))
+        .where(Reservation.host_id == host)
+        .scalar_subquery()
+    )
+
+
+# Prebuilt (a claim runs them every time): a few hosts with their use summed per host,
+# and their GPUs with whether each is held.
+_FEW_HOSTS = select(
+    Host.id,
+    Host.cloud_type,
+    Host.vcpus,
+    Host.memory_gb,
+    Host.disk_gb,
+    Host.location,
+    Host.status,
+    Host.healthy,
+    _used(Reservation.vcpus, Host.id).label("used_vcpus"),
+    _used(Reservation.memory_gb, Host.id).label("used_memory_gb"),
+    _used(Reservation.container_disk_gb + Reservation.volume_gb, Host.id).label("used_disk_gb"),
+    select(func.coalesce(func.sum(VolumeMove.volume_gb), 0))
+    .where(VolumeMove.from_host_id == Host.id, VolumeMove.status.in_(MOVES_IN_FLIGHT))
+    .scalar_subquery()
+    .label("moving_gb"),
+).where(Host.id.in_(bindparam("ids", expanding=True)))
+_FEW_GPUS = (
+    select(
+        HostGpu.host_id,
+        HostGpu.gpu_index,
+        HostGpu.gpu_type,
+        HostGpu.uuid,
+        GpuAllocation.gpu_index.is_not(None).label("held"),
+    )
+    .outerjoin(
+        GpuAllocation,
+        and_(
+            GpuAllocation.host_id == HostGpu.host_id,
+            GpuAllocation.gpu_index == HostGpu.gpu_index,
+        ),
+    )
+    .where(HostGpu.host_id.in_(bindparam("ids", expanding=True)))
+    .order_by(HostGpu.gpu_index)
+)
+
+
+def _few_capacities(session: Session, host_ids: list[int]) -> list[HostCapacity]:
+    """capacities() of the hosts ``host_ids``, in that order, in two statements."""
+    if not host_ids:
+        return []
+    rows = {r.id: r for r in session.execute(_FEW_HOSTS, {"ids": host_ids})}
+    gpus: dict[int, list[HostGpuInfo]] = defaultdict(list)
+    held: dict[int, set[int]] = defaultdict(set)
+    for host_id, index, gpu_type, uuid, taken in session.execute(_FEW_GPUS, {"ids": host_ids}):
+        gpus[host_id].append(HostGpuInfo(index=index, gpu_type=gpu_type, uuid=uuid))
+        if taken:
+            held[host_id].add(index)
+    return [
+        HostCapacity(
+            host_id=h.id,
+            cloud_type=CloudType(h.cloud_type),
+            vcpus=h.vcpus,
+            memory_gb=h.memory_gb,
+            disk_gb=h.disk_gb,
+            gpus=tuple(gpus[h.id]),
+            used_vcpus=float(h.used_vcpus),
+            used_memory_gb=float(h.used_memory_gb),
+            used_disk_gb=float(h.used_disk_gb) + float(h.moving_gb),
+            used_gpu_indices=frozenset(held[h.id]),
+            location=h.location,
+            takes_placements=takes_placements(h.status, h.healthy),
+        )
+        for h in (rows[i] for i in host_ids if i in rows)
+    ]
 
 
 def gpu_uuids(session: Session, host_id: int, indices: list[int]) -> tuple[str, ...]:

@@ -7,9 +7,10 @@ SQLite and PostgreSQL alike. The unique keys on GPU and port rows stay the backs
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, event, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core import spot
@@ -18,7 +19,8 @@ from gpuyard.core.fleet import PlacementPolicy, takes_placements
 from gpuyard.core.models import CloudType, HostCapacity, Placement, PortSpec, ResourceRequest
 from gpuyard.core.placement import AllocationRatios, insufficient, place
 from gpuyard.core.states import HOLDS_COMPUTE, ClusterStatus
-from gpuyard.services.candidates import candidate_hosts, nearest_hosts, placeable
+from gpuyard.services.candidates import CANDIDATES, candidate_hosts, nearest_hosts, placeable
+from gpuyard.services.fleet_hint import FleetHint, hint_for
 from gpuyard.services.hosts import capacities
 from gpuyard.services.lifecycle import transition_cluster
 from gpuyard.store.schema import (
@@ -34,10 +36,11 @@ from gpuyard.store.schema import (
 PREEMPTIBLE = (ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNNING)
 
 
+_LOCK = update(PlacementLock).where(PlacementLock.id == 1).values(counter=PlacementLock.counter + 1)
+
+
 def lock_placement(session: Session) -> None:
-    session.execute(
-        update(PlacementLock).where(PlacementLock.id == 1).values(counter=PlacementLock.counter + 1)
-    )
+    session.execute(_LOCK)
 
 
 def claim(
@@ -74,11 +77,15 @@ def claim(
     InsufficientCapacity with what was asked and what is free.
     """
     lock_placement(session)
-    release_compute(session, cluster_id)
-    session.flush()
+    hint = hint_for(session)
     # The cluster's own volume is already counted in its host's used disk (not in
     # another host's: a cluster moving there brings its whole volume).
     own = session.get(Reservation, cluster_id)
+    if own is not None:
+        # A new cluster holds nothing yet: only an existing one has compute to drop.
+        release_compute(session, cluster_id, mark=False)
+        session.flush()
+        hint.dirty.add(own.host_id)
     stays = own is not None and (host_id in (None, own.host_id) and not exclude_hosts)
     own_volume = own.volume_gb if own is not None and stays else 0
     pinned = host_id is not None
@@ -98,7 +105,7 @@ def claim(
         hosts = capacities(session, [host_id])
         refuse_unplaceable(session, host_id)
     else:
-        hosts = candidate_hosts(session, sized, ratios, policy, exclude=exclude_hosts)
+        hosts = _candidates(session, hint, sized, ratios, policy, exclude_hosts, now)
     try:
         placement = place(hosts, sized, ratios, policy)
     except InsufficientCapacity as exc:
@@ -132,7 +139,62 @@ def claim(
         own.vcpus, own.memory_gb = request.vcpus, request.memory_gb
         own.container_disk_gb, own.volume_gb = request.disk_gb, volume_gb
     session.flush()
+    _remember(session, hint, hosts, placement, request, volume_gb - own_volume, ratios)
     return placement
+
+
+def _candidates(
+    session: Session,
+    hint: FleetHint,
+    req: ResourceRequest,
+    ratios: AllocationRatios,
+    policy: PlacementPolicy,
+    exclude: frozenset[int],
+    now: datetime,
+) -> list[HostCapacity]:
+    """A few hosts ``req`` fits on, best first under ``policy``, with exact figures:
+    the hint's best until they read back exact (services/fleet_hint.py), else the
+    database's candidate query."""
+    if session.in_nested_transaction():
+        # A savepoint may roll back without the hint hearing of it: no hint here.
+        return candidate_hosts(session, req, ratios, policy, exclude=exclude)
+    hint.refresh(session, ratios, now)
+    for _ in range(4):
+        ids = hint.pick(req, policy, exclude, CANDIDATES)
+        if not ids:
+            break
+        exact = capacities(session, ids)
+        if not hint.update(exact, ratios):
+            return exact
+    hosts = candidate_hosts(session, req, ratios, policy, exclude=exclude)
+    hint.update(hosts, ratios)
+    return hosts
+
+
+def _remember(
+    session: Session,
+    hint: FleetHint,
+    hosts: list[HostCapacity],
+    placement: Placement,
+    request: ResourceRequest,
+    added_volume_gb: int,
+    ratios: AllocationRatios,
+) -> None:
+    """Tell the hint what the claim took (or, when it cannot say exactly, that the
+    host must be read again); a rollback of the transaction invalidates the hint."""
+    before = next((h for h in hosts if h.host_id == placement.host_id), None)
+    if session.in_nested_transaction() or before is None:
+        hint.dirty.add(placement.host_id)
+        return
+    after = replace(
+        before,
+        used_gpu_indices=before.used_gpu_indices | set(placement.gpu_indices),
+        used_vcpus=before.used_vcpus + request.vcpus,
+        used_memory_gb=before.used_memory_gb + request.memory_gb,
+        used_disk_gb=before.used_disk_gb + request.disk_gb + max(0, added_volume_gb),
+    )
+    hint.update([after], ratios)
+    event.listen(session, "after_rollback", lambda _s: hint.invalidate(), once=True)
 
 
 def refuse_unplaceable(session: Session, host_id: int) -> None:
@@ -240,8 +302,11 @@ def preempt(
         release_compute(session, victim.cluster_id)
 
 
-def release_compute(session: Session, cluster_id: str) -> None:
-    """Free GPUs, vCPUs, memory and container disk; keep the volume's disk and ports."""
+def release_compute(session: Session, cluster_id: str, *, mark: bool = True) -> None:
+    """Free GPUs, vCPUs, memory and container disk; keep the volume's disk and ports.
+    ``mark``: tell this process's fleet hint to read the host again."""
+    if mark:
+        _mark_host_of(session, cluster_id)
     session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id == cluster_id))
     session.execute(
         update(Reservation)
@@ -250,8 +315,17 @@ def release_compute(session: Session, cluster_id: str) -> None:
     )
 
 
+def _mark_host_of(session: Session, cluster_id: str) -> None:
+    host_id = session.scalar(
+        select(Reservation.host_id).where(Reservation.cluster_id == cluster_id)
+    )
+    if host_id is not None:
+        hint_for(session).dirty.add(host_id)
+
+
 def release_all(session: Session, cluster_id: str) -> None:
     """Free everything the cluster holds (terminate)."""
+    _mark_host_of(session, cluster_id)
     session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id == cluster_id))
     session.execute(delete(Reservation).where(Reservation.cluster_id == cluster_id))
     session.execute(delete(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
