@@ -391,17 +391,19 @@ def test_the_servers_own_host_cannot_be_deleted(fleet: LiveServer) -> None:
 
 
 def test_the_ssh_key_is_the_installations(fleet: LiveServer) -> None:
-    with fleet.client() as c:
-        error(c.get("/v1/hosts/ssh-key"), 404, "NOT_FOUND")
-    line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKqz gpuyard"
+    """Made on first use; the same line afterwards; the private half is the server's
+    alone (0600 in a 0700 directory)."""
     keys = fleet.server.ctx.settings.home / "ssh"
-    keys.mkdir(exist_ok=True)
-    (keys / "id_ed25519.pub").write_text(line + "\n")
     with fleet.client() as c:
-        r = c.get("/v1/hosts/ssh-key")
-    assert r.status_code == 200, r.text
-    SshPublicKeyEnvelope.model_validate(r.json())
-    assert r.json()["data"] == {"public_key": line}
+        first = c.get("/v1/hosts/ssh-key")
+        again = c.get("/v1/hosts/ssh-key")
+    assert first.status_code == 200, first.text
+    SshPublicKeyEnvelope.model_validate(first.json())
+    line = first.json()["data"]["public_key"]
+    assert line.startswith("ssh-ed25519 ") and again.json()["data"]["public_key"] == line
+    assert (keys / "id_ed25519.pub").read_text().strip() == line
+    assert (keys / "id_ed25519").stat().st_mode & 0o777 == 0o600
+    assert keys.stat().st_mode & 0o777 == 0o700
 
 
 def test_a_cordoned_host_takes_no_new_cluster_until_uncordoned(fleet: LiveServer) -> None:

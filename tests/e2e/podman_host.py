@@ -3,6 +3,10 @@ made here), and its own Podman service with its own storage, reached over TCP on
 address, so what gpuyard sends it crosses the veth like traffic to a remote host
 (shared/notes/test-hosts-on-one-machine.md). Root only.
 
+With ``ssh_key`` (an OpenSSH public key line) the host is reached as a real remote server
+is: its Podman listens on a unix socket only and an sshd in the namespace lets that key
+in as root; :attr:`PodmanHost.ssh_url` is the engine URL gpuyard is given.
+
 Used by the volume copy e2e test and bench/bench_volume_move.py. Everything it makes is
 named ``gyvc<n>`` and removed by :meth:`PodmanHost.close`; addresses are inside the /30
 it made (10.231.<n>.0/30, n from 200 up, a range the fleet scripts leave alone).
@@ -18,7 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuyard.runtimes.engine_url import terminate_process
+import docker
+
+from gpuyard.runtimes.engine_url import ping_unix_socket, terminate_process
 
 PORT = 2375
 CONF = """[containers]
@@ -46,10 +52,28 @@ def available() -> str | None:
     return None
 
 
-class PodmanHost:
-    """One simulated host; :meth:`start` returns its engine URL (``tcp://ADDR:2375``)."""
+SSHD_CONFIG = """Port 22
+ListenAddress {address}
+HostKey {run}/ssh_host_ed25519_key
+PidFile {run}/sshd.pid
+AuthorizedKeysFile {run}/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+AllowStreamLocalForwarding yes
+StreamLocalBindUnlink yes
+"""
 
-    def __init__(self) -> None:
+
+class PodmanHost:
+    """One simulated host; :meth:`start` returns its engine URL (``tcp://ADDR:2375``, or
+    with ``ssh_key`` the ``ssh://`` one)."""
+
+    def __init__(self, ssh_key: str | None = None) -> None:
+        self.ssh_key = ssh_key
+        self._sshd: subprocess.Popen[bytes] | None = None
         self.index = self._free_index()
         self.name = f"gyvc{self.index}"
         self.netns = f"/run/netns/{self.name}"
@@ -72,6 +96,20 @@ class PodmanHost:
     def url(self) -> str:
         return f"tcp://{self.address}:{PORT}"
 
+    @property
+    def socket(self) -> Path:
+        """The engine's unix socket (SSH hosts)."""
+        return self.run / "podman.sock"
+
+    @property
+    def ssh_url(self) -> str:
+        """The engine URL over SSH: the socket forwarded by the host's sshd."""
+        return f"ssh://root@{self.address}{self.socket}"
+
+    @property
+    def listen(self) -> str:
+        return f"unix://{self.socket}" if self.ssh_key else self.url
+
     def nsenter(self) -> list[str]:
         """The command prefix that runs a program in this host's network namespace."""
         return ["nsenter", f"--net={self.netns}"]
@@ -93,7 +131,7 @@ class PodmanHost:
         script = (
             "mount -t tmpfs tmpfs /dev/shm && exec podman "
             f"--root {self.lib}/storage --runroot {self.run}/runroot "
-            f"system service --time=0 {self.url}"
+            f"system service --time=0 {self.listen}"
         )
         with open(self.run / "service.log", "ab") as log:
             self._proc = subprocess.Popen(
@@ -108,15 +146,69 @@ class PodmanHost:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"podman on {self.name} exited: {self.log()}")
+            if self.ssh_key:
+                if ping_unix_socket(str(self.socket)):
+                    self._start_sshd()
+                    return self.ssh_url
+            else:
+                probe = subprocess.run(
+                    ["sh", "-c", f"exec 3<>/dev/tcp/{self.address}/{PORT}"],
+                    capture_output=True,
+                    executable="/bin/bash",
+                )
+                if probe.returncode == 0:
+                    return self.url
+            time.sleep(0.1)
+        raise RuntimeError(f"podman on {self.name} did not answer: {self.log()}")
+
+    def _start_sshd(self) -> None:
+        assert self.ssh_key is not None
+        key = self.run / "ssh_host_ed25519_key"
+        if not key.exists():
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        (self.run / "authorized_keys").write_text(self.ssh_key.strip() + "\n")
+        config = self.run / "sshd_config"
+        config.write_text(SSHD_CONFIG.format(address=self.address, run=self.run))
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
+        with open(self.run / "sshd.log", "ab") as log:
+            self._sshd = subprocess.Popen(
+                [*self.nsenter(), "/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
             probe = subprocess.run(
-                ["sh", "-c", f"exec 3<>/dev/tcp/{self.address}/{PORT}"],
+                ["sh", "-c", f"exec 3<>/dev/tcp/{self.address}/22"],
                 capture_output=True,
                 executable="/bin/bash",
             )
             if probe.returncode == 0:
-                return self.url
-            time.sleep(0.1)
-        raise RuntimeError(f"podman on {self.name} did not answer: {self.log()}")
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"sshd on {self.name} did not start")
+
+    def load_image(self, from_engine: str, image: str) -> None:
+        """Copy ``image`` from the engine at ``from_engine`` into this host's engine
+        (save there, load here: no registry)."""
+        source = docker.DockerClient(base_url=from_engine)
+        target = docker.DockerClient(base_url=f"unix://{self.socket}" if self.ssh_key else self.url)
+        try:
+            data = b"".join(source.images.get(image).save(named=True))
+            target.images.load(data)
+        finally:
+            source.close()
+            target.close()
+
+    # -- faults ------------------------------------------------------------------
+    def down(self) -> None:
+        """Cut the host off: its link goes down (a real partition)."""
+        _run("ip", "link", "set", f"{self.name}-o", "down")
+
+    def up(self) -> None:
+        _run("ip", "link", "set", f"{self.name}-o", "up")
 
     def log(self) -> str:
         with contextlib.suppress(OSError):
@@ -130,6 +222,9 @@ class PodmanHost:
     def close(self) -> None:
         """Stop the service and remove the namespace, the veth and the storage. Its
         containers die with it: the storage and the namespace are this host's alone."""
+        if self._sshd is not None:
+            terminate_process(self._sshd, 5)
+            self._sshd = None
         if self._proc is not None:
             terminate_process(self._proc, 10)
             self._proc = None

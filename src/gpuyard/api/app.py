@@ -6,6 +6,7 @@ import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
@@ -35,11 +36,14 @@ from gpuyard.reconciler.loop import TRAINING_DUTY, Reconciler
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.fleet import Fleet, RuntimeFactory
+from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.fleet import Fleet, HostEngine, RuntimeFactory
+from gpuyard.runtimes.inventory import discover_inventory
 from gpuyard.services.auth import IssuedKey
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.context import Context
+from gpuyard.services.host_health import record_inventory
 from gpuyard.services.installation import ensure_installation
 from gpuyard.services.leases import LeaseKeeper
 from gpuyard.settings import Settings
@@ -95,6 +99,7 @@ def build_server(
     # SQLite serves one process, which owns everything.
     leases = LeaseKeeper.for_replica(ctx) if _shared_database(ctx) else None
     reconciler = Reconciler(ctx, fleet, host_id=host_id, leases=leases)
+    reconciler.on_host_answered = partial(_describe_host, ctx)
     ctx.wake = reconciler.wake
     # Training operations and node recoveries run on the reconciler's one work queue.
     operator = training_operator(ctx, reconciler.queue) if training_operator is not None else None
@@ -187,6 +192,17 @@ def build_server(
     return Server(app=app, ctx=ctx, reconciler=reconciler, admin_key=admin_key)
 
 
+def _describe_host(ctx: Context, host: HostEngine, runtime: Runtime) -> None:
+    """A host that answers (first, or again): keep what its engine says it has."""
+    inventory = getattr(runtime, "inventory", None)
+    engine = getattr(runtime, "engine", None)
+    if callable(inventory):
+        record_inventory(ctx, host.host_id, inventory())
+    elif isinstance(engine, Engine):
+        # This machine: its GPUs and disk were found at start; the engine says the rest.
+        record_inventory(ctx, host.host_id, discover_inventory(engine, None))
+
+
 def _shared_database(ctx: Context) -> bool:
     """Whether other replicas may share this database (PostgreSQL)."""
     return ctx.settings.effective_database_url.startswith("postgresql")
@@ -197,11 +213,16 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     if runtime is None:
         from gpuyard.runtimes.docker_engine import DockerEngineRuntime
         from gpuyard.runtimes.engine_url import detect_engine_url
+        from gpuyard.runtimes.host_runtimes import host_runtime_factory
 
         url = detect_engine_url(settings.engine_url)
-        runtime = DockerEngineRuntime(url, policy=engine_policy(settings, url))
+        policy = engine_policy(settings, url)
+        runtime = DockerEngineRuntime(url, policy=policy)
         operator = training_operator_factory(settings, url) if settings.training_enabled else None
-        return build_server(settings, runtime, engine_url=url, training_operator=operator).app
+        hosts = host_runtime_factory(settings.home, policy, settings.remote_engine_timeout_s)
+        return build_server(
+            settings, runtime, engine_url=url, training_operator=operator, host_runtimes=hosts
+        ).app
     return build_server(settings, runtime).app
 
 

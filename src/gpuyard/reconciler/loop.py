@@ -118,6 +118,8 @@ class Reconciler:
         # that looks at engines.
         self._hosts: dict[int, HostEngine] = {}
         self._foreign: set[int] = set()
+        # Hosts whose inventory this process has read (on_host_answered).
+        self._described: set[int] = set()
         # Containers of ours that no cluster should have: when each was first seen so.
         self._unknown_since: dict[tuple[str, str], datetime] = {}
         # Clusters whose next restart attempt is due at the given time.
@@ -360,7 +362,10 @@ class Reconciler:
             )
             hook = self.on_host_answered
             if problem is None and hook is not None:
-                for host_id in changed:
+                # Described when it first answers here, and again when it comes back.
+                fresh = [h for h in host_ids if h not in self._described]
+                self._described.update(host_ids)
+                for host_id in sorted(set(changed) | set(fresh)):
                     host = self._hosts.get(host_id)
                     if host is not None:
                         try:

@@ -56,6 +56,7 @@ from gpuyard.runtimes.base import (
     StatsConsumer,
 )
 from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
+from gpuyard.runtimes.host_firewall import Runner
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +133,14 @@ class DockerEngineRuntime:
         owner: Ownership | None = None,
         *,
         policy: EnginePolicy = DEFAULT_POLICY,
+        firewall_runner: Runner | None = None,
     ) -> None:
         self.engine = Engine(
             base_url,
             timeout_s,
             owner,
             policy=policy,
+            firewall_runner=firewall_runner,
         )
         self.base_url = base_url
         self.timeout_s = timeout_s

@@ -29,7 +29,12 @@ import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, LABEL_MANAGED, Ownership
-from gpuyard.runtimes.host_firewall import IptablesIsolation, IsolationUnavailable, bridge_name
+from gpuyard.runtimes.host_firewall import (
+    IptablesIsolation,
+    IsolationUnavailable,
+    Runner,
+    bridge_name,
+)
 
 # How long a failed probe of the host firewall is believed before it is asked again.
 FIREWALL_RETRY_S = 60.0
@@ -117,15 +122,21 @@ class Engine:
         owner: Ownership | None = None,
         *,
         policy: EnginePolicy = DEFAULT_POLICY,
+        firewall_runner: Runner | None = None,
     ) -> None:
         self.base_url = base_url
         manage_host_firewall = policy.manage_host_firewall
+        # How firewall commands reach the engine's host: this machine's shell, or SSH
+        # to a remote host (runtimes/ssh_tunnel.py SshRunner).
+        self._firewall_runner = firewall_runner
+        # TLS client material of a tcp:// engine (runtimes/host_runtimes.py); None: none.
+        self.tls: Any = None
         # The host rules that keep our networks apart (runtimes/host_firewall.py), made when the
         # owner is known (its chain is named after the installation); None: none
         # managed (a remote engine, a caller without networks).
         self.manage_host_firewall = manage_host_firewall
         self.firewall: IptablesIsolation | None = (
-            IptablesIsolation(owner.short) if manage_host_firewall and owner else None
+            self._isolation(owner.short) if manage_host_firewall and owner else None
         )
         self.allow_unisolated_networks = policy.allow_unisolated_networks
         self._firewall_checked = False
@@ -152,7 +163,12 @@ class Engine:
                 raise ValueError("this engine is already bound to another installation")
             self._owner = owner
             if self.manage_host_firewall and self.firewall is None:
-                self.firewall = IptablesIsolation(owner.short)
+                self.firewall = self._isolation(owner.short)
+
+    def _isolation(self, short: str) -> IptablesIsolation:
+        if self._firewall_runner is None:
+            return IptablesIsolation(short)
+        return IptablesIsolation(short, runner=self._firewall_runner, iptables="iptables")
 
     @property
     def owner(self) -> Ownership:
@@ -214,7 +230,10 @@ class Engine:
                     # version="auto" negotiates with the engine: pinning would break on
                     # Docker releases that raised their minimum API version.
                     self._client_obj = docker.DockerClient(
-                        base_url=self.base_url, version="auto", timeout=self.timeout_s
+                        base_url=self.base_url,
+                        version="auto",
+                        timeout=self.timeout_s,
+                        tls=self.tls or False,
                     )
             return self._client_obj
 

@@ -27,13 +27,13 @@ from gpuyard.core.errors import (
     HostNotEmpty,
     HostNotFound,
     LocalHostProtected,
-    NotFound,
     ValidationFailed,
 )
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.models import CloudType, GpuSource
 from gpuyard.core.models import HostGpu as HostGpuInfo
 from gpuyard.core.states import ClusterStatus
+from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.services.context import Context
 from gpuyard.services.host_views import MOVES_IN_FLIGHT, HostView, view_of
 from gpuyard.services.hosts import sync_host_gpus
@@ -56,7 +56,6 @@ from gpuyard.store.schema import (
 # Docker's names for the TLS client material of a tcp:// engine (DOCKER_CERT_PATH).
 TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
 # Where the installation's SSH key lives under GPUYARD_HOME (runtimes/ssh_transport.py).
-SSH_PUBLIC_KEY = Path("ssh") / "id_ed25519.pub"
 MAX_HOST_GPUS = 64
 
 
@@ -405,13 +404,6 @@ def delete_host(ctx: Context, host_id: int) -> dict[str, Any]:
 
 
 def ssh_public_key(home: Path) -> str:
-    """The installation's SSH public key (one OpenSSH line) for hosts' authorized_keys.
-    Raises NotFound when the key has not been made yet."""
-    path = home / SSH_PUBLIC_KEY
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        raise NotFound(
-            f"no SSH key yet at {path}: it is made when the server first starts with "
-            "support for ssh:// hosts"
-        ) from None
+    """The installation's SSH public key (one OpenSSH line) for hosts' authorized_keys,
+    made on first use (runtimes/ssh_tunnel.py SshKeys)."""
+    return SshKeys(home).public_key()

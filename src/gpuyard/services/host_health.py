@@ -17,8 +17,11 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.ledger import boundary
+from gpuyard.core.models import GpuSource
 from gpuyard.core.states import ClusterStatus
+from gpuyard.runtimes.inventory import EngineInventory
 from gpuyard.services.context import Context
+from gpuyard.services.hosts import sync_host_gpus
 from gpuyard.services.lifecycle import meter_status, record_event
 from gpuyard.store.schema import Cluster, Host, UsageInterval
 
@@ -129,3 +132,25 @@ def pause_billing(session: Session, cluster_ids: Sequence[int | str], since: dat
         .values(ended_at=at)
         .execution_options(synchronize_session=False)
     )
+
+
+def record_inventory(ctx: Context, host_id: int, found: EngineInventory) -> None:
+    """Keep what the host's engine says it has: engine name and version always; CPUs,
+    memory, disk and GPUs unless the operator declared them (declared wins)."""
+    with ctx.transaction() as session:
+        host = session.get(Host, host_id)
+        if host is None:
+            return
+        host.engine_name, host.engine_version = found.engine_name, found.engine_version
+        declared = set(host.declared or ())
+        for field, value in (
+            ("vcpus", found.vcpus),
+            ("memory_gb", found.memory_gb),
+            ("disk_gb", found.disk_gb),
+        ):
+            if value is not None and field not in declared:
+                setattr(host, field, value)
+        if found.gpus is not None and host.gpu_source != GpuSource.DECLARED.value:
+            sync_host_gpus(session, host, found.gpus)
+    # Placement and views read hosts through caches; they should see this now.
+    ctx.references.invalidate()

@@ -1,0 +1,102 @@
+"""The runtime of each host added through the API, made from its engine URL.
+
+- ``ssh://user@host[:port][/socket]``: the engine's unix socket forwarded over SSH
+  (runtimes/ssh_tunnel.py); firewall rules and inventory commands go over SSH too;
+- ``tcp://host:port``: Docker's TCP API, with the TLS client material of the host's
+  ``engine_tls_dir`` (``ca.pem``, ``cert.pem``, ``key.pem``) unless on loopback;
+- ``unix:///path``: another engine on this machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import docker.tls
+
+from gpuyard.core.engine_address import parse_engine_url
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engine import EnginePolicy
+from gpuyard.runtimes.fleet import HostEngine, RuntimeFactory
+from gpuyard.runtimes.host_firewall import Runner
+from gpuyard.runtimes.inventory import EngineInventory, discover_inventory
+from gpuyard.runtimes.ssh_tunnel import SshKeys, SshRunner, SshSocketTunnel
+
+
+class HostEngineRuntime(DockerEngineRuntime):
+    """A remote host's engine. ``runner`` runs commands on the host (None: none can be
+    run there, e.g. a TCP engine); ``tunnel`` is (re)started by every heartbeat."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float,
+        *,
+        policy: EnginePolicy,
+        runner: Runner | None = None,
+        tunnel: SshSocketTunnel | None = None,
+        tls: docker.tls.TLSConfig | None = None,
+    ) -> None:
+        super().__init__(base_url, timeout_s, policy=policy, firewall_runner=runner)
+        self.runner = runner
+        self.tunnel = tunnel
+        self.engine.tls = tls
+
+    def available(self) -> str | None:
+        if self.tunnel is not None:
+            try:
+                self.tunnel.url()
+            except RuntimeFailure as exc:
+                return exc.message
+        return super().available()
+
+    def inventory(self) -> EngineInventory:
+        """What the host has (runtimes/inventory.py)."""
+        return discover_inventory(self.engine, self.runner)
+
+    def close(self) -> None:
+        if self.tunnel is not None:
+            self.tunnel.close()
+
+
+def host_runtime_factory(home: Path, policy: EnginePolicy, timeout_s: float) -> RuntimeFactory:
+    """Makes the runtime of a host from its engine URL. Firewall rules are kept on every
+    host we can run commands on (SSH); a TCP engine's host keeps its engine's own
+    isolation (``policy.allow_unisolated_networks`` decides for Podman)."""
+    keys = SshKeys(home)
+    sockets = Path(home) / "ssh" / "sockets"
+
+    def make(host: HostEngine) -> HostEngineRuntime:
+        url = host.engine_url or ""
+        address = parse_engine_url(url)
+        if address.scheme == "ssh":
+            tunnel = SshSocketTunnel(url, keys, sockets, connect_timeout_s=min(timeout_s, 10))
+            runner = SshRunner(url, keys, timeout_s)
+            return HostEngineRuntime(
+                tunnel.local_url,
+                timeout_s,
+                policy=EnginePolicy(
+                    allow_unenforced_limits=policy.allow_unenforced_limits,
+                    manage_host_firewall=True,
+                    allow_unisolated_networks=policy.allow_unisolated_networks,
+                ),
+                runner=runner,
+                tunnel=tunnel,
+            )
+        remote_policy = EnginePolicy(
+            allow_unenforced_limits=policy.allow_unenforced_limits,
+            manage_host_firewall=address.scheme == "unix" and policy.manage_host_firewall,
+            allow_unisolated_networks=policy.allow_unisolated_networks,
+        )
+        tls = None
+        if address.scheme == "tcp" and host.tls_dir:
+            tls_dir = Path(host.tls_dir)
+            tls = docker.tls.TLSConfig(
+                client_cert=(str(tls_dir / "cert.pem"), str(tls_dir / "key.pem")),
+                ca_cert=str(tls_dir / "ca.pem"),
+                verify=True,
+            )
+            url = url.replace("tcp://", "https://", 1)
+        return HostEngineRuntime(url, timeout_s, policy=remote_policy, tls=tls)
+
+    return make
