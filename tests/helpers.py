@@ -16,6 +16,7 @@ import uvicorn
 
 from gpuyard.api.app import Server, build_server
 from gpuyard.runtimes.base import Runtime
+from gpuyard.runtimes.fleet import RuntimeFactory
 from gpuyard.settings import Settings
 
 
@@ -97,9 +98,12 @@ def refused(r: httpx.Response, field: str) -> dict[str, Any]:
 
 
 @contextmanager
-def live_server(settings: Settings, runtime: Runtime) -> Iterator[LiveServer]:
-    """Run the real app under uvicorn on a free port in a background thread."""
-    server = build_server(settings, runtime)
+def live_server(
+    settings: Settings, runtime: Runtime, host_runtimes: RuntimeFactory | None = None
+) -> Iterator[LiveServer]:
+    """Run the real app under uvicorn on a free port in a background thread
+    (``host_runtimes``: how hosts added through the API are reached)."""
+    server = build_server(settings, runtime, host_runtimes=host_runtimes)
     assert server.admin_key is not None
     recorder = StatusRecorder(server.app)
     config = uvicorn.Config(recorder, host="127.0.0.1", port=settings.port, log_level="warning")
