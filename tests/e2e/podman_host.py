@@ -129,7 +129,9 @@ class PodmanHost:
         # unshare -m and a private /dev/shm keep this Podman's locks apart from the
         # machine's; nsenter --net (not `ip netns exec`) keeps the cgroup v1 mounts.
         script = (
-            "mount -t tmpfs tmpfs /dev/shm && exec podman "
+            # A private /run/netns too: the namespaces of this host's containers must
+            # not outlive it in the machine's /run/netns.
+            "mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /run/netns && exec podman "
             f"--root {self.lib}/storage --runroot {self.run}/runroot "
             f"system service --time=0 {self.listen}"
         )
@@ -225,6 +227,17 @@ class PodmanHost:
         if self._sshd is not None:
             terminate_process(self._sshd, 5)
             self._sshd = None
+        if self._proc is not None and self._proc.poll() is None:
+            # Containers outlive the engine's service (conmon): remove them through it.
+            with contextlib.suppress(Exception):
+                client = docker.DockerClient(
+                    base_url=f"unix://{self.socket}" if self.ssh_key else self.url, timeout=30
+                )
+                try:
+                    for container in client.containers.list(all=True):
+                        container.remove(force=True)
+                finally:
+                    client.close()
         if self._proc is not None:
             terminate_process(self._proc, 10)
             self._proc = None
@@ -246,3 +259,45 @@ class PodmanHost:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def main() -> None:
+    """Try a fleet on one machine: ``sudo .venv/bin/python -m tests.e2e.podman_host
+    --hosts 3 --ssh-key "$(gpuyard hosts key)"`` starts that many simulated hosts reached
+    over SSH, prints the ``gpuyard hosts add`` line of each, and removes them all on
+    Ctrl-C."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--ssh-key", required=True, help="the installation's public key")
+    parser.add_argument("--image", action="append", default=[], help="copy IMAGE in")
+    parser.add_argument("--from-engine", default="unix:///run/podman/podman.sock")
+    args = parser.parse_args()
+    problem = available()
+    if problem:
+        raise SystemExit(f"cannot make simulated hosts here: {problem}")
+    hosts: list[PodmanHost] = []
+    try:
+        for i in range(args.hosts):
+            host = PodmanHost(ssh_key=args.ssh_key)
+            hosts.append(host)
+            host.start()
+            for image in args.image:
+                host.load_image(args.from_engine, image)
+            print(
+                f"gpuyard hosts add sim-{i} --engine {host.ssh_url} "
+                f'--gpus "NVIDIA RTX A6000:4" --vcpus 16 --memory-gb 64',
+                flush=True,
+            )
+        print("simulated hosts running; Ctrl-C removes them", flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        for host in hosts:
+            host.close()
+
+
+if __name__ == "__main__":
+    main()
