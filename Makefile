@@ -31,7 +31,7 @@ unit: venv
 # Every test: lint, type check, unit, service (SQLite and PostgreSQL), API and
 # end-to-end tests with real containers.
 test: venv
-	@WITH_POSTGRES=1 bash scripts/setup-system.sh
+	@WITH_POSTGRES=1 WITH_TEST_HOSTS=1 bash scripts/setup-system.sh
 	$(MAKE) --no-print-directory lint
 	GPUYARD_TEST_POSTGRES_URL="$${GPUYARD_TEST_POSTGRES_URL:-$$(bash scripts/test-postgres.sh)}" \
 		$(VENV)/bin/pytest -q -ra --durations=15 tests
@@ -43,6 +43,9 @@ bench: venv system
 	$(PY) bench/bench_autoterminate.py
 	$(PY) bench/bench_training.py
 	$(PY) bench/bench_hostile.py
+	$(PY) bench/bench_placement.py
+	WITH_TEST_HOSTS=1 bash scripts/setup-system.sh
+	$(PY) bench/bench_volume_move.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -46,7 +46,7 @@ def available() -> str | None:
     """Why simulated hosts cannot be made here (None: they can)."""
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    for tool in ("ip", "nsenter", "unshare", "podman"):
+    for tool in ("ip", "nsenter", "unshare", "podman", "ssh", "ssh-keygen", "/usr/sbin/sshd"):
         if shutil.which(tool) is None:
             return f"{tool} not installed"
     return None
