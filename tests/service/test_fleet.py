@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from gpuyard.api.views import cluster_v1
 from gpuyard.core.errors import HostUnreachable, InsufficientCapacity
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerState
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
+from gpuyard.services import cluster_views
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
@@ -133,6 +135,12 @@ def test_stopped_cluster_resumes_on_another_host_with_its_volume(
     started = uc.start_cluster(ctx, alice, c.id, StartCluster())
     local = local_host(ctx)
     assert started.cluster.host_id == local and started.cluster.status == "starting"
+    # Until the copy is done, the start's progress says the volume is moving.
+    [shown] = cluster_views.details(ctx, [uc.get_cluster(ctx, alice, c.id)])
+    progress = cluster_v1(shown)["startup_progress"]
+    assert progress["current_step"] == "Moving volume"
+    assert progress["moving_volume"]["from_host_id"] == h2
+    assert progress["moving_volume"]["to_host_id"] == local
     settle(fleet_rec, c.id)
     row = uc.get_cluster(ctx, alice, c.id)
     assert row.status == "running" and row.host_id == local and row.id == c.id
