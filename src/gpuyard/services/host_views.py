@@ -12,25 +12,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import HostNotFound
 from gpuyard.core.fleet import Reachability
-from gpuyard.core.models import CloudType, HostCapacity
-from gpuyard.core.models import HostGpu as HostGpuInfo
+from gpuyard.core.models import HostCapacity
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import node_owner
 from gpuyard.services.context import Context
+from gpuyard.services.hosts import capacities
 from gpuyard.store.schema import (
     Cluster,
     GpuAllocation,
     Host,
-    HostGpu,
     Reservation,
     TrainingCluster,
     TrainingNode,
-    VolumeMove,
 )
 
 # Inventory figures a host may declare instead of having them discovered.
@@ -184,56 +182,9 @@ def _views(session: Session, hosts: Sequence[Host]) -> list[HostView]:
 
 
 def _capacities(session: Session, hosts: Sequence[Host]) -> dict[int, HostCapacity]:
-    """What each host has and what is claimed on it: GPU allocations, reservations,
-    and the volumes still being moved away from it."""
-    ids = [h.id for h in hosts]
-    gpus: dict[int, list[HostGpuInfo]] = defaultdict(list)
-    for g in session.scalars(
-        select(HostGpu).where(HostGpu.host_id.in_(ids)).order_by(HostGpu.gpu_index)
-    ):
-        gpus[g.host_id].append(HostGpuInfo(index=g.gpu_index, gpu_type=g.gpu_type, uuid=g.uuid))
-    used_gpus: dict[int, set[int]] = defaultdict(set)
-    for host_id, index in session.execute(
-        select(GpuAllocation.host_id, GpuAllocation.gpu_index).where(GpuAllocation.host_id.in_(ids))
-    ):
-        used_gpus[host_id].add(index)
-    used = {
-        row.host_id: row
-        for row in session.execute(
-            select(
-                Reservation.host_id,
-                func.sum(Reservation.vcpus).label("vcpus"),
-                func.sum(Reservation.memory_gb).label("memory_gb"),
-                func.sum(Reservation.container_disk_gb + Reservation.volume_gb).label("disk_gb"),
-            )
-            .where(Reservation.host_id.in_(ids))
-            .group_by(Reservation.host_id)
-        )
-    }
-    moving: dict[int, float] = {
-        host_id: float(gb or 0)
-        for host_id, gb in session.execute(
-            select(VolumeMove.from_host_id, func.sum(VolumeMove.volume_gb))
-            .where(VolumeMove.from_host_id.in_(ids), VolumeMove.status.in_(MOVES_IN_FLIGHT))
-            .group_by(VolumeMove.from_host_id)
-        )
-    }
-    out = {}
-    for h in hosts:
-        u = used.get(h.id)
-        out[h.id] = HostCapacity(
-            host_id=h.id,
-            cloud_type=CloudType(h.cloud_type),
-            vcpus=h.vcpus,
-            memory_gb=h.memory_gb,
-            disk_gb=h.disk_gb,
-            gpus=tuple(gpus[h.id]),
-            used_vcpus=float(u.vcpus or 0) if u else 0.0,
-            used_memory_gb=float(u.memory_gb or 0) if u else 0.0,
-            used_disk_gb=(float(u.disk_gb or 0) if u else 0.0) + moving.get(h.id, 0.0),
-            used_gpu_indices=frozenset(used_gpus[h.id]),
-        )
-    return out
+    """Every one of ``hosts`` with what is held there, whatever its status or health
+    (placement's own reader, asked for exactly these hosts)."""
+    return {c.host_id: c for c in capacities(session, [h.id for h in hosts])}
 
 
 def _workloads(session: Session, ids: Sequence[int]) -> dict[int, list[Workload]]:
