@@ -15,9 +15,12 @@ import httpx
 import uvicorn
 
 from gpuyard.api.app import Server, build_server
+from gpuyard.core.fleet import HostStatus
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import RuntimeFactory
+from gpuyard.services.context import Context
 from gpuyard.settings import Settings
+from gpuyard.store.schema import Host, HostGpu
 
 
 def free_port() -> int:
@@ -124,3 +127,37 @@ def live_server(
         thread.join(timeout=15)
     errors = [s for s in recorder.statuses if s >= 500]
     assert not errors, f"server answered {errors}"
+
+
+def add_host_row(
+    ctx: Context,
+    name: str,
+    gpus: int = 4,
+    *,
+    location: str = "lab",
+    status: str = HostStatus.ACTIVE.value,
+    healthy: bool = True,
+    disk_gb: int = 2000,
+) -> int:
+    """A host row (declared inventory, ``gpus`` A6000s) as if added through the API and
+    answered; its id."""
+    with ctx.transaction() as s:
+        host = Host(
+            name=name,
+            location=location,
+            cloud_type="SECURE",
+            address=f"{name}.example",
+            engine_url=f"ssh://root@{name}.example",
+            vcpus=32,
+            memory_gb=256,
+            disk_gb=disk_gb,
+            gpu_source="declared",
+            declared=["vcpus", "memory_gb", "disk_gb"],
+            healthy=healthy,
+            status=status,
+        )
+        s.add(host)
+        s.flush()
+        for i in range(gpus):
+            s.add(HostGpu(host_id=host.id, gpu_index=i, gpu_type="NVIDIA RTX A6000"))
+        return host.id

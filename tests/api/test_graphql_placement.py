@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from gpuyard.store.schema import Host, HostGpu
 from tests.api.test_graphql import codes, gql
-from tests.helpers import LiveServer
+from tests.helpers import LiveServer, add_host_row
 
 DEPLOY = (
     'mutation { podFindAndDeployOnDemand(input: {gpuTypeId: "NVIDIA RTX A6000", '
@@ -12,27 +11,8 @@ DEPLOY = (
 )
 
 
-def add_host(srv: LiveServer, name: str, location: str) -> None:
-    with srv.server.ctx.transaction() as s:
-        host = Host(
-            name=name,
-            location=location,
-            cloud_type="SECURE",
-            address=f"{name}.example",
-            engine_url=f"ssh://root@{name}.example",
-            vcpus=32,
-            memory_gb=256,
-            disk_gb=2000,
-            gpu_source="declared",
-            declared=[],
-        )
-        s.add(host)
-        s.flush()
-        s.add(HostGpu(host_id=host.id, gpu_index=0, gpu_type="NVIDIA RTX A6000"))
-
-
 def test_data_center_id_pins_the_location(srv: LiveServer) -> None:
-    add_host(srv, "eu1", "eu-west")
+    add_host_row(srv.server.ctx, "eu1", 1, location="eu-west")
     # Binpack alone would take the 1-GPU host; the pin keeps it on the local machine.
     pod = gql(srv, DEPLOY.replace("DC", "local"))["data"]["podFindAndDeployOnDemand"]
     assert pod["machine"]["location"] == "local"

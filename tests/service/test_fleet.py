@@ -21,7 +21,8 @@ from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.moves import drain_host
 from gpuyard.services.requests import StartCluster
-from gpuyard.store.schema import Event, Host, HostGpu, UsageInterval, VolumeMove
+from gpuyard.store.schema import Cluster, Event, Host, UsageInterval, VolumeMove
+from tests.helpers import add_host_row
 from tests.service.test_lifecycle import a6000, gpus_held
 
 
@@ -43,28 +44,6 @@ class Engines:
         return self.local if local else self.by_host[host_id]
 
 
-def add_host(ctx: Context, name: str, a6000s: int) -> int:
-    with ctx.transaction() as s:
-        host = Host(
-            name=name,
-            location="lab",
-            cloud_type="SECURE",
-            address=f"{name}.example",
-            engine_url=f"ssh://root@{name}.example",
-            vcpus=32,
-            memory_gb=256,
-            disk_gb=2000,
-            gpu_source="declared",
-            declared=["vcpus", "memory_gb", "disk_gb"],
-            healthy=True,
-        )
-        s.add(host)
-        s.flush()
-        for i in range(a6000s):
-            s.add(HostGpu(host_id=host.id, gpu_index=i, gpu_type="NVIDIA RTX A6000"))
-        return host.id
-
-
 @pytest.fixture
 def engines() -> Engines:
     return Engines()
@@ -82,7 +61,7 @@ def settle(rec: Reconciler, cid: str) -> None:
 
 def host_of(ctx: Context, cid: str) -> int:
     with ctx.read() as s:
-        row = s.get(uc.Cluster, cid)
+        row = s.get(Cluster, cid)
         assert row is not None and row.host_id is not None
         return row.host_id
 
@@ -102,7 +81,7 @@ def local_host(ctx: Context) -> int:
 def test_clusters_run_on_their_hosts_engine(
     ctx: Context, alice: Principal, fleet_rec: Reconciler, engines: Engines
 ) -> None:
-    h2 = add_host(ctx, "h2", 2)
+    h2 = add_host_row(ctx, "h2", 2)
     # Best fit: the 2-GPU host is left with none free, the local one keeps its 4.
     c = uc.create_cluster(ctx, alice, a6000(2, volume_gb=5))
     assert c.host_id == h2
@@ -114,7 +93,7 @@ def test_clusters_run_on_their_hosts_engine(
 def test_stopped_cluster_resumes_on_another_host_with_its_volume(
     ctx: Context, alice: Principal, fleet_rec: Reconciler, engines: Engines
 ) -> None:
-    h2 = add_host(ctx, "h2", 2)
+    h2 = add_host_row(ctx, "h2", 2)
     c = uc.create_cluster(ctx, alice, a6000(2, volume_gb=5, env={"A": "1"}))
     settle(fleet_rec, c.id)
     old = engines.by_host[h2]
@@ -158,7 +137,7 @@ def test_stopped_cluster_resumes_on_another_host_with_its_volume(
 def test_unreachable_host_keeps_gpus_pauses_billing_and_converges(
     ctx: Context, alice: Principal, fleet_rec: Reconciler, engines: Engines, clock: FakeClock
 ) -> None:
-    h2 = add_host(ctx, "h2", 4)
+    h2 = add_host_row(ctx, "h2", 4)
     c = uc.create_cluster(ctx, alice, a6000(4, volume_gb=5))
     resting = uc.create_cluster(ctx, alice, a6000(2, volume_gb=5))
     assert c.host_id == h2 and resting.host_id != h2
@@ -220,7 +199,7 @@ def test_unreachable_host_keeps_gpus_pauses_billing_and_converges(
 def test_stopped_cluster_on_unreachable_host_answers_host_unreachable(
     ctx: Context, alice: Principal, fleet_rec: Reconciler, engines: Engines, clock: FakeClock
 ) -> None:
-    h2 = add_host(ctx, "h2", 2)
+    h2 = add_host_row(ctx, "h2", 2)
     c = uc.create_cluster(ctx, alice, a6000(2, volume_gb=5))
     settle(fleet_rec, c.id)
     uc.stop_cluster(ctx, alice, c.id)
@@ -240,7 +219,7 @@ def test_stopped_cluster_on_unreachable_host_answers_host_unreachable(
 def test_drain_moves_running_and_stopped_clusters_away(
     ctx: Context, alice: Principal, fleet_rec: Reconciler, engines: Engines
 ) -> None:
-    h2 = add_host(ctx, "h2", 2)
+    h2 = add_host_row(ctx, "h2", 2)
     running = uc.create_cluster(ctx, alice, a6000(1, volume_gb=5))
     resting = uc.create_cluster(ctx, alice, a6000(1, volume_gb=5))
     assert running.host_id == h2 and resting.host_id == h2

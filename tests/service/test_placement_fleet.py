@@ -23,41 +23,10 @@ from gpuyard.services.hosts import capacities
 from gpuyard.services.locations import list_locations
 from gpuyard.services.placement import claim
 from gpuyard.services.requests import CreateCluster
-from gpuyard.store.schema import Cluster, GpuAllocation, Host, HostGpu, VolumeMove
+from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
+from tests.helpers import add_host_row
 
 A6000 = "NVIDIA RTX A6000"
-
-
-def add_host(
-    ctx: Context,
-    name: str,
-    gpus: int = 4,
-    *,
-    location: str = "lab",
-    status: str = HostStatus.ACTIVE.value,
-    healthy: bool = True,
-    disk_gb: int = 2000,
-) -> int:
-    with ctx.transaction() as s:
-        host = Host(
-            name=name,
-            location=location,
-            cloud_type="SECURE",
-            address=f"{name}.example",
-            engine_url=f"ssh://root@{name}.example",
-            vcpus=32,
-            memory_gb=256,
-            disk_gb=disk_gb,
-            gpu_source="declared",
-            declared=["vcpus", "memory_gb", "disk_gb"],
-            healthy=healthy,
-            status=status,
-        )
-        s.add(host)
-        s.flush()
-        for i in range(gpus):
-            s.add(HostGpu(host_id=host.id, gpu_index=i, gpu_type=A6000))
-        return host.id
 
 
 def close_local_host(ctx: Context) -> None:
@@ -68,7 +37,7 @@ def close_local_host(ctx: Context) -> None:
 
 def three_hosts(ctx: Context) -> list[int]:
     close_local_host(ctx)
-    return [add_host(ctx, f"h{i}") for i in (1, 2, 3)]
+    return [add_host_row(ctx, f"h{i}") for i in (1, 2, 3)]
 
 
 def with_policy(ctx: Context, policy: PlacementPolicy) -> Context:
@@ -141,10 +110,10 @@ def test_cordoned_draining_and_unreachable_hosts_are_never_chosen(
     ctx: Context, alice: Principal
 ) -> None:
     close_local_host(ctx)
-    add_host(ctx, "cordoned", 8, status=HostStatus.CORDONED.value)
-    add_host(ctx, "draining", 8, status=HostStatus.DRAINING.value)
-    add_host(ctx, "unreachable", 8, healthy=False)
-    open_host = add_host(ctx, "open", 2)
+    add_host_row(ctx, "cordoned", 8, status=HostStatus.CORDONED.value)
+    add_host_row(ctx, "draining", 8, status=HostStatus.DRAINING.value)
+    add_host_row(ctx, "unreachable", 8, healthy=False)
+    open_host = add_host_row(ctx, "open", 2)
     for policy in PlacementPolicy:
         fleet = with_policy(ctx, policy)
         assert uc.create_cluster(fleet, alice, one_gpu(str(policy))).host_id == open_host
@@ -163,7 +132,7 @@ def test_cordoned_draining_and_unreachable_hosts_are_never_chosen(
 def test_a_pinned_host_that_takes_nothing_says_why(
     ctx: Context, status: str, healthy: bool, why: str
 ) -> None:
-    host_id = add_host(ctx, "pinned", 4, status=status, healthy=healthy)
+    host_id = add_host_row(ctx, "pinned", 4, status=status, healthy=healthy)
     request = ResourceRequest(gpu_type=A6000, gpu_count=1, vcpus=1, memory_gb=1, disk_gb=1)
     with pytest.raises(InsufficientCapacity) as exc, ctx.transaction() as s:
         claim(
@@ -182,9 +151,9 @@ def test_a_pinned_host_that_takes_nothing_says_why(
 
 def test_location_pins_a_create(ctx: Context, alice: Principal) -> None:
     close_local_host(ctx)
-    lab = add_host(ctx, "lab1", 4, location="lab")
-    eu = add_host(ctx, "eu1", 1, location="eu-west")
-    add_host(ctx, "closed-eu", 4, location="eu-west", status="cordoned")
+    lab = add_host_row(ctx, "lab1", 4, location="lab")
+    eu = add_host_row(ctx, "eu1", 1, location="eu-west")
+    add_host_row(ctx, "closed-eu", 4, location="eu-west", status="cordoned")
     # Binpack alone would pick the 1-GPU host; the pin decides.
     assert uc.create_cluster(ctx, alice, one_gpu("a"), location="lab").host_id == lab
     assert uc.create_cluster(ctx, alice, one_gpu("b"), location="eu-west").host_id == eu
@@ -206,8 +175,8 @@ def test_an_in_flight_volume_move_keeps_the_source_disk_counted(
     ctx: Context, alice: Principal
 ) -> None:
     close_local_host(ctx)
-    source = add_host(ctx, "source", 4, disk_gb=100)
-    target = add_host(ctx, "target", 0, disk_gb=1000)
+    source = add_host_row(ctx, "source", 4, disk_gb=100)
+    target = add_host_row(ctx, "target", 0, disk_gb=1000)
     with ctx.transaction() as s:
         s.add(
             VolumeMove(
@@ -243,10 +212,10 @@ def test_catalog_and_locations_sum_the_hosts_that_take_placements(
     ctx: Context, alice: Principal
 ) -> None:
     # The fixture's machine (4 A6000 + 4 4090, location "local") stays open.
-    add_host(ctx, "lab1", 4, location="lab")
-    add_host(ctx, "lab2", 2, location="lab")
-    add_host(ctx, "lab-cordoned", 8, location="lab", status="cordoned")
-    add_host(ctx, "lab-down", 8, location="lab", healthy=False)
+    add_host_row(ctx, "lab1", 4, location="lab")
+    add_host_row(ctx, "lab2", 2, location="lab")
+    add_host_row(ctx, "lab-cordoned", 8, location="lab", status="cordoned")
+    add_host_row(ctx, "lab-down", 8, location="lab", healthy=False)
     uc.create_cluster(ctx, alice, one_gpu("a"), location="lab")
     offers = {o.info.id: o for o in gpu_type_offers(ctx)}
     assert (offers[A6000].total_gpus, offers[A6000].available_gpus) == (10, 9)
@@ -262,7 +231,7 @@ def test_catalog_and_locations_sum_the_hosts_that_take_placements(
 
 def test_network_shows_the_clusters_host_address(ctx: Context, alice: Principal) -> None:
     close_local_host(ctx)
-    remote = add_host(ctx, "gpu7", 4)
+    remote = add_host_row(ctx, "gpu7", 4)
     body = one_gpu("web", ports=[{"internal_port": 8888, "protocol": "http"}])
     cluster = uc.create_cluster(ctx, alice, body)
     assert cluster.host_id == remote
@@ -278,10 +247,10 @@ def test_training_cluster_location_skips_hosts_that_take_nothing(ctx: Context) -
     from gpuyard.services.training import NodePlan, _location_hosts
 
     close_local_host(ctx)
-    add_host(ctx, "t-cordoned", 8, location="train", status="cordoned")
-    add_host(ctx, "t-down", 8, location="train", healthy=False)
-    small = add_host(ctx, "t-small", 2, location="train")
-    big = add_host(ctx, "t-big", 8, location="train")
+    add_host_row(ctx, "t-cordoned", 8, location="train", status="cordoned")
+    add_host_row(ctx, "t-down", 8, location="train", healthy=False)
+    small = add_host_row(ctx, "t-small", 2, location="train")
+    big = add_host_row(ctx, "t-big", 8, location="train")
     plan = NodePlan(A6000, 2, 4, 16, None)
     with ctx.transaction() as s:
         # Two workers of 2 GPUs fit only on the big host; one fits on both (binpack:
@@ -311,7 +280,7 @@ def test_placement_follows_changes_made_behind_its_back(ctx: Context, alice: Pri
         s.execute(update(Host).where(Host.id == h2).values(status="active"))
     # h2 and h3 both have 3 free: the lower id, now that h2 takes placements again.
     assert uc.create_cluster(ctx, alice, one_gpu("d")).host_id == h2
-    h4 = add_host(ctx, "h4", 1)
+    h4 = add_host_row(ctx, "h4", 1)
     # Binpack: the new 1-GPU host is left with none free.
     assert uc.create_cluster(ctx, alice, one_gpu("e")).host_id == h4
     with ctx.read() as s:
