@@ -358,14 +358,14 @@ def test_engine_restart_brings_running_clusters_back(
             assert r.json()["error"]["code"] == "INSUFFICIENT_CAPACITY", r.text
 
         # The engine goes away, and with it (as a restart would) the container.
-        failures_before = _log_count(server, "cannot list containers")
+        failures_before = _log_count(server, "does not answer")
         private_engine.stop()
         subprocess.run(["podman", "kill", name], check=True, capture_output=True)
         assert container_state(engine, name) in ("exited", "stopped")
         # Nothing is declared dead while the engine does not answer: wait until the
         # server's observe pass has met the silent engine twice, checking throughout.
         deadline = time.monotonic() + 30
-        while _log_count(server, "cannot list containers") < failures_before + 2:
+        while _log_count(server, "does not answer") < failures_before + 2:
             assert time.monotonic() < deadline, "the server never observed the engine"
             seen = cluster(c, cid)
             assert (seen["status"], seen["restarts"]) == ("running", 0), seen

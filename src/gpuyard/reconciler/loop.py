@@ -373,6 +373,9 @@ class Reconciler:
                         except Exception:  # inventory is retried on the next change
                             log.exception("host %s: after-answer hook failed", host_id)
         if problem is not None:
+            # An engine that does not answer is not evidence that anything died:
+            # nothing on it is recovered or collected until it answers.
+            log.warning("engine %s does not answer: %s", key, problem)
             return
         last = self._last_observe.get(key, 0.0)
         if force_observe or time.monotonic() - last >= self.observe_every_s:
