@@ -606,8 +606,19 @@ def copy_volume(
 
 def _fix_root(engine: Engine, receiver: str, volume: str, meta: RootMeta) -> None:
     """Run the receiver once with the script that sets the volume root's metadata."""
+    script = script_tar(FIX_ROOT_SCRIPT, fix_root_script(meta))
+    # Podman 4.3 now and then answers a small upload with "broken pipe" (its tar
+    # subprocess): the upload is idempotent, so it is tried again.
+    for attempt in range(3):
+        try:
+            with _on(engine, "target", f"setting the root of volume {volume}"):
+                engine.api.put_archive(receiver, "/", script)
+            break
+        except VolumeCopyFailed:
+            if attempt == 2:
+                raise
+            time.sleep(0.2 * (attempt + 1))
     with _on(engine, "target", f"setting the root of volume {volume}"):
-        engine.api.put_archive(receiver, "/", script_tar(FIX_ROOT_SCRIPT, fix_root_script(meta)))
         engine.api.start(receiver)
         status = engine.api.wait(receiver, timeout=engine.timeout_s)
         code = status.get("StatusCode") if isinstance(status, dict) else status
