@@ -211,19 +211,27 @@ def _shared_database(ctx: Context) -> bool:
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     """The ASGI app for ``settings`` (uvicorn factory use)."""
     if runtime is None:
-        from gpuyard.runtimes.docker_engine import DockerEngineRuntime
         from gpuyard.runtimes.engine_url import detect_engine_url
-        from gpuyard.runtimes.host_runtimes import host_runtime_factory
 
-        url = detect_engine_url(settings.engine_url)
-        policy = engine_policy(settings, url)
-        runtime = DockerEngineRuntime(url, policy=policy)
-        operator = training_operator_factory(settings, url) if settings.training_enabled else None
-        hosts = host_runtime_factory(settings.home, policy, settings.remote_engine_timeout_s)
-        return build_server(
-            settings, runtime, engine_url=url, training_operator=operator, host_runtimes=hosts
-        ).app
+        return engine_server(settings, detect_engine_url(settings.engine_url)).app
     return build_server(settings, runtime).app
+
+
+def engine_server(settings: Settings, url: str | None) -> Server:
+    """The server on real engines: this machine's at ``url``, every added host's from
+    its engine URL (ssh://, tcp://, unix://), training clusters on real Slurm nodes."""
+    from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+    from gpuyard.runtimes.host_runtimes import host_runtime_factory
+
+    policy = engine_policy(settings, url)
+    operator = training_operator_factory(settings, url) if settings.training_enabled else None
+    return build_server(
+        settings,
+        DockerEngineRuntime(url, policy=policy),
+        engine_url=url,
+        training_operator=operator,
+        host_runtimes=host_runtime_factory(settings.home, policy, settings.remote_engine_timeout_s),
+    )
 
 
 def engine_policy(settings: Settings, engine_url: str | None) -> EnginePolicy:

@@ -15,10 +15,9 @@ from urllib.parse import unquote_plus
 
 import click
 
-from gpuyard.api.app import build_server, engine_policy, training_operator_factory
+from gpuyard.api.app import engine_server
 from gpuyard.api.state import KEY_QUERY_PARAMS
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine_url import (
     ROOT_PODMAN_SOCKET,
     PodmanService,
@@ -203,13 +202,7 @@ def run_server(host: str | None, port: int | None) -> None:
     service: PodmanService | None = None
     try:
         url, service = find_engine(settings)
-        operator = training_operator_factory(settings, url) if settings.training_enabled else None
-        server = build_server(
-            settings,
-            DockerEngineRuntime(url, policy=engine_policy(settings, url)),
-            engine_url=url,
-            training_operator=operator,
-        )
+        server = engine_server(settings, url)
         if server.admin_key is not None:
             announce_admin_key(server.admin_key, settings)
         log.info("gpuyard listening on %s (home %s)", connectable_url(settings), settings.home)
