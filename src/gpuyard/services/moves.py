@@ -131,8 +131,6 @@ def _claim(
 ) -> Placement:
     from gpuyard.services.clusters import request_of  # the use case module imports this
 
-    kwargs: dict[str, Any] = {"exclude_hosts": exclude} if exclude else {}
-    kwargs["policy"] = ctx.settings.placement_policy
     return claim(
         session,
         cluster_id=cluster.id,
@@ -143,7 +141,8 @@ def _claim(
         not_enough_message=message,
         now=now,
         bid=bid,
-        **kwargs,
+        exclude_hosts=exclude,
+        policy=ctx.settings.placement_policy,
     )
 
 
