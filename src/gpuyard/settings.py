@@ -106,6 +106,17 @@ class Settings(BaseSettings):
     # on the first start. Replicas sharing one database must share this file.
     secret_key_file: Path | None = None
 
+    # Snapshots (README "Snapshots"): a restic repository, ``<home>/snapshots`` when
+    # None, or any restic repository string (``s3:https://host/bucket/prefix``; S3
+    # credentials from the usual AWS_* environment variables). Its password is made
+    # on first use in ``snapshot_password_file`` (``<home>/snapshot.password``, 0600).
+    snapshot_repository: str | None = None
+    snapshot_password_file: Path | None = None
+    # Storage prices per GB-month (billed per second through the ledger): snapshot
+    # data as stored after de-duplication, and network volumes by their size.
+    price_snapshot_gb_month: float = Field(default=0.05, ge=0)
+    price_network_volume_gb_month: float = Field(default=0.07, ge=0)
+
     # Auto-termination: a cluster is idle while its CPU and every GPU stay under these.
     idle_cpu_percent: float = 5.0
     idle_gpu_percent: float = 10.0
@@ -173,6 +184,14 @@ class Settings(BaseSettings):
     @property
     def secret_key_path(self) -> Path:
         return self.secret_key_file or self.home / "secret.key"
+
+    @property
+    def snapshot_repository_location(self) -> str:
+        return self.snapshot_repository or str(self.home / "snapshots")
+
+    @property
+    def snapshot_password_path(self) -> Path:
+        return self.snapshot_password_file or self.home / "snapshot.password"
 
     @property
     def allocation_ratios(self) -> AllocationRatios:
