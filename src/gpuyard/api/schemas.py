@@ -57,6 +57,13 @@ class RateBreakdown(_Out):
     volume: float
 
 
+class BillingBreakdown(RateBreakdown):
+    """A bill's meters: a cluster's four, and storage that outlives clusters."""
+
+    snapshot: float
+    network_volume: float
+
+
 class Accrued(_Out):
     """USD billed so far (per-second usage intervals; rounded down to micro-USD)."""
 
@@ -227,7 +234,7 @@ class BillingItem(_Out):
     name: str | None  # the cluster's name (group_by=cluster)
     total_usd: float
     gpu_hours: float
-    breakdown: RateBreakdown
+    breakdown: BillingBreakdown
 
 
 class Billing(_Out):
@@ -237,7 +244,7 @@ class Billing(_Out):
     project_id: int | None
     currency: Literal["USD"]
     total_usd: float
-    breakdown: RateBreakdown
+    breakdown: BillingBreakdown
     items: list[BillingItem]
     total_micro_usd: int
 

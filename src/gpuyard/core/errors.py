@@ -59,6 +59,25 @@ class SnapshotNotFound(NotFound):
     code = "SNAPSHOT_NOT_FOUND"
 
 
+class NetworkVolumeNotFound(NotFound):
+    code = "NETWORK_VOLUME_NOT_FOUND"
+
+
+class NetworkVolumeInUse(GpuyardError):
+    """A network volume cannot be deleted while clusters mount it or snapshots of it
+    exist; ``details`` names them."""
+
+    code = "NETWORK_VOLUME_IN_USE"
+    http_status = 409
+
+
+class SnapshotNotReady(GpuyardError):
+    """A snapshot that is still being taken, or failed, cannot be restored."""
+
+    code = "SNAPSHOT_NOT_READY"
+    http_status = 409
+
+
 class InvalidState(GpuyardError):
     code = "INVALID_STATE"
     http_status = 409

@@ -19,7 +19,9 @@ from gpuyard.core.pricing import RateParts
 
 MICRO = 1_000_000
 SECONDS_PER_HOUR = 3600
-METERS = ("gpu", "compute", "container_disk", "volume")
+# Storage that outlives clusters has meters of its own: snapshot data (stored bytes)
+# and network volumes, each billed with the snapshot's or the volume's id as holder.
+METERS = ("gpu", "compute", "container_disk", "volume", "snapshot", "network_volume")
 
 
 def micro(usd: float) -> int:

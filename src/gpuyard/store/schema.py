@@ -170,6 +170,91 @@ class VolumeMove(Base):
     finished_at: Mapped[datetime | None] = mapped_column()
 
 
+class NetworkVolume(Base):
+    """Storage that outlives clusters (RunPod's network volume): an engine volume on one
+    host, mounted by any number of the project's clusters on that host. Its disk is
+    held by a ``reservations`` row whose holder is the volume's id."""
+
+    __tablename__ = "network_volumes"
+    id: Mapped[str] = mapped_column(String(14), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    size_gb: Mapped[int] = mapped_column(Integer)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    # The data centre (the host's location) it lives in: RunPod's dataCenterId.
+    location: Mapped[str] = mapped_column(String(100))
+    # The engine volume; changes when a restore swaps in a restored copy.
+    volume_name: Mapped[str] = mapped_column(String(255))
+    used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    measured_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Set when deleted; the row stays for billing history.
+    deleted_at: Mapped[datetime | None] = mapped_column()
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class Snapshot(Base):
+    """A saved copy of a cluster's or a network volume's data, kept in the restic
+    repository (storage/restic.py) as one tar file tagged with the snapshot's id."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (Index("ix_snapshots_account_created", "account_id", "created_at"),)
+    id: Mapped[str] = mapped_column(String(14), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str] = mapped_column(Text, default="")
+    source_cluster_id: Mapped[str | None] = mapped_column(String(14), index=True)
+    source_network_volume_id: Mapped[str | None] = mapped_column(String(14), index=True)
+    # Where the data was read from: the host and its engine volume at request time.
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    volume_name: Mapped[str] = mapped_column(String(255))
+    # The source volume's size in GB (a clone needs at least this much).
+    volume_gb: Mapped[int] = mapped_column(Integer)
+    # creating, ready, failed (core/snapshots.py SnapshotStatus)
+    status: Mapped[str] = mapped_column(String(20), index=True)
+    # stopped or crash_consistent (taken while the source was mounted by a running
+    # container)
+    consistency: Mapped[str] = mapped_column(String(20))
+    error: Mapped[str | None] = mapped_column(Text)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    stored_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    file_count: Mapped[int | None] = mapped_column(Integer)
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    restic_id: Mapped[str | None] = mapped_column(String(64))
+    # Which replica works on it and when it last said so: a ``creating`` snapshot
+    # whose worker went silent (a crash) is failed by the maintenance duty.
+    worker: Mapped[str | None] = mapped_column(String(100))
+    heartbeat_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column()
+    # Set when deleted (its data forgotten in the repository); kept for billing.
+    deleted_at: Mapped[datetime | None] = mapped_column()
+
+
+class VolumeRestore(Base):
+    """A snapshot being restored into a cluster's (or network volume's) volume: the
+    data goes into ``target_volume``, a new engine volume, which replaces the old one
+    only once it is whole, so a failed restore leaves the volume as it was."""
+
+    __tablename__ = "volume_restores"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The holder whose volume is restored: a cluster id or a network volume id.
+    holder_id: Mapped[str] = mapped_column(String(14), index=True)
+    snapshot_id: Mapped[str] = mapped_column(String(14))
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    target_volume: Mapped[str] = mapped_column(String(255))
+    # restoring, done, failed
+    status: Mapped[str] = mapped_column(String(20))
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    total_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+
 class Lease(Base):
     """One background duty's owner among API replicas until ``expires_at``
     (services/leases.py). ``fence`` grows with every change of holder."""
@@ -232,6 +317,12 @@ class Cluster(Base):
     # The engine volume; None: the installation's name for it (Ownership.volume). Set
     # for clusters older than installation ids, whose volume keeps its first name.
     volume_name: Mapped[str | None] = mapped_column(String(255))
+    # A network volume mounted at volume_mount_path in place of the cluster's own
+    # volume (which is then never made); None: the cluster's own volume.
+    network_volume_id: Mapped[str | None] = mapped_column(String(14), index=True)
+    # The volume's used bytes as last measured by the engine (None: not yet).
+    volume_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    volume_measured_at: Mapped[datetime | None] = mapped_column()
     # Desired state wins: how often the container was brought back, the last exit
     # code seen, and the failure times within the restart window (ISO strings).
     restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
