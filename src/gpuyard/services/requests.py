@@ -119,6 +119,11 @@ class CreateCluster(_MarksSecrets):
     # be preempted (stopped, volume kept) by on-demand requests or higher bids.
     interruptible: bool = Field(default=False, strict=True)
     bid_per_gpu: float | None = Field(default=None, gt=0, le=1000, strict=True)
+    # A clone: the new cluster's volume starts with this snapshot's data.
+    snapshot_id: str | None = Field(default=None, min_length=1, max_length=100)
+    # Mount this network volume at volume_mount_path instead of a volume of its own
+    # (the cluster is placed on the network volume's host).
+    network_volume_id: str | None = Field(default=None, min_length=1, max_length=100)
 
     @property
     def spot(self) -> bool:
@@ -184,6 +189,9 @@ class StartCluster(_MarksSecrets):
     # When the cluster's host is full, cordoned or unreachable, start it on another host
     # with its volume copied there (false: answer INSUFFICIENT_CAPACITY instead).
     allow_move: bool = Field(default=True, strict=True)
+    # Take a snapshot of the stopped volume before applying update_configuration or
+    # restore_from_snapshot; the answer names it.
+    snapshot_before_changes: bool = Field(default=False, strict=True)
 
     @field_validator("environment_updates")
     @classmethod
