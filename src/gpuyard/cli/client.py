@@ -320,3 +320,31 @@ class GpuyardClient:
             f"/v1/security-groups/{group_id}",
             params=self._scope(project_id, active_iam),
         )
+
+    # -- snapshots ------------------------------------------------------------------
+
+    def create_snapshot(self, cluster_id: str, body: JSON) -> JSON:
+        """``POST /v1/clusters/{id}/snapshots``; ``body``: name, description."""
+        return self._request("POST", f"/v1/clusters/{cluster_id}/snapshots", json=body)
+
+    def list_snapshots(
+        self,
+        *,
+        cluster_id: str | None = None,
+        project_id: int | None = None,
+        network_volume_id: str | None = None,
+    ) -> JSON:
+        params: dict[str, str | int] = {"per_page": 500}
+        if cluster_id:
+            params["cluster_id"] = cluster_id
+        if project_id:
+            params["project_id"] = project_id
+        if network_volume_id:
+            params["network_volume_id"] = network_volume_id
+        return self._request("GET", "/v1/snapshots", params=params)
+
+    def get_snapshot(self, snapshot_id: str) -> JSON:
+        return self._request("GET", f"/v1/snapshots/{snapshot_id}")
+
+    def delete_snapshot(self, snapshot_id: str) -> JSON:
+        return self._request("DELETE", f"/v1/snapshots/{snapshot_id}")

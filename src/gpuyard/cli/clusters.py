@@ -346,6 +346,10 @@ def get(cluster_id: str, url: str | None, api_key: str | None, as_json: bool) ->
 @env_option
 @click.option("--unset-env", multiple=True, metavar="KEY", help="Remove a variable (repeatable).")
 @port_option
+@click.option("--restore", "restore", default=None, metavar="SNAPSHOT",
+              help="Replace the volume's data with this snapshot's first.")  # fmt: skip
+@click.option("--snapshot-first", is_flag=True,
+              help="Snapshot the volume before applying the changes.")  # fmt: skip
 @wait_option
 @timeout_option
 @api_options
@@ -359,16 +363,23 @@ def start(
     env: tuple[str, ...],
     unset_env: tuple[str, ...],
     ports: tuple[str, ...],
+    restore: str | None,
+    snapshot_first: bool,
     wait: bool,
     timeout: float,
     url: str | None,
     api_key: str | None,
     as_json: bool,
 ) -> None:
-    """Start a stopped cluster, optionally changing its configuration first.
+    """Start a stopped cluster, optionally changing its configuration or restoring a
+    snapshot first.
 
     --port replaces the whole port list."""
     body: JSON = {}
+    if restore:
+        body["restore_from_snapshot"] = restore
+    if snapshot_first:
+        body["snapshot_before_changes"] = True
     update = {
         k: v
         for k, v in {
@@ -393,6 +404,9 @@ def start(
         applied = c.get("configuration_updates_applied") or []
         if applied and not call.as_json:
             click.echo("applied: " + "; ".join(str(a) for a in applied), err=True)
+        before = c.get("snapshot_before_changes")
+        if before and not call.as_json:
+            click.echo(f"snapshot before changes: {before.get('id')}", err=True)
         if wait:
             finish_wait(client, cluster_id, timeout, call.as_json)
         else:

@@ -16,6 +16,7 @@ from gpuyard.cli.hosts import hosts
 from gpuyard.cli.keys import keys
 from gpuyard.cli.orphans import orphans
 from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS
+from gpuyard.cli.snapshots import snapshots
 from gpuyard.cli.training import training
 
 # gpuyard.runtimes.devimage.DEFAULT_IMAGE (test_cli asserts they agree); not imported so
@@ -92,6 +93,7 @@ cli.add_command(gpu_types)
 cli.add_command(hosts)
 cli.add_command(billing)
 cli.add_command(orphans)
+cli.add_command(snapshots)
 for command in RESOURCE_COMMANDS:
     cli.add_command(command)
 cli.add_command(training)

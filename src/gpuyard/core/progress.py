@@ -20,9 +20,12 @@ STEPS: tuple[tuple[str, str], ...] = (
 )
 TOTAL_STEPS = len(STEPS)
 
-# Step counters recorded by the driver: after placement, after the container was
-# created (volume, snapshot and image are ready by then), and when running.
+# Step counters recorded by the driver: after placement, during a restore, after the
+# container was created (volume, snapshot and image are ready by then), and when running.
 STEP_ALLOCATED = 2
+# While a snapshot is restored into the volume (its current step is "Restoring
+# snapshot").
+STEP_RESTORING = 3
 STEP_CREATED = 6
 STEP_READY = 8
 

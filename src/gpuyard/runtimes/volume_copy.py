@@ -551,57 +551,93 @@ def copy_volume(
     if chunk_size < 512:
         raise ValueError("chunk_size must be at least one tar block (512 bytes)")
     started = time.monotonic()
-    meter = ProgressMeter(on_progress, progress_interval_s)
     # The source first: an unreachable source must not cost the target its volume.
     with _on(source, "source", f"reading volume {source_volume}"):
         labels = _volume_labels(source, source_volume)
         ensure_helper_image(source)
-    with _on(target, "target", f"preparing volume {target_volume}"):
-        _reset_volume(target, target_volume, labels)
-        receiver = _create_helper(
-            target, target_volume, "dst", ["sh", f"/{FIX_ROOT_SCRIPT}"], read_only=False
+    with volume_tar_stream(source, source_volume, chunk_size=chunk_size) as chunks:
+        copied = fill_volume(
+            target,
+            target_volume,
+            labels,
+            chunks,
+            on_progress=on_progress,
+            progress_interval_s=progress_interval_s,
         )
-    try:
-        with volume_tar_stream(source, source_volume, chunk_size=chunk_size) as chunks:
-            source_failure: list[VolumeCopyFailed] = []
-            roots: list[RootMeta | None] = []
-
-            def body() -> Iterator[Chunk]:
-                try:
-                    for chunk in chunks:
-                        if not roots:
-                            roots.append(root_meta(chunk))
-                        meter.add(len(chunk))
-                        yield chunk
-                except VolumeCopyFailed as exc:
-                    # Raised into the upload, which aborts it; re-raised below as the
-                    # cause (the HTTP library may wrap or swallow it).
-                    source_failure.append(exc)
-                    raise
-
-            try:
-                with _on(target, "target", f"writing volume {target_volume}"):
-                    target.api.put_archive(receiver, MOUNT, body())
-            except VolumeCopyFailed:
-                if source_failure:
-                    raise source_failure[0] from None
-                raise
-            if source_failure:
-                raise source_failure[0]
-        if roots and roots[0] is not None:
-            _fix_root(target, receiver, target_volume, roots[0])
-    finally:
-        with contextlib.suppress(RuntimeFailure):
-            target.remove_container(receiver)
-    meter.finish()
     return CopyResult(
-        bytes_copied=meter.total,
+        bytes_copied=copied,
         seconds=time.monotonic() - started,
         source=source.where,
         target=target.where,
         source_volume=source_volume,
         target_volume=target_volume,
     )
+
+
+def fill_volume(
+    target: Engine,
+    target_volume: str,
+    labels: Mapping[str, str],
+    chunks: Iterable[Chunk],
+    *,
+    on_progress: Progress | None = None,
+    progress_interval_s: float = PROGRESS_INTERVAL_S,
+) -> int:
+    """Make ``target_volume`` on ``target`` anew (ours, with ``labels`` but ours for
+    ownership; an existing one is removed first) and unpack the tar stream ``chunks``
+    into it through the engine's archive upload, then give its root the stream's root
+    metadata. Returns the stream's length in bytes.
+
+    An exception raised by ``chunks`` aborts the upload and is raised again as it was
+    (a VolumeCopyFailed of the source side, a restic error...); a failure of the target
+    raises VolumeCopyFailed (target side). Either way the target volume may be left
+    partial: callers unpack into a volume nobody uses yet and swap it in on success."""
+    meter = ProgressMeter(on_progress, progress_interval_s)
+    with _on(target, "target", f"preparing volume {target_volume}"):
+        _reset_volume(target, target_volume, labels)
+        receiver = _create_helper(
+            target, target_volume, "dst", ["sh", f"/{FIX_ROOT_SCRIPT}"], read_only=False
+        )
+    try:
+        source_failure: list[BaseException] = []
+        roots: list[RootMeta | None] = []
+
+        def body() -> Iterator[Chunk]:
+            try:
+                for chunk in chunks:
+                    if not roots:
+                        roots.append(root_meta(chunk))
+                    meter.add(len(chunk))
+                    yield chunk
+            except BaseException as exc:
+                # Raised into the upload, which aborts it; re-raised below as it was
+                # (the HTTP library may wrap or swallow it).
+                source_failure.append(exc)
+                raise
+
+        try:
+            with _on(target, "target", f"writing volume {target_volume}"):
+                target.api.put_archive(receiver, MOUNT, body())
+        except VolumeCopyFailed:
+            if source_failure:
+                raise source_failure[0] from None
+            raise
+        if source_failure:
+            raise source_failure[0]
+        if roots and roots[0] is not None:
+            _fix_root(target, receiver, target_volume, roots[0])
+    finally:
+        with contextlib.suppress(RuntimeFailure):
+            target.remove_container(receiver)
+    meter.finish()
+    return meter.total
+
+
+def volume_labels(engine: Engine, volume: str) -> dict[str, str]:
+    """The labels of our volume ``volume`` (VolumeCopyFailed, source side, when it is
+    missing or not ours)."""
+    with _on(engine, "source", f"reading volume {volume}"):
+        return _volume_labels(engine, volume)
 
 
 def _fix_root(engine: Engine, receiver: str, volume: str, meta: RootMeta) -> None:

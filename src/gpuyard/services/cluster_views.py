@@ -15,10 +15,18 @@ from gpuyard.core.errors import ClusterNotFound
 from gpuyard.core.ledger import Accrual, Interval
 from gpuyard.core.models import CloudType, GpuTypeInfo
 from gpuyard.core.pricing import Prices, RateParts, hourly_rate
+from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
 from gpuyard.services.metering import accrual_of, load_intervals
-from gpuyard.store.schema import Cluster, Project, StartupSample, VolumeMove
+from gpuyard.store.schema import (
+    Cluster,
+    NetworkVolume,
+    Project,
+    StartupSample,
+    VolumeMove,
+    VolumeRestore,
+)
 
 STARTUP_SAMPLE_WINDOW = 20
 # What each status bills (docs/decisions.md, "Metering"): compute, GPUs and container
@@ -55,8 +63,21 @@ class ClusterDetails:
     # What the host's heartbeats say (reachable, unreachable) and its operator status.
     host_reachability: str | None = None
     host_status: str | None = None
+    # The network volume mounted instead of a volume of its own; None: none.
+    network_volume: MountedNetworkVolume | None = None
     # The volume on its way to this host (a start elsewhere, a drain); None: none.
     move: VolumeMoveView | None = None
+    # A snapshot being restored into the volume before the start; None: none.
+    restore: RestoreView | None = None
+
+
+@dataclass(frozen=True)
+class RestoreView:
+    snapshot_id: str
+    after_snapshot_id: str | None
+    bytes_done: int
+    total_bytes: int
+    started_at: datetime
 
 
 @dataclass(frozen=True)
@@ -162,7 +183,8 @@ def details(
     opened only if something must be read (usage intervals not given, a stale
     reference cache, a cluster starting). Usage intervals are one indexed query."""
     starting = any(c.status in _STARTING for c in clusters)
-    if db is None and (intervals is None or starting or ctx.references.stale()):
+    networked = [c.network_volume_id for c in clusters if c.network_volume_id is not None]
+    if db is None and (intervals is None or starting or networked or ctx.references.stale()):
         with ctx.connect() as conn:
             return details(ctx, clusters, conn, intervals)
     if intervals is None:
@@ -170,8 +192,11 @@ def details(
         intervals = load_intervals(db, [c.id for c in clusters])
     now = ctx.clock.now()
     hosts, gpus = ctx.references.get(db)
+    mounted = mounted_network_volumes(db, networked) if networked else {}
     startup = estimated_startup_seconds(db) if starting and db is not None else None
-    moves = volume_moves(db, [c.id for c in clusters if c.status in _STARTING]) if starting else {}
+    in_start = [c.id for c in clusters if c.status in _STARTING] if starting else []
+    moves = volume_moves(db, in_start) if in_start else {}
+    restores = volume_restores(db, in_start) if in_start else {}
     out = []
     for c in clusters:
         host = hosts.get(c.host_id) if c.host_id is not None else None
@@ -211,10 +236,41 @@ def details(
                     None if host is None else "reachable" if host.reachable else "unreachable"
                 ),
                 host_status=host.status if host else None,
+                network_volume=(
+                    mounted.get(c.network_volume_id) if c.network_volume_id is not None else None
+                ),
                 move=moves.get(c.id),
+                restore=restores.get(c.id),
             )
         )
     return out
+
+
+def volume_restores(
+    db: Session | Connection | None, cluster_ids: list[str]
+) -> dict[str, RestoreView]:
+    """The restores in flight into ``cluster_ids``' volumes (one indexed query)."""
+    if db is None or not cluster_ids:
+        return {}
+    rows = db.execute(
+        select(
+            VolumeRestore.holder_id,
+            VolumeRestore.snapshot_id,
+            VolumeRestore.after_snapshot_id,
+            VolumeRestore.bytes_done,
+            VolumeRestore.total_bytes,
+            VolumeRestore.started_at,
+        ).where(
+            VolumeRestore.holder_id.in_(cluster_ids),
+            VolumeRestore.status == RestoreStatus.RESTORING.value,
+        )
+    )
+    return {
+        r.holder_id: RestoreView(
+            r.snapshot_id, r.after_snapshot_id, r.bytes_done, r.total_bytes, r.started_at
+        )
+        for r in rows
+    }
 
 
 def volume_moves(
@@ -239,3 +295,34 @@ def volume_moves(
         )
         for r in rows
     }
+
+
+@dataclass(frozen=True)
+class MountedNetworkVolume:
+    """The network volume a cluster mounts, as its view shows it."""
+
+    id: str
+    name: str
+    size_gb: int
+    location: str
+    used_bytes: int | None
+    measured_at: datetime | None
+
+
+def mounted_network_volumes(
+    db: Session | Connection | None, volume_ids: list[str]
+) -> dict[str, MountedNetworkVolume]:
+    """The network volumes ``volume_ids`` (one query by primary key)."""
+    if db is None or not volume_ids:
+        return {}
+    rows = db.execute(
+        select(
+            NetworkVolume.id,
+            NetworkVolume.name,
+            NetworkVolume.size_gb,
+            NetworkVolume.location,
+            NetworkVolume.used_bytes,
+            NetworkVolume.measured_at,
+        ).where(NetworkVolume.id.in_(set(volume_ids)))
+    )
+    return {r.id: MountedNetworkVolume(*r) for r in rows}

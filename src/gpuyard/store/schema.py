@@ -244,6 +244,9 @@ class VolumeRestore(Base):
     # The holder whose volume is restored: a cluster id or a network volume id.
     holder_id: Mapped[str] = mapped_column(String(14), index=True)
     snapshot_id: Mapped[str] = mapped_column(String(14))
+    # A snapshot of the volume taken first (``snapshot_before_changes``): the restore
+    # waits for it and is called off if it fails.
+    after_snapshot_id: Mapped[str | None] = mapped_column(String(14))
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
     target_volume: Mapped[str] = mapped_column(String(255))
     # restoring, done, failed

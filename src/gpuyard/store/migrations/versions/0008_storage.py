@@ -85,6 +85,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("holder_id", sa.String(14), nullable=False),
         sa.Column("snapshot_id", sa.String(14), nullable=False),
+        sa.Column("after_snapshot_id", sa.String(14), nullable=True),
         sa.Column("host_id", sa.Integer(), sa.ForeignKey("hosts.id"), nullable=False),
         sa.Column("target_volume", sa.String(255), nullable=False),
         sa.Column("status", sa.String(20), nullable=False),

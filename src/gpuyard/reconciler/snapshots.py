@@ -1,0 +1,289 @@
+"""Storage work: taking snapshots, restoring them into volumes, forgetting deleted ones.
+
+A snapshot is the volume's tar stream, read through the engine of the volume's host
+(runtimes/volume_archive.py: a helper container of ours, never the user's), counted as
+it passes (storage/tar_stats.py) and kept in the restic repository as one file tagged
+with the snapshot's id (storage/restic.py). Nothing is buffered whole: the stream goes
+from the engine's socket to restic's stdin chunk by chunk.
+
+A restore goes the other way, into a new engine volume that replaces the old one only
+once it is whole (the caller swaps it in), so a failed restore changes nothing.
+
+Crashes: restic dies with the server (it is started with a parent-death signal), so a
+backup cut off never commits a snapshot; its partial packs and lock are cleaned when
+the server starts (:meth:`SnapshotWorker.recover`). The row it left ``creating`` is
+failed by the next attempt to take it (services/snapshots.py claim_snapshot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from gpuyard.core.errors import GpuyardError, RuntimeFailure
+from gpuyard.runtimes.base import Runtime
+from gpuyard.runtimes.volume_archive import read_volume, write_volume
+from gpuyard.services import snapshots as svc
+from gpuyard.services.context import Context
+from gpuyard.settings import Settings
+from gpuyard.storage.restic import ResticRepository
+from gpuyard.storage.tar_stats import TarCounter, counted
+
+log = logging.getLogger(__name__)
+
+RuntimeOf = Callable[[int | None], Runtime]
+# The one file each restic snapshot holds: the volume's tar.
+ARCHIVE_NAME = "volume.tar"
+# How often a running snapshot or restore records its progress (a write each time).
+PROGRESS_EVERY_S = 1.0
+# How long storage work waits for the start-up recovery of the repository.
+RECOVERY_WAIT_S = 300.0
+
+
+def repository_for(settings: Settings) -> ResticRepository:
+    """The installation's snapshot repository, as the settings name it."""
+    return ResticRepository(
+        settings.snapshot_repository_location,
+        settings.snapshot_password_path,
+        cache_dir=Path(settings.home) / "cache" / "restic",
+    )
+
+
+def snapshot_tag(snapshot_id: str) -> str:
+    return f"gpuyard-snapshot:{snapshot_id}"
+
+
+class Throttle:
+    """Calls ``fn`` with the latest value at most every ``every_s`` seconds."""
+
+    def __init__(self, fn: Callable[[int], None], every_s: float = PROGRESS_EVERY_S) -> None:
+        self._fn = fn
+        self._every_s = every_s
+        self._last = time.monotonic()
+
+    def __call__(self, value: int) -> None:
+        if time.monotonic() - self._last >= self._every_s:
+            self._last = time.monotonic()
+            self._fn(value)
+
+
+class SnapshotWorker:
+    """Takes, restores and forgets snapshots on the engines of their hosts."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        runtime_of: RuntimeOf,
+        repository: ResticRepository,
+        worker_id: str,
+    ) -> None:
+        self.ctx = ctx
+        self.runtime_of = runtime_of
+        self.repository = repository
+        self.worker_id = worker_id
+        # Forget and prune take the repository's exclusive lock: one at a time here.
+        self._forget_lock = threading.Lock()
+        # Set once the start-up recovery is done (or skipped): storage work waits.
+        self._recovered = threading.Event()
+
+    def start_recovery(self) -> None:
+        """Run :meth:`recover` in the background; storage work waits for it."""
+        threading.Thread(
+            target=self._recover_then_go, name="snapshot-recovery", daemon=True
+        ).start()
+
+    def skip_recovery(self) -> None:
+        """Another replica recovers the repository: storage work need not wait."""
+        self._recovered.set()
+
+    def _recover_then_go(self) -> None:
+        try:
+            self.recover()
+        finally:
+            self._recovered.set()
+
+    def _ready(self) -> None:
+        """Wait for the start-up recovery (a crash's leftovers cleaned), at most a few
+        minutes: a recovery that hangs must not stop snapshots for good."""
+        self._recovered.wait(RECOVERY_WAIT_S)
+        self.repository.ensure()
+
+    # -- taking --------------------------------------------------------------------
+
+    def take(self, snapshot_id: str) -> None:
+        """Take a ``creating`` snapshot to the end: ``ready`` with its sizes, or
+        ``failed`` with the reason (its partial data forgotten). Never raises."""
+        claim = svc.claim_snapshot(self.ctx, snapshot_id, self.worker_id)
+        if claim.interrupted:
+            self._forget_tagged(snapshot_id)
+        snap = claim.snapshot
+        if snap is None:
+            return
+        began = time.monotonic()
+        counter = TarCounter()
+        try:
+            self._ready()
+            runtime = self.runtime_of(snap.host_id)
+            beat = Throttle(lambda n: svc.heartbeat(self.ctx, snapshot_id, n))
+            with read_volume(runtime, snap.volume_name) as chunks:
+                result = self.repository.backup_stream(
+                    self._metered(counted(chunks, counter), beat),
+                    filename=ARCHIVE_NAME,
+                    tags=[snapshot_tag(snapshot_id)],
+                    host=self.ctx.ownership.prefix,
+                )
+        except Exception as exc:
+            reason = exc.message if isinstance(exc, GpuyardError) else f"{type(exc).__name__}"
+            log.warning("snapshot %s failed: %s", snapshot_id, reason)
+            svc.fail_snapshot(self.ctx, snapshot_id, reason)
+            self._forget_tagged(snapshot_id)
+            self.ctx.wake()
+            return
+        taken = svc.Taken(
+            restic_id=result.restic_id,
+            size_bytes=counter.content_bytes,
+            stored_bytes=result.data_added,
+            file_count=counter.file_count,
+            stream_bytes=result.total_bytes,
+            seconds=time.monotonic() - began,
+        )
+        if not svc.finish_snapshot(self.ctx, snapshot_id, taken):
+            # Failed or deleted meanwhile: its data is not wanted.
+            self._forget([result.restic_id])
+        self.ctx.wake()
+
+    @staticmethod
+    def _metered(
+        chunks: Iterator[bytes | bytearray], beat: Callable[[int], None]
+    ) -> Iterator[bytes | bytearray]:
+        total = 0
+        for chunk in chunks:
+            total += len(chunk)
+            beat(total)
+            yield chunk
+
+    # -- restoring -----------------------------------------------------------------
+
+    def restore_into(
+        self,
+        restore_id: int,
+        holder_id: str,
+        snapshot_id: str,
+        host_id: int,
+        target_volume: str,
+        like_volume: str | None,
+        cluster_id: str | None,
+    ) -> None:
+        """Unpack the snapshot into ``target_volume`` on ``host_id`` (made anew with the
+        labels of ``like_volume``). Progress goes to the restore's row. Raises
+        GpuyardError when it cannot be done; ``target_volume`` is then removed (best
+        effort) and the holder's own volume was never touched."""
+        with self.ctx.read() as session:
+            from gpuyard.store.schema import Snapshot
+
+            snap = session.get(Snapshot, snapshot_id)
+            restic_id = snap.restic_id if snap is not None else None
+            total = snap.bytes_done if snap is not None else 0
+        if restic_id is None:
+            raise RuntimeFailure(f"snapshot {snapshot_id} has no data in the repository")
+        svc.restore_progress(self.ctx, restore_id, 0, total)
+        beat = Throttle(lambda n: svc.restore_progress(self.ctx, restore_id, n, total))
+        runtime = self.runtime_of(host_id)
+        try:
+            self._ready()
+            with self.repository.dump_stream(restic_id, ARCHIVE_NAME) as chunks:
+                write_volume(
+                    runtime,
+                    target_volume,
+                    cluster_id,
+                    chunks,
+                    like=like_volume,
+                    on_progress=beat,
+                )
+        except Exception as exc:
+            with contextlib.suppress(GpuyardError):
+                runtime.remove_volume(target_volume)
+            if isinstance(exc, GpuyardError):
+                raise
+            raise RuntimeFailure(f"restore failed: {type(exc).__name__}: {exc}") from exc
+        svc.restore_progress(self.ctx, restore_id, total, total)
+        log.info("restored snapshot %s into %s (%s)", snapshot_id, target_volume, holder_id)
+
+    def restore_network_volume(self, volume_id: str) -> None:
+        """Carry out the pending restore of a network volume and swap the restored
+        copy in. Never raises: a failure is recorded on the restore and the network
+        volume keeps its data."""
+        restore = svc.pending_restore(self.ctx, volume_id)
+        if restore is None:
+            return
+        from gpuyard.store.schema import NetworkVolume
+
+        with self.ctx.read() as session:
+            volume = session.get(NetworkVolume, volume_id)
+            old = volume.volume_name if volume is not None else None
+        if old is None:
+            svc.finish_restore(self.ctx, restore.id, error="the network volume is gone")
+            return
+        try:
+            self.restore_into(
+                restore.id,
+                volume_id,
+                restore.snapshot_id,
+                restore.host_id,
+                restore.target_volume,
+                old,
+                None,
+            )
+        except GpuyardError as exc:
+            svc.finish_restore(self.ctx, restore.id, error=exc.message)
+            return
+        svc.swap_network_volume(self.ctx, restore.id, volume_id, restore.target_volume)
+        with contextlib.suppress(GpuyardError):
+            self.runtime_of(restore.host_id).remove_volume(old)
+        self.ctx.wake()
+
+    # -- forgetting ----------------------------------------------------------------
+
+    def forget_unwanted(self) -> None:
+        """Forget the data of deleted and failed snapshots (prune included). A
+        repository busy with a backup refuses its exclusive lock: tried again on the
+        next pass."""
+        found = svc.data_to_forget(self.ctx)
+        if not found:
+            return
+        self._recovered.wait(RECOVERY_WAIT_S)
+        if self._forget([rid for _sid, rid in found if rid]):
+            svc.forgotten(self.ctx, [sid for sid, _rid in found])
+
+    def _forget(self, restic_ids: list[str]) -> bool:
+        if not restic_ids:
+            return True
+        with self._forget_lock:
+            try:
+                self.repository.forget(restic_ids, prune=True)
+            except GpuyardError as exc:
+                log.info("cannot forget snapshot data yet: %s", exc.message)
+                return False
+        return True
+
+    def _forget_tagged(self, snapshot_id: str) -> None:
+        """Forget whatever the repository holds for ``snapshot_id`` (a backup that
+        committed before its snapshot failed)."""
+        with contextlib.suppress(GpuyardError):
+            found = self.repository.find_by_tag(snapshot_tag(snapshot_id))
+            self._forget([s.restic_id for s in found])
+
+    def recover(self) -> None:
+        """At start: remove stale locks and partial data a killed backup left, so the
+        repository checks clean. Only for a repository that exists already."""
+        try:
+            if self.repository.exists():
+                result = self.repository.recover_after_crash()
+                if not result.ok:
+                    log.error("snapshot repository check failed: %s", result.output[-2000:])
+        except GpuyardError as exc:
+            log.warning("snapshot repository cannot be checked now: %s", exc.message)

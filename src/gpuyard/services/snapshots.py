@@ -1,0 +1,702 @@
+"""Snapshots: a saved copy of a cluster's volume or a network volume, and restores of
+one into a volume.
+
+The API records intent (a ``creating`` row, a ``restoring`` row) and returns; the
+reconciler's storage work (reconciler/snapshots.py) reads the volume through the
+engine and keeps the data in the restic repository. Snapshots belong to their
+source's project: another account's snapshot id is indistinguishable from none.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session
+
+from gpuyard.core.errors import (
+    InvalidState,
+    NetworkVolumeNotFound,
+    SnapshotNotFound,
+    SnapshotNotReady,
+)
+from gpuyard.core.ids import new_snapshot_id
+from gpuyard.core.snapshots import (
+    SNAPSHOTTABLE_STATUSES,
+    Consistency,
+    RestoreStatus,
+    SnapshotStatus,
+    consistency_for,
+)
+from gpuyard.core.states import ClusterStatus
+from gpuyard.services.auth import Principal
+from gpuyard.services.context import Context
+from gpuyard.services.lifecycle import record_event
+from gpuyard.services.moves import COPYING
+from gpuyard.services.storage_billing import GB, bill_storage, stop_storage_billing
+from gpuyard.store.schema import (
+    Cluster,
+    NetworkVolume,
+    Project,
+    Snapshot,
+    VolumeMove,
+    VolumeRestore,
+)
+
+SNAPSHOT_METER = "snapshot"
+DEFAULT_PER_PAGE = 50
+MAX_PER_PAGE = 500
+
+
+@dataclass(frozen=True)
+class SnapshotSource:
+    """The volume a snapshot reads: where it is and what it belongs to."""
+
+    project_id: int
+    host_id: int
+    volume_name: str
+    volume_gb: int
+    consistency: Consistency
+    cluster_id: str | None
+    network_volume_id: str | None
+
+
+# -- reading -------------------------------------------------------------------------
+
+
+def _visible(account_id: int) -> Select[Snapshot]:
+    return select(Snapshot).where(Snapshot.account_id == account_id, Snapshot.deleted_at.is_(None))
+
+
+def load_snapshot(session: Session, account_id: int, snapshot_id: str) -> Snapshot:
+    """The account's snapshot (not deleted); SnapshotNotFound otherwise, the same for
+    another account's id as for none."""
+    snap = session.scalar(_visible(account_id).where(Snapshot.id == snapshot_id))
+    if snap is None:
+        raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found", {"snapshot_id": snapshot_id})
+    return snap
+
+
+def get_snapshot(ctx: Context, principal: Principal, snapshot_id: str) -> Snapshot:
+    with ctx.read() as session:
+        return load_snapshot(session, principal.account_id, snapshot_id)
+
+
+def list_snapshots(
+    ctx: Context,
+    principal: Principal,
+    *,
+    cluster_id: str | None = None,
+    project_id: int | None = None,
+    network_volume_id: str | None = None,
+    status: SnapshotStatus | None = None,
+    limit: int = DEFAULT_PER_PAGE,
+    offset: int = 0,
+) -> tuple[list[Snapshot], int]:
+    """The account's snapshots, newest first, filtered; with the total count."""
+    from sqlalchemy import func
+
+    q = _visible(principal.account_id)
+    if cluster_id is not None:
+        q = q.where(Snapshot.source_cluster_id == cluster_id)
+    if project_id is not None:
+        q = q.where(Snapshot.project_id == project_id)
+    if network_volume_id is not None:
+        q = q.where(Snapshot.source_network_volume_id == network_volume_id)
+    if status is not None:
+        q = q.where(Snapshot.status == status.value)
+    with ctx.read() as session:
+        total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
+        rows = list(
+            session.scalars(
+                q.order_by(Snapshot.created_at.desc(), Snapshot.id).limit(limit).offset(offset)
+            )
+        )
+    return rows, int(total)
+
+
+def snapshot_view(s: Snapshot) -> dict[str, Any]:
+    """A snapshot as every surface shows it."""
+
+    def iso(t: datetime | None) -> str | None:
+        return t.isoformat().replace("+00:00", "Z") if t is not None else None
+
+    progress = None
+    if s.status == SnapshotStatus.CREATING.value:
+        progress = {"bytes_done": s.bytes_done}
+    return {
+        "id": s.id,
+        "name": s.name,
+        "description": s.description,
+        "status": s.status,
+        "error": s.error,
+        "source_cluster_id": s.source_cluster_id,
+        "source_network_volume_id": s.source_network_volume_id,
+        "project_id": s.project_id,
+        "consistency": s.consistency,
+        "size_bytes": s.size_bytes,
+        "stored_bytes": s.stored_bytes,
+        "file_count": s.file_count,
+        "volume_gb": s.volume_gb,
+        "progress": progress,
+        "created_at": iso(s.created_at),
+        "ready_at": iso(s.ready_at),
+    }
+
+
+# -- taking ----------------------------------------------------------------------------
+
+
+def _moving(session: Session, cluster_id: str) -> bool:
+    return (
+        session.scalar(
+            select(VolumeMove.cluster_id).where(
+                VolumeMove.cluster_id == cluster_id, VolumeMove.status == COPYING
+            )
+        )
+        is not None
+    )
+
+
+def _restoring(session: Session, holder_id: str) -> bool:
+    return (
+        session.scalar(
+            select(VolumeRestore.id).where(
+                VolumeRestore.holder_id == holder_id,
+                VolumeRestore.status == RestoreStatus.RESTORING.value,
+            )
+        )
+        is not None
+    )
+
+
+def network_volume_source(session: Session, volume: NetworkVolume) -> SnapshotSource:
+    """A network volume as a snapshot's source: crash-consistent while any cluster
+    that mounts it may run."""
+    statuses = {
+        ClusterStatus(s)
+        for s in session.scalars(
+            select(Cluster.status).where(
+                Cluster.network_volume_id == volume.id,
+                Cluster.status != ClusterStatus.TERMINATED.value,
+            )
+        )
+    }
+    return SnapshotSource(
+        project_id=volume.project_id,
+        host_id=volume.host_id,
+        volume_name=volume.volume_name,
+        volume_gb=volume.size_gb,
+        consistency=consistency_for(statuses),
+        cluster_id=None,
+        network_volume_id=volume.id,
+    )
+
+
+def cluster_source(ctx: Context, session: Session, cluster: Cluster) -> SnapshotSource:
+    """The volume a snapshot of ``cluster`` reads: its own, or the network volume it
+    mounts. Raises InvalidState when there is none to read now."""
+    status = ClusterStatus(cluster.status)
+    if status not in SNAPSHOTTABLE_STATUSES:
+        raise InvalidState(
+            f"cannot snapshot a cluster that is {status.value}",
+            {
+                "current_status": status.value,
+                "required_status": sorted(s.value for s in SNAPSHOTTABLE_STATUSES),
+                "suggestion": "wait until the cluster is running or stopped",
+            },
+        )
+    if cluster.network_volume_id is not None:
+        volume = session.get(NetworkVolume, cluster.network_volume_id)
+        if volume is None or volume.deleted_at is not None:
+            raise InvalidState(
+                "the cluster's network volume is gone",
+                {"network_volume_id": cluster.network_volume_id},
+            )
+        source = network_volume_source(session, volume)
+        return SnapshotSource(**{**source.__dict__, "cluster_id": cluster.id})
+    if cluster.volume_gb <= 0 or cluster.host_id is None:
+        raise InvalidState(
+            "this cluster has no volume to snapshot",
+            {"volume_gb": cluster.volume_gb, "suggestion": "create clusters with volume_gb > 0"},
+        )
+    if _moving(session, cluster.id) or _restoring(session, cluster.id):
+        raise InvalidState(
+            "the cluster's volume is being moved or restored; try again when it is done",
+            {"current_status": status.value},
+        )
+    return SnapshotSource(
+        project_id=cluster.project_id,
+        host_id=cluster.host_id,
+        volume_name=cluster.volume_name or ctx.ownership.volume(cluster.id),
+        volume_gb=cluster.volume_gb,
+        consistency=consistency_for({status}),
+        cluster_id=cluster.id,
+        network_volume_id=None,
+    )
+
+
+def add_snapshot(
+    session: Session,
+    account_id: int,
+    source: SnapshotSource,
+    name: str,
+    description: str,
+    now: datetime,
+) -> Snapshot:
+    """Record a ``creating`` snapshot of ``source`` (the reconciler takes it)."""
+    snapshot_id = new_snapshot_id()
+    snap = Snapshot(
+        id=snapshot_id,
+        account_id=account_id,
+        project_id=source.project_id,
+        name=name or f"snapshot-{now.strftime('%Y%m%d-%H%M%S')}",
+        description=description,
+        source_cluster_id=source.cluster_id,
+        source_network_volume_id=source.network_volume_id,
+        host_id=source.host_id,
+        volume_name=source.volume_name,
+        volume_gb=source.volume_gb,
+        status=SnapshotStatus.CREATING.value,
+        consistency=source.consistency.value,
+        bytes_done=0,
+        created_at=now,
+    )
+    session.add(snap)
+    if source.cluster_id is not None:
+        record_event(
+            session,
+            source.cluster_id,
+            now,
+            "snapshot",
+            f"snapshot {snapshot_id} requested ({source.consistency.value})",
+        )
+    return snap
+
+
+def create_snapshot(
+    ctx: Context, principal: Principal, cluster_id: str, name: str, description: str
+) -> Snapshot:
+    """Snapshot ``cluster_id``'s volume. Raises ClusterNotFound, InvalidState."""
+    from gpuyard.services.clusters import load_cluster
+
+    principal.require_write()
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        cluster = load_cluster(session, principal, cluster_id)
+        source = cluster_source(ctx, session, cluster)
+        snap = add_snapshot(session, principal.account_id, source, name, description, now)
+    ctx.wake()
+    return snap
+
+
+def load_network_volume(session: Session, account_id: int, volume_id: str) -> NetworkVolume:
+    """The account's live network volume; NetworkVolumeNotFound otherwise."""
+    volume = session.scalar(
+        select(NetworkVolume).where(
+            NetworkVolume.id == volume_id,
+            NetworkVolume.account_id == account_id,
+            NetworkVolume.deleted_at.is_(None),
+        )
+    )
+    if volume is None:
+        raise NetworkVolumeNotFound(
+            f"network volume {volume_id!r} not found", {"network_volume_id": volume_id}
+        )
+    return volume
+
+
+def create_volume_snapshot(
+    ctx: Context, principal: Principal, volume_id: str, name: str, description: str
+) -> Snapshot:
+    """Snapshot a network volume. Raises NetworkVolumeNotFound, InvalidState."""
+    principal.require_write()
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        volume = load_network_volume(session, principal.account_id, volume_id)
+        if _restoring(session, volume.id):
+            raise InvalidState(
+                "the network volume is being restored; try again when it is done",
+                {"network_volume_id": volume.id},
+            )
+        source = network_volume_source(session, volume)
+        snap = add_snapshot(session, principal.account_id, source, name, description, now)
+    ctx.wake()
+    return snap
+
+
+def delete_snapshot(ctx: Context, principal: Principal, snapshot_id: str) -> Snapshot:
+    """Delete a ready or failed snapshot: it disappears from every list at once and
+    stops being billed; its data leaves the repository in the background. Raises
+    SnapshotNotFound, InvalidState (still being taken, or being restored)."""
+    principal.require_write()
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        snap = load_snapshot(session, principal.account_id, snapshot_id)
+        if snap.status == SnapshotStatus.CREATING.value:
+            raise InvalidState(
+                "the snapshot is still being taken; delete it once it is ready or failed",
+                {"current_status": snap.status, "required_status": ["ready", "failed"]},
+            )
+        restoring = list(
+            session.scalars(
+                select(VolumeRestore.holder_id).where(
+                    VolumeRestore.snapshot_id == snap.id,
+                    VolumeRestore.status == RestoreStatus.RESTORING.value,
+                )
+            )
+        )
+        if restoring:
+            raise InvalidState(
+                "the snapshot is being restored; delete it once the restore is done",
+                {"restoring_into": restoring},
+            )
+        snap.deleted_at = now
+        stop_storage_billing(session, snap.id, now)
+    ctx.wake()
+    return snap
+
+
+# -- restoring -------------------------------------------------------------------------
+
+
+def restorable(session: Session, account_id: int, snapshot_id: str) -> Snapshot:
+    """The account's ``ready`` snapshot. Raises SnapshotNotFound (none, another
+    account's, deleted) or SnapshotNotReady (creating, failed)."""
+    snap = load_snapshot(session, account_id, snapshot_id)
+    if snap.status != SnapshotStatus.READY.value:
+        raise SnapshotNotReady(
+            f"snapshot {snapshot_id} is {snap.status}; only a ready snapshot can be restored",
+            {"snapshot_id": snapshot_id, "status": snap.status, "error": snap.error},
+        )
+    return snap
+
+
+def restore_target(prefix: str, holder_id: str) -> str:
+    """A new engine volume name for a restore into ``holder_id``'s volume."""
+    return f"{prefix}-rs-{holder_id}-{secrets.token_hex(3)}"
+
+
+def add_restore(
+    session: Session,
+    holder_id: str,
+    snap: Snapshot,
+    host_id: int,
+    target: str,
+    now: datetime,
+    *,
+    after_snapshot_id: str | None = None,
+) -> VolumeRestore:
+    """Record a restore of ``snap`` into ``holder_id``'s volume on ``host_id`` (an
+    earlier one still recorded as restoring is replaced: the latest wins)."""
+    for old in session.scalars(
+        select(VolumeRestore).where(
+            VolumeRestore.holder_id == holder_id,
+            VolumeRestore.status == RestoreStatus.RESTORING.value,
+        )
+    ):
+        old.status = RestoreStatus.FAILED.value
+        old.error = "replaced by a later restore"
+        old.finished_at = now
+    row = VolumeRestore(
+        holder_id=holder_id,
+        snapshot_id=snap.id,
+        after_snapshot_id=after_snapshot_id,
+        host_id=host_id,
+        target_volume=target,
+        status=RestoreStatus.RESTORING.value,
+        bytes_done=0,
+        total_bytes=0,
+        started_at=now,
+    )
+    session.add(row)
+    return row
+
+
+def pending_restore(ctx: Context, holder_id: str) -> VolumeRestore | None:
+    with ctx.read() as session:
+        return session.scalar(
+            select(VolumeRestore).where(
+                VolumeRestore.holder_id == holder_id,
+                VolumeRestore.status == RestoreStatus.RESTORING.value,
+            )
+        )
+
+
+def restore_volume_of_network_volume(
+    ctx: Context, principal: Principal, volume_id: str, snapshot_id: str
+) -> VolumeRestore:
+    """Restore a snapshot into a network volume that no running cluster mounts.
+    Raises NetworkVolumeNotFound, SnapshotNotFound, SnapshotNotReady, InvalidState."""
+    principal.require_write()
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        volume = load_network_volume(session, principal.account_id, volume_id)
+        snap = restorable(session, principal.account_id, snapshot_id)
+        users = list(
+            session.scalars(
+                select(Cluster.id).where(
+                    Cluster.network_volume_id == volume.id,
+                    Cluster.status.in_(
+                        [
+                            ClusterStatus.PENDING.value,
+                            ClusterStatus.STARTING.value,
+                            ClusterStatus.RUNNING.value,
+                            ClusterStatus.STOPPING.value,
+                        ]
+                    ),
+                )
+            )
+        )
+        if users:
+            raise InvalidState(
+                "stop the clusters that mount this network volume before restoring it",
+                {"cluster_ids": users, "required_status": ["stopped"]},
+            )
+        if _restoring(session, volume.id):
+            raise InvalidState("a restore of this network volume is in progress", {})
+        row = add_restore(
+            session,
+            volume.id,
+            snap,
+            volume.host_id,
+            restore_target(ctx.ownership.prefix, volume.id),
+            now,
+        )
+    ctx.wake()
+    return row
+
+
+# -- the worker's bookkeeping ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What claim_snapshot found: the snapshot to take (None: nothing to do), and
+    whether it was found interrupted (and failed, so its partial data must go)."""
+
+    snapshot: Snapshot | None
+    interrupted: bool = False
+
+
+def claim_snapshot(ctx: Context, snapshot_id: str, worker: str) -> Claim:
+    """Make ``worker`` the taker of a ``creating`` snapshot. A snapshot some worker
+    began and left (a server that stopped or died mid-way; one job runs per snapshot
+    at a time) is failed here: a half-read volume is never continued."""
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        snap = session.get(Snapshot, snapshot_id)
+        if snap is None or snap.status != SnapshotStatus.CREATING.value:
+            return Claim(None)
+        if snap.worker is not None:
+            fail_snapshot_in(
+                session,
+                snap,
+                "interrupted: the server taking it stopped before it was done",
+                now,
+            )
+            return Claim(None, interrupted=True)
+        snap.worker = worker
+        snap.heartbeat_at = now
+        session.flush()
+        session.expunge(snap)
+        return Claim(snap)
+
+
+def heartbeat(ctx: Context, snapshot_id: str, bytes_done: int) -> None:
+    with ctx.transaction() as session:
+        snap = session.get(Snapshot, snapshot_id)
+        if snap is not None and snap.status == SnapshotStatus.CREATING.value:
+            snap.bytes_done = bytes_done
+            snap.heartbeat_at = ctx.clock.now()
+
+
+def fail_snapshot_in(session: Session, snap: Snapshot, reason: str, now: datetime) -> None:
+    snap.status = SnapshotStatus.FAILED.value
+    snap.error = reason
+    snap.heartbeat_at = now
+    if snap.source_cluster_id is not None:
+        record_event(
+            session, snap.source_cluster_id, now, "snapshot", f"snapshot {snap.id} failed: {reason}"
+        )
+
+
+def fail_snapshot(ctx: Context, snapshot_id: str, reason: str) -> None:
+    with ctx.transaction() as session:
+        snap = session.get(Snapshot, snapshot_id)
+        if snap is not None and snap.status == SnapshotStatus.CREATING.value:
+            fail_snapshot_in(session, snap, reason, ctx.clock.now())
+
+
+@dataclass(frozen=True)
+class Taken:
+    restic_id: str
+    size_bytes: int
+    stored_bytes: int
+    file_count: int
+    # The tar stream's length: what a restore of it reads back.
+    stream_bytes: int
+    seconds: float
+
+
+def finish_snapshot(ctx: Context, snapshot_id: str, taken: Taken) -> bool:
+    """Mark the snapshot ready and start billing its stored bytes. False when it is no
+    longer ``creating`` (failed meanwhile): the caller forgets the data."""
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        snap = session.get(Snapshot, snapshot_id)
+        if snap is None or snap.status != SnapshotStatus.CREATING.value:
+            return False
+        snap.status = SnapshotStatus.READY.value
+        snap.restic_id = taken.restic_id
+        snap.size_bytes = taken.size_bytes
+        snap.stored_bytes = taken.stored_bytes
+        snap.file_count = taken.file_count
+        snap.bytes_done = taken.stream_bytes
+        snap.ready_at = now
+        snap.heartbeat_at = now
+        if snap.deleted_at is None:
+            bill_storage(
+                session,
+                holder_id=snap.id,
+                project_id=snap.project_id,
+                meter=SNAPSHOT_METER,
+                gb=taken.stored_bytes / GB,
+                price_gb_month=ctx.settings.price_snapshot_gb_month,
+                now=now,
+            )
+        if snap.source_cluster_id is not None:
+            record_event(
+                session,
+                snap.source_cluster_id,
+                now,
+                "snapshot",
+                f"snapshot {snap.id} ready: {taken.size_bytes} bytes in {taken.file_count} "
+                f"files, {taken.stored_bytes} bytes stored, {taken.seconds:.1f} s",
+            )
+    return True
+
+
+def restore_progress(ctx: Context, restore_id: int, done: int, total: int) -> None:
+    with ctx.transaction() as session:
+        row = session.get(VolumeRestore, restore_id)
+        if row is not None and row.status == RestoreStatus.RESTORING.value:
+            row.bytes_done = done
+            row.total_bytes = total
+
+
+def finish_restore(
+    ctx: Context, restore_id: int, *, error: str | None = None, session: Session | None = None
+) -> None:
+    """Mark a restore done, or failed with ``error``."""
+    if session is None:
+        with ctx.transaction() as own:
+            finish_restore(ctx, restore_id, error=error, session=own)
+        return
+    row = session.get(VolumeRestore, restore_id)
+    if row is None:
+        return
+    row.status = RestoreStatus.FAILED.value if error else RestoreStatus.DONE.value
+    row.error = error
+    row.finished_at = ctx.clock.now()
+
+
+def swap_network_volume(ctx: Context, restore_id: int, volume_id: str, target: str) -> None:
+    """The restored copy becomes the network volume's engine volume."""
+    with ctx.transaction() as session:
+        volume = session.get(NetworkVolume, volume_id)
+        if volume is not None:
+            volume.volume_name = target
+            volume.updated_at = ctx.clock.now()
+            volume.version += 1
+        finish_restore(ctx, restore_id, session=session)
+
+
+def resting_snapshot_pending(ctx: Context, cluster_id: str) -> bool:
+    """Whether a snapshot of the cluster's volume taken while it rested (``stopped``
+    consistency) is still being read: its start waits, so the promise holds."""
+    with ctx.read() as session:
+        return (
+            session.scalar(
+                select(Snapshot.id)
+                .where(
+                    Snapshot.source_cluster_id == cluster_id,
+                    Snapshot.status == SnapshotStatus.CREATING.value,
+                    Snapshot.consistency == Consistency.STOPPED.value,
+                )
+                .limit(1)
+            )
+            is not None
+        )
+
+
+def before_snapshot_outcome(ctx: Context, restore: VolumeRestore) -> str | None:
+    """For a restore that waits on a snapshot taken first: ``"pending"`` while it is
+    being taken, the failure reason if it failed, None when it is ready (or none)."""
+    if restore.after_snapshot_id is None:
+        return None
+    with ctx.read() as session:
+        snap = session.get(Snapshot, restore.after_snapshot_id)
+    if snap is None or snap.status == SnapshotStatus.READY.value:
+        return None
+    if snap.status == SnapshotStatus.CREATING.value:
+        return "pending"
+    return snap.error or "failed"
+
+
+def restore_holders(ctx: Context) -> list[tuple[str, int]]:
+    """(holder id, host id) of every restore in flight into a network volume
+    (clusters' restores are carried out by their start)."""
+    with ctx.read() as session:
+        return [
+            (holder, host_id)
+            for holder, host_id in session.execute(
+                select(VolumeRestore.holder_id, VolumeRestore.host_id)
+                .join(NetworkVolume, NetworkVolume.id == VolumeRestore.holder_id)
+                .where(VolumeRestore.status == RestoreStatus.RESTORING.value)
+            )
+        ]
+
+
+def snapshots_to_take(ctx: Context) -> list[tuple[str, int]]:
+    """(snapshot id, host id) of every snapshot being taken."""
+    with ctx.read() as session:
+        return [
+            (sid, host_id)
+            for sid, host_id in session.execute(
+                select(Snapshot.id, Snapshot.host_id).where(
+                    Snapshot.status == SnapshotStatus.CREATING.value
+                )
+            )
+        ]
+
+
+def data_to_forget(ctx: Context) -> list[tuple[str, str | None]]:
+    """(snapshot id, restic id) of deleted or failed snapshots whose data may still be
+    in the repository."""
+    with ctx.read() as session:
+        return [
+            (sid, rid)
+            for sid, rid in session.execute(
+                select(Snapshot.id, Snapshot.restic_id).where(
+                    Snapshot.restic_id.is_not(None),
+                    (Snapshot.deleted_at.is_not(None))
+                    | (Snapshot.status == SnapshotStatus.FAILED.value),
+                )
+            )
+        ]
+
+
+def forgotten(ctx: Context, snapshot_ids: list[str]) -> None:
+    with ctx.transaction() as session:
+        for sid in snapshot_ids:
+            snap = session.get(Snapshot, sid)
+            if snap is not None:
+                snap.restic_id = None
+
+
+def account_of_project(session: Session, project_id: int) -> int | None:
+    return session.scalar(select(Project.account_id).where(Project.id == project_id))
