@@ -33,6 +33,8 @@ from gpuyard.core.states import HOLDS_COMPUTE, IN_MOTION, MAY_HAVE_CONTAINER, Cl
 from gpuyard.reconciler.autoterminate import AutoTerminator
 from gpuyard.reconciler.driver import ClusterDriver
 from gpuyard.reconciler.orphans import VolumeCollector
+from gpuyard.reconciler.snapshots import SnapshotWorker, repository_for
+from gpuyard.reconciler.volume_usage import VolumeUsage
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.runtimes.fleet import SHARED_ENGINE, Fleet, HostEngine
@@ -40,6 +42,8 @@ from gpuyard.services.clusters import start_drained
 from gpuyard.services.context import Context
 from gpuyard.services.host_health import record_heartbeat
 from gpuyard.services.idempotency import purge_expired
+from gpuyard.services.replica import replica_id
+from gpuyard.services.snapshots import restore_holders, snapshots_to_take
 from gpuyard.services.moves import COPYING, DRAIN_STOP
 from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 
@@ -71,6 +75,10 @@ TRAINING_DUTY = "training"
 
 URGENT = "urgent"
 SLOW = "slow"
+# Snapshots and network volume restores: long reads and writes of whole volumes, on
+# lanes of their own so they never hold up a start or a stop.
+STORAGE = "storage"
+STORAGE_WORKERS = 4
 # Statuses whose work must never wait behind slow work.
 _URGENT_STATUSES = {ClusterStatus.STOPPING.value, ClusterStatus.TERMINATING.value}
 
@@ -101,6 +109,8 @@ class Reconciler:
         self.driver = ClusterDriver(ctx, self.fleet.for_host)
         self.driver.on_restart_due = self._restart_due_at
         self.autoterm = AutoTerminator(ctx, self.fleet.for_host)
+        # Measured volume usage and network volume removals, per engine.
+        self.volume_usage = VolumeUsage(ctx)
         self.observe_every_s = observe_every_s
         self.heartbeat_every_s = ctx.settings.heartbeat_interval_s
         self.volume_scan_every_s = volume_scan_every_s
@@ -109,7 +119,14 @@ class Reconciler:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._workers = max(2, ctx.settings.reconcile_workers)
-        self.queue = WorkQueue({URGENT: self._workers, SLOW: self._workers}, on_done=self.wake)
+        self.queue = WorkQueue(
+            {URGENT: self._workers, SLOW: self._workers, STORAGE: STORAGE_WORKERS},
+            on_done=self.wake,
+        )
+        self.snapshots = SnapshotWorker(
+            ctx, self.fleet.for_host, repository_for(ctx.settings), replica_id()
+        )
+        self.driver.storage = self.snapshots
         self._thread: threading.Thread | None = None
         self._last_heartbeat = 0.0
         self._last_observe: dict[str, float] = {}
@@ -188,6 +205,10 @@ class Reconciler:
 
     # -- control -------------------------------------------------------------
     def start(self) -> None:
+        if self.leases.holds(MAINTENANCE_DUTY):
+            # Stale locks and partial data of a backup cut off by a crash are cleaned
+            # before any storage work touches the repository (that work waits).
+            self.snapshots.start_recovery()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
         self._thread.start()
 
@@ -265,6 +286,7 @@ class Reconciler:
         for cid in due:
             self._submit(cid, self.driver.recover, SLOW, self._host_of(cid))
         self._dispatch_moves(mine)
+        self._dispatch_storage(mine)
         if self.leases.holds(AUTOTERM_DUTY):
             try:
                 # Idle windows sampled under another holder's fence start again.
@@ -295,6 +317,28 @@ class Reconciler:
         for cluster_id, to_host in resting:
             if mine(to_host):
                 self._submit(cluster_id, self.driver.move_resting, SLOW, to_host)
+
+    def _dispatch_storage(self, mine: Callable[[int | None], bool]) -> None:
+        """Snapshots being taken and network volume restores, each on its host's
+        storage lane (a job per snapshot or volume at a time)."""
+        for snapshot_id, host_id in snapshots_to_take(self.ctx):
+            if mine(host_id):
+                self._submit(
+                    snapshot_id,
+                    self.snapshots.take,
+                    STORAGE,
+                    host_id,
+                    job_key=("snapshot", snapshot_id),
+                )
+        for volume_id, host_id in restore_holders(self.ctx):
+            if mine(host_id):
+                self._submit(
+                    volume_id,
+                    self.snapshots.restore_network_volume,
+                    STORAGE,
+                    host_id,
+                    job_key=("restore", volume_id),
+                )
 
     def _restart_drained(self, host_ids: tuple[int, ...]) -> None:
         """Clusters a drain of these hosts stopped are started on other hosts (level
@@ -433,12 +477,22 @@ class Reconciler:
                 self._submit(cid, self.driver.recover, SLOW, host_ids[0] if host_ids else None)
         self._collect_containers(key, host_ids, set(by_cluster) - set(live), listed_at)
         self._sync_host_limits(runtime, host_ids)
+        if self.volume_usage.due(key):
+            # A disk-usage report may walk every volume: off the heartbeat's lane.
+            job = partial(self.volume_usage.run, runtime, host_ids)
+            self.queue.submit(("volume-usage", key), self._lane(SLOW, key), job)
         last_scan = self._last_volume_scan.get(key, 0.0)
         if time.monotonic() - last_scan >= self.volume_scan_every_s:
             self._last_volume_scan[key] = time.monotonic()
             self._scan_engine_volumes(runtime, host_ids)
             if self.leases.holds(MAINTENANCE_DUTY):
                 purge_expired(self.ctx)  # idempotency keys past their 24 h
+                # Data of deleted and failed snapshots leaves the repository.
+                self.queue.submit(
+                    ("storage", "forget"),
+                    STORAGE,
+                    self.snapshots.forget_unwanted,
+                )
             # Our network isolation rules, repaired if a firewall reload dropped them.
             try:
                 runtime.guard_networks()

@@ -87,18 +87,16 @@ class SnapshotWorker:
         self.worker_id = worker_id
         # Forget and prune take the repository's exclusive lock: one at a time here.
         self._forget_lock = threading.Lock()
-        # Set once the start-up recovery is done (or skipped): storage work waits.
+        # Cleared while the start-up recovery runs: storage work waits for it.
         self._recovered = threading.Event()
+        self._recovered.set()
 
     def start_recovery(self) -> None:
         """Run :meth:`recover` in the background; storage work waits for it."""
+        self._recovered.clear()
         threading.Thread(
             target=self._recover_then_go, name="snapshot-recovery", daemon=True
         ).start()
-
-    def skip_recovery(self) -> None:
-        """Another replica recovers the repository: storage work need not wait."""
-        self._recovered.set()
 
     def _recover_then_go(self) -> None:
         try:
