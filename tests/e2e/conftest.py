@@ -46,6 +46,14 @@ def engine_url() -> Iterator[str]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@pytest.fixture
+def engine(engine_url: str) -> Iterator[docker.DockerClient]:
+    """A Docker SDK client of the session's engine (for looking, and for exec)."""
+    client = docker.DockerClient(base_url=engine_url)
+    yield client
+    client.close()
+
+
 def purge_installation(engine_url: str, installation_id: str) -> list[str]:
     """Remove every container, volume and network labelled with ``installation_id``
     and its host firewall chain

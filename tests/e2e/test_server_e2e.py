@@ -147,13 +147,6 @@ def volume_name(server: ServerProcess, cid: str) -> str:
     return server.installation.volume(cid)
 
 
-@pytest.fixture
-def engine(engine_url: str) -> Iterator[docker.DockerClient]:
-    client = docker.DockerClient(base_url=engine_url)
-    yield client
-    client.close()
-
-
 def wait_status(c: httpx.Client, cid: str, want: set[str], timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:

@@ -18,13 +18,7 @@ import pytest
 
 from gpuyard.storage.restic import ResticRepository
 from tests.e2e.conftest import DEV_IMAGE
-from tests.e2e.test_server_e2e import (  # noqa: F401 (engine: a fixture)
-    ServerProcess,
-    engine,
-    running_server,
-    sh,
-    wait_status,
-)
+from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e

@@ -42,9 +42,9 @@ from gpuyard.services.clusters import start_drained
 from gpuyard.services.context import Context
 from gpuyard.services.host_health import record_heartbeat
 from gpuyard.services.idempotency import purge_expired
+from gpuyard.services.moves import COPYING, DRAIN_STOP
 from gpuyard.services.replica import replica_id
 from gpuyard.services.snapshots import restore_holders, snapshots_to_take
-from gpuyard.services.moves import COPYING, DRAIN_STOP
 from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""Adapters for storage tools: the restic snapshot repository and tar stream accounting."""

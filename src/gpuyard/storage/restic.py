@@ -1,0 +1,708 @@
+"""The snapshot repository: restic, run as a subprocess. The only module that runs restic.
+
+A repository is any restic repository string: a local directory or
+``s3:http(s)://host[:port]/bucket/prefix`` (credentials from the environment given to
+:class:`ResticRepository`: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_DEFAULT_REGION``, ...). Its password lives in a file of ours (0600), made on
+first use; it is passed to restic as ``--password-file`` only, never on a command line,
+in the environment, in a log line or in an error. The cache is ``--cache-dir`` of
+ours, never ``~/.cache``. Repository locks are always taken (no ``--no-lock``): a
+prune must never run beside a backup.
+
+Streams are never buffered whole: a backup writes the chunks it is given to restic's
+stdin while threads drain restic's stdout and stderr, and a dump yields restic's
+stdout chunk by chunk. A backup whose chunks fail to come is killed with SIGKILL rather
+than ended with EOF, since an EOF makes restic commit the truncated stream as a
+snapshot. restic is started with a parent-death signal (SIGKILL, Linux), so it dies
+with the server. (The kernel closes a dying process's pipes a moment before it sends
+that signal; restic needs far longer than that moment to seal a snapshot after EOF.)
+
+What a crash leaves, measured with restic 0.14.0 (Debian 12) on a local repository:
+
+* ``restic backup --stdin`` killed with SIGKILL after reading about 300 MB of random
+  data leaves no snapshot, its stale lock in ``locks/`` and the pack files it had
+  written (16 packs, 277 MiB), which no index references. ``restic check`` then
+  refuses to start (exit status 1)::
+
+      unable to create lock in backend: repository is already locked by PID 3518 on vm
+      by root (UID 0, GID 0)
+      lock was created at ... (7.2s ago)
+      storage ID 551f2bc9
+      the `unlock` command can be used to remove stale locks
+
+  ``forget`` and ``prune`` (exclusive locks too) refuse the same way; ``backup``,
+  ``snapshots`` and ``stats`` (shared locks) still work beside a stale shared lock.
+  Once the lock is removed (``restic unlock`` removes only stale locks: those of a dead
+  process on this host, or older than 30 minutes), ``restic check`` exits 0 and says
+  ``no errors were found``, but lists each leftover pack first::
+
+      pack fa410ef7...: not referenced in any index
+      ... (one line per pack)
+      16 additional files were found in the repo, which likely contain duplicate data.
+      This is non-critical, you can run `restic prune` to correct this.
+
+  ``restic prune`` deletes them ("deleting unreferenced packs ... 16 / 16 files
+  deleted"), after which ``check`` prints nothing but ``no errors were found``.
+* A backup killed before it wrote a pack leaves only the stale lock.
+* Not reproduced here (it needs a backup of tens of GB or ten minutes): a backup
+  killed after restic saved an intermediate index leaves indexed but unused blobs,
+  which ``check`` does not report; the next ``prune`` (every
+  :meth:`ResticRepository.forget` runs one) reclaims them.
+
+:meth:`ResticRepository.recover_after_crash` therefore unlocks, checks, and prunes when
+the check is not clean or names unreferenced packs, then checks again. Every command
+that takes the exclusive lock (``forget``, ``prune``, ``check``) also removes stale
+locks and tries once more when it finds the repository locked, so one killed process
+cannot wedge the repository; a lock held by a live process raises
+:class:`ResticLocked`.
+
+restic 0.14 exits with status 1 for every failure, so failures are told apart by
+their messages (a missing repository says ``unable to open config file``). Every
+command costs about half a second before it does anything: restic derives the key
+from the password with scrypt, calibrated at ``init`` to take that long on the machine.
+Two ``init`` runs racing on one repository both succeed and leave it unreadable, so
+:meth:`ResticRepository.ensure` serialises them with a lock on the password file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import functools
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Final
+
+from gpuyard.core.errors import RuntimeFailure
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT: Final = "restic is not installed; apt-get install restic"
+
+# Other ways to name the password or repository: ours are the only ones restic sees.
+_ENV_DROPPED: Final = (
+    "RESTIC_PASSWORD",
+    "RESTIC_PASSWORD_FILE",
+    "RESTIC_PASSWORD_COMMAND",
+    "RESTIC_REPOSITORY",
+    "RESTIC_REPOSITORY_FILE",
+    "RESTIC_CACHE_DIR",
+)
+# Backends restic knows by a "scheme:" prefix; anything else is a local path.
+_REMOTE_SCHEMES: Final = ("sftp:", "rest:", "s3:", "azure:", "gs:", "swift:", "b2:", "rclone:")
+_SNAPSHOT_ID: Final = re.compile(r"[0-9a-f]{8,64}")
+_LOCKED: Final = re.compile(r"repository is already locked|unable to create lock")
+_NO_CONFIG: Final = "unable to open config file"
+_USERINFO: Final = re.compile(r"(://)[^/@\s]+@")
+_STDERR_LINES: Final = 20
+# How long a finished backup waits for a live exclusive lock (a prune) to go before
+# it can look its snapshot's full id up.
+_ID_LOOKUP_PATIENCE_S: Final = 120.0
+_FORGET_BATCH: Final = 200
+_INTERRUPT_GRACE_S: Final = 5.0
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+class ResticError(RuntimeFailure):
+    """restic failed or cannot be run. ``details`` holds ``command`` (the restic
+    subcommand), ``exit_status`` and ``stderr`` (its last lines); never the password."""
+
+
+class ResticLocked(ResticError):
+    """A live restic process holds a lock that conflicts with the command (a prune
+    beside a backup, say): nothing was done; try again later."""
+
+
+@dataclass(frozen=True)
+class BackupResult:
+    """A snapshot that restic committed.
+
+    ``total_bytes`` is the length of the stream; ``data_added`` what the repository
+    grew by (after de-duplication and compression); ``seconds`` the backup's wall time.
+    """
+
+    restic_id: str
+    short_id: str
+    total_bytes: int
+    data_added: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    restic_id: str
+    short_id: str
+    tags: tuple[str, ...]
+    time: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """``ok``: ``restic check`` exited 0 and printed no error. ``output``: what it
+    printed (stdout, then stderr)."""
+
+    ok: bool
+    output: str
+
+    @property
+    def unreferenced_packs(self) -> int:
+        """Pack files no index references (left by a killed backup; ``prune`` drops
+        them). Not an error for restic, so ``ok`` may be true beside them."""
+        summary = re.search(r"(\d+) additional files were found", self.output)
+        if summary:
+            return int(summary.group(1))
+        return self.output.count("not referenced in any index")
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, resolved in the parent (a child between fork and exec should not
+    load libraries), or None where there is none."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn: Callable[..., int] = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    return fn
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        # Runs in the child between fork and exec: no allocation-heavy work, no raising.
+        # The signal follows the thread that forked, so the caller keeps its thread
+        # alive for the child's whole life (every method here waits for its child).
+        with contextlib.suppress(Exception):
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait()
+
+
+def _interrupt(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a restic that commits nothing (a dump): SIGINT lets it remove its lock
+    (restic 0.14 cleans up on SIGINT only, not on SIGTERM), SIGKILL if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(_INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+
+
+class _Drain(threading.Thread):
+    """Reads a pipe to its end so the child never blocks on it, keeping the last lines
+    and (optionally) the last JSON object whose ``message_type`` is ``want``."""
+
+    def __init__(self, pipe: IO[bytes], want: str | None = None) -> None:
+        super().__init__(name="restic-pipe", daemon=True)
+        self._pipe = pipe
+        self._want = f'"message_type":"{want}"'.encode() if want else None
+        self.tail: deque[str] = deque(maxlen=_STDERR_LINES)
+        self.found: dict[str, Any] | None = None
+        self.start()
+
+    def run(self) -> None:
+        with contextlib.suppress(OSError, ValueError), self._pipe:
+            for line in self._pipe:
+                if self._want is not None:
+                    # Status lines come at 60 a second: parse only the one wanted.
+                    if self._want in line:
+                        with contextlib.suppress(ValueError):
+                            found = json.loads(line)
+                            if isinstance(found, dict):
+                                self.found = found
+                    continue
+                self.tail.append(line.decode("utf-8", "replace").rstrip())
+
+    def text(self) -> str:
+        self.join()
+        return "\n".join(self.tail)
+
+
+class ResticRepository:
+    """One restic repository, reached through the restic binary.
+
+    Every method may raise :class:`ResticError` (restic missing, the repository
+    unreachable, a wrong password, a failed command) and :class:`ResticLocked`. Methods
+    that touch the repository call :meth:`ensure` first, so a fresh installation needs
+    no set-up step. Thread-safe: each call runs its own restic process.
+    """
+
+    def __init__(
+        self,
+        location: str,
+        password_file: Path,
+        cache_dir: Path,
+        env: Mapping[str, str] | None = None,
+        binary: str = "restic",
+    ) -> None:
+        self._location = location
+        self._password_file = Path(password_file)
+        self._cache_dir = Path(cache_dir)
+        self._env = dict(env) if env is not None else None
+        self._binary = binary
+        self._lock = threading.Lock()
+        self._ready = False
+        self._secret: str | None = None
+
+    @property
+    def location(self) -> str:
+        """The repository string, with any user:password@ of a URL masked."""
+        return _USERINFO.sub(r"\1***@", self._location)
+
+    @property
+    def is_local(self) -> bool:
+        return not self._location.startswith(_REMOTE_SCHEMES)
+
+    # -- set-up --------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Make the password file (first use only) and the repository (when it does
+        not exist yet). Idempotent and thread-safe; after its first success it returns
+        at once. Never initialises over an existing repository: one that exists with
+        another password raises ResticError (``wrong password or no key found``)."""
+        with self._lock:
+            if self._ready:
+                return
+            self._secret = self._ensure_password()
+            self._cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Two restic inits racing on one repository both succeed and leave it
+            # unreadable (each writes its own key and config; measured with 0.14), so
+            # processes sharing the password file take turns on it. (Hosts that share
+            # only an S3 repository cannot be serialised this way; they share the
+            # password file's contents, and one of them should make the repository.)
+            with self._password_file.open("rb") as held:
+                fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+                if not self._config_exists():
+                    result = self._run("init", "--repository-version", "2", check=False)
+                    # A host beside us may have won the race; its repository is ours.
+                    if result.returncode != 0 and not self._config_exists():
+                        raise self._failure("init", result.returncode, result.stderr)
+                    if result.returncode == 0:
+                        log.info("created restic repository at %s", self.location)
+            self._ready = True
+
+    def exists(self) -> bool:
+        """Whether the repository exists; creates nothing. A repository whose password
+        file is missing counts as absent: nothing of ours can be in it."""
+        if self.is_local:
+            return (Path(self._local_path()) / "config").is_file()
+        if not self._password_file.is_file():
+            return False
+        with self._lock:
+            self._secret = self._password_file.read_text().strip()
+            return self._config_exists()
+
+    def _local_path(self) -> str:
+        return self._location.removeprefix("local:")
+
+    def _ensure_password(self) -> str:
+        path = self._password_file
+        if not path.exists():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Written whole to a private temporary file, then linked into place: link
+            # fails if the name exists (like O_CREAT|O_EXCL) and, unlike an exclusive
+            # open, never shows a racing reader a half-written password. The loser of
+            # a race reads the winner's.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_urlsafe(32) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
+        secret = path.read_text().strip()
+        if not secret:
+            raise ResticError(f"the snapshot password file {path} is empty")
+        return secret
+
+    def _config_exists(self) -> bool:
+        if self.is_local:
+            root = Path(self._local_path())
+            if not root.is_dir() or not any(root.iterdir()):
+                return False
+        result = self._run("cat", "config", check=False)
+        if result.returncode == 0:
+            return True
+        if _NO_CONFIG in result.stderr:
+            return False
+        raise self._failure("cat config", result.returncode, result.stderr)
+
+    # -- streams -------------------------------------------------------------------
+
+    def backup_stream(
+        self,
+        chunks: Iterable[bytes | bytearray | memoryview],
+        *,
+        filename: str,
+        tags: Sequence[str],
+        host: str,
+        on_started: Callable[[int], None] | None = None,
+    ) -> BackupResult:
+        """Store the stream ``chunks`` as a snapshot holding one file, ``/filename``,
+        with ``tags`` and ``host``. ``on_started`` gets restic's pid once it runs.
+
+        Commits a snapshot only when the stream ends normally. When iterating
+        ``chunks`` raises, restic is killed (no snapshot; a stale lock and stray packs
+        that :meth:`recover_after_crash` or the next prune removes) and that exception
+        propagates. Raises ResticError when restic fails, ValueError for a tag restic
+        would split (commas) or an empty one.
+        """
+        _check_tags(tags)
+        self.ensure()
+        args = ["backup", "--stdin", "--stdin-filename", filename, "--host", host, "--json"]
+        for tag in tags:
+            args += ["--tag", tag]
+        began = time.monotonic()
+        proc = self._spawn(args, stdin=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        out = _Drain(proc.stdout, want="summary")
+        err = _Drain(proc.stderr)
+        try:
+            if on_started is not None:
+                on_started(proc.pid)
+            _write_all(proc.stdin, chunks)
+        except BaseException:
+            # Killed before stdin is closed: restic must not see an EOF it would take
+            # for the end of the stream.
+            _kill(proc)
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            out.join()
+            err.join()
+            raise
+        status = proc.wait()
+        out.join()
+        stderr = err.text()
+        seconds = time.monotonic() - began
+        if status != 0:
+            raise self._failure("backup", status, stderr)
+        summary = out.found
+        if summary is None or not isinstance(summary.get("snapshot_id"), str):
+            raise self._failure("backup", status, stderr or "restic printed no summary")
+        short_id: str = summary["snapshot_id"]
+        return BackupResult(
+            restic_id=self._full_id(
+                short_id, host=host, tags=tags, path="/" + filename.lstrip("/")
+            ),
+            short_id=short_id,
+            total_bytes=int(summary.get("total_bytes_processed", 0)),
+            data_added=int(summary.get("data_added", 0)),
+            seconds=seconds,
+        )
+
+    @contextlib.contextmanager
+    def dump_stream(
+        self, restic_id: str, filename: str, *, chunk_size: int = 1 << 20
+    ) -> Iterator[Iterator[bytes]]:
+        """The file ``/filename`` of snapshot ``restic_id``, as chunks of at most
+        ``chunk_size`` bytes. After the last chunk the iterator raises ResticError if
+        restic failed (a missing snapshot or file, a damaged pack), so a consumer
+        never takes a truncated stream for a whole one. Leaving the context early
+        stops restic (interrupted, so that it removes its lock; killed if it lingers)."""
+        _check_id(restic_id)
+        self.ensure()
+        proc = self._spawn(["dump", restic_id, "/" + filename.lstrip("/")])
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout = proc.stdout
+        err = _Drain(proc.stderr)
+
+        def chunks() -> Iterator[bytes]:
+            while data := stdout.read(chunk_size):
+                yield data
+            status = proc.wait()
+            if status != 0:
+                raise self._failure("dump", status, err.text())
+
+        try:
+            yield chunks()
+        finally:
+            if proc.poll() is None:
+                _interrupt(proc)
+            stdout.close()
+            err.join()
+
+    # -- queries and upkeep --------------------------------------------------------
+
+    def forget(self, restic_ids: Sequence[str], *, prune: bool = True) -> None:
+        """Forget the snapshots ``restic_ids``, then (``prune``) delete the data no
+        other snapshot uses. Idempotent: ids the repository no longer holds are
+        skipped. Takes the exclusive lock, so a backup in progress makes it raise
+        ResticLocked."""
+        ids = list(dict.fromkeys(restic_ids))
+        for restic_id in ids:
+            _check_id(restic_id)
+        if not ids:
+            return
+        self.ensure()
+        for start in range(0, len(ids), _FORGET_BATCH):
+            self._run("forget", *ids[start : start + _FORGET_BATCH])
+        if prune:
+            self._run("prune")
+
+    def find_by_tag(self, tag: str) -> list[SnapshotInfo]:
+        """The snapshots carrying ``tag`` (oldest first)."""
+        _check_tags([tag])
+        self.ensure()
+        return self._snapshots("--tag", tag)
+
+    def stats_raw_size(self) -> int:
+        """Bytes the repository holds for its snapshots' data, after de-duplication
+        and compression."""
+        self.ensure()
+        result = self._run("stats", "--mode", "raw-data", "--json")
+        return int(_json(result.stdout, "stats")["total_size"])
+
+    def check(self, read_data: bool = False) -> CheckResult:
+        """``restic check`` (``read_data``: also read and verify every pack). Stale
+        locks are removed first if they block it; a live lock raises ResticLocked."""
+        self.ensure()
+        args = ["check", "--read-data"] if read_data else ["check"]
+        result = self._run(*args, check=False)
+        output = self._scrub(result.stdout + result.stderr)
+        return CheckResult(
+            ok=result.returncode == 0 and not _mentions_errors(output), output=output
+        )
+
+    def unlock(self) -> None:
+        """Remove stale locks: those of processes on this host that are gone (a
+        server killed with -9) and any older than 30 minutes. Live locks stay."""
+        self.ensure()
+        self._run("unlock")
+
+    def recover_after_crash(self) -> CheckResult:
+        """Make the repository check clean after a crash: remove stale locks, and
+        prune the packs a killed backup left when the check names them (or fails),
+        then check again. Idempotent. Returns the last check's result: ``ok`` false
+        means damage a prune cannot mend (its output, and the failed prune's, say
+        what). Raises ResticLocked while a live process holds the repository."""
+        self.unlock()
+        result = self.check()
+        if result.ok and not result.unreferenced_packs:
+            return result
+        log.warning(
+            "snapshot repository needs a prune (%d unreferenced packs, check ok: %s)",
+            result.unreferenced_packs,
+            result.ok,
+        )
+        try:
+            self._run("prune")
+        except ResticLocked:
+            raise
+        except ResticError as exc:
+            stderr = exc.details.get("stderr", "")
+            return CheckResult(ok=False, output=f"{result.output}\n{exc.message}\n{stderr}")
+        return self.check()
+
+    # -- running restic ------------------------------------------------------------
+
+    def _snapshots(self, *args: str) -> list[SnapshotInfo]:
+        result = self._run("snapshots", "--json", *args)
+        found = _json(result.stdout, "snapshots") or []
+        return [
+            SnapshotInfo(
+                restic_id=s["id"],
+                short_id=s.get("short_id", s["id"][:8]),
+                tags=tuple(s.get("tags") or ()),
+                time=s.get("time", ""),
+            )
+            for s in found
+        ]
+
+    def _full_id(self, short_id: str, *, host: str, tags: Sequence[str], path: str) -> str:
+        """The full id of the snapshot a backup just reported by its short id."""
+        deadline = time.monotonic() + _ID_LOOKUP_PATIENCE_S
+        delay = 0.5
+        while True:
+            try:
+                listed = self._run("list", "snapshots").stdout.split()
+                break
+            except ResticLocked:
+                # The snapshot is committed; only a prune's lock keeps us from its id.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        matches = [i for i in listed if i.startswith(short_id)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:  # 32-bit short ids can collide: tell them apart by what we wrote
+            result = self._run("snapshots", "--json", *matches)
+            for s in sorted(_json(result.stdout, "snapshots") or [], key=lambda s: s["time"]):
+                if (
+                    s.get("hostname") == host
+                    and s.get("paths") == [path]
+                    and sorted(s.get("tags") or ()) == sorted(tags)
+                ):
+                    matches = [s["id"]]
+            if len(matches) == 1:
+                return matches[0]
+        raise ResticError(
+            f"restic reported snapshot {short_id}, which the repository does not list",
+            {"command": "list snapshots", "short_id": short_id},
+        )
+
+    def _executable(self) -> str:
+        path = (self._env if self._env is not None else os.environ).get("PATH")
+        found = shutil.which(self._binary, path=path or os.defpath)
+        if found is None:
+            raise ResticError(INSTALL_HINT, {"binary": self._binary})
+        return found
+
+    def _argv(self, args: Sequence[str]) -> list[str]:
+        return [
+            self._executable(),
+            "--repo",
+            self._location,
+            "--password-file",
+            str(self._password_file),
+            "--cache-dir",
+            str(self._cache_dir),
+            *args,
+        ]
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(self._env if self._env is not None else os.environ)
+        for name in _ENV_DROPPED:
+            env.pop(name, None)
+        return env
+
+    def _spawn(
+        self, args: Sequence[str], *, stdin: int = subprocess.DEVNULL
+    ) -> subprocess.Popen[bytes]:
+        argv = self._argv(args)
+        log.debug("restic %s", " ".join(args[:1]))
+        try:
+            return subprocess.Popen(
+                argv,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._environment(),
+                preexec_fn=_die_with_parent(),
+            )
+        except FileNotFoundError as exc:
+            raise ResticError(INSTALL_HINT, {"binary": self._binary}) from exc
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run restic to its end. A command refused for a lock gets one more try after
+        stale locks are removed; still locked, it raises ResticLocked (even when not
+        ``check``). ``check``: raise ResticError on a non-zero exit status."""
+        result = self._run_once(args)
+        if result.returncode != 0 and _LOCKED.search(result.stderr) and args[0] != "unlock":
+            self._run_once(("unlock",))
+            result = self._run_once(args)
+            if result.returncode != 0 and _LOCKED.search(result.stderr):
+                raise self._failure(args[0], result.returncode, result.stderr)
+        if check and result.returncode != 0:
+            raise self._failure(args[0], result.returncode, result.stderr)
+        return result
+
+    def _run_once(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        proc = self._spawn(args)
+        try:
+            stdout, stderr = proc.communicate()
+        except BaseException:
+            _kill(proc)  # interrupted (KeyboardInterrupt, ...): never leave it behind
+            raise
+        return subprocess.CompletedProcess(
+            proc.args,
+            proc.returncode,
+            stdout.decode("utf-8", "replace"),
+            stderr.decode("utf-8", "replace"),
+        )
+
+    def _scrub(self, text: str) -> str:
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return _USERINFO.sub(r"\1***@", text)
+
+    def _failure(self, command: str, status: int, stderr: str) -> ResticError:
+        """The error for a failed command: ResticLocked when a lock refused it."""
+        lines = [line for line in self._scrub(stderr).splitlines() if line.strip()]
+        tail = lines[-_STDERR_LINES:]
+        how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+        locked = _LOCKED.search(stderr)
+        # restic's last line for a lock is advice (run unlock); the first says who holds it.
+        last = lines[0] if locked and lines else tail[-1] if tail else "no message"
+        kind = ResticLocked if locked else ResticError
+        return kind(
+            f"restic {command} failed ({how}): {last}",
+            {"command": command, "exit_status": status, "stderr": "\n".join(tail)},
+        )
+
+
+def _write_all(stdin: IO[bytes], chunks: Iterable[bytes | bytearray | memoryview]) -> None:
+    """Feed ``chunks`` to restic and close its stdin (the EOF that ends the stream).
+    Stops early, silently, when restic has exited: its status tells why. Only a
+    failed write means that: a BrokenPipeError from the source propagates (ending the
+    stream cleanly then would commit it truncated)."""
+    for chunk in chunks:
+        try:
+            stdin.write(chunk)
+        except BrokenPipeError:
+            break
+    # Flushing into a pipe restic closed fails the same way, and means the same.
+    with contextlib.suppress(BrokenPipeError):
+        stdin.close()
+
+
+def _check_tags(tags: Sequence[str]) -> None:
+    for tag in tags:
+        # restic splits a --tag value at commas; an empty tag matches nothing.
+        if not tag or "," in tag:
+            raise ValueError(f"invalid restic tag {tag!r}: must be non-empty, without commas")
+
+
+def _check_id(restic_id: str) -> None:
+    # Also keeps an id from being read as an option.
+    if not _SNAPSHOT_ID.fullmatch(restic_id):
+        raise ValueError(f"invalid restic snapshot id {restic_id!r}")
+
+
+def _json(text: str, command: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ResticError(
+            f"restic {command} printed no JSON", {"command": command, "stdout": text[-500:]}
+        ) from exc
+
+
+def _mentions_errors(output: str) -> bool:
+    for line in output.splitlines():
+        lowered = line.strip().lower()
+        if "error" in lowered and not lowered.startswith("no errors were found"):
+            return True
+    return False
