@@ -10,21 +10,18 @@ import io
 import os
 import shutil
 import signal
-import socket
 import stat
-import subprocess
-import sys
 import tarfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gpuyard.storage.restic import INSTALL_HINT, ResticError, ResticRepository
 from gpuyard.storage.tar_stats import TarCounter, counted
+from tests.moto_s3 import S3_ENV, make_bucket, moto_s3, moto_server_path
 
 pytestmark = [
     pytest.mark.e2e,
@@ -254,53 +251,17 @@ def test_tags_restic_would_split_are_refused(repo: ResticRepository) -> None:
 # -- S3 (moto) -----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = Path(sys.executable).parent / "moto_server"
-    if not server.exists():
+    if moto_server_path() is None:
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=out
-        )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                httpx.get(endpoint, timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "moto_server did not start"
-                time.sleep(0.1)
+    with moto_s3(tmp_path_factory.mktemp("moto")) as endpoint:
         yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_s3_round_trip(s3_endpoint: str, tmp_path: Path, volume_files: list[bytes]) -> None:
-    assert httpx.put(f"{s3_endpoint}/gpuyard-snapshots", timeout=10).status_code == 200
-    env = {
-        "PATH": os.environ.get("PATH", os.defpath),
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
+    make_bucket(s3_endpoint, "gpuyard-snapshots")
+    env = {"PATH": os.environ.get("PATH", os.defpath), **S3_ENV}
     repo = ResticRepository(
         f"s3:{s3_endpoint}/gpuyard-snapshots/repo",
         tmp_path / "snapshot.password",

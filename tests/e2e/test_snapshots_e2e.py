@@ -7,6 +7,7 @@ the volume intact and the repository passing ``restic check``."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from gpuyard.storage.restic import ResticRepository
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
 from tests.helpers import free_port
+from tests.moto_s3 import S3_ENV, make_bucket, moto_s3, moto_server_path
 
 pytestmark = pytest.mark.e2e
 
@@ -240,3 +242,37 @@ def test_kill9_during_snapshot_and_restore_leaves_everything_intact(
             check_clean(server)
     finally:
         server.cleanup()
+
+
+@pytest.mark.skipif(moto_server_path() is None, reason="moto_server is not installed")
+def test_snapshots_in_an_s3_bucket(
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient
+) -> None:
+    """GPUYARD_SNAPSHOT_REPOSITORY names an S3-compatible bucket (moto's server here):
+    a snapshot goes there and comes back byte for byte."""
+    with moto_s3(tmp_path) as endpoint:
+        make_bucket(endpoint, "gpuyard")
+        location = f"s3:{endpoint}/gpuyard/snapshots"
+        server = ServerProcess(tmp_path / "home", engine_url, free_port())
+        server.extra_env = {"GPUYARD_SNAPSHOT_REPOSITORY": location, **S3_ENV}
+        try:
+            server.start()
+            with server.client() as c:
+                cid = create_cluster(c)
+                code, out = sh(engine, server, cid, WRITE_TREE.format(big_mb=8))
+                assert code == 0, out
+                before = tree_checksum(engine, server, cid)
+                snap = take_snapshot(c, cid, "to-s3")
+                assert not (server.home / "snapshots").exists()
+                clone = create_cluster(c, snapshot_id=snap["id"])
+                assert tree_checksum(engine, server, clone) == before
+            repo = ResticRepository(
+                location,
+                server.home / "snapshot.password",
+                cache_dir=tmp_path / "check-cache",
+                env={"PATH": os.environ.get("PATH", os.defpath), **S3_ENV},
+            )
+            result = repo.check()
+            assert result.ok, result.output
+        finally:
+            server.cleanup()
