@@ -4,6 +4,7 @@ against the same store."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,3 +291,35 @@ def test_billing_shows_spend_by_group(server: LiveServer) -> None:
     bad = run(server, "billing", "--from", "yesterday")
     assert bad.exit_code == 1 and "from" in bad.output
     assert cluster["id"]
+
+
+@pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed")
+def test_snapshots_create_list_get_restore_clone_delete(server: LiveServer) -> None:
+    c = create(server, "--volume-gb", "5")
+    made = run(server, "snapshots", "create", c["id"], "--name", "nightly")
+    assert made.exit_code == 0, made.output
+    assert "status       ready" in made.stdout or "ready" in made.stdout
+    assert "%" in made.stderr  # the progress line
+    snaps = ok_json(run(server, "snapshots", "list", "--cluster", c["id"], "--json"))["snapshots"]
+    assert [s["name"] for s in snaps] == ["nightly"] and snaps[0]["status"] == "ready"
+    sid = snaps[0]["id"]
+    listed = run(server, "snapshots")
+    assert listed.exit_code == 0 and sid in listed.stdout and "crash_consistent" in listed.stdout
+    assert ok_json(run(server, "snapshots", "get", sid, "--json"))["id"] == sid
+
+    assert run(server, "clusters", "stop", c["id"]).exit_code == 0
+    assert wait_status(server, c["id"], "stopped")["status"] == "stopped"
+    started = run(
+        server, "clusters", "start", c["id"], "--restore", sid, "--snapshot-first", "--wait"
+    )
+    assert started.exit_code == 0, started.output
+    assert f"restore_from_snapshot: {sid}" in started.stderr
+    assert "snapshot before changes: snap_" in started.stderr
+
+    clone = create(server, "--snapshot", sid)
+    assert clone["volume_gb"] == 5 and clone["status"] == "running"
+
+    gone = run(server, "snapshots", "delete", sid)
+    assert gone.exit_code == 0 and f"deleted snapshot {sid}" in gone.stdout
+    missing = run(server, "snapshots", "get", sid)
+    assert missing.exit_code == 1 and "SNAPSHOT_NOT_FOUND" in missing.stderr

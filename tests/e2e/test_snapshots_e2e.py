@@ -195,7 +195,7 @@ def test_kill9_during_snapshot_and_restore_leaves_everything_intact(
     try:
         with server.client() as c:
             cid = create_cluster(c)
-            code, out = sh(engine, server, cid, WRITE_TREE.format(big_mb=400))
+            code, out = sh(engine, server, cid, WRITE_TREE.format(big_mb=250))
             assert code == 0, out
             before = tree_checksum(engine, server, cid)
             good = take_snapshot(c, cid, "good")

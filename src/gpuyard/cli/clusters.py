@@ -225,6 +225,10 @@ def clusters() -> None:
     default=None,
     help="Spot: bid per GPU-hour (USD); the cluster may be preempted by higher bids.",
 )
+@click.option("--snapshot", "snapshot_id", default=None, metavar="SNAPSHOT",
+              help="A clone: the volume starts with this snapshot's data.")  # fmt: skip
+@click.option("--network-volume", "network_volume_id", default=None, metavar="ID",
+              help="Mount this network volume at the mount path instead of a volume.")  # fmt: skip
 @wait_option
 @timeout_option
 @api_options
@@ -244,6 +248,8 @@ def create(
     cloud_type: str | None,
     project_id: int | None,
     bid: float | None,
+    snapshot_id: str | None,
+    network_volume_id: str | None,
     wait: bool,
     timeout: float,
     url: str | None,
@@ -265,6 +271,8 @@ def create(
         "project_id": project_id,
         "bid_per_gpu": bid,
         "interruptible": True if bid is not None else None,
+        "snapshot_id": snapshot_id,
+        "network_volume_id": network_volume_id,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if env:
