@@ -6,18 +6,7 @@ from __future__ import annotations
 import click
 
 from gpuyard.cli.common import api_options, make_call
-from gpuyard.cli.output import print_json, print_table
-
-
-def _size(value: object) -> str:
-    if not isinstance(value, int):
-        return "?"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover - the loop returns at GiB
+from gpuyard.cli.output import human_bytes, print_json, print_table
 
 
 @click.group("orphans", invoke_without_command=True)
@@ -44,7 +33,7 @@ def orphans(
             o.get("name"),
             o.get("host"),
             o.get("cluster_id") or "-",
-            _size(o.get("size_bytes")),
+            human_bytes(o.get("size_bytes"), "?"),
             o.get("found_at"),
             o.get("delete_after"),
             o.get("status"),

@@ -51,6 +51,18 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: st
     click.echo(table(headers, rows) if rows else empty)
 
 
+def human_bytes(value: object, unknown: str = "-") -> str:
+    """A byte count in binary units (``12.3 MiB``); ``unknown`` for anything else."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return unknown
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
 def key_values(pairs: Sequence[tuple[str, Any]]) -> str:
     """``label:  value`` lines with the values aligned; None values are skipped."""
     shown = [(k, cell(v)) for k, v in pairs if v is not None]

@@ -8,21 +8,10 @@ from typing import Any
 import click
 
 from gpuyard.cli.common import api_options, make_call
-from gpuyard.cli.output import Progress, fail, key_values, print_json, print_table
+from gpuyard.cli.output import Progress, fail, human_bytes, key_values, print_json, print_table
 
 # How often ``create --wait`` asks how far the snapshot is.
 POLL_S = 0.5
-
-
-def _size(value: object) -> str:
-    if not isinstance(value, int):
-        return "-"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return "-"  # pragma: no cover - the loop returns at TiB
 
 
 def _source(s: dict[str, Any]) -> str:
@@ -40,8 +29,8 @@ def _show(s: dict[str, Any]) -> None:
                 ("status", f"{s.get('status')}" + (f" ({s['error']})" if s.get("error") else "")),
                 ("source", _source(s)),
                 ("consistency", s.get("consistency")),
-                ("size", _size(s.get("size_bytes"))),
-                ("stored", _size(s.get("stored_bytes"))),
+                ("size", human_bytes(s.get("size_bytes"))),
+                ("stored", human_bytes(s.get("stored_bytes"))),
                 ("files", s.get("file_count")),
                 ("created", s.get("created_at")),
                 ("ready", s.get("ready_at")),
@@ -80,8 +69,8 @@ def snapshots(
             _source(s),
             s.get("status"),
             s.get("consistency"),
-            _size(s.get("size_bytes")),
-            _size(s.get("stored_bytes")),
+            human_bytes(s.get("size_bytes")),
+            human_bytes(s.get("stored_bytes")),
             s.get("created_at"),
         ]
         for s in data.get("snapshots", [])
@@ -143,7 +132,9 @@ def create(
             total = max(1, int(snap.get("volume_gb") or 0) * 1_000_000_000)
             while snap.get("status") == "creating":
                 done = int((snap.get("progress") or {}).get("bytes_done") or 0)
-                progress.update("creating", min(99, done * 100 // total), f"{_size(done)} read")
+                progress.update(
+                    "creating", min(99, done * 100 // total), f"{human_bytes(done)} read"
+                )
                 time.sleep(POLL_S)
                 snap = client.get_snapshot(str(snap["id"]))
             progress.update(str(snap.get("status")), 100, "done")
