@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     # data as stored after de-duplication, and network volumes by their size.
     price_snapshot_gb_month: float = Field(default=0.05, ge=0)
     price_network_volume_gb_month: float = Field(default=0.07, ge=0)
+    # How often each host's volumes are measured (the engine's disk-usage report) for
+    # clusters' and network volumes' ``used_bytes`` (reconciler/volume_usage.py).
+    volume_usage_interval_s: float = Field(default=60.0, gt=0)
 
     # Auto-termination: a cluster is idle while its CPU and every GPU stay under these.
     idle_cpu_percent: float = 5.0

@@ -46,6 +46,9 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
             "interruptible",
             "project_id",
             "volume_mount_path",
+            # A clone (snapshot_id) cannot also mount a network volume: a rule across
+            # two fields that the schema does not state.
+            "snapshot_id",
         }
     ),
     # A start may change ports (host port range setting) and the GPU type (catalog).
@@ -66,6 +69,10 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     # with its TLS directory (which must hold the certificates on the server); GPU types
     # must be in the catalog; the address must be a host name or IP address.
     ("POST", "/v1/hosts"): frozenset({"engine_url", "engine_tls_dir", "gpus", "address"}),
+    # A network volume lives in a data centre of the installation (a host location) and
+    # in a project of the account; it only grows (its current size is stored).
+    ("POST", "/v1/networkvolumes"): frozenset({"dataCenterId", "project_id"}),
+    ("PATCH", "/v1/networkvolumes/{network_volume_id}"): frozenset({"size"}),
     # Location, image, keys, plan, GPU type and group must exist in the installation.
     ("POST", "/distributed_jobs_v2/cluster/"): frozenset(
         {

@@ -322,7 +322,7 @@ def test_error_codes(srv: LiveServer) -> None:
         srv,
         POD_DEPLOY.replace("EXTRA", 'networkVolumeId: "nv1"'),
     )
-    assert codes(body) == ["NOT_FOUND"]
+    assert codes(body) == ["NETWORK_VOLUME_NOT_FOUND"]
     # GraphQL's own errors: syntax, unknown field, wrong argument type.
     assert codes(gql(srv, "{ myself { ")) == ["VALIDATION_ERROR"]
     assert codes(gql(srv, "{ myself { nope } }")) == ["VALIDATION_ERROR"]

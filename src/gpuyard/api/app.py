@@ -17,11 +17,13 @@ from gpuyard.api import billing, catalog, clusters, errors, method_not_allowed, 
 from gpuyard.api import hosts as hosts_api
 from gpuyard.api import images as images_api
 from gpuyard.api import metrics as metrics_api
+from gpuyard.api import network_volumes as network_volumes_api
 from gpuyard.api import orphans as orphans_api
 from gpuyard.api import plans as plans_api
 from gpuyard.api import projects as projects_api
 from gpuyard.api import reserved_ips as reserved_ips_api
 from gpuyard.api import security_groups as security_groups_api
+from gpuyard.api import snapshots as snapshots_api
 from gpuyard.api import ssh_keys as ssh_keys_api
 from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.fastpath import ClusterReadFastPath
@@ -179,6 +181,8 @@ def build_server(
     app.include_router(reserved_ips_api.router)
     app.include_router(security_groups_api.router)
     app.include_router(orphans_api.router)
+    app.include_router(snapshots_api.router)
+    app.include_router(network_volumes_api.router)
     # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.
     app.include_router(graphql_router(), include_in_schema=False)

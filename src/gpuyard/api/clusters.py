@@ -177,6 +177,10 @@ async def _started(
         d = await run_in_threadpool(_detail, state, principal, cluster_id)
     data = views.cluster_v1(d)
     data["configuration_updates_applied"] = result.configuration_updates_applied
+    before = result.snapshot_before_changes
+    data["snapshot_before_changes"] = (
+        {"id": before.id, "name": before.name, "status": before.status} if before else None
+    )
     data["cost"] = {
         **data["cost"],
         "new_hourly_rate": result.new_rate,

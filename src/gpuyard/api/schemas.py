@@ -103,6 +103,16 @@ class MovingVolume(_Out):
     started_at: str | None
 
 
+class RestoringSnapshot(_Out):
+    snapshot_id: str
+    bytes_restored: int
+    total_bytes: int
+    percentage: int
+    started_at: str | None
+    # The snapshot taken first (snapshot_before_changes) that the restore waits for.
+    waiting_for_snapshot: str | None = None
+
+
 class StartupProgress(_Out):
     phase: str
     percentage: int
@@ -110,6 +120,19 @@ class StartupProgress(_Out):
     steps_completed: int
     total_steps: int
     moving_volume: MovingVolume | None = None
+    restoring_snapshot: RestoringSnapshot | None = None
+
+
+class ClusterVolume(_Out):
+    """What is mounted at the mount path: the cluster's own volume or a network volume."""
+
+    size_gb: int
+    mount_path: str
+    used_bytes: int | None = Field(description="Bytes used when last measured (null: not yet)")
+    measured_at: str | None
+    network_volume_id: str | None = Field(
+        description="The network volume mounted instead of a volume of its own"
+    )
 
 
 class LastExit(_Out):
@@ -142,6 +165,7 @@ class Cluster(_Out):
     volume_gb: int
     storage_gb: int
     volume_mount_path: str
+    volume: ClusterVolume | None
     cloud_type: str
     interruptible: bool
     bid_per_gpu: float | None
@@ -162,9 +186,17 @@ class Cluster(_Out):
     estimated_ready_at: str | None = None
 
 
+class SnapshotRef(_Out):
+    id: str
+    name: str
+    status: str
+
+
 class StartedCluster(Cluster):
     cost: StartCost
     configuration_updates_applied: list[str]
+    # The snapshot taken before the changes (``snapshot_before_changes``); else null.
+    snapshot_before_changes: SnapshotRef | None = None
 
 
 class Pagination(_Out):

@@ -10,6 +10,7 @@ from gpuyard.core.autoterm import shown_policy
 from gpuyard.core.ledger import MICRO
 from gpuyard.core.progress import progress_for
 from gpuyard.core.secret_env import masked_env
+from gpuyard.core.snapshots import percentage as snapshot_percentage
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services.cluster_views import ClusterDetails
 from gpuyard.store.schema import Cluster, Event
@@ -99,6 +100,26 @@ def auto_terminate(d: ClusterDetails) -> dict[str, Any]:
     }
 
 
+def volume(d: ClusterDetails) -> dict[str, Any] | None:
+    """What is mounted at the mount path: the cluster's own volume, or the network
+    volume it names (whose size is shown; the cluster's own ``volume_gb`` is then 0),
+    with the bytes used when last measured (null: not yet). Null when it has none."""
+    c = d.cluster
+    nv = d.network_volume
+    if c.network_volume_id is None and c.volume_gb <= 0:
+        return None
+    used, measured = c.volume_used_bytes, c.volume_measured_at
+    if used is None and nv is not None:
+        used, measured = nv.used_bytes, nv.measured_at
+    return {
+        "size_gb": c.volume_gb if c.network_volume_id is None else (nv.size_gb if nv else 0),
+        "mount_path": c.volume_mount_path,
+        "used_bytes": used,
+        "measured_at": iso(measured),
+        "network_volume_id": c.network_volume_id,
+    }
+
+
 def last_exit(c: Cluster) -> dict[str, Any] | None:
     """The last time the container died on its own and was (or will be) brought back:
     its exit code (null: it disappeared), when that was seen, when it was restarted."""
@@ -139,6 +160,7 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "volume_gb": c.volume_gb,
         "storage_gb": c.volume_gb,
         "volume_mount_path": c.volume_mount_path,
+        "volume": volume(d),
         "cloud_type": c.cloud_type,
         "interruptible": bool(c.interruptible),
         "bid_per_gpu": c.bid_per_gpu,
@@ -185,6 +207,22 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
                 "to_host_id": d.move.to_host_id,
                 "bytes_copied": d.move.bytes_copied,
                 "started_at": iso(d.move.started_at),
+            }
+        if d.restore is not None:
+            # A snapshot is restored into a new volume that replaces the old one.
+            waiting = d.restore.after_snapshot_id
+            progress["current_step"] = (
+                "Waiting for snapshot"
+                if waiting and not d.restore.total_bytes
+                else "Restoring snapshot"
+            )
+            progress["restoring_snapshot"] = {
+                "snapshot_id": d.restore.snapshot_id,
+                "bytes_restored": d.restore.bytes_done,
+                "total_bytes": d.restore.total_bytes,
+                "percentage": snapshot_percentage(d.restore.bytes_done, d.restore.total_bytes),
+                "started_at": iso(d.restore.started_at),
+                "waiting_for_snapshot": waiting if not d.restore.total_bytes else None,
             }
         body["startup_progress"] = progress
         body["estimated_ready_at"] = iso(d.estimated_ready_at)

@@ -69,6 +69,10 @@ class Ownership:
     def volume(self, cluster_id: str) -> str:
         return f"{self.prefix}-vol-{cluster_id}"
 
+    def network_volume(self, volume_id: str) -> str:
+        """A network volume's engine volume (mounted by every cluster that names it)."""
+        return f"{self.prefix}-nv-{volume_id}"
+
     def training_prefix(self, training_cluster_id: int) -> str:
         return f"{self.prefix}-tc{training_cluster_id}"
 

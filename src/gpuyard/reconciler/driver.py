@@ -25,6 +25,8 @@ from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
 from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
+from gpuyard.reconciler.cluster_restore import storage_ready
+from gpuyard.reconciler.snapshots import SnapshotWorker
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
     ContainerSpec,
@@ -48,7 +50,14 @@ from gpuyard.services.moves import (
 )
 from gpuyard.services.placement import release_all, release_compute
 from gpuyard.services.secrets import open_env, secret_box
-from gpuyard.store.schema import Cluster, PortAllocation, Project, StartupSample, VolumeMove
+from gpuyard.store.schema import (
+    Cluster,
+    NetworkVolume,
+    PortAllocation,
+    Project,
+    StartupSample,
+    VolumeMove,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +107,8 @@ class ClusterDriver:
             limit=s.restart_limit,
             window_s=s.restart_window_s,
         )
+        # Restores snapshots into volumes (set by the reconciler; None: no repository).
+        self.storage: SnapshotWorker | None = None
         # Told when a cluster's next restart attempt is due (the reconciler looks then).
         self.on_restart_due: Callable[[str, datetime], None] = lambda _cid, _at: None
 
@@ -105,6 +116,24 @@ class ClusterDriver:
         """The cluster's engine volume: its stored name (clusters older than
         installation ids) or this installation's name for it."""
         return c.volume_name or self.ctx.ownership.volume(c.id)
+
+    def _mounted_volume(self, c: Cluster) -> str | None:
+        """The engine volume the container mounts: its network volume's when it names
+        one (made here with our labels if missing: the first cluster to start with it
+        makes it; idempotent, so several clusters may share it), else its own (None:
+        it has none). Raises RuntimeFailure when the network volume is gone."""
+        if c.network_volume_id is None:
+            return self.volume_of(c) if c.volume_gb > 0 else None
+        with self.ctx.read() as session:
+            nv = session.get(NetworkVolume, c.network_volume_id)
+            name = nv.volume_name if nv is not None and nv.deleted_at is None else None
+        if name is None:
+            raise RuntimeFailure(
+                f"network volume {c.network_volume_id} no longer exists",
+                {"network_volume_id": c.network_volume_id},
+            )
+        self.runtime_of(c.host_id).ensure_volume(name, c.network_volume_id)
+        return name
 
     # -- helpers -------------------------------------------------------------
     def _load(self, cluster_id: str) -> Cluster | None:
@@ -215,6 +244,8 @@ class ClusterDriver:
             return
         move = pending_move(self.ctx, c.id)
         if move is not None and not self._move_volume(c, move, starting=True):
+            return
+        if not storage_ready(self, c):
             return
         created = False
         try:
@@ -442,7 +473,7 @@ class ClusterDriver:
                 PortBinding(a.internal_port, a.port, "udp" if a.protocol == "udp" else "tcp")
                 for a in allocations
             ),
-            volume_name=self.volume_of(c) if c.volume_gb > 0 else None,
+            volume_name=self._mounted_volume(c),
             volume_mount_path=c.volume_mount_path,
             cpu_cores=float(c.cpu_cores),
             memory_gb=float(c.memory_gb),
@@ -475,9 +506,10 @@ class ClusterDriver:
     def _terminate(self, c: Cluster) -> None:
         try:
             self.runtime_of(c.host_id).stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
-            self.runtime_of(c.host_id).remove_volume(
-                self.volume_of(c), legacy=c.volume_name is not None
-            )
+            if c.network_volume_id is None:  # a network volume outlives its clusters
+                self.runtime_of(c.host_id).remove_volume(
+                    self.volume_of(c), legacy=c.volume_name is not None
+                )
             # A volume on its way here still has its old copy on the old host.
             self._remove_moving_copy(c)
         except GpuyardError as exc:

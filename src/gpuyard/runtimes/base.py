@@ -163,6 +163,12 @@ class Runtime(Protocol):
         """Every volume of this installation, found by its labels."""
         ...
 
+    def volume_usage(self) -> dict[str, int]:
+        """Bytes used by each volume of this installation the engine can measure, by
+        name (the engine's disk-usage report); a volume it does not measure is left
+        out. Raises RuntimeFailure when the engine does not answer."""
+        ...
+
     def guard_networks(self) -> None:
         """Re-apply the isolation of this installation's networks (host rules a
         firewall reload may have removed); a no-op where nothing is managed."""

@@ -486,6 +486,10 @@ class DockerEngineRuntime:
             for v in self.engine.list_volumes()
         ]
 
+    def volume_usage(self) -> dict[str, int]:
+        """Bytes used by each of our volumes (see Engine.volume_usage)."""
+        return self.engine.volume_usage()
+
     def stats(self, cluster_id: str, consumer: StatsConsumer = "view") -> ContainerStats | None:
         """One-shot CPU% (100 = one core) and memory% of the limit; None unless running.
 

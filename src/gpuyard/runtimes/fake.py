@@ -358,6 +358,17 @@ class FakeRuntime:
                 if v.owner == owner
             ]
 
+    def volume_usage(self) -> dict[str, int]:
+        """Each of our volumes' "bytes": the summed length of its files' contents."""
+        with self._lock:
+            self._enter("volume_usage")
+            owner = self._owner_id()
+            return {
+                v.name: sum(len(x) for x in v.files.values())
+                for v in self.volumes.values()
+                if v.owner == owner
+            }
+
     def stats(self, cluster_id: str, consumer: StatsConsumer = "view") -> ContainerStats | None:
         with self._lock:
             self._enter("stats")

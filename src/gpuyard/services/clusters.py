@@ -23,7 +23,6 @@ from gpuyard.core.errors import (
     InvalidState,
     LimitsNotEnforced,
     NotFound,
-    SnapshotNotFound,
     ValidationFailed,
 )
 from gpuyard.core.ids import new_cluster_id
@@ -53,11 +52,20 @@ from gpuyard.services.lifecycle import (
 )
 from gpuyard.services.locations import check_location
 from gpuyard.services.moves import place_for_start
+from gpuyard.services.network_volumes import mount_for_cluster
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.port_rules import check_external_ports, server_ports
 from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
 from gpuyard.services.secrets import SecretBox, open_env, seal_env, secret_box, update_env
-from gpuyard.store.schema import Cluster, Event, Host, Project
+from gpuyard.services.snapshots import (
+    add_restore,
+    add_snapshot,
+    cluster_source,
+    restorable,
+    restore_target,
+)
+from gpuyard.services.storage_billing import GB
+from gpuyard.store.schema import Cluster, Event, Host, Project, Snapshot
 
 MAX_CONFLICT_RETRIES = 5
 HOST_PORT = "host_port"
@@ -70,6 +78,8 @@ class StartResult:
     previous_rate: float
     new_rate: float
     rate_change_reason: str | None
+    # The snapshot taken before the changes (``snapshot_before_changes``).
+    snapshot_before_changes: Snapshot | None = None
 
 
 def resolve_gpu_type(session: Session, name: str | None, field: str = "gpu_type") -> GpuTypeInfo:
@@ -245,6 +255,20 @@ def create_cluster(
         needs_gpu = gpu_count > 0 or body.gpu_type
         gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
         bid = checked_bid(gpu, gpu_count, body.cloud_type, body) if body.spot else None
+        clone = _clone_source(session, principal, body)
+        # A clone's volume is at least its snapshot's source volume.
+        volume_gb = max(body.volume_gb, clone.volume_gb) if clone else body.volume_gb
+        if clone is not None:
+            _check_fits(clone, volume_gb, field="snapshot_id")
+        # A network volume is mounted instead of a volume of its own (none is made,
+        # reserved or billed: volume_gb is ignored); the cluster goes to its host.
+        mounted = (
+            mount_for_cluster(session, principal, body.network_volume_id, location)
+            if body.network_volume_id
+            else None
+        )
+        if mounted is not None:
+            volume_gb = 0
         cluster_id = new_cluster_id()
         cluster = Cluster(
             id=cluster_id,
@@ -259,8 +283,9 @@ def create_cluster(
             cpu_cores=body.cpu_cores,
             memory_gb=body.memory_gb,
             container_disk_gb=body.container_disk_gb,
-            volume_gb=body.volume_gb,
+            volume_gb=volume_gb,
             volume_mount_path=body.volume_mount_path,
+            network_volume_id=mounted.id if mounted is not None else None,
             cloud_type=body.cloud_type.value,
             interruptible=bid is not None,
             bid_per_gpu=bid,
@@ -282,11 +307,17 @@ def create_cluster(
             session,
             cluster_id=cluster_id,
             request=replace(request_of(cluster, body.cloud_type), location=location),
-            volume_gb=body.volume_gb,
+            volume_gb=volume_gb,
             ratios=ctx.settings.allocation_ratios,
             now=now,
             bid=bid,
             policy=ctx.settings.placement_policy,
+            host_id=mounted.host_id if mounted is not None else None,
+            not_enough_message=(
+                f"not enough free resources on network volume {mounted.id}'s host"
+                if mounted is not None
+                else None
+            ),
         )
         assigned = assign_ports(
             session,
@@ -306,6 +337,17 @@ def create_cluster(
         record_event(
             session, cluster_id, now, "status", "created", None, ClusterStatus.STARTING.value
         )
+        if clone is not None:
+            # Its volume is made from the snapshot before its container starts.
+            add_restore(
+                session,
+                cluster_id,
+                clone,
+                placement.host_id,
+                restore_target(ctx.ownership.prefix, cluster_id),
+                now,
+            )
+            record_event(session, cluster_id, now, "snapshot", f"cloned from snapshot {clone.id}")
         meter_status(session, cluster, ClusterStatus.STARTING, now)
     ctx.wake()
     return cluster
@@ -354,6 +396,14 @@ def _apply_start_changes(
                 f"storage cannot shrink ({cluster.volume_gb} GB -> {upd.storage_gb} GB)",
                 {"current_gb": cluster.volume_gb},
             )
+        if upd.storage_gb and cluster.network_volume_id is not None:
+            # It has no volume of its own to grow; the network volume grows apart.
+            raise ValidationFailed(
+                "update_configuration.storage_gb",
+                f"this cluster mounts network volume {cluster.network_volume_id}; grow it "
+                "with PATCH /v1/networkvolumes/{id}",
+                {"network_volume_id": cluster.network_volume_id},
+            )
         changes = (
             ("cpu_cores", "cpu_cores", upd.cpu_cores, "CPU change"),
             ("memory_gb", "memory_gb", upd.memory_gb, "Memory upgrade"),
@@ -395,6 +445,57 @@ def _apply_start_changes(
     return values, applied, reasons
 
 
+def _restorable_for(
+    session: Session, principal: Principal, cluster: Cluster, body: StartCluster
+) -> Snapshot | None:
+    """The ready snapshot ``body`` restores (None: no restore). Raises SnapshotNotFound
+    (unknown, another account's), SnapshotNotReady, ValidationFailed (no volume) or
+    InvalidState (a network volume: restored on its own, not through one cluster)."""
+    if not body.restore_from_snapshot:
+        return None
+    snap = restorable(session, principal.account_id, body.restore_from_snapshot)
+    if cluster.network_volume_id is not None:
+        raise InvalidState(
+            "this cluster mounts a network volume; restore the network volume itself",
+            {
+                "network_volume_id": cluster.network_volume_id,
+                "suggestion": "POST /v1/networkvolumes/{id}/restore with the snapshot_id",
+            },
+        )
+    if cluster.volume_gb <= 0:
+        raise ValidationFailed(
+            "restore_from_snapshot",
+            "this cluster has no volume to restore into",
+            {"volume_gb": cluster.volume_gb},
+        )
+    return snap
+
+
+def _clone_source(session: Session, principal: Principal, body: CreateCluster) -> Snapshot | None:
+    """The ready snapshot a create clones (None: not a clone). Raises SnapshotNotFound,
+    SnapshotNotReady, ValidationFailed (with a network volume: restore that instead)."""
+    if body.snapshot_id is None:
+        return None
+    if body.network_volume_id is not None:
+        raise ValidationFailed(
+            "snapshot_id",
+            "a cluster mounting a network volume has no volume of its own to clone into; "
+            "restore the network volume instead",
+        )
+    return restorable(session, principal.account_id, body.snapshot_id)
+
+
+def _check_fits(snap: Snapshot, volume_gb: int, field: str = "restore_from_snapshot") -> None:
+    """A snapshot whose data is larger than the volume is refused (grow it first)."""
+    if snap.size_bytes is not None and snap.size_bytes > volume_gb * GB:
+        raise ValidationFailed(
+            field,
+            f"snapshot {snap.id} holds {snap.size_bytes} bytes, more than the volume's "
+            f"{volume_gb} GB; grow it with update_configuration.storage_gb",
+            {"size_bytes": snap.size_bytes, "volume_gb": volume_gb},
+        )
+
+
 def start_cluster(
     ctx: Context,
     principal: Principal,
@@ -423,21 +524,27 @@ def start_cluster(
         check_image(upd.docker_image, ctx.settings.registry_policy, field)
     if body.port_mapping_updates:
         check_external_ports(body.port_mapping_updates, ctx.settings, "port_mapping_updates")
-    if body.restore_from_snapshot:
-        # Snapshots are not implemented yet: no id can exist, and ignoring it would
-        # start the cluster on data the user did not ask for.
-        with ctx.read() as session:
-            load_cluster(session, principal, cluster_id)
-        raise SnapshotNotFound(
-            f"snapshot {body.restore_from_snapshot!r} not found",
-            {"snapshot_id": body.restore_from_snapshot},
-        )
     for _ in range(MAX_CONFLICT_RETRIES):
         now = ctx.clock.now()
         try:
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
                 require_action(cluster, Action.START)
+                restore = _restorable_for(session, principal, cluster, body)
+                # Taken of the volume as it rests, before anything changes it (the
+                # driver starts nothing on the volume until it is done).
+                before = (
+                    add_snapshot(
+                        session,
+                        principal.account_id,
+                        cluster_source(ctx, session, cluster),
+                        f"before-start-{now.strftime('%Y%m%d-%H%M%S')}",
+                        "taken by a start with snapshot_before_changes",
+                        now,
+                    )
+                    if body.snapshot_before_changes
+                    else None
+                )
                 # Detached: proposed changes must reach the row only through the funnel.
                 session.expunge(cluster)
                 previous = rate_of(session, cluster, ctx, running=True).total
@@ -472,6 +579,18 @@ def start_cluster(
                     else "not enough free resources on the host machine",
                     bid=cluster.bid_per_gpu if cluster.interruptible else None,
                 )
+                if restore is not None:
+                    _check_fits(restore, values.get("volume_gb", cluster.volume_gb))
+                    add_restore(
+                        session,
+                        cluster.id,
+                        restore,
+                        placement.host_id,
+                        restore_target(ctx.ownership.prefix, cluster.id),
+                        now,
+                        after_snapshot_id=before.id if before is not None else None,
+                    )
+                    applied.append(f"restore_from_snapshot: {restore.id} ({restore.name})")
                 specs = ports_of(cluster)
                 assigned = assign_ports(
                     session,
@@ -509,7 +628,7 @@ def start_cluster(
             continue
         ctx.wake()
         reason = ", ".join(reasons) if reasons and new != previous else None
-        return StartResult(cluster, applied, previous, new, reason)
+        return StartResult(cluster, applied, previous, new, reason, before)
     raise Conflict(f"cluster {cluster_id} keeps changing; retry")
 
 

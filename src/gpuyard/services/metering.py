@@ -28,7 +28,7 @@ from gpuyard.core.ledger import (
     seconds,
     to_micro_usd,
 )
-from gpuyard.store.schema import Cluster, Project, UsageInterval
+from gpuyard.store.schema import Cluster, NetworkVolume, Project, UsageInterval
 
 _COLUMNS = (
     UsageInterval.cluster_id,
@@ -167,9 +167,11 @@ def bill(
             raise NotFound(f"project {project_id} not found", {"project_id": project_id})
     lo, hi = boundary(from_), boundary(to)
     q = (
-        select(*_COLUMNS, Cluster.name)
+        # A holder is a cluster or a network volume (both named in a bill).
+        select(*_COLUMNS, func.coalesce(Cluster.name, NetworkVolume.name).label("name"))
         .join(Project, Project.id == UsageInterval.project_id)
         .outerjoin(Cluster, Cluster.id == UsageInterval.cluster_id)
+        .outerjoin(NetworkVolume, NetworkVolume.id == UsageInterval.cluster_id)
         .where(
             Project.account_id == account_id,
             UsageInterval.started_at < hi,

@@ -75,7 +75,8 @@ def place_for_start(
         with session.begin_nested():
             return _claim(session, ctx, cluster, now, old_host, not_enough_message, bid)
     except InsufficientCapacity as exc:
-        if not allow_move or old_host is None:
+        # A network volume lives on its host: a cluster mounting it never leaves.
+        if not allow_move or old_host is None or cluster.network_volume_id is not None:
             raise
         host = session.get(Host, old_host)
         if cluster.volume_gb > 0 and host is not None and not host.healthy:
@@ -344,6 +345,8 @@ def move_resting(ctx: Context, cluster_id: str, reason: str, now: datetime) -> s
         move = session.get(VolumeMove, cluster_id)
         if move is not None and move.status in IN_FLIGHT:
             return None  # already on its way
+        if cluster.network_volume_id is not None:
+            return f"it mounts network volume {cluster.network_volume_id}, which lives on this host"
         old_host = cluster.host_id
         try:
             with session.begin_nested():

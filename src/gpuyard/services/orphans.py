@@ -11,20 +11,24 @@ from typing import Any
 from sqlalchemy import select
 
 from gpuyard.core.errors import Conflict, GpuyardError, NotFound
+from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import NodeName
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
-from gpuyard.store.schema import Cluster, Host, OrphanVolume, TrainingCluster
+from gpuyard.services.network_volumes import known_engine_names
+from gpuyard.store.schema import Cluster, Host, OrphanVolume, TrainingCluster, VolumeRestore
 
 log = logging.getLogger(__name__)
 
 
 def known_volume_names(ctx: Context) -> set[str]:
     """Every engine volume name the database knows to be in use: live clusters'
-    volumes and live training clusters' Slurm state volumes."""
+    volumes, network volumes (live, or deleted with their removal pending) and live
+    training clusters' Slurm state volumes."""
     with ctx.read() as session:
+        networked = known_engine_names(session)
         clusters = session.execute(
             select(Cluster.id, Cluster.volume_name).where(
                 Cluster.status != ClusterStatus.TERMINATED.value
@@ -35,8 +39,16 @@ def known_volume_names(ctx: Context) -> set[str]:
                 TrainingCluster.deleted_at.is_(None)
             )
         ).all()
+        # A snapshot being restored goes into a new volume that replaces the old one.
+        restoring = session.scalars(
+            select(VolumeRestore.target_volume).where(
+                VolumeRestore.status == RestoreStatus.RESTORING.value
+            )
+        ).all()
     names = {name or ctx.ownership.volume(cid) for cid, name in clusters}
+    names.update(restoring)
     names.update(NodeName(tid, prefix).state_volume for tid, prefix in trainings)
+    names.update(networked)
     return names
 
 

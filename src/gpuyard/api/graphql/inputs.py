@@ -3,8 +3,9 @@ their translation into the cluster use cases' validated bodies.
 
 Every field of RunPod's deploy inputs is accepted. Those that apply take effect (see
 :func:`create_bodies`); the others are accepted and ignored, as docs/decisions.md
-lists. Inputs that would change *what data* a cluster starts on (``networkVolumeId``,
-a template without ``imageName``) are refused rather than ignored.
+lists. Inputs that would change *what data* a cluster starts on (a template without
+``imageName``) are refused rather than ignored; ``networkVolumeId`` mounts that network
+volume at ``volumeMountPath``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import strawberry
 from pydantic import ValidationError
 
 from gpuyard.api.graphql.errors import from_pydantic
-from gpuyard.core.errors import NotFound, ValidationFailed
+from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.input_rules import MAX_ENV_VARS
 from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec
 from gpuyard.services.requests import CreateCluster
@@ -214,6 +215,7 @@ GRAPHQL_NAMES = {
     "auto_terminate": "stopAfter",
     "bid_per_gpu": "bidPerGpu",
     "location": "dataCenterId",
+    "network_volume_id": "networkVolumeId",
 }
 
 _PORT = re.compile(r"^\s*(\d{1,5})\s*(?:/\s*(http|tcp|udp)\s*)?$", re.IGNORECASE)
@@ -269,16 +271,12 @@ def create_bodies(
     volumeInGb, containerDiskInGb, minVcpuCount / minMemoryInGb (vCPUs and memory; a
     CPU ``instanceId`` like ``cpu3c-2-4`` gives them when absent), gpuCount,
     cloudType, stopAfter / terminateAfter (auto-terminate after that time), bidPerGpu
-    (interruptible at that bid).
-    Raises ValidationFailed or NotFound (networkVolumeId).
+    (interruptible at that bid), networkVolumeId (mounted at volumeMountPath instead of
+    a volume of its own; the cluster goes to the network volume's host).
+    Raises ValidationFailed.
     """
     if not data.image_name:
         raise ValidationFailed("input.imageName", "required (templates are not supported)")
-    if data.network_volume_id:
-        raise NotFound(
-            f"network volume {data.network_volume_id!r} not found",
-            {"network_volume_id": data.network_volume_id},
-        )
     vcpus, memory = data.min_vcpu_count, data.min_memory_in_gb
     if data.instance_id and (m := _INSTANCE.match(data.instance_id)):
         vcpus = vcpus or int(m.group(1))
@@ -305,6 +303,8 @@ def create_bodies(
         "ports": parse_ports(data.ports, data.port),
         "volume_mount_path": data.volume_mount_path or "/workspace",
         "volume_gb": data.volume_in_gb or 0,
+        # "" as absent, like dataCenterId.
+        "network_volume_id": data.network_volume_id or None,
         "cloud_type": CloudType(data.cloud_type.value) if data.cloud_type else CloudType.ALL,
         "auto_terminate": auto,
     }

@@ -22,7 +22,7 @@ def one_pod(info: Info, cluster_id: str) -> Pod:
 class Query:
     @strawberry.field(description="The caller and their account's clusters.")
     def myself(self, info: Info) -> User:
-        return User(id=str(info.context.principal.user_id), pub_key=None, network_volumes=[])
+        return User(id=str(info.context.principal.user_id), pub_key=None)
 
     @strawberry.field(description="One cluster by id (terminated ones included).")
     def cluster(self, info: Info, input: ClusterFilter) -> Pod | None:

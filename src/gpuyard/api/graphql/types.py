@@ -25,6 +25,7 @@ from gpuyard.core.secret_env import masked_env
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services import spot
 from gpuyard.services.cluster_views import ClusterDetails
+from gpuyard.services.network_volumes import list_network_volumes
 
 Info = strawberry.Info[GqlContext, None]
 
@@ -178,6 +179,9 @@ class Pod:
     error_message: str | None
     created_at: str | None
     machine: Machine | None
+    network_volume: NetworkVolume | None = strawberry.field(
+        description="The network volume mounted at volumeMountPath (null: its own volume)"
+    )
     _runtime: strawberry.Private[PodRuntime | None]
 
     @strawberry.field(description="Null unless running.")
@@ -266,8 +270,16 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
         error_message=c.error_message,
         created_at=iso(c.created_at),
         machine=machine,
+        network_volume=_network_volume(d),
         _runtime=runtime,
     )
+
+
+def _network_volume(d: ClusterDetails) -> NetworkVolume | None:
+    nv = d.network_volume
+    if nv is None:
+        return None
+    return NetworkVolume(id=nv.id, name=nv.name, size=nv.size_gb, data_center_id=nv.location)
 
 
 @strawberry.type
@@ -339,21 +351,26 @@ def gpu_type_from(g: GpuTypeInfo, hosts: list[HostCapacity]) -> GpuType:
     )
 
 
-@strawberry.type
+@strawberry.type(description="Storage that outlives clusters, on one host of a data centre.")
 class NetworkVolume:
     id: str
     name: str
-    size: int
-    data_center_id: str
+    size: int = strawberry.field(description="Size in GB")
+    data_center_id: str = strawberry.field(description="The host location it lives in")
 
 
 @strawberry.type(name="User", description="The caller: their account's clusters.")
 class User:
     id: str
     pub_key: str | None = strawberry.field(description="No SSH keys yet: null")
-    network_volumes: list[NetworkVolume] = strawberry.field(
-        description="No network volumes yet: always empty"
-    )
+
+    @strawberry.field(description="The account's network volumes, newest first.")
+    def network_volumes(self, info: Info) -> list[NetworkVolume]:
+        gctx = info.context
+        return [
+            NetworkVolume(id=v.id, name=v.name, size=v.size_gb, data_center_id=v.location)
+            for v in list_network_volumes(gctx.ctx, gctx.principal)
+        ]
 
     @strawberry.field(description="The account's clusters (not terminated), newest first.")
     def clusters(self, info: Info) -> list[Pod]:
