@@ -5,22 +5,37 @@ failures that change nothing, deletion, billing."""
 from __future__ import annotations
 
 import shutil
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
 
 from gpuyard.api.views import cluster_v1
-from gpuyard.core.errors import InvalidState, SnapshotNotFound, SnapshotNotReady
+from gpuyard.core.errors import (
+    InvalidState,
+    NetworkVolumeInUse,
+    SnapshotNotFound,
+    SnapshotNotReady,
+    ValidationFailed,
+)
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.snapshots import snapshot_tag
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import cluster_views
 from gpuyard.services import clusters as uc
+from gpuyard.services import network_volumes as nvs
 from gpuyard.services import snapshots as svc
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
+from gpuyard.services.metering import GroupBy, bill
 from gpuyard.services.requests import StartCluster
-from gpuyard.store.schema import Cluster, Snapshot, UsageInterval, VolumeRestore
+from gpuyard.store.schema import (
+    Cluster,
+    NetworkVolume,
+    Snapshot,
+    UsageInterval,
+    VolumeRestore,
+)
 from tests.service.test_lifecycle import a6000, settle
 
 pytestmark = pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed")
@@ -254,3 +269,68 @@ def test_cannot_snapshot_without_a_volume_or_while_terminating(
     uc.terminate_cluster(ctx, alice, c.id)
     with pytest.raises(InvalidState):
         svc.create_snapshot(ctx, alice, c.id, "", "")
+
+
+def test_network_volume_snapshot_restore_and_bill(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
+    ctx.settings.price_snapshot_gb_month = 1_000_000.0
+    volume = nvs.create_network_volume(
+        ctx,
+        alice,
+        nvs.CreateNetworkVolume.model_validate({"name": "d", "size": 10, "dataCenterId": "local"}),
+    )
+    c = uc.create_cluster(
+        ctx, alice, a6000(1, network_volume_id=volume.id, volume_mount_path="/data")
+    )
+    settle(rec, c.id)
+    runtime.write_file(c.id, "/data/shared.txt", "v1")
+    # A snapshot through the cluster is of the network volume it mounts.
+    snap = svc.create_snapshot(ctx, alice, c.id, "nv", "")
+    assert snap.source_network_volume_id == volume.id and snap.source_cluster_id == c.id
+    rec.snapshots.take(snap.id)
+    assert svc.get_snapshot(ctx, alice, snap.id).status == "ready"
+    direct = svc.create_volume_snapshot(ctx, alice, volume.id, "direct", "")
+    assert direct.consistency == "crash_consistent" and direct.source_cluster_id is None
+    rec.snapshots.take(direct.id)
+
+    # A cluster mounting it cannot restore through its start; the volume itself can,
+    # once nothing that mounts it runs.
+    runtime.write_file(c.id, "/data/shared.txt", "v2")
+    with pytest.raises(InvalidState):
+        svc.restore_volume_of_network_volume(ctx, alice, volume.id, snap.id)
+    stopped(ctx, alice, rec, c.id)
+    with pytest.raises(InvalidState):
+        uc.start_cluster(ctx, alice, c.id, StartCluster(restore_from_snapshot=snap.id))
+    with pytest.raises(ValidationFailed):  # a clone has no volume of its own to go to
+        uc.create_cluster(ctx, alice, a6000(1, network_volume_id=volume.id, snapshot_id=snap.id))
+    restore = svc.restore_volume_of_network_volume(ctx, alice, volume.id, snap.id)
+    assert restore.status == "restoring"
+    with pytest.raises(InvalidState):  # nothing mounts it until the restore is done
+        uc.start_cluster(ctx, alice, c.id, StartCluster())
+    rec.snapshots.restore_network_volume(volume.id)
+    with ctx.read() as s:
+        row = s.get(NetworkVolume, volume.id)
+        assert row is not None
+        name = row.volume_name
+    assert name != ctx.ownership.network_volume(volume.id)
+    assert runtime.volume_files(name) == {"shared.txt": "v1"}
+    uc.start_cluster(ctx, alice, c.id, StartCluster())
+    settle(rec, c.id)
+    assert uc.get_cluster(ctx, alice, c.id).status == "running"
+
+    # Snapshots keep the network volume from being deleted, and are billed by name.
+    with pytest.raises(NetworkVolumeInUse):
+        nvs.delete_network_volume(ctx, alice, volume.id, rec.fleet.for_host)
+    with ctx.read() as s:
+        lines = bill(
+            s,
+            alice.account_id,
+            None,
+            snap.created_at,
+            ctx.clock.now() + timedelta(hours=1),
+            GroupBy.CLUSTER,
+            ctx.clock.now() + timedelta(hours=1),
+        ).lines
+    names = {line.key: line.label for line in lines}
+    assert names.get(snap.id) == "nv"

@@ -61,6 +61,7 @@ from gpuyard.services.snapshots import (
     add_restore,
     add_snapshot,
     cluster_source,
+    refuse_while_restoring,
     restorable,
     restore_target,
 )
@@ -267,6 +268,8 @@ def create_cluster(
             if body.network_volume_id
             else None
         )
+        if mounted is not None:
+            refuse_while_restoring(session, mounted.id)
         if mounted is not None:
             volume_gb = 0
         cluster_id = new_cluster_id()
@@ -531,6 +534,8 @@ def start_cluster(
                 cluster = load_cluster(session, principal, cluster_id)
                 require_action(cluster, Action.START)
                 restore = _restorable_for(session, principal, cluster, body)
+                if cluster.network_volume_id is not None:
+                    refuse_while_restoring(session, cluster.network_volume_id)
                 # Taken of the volume as it rests, before anything changes it (the
                 # driver starts nothing on the volume until it is done).
                 before = (

@@ -28,7 +28,7 @@ from gpuyard.core.ledger import (
     seconds,
     to_micro_usd,
 )
-from gpuyard.store.schema import Cluster, NetworkVolume, Project, UsageInterval
+from gpuyard.store.schema import Cluster, NetworkVolume, Project, Snapshot, UsageInterval
 
 _COLUMNS = (
     UsageInterval.cluster_id,
@@ -167,11 +167,15 @@ def bill(
             raise NotFound(f"project {project_id} not found", {"project_id": project_id})
     lo, hi = boundary(from_), boundary(to)
     q = (
-        # A holder is a cluster or a network volume (both named in a bill).
-        select(*_COLUMNS, func.coalesce(Cluster.name, NetworkVolume.name).label("name"))
+        # A holder is a cluster, a network volume or a snapshot (each named in a bill).
+        select(
+            *_COLUMNS,
+            func.coalesce(Cluster.name, NetworkVolume.name, Snapshot.name).label("name"),
+        )
         .join(Project, Project.id == UsageInterval.project_id)
         .outerjoin(Cluster, Cluster.id == UsageInterval.cluster_id)
         .outerjoin(NetworkVolume, NetworkVolume.id == UsageInterval.cluster_id)
+        .outerjoin(Snapshot, Snapshot.id == UsageInterval.cluster_id)
         .where(
             Project.account_id == account_id,
             UsageInterval.started_at < hi,

@@ -173,6 +173,16 @@ def _restoring(session: Session, holder_id: str) -> bool:
     )
 
 
+def refuse_while_restoring(session: Session, volume_id: str) -> None:
+    """A network volume being restored cannot be mounted until the restored copy is in
+    place (a container started meanwhile would keep the old data). InvalidState."""
+    if _restoring(session, volume_id):
+        raise InvalidState(
+            f"network volume {volume_id} is being restored; start once the restore is done",
+            {"network_volume_id": volume_id},
+        )
+
+
 def network_volume_source(session: Session, volume: NetworkVolume) -> SnapshotSource:
     """A network volume as a snapshot's source: crash-consistent while any cluster
     that mounts it may run."""
