@@ -128,8 +128,11 @@ class ServerProcess:
 
 
 @contextmanager
-def running_server(home: Path, engine_url: str) -> Iterator[ServerProcess]:
+def running_server(
+    home: Path, engine_url: str, env: dict[str, str] | None = None
+) -> Iterator[ServerProcess]:
     server = ServerProcess(home, engine_url, free_port())
+    server.extra_env = dict(env or {})
     try:
         server.start()
         yield server

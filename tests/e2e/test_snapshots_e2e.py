@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,16 @@ def take_snapshot(c: httpx.Client, cid: str, name: str) -> dict[str, Any]:
     return data
 
 
+def snapshot_format(server: ServerProcess, snapshot_id: str) -> str:
+    """How the server kept the snapshot (not shown by the API): its row's ``format``."""
+    db = sqlite3.connect(f"file:{server.db_path}?mode=ro", uri=True, timeout=10)
+    try:
+        row = db.execute("SELECT format FROM snapshots WHERE id = ?", (snapshot_id,)).fetchone()
+    finally:
+        db.close()
+    return str(row[0])
+
+
 def repository(server: ServerProcess) -> ResticRepository:
     return ResticRepository(
         str(server.home / "snapshots"),
@@ -121,20 +132,26 @@ def check_clean(server: ServerProcess) -> None:
     assert result.ok, result.output
 
 
+@pytest.mark.parametrize("beside", ["true", "false"], ids=["restic-beside", "tar-stream"])
 def test_snapshot_restore_and_clone_byte_for_byte(
-    tmp_path: Path, engine_url: str, engine: docker.DockerClient
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient, beside: str
 ) -> None:
-    with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
+    """Both ways of keeping a volume: restic in a helper beside it (an engine of this
+    machine), and its tar stream through the engine's API (any engine)."""
+    env = {"GPUYARD_SNAPSHOT_RESTIC_BESIDE_VOLUME": beside}
+    with running_server(tmp_path / "home", engine_url, env) as server, server.client() as c:
         cid = create_cluster(c)
         code, out = sh(engine, server, cid, WRITE_TREE.format(big_mb=100))
         assert code == 0, out
         before = tree_checksum(engine, server, cid)
 
         first = take_snapshot(c, cid, "first")
+        fmt = "tree" if beside == "true" else "tar"
+        assert snapshot_format(server, first["id"]) == fmt
         assert first["consistency"] == "crash_consistent"
         assert first["source_cluster_id"] == cid
         assert first["size_bytes"] >= 100 * 1024 * 1024
-        assert first["file_count"] >= 50
+        assert first["file_count"] == 44  # the regular files of WRITE_TREE
         assert first["stored_bytes"] > 0 and first["ready_at"]
         listed = c.get("/v1/snapshots", params={"cluster_id": cid}).json()["data"]
         assert [s["id"] for s in listed["snapshots"]] == [first["id"]]
@@ -195,16 +212,26 @@ def test_kill9_during_snapshot_and_restore_leaves_everything_intact(
     try:
         with server.client() as c:
             cid = create_cluster(c)
-            code, out = sh(engine, server, cid, WRITE_TREE.format(big_mb=250))
+            code, out = sh(engine, server, cid, WRITE_TREE.format(big_mb=200))
+            assert code == 0, out
+            at_good = tree_checksum(engine, server, cid)
+            good = take_snapshot(c, cid, "good")
+            # New data for the next snapshot to read (unchanged files are skipped).
+            code, out = sh(
+                engine, server, cid, "dd if=/dev/urandom of=/workspace/new.bin bs=1M count=200"
+            )
             assert code == 0, out
             before = tree_checksum(engine, server, cid)
-            good = take_snapshot(c, cid, "good")
 
             # Kill -9 in the middle of a snapshot.
             r = c.post(f"/v1/clusters/{cid}/snapshots", json={"name": "cut"})
             cut = r.json()["data"]["id"]
             deadline = time.monotonic() + 60
-            while c.get(f"/v1/snapshots/{cut}").json()["data"]["progress"]["bytes_done"] == 0:
+            while True:
+                data = c.get(f"/v1/snapshots/{cut}").json()["data"]
+                assert data["status"] == "creating", data
+                if data["progress"]["bytes_done"]:
+                    break
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         server.kill9()
@@ -225,20 +252,21 @@ def test_kill9_during_snapshot_and_restore_leaves_everything_intact(
             deadline = time.monotonic() + 60
             while True:
                 progress = c.get(f"/v1/clusters/{cid}").json()["data"].get("startup_progress")
-                restoring = (progress or {}).get("restoring_snapshot") or {}
-                if restoring.get("bytes_restored"):
+                if (progress or {}).get("restoring_snapshot"):
                     break
                 assert time.monotonic() < deadline, progress
-                time.sleep(0.05)
+                time.sleep(0.02)
             assert progress is not None and progress["current_step"] == "Restoring snapshot"
-        assert changed != before
+            time.sleep(0.5)  # well inside the restore of a few hundred MB
+            assert c.get(f"/v1/clusters/{cid}").json()["data"]["status"] == "starting"
+        assert changed != at_good
         server.kill9()
         server.start()
         with server.client() as c:
             # The restore runs again from the start into a fresh volume and completes.
             data = wait_status(c, cid, {"running", "error"}, timeout=180)
             assert data["status"] == "running", data
-            assert tree_checksum(engine, server, cid) == before
+            assert tree_checksum(engine, server, cid) == at_good
             check_clean(server)
     finally:
         server.cleanup()

@@ -22,6 +22,14 @@ class Consistency(StrEnum):
     CRASH_CONSISTENT = "crash_consistent"
 
 
+class SnapshotFormat(StrEnum):
+    # The volume's tar stream as one file (read through any engine's API).
+    TAR = "tar"
+    # The volume's files themselves (restic run beside the volume: unchanged files
+    # are skipped on the next snapshot).
+    TREE = "tree"
+
+
 class RestoreStatus(StrEnum):
     RESTORING = "restoring"
     DONE = "done"

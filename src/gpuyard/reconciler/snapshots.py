@@ -1,18 +1,28 @@
 """Storage work: taking snapshots, restoring them into volumes, forgetting deleted ones.
 
-A snapshot is the volume's tar stream, read through the engine of the volume's host
-(runtimes/volume_archive.py: a helper container of ours, never the user's), counted as
-it passes (storage/tar_stats.py) and kept in the restic repository as one file tagged
-with the snapshot's id (storage/restic.py). Nothing is buffered whole: the stream goes
-from the engine's socket to restic's stdin chunk by chunk.
+Two ways to keep a volume in the restic repository (storage/restic.py), both reading it
+through a short-lived helper container of ours, never the user's container:
+
+- ``tree`` (an engine on this machine): restic itself runs in the helper beside the
+  volume (storage/volume_restic.py) and compares it with the volume's previous
+  snapshot, so files whose size, mtime, inode and ctime did not change are not read
+  again: a snapshot after a small change reads only what changed.
+- ``tar`` (any engine, a host over SSH too): the helper runs ``tar c`` and the stream
+  is read through the engine's API (runtimes/volume_archive.py), counted as it passes
+  (storage/tar_stats.py) and piped into ``restic backup --stdin`` chunk by chunk, never
+  whole in memory; content-defined chunking still stores only what changed, but every
+  byte is read and hashed each time.
 
 A restore goes the other way, into a new engine volume that replaces the old one only
-once it is whole (the caller swaps it in), so a failed restore changes nothing.
+once it is whole (the caller swaps it in), so a failed restore changes nothing. A
+``tree`` restored on an engine where restic cannot run beside the volume is streamed
+as a tar rebuilt from the snapshot (dump_as_volume_tar).
 
-Crashes: restic dies with the server (it is started with a parent-death signal), so a
-backup cut off never commits a snapshot; its partial packs and lock are cleaned when
-the server starts (:meth:`SnapshotWorker.recover`). The row it left ``creating`` is
-failed by the next attempt to take it (services/snapshots.py claim_snapshot).
+Crashes: restic under this process dies with it (parent-death signal), so a stream cut
+off never commits a snapshot; a helper's restic is killed by the next attempt on its
+volume. Partial packs and stale locks are cleaned when the server starts
+(:meth:`SnapshotWorker.recover`). The row a crash left ``creating`` is failed by the
+next attempt to take it (services/snapshots.py claim_snapshot).
 """
 
 from __future__ import annotations
@@ -22,16 +32,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from gpuyard.core.errors import GpuyardError, RuntimeFailure
+from gpuyard.core.ownership import LABEL_CLUSTER
+from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.volume_archive import read_volume, write_volume
+from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
+from gpuyard.runtimes.volume_copy import volume_labels
 from gpuyard.services import snapshots as svc
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.tar_stats import TarCounter, counted
+from gpuyard.storage.volume_restic import (
+    backup_volume,
+    dump_as_volume_tar,
+    helper_restic_available,
+    remove_restic_helpers,
+    restore_volume,
+)
+from gpuyard.store.schema import NetworkVolume, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +137,29 @@ class SnapshotWorker:
 
     def take(self, snapshot_id: str) -> None:
         """Take a ``creating`` snapshot to the end: ``ready`` with its sizes, or
-        ``failed`` with the reason (its partial data forgotten). Never raises."""
+        ``failed`` with the reason (its partial data forgotten). Never raises.
+
+        On an engine of this machine restic runs beside the volume in a helper and
+        compares with the volume's previous snapshot (a ``tree``: unchanged files are
+        not read again); elsewhere the volume's tar stream is piped into restic (a
+        ``tar``)."""
         claim = svc.claim_snapshot(self.ctx, snapshot_id, self.worker_id)
         if claim.interrupted:
+            self._stop_leftover_helper(claim.host_id, claim.volume_name)
             self._forget_tagged(snapshot_id)
         snap = claim.snapshot
         if snap is None:
             return
         began = time.monotonic()
-        counter = TarCounter()
+        beat = Throttle(lambda n: svc.heartbeat(self.ctx, snapshot_id, n))
         try:
             self._ready()
             runtime = self.runtime_of(snap.host_id)
-            beat = Throttle(lambda n: svc.heartbeat(self.ctx, snapshot_id, n))
-            with read_volume(runtime, snap.volume_name) as chunks:
-                result = self.repository.backup_stream(
-                    self._metered(counted(chunks, counter), beat),
-                    filename=ARCHIVE_NAME,
-                    tags=[snapshot_tag(snapshot_id)],
-                    host=self.ctx.ownership.prefix,
-                )
+            engine = self._beside(runtime)
+            if engine is not None:
+                taken = self._take_tree(engine, snap, beat)
+            else:
+                taken = self._take_tar(runtime, snap, beat)
         except Exception as exc:
             reason = exc.message if isinstance(exc, GpuyardError) else f"{type(exc).__name__}"
             log.warning("snapshot %s failed: %s", snapshot_id, reason)
@@ -141,18 +167,67 @@ class SnapshotWorker:
             self._forget_tagged(snapshot_id)
             self.ctx.wake()
             return
-        taken = svc.Taken(
+        taken = replace(taken, seconds=time.monotonic() - began)
+        if not svc.finish_snapshot(self.ctx, snapshot_id, taken):
+            # Failed or deleted meanwhile: its data is not wanted.
+            self._forget([taken.restic_id])
+        self.ctx.wake()
+
+    def _take_tree(self, engine: Engine, snap: Snapshot, beat: Callable[[int], None]) -> svc.Taken:
+        result = backup_volume(
+            engine,
+            snap.volume_name,
+            self.repository,
+            tags=[snapshot_tag(snap.id)],
+            host=self.ctx.ownership.prefix,
+            parent=svc.parent_for(self.ctx, snap),
+            on_progress=beat,
+        )
+        return svc.Taken(
+            restic_id=result.restic_id,
+            size_bytes=result.bytes,
+            stored_bytes=result.data_added,
+            file_count=result.files,
+            stream_bytes=result.bytes,
+            seconds=result.seconds,
+            format=SnapshotFormat.TREE,
+        )
+
+    def _take_tar(self, runtime: Runtime, snap: Snapshot, beat: Callable[[int], None]) -> svc.Taken:
+        counter = TarCounter()
+        with read_volume(runtime, snap.volume_name) as chunks:
+            result = self.repository.backup_stream(
+                self._metered(counted(chunks, counter), beat),
+                filename=ARCHIVE_NAME,
+                tags=[snapshot_tag(snap.id)],
+                host=self.ctx.ownership.prefix,
+            )
+        return svc.Taken(
             restic_id=result.restic_id,
             size_bytes=counter.content_bytes,
             stored_bytes=result.data_added,
             file_count=counter.file_count,
             stream_bytes=result.total_bytes,
-            seconds=time.monotonic() - began,
+            seconds=result.seconds,
         )
-        if not svc.finish_snapshot(self.ctx, snapshot_id, taken):
-            # Failed or deleted meanwhile: its data is not wanted.
-            self._forget([result.restic_id])
-        self.ctx.wake()
+
+    def _beside(self, runtime: Runtime) -> Engine | None:
+        """The engine of ``runtime`` when restic can run in a helper beside its volumes
+        (an engine of this machine, and the setting allows it); else None."""
+        engine = engine_of(runtime)
+        if engine is None or not self.ctx.settings.snapshot_restic_beside_volume:
+            return None
+        return engine if helper_restic_available(engine, self.repository) else None
+
+    def _stop_leftover_helper(self, host_id: int | None, volume: str | None) -> None:
+        """A restic helper an interrupted snapshot left reading ``volume`` is removed
+        (its restic killed) before its data is forgotten, so it commits nothing."""
+        if host_id is None or volume is None:
+            return
+        with contextlib.suppress(GpuyardError):
+            engine = engine_of(self.runtime_of(host_id))
+            if engine is not None:
+                remove_restic_helpers(engine, volume)
 
     @staticmethod
     def _metered(
@@ -181,11 +256,10 @@ class SnapshotWorker:
         GpuyardError when it cannot be done; ``target_volume`` is then removed (best
         effort) and the holder's own volume was never touched."""
         with self.ctx.read() as session:
-            from gpuyard.store.schema import Snapshot
-
             snap = session.get(Snapshot, snapshot_id)
             restic_id = snap.restic_id if snap is not None else None
             total = snap.bytes_done if snap is not None else 0
+            fmt = SnapshotFormat(snap.format) if snap is not None else SnapshotFormat.TAR
         if restic_id is None:
             raise RuntimeFailure(f"snapshot {snapshot_id} has no data in the repository")
         svc.restore_progress(self.ctx, restore_id, 0, total)
@@ -193,15 +267,7 @@ class SnapshotWorker:
         runtime = self.runtime_of(host_id)
         try:
             self._ready()
-            with self.repository.dump_stream(restic_id, ARCHIVE_NAME) as chunks:
-                write_volume(
-                    runtime,
-                    target_volume,
-                    cluster_id,
-                    chunks,
-                    like=like_volume,
-                    on_progress=beat,
-                )
+            self._restore(runtime, fmt, restic_id, target_volume, like_volume, cluster_id, beat)
         except Exception as exc:
             with contextlib.suppress(GpuyardError):
                 runtime.remove_volume(target_volume)
@@ -211,6 +277,44 @@ class SnapshotWorker:
         svc.restore_progress(self.ctx, restore_id, total, total)
         log.info("restored snapshot %s into %s (%s)", snapshot_id, target_volume, holder_id)
 
+    def _restore(
+        self,
+        runtime: Runtime,
+        fmt: SnapshotFormat,
+        restic_id: str,
+        target_volume: str,
+        like_volume: str | None,
+        cluster_id: str | None,
+        beat: Callable[[int], None],
+    ) -> None:
+        """Write the snapshot into ``target_volume``: a ``tree`` by restic beside the
+        volume where it can run, else (and for a ``tar``) as a tar stream through the
+        engine's archive upload."""
+        engine = self._beside(runtime) if fmt == SnapshotFormat.TREE else None
+        if engine is not None:
+            labels: dict[str, str] = {}
+            if like_volume is not None:
+                with contextlib.suppress(GpuyardError):
+                    labels = volume_labels(engine, like_volume)
+            restore_volume(
+                engine,
+                target_volume,
+                labels or engine.labels({LABEL_CLUSTER: cluster_id} if cluster_id else {}),
+                self.repository,
+                restic_id,
+                on_progress=beat,
+            )
+            return
+        source = (
+            dump_as_volume_tar(self.repository, restic_id)
+            if fmt == SnapshotFormat.TREE
+            else self.repository.dump_stream(restic_id, ARCHIVE_NAME)
+        )
+        with source as chunks:
+            write_volume(
+                runtime, target_volume, cluster_id, chunks, like=like_volume, on_progress=beat
+            )
+
     def restore_network_volume(self, volume_id: str) -> None:
         """Carry out the pending restore of a network volume and swap the restored
         copy in. Never raises: a failure is recorded on the restore and the network
@@ -218,8 +322,6 @@ class SnapshotWorker:
         restore = svc.pending_restore(self.ctx, volume_id)
         if restore is None:
             return
-        from gpuyard.store.schema import NetworkVolume
-
         with self.ctx.read() as session:
             volume = session.get(NetworkVolume, volume_id)
             old = volume.volume_name if volume is not None else None

@@ -30,7 +30,8 @@ from gpuyard.runtimes.volume_copy import (
 Progress = Callable[[int], None]
 
 
-def _engine_of(runtime: Runtime) -> Engine | None:
+def engine_of(runtime: Runtime) -> Engine | None:
+    """The Docker-API engine behind ``runtime``; None for other runtimes."""
     engine = getattr(runtime, "engine", None)
     return engine if isinstance(engine, Engine) else None
 
@@ -42,7 +43,7 @@ def read_volume(runtime: Runtime, volume: str) -> Iterator[Iterator[Chunk]]:
     chunk when the stream was cut short or tar failed, so a consumer never takes a
     partial stream for a whole one. Raises RuntimeFailure when the volume is missing
     or the engine does not answer."""
-    engine = _engine_of(runtime)
+    engine = engine_of(runtime)
     if engine is not None:
         with volume_tar_stream(engine, volume) as chunks:
             yield chunks
@@ -75,7 +76,7 @@ def write_volume(
     ours for ``cluster_id``. Returns the stream's length. An exception raised by
     ``chunks`` is raised again as it was; an engine failure raises RuntimeFailure; the
     volume may then be partial (callers write into a volume nobody uses yet)."""
-    engine = _engine_of(runtime)
+    engine = engine_of(runtime)
     if engine is not None:
         labels: dict[str, str] = {}
         if like is not None:

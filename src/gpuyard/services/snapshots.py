@@ -28,6 +28,7 @@ from gpuyard.core.snapshots import (
     SNAPSHOTTABLE_STATUSES,
     Consistency,
     RestoreStatus,
+    SnapshotFormat,
     SnapshotStatus,
     consistency_for,
 )
@@ -490,6 +491,9 @@ class Claim:
 
     snapshot: Snapshot | None
     interrupted: bool = False
+    # For an interrupted one: where its volume is (a helper may still read it).
+    host_id: int | None = None
+    volume_name: str | None = None
 
 
 def claim_snapshot(ctx: Context, snapshot_id: str, worker: str) -> Claim:
@@ -508,7 +512,7 @@ def claim_snapshot(ctx: Context, snapshot_id: str, worker: str) -> Claim:
                 "interrupted: the server taking it stopped before it was done",
                 now,
             )
-            return Claim(None, interrupted=True)
+            return Claim(None, True, snap.host_id, snap.volume_name)
         snap.worker = worker
         snap.heartbeat_at = now
         session.flush()
@@ -550,6 +554,7 @@ class Taken:
     # The tar stream's length: what a restore of it reads back.
     stream_bytes: int
     seconds: float
+    format: SnapshotFormat = SnapshotFormat.TAR
 
 
 def finish_snapshot(ctx: Context, snapshot_id: str, taken: Taken) -> bool:
@@ -562,6 +567,7 @@ def finish_snapshot(ctx: Context, snapshot_id: str, taken: Taken) -> bool:
             return False
         snap.status = SnapshotStatus.READY.value
         snap.restic_id = taken.restic_id
+        snap.format = taken.format.value
         snap.size_bytes = taken.size_bytes
         snap.stored_bytes = taken.stored_bytes
         snap.file_count = taken.file_count
@@ -588,6 +594,27 @@ def finish_snapshot(ctx: Context, snapshot_id: str, taken: Taken) -> bool:
                 f"files, {taken.stored_bytes} bytes stored, {taken.seconds:.1f} s",
             )
     return True
+
+
+def parent_for(ctx: Context, snap: Snapshot) -> str | None:
+    """The restic id of the latest ``tree`` snapshot of the same engine volume on the
+    same host (still kept): what restic compares files with, so it reads only what
+    changed. None: read everything."""
+    with ctx.read() as session:
+        return session.scalar(
+            select(Snapshot.restic_id)
+            .where(
+                Snapshot.volume_name == snap.volume_name,
+                Snapshot.host_id == snap.host_id,
+                Snapshot.format == SnapshotFormat.TREE.value,
+                Snapshot.status == SnapshotStatus.READY.value,
+                Snapshot.deleted_at.is_(None),
+                Snapshot.restic_id.is_not(None),
+                Snapshot.id != snap.id,
+            )
+            .order_by(Snapshot.ready_at.desc())
+            .limit(1)
+        )
 
 
 def restore_progress(ctx: Context, restore_id: int, done: int, total: int) -> None:

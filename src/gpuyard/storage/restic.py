@@ -66,6 +66,7 @@ Two ``init`` runs racing on one repository both succeed and leave it unreadable,
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import ctypes.util
@@ -86,7 +87,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Literal
 
 from gpuyard.core.errors import RuntimeFailure
 
@@ -117,6 +118,8 @@ _FORGET_BATCH: Final = 200
 _INTERRUPT_GRACE_S: Final = 5.0
 
 _PR_SET_PDEATHSIG: Final = 1
+# Environment a backend reads (credentials, endpoints), passed on to restic run elsewhere.
+_BACKEND_ENV: Final = ("AWS_", "B2_", "AZURE_", "GOOGLE_", "OS_", "ST_", "RCLONE_", "RESTIC_")
 
 
 class ResticError(RuntimeFailure):
@@ -168,6 +171,23 @@ class CheckResult:
         if summary:
             return int(summary.group(1))
         return self.output.count("not referenced in any index")
+
+
+@dataclass(frozen=True)
+class ResticInvocation:
+    """restic as another process on this machine runs it against this repository (a
+    helper container that bind-mounts these paths at the same paths): ``argv`` starts
+    with the executable's path here, then the repository, password-file and cache
+    options, then the command's arguments. ``env`` holds only what the backend needs
+    (``AWS_*`` and the like), never the password; ``repository_dir`` is the local
+    repository's absolute directory, None for a remote one."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    binary: str
+    password_file: str
+    cache_dir: str
+    repository_dir: str | None
 
 
 @functools.cache
@@ -525,6 +545,102 @@ class ResticRepository:
             return CheckResult(ok=False, output=f"{result.output}\n{exc.message}\n{stderr}")
         return self.check()
 
+    # -- for restic run elsewhere (runtimes/volume_restic.py) -------------------------
+
+    def invocation(self, args: Sequence[str]) -> ResticInvocation:
+        """How to run ``restic args`` in another process on this machine (see
+        :class:`ResticInvocation`). Paths are made absolute (a helper's working
+        directory is not ours). Raises ResticError when restic is not installed. Does
+        not touch the repository: call :meth:`ensure` first."""
+        binary = self._executable()
+        password_file = os.path.abspath(self._password_file)
+        cache_dir = os.path.abspath(self._cache_dir)
+        repository_dir = os.path.abspath(self._local_path()) if self.is_local else None
+        env = {
+            k: v
+            for k, v in self._environment().items()
+            if k.startswith(_BACKEND_ENV) and k not in _ENV_DROPPED
+        }
+        argv = (
+            binary,
+            "--repo",
+            repository_dir if repository_dir is not None else self._location,
+            "--password-file",
+            password_file,
+            "--cache-dir",
+            cache_dir,
+            *args,
+        )
+        return ResticInvocation(argv, env, binary, password_file, cache_dir, repository_dir)
+
+    def redact(self, text: str) -> str:
+        """``text`` with the password and any URL credentials masked (for restic output
+        read elsewhere before it goes into a message or a log)."""
+        return self._scrub(text)
+
+    def resolve_id(self, short_id: str, *, host: str, tags: Sequence[str], path: str) -> str:
+        """The full id of the snapshot a backup just reported by its short id (restic
+        0.14's summary gives only that); ``host``, ``tags`` and the snapshot's one
+        ``path`` tell colliding short ids apart. Waits for a prune's lock to go. A local
+        repository's id is read from its ``snapshots`` directory."""
+        _check_tags(tags)
+        self.ensure()
+        if self.is_local and _SNAPSHOT_ID.fullmatch(short_id):
+            # A local repository names each snapshot's file by its full id: no restic
+            # run (half a second) is needed unless two of them share the short id.
+            with contextlib.suppress(OSError):
+                names = os.listdir(Path(self._local_path()) / "snapshots")
+                found = [n for n in names if n.startswith(short_id) and _SNAPSHOT_ID.fullmatch(n)]
+                if len(found) == 1:
+                    return found[0]
+        return self._full_id(short_id, host=host, tags=tags, path=path)
+
+    def cat_json(self, kind: Literal["snapshot", "blob"], object_id: str) -> Any:
+        """``restic cat snapshot|blob ID``, parsed: a snapshot's record (``tree``,
+        ``paths``, ``hostname``...) or a tree blob (``{"nodes": [...]}``, each node with
+        ``name``, ``type``, ``inode``, ``device_id``, ``links``, ``subtree``...)."""
+        _check_id(object_id)
+        self.ensure()
+        return _json(self._run("cat", kind, object_id).stdout, f"cat {kind}")
+
+    def restore_size(self, restic_id: str) -> tuple[int, int]:
+        """What restoring snapshot ``restic_id`` writes: (bytes of file contents, each
+        hard-linked file once; entries of every kind), from ``stats --mode
+        restore-size``."""
+        _check_id(restic_id)
+        self.ensure()
+        result = self._run("stats", "--json", "--mode", "restore-size", restic_id)
+        stats = _json(result.stdout, "stats")
+        return int(stats.get("total_size", 0)), int(stats.get("total_file_count", 0))
+
+    @contextlib.contextmanager
+    def find_nodes(self, restic_id: str) -> Iterator[Iterator[dict[str, Any]]]:
+        """Every node of snapshot ``restic_id``, as ``restic find --long --json`` lists
+        them (``path``, ``type``, ``mode``, ``uid``, ``gid``, ``mtime``, ``size``,
+        ``links``, ``device_id``...; no inode numbers), parsed as restic prints them:
+        its output is one JSON document, never held whole. After the last node the
+        iterator raises ResticError if restic failed. Leaving early stops restic."""
+        _check_id(restic_id)
+        self.ensure()
+        proc = self._spawn(["find", "--json", "--long", "--snapshot", restic_id, "*"])
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout = proc.stdout
+        err = _Drain(proc.stderr)
+
+        def nodes() -> Iterator[dict[str, Any]]:
+            yield from _json_array_items(iter(lambda: stdout.read(1 << 16), b""), "matches")
+            status = proc.wait()
+            if status != 0:
+                raise self._failure("find", status, err.text())
+
+        try:
+            yield nodes()
+        finally:
+            if proc.poll() is None:
+                _interrupt(proc)
+            stdout.close()
+            err.join()
+
     # -- running restic ------------------------------------------------------------
 
     def _snapshots(self, *args: str) -> list[SnapshotInfo]:
@@ -706,3 +822,47 @@ def _mentions_errors(output: str) -> bool:
         if "error" in lowered and not lowered.startswith("no errors were found"):
             return True
     return False
+
+
+def _json_array_items(chunks: Iterable[bytes], key: str) -> Iterator[dict[str, Any]]:
+    """The objects of the first array named ``key`` in the JSON document ``chunks``
+    (``[{"key": [{...}, {...}], ...}]``), one at a time, parsed as the bytes come in.
+    Raises ResticError when the document ends inside the array."""
+    decoder = json.JSONDecoder()
+    text = codecs.getincrementaldecoder("utf-8")("replace")
+    it = iter(chunks)
+    buf, pos = "", 0
+
+    def more() -> bool:
+        nonlocal buf, pos
+        for chunk in it:
+            if pos > (1 << 20):  # drop what was parsed, now and then
+                buf, pos = buf[pos:], 0
+            buf += text.decode(chunk)
+            return True
+        return False
+
+    opening = f'"{key}":['
+    while (start := buf.find(opening)) < 0:
+        if not more():
+            return  # no such array: nothing matched
+    pos = start + len(opening)
+    while True:
+        while pos >= len(buf) or buf[pos] in " \t\r\n,":
+            if pos < len(buf):
+                pos += 1
+            elif not more():
+                raise ResticError(f"restic printed a truncated {key} list", {"key": key})
+        if buf[pos] == "]":
+            return
+        try:
+            item, end = decoder.raw_decode(buf, pos)
+        except ValueError:
+            if not more():
+                raise ResticError(
+                    f"restic printed a garbled {key} list", {"key": key, "at": buf[pos:][:200]}
+                ) from None
+            continue
+        pos = end
+        if isinstance(item, dict):
+            yield item

@@ -31,6 +31,7 @@ _REGTYPE: Final = ord("0")
 _CONTTYPE: Final = ord("7")
 _GNU_SPARSE: Final = ord("S")
 _DIRTYPE: Final = ord("5")
+_LNKTYPE: Final = ord("1")
 _PAX_ENTRY: Final = ord("x")
 _PAX_GLOBAL: Final = ord("g")
 _GNU_LONGNAME: Final = ord("L")
@@ -122,10 +123,10 @@ def _pax_sizes(records: bytes) -> tuple[int | None, int | None]:
 class TarCounter:
     """Counts a tar stream's entries from its chunks, fed in order with :meth:`feed`.
 
-    ``file_count`` is the number of entries (files, directories, links, devices) other
-    than the archive's root directory ``.``/``./`` and other than pseudo entries (pax
-    and GNU long-name headers, volume labels). ``content_bytes`` is the sum of the sizes
-    of regular files. Both are final once :attr:`finished` is true (the first
+    ``file_count`` is the number of files: regular files and hard links to them (each
+    path counts, as restic counts them; directories, symlinks, devices and FIFOs do not,
+    nor pseudo entries such as pax and GNU long-name headers). ``content_bytes`` is the
+    sum of the sizes of regular files. Both are final once :attr:`finished` is true (the first
     end-of-archive zero block was seen); whatever follows it is ignored, as tar does.
 
     Chunks may split headers anywhere; only headers (and pax records) are copied,
@@ -239,7 +240,7 @@ class TarCounter:
         name = block[:100].split(b"\0", 1)[0]
         if kind == _AREGTYPE and name.endswith(b"/"):
             kind = _DIRTYPE  # v7 archives mark directories by a trailing slash only
-        if not (kind == _DIRTYPE and name in (b".", b"./") and not self._ustar_prefix(block)):
+        if kind in _REGULAR or kind == _LNKTYPE:
             self.file_count += 1
         data = 0 if kind in _HEADER_ONLY else _padded(size)
         if kind == _GNU_SPARSE:

@@ -224,6 +224,10 @@ class Snapshot(Base):
     file_count: Mapped[int | None] = mapped_column(Integer)
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     restic_id: Mapped[str | None] = mapped_column(String(64))
+    # How the data is kept (core/snapshots.py SnapshotFormat): ``tar``, one file
+    # volume.tar (the stream path, any engine); ``tree``, the volume's files under /data
+    # (restic beside the volume, engines on the control plane's machine).
+    format: Mapped[str] = mapped_column(String(10), default="tar", server_default="tar")
     # Which replica works on it and when it last said so: a ``creating`` snapshot
     # whose worker went silent (a crash) is failed by the maintenance duty.
     worker: Mapped[str | None] = mapped_column(String(100))

@@ -67,6 +67,7 @@ def upgrade() -> None:
         sa.Column("file_count", sa.Integer(), nullable=True),
         sa.Column("bytes_done", sa.BigInteger(), nullable=False, server_default="0"),
         sa.Column("restic_id", sa.String(64), nullable=True),
+        sa.Column("format", sa.String(10), nullable=False, server_default="tar"),
         sa.Column("worker", sa.String(100), nullable=True),
         sa.Column("heartbeat_at", sa.DateTime(), nullable=True),
         sa.Column("created_at", sa.DateTime(), nullable=False),
