@@ -46,6 +46,7 @@ bench: venv system
 	$(PY) bench/bench_placement.py
 	WITH_TEST_HOSTS=1 bash scripts/setup-system.sh
 	$(PY) bench/bench_volume_move.py
+	$(PY) bench/bench_snapshot.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -3,24 +3,26 @@
 
 Set-up: a private ``podman system service`` (PodmanService) on this machine, a volume of
 ours holding a ~1 GiB tree (three quarters in four random files, a quarter in 16 KiB
-files in 128 directories; written through the volume's directory, untimed), and a
-fresh restic repository on the same disk as the baseline's output.
+random files in 128 directories; written through the volume's directory, untimed), and
+a fresh restic repository per round on the same disk as the baseline's output.
 
-- **snapshot (gpuyard):** what the storage worker does: a helper container runs
-  ``tar c`` of the volume mounted read-only, this process reads the attach stream,
-  counts its entries and pipes it to ``restic backup --stdin`` (content-defined chunks,
-  de-duplicated, compressed, encrypted). Timed from the call to its end.
-- **snapshot (baseline):** ``tar c -C <volume dir> . | zstd -1 -T0 > file`` on the host.
-- **incremental:** 1 % of the tree changed (10 MiB overwritten in the middle of one
-  large file and 64 small files rewritten), then snapshot again; compared with the
-  first snapshot's time.
-- **restore (gpuyard):** ``restic dump`` of the snapshot streamed into the engine's
-  archive upload into a new volume (made anew, root metadata restored).
-- **restore (baseline):** ``zstd -d -c file | tar x -C <dir>`` into an empty directory.
+gpuyard keeps a volume in one of two ways, both measured (the storage worker's own
+functions, timed from the call to its end):
 
-Rates are the tree's content bytes over wall time; each figure is the median of
-``--rounds`` runs. Goals: snapshot >= 0.7x baseline, incremental >= 10x faster than
-the first, restore >= 0.7x baseline. Needs root, podman, restic, zstd.
+- **beside** (the default for an engine on this machine): restic runs in a helper
+  container with the volume mounted read-only (storage/volume_restic.py), with the
+  volume's previous snapshot as parent; restore is ``restic restore`` in a helper into
+  a new volume.
+- **stream** (any engine, hosts over SSH): a helper runs ``tar c``, this process reads
+  the attach stream, counts it and pipes it to ``restic backup --stdin``; restore pipes
+  ``restic dump`` into the engine's archive upload into a new volume.
+
+Baselines: ``tar c -C <volume dir> . | zstd -1 -T0 > file`` and ``zstd -d -c file |
+tar x -C <empty dir>``. The incremental snapshot follows a 1 % change (10 MiB
+overwritten in the middle of one large file, 64 small files rewritten) and is compared
+with the first snapshot of the same path. Each figure is the median of ``--rounds``.
+Goals: snapshot >= 0.7x baseline, incremental >= 10x faster than the first, restore
+>= 0.7x baseline. Needs root, podman, restic, zstd.
 
     .venv/bin/python bench/bench_snapshot.py [--rounds 3] [--mib 1024]
 """
@@ -47,6 +49,7 @@ from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.volume_copy import fill_volume, volume_labels, volume_tar_stream
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.tar_stats import TarCounter, counted
+from gpuyard.storage.volume_restic import backup_volume, restore_volume
 
 MIB = 1 << 20
 VOLUME = "bench-snap"
@@ -80,6 +83,23 @@ def change_one_percent(root: Path, round_no: int) -> None:
 
 def volume_dir(engine: Engine, name: str) -> Path:
     return Path(engine.api.inspect_volume(name)["Mountpoint"])
+
+
+def snapshot_beside(
+    engine: Engine, repo: ResticRepository, round_no: int, parent: str | None
+) -> tuple[float, str, int]:
+    t0 = time.perf_counter()
+    result = backup_volume(
+        engine, VOLUME, repo, tags=[f"bench-{round_no}"], host="bench", parent=parent
+    )
+    return time.perf_counter() - t0, result.restic_id, result.data_added
+
+
+def restore_beside(engine: Engine, repo: ResticRepository, restic_id: str) -> float:
+    labels = volume_labels(engine, VOLUME)
+    t0 = time.perf_counter()
+    restore_volume(engine, "bench-restored", labels, repo, restic_id)
+    return time.perf_counter() - t0
 
 
 def snapshot(engine: Engine, repo: ResticRepository, round_no: int) -> tuple[float, str, int]:
@@ -135,64 +155,78 @@ def main() -> int:
         src = volume_dir(engine, VOLUME)
         tree = write_tree(src, args.mib)
         os.sync()
-        repo = ResticRepository(
-            str(work / "repo"), work / "repo.password", cache_dir=work / "cache"
-        )
-        repo.ensure()
-        ours, base, incr, ours_r, base_r = [], [], [], [], []
-        stored_first, stored_incr = [], []
-        last_id = ""
-        for r in range(args.rounds):
-            # A fresh repository each round: the first snapshot stores everything.
+        figures: dict[str, list[float]] = {}
+        stored: dict[str, list[int]] = {}
+
+        def note(name: str, seconds: float, added: int | None = None) -> None:
+            figures.setdefault(name, []).append(seconds)
+            if added is not None:
+                stored.setdefault(name, []).append(added)
+
+        def fresh_repo() -> ResticRepository:
+            # A fresh repository: the first snapshot stores everything.
             shutil.rmtree(work / "repo", ignore_errors=True)
             shutil.rmtree(work / "cache", ignore_errors=True)
-            repo = ResticRepository(
+            fresh = ResticRepository(
                 str(work / "repo"), work / "repo.password", cache_dir=work / "cache"
             )
-            repo.ensure()
-            base.append(baseline_snapshot(src, work / "tree.tar.zst"))
-            seconds, _first_id, added = snapshot(engine, repo, r)
-            ours.append(seconds)
-            stored_first.append(added)
-            change_one_percent(src, r)
+            fresh.ensure()
+            return fresh
+
+        for r in range(args.rounds):
+            note("baseline snapshot", baseline_snapshot(src, work / "tree.tar.zst"))
+            note("baseline restore", baseline_restore(work / "tree.tar.zst", work / "restored"))
+            repo = fresh_repo()
+            seconds, first_id, added = snapshot_beside(engine, repo, r, None)
+            note("beside first", seconds, added)
+            change_one_percent(src, r * 2)
+            os.sync()
+            seconds, last_id, added = snapshot_beside(engine, repo, r, first_id)
+            note("beside incremental", seconds, added)
+            note("beside restore", restore_beside(engine, repo, last_id))
+            repo = fresh_repo()
+            seconds, _first, added = snapshot(engine, repo, r)
+            note("stream first", seconds, added)
+            change_one_percent(src, r * 2 + 1)
             os.sync()
             seconds, last_id, added = snapshot(engine, repo, r)
-            incr.append(seconds)
-            stored_incr.append(added)
-            base_r.append(baseline_restore(work / "tree.tar.zst", work / "restored"))
-            ours_r.append(restore(engine, repo, last_id))
+            note("stream incremental", seconds, added)
+            note("stream restore", restore(engine, repo, last_id))
             print(
-                f"round {r + 1}: snapshot {ours[-1]:.2f}s (baseline {base[-1]:.2f}s), "
-                f"incremental {incr[-1]:.2f}s, restore {ours_r[-1]:.2f}s "
-                f"(baseline {base_r[-1]:.2f}s)",
+                "round "
+                + str(r + 1)
+                + ": "
+                + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in figures.items()),
                 flush=True,
             )
         mb = tree / 1e6
-        rows = [
-            ("snapshot, gpuyard", median(ours)),
-            ("snapshot, tar c | zstd", median(base)),
-            ("incremental snapshot (1 % changed)", median(incr)),
-            ("restore, gpuyard", median(ours_r)),
-            ("restore, zstd -d | tar x", median(base_r)),
-        ]
+        med = {k: median(v) for k, v in figures.items()}
+        labels = {
+            "baseline snapshot": "snapshot, tar c | zstd -1 -T0",
+            "beside first": "snapshot, gpuyard (restic beside)",
+            "beside incremental": "  after 1 % changed",
+            "stream first": "snapshot, gpuyard (tar stream)",
+            "stream incremental": "  after 1 % changed",
+            "baseline restore": "restore, zstd -d | tar x",
+            "beside restore": "restore, gpuyard (restic beside)",
+            "stream restore": "restore, gpuyard (tar stream)",
+        }
         print(f"\ntree: {tree / MIB:.0f} MiB; rounds: {args.rounds}")
-        print(f"{'what':40} {'seconds':>8} {'MB/s':>8}")
-        for name, s in rows:
-            print(f"{name:40} {s:8.2f} {mb / s:8.1f}")
-        print(
-            f"stored: first {median(stored_first) / MIB:.1f} MiB, "
-            f"incremental {median(stored_incr) / MIB:.1f} MiB"
-        )
-        snap_ratio = median(base) / median(ours)
-        incr_speedup = median(ours) / median(incr)
-        restore_ratio = median(base_r) / median(ours_r)
-        print(
-            f"RATIO snapshot {snap_ratio:.2f}x baseline (goal >= 0.7: "
-            f"{'met' if snap_ratio >= 0.7 else 'NOT met'}); incremental {incr_speedup:.1f}x "
-            f"faster than the first (goal >= 10: {'met' if incr_speedup >= 10 else 'NOT met'}); "
-            f"restore {restore_ratio:.2f}x baseline (goal >= 0.7: "
-            f"{'met' if restore_ratio >= 0.7 else 'NOT met'})"
-        )
+        print(f"{'what':40} {'seconds':>8} {'MB/s':>8} {'stored MiB':>11}")
+        for key, label in labels.items():
+            kept = f"{median([float(x) for x in stored[key]]) / MIB:11.1f}" if key in stored else ""
+            print(f"{label:40} {med[key]:8.2f} {mb / med[key]:8.1f} {kept}")
+        for path in ("beside", "stream"):
+            snap_ratio = med["baseline snapshot"] / med[f"{path} first"]
+            speedup = med[f"{path} first"] / med[f"{path} incremental"]
+            restore_ratio = med["baseline restore"] / med[f"{path} restore"]
+            print(
+                f"RATIO {path}: snapshot {snap_ratio:.2f}x baseline (goal >= 0.7: "
+                f"{'met' if snap_ratio >= 0.7 else 'NOT met'}); incremental {speedup:.1f}x "
+                f"faster than the first (goal >= 10: {'met' if speedup >= 10 else 'NOT met'}); "
+                f"restore {restore_ratio:.2f}x baseline (goal >= 0.7: "
+                f"{'met' if restore_ratio >= 0.7 else 'NOT met'})"
+            )
         return 0
     finally:
         if engine is not None:

@@ -22,11 +22,11 @@ from gpuyard.runtimes.engine import Engine
 from gpuyard.runtimes.volume_copy import LABEL_ROLE, fill_volume, volume_checksum
 from gpuyard.storage import volume_restic
 from gpuyard.storage.restic import ResticRepository
+from gpuyard.storage.restic_dump import dump_as_volume_tar
 from gpuyard.storage.volume_restic import (
     ROLE_RESTIC,
     ResticHelperFailed,
     backup_volume,
-    dump_as_volume_tar,
     helper_restic_available,
     remove_restic_helpers,
     restore_volume,

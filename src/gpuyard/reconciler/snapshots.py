@@ -46,10 +46,10 @@ from gpuyard.services import snapshots as svc
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
 from gpuyard.storage.restic import ResticRepository
+from gpuyard.storage.restic_dump import dump_as_volume_tar
 from gpuyard.storage.tar_stats import TarCounter, counted
 from gpuyard.storage.volume_restic import (
     backup_volume,
-    dump_as_volume_tar,
     helper_restic_available,
     remove_restic_helpers,
     restore_volume,
