@@ -334,3 +334,45 @@ def test_network_volume_snapshot_restore_and_bill(
         ).lines
     names = {line.key: line.label for line in lines}
     assert names.get(snap.id) == "nv"
+
+
+def test_a_stop_calls_off_a_restore_and_frees_the_snapshot(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
+    c = running_with_files(ctx, alice, rec, runtime)
+    snap = svc.create_snapshot(ctx, alice, c.id, "", "")
+    rec.snapshots.take(snap.id)
+    stopped(ctx, alice, rec, c.id)
+    uc.start_cluster(ctx, alice, c.id, StartCluster(restore_from_snapshot=snap.id))
+    uc.stop_cluster(ctx, alice, c.id)  # before the restore ran
+    settle(rec, c.id)
+    with ctx.read() as s:
+        restore = s.scalars(select(VolumeRestore)).one()
+    assert restore.status == "failed" and restore.error and "called off" in restore.error
+    assert volume_files(ctx, runtime, c.id) == FILES
+    # Nothing holds the snapshot or the volume any more.
+    svc.create_snapshot(ctx, alice, c.id, "", "")
+    svc.delete_snapshot(ctx, alice, snap.id)
+    uc.start_cluster(ctx, alice, c.id, StartCluster())
+    settle(rec, c.id)
+    assert volume_files(ctx, runtime, c.id) == FILES  # the abandoned restore stays undone
+
+
+def test_one_snapshot_of_a_volume_at_a_time_and_starts_wait_for_it(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
+    c = running_with_files(ctx, alice, rec, runtime)
+    first = svc.create_snapshot(ctx, alice, c.id, "", "")
+    with pytest.raises(InvalidState) as refused:
+        svc.create_snapshot(ctx, alice, c.id, "", "")
+    assert refused.value.details["snapshot_id"] == first.id
+    # A stop and a start while it is read: the start waits until it is done.
+    uc.stop_cluster(ctx, alice, c.id)
+    settle(rec, c.id)
+    uc.start_cluster(ctx, alice, c.id, StartCluster())
+    settle(rec, c.id)
+    assert uc.get_cluster(ctx, alice, c.id).status == "starting"
+    rec.snapshots.take(first.id)
+    settle(rec, c.id)
+    assert uc.get_cluster(ctx, alice, c.id).status == "running"
+    assert svc.get_snapshot(ctx, alice, first.id).status == "ready"

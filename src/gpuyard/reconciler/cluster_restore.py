@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.progress import STEP_RESTORING
+from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services import snapshots as svc
 from gpuyard.services.lifecycle import guarded_update, record_event
@@ -27,14 +28,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How often the swap is tried again when the row changed without ending the start.
+SWAP_ATTEMPTS = 5
+
+
+def volume_unread(driver: ClusterDriver, c: Cluster) -> bool:
+    """Whether no snapshot is reading the cluster's volume now. The start waits until
+    then (the snapshot's end wakes the reconciler): a move or a restore would remove
+    the volume under the reader, and a ``stopped`` snapshot must not see a running
+    container."""
+    return not svc.snapshot_reading(driver.ctx, c)
+
 
 def storage_ready(driver: ClusterDriver, c: Cluster) -> bool:
-    """Whether the start may go on: no snapshot of the cluster's resting volume is
-    still being read (its ``stopped`` consistency must stay true), and a pending
-    restore is done. False: wait (the snapshot's end wakes the reconciler) or the
-    start failed (the cluster is in ``error``)."""
-    if svc.resting_snapshot_pending(driver.ctx, c.id):
-        return False
+    """Whether the start may go on after its storage steps: a pending restore is done.
+    False: wait, or the start failed (the cluster is in ``error``)."""
     restore = svc.pending_restore(driver.ctx, c.id)
     return restore is None or _restore(driver, c, restore)
 
@@ -79,19 +87,11 @@ def _restore(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
             "the volume is as it was before the restore",
         )
         return False
-    now = driver.ctx.clock.now()
-    try:
-        with driver.ctx.transaction() as session:
-            c.version = guarded_update(
-                session, c.id, c.version, now, volume_name=restore.target_volume
-            )
-            svc.finish_restore(driver.ctx, restore.id, session=session)
-            record_event(session, c.id, now, "snapshot", f"restored snapshot {restore.snapshot_id}")
-    except Conflict as exc:
-        # Stopped or terminated meanwhile: the restored copy is not used.
+    if not _swap(driver, c, restore):
+        # Stopped, terminated or moved meanwhile: the restored copy is not used.
         with contextlib.suppress(GpuyardError):
             driver.runtime_of(c.host_id).remove_volume(restore.target_volume)
-        raise Abandon() from exc
+        raise Abandon()
     legacy = c.volume_name is not None
     c.volume_name = restore.target_volume
     with contextlib.suppress(GpuyardError):
@@ -99,6 +99,39 @@ def _restore(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
         # later as an orphan (quarantined, never deleted on sight).
         driver.runtime_of(c.host_id).remove_volume(old, legacy=legacy)
     return True
+
+
+def _swap(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
+    """Make the restored copy the cluster's volume (one guarded update with the end of
+    the restore and an event). A change of the row meanwhile that leaves the start as
+    it was (a policy update, progress) is read again and the swap tried again; False
+    when the start is gone (stopped, terminated, on another host) or the restore was
+    called off."""
+    for _ in range(SWAP_ATTEMPTS):
+        now = driver.ctx.clock.now()
+        try:
+            with driver.ctx.transaction() as session:
+                row = session.get(VolumeRestore, restore.id)
+                if row is None or row.status != RestoreStatus.RESTORING.value:
+                    return False
+                c.version = guarded_update(
+                    session, c.id, c.version, now, volume_name=restore.target_volume
+                )
+                svc.finish_restore(driver.ctx, restore.id, session=session)
+                record_event(
+                    session, c.id, now, "snapshot", f"restored snapshot {restore.snapshot_id}"
+                )
+            return True
+        except Conflict:
+            fresh = driver._load(c.id)
+            if (
+                fresh is None
+                or fresh.status != ClusterStatus.STARTING.value
+                or fresh.host_id != c.host_id
+            ):
+                return False
+            c.version = fresh.version
+    return False
 
 
 def _give_up(driver: ClusterDriver, c: Cluster, restore: VolumeRestore, message: str) -> None:

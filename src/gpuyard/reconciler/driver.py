@@ -25,7 +25,7 @@ from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
 from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
-from gpuyard.reconciler.cluster_restore import storage_ready
+from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
 from gpuyard.reconciler.snapshots import SnapshotWorker
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
@@ -241,6 +241,8 @@ class ClusterDriver:
         if self._gpus_still_in_use(c):
             # A preempted cluster is still stopping on our GPUs: start once it has
             # stopped (its job wakes the reconciler), so no GPU is ever shared.
+            return
+        if not volume_unread(self, c):
             return
         move = pending_move(self.ctx, c.id)
         if move is not None and not self._move_volume(c, move, starting=True):

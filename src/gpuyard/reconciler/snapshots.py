@@ -41,7 +41,7 @@ from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.engine import Engine
 from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
-from gpuyard.runtimes.volume_copy import volume_labels
+from gpuyard.runtimes.volume_copy import remove_helpers, volume_labels
 from gpuyard.services import snapshots as svc
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
@@ -168,9 +168,11 @@ class SnapshotWorker:
             self.ctx.wake()
             return
         taken = replace(taken, seconds=time.monotonic() - began)
-        if not svc.finish_snapshot(self.ctx, snapshot_id, taken):
-            # Failed or deleted meanwhile: its data is not wanted.
-            self._forget([taken.restic_id])
+        if not svc.finish_snapshot(self.ctx, snapshot_id, taken) and not self._forget(
+            [taken.restic_id]
+        ):
+            # Failed meanwhile: its data is not wanted (forgotten later if not now).
+            svc.keep_for_forgetting(self.ctx, snapshot_id, taken.restic_id)
         self.ctx.wake()
 
     def _take_tree(self, engine: Engine, snap: Snapshot, beat: Callable[[int], None]) -> svc.Taken:
@@ -228,6 +230,7 @@ class SnapshotWorker:
             engine = engine_of(self.runtime_of(host_id))
             if engine is not None:
                 remove_restic_helpers(engine, volume)
+                remove_helpers(engine, volume)  # a tar stream's reader
 
     @staticmethod
     def _metered(
@@ -341,9 +344,12 @@ class SnapshotWorker:
         except GpuyardError as exc:
             svc.finish_restore(self.ctx, restore.id, error=exc.message)
             return
-        svc.swap_network_volume(self.ctx, restore.id, volume_id, restore.target_volume)
+        swapped = svc.swap_network_volume(self.ctx, restore.id, volume_id, restore.target_volume)
         with contextlib.suppress(GpuyardError):
-            self.runtime_of(restore.host_id).remove_volume(old)
+            # The replaced volume, or the copy nobody will use.
+            self.runtime_of(restore.host_id).remove_volume(
+                old if swapped else restore.target_volume
+            )
         self.ctx.wake()
 
     # -- forgetting ----------------------------------------------------------------
@@ -372,10 +378,14 @@ class SnapshotWorker:
 
     def _forget_tagged(self, snapshot_id: str) -> None:
         """Forget whatever the repository holds for ``snapshot_id`` (a backup that
-        committed before its snapshot failed)."""
+        committed before its snapshot failed). What cannot be forgotten now (the
+        repository busy) is recorded on the failed row, so the maintenance pass
+        forgets it later."""
+        self._recovered.wait(RECOVERY_WAIT_S)
         with contextlib.suppress(GpuyardError):
-            found = self.repository.find_by_tag(snapshot_tag(snapshot_id))
-            self._forget([s.restic_id for s in found])
+            found = [s.restic_id for s in self.repository.find_by_tag(snapshot_tag(snapshot_id))]
+            if found and not self._forget(found):
+                svc.keep_for_forgetting(self.ctx, snapshot_id, found[0])
 
     def recover(self) -> None:
         """At start: remove stale locks and partial data a killed backup left, so the

@@ -534,8 +534,6 @@ def start_cluster(
                 cluster = load_cluster(session, principal, cluster_id)
                 require_action(cluster, Action.START)
                 restore = _restorable_for(session, principal, cluster, body)
-                if cluster.network_volume_id is not None:
-                    refuse_while_restoring(session, cluster.network_volume_id)
                 # Taken of the volume as it rests, before anything changes it (the
                 # driver starts nothing on the volume until it is done).
                 before = (
@@ -584,6 +582,9 @@ def start_cluster(
                     else "not enough free resources on the host machine",
                     bid=cluster.bid_per_gpu if cluster.interruptible else None,
                 )
+                if cluster.network_volume_id is not None:
+                    # Checked under the placement lock, which its restore takes too.
+                    refuse_while_restoring(session, cluster.network_volume_id)
                 if restore is not None:
                     _check_fits(restore, values.get("volume_gb", cluster.volume_gb))
                     add_restore(

@@ -16,10 +16,11 @@ from sqlalchemy.orm import Session
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.ledger import boundary, micro_rates
 from gpuyard.core.pricing import Prices
+from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus, can_transition
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.cluster_views import cluster_rate
-from gpuyard.store.schema import Cluster, Event, Host, UsageInterval
+from gpuyard.store.schema import Cluster, Event, Host, UsageInterval, VolumeRestore
 
 # Context.transaction puts the price list here, so the funnel can meter without every
 # caller passing it.
@@ -97,7 +98,27 @@ def transition_cluster(
     )
     record_event(session, cluster.id, now, "status", reason, current.value, target.value)
     meter_status(session, SimpleNamespace(**{**_columns(cluster), **values}), target, now)
+    if target not in _KEEPS_RESTORE:
+        call_off_restores(session, cluster.id, f"called off: the cluster went {target.value}", now)
     return version
+
+
+# A restore into a cluster's volume is a step of its start: any other status ends it.
+_KEEPS_RESTORE = frozenset({ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNNING})
+
+
+def call_off_restores(session: Session, holder_id: str, reason: str, now: datetime) -> None:
+    """Mark ``holder_id``'s restores in flight failed with ``reason``: its volume stays
+    as it was; a partial copy is no longer known and goes the orphans' way."""
+    session.execute(
+        update(VolumeRestore)
+        .where(
+            VolumeRestore.holder_id == holder_id,
+            VolumeRestore.status == RestoreStatus.RESTORING.value,
+        )
+        .values(status=RestoreStatus.FAILED.value, error=reason, finished_at=now)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _columns(cluster: Cluster) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import (
     GpuyardError,
+    InvalidState,
     NetworkVolumeInUse,
     NetworkVolumeNotFound,
     NotFound,
@@ -40,6 +41,7 @@ from gpuyard.core.errors import (
 from gpuyard.core.ids import new_network_volume_id
 from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN, check_name
 from gpuyard.core.models import CloudType, ResourceRequest
+from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import Principal
@@ -48,7 +50,14 @@ from gpuyard.services.locations import check_location
 from gpuyard.services.placement import claim, lock_placement, release_all
 from gpuyard.services.requests import MAX_ID, _Body
 from gpuyard.services.storage_billing import bill_storage, stop_storage_billing
-from gpuyard.store.schema import Cluster, NetworkVolume, Project, Reservation, Snapshot
+from gpuyard.store.schema import (
+    Cluster,
+    NetworkVolume,
+    Project,
+    Reservation,
+    Snapshot,
+    VolumeRestore,
+)
 
 log = logging.getLogger(__name__)
 
@@ -333,6 +342,16 @@ def delete_network_volume(
         # cannot interleave, so no cluster mounts a volume being deleted.
         lock_placement(session)
         nv = _load(session, principal.account_id, volume_id)
+        if session.scalar(
+            select(VolumeRestore.id).where(
+                VolumeRestore.holder_id == nv.id,
+                VolumeRestore.status == RestoreStatus.RESTORING.value,
+            )
+        ):
+            raise InvalidState(
+                f"network volume {nv.id} is being restored; delete it once that is done",
+                {"network_volume_id": nv.id},
+            )
         users = _attached(session, [nv.id])[nv.id]
         snapshots = list(
             session.scalars(

@@ -25,6 +25,7 @@ from gpuyard.core.errors import (
 )
 from gpuyard.core.ids import new_snapshot_id
 from gpuyard.core.snapshots import (
+    MOUNTED_STATUSES,
     SNAPSHOTTABLE_STATUSES,
     Consistency,
     RestoreStatus,
@@ -37,6 +38,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
 from gpuyard.services.moves import COPYING
+from gpuyard.services.placement import lock_placement
 from gpuyard.services.storage_billing import GB, bill_storage, stop_storage_billing
 from gpuyard.store.schema import (
     Cluster,
@@ -227,6 +229,7 @@ def cluster_source(ctx: Context, session: Session, cluster: Cluster) -> Snapshot
                 "the cluster's network volume is gone",
                 {"network_volume_id": cluster.network_volume_id},
             )
+        refuse_while_restoring(session, volume.id)
         source = network_volume_source(session, volume)
         return SnapshotSource(**{**source.__dict__, "cluster_id": cluster.id})
     if cluster.volume_gb <= 0 or cluster.host_id is None:
@@ -258,7 +261,20 @@ def add_snapshot(
     description: str,
     now: datetime,
 ) -> Snapshot:
-    """Record a ``creating`` snapshot of ``source`` (the reconciler takes it)."""
+    """Record a ``creating`` snapshot of ``source`` (the reconciler takes it). One
+    snapshot of a volume is taken at a time: InvalidState while another is."""
+    busy = session.scalar(
+        select(Snapshot.id).where(
+            Snapshot.host_id == source.host_id,
+            Snapshot.volume_name == source.volume_name,
+            Snapshot.status == SnapshotStatus.CREATING.value,
+        )
+    )
+    if busy is not None:
+        raise InvalidState(
+            f"snapshot {busy} of this volume is still being taken; try again when it is done",
+            {"snapshot_id": busy},
+        )
     snapshot_id = new_snapshot_id()
     snap = Snapshot(
         id=snapshot_id,
@@ -445,8 +461,21 @@ def restore_volume_of_network_volume(
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:
+        # Serialised with starts and creates that would mount it, and with its delete.
+        lock_placement(session)
         volume = load_network_volume(session, principal.account_id, volume_id)
         snap = restorable(session, principal.account_id, snapshot_id)
+        reading = session.scalar(
+            select(Snapshot.id).where(
+                Snapshot.source_network_volume_id == volume.id,
+                Snapshot.status == SnapshotStatus.CREATING.value,
+            )
+        )
+        if reading is not None:
+            raise InvalidState(
+                f"snapshot {reading} of this network volume is still being taken",
+                {"snapshot_id": reading},
+            )
         users = list(
             session.scalars(
                 select(Cluster.id).where(
@@ -641,29 +670,47 @@ def finish_restore(
     row.finished_at = ctx.clock.now()
 
 
-def swap_network_volume(ctx: Context, restore_id: int, volume_id: str, target: str) -> None:
-    """The restored copy becomes the network volume's engine volume."""
+def swap_network_volume(ctx: Context, restore_id: int, volume_id: str, target: str) -> bool:
+    """The restored copy becomes the network volume's engine volume, unless the volume
+    was deleted or a cluster came to mount it meanwhile (then the restore fails and the
+    caller removes the copy). Returns whether it was swapped in."""
     with ctx.transaction() as session:
+        lock_placement(session)
         volume = session.get(NetworkVolume, volume_id)
-        if volume is not None:
-            volume.volume_name = target
-            volume.updated_at = ctx.clock.now()
-            volume.version += 1
+        users = session.scalar(
+            select(Cluster.id).where(
+                Cluster.network_volume_id == volume_id,
+                Cluster.status.in_([s.value for s in MOUNTED_STATUSES]),
+            )
+        )
+        if volume is None or volume.deleted_at is not None or users is not None:
+            finish_restore(
+                ctx,
+                restore_id,
+                error="the network volume was deleted or mounted meanwhile",
+                session=session,
+            )
+            return False
+        volume.volume_name = target
+        volume.updated_at = ctx.clock.now()
+        volume.version += 1
         finish_restore(ctx, restore_id, session=session)
+    return True
 
 
-def resting_snapshot_pending(ctx: Context, cluster_id: str) -> bool:
-    """Whether a snapshot of the cluster's volume taken while it rested (``stopped``
-    consistency) is still being read: its start waits, so the promise holds."""
+def snapshot_reading(ctx: Context, cluster: Cluster) -> bool:
+    """Whether a snapshot of the cluster's volume (its own, or the network volume it
+    mounts) is still being read. Its start waits: a move or a restore would remove the
+    volume under the reader, and a ``stopped`` snapshot must not see a running
+    container."""
+    mine = Snapshot.source_cluster_id == cluster.id
+    if cluster.network_volume_id is not None:
+        mine = mine | (Snapshot.source_network_volume_id == cluster.network_volume_id)
     with ctx.read() as session:
         return (
             session.scalar(
                 select(Snapshot.id)
-                .where(
-                    Snapshot.source_cluster_id == cluster_id,
-                    Snapshot.status == SnapshotStatus.CREATING.value,
-                    Snapshot.consistency == Consistency.STOPPED.value,
-                )
+                .where(mine, Snapshot.status == SnapshotStatus.CREATING.value)
                 .limit(1)
             )
             is not None
@@ -725,6 +772,15 @@ def data_to_forget(ctx: Context) -> list[tuple[str, str | None]]:
                 )
             )
         ]
+
+
+def keep_for_forgetting(ctx: Context, snapshot_id: str, restic_id: str) -> None:
+    """Record data of a failed snapshot that could not be forgotten yet (the
+    maintenance pass forgets what failed and deleted rows still name)."""
+    with ctx.transaction() as session:
+        snap = session.get(Snapshot, snapshot_id)
+        if snap is not None and snap.restic_id is None:
+            snap.restic_id = restic_id
 
 
 def forgotten(ctx: Context, snapshot_ids: list[str]) -> None:

@@ -181,7 +181,9 @@ class NetworkVolume(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
     name: Mapped[str] = mapped_column(String(200))
     size_gb: Mapped[int] = mapped_column(Integer)
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
+    # No foreign key: a deleted volume's row is history and must not keep its host from
+    # being deleted (a live one holds a reservation, which does).
+    host_id: Mapped[int] = mapped_column(Integer, index=True)
     # The data centre (the host's location) it lives in: RunPod's dataCenterId.
     location: Mapped[str] = mapped_column(String(100))
     # The engine volume; changes when a restore swaps in a restored copy.
@@ -208,8 +210,9 @@ class Snapshot(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     source_cluster_id: Mapped[str | None] = mapped_column(String(14), index=True)
     source_network_volume_id: Mapped[str | None] = mapped_column(String(14), index=True)
-    # Where the data was read from: the host and its engine volume at request time.
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    # Where the data was read from: the host and its engine volume at request time (no
+    # foreign key: a snapshot outlives the host it was read from).
+    host_id: Mapped[int] = mapped_column(Integer)
     volume_name: Mapped[str] = mapped_column(String(255))
     # The source volume's size in GB (a clone needs at least this much).
     volume_gb: Mapped[int] = mapped_column(Integer)
@@ -251,7 +254,7 @@ class VolumeRestore(Base):
     # A snapshot of the volume taken first (``snapshot_before_changes``): the restore
     # waits for it and is called off if it fails.
     after_snapshot_id: Mapped[str | None] = mapped_column(String(14))
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    host_id: Mapped[int] = mapped_column(Integer)  # history: no foreign key
     target_volume: Mapped[str] = mapped_column(String(255))
     # restoring, done, failed
     status: Mapped[str] = mapped_column(String(20))
