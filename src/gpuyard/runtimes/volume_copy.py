@@ -408,10 +408,12 @@ def _helper_name(engine: Engine, role: str) -> str:
     return f"{engine.owner.prefix}-mv-{secrets.token_hex(4)}-{role}"
 
 
-def remove_helpers(engine: Engine, volume: str | None = None) -> list[str]:
-    """Remove our volume-copy helpers (those holding ``volume`` only, when given).
-    Returns their names. Only containers labelled as ours are touched."""
-    filters = [f"{LABEL_ROLE}={ROLE_VOLUME_COPY}"]
+def remove_helpers(
+    engine: Engine, volume: str | None = None, *, role: str = ROLE_VOLUME_COPY
+) -> list[str]:
+    """Remove our helpers of ``role`` (those holding ``volume`` only, when given),
+    running or not. Returns their names. Only containers labelled as ours are touched."""
+    filters = [f"{LABEL_ROLE}={role}"]
     if volume is not None:
         filters.append(f"{LABEL_HELPER_VOLUME}={volume}")
     removed = []

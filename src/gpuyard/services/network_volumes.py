@@ -141,7 +141,7 @@ def _view(nv: NetworkVolume, attached: Iterable[str]) -> NetworkVolumeView:
     )
 
 
-def _load(session: Session, account_id: int, volume_id: str) -> NetworkVolume:
+def load_network_volume(session: Session, account_id: int, volume_id: str) -> NetworkVolume:
     """The account's live network volume; another account's id, a deleted volume and
     an unknown id are all NetworkVolumeNotFound."""
     nv = session.scalar(
@@ -272,7 +272,7 @@ def list_network_volumes(ctx: Context, principal: Principal) -> list[NetworkVolu
 def get_network_volume(ctx: Context, principal: Principal, volume_id: str) -> NetworkVolumeView:
     """One of the account's network volumes. Raises NetworkVolumeNotFound."""
     with ctx.read() as session:
-        nv = _load(session, principal.account_id, volume_id)
+        nv = load_network_volume(session, principal.account_id, volume_id)
         return _view(nv, _attached(session, [nv.id])[nv.id])
 
 
@@ -288,7 +288,7 @@ def update_network_volume(
     now = ctx.clock.now()
     with ctx.transaction() as session:
         lock_placement(session)
-        nv = _load(session, principal.account_id, volume_id)
+        nv = load_network_volume(session, principal.account_id, volume_id)
         if body.size is not None and body.size < nv.size_gb:
             raise ValidationFailed(
                 "size",
@@ -341,7 +341,7 @@ def delete_network_volume(
         # A create mounting it takes this lock before reading the volume: the two
         # cannot interleave, so no cluster mounts a volume being deleted.
         lock_placement(session)
-        nv = _load(session, principal.account_id, volume_id)
+        nv = load_network_volume(session, principal.account_id, volume_id)
         if session.scalar(
             select(VolumeRestore.id).where(
                 VolumeRestore.holder_id == nv.id,
@@ -396,7 +396,7 @@ def mount_for_cluster(
     this serialises against deletes). Raises NetworkVolumeNotFound, or ValidationFailed
     on ``location`` when the cluster is pinned to another data centre."""
     lock_placement(session)
-    nv = _load(session, principal.account_id, volume_id)
+    nv = load_network_volume(session, principal.account_id, volume_id)
     if location is not None and location != nv.location:
         raise ValidationFailed(
             "location",

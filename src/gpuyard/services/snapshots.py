@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import (
     InvalidState,
-    NetworkVolumeNotFound,
     SnapshotNotFound,
     SnapshotNotReady,
 )
@@ -38,6 +37,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
 from gpuyard.services.moves import COPYING
+from gpuyard.services.network_volumes import load_network_volume
 from gpuyard.services.placement import lock_placement
 from gpuyard.services.storage_billing import GB, bill_storage, stop_storage_billing
 from gpuyard.store.schema import (
@@ -100,8 +100,6 @@ def list_snapshots(
     offset: int = 0,
 ) -> tuple[list[Snapshot], int]:
     """The account's snapshots, newest first, filtered; with the total count."""
-    from sqlalchemy import func
-
     q = _visible(principal.account_id)
     if cluster_id is not None:
         q = q.where(Snapshot.source_cluster_id == cluster_id)
@@ -318,22 +316,6 @@ def create_snapshot(
         snap = add_snapshot(session, principal.account_id, source, name, description, now)
     ctx.wake()
     return snap
-
-
-def load_network_volume(session: Session, account_id: int, volume_id: str) -> NetworkVolume:
-    """The account's live network volume; NetworkVolumeNotFound otherwise."""
-    volume = session.scalar(
-        select(NetworkVolume).where(
-            NetworkVolume.id == volume_id,
-            NetworkVolume.account_id == account_id,
-            NetworkVolume.deleted_at.is_(None),
-        )
-    )
-    if volume is None:
-        raise NetworkVolumeNotFound(
-            f"network volume {volume_id!r} not found", {"network_volume_id": volume_id}
-        )
-    return volume
 
 
 def create_volume_snapshot(

@@ -375,17 +375,8 @@ def restore_volume(
 
 def remove_restic_helpers(engine: Engine, volume: str | None = None) -> list[str]:
     """Remove our restic helpers (those holding ``volume`` only, when given), running or
-    not. Returns their names. Only containers labelled as ours are touched."""
-    filters = [f"{LABEL_ROLE}={ROLE_RESTIC}"]
-    if volume is not None:
-        filters.append(f"{LABEL_HELPER_VOLUME}={volume}")
-    removed = []
-    for row in engine.list_containers(*filters):
-        names = row.get("Names") or [row.get("Id")]
-        name = str(names[0]).lstrip("/")
-        engine.remove_container(name)
-        removed.append(name)
-    return removed
+    not; their restic is killed. Returns their names."""
+    return remove_helpers(engine, volume, role=ROLE_RESTIC)
 
 
 def _raise_failure(
