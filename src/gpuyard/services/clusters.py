@@ -41,6 +41,7 @@ from gpuyard.core.states import (
 from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.autoterm_policy import merge_policy
 from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.cluster_snapshots import check_fits, clone_source, restorable_for
 from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
 from gpuyard.services.idempotency import Claim
@@ -62,10 +63,8 @@ from gpuyard.services.snapshots import (
     add_snapshot,
     cluster_source,
     refuse_while_restoring,
-    restorable,
     restore_target,
 )
-from gpuyard.services.storage_billing import GB
 from gpuyard.store.schema import Cluster, Event, Host, Project, Snapshot
 
 MAX_CONFLICT_RETRIES = 5
@@ -256,11 +255,11 @@ def create_cluster(
         needs_gpu = gpu_count > 0 or body.gpu_type
         gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
         bid = checked_bid(gpu, gpu_count, body.cloud_type, body) if body.spot else None
-        clone = _clone_source(session, principal, body)
+        clone = clone_source(session, principal, body)
         # A clone's volume is at least its snapshot's source volume.
         volume_gb = max(body.volume_gb, clone.volume_gb) if clone else body.volume_gb
         if clone is not None:
-            _check_fits(clone, volume_gb, field="snapshot_id")
+            check_fits(clone, volume_gb, field="snapshot_id")
         # A network volume is mounted instead of a volume of its own (none is made,
         # reserved or billed: volume_gb is ignored); the cluster goes to its host.
         mounted = (
@@ -448,57 +447,6 @@ def _apply_start_changes(
     return values, applied, reasons
 
 
-def _restorable_for(
-    session: Session, principal: Principal, cluster: Cluster, body: StartCluster
-) -> Snapshot | None:
-    """The ready snapshot ``body`` restores (None: no restore). Raises SnapshotNotFound
-    (unknown, another account's), SnapshotNotReady, ValidationFailed (no volume) or
-    InvalidState (a network volume: restored on its own, not through one cluster)."""
-    if not body.restore_from_snapshot:
-        return None
-    snap = restorable(session, principal.account_id, body.restore_from_snapshot)
-    if cluster.network_volume_id is not None:
-        raise InvalidState(
-            "this cluster mounts a network volume; restore the network volume itself",
-            {
-                "network_volume_id": cluster.network_volume_id,
-                "suggestion": "POST /v1/networkvolumes/{id}/restore with the snapshot_id",
-            },
-        )
-    if cluster.volume_gb <= 0:
-        raise ValidationFailed(
-            "restore_from_snapshot",
-            "this cluster has no volume to restore into",
-            {"volume_gb": cluster.volume_gb},
-        )
-    return snap
-
-
-def _clone_source(session: Session, principal: Principal, body: CreateCluster) -> Snapshot | None:
-    """The ready snapshot a create clones (None: not a clone). Raises SnapshotNotFound,
-    SnapshotNotReady, ValidationFailed (with a network volume: restore that instead)."""
-    if body.snapshot_id is None:
-        return None
-    if body.network_volume_id is not None:
-        raise ValidationFailed(
-            "snapshot_id",
-            "a cluster mounting a network volume has no volume of its own to clone into; "
-            "restore the network volume instead",
-        )
-    return restorable(session, principal.account_id, body.snapshot_id)
-
-
-def _check_fits(snap: Snapshot, volume_gb: int, field: str = "restore_from_snapshot") -> None:
-    """A snapshot whose data is larger than the volume is refused (grow it first)."""
-    if snap.size_bytes is not None and snap.size_bytes > volume_gb * GB:
-        raise ValidationFailed(
-            field,
-            f"snapshot {snap.id} holds {snap.size_bytes} bytes, more than the volume's "
-            f"{volume_gb} GB; grow it with update_configuration.storage_gb",
-            {"size_bytes": snap.size_bytes, "volume_gb": volume_gb},
-        )
-
-
 def start_cluster(
     ctx: Context,
     principal: Principal,
@@ -533,7 +481,7 @@ def start_cluster(
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
                 require_action(cluster, Action.START)
-                restore = _restorable_for(session, principal, cluster, body)
+                restore = restorable_for(session, principal, cluster, body)
                 # Taken of the volume as it rests, before anything changes it (the
                 # driver starts nothing on the volume until it is done).
                 before = (
@@ -586,7 +534,7 @@ def start_cluster(
                     # Checked under the placement lock, which its restore takes too.
                     refuse_while_restoring(session, cluster.network_volume_id)
                 if restore is not None:
-                    _check_fits(restore, values.get("volume_gb", cluster.volume_gb))
+                    check_fits(restore, values.get("volume_gb", cluster.volume_gb))
                     add_restore(
                         session,
                         cluster.id,
