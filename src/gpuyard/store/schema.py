@@ -588,3 +588,41 @@ class IdempotencyKey(Base):
     resource_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class ProxySession(Base):
+    """Access to one private http port of one cluster through the proxy, handed out
+    as an ``open`` link. The link's one-time ``token`` is stored only as its SHA-256;
+    exchanging it (once, before ``link_expires_at``) sets a cookie holding ``secret``,
+    which the proxy matches until ``expires_at``. The secret is kept in clear because
+    the proxy's route configuration must name it; it opens only this one port."""
+
+    __tablename__ = "proxy_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    secret: Mapped[str] = mapped_column(String(64), unique=True)
+    cluster_id: Mapped[str] = mapped_column(String(14), index=True)
+    internal_port: Mapped[int] = mapped_column(Integer)
+    account_id: Mapped[int] = mapped_column(Integer)
+    key_name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    link_expires_at: Mapped[datetime] = mapped_column()
+    used_at: Mapped[datetime | None] = mapped_column()
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class ClusterLogArchive(Base):
+    """The output of one container of a cluster, kept when the container goes (stop,
+    restart, recreate), so a stopped or errored cluster's logs stay readable until it
+    is terminated. ``text`` holds one ``<RFC 3339 ns timestamp> <line>`` per line."""
+
+    __tablename__ = "cluster_log_archives"
+    __table_args__ = (Index("ix_cluster_log_archives_cluster", "cluster_id", "id"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(String(14))
+    container_id: Mapped[str | None] = mapped_column(String(128))
+    first_at: Mapped[datetime | None] = mapped_column()
+    last_at: Mapped[datetime | None] = mapped_column()
+    line_count: Mapped[int] = mapped_column(Integer, default=0)
+    text: Mapped[str] = mapped_column(Text, default="")
+    captured_at: Mapped[datetime] = mapped_column(default=utcnow)
