@@ -5,7 +5,7 @@
 # /etc/containers/containers.conf.
 set -euo pipefail
 
-want=(podman runc busybox-static debootstrap openssh-client restic zstd)
+want=(podman runc busybox-static debootstrap openssh-client restic zstd caddy)
 [ "${WITH_POSTGRES:-0}" = 1 ] && want+=(postgresql)
 # Simulated fleet hosts for tests and benchmarks: an sshd in each host's namespace
 # (never started as a service here), ip for the namespaces, socat for bench_volume_move.
