@@ -67,12 +67,30 @@ def serve(host: str | None, port: int | None) -> None:
     is_flag=True,
     help="Build the Slurm node image for training clusters instead (debootstrap, root).",
 )
-@click.option("--force", is_flag=True, help="With --slurm: rebuild even if the image exists.")
-def dev_image(runtime_cli: str | None, name: str | None, slurm: bool, force: bool) -> None:
+@click.option(
+    "--web",
+    is_flag=True,
+    help="Build the web test image instead (HTTP/WebSocket test server on 8888; needs gcc).",
+)
+@click.option(
+    "--force", is_flag=True, help="With --slurm or --web: rebuild even if the image exists."
+)
+def dev_image(
+    runtime_cli: str | None, name: str | None, slurm: bool, web: bool, force: bool
+) -> None:
     """Build the offline busybox development image (or, with --slurm, the Slurm node
-    image); prints its name as the last line."""
+    image; with --web, the web test image); prints its name as the last line."""
     if runtime_cli is None:
         runtime_cli = "podman" if shutil.which("podman") else "docker"
+    if slurm and web:
+        raise click.UsageError("--slurm and --web build different images: pick one")
+    if web:
+        from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
+
+        name = name or WEB_IMAGE
+        click.echo(f"building {name} (gcc -static and {runtime_cli} import) ...", err=True)
+        click.echo(build_web_image(runtime_cli, name, force=force))
+        return
     if slurm:
         from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
 
