@@ -106,6 +106,29 @@ class Settings(BaseSettings):
     # on the first start. Replicas sharing one database must share this file.
     secret_key_file: Path | None = None
 
+    # HTTP proxy (README "HTTP proxy"): every http port of a cluster is reachable at
+    # ``{scheme}://{cluster_id}-{port}.{proxy_domain}`` through Caddy, which gpuyard
+    # configures through its admin API. ``caddy_admin``: the admin address of a Caddy
+    # gpuyard should configure (``unix//path`` or ``host:port``); None: gpuyard starts
+    # its own (``caddy_binary``) with its admin socket in the home.
+    proxy_enabled: bool = True
+    proxy_domain: str = "proxy.localhost"
+    proxy_bind: str = "127.0.0.1"
+    proxy_port: int = Field(default=8080, ge=1, le=65535)
+    # The port users' URLs name (behind a load balancer, say 443); None: proxy_port.
+    proxy_public_port: int | None = Field(default=None, ge=1, le=65535)
+    # A wildcard certificate for ``*.{proxy_domain}``: URLs become https.
+    proxy_tls_cert_file: Path | None = None
+    proxy_tls_key_file: Path | None = None
+    caddy_admin: str | None = None
+    caddy_binary: str = "caddy"
+    # Where Caddy reaches this API (open links, key checks); None: 127.0.0.1:port.
+    proxy_api_upstream: str | None = None
+    proxy_sync_interval_s: float = Field(default=5.0, gt=0)
+    # An ``open`` link works once, within this time; the cookie it sets lasts longer.
+    proxy_link_ttl_s: float = Field(default=300.0, gt=0)
+    proxy_session_hours: float = Field(default=24.0, gt=0)
+
     # Snapshots (README "Snapshots"): a restic repository, ``<home>/snapshots`` when
     # None, or any restic repository string (``s3:https://host/bucket/prefix``; S3
     # credentials from the usual AWS_* environment variables). Its password is made
@@ -138,6 +161,21 @@ class Settings(BaseSettings):
     # Off: training clusters are recorded but no operator builds them (tests, hosts
     # without a node image).
     training_enabled: bool = True
+
+    # SSH gateway (README "SSH into any cluster"; edge/ssh_gateway.py): a process of its
+    # own that ``gpuyard serve`` starts unless ``ssh_enabled`` is false or ``ssh_port``
+    # is 0. ``ssh_bind``: where it listens (None: ``host``); ``ssh_host``: the host name
+    # connection strings name (None: ``public_address``, else the API's connectable
+    # host). A source address with ``ssh_auth_failures_per_minute`` failed logins in
+    # the last minute is refused (any key) until that minute has passed; 0: no limit.
+    ssh_enabled: bool = True
+    ssh_port: int = Field(default=2222, ge=0, le=65535)
+    ssh_bind: str | None = None
+    ssh_host: str | None = None
+    ssh_auth_failures_per_minute: int = Field(default=10, ge=0)
+    # Public keys one connection may offer before it is dropped (OpenSSH's MaxAuthTries).
+    ssh_max_auth_tries: int = Field(default=6, ge=1)
+    ssh_login_timeout_s: float = Field(default=30.0, gt=0)
 
     # Rate limits (api/rate_limit.py; README "Rate limits"): token buckets per API key
     # and per source address (requests a second, burst), and failed API keys per
@@ -182,6 +220,16 @@ class Settings(BaseSettings):
     @property
     def effective_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'gpuyard.db'}"
+
+    @property
+    def ssh_gateway_endpoint(self) -> tuple[str, int] | None:
+        """``(host, port)`` users reach the SSH gateway at; None when it is off."""
+        if not self.ssh_enabled or self.ssh_port == 0:
+            return None
+        host = self.ssh_host or self.public_address or self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return host, self.ssh_port
 
     @property
     def credentials_path(self) -> Path:

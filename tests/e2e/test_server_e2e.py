@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
+from gpuyard.edge.caddy import CaddyProcess
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.helpers import free_port
 
@@ -57,6 +58,10 @@ class ServerProcess:
             "GPUYARD_LOCAL_DISK_GB": "1000",
             "GPUYARD_RECONCILE_INTERVAL_S": "0.5",
             "GPUYARD_STOP_TIMEOUT_S": "2",
+            # The proxy and the SSH gateway listen on fixed ports: tests that want them
+            # ask for them on free ports (extra_env).
+            "GPUYARD_PROXY_ENABLED": "false",
+            "GPUYARD_SSH_PORT": "0",
             **self.extra_env,
         }
         self.home.mkdir(parents=True, exist_ok=True)
@@ -97,6 +102,8 @@ class ServerProcess:
         """Stop the server, then remove what its installations left on the engine
         (a test that failed half-way leaves containers and volumes behind)."""
         self.stop()
+        # A Caddy this server started outlives a kill -9 of the server (by design).
+        CaddyProcess(self.home / "caddy").stop()
         for installation_id in sorted(self.installations):
             purge_installation(self.engine_url, installation_id)
 

@@ -21,6 +21,7 @@ from gpuyard.api import network_volumes as network_volumes_api
 from gpuyard.api import orphans as orphans_api
 from gpuyard.api import plans as plans_api
 from gpuyard.api import projects as projects_api
+from gpuyard.api import proxy as proxy_api
 from gpuyard.api import reserved_ips as reserved_ips_api
 from gpuyard.api import security_groups as security_groups_api
 from gpuyard.api import snapshots as snapshots_api
@@ -35,6 +36,7 @@ from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
 from gpuyard.reconciler.autoterminate import Fired
 from gpuyard.reconciler.loop import TRAINING_DUTY, Reconciler
+from gpuyard.reconciler.proxy_sync import ProxySync
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
@@ -73,6 +75,7 @@ def build_server(
     training_operator: Callable[[Context, WorkQueue], TrainingOperator] | None = None,
     rate_limit_clock: Clock | None = None,
     host_runtimes: RuntimeFactory | None = None,
+    proxy: Callable[[Context], ProxySync] | None = None,
 ) -> Server:
     """Migrate the store, seed it, register the local host and assemble the app.
 
@@ -81,6 +84,7 @@ def build_server(
     ``rate_limit_clock`` (tests): the rate limiter's time instead of monotonic time.
     ``host_runtimes``: makes the runtime of each host added through the API (None:
     ``runtime`` drives every host, as in tests on one engine).
+    ``proxy``: makes the HTTP proxy's sync loop (None: no proxy, proxy URLs null).
     """
     engine, sessions = open_store(settings)
     with sessions.begin() as session:
@@ -111,6 +115,8 @@ def build_server(
         if leases is not None:
             operator.owns = lambda: leases.holds(TRAINING_DUTY)
 
+    proxy_sync = proxy(ctx) if proxy is not None else None
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Everything imported and built so far lives as long as the process: move it out
@@ -123,9 +129,13 @@ def build_server(
             reconciler.wake()
         if operator is not None:
             operator.start()
+        if proxy_sync is not None:
+            proxy_sync.start()
         try:
             yield
         finally:
+            if proxy_sync is not None:
+                proxy_sync.stop()
             if operator is not None:
                 operator.stop()
             if run_reconciler:
@@ -142,7 +152,11 @@ def build_server(
         lifespan=lifespan,
     )
     app.state.gpuyard = AppState(
-        ctx=ctx, runtime=runtime, training=operator, host_runtime=fleet.for_host
+        ctx=ctx,
+        runtime=runtime,
+        training=operator,
+        host_runtime=fleet.for_host,
+        proxy_sync_now=proxy_sync.sync if proxy_sync is not None else None,
     )
     errors.install(app)
     method_not_allowed.install(app)
@@ -183,6 +197,7 @@ def build_server(
     app.include_router(orphans_api.router)
     app.include_router(snapshots_api.router)
     app.include_router(network_volumes_api.router)
+    app.include_router(proxy_api.router)
     # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.
     app.include_router(graphql_router(), include_in_schema=False)
@@ -235,6 +250,9 @@ def engine_server(settings: Settings, url: str | None) -> Server:
         engine_url=url,
         training_operator=operator,
         host_runtimes=host_runtime_factory(settings.home, policy, settings.remote_engine_timeout_s),
+        proxy=partial(ProxySync.from_settings, settings=settings)
+        if settings.proxy_enabled
+        else None,
     )
 
 

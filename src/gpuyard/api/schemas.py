@@ -30,10 +30,12 @@ class Port(_Out):
     external_port: int
     protocol: Literal["http", "tcp", "udp"]
     description: str
+    visibility: Literal["private", "public"]
 
 
 class NetworkPort(Port):
     address: str | None
+    proxy_url: str | None
 
 
 class SshConnection(_Out):

@@ -34,6 +34,18 @@ def event(e: Event) -> dict[str, Any]:
     }
 
 
+_NO_PROXY = (ClusterStatus.TERMINATING, ClusterStatus.TERMINATED)
+
+
+def proxy_url(d: ClusterDetails, internal_port: int) -> str | None:
+    """The port's address on the HTTP proxy: stable for the cluster's life (a stopped
+    cluster's answers a page saying so); None once it is terminated or while the
+    proxy does not serve (the hosts view says why)."""
+    if d.proxy is None or d.cluster.status in _NO_PROXY:
+        return None
+    return d.proxy.url(d.cluster.id, internal_port)
+
+
 def network(d: ClusterDetails) -> dict[str, Any]:
     running = d.cluster.status == ClusterStatus.RUNNING
     ports = [
@@ -45,18 +57,18 @@ def network(d: ClusterDetails) -> dict[str, Any]:
             "address": f"{d.host_address}:{p.external_port}"
             if d.host_address and p.external_port
             else None,
+            "visibility": p.visibility,
+            "proxy_url": proxy_url(d, p.internal_port) if p.protocol == "http" else None,
         }
         for p in d.ports
     ]
-    http = next((p for p in d.ports if p.protocol == "http" and p.external_port), None)
+    http = next((p for p in d.ports if p.protocol == "http"), None)
     ssh = next((p for p in d.ports if p.internal_port == 22 and p.protocol != "udp"), None)
     reachable = running and d.host_address is not None
     return {
         "ip": d.host_address,
         "ports": ports,
-        "proxy_url": f"http://{d.host_address}:{http.external_port}"
-        if reachable and http
-        else None,
+        "proxy_url": proxy_url(d, http.internal_port) if http else None,
         "ssh_connection": {
             "host": d.host_address if reachable and ssh else None,
             "port": ssh.external_port if reachable and ssh else None,
@@ -171,6 +183,7 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
                 "external_port": p.external_port,
                 "protocol": p.protocol,
                 "description": p.description,
+                "visibility": p.visibility,
             }
             for p in d.ports
         ],

@@ -39,6 +39,8 @@ _MAX_SOCKET_PATH = 100
 _PARAM = re.compile(r"(?P<name>[A-Za-z0-9_.~%+\[\]-]{1,256})=(?P<value>[^&\s]*)")
 # Every accepted key parameter, as _normalized() spells it.
 _KEY_NAMES = frozenset(re.sub(r"[^a-z0-9]", "", name.lower()) for name in KEY_QUERY_PARAMS)
+# Other secrets that travel in query strings: the HTTP proxy's one-time open links.
+_SECRET_NAMES = _KEY_NAMES | {"token"}
 _AUTH_HEADER = re.compile(
     r"(authorization[\"']?\s*[:=,]\s*(?:b?[\"'])?)(bearer\s+|basic\s+)?[^\s\"',}]+", re.IGNORECASE
 )
@@ -60,7 +62,7 @@ def _normalized(name: str) -> str:
 
 
 def _redact_param(match: re.Match[str]) -> str:
-    if _normalized(match["name"]) in _KEY_NAMES and match["value"]:
+    if _normalized(match["name"]) in _SECRET_NAMES and match["value"]:
         return f"{match['name']}=***"
     return match[0]
 

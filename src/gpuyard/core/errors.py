@@ -150,3 +150,11 @@ class LimitsNotEnforced(GpuyardError):
 
     code = "LIMITS_NOT_ENFORCED"
     http_status = 409
+
+
+class ProxyUnavailable(GpuyardError):
+    """The HTTP proxy is not serving (Caddy missing, not started, or refusing its
+    configuration): proxy URLs and open links cannot work until it is."""
+
+    code = "PROXY_UNAVAILABLE"
+    http_status = 503

@@ -75,6 +75,8 @@ class PortSpec(StrictModel):
     internal_port: int = Field(ge=1, le=65535, strict=True)
     external_port: int = Field(default=0, ge=0, le=65535, strict=True)
     protocol: Literal["http", "tcp", "udp"] = "tcp"
+    # Who may pass the HTTP proxy to an http port: the owner only, or anybody.
+    visibility: Literal["private", "public"] = "private"
     # Input is held to NAME_PATTERN by the request models (services/requests.py), not
     # here: ports stored before that rule must still load.
     description: str = Field(

@@ -15,10 +15,12 @@ from gpuyard.core.errors import ClusterNotFound
 from gpuyard.core.ledger import Accrual, Interval
 from gpuyard.core.models import CloudType, GpuTypeInfo
 from gpuyard.core.pricing import Prices, RateParts, hourly_rate
+from gpuyard.core.proxy import ProxyBase
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
 from gpuyard.services.metering import accrual_of, load_intervals
+from gpuyard.services.proxy_routes import proxy_base
 from gpuyard.store.schema import (
     Cluster,
     NetworkVolume,
@@ -42,6 +44,7 @@ class AssignedPort:
     external_port: int
     protocol: str
     description: str
+    visibility: str = "private"
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class ClusterDetails:
     move: VolumeMoveView | None = None
     # A snapshot being restored into the volume before the start; None: none.
     restore: RestoreView | None = None
+    # How proxy URLs are spelled while the HTTP proxy serves; None: it does not.
+    proxy: ProxyBase | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,7 @@ def details(
     in_start = [c.id for c in clusters if c.status in _STARTING] if starting else []
     moves = volume_moves(db, in_start) if in_start else {}
     restores = volume_restores(db, in_start) if in_start else {}
+    proxy = proxy_base(ctx.settings) if ctx.proxy.problem() is None else None
     out = []
     for c in clusters:
         host = hosts.get(c.host_id) if c.host_id is not None else None
@@ -224,6 +230,7 @@ def details(
                         p.get("host_port", 0),
                         p["protocol"],
                         p.get("description", ""),
+                        p.get("visibility", "private"),
                     )
                     for p in c.ports
                 ),
@@ -241,6 +248,7 @@ def details(
                 ),
                 move=moves.get(c.id),
                 restore=restores.get(c.id),
+                proxy=proxy,
             )
         )
     return out

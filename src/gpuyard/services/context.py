@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.core.ledger import Interval
 from gpuyard.core.ownership import Ownership
+from gpuyard.core.proxy import ProxyStatus
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.references import ReferenceCache
 from gpuyard.settings import Settings
@@ -79,6 +80,8 @@ class Context:
     # edge (forwarders for its SSH port and reserved IPs) after a change.
     training_wake: Callable[[int], None] = lambda _cluster_id: None
     training_edge: Callable[[int], None] = lambda _cluster_id: None
+    # Whether this process's HTTP proxy serves (views show proxy URLs only then).
+    proxy: ProxyStatus = field(default_factory=lambda: ProxyStatus(enabled=False))
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

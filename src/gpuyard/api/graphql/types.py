@@ -19,7 +19,7 @@ import strawberry
 
 from gpuyard.api.graphql.context import GqlContext
 from gpuyard.api.graphql.inputs import GpuLowestPriceInput
-from gpuyard.api.views import iso
+from gpuyard.api.views import iso, proxy_url
 from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity
 from gpuyard.core.secret_env import masked_env
 from gpuyard.core.states import ClusterStatus, allowed_actions
@@ -66,6 +66,9 @@ class RuntimePort:
     private_port: int
     public_port: int | None
     type: str
+    proxy_url: str | None = strawberry.field(
+        default=None, description="The port's address on the HTTP proxy (http ports)"
+    )
 
 
 @strawberry.type(name="PodRuntimeGpus")
@@ -233,6 +236,7 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
                     private_port=p.internal_port,
                     public_port=p.external_port or None,
                     type=p.protocol,
+                    proxy_url=proxy_url(d, p.internal_port) if p.protocol == "http" else None,
                 )
                 for p in d.ports
             ],

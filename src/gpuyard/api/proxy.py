@@ -1,0 +1,146 @@
+"""The API's side of the HTTP proxy: open links for private ports, and the per-request
+key check the proxy asks (Caddy's forward_auth). The proxy itself is Caddy; nothing
+here carries user traffic.
+
+``GET /v1/clusters/{id}/ports/{port}/open`` has two faces:
+
+- with an API key (write scope) and no ``token``: answers a one-time ``url`` on the
+  port's proxy host, for a browser;
+- with ``?token=``, as the browser follows that link through the proxy: swaps the
+  token for an HttpOnly cookie on that host and redirects to ``/``. A used, expired
+  or wrong token answers a 403 page; nothing about the token is logged.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Literal
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from gpuyard.api.envelope import ok
+from gpuyard.api.openapi_responses import ERROR_RESPONSES
+from gpuyard.api.schemas import Meta, documented
+from gpuyard.api.state import app_state, current_principal, key_from
+from gpuyard.api.views import iso
+from gpuyard.core.errors import NotFound, Unauthorized
+from gpuyard.core.proxy import SESSION_COOKIE
+from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER
+from gpuyard.services import proxy_access
+from gpuyard.services.auth import Principal
+from gpuyard.services.proxy_routes import proxy_base
+
+router = APIRouter(tags=["access"], responses=ERROR_RESPONSES)
+
+
+class OpenLinkOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    expires_at: str | None
+    session_expires_at: str | None
+
+
+class OpenLinkEnvelope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    success: Literal[True]
+    data: OpenLinkOut
+    meta: Meta
+
+
+def _page(status: int, title: str, text: str) -> HTMLResponse:
+    body = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+        f"</title></head><body><h1>{html.escape(title)}</h1><p>{html.escape(text)}</p>"
+        "<p><small>gpuyard proxy</small></p></body></html>\n"
+    )
+    return HTMLResponse(
+        body,
+        status_code=status,
+        headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"},
+    )
+
+
+@router.get(
+    "/v1/clusters/{cluster_id}/ports/{port}/open",
+    responses=documented(OpenLinkEnvelope),
+)
+async def open_port(
+    request: Request,
+    cluster_id: str = Path(min_length=1, max_length=100),
+    port: int = Path(ge=1, le=65535),
+    token: str | None = Query(default=None, min_length=1, max_length=200),
+) -> Response:
+    """A one-time link that opens a private http port in a browser (API key, write
+    scope), or, followed with its ``token`` through the proxy, the cookie it grants."""
+    state = app_state(request)
+    if token is not None:
+        grant = await run_in_threadpool(
+            proxy_access.redeem_link, state.ctx, cluster_id, port, token
+        )
+        if grant is None:
+            return _page(
+                403,
+                "This link does not open anything",
+                "It was used already, has expired, or belongs to another port. Ask for a "
+                "new one (gpuyard clusters open, or the console).",
+            )
+        if state.proxy_sync_now is not None:
+            # The proxy must know the cookie before the browser comes back with it.
+            await run_in_threadpool(state.proxy_sync_now)
+        base = proxy_base(state.ctx.settings)
+        response = RedirectResponse(
+            "/", status_code=302, headers={"Referrer-Policy": "no-referrer"}
+        )
+        max_age = int((grant.expires_at - state.ctx.clock.now()).total_seconds())
+        response.set_cookie(
+            SESSION_COOKIE,
+            grant.secret,
+            max_age=max(max_age, 0),
+            path="/",
+            httponly=True,
+            samesite="lax",
+            secure=base.scheme == "https",
+        )
+        return response
+    principal: Principal = await current_principal(request)
+    link = await run_in_threadpool(
+        proxy_access.issue_link,
+        state.ctx,
+        principal,
+        proxy_base(state.ctx.settings),
+        cluster_id,
+        port,
+        state.ctx.proxy.problem(),
+    )
+    return ok(
+        {
+            "url": link.url,
+            "expires_at": iso(link.expires_at),
+            "session_expires_at": iso(link.session_expires_at),
+        }
+    )
+
+
+@router.get(AUTHORIZE_PATH, include_in_schema=False)
+async def authorize(request: Request) -> Response:
+    """The proxy's check of an API key sent to a private port (forward_auth): 200 lets
+    the request through; the 401/404 pages are what the browser then shows."""
+    state = app_state(request)
+    key = key_from(request.headers.get("authorization"), lambda _name: None) or (
+        request.headers.get(KEY_HEADER) or None
+    )
+    host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
+    try:
+        principal = await state.principal(key)
+    except Unauthorized:
+        return _page(401, "Sign-in required", "The API key was not accepted.")
+    try:
+        await run_in_threadpool(proxy_access.authorize, state.ctx, principal, host)
+    except NotFound:
+        return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
+    return Response(status_code=200, headers={"Cache-Control": "no-store"})

@@ -1,0 +1,113 @@
+"""Proxy addresses of clusters' http ports, and what the proxy should do for each.
+
+A cluster's http port ``P`` is reachable at ``{scheme}://{cluster_id}-{P}.{domain}``
+(seed 000's ``network.proxy_url``). This module only names things: the routes are
+turned into a proxy's configuration by ``edge/caddy_config.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from enum import StrEnum
+
+# A cluster id is 14 lowercase letters and digits (core/ids.py); the port 1-65535.
+_HOST_LABEL = re.compile(r"^(?P<cluster>[a-z0-9]{14})-(?P<port>[1-9][0-9]{0,4})$")
+
+SESSION_COOKIE = "gy_proxy"
+# Where an ``open`` link lands on a proxy host (the API answers it through the proxy).
+OPEN_PATH = "/v1/clusters/{cluster_id}/ports/{port}/open"
+
+
+class Visibility(StrEnum):
+    """``private``: only the owner (API key or an ``open`` link's cookie) gets through;
+    ``public``: anybody with the URL."""
+
+    PRIVATE = "private"
+    PUBLIC = "public"
+
+
+@dataclass(frozen=True)
+class ProxyBase:
+    """How proxy URLs are spelled: ``port`` is shown unless it is the scheme's own."""
+
+    scheme: str
+    domain: str
+    port: int
+
+    def host(self, cluster_id: str, internal_port: int) -> str:
+        return f"{cluster_id}-{internal_port}.{self.domain}"
+
+    def url(self, cluster_id: str, internal_port: int) -> str:
+        default = 443 if self.scheme == "https" else 80
+        suffix = "" if self.port == default else f":{self.port}"
+        return f"{self.scheme}://{self.host(cluster_id, internal_port)}{suffix}"
+
+    def open_link(self, cluster_id: str, internal_port: int, token: str) -> str:
+        path = OPEN_PATH.format(cluster_id=cluster_id, port=internal_port)
+        return f"{self.url(cluster_id, internal_port)}{path}?token={token}"
+
+
+def parse_host(host: str, domain: str) -> tuple[str, int] | None:
+    """``(cluster_id, port)`` of a proxy host name (a ``:port`` suffix is ignored);
+    None when ``host`` is not one of ``domain``'s cluster hosts."""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.lower().rstrip(".")
+    suffix = "." + domain.lower().rstrip(".")
+    if not name.endswith(suffix):
+        return None
+    m = _HOST_LABEL.match(name[: -len(suffix)])
+    if m is None:
+        return None
+    port = int(m["port"])
+    return (m["cluster"], port) if port <= 65535 else None
+
+
+class RouteState(StrEnum):
+    """What the proxy does for a port: forward to the container, or say why not."""
+
+    FORWARD = "forward"
+    STOPPED = "stopped"  # the cluster is not running (stopped, starting, error ...)
+
+
+@dataclass(frozen=True)
+class ProxyRoute:
+    """One http port of one cluster as the proxy should serve it.
+
+    ``upstream`` is ``host:port`` of the published port (None while there is none);
+    ``session_secrets`` are the cookie values that open a private port.
+    """
+
+    cluster_id: str
+    internal_port: int
+    account_id: int
+    visibility: Visibility
+    state: RouteState
+    status: str
+    upstream: str | None
+    session_secrets: tuple[str, ...] = ()
+
+
+@dataclass
+class ProxyStatus:
+    """Whether this process's proxy is serving (its last sync worked), and if not why.
+    Views show proxy URLs only while it is; hosts show the reason."""
+
+    enabled: bool
+    ready: bool = False
+    reason: str | None = "the proxy has not been configured yet"
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def set(self, ready: bool, reason: str | None) -> None:
+        with self._lock:
+            self.ready, self.reason = ready, reason
+
+    def problem(self) -> str | None:
+        """None while serving, else why proxy URLs are null."""
+        with self._lock:
+            if not self.enabled:
+                return "the HTTP proxy is disabled (GPUYARD_PROXY_ENABLED=false)"
+            return None if self.ready else self.reason

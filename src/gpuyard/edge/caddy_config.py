@@ -1,0 +1,215 @@
+"""The whole Caddy configuration (JSON) for a set of proxy routes.
+
+gpuyard owns the Caddy instance it configures: every sync loads this document with
+``POST /load``, so a Caddy that restarted empty, or was changed by hand, converges to
+it. Pure: no I/O.
+
+Per cluster port, in order (first match wins):
+
+1. the ``open`` link path goes to the API, which swaps its one-time token for a
+   cookie on this host (the cookie is then host-only: it opens this port only);
+2. a cluster that is not running answers 502 with a page saying so;
+3. a public port is forwarded;
+4. a private port is forwarded for a request carrying a live session cookie, or
+   carrying a gpuyard API key (``Authorization: Bearer gy_…``, ``Authorization: gy_…``
+   or ``X-Gpuyard-Api-Key``), which the API checks first (Caddy's forward_auth);
+   the key headers are removed before the request reaches the container;
+5. anything else answers 401 with a page saying how to get in.
+
+A host of the proxy domain with no route answers 404. Responses stream both ways
+(``flush_interval: -1``), WebSockets pass through, and no timeout cuts a long
+response. No access log is configured, so no token or key is ever written by Caddy.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuyard.core.proxy import (
+    OPEN_PATH,
+    SESSION_COOKIE,
+    ProxyBase,
+    ProxyRoute,
+    RouteState,
+    Visibility,
+)
+
+SERVER_NAME = "gpuyard"
+KEY_HEADER = "X-Gpuyard-Api-Key"
+AUTHORIZE_PATH = "/v1/proxy/authorize"
+
+
+@dataclass(frozen=True)
+class ProxyListen:
+    """Where the proxy listens, where it reaches the API, and its certificate."""
+
+    bind: str
+    port: int
+    api_upstream: str
+    admin: str
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+
+def page(status: int, title: str, text: str) -> dict[str, Any]:
+    """A static HTML answer saying why a request went no further."""
+    body = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>"
+        f"{html.escape(title)}</title></head><body><h1>{html.escape(title)}</h1>"
+        f"<p>{html.escape(text)}</p><p><small>gpuyard proxy</small></p></body></html>\n"
+    )
+    return {
+        "handler": "static_response",
+        "status_code": status,
+        "headers": {
+            "Content-Type": ["text/html; charset=utf-8"],
+            "Cache-Control": ["no-store"],
+        },
+        "body": body,
+    }
+
+
+def _forward(upstream: str, *, drop_key_headers: bool = False) -> dict[str, Any]:
+    handler: dict[str, Any] = {
+        "handler": "reverse_proxy",
+        "upstreams": [{"dial": upstream}],
+        "flush_interval": -1,
+    }
+    if drop_key_headers:
+        handler["headers"] = {"request": {"delete": ["Authorization", KEY_HEADER]}}
+    return handler
+
+
+_DROP_KEY_HEADER = {"handler": "headers", "request": {"delete": [KEY_HEADER]}}
+
+
+def _authorize(api_upstream: str) -> dict[str, Any]:
+    """Caddy's forward_auth: ask the API; a 2xx answer lets the request go on, any
+    other answer (401, 404 pages) is what the client gets."""
+    return {
+        "handler": "reverse_proxy",
+        "upstreams": [{"dial": api_upstream}],
+        "rewrite": {"method": "GET", "uri": AUTHORIZE_PATH},
+        "headers": {
+            "request": {
+                "set": {
+                    "X-Forwarded-Method": ["{http.request.method}"],
+                    "X-Forwarded-Uri": ["{http.request.uri}"],
+                }
+            }
+        },
+        "handle_response": [
+            {
+                "match": {"status_code": [2]},
+                # Nothing to copy from the answer: the request just goes on.
+                "routes": [
+                    {"handle": [{"handler": "headers", "request": {"delete": [KEY_HEADER]}}]}
+                ],
+            }
+        ],
+    }
+
+
+_KEY_MATCHERS: list[dict[str, Any]] = [
+    {"header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}},
+    {"header": {KEY_HEADER: ["*"]}},
+]
+
+
+def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]:
+    open_path = OPEN_PATH.format(cluster_id=route.cluster_id, port=route.internal_port)
+    routes: list[dict[str, Any]] = [
+        {"match": [{"path": [open_path]}], "handle": [_forward(listen.api_upstream)]}
+    ]
+    if route.state is RouteState.STOPPED or route.upstream is None:
+        routes.append(
+            {
+                "handle": [
+                    page(
+                        502,
+                        f"Cluster {route.cluster_id} is {route.status}",
+                        f"Port {route.internal_port} answers again once the cluster is "
+                        "running (start it with the API, the CLI or the console).",
+                    )
+                ]
+            }
+        )
+        return routes
+    if route.visibility is Visibility.PUBLIC:
+        routes.append({"handle": [_forward(route.upstream)]})
+        return routes
+    if route.session_secrets:
+        cookies = [f"*{SESSION_COOKIE}={secret}*" for secret in route.session_secrets]
+        routes.append(
+            {"match": [{"header": {"Cookie": cookies}}], "handle": [_forward(route.upstream)]}
+        )
+    routes.append(
+        {
+            "match": _KEY_MATCHERS,
+            "handle": [
+                _authorize(listen.api_upstream),
+                _forward(route.upstream, drop_key_headers=True),
+            ],
+        }
+    )
+    routes.append(
+        {
+            "handle": [
+                page(
+                    401,
+                    "Sign-in required",
+                    f"Port {route.internal_port} of cluster {route.cluster_id} is private. "
+                    "Open it with a link from `gpuyard clusters open` (or the API's "
+                    "/ports/{port}/open), or send your API key in the Authorization header.",
+                )
+            ]
+        }
+    )
+    return routes
+
+
+def caddy_config(routes: list[ProxyRoute], base: ProxyBase, listen: ProxyListen) -> dict[str, Any]:
+    """The full configuration: admin on ``listen.admin`` (never persisted to disk), one
+    HTTP server with a route per cluster port and 404 for every other host."""
+    server_routes: list[dict[str, Any]] = [
+        {
+            "match": [{"host": [base.host(r.cluster_id, r.internal_port)]}],
+            "handle": [{"handler": "subroute", "routes": _port_routes(r, listen)}],
+            "terminal": True,
+        }
+        for r in sorted(routes, key=lambda r: (r.cluster_id, r.internal_port))
+    ]
+    server_routes.append(
+        {
+            "handle": [
+                page(
+                    404,
+                    "No such cluster port",
+                    "This address names no cluster port: the cluster was terminated, "
+                    "never existed, or does not declare this port as http.",
+                )
+            ],
+            "terminal": True,
+        }
+    )
+    server: dict[str, Any] = {
+        "listen": [f"{listen.bind}:{listen.port}"],
+        "routes": server_routes,
+        "protocols": ["h1", "h2", "h2c"],
+        "automatic_https": {"disable": True},
+    }
+    config: dict[str, Any] = {
+        "admin": {"listen": listen.admin, "config": {"persist": False}},
+        "apps": {"http": {"servers": {SERVER_NAME: server}}},
+    }
+    if listen.tls_cert is not None and listen.tls_key is not None:
+        server["tls_connection_policies"] = [{}]
+        config["apps"]["tls"] = {
+            "certificates": {
+                "load_files": [{"certificate": str(listen.tls_cert), "key": str(listen.tls_key)}]
+            }
+        }
+    return config
