@@ -131,9 +131,10 @@ def test_seed_python_and_js_flows(srv: LiveServer) -> None:
                 "auto_terminate_updates": {"enabled": True, "idle_minutes": 120},
             },
         ).json()
-        assert r["success"] and r["data"]["network"]["ssh_connection"][
-            "connection_string"
-        ].startswith("ssh root@")
+        ssh = r["data"]["network"]["ssh_connection"]
+        # Through the SSH gateway; straight to the container's sshd beside it.
+        assert r["success"] and ssh["connection_string"] == f"ssh {cid}@127.0.0.1 -p 2222"
+        assert ssh["direct"].startswith("ssh root@127.0.0.1 -p ")
         assert r["data"]["network"]["proxy_url"] is None  # nothing HTTP is exposed
         found = c.get("/v1/clusters?search=training-job7&status=stopped").json()
         assert found["success"] and len(found["data"]["clusters"]) == 1

@@ -43,6 +43,10 @@ class SshConnection(_Out):
     port: int | None
     username: str | None
     connection_string: str | None
+    # ``ssh CLUSTER@HOST -p 2222`` through the SSH gateway (null when it is off).
+    gateway: str | None
+    # ``ssh root@HOST -p N`` straight to the container's sshd (22/tcp published).
+    direct: str | None
 
 
 class Network(_Out):

@@ -69,14 +69,31 @@ def network(d: ClusterDetails) -> dict[str, Any]:
         "ip": d.host_address,
         "ports": ports,
         "proxy_url": proxy_url(d, http.internal_port) if http else None,
-        "ssh_connection": {
-            "host": d.host_address if reachable and ssh else None,
-            "port": ssh.external_port if reachable and ssh else None,
-            "username": "root" if reachable and ssh else None,
-            "connection_string": f"ssh root@{d.host_address} -p {ssh.external_port}"
-            if reachable and ssh
-            else None,
-        },
+        "ssh_connection": ssh_connection(d, reachable, ssh.external_port if ssh else None),
+    }
+
+
+def ssh_connection(d: ClusterDetails, reachable: bool, ssh_port: int | None) -> dict[str, Any]:
+    """How to SSH in: through the gateway (``ssh CLUSTER@HOST -p 2222``, any running
+    cluster) and, when 22/tcp is published, straight to the container's sshd
+    (``direct``). host/port/username/connection_string name the gateway when it is
+    on, else the direct way; all null unless the cluster runs on a reachable host."""
+    gateway = d.ssh_gateway if reachable else None
+    direct = d.host_address if reachable and ssh_port else None
+    via = (
+        (gateway[0], gateway[1], d.cluster.id)
+        if gateway
+        else (direct, ssh_port, "root")
+        if direct
+        else None
+    )
+    return {
+        "host": via[0] if via else None,
+        "port": via[1] if via else None,
+        "username": via[2] if via else None,
+        "connection_string": f"ssh {via[2]}@{via[0]} -p {via[1]}" if via else None,
+        "gateway": f"ssh {d.cluster.id}@{gateway[0]} -p {gateway[1]}" if gateway else None,
+        "direct": f"ssh root@{direct} -p {ssh_port}" if direct else None,
     }
 
 

@@ -18,6 +18,7 @@ import click
 from gpuyard.api.app import engine_server
 from gpuyard.api.state import KEY_QUERY_PARAMS
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.edge.ssh_service import GatewaySupervisor, start_ssh_gateway
 from gpuyard.runtimes.engine_url import (
     ROOT_PODMAN_SOCKET,
     PodmanService,
@@ -202,11 +203,14 @@ def run_server(host: str | None, port: int | None) -> None:
     # shutdown; until then (and after) they unwind through the finally below.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     service: PodmanService | None = None
+    gateway: GatewaySupervisor | None = None
     try:
         url, service = find_engine(settings)
         server = engine_server(settings, url)
         if server.admin_key is not None:
             announce_admin_key(server.admin_key, settings)
+        # Its own process (edge/ssh_service.py); after the database is migrated.
+        gateway = start_ssh_gateway(settings, url)
         log.info("gpuyard listening on %s (home %s)", connectable_url(settings), settings.home)
         # X-Forwarded-For names the client (rate limits, logs) only behind a listed proxy.
         proxies = settings.trusted_proxies.strip()
@@ -223,6 +227,8 @@ def run_server(host: str | None, port: int | None) -> None:
     except SecretKeyError as e:
         raise click.ClickException(str(e)) from e
     finally:
+        if gateway is not None:
+            gateway.stop()
         if service is not None:
             log.info("stopping the podman service")
             service.stop()

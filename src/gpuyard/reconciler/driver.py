@@ -50,6 +50,7 @@ from gpuyard.services.moves import (
 )
 from gpuyard.services.placement import release_all, release_compute
 from gpuyard.services.secrets import open_env, secret_box
+from gpuyard.services.ssh_keys import account_public_keys
 from gpuyard.store.schema import (
     Cluster,
     NetworkVolume,
@@ -447,6 +448,7 @@ class ClusterDriver:
             account_id = session.scalar(
                 select(Project.account_id).where(Project.id == c.project_id)
             )
+            public_keys = account_public_keys(session, account_id) if account_id else ""
         if account_id is None:
             # Never the engine's shared default network.
             raise RuntimeFailure(f"cluster {c.id} has no account to place its network in")
@@ -462,6 +464,9 @@ class ClusterDriver:
             env["NVIDIA_VISIBLE_DEVICES"] = indices or "void"
             env["CUDA_VISIBLE_DEVICES"] = indices
         env["GPUYARD_CLUSTER_ID"] = c.id
+        if public_keys:
+            # RunPod's convention: images' start scripts put these in authorized_keys.
+            env.setdefault("PUBLIC_KEY", public_keys)
         try:
             command = tuple(shlex.split(c.docker_args)) if c.docker_args.strip() else None
         except ValueError as exc:

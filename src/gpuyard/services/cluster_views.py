@@ -72,6 +72,8 @@ class ClusterDetails:
     move: VolumeMoveView | None = None
     # A snapshot being restored into the volume before the start; None: none.
     restore: RestoreView | None = None
+    # Where users reach the SSH gateway, ``(host, port)``; None: it is off.
+    ssh_gateway: tuple[str, int] | None = None
     # How proxy URLs are spelled while the HTTP proxy serves; None: it does not.
     proxy: ProxyBase | None = None
 
@@ -248,6 +250,7 @@ def details(
                 ),
                 move=moves.get(c.id),
                 restore=restores.get(c.id),
+                ssh_gateway=ctx.settings.ssh_gateway_endpoint,
                 proxy=proxy,
             )
         )

@@ -247,3 +247,56 @@ def ssh_key_view(row: SshKey) -> dict[str, object]:
         "fingerprint": row.fingerprint,
         "created_at": iso(row.created_at),
     }
+
+
+def account_public_keys(session: Session, account_id: int) -> str:
+    """The account's keys as ``authorized_keys`` text (one per line, oldest first;
+    empty when there are none): RunPod's ``pubKey`` and the ``PUBLIC_KEY`` env."""
+    return "\n".join(
+        session.scalars(
+            select(SshKey.public_key).where(SshKey.account_id == account_id).order_by(SshKey.id)
+        )
+    )
+
+
+MAX_KEYS_PER_TEXT = 100
+
+
+def replace_keys_from_text(session: Session, account_id: int, text: object) -> list[SshKey]:
+    """Make the account's keys exactly those of ``text`` (RunPod's
+    ``updateUserSettings(input: {pubKey})``: one OpenSSH public key per line; blank
+    lines and ``#`` comments are skipped). A key already stored (same key data) keeps
+    its row, id and name; a new one is named by its comment, else by its fingerprint;
+    a stored key the text does not hold is deleted. Raises ValidationFailed("pubKey")
+    naming the first bad line, and changes nothing then."""
+    if not isinstance(text, str):
+        raise ValidationFailed("pubKey", "must be a string of OpenSSH public keys")
+    wanted: dict[str, tuple[str, str]] = {}  # fingerprint -> (line, name)
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            normalised, fp = parse_public_key(line)
+        except ValidationFailed as exc:
+            reason = exc.message.removeprefix(f"{FIELD}: ")
+            raise ValidationFailed("pubKey", f"line {number}: {reason}") from exc
+        parts = normalised.split(None, 2)
+        name = (parts[2] if len(parts) == 3 else "")[:MAX_NAME_CHARS] or f"key {fp[7:19]}"
+        wanted.setdefault(fp, (normalised, name))
+    if len(wanted) > MAX_KEYS_PER_TEXT:
+        raise ValidationFailed("pubKey", f"at most {MAX_KEYS_PER_TEXT} keys")
+    kept: list[SshKey] = []
+    for row in list_keys(session, account_id):
+        if row.fingerprint in wanted and row.fingerprint not in {k.fingerprint for k in kept}:
+            kept.append(row)
+        else:
+            session.delete(row)
+    have = {k.fingerprint for k in kept}
+    for fp, (line, name) in wanted.items():
+        if fp not in have:
+            row = SshKey(account_id=account_id, name=name, public_key=line, fingerprint=fp)
+            session.add(row)
+            kept.append(row)
+    session.flush()
+    return sorted(kept, key=lambda r: r.id)

@@ -332,3 +332,12 @@ def create_bodies(
         return [CreateCluster(**base, gpu_type=name, gpu_count=gpu_count) for name in candidates]
     except ValidationError as exc:
         raise from_pydantic(exc, GRAPHQL_NAMES) from exc
+
+
+@strawberry.input(name="UpdateUserSettingsInput")
+class UpdateUserSettingsInput:
+    pub_key: str | None = strawberry.field(
+        default=None,
+        description="Every SSH public key of the account, one per line (RunPod): keys not "
+        "listed are removed, new ones added (named by their comment). Null: unchanged.",
+    )

@@ -26,15 +26,17 @@ from gpuyard.api.graphql.inputs import (
     PodResumeInput,
     PodStopInput,
     PodTerminateInput,
+    UpdateUserSettingsInput,
     create_bodies,
 )
-from gpuyard.api.graphql.queries import one_pod
-from gpuyard.api.graphql.types import Info, Pod
+from gpuyard.api.graphql.queries import one_pod, user_of
+from gpuyard.api.graphql.types import Info, Pod, User
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.services import clusters as uc
 from gpuyard.services import idempotency as idem
 from gpuyard.services import spot
 from gpuyard.services.requests import ConfigurationUpdate, StartCluster
+from gpuyard.services.ssh_keys import replace_keys_from_text
 
 MAX_GPUS = 64
 
@@ -182,3 +184,15 @@ class Mutation:
     @strawberry.mutation(description="Terminate a pod (RunPod). Returns null.")
     def pod_terminate(self, info: Info, input: PodTerminateInput) -> None:
         terminate(info, input.pod_id)
+
+    @strawberry.mutation(
+        description="RunPod's user settings: pubKey sets the account's SSH keys "
+        "(the same keys as /v1/ssh-keys)."
+    )
+    def update_user_settings(self, info: Info, input: UpdateUserSettingsInput) -> User:
+        gctx = info.context
+        if input.pub_key is not None:
+            gctx.principal.require_write()
+            with gctx.ctx.transaction() as session:
+                replace_keys_from_text(session, gctx.principal.account_id, input.pub_key)
+        return user_of(info)

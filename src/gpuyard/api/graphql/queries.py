@@ -10,6 +10,7 @@ import strawberry
 from gpuyard.api.graphql.inputs import ClusterFilter, GpuTypeFilter, PodFilter
 from gpuyard.api.graphql.types import GpuType, Info, Pod, User, gpu_type_from, pod_from
 from gpuyard.services.catalog import find_gpu_type, list_gpu_types
+from gpuyard.services.ssh_keys import account_public_keys
 
 
 def one_pod(info: Info, cluster_id: str) -> Pod:
@@ -18,11 +19,19 @@ def one_pod(info: Info, cluster_id: str) -> Pod:
     return pod_from(d, info.context.ctx.clock.now())
 
 
+def user_of(info: Info) -> User:
+    """The caller, with the account's SSH keys as RunPod's ``pubKey``."""
+    principal = info.context.principal
+    with info.context.ctx.read() as session:
+        keys = account_public_keys(session, principal.account_id)
+    return User(id=str(principal.user_id), pub_key=keys or None)
+
+
 @strawberry.type
 class Query:
     @strawberry.field(description="The caller and their account's clusters.")
     def myself(self, info: Info) -> User:
-        return User(id=str(info.context.principal.user_id), pub_key=None)
+        return user_of(info)
 
     @strawberry.field(description="One cluster by id (terminated ones included).")
     def cluster(self, info: Info, input: ClusterFilter) -> Pod | None:

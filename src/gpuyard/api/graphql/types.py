@@ -366,7 +366,10 @@ class NetworkVolume:
 @strawberry.type(name="User", description="The caller: their account's clusters.")
 class User:
     id: str
-    pub_key: str | None = strawberry.field(description="No SSH keys yet: null")
+    pub_key: str | None = strawberry.field(
+        description="The account's SSH public keys (/v1/ssh-keys), one per line: they log "
+        "in through the SSH gateway and are the clusters' PUBLIC_KEY. Null when none."
+    )
 
     @strawberry.field(description="The account's network volumes, newest first.")
     def network_volumes(self, info: Info) -> list[NetworkVolume]:

@@ -1,0 +1,184 @@
+"""What the SSH gateway reads and writes in the store: a cluster's owner, status,
+host and published SSH port; the owning account's public keys; login events.
+
+Every method is synchronous and quick (one or two indexed reads, or one insert); the
+gateway calls them in a worker thread. A key matches when its wire-format blob equals
+a stored key's blob: comments and options play no part.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpuyard.core.ownership import Ownership
+from gpuyard.services.lifecycle import record_event
+from gpuyard.store.db import WRITE_OPTIONS
+from gpuyard.store.schema import Cluster, Host, Project, SshKey
+
+# Cluster ids are 14 lowercase letters and digits (core/ids.py); anything else is
+# refused without a database read.
+CLUSTER_ID = re.compile(r"[a-z0-9]{14}")
+EVENT_SSH_LOGIN = "ssh_login"
+
+
+@dataclass(frozen=True)
+class AccountKey:
+    """One registered public key of an account."""
+
+    id: int
+    name: str
+    fingerprint: str
+    blob: bytes
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """Where a login for ``cluster_id`` goes. ``ssh_port``: the host port that
+    publishes the container's 22/tcp (None: not published, so the exec path)."""
+
+    cluster_id: str
+    account_id: int
+    status: str
+    container: str
+    host_id: int | None
+    host_is_local: bool
+    host_address: str | None
+    engine_url: str | None
+    engine_tls_dir: str | None
+    ssh_port: int | None
+
+
+def key_blob(public_key: str) -> bytes | None:
+    """The wire-format blob of an OpenSSH public key line (None when malformed)."""
+    parts = public_key.split()
+    if len(parts) < 2:
+        return None
+    try:
+        return base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def match_key(blob: bytes, keys: Iterable[AccountKey]) -> AccountKey | None:
+    """The registered key whose blob is ``blob`` (the first, when stored twice)."""
+    for key in keys:
+        if key.blob == blob:
+            return key
+    return None
+
+
+def published_ssh_port(ports: Sequence[object]) -> int | None:
+    """The host port a cluster's ``ports`` publish its 22/tcp on (None: not published)."""
+    for p in ports:
+        if not isinstance(p, dict):
+            continue
+        if p.get("internal_port") == 22 and p.get("protocol") != "udp" and p.get("host_port"):
+            return int(p["host_port"])
+    return None
+
+
+class SshDirectory:
+    """Reads and writes of the gateway, on one store."""
+
+    def __init__(self, sessions: sessionmaker[Session], ownership: Ownership) -> None:
+        self.sessions = sessions
+        self.ownership = ownership
+
+    def target(self, cluster_id: str) -> ClusterTarget | None:
+        """The cluster named ``cluster_id`` (any status), or None when there is none."""
+        if not CLUSTER_ID.fullmatch(cluster_id):
+            return None
+        with self.sessions() as session:
+            row = session.execute(
+                select(Cluster, Project.account_id)
+                .join(Project, Project.id == Cluster.project_id)
+                .where(Cluster.id == cluster_id)
+            ).first()
+            if row is None:
+                return None
+            cluster, account_id = row
+            host = session.get(Host, cluster.host_id) if cluster.host_id is not None else None
+            return self._target(cluster, int(account_id), host)
+
+    def running_with_sshd(self) -> list[tuple[ClusterTarget, list[str]]]:
+        """Every running cluster that publishes 22/tcp, with its account's keys as
+        ``authorized_keys`` lines."""
+        with self.sessions() as session:
+            rows = session.execute(
+                select(Cluster, Project.account_id, Host)
+                .join(Project, Project.id == Cluster.project_id)
+                .join(Host, Host.id == Cluster.host_id)
+                .where(Cluster.status == "running")
+            ).all()
+            wanted = [
+                (c, int(a), h) for c, a, h in rows if published_ssh_port(c.ports or []) is not None
+            ]
+            accounts = {a for _, a, _ in wanted}
+            lines: dict[int, list[str]] = {a: [] for a in accounts}
+            if accounts:
+                for account_id, line in session.execute(
+                    select(SshKey.account_id, SshKey.public_key)
+                    .where(SshKey.account_id.in_(accounts))
+                    .order_by(SshKey.id)
+                ):
+                    lines[int(account_id)].append(line)
+            return [(self._target(c, a, h), lines[a]) for c, a, h in wanted]
+
+    def _target(self, cluster: Cluster, account_id: int, host: Host | None) -> ClusterTarget:
+        container = (cluster.runtime_handle or {}).get("container_id")
+        return ClusterTarget(
+            cluster_id=cluster.id,
+            account_id=account_id,
+            status=cluster.status,
+            container=str(container) if container else self.ownership.container(cluster.id),
+            host_id=cluster.host_id,
+            host_is_local=bool(host.is_local) if host else False,
+            host_address=host.address if host else None,
+            engine_url=host.engine_url if host else None,
+            engine_tls_dir=host.engine_tls_dir if host else None,
+            ssh_port=published_ssh_port(cluster.ports or []),
+        )
+
+    def account_keys(self, account_id: int) -> list[AccountKey]:
+        """The account's registered public keys, oldest first."""
+        with self.sessions() as session:
+            rows = session.execute(
+                select(SshKey.id, SshKey.name, SshKey.fingerprint, SshKey.public_key)
+                .where(SshKey.account_id == account_id)
+                .order_by(SshKey.id)
+            ).all()
+        out = []
+        for key_id, name, fp, public_key in rows:
+            blob = key_blob(public_key)
+            if blob is not None:
+                out.append(AccountKey(key_id, name, fp, blob))
+        return out
+
+    def account_key_lines(self, account_id: int) -> list[str]:
+        """The account's keys as ``authorized_keys`` lines."""
+        with self.sessions() as session:
+            return list(
+                session.scalars(
+                    select(SshKey.public_key)
+                    .where(SshKey.account_id == account_id)
+                    .order_by(SshKey.id)
+                )
+            )
+
+    def record_login(
+        self, cluster_id: str, key: AccountKey, source: str, path: str, now: datetime
+    ) -> None:
+        """Append an ``ssh_login`` event to the cluster: which key (by name and
+        fingerprint, never the key), from where, by which path (exec or sshd)."""
+        message = f"SSH login with key {key.name!r} ({key.fingerprint}) from {source} via {path}"
+        with self.sessions() as session, session.begin():
+            session.connection(execution_options=WRITE_OPTIONS)
+            record_event(session, cluster_id, now, EVENT_SSH_LOGIN, message)

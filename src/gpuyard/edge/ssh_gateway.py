@@ -1,0 +1,461 @@
+"""The SSH gateway: ``ssh CLUSTER_ID@HOST -p 2222`` reaches any running cluster.
+
+The user name is the cluster id; a public key registered to the account that owns
+the cluster (``/v1/ssh-keys``) logs in, every other key is refused, and nothing else
+(passwords, keyboard-interactive, host-based) is offered. Then:
+
+- the cluster publishes 22/tcp (an sshd runs): sessions, subsystems (sftp) and
+  direct TCP/IP forwards go to that sshd over the gateway's own SSH connection
+  (edge/ssh_upstream.py): full SSH, scp, sftp, ``-L``, VS Code Remote;
+- otherwise each session is a process started through the engine's exec API
+  (edge/ssh_exec.py): a shell on a pty, or the command given.
+
+Refusals: an unknown cluster and a key that is not the owner's look the same (a
+banner naming the key's fingerprint; nothing says whether the cluster exists). The
+owner's key on a cluster that is not running gets a banner saying its status. A
+source address with too many failed logins in the last minute is refused whatever
+it offers (edge/auth_limiter.py). Every login is an ``ssh_login`` event on the
+cluster naming the key (name, fingerprint) and the source; keys never reach logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import asyncssh
+
+from gpuyard.core.errors import GpuyardError
+from gpuyard.edge.auth_limiter import FailureLimiter
+from gpuyard.edge.engines import EngineLocator
+from gpuyard.edge.exec_pty import ContainerNotRunning, ExecError
+from gpuyard.edge.gateway_keys import public_line
+from gpuyard.edge.ssh_directory import CLUSTER_ID, AccountKey, ClusterTarget, SshDirectory
+from gpuyard.edge.ssh_exec import ExecBackend
+from gpuyard.edge.ssh_upstream import (
+    MAX_PKTSIZE,
+    WINDOW,
+    UpstreamBackend,
+    connect_upstream,
+    install_authorized_keys,
+)
+
+log = logging.getLogger("gpuyard.ssh_gateway")
+
+RUNNING = "running"
+# Environment a client may send (SendEnv) that reaches the process: locale only.
+_PASSED_ENV_PREFIXES = ("LC_",)
+_PASSED_ENV = frozenset({"LANG", "LANGUAGE"})
+# An sftp server inside an image that has one but runs no sshd (exec path).
+SFTP_SERVER = (
+    "for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server "
+    "/usr/lib/ssh/sftp-server /usr/libexec/sftp-server /usr/lib/sftp-server; do "
+    '[ -x "$p" ] && exec "$p"; done; '
+    "echo 'gpuyard: this image has no sftp-server; use ssh or scp -O' >&2; exit 127"
+)
+_STATUS_HINTS = {
+    "stopped": "start it first",
+    "stopping": "it is stopping",
+    "pending": "it is not started yet; try again in a moment",
+    "starting": "it is starting; try again in a moment",
+    "terminating": "it is being terminated",
+    "terminated": "it was terminated",
+    "error": "it failed; see its events",
+}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Gateway:
+    """Everything the connections share. One per process."""
+
+    directory: SshDirectory
+    locator: EngineLocator
+    limiter: FailureLimiter
+    host_key: asyncssh.SSHKey
+    upstream_key: asyncssh.SSHKey
+    max_auth_tries: int = 6
+    login_timeout_s: float = 30.0
+    clock: Callable[[], datetime] = _now
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def upstream_public_line(self) -> str:
+        return public_line(self.upstream_key)
+
+    def spawn(self, coro: object) -> None:
+        """Run ``coro`` in the background, keeping a reference until it is done."""
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def listen(self, host: str, port: int) -> asyncssh.SSHAcceptor:
+        """Accept connections on ``host:port`` (port 0: any free port; the acceptor's
+        ``get_port()`` tells which)."""
+        return await asyncssh.create_server(
+            lambda: GatewayConnection(self),
+            host,
+            port,
+            server_host_keys=[self.host_key],
+            encoding=None,
+            line_editor=False,
+            login_timeout=self.login_timeout_s,
+            keepalive_interval=30,
+            x11_forwarding=False,
+            agent_forwarding=False,
+            allow_scp=False,
+            window=WINDOW,
+            max_pktsize=MAX_PKTSIZE,
+            encryption_algs=[
+                "aes128-gcm@openssh.com",
+                "aes256-gcm@openssh.com",
+                "chacha20-poly1305@openssh.com",
+                "aes128-ctr",
+                "aes256-ctr",
+            ],
+            compression_algs=["none"],
+            config=None,
+        )
+
+    async def engine_of(self, target: ClusterTarget) -> tuple[str, object]:
+        return await self.locator.engine_of(target)
+
+
+class GatewayConnection(asyncssh.SSHServer):
+    """One user's connection: authentication, then its sessions and forwards."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.conn: asyncssh.SSHServerConnection | None = None
+        self.source = "unknown"
+        self.source_port = 0
+        self.username = ""
+        self.target: ClusterTarget | None = None
+        self.keys: list[AccountKey] | None = None
+        self.key: AccountKey | None = None
+        self.authenticated = False
+        self.known = False  # the owner's key was shown (not a failure)
+        self.tries = 0
+        self.blocked = False
+        self.bannered = False
+        self._upstream: asyncssh.SSHClientConnection | None = None
+        self._upstream_lock = asyncio.Lock()
+        self.upstream_failed = False
+
+    # -- connection and authentication ---------------------------------------------
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
+        peer = conn.get_extra_info("peername") or ("unknown", 0)
+        self.source, self.source_port = str(peer[0]), int(peer[1])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.authenticated and not self.known:
+            self.gw.limiter.failed(self.source)
+        upstream, self._upstream = self._upstream, None
+        if upstream is not None:
+            upstream.close()
+
+    def _banner(self, text: str) -> None:
+        if self.conn is not None and not self.bannered:
+            self.bannered = True
+            with contextlib.suppress(Exception):
+                self.conn.send_auth_banner(f"gpuyard: {text}\r\n")
+
+    def begin_auth(self, username: str) -> bool:
+        self.username = username
+        wait = self.gw.limiter.blocked_for(self.source)
+        if wait > 0:
+            self.blocked = True
+            self._banner(
+                f"too many failed logins from {self.source}; try again in {int(wait) + 1} s"
+            )
+        return True
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        if self.blocked:
+            return False
+        self.tries += 1
+        if self.tries > self.gw.max_auth_tries:
+            if self.conn is not None:
+                self.conn.disconnect(
+                    asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE,
+                    "too many authentication failures",
+                )
+            return False
+        if self.keys is None:
+            self.target = await asyncio.to_thread(self.gw.directory.target, username)
+            self.keys = (
+                await asyncio.to_thread(self.gw.directory.account_keys, self.target.account_id)
+                if self.target is not None
+                else []
+            )
+        found = next((k for k in self.keys if k.blob == key.public_data), None)
+        fingerprint = key.get_fingerprint("sha256")
+        if found is None or self.target is None:
+            shown = f"cluster {username!r}" if CLUSTER_ID.fullmatch(username) else "that user"
+            self._banner(
+                f"key {fingerprint} may not log in to {shown}: there is no such cluster, "
+                "or the key is not registered to the account that owns it "
+                "(add it with POST /v1/ssh-keys or `gpuyard ssh-keys add`)"
+            )
+            log.info("ssh refused %s for %r from %s", fingerprint, username[:40], self.source)
+            return False
+        self.known = True
+        if self.target.status != RUNNING:
+            hint = _STATUS_HINTS.get(self.target.status, "it is not running")
+            self._banner(f"cluster {self.target.cluster_id} is {self.target.status}: {hint}")
+            return False
+        self.key = found
+        return True
+
+    def auth_completed(self) -> None:
+        self.authenticated = True
+        target, key = self.target, self.key
+        assert target is not None and key is not None
+        source = f"{self.source}:{self.source_port}"
+        path = "sshd" if target.ssh_port else "exec"
+        log.info(
+            "ssh login to %s with key %r (%s) from %s via %s",
+            target.cluster_id, key.name, key.fingerprint, source, path,
+        )  # fmt: skip
+        self.gw.spawn(self._record_login(target, key, source, path))
+
+    async def _record_login(
+        self, target: ClusterTarget, key: AccountKey, source: str, path: str
+    ) -> None:
+        try:
+            await asyncio.to_thread(
+                self.gw.directory.record_login,
+                target.cluster_id, key, source, path, self.gw.clock(),
+            )  # fmt: skip
+        except Exception:  # the login stands; the event is best effort
+            log.exception("could not record the SSH login event of %s", target.cluster_id)
+
+    # -- sessions and forwards -----------------------------------------------------
+
+    def session_requested(self) -> GatewaySession:
+        return GatewaySession(self)
+
+    def connection_requested(
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> Awaitable[asyncssh.SSHTCPSession[bytes]]:
+        target = self.target
+        if target is None or not target.ssh_port or self.upstream_failed:
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                "port forwarding needs an sshd in the cluster (publish port 22)",
+            )
+        return self._forward(dest_host, dest_port)
+
+    async def _forward(self, dest_host: str, dest_port: int) -> asyncssh.SSHTCPSession[bytes]:
+        try:
+            upstream = await self.upstream()
+        except (OSError, asyncssh.Error, GpuyardError, ExecError) as exc:
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_CONNECT_FAILED, f"the cluster's sshd cannot be reached: {exc}"
+            ) from exc
+        assert self.conn is not None
+        forwarder: asyncssh.SSHTCPSession[bytes] = await self.conn.forward_tunneled_connection(  # type: ignore[assignment]
+            upstream, dest_host, dest_port
+        )
+        return forwarder
+
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        return False  # remote forwarding (-R) is not offered
+
+    async def upstream(self) -> asyncssh.SSHClientConnection:
+        """The gateway's connection to the cluster's sshd, made on first use: the
+        keys are written into the container, then the gateway logs in."""
+        async with self._upstream_lock:
+            if self._upstream is None:
+                target = self.target
+                assert target is not None and target.ssh_port
+                url, ssl_context = await self.gw.locator.engine_of(target)
+                lines = await asyncio.to_thread(
+                    self.gw.directory.account_key_lines, target.account_id
+                )
+                await install_authorized_keys(
+                    url, ssl_context, target.container, [*lines, self.gw.upstream_public_line]
+                )
+                host = "127.0.0.1" if target.host_is_local else (target.host_address or "")
+                self._upstream = await connect_upstream(host, target.ssh_port, self.gw.upstream_key)
+            return self._upstream
+
+
+def _client_env(chan: asyncssh.SSHServerChannel[bytes]) -> dict[str, str]:
+    env = {}
+    for k, v in chan.get_environment().items():
+        if k in _PASSED_ENV or k.startswith(_PASSED_ENV_PREFIXES):
+            env[k] = v
+    return env
+
+
+class GatewaySession(asyncssh.SSHServerSession[bytes]):
+    """One session channel of a user: a shell, a command or a subsystem, handed to
+    the sshd path or the exec path once the session starts."""
+
+    def __init__(self, conn: GatewayConnection) -> None:
+        self.conn = conn
+        self.chan: asyncssh.SSHServerChannel[bytes] | None = None
+        self.term_type: str | None = None
+        self.term_size: tuple[int, int, int, int] = (0, 0, 0, 0)
+        self.term_modes: dict[int, int] = {}
+        self.command: str | None = None
+        self.subsystem: str | None = None
+        self.backend: UpstreamBackend | ExecBackend | None = None
+        self._pending: list[tuple[bytes, asyncssh.DataType]] = []
+        self._pending_eof = False
+        self._size_changed = False
+        self._closed = False
+
+    def connection_made(self, chan: asyncssh.SSHServerChannel[bytes]) -> None:
+        self.chan = chan
+
+    def pty_requested(
+        self, term_type: str, term_size: tuple[int, int, int, int], term_modes: Mapping[int, int]
+    ) -> bool:
+        self.term_type = term_type or "xterm"
+        self.term_size = term_size
+        self.term_modes = dict(term_modes)
+        return True
+
+    def shell_requested(self) -> bool:
+        return True
+
+    def exec_requested(self, command: str) -> bool:
+        self.command = command
+        return True
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        if subsystem != "sftp":
+            return False
+        self.subsystem = subsystem
+        return True
+
+    def session_started(self) -> None:
+        assert self.chan is not None
+        self.chan.pause_reading()
+        self.conn.gw.spawn(self._open())
+
+    async def _open(self) -> None:
+        chan = self.chan
+        assert chan is not None
+        try:
+            backend = await self._start_backend(chan)
+        except (OSError, asyncssh.Error, GpuyardError, ExecError) as exc:
+            if isinstance(exc, ContainerNotRunning):
+                text = "the cluster's container is not running"
+            else:
+                text = getattr(exc, "message", None) or getattr(exc, "reason", None) or str(exc)
+            log.info("ssh session to %s failed: %s", self._cluster_id, text)
+            with contextlib.suppress(asyncssh.Error, BrokenPipeError, OSError):
+                chan.write_stderr(f"gpuyard: {text}\r\n".encode())
+                chan.exit(1)
+            return
+        if self._closed:
+            backend.close()
+            return
+        self.backend = backend
+        for data, datatype in self._pending:
+            backend.write(data, datatype)
+        self._pending.clear()
+        if self._pending_eof:
+            backend.eof()
+        if self._size_changed:
+            backend.resize(*self.term_size)
+        chan.resume_reading()
+
+    @property
+    def _cluster_id(self) -> str:
+        return self.conn.target.cluster_id if self.conn.target else "?"
+
+    async def _start_backend(
+        self, chan: asyncssh.SSHServerChannel[bytes]
+    ) -> UpstreamBackend | ExecBackend:
+        target = self.conn.target
+        assert target is not None
+        env = _client_env(chan)
+        if target.ssh_port and not self.conn.upstream_failed:
+            try:
+                upstream = await self.conn.upstream()
+            except (OSError, asyncssh.Error, ExecError) as exc:
+                # The port is published but nothing answers as an sshd there yet (or
+                # the image's sshd refuses our key): the exec path still works.
+                log.info("sshd of %s unusable, using exec: %s", target.cluster_id, exc)
+                self.conn.upstream_failed = True
+            else:
+                up = UpstreamBackend(chan)
+                await up.start(
+                    upstream,
+                    command=self.command,
+                    subsystem=self.subsystem,
+                    env=env,
+                    term_type=self.term_type,
+                    term_size=self.term_size,
+                    term_modes=self.term_modes,
+                )
+                return up
+        url, ssl_context = await self.conn.gw.locator.engine_of(target)
+        backend = ExecBackend(chan)
+        command = SFTP_SERVER if self.subsystem == "sftp" else self.command
+        await backend.start(
+            url,
+            ssl_context,
+            target.container,
+            command=command,
+            env=env,
+            term_type=None if self.subsystem else self.term_type,
+            term_size=self.term_size,
+        )
+        return backend
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self.backend is not None:
+            self.backend.write(data, datatype)
+        else:
+            self._pending.append((data, datatype))
+
+    def eof_received(self) -> bool:
+        if self.backend is not None:
+            self.backend.eof()
+        else:
+            self._pending_eof = True
+        return True  # half-close: output may still come
+
+    def terminal_size_changed(self, width: int, height: int, pixwidth: int, pixheight: int) -> None:
+        self.term_size = (width, height, pixwidth, pixheight)
+        if self.backend is not None:
+            self.backend.resize(width, height, pixwidth, pixheight)
+        else:
+            self._size_changed = True
+
+    def signal_received(self, signal: str) -> None:
+        if self.backend is not None:
+            self.backend.signal(signal)
+
+    def break_received(self, msec: int) -> bool:
+        return False
+
+    def pause_writing(self) -> None:
+        if self.backend is not None:
+            self.backend.pause_output()
+
+    def resume_writing(self) -> None:
+        if self.backend is not None:
+            self.backend.resume_output()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        if self.backend is not None:
+            self.backend.close()

@@ -1,0 +1,208 @@
+"""The gateway's sshd path: a cluster that publishes port 22 runs an sshd, and every
+session, subsystem (sftp) and direct TCP/IP forward of a user's connection goes to it
+over one SSH connection of the gateway's own.
+
+Before connecting, the gateway writes a managed block into the container's
+``/root/.ssh/authorized_keys`` through the engine's exec API: the account's keys (so
+direct ``ssh root@HOST -p N`` works with them too) and the gateway's client key (so
+the gateway can log in). Lines outside the block are the user's and are kept.
+
+Channels are bridged callback to callback: data, EOF, exit status or signal, window
+changes and signals pass straight through, and each side's flow control pauses the
+other side's reading, so a slow reader never makes the gateway buffer a whole
+transfer in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Mapping, Sequence
+
+import asyncssh
+
+from gpuyard.edge.exec_pty import ExecError, ExecSession
+
+BEGIN = "# gpuyard-managed keys begin"
+END = "# gpuyard-managed keys end"
+# Replaces the managed block (stdin) and keeps every other line. POSIX sh and sed only
+# (busybox has both); the file is 0600 in a 0700 directory, as sshd's StrictModes wants.
+AUTHORIZED_KEYS_SCRIPT = f"""set -e
+umask 077
+mkdir -p /root/.ssh
+chmod 700 /root/.ssh
+f=/root/.ssh/authorized_keys
+touch "$f"
+t="$f.gpuyard.$$"
+sed '/^{BEGIN}$/,/^{END}$/d' "$f" > "$t"
+cat >> "$t"
+chmod 600 "$t"
+mv -f "$t" "$f"
+"""
+# Client-side SSH windows and packet sizes for the upstream connection: large windows
+# keep a fast transfer from stalling on window adjustments.
+WINDOW = 8 * 1024 * 1024
+MAX_PKTSIZE = 256 * 1024
+
+
+def managed_block(lines: Sequence[str]) -> bytes:
+    keys = [line.strip() for line in lines if line.strip() and "\n" not in line]
+    return ("\n".join([BEGIN, *keys, END]) + "\n").encode()
+
+
+async def install_authorized_keys(
+    engine_url: str,
+    ssl_context: ssl.SSLContext | None,
+    container: str,
+    lines: Sequence[str],
+    timeout_s: float = 20.0,
+) -> None:
+    """Make the managed block of root's ``authorized_keys`` in ``container`` hold
+    exactly ``lines``. Idempotent. Raises ExecError when the engine refuses or the
+    script fails (no shell, read-only root)."""
+    async with asyncio.timeout(timeout_s), ExecSession(engine_url, ssl=ssl_context) as s:
+        await s.start(container, ["/bin/sh", "-c", AUTHORIZED_KEYS_SCRIPT], tty=False, user="0")
+        await s.write(managed_block(lines))
+        await s.close_stdin()
+        output = b""
+        while chunk := await s.read():
+            output += chunk[:4096]
+        code = await s.wait()
+    if code != 0:
+        text = output.decode("utf-8", "replace").strip()[:300]
+        raise ExecError(f"writing /root/.ssh/authorized_keys failed ({code}): {text}")
+
+
+async def connect_upstream(
+    host: str, port: int, client_key: asyncssh.SSHKey, timeout_s: float = 15.0
+) -> asyncssh.SSHClientConnection:
+    """An SSH connection to a cluster's sshd as root with the gateway's key. The
+    container's host key is not checked: it is made inside a container the gateway
+    just wrote its key into, and the address is the host's own published port."""
+    return await asyncssh.connect(
+        host,
+        port,
+        username="root",
+        client_keys=[client_key],
+        known_hosts=None,
+        agent_path=None,
+        preferred_auth="publickey",
+        connect_timeout=timeout_s,
+        login_timeout=timeout_s,
+        keepalive_interval=30,
+        config=None,
+        # Plain AES-GCM: the fastest cipher the cryptography package offers.
+        encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr"],
+        compression_algs=None,
+    )
+
+
+class UpstreamSession(asyncssh.SSHClientSession[bytes]):
+    """The upstream half of one bridged session channel: what the container's sshd
+    sends goes to the user's channel ``down``."""
+
+    def __init__(self, down: asyncssh.SSHServerChannel[bytes]) -> None:
+        self.down = down
+        self.chan: asyncssh.SSHClientChannel[bytes] | None = None
+        self.exit_status: int | None = None
+        self.exit_signal: tuple[str, bool, str, str] | None = None
+
+    def connection_made(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:
+        self.chan = chan
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        self.down.write(data, datatype)
+
+    def eof_received(self) -> bool:
+        with contextlib.suppress(asyncssh.Error, BrokenPipeError, OSError):
+            self.down.write_eof()
+        return True
+
+    def exit_status_received(self, status: int) -> None:
+        self.exit_status = status
+
+    def exit_signal_received(self, signal: str, core_dumped: bool, msg: str, lang: str) -> None:
+        self.exit_signal = (signal, core_dumped, msg, lang)
+
+    def pause_writing(self) -> None:
+        self.down.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.down.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        with contextlib.suppress(asyncssh.Error, BrokenPipeError, OSError):
+            if self.exit_signal is not None:
+                self.down.exit_with_signal(*self.exit_signal)
+            else:
+                self.down.exit(self.exit_status if self.exit_status is not None else 255)
+
+
+class UpstreamBackend:
+    """One user session channel bridged to a session channel on the upstream sshd."""
+
+    def __init__(self, down: asyncssh.SSHServerChannel[bytes]) -> None:
+        self.down = down
+        self.up: asyncssh.SSHClientChannel[bytes] | None = None
+        self.session: UpstreamSession | None = None
+
+    async def start(
+        self,
+        upstream: asyncssh.SSHClientConnection,
+        *,
+        command: str | None,
+        subsystem: str | None,
+        env: Mapping[str, str],
+        term_type: str | None,
+        term_size: tuple[int, int, int, int],
+        term_modes: Mapping[int, int],
+    ) -> None:
+        """Open the upstream channel. Raises asyncssh.ChannelOpenError when the sshd
+        refuses it."""
+        session = UpstreamSession(self.down)
+        kwargs: dict[str, object] = {
+            "env": dict(env),
+            "encoding": None,
+            "window": WINDOW,
+            "max_pktsize": MAX_PKTSIZE,
+        }
+        if term_type:
+            kwargs.update(term_type=term_type, term_size=term_size, term_modes=dict(term_modes))
+        if subsystem:
+            kwargs["subsystem"] = subsystem
+        elif command is not None:
+            kwargs["command"] = command
+        chan, _ = await upstream.create_session(lambda: session, **kwargs)  # type: ignore[arg-type]
+        self.up, self.session = chan, session
+
+    def write(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self.up is not None:
+            self.up.write(data, datatype)
+
+    def eof(self) -> None:
+        if self.up is not None:
+            with contextlib.suppress(asyncssh.Error, BrokenPipeError, OSError):
+                self.up.write_eof()
+
+    def resize(self, cols: int, rows: int, pixwidth: int, pixheight: int) -> None:
+        if self.up is not None:
+            with contextlib.suppress(asyncssh.Error, OSError):
+                self.up.change_terminal_size(cols, rows, pixwidth, pixheight)
+
+    def signal(self, name: str) -> None:
+        if self.up is not None:
+            with contextlib.suppress(asyncssh.Error, OSError):
+                self.up.send_signal(name)
+
+    def pause_output(self) -> None:
+        if self.up is not None:
+            self.up.pause_reading()
+
+    def resume_output(self) -> None:
+        if self.up is not None:
+            self.up.resume_reading()
+
+    def close(self) -> None:
+        if self.up is not None:
+            self.up.close()
