@@ -28,7 +28,7 @@ from gpuyard.api.state import app_state, current_principal, key_from
 from gpuyard.api.views import iso
 from gpuyard.core.errors import NotFound, Unauthorized
 from gpuyard.core.proxy import SESSION_COOKIE
-from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER
+from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER, UNAVAILABLE_PATH
 from gpuyard.services import proxy_access
 from gpuyard.services.auth import Principal
 from gpuyard.services.proxy_routes import proxy_base
@@ -89,9 +89,6 @@ async def open_port(
                 "It was used already, has expired, or belongs to another port. Ask for a "
                 "new one (gpuyard clusters open, or the console).",
             )
-        if state.proxy_sync_now is not None:
-            # The proxy must know the cookie before the browser comes back with it.
-            await run_in_threadpool(state.proxy_sync_now)
         base = proxy_base(state.ctx.settings)
         response = RedirectResponse(
             "/", status_code=302, headers={"Referrer-Policy": "no-referrer"}
@@ -144,3 +141,15 @@ async def authorize(request: Request) -> Response:
     except NotFound:
         return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
     return Response(status_code=200, headers={"Cache-Control": "no-store"})
+
+
+@router.get(UNAVAILABLE_PATH, include_in_schema=False)
+async def unavailable(request: Request) -> Response:
+    """The page the proxy shows when a container does not answer: what the cluster's
+    status is (502), or 404 when the address names no live cluster."""
+    state = app_state(request)
+    host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
+    reason = await run_in_threadpool(proxy_access.unavailable_reason, state.ctx, host)
+    if reason is None:
+        return _page(404, "No such cluster port", "No live cluster port is at this address.")
+    return _page(502, "Cluster not answering", reason)

@@ -64,29 +64,20 @@ def parse_host(host: str, domain: str) -> tuple[str, int] | None:
     return (m["cluster"], port) if port <= 65535 else None
 
 
-class RouteState(StrEnum):
-    """What the proxy does for a port: forward to the container, or say why not."""
-
-    FORWARD = "forward"
-    STOPPED = "stopped"  # the cluster is not running (stopped, starting, error ...)
-
-
 @dataclass(frozen=True)
 class ProxyRoute:
-    """One http port of one cluster as the proxy should serve it.
-
-    ``upstream`` is ``host:port`` of the published port (None while there is none);
-    ``session_secrets`` are the cookie values that open a private port.
-    """
+    """One http port of one cluster as the proxy should serve it: forwarded to
+    ``upstream`` (``host:port`` of the published port), for anybody when public, else
+    for a request with the port's cookie (``cookie_secret``) or an API key of the
+    owner. Nothing here changes when the cluster stops or starts, so the proxy's
+    configuration does not either (a stopped cluster's port refuses the connection, and
+    the proxy answers a page naming its status)."""
 
     cluster_id: str
     internal_port: int
-    account_id: int
     visibility: Visibility
-    state: RouteState
-    status: str
-    upstream: str | None
-    session_secrets: tuple[str, ...] = ()
+    upstream: str
+    cookie_secret: str
 
 
 @dataclass

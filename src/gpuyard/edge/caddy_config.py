@@ -8,17 +8,22 @@ Per cluster port, in order (first match wins):
 
 1. the ``open`` link path goes to the API, which swaps its one-time token for a
    cookie on this host (the cookie is then host-only: it opens this port only);
-2. a cluster that is not running answers 502 with a page saying so;
-3. a public port is forwarded;
-4. a private port is forwarded for a request carrying a live session cookie, or
+2. a public port is forwarded;
+3. a private port is forwarded for a request carrying the port's cookie, or
    carrying a gpuyard API key (``Authorization: Bearer gy_…``, ``Authorization: gy_…``
    or ``X-Gpuyard-Api-Key``), which the API checks first (Caddy's forward_auth);
    the key headers are removed before the request reaches the container;
-5. anything else answers 401 with a page saying how to get in.
+4. anything else answers 401 with a page saying how to get in.
 
-A host of the proxy domain with no route answers 404. Responses stream both ways
-(``flush_interval: -1``), WebSockets pass through, and no timeout cuts a long
-response. No access log is configured, so no token or key is ever written by Caddy.
+A container that does not answer (stopped, starting) gets the API's page naming the
+cluster's status (502). A host of the proxy domain with no route answers 404. The
+configuration depends only on which clusters exist and where their ports are: a
+stop, a start or an open link changes nothing in it. That matters because Caddy 2.6
+ends in-flight proxied responses and WebSockets whenever it loads a configuration.
+
+Responses stream both ways (``flush_interval: -1``), WebSockets pass through, and no
+timeout cuts a long response. No access log is configured, and the error log has
+tokens, keys and cookies taken out, so Caddy writes none of them.
 """
 
 from __future__ import annotations
@@ -28,18 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuyard.core.proxy import (
-    OPEN_PATH,
-    SESSION_COOKIE,
-    ProxyBase,
-    ProxyRoute,
-    RouteState,
-    Visibility,
-)
+from gpuyard.core.proxy import OPEN_PATH, SESSION_COOKIE, ProxyBase, ProxyRoute, Visibility
 
 SERVER_NAME = "gpuyard"
 KEY_HEADER = "X-Gpuyard-Api-Key"
 AUTHORIZE_PATH = "/v1/proxy/authorize"
+UNAVAILABLE_PATH = "/v1/proxy/unavailable"
 
 
 @dataclass(frozen=True)
@@ -93,9 +92,15 @@ def _authorize(api_upstream: str) -> dict[str, Any]:
         "handler": "reverse_proxy",
         "upstreams": [{"dial": api_upstream}],
         "rewrite": {"method": "GET", "uri": AUTHORIZE_PATH},
+        # Caddy 2.6 would send the request's body along to the check, and the container
+        # would then get what is left of it. With "Expect: 100-continue" the body is
+        # sent only after a 100 Continue, which the API never answers (it reads no
+        # body): its final answer comes first and the body stays for the container.
+        "transport": {"protocol": "http", "expect_continue_timeout": "60s"},
         "headers": {
             "request": {
                 "set": {
+                    "Expect": ["100-continue"],
                     "X-Forwarded-Method": ["{http.request.method}"],
                     "X-Forwarded-Uri": ["{http.request.uri}"],
                 }
@@ -124,28 +129,13 @@ def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]
     routes: list[dict[str, Any]] = [
         {"match": [{"path": [open_path]}], "handle": [_forward(listen.api_upstream)]}
     ]
-    if route.state is RouteState.STOPPED or route.upstream is None:
-        routes.append(
-            {
-                "handle": [
-                    page(
-                        502,
-                        f"Cluster {route.cluster_id} is {route.status}",
-                        f"Port {route.internal_port} answers again once the cluster is "
-                        "running (start it with the API, the CLI or the console).",
-                    )
-                ]
-            }
-        )
-        return routes
     if route.visibility is Visibility.PUBLIC:
         routes.append({"handle": [_forward(route.upstream)]})
         return routes
-    if route.session_secrets:
-        cookies = [f"*{SESSION_COOKIE}={secret}*" for secret in route.session_secrets]
-        routes.append(
-            {"match": [{"header": {"Cookie": cookies}}], "handle": [_forward(route.upstream)]}
-        )
+    cookie = f"*{SESSION_COOKIE}={route.cookie_secret}*"
+    routes.append(
+        {"match": [{"header": {"Cookie": [cookie]}}], "handle": [_forward(route.upstream)]}
+    )
     routes.append(
         {
             "match": _KEY_MATCHERS,
@@ -169,6 +159,42 @@ def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]
         }
     )
     return routes
+
+
+def _error_page(api_upstream: str) -> dict[str, Any]:
+    """When a container does not answer (stopped, starting, crashed), the API says
+    why, with the cluster's status, on a page of its own (502)."""
+    return {
+        "handler": "reverse_proxy",
+        "upstreams": [{"dial": api_upstream}],
+        "rewrite": {"method": "GET", "uri": UNAVAILABLE_PATH},
+        "headers": {"request": {"delete": ["Authorization", KEY_HEADER, "Cookie"]}},
+    }
+
+
+# Caddy logs failed requests (logger http.log.error) with their URI and headers: the
+# secrets they may carry are taken out before a line is written.
+_SECRET_QUERY = ("token", "api_key", "apikey")
+_LOGGING: dict[str, Any] = {
+    "logs": {
+        "default": {
+            "encoder": {
+                "format": "filter",
+                "wrap": {"format": "json"},
+                "fields": {
+                    "request>uri": {
+                        "filter": "query",
+                        "actions": [{"type": "delete", "parameter": p} for p in _SECRET_QUERY],
+                    },
+                    **{
+                        f"request>headers>{h}": {"filter": "delete"}
+                        for h in ("Authorization", "Cookie", KEY_HEADER)
+                    },
+                },
+            }
+        }
+    }
+}
 
 
 def caddy_config(routes: list[ProxyRoute], base: ProxyBase, listen: ProxyListen) -> dict[str, Any]:
@@ -198,11 +224,13 @@ def caddy_config(routes: list[ProxyRoute], base: ProxyBase, listen: ProxyListen)
     server: dict[str, Any] = {
         "listen": [f"{listen.bind}:{listen.port}"],
         "routes": server_routes,
+        "errors": {"routes": [{"handle": [_error_page(listen.api_upstream)]}]},
         "protocols": ["h1", "h2", "h2c"],
         "automatic_https": {"disable": True},
     }
     config: dict[str, Any] = {
         "admin": {"listen": listen.admin, "config": {"persist": False}},
+        "logging": _LOGGING,
         "apps": {"http": {"servers": {SERVER_NAME: server}}},
     }
     if listen.tls_cert is not None and listen.tls_key is not None:

@@ -9,6 +9,9 @@
  *                                          (lines at t = 0, I, 2I, ... <= S)
  *   POST /echo                             the request body streamed back (sized or
  *                                          chunked, as the request was)
+ *   POST /count                            reads the whole body, then answers
+ *                                          "bytes=N fnv1a64=HEX" (uploads through
+ *                                          half-duplex proxies)
  *   GET  /ws                               a WebSocket echo server (RFC 6455)
  *   GET  /healthz                          "ok"
  *
@@ -505,6 +508,52 @@ static int route_echo(struct conn *c, const struct request *rq) {
     return send_all(c->fd, "0\r\n\r\n", 5, 0);
 }
 
+/* The whole body (sized or chunked) is read before anything is answered. */
+static int route_count(struct conn *c, const struct request *rq) {
+    uint64_t hash = 14695981039346656037ULL, total = 0;
+    char answer[96];
+    if (rq->expect_continue && has_body(rq) &&
+        send_all(c->fd, "HTTP/1.1 100 Continue\r\n\r\n", 25, 0) < 0)
+        return -1;
+    if (!rq->chunked) {
+        long long left = rq->content_length > 0 ? rq->content_length : 0;
+        while (left > 0) {
+            ssize_t r = conn_read(c, io, left > IO_CHUNK ? IO_CHUNK : (size_t)left);
+            ssize_t i;
+            if (r <= 0) return -1;
+            for (i = 0; i < r; i++) hash = (hash ^ (unsigned char)io[i]) * 1099511628211ULL;
+            total += (uint64_t)r;
+            left -= r;
+        }
+    } else {
+        for (;;) {
+            char line[256], *stop;
+            unsigned long long size;
+            if (conn_line(c, line, sizeof line) < 0) return -1;
+            size = strtoull(line, &stop, 16);
+            if (stop == line) return -1;
+            if (size == 0) break;
+            while (size > 0) {
+                ssize_t r = conn_read(c, io, size > IO_CHUNK ? IO_CHUNK : (size_t)size);
+                ssize_t i;
+                if (r <= 0) return -1;
+                for (i = 0; i < r; i++) hash = (hash ^ (unsigned char)io[i]) * 1099511628211ULL;
+                total += (uint64_t)r;
+                size -= (unsigned long long)r;
+            }
+            if (conn_line(c, line, sizeof line) < 0 || line[0]) return -1;
+        }
+        for (;;) {
+            char line[1024];
+            if (conn_line(c, line, sizeof line) < 0) return -1;
+            if (!line[0]) break;
+        }
+    }
+    snprintf(answer, sizeof answer, "bytes=%llu fnv1a64=%016llx\n", (unsigned long long)total,
+             (unsigned long long)hash);
+    return respond(c->fd, 200, "OK", "text/plain", answer, rq->keep_alive, 0, NULL);
+}
+
 /* ---------------------------------------------------------------- WebSocket */
 
 static int ws_send(int fd, int fin_opcode, const void *data, uint64_t n, int more) {
@@ -617,6 +666,8 @@ static int handle(struct conn *c, struct request *rq) {
             return -1;
         }
         rc = route_echo(c, rq);
+    } else if (strcmp(rq->path, "/count") == 0 && strcmp(rq->method, "POST") == 0) {
+        rc = route_count(c, rq);
     } else if (has_body(rq)) {
         /* No other route reads a body: answer and close rather than skip it. */
         respond(c->fd, 405, "Method Not Allowed", "text/plain", "no body here\n", 0, 0, NULL);

@@ -2,8 +2,8 @@
 
 - :func:`issue_link` (the owner, with a write key) makes a one-time link on the
   port's proxy host; its token is stored only as a SHA-256.
-- :func:`redeem_link` swaps the token, once and before it expires, for a session
-  secret the proxy accepts as a cookie on that host alone until the session expires.
+- :func:`redeem_link` swaps the token, once and before it expires, for the port's
+  cookie (services/proxy_routes.py port_secret), set on that host alone.
 - :func:`authorize` answers the proxy's per-request check of an API key: the key's
   account must own the cluster (another account's cluster is "not found").
 
@@ -27,6 +27,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.clusters import load_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
+from gpuyard.services.proxy_routes import port_secret
 from gpuyard.store.schema import ApiKey, Cluster, Project, ProxySession
 
 ACCESS_EVENT = "access"
@@ -95,7 +96,6 @@ def issue_link(
         session.add(
             ProxySession(
                 token_hash=_hash(token),
-                secret=secrets.token_urlsafe(32),
                 cluster_id=cluster_id,
                 internal_port=port,
                 account_id=principal.account_id,
@@ -143,7 +143,7 @@ def redeem_link(ctx: Context, cluster_id: str, port: int, token: str) -> Grant |
             ACCESS_EVENT,
             f"proxy open link for port {port} used (API key {row.key_name!r})",
         )
-        return Grant(row.secret, row.expires_at)
+        return Grant(port_secret(ctx.settings, cluster_id, port), row.expires_at)
 
 
 def authorize(ctx: Context, principal: Principal, host: str) -> tuple[str, int]:
@@ -169,3 +169,20 @@ def authorize(ctx: Context, principal: Principal, host: str) -> tuple[str, int]:
     ):
         raise NotFound(f"no cluster port {cluster_id}-{port} of yours")
     return cluster_id, port
+
+
+def unavailable_reason(ctx: Context, host: str) -> str | None:
+    """Why the container behind proxy host ``host`` did not answer, for the page the
+    proxy shows: the cluster's status when it is not running; None when the address
+    names no live cluster."""
+    target = parse_host(host, ctx.settings.proxy_domain)
+    if target is None:
+        return None
+    cluster_id, port = target
+    with ctx.connect() as conn:
+        status = conn.scalar(select(Cluster.status).where(Cluster.id == cluster_id))
+    if status is None or status in (ClusterStatus.TERMINATED, ClusterStatus.TERMINATING):
+        return None
+    if status == ClusterStatus.RUNNING:
+        return f"Cluster {cluster_id} is running, but nothing answers on port {port} yet."
+    return f"Cluster {cluster_id} is {status}: port {port} answers once it runs again."

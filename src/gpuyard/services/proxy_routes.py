@@ -1,7 +1,7 @@
 """What the HTTP proxy should serve: one route per http port of every live cluster.
 
-Read from the store in two indexed queries (clusters not terminated, open sessions),
-so the cost follows live clusters, not history. Hosts' addresses come from the
+Read from the store in one indexed query (clusters not terminated), so the cost
+follows live clusters, not history. Hosts' addresses come from the
 reference cache: the proxy runs on this machine, so a port of this machine's host is
 reached on loopback and a remote host's at its address.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from gpuyard.core.proxy import ProxyBase, ProxyRoute, RouteState, Visibility
+from gpuyard.core.proxy import ProxyBase, ProxyRoute, Visibility
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
+from gpuyard.services.secrets import secret_box
 from gpuyard.settings import Settings
-from gpuyard.store.schema import Cluster, Project, ProxySession
+from gpuyard.store.schema import Cluster
 
 # Statuses whose ports keep their address (and answer the "not running" page).
 _SHOWN = (
@@ -37,53 +38,40 @@ def proxy_base(settings: Settings) -> ProxyBase:
     )
 
 
+def port_secret(settings: Settings, cluster_id: str, internal_port: int) -> str:
+    """The cookie value that opens a private port: derived from the installation's
+    secret key, stable for the cluster's life (so handing out links never changes the
+    proxy's configuration), different for every port and installation."""
+    return secret_box(settings).derive(f"proxy-port:{cluster_id}:{internal_port}")
+
+
 def load_routes(ctx: Context) -> list[ProxyRoute]:
-    """Every http port of every cluster that is not terminated (or terminating)."""
-    now = ctx.clock.now()
+    """Every http port of every cluster that is not terminated and has a published
+    port (one indexed query over live statuses)."""
     with ctx.connect() as conn:
         hosts, _ = ctx.references.get(conn)
         rows = conn.execute(
-            select(
-                Cluster.id,
-                Cluster.status,
-                Cluster.ports,
-                Cluster.host_id,
-                Project.account_id,
+            select(Cluster.id, Cluster.ports, Cluster.host_id).where(
+                Cluster.status.in_([s.value for s in _SHOWN])
             )
-            .join(Project, Project.id == Cluster.project_id)
-            .where(Cluster.status.in_([s.value for s in _SHOWN]))
         ).all()
-        secrets: dict[tuple[str, int], list[str]] = {}
-        for s in conn.execute(
-            select(ProxySession.cluster_id, ProxySession.internal_port, ProxySession.secret).where(
-                ProxySession.expires_at > now, ProxySession.used_at.is_not(None)
-            )
-        ):
-            secrets.setdefault((s.cluster_id, s.internal_port), []).append(s.secret)
     routes: list[ProxyRoute] = []
     for r in rows:
         host = hosts.get(r.host_id) if r.host_id is not None else None
         for p in r.ports or []:
-            if p.get("protocol") != "http":
+            published = int(p.get("host_port") or 0)
+            if p.get("protocol") != "http" or host is None or not published:
                 continue
             port = int(p["internal_port"])
-            published = int(p.get("host_port") or 0)
-            address = None
-            if host is not None and published:
-                address = (
-                    f"127.0.0.1:{published}" if host.is_local else f"{host.address}:{published}"
-                )
-            running = r.status == ClusterStatus.RUNNING
+            # The proxy runs on this machine: its own host's ports are on loopback.
+            reach = "127.0.0.1" if host.is_local else host.address
             routes.append(
                 ProxyRoute(
                     cluster_id=r.id,
                     internal_port=port,
-                    account_id=r.account_id,
                     visibility=Visibility(p.get("visibility", Visibility.PRIVATE)),
-                    state=RouteState.FORWARD if running and address else RouteState.STOPPED,
-                    status=r.status,
-                    upstream=address,
-                    session_secrets=tuple(sorted(secrets.get((r.id, port), ()))),
+                    upstream=f"{reach}:{published}",
+                    cookie_secret=port_secret(ctx.settings, r.id, port),
                 )
             )
     return routes

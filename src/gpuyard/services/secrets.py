@@ -16,6 +16,9 @@ start by :func:`seal_stored_secrets`.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import logging
 import os
 import threading
@@ -91,11 +94,18 @@ class SecretBox:
 
     def __init__(self, key: bytes, source: Path | None = None) -> None:
         self._fernet = Fernet(key)
+        self._key = key
         self._source = source
 
     def seal(self, plaintext: str) -> str:
         """``plaintext`` encrypted, as stored (``gysec:v1:...``)."""
         return SEALED_PREFIX + self._fernet.encrypt(plaintext.encode()).decode()
+
+    def derive(self, label: str) -> str:
+        """A secret of this installation for ``label``: HMAC-SHA256 of the key, URL-safe
+        base64. Stable while the key file is; never stored."""
+        digest = hmac.new(self._key, label.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
     def open(self, stored: str) -> str:
         """The plaintext of a stored value; a value without the prefix is returned as

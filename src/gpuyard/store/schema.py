@@ -591,16 +591,14 @@ class IdempotencyKey(Base):
 
 
 class ProxySession(Base):
-    """Access to one private http port of one cluster through the proxy, handed out
-    as an ``open`` link. The link's one-time ``token`` is stored only as its SHA-256;
-    exchanging it (once, before ``link_expires_at``) sets a cookie holding ``secret``,
-    which the proxy matches until ``expires_at``. The secret is kept in clear because
-    the proxy's route configuration must name it; it opens only this one port."""
+    """An ``open`` link to one private http port of one cluster. The link's one-time
+    ``token`` is stored only as its SHA-256; exchanging it (once, before
+    ``link_expires_at``) sets the port's cookie (services/proxy_access.py), which the
+    browser keeps until ``expires_at``. Who asked (``key_name``) is recorded."""
 
     __tablename__ = "proxy_sessions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    secret: Mapped[str] = mapped_column(String(64), unique=True)
     cluster_id: Mapped[str] = mapped_column(String(14), index=True)
     internal_port: Mapped[int] = mapped_column(Integer)
     account_id: Mapped[int] = mapped_column(Integer)

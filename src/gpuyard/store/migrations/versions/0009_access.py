@@ -24,7 +24,6 @@ def upgrade() -> None:
         "proxy_sessions",
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
-        sa.Column("secret", sa.String(64), nullable=False, unique=True),
         sa.Column("cluster_id", sa.String(14), nullable=False),
         sa.Column("internal_port", sa.Integer(), nullable=False),
         sa.Column("account_id", sa.Integer(), nullable=False),
