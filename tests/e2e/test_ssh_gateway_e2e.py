@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -108,12 +109,16 @@ class Env:
 def env(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     home = tmp_path_factory.mktemp("ssh-gw")
     port = free_port()
+    start = random.randrange(30000, 39900)
     server = ServerProcess(home / "home", engine_url, free_port())
     server.extra_env = {
         "GPUYARD_SSH_PORT": str(port),
         "GPUYARD_SSH_BIND": "127.0.0.1",
         # Many refusals are part of these tests; the limiter has a test of its own.
         "GPUYARD_SSH_AUTH_FAILURES_PER_MINUTE": "1000",
+        # Published ports away from other servers that may share this machine.
+        "GPUYARD_PORT_RANGE_START": str(start),
+        "GPUYARD_PORT_RANGE_END": str(start + 99),
     }
     try:
         server.start()
@@ -223,7 +228,7 @@ def sshd_cluster(env: Env, engine_url: str) -> str:
         ports=[{"internal_port": 22, "external_port": 0, "protocol": "tcp"}],
     )
     data = wait_status(env.a, cid, {"running", "error"}, timeout=120)
-    assert data["status"] == "running", data
+    assert data["status"] == "running", (data.get("error_message"), data.get("last_exit"))
     wait_port(data["ports"][0]["external_port"])
     return cid
 
@@ -268,8 +273,8 @@ def test_sshd_path_env_exit_codes_forwarding_and_direct(env: Env, sshd_cluster: 
             "127.0.0.1", env.port, username=cid, client_keys=[str(env.key_a)],
             known_hosts=None, agent_path=None, config=None,
         ) as conn:  # fmt: skip
-            reader, writer = await conn.open_connection("127.0.0.1", 22)
-            line = await asyncio.wait_for(reader.readline(), 10)
+            reader, writer = await conn.open_connection("127.0.0.1", 22, encoding=None)
+            line: bytes = await asyncio.wait_for(reader.readline(), 10)
             writer.close()
             return line
 
