@@ -26,6 +26,7 @@ from gpuyard.api import reserved_ips as reserved_ips_api
 from gpuyard.api import security_groups as security_groups_api
 from gpuyard.api import snapshots as snapshots_api
 from gpuyard.api import ssh_keys as ssh_keys_api
+from gpuyard.api import terminal as terminal_api
 from gpuyard.api.body_limit import BodyLimit
 from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
@@ -197,6 +198,7 @@ def build_server(
     app.include_router(orphans_api.router)
     app.include_router(snapshots_api.router)
     app.include_router(network_volumes_api.router)
+    app.include_router(terminal_api.router)
     app.include_router(proxy_api.router)
     # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.

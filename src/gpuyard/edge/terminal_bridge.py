@@ -1,0 +1,344 @@
+"""The web terminal's bridge: one WebSocket joined to one shell with a PTY in a
+cluster's container (an exec session, edge/exec_pty.py). Pure asyncio: two pumps on
+the event loop, no threads.
+
+Protocol (``GET /v1/clusters/{id}/terminal``, api/terminal.py):
+
+- binary frames carry terminal bytes, both ways (keystrokes in, screen output out);
+- text frames carry JSON control messages. From the client:
+  ``{"type": "resize", "rows": R, "cols": C}``. From the server:
+  ``{"type": "exit", "code": N}`` once the shell has exited (N is -1 when the engine
+  could not tell), then a close with code 1000, and ``{"type": "error", "message": ...}``
+  for a control message it could not use (the session goes on).
+
+The session ends when the shell exits (exit message, close 1000) or when the client
+goes away (the exec stream is dropped, so the shell sees its terminal hang up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import ssl
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.edge.exec_pty import ExecSession
+from gpuyard.runtimes.engine import Engine
+
+log = logging.getLogger(__name__)
+
+# Terminal sizes a client may ask for (xterm allows far less than this upper bound).
+MAX_ROWS = 1000
+MAX_COLS = 1000
+DEFAULT_ROWS = 24
+DEFAULT_COLS = 80
+# The environment every terminal's shell gets on top of the container's.
+SHELL_ENV = {"TERM": "xterm-256color"}
+# How long to wait for the engine's exit code once the shell's output has ended.
+EXIT_CODE_WAIT_S = 10.0
+# Close codes (RFC 6455 allows 4000-4999 for applications).
+CLOSE_NORMAL = 1000
+CLOSE_INTERNAL = 1011
+CLOSE_NOT_RUNNING = 4409
+# A close frame's reason is at most 123 bytes.
+_REASON_BYTES = 123
+
+
+class ClientSocket(Protocol):
+    """The browser's side, already accepted (api/terminal.py adapts Starlette's)."""
+
+    async def receive(self) -> bytes | str | None:
+        """The next frame's payload: bytes (binary), str (text); None when the client
+        has gone."""
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def send_text(self, data: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class TerminalProcess(Protocol):
+    """The shell's side: an :class:`ExecSession` after its start, or a fake in tests."""
+
+    async def read(self) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def resize(self, rows: int, cols: int) -> bool: ...
+
+    async def wait(self, timeout_s: float = ...) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Resize:
+    rows: int
+    cols: int
+
+
+def clip_reason(text: str) -> str:
+    """``text`` cut to fit a close frame's reason (123 bytes of UTF-8)."""
+    data = text.encode()
+    if len(data) <= _REASON_BYTES:
+        return text
+    return data[: _REASON_BYTES - 3].decode(errors="ignore") + "..."
+
+
+def terminal_size(rows: object, cols: object) -> Resize | None:
+    """A valid size (integers, 1 to 1000 each), else None."""
+    if isinstance(rows, bool) or isinstance(cols, bool):
+        return None
+    if not isinstance(rows, int) or not isinstance(cols, int):
+        return None
+    if not (1 <= rows <= MAX_ROWS and 1 <= cols <= MAX_COLS):
+        return None
+    return Resize(rows, cols)
+
+
+def parse_control(text: str) -> Resize | str:
+    """A client's control message: a :class:`Resize`, or the reason it is unusable."""
+    try:
+        doc: Any = json.loads(text)
+    except ValueError:
+        return "control messages are JSON objects"
+    if not isinstance(doc, dict):
+        return "control messages are JSON objects"
+    kind = doc.get("type")
+    if kind != "resize":
+        return f"unknown control message type {kind!r} (known: 'resize')"
+    size = terminal_size(doc.get("rows"), doc.get("cols"))
+    if size is None:
+        return f"resize needs integer rows and cols from 1 to {MAX_ROWS}"
+    return size
+
+
+@dataclass(frozen=True)
+class BridgeResult:
+    """How a session ended: ``exit_code`` when the shell exited (-1: unknown), None
+    when the client left first."""
+
+    exit_code: int | None
+
+
+async def run_bridge(client: ClientSocket, process: TerminalProcess) -> BridgeResult:
+    """Pump bytes and control messages between ``client`` and ``process`` until one
+    side ends; then close the other (the client with the exit message and code 1000,
+    or the process's stream). Always closes ``process``; never raises for a peer
+    that went away."""
+    out = asyncio.create_task(_pump_out(client, process))
+    inp = asyncio.create_task(_pump_in(client, process))
+    try:
+        done, _ = await asyncio.wait({out, inp}, return_when=asyncio.FIRST_COMPLETED)
+        if out in done and out.exception() is not None:
+            log.warning("terminal output stream failed: %r", out.exception())
+            with contextlib.suppress(Exception):
+                await client.close(CLOSE_INTERNAL, "the terminal's stream from the engine failed")
+            return BridgeResult(None)
+        if out in done and out.result():
+            # The shell's output ended: it exited (or the container stopped).
+            inp.cancel()
+            code = await process.wait(EXIT_CODE_WAIT_S)
+            with contextlib.suppress(Exception):
+                await client.send_text(json.dumps({"type": "exit", "code": code}))
+                await client.close(CLOSE_NORMAL, f"the shell exited with code {code}")
+            return BridgeResult(code)
+        return BridgeResult(None)
+    finally:
+        for task in (out, inp):
+            task.cancel()
+        await asyncio.gather(out, inp, return_exceptions=True)
+        await process.close()
+
+
+async def _pump_out(client: ClientSocket, process: TerminalProcess) -> bool:
+    """Shell output to the client. True when the output ended; False when the client
+    could not be written to (it left)."""
+    while True:
+        data = await process.read()
+        if not data:
+            return True
+        try:
+            await client.send_bytes(data)
+        except Exception:  # the client went away mid-send: the other pump notices too
+            return False
+
+
+async def _pump_in(client: ClientSocket, process: TerminalProcess) -> None:
+    """Client frames to the shell, until the client leaves."""
+    while True:
+        frame = await client.receive()
+        if frame is None:
+            return
+        if isinstance(frame, bytes):
+            await process.write(frame)
+            continue
+        control = parse_control(frame)
+        if isinstance(control, Resize):
+            await process.resize(control.rows, control.cols)
+        else:
+            await client.send_text(json.dumps({"type": "error", "message": control}))
+
+
+# -- reaching the container --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecTarget:
+    """Where a cluster's shell runs: an engine (URL and TLS context) and a container."""
+
+    engine_url: str
+    ssl: ssl.SSLContext | None
+    container: str
+
+
+def exec_target(runtime: object, container: str) -> ExecTarget:
+    """The engine behind ``runtime`` (a host's Docker-engine runtime, runtimes/) and
+    ``container`` on it. Blocking (an SSH host's tunnel is started if it is down): call
+    it in a thread. Raises RuntimeFailure when the runtime has no engine to exec in."""
+    engine = getattr(runtime, "engine", None)
+    if not isinstance(engine, Engine):
+        raise RuntimeFailure("this cluster's host runtime has no container engine to open a shell")
+    tunnel = getattr(runtime, "tunnel", None)
+    url = engine.base_url
+    if tunnel is not None and callable(getattr(tunnel, "url", None)):
+        url = str(tunnel.url())
+    if not url:
+        # The SDK's default, which the runtime's own client uses too.
+        url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    context: ssl.SSLContext | None = None
+    tls = engine.tls
+    if tls:
+        ca = getattr(tls, "ca_cert", None)
+        context = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+        cert = getattr(tls, "cert", None)
+        if cert:
+            context.load_cert_chain(cert[0], cert[1])
+        if getattr(tls, "verify", True) is False:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+    if url.startswith("tcp://") and context is not None:
+        url = "https://" + url[len("tcp://") :]
+    return ExecTarget(url, context, container)
+
+
+# The shell reports its pid (its session id: the engine makes a tty exec a session
+# leader) in an OSC sequence before it becomes the login shell; terminals ignore OSC
+# sequences they do not know, and ShellSession strips this one.
+_PID_OSC = b"\x1b]7772;"
+_LOGIN_SHELL = (
+    "printf '\\033]7772;%s\\007' \"$$\"; "
+    "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec /bin/sh -l; fi"
+)
+SHELL_COMMAND: tuple[str, ...] = ("/bin/sh", "-c", _LOGIN_SHELL)
+# A hang-up by hand: SIGHUP, then SIGCONT (as the kernel does when a terminal hangs
+# up), to every process of the shell's session. POSIX sh builtins only, reading
+# /proc/PID/stat: "pid (comm) state ppid pgrp session ...".
+_HANGUP = (
+    'for d in /proc/[0-9]*; do read -r l < "$d/stat" 2>/dev/null || continue; '
+    'r=${l##*") "}; set -- $r; '
+    '[ "$4" = "{sid}" ] && kill -HUP "${d#/proc/}" 2>/dev/null && kill -CONT "${d#/proc/}" '
+    "2>/dev/null; done; true"
+)
+HANGUP_TIMEOUT_S = 5.0
+
+
+class ShellSession:
+    """A login shell in a container (a :class:`TerminalProcess`).
+
+    Engines leave an exec's process running when its stream is dropped (Docker and
+    Podman alike: the PTY does not hang up), so :meth:`close` of a shell that has not
+    exited hangs its session up by hand, through a second exec, as closing a terminal
+    window does."""
+
+    def __init__(self, target: ExecTarget) -> None:
+        self.target = target
+        self.exec = ExecSession(target.engine_url, ssl=target.ssl)
+        self.session_id: int | None = None
+        self._head = b""  # output held back while looking for the pid sequence
+        self._looking = True
+        self._ended = False
+
+    async def start(self, size: Resize) -> None:
+        """Raises exec_pty's ContainerNotRunning / ExecError."""
+        await self.exec.start(
+            self.target.container,
+            SHELL_COMMAND,
+            tty=True,
+            env=SHELL_ENV,
+            rows=size.rows,
+            cols=size.cols,
+        )
+
+    async def read(self) -> bytes:
+        while self._looking:
+            data = await self.exec.read()
+            if not data:
+                self._looking, self._ended = False, True
+                out, self._head = self._head, b""
+                return out
+            self._head += data
+            start = self._head.find(_PID_OSC)
+            end = self._head.find(b"\x07", start + 1) if start >= 0 else -1
+            if start >= 0 and end >= 0:
+                digits = self._head[start + len(_PID_OSC) : end]
+                if digits.isdigit():
+                    self.session_id = int(digits)
+                out = self._head[:start] + self._head[end + 1 :]
+            elif len(self._head) > 64 or (start < 0 and not _PID_OSC.startswith(self._head)):
+                out = self._head  # no such sequence: a shell of another kind
+            else:
+                continue
+            self._looking, self._head = False, b""
+            if out:
+                return out
+        data = await self.exec.read()
+        if not data:
+            self._ended = True
+        return data
+
+    async def write(self, data: bytes) -> None:
+        await self.exec.write(data)
+
+    async def resize(self, rows: int, cols: int) -> bool:
+        return await self.exec.resize(rows, cols)
+
+    async def wait(self, timeout_s: float = EXIT_CODE_WAIT_S) -> int:
+        code = await self.exec.wait(timeout_s)
+        self._ended = True
+        return code
+
+    async def close(self) -> None:
+        """Drop the stream; a shell still running is hung up first (best effort)."""
+        try:
+            if not self._ended and self.session_id is not None:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(HANGUP_TIMEOUT_S):
+                        await self._hang_up(self.session_id)
+        finally:
+            await self.exec.close()
+
+    async def _hang_up(self, session_id: int) -> None:
+        script = _HANGUP.replace("{sid}", str(session_id))
+        async with ExecSession(self.target.engine_url, ssl=self.target.ssl) as killer:
+            await killer.start(self.target.container, ("/bin/sh", "-c", script), tty=False)
+            while await killer.read():
+                pass
+
+
+async def open_shell(target: ExecTarget, size: Resize) -> ShellSession:
+    """Start a login shell with a PTY of ``size`` in ``target``'s container. Raises
+    exec_pty's ContainerNotRunning / ExecError (the session is closed first)."""
+    session = ShellSession(target)
+    try:
+        await session.start(size)
+    except BaseException:
+        await session.exec.close()
+        raise
+    return session

@@ -1,0 +1,136 @@
+"""The web terminal on the real server (``gpuyard serve``) and real Podman: a shell with
+a PTY in a running cluster's container over ``/v1/clusters/{id}/terminal`` (typing,
+resizing, the exit code), a shell the client walks away from, and the session's
+events. The protocol's corners are tests/api/test_terminal_api.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from tests.e2e.conftest import DEV_IMAGE
+from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
+
+pytestmark = pytest.mark.e2e
+
+if shutil.which("podman") is None:
+    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+
+
+async def read_until(ws: ClientConnection, needle: bytes, timeout_s: float = 15) -> bytes:
+    """Terminal output up to and including ``needle``."""
+    seen = b""
+    async with asyncio.timeout(timeout_s):
+        while needle not in seen:
+            frame = await ws.recv()
+            assert isinstance(frame, bytes), frame
+            seen += frame
+    return seen
+
+
+def ws_url(server: ServerProcess, cid: str, query: str = "") -> str:
+    return server.url.replace("http://", "ws://") + f"/v1/clusters/{cid}/terminal{query}"
+
+
+def test_terminal_on_a_real_container(
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient
+) -> None:
+    with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
+        r = c.post(
+            "/v1/clusters",
+            json={
+                "gpu_type": "NVIDIA RTX A6000",
+                "gpu_count": 1,
+                "docker_image": DEV_IMAGE,
+                "volume_gb": 1,
+                "memory_gb": 1,
+                "cpu_cores": 1,
+            },
+        )
+        assert r.status_code == 201, r.text
+        cid = r.json()["data"]["id"]
+        assert wait_status(c, cid, {"running", "error"})["status"] == "running"
+
+        async def session() -> dict[str, Any]:
+            async with websockets.connect(
+                ws_url(server, cid, "?rows=33&cols=99"),
+                subprotocols=["gpuyard.terminal.v1", f"gpuyard.key.{server.key}"],  # type: ignore[list-item]
+            ) as ws:
+                assert ws.subprotocol == "gpuyard.terminal.v1"
+                await ws.send(b"echo hi\n")
+                out = await read_until(ws, b"\nhi\r\n")
+                assert b"echo hi" in out  # the PTY echoes what is typed
+                # The first size came with the upgrade; a resize changes it.
+                await ws.send(b"busybox stty size\n")
+                await read_until(ws, b"33 99\r\n")
+                await ws.send(json.dumps({"type": "resize", "rows": 40, "cols": 120}))
+                await ws.send(b"busybox stty size\n")
+                await read_until(ws, b"40 120\r\n")
+                # A tty it is, with TERM set for xterm.js.
+                await ws.send(b"test -t 0 && echo tty:$TERM\n")
+                await read_until(ws, b"tty:xterm-256color\r\n")
+                await ws.send(b"exit 3\n")
+                async with asyncio.timeout(15):
+                    while True:
+                        frame = await ws.recv()
+                        if isinstance(frame, str):
+                            break
+                exit_message: dict[str, Any] = json.loads(frame)
+                with pytest.raises(ConnectionClosed):
+                    await ws.recv()
+                assert ws.close_code == 1000
+                return exit_message
+
+        assert asyncio.run(session()) == {"type": "exit", "code": 3}
+
+        # A client that walks away: its shell goes too (the PTY hangs up).
+        async def walk_away() -> None:
+            async with websockets.connect(
+                ws_url(server, cid), additional_headers={"Authorization": f"Bearer {server.key}"}
+            ) as ws:
+                await ws.send(b"echo $$ > /tmp/shell.pid; echo started\n")
+                await read_until(ws, b"\nstarted\r\n")
+
+        asyncio.run(walk_away())
+        code, pid = sh(engine, server, cid, "cat /tmp/shell.pid")
+        assert code == 0 and pid.strip().isdigit()
+        deadline = time.monotonic() + 10
+        while sh(engine, server, cid, f"kill -0 {pid.strip()}")[0] == 0:
+            assert time.monotonic() < deadline, "the shell outlived its terminal"
+            time.sleep(0.1)
+
+        deadline = time.monotonic() + 10
+        while True:
+            found = c.get(f"/v1/clusters/{cid}/events").json()["data"]["events"]
+            messages = [e["message"] for e in found if e["type"] == "terminal"]
+            if len(messages) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert messages[0].startswith("web terminal opened with API key 'admin' from ")
+        assert messages[1] == "web terminal closed: the shell exited with code 3"
+        assert messages[3] == "web terminal closed: the client left"
+        assert server.key not in server.log.read_text()
+
+        # A stopped cluster: the upgrade happens, the close says why.
+        assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
+        wait_status(c, cid, {"stopped"})
+
+        async def stopped() -> tuple[int | None, str | None]:
+            async with websockets.connect(ws_url(server, cid, f"?api_key={server.key}")) as ws:
+                with pytest.raises(ConnectionClosed):
+                    await ws.recv()
+                return ws.close_code, ws.close_reason
+
+        code, reason = asyncio.run(stopped())
+        assert code == 4409 and "is stopped" in (reason or "")
+        assert server.key not in server.log.read_text()

@@ -1,0 +1,223 @@
+"""The web terminal's bridge with fake ends: control messages, the order of the end of
+a session (exit message, then close 1000), a client that leaves, a failing engine
+stream, and how a runtime's engine becomes an exec target."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.edge import terminal_bridge as tb
+from gpuyard.runtimes.engine import Engine
+
+
+def test_parse_control() -> None:
+    assert tb.parse_control('{"type": "resize", "rows": 40, "cols": 120}') == tb.Resize(40, 120)
+    for bad in (
+        "nope",
+        "[]",
+        '{"type": "resize", "rows": 0, "cols": 80}',
+        '{"type": "resize", "rows": 24, "cols": 1001}',
+        '{"type": "resize", "rows": true, "cols": 80}',
+        '{"type": "resize", "rows": 24.0, "cols": 80}',
+        '{"type": "resize", "rows": "24", "cols": 80}',
+        '{"type": "input", "data": "ls"}',
+    ):
+        assert isinstance(tb.parse_control(bad), str), bad
+
+
+def test_clip_reason_fits_a_close_frame() -> None:
+    assert tb.clip_reason("short") == "short"
+    long = "é" * 200
+    clipped = tb.clip_reason(long)
+    assert len(clipped.encode()) <= 123 and clipped.endswith("...")
+
+
+@dataclass
+class FakeClient:
+    inbox: asyncio.Queue[bytes | str | None] = field(default_factory=asyncio.Queue)
+    sent: list[bytes | str] = field(default_factory=list)
+    closed: tuple[int, str] | None = None
+    fail_sends: bool = False
+
+    async def receive(self) -> bytes | str | None:
+        return await self.inbox.get()
+
+    async def send_bytes(self, data: bytes) -> None:
+        if self.fail_sends:
+            raise ConnectionError("gone")
+        self.sent.append(data)
+
+    async def send_text(self, data: str) -> None:
+        self.sent.append(data)
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+@dataclass
+class FakeProcess:
+    output: asyncio.Queue[bytes | Exception] = field(default_factory=asyncio.Queue)
+    written: list[bytes] = field(default_factory=list)
+    sizes: list[tuple[int, int]] = field(default_factory=list)
+    code: int = 0
+    closed: bool = False
+
+    async def read(self) -> bytes:
+        item = await self.output.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    async def resize(self, rows: int, cols: int) -> bool:
+        self.sizes.append((rows, cols))
+        return True
+
+    async def wait(self, timeout_s: float = 10.0) -> int:
+        return self.code
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 5))
+
+
+def test_bytes_resize_and_exit() -> None:
+    async def go() -> tuple[tb.BridgeResult, FakeClient, FakeProcess]:
+        client, process = FakeClient(), FakeProcess(code=3)
+        task = asyncio.create_task(tb.run_bridge(client, process))
+        await client.inbox.put(b"ls\n")
+        await client.inbox.put(json.dumps({"type": "resize", "rows": 50, "cols": 100}))
+        await client.inbox.put('{"type": "bogus"}')
+        await process.output.put(b"file\r\n")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        await process.output.put(b"")
+        return await task, client, process
+
+    result, client, process = run(go())
+    assert result == tb.BridgeResult(3)
+    assert process.written == [b"ls\n"] and process.sizes == [(50, 100)] and process.closed
+    assert b"file\r\n" in client.sent
+    texts = [json.loads(s) for s in client.sent if isinstance(s, str)]
+    assert texts[0]["type"] == "error" and "bogus" in texts[0]["message"]
+    # The exit message is the last frame, then a normal close.
+    assert client.sent[-1] == json.dumps({"type": "exit", "code": 3})
+    assert client.closed == (1000, "the shell exited with code 3")
+
+
+def test_a_client_that_leaves_closes_the_process() -> None:
+    async def go() -> tuple[tb.BridgeResult, FakeClient, FakeProcess]:
+        client, process = FakeClient(), FakeProcess()
+        task = asyncio.create_task(tb.run_bridge(client, process))
+        await client.inbox.put(None)
+        return await task, client, process
+
+    result, client, process = run(go())
+    assert result == tb.BridgeResult(None) and process.closed and client.closed is None
+
+
+def test_a_client_that_cannot_be_written_to_ends_the_session() -> None:
+    async def go() -> tuple[tb.BridgeResult, FakeProcess]:
+        client, process = FakeClient(fail_sends=True), FakeProcess()
+        task = asyncio.create_task(tb.run_bridge(client, process))
+        await process.output.put(b"data")
+        return await task, process
+
+    result, process = run(go())
+    assert result == tb.BridgeResult(None) and process.closed
+
+
+def test_a_failing_engine_stream_is_an_internal_close() -> None:
+    async def go() -> tuple[tb.BridgeResult, FakeClient, FakeProcess]:
+        client, process = FakeClient(), FakeProcess()
+        task = asyncio.create_task(tb.run_bridge(client, process))
+        await process.output.put(ValueError("garbled"))
+        return await task, client, process
+
+    result, client, process = run(go())
+    assert result == tb.BridgeResult(None) and process.closed
+    assert client.closed is not None and client.closed[0] == 1011
+
+
+class Tunnel:
+    def url(self) -> str:
+        return "unix:///tmp/tunnel.sock"
+
+
+@dataclass
+class FakeRuntime:
+    engine: Any
+    tunnel: Any = None
+
+
+def test_exec_targets() -> None:
+    target = tb.exec_target(FakeRuntime(Engine("unix:///run/podman/podman.sock")), "c1")
+    assert target == tb.ExecTarget("unix:///run/podman/podman.sock", None, "c1")
+    # An SSH host: the tunnel's socket (started when down).
+    target = tb.exec_target(FakeRuntime(Engine("unix:///stale.sock"), Tunnel()), "c2")
+    assert target.engine_url == "unix:///tmp/tunnel.sock"
+    # A TCP engine with TLS client material (verification off here: no CA file).
+    engine = Engine("https://10.0.0.5:2376")
+
+    @dataclass
+    class Tls:
+        cert: tuple[str, str] | None = None
+        ca_cert: str | None = None
+        verify: bool = False
+
+    engine.tls = Tls()
+    target = tb.exec_target(FakeRuntime(engine), "c3")
+    assert target.engine_url == "https://10.0.0.5:2376"
+    assert isinstance(target.ssl, ssl.SSLContext) and target.ssl.verify_mode == ssl.CERT_NONE
+    with pytest.raises(RuntimeFailure):
+        tb.exec_target(object(), "c4")
+
+
+class ScriptedExec:
+    """Stands in for the ExecSession under a ShellSession: output in given pieces."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = list(pieces)
+        self.closed = False
+
+    async def read(self) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def shell_output(pieces: list[bytes]) -> tuple[bytes, int | None]:
+    async def go() -> tuple[bytes, int | None]:
+        shell = tb.ShellSession(tb.ExecTarget("unix:///nowhere.sock", None, "c"))
+        shell.exec = ScriptedExec(pieces)  # type: ignore[assignment]
+        out = b""
+        while data := await shell.read():
+            out += data
+        await shell.close()  # ended: no hang-up exec is tried
+        return out, shell.session_id
+
+    result: tuple[bytes, int | None] = run(go())
+    return result
+
+
+def test_the_shells_pid_sequence_is_read_and_stripped() -> None:
+    assert shell_output([b"\x1b]7772;42\x07/ # "]) == (b"/ # ", 42)
+    # Split across reads, and followed by output in the same read.
+    assert shell_output([b"\x1b]77", b"72;1234", b"\x07$ ", b"ls\r\n"]) == (b"$ ls\r\n", 1234)
+    # A shell that never says: its output passes untouched.
+    assert shell_output([b"hello", b" world"]) == (b"hello world", None)
+    assert shell_output([b"\x1b[1mbold"]) == (b"\x1b[1mbold", None)
+    assert shell_output([]) == (b"", None)
