@@ -248,6 +248,12 @@ class HostWorkload(_Out):
     training_cluster_id: int | None
 
 
+class HostProxy(_Out):
+    available: bool
+    # Why proxy URLs are null (Caddy missing or refusing, the proxy disabled).
+    reason: str | None
+
+
 class HostOut(_Out):
     id: int
     name: str
@@ -298,6 +304,8 @@ class HostOut(_Out):
     # Clusters and training nodes holding capacity (or their volume) on the host.
     clusters: list[HostWorkload]
     created_at: str
+    # Whether its clusters' http ports are reachable through the HTTP proxy.
+    proxy: HostProxy
 
 
 class HostList(_Out):

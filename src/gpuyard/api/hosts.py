@@ -28,6 +28,7 @@ from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.engine_address import redacted
 from gpuyard.core.fleet import Reachability
 from gpuyard.core.placement import AllocationRatios, free_resources
+from gpuyard.core.proxy import ProxyStatus
 from gpuyard.services import host_admin
 from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.host_views import HostView, get_host, list_hosts
@@ -54,7 +55,17 @@ def _render(request: Request, view: HostView) -> dict[str, Any]:
     # The server's own engine is asked now (outside any transaction); any other
     # host's engine is as its last heartbeat found it.
     problem = state.runtime.available() if view.is_local else None
-    return host_view(view, problem, state.ctx.settings.allocation_ratios)
+    return {
+        **host_view(view, problem, state.ctx.settings.allocation_ratios),
+        "proxy": proxy_state(state.ctx.proxy),
+    }
+
+
+def proxy_state(status: ProxyStatus) -> dict[str, Any]:
+    """Whether clusters' http ports on the host are reachable through the HTTP proxy
+    (their ``proxy_url`` is null when not), and why not."""
+    problem = status.problem()
+    return {"available": problem is None, "reason": problem}
 
 
 @router.get("/v1/hosts", responses=documented(HostListEnvelope))
@@ -72,7 +83,10 @@ def hosts(request: Request, principal: Principal = Depends(current_principal)) -
     return ok(
         {
             "installation_id": overview.installation_id,
-            "hosts": [host_view(h, local_problem, ratios) for h in overview.hosts],
+            "hosts": [
+                {**host_view(h, local_problem, ratios), "proxy": proxy_state(state.ctx.proxy)}
+                for h in overview.hosts
+            ],
         }
     )
 

@@ -1,0 +1,291 @@
+"""The API's side of the HTTP proxy over real HTTP (fake runtime, no Caddy): proxy URLs
+in cluster objects, hosts and GraphQL; open links (issue, redeem once, expiry, who may);
+the proxy's key check and status page; the routes the proxy is given."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from gpuyard.core.proxy import ProxyBase, ProxyStatus, Visibility
+from gpuyard.edge.caddy import CaddyError
+from gpuyard.edge.caddy_config import ProxyListen
+from gpuyard.reconciler.proxy_sync import ProxySync
+from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
+from gpuyard.services.proxy_routes import load_routes, port_secret
+from tests.helpers import LiveServer
+
+BODY: dict[str, Any] = {
+    "gpu_type": "NVIDIA RTX A6000",
+    "docker_image": "img",
+    "volume_gb": 1,
+    "ports": [
+        {"internal_port": 8888, "protocol": "http"},
+        {"internal_port": 7860, "protocol": "http", "visibility": "public"},
+        {"internal_port": 22, "protocol": "tcp"},
+    ],
+}
+
+
+@pytest.fixture
+def proxied(srv: LiveServer) -> LiveServer:
+    """The server with its proxy serving (as after a successful sync)."""
+    srv.server.ctx.proxy = ProxyStatus(enabled=True)
+    srv.server.ctx.proxy.set(True, None)
+    return srv
+
+
+def other_key(srv: LiveServer) -> str:
+    with srv.server.ctx.transaction() as session:
+        user, account, _ = create_account(session, email="other@example.com", name="o")
+        return issue_key(
+            session, user_id=user.id, account_id=account.id, name="o", scope=Scope.WRITE
+        ).key
+
+
+def own_key(srv: LiveServer, scope: Scope, name: str) -> str:
+    with srv.server.ctx.read() as session:
+        admin = resolve_key(session, srv.key)
+    with srv.server.ctx.transaction() as session:
+        return issue_key(
+            session, user_id=admin.user_id, account_id=admin.account_id, name=name, scope=scope
+        ).key
+
+
+def running(srv: LiveServer, c: httpx.Client) -> str:
+    r = c.post("/v1/clusters", json=BODY)
+    assert r.status_code == 201, r.text
+    cid: str = r.json()["data"]["id"]
+    assert srv.server.reconciler.wait_idle(10)
+    return cid
+
+
+def expected(srv: LiveServer, status: int) -> None:
+    """A 5xx the test asked for (the proxy's status page, PROXY_UNAVAILABLE): not the
+    kind of 5xx the server must never answer."""
+    srv.recorder.statuses.remove(status)
+
+
+def proxy_get(srv: LiveServer, url: str) -> httpx.Response:
+    """``url`` (on the proxy domain) as the proxy forwards it to the API."""
+    parts = urlsplit(url)
+    return httpx.get(
+        f"{srv.url}{parts.path}?{parts.query}", headers={"Host": parts.netloc}, timeout=10
+    )
+
+
+def test_proxy_urls_follow_the_proxy(srv: LiveServer) -> None:
+    with srv.client() as c:
+        cid = running(srv, c)
+        net = c.get(f"/v1/clusters/{cid}").json()["data"]["network"]
+        assert net["proxy_url"] is None  # no proxy in this process
+        assert all(p["proxy_url"] is None for p in net["ports"])
+        host = c.get("/v1/hosts").json()["data"]["hosts"][0]
+        assert host["proxy"] == {
+            "available": False,
+            "reason": "the HTTP proxy is disabled (GPUYARD_PROXY_ENABLED=false)",
+        }
+        srv.server.ctx.proxy = ProxyStatus(enabled=True)
+        srv.server.ctx.proxy.set(False, "Caddy is not installed")
+        assert c.get("/v1/hosts").json()["data"]["hosts"][0]["proxy"]["reason"] == (
+            "Caddy is not installed"
+        )
+        srv.server.ctx.proxy.set(True, None)
+        data = c.get(f"/v1/clusters/{cid}").json()["data"]
+        base = f"http://{cid}-8888.proxy.localhost:8080"
+        assert data["network"]["proxy_url"] == base
+        by_port = {p["internal_port"]: p for p in data["network"]["ports"]}
+        assert by_port[8888]["proxy_url"] == base and by_port[8888]["visibility"] == "private"
+        assert by_port[7860]["proxy_url"] == f"http://{cid}-7860.proxy.localhost:8080"
+        assert by_port[7860]["visibility"] == "public"
+        assert by_port[22]["proxy_url"] is None
+        assert c.get("/v1/hosts").json()["data"]["hosts"][0]["proxy"]["available"] is True
+        gql = srv.graphql(
+            "query($id: String!) { cluster(input: {clusterId: $id}) "
+            "{ runtime { ports { privatePort proxyUrl } } } }",
+            {"id": cid},
+        )
+        ports = {
+            p["privatePort"]: p["proxyUrl"] for p in gql["data"]["cluster"]["runtime"]["ports"]
+        }
+        assert ports == {8888: base, 7860: f"http://{cid}-7860.proxy.localhost:8080", 22: None}
+        # Stopped: the address stays (the proxy answers a page saying so).
+        assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
+        assert srv.server.reconciler.wait_idle(10)
+        assert c.get(f"/v1/clusters/{cid}").json()["data"]["network"]["proxy_url"] == base
+        assert c.delete(f"/v1/clusters/{cid}").status_code == 200
+        assert srv.server.reconciler.wait_idle(10)
+        assert c.get(f"/v1/clusters/{cid}").json()["data"]["network"]["proxy_url"] is None
+
+
+def test_routes_given_to_the_proxy(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = running(proxied, c)
+        routes = {r.internal_port: r for r in load_routes(proxied.server.ctx)}
+        assert set(routes) == {8888, 7860}
+        assert routes[8888].visibility is Visibility.PRIVATE
+        assert routes[7860].visibility is Visibility.PUBLIC
+        assert routes[8888].upstream.startswith("127.0.0.1:")
+        secret = port_secret(proxied.server.ctx.settings, cid, 8888)
+        assert (
+            routes[8888].cookie_secret
+            == secret
+            != port_secret(proxied.server.ctx.settings, cid, 7860)
+        )
+        # A stop changes nothing the proxy is told; a terminate removes the routes.
+        before = load_routes(proxied.server.ctx)
+        assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
+        assert proxied.server.reconciler.wait_idle(10)
+        assert load_routes(proxied.server.ctx) == before
+        assert c.delete(f"/v1/clusters/{cid}").status_code == 200
+        assert proxied.server.reconciler.wait_idle(10)
+        assert load_routes(proxied.server.ctx) == []
+
+
+def test_open_link_works_once(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = running(proxied, c)
+        r = c.get(f"/v1/clusters/{cid}/ports/8888/open")
+        assert r.status_code == 200, r.text
+        data = r.json()["data"]
+        link = data["url"]
+        assert link.startswith(f"http://{cid}-8888.proxy.localhost:8080/v1/clusters/{cid}/")
+        assert data["expires_at"] < data["session_expires_at"]
+        landed = proxy_get(proxied, link)
+        assert landed.status_code == 302 and landed.headers["location"] == "/"
+        cookie = landed.headers["set-cookie"]
+        secret = port_secret(proxied.server.ctx.settings, cid, 8888)
+        assert cookie.startswith(f"gy_proxy={secret};")
+        assert "httponly" in cookie.lower() and "samesite=lax" in cookie.lower()
+        again = proxy_get(proxied, link)
+        assert again.status_code == 403 and "does not open" in again.text
+        assert "set-cookie" not in again.headers
+        # A link of one port opens no other.
+        other = c.get(f"/v1/clusters/{cid}/ports/8888/open").json()["data"]["url"]
+        assert proxy_get(proxied, other.replace("/ports/8888/", "/ports/7860/")).status_code == 403
+        events = c.get(f"/v1/clusters/{cid}/events").json()["data"]["events"]
+        access = [e["message"] for e in events if e["type"] == "access"]
+        assert any("issued to API key" in m for m in access)
+        assert any("used" in m for m in access)
+        assert all(link.split("token=")[1] not in m for m in access)
+
+
+def test_open_link_expires(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = running(proxied, c)
+        link = c.get(f"/v1/clusters/{cid}/ports/8888/open").json()["data"]["url"]
+    ttl = proxied.server.ctx.settings.proxy_link_ttl_s
+    clock = proxied.server.ctx.clock
+    real_now = clock.now
+    later = real_now() + timedelta(seconds=ttl + 1)
+    clock.now = lambda: later  # type: ignore[method-assign]
+    try:
+        assert proxy_get(proxied, link).status_code == 403
+    finally:
+        clock.now = real_now  # type: ignore[method-assign]
+
+
+def test_who_may_open_a_port(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = running(proxied, c)
+    read = own_key(proxied, Scope.READ, "viewer")
+    with proxied.client(read) as c:
+        assert c.get(f"/v1/clusters/{cid}/ports/8888/open").json()["error"]["code"] == "FORBIDDEN"
+    with proxied.client(other_key(proxied)) as c:
+        r = c.get(f"/v1/clusters/{cid}/ports/8888/open")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "CLUSTER_NOT_FOUND"
+    with proxied.client() as c:
+        r = c.get(f"/v1/clusters/{cid}/ports/22/open")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+        r = c.get(f"/v1/clusters/{cid}/ports/0/open")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "VALIDATION_ERROR"
+        assert c.get(f"/v1/clusters/{cid}/ports/8888/open", params={"token": ""}).status_code == 400
+        proxied.server.ctx.proxy.set(False, "Caddy refused the proxy configuration: busy")
+        r = c.get(f"/v1/clusters/{cid}/ports/8888/open")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "PROXY_UNAVAILABLE"
+        expected(proxied, 503)
+    assert httpx.get(f"{proxied.url}/v1/clusters/{cid}/ports/8888/open").status_code == 401
+
+
+def test_the_proxy_key_check(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = running(proxied, c)
+    host = f"{cid}-8888.proxy.localhost:8080"
+
+    def check(headers: dict[str, str], forwarded: str = host) -> int:
+        r = httpx.get(
+            f"{proxied.url}/v1/proxy/authorize", headers={"X-Forwarded-Host": forwarded, **headers}
+        )
+        return r.status_code
+
+    assert check({"Authorization": f"Bearer {proxied.key}"}) == 200
+    assert check({"X-Gpuyard-Api-Key": proxied.key}) == 200
+    assert check({"Authorization": f"Bearer {other_key(proxied)}"}) == 404
+    assert check({"Authorization": "Bearer gy_wrong"}) == 401
+    assert check({}) == 401
+    assert check({"Authorization": f"Bearer {proxied.key}"}, f"{cid}-22.proxy.localhost") == 404
+    assert check({"Authorization": f"Bearer {proxied.key}"}, "elsewhere.example.com") == 404
+
+
+def test_the_status_page(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = running(proxied, c)
+
+        def page(host: str) -> httpx.Response:
+            return httpx.get(f"{proxied.url}/v1/proxy/unavailable", headers={"Host": host})
+
+        r = page(f"{cid}-8888.proxy.localhost:8080")
+        assert r.status_code == 502 and "running, but nothing answers" in r.text
+        expected(proxied, 502)
+        assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
+        assert proxied.server.reconciler.wait_idle(10)
+        r = page(f"{cid}-8888.proxy.localhost:8080")
+        assert r.status_code == 502 and f"Cluster {cid} is stopped" in r.text
+        expected(proxied, 502)
+        assert page("nothing.proxy.localhost").status_code == 404
+
+
+class FakeCaddy:
+    """The admin API of a Caddy that may have restarted (empty) or refuse a load."""
+
+    def __init__(self) -> None:
+        self.config: dict[str, Any] | None = None
+        self.loads = 0
+        self.refuse: str | None = None
+
+    def current(self) -> dict[str, Any] | None:
+        return self.config
+
+    def load(self, config: dict[str, Any]) -> None:
+        if self.refuse:
+            raise CaddyError(self.refuse)
+        self.config, self.loads = config, self.loads + 1
+
+
+def test_sync_loads_only_what_changed(srv: LiveServer) -> None:
+    caddy = FakeCaddy()
+    admin = SimpleNamespace(config=caddy.current, load=caddy.load, close=lambda: None)
+    listen = ProxyListen("127.0.0.1", 8080, "127.0.0.1:8000", "unix//x")
+    sync = ProxySync(srv.server.ctx, admin, listen, ProxyBase("http", "proxy.localhost", 8080))  # type: ignore[arg-type]
+    assert srv.server.ctx.proxy.problem() is not None
+    assert sync.sync() and caddy.loads == 1
+    assert srv.server.ctx.proxy.problem() is None
+    assert sync.sync() and caddy.loads == 1  # nothing changed: nothing loaded
+    with srv.client() as c:
+        cid = running(srv, c)
+    assert sync.sync() and caddy.loads == 2
+    assert f"{cid}-8888.proxy.localhost" in json.dumps(caddy.config)
+    caddy.config = None  # Caddy restarted empty
+    assert sync.sync() and caddy.loads == 3
+    caddy.refuse = "listen tcp 127.0.0.1:8080: bind: address already in use"
+    caddy.config = None
+    assert not sync.sync()
+    assert srv.server.ctx.proxy.problem() == caddy.refuse
+    with srv.client() as c:
+        assert c.get(f"/v1/clusters/{cid}").json()["data"]["network"]["proxy_url"] is None

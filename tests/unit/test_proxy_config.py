@@ -1,0 +1,141 @@
+"""Proxy addresses (core/proxy.py) and the Caddy configuration made of routes
+(edge/caddy_config.py): pure functions, no Caddy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuyard.core.proxy import ProxyBase, ProxyRoute, ProxyStatus, Visibility, parse_host
+from gpuyard.edge.caddy_config import ProxyListen, caddy_config
+
+CID = "k3v9x0a1b2c3d4"
+BASE = ProxyBase("http", "proxy.localhost", 8080)
+LISTEN = ProxyListen("127.0.0.1", 8080, "127.0.0.1:8000", "unix//run/caddy.sock")
+
+
+def route(visibility: Visibility, port: int = 8888, cid: str = CID) -> ProxyRoute:
+    return ProxyRoute(cid, port, visibility, "127.0.0.1:20001", "s3cret")
+
+
+@pytest.mark.parametrize(
+    ("host", "want"),
+    [
+        (f"{CID}-8888.proxy.localhost", (CID, 8888)),
+        (f"{CID}-8888.proxy.localhost:8080", (CID, 8888)),
+        (f"{CID.upper()}-8888.PROXY.LOCALHOST.", (CID, 8888)),
+        (f"{CID}-65535.proxy.localhost", (CID, 65535)),
+        (f"{CID}-65536.proxy.localhost", None),
+        (f"{CID}-0.proxy.localhost", None),
+        (f"{CID}-8888.proxy.localhost.evil.com", None),
+        (f"x.{CID}-8888.proxy.localhost", None),
+        ("short-8888.proxy.localhost", None),
+        ("proxy.localhost", None),
+        ("", None),
+    ],
+)
+def test_parse_host(host: str, want: tuple[str, int] | None) -> None:
+    assert parse_host(host, "proxy.localhost") == want
+
+
+def test_urls_name_the_port_only_when_needed() -> None:
+    assert BASE.url(CID, 8888) == f"http://{CID}-8888.proxy.localhost:8080"
+    assert ProxyBase("https", "gpu.example.com", 443).url(CID, 80) == (
+        f"https://{CID}-80.gpu.example.com"
+    )
+    assert ProxyBase("http", "p.test", 80).open_link(CID, 1, "tok") == (
+        f"http://{CID}-1.p.test/v1/clusters/{CID}/ports/1/open?token=tok"
+    )
+
+
+def test_status_says_why_until_ready() -> None:
+    status = ProxyStatus(enabled=True)
+    assert status.problem() == "the proxy has not been configured yet"
+    status.set(False, "Caddy is not installed")
+    assert status.problem() == "Caddy is not installed"
+    status.set(True, None)
+    assert status.problem() is None
+    assert "disabled" in (ProxyStatus(enabled=False).problem() or "")
+
+
+def _host_routes(config: dict[str, Any], host: str) -> list[dict[str, Any]]:
+    for r in config["apps"]["http"]["servers"]["gpuyard"]["routes"]:
+        if r.get("match") == [{"host": [host]}]:
+            subroutes: list[dict[str, Any]] = r["handle"][0]["routes"]
+            return subroutes
+    raise AssertionError(f"no route for {host}")
+
+
+def test_public_port_is_forwarded_to_anybody() -> None:
+    config = caddy_config([route(Visibility.PUBLIC)], BASE, LISTEN)
+    routes = _host_routes(config, f"{CID}-8888.proxy.localhost")
+    assert routes[0]["match"] == [{"path": [f"/v1/clusters/{CID}/ports/8888/open"]}]
+    assert routes[0]["handle"][0]["upstreams"] == [{"dial": "127.0.0.1:8000"}]
+    assert routes[1] == {
+        "handle": [
+            {
+                "handler": "reverse_proxy",
+                "upstreams": [{"dial": "127.0.0.1:20001"}],
+                "flush_interval": -1,
+            }
+        ]
+    }
+
+
+def test_private_port_needs_the_cookie_or_a_key() -> None:
+    config = caddy_config([route(Visibility.PRIVATE)], BASE, LISTEN)
+    cookie, key, refusal = _host_routes(config, f"{CID}-8888.proxy.localhost")[1:]
+    assert cookie["match"] == [{"header": {"Cookie": ["*gy_proxy=s3cret*"]}}]
+    assert key["handle"][0]["rewrite"] == {"method": "GET", "uri": "/v1/proxy/authorize"}
+    assert key["handle"][0]["headers"]["request"]["set"]["Expect"] == ["100-continue"]
+    assert key["handle"][1]["headers"] == {
+        "request": {"delete": ["Authorization", "X-Gpuyard-Api-Key"]}
+    }
+    assert refusal["handle"][0]["status_code"] == 401
+
+
+def test_everything_else_is_404_and_errors_go_to_the_status_page() -> None:
+    config = caddy_config([], BASE, LISTEN)
+    server = config["apps"]["http"]["servers"]["gpuyard"]
+    assert server["listen"] == ["127.0.0.1:8080"]
+    assert server["protocols"] == ["h1", "h2", "h2c"]
+    assert server["routes"][-1]["handle"][0]["status_code"] == 404
+    error = server["errors"]["routes"][0]["handle"][0]
+    assert error["rewrite"]["uri"] == "/v1/proxy/unavailable"
+    assert config["admin"] == {"listen": "unix//run/caddy.sock", "config": {"persist": False}}
+
+
+def test_logs_lose_secrets() -> None:
+    fields = caddy_config([], BASE, LISTEN)["logging"]["logs"]["default"]["encoder"]["fields"]
+    deleted = {a["parameter"] for a in fields["request>uri"]["actions"]}
+    assert deleted == {"token", "api_key", "apikey"}
+    for header in ("Authorization", "Cookie", "X-Gpuyard-Api-Key"):
+        assert fields[f"request>headers>{header}"] == {"filter": "delete"}
+
+
+def test_tls_when_a_certificate_is_given() -> None:
+    listen = ProxyListen(
+        "0.0.0.0", 443, "127.0.0.1:8000", "unix//s", Path("/c.pem"), Path("/k.pem")
+    )
+    config = caddy_config([], ProxyBase("https", "gpu.example.com", 443), listen)
+    assert config["apps"]["tls"]["certificates"]["load_files"] == [
+        {"certificate": "/c.pem", "key": "/k.pem"}
+    ]
+    assert config["apps"]["http"]["servers"]["gpuyard"]["tls_connection_policies"] == [{}]
+
+
+def test_config_is_stable_and_sorted() -> None:
+    a = [route(Visibility.PUBLIC, 1, "b" * 14), route(Visibility.PRIVATE, 2, "a" * 14)]
+    one = caddy_config(a, BASE, LISTEN)
+    two = caddy_config(list(reversed(a)), BASE, LISTEN)
+    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+
+
+def test_open_link_tokens_never_reach_the_log() -> None:
+    from gpuyard.cli.serve import redact
+
+    line = 'GET /v1/clusters/x/ports/8888/open?token=AbC-123_x HTTP/1.1" 302'
+    assert redact(line) == 'GET /v1/clusters/x/ports/8888/open?token=*** HTTP/1.1" 302'
