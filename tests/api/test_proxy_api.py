@@ -289,3 +289,28 @@ def test_sync_loads_only_what_changed(srv: LiveServer) -> None:
     assert srv.server.ctx.proxy.problem() == caddy.refuse
     with srv.client() as c:
         assert c.get(f"/v1/clusters/{cid}").json()["data"]["network"]["proxy_url"] is None
+
+
+def test_cli_open_and_public_ports(proxied: LiveServer) -> None:
+    from tests.api.test_cli import ok_json, run
+
+    created = ok_json(
+        run(
+            proxied, "clusters", "create", "--image", "img", "--gpu-type", "NVIDIA RTX A6000",
+            "--port", "8888/http", "--port", "7860/http,public", "--json",
+        )
+    )  # fmt: skip
+    cid = created["id"]
+    assert [p["visibility"] for p in created["ports"]] == ["private", "public"]
+    assert proxied.server.reconciler.wait_idle(10)
+    shown = run(proxied, "clusters", "get", cid)
+    assert f"(private: http://{cid}-8888.proxy.localhost:8080)" in shown.output
+    assert f"(public: http://{cid}-7860.proxy.localhost:8080)" in shown.output
+    opened = run(proxied, "clusters", "open", cid)
+    assert opened.exit_code == 0, opened.output
+    link = opened.output.strip().splitlines()[-1]
+    assert link.startswith(f"http://{cid}-8888.proxy.localhost:8080/v1/clusters/{cid}/ports/8888/")
+    assert proxy_get(proxied, link).status_code == 302
+    assert ok_json(run(proxied, "clusters", "open", cid, "--port", "7860", "--json"))["url"]
+    bad = run(proxied, "clusters", "create", "--image", "i", "--port", "22/tcp,public")
+    assert bad.exit_code != 0 and "only an http port" in bad.output

@@ -157,6 +157,11 @@ class GpuyardClient:
     def terminate_cluster(self, cluster_id: str) -> JSON:
         return self._request("DELETE", f"/v1/clusters/{cluster_id}")
 
+    def open_port(self, cluster_id: str, port: int) -> JSON:
+        """``GET /v1/clusters/{id}/ports/{port}/open``: a one-time ``url`` that opens a
+        private http port in a browser, with ``expires_at``."""
+        return self._request("GET", f"/v1/clusters/{cluster_id}/ports/{port}/open")
+
     def cluster_events(self, cluster_id: str) -> JSON:
         """``GET /v1/clusters/{id}/events``: ``{"events": [...]}``, oldest first."""
         return self._request("GET", f"/v1/clusters/{cluster_id}/events")

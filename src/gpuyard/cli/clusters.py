@@ -32,10 +32,16 @@ def parse_env(values: tuple[str, ...]) -> dict[str, str]:
 
 
 def parse_port(spec: str) -> JSON:
-    """``INTERNAL[:EXTERNAL][/PROTO]`` into a PortSpec body; EXTERNAL 0 or absent asks the
-    server to assign one, PROTO is tcp (default), udp or http."""
+    """``INTERNAL[:EXTERNAL][/PROTO[,public]]`` into a PortSpec body; EXTERNAL 0 or absent
+    asks the server to assign one, PROTO is tcp (default), udp or http; ``,public``
+    lets anybody through the HTTP proxy (http ports are private by default)."""
     text, _, proto = spec.partition("/")
+    proto, _, flag = proto.partition(",")
     proto = (proto or "tcp").lower()
+    if flag and (flag.lower() != "public" or proto != "http"):
+        raise click.BadParameter(
+            f"{spec!r}: only an http port can be ',public'", param_hint="--port"
+        )
     if proto not in PROTOCOLS:
         raise click.BadParameter(
             f"{spec!r}: protocol must be one of {', '.join(PROTOCOLS)}", param_hint="--port"
@@ -43,6 +49,8 @@ def parse_port(spec: str) -> JSON:
     internal, _, external = text.partition(":")
     try:
         port: JSON = {"internal_port": int(internal), "protocol": proto}
+        if flag:
+            port["visibility"] = "public"
         if external:
             port["external_port"] = int(external)
     except ValueError:
@@ -71,7 +79,8 @@ def _ports(c: JSON) -> str | None:
     out = []
     for p in items:
         ext = p.get("address") or p.get("external_port") or "unassigned"
-        out.append(f"{p['internal_port']}/{p['protocol']} -> {ext}")
+        via = f" ({p.get('visibility', 'private')}: {p['proxy_url']})" if p.get("proxy_url") else ""
+        out.append(f"{p['internal_port']}/{p['protocol']} -> {ext}{via}")
     return ", ".join(out) or None
 
 
@@ -342,6 +351,37 @@ def get(cluster_id: str, url: str | None, api_key: str | None, as_json: bool) ->
     call = make_call(url, api_key, as_json)
     with call.client as client:
         emit(client.get_cluster(cluster_id), call.as_json)
+
+
+@clusters.command("open")
+@click.argument("cluster_id")
+@click.option(
+    "--port",
+    "port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="The http port (default: the cluster's first).",
+)
+@api_options
+def open_(
+    cluster_id: str, port: int | None, url: str | None, api_key: str | None, as_json: bool
+) -> None:
+    """Print a one-time link that opens a private http port in a browser (it sets a
+    cookie for that port's proxy address and works once, for a few minutes)."""
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        if port is None:
+            ports = (client.get_cluster(cluster_id).get("network") or {}).get("ports") or []
+            http = [p["internal_port"] for p in ports if p.get("protocol") == "http"]
+            if not http:
+                raise click.ClickException(f"cluster {cluster_id} declares no http port")
+            port = int(http[0])
+        link = client.open_port(cluster_id, port)
+    if call.as_json:
+        print_json(link)
+    else:
+        click.echo(f"works once, until {link.get('expires_at')}:")
+        click.echo(link["url"])
 
 
 @clusters.command("start")
