@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -111,6 +112,13 @@ def refusal(url: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
     return asyncio.run(go())
 
 
+def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.02)
+
+
 def events(srv: LiveServer, cid: str) -> list[dict[str, Any]]:
     with srv.client() as c:
         found: list[dict[str, Any]] = c.get(f"/v1/clusters/{cid}/events").json()["data"]["events"]
@@ -184,7 +192,10 @@ def test_session_over_the_key_subprotocol(srv: LiveServer, shells: list[Any]) ->
     assert asyncio.run(go()) == {"type": "exit", "code": 3}
     ((container, shell),) = shells
     assert container.startswith("fake")  # the runtime handle's container id
-    assert shell.sizes == [(30, 100), (50, 132)] and shell.closed
+    assert shell.sizes == [(30, 100), (50, 132)]
+    # The server finishes the session (closes the shell, records it) after the client
+    # has seen the close.
+    eventually(lambda: shell.closed and len(events(srv, cid)) == 2)
     opened, closed = events(srv, cid)
     assert "opened with API key 'admin'" in opened["message"]
     assert closed["message"] == "web terminal closed: the shell exited with code 3"
@@ -206,14 +217,11 @@ def test_header_and_query_keys_and_a_client_that_leaves(srv: LiveServer, shells:
             assert await ws.recv() == b"ls\r\n"
 
     asyncio.run(go())
-    assert srv.server.reconciler.wait_idle(5)
-    for _ in range(100):  # the server records the close after the client has gone
-        if len(events(srv, cid)) == 4:
-            break
-        asyncio.run(asyncio.sleep(0.02))
+    # The server records the close after the client has gone.
+    eventually(lambda: len(events(srv, cid)) == 4)
     messages = [e["message"] for e in events(srv, cid)]
     assert messages.count("web terminal closed: the client left") == 2
-    assert all(shell.closed for _, shell in shells)
+    eventually(lambda: all(shell.closed for _, shell in shells))
 
 
 def test_a_stopped_cluster_is_closed_with_a_reason(srv: LiveServer, shells: list[Any]) -> None:
