@@ -73,6 +73,8 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     # in a project of the account; it only grows (its current size is stored).
     ("POST", "/v1/networkvolumes"): frozenset({"dataCenterId", "project_id"}),
     ("PATCH", "/v1/networkvolumes/{network_volume_id}"): frozenset({"size"}),
+    # since is a time (a pattern cannot rule out 2026-02-30), cursors are parsed.
+    ("GET", "/v1/clusters/{cluster_id}/logs"): frozenset({"since", "after", "Last-Event-ID"}),
     # Location, image, keys, plan, GPU type and group must exist in the installation.
     ("POST", "/distributed_jobs_v2/cluster/"): frozenset(
         {

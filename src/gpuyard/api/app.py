@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from gpuyard import __version__
 from gpuyard.api import billing, catalog, clusters, errors, method_not_allowed, training
+from gpuyard.api import cluster_logs as cluster_logs_api
 from gpuyard.api import hosts as hosts_api
 from gpuyard.api import images as images_api
 from gpuyard.api import metrics as metrics_api
@@ -186,6 +187,7 @@ def build_server(
 
     reconciler.autoterm.on_fire = count_fired
     app.include_router(clusters.router)
+    app.include_router(cluster_logs_api.router)
     app.include_router(catalog.router)
     app.include_router(hosts_api.router)
     app.include_router(billing.router)

@@ -26,6 +26,7 @@ from gpuyard.core.progress import STEP_CREATED, STEP_READY
 from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
+from gpuyard.reconciler.log_archive import forget_logs, keep_logs, stop_keeping_logs
 from gpuyard.reconciler.snapshots import SnapshotWorker
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
@@ -257,6 +258,8 @@ class ClusterDriver:
             self._ensure_image(c)
             # Container creation always repeats: it replaces any container left over
             # from an interrupted attempt or the previous run (restart).
+            if (c.runtime_handle or {}).get("container_id"):
+                keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
             container_id = self.runtime_of(c.host_id).create(self._spec(c))
             created = True
             self._record(
@@ -494,7 +497,9 @@ class ClusterDriver:
 
     def _stop(self, c: Cluster) -> None:
         try:
-            self.runtime_of(c.host_id).stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
+            stop_keeping_logs(
+                self.ctx, self.runtime_of(c.host_id), c.id, self.ctx.settings.stop_timeout_s
+            )
         except GpuyardError as exc:
             # The container may still run on its GPUs: they are not released until the
             # engine confirms, so the stop is retried on the next pass.
@@ -523,6 +528,7 @@ class ClusterDriver:
             # Terminate must not leave a running container billed to nobody: retry.
             log.warning("terminate of %s failed, will retry: %s", c.id, exc.message)
             raise Abandon() from exc
+        forget_logs(self.ctx, c.id)
         self._transition(
             c,
             ClusterStatus.TERMINATED,
@@ -630,6 +636,7 @@ class ClusterDriver:
         number = c.restarts + 1
         try:
             self._ensure_image(c)
+            keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
             container_id = self.runtime_of(c.host_id).create(self._spec(c))
             self.runtime_of(c.host_id).start(c.id)
         except GpuyardError as exc:

@@ -10,10 +10,12 @@ Contracts shared by all methods:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
+from gpuyard.core.log_lines import LogLine
 from gpuyard.core.ownership import (
     LABEL_ACCOUNT,
     LABEL_CLUSTER,
@@ -22,7 +24,7 @@ from gpuyard.core.ownership import (
     Ownership,
 )
 
-__all__ = ["LABEL_ACCOUNT", "LABEL_CLUSTER", "LABEL_INSTALLATION", "LABEL_MANAGED"]
+__all__ = ["LABEL_ACCOUNT", "LABEL_CLUSTER", "LABEL_INSTALLATION", "LABEL_MANAGED", "LogLine"]
 
 # Who reads a container's CPU%: each has its own sampling window (see Runtime.stats).
 StatsConsumer = Literal["view", "idle"]
@@ -111,6 +113,18 @@ class Capabilities:
     limits_problem: str | None = None
 
 
+class LogFollow(Protocol):
+    """A container's output as it is written (:meth:`Runtime.follow_log`). Iterating
+    yields lines until the container stops or :meth:`close` is called; iterate from
+    one thread, close from any."""
+
+    def __iter__(self) -> Iterator[LogLine]: ...
+
+    def close(self) -> None:
+        """End the iteration and release the connection. Idempotent."""
+        ...
+
+
 class Runtime(Protocol):
     """A container engine driver. See the module docstring for shared contracts."""
 
@@ -180,3 +194,19 @@ class Runtime(Protocol):
         ...
 
     def logs(self, cluster_id: str, tail: int = 200) -> str: ...
+
+    def log_lines(
+        self, cluster_id: str, *, tail: int | None = None, since_ns: int | None = None
+    ) -> list[LogLine]:
+        """The container's output (stdout and stderr as written), oldest first, with the
+        engine's timestamps: the last ``tail`` lines (None: all) stamped at or after
+        ``since_ns`` (None: any). The result never starts inside a timestamp: lines
+        sharing the first line's stamp are all included, so it may hold more than
+        ``tail``. Empty when there is no container. Raises RuntimeFailure."""
+        ...
+
+    def follow_log(self, cluster_id: str, *, since_ns: int | None = None) -> LogFollow:
+        """The container's output from ``since_ns``'s second on (None: from the start),
+        then each line as it is written, until the container stops. Nothing when there
+        is no container. Raises RuntimeFailure when the engine does not answer."""
+        ...

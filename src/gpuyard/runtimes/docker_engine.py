@@ -42,7 +42,7 @@ import docker.types
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.image_refs import parse_image_ref
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes import pull_errors
+from gpuyard.runtimes import engine_logs, pull_errors
 from gpuyard.runtimes.base import (
     LABEL_ACCOUNT,
     LABEL_CLUSTER,
@@ -50,6 +50,8 @@ from gpuyard.runtimes.base import (
     ContainerSpec,
     ContainerState,
     ContainerStats,
+    LogFollow,
+    LogLine,
     ManagedContainer,
     ManagedVolume,
     Observed,
@@ -544,6 +546,18 @@ class DockerEngineRuntime:
         if isinstance(data, bytes):
             return data.decode("utf-8", errors="replace")
         return str(data)
+
+    def log_lines(
+        self, cluster_id: str, *, tail: int | None = None, since_ns: int | None = None
+    ) -> list[LogLine]:
+        """Timestamped output (see Runtime.log_lines; runtimes/engine_logs.py)."""
+        return engine_logs.read_lines(
+            self.engine, self._name(cluster_id), tail=tail, since_ns=since_ns
+        )
+
+    def follow_log(self, cluster_id: str, *, since_ns: int | None = None) -> LogFollow:
+        """Output as it is written (see Runtime.follow_log; runtimes/engine_logs.py)."""
+        return engine_logs.EngineLogFollow(self.engine, self._name(cluster_id), since_ns)
 
 
 def _split_image(image: str) -> tuple[str, str | None]:

@@ -23,11 +23,14 @@ from gpuyard.runtimes.base import (
     ContainerSpec,
     ContainerState,
     ContainerStats,
+    LogFollow,
+    LogLine,
     ManagedContainer,
     ManagedVolume,
     Observed,
     StatsConsumer,
 )
+from gpuyard.runtimes.fake_logs import FakeLogFollow, LogStamps, select
 
 
 @dataclass
@@ -40,6 +43,8 @@ class FakeContainer:
     started_at: str | None = None
     disk: dict[str, str] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
+    # Each line's stamp, given when it is first read (runtimes/fake_logs.py).
+    log_stamps: list[int] = field(default_factory=list)
     # The installation id it is labelled with (None: unlabelled, somebody else's).
     owner: str | None = None
 
@@ -98,6 +103,8 @@ class FakeRuntime:
         self.limits_problem: str | None = None
         # When set, pulling an image that is not present waits for this event.
         self.pull_gate: threading.Event | None = None
+        # Stamps of output lines (resolution: one second, as Podman's).
+        self.log_stamps = LogStamps()
 
     def sharing_engine(self) -> FakeRuntime:
         """Another runtime over the same (fake) engine: what a second installation on
@@ -390,3 +397,27 @@ class FakeRuntime:
                 return ""
             lines = c.log_lines[-tail:] if tail > 0 else []
             return "".join(f"{line}\n" for line in lines)
+
+    def log_lines(
+        self, cluster_id: str, *, tail: int | None = None, since_ns: int | None = None
+    ) -> list[LogLine]:
+        with self._lock:
+            self._enter("log_lines")
+            c = self._mine(cluster_id)
+            if c is None:
+                return []
+            return select(self.log_stamps.stamp(c.log_lines, c.log_stamps), tail, since_ns)
+
+    def follow_log(self, cluster_id: str, *, since_ns: int | None = None) -> LogFollow:
+        with self._lock:
+            self._enter("follow_log")
+            followed = self._mine(cluster_id)
+
+        def read(start: int) -> tuple[list[LogLine], bool]:
+            with self._lock:
+                assert followed is not None
+                lines = self.log_stamps.stamp(followed.log_lines, followed.log_stamps)
+                alive = self.containers.get(cluster_id) is followed
+                return lines[start:], alive and followed.state is ContainerState.RUNNING
+
+        return FakeLogFollow(read if followed is not None else None, since_ns)
