@@ -167,19 +167,26 @@ def test_proxy_urls_through_real_caddy(
 
         # A response streamed for over two minutes, running while the rest is checked.
         lines: list[str] = []
+        arrived: list[float] = []
         failure: list[BaseException] = []
+        began = time.monotonic()
 
         def stream() -> None:
             try:
                 parts = urlsplit(public_url)
-                with httpx.Client(timeout=httpx.Timeout(30, read=60), trust_env=False) as s:
-                    with s.stream(
-                        "GET",
-                        f"http://127.0.0.1:{proxy.port}/stream?seconds={STREAM_SECONDS}&interval=5",
-                        headers={"Host": parts.netloc},
-                    ) as r:
-                        assert r.status_code == 200
-                        lines.extend(line for line in r.iter_lines() if line.strip())
+                stream_url = (
+                    f"http://127.0.0.1:{proxy.port}/stream?seconds={STREAM_SECONDS}&interval=5"
+                )
+                with (
+                    httpx.Client(timeout=httpx.Timeout(30, read=60), trust_env=False) as s,
+                    s.stream("GET", stream_url, headers={"Host": parts.netloc}) as r,
+                ):
+                    assert r.status_code == 200
+                    for line in r.iter_lines():
+                        if line.strip():
+                            lines.append(line)
+                            # Each line passes as it is written, not at the end.
+                            arrived.append(time.monotonic() - began)
             except BaseException as e:  # reported by the main thread
                 failure.append(e)
 
@@ -248,6 +255,7 @@ def test_proxy_urls_through_real_caddy(
         streamer.join(timeout=STREAM_SECONDS + 60)
         assert not failure, failure
         assert len(lines) >= STREAM_SECONDS // 5, lines[-3:]
+        assert arrived[0] < 10 and arrived[-1] - arrived[0] > STREAM_SECONDS - 10
         assert c.delete(f"/v1/clusters/{private['id']}").status_code == 200
         wait_status(c, private["id"], {"terminated"})
         wait_until(lambda: proxy.get(url, {"Cookie": session}).status_code == 404)

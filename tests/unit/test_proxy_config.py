@@ -79,7 +79,6 @@ def test_public_port_is_forwarded_to_anybody() -> None:
             {
                 "handler": "reverse_proxy",
                 "upstreams": [{"dial": "127.0.0.1:20001"}],
-                "flush_interval": -1,
             }
         ]
     }

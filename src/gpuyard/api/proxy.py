@@ -14,14 +14,14 @@ here carries user traffic.
 from __future__ import annotations
 
 import html
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from gpuyard.api.envelope import ok
+from gpuyard.api.envelope import ErrorEnvelope, ok
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.schemas import Meta, documented
 from gpuyard.api.state import app_state, current_principal, key_from
@@ -65,10 +65,20 @@ def _page(status: int, title: str, text: str) -> HTMLResponse:
     )
 
 
-@router.get(
-    "/v1/clusters/{cluster_id}/ports/{port}/open",
-    responses=documented(OpenLinkEnvelope),
-)
+_OPEN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **documented(OpenLinkEnvelope),
+    302: {"description": "with `token`: the cookie is set, on to `/` of the port"},
+    403: {
+        **ERROR_RESPONSES[403],
+        "content": {"text/html": {"schema": {"type": "string"}}},
+        "description": "FORBIDDEN (read key); with `token`: a page saying the link is "
+        "used, expired or another port's",
+    },
+    503: {"model": ErrorEnvelope, "description": "PROXY_UNAVAILABLE: the proxy does not serve"},
+}
+
+
+@router.get("/v1/clusters/{cluster_id}/ports/{port}/open", responses=_OPEN_RESPONSES)
 async def open_port(
     request: Request,
     cluster_id: str = Path(min_length=1, max_length=100),

@@ -21,9 +21,10 @@ configuration depends only on which clusters exist and where their ports are: a
 stop, a start or an open link changes nothing in it. That matters because Caddy 2.6
 ends in-flight proxied responses and WebSockets whenever it loads a configuration.
 
-Responses stream both ways (``flush_interval: -1``), WebSockets pass through, and no
-timeout cuts a long response. No access log is configured, and the error log has
-tokens, keys and cookies taken out, so Caddy writes none of them.
+Responses stream both ways (Caddy passes a response of unknown length, chunked or
+server-sent events, on as it comes; one of known length in large writes), WebSockets
+pass through, and no timeout cuts a long response. No access log is configured, and
+the error log has tokens, keys and cookies taken out, so Caddy writes none of them.
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ def _forward(upstream: str, *, drop_key_headers: bool = False) -> dict[str, Any]
     handler: dict[str, Any] = {
         "handler": "reverse_proxy",
         "upstreams": [{"dial": upstream}],
-        "flush_interval": -1,
     }
     if drop_key_headers:
         handler["headers"] = {"request": {"delete": ["Authorization", KEY_HEADER]}}

@@ -1,0 +1,153 @@
+"""HTTP proxy overhead: 1 MiB GETs through gpuyard's Caddy vs straight to the port.
+
+One container of the offline web image (``gpuyard dev-image --web``) publishes port
+8888 on loopback. A Caddy started the way gpuyard starts it (edge/caddy.py) is loaded
+with the configuration gpuyard generates (edge/caddy_config.py) for that port, once as
+a public port and once as a private port opened by its cookie (the browser's path).
+``wrk`` then fetches ``/bytes/1048576`` with 32 keep-alive connections from:
+
+- direct: ``127.0.0.1:<published port>``;
+- proxy (public), proxy (private, cookie): Caddy, with the cluster's proxy host name.
+
+Rounds alternate the order. Printed: requests/s, MiB/s, p50/p99 latency, the ratio
+proxy/direct (goal >= 0.8x) and the p50 overhead (goal <= 1 ms), and the same p50 at
+one connection (latency without queueing). Everything made here is removed at the end.
+
+    .venv/bin/python bench/bench_proxy.py [--rounds 3] [--duration 8] [--connections 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port
+
+from gpuyard.core.proxy import SESSION_COOKIE, ProxyBase, ProxyRoute, Visibility
+from gpuyard.edge.caddy import CaddyAdmin, CaddyProcess
+from gpuyard.edge.caddy_config import ProxyListen, caddy_config
+from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
+
+PUBLIC_ID = "benchpublic000"
+PRIVATE_ID = "benchprivate00"
+SECRET = "bench-cookie-secret"
+PATH = "/bytes/1048576"
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+def wrk(url: str, connections: int, duration: int, headers: dict[str, str]) -> dict[str, float]:
+    """requests/s, MiB/s and latency percentiles (ms) of one wrk run."""
+    args = ["wrk", "-t", "2" if connections > 1 else "1", "-c", str(connections),
+            "-d", f"{duration}s", "--latency"]  # fmt: skip
+    for name, value in headers.items():
+        args += ["-H", f"{name}: {value}"]
+    out = subprocess.run([*args, url], capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    lat = {}
+    for pct in ("50", "99"):
+        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        assert m, out
+        lat[pct] = float(m.group(1)) * _UNITS[m.group(2)]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{url}: {errors.group(1)} failed responses\n{out}")
+    return {"rps": rps, "mib_s": rps, "p50": lat["50"], "p99": lat["99"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=8)
+    parser.add_argument("--connections", type=int, default=32)
+    args = parser.parse_args()
+    for tool in ("wrk", "caddy", "podman"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is not installed (apt-get install {tool})")
+    build_web_image("podman")
+    work = Path(tempfile.mkdtemp(prefix="gy-bench-proxy-"))
+    container = f"gy-bench-proxy-{int(time.time())}"
+    published = free_port()
+    subprocess.run(
+        ["podman", "run", "-d", "--rm", "--name", container, "--label", "gpuyard.bench=proxy",
+         "-p", f"127.0.0.1:{published}:8888", WEB_IMAGE],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    caddy = CaddyProcess(work / "caddy")
+    admin = CaddyAdmin(caddy.admin_address)
+    try:
+        caddy.ensure(admin)
+        port = free_port()
+        base = ProxyBase("http", "proxy.localhost", port)
+        upstream = f"127.0.0.1:{published}"
+        routes = [
+            ProxyRoute(PUBLIC_ID, 8888, Visibility.PUBLIC, upstream, SECRET),
+            ProxyRoute(PRIVATE_ID, 8888, Visibility.PRIVATE, upstream, SECRET),
+        ]
+        admin.load(
+            caddy_config(
+                routes, base, ProxyListen("127.0.0.1", port, "127.0.0.1:1", caddy.admin_address)
+            )
+        )
+        direct = f"http://127.0.0.1:{published}{PATH}"
+        proxied = f"http://127.0.0.1:{port}{PATH}"
+        targets = {
+            "direct": (direct, {}),
+            "proxy public": (proxied, {"Host": base.host(PUBLIC_ID, 8888)}),
+            "proxy private (cookie)": (
+                proxied,
+                {"Host": base.host(PRIVATE_ID, 8888), "Cookie": f"{SESSION_COOKIE}={SECRET}"},
+            ),
+        }
+        deadline = time.monotonic() + 15
+        while True:  # the container answers, through the proxy too
+            try:
+                for url, headers in targets.values():
+                    r = httpx.get(url, headers=headers, timeout=5)
+                    assert r.status_code == 200 and len(r.content) == 1 << 20, r.status_code
+                break
+            except (httpx.HTTPError, AssertionError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+        single: dict[str, list[float]] = {name: [] for name in targets}
+        names = list(targets)
+        for rnd in range(args.rounds):
+            order = names if rnd % 2 == 0 else list(reversed(names))
+            for name in order:
+                url, headers = targets[name]
+                wrk(url, args.connections, 2, headers)  # warm-up
+                results[name].append(wrk(url, args.connections, args.duration, headers))
+                single[name].append(wrk(url, 1, 3, headers)["p50"])
+        best = {n: max(results[n], key=lambda r: r["rps"]) for n in names}
+        print(f"1 MiB GETs, {args.connections} connections, {args.rounds} rounds of "
+              f"{args.duration} s (best round shown)")  # fmt: skip
+        print(f"{'target':26} {'req/s':>9} {'MiB/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+              f"{'p50@1conn':>10} {'ratio':>7} {'p50 over':>9}")  # fmt: skip
+        d = best["direct"]
+        d1 = min(single["direct"])
+        for name in names:
+            r = best[name]
+            s1 = min(single[name])
+            print(f"{name:26} {r['rps']:9.0f} {r['mib_s']:9.0f} {r['p50']:8.2f} {r['p99']:8.2f} "
+                  f"{s1:10.3f} {r['rps'] / d['rps']:6.2f}x {s1 - d1:8.3f}")  # fmt: skip
+        print("goal: ratio >= 0.80x, p50 overhead (one connection) <= 1 ms")
+    finally:
+        caddy.stop()
+        admin.close()
+        subprocess.run(["podman", "rm", "-f", container], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
