@@ -158,7 +158,6 @@ def build_server(
         runtime=runtime,
         training=operator,
         host_runtime=fleet.for_host,
-        proxy_sync_now=proxy_sync.sync if proxy_sync is not None else None,
     )
     errors.install(app)
     method_not_allowed.install(app)

@@ -78,8 +78,6 @@ class AppState:
     reads: ReadLane = field(default_factory=ReadLane)
     # The engine of a host (None: this machine's): the reconciler's fleet when set.
     host_runtime: Callable[[int | None], Runtime] | None = None
-    # Bring the HTTP proxy in step with the store now (None: no proxy in this process).
-    proxy_sync_now: Callable[[], bool] | None = None
 
     def runtime_of(self, host_id: int | None) -> Runtime:
         """The runtime driving host ``host_id``'s engine (RuntimeFailure if unknown)."""

@@ -105,6 +105,8 @@ def configure_logging(level: int = logging.INFO, stream: TextIO | None = None) -
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     handler.addFilter(RedactKeysFilter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # One line per request to Caddy's admin API (every proxy sync) is noise.
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
 
 
 def service_socket(settings: Settings) -> Path:
