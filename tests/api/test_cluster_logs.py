@@ -174,6 +174,23 @@ def test_logs_outlive_stop_and_restart_until_terminate(
         assert archives(srv, cid) == 0
 
 
+def test_a_crashed_containers_output_is_kept_when_it_is_brought_back(
+    srv: LiveServer, fake_runtime: FakeRuntime
+) -> None:
+    with srv.client() as c:
+        cid = running(srv, c)
+        say(fake_runtime, cid, "about to crash")
+        fake_runtime.crash(cid, exit_code=3)
+        deadline = time.monotonic() + 15
+        while c.get(f"/v1/clusters/{cid}").json()["data"].get("restarts", 0) < 1:
+            assert time.monotonic() < deadline, "the cluster was not brought back"
+            time.sleep(0.1)
+        say(fake_runtime, cid, "back again")
+        body = logs(c, cid)
+        assert texts(body) == [f"started {cid}", "about to crash", f"started {cid}", "back again"]
+        assert any(line.startswith("restart: ") for line in texts(body, "system"))
+
+
 def read_key(srv: LiveServer) -> str:
     with srv.server.ctx.read() as session:
         admin = resolve_key(session, srv.key)

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
+import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
@@ -49,6 +50,8 @@ REATTACH_S = 5.0
 # Lines read ahead of a slow client before the engine read waits.
 BUFFER_LINES = 2000
 SEP = "\n"
+# On shutdown a stream ends at its next look (within POLL_S); past this it is cut.
+SHUTDOWN_GRACE_S = 3.0
 
 
 class _Follower:
@@ -131,6 +134,9 @@ class _Stream:
         self.state = state
         self.principal = principal
         self.cluster_id = cluster_id
+        # Set when the server shuts down: the stream then ends cleanly (the client
+        # reconnects with Last-Event-ID to whichever server answers next).
+        self.shutdown = anyio.Event()
         self.page: svc.LogPage | None = None
         self.cursor = Cursor()
 
@@ -168,7 +174,7 @@ class _Stream:
         try:
             next_poll = time.monotonic() + POLL_S
             finished = False
-            while not finished:
+            while not finished and not self.shutdown.is_set():
                 await follower.wait(POLL_S)
                 # Read before taking: every line the thread added before it ended is taken.
                 finished = follower.done
@@ -188,7 +194,7 @@ class _Stream:
     async def idle(self) -> AsyncIterator[ServerSentEvent]:
         """No container to follow: new events, until one comes or :data:`REATTACH_S`."""
         deadline = time.monotonic() + REATTACH_S
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.shutdown.is_set():
             await asyncio.sleep(POLL_S)
             status, sent = await self.events()
             for event in sent:
@@ -200,7 +206,7 @@ class _Stream:
         for event in self.take(first):
             yield event
         try:
-            while True:
+            while not self.shutdown.is_set():
                 page = self.page
                 assert page is not None
                 if not page.more:
@@ -229,6 +235,8 @@ def respond(
     stream = _Stream(state, principal, cluster_id)
     return EventSourceResponse(
         stream.run(first),
+        shutdown_event=stream.shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
         ping=int(HEARTBEAT_S),
         ping_message_factory=lambda: ServerSentEvent(comment="keep-alive", sep=SEP),
         sep=SEP,

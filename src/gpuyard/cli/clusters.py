@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from gpuyard.cli.client import JSON, GpuyardClient
+from gpuyard.cli.cluster_logs import logs
 from gpuyard.cli.common import api_options, make_call
 from gpuyard.cli.output import Progress, cell, key_values, print_events, print_json, print_table
 
@@ -524,3 +525,6 @@ def events(cluster_id: str, url: str | None, api_key: str | None, as_json: bool)
         print_json(data)
         return
     print_events(data.get("events", []))
+
+
+clusters.add_command(logs)
