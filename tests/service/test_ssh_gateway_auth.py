@@ -88,6 +88,7 @@ def run_gateway(
         finally:
             acceptor.close()
             await acceptor.wait_closed()
+            await gateway.settle()
 
     asyncio.run(main())
 

@@ -139,6 +139,7 @@ async def serve_gateway(settings: Settings, engine_url: str | None) -> None:
         acceptor.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(acceptor.wait_closed(), 5)
+        await gateway.settle()
         gateway.locator.close()
         db.dispose()
         log.info("ssh gateway stopped")

@@ -90,7 +90,6 @@ async def connect_upstream(
         preferred_auth="publickey",
         connect_timeout=timeout_s,
         login_timeout=timeout_s,
-        keepalive_interval=30,
         config=None,
         # Plain AES-GCM: the fastest cipher the cryptography package offers.
         encryption_algs=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr"],
