@@ -41,7 +41,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
-from _common import free_port, installation_label, median, start_server, stop_process, tail
+from _common import (
+    cpu_seconds,
+    free_port,
+    installation_label,
+    median,
+    start_server,
+    stop_process,
+    tail,
+)
 from tests.e2e.conftest import purge_installation
 
 from gpuyard.runtimes.engine_url import PodmanService
@@ -86,6 +94,21 @@ def timed_scp(key: Path, port: int, src: str, dst: str) -> float:
 def remote_sha(key: Path, port: int, user: str, path: str) -> str:
     out = run(["ssh", *ssh_options(key), "-p", str(port), f"{user}@127.0.0.1", f"sha256sum {path}"])
     return out.split()[0]
+
+
+def gateway_pid(server_pid: int) -> int | None:
+    """The ``gpuyard ssh-gateway`` child of the server."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == server_pid and b"ssh-gateway" in cmdline:
+            return int(entry.name)
+    return None
 
 
 def main() -> int:
@@ -166,13 +189,19 @@ def main() -> int:
             "gateway": (gw_port, cid),
             "direct": (direct_port, "root"),
         }
+        gw_pid = gateway_pid(server.pid)
+        assert gw_pid is not None, "no gateway process"
+        gw_cpu: list[float] = []
         up: dict[str, list[float]] = {w: [] for w in ways}
         down: dict[str, list[float]] = {w: [] for w in ways}
         order = list(ways)
         for _ in range(args.rounds):
             for way in order:
                 p, user = ways[way]
+                cpu_before = cpu_seconds(gw_pid)
                 seconds = timed_scp(key, p, str(src), f"{user}@127.0.0.1:/root/blob")
+                if way == "gateway":
+                    gw_cpu.append(cpu_seconds(gw_pid) - cpu_before)
                 assert remote_sha(key, p, user, "/root/blob") == digest, way
                 up[way].append(args.mib / seconds)
                 back = work / f"back-{way}"
@@ -187,6 +216,12 @@ def main() -> int:
             ups = ", ".join(f"{v:.0f}" for v in up[way])
             downs = ", ".join(f"{v:.0f}" for v in down[way])
             print(f"{way:10} {median(up[way]):10.1f} {median(down[way]):10.1f}   {ups} / {downs}")
+        cpu = median(gw_cpu)
+        print(
+            f"gateway process CPU per upload: {cpu:.2f} s (one core's ceiling: "
+            f"{args.mib / cpu:.0f} MiB/s); {os.cpu_count()} CPUs, load average "
+            f"{os.getloadavg()[0]:.1f}"
+        )
         ratio_up = median(up["gateway"]) / median(up["direct"])
         ratio_down = median(down["gateway"]) / median(down["direct"])
         verdict = "met" if ratio_up >= 0.7 else "NOT met"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,10 @@ _STATUS_HINTS = {
 }
 
 
+def keys_digest(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -95,6 +100,8 @@ class Gateway:
     max_auth_tries: int = 6
     login_timeout_s: float = 30.0
     clock: Callable[[], datetime] = _now
+    # Container -> digest of the authorized_keys lines this process last wrote there.
+    keys_written: dict[str, str] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
@@ -106,6 +113,13 @@ class Gateway:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def write_keys(self, target: ClusterTarget, lines: list[str]) -> None:
+        """Make the managed block of root's authorized_keys in ``target``'s container
+        hold ``lines`` (edge/ssh_upstream.py), and remember that it does."""
+        url, ssl_context = await self.locator.engine_of(target)
+        await install_authorized_keys(url, ssl_context, target.container, lines)
+        self.keys_written[target.container] = keys_digest(lines)
 
     async def settle(self, timeout_s: float = 5.0) -> None:
         """Wait (up to ``timeout_s``) for the background work started so far, such as
@@ -290,19 +304,24 @@ class GatewayConnection(asyncssh.SSHServer):
 
     async def upstream(self) -> asyncssh.SSHClientConnection:
         """The gateway's connection to the cluster's sshd, made on first use: the
-        keys are written into the container, then the gateway logs in."""
+        keys are written into the container (unless this process already wrote the
+        same ones there), then the gateway logs in."""
         async with self._upstream_lock:
             if self._upstream is None:
                 target = self.target
                 assert target is not None and target.ssh_port
-                url, ssl_context = await self.gw.locator.engine_of(target)
                 lines = await asyncio.to_thread(
                     self.gw.directory.account_key_lines, target.account_id
                 )
-                await install_authorized_keys(
-                    url, ssl_context, target.container, [*lines, self.gw.upstream_public_line]
-                )
+                wanted = [*lines, self.gw.upstream_public_line]
                 host = "127.0.0.1" if target.host_is_local else (target.host_address or "")
+                if self.gw.keys_written.get(target.container) == keys_digest(wanted):
+                    with contextlib.suppress(asyncssh.PermissionDenied):
+                        self._upstream = await connect_upstream(
+                            host, target.ssh_port, self.gw.upstream_key
+                        )
+                        return self._upstream
+                await self.gw.write_keys(target, wanted)
                 self._upstream = await connect_upstream(host, target.ssh_port, self.gw.upstream_key)
             return self._upstream
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import signal
@@ -32,11 +31,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuyard.core.ownership import Ownership
 from gpuyard.edge.auth_limiter import FailureLimiter
 from gpuyard.edge.engines import EngineLocator
-from gpuyard.edge.exec_pty import ExecError
 from gpuyard.edge.gateway_keys import host_key, upstream_key
 from gpuyard.edge.ssh_directory import SshDirectory
-from gpuyard.edge.ssh_gateway import Gateway
-from gpuyard.edge.ssh_upstream import install_authorized_keys
+from gpuyard.edge.ssh_gateway import Gateway, keys_digest
 from gpuyard.runtimes.engine_url import detect_engine_url, terminate_process
 from gpuyard.settings import Settings
 from gpuyard.store.db import make_engine, make_sessionmaker
@@ -65,35 +62,34 @@ class KeySync:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
-        self._written: dict[str, str] = {}  # container -> digest of the lines written
         self._failed_at: dict[str, float] = {}
 
     async def pass_once(self) -> int:
         """One pass; returns how many containers were written."""
         targets = await asyncio.to_thread(self.gw.directory.running_with_sshd)
+        written = self.gw.keys_written
         wrote = 0
         alive = set()
         for target, lines in targets:
             alive.add(target.container)
             wanted = [*lines, self.gw.upstream_public_line]
-            digest = hashlib.sha256("\n".join(wanted).encode()).hexdigest()
-            if self._written.get(target.container) == digest:
+            if written.get(target.container) == keys_digest(wanted):
                 continue
             failed = self._failed_at.get(target.container)
             if failed is not None and time.monotonic() - failed < KEY_SYNC_RETRY_S:
                 continue
             try:
-                url, ssl_context = await self.gw.locator.engine_of(target)
-                await install_authorized_keys(url, ssl_context, target.container, wanted)
-            except (ExecError, OSError, TimeoutError, Exception) as exc:
+                await self.gw.write_keys(target, wanted)
+            except Exception as exc:  # no shell, read-only root, engine down: later
                 self._failed_at[target.container] = time.monotonic()
                 log.debug("keys not written into %s: %s", target.cluster_id, exc)
                 continue
             self._failed_at.pop(target.container, None)
-            self._written[target.container] = digest
             wrote += 1
-        for gone in set(self._written) - alive:
-            del self._written[gone]
+        for gone in set(written) - alive:
+            del written[gone]
+        for gone in set(self._failed_at) - alive:
+            del self._failed_at[gone]
         return wrote
 
     async def run_forever(self, interval_s: float = KEY_SYNC_INTERVAL_S) -> None:

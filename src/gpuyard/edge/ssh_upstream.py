@@ -97,12 +97,44 @@ async def connect_upstream(
     )
 
 
+class Batcher:
+    """Writes to a channel gathered per event-loop turn: the packets one read of the
+    other leg delivered (say, a burst of small SFTP status replies) leave as one SSH
+    packet, not one each. Order is kept; nothing waits past the current turn."""
+
+    def __init__(
+        self, chan: asyncssh.SSHServerChannel[bytes] | asyncssh.SSHClientChannel[bytes]
+    ) -> None:
+        self.chan = chan
+        self._buf: list[bytes] = []
+        self._kind: asyncssh.DataType = None
+        self._scheduled = False
+
+    def write(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self._buf and datatype != self._kind:
+            self.flush()
+        self._kind = datatype
+        self._buf.append(data)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._buf:
+            data = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
+            self._buf.clear()
+            with contextlib.suppress(asyncssh.Error, BrokenPipeError, OSError):
+                self.chan.write(data, self._kind)
+
+
 class UpstreamSession(asyncssh.SSHClientSession[bytes]):
     """The upstream half of one bridged session channel: what the container's sshd
     sends goes to the user's channel ``down``."""
 
     def __init__(self, down: asyncssh.SSHServerChannel[bytes]) -> None:
         self.down = down
+        self.out = Batcher(down)
         self.chan: asyncssh.SSHClientChannel[bytes] | None = None
         self.exit_status: int | None = None
         self.exit_signal: tuple[str, bool, str, str] | None = None
@@ -111,9 +143,10 @@ class UpstreamSession(asyncssh.SSHClientSession[bytes]):
         self.chan = chan
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
-        self.down.write(data, datatype)
+        self.out.write(data, datatype)
 
     def eof_received(self) -> bool:
+        self.out.flush()
         with contextlib.suppress(asyncssh.Error, BrokenPipeError, OSError):
             self.down.write_eof()
         return True
@@ -131,6 +164,7 @@ class UpstreamSession(asyncssh.SSHClientSession[bytes]):
         self.down.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.out.flush()
         with contextlib.suppress(asyncssh.Error, BrokenPipeError, OSError):
             if self.exit_signal is not None:
                 self.down.exit_with_signal(*self.exit_signal)
@@ -145,6 +179,7 @@ class UpstreamBackend:
         self.down = down
         self.up: asyncssh.SSHClientChannel[bytes] | None = None
         self.session: UpstreamSession | None = None
+        self._out: Batcher | None = None
 
     async def start(
         self,
@@ -173,14 +208,15 @@ class UpstreamBackend:
         elif command is not None:
             kwargs["command"] = command
         chan, _ = await upstream.create_session(lambda: session, **kwargs)  # type: ignore[arg-type]
-        self.up, self.session = chan, session
+        self.up, self.session, self._out = chan, session, Batcher(chan)
 
     def write(self, data: bytes, datatype: asyncssh.DataType) -> None:
-        if self.up is not None:
-            self.up.write(data, datatype)
+        if self._out is not None:
+            self._out.write(data, datatype)
 
     def eof(self) -> None:
-        if self.up is not None:
+        if self.up is not None and self._out is not None:
+            self._out.flush()
             with contextlib.suppress(asyncssh.Error, BrokenPipeError, OSError):
                 self.up.write_eof()
 
