@@ -313,3 +313,20 @@ def test_standalone_gateway_limits_failures_per_source(env: Env, exec_cluster: s
     assert proc.returncode == 0, err.decode()[-2000:]
     logs = err.decode()
     assert "ssh login to" in logs and "AAAA" not in logs
+
+
+def test_exec_path_sftp_uses_the_images_sftp_server(env: Env, tmp_path: Path) -> None:
+    """No port 22, no sshd running, but the image has sftp-server: scp (SFTP) works
+    through the exec path."""
+    build_slurm_image("podman", SLURM_IMAGE)
+    cid = env.create(env.a, docker_image=SLURM_IMAGE, docker_args="sleep infinity")
+    assert wait_status(env.a, cid, {"running", "error"}, timeout=120)["status"] == "running"
+    src = tmp_path / "blob"
+    src.write_bytes(os.urandom(5 * 1024 * 1024))
+    up = subprocess.run(
+        [*ssh_argv(env.key_a, env.port, tool="scp"), str(src), f"{cid}@127.0.0.1:/root/blob"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    remote = ssh(env.key_a, env.port, cid, "sha256sum /root/blob")
+    assert remote.stdout.split()[0] == hashlib.sha256(src.read_bytes()).hexdigest()
