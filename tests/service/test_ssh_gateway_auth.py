@@ -193,3 +193,30 @@ def test_the_account_keys_reach_the_container_env(
     cid = create(ctx, rec, alice)
     env = runtime.containers[cid].spec.env
     assert env["PUBLIC_KEY"] == key.export_public_key().decode().strip()
+
+
+def test_keys_per_connection_count_only_refusals(
+    ctx: Context, rec: Reconciler, alice: Principal, tmp_path: Path
+) -> None:
+    cid = create(ctx, rec, alice)
+    key = register(ctx, alice, "laptop")
+    strangers = [asyncssh.generate_private_key("ssh-ed25519") for _ in range(7)]
+
+    async def offer(port: int, keys: list[asyncssh.SSHKey]) -> bool:
+        try:
+            conn = await asyncssh.connect(
+                "127.0.0.1", port, username=cid, client_keys=keys,
+                known_hosts=None, agent_path=None, config=None,
+            )  # fmt: skip
+        except (asyncssh.PermissionDenied, asyncssh.DisconnectError):
+            return False
+        conn.close()
+        return True
+
+    async def body(port: int) -> None:
+        # An agent with five other keys before the right one still gets in (the 6th).
+        assert await offer(port, [*strangers[:5], key])
+        # The 7th key is never looked at: six refusals end the connection.
+        assert not await offer(port, [*strangers[:6], key])
+
+    run_gateway(ctx, tmp_path, body)

@@ -170,7 +170,8 @@ class GatewayConnection(asyncssh.SSHServer):
         self.key: AccountKey | None = None
         self.authenticated = False
         self.known = False  # the owner's key was shown (not a failure)
-        self.tries = 0
+        self.refused = 0  # keys refused on this connection
+        self.looked_up: str | None = None
         self.blocked = False
         self.bannered = False
         self._upstream: asyncssh.SSHClientConnection | None = None
@@ -213,15 +214,16 @@ class GatewayConnection(asyncssh.SSHServer):
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         if self.blocked:
             return False
-        self.tries += 1
-        if self.tries > self.gw.max_auth_tries:
+        if self.refused >= self.gw.max_auth_tries:
             if self.conn is not None:
                 self.conn.disconnect(
                     asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE,
                     "too many authentication failures",
                 )
             return False
-        if self.keys is None:
+        if self.keys is None or username != self.looked_up:
+            # A client may change user names between tries: look up the one asked for.
+            self.looked_up, self.key = username, None
             self.target = await asyncio.to_thread(self.gw.directory.target, username)
             self.keys = (
                 await asyncio.to_thread(self.gw.directory.account_keys, self.target.account_id)
@@ -238,6 +240,7 @@ class GatewayConnection(asyncssh.SSHServer):
                 "(add it with POST /v1/ssh-keys or `gpuyard ssh-keys add`)"
             )
             log.info("ssh refused %s for %r from %s", fingerprint, username[:40], self.source)
+            self.refused += 1
             return False
         self.known = True
         if self.target.status != RUNNING:
