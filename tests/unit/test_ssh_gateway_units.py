@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
+import time
 from pathlib import Path
 
 import asyncssh
@@ -13,6 +15,7 @@ import asyncssh
 from gpuyard.edge.auth_limiter import FailureLimiter
 from gpuyard.edge.gateway_keys import host_key, public_line, upstream_key
 from gpuyard.edge.ssh_directory import AccountKey, key_blob, match_key, published_ssh_port
+from gpuyard.edge.ssh_service import GatewaySupervisor
 from gpuyard.edge.ssh_upstream import BEGIN, END, managed_block
 from gpuyard.settings import Settings
 
@@ -122,3 +125,27 @@ def test_gateway_endpoint_setting(tmp_path: Path) -> None:
     assert named.ssh_gateway_endpoint == ("ssh.example.com", 22)
     assert Settings(home=tmp_path, ssh_port=0).ssh_gateway_endpoint is None
     assert Settings(home=tmp_path, ssh_enabled=False).ssh_gateway_endpoint is None
+
+
+def test_supervisor_restarts_a_dead_gateway_and_stops_it() -> None:
+    quick = GatewaySupervisor(
+        None,
+        argv=[sys.executable, "-c", "pass"],
+        backoff_initial_s=0.05,
+        backoff_max_s=0.1,
+    )
+    quick.start()
+    deadline = time.monotonic() + 10
+    while quick.restarts < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    quick.stop()
+    assert quick.restarts >= 2 and quick.pid is None
+
+    lasting = GatewaySupervisor(None, argv=[sys.executable, "-c", "import time; time.sleep(60)"])
+    lasting.start()
+    pid = lasting.pid
+    assert pid is not None
+    lasting.stop(timeout_s=5)
+    assert lasting.pid is None and lasting.restarts == 0
+    # The child is gone (reaped), not left running.
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
