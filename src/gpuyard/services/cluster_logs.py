@@ -140,10 +140,10 @@ def _read_live(
 
 def _archives(
     session: Session, t: _Target, live_id: str | None, *, since_ns: int, need: int | None
-) -> list[list[LogLine]]:
+) -> tuple[list[list[LogLine]], bool]:
     """Archived containers' lines stamped at or after ``since_ns``, oldest container
-    first; the newest ones until ``need`` lines (None: all). The live container's own
-    archive (made just before it goes) is left out."""
+    first; the newest ones until ``need`` lines (None: all); and whether that is all of
+    them. The live container's own archive (made just before it goes) is left out."""
     query = (
         select(ClusterLogArchive)
         .where(ClusterLogArchive.cluster_id == t.cluster_id)
@@ -160,9 +160,10 @@ def _archives(
         out.append(lines)
         count += len(lines)
         if need is not None and count >= need:
-            break
+            out.reverse()
+            return out, False
     out.reverse()
-    return out
+    return out, True
 
 
 def _container_lines(
@@ -222,7 +223,9 @@ def read_tail(
     # One more of each source than shown: the one left out says where the window starts.
     live = _read_live(runtime_of, t, tail=tail + 1, since_ns=since_ns or None)
     with ctx.read() as session:
-        archived = _archives(session, t, live.container_id, since_ns=since_ns, need=tail + 1)
+        archived, every_archive = _archives(
+            session, t, live.container_id, since_ns=since_ns, need=tail + 1
+        )
         query = select(Event).where(Event.cluster_id == cluster_id)
         floor = 0
         if since_ns > 0:
@@ -241,7 +244,10 @@ def read_tail(
     container = _container_lines(archived, live.lines)
     merged = _merge(container, system)
     cut = max(len(merged) - tail, 0)
-    start = Cursor(container[0][0].ts_ns if container else since_ns, 0, floor)
+    # Every container line since since_ns loaded: the start is since_ns itself (the
+    # cursor read_after gives for the same place); else the first line loaded.
+    complete = every_archive and len(live.lines) <= tail
+    start = Cursor(container[0][0].ts_ns if container and not complete else since_ns, 0, floor)
     for item in merged[:cut]:
         start = _advance(start, item)
     entries, cursor = _entries(start, merged[cut:])
@@ -271,7 +277,7 @@ def read_after(
     t = _target(ctx, principal, cluster_id)
     live = _read_live(runtime_of, t, tail=None, since_ns=cursor.ts_ns or None)
     with ctx.read() as session:
-        archived = _archives(session, t, live.container_id, since_ns=cursor.ts_ns, need=None)
+        archived, _ = _archives(session, t, live.container_id, since_ns=cursor.ts_ns, need=None)
         events = session.scalars(
             select(Event)
             .where(Event.cluster_id == cluster_id, Event.id > cursor.event_id)
