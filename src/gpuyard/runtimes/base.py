@@ -196,13 +196,19 @@ class Runtime(Protocol):
     def logs(self, cluster_id: str, tail: int = 200) -> str: ...
 
     def log_lines(
-        self, cluster_id: str, *, tail: int | None = None, since_ns: int | None = None
+        self,
+        cluster_id: str,
+        *,
+        tail: int | None = None,
+        since_ns: int | None = None,
+        head: int | None = None,
     ) -> list[LogLine]:
         """The container's output (stdout and stderr as written), oldest first, with the
         engine's timestamps: the last ``tail`` lines (None: all) stamped at or after
-        ``since_ns`` (None: any). The result never starts inside a timestamp: lines
-        sharing the first line's stamp are all included, so it may hold more than
-        ``tail``. Empty when there is no container. Raises RuntimeFailure."""
+        ``since_ns`` (None: any), or with ``head`` the first ``head`` of those (the rest
+        is not read). The result never starts inside a timestamp: lines sharing the
+        first line's stamp are all included, so it may hold more than ``tail``. Empty
+        when there is no container. Raises RuntimeFailure."""
         ...
 
     def follow_log(self, cluster_id: str, *, since_ns: int | None = None) -> LogFollow:

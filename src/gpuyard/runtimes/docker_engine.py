@@ -548,11 +548,16 @@ class DockerEngineRuntime:
         return str(data)
 
     def log_lines(
-        self, cluster_id: str, *, tail: int | None = None, since_ns: int | None = None
+        self,
+        cluster_id: str,
+        *,
+        tail: int | None = None,
+        since_ns: int | None = None,
+        head: int | None = None,
     ) -> list[LogLine]:
         """Timestamped output (see Runtime.log_lines; runtimes/engine_logs.py)."""
         return engine_logs.read_lines(
-            self.engine, self._name(cluster_id), tail=tail, since_ns=since_ns
+            self.engine, self._name(cluster_id), tail=tail, since_ns=since_ns, head=head
         )
 
     def follow_log(self, cluster_id: str, *, since_ns: int | None = None) -> LogFollow:

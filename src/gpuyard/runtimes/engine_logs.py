@@ -49,12 +49,54 @@ def _read(engine: Engine, name: str, tail: int | None, since_ns: int | None) -> 
     return lines
 
 
+def _read_head(engine: Engine, name: str, since_ns: int | None, head: int) -> list[LogLine]:
+    """The first ``head`` lines stamped at or after ``since_ns``, read as a stream that
+    is closed once they are in (a container's whole output may be far larger)."""
+    kwargs: dict[str, Any] = {"tail": "all"}
+    since = _since_s(since_ns)
+    if since is not None:
+        kwargs["since"] = since
+    lines: list[LogLine] = []
+    buffer = ""
+    with engine.errors(f"reading logs of container {name}"):
+        try:
+            # follow=False said outright: the SDK follows any stream unless told not to.
+            stream = engine.api.logs(
+                name, stdout=True, stderr=True, timestamps=True, stream=True, follow=False, **kwargs
+            )
+        except docker.errors.NotFound:
+            return []
+        try:
+            for chunk in stream:
+                buffer += _decode(chunk)
+                if "\n" not in buffer:
+                    continue
+                complete, _, buffer = buffer.rpartition("\n")
+                lines += parse_timestamped(complete)
+                if len(lines) >= head:
+                    break
+            else:
+                lines += parse_timestamped(buffer)
+        finally:
+            stream.close()
+    if since_ns is not None:
+        lines = [line for line in lines if line.ts_ns >= since_ns]
+    return lines[:head]
+
+
 def read_lines(
-    engine: Engine, name: str, *, tail: int | None, since_ns: int | None
+    engine: Engine,
+    name: str,
+    *,
+    tail: int | None,
+    since_ns: int | None,
+    head: int | None = None,
 ) -> list[LogLine]:
     """Container ``name``'s output as :meth:`Runtime.log_lines` defines it (a tail is
     widened to the start of its first timestamp with a second read from that second).
     Empty when the container does not exist; RuntimeFailure when the engine fails."""
+    if head is not None:
+        return _read_head(engine, name, since_ns, head) if head > 0 else []
     if tail is not None and tail <= 0:
         return []
     lines = _read(engine, name, tail, since_ns)

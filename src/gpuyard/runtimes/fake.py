@@ -399,14 +399,20 @@ class FakeRuntime:
             return "".join(f"{line}\n" for line in lines)
 
     def log_lines(
-        self, cluster_id: str, *, tail: int | None = None, since_ns: int | None = None
+        self,
+        cluster_id: str,
+        *,
+        tail: int | None = None,
+        since_ns: int | None = None,
+        head: int | None = None,
     ) -> list[LogLine]:
         with self._lock:
             self._enter("log_lines")
             c = self._mine(cluster_id)
             if c is None:
                 return []
-            return select(self.log_stamps.stamp(c.log_lines, c.log_stamps), tail, since_ns)
+            lines = select(self.log_stamps.stamp(c.log_lines, c.log_stamps), tail, since_ns)
+            return lines if head is None else lines[:head]
 
     def follow_log(self, cluster_id: str, *, since_ns: int | None = None) -> LogFollow:
         with self._lock:

@@ -120,7 +120,12 @@ class _Live:
 
 
 def _read_live(
-    runtime_of: RuntimeOf, t: _Target, *, tail: int | None, since_ns: int | None
+    runtime_of: RuntimeOf,
+    t: _Target,
+    *,
+    tail: int | None,
+    since_ns: int | None,
+    head: int | None = None,
 ) -> _Live:
     """The live container's output (the engine first, then the store: an archive made
     meanwhile of the container read here is then recognised by its id)."""
@@ -131,7 +136,7 @@ def _read_live(
         seen = runtime.observe(t.cluster_id)
         if seen.state is ContainerState.MISSING:
             return _Live()
-        lines = runtime.log_lines(t.cluster_id, tail=tail, since_ns=since_ns)
+        lines = runtime.log_lines(t.cluster_id, tail=tail, since_ns=since_ns, head=head)
     except GpuyardError as exc:
         return _Live(error=exc.message)
     clipped = [LogLine(line.ts_ns, clip(line.text)) for line in lines]
@@ -275,7 +280,10 @@ def read_after(
     """The entries after ``cursor``, oldest first, at most ``limit`` (``more`` says
     whether others follow). Raises ClusterNotFound."""
     t = _target(ctx, principal, cluster_id)
-    live = _read_live(runtime_of, t, tail=None, since_ns=cursor.ts_ns or None)
+    # The lines of the cursor's stamp it has passed, then one more than a page: never
+    # the container's whole output.
+    head = cursor.n + limit + 1
+    live = _read_live(runtime_of, t, tail=None, since_ns=cursor.ts_ns or None, head=head)
     with ctx.read() as session:
         archived, _ = _archives(session, t, live.container_id, since_ns=cursor.ts_ns, need=None)
         events = session.scalars(
