@@ -22,6 +22,9 @@ def serve(home: Path, port: int, stdout: int) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "GPUYARD_HOME": str(home),
+        # The HTTP proxy and SSH gateway listen on fixed ports: not needed here.
+        "GPUYARD_PROXY_ENABLED": "false",
+        "GPUYARD_SSH_PORT": "0",
         "GPUYARD_ENGINE_URL": "unix:///nonexistent/engine.sock",
         "GPUYARD_LOCAL_GPUS": "NVIDIA RTX A6000:1",
         "GPUYARD_LOCAL_VCPUS": "8",

@@ -29,6 +29,9 @@ def test_x_forwarded_for_names_the_source_only_behind_a_listed_proxy(
     env = {
         **os.environ,
         "GPUYARD_HOME": str(tmp_path),
+        # The HTTP proxy and SSH gateway listen on fixed ports: not needed here.
+        "GPUYARD_PROXY_ENABLED": "false",
+        "GPUYARD_SSH_PORT": "0",
         "GPUYARD_ENGINE_URL": "unix:///nonexistent/engine.sock",
         "GPUYARD_LOCAL_GPUS": "NVIDIA RTX A6000:2",
         "GPUYARD_RATE_LIMIT_PER_KEY": "0",

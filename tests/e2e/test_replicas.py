@@ -60,6 +60,9 @@ class Replica:
         self.env = {
             **os.environ,
             "GPUYARD_HOME": str(home),
+            # The HTTP proxy and SSH gateway listen on fixed ports: not needed here.
+            "GPUYARD_PROXY_ENABLED": "false",
+            "GPUYARD_SSH_PORT": "0",
             "GPUYARD_PORT": str(self.port),
             "GPUYARD_DATABASE_URL": database_url,
             "GPUYARD_ENGINE_URL": engine_url,
