@@ -47,6 +47,9 @@ bench: venv system
 	WITH_TEST_HOSTS=1 bash scripts/setup-system.sh
 	$(PY) bench/bench_volume_move.py
 	$(PY) bench/bench_snapshot.py
+	WITH_BENCH=1 bash scripts/setup-system.sh
+	$(PY) bench/bench_proxy.py
+	$(PY) bench/bench_ssh_gateway.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,8 @@ want=(podman runc busybox-static debootstrap openssh-client restic zstd caddy)
 # Simulated fleet hosts for tests and benchmarks: an sshd in each host's namespace
 # (never started as a service here), ip for the namespaces, socat for bench_volume_move.
 [ "${WITH_TEST_HOSTS:-0}" = 1 ] && want+=(openssh-server iproute2 socat)
+# Benchmarks: wrk drives the HTTP proxy benchmark.
+[ "${WITH_BENCH:-0}" = 1 ] && want+=(wrk)
 missing=()
 for pkg in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
