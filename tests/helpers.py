@@ -161,3 +161,13 @@ def add_host_row(
         for i in range(gpus):
             s.add(HostGpu(host_id=host.id, gpu_index=i, gpu_type="NVIDIA RTX A6000"))
         return host.id
+
+
+def created(srv: LiveServer, c: httpx.Client, body: dict[str, Any]) -> str:
+    """Create a cluster with ``body`` through ``c`` and let the reconciler settle (with
+    the fake runtime it is then running); its id."""
+    r = c.post("/v1/clusters", json=body)
+    assert r.status_code == 201, r.text
+    cid: str = r.json()["data"]["id"]
+    assert srv.server.reconciler.wait_idle(10)
+    return cid

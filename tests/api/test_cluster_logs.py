@@ -18,17 +18,9 @@ from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
 from gpuyard.store.schema import ClusterLogArchive
 from tests.api.sse import Event, events
-from tests.helpers import LiveServer, refused
+from tests.helpers import LiveServer, created, refused
 
 BODY = {"gpu_type": "NVIDIA RTX A6000", "docker_image": "img", "volume_gb": 1}
-
-
-def running(srv: LiveServer, c: httpx.Client) -> str:
-    r = c.post("/v1/clusters", json=BODY)
-    assert r.status_code == 201, r.text
-    cid: str = r.json()["data"]["id"]
-    assert srv.server.reconciler.wait_idle(10)
-    return cid
 
 
 def act(srv: LiveServer, c: httpx.Client, cid: str, action: str) -> None:
@@ -67,7 +59,7 @@ def test_json_list_merges_container_and_system_lines(
     srv: LiveServer, fake_runtime: FakeRuntime
 ) -> None:
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         say(fake_runtime, cid, "hello", "world")
         body = logs(c, cid)
         assert body["success"] is True
@@ -85,7 +77,7 @@ def test_json_list_merges_container_and_system_lines(
 
 def test_tail_limits_and_bad_input_answer_400(srv: LiveServer, fake_runtime: FakeRuntime) -> None:
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         say(fake_runtime, cid, *[f"l{i}" for i in range(20)])
         assert len(logs(c, cid, tail=5)["data"]) == 5
         assert len(logs(c, cid, tail=5000)["data"]) > 20
@@ -108,7 +100,7 @@ def test_tail_limits_and_bad_input_answer_400(srv: LiveServer, fake_runtime: Fak
 
 def test_since_filters_by_time(srv: LiveServer, fake_runtime: FakeRuntime) -> None:
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         say(fake_runtime, cid, "x")
         assert texts(logs(c, cid, since="1d")) == [f"started {cid}", "x"]
         assert logs(c, cid, since="2999-01-01T00:00:00Z")["data"] == []
@@ -119,7 +111,7 @@ def test_after_resumes_without_loss_or_duplicates(
     srv: LiveServer, fake_runtime: FakeRuntime
 ) -> None:
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         # Many lines share one stamp (the fake stamps to the second, as Podman does).
         say(fake_runtime, cid, *[f"l{i}" for i in range(40)])
         everything = logs(c, cid, tail=5000)["data"]
@@ -145,7 +137,7 @@ def test_logs_outlive_stop_and_restart_until_terminate(
     srv: LiveServer, fake_runtime: FakeRuntime
 ) -> None:
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         say(fake_runtime, cid, "before stop")
         act(srv, c, cid, "stop")
         assert cid not in fake_runtime.containers  # stop removed the container...
@@ -178,7 +170,7 @@ def test_a_crashed_containers_output_is_kept_when_it_is_brought_back(
     srv: LiveServer, fake_runtime: FakeRuntime
 ) -> None:
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         say(fake_runtime, cid, "about to crash")
         fake_runtime.crash(cid, exit_code=3)
         deadline = time.monotonic() + 15
@@ -202,7 +194,7 @@ def read_key(srv: LiveServer) -> str:
 
 def test_another_account_gets_404_and_a_read_key_is_enough(srv: LiveServer) -> None:
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
     with srv.server.ctx.transaction() as session:
         user, account, _ = create_account(session, email="eve@example.com", name="eve")
         eve = issue_key(
@@ -246,7 +238,7 @@ def test_follow_streams_new_lines_and_resumes_with_last_event_id(
     with httpx.Client(
         base_url=srv.url, headers={"Authorization": f"Bearer {srv.key}"}, timeout=10
     ) as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         say(fake_runtime, cid, "old")
         with open_follow(c, cid, tail=1) as r:
             assert r.status_code == 200
@@ -276,7 +268,7 @@ def test_follow_sees_stop_start_and_ends_on_terminate(
     with httpx.Client(
         base_url=srv.url, headers={"Authorization": f"Bearer {srv.key}"}, timeout=15
     ) as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
 
         def drive() -> None:
             with srv.client() as d:
@@ -316,7 +308,7 @@ def test_no_api_key_in_the_server_log_or_the_lines(
     for name in ("gpuyard", "uvicorn", "sse_starlette", "starlette", "fastapi"):
         caplog.set_level(logging.DEBUG, logger=name)
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         say(fake_runtime, cid, "hi")
     with httpx.Client(base_url=srv.url, timeout=10) as bare:
         r = bare.get(f"/v1/clusters/{cid}/logs", params={"api_key": srv.key})

@@ -19,7 +19,7 @@ from gpuyard.edge.caddy_config import ProxyListen
 from gpuyard.reconciler.proxy_sync import ProxySync
 from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
 from gpuyard.services.proxy_routes import load_routes, port_secret
-from tests.helpers import LiveServer
+from tests.helpers import LiveServer, created
 
 BODY: dict[str, Any] = {
     "gpu_type": "NVIDIA RTX A6000",
@@ -58,14 +58,6 @@ def own_key(srv: LiveServer, scope: Scope, name: str) -> str:
         ).key
 
 
-def running(srv: LiveServer, c: httpx.Client) -> str:
-    r = c.post("/v1/clusters", json=BODY)
-    assert r.status_code == 201, r.text
-    cid: str = r.json()["data"]["id"]
-    assert srv.server.reconciler.wait_idle(10)
-    return cid
-
-
 def expected(srv: LiveServer, status: int) -> None:
     """A 5xx the test asked for (the proxy's status page, PROXY_UNAVAILABLE): not the
     kind of 5xx the server must never answer."""
@@ -82,7 +74,7 @@ def proxy_get(srv: LiveServer, url: str) -> httpx.Response:
 
 def test_proxy_urls_follow_the_proxy(srv: LiveServer) -> None:
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
         net = c.get(f"/v1/clusters/{cid}").json()["data"]["network"]
         assert net["proxy_url"] is None  # no proxy in this process
         assert all(p["proxy_url"] is None for p in net["ports"])
@@ -126,7 +118,7 @@ def test_proxy_urls_follow_the_proxy(srv: LiveServer) -> None:
 
 def test_routes_given_to_the_proxy(proxied: LiveServer) -> None:
     with proxied.client() as c:
-        cid = running(proxied, c)
+        cid = created(proxied, c, BODY)
         routes = {r.internal_port: r for r in load_routes(proxied.server.ctx)}
         assert set(routes) == {8888, 7860}
         assert routes[8888].visibility is Visibility.PRIVATE
@@ -150,7 +142,7 @@ def test_routes_given_to_the_proxy(proxied: LiveServer) -> None:
 
 def test_open_link_works_once(proxied: LiveServer) -> None:
     with proxied.client() as c:
-        cid = running(proxied, c)
+        cid = created(proxied, c, BODY)
         r = c.get(f"/v1/clusters/{cid}/ports/8888/open")
         assert r.status_code == 200, r.text
         data = r.json()["data"]
@@ -178,7 +170,7 @@ def test_open_link_works_once(proxied: LiveServer) -> None:
 
 def test_open_link_expires(proxied: LiveServer) -> None:
     with proxied.client() as c:
-        cid = running(proxied, c)
+        cid = created(proxied, c, BODY)
         link = c.get(f"/v1/clusters/{cid}/ports/8888/open").json()["data"]["url"]
     ttl = proxied.server.ctx.settings.proxy_link_ttl_s
     clock = proxied.server.ctx.clock
@@ -193,7 +185,7 @@ def test_open_link_expires(proxied: LiveServer) -> None:
 
 def test_who_may_open_a_port(proxied: LiveServer) -> None:
     with proxied.client() as c:
-        cid = running(proxied, c)
+        cid = created(proxied, c, BODY)
     read = own_key(proxied, Scope.READ, "viewer")
     with proxied.client(read) as c:
         assert c.get(f"/v1/clusters/{cid}/ports/8888/open").json()["error"]["code"] == "FORBIDDEN"
@@ -215,7 +207,7 @@ def test_who_may_open_a_port(proxied: LiveServer) -> None:
 
 def test_the_proxy_key_check(proxied: LiveServer) -> None:
     with proxied.client() as c:
-        cid = running(proxied, c)
+        cid = created(proxied, c, BODY)
     host = f"{cid}-8888.proxy.localhost:8080"
 
     def check(headers: dict[str, str], forwarded: str = host) -> int:
@@ -235,7 +227,7 @@ def test_the_proxy_key_check(proxied: LiveServer) -> None:
 
 def test_the_status_page(proxied: LiveServer) -> None:
     with proxied.client() as c:
-        cid = running(proxied, c)
+        cid = created(proxied, c, BODY)
 
         def page(host: str) -> httpx.Response:
             return httpx.get(f"{proxied.url}/v1/proxy/unavailable", headers={"Host": host})
@@ -278,7 +270,7 @@ def test_sync_loads_only_what_changed(srv: LiveServer) -> None:
     assert srv.server.ctx.proxy.problem() is None
     assert sync.sync() and caddy.loads == 1  # nothing changed: nothing loaded
     with srv.client() as c:
-        cid = running(srv, c)
+        cid = created(srv, c, BODY)
     assert sync.sync() and caddy.loads == 2
     assert f"{cid}-8888.proxy.localhost" in json.dumps(caddy.config)
     caddy.config = None  # Caddy restarted empty
