@@ -66,6 +66,10 @@ def test_json_list_merges_container_and_system_lines(
         assert texts(body) == [f"started {cid}", "hello", "world"]
         system = texts(body, "system")
         assert "status: starting -> running (running)" in system
+        # The image was not on the engine: its pull is told, before the start.
+        pulling = system.index("pull: pulling image img")
+        pulled = next(i for i, t in enumerate(system) if t.startswith("pull: pulled image img in"))
+        assert pulling < pulled < system.index("status: starting -> running (running)")
         assert all(set(e) == {"id", "source", "line", "ts"} for e in body["data"])
         stamps = [e["ts"] for e in body["data"]]
         assert all(ts.endswith("Z") for ts in stamps)

@@ -142,6 +142,11 @@ class ClusterDriver:
         with self.ctx.read() as session:
             return session.get(Cluster, cluster_id)
 
+    def _event(self, cluster_id: str, type_: str, message: str) -> None:
+        """One event on the cluster (a system line of its logs), in its own transaction."""
+        with self.ctx.transaction() as session:
+            record_event(session, cluster_id, self.ctx.clock.now(), type_, message)
+
     def _record(self, cluster: Cluster, *, restart_event: str | None = None, **values: Any) -> None:
         """Apply ``values`` with a guarded update (Abandon if the row moved on), with a
         ``restart`` event in the same transaction when given."""
@@ -630,7 +635,17 @@ class ClusterDriver:
         the engine connect where the API would now refuse. Raises ValidationFailed
         naming the registry, or RuntimeFailure from the pull."""
         check_image(c.image, self.ctx.settings.registry_policy, "docker_image")
-        self.runtime_of(c.host_id).ensure_image(c.image)
+        began: list[float] = []
+
+        def pulling() -> None:
+            began.append(time.monotonic())
+            self._event(c.id, "pull", f"pulling image {c.image}")
+
+        self.runtime_of(c.host_id).ensure_image(c.image, on_pull=pulling)
+        if began:
+            self._event(
+                c.id, "pull", f"pulled image {c.image} in {time.monotonic() - began[0]:.1f} s"
+            )
 
     def _restart(self, c: Cluster, now: datetime) -> None:
         number = c.restarts + 1

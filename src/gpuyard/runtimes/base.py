@@ -10,7 +10,7 @@ Contracts shared by all methods:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
@@ -141,8 +141,9 @@ class Runtime(Protocol):
         """None when the engine answers, else a message saying what to install or start."""
         ...
 
-    def ensure_image(self, image: str) -> None:
-        """Make ``image`` present locally, pulling it if needed."""
+    def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
+        """Make ``image`` present locally, pulling it if needed; ``on_pull`` is called
+        just before a pull begins (never when the image is already there)."""
         ...
 
     def ensure_volume(self, name: str, cluster_id: str | None = None) -> None: ...

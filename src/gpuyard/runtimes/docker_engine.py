@@ -32,6 +32,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -202,9 +203,10 @@ class DockerEngineRuntime:
         with self._lock:
             self._images_seen[image] = time.monotonic() + IMAGE_PRESENT_TTL_S
 
-    def ensure_image(self, image: str) -> None:
-        """Make ``image`` present locally: no-op if it is, else pull it. A
-        ``localhost/...`` image is never pulled (it is built or loaded on the host).
+    def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
+        """Make ``image`` present locally: no-op if it is, else pull it (``on_pull`` is
+        called first). A ``localhost/...`` image is never pulled (it is built or loaded
+        on the host).
 
         Raises :class:`RuntimeFailure` when it is absent and cannot be pulled. Its
         message gives the reason as one of runtimes/pull_errors.py's fixed messages,
@@ -222,6 +224,8 @@ class DockerEngineRuntime:
                 return
             except docker.errors.ImageNotFound:
                 pass
+        if on_pull is not None:
+            on_pull()
         problem, detail = self._pull(image)
         if problem is None:
             with self.engine.errors(f"inspecting image {image}"):

@@ -14,6 +14,7 @@ answers whether one cluster's container could open a connection to another's.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuyard.core.errors import RuntimeFailure
@@ -234,7 +235,9 @@ class FakeRuntime:
             self._enter("available")
             return self.unavailable
 
-    def ensure_image(self, image: str) -> None:
+    def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
+        if on_pull is not None and image not in self.images:
+            on_pull()
         gate = self.pull_gate
         if gate is not None and image not in self.images:
             # A slow registry: the pull hangs until the test opens the gate.
