@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port
+from _common import cpu_seconds, free_port
 
 from gpuyard.core.proxy import SESSION_COOKIE, ProxyBase, ProxyRoute, Visibility
 from gpuyard.edge.caddy import CaddyAdmin, CaddyProcess
@@ -119,6 +119,10 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+        caddy_pid = caddy.pid()
+        assert caddy_pid is not None
+        caddy_cpu: dict[str, float] = {name: 0.0 for name in targets}
+        served: dict[str, float] = {name: 0.0 for name in targets}
         results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
         single: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
@@ -127,7 +131,11 @@ def main() -> None:
             for name in order:
                 url, headers = targets[name]
                 wrk(url, args.connections, 2, headers)  # warm-up
-                results[name].append(wrk(url, args.connections, args.duration, headers))
+                before = cpu_seconds(caddy_pid)
+                run = wrk(url, args.connections, args.duration, headers)
+                caddy_cpu[name] += cpu_seconds(caddy_pid) - before
+                served[name] += run["rps"] * args.duration / 1024  # GiB
+                results[name].append(run)
                 single[name].append(wrk(url, 1, 3, headers)["p50"])
         best = {n: max(results[n], key=lambda r: r["rps"]) for n in names}
         print(f"1 MiB GETs, {args.connections} connections, {args.rounds} rounds of "
@@ -141,6 +149,10 @@ def main() -> None:
             s1 = min(single[name])
             print(f"{name:26} {r['rps']:9.0f} {r['mib_s']:9.0f} {r['p50']:8.2f} {r['p99']:8.2f} "
                   f"{s1:10.3f} {r['rps'] / d['rps']:6.2f}x {s1 - d1:8.3f}")  # fmt: skip
+        for name in names[1:]:
+            per_gib = caddy_cpu[name] / served[name] if served[name] else 0.0
+            print(f"Caddy CPU per GiB through '{name}': {per_gib:.2f} s "
+                  f"(one core's ceiling ~ {1024 / per_gib if per_gib else 0:.0f} MiB/s)")  # fmt: skip
         print("goal: ratio >= 0.80x, p50 overhead (one connection) <= 1 ms")
     finally:
         caddy.stop()
