@@ -267,7 +267,8 @@ def test_proxy_urls_through_real_caddy(
         assert first_pid is not None
         subprocess.run(["kill", "-9", str(first_pid)], check=True)
         wait_until(lambda: caddy.pid() not in (None, first_pid) or None, timeout=30)
-        wait_until(lambda: proxy.get(public_url).status_code == 200, timeout=30)
+        # The new Caddy listens once its configuration is loaded: until then, refused.
+        wait_until(lambda: _answers(proxy, public_url), timeout=30)
 
     # gpuyard killed: Caddy keeps serving; the next gpuyard adopts it.
     server.kill9()

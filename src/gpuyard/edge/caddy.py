@@ -121,6 +121,8 @@ class CaddyProcess:
     def ensure(self, admin: CaddyAdmin, wait_s: float = 10.0) -> bool:
         """Make sure a Caddy answers on the admin socket; True when this call started
         it (its configuration is then empty). Raises CaddyError when it cannot."""
+        if self._proc is not None:
+            self._proc.poll()  # reap a Caddy of ours that died
         if admin.alive():
             return False
         problem = self.missing()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from gpuyard.core.proxy import ProxyBase, ProxyStatus
@@ -25,6 +26,9 @@ from gpuyard.services.proxy_routes import load_routes, proxy_base
 from gpuyard.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# Passes woken by status changes are at least this far apart.
+_MIN_GAP_S = 0.2
 
 
 class ProxySync:
@@ -50,6 +54,7 @@ class ProxySync:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.loads = 0  # configurations loaded (tests, metrics)
+        self._loaded: dict[str, Any] | None = None
 
     @classmethod
     def from_settings(cls, ctx: Context, settings: Settings) -> ProxySync:
@@ -70,17 +75,24 @@ class ProxySync:
     def desired(self) -> dict[str, Any]:
         return caddy_config(load_routes(self.ctx), self.base, self.listen)
 
-    def sync(self) -> bool:
+    def sync(self, *, check_caddy: bool = True) -> bool:
         """One pass; True when the proxy serves the desired configuration afterwards.
+        ``check_caddy`` False (a pass woken by a status change): Caddy is asked nothing
+        when the desired configuration is the one last loaded into it, so the many
+        changes that alter no route cost one query and no admin call; the periodic
+        pass always reads Caddy's configuration (a restarted Caddy is empty).
         Never raises: a failure is recorded in ``status`` (and logged when it changes)."""
         with self._lock:
             try:
                 desired = self.desired()
+                if not check_caddy and desired == self._loaded and self.status.ready:
+                    return True
                 if self.process is not None:
                     self.process.ensure(self.admin)
                 if self.admin.config() != desired:
                     self.admin.load(desired)
                     self.loads += 1
+                self._loaded = desired
             except CaddyError as e:
                 if self.status.problem() != str(e):
                     log.warning("HTTP proxy unavailable: %s", e)
@@ -103,9 +115,16 @@ class ProxySync:
         notifier = self.ctx.notifier
         seen = notifier.generation()
         interval = self.ctx.settings.proxy_sync_interval_s
+        next_check = 0.0
         while not self._stop.is_set():
-            self.sync()
-            seen = notifier.wait_change(seen, interval)
+            now = time.monotonic()
+            self.sync(check_caddy=now >= next_check)
+            if now >= next_check:
+                next_check = now + interval
+            # A burst of status changes makes one pass, not one each.
+            if self._stop.wait(_MIN_GAP_S):
+                break
+            seen = notifier.wait_change(seen, max(next_check - time.monotonic(), 0.0))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gpuyard-proxy-sync", daemon=True)
