@@ -223,13 +223,18 @@ class GatewayConnection(asyncssh.SSHServer):
             return False
         if self.keys is None or username != self.looked_up:
             # A client may change user names between tries: look up the one asked for.
-            self.looked_up, self.key = username, None
-            self.target = await asyncio.to_thread(self.gw.directory.target, username)
-            self.keys = (
-                await asyncio.to_thread(self.gw.directory.account_keys, self.target.account_id)
-                if self.target is not None
+            # asyncssh cancels a check in flight when the next request comes, so the
+            # user name, its cluster and its keys change together, after both reads:
+            # a cancelled lookup leaves none of them half-updated (else one account's
+            # keys could stand beside another account's cluster).
+            self.key = None
+            target = await asyncio.to_thread(self.gw.directory.target, username)
+            keys = (
+                await asyncio.to_thread(self.gw.directory.account_keys, target.account_id)
+                if target is not None
                 else []
             )
+            self.looked_up, self.target, self.keys = username, target, keys
         found = next((k for k in self.keys if k.blob == key.public_data), None)
         fingerprint = key.get_fingerprint("sha256")
         if found is None or self.target is None:
@@ -251,9 +256,15 @@ class GatewayConnection(asyncssh.SSHServer):
         return True
 
     def auth_completed(self) -> None:
-        self.authenticated = True
         target, key = self.target, self.key
-        assert target is not None and key is not None
+        user = self.conn.get_extra_info("username") if self.conn is not None else None
+        if target is None or key is None or target.cluster_id != user:
+            # Never a session for a cluster other than the one the client logged in as.
+            log.warning("ssh login state does not match user %r; closing", str(user)[:40])
+            if self.conn is not None:
+                self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, "login state mismatch")
+            return
+        self.authenticated = True
         source = f"{self.source}:{self.source_port}"
         path = "sshd" if target.ssh_port else "exec"
         log.info(
@@ -275,13 +286,19 @@ class GatewayConnection(asyncssh.SSHServer):
 
     # -- sessions and forwards -----------------------------------------------------
 
-    def session_requested(self) -> GatewaySession:
+    def session_requested(self) -> GatewaySession | bool:
+        if not self.authenticated:
+            return False
         return GatewaySession(self)
 
     def connection_requested(
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
     ) -> Awaitable[asyncssh.SSHTCPSession[bytes]]:
         target = self.target
+        if not self.authenticated:
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, "not logged in"
+            )
         if target is None or not target.ssh_port or self.upstream_failed:
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
