@@ -144,3 +144,19 @@ def test_another_account_gets_nowhere(
     assert all(owner_passes.values()), owner_passes
     with socket.create_connection(("127.0.0.1", ssh_port), timeout=5):
         pass  # the gateway is still up after the refusals
+
+    # A stranger guessing keys through the proxy is throttled as itself, not as the
+    # proxy: the owner, from another address, still gets through.
+    def from_address(address: str, key: str) -> int:
+        parts = urlsplit(url)
+        transport = httpx.HTTPTransport(local_address=address)
+        with httpx.Client(transport=transport, timeout=10) as client:
+            r = client.get(
+                f"http://127.0.0.1:{proxy_port}/",
+                headers={"Host": parts.netloc, "Authorization": f"Bearer {key}"},
+            )
+            return r.status_code
+
+    guesses = [from_address("127.0.0.2", f"gy_guess{i}") for i in range(15)]
+    assert guesses[0] == 401 and guesses[-1] == 429, guesses
+    assert from_address("127.0.0.3", srv.key) == 200

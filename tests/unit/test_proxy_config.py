@@ -79,19 +79,32 @@ def test_public_port_is_forwarded_to_anybody() -> None:
             {
                 "handler": "reverse_proxy",
                 "upstreams": [{"dial": "127.0.0.1:20001"}],
+                "headers": {"request": {"delete": ["X-Gpuyard-Proxy"]}},
             }
         ]
     }
 
 
 def test_private_port_needs_the_cookie_or_a_key() -> None:
-    config = caddy_config([route(Visibility.PRIVATE)], BASE, LISTEN)
-    cookie, key, refusal = _host_routes(config, f"{CID}-8888.proxy.localhost")[1:]
+    listen = ProxyListen("127.0.0.1", 8080, "127.0.0.1:8000", "unix//s", api_secret="vouch")
+    config = caddy_config([route(Visibility.PRIVATE)], BASE, listen)
+    opened, cookie, in_auth, in_header, refusal = _host_routes(
+        config, f"{CID}-8888.proxy.localhost"
+    )
+    assert opened["handle"][0]["headers"]["request"]["set"] == {"X-Gpuyard-Proxy": ["vouch"]}
     assert cookie["match"] == [{"header": {"Cookie": ["*gy_proxy=s3cret*"]}}]
-    assert key["handle"][0]["rewrite"] == {"method": "GET", "uri": "/v1/proxy/authorize"}
-    assert key["handle"][0]["headers"]["request"]["set"]["Expect"] == ["100-continue"]
-    assert key["handle"][1]["headers"] == {
-        "request": {"delete": ["Authorization", "X-Gpuyard-Api-Key"]}
+    for keyed in (in_auth, in_header):
+        check = keyed["handle"][0]
+        assert check["rewrite"] == {"method": "GET", "uri": "/v1/proxy/authorize"}
+        assert check["headers"]["request"]["set"]["Expect"] == ["100-continue"]
+        assert check["headers"]["request"]["set"]["X-Gpuyard-Proxy"] == ["vouch"]
+    assert in_auth["handle"][1]["headers"] == {
+        "request": {"delete": ["X-Gpuyard-Proxy", "Authorization", "X-Gpuyard-Api-Key"]}
+    }
+    # With the key in its own header, the application's Authorization passes through.
+    assert in_header["match"] == [{"header": {"X-Gpuyard-Api-Key": ["*"]}}]
+    assert in_header["handle"][1]["headers"] == {
+        "request": {"delete": ["X-Gpuyard-Proxy", "X-Gpuyard-Api-Key"]}
     }
     assert refusal["handle"][0]["status_code"] == 401
 
@@ -138,3 +151,17 @@ def test_open_link_tokens_never_reach_the_log() -> None:
 
     line = 'GET /v1/clusters/x/ports/8888/open?token=AbC-123_x HTTP/1.1" 302'
     assert redact(line) == 'GET /v1/clusters/x/ports/8888/open?token=*** HTTP/1.1" 302'
+
+
+def test_the_proxy_vouches_for_its_clients_address() -> None:
+    from gpuyard.api.rate_limit import _source
+
+    def scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
+        return {"client": ("127.0.0.1", 5000), "headers": list(headers)}
+
+    forwarded = (b"x-forwarded-for", b"198.51.100.7, 203.0.113.9")
+    assert _source(scope(forwarded, (b"x-gpuyard-proxy", b"vouch")), b"vouch") == "203.0.113.9"
+    # Without the proxy's secret, or with another one, the peer is the source.
+    assert _source(scope(forwarded), b"vouch") == "127.0.0.1"
+    assert _source(scope(forwarded, (b"x-gpuyard-proxy", b"guess")), b"vouch") == "127.0.0.1"
+    assert _source(scope(forwarded, (b"x-gpuyard-proxy", b"vouch")), None) == "127.0.0.1"

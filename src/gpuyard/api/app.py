@@ -52,6 +52,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.host_health import record_inventory
 from gpuyard.services.installation import ensure_installation
 from gpuyard.services.leases import LeaseKeeper
+from gpuyard.services.proxy_routes import proxy_api_secret
 from gpuyard.settings import Settings
 from gpuyard.store.sqlite_reader import reader_for
 
@@ -172,7 +173,11 @@ def build_server(
     if limits.enabled:
         limiter = RateLimiter(limits, seconds_of(rate_limit_clock) if rate_limit_clock else None)
         app.state.rate_limiter = limiter
-        app.add_middleware(RateLimit, limiter=limiter)
+        app.add_middleware(
+            RateLimit,
+            limiter=limiter,
+            proxy_secret=proxy_api_secret(settings) if proxy_sync is not None else None,
+        )
     # Metrics: added last, so its latency middleware is outermost and times the fast path.
     metrics = Metrics(ctx)
     metrics_api.install(app, metrics, settings)

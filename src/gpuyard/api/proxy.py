@@ -138,8 +138,9 @@ async def authorize(request: Request) -> Response:
     """The proxy's check of an API key sent to a private port (forward_auth): 200 lets
     the request through; the 401/404 pages are what the browser then shows."""
     state = app_state(request)
-    key = key_from(request.headers.get("authorization"), lambda _name: None) or (
-        request.headers.get(KEY_HEADER) or None
+    # X-Gpuyard-Api-Key first: beside it, Authorization may be the application's own.
+    key = request.headers.get(KEY_HEADER) or key_from(
+        request.headers.get("authorization"), lambda _name: None
     )
     host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
     try:

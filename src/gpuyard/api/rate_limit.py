@@ -28,6 +28,7 @@ The key identity is a 16-byte BLAKE2 digest of the key: no key is kept in clear.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -184,9 +185,23 @@ def source_of(address: str) -> str:
     return str(ip)
 
 
-def _source(scope: Scope) -> str:
+def _source(scope: Scope, proxy_secret: bytes | None = None) -> str:
     # The peer address as the server gives it; uvicorn substitutes X-Forwarded-For only
-    # for the proxies GPUYARD_TRUSTED_PROXIES lists (cli/serve.py).
+    # for the proxies GPUYARD_TRUSTED_PROXIES lists (cli/serve.py). A request the HTTP
+    # proxy makes for a client (key checks, open links, status pages) carries the
+    # proxy's secret: its client is the last X-Forwarded-For address, so one
+    # stranger's bad keys through the proxy do not lock out everybody behind it.
+    if proxy_secret is not None:
+        vouched = forwarded = None
+        for name, value in scope["headers"]:
+            if name == b"x-gpuyard-proxy":
+                vouched = value
+            elif name == b"x-forwarded-for":
+                forwarded = value
+        if vouched is not None and forwarded and hmac.compare_digest(vouched, proxy_secret):
+            last = forwarded.decode("latin-1").rsplit(",", 1)[-1].strip()
+            if last:
+                return source_of(last)
     client = scope.get("client")
     return source_of(str(client[0])) if client else "local"
 
@@ -220,15 +235,18 @@ def refusal_body(path: str, verdict: Verdict, retry_after: int) -> dict[str, Any
 class RateLimit:
     """The middleware; ``limiter`` holds the buckets."""
 
-    def __init__(self, app: ASGIApp, limiter: RateLimiter) -> None:
+    def __init__(self, app: ASGIApp, limiter: RateLimiter, proxy_secret: str | None = None) -> None:
         self.app = app
         self.limiter = limiter
+        # The HTTP proxy's secret (services/proxy_routes.py proxy_api_secret); None: no
+        # proxy, X-Forwarded-For is never read here.
+        self.proxy_secret = proxy_secret.encode() if proxy_secret else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
             await self.app(scope, receive, send)
             return
-        source = _source(scope)
+        source = _source(scope, self.proxy_secret)
         key = _presented_key(scope)
         limiter = self.limiter
         verdict = limiter.admit(source, key_id(key))

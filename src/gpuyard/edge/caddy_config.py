@@ -38,6 +38,7 @@ from gpuyard.core.proxy import OPEN_PATH, SESSION_COOKIE, ProxyBase, ProxyRoute,
 
 SERVER_NAME = "gpuyard"
 KEY_HEADER = "X-Gpuyard-Api-Key"
+PROXY_HEADER = "X-Gpuyard-Proxy"
 AUTHORIZE_PATH = "/v1/proxy/authorize"
 UNAVAILABLE_PATH = "/v1/proxy/unavailable"
 
@@ -52,6 +53,9 @@ class ProxyListen:
     admin: str
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # Sent to the API with every request Caddy makes to it (PROXY_HEADER), so the API
+    # may take the client's address from X-Forwarded-For for those requests alone.
+    api_secret: str = ""
 
 
 def page(status: int, title: str, text: str) -> dict[str, Any]:
@@ -72,25 +76,34 @@ def page(status: int, title: str, text: str) -> dict[str, Any]:
     }
 
 
-def _forward(upstream: str, *, drop_key_headers: bool = False) -> dict[str, Any]:
-    handler: dict[str, Any] = {
+def _forward(upstream: str, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """To the container, without the headers ``drop`` names (and never with the
+    proxy's header, which only the API may see)."""
+    return {
         "handler": "reverse_proxy",
         "upstreams": [{"dial": upstream}],
+        "headers": {"request": {"delete": [PROXY_HEADER, *drop]}},
     }
-    if drop_key_headers:
-        handler["headers"] = {"request": {"delete": ["Authorization", KEY_HEADER]}}
-    return handler
+
+
+def _to_api(listen: ProxyListen) -> dict[str, Any]:
+    """A request on its way to the API (an open link), vouched for by the proxy."""
+    return {
+        "handler": "reverse_proxy",
+        "upstreams": [{"dial": listen.api_upstream}],
+        "headers": {"request": {"set": {PROXY_HEADER: [listen.api_secret]}}},
+    }
 
 
 _DROP_KEY_HEADER = {"handler": "headers", "request": {"delete": [KEY_HEADER]}}
 
 
-def _authorize(api_upstream: str) -> dict[str, Any]:
+def _authorize(listen: ProxyListen) -> dict[str, Any]:
     """Caddy's forward_auth: ask the API; a 2xx answer lets the request go on, any
     other answer (401, 404 pages) is what the client gets."""
     return {
         "handler": "reverse_proxy",
-        "upstreams": [{"dial": api_upstream}],
+        "upstreams": [{"dial": listen.api_upstream}],
         "rewrite": {"method": "GET", "uri": AUTHORIZE_PATH},
         # Caddy 2.6 would send the request's body along to the check, and the container
         # would then get what is left of it. With "Expect: 100-continue" the body is
@@ -101,6 +114,7 @@ def _authorize(api_upstream: str) -> dict[str, Any]:
             "request": {
                 "set": {
                     "Expect": ["100-continue"],
+                    PROXY_HEADER: [listen.api_secret],
                     "X-Forwarded-Method": ["{http.request.method}"],
                     "X-Forwarded-Uri": ["{http.request.uri}"],
                 }
@@ -110,25 +124,20 @@ def _authorize(api_upstream: str) -> dict[str, Any]:
             {
                 "match": {"status_code": [2]},
                 # Nothing to copy from the answer: the request just goes on.
-                "routes": [
-                    {"handle": [{"handler": "headers", "request": {"delete": [KEY_HEADER]}}]}
-                ],
+                "routes": [{"handle": [_DROP_KEY_HEADER]}],
             }
         ],
     }
 
 
-_KEY_MATCHERS: list[dict[str, Any]] = [
-    {"header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}},
-    {"header": {KEY_HEADER: ["*"]}},
-]
+_KEY_IN_AUTHORIZATION: dict[str, Any] = {
+    "header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}
+}
 
 
 def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]:
     open_path = OPEN_PATH.format(cluster_id=route.cluster_id, port=route.internal_port)
-    routes: list[dict[str, Any]] = [
-        {"match": [{"path": [open_path]}], "handle": [_forward(listen.api_upstream)]}
-    ]
+    routes: list[dict[str, Any]] = [{"match": [{"path": [open_path]}], "handle": [_to_api(listen)]}]
     if route.visibility is Visibility.PUBLIC:
         routes.append({"handle": [_forward(route.upstream)]})
         return routes
@@ -136,13 +145,22 @@ def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]
     routes.append(
         {"match": [{"header": {"Cookie": [cookie]}}], "handle": [_forward(route.upstream)]}
     )
+    # The owner's key in Authorization (gy_…): checked, then removed with any
+    # X-Gpuyard-Api-Key. In X-Gpuyard-Api-Key alone: only that header is removed, so
+    # the application's own Authorization (Basic, its tokens) reaches it.
     routes.append(
         {
-            "match": _KEY_MATCHERS,
+            "match": [_KEY_IN_AUTHORIZATION],
             "handle": [
-                _authorize(listen.api_upstream),
-                _forward(route.upstream, drop_key_headers=True),
+                _authorize(listen),
+                _forward(route.upstream, drop=("Authorization", KEY_HEADER)),
             ],
+        }
+    )
+    routes.append(
+        {
+            "match": [{"header": {KEY_HEADER: ["*"]}}],
+            "handle": [_authorize(listen), _forward(route.upstream, drop=(KEY_HEADER,))],
         }
     )
     routes.append(
@@ -161,14 +179,19 @@ def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]
     return routes
 
 
-def _error_page(api_upstream: str) -> dict[str, Any]:
+def _error_page(listen: ProxyListen) -> dict[str, Any]:
     """When a container does not answer (stopped, starting, crashed), the API says
     why, with the cluster's status, on a page of its own (502)."""
     return {
         "handler": "reverse_proxy",
-        "upstreams": [{"dial": api_upstream}],
+        "upstreams": [{"dial": listen.api_upstream}],
         "rewrite": {"method": "GET", "uri": UNAVAILABLE_PATH},
-        "headers": {"request": {"delete": ["Authorization", KEY_HEADER, "Cookie"]}},
+        "headers": {
+            "request": {
+                "delete": ["Authorization", KEY_HEADER, "Cookie"],
+                "set": {PROXY_HEADER: [listen.api_secret]},
+            }
+        },
     }
 
 
@@ -224,7 +247,7 @@ def caddy_config(routes: list[ProxyRoute], base: ProxyBase, listen: ProxyListen)
     server: dict[str, Any] = {
         "listen": [f"{listen.bind}:{listen.port}"],
         "routes": server_routes,
-        "errors": {"routes": [{"handle": [_error_page(listen.api_upstream)]}]},
+        "errors": {"routes": [{"handle": [_error_page(listen)]}]},
         "protocols": ["h1", "h2", "h2c"],
         "automatic_https": {"disable": True},
     }

@@ -22,7 +22,7 @@ from gpuyard.core.proxy import ProxyBase, ProxyStatus
 from gpuyard.edge.caddy import CaddyAdmin, CaddyError, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
 from gpuyard.services.context import Context
-from gpuyard.services.proxy_routes import load_routes, proxy_base
+from gpuyard.services.proxy_routes import load_routes, proxy_api_secret, proxy_base
 from gpuyard.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class ProxySync:
             admin=address,
             tls_cert=settings.proxy_tls_cert_file,
             tls_key=settings.proxy_tls_key_file,
+            api_secret=proxy_api_secret(settings),
         )
         return cls(ctx, CaddyAdmin(address), listen, proxy_base(settings), process)
 

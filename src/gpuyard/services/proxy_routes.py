@@ -45,6 +45,12 @@ def port_secret(settings: Settings, cluster_id: str, internal_port: int) -> str:
     return secret_box(settings).derive(f"proxy-port:{cluster_id}:{internal_port}")
 
 
+def proxy_api_secret(settings: Settings) -> str:
+    """What the proxy sends the API with its own requests (the X-Gpuyard-Proxy header):
+    for those alone the API takes the client's address from X-Forwarded-For."""
+    return secret_box(settings).derive("proxy-to-api")
+
+
 def load_routes(ctx: Context) -> list[ProxyRoute]:
     """Every http port of every cluster that is not terminated and has a published
     port (one indexed query over live statuses)."""
