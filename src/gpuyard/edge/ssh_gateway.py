@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 
 import asyncssh
 
-from gpuyard.core.errors import GpuyardError
+from gpuyard.core.errors import GpuyardError, RuntimeFailure
 from gpuyard.edge.auth_limiter import FailureLimiter
 from gpuyard.edge.engines import EngineLocator
 from gpuyard.edge.exec_pty import ContainerNotRunning, ExecError
@@ -327,9 +327,25 @@ class GatewayConnection(asyncssh.SSHServer):
         keys are written into the container (unless this process already wrote the
         same ones there), then the gateway logs in."""
         async with self._upstream_lock:
+            if self._upstream is not None and self._upstream.is_closed():
+                self._upstream = None  # the sshd restarted: a new connection
             if self._upstream is None:
                 target = self.target
                 assert target is not None and target.ssh_port
+                # The gateway's key opens every sshd it wrote it into: connect only
+                # while the port is still this cluster's, running the container seen
+                # at login (a terminated cluster's port may be another's by now).
+                now = await asyncio.to_thread(self.gw.directory.target, target.cluster_id)
+                if (
+                    now is None
+                    or now.status != RUNNING
+                    or (now.container, now.ssh_port, now.account_id)
+                    != (target.container, target.ssh_port, target.account_id)
+                ):
+                    raise RuntimeFailure(
+                        f"cluster {target.cluster_id} changed since this login "
+                        f"({now.status if now else 'gone'}); log in again"
+                    )
                 lines = await asyncio.to_thread(
                     self.gw.directory.account_key_lines, target.account_id
                 )
