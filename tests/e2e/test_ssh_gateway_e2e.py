@@ -330,3 +330,25 @@ def test_exec_path_sftp_uses_the_images_sftp_server(env: Env, tmp_path: Path) ->
     assert up.returncode == 0, up.stderr
     remote = ssh(env.key_a, env.port, cid, "sha256sum /root/blob")
     assert remote.stdout.split()[0] == hashlib.sha256(src.read_bytes()).hexdigest()
+
+
+def test_a_dropped_exec_session_leaves_no_process_behind(env: Env, exec_cluster: str) -> None:
+    """Engines keep an exec's process when its stream drops: the gateway hangs up
+    what a session left running when the user goes away."""
+    cid = exec_cluster
+    client = subprocess.Popen(
+        [*ssh_argv(env.key_a, env.port), f"{cid}@127.0.0.1", "sleep 4242"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while "sleep 4242" not in ssh(env.key_a, env.port, cid, "ps").stdout:
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.3)
+    finally:
+        client.kill()
+        client.wait()
+    deadline = time.monotonic() + 20
+    while "sleep 4242" in ssh(env.key_a, env.port, cid, "ps").stdout:
+        assert time.monotonic() < deadline, "the dropped session's process still runs"
+        time.sleep(0.3)

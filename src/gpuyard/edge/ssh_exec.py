@@ -5,7 +5,11 @@ the engine's exec API (edge/exec_pty.py), for clusters without an sshd.
 - a command (``ssh CLUSTER@HOST 'cmd'``): ``/bin/sh -c cmd``, on a pty only when the
   client asked for one (``-t``), so stdout and stderr stay apart otherwise;
 - window changes resize the pty; the process's exit code is the session's;
-- subsystems (sftp) are not offered here: they need an sshd in the image.
+- subsystems (sftp) are not offered here: they need an sshd in the image;
+- engines keep an exec's process running when its stream is dropped, so a session
+  that ends before its process does (the user went away) has every process carrying
+  its marker (``GPUYARD_EXEC`` in the environment, inherited by children) hung up
+  through a second exec.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import ssl
 from collections.abc import Mapping
 
@@ -28,6 +33,16 @@ _STDIN_LOW = 256 * 1024
 # Close tasks in flight (the loop keeps only weak references to tasks).
 _closing: set[asyncio.Task[None]] = set()
 
+MARKER_ENV = "GPUYARD_EXEC"
+# SIGHUP then SIGCONT (a terminal's hang-up) to every process whose environment holds
+# the marker; POSIX sh and cat only (command substitution drops the NUL separators).
+_HANGUP = (
+    'for d in /proc/[0-9]*; do case "$(cat "$d/environ" 2>/dev/null)" in '
+    '*{marker}*) kill -HUP "${d#/proc/}" 2>/dev/null; kill -CONT "${d#/proc/}" 2>/dev/null;; '
+    "esac; done; true"
+)
+HANGUP_TIMEOUT_S = 5.0
+
 
 class ExecBackend:
     """One user session channel served by one engine exec process."""
@@ -42,6 +57,9 @@ class ExecBackend:
         self._writable.set()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._ended = False  # the process was seen to exit
+        self._marker = f"{MARKER_ENV}={secrets.token_hex(12)}"
+        self._where: tuple[str, ssl.SSLContext | None, str] | None = None
 
     async def start(
         self,
@@ -59,6 +77,9 @@ class ExecBackend:
         tty = term_type is not None
         cols, rows = term_size[0], term_size[1]
         full_env = dict(env)
+        name, _, value = self._marker.partition("=")
+        full_env[name] = value
+        self._where = (engine_url, ssl_context, container)
         if tty:
             full_env["TERM"] = term_type or "xterm"
         self.exec = ExecSession(engine_url, ssl=ssl_context)
@@ -81,6 +102,7 @@ class ExecBackend:
                     break
                 self.down.write(data, asyncssh.EXTENDED_DATA_STDERR if stream == STDERR else None)
             code = await self.exec.wait()
+            self._ended = True
         except (ExecError, OSError) as exc:
             log.info("exec session ended with an engine error: %s", exc)
             code = 255
@@ -139,6 +161,25 @@ class ExecBackend:
         for task in self._tasks:
             task.cancel()
         if self.exec is not None:
-            task = asyncio.get_running_loop().create_task(self.exec.close())
+            task = asyncio.get_running_loop().create_task(self._close_exec(self.exec))
             _closing.add(task)
             task.add_done_callback(_closing.discard)
+
+    async def _close_exec(self, exec_session: ExecSession) -> None:
+        """Drop the stream; a process still running is hung up first (best effort)."""
+        try:
+            if not self._ended and self._where is not None:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(HANGUP_TIMEOUT_S):
+                        await self._hang_up(*self._where)
+        finally:
+            await exec_session.close()
+
+    async def _hang_up(
+        self, engine_url: str, ssl_context: ssl.SSLContext | None, container: str
+    ) -> None:
+        script = _HANGUP.replace("{marker}", self._marker)
+        async with ExecSession(engine_url, ssl=ssl_context) as killer:
+            await killer.start(container, ("/bin/sh", "-c", script), tty=False)
+            while await killer.read():
+                pass
