@@ -220,6 +220,8 @@ def test_the_proxy_key_check(proxied: LiveServer) -> None:
     assert check({"X-Gpuyard-Api-Key": proxied.key}) == 200
     assert check({"Authorization": f"Bearer {other_key(proxied)}"}) == 404
     assert check({"Authorization": "Bearer gy_wrong"}) == 401
+    # A read key does not open a private port (a notebook runs code).
+    assert check({"Authorization": f"Bearer {own_key(proxied, Scope.READ, 'viewer')}"}) == 403
     assert check({}) == 401
     assert check({"Authorization": f"Bearer {proxied.key}"}, f"{cid}-22.proxy.localhost") == 404
     assert check({"Authorization": f"Bearer {proxied.key}"}, "elsewhere.example.com") == 404

@@ -168,7 +168,8 @@ class _Stream:
 
     async def follow(self, page: svc.LogPage) -> AsyncIterator[ServerSentEvent]:
         """The live container's new lines and new events, until it stops."""
-        runtime = self.state.runtime_of(page.host_id)
+        # Finding a host's runtime may read the store or open a tunnel: off the loop.
+        runtime = await run_in_threadpool(self.state.runtime_of, page.host_id)
         positioner = LivePositioner(self.cursor, page.archived_at_cursor)
         follower = _Follower(runtime, self.cluster_id, self.cursor.ts_ns or None)
         try:

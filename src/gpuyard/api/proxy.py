@@ -26,7 +26,7 @@ from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.schemas import Meta, documented
 from gpuyard.api.state import app_state, current_principal, key_from
 from gpuyard.api.views import iso
-from gpuyard.core.errors import NotFound, Unauthorized
+from gpuyard.core.errors import Forbidden, NotFound, Unauthorized
 from gpuyard.core.proxy import SESSION_COOKIE
 from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER, UNAVAILABLE_PATH
 from gpuyard.services import proxy_access
@@ -151,6 +151,8 @@ async def authorize(request: Request) -> Response:
         await run_in_threadpool(proxy_access.authorize, state.ctx, principal, host)
     except NotFound:
         return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
+    except Forbidden:
+        return _page(403, "Read-only key", "A private port needs a key with write scope.")
     return Response(status_code=200, headers={"Cache-Control": "no-store"})
 
 

@@ -242,12 +242,16 @@ async def terminal(websocket: WebSocket, cluster_id: str) -> None:
         await client.close(CLOSE_INTERNAL, f"cannot open a shell: {text}")
         return
     source = websocket.client.host if websocket.client else "unknown"
-    await run_in_threadpool(
-        _record,
-        state.ctx,
-        target.cluster_id,
-        f"web terminal opened with API key {target.key_name!r} from {source}",
-    )
+    try:
+        await run_in_threadpool(
+            _record,
+            state.ctx,
+            target.cluster_id,
+            f"web terminal opened with API key {target.key_name!r} from {source}",
+        )
+    except BaseException:
+        await process.close()  # the shell must not outlive a session that never began
+        raise
     result = await run_bridge(client, process)
     how = (
         "the client left"

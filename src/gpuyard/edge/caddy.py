@@ -164,6 +164,7 @@ class CaddyProcess:
                 return True
             time.sleep(0.05)
         proc.kill()
+        proc.wait()
         raise CaddyError(f"Caddy did not answer on {self.admin_address} within {wait_s:.0f} s")
 
     def pid(self) -> int | None:

@@ -149,11 +149,13 @@ def redeem_link(ctx: Context, cluster_id: str, port: int, token: str) -> Grant |
 def authorize(ctx: Context, principal: Principal, host: str) -> tuple[str, int]:
     """The cluster port ``host`` names, when the caller's account owns the cluster and
     declares that http port; raises NotFound otherwise (another account's cluster
-    reads as none)."""
+    reads as none), Forbidden for a read key (a private port is often a notebook,
+    which runs code: as much as the terminal, which needs write)."""
     target = parse_host(host, ctx.settings.proxy_domain)
     if target is None:
         raise NotFound("no cluster port at this address")
     cluster_id, port = target
+    principal.require_write()
     with ctx.connect() as conn:
         ports = conn.scalar(
             select(Cluster.ports)
