@@ -13,7 +13,6 @@ here carries user traffic.
 
 from __future__ import annotations
 
-import html
 from typing import Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
@@ -27,7 +26,7 @@ from gpuyard.api.schemas import Meta, documented
 from gpuyard.api.state import app_state, current_principal, key_from
 from gpuyard.api.views import iso
 from gpuyard.core.errors import Forbidden, NotFound, Unauthorized
-from gpuyard.core.proxy import SESSION_COOKIE
+from gpuyard.core.proxy import SESSION_COOKIE, page_html
 from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER, UNAVAILABLE_PATH
 from gpuyard.services import proxy_access
 from gpuyard.services.auth import Principal
@@ -53,11 +52,7 @@ class OpenLinkEnvelope(BaseModel):
 
 
 def _page(status: int, title: str, text: str) -> HTMLResponse:
-    body = (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-        f"</title></head><body><h1>{html.escape(title)}</h1><p>{html.escape(text)}</p>"
-        "<p><small>gpuyard proxy</small></p></body></html>\n"
-    )
+    body = page_html(title, text)
     return HTMLResponse(
         body,
         status_code=status,

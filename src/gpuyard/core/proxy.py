@@ -7,6 +7,7 @@ turned into a proxy's configuration by ``edge/caddy_config.py``.
 
 from __future__ import annotations
 
+import html
 import re
 import threading
 from dataclasses import dataclass
@@ -47,6 +48,16 @@ class ProxyBase:
     def open_link(self, cluster_id: str, internal_port: int, token: str) -> str:
         path = OPEN_PATH.format(cluster_id=cluster_id, port=internal_port)
         return f"{self.url(cluster_id, internal_port)}{path}?token={token}"
+
+
+def page_html(title: str, text: str) -> str:
+    """The page the proxy shows when a request goes no further (the proxy's own pages
+    and the API's answers to it look the same)."""
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>"
+        f"{html.escape(title)}</title></head><body><h1>{html.escape(title)}</h1>"
+        f"<p>{html.escape(text)}</p><p><small>gpuyard proxy</small></p></body></html>\n"
+    )
 
 
 def parse_host(host: str, domain: str) -> tuple[str, int] | None:

@@ -29,12 +29,18 @@ the error log has tokens, keys and cookies taken out, so Caddy writes none of th
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuyard.core.proxy import OPEN_PATH, SESSION_COOKIE, ProxyBase, ProxyRoute, Visibility
+from gpuyard.core.proxy import (
+    OPEN_PATH,
+    SESSION_COOKIE,
+    ProxyBase,
+    ProxyRoute,
+    Visibility,
+    page_html,
+)
 
 SERVER_NAME = "gpuyard"
 KEY_HEADER = "X-Gpuyard-Api-Key"
@@ -60,11 +66,6 @@ class ProxyListen:
 
 def page(status: int, title: str, text: str) -> dict[str, Any]:
     """A static HTML answer saying why a request went no further."""
-    body = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>"
-        f"{html.escape(title)}</title></head><body><h1>{html.escape(title)}</h1>"
-        f"<p>{html.escape(text)}</p><p><small>gpuyard proxy</small></p></body></html>\n"
-    )
     return {
         "handler": "static_response",
         "status_code": status,
@@ -72,7 +73,7 @@ def page(status: int, title: str, text: str) -> dict[str, Any]:
             "Content-Type": ["text/html; charset=utf-8"],
             "Cache-Control": ["no-store"],
         },
-        "body": body,
+        "body": page_html(title, text),
     }
 
 
