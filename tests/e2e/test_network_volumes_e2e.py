@@ -73,7 +73,8 @@ def test_a_network_volume_is_shared_and_outlives_its_clusters(
                 ids.append(r.json()["data"]["id"])
             writer, reader = ids
             for cid in ids:
-                assert wait_status(c, cid, {"running", "error"})["status"] == "running"
+                data = wait_status(c, cid, {"running", "error"})
+                assert data["status"] == "running", (data.get("error_message"), server.log_tail())
 
             # One engine volume, ours, labelled for the network volume, mounted by both.
             name = server.installation.network_volume(vid)

@@ -107,6 +107,10 @@ class ServerProcess:
         for installation_id in sorted(self.installations):
             purge_installation(self.engine_url, installation_id)
 
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the server's log, for a failure's message."""
+        return self.log.read_text(errors="replace")[-chars:]
+
     @property
     def db_path(self) -> Path:
         return self.home / "gpuyard.db"
