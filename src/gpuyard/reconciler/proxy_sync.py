@@ -53,7 +53,6 @@ class ProxySync:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.loads = 0  # configurations loaded (tests, metrics)
         self._loaded: dict[str, Any] | None = None
 
     @classmethod
@@ -92,7 +91,6 @@ class ProxySync:
                     self.process.ensure(self.admin)
                 if self.admin.config() != desired:
                     self.admin.load(desired)
-                    self.loads += 1
                 self._loaded = desired
             except CaddyError as e:
                 if self.status.problem() != str(e):
