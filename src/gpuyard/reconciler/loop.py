@@ -118,6 +118,9 @@ class Reconciler:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        # One volume scan at a time: a scan that listed the engine before a volume
+        # appeared must not record its view after a later scan quarantined it.
+        self._volume_scan_lock = threading.Lock()
         self._workers = max(2, ctx.settings.reconcile_workers)
         self.queue = WorkQueue(
             {URGENT: self._workers, SLOW: self._workers, STORAGE: STORAGE_WORKERS},
@@ -561,7 +564,8 @@ class Reconciler:
         # host, as before there were fleets.
         host_id = host_ids[0] if len(host_ids) == 1 else self.host_id
         if host_id is not None:
-            VolumeCollector(self.ctx, runtime, host_id).scan()
+            with self._volume_scan_lock:
+                VolumeCollector(self.ctx, runtime, host_id).scan()
 
     def scan_volumes(self) -> None:
         """Quarantine unknown volumes of ours; delete those past their retention (every
