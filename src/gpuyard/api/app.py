@@ -13,7 +13,10 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gpuyard import __version__
+from gpuyard.api import accounts as accounts_api
+from gpuyard.api import audit as audit_api
 from gpuyard.api import billing, catalog, clusters, errors, method_not_allowed, training
+from gpuyard.api import budgets as budgets_api
 from gpuyard.api import cluster_logs as cluster_logs_api
 from gpuyard.api import hosts as hosts_api
 from gpuyard.api import images as images_api
@@ -23,6 +26,7 @@ from gpuyard.api import orphans as orphans_api
 from gpuyard.api import plans as plans_api
 from gpuyard.api import projects as projects_api
 from gpuyard.api import proxy as proxy_api
+from gpuyard.api import quotas as quotas_api
 from gpuyard.api import reserved_ips as reserved_ips_api
 from gpuyard.api import security_groups as security_groups_api
 from gpuyard.api import snapshots as snapshots_api
@@ -206,6 +210,10 @@ def build_server(
     app.include_router(network_volumes_api.router)
     app.include_router(terminal_api.router)
     app.include_router(proxy_api.router)
+    app.include_router(accounts_api.router)
+    app.include_router(quotas_api.router)
+    app.include_router(budgets_api.router)
+    app.include_router(audit_api.router)
     # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.
     app.include_router(graphql_router(), include_in_schema=False)

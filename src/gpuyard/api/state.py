@@ -10,10 +10,13 @@ from typing import Protocol
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
 
+from gpuyard.api.permissions import route_permission
 from gpuyard.api.read_lane import ReadLane
+from gpuyard.core.errors import ValidationFailed
 from gpuyard.runtimes.base import Runtime
-from gpuyard.services.auth import Principal, hash_key, resolve_key
+from gpuyard.services.auth import AccountSelection, Principal, hash_key, resolve_key
 from gpuyard.services.context import Context
 
 # Revocation through another process (the CLI) takes effect within this many seconds.
@@ -85,28 +88,35 @@ class AppState:
             return self.runtime
         return self.host_runtime(host_id)
 
-    def _read_principal(self, key: str | None, key_hash: str | None) -> Principal:
+    def _read_principal(
+        self, key: str | None, cache_key: str | None, selection: AccountSelection | None
+    ) -> Principal:
         try:
             with self.ctx.read() as session:
-                principal = resolve_key(session, key)
+                principal = resolve_key(session, key, selection)
         except BaseException:
-            if key_hash is not None:
-                self.keys.put(key_hash, None)
+            if cache_key is not None:
+                self.keys.put(cache_key, None)
             raise
-        if key_hash is not None:
-            self.keys.put(key_hash, principal)
+        if cache_key is not None:
+            self.keys.put(cache_key, principal)
         return principal
 
-    async def principal(self, key: str | None) -> Principal:
-        """The caller of ``key``. A cached key is answered on the event loop; only a
-        miss (or the one refresh of a stale entry) takes a worker thread.
-        Raises Unauthorized."""
-        key_hash = hash_key(key) if key else None
-        if key_hash is not None:
-            cached = self.keys.lookup(key_hash)
+    async def principal(
+        self, key: str | None, selection: AccountSelection | None = None
+    ) -> Principal:
+        """The caller of ``key`` acting for the selected account. A cached answer is
+        given on the event loop; only a miss (or the one refresh of a stale entry)
+        takes a worker thread. Raises Unauthorized / Forbidden."""
+        cache_key = None
+        if key:
+            cache_key = hash_key(key)
+            if selection is not None and selection != AccountSelection():
+                cache_key += f"|{selection.account_id}|{selection.active_iam}"
+            cached = self.keys.lookup(cache_key)
             if cached is not None:
                 return cached
-        return await run_in_threadpool(self._read_principal, key, key_hash)
+        return await run_in_threadpool(self._read_principal, key, cache_key, selection)
 
 
 def app_state(request: Request) -> AppState:
@@ -139,5 +149,41 @@ def key_from_request(request: Request) -> str | None:
     return key_from(request.headers.get("authorization"), request.query_params.get)
 
 
+# The header that names the account a request acts for (its id).
+ACCOUNT_HEADER = "x-gpuyard-account"
+
+
+def _id_value(name: str, raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    value = raw.strip()
+    if not value.isdigit() or not 0 < int(value) < 2**31:
+        raise ValidationFailed(name, f"{raw!r} is not an id")
+    return int(value)
+
+
+def selection_from(request: HTTPConnection) -> AccountSelection:
+    """The account a request selects: ``X-Gpuyard-Account`` and ``?active_iam=``.
+    Raises ValidationFailed naming a malformed one."""
+    return AccountSelection(
+        _id_value("X-Gpuyard-Account", request.headers.get(ACCOUNT_HEADER)),
+        _id_value("active_iam", request.query_params.get("active_iam")),
+    )
+
+
+async def request_principal(request: Request) -> Principal:
+    """The caller of ``request`` acting for the account it selects, with no role
+    check (routes that check for themselves)."""
+    return await app_state(request).principal(key_from_request(request), selection_from(request))
+
+
 async def current_principal(request: Request) -> Principal:
-    return await app_state(request).principal(key_from_request(request))
+    """The caller, checked against what the matched route needs of its role
+    (api/permissions.py). Raises Unauthorized / Forbidden / ValidationFailed."""
+    principal = await request_principal(request)
+    route = request.scope.get("route")
+    path = getattr(route, "path_format", None) or request.url.path
+    needed = route_permission(request.method, path)
+    if needed is not None:
+        principal.require_permission(needed)
+    return principal

@@ -33,7 +33,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gpuyard.api.envelope import error_body, error_response
 from gpuyard.api.rate_limit import RateLimiter, key_id, refusal_body, source_of
-from gpuyard.api.state import AppState, app_state, current_principal, key_from
+from gpuyard.api.state import AppState, app_state, current_principal, key_from, selection_from
 from gpuyard.core.errors import GpuyardError, RuntimeFailure, Unauthorized, ValidationFailed
 from gpuyard.core.states import ClusterStatus
 from gpuyard.edge.exec_pty import ContainerNotRunning, ExecError
@@ -199,7 +199,7 @@ async def _admit(
     try:
         size = requested_size(websocket.query_params.get)
         try:
-            principal = await state.principal(key)
+            principal = await state.principal(key, selection_from(websocket))
         except Unauthorized:
             if key and limiter is not None:
                 limiter.auth_failed(source)

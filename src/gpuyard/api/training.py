@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from gpuyard.api import views
 from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.json_body import loads
-from gpuyard.api.state import AppState, app_state, key_from_request
+from gpuyard.api.state import AppState, app_state, key_from_request, selection_from
 from gpuyard.api.training_openapi import ACTION_BODY, CREATE_BODY, operation
 from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
 from gpuyard.core.input_rules import parse_id
@@ -125,7 +125,7 @@ async def _handle(request: Request, work: Work, *, with_body: bool = False) -> J
     a valid key hears 401 before anything about its request is judged."""
     try:
         state = app_state(request)
-        principal = await state.principal(key_from_request(request))
+        principal = await state.principal(key_from_request(request), selection_from(request))
         scope = _scope(request)
         body = await _body(request) if with_body else {}
         code, data, message = await run_in_threadpool(work, state, principal, scope, body)

@@ -158,3 +158,24 @@ class ProxyUnavailable(GpuyardError):
 
     code = "PROXY_UNAVAILABLE"
     http_status = 503
+
+
+class AccountSuspended(Forbidden):
+    """The acting account is suspended by the operator: reads work, new work does not."""
+
+    code = "ACCOUNT_SUSPENDED"
+
+
+class QuotaExceeded(Forbidden):
+    """A create, start or scale would pass a quota; ``details``: resource, scope
+    (account or project id), gpu_type, limit, in_use, asked."""
+
+    code = "QUOTA_EXCEEDED"
+
+
+class BudgetExhausted(GpuyardError):
+    """The account's budget or prepaid balance is spent: no new work until credit is
+    added (or the budget raised)."""
+
+    code = "BUDGET_EXHAUSTED"
+    http_status = 402

@@ -16,7 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
-from gpuyard.store.schema import Account, ApiKey, Member, Project, User, utcnow
+from gpuyard.core.roles import Permission, Role, needs_write_scope, role_allows
+from gpuyard.store.schema import Account, ApiKey, Member, Project, ProjectMember, User, utcnow
 
 
 class Scope(StrEnum):
@@ -30,20 +31,66 @@ _RANK = {Scope.READ: 0, Scope.WRITE: 1, Scope.ADMIN: 2}
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: resolved from an API key for every request."""
+    """Who is calling and for which account: resolved from an API key (and the
+    account the request selects) for every request.
+
+    ``account_id`` is the acting account and ``role`` the caller's role in it
+    (core/roles.py); ``member_id`` the membership (None for the operator acting in an
+    account it is no member of, and for the control plane's own actions).
+    ``project_ids``: the projects the caller may act in (None: every project of the
+    account) — a key restricted to a project, or a member given only some projects.
+    ``operator``: the installation's admin user with an admin-scoped key."""
 
     key_id: int
     user_id: int
     account_id: int
     scope: Scope
     default_project_id: int
+    role: Role = Role.OWNER
+    member_id: int | None = None
+    operator: bool = False
+    project_ids: frozenset[int] | None = None
+    key_name: str = ""
 
     def require(self, scope: Scope) -> None:
+        """The key's scope is at least ``scope``; the admin scope is the operator's."""
         if _RANK[self.scope] < _RANK[scope]:
             raise Forbidden(f"this API key has scope '{self.scope}', '{scope}' is required")
+        if scope == Scope.ADMIN and not self.operator:
+            raise Forbidden("only the installation's operator may do this")
+
+    def allows(self, permission: Permission) -> bool:
+        """Whether the role and the key's scope both allow ``permission``."""
+        if needs_write_scope(permission) and _RANK[self.scope] < _RANK[Scope.WRITE]:
+            return False
+        return self.operator or role_allows(self.role, permission)
+
+    def require_permission(self, permission: Permission) -> None:
+        """Raises Forbidden naming the role (or the key's scope) that does not allow
+        ``permission``."""
+        if self.allows(permission):
+            return
+        if needs_write_scope(permission) and _RANK[self.scope] < _RANK[Scope.WRITE]:
+            raise Forbidden(f"this API key has scope '{self.scope}', 'write' is required")
+        raise Forbidden(
+            f"the role '{self.role}' may not do this ({permission.value})",
+            {"role": self.role.value, "permission": permission.value},
+        )
 
     def require_write(self) -> None:
-        self.require(Scope.WRITE)
+        self.require_permission(Permission.WRITE_RESOURCES)
+
+    def may_use_project(self, project_id: int) -> bool:
+        return self.project_ids is None or project_id in self.project_ids
+
+
+@dataclass(frozen=True)
+class AccountSelection:
+    """Which account a request acts for: ``account_id`` (the ``X-Gpuyard-Account``
+    header) and/or ``active_iam`` (a membership id, seed 002). None: the key's own."""
+
+    account_id: int | None = None
+    active_iam: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,20 +142,83 @@ def default_project_id(session: Session, account_id: int) -> int:
     return pid
 
 
-def resolve_key(session: Session, key: str | None) -> Principal:
-    """The principal of a live key. Raises Unauthorized (never says which part failed)."""
+def resolve_key(
+    session: Session, key: str | None, selection: AccountSelection | None = None
+) -> Principal:
+    """The principal of a live key acting for the selected account. Raises
+    Unauthorized (never says which part failed) for a bad key, Forbidden when the
+    selection names an account or membership the key's user may not act for."""
     if not key:
         raise Unauthorized("missing API key: send 'Authorization: Bearer KEY'")
     row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key)))
     if row is None or row.revoked_at is not None:
         raise Unauthorized("invalid or revoked API key")
+    user = session.get(User, row.user_id)
+    if user is None:
+        raise Unauthorized("invalid or revoked API key")
+    operator = user.is_admin and row.scope == Scope.ADMIN.value
+    account_id = _selected_account(session, row, selection)
+    if row.restricted and account_id != row.account_id:
+        raise Forbidden(f"this API key is restricted to account {row.account_id}")
+    member = session.scalar(
+        select(Member).where(Member.account_id == account_id, Member.user_id == row.user_id)
+    )
+    if member is None and not operator:
+        if account_id == row.account_id:
+            raise Unauthorized("invalid or revoked API key")  # membership removed
+        raise Forbidden(f"this user is not a member of account {account_id}")
+    if member is None and session.get(Account, account_id) is None:
+        raise Forbidden(f"account {account_id} does not exist")
+    project_ids = _allowed_projects(session, row, member, account_id)
+    default = default_project_id(session, account_id)
+    if project_ids is not None and default not in project_ids:
+        default = min(project_ids) if project_ids else default
     return Principal(
         key_id=row.id,
         user_id=row.user_id,
-        account_id=row.account_id,
+        account_id=account_id,
         scope=Scope(row.scope),
-        default_project_id=default_project_id(session, row.account_id),
+        default_project_id=default,
+        role=Role(member.role) if member is not None else Role.OWNER,
+        member_id=member.id if member is not None else None,
+        operator=operator,
+        project_ids=project_ids,
+        key_name=row.name,
     )
+
+
+def _selected_account(session: Session, key: ApiKey, selection: AccountSelection | None) -> int:
+    if selection is None:
+        return key.account_id
+    account_id = selection.account_id
+    if selection.active_iam is not None:
+        iam = selection.active_iam
+        member = session.get(Member, iam) if 0 < iam < 2**31 else None
+        if member is None or member.user_id != key.user_id:
+            raise Forbidden(f"active_iam {iam} is not a membership of this user")
+        if account_id is not None and account_id != member.account_id:
+            raise Forbidden("active_iam and X-Gpuyard-Account name different accounts")
+        account_id = member.account_id
+    return account_id if account_id is not None else key.account_id
+
+
+def _allowed_projects(
+    session: Session, key: ApiKey, member: Member | None, account_id: int
+) -> frozenset[int] | None:
+    """The key's project (when restricted to one), else the projects a member or
+    viewer was given (when any), else None (every project)."""
+    if key.project_id is not None:
+        return frozenset({key.project_id})
+    if member is None or member.role not in (Role.MEMBER.value, Role.VIEWER.value):
+        return None
+    given = frozenset(
+        session.scalars(
+            select(ProjectMember.project_id)
+            .join(Project, Project.id == ProjectMember.project_id)
+            .where(ProjectMember.member_id == member.id, Project.account_id == account_id)
+        )
+    )
+    return given or None
 
 
 def create_account(

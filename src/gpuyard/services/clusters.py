@@ -38,6 +38,7 @@ from gpuyard.core.states import (
     ClusterStatus,
     allowed_actions,
 )
+from gpuyard.services.admission import admit
 from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.autoterm_policy import merge_policy
 from gpuyard.services.catalog import find_gpu_type
@@ -333,6 +334,8 @@ def create_cluster(
         cluster.ports = _with_host_ports(tuple(body.ports), assigned)
         cluster.host_id = placement.host_id
         cluster.gpu_indices = list(placement.gpu_indices)
+        session.flush()
+        admit(session, principal.account_id, project_id, cluster_id)
         refuse_spent_policy(
             session, cluster.auto_terminate, rate_of(session, cluster, ctx, running=True).total, now
         )
@@ -578,6 +581,7 @@ def start_cluster(
                 cluster.host_id = placement.host_id
                 new = rate_of(session, cluster, ctx, running=True).total
                 refuse_spent_policy(session, cluster.auto_terminate, new, now)
+                admit(session, principal.account_id, cluster.project_id, cluster.id)
         except Conflict:
             continue
         ctx.wake()

@@ -36,7 +36,7 @@ from gpuyard.api.graphql.schema import SCHEMA
 from gpuyard.api.graphql.settings import GraphQLSettings
 from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.json_body import OFF_LOOP_BYTES
-from gpuyard.api.state import AppState, app_state, key_from_request
+from gpuyard.api.state import AppState, app_state, key_from_request, selection_from
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.input_rules import MAX_JSON_DEPTH, json_too_deep
 from gpuyard.core.text import nul_path
@@ -220,7 +220,7 @@ def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
         and input)."""
         state = app_state(request)
         try:
-            principal = await state.principal(key_from_request(request))
+            principal = await state.principal(key_from_request(request), selection_from(request))
         except GpuyardError as exc:
             headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
             return _json(request_error(exc.code, exc.message), exc.http_status, headers)

@@ -1,0 +1,50 @@
+"""What each REST route needs of the acting membership's role (core/roles.py).
+
+Checked once per request where the principal is resolved (api/state.py), from the
+matched route's path template and the method, so no route can forget it. Routes with
+checks of their own (the operator's: hosts, images, orphans, accounts) and the
+catalog (GPU types, locations, plans: anybody with a key) need nothing here.
+"""
+
+from __future__ import annotations
+
+from gpuyard.core.roles import Permission
+
+_READ = frozenset({"GET", "HEAD", "OPTIONS"})
+
+# Path prefixes whose routes check on their own, or need only a valid key.
+_OWN_CHECKS = (
+    "/v1/hosts",
+    "/v1/images",
+    "/v1/orphans",
+    "/v1/gpu-types",
+    "/v1/locations",
+    "/v1/plans",
+    "/v1/accounts",
+    "/v1/invitations",
+    "/v1/audit-events",
+    "/v1/me",
+)
+_BILLING = ("/v1/billing",)
+_OWN_KEYS = ("/v1/ssh-keys", "/v1/api-keys")
+_PROJECTS = ("/v1/projects",)
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def route_permission(method: str, path: str) -> Permission | None:
+    """The permission a request of ``method`` on the route ``path`` (its template,
+    e.g. ``/v1/clusters/{cluster_id}``) needs; None when the route decides itself."""
+    reading = method.upper() in _READ
+    if _under(path, _OWN_CHECKS):
+        return None
+    if _under(path, _BILLING):
+        return Permission.READ_BILLING if reading else Permission.MANAGE_BUDGET
+    if _under(path, _OWN_KEYS):
+        return Permission.OWN_KEYS
+    if _under(path, _PROJECTS):
+        # Every member may see the account's projects; only admins change them.
+        return None if reading else Permission.MANAGE_PROJECTS
+    return Permission.READ_RESOURCES if reading else Permission.WRITE_RESOURCES
