@@ -37,6 +37,7 @@ from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
 from gpuyard.api.nul_guard import NulGuard
 from gpuyard.api.rate_limit import RateLimit, RateLimiter, RateLimits, seconds_of
+from gpuyard.api.request_ids import RequestIds
 from gpuyard.api.state import AppState
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
@@ -166,6 +167,8 @@ def build_server(
     )
     errors.install(app)
     method_not_allowed.install(app)
+    # Inside the fast path (which records nothing): one id per routed request.
+    app.add_middleware(RequestIds)
     app.add_middleware(ClusterReadFastPath)
     # Ahead of the fast path and routing: no NUL in a path or query reaches a query.
     app.add_middleware(NulGuard)

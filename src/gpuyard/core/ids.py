@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import string
+from contextvars import ContextVar, Token
 
 _ALPHABET = string.ascii_lowercase + string.digits
 
@@ -13,8 +14,23 @@ def new_cluster_id() -> str:
     return "".join(secrets.choice(_ALPHABET) for _ in range(14))
 
 
+# The id of the request being served (set by api/request_ids.py): every envelope and
+# audit event of one request carries the same id.
+_CURRENT_REQUEST_ID: ContextVar[str | None] = ContextVar("gpuyard_request_id", default=None)
+
+
 def new_request_id() -> str:
-    return "req_" + secrets.token_hex(8)
+    """The current request's id when one is being served, else a fresh one."""
+    return _CURRENT_REQUEST_ID.get() or "req_" + secrets.token_hex(8)
+
+
+def begin_request() -> Token[str | None]:
+    """Give the request served in this context an id of its own; reset with the token."""
+    return _CURRENT_REQUEST_ID.set("req_" + secrets.token_hex(8))
+
+
+def end_request(token: Token[str | None]) -> None:
+    _CURRENT_REQUEST_ID.reset(token)
 
 
 def new_snapshot_id() -> str:
