@@ -14,7 +14,8 @@ from starlette.requests import HTTPConnection
 
 from gpuyard.api.permissions import route_permission
 from gpuyard.api.read_lane import ReadLane
-from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
+from gpuyard.core.roles import Permission
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import AccountSelection, Principal, hash_key, resolve_key
 from gpuyard.services.context import Context
@@ -186,4 +187,21 @@ async def current_principal(request: Request) -> Principal:
     needed = route_permission(request.method, path)
     if needed is not None:
         principal.require_permission(needed)
+    return principal
+
+
+async def account_principal(
+    request: Request, account_id: int, permission: Permission | None
+) -> Principal:
+    """The caller acting for account ``account_id`` (a path's ``{account_id}``) with
+    ``permission`` in it (None: any role). An account the caller is no member of is
+    404, never revealing that it exists; the operator acts in every account."""
+    state = app_state(request)
+    key = key_from_request(request)
+    try:
+        principal = await state.principal(key, AccountSelection(account_id=account_id))
+    except Forbidden as exc:
+        raise NotFound(f"account {account_id} not found", {"account_id": account_id}) from exc
+    if permission is not None:
+        principal.require_permission(permission)
     return principal

@@ -703,6 +703,13 @@ def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cl
 def request_drain_stop(ctx: Context, cluster_id: str, reason: str) -> None:
     """Stop a cluster because its host drains (the reconciler starts it again on
     another host once it has stopped: ``restart_drained``)."""
+    control_plane_stop(ctx, cluster_id, reason)
+
+
+def control_plane_stop(ctx: Context, cluster_id: str, reason: str) -> None:
+    """Stop a cluster for the control plane's own reason (a drain, a suspension, a
+    spent budget), named in its events; its volume is kept. A cluster that is no
+    longer running (stopping already, stopped, terminated) is left as it is."""
     with ctx.read() as session:
         principal = owner_principal(session, cluster_id)
     if principal is None:
