@@ -151,6 +151,14 @@ class Settings(BaseSettings):
     idle_gpu_percent: float = 10.0
     idle_sample_interval_s: float = 15.0
 
+    # Budget webhooks (services/webhooks.py): targets on loopback, link-local, private
+    # or other non-public addresses are refused unless allowed here (a webhook must
+    # not be a way into the operator's network). Each attempt gives up after
+    # ``webhook_timeout_s``; after ``webhook_max_attempts`` a delivery is failed.
+    webhook_allow_private: bool = False
+    webhook_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    webhook_max_attempts: int = Field(default=8, ge=1, le=50)
+
     # Training clusters: where their SSH ports listen, how long a node may take to
     # show up in Slurm, how long update_image waits for a drained node's jobs.
     training_bind_address: str = "0.0.0.0"

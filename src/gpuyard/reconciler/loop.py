@@ -31,6 +31,7 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.states import HOLDS_COMPUTE, IN_MOTION, MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.autoterminate import AutoTerminator
+from gpuyard.reconciler.budget_watch import BudgetWatch
 from gpuyard.reconciler.driver import ClusterDriver
 from gpuyard.reconciler.orphans import VolumeCollector
 from gpuyard.reconciler.snapshots import SnapshotWorker, repository_for
@@ -45,6 +46,7 @@ from gpuyard.services.idempotency import purge_expired
 from gpuyard.services.moves import COPYING, DRAIN_STOP
 from gpuyard.services.replica import replica_id
 from gpuyard.services.snapshots import restore_holders, snapshots_to_take
+from gpuyard.services.webhooks import deliver as deliver_webhook
 from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class _AllMine:
 AUTOTERM_DUTY = "autoterm"
 MAINTENANCE_DUTY = "maintenance"
 TRAINING_DUTY = "training"
+# Budget alerts, stops at a spent budget, and webhook deliveries.
+BUDGET_DUTY = "budget"
 
 URGENT = "urgent"
 SLOW = "slow"
@@ -79,6 +83,9 @@ SLOW = "slow"
 # lanes of their own so they never hold up a start or a stop.
 STORAGE = "storage"
 STORAGE_WORKERS = 4
+# Webhook deliveries: outbound POSTs that may take their timeout, off the other lanes.
+WEBHOOKS = "webhooks"
+WEBHOOK_WORKERS = 4
 # Statuses whose work must never wait behind slow work.
 _URGENT_STATUSES = {ClusterStatus.STOPPING.value, ClusterStatus.TERMINATING.value}
 
@@ -109,6 +116,7 @@ class Reconciler:
         self.driver = ClusterDriver(ctx, self.fleet.for_host)
         self.driver.on_restart_due = self._restart_due_at
         self.autoterm = AutoTerminator(ctx, self.fleet.for_host)
+        self.budget = BudgetWatch(ctx, dispatch=self._send_webhook)
         # Measured volume usage and network volume removals, per engine.
         self.volume_usage = VolumeUsage(ctx)
         self.observe_every_s = observe_every_s
@@ -123,7 +131,12 @@ class Reconciler:
         self._volume_scan_lock = threading.Lock()
         self._workers = max(2, ctx.settings.reconcile_workers)
         self.queue = WorkQueue(
-            {URGENT: self._workers, SLOW: self._workers, STORAGE: STORAGE_WORKERS},
+            {
+                URGENT: self._workers,
+                SLOW: self._workers,
+                STORAGE: STORAGE_WORKERS,
+                WEBHOOKS: WEBHOOK_WORKERS,
+            },
             on_done=self.wake,
         )
         self.snapshots = SnapshotWorker(
@@ -230,10 +243,17 @@ class Reconciler:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            # Sleep no longer than until the next auto-termination deadline or restart.
+            # Sleep no longer than until the next auto-termination deadline, restart,
+            # budget crossing or webhook retry.
             timeout = self.ctx.settings.reconcile_interval_s
             dues = [
-                d for d in (self.autoterm.seconds_until_next(), self._restart_in()) if d is not None
+                d
+                for d in (
+                    self.autoterm.seconds_until_next(),
+                    self._restart_in(),
+                    self.budget.seconds_until_next(),
+                )
+                if d is not None
             ]
             sleep_s = min([timeout, *dues])
             due_at = time.monotonic() + sleep_s
@@ -296,6 +316,11 @@ class Reconciler:
                 self.autoterm.run(fence=self.leases.fence(AUTOTERM_DUTY))
             except Exception:  # never let a policy problem stop the lifecycle work
                 log.exception("auto-termination pass failed")
+        if self.leases.holds(BUDGET_DUTY):
+            try:
+                self.budget.run()
+            except Exception:  # a budget problem never stops the lifecycle work
+                log.exception("budget watch pass failed")
         if observe is False:
             return
         if time.monotonic() - self._last_heartbeat >= self.heartbeat_every_s or observe:
@@ -367,6 +392,15 @@ class Reconciler:
     def _host_of(self, cluster_id: str) -> int | None:
         with self.ctx.read() as session:
             return session.scalar(select(Cluster.host_id).where(Cluster.id == cluster_id))
+
+    def _send_webhook(self, delivery_id: int) -> None:
+        """One attempt of a due webhook delivery, on the webhook lane."""
+
+        def job() -> None:
+            deliver_webhook(self.ctx, delivery_id)
+
+        if not self._stopping.is_set():
+            self.queue.submit(("webhook", delivery_id), WEBHOOKS, job)
 
     def _restart_due_at(self, cluster_id: str, at: datetime) -> None:
         with self._lock:
