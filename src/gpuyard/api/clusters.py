@@ -42,7 +42,9 @@ SETTLED = {
 
 
 def _detail(state: AppState, principal: Principal, cluster_id: str) -> cluster_views.ClusterDetails:
-    return cluster_views.load_visible(state.ctx, principal.account_id, cluster_id)
+    return cluster_views.load_visible(
+        state.ctx, principal.account_id, cluster_id, principal.project_ids
+    )
 
 
 async def _wait_settled(

@@ -25,6 +25,17 @@ _OWN_CHECKS = (
     "/v1/audit-events",
     "/v1/me",
 )
+# Routes that need no key at all, or resolve and check the principal themselves
+# (GraphQL per field: api/graphql/access.py; the metrics scrape: the operator).
+_NOT_HERE = ("/healthz", "/graphql", "/metrics")
+# Reads that hand out a way to change or run code in a cluster: the one-time link to a
+# private port (often a notebook) and the web terminal need what a change needs.
+_WRITES_BY_GET = frozenset(
+    {
+        "/v1/clusters/{cluster_id}/ports/{port}/open",
+        "/v1/clusters/{cluster_id}/terminal",
+    }
+)
 _BILLING = ("/v1/billing",)
 _OWN_KEYS = ("/v1/ssh-keys", "/v1/api-keys")
 _PROJECTS = ("/v1/projects",)
@@ -38,8 +49,10 @@ def route_permission(method: str, path: str) -> Permission | None:
     """The permission a request of ``method`` on the route ``path`` (its template,
     e.g. ``/v1/clusters/{cluster_id}``) needs; None when the route decides itself."""
     reading = method.upper() in _READ
-    if _under(path, _OWN_CHECKS):
+    if _under(path, _OWN_CHECKS) or _under(path, _NOT_HERE):
         return None
+    if path in _WRITES_BY_GET:
+        return Permission.WRITE_RESOURCES
     if _under(path, _BILLING):
         return Permission.READ_BILLING if reading else Permission.MANAGE_BUDGET
     if _under(path, _OWN_KEYS):

@@ -26,10 +26,12 @@ from gpuyard.api.schemas import Meta, documented
 from gpuyard.api.state import app_state, current_principal, key_from
 from gpuyard.api.views import iso
 from gpuyard.core.errors import Forbidden, NotFound, Unauthorized
-from gpuyard.core.proxy import SESSION_COOKIE, page_html
+from gpuyard.core.proxy import SESSION_COOKIE, page_html, parse_host
 from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER, UNAVAILABLE_PATH
 from gpuyard.services import proxy_access
-from gpuyard.services.auth import Principal
+from gpuyard.services.auth import AccountSelection, Principal
+from gpuyard.services.clusters import owner_principal
+from gpuyard.services.context import Context
 from gpuyard.services.proxy_routes import proxy_base
 
 router = APIRouter(tags=["access"], responses=ERROR_RESPONSES)
@@ -128,26 +130,51 @@ async def open_port(
     )
 
 
+def _owner(ctx: Context, cluster_id: str) -> tuple[int, int] | None:
+    """The account and project of cluster ``cluster_id``; None when there is none."""
+    with ctx.read() as session:
+        owner = owner_principal(session, cluster_id)
+    return None if owner is None else (owner.account_id, owner.default_project_id)
+
+
 @router.get(AUTHORIZE_PATH, include_in_schema=False)
 async def authorize(request: Request) -> Response:
     """The proxy's check of an API key sent to a private port (forward_auth): 200 lets
-    the request through; the 401/404 pages are what the browser then shows."""
+    the request through; the 401/404 pages are what the browser then shows. The key
+    acts for the cluster's account (its user must be a member of it) and needs
+    WRITE_RESOURCES there (a private port is often a notebook, which runs code: as
+    much as the terminal); a cluster of a project the key may not use is 404."""
     state = app_state(request)
     # X-Gpuyard-Api-Key first: beside it, Authorization may be the application's own.
     key = request.headers.get(KEY_HEADER) or key_from(
         request.headers.get("authorization"), lambda _name: None
     )
     host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
+    target = parse_host(host, state.ctx.settings.proxy_domain)
+    owner = None if target is None else await run_in_threadpool(_owner, state.ctx, target[0])
+    # The key acts for the cluster's account: a member of it through another home
+    # account passes; a key that may not act for it (no membership, restricted to
+    # another account) hears what a stranger hears.
+    selection = None if owner is None else AccountSelection(account_id=owner[0])
     try:
-        principal = await state.principal(key)
+        principal = await state.principal(key, selection)
     except Unauthorized:
         return _page(401, "Sign-in required", "The API key was not accepted.")
+    except Forbidden:
+        return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
+    if owner is not None and not principal.may_use_project(owner[1]):
+        return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
     try:
         await run_in_threadpool(proxy_access.authorize, state.ctx, principal, host)
     except NotFound:
         return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
     except Forbidden:
-        return _page(403, "Read-only key", "A private port needs a key with write scope.")
+        return _page(
+            403,
+            "Not allowed",
+            "A private port needs a key with write scope, of a member whose role may "
+            "change clusters (not viewer or billing).",
+        )
     return Response(status_code=200, headers={"Cache-Control": "no-store"})
 
 

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from gpuyard.api import views
 from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.json_body import loads
-from gpuyard.api.state import AppState, app_state, key_from_request, selection_from
+from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.api.training_openapi import ACTION_BODY, CREATE_BODY, operation
 from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
 from gpuyard.core.input_rules import parse_id
@@ -122,10 +122,12 @@ Work = Callable[[AppState, Principal, training.Scope, dict[str, Any]], tuple[int
 async def _handle(request: Request, work: Work, *, with_body: bool = False) -> JSONResponse:
     """Authenticate, parse the scope (and the JSON body when ``with_body``; otherwise
     ``work`` gets ``{}``), run ``work`` in a worker thread and render. A caller without
-    a valid key hears 401 before anything about its request is judged."""
+    a valid key hears 401, and one whose role may not use the route (reads need
+    READ_RESOURCES, the rest WRITE_RESOURCES: api/permissions.py) 403, before anything
+    about its request is judged."""
     try:
         state = app_state(request)
-        principal = await state.principal(key_from_request(request), selection_from(request))
+        principal = await current_principal(request)
         scope = _scope(request)
         body = await _body(request) if with_body else {}
         code, data, message = await run_in_threadpool(work, state, principal, scope, body)
@@ -160,7 +162,6 @@ async def create_training_cluster(
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        p.require_write()  # a read-only key hears 403 before its body is judged
         spec = parse_cluster_spec(body)
         ctx = state.ctx
         # The query scope is part of the request: a key reused for another project
@@ -213,7 +214,6 @@ async def act_on_training_cluster(request: Request) -> JSONResponse:
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
         cluster_id = _cluster_id(request)
-        p.require_write()  # a read-only key hears 403 before its body is judged
         action = parse_action_request(body)
         result = training.perform_action(state.ctx, p, scope, cluster_id, action)
         if result.kind == "reserved_ip":

@@ -159,14 +159,21 @@ _VISIBLE = (
 )
 
 
-def load_visible(ctx: Context, account_id: int, cluster_id: str) -> ClusterDetails:
+def _in_projects(cluster: Cluster, project_ids: frozenset[int] | None) -> bool:
+    return project_ids is None or cluster.project_id in project_ids
+
+
+def load_visible(
+    ctx: Context, account_id: int, cluster_id: str, project_ids: frozenset[int] | None = None
+) -> ClusterDetails:
     """The read path of ``GET /v1/clusters/{id}``: the context's accelerated reader
     when it has one, else one prepared Core query on a plain connection; hosts and
-    GPU types come from the reference cache. Raises ClusterNotFound for an unknown id
-    or another account's cluster."""
+    GPU types come from the reference cache. Raises ClusterNotFound for an unknown id,
+    another account's cluster, or (``project_ids`` given: the caller's
+    ``Principal.project_ids``) a cluster of a project the caller may not use."""
     if ctx.cluster_reader is not None:
         cluster = ctx.cluster_reader(cluster_id, account_id)
-        if cluster is None:
+        if cluster is None or not _in_projects(cluster, project_ids):
             raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
         intervals = {cluster_id: ctx.cluster_reader.intervals(cluster_id)}
         return details(ctx, [cluster], intervals=intervals)[0]
@@ -175,7 +182,7 @@ def load_visible(ctx: Context, account_id: int, cluster_id: str) -> ClusterDetai
         # A Row has the Cluster's column attributes; building an ORM instance would
         # cost more than the query.
         cluster = cast(Cluster | None, row.first())
-        if cluster is None:
+        if cluster is None or not _in_projects(cluster, project_ids):
             raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
         return details(ctx, [cluster], conn)[0]
 

@@ -112,22 +112,27 @@ def request_of(c: Cluster, cloud_type: CloudType = CloudType.ALL) -> ResourceReq
 
 
 def _project_for(session: Session, principal: Principal, project_id: int | None) -> int:
+    """The project a create lands in: ``project_id`` when it is the acting account's
+    and one the caller may use, else the caller's default. A project of another
+    account, or one the caller is not given (a key or membership restricted to some
+    projects), is 404 like none."""
     if project_id is None:
         return principal.default_project_id
     owner = session.scalar(select(Project.account_id).where(Project.id == project_id))
-    if owner != principal.account_id:
+    if owner != principal.account_id or not principal.may_use_project(project_id):
         raise NotFound(f"project {project_id} not found", {"project_id": project_id})
     return project_id
 
 
 def load_cluster(session: Session, principal: Principal, cluster_id: str) -> Cluster:
-    """The caller's cluster; another account's id is indistinguishable from none."""
+    """The caller's cluster; another account's id, and a cluster of a project the
+    caller may not use (``principal.project_ids``), are indistinguishable from none."""
     cluster = session.scalar(
         select(Cluster)
         .join(Project, Project.id == Cluster.project_id)
         .where(Cluster.id == cluster_id, Project.account_id == principal.account_id)
     )
-    if cluster is None:
+    if cluster is None or not principal.may_use_project(cluster.project_id):
         raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
     return cluster
 
@@ -778,7 +783,9 @@ def list_clusters(
     page: int = 1,
     per_page: int = 50,
 ) -> ClusterPage:
-    """The account's clusters, newest first. Terminated ones only when asked for."""
+    """The account's clusters, newest first. Terminated ones only when asked for.
+    A caller restricted to some projects sees only theirs (another ``project_id``
+    lists nothing)."""
     # Plain column rows, not ORM objects: a page of clusters is read, never changed,
     # and building instances costs more than the query (rows carry the same names).
     q = (
@@ -786,6 +793,8 @@ def list_clusters(
         .join(Project, Project.id == Cluster.project_id)
         .where(Project.account_id == principal.account_id)
     )
+    if principal.project_ids is not None:
+        q = q.where(Cluster.project_id.in_(sorted(principal.project_ids)))
     if project_id is not None:
         q = q.where(Cluster.project_id == project_id)
     if status:

@@ -86,12 +86,16 @@ class GqlContext:
 
     def cluster(self, cluster_id: str) -> cluster_views.ClusterDetails:
         """One of the caller's clusters (terminated ones included). Raises
-        ClusterNotFound for an unknown id or another account's cluster."""
+        ClusterNotFound for an unknown id, another account's cluster or one of a
+        project the caller may not use."""
         if self._clusters is not None:
             for d in self._clusters:
                 if d.cluster.id == cluster_id:
                     return d
-        return cluster_views.load_visible(self.ctx, self.principal.account_id, cluster_id)
+        principal = self.principal
+        return cluster_views.load_visible(
+            self.ctx, principal.account_id, cluster_id, principal.project_ids
+        )
 
     def stats(self, cluster_id: str) -> ContainerStats | None:
         """Container stats from the runtime, outside any transaction. The first call

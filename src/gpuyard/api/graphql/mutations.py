@@ -3,12 +3,14 @@
 """Root mutations: the seed's ``cluster*`` names and RunPod's ``pod*`` names, each
 pair answering through the same use case. Each returns at once (the reconciler does
 the runtime work); the answer shows the recorded intent (``desiredStatus``) and the
-real ``status``."""
+real ``status``. Each needs WRITE_RESOURCES of the caller's role, except
+``updateUserSettings`` (OWN_KEYS; api/graphql/access.py)."""
 
 from __future__ import annotations
 
 import strawberry
 
+from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.errors import renamed
 from gpuyard.api.graphql.inputs import (
     GRAPHQL_NAMES,
@@ -32,6 +34,7 @@ from gpuyard.api.graphql.inputs import (
 from gpuyard.api.graphql.queries import one_pod, user_of
 from gpuyard.api.graphql.types import Info, Pod, User
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.core.roles import Permission
 from gpuyard.services import clusters as uc
 from gpuyard.services import idempotency as idem
 from gpuyard.services import spot
@@ -51,6 +54,7 @@ def deploy(
     input answers the same pod (IDEMPOTENCY_KEY_REUSED for another mutation or input
     under that key)."""
     gctx = info.context
+    require(gctx, Permission.WRITE_RESOURCES)
     claim = idem.claim_for(
         gctx.ctx,
         gctx.principal,
@@ -92,6 +96,7 @@ def resume(info: Info, cluster_id: str, gpu_count: int | None) -> Pod:
     Raises InvalidState, InsufficientCapacity ("not enough free GPUs on the host
     machine"), ValidationFailed or ClusterNotFound; nothing changes on error."""
     gctx = info.context
+    require(gctx, Permission.WRITE_RESOURCES)
     wanted = _gpu_count(gpu_count)
     current = uc.get_cluster(gctx.ctx, gctx.principal, cluster_id)
     body = StartCluster()
@@ -106,6 +111,7 @@ def bid_resume(info: Info, cluster_id: str, bid_per_gpu: float, gpu_count: int |
     bids when its host is full). Raises as :func:`resume` does, and VALIDATION_ERROR
     for a bid below the spot floor."""
     gctx = info.context
+    require(gctx, Permission.WRITE_RESOURCES)
     count = _gpu_count(gpu_count)
     try:
         spot.bid_resume_cluster(gctx.ctx, gctx.principal, cluster_id, bid_per_gpu, count)
@@ -116,12 +122,14 @@ def bid_resume(info: Info, cluster_id: str, bid_per_gpu: float, gpu_count: int |
 
 def stop(info: Info, cluster_id: str) -> Pod:
     gctx = info.context
+    require(gctx, Permission.WRITE_RESOURCES)
     uc.stop_cluster(gctx.ctx, gctx.principal, cluster_id)
     return one_pod(info, cluster_id)
 
 
 def terminate(info: Info, cluster_id: str) -> None:
     gctx = info.context
+    require(gctx, Permission.WRITE_RESOURCES)
     uc.terminate_cluster(gctx.ctx, gctx.principal, cluster_id)
 
 
@@ -192,7 +200,7 @@ class Mutation:
     def update_user_settings(self, info: Info, input: UpdateUserSettingsInput) -> User:
         gctx = info.context
         if input.pub_key is not None:
-            gctx.principal.require_write()
+            require(gctx, Permission.OWN_KEYS)
             with gctx.ctx.transaction() as session:
                 replace_keys_from_text(session, gctx.principal.account_id, input.pub_key)
         return user_of(info)

@@ -1,20 +1,25 @@
 # Strawberry's field decorators are typed as returning Any; the resolvers are typed.
 # mypy: disable-error-code="untyped-decorator"
 """Root query: the caller (``myself``), one cluster by id (``cluster``/``pod``) and
-the GPU catalog (``gpuTypes``). Every read is scoped to the caller's account."""
+the GPU catalog (``gpuTypes``). Every read is scoped to the caller's account; what
+each field needs of the caller's role is in api/graphql/access.py."""
 
 from __future__ import annotations
 
 import strawberry
 
+from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.inputs import ClusterFilter, GpuTypeFilter, PodFilter
 from gpuyard.api.graphql.types import GpuType, Info, Pod, User, gpu_type_from, pod_from
+from gpuyard.core.roles import Permission
 from gpuyard.services.catalog import find_gpu_type, list_gpu_types
 from gpuyard.services.ssh_keys import account_public_keys
 
 
 def one_pod(info: Info, cluster_id: str) -> Pod:
-    """The caller's cluster. Raises ClusterNotFound (also for another account's id)."""
+    """The caller's cluster. Raises Forbidden (a role that may not read resources),
+    ClusterNotFound (also for another account's id)."""
+    require(info.context, Permission.READ_RESOURCES)
     d = info.context.cluster(cluster_id)
     return pod_from(d, info.context.ctx.clock.now())
 

@@ -17,10 +17,12 @@ from enum import Enum
 
 import strawberry
 
+from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.context import GqlContext
 from gpuyard.api.graphql.inputs import GpuLowestPriceInput
 from gpuyard.api.views import iso, proxy_url
 from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity
+from gpuyard.core.roles import Permission
 from gpuyard.core.secret_env import masked_env
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services import spot
@@ -374,6 +376,7 @@ class User:
     @strawberry.field(description="The account's network volumes, newest first.")
     def network_volumes(self, info: Info) -> list[NetworkVolume]:
         gctx = info.context
+        require(gctx, Permission.READ_RESOURCES)
         return [
             NetworkVolume(id=v.id, name=v.name, size=v.size_gb, data_center_id=v.location)
             for v in list_network_volumes(gctx.ctx, gctx.principal)
@@ -381,6 +384,7 @@ class User:
 
     @strawberry.field(description="The account's clusters (not terminated), newest first.")
     def clusters(self, info: Info) -> list[Pod]:
+        require(info.context, Permission.READ_RESOURCES)
         now = info.context.ctx.clock.now()
         return [pod_from(d, now) for d in info.context.clusters()]
 
@@ -391,5 +395,6 @@ class User:
 
     @strawberry.field(description="What the account's clusters cost per hour now.")
     def current_spend_per_hr(self, info: Info) -> float:
+        require(info.context, Permission.READ_BILLING)
         now = info.context.ctx.clock.now()
         return round(sum(pod_from(d, now).cost_per_hr for d in info.context.clusters()), 6)

@@ -1,0 +1,26 @@
+"""What each GraphQL field needs of the acting membership's role (core/roles.py): the
+GraphQL half of api/permissions.py.
+
+- queries read resources (READ_RESOURCES): ``cluster``, ``pod``, ``myself { clusters
+  pods networkVolumes }``;
+- the spend of the account (``myself { currentSpendPerHr }``) is billing
+  (READ_BILLING);
+- the caller itself (``myself { id pubKey }``) and the GPU catalog (``gpuTypes``) need
+  only a valid key, as the REST catalog does;
+- mutations change resources (WRITE_RESOURCES), except ``updateUserSettings``, whose
+  ``pubKey`` is the caller's SSH keys (OWN_KEYS, as ``/v1/ssh-keys``).
+
+A refused field answers null with a FORBIDDEN error in ``errors[]``
+(``extensions.code``, api/graphql/errors.py); the other fields of the operation stand.
+The check runs first in each resolver, before anything is read or claimed.
+"""
+
+from __future__ import annotations
+
+from gpuyard.api.graphql.context import GqlContext
+from gpuyard.core.roles import Permission
+
+
+def require(gctx: GqlContext, permission: Permission) -> None:
+    """Raises Forbidden unless the caller's role and key scope allow ``permission``."""
+    gctx.principal.require_permission(permission)
