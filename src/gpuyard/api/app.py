@@ -20,6 +20,7 @@ from gpuyard.api import budgets as budgets_api
 from gpuyard.api import cluster_logs as cluster_logs_api
 from gpuyard.api import hosts as hosts_api
 from gpuyard.api import images as images_api
+from gpuyard.api import me as me_api
 from gpuyard.api import metrics as metrics_api
 from gpuyard.api import network_volumes as network_volumes_api
 from gpuyard.api import orphans as orphans_api
@@ -217,6 +218,7 @@ def build_server(
     app.include_router(quotas_api.router)
     app.include_router(budgets_api.router)
     app.include_router(audit_api.router)
+    app.include_router(me_api.router)
     # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.
     app.include_router(graphql_router(), include_in_schema=False)

@@ -8,16 +8,33 @@ exists).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
+from gpuyard.core.errors import Conflict, Forbidden, GpuyardError, NotFound, ValidationFailed
+from gpuyard.core.states import ClusterStatus
+from gpuyard.core.training import TrainingStatus
+from gpuyard.services.audit import record_audit
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.resource_util import in_id_range
-from gpuyard.store.schema import Member, Project
+from gpuyard.store.schema import (
+    ApiKey,
+    Cluster,
+    Member,
+    NetworkVolume,
+    Project,
+    ProjectMember,
+    Quota,
+    ReservedIp,
+    SecurityGroup,
+    Snapshot,
+    TrainingCluster,
+    User,
+)
 
 
 class ProjectNotFound(NotFound):
@@ -124,4 +141,259 @@ def create_project(
         project = Project(account_id=account_id, name=name, is_default=False)
         session.add(project)
         session.flush()
+        record_audit(
+            session,
+            principal,
+            account_id=account_id,
+            action="project.create",
+            target_type="project",
+            target_id=project.id,
+            detail={"name": name},
+            now=ctx.clock.now(),
+        )
         return project
+
+
+class ProjectNotEmpty(GpuyardError):
+    """A project still holding live resources cannot be deleted; ``details`` lists
+    them by kind (ids)."""
+
+    code = "PROJECT_NOT_EMPTY"
+    http_status = 409
+
+
+def _own_project(session: Session, principal: Principal, project_id: int) -> Project:
+    """A project of the acting account the caller may act in, else ProjectNotFound."""
+    project = session.get(Project, project_id) if in_id_range(project_id) else None
+    if (
+        project is None
+        or project.account_id != principal.account_id
+        or not principal.may_use_project(project_id)
+    ):
+        raise ProjectNotFound(f"project {project_id} not found", {"project_id": project_id})
+    return project
+
+
+def rename_project(ctx: Context, principal: Principal, project_id: int, name: str) -> Project:
+    """Rename a project of the acting account. Raises ProjectNotFound, ValidationFailed."""
+    name = name.strip()
+    if not name or len(name) > 200:
+        raise ValidationFailed("name", "must be 1 to 200 characters")
+    with ctx.transaction() as session:
+        project = _own_project(session, principal, project_id)
+        if project.name != name:
+            record_audit(
+                session,
+                principal,
+                account_id=project.account_id,
+                action="project.rename",
+                target_type="project",
+                target_id=project.id,
+                detail={"from": project.name, "to": name},
+                now=ctx.clock.now(),
+            )
+            project.name = name
+        session.flush()
+        return project
+
+
+def project_contents(session: Session, project_id: int) -> dict[str, list[str]]:
+    """What keeps a project from being deleted, by kind: clusters not terminated,
+    network volumes and snapshots not deleted, training clusters not deleted,
+    reserved IPs, security groups and live keys restricted to it."""
+    found: dict[str, list[str]] = {}
+
+    def add(kind: str, ids: Iterable[object]) -> None:
+        listed = [str(i) for i in ids]
+        if listed:
+            found[kind] = listed[:50]
+
+    add(
+        "clusters",
+        session.scalars(
+            select(Cluster.id).where(
+                Cluster.project_id == project_id, Cluster.status != ClusterStatus.TERMINATED.value
+            )
+        ),
+    )
+    add(
+        "network_volumes",
+        session.scalars(
+            select(NetworkVolume.id).where(
+                NetworkVolume.project_id == project_id, NetworkVolume.deleted_at.is_(None)
+            )
+        ),
+    )
+    add(
+        "snapshots",
+        session.scalars(
+            select(Snapshot.id).where(
+                Snapshot.project_id == project_id, Snapshot.deleted_at.is_(None)
+            )
+        ),
+    )
+    add(
+        "training_clusters",
+        session.scalars(
+            select(TrainingCluster.id).where(
+                TrainingCluster.project_id == project_id,
+                TrainingCluster.status != TrainingStatus.DELETED.value,
+            )
+        ),
+    )
+    add(
+        "reserved_ips",
+        session.scalars(select(ReservedIp.id).where(ReservedIp.project_id == project_id)),
+    )
+    add(
+        "security_groups",
+        session.scalars(select(SecurityGroup.id).where(SecurityGroup.project_id == project_id)),
+    )
+    add(
+        "api_keys",
+        session.scalars(
+            select(ApiKey.id).where(ApiKey.project_id == project_id, ApiKey.revoked_at.is_(None))
+        ),
+    )
+    return found
+
+
+def delete_project(ctx: Context, principal: Principal, project_id: int) -> None:
+    """Delete an empty, non-default project of the acting account. The rows of what it
+    once held (terminated clusters, deleted volumes and snapshots) move to the
+    account's default project (usage records keep the project they were billed to);
+    revoked keys restricted to it lose the restriction's project. Raises
+    ProjectNotFound, Conflict (the default project), ProjectNotEmpty."""
+    with ctx.transaction() as session:
+        project = _own_project(session, principal, project_id)
+        if project.is_default:
+            raise Conflict("the default project cannot be deleted", {"project_id": project_id})
+        left = project_contents(session, project_id)
+        if left:
+            raise ProjectNotEmpty(
+                f"project {project_id} still holds "
+                + ", ".join(f"{len(v)} {k}" for k, v in left.items()),
+                {"project_id": project_id, "left": left},
+            )
+        default = session.scalar(
+            select(Project.id).where(
+                Project.account_id == project.account_id, Project.is_default.is_(True)
+            )
+        )
+        if default is None:
+            raise Conflict("the account has no default project", {"project_id": project_id})
+        for table in (Cluster, NetworkVolume, Snapshot, TrainingCluster):
+            session.execute(
+                update(table).where(table.project_id == project_id).values(project_id=default)
+            )
+        session.execute(
+            update(ApiKey).where(ApiKey.project_id == project_id).values(project_id=None)
+        )
+        session.execute(delete(ProjectMember).where(ProjectMember.project_id == project_id))
+        session.execute(
+            delete(Quota).where(
+                Quota.account_id == project.account_id, Quota.project_id == project_id
+            )
+        )
+        record_audit(
+            session,
+            principal,
+            account_id=project.account_id,
+            action="project.delete",
+            target_type="project",
+            target_id=project_id,
+            detail={"name": project.name},
+            now=ctx.clock.now(),
+        )
+        session.delete(project)
+
+
+def list_project_members(
+    ctx: Context, principal: Principal, project_id: int
+) -> list[tuple[ProjectMember, Member, User]]:
+    """The memberships given this project, oldest grant first. Raises ProjectNotFound."""
+    with ctx.read() as session:
+        _own_project(session, principal, project_id)
+        return [
+            (pm, m, u)
+            for pm, m, u in session.execute(
+                select(ProjectMember, Member, User)
+                .join(Member, Member.id == ProjectMember.member_id)
+                .join(User, User.id == Member.user_id)
+                .where(ProjectMember.project_id == project_id)
+                .order_by(ProjectMember.id)
+            )
+        ]
+
+
+def add_project_member(
+    ctx: Context, principal: Principal, project_id: int, member_id: int
+) -> tuple[ProjectMember, Member, User]:
+    """Give a membership of the account this project (a member or viewer with at least
+    one project acts only in those). Raises ProjectNotFound, NotFound (member),
+    Conflict (already given)."""
+    with ctx.transaction() as session:
+        project = _own_project(session, principal, project_id)
+        member = session.get(Member, member_id) if in_id_range(member_id) else None
+        if member is None or member.account_id != project.account_id:
+            raise NotFound(f"member {member_id} not found", {"member_id": member_id})
+        exists = session.scalar(
+            select(ProjectMember.id).where(
+                ProjectMember.project_id == project_id, ProjectMember.member_id == member_id
+            )
+        )
+        if exists is not None:
+            raise Conflict(
+                f"member {member_id} already has project {project_id}",
+                {"member_id": member_id, "project_id": project_id},
+            )
+        row = ProjectMember(project_id=project_id, member_id=member_id, created_at=ctx.clock.now())
+        session.add(row)
+        session.flush()
+        record_audit(
+            session,
+            principal,
+            account_id=project.account_id,
+            action="project_member.add",
+            target_type="project",
+            target_id=project_id,
+            detail={"member_id": member_id, "user_id": member.user_id},
+            now=ctx.clock.now(),
+        )
+        user = session.get(User, member.user_id)
+        assert user is not None
+        return row, member, user
+
+
+def remove_project_member(
+    ctx: Context, principal: Principal, project_id: int, member_id: int
+) -> None:
+    """Take this project from a membership. Raises ProjectNotFound, NotFound (the
+    membership does not have it)."""
+    with ctx.transaction() as session:
+        project = _own_project(session, principal, project_id)
+        row = (
+            session.scalar(
+                select(ProjectMember).where(
+                    ProjectMember.project_id == project_id, ProjectMember.member_id == member_id
+                )
+            )
+            if in_id_range(member_id)
+            else None
+        )
+        if row is None:
+            raise NotFound(
+                f"member {member_id} does not have project {project_id}",
+                {"member_id": member_id, "project_id": project_id},
+            )
+        session.delete(row)
+        record_audit(
+            session,
+            principal,
+            account_id=project.account_id,
+            action="project_member.remove",
+            target_type="project",
+            target_id=project_id,
+            detail={"member_id": member_id},
+            now=ctx.clock.now(),
+        )
