@@ -44,6 +44,7 @@ from gpuyard.core.models import CloudType, ResourceRequest
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.base import Runtime
+from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.locations import check_location
@@ -217,6 +218,7 @@ def create_network_volume(
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:
+        refuse_closed_account(session, principal.account_id)
         project_id = _project(session, principal, body.project_id)
         check_location(session, body.data_center_id, "dataCenterId")
         volume_id = new_network_volume_id()

@@ -33,6 +33,7 @@ from gpuyard.core.snapshots import (
     consistency_for,
 )
 from gpuyard.core.states import ClusterStatus
+from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
@@ -311,6 +312,7 @@ def create_snapshot(
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:
+        refuse_closed_account(session, principal.account_id)
         cluster = load_cluster(session, principal, cluster_id)
         source = cluster_source(ctx, session, cluster)
         snap = add_snapshot(session, principal.account_id, source, name, description, now)
@@ -325,6 +327,7 @@ def create_volume_snapshot(
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:
+        refuse_closed_account(session, principal.account_id)
         volume = load_network_volume(session, principal.account_id, volume_id)
         if _restoring(session, volume.id):
             raise InvalidState(
