@@ -400,6 +400,7 @@ class Debit:
 
 @dataclass(frozen=True)
 class Ledger:
+    billing_mode: str
     credits: list[AccountCredit]
     debits: list[Debit]
     since: datetime
@@ -435,7 +436,7 @@ def ledger(ctx: Context, account_id: int) -> Ledger:
         shown = total
     assert shown == bill.total_micro
     balance = credits - shown if account.billing_mode == PREPAID else credits
-    return Ledger(rows, debits, since, credits, shown, balance)
+    return Ledger(account.billing_mode, rows, debits, since, credits, shown, balance)
 
 
 # -- budget settings -------------------------------------------------------------------

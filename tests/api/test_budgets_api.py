@@ -1,0 +1,190 @@
+"""Budget routes over real HTTP: who may do what, validation, the answers' shapes, and
+a prepaid account with no balance refused new work (402) until credit is added."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuyard.api import budget_schemas as bs
+from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.store.schema import Member
+from tests.helpers import LiveServer, live_server, make_settings
+from tests.service.test_budgets import Receiver
+
+
+def add_account(srv: LiveServer, email: str) -> tuple[int, dict[str, str]]:
+    """A new account with an owner, a billing member and a plain member: its id and
+    their keys by role."""
+    keys: dict[str, str] = {}
+    with srv.server.ctx.transaction() as s:
+        user, account, _ = create_account(s, email=email, name=email)
+        keys["owner"] = issue_key(
+            s, user_id=user.id, account_id=account.id, name="o", scope=Scope.WRITE
+        ).key
+        for role in ("billing", "member"):
+            other, _, _ = create_account(s, email=f"{role}-{email}", name=role)
+            s.add(Member(account_id=account.id, user_id=other.id, role=role))
+            keys[role] = issue_key(
+                s, user_id=other.id, account_id=account.id, name=role, scope=Scope.WRITE
+            ).key
+        s.flush()
+        return account.id, keys
+
+
+def error(r: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["success"] is False
+    if code is not None:
+        assert body["error"]["code"] == code, body
+    return dict(body["error"])
+
+
+def test_permissions(srv: LiveServer) -> None:
+    acct, keys = add_account(srv, "bob@example.com")
+    op, owner = srv.client(), srv.client(keys["owner"])
+    billing, member = srv.client(keys["billing"]), srv.client(keys["member"])
+    base = f"/v1/accounts/{acct}"
+
+    r = op.post(f"{base}/credits", json={"amount": 12.5, "note": "welcome"})
+    assert r.status_code == 201, r.text
+    added = bs.CreditAddedEnvelope.model_validate(r.json()).data
+    assert added.credit.amount_micro == 12_500_000 and added.balance_micro == 12_500_000
+    error(owner.post(f"{base}/credits", json={"amount": 1}), 403, "FORBIDDEN")
+    error(billing.post(f"{base}/credits", json={"amount": 1}), 403, "FORBIDDEN")
+
+    r = billing.patch(f"{base}/budget", json={"monthly_budget": 100, "alert_percent": 90})
+    assert r.status_code == 200, r.text
+    budget = bs.BudgetEnvelope.model_validate(r.json()).data
+    assert budget.monthly_budget == 100 and budget.alert_percent == 90
+    assert budget.billing_mode == "postpaid" and budget.webhook_secret is None
+    error(member.patch(f"{base}/budget", json={"alert_percent": 50}), 403, "FORBIDDEN")
+    error(member.get(f"{base}/budget"), 403, "FORBIDDEN")
+    error(owner.patch(f"{base}/budget", json={"billing_mode": "prepaid"}), 403, "FORBIDDEN")
+    r = owner.get(f"{base}/budget")
+    assert r.status_code == 200 and r.json()["data"]["monthly_budget"] == 100
+
+    # Another account's routes are 404, never revealing it exists.
+    for path in ("budget", "credits", "events", "webhook-deliveries"):
+        error(owner.get(f"/v1/accounts/1/{path}"), 404)
+        error(owner.get(f"/v1/accounts/999999/{path}"), 404)
+
+    r = op.patch(f"{base}/budget", json={"billing_mode": "prepaid"})
+    assert r.status_code == 200, r.text
+    budget = bs.BudgetEnvelope.model_validate(r.json()).data
+    assert budget.billing_mode == "prepaid" and budget.balance_micro == 12_500_000
+
+    r = billing.get(f"{base}/credits")
+    assert r.status_code == 200, r.text
+    ledger = bs.CreditLedgerEnvelope.model_validate(r.json()).data
+    assert [c.note for c in ledger.credits] == ["welcome"] and ledger.balance_micro == 12_500_000
+    r = billing.get(f"{base}/events")
+    assert r.status_code == 200 and bs.AccountEventListEnvelope.model_validate(r.json())
+    r = billing.get(f"{base}/webhook-deliveries")
+    assert r.status_code == 200 and bs.WebhookDeliveryListEnvelope.model_validate(r.json())
+    error(member.get(f"{base}/webhook-deliveries"), 403)
+    audit = op.get("/v1/audit-events", headers={"X-Gpuyard-Account": str(acct)})
+    if audit.status_code == 200:
+        actions = {e["action"] for e in audit.json()["data"]["events"]}
+        assert {"credit.add", "budget.update"} <= actions
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"amount": 0},
+        {"amount": 0.0000001},
+        {"amount": "5"},
+        {"amount": 1e30},
+        {"amount": True},
+        {"amount": 1, "note": "x" * 501},
+        {"amount": 1, "extra": 1},
+        {},
+    ],
+)
+def test_credit_validation(srv: LiveServer, body: dict[str, Any]) -> None:
+    error(srv.client().post("/v1/accounts/1/credits", json=body), 400, "VALIDATION_ERROR")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"alert_percent": 0},
+        {"alert_percent": 101},
+        {"alert_percent": None},
+        {"monthly_budget": 0},
+        {"monthly_budget": -3},
+        {"low_balance_hours": -1},
+        {"billing_mode": "free"},
+        {"webhook_url": "ftp://example.com/x"},
+        {"webhook_url": "not a url"},
+        {"webhook_url": "http://127.0.0.1:9/hook"},
+        {"webhook_url": "http://localhost/hook"},
+        {"webhook_url": "http://169.254.169.254/latest/meta-data"},
+        {"webhook_url": "http://[::1]/hook"},
+    ],
+)
+def test_budget_validation(srv: LiveServer, body: dict[str, Any]) -> None:
+    error(srv.client().patch("/v1/accounts/1/budget", json=body), 400, "VALIDATION_ERROR")
+
+
+@pytest.fixture
+def open_srv(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server whose operator allows webhooks to private addresses."""
+    settings = make_settings(tmp_path / "home", webhook_allow_private=True)
+    with live_server(settings, FakeRuntime()) as server:
+        yield server
+
+
+def test_webhook_secret_is_answered_once_and_prepaid_without_balance_is_402(
+    open_srv: LiveServer,
+) -> None:
+    srv = open_srv
+    acct, keys = add_account(srv, "carol@example.com")
+    op, owner = srv.client(), srv.client(keys["owner"])
+    base = f"/v1/accounts/{acct}"
+    receiver = Receiver()
+    try:
+        r = owner.patch(f"{base}/budget", json={"webhook_url": receiver.url})
+        assert r.status_code == 200, r.text
+        secret = r.json()["data"]["webhook_secret"]
+        assert secret.startswith("whsec_")
+        assert "webhook_secret" not in owner.get(f"{base}/budget").json()["data"]
+
+        # Prepaid with nothing on it: the watch marks it spent; creates answer 402.
+        assert op.patch(f"{base}/budget", json={"billing_mode": "prepaid"}).status_code == 200
+        cluster = {"gpu_type": "NVIDIA RTX A6000", "docker_image": "img", "volume_gb": 10}
+        deadline = time.monotonic() + 10
+        while True:
+            r = owner.post("/v1/clusters", json=cluster)
+            if r.status_code == 402 or time.monotonic() > deadline:
+                break
+            assert r.status_code == 201, r.text
+            owner.delete(f"/v1/clusters/{r.json()['data']['id']}")
+            time.sleep(0.2)
+        error(r, 402, "BUDGET_EXHAUSTED")
+        assert owner.get(f"{base}/budget").json()["data"]["exhausted"] is True
+        kinds = [e["kind"] for e in owner.get(f"{base}/events").json()["data"]["events"]]
+        assert kinds == ["balance.exhausted"]
+        # The webhook is sent by the reconciler, signed.
+        deadline = time.monotonic() + 10
+        while not receiver.received and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert receiver.received, "no webhook delivered"
+        deliveries = owner.get(f"{base}/webhook-deliveries").json()["data"]["deliveries"]
+        assert deliveries and deliveries[0]["status"] in ("pending", "delivered")
+
+        r = op.post(f"{base}/credits", json={"amount": 50})
+        assert r.status_code == 201, r.text
+        assert owner.get(f"{base}/budget").json()["data"]["exhausted"] is False
+        r = owner.post("/v1/clusters", json=cluster)
+        assert r.status_code == 201, r.text
+    finally:
+        receiver.close()
