@@ -188,3 +188,32 @@ def test_webhook_secret_is_answered_once_and_prepaid_without_balance_is_402(
         assert r.status_code == 201, r.text
     finally:
         receiver.close()
+
+
+def test_cli_credits_and_budget(srv: LiveServer) -> None:
+    from click.testing import CliRunner
+
+    from gpuyard.cli.main import cli
+
+    acct, _ = add_account(srv, "dave@example.com")
+    env = {
+        "GPUYARD_URL": srv.url,
+        "GPUYARD_API_KEY": srv.key,
+        "GPUYARD_HOME": str(srv.server.ctx.settings.home),
+    }
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli, list(args), env=env)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "balance: 2.500000 USD" in run("credits", "add", str(acct), "2.5", "--note", "hi")
+    out = run("credits", "list", str(acct))
+    assert "hi" in out and "credit" in out
+    out = run("budget", "set", str(acct), "--monthly-budget", "40", "--alert-percent", "75")
+    assert "40.000000" in out and "75%" in out
+    assert "postpaid" in run("budget", "show", str(acct))
+    data = run("budget", "set", str(acct), "--monthly-budget", "none", "--json")
+    assert '"monthly_budget": null' in data
+    bad = CliRunner().invoke(cli, ["credits", "add", str(acct), "0"], env=env)
+    assert bad.exit_code != 0 and "VALIDATION_ERROR" in bad.output

@@ -9,6 +9,7 @@ import click
 
 from gpuyard import __version__
 from gpuyard.cli.billing import billing
+from gpuyard.cli.budgets import budget, credits
 from gpuyard.cli.catalog import gpu_types
 from gpuyard.cli.clusters import clusters
 from gpuyard.cli.common import CliState, ErrorBoundaryGroup
@@ -121,6 +122,8 @@ cli.add_command(clusters)
 cli.add_command(gpu_types)
 cli.add_command(hosts)
 cli.add_command(billing)
+cli.add_command(credits)
+cli.add_command(budget)
 cli.add_command(orphans)
 cli.add_command(snapshots)
 for command in RESOURCE_COMMANDS:
