@@ -69,9 +69,9 @@ def admin_account(srv: LiveServer) -> Account:
     return Account(srv.key, member.account_id, member.user_id, default["id"])
 
 
-def add_member(srv: LiveServer, account_id: int, user_id: int) -> int:
+def add_member(srv: LiveServer, account_id: int, user_id: int, role: str = "member") -> int:
     with srv.server.ctx.transaction() as s:
-        m = Member(account_id=account_id, user_id=user_id, role="member")
+        m = Member(account_id=account_id, user_id=user_id, role=role)
         s.add(m)
         s.flush()
         return m.id
@@ -177,7 +177,8 @@ def test_active_iam_acts_for_another_account_only_through_a_membership(srv: Live
     admin = admin_account(srv)
     bob = new_account(srv, "bob@example.com")
     carol = new_account(srv, "carol@example.com")
-    bob_in_admin = add_member(srv, admin.account_id, bob.user_id)
+    # An admin of the other account: creating projects there is an admin's.
+    bob_in_admin = add_member(srv, admin.account_id, bob.user_id, role="admin")
     carol_in_admin = add_member(srv, admin.account_id, carol.user_id)
     with srv.client(bob.key) as c:
         own = c.get("/v1/projects").json()["data"]["projects"]

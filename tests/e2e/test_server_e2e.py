@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import sqlite3
@@ -45,6 +46,7 @@ class ServerProcess:
         # Every installation id this process has had (a new home makes a new one):
         # what cleanup() may remove from the engine, and nothing else.
         self.installations: set[str] = set()
+        self.port_block = random.randrange(200, 300) * 100
 
     def start(self) -> None:
         env = {
@@ -62,6 +64,11 @@ class ServerProcess:
             # ask for them on free ports (extra_env).
             "GPUYARD_PROXY_ENABLED": "false",
             "GPUYARD_SSH_PORT": "0",
+            # Published ports in a block of this server's own: a port another server
+            # (or a container left by a killed run) holds on this machine is not
+            # handed out again here.
+            "GPUYARD_PORT_RANGE_START": str(self.port_block),
+            "GPUYARD_PORT_RANGE_END": str(self.port_block + 99),
             **self.extra_env,
         }
         self.home.mkdir(parents=True, exist_ok=True)
