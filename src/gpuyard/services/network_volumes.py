@@ -49,6 +49,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.locations import check_location
 from gpuyard.services.placement import claim, lock_placement, release_all
+from gpuyard.services.quotas import check_storage
 from gpuyard.services.requests import MAX_ID, _Body
 from gpuyard.services.storage_billing import bill_storage, stop_storage_billing
 from gpuyard.store.schema import (
@@ -250,6 +251,7 @@ def create_network_volume(
         )
         session.add(nv)
         session.flush()
+        check_storage(session, principal.account_id, project_id, volume_gb=body.size)
         _bill(ctx, session, nv, now)
         return _view(nv, ())
 
@@ -312,7 +314,9 @@ def update_network_volume(
                     f"the network volume's host lacks {body.size - nv.size_gb} GB more disk"
                 ),
             )
+            grown = body.size - nv.size_gb
             nv.size_gb = body.size
+            check_storage(session, nv.account_id, nv.project_id, volume_gb=grown)
             _bill(ctx, session, nv, now)
             changed = True
         if body.name is not None and body.name != nv.name:

@@ -40,6 +40,7 @@ from gpuyard.services.lifecycle import record_event
 from gpuyard.services.moves import COPYING
 from gpuyard.services.network_volumes import load_network_volume
 from gpuyard.services.placement import lock_placement
+from gpuyard.services.quotas import check_storage
 from gpuyard.services.storage_billing import GB, bill_storage, stop_storage_billing
 from gpuyard.store.schema import (
     Cluster,
@@ -292,6 +293,8 @@ def add_snapshot(
         created_at=now,
     )
     session.add(snap)
+    # Within the account's and project's snapshot quotas (counting this one).
+    check_storage(session, account_id, source.project_id, snapshot_id=snapshot_id)
     if source.cluster_id is not None:
         record_event(
             session,

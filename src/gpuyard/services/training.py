@@ -40,6 +40,7 @@ from gpuyard.services.placement import assign_ports, claim, lock_placement, rele
 from gpuyard.services.plans import get_plan
 from gpuyard.services.port_rules import server_ports
 from gpuyard.services.projects import acting_account, resolve_project
+from gpuyard.services.quotas import check_training
 from gpuyard.services.reserved_ips import get_reserved_ip
 from gpuyard.services.resource_util import in_id_range
 from gpuyard.services.secrets import secret_box
@@ -481,6 +482,8 @@ def create_cluster(
             TrainingStatus.CREATING,
         )
         _place_all(ctx, session, cluster, hosts, now)
+        placed = [n.id for n in nodes_of(session, cluster.id)]
+        check_training(session, account_id, project_id, placed)
         cluster_id = cluster.id
     ctx.wake()  # spot clusters preempted for the nodes must stop
     ctx.training_wake(cluster_id)
@@ -723,6 +726,7 @@ def _scale_cluster(
             cause=exc,
         ) from exc
     savepoint.commit()
+    check_training(s, c.account_id, c.project_id, added)
     c.next_worker += extra
     _begin(
         s,

@@ -1,0 +1,143 @@
+"""Quota routes over real HTTP: who may set what, validation, the answers' shapes, and
+creates (REST and GraphQL) refused with 403 QUOTA_EXCEEDED and its details."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gpuyard.api import quota_schemas as qs
+from gpuyard.services.auth import Scope, create_account, default_project_id, issue_key
+from gpuyard.store.schema import AuditEvent, Member
+from tests.helpers import LiveServer
+
+A6000 = "NVIDIA RTX A6000"
+
+
+def add_account(srv: LiveServer, email: str) -> tuple[int, int, dict[str, str]]:
+    """A new account with an owner, an admin and a plain member: its id, its default
+    project's id and their keys by role."""
+    keys: dict[str, str] = {}
+    with srv.server.ctx.transaction() as s:
+        user, account, project = create_account(s, email=email, name=email)
+        keys["owner"] = issue_key(
+            s, user_id=user.id, account_id=account.id, name="o", scope=Scope.WRITE
+        ).key
+        for role in ("admin", "member"):
+            other, _, _ = create_account(s, email=f"{role}-{email}", name=role)
+            s.add(Member(account_id=account.id, user_id=other.id, role=role))
+            keys[role] = issue_key(
+                s, user_id=other.id, account_id=account.id, name=role, scope=Scope.WRITE
+            ).key
+        s.flush()
+        return account.id, project.id, keys
+
+
+def error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["success"] is False and body["error"]["code"] == code, body
+    return dict(body["error"])
+
+
+def test_set_and_show_permissions(srv: LiveServer) -> None:
+    acct, project, keys = add_account(srv, "q@example.com")
+    other, _, other_keys = add_account(srv, "other@example.com")
+    op = srv.client()
+    owner, admin = srv.client(keys["owner"]), srv.client(keys["admin"])
+    member, stranger = srv.client(keys["member"]), srv.client(other_keys["owner"])
+    base = f"/v1/accounts/{acct}"
+
+    # The account's limits: the operator only.
+    r = op.put(f"{base}/quotas", json={"gpus": 4, "gpus_by_type": {A6000: 2}, "vcpus": 32})
+    assert r.status_code == 200, r.text
+    done = qs.QuotasSetEnvelope.model_validate(r.json()).data
+    assert done.project_id is None and done.limits.gpus == 4
+    assert done.limits.gpus_by_type == {A6000: 2} and done.limits.volume_gb is None
+    error(owner.put(f"{base}/quotas", json={"gpus": 100}), 403, "FORBIDDEN")
+    error(member.put(f"{base}/quotas", json={"gpus": 100}), 403, "FORBIDDEN")
+    error(stranger.put(f"{base}/quotas", json={"gpus": 1}), 404, "NOT_FOUND")
+
+    # A project's: the operator, the owner and admins, within the account's limits.
+    path = f"{base}/projects/{project}/quotas"
+    r = admin.put(path, json={"running_clusters": 2, "vcpus": 16})
+    assert r.status_code == 200, r.text
+    assert qs.QuotasSetEnvelope.model_validate(r.json()).data.project_id == project
+    assert owner.put(path, json={"vcpus": 20}).status_code == 200
+    assert op.put(path, json={"vcpus": 24}).status_code == 200
+    error(member.put(path, json={"vcpus": 1}), 403, "FORBIDDEN")
+    error(stranger.put(path, json={"vcpus": 1}), 404, "NOT_FOUND")
+    over = error(owner.put(path, json={"vcpus": 33}), 400, "VALIDATION_ERROR")
+    assert over["details"]["field"] == "vcpus" and over["details"]["account_limit"] == 32
+    # A project of another account is not this account's.
+    with srv.server.ctx.read() as s:
+        foreign = default_project_id(s, other)
+    missing = op.put(f"{base}/projects/{foreign}/quotas", json={"vcpus": 1})
+    error(missing, 404, "PROJECT_NOT_FOUND")
+
+    # Bad values are 400s naming the field.
+    for body, field in (
+        ({"gpus": -1}, "gpus"),
+        ({"vcpus": 10**12}, "vcpus"),
+        ({"volume_gb": "10"}, "volume_gb"),
+        ({"gpus_by_type": {"TPU v9": 1}}, "gpus_by_type.TPU v9"),
+        ({"bogus": 1}, "bogus"),
+    ):
+        err = error(op.put(f"{base}/quotas", json=body), 400, "VALIDATION_ERROR")
+        assert field in err["details"]["field"], err
+
+    # Any member reads them; strangers get 404.
+    for who in (op, owner, admin, member):
+        r = who.get(f"{base}/quotas")
+        assert r.status_code == 200, r.text
+        shown = qs.AccountQuotasEnvelope.model_validate(r.json()).data
+        assert shown.account.limits.vcpus == 32 and shown.account.usage.gpus == 0
+        assert shown.projects[0].project_id == project
+        assert shown.projects[0].limits.vcpus == 24
+    error(stranger.get(f"{base}/quotas"), 404, "NOT_FOUND")
+
+    # null removes, absent keeps.
+    r = op.put(f"{base}/quotas", json={"gpus": None})
+    limits = qs.QuotasSetEnvelope.model_validate(r.json()).data.limits
+    assert limits.gpus is None and limits.vcpus == 32 and limits.gpus_by_type == {A6000: 2}
+    with srv.server.ctx.read() as s:
+        audited = s.query(AuditEvent).filter(AuditEvent.action == "quota.set").count()
+    assert audited == 5
+
+
+def test_create_over_quota_is_403_with_details(srv: LiveServer) -> None:
+    acct, project, keys = add_account(srv, "full@example.com")
+    op, owner = srv.client(), srv.client(keys["owner"])
+    assert op.put(f"/v1/accounts/{acct}/quotas", json={"gpus": 2}).status_code == 200
+    body = {"gpu_type": A6000, "gpu_count": 2, "docker_image": "img", "cpu_cores": 2}
+    r = owner.post("/v1/clusters", json=body)
+    assert r.status_code == 201, r.text
+    refused = error(
+        owner.post("/v1/clusters", json={**body, "gpu_count": 1}), 403, "QUOTA_EXCEEDED"
+    )
+    assert refused["details"] == {
+        "resource": "gpus",
+        "scope": "account",
+        "account_id": acct,
+        "project_id": None,
+        "gpu_type": None,
+        "limit": 2,
+        "in_use": 2,
+        "asked": 1,
+    }
+    shown = qs.AccountQuotasEnvelope.model_validate(owner.get(f"/v1/accounts/{acct}/quotas").json())
+    assert shown.data.account.usage.gpus == 2
+    assert shown.data.account.usage.gpus_by_type == {A6000: 2}
+    assert shown.data.account.usage.running_clusters == 1
+    assert shown.data.projects[0].usage.vcpus == 2
+
+    # GraphQL deploys go through the same check.
+    answer = srv.graphql(
+        'mutation { podFindAndDeployOnDemand(input: {gpuTypeId: "NVIDIA RTX A6000", '
+        'gpuCount: 1, imageName: "img"}) { id } }',
+        key=keys["owner"],
+    )
+    error_ = answer["errors"][0]["extensions"]
+    assert error_["code"] == "QUOTA_EXCEEDED" and error_["details"]["limit"] == 2
+    del project
