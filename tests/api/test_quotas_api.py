@@ -3,11 +3,14 @@ creates (REST and GraphQL) refused with 403 QUOTA_EXCEEDED and its details."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
+from click.testing import CliRunner, Result
 
 from gpuyard.api import quota_schemas as qs
+from gpuyard.cli.main import cli
 from gpuyard.services.auth import Scope, create_account, default_project_id, issue_key
 from gpuyard.store.schema import AuditEvent, Member
 from tests.helpers import LiveServer
@@ -141,3 +144,52 @@ def test_create_over_quota_is_403_with_details(srv: LiveServer) -> None:
     error_ = answer["errors"][0]["extensions"]
     assert error_["code"] == "QUOTA_EXCEEDED" and error_["details"]["limit"] == 2
     del project
+
+
+def run_cli(srv: LiveServer, *args: str, key: str | None = None) -> Result:
+    env = {
+        "GPUYARD_URL": srv.url,
+        "GPUYARD_API_KEY": key or srv.key,
+        "GPUYARD_HOME": str(srv.server.ctx.settings.home),
+    }
+    return CliRunner().invoke(cli, list(args), env=env)
+
+
+def test_cli_show_and_set(srv: LiveServer) -> None:
+    acct, project, keys = add_account(srv, "cli@example.com")
+    done = run_cli(
+        srv,
+        "quotas",
+        "set",
+        str(acct),
+        "--gpus",
+        "8",
+        "--gpu-type",
+        f"{A6000}=4",
+        "--vcpus",
+        "64",
+        "--volume-gb",
+        "500",
+    )
+    assert done.exit_code == 0, done.output
+    assert "gpus[NVIDIA RTX A6000]" in done.output
+    shown = run_cli(srv, "quotas", "show", str(acct), "--json", key=keys["member"])
+    assert shown.exit_code == 0, shown.output
+    data = json.loads(shown.stdout)
+    assert data["account"]["limits"]["gpus_by_type"] == {A6000: 4}
+    assert data["account"]["limits"]["volume_gb"] == 500
+    # A project's, as the owner; 'none' removes a limit.
+    r = run_cli(srv, "quotas", "set", str(acct), "--project", str(project), "--vcpus", "8",
+                key=keys["owner"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = run_cli(srv, "quotas", "set", str(acct), "--gpus", "none", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["limits"]["gpus"] is None
+    table = run_cli(srv, "quotas", "show", str(acct))
+    assert f"project {project} (default)" in table.output and "volume_gb" in table.output
+    # Refusals come back as the API's errors; bad input as usage errors.
+    denied = run_cli(srv, "quotas", "set", str(acct), "--gpus", "1", key=keys["owner"])
+    assert denied.exit_code != 0 and "FORBIDDEN" in denied.output
+    bad = run_cli(srv, "quotas", "set", str(acct), "--gpus", "-3")
+    assert bad.exit_code == 2 and "--gpus" in bad.output
+    nothing = run_cli(srv, "quotas", "set", str(acct))
+    assert nothing.exit_code == 2

@@ -16,6 +16,7 @@ from gpuyard.cli.common import CliState, ErrorBoundaryGroup
 from gpuyard.cli.hosts import hosts
 from gpuyard.cli.keys import keys
 from gpuyard.cli.orphans import orphans
+from gpuyard.cli.quotas import quotas
 from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS
 from gpuyard.cli.snapshots import snapshots
 from gpuyard.cli.training import training
@@ -129,6 +130,7 @@ cli.add_command(snapshots)
 for command in RESOURCE_COMMANDS:
     cli.add_command(command)
 cli.add_command(training)
+cli.add_command(quotas)
 
 
 def main() -> None:
