@@ -4,6 +4,7 @@ documented model, refusals in the v1 envelope, another account's things 404."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -417,3 +418,43 @@ def test_project_rename_delete_and_members(srv: LiveServer) -> None:
             404,
             "PROJECT_NOT_FOUND",
         )
+
+
+def test_cli_accounts_and_invitations(srv: LiveServer) -> None:
+    from click.testing import CliRunner
+
+    from gpuyard.cli.main import cli
+
+    env = {
+        "GPUYARD_URL": srv.url,
+        "GPUYARD_API_KEY": srv.key,
+        "GPUYARD_HOME": str(srv.server.ctx.settings.home),
+    }
+
+    def run(*args: str, key: str | None = None) -> str:
+        result = CliRunner().invoke(
+            cli, list(args), env={**env, **({"GPUYARD_API_KEY": key} if key else {})}
+        )
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    out = run("accounts", "create", "clitest", "--owner-email", "cli@acme.test")
+    owner_key = out.strip().splitlines()[-1]
+    assert owner_key.startswith("gy_") and "clitest" in out
+    made = json.loads(run("accounts", "list", "--json"))
+    aid = next(a["id"] for a in made["accounts"] if a["name"] == "clitest")
+    assert json.loads(run("accounts", "get", str(aid), "--json"))["status"] == "active"
+    assert "suspended" in run("accounts", "suspend", str(aid), "--reason", "audit")
+    assert json.loads(run("accounts", "resume", str(aid), "--json"))["status"] == "active"
+    token = run("accounts", "invite", str(aid), "new@acme.test", "--role", "viewer", key=owner_key)
+    token = token.strip().splitlines()[-1]
+    assert token.startswith("gyi_")
+    # No key is sent on accept (the environment's is the operator's).
+    out = run("invitations", "accept", token, "--name", "New")
+    assert "joined account" in out and out.strip().splitlines()[-1].startswith("gy_")
+    bad = CliRunner().invoke(cli, ["invitations", "accept", token], env=env)
+    assert bad.exit_code == 1 and "INVITATION_NOT_FOUND" in bad.output
+    denied = CliRunner().invoke(
+        cli, ["accounts", "suspend", str(aid)], env={**env, "GPUYARD_API_KEY": owner_key}
+    )
+    assert denied.exit_code == 1 and "FORBIDDEN" in denied.output

@@ -63,8 +63,9 @@ def create(name: str, scope: str) -> None:
     from sqlalchemy import select
 
     from gpuyard.core.errors import NotFound
+    from gpuyard.services.audit import record_audit
     from gpuyard.services.auth import Scope, admin_user, issue_key
-    from gpuyard.store.schema import Member
+    from gpuyard.store.schema import Member, utcnow
 
     with store_transaction() as session:
         user = admin_user(session)
@@ -75,6 +76,16 @@ def create(name: str, scope: str) -> None:
             raise NotFound(f"the admin user {user.email} has no account")
         issued = issue_key(
             session, user_id=user.id, account_id=account_id, name=name, scope=Scope(scope)
+        )
+        record_audit(
+            session,
+            None,
+            account_id=account_id,
+            action="key.create",
+            target_type="api_key",
+            target_id=issued.id,
+            detail={"name": name, "scope": scope, "prefix": issued.prefix, "via": "cli"},
+            now=utcnow(),
         )
     click.echo(
         f"created key {issued.id} ({issued.prefix}..., scope {issued.scope.value}, "
@@ -122,11 +133,23 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 def revoke(id_or_prefix: str) -> None:
     """Revoke a key by its id or its visible prefix (e.g. ``gy_AbCdEfG``). Revoking a
     revoked key is allowed and keeps it revoked."""
+    from gpuyard.services.audit import record_audit
     from gpuyard.services.auth import revoke_key
+    from gpuyard.store.schema import utcnow
 
     with store_transaction() as session:
         row = revoke_key(session, id_or_prefix)
         key_id, prefix, name = row.id, row.prefix, row.name
+        record_audit(
+            session,
+            None,
+            account_id=row.account_id,
+            action="key.revoke",
+            target_type="api_key",
+            target_id=key_id,
+            detail={"name": name, "prefix": prefix, "via": "cli"},
+            now=utcnow(),
+        )
     click.echo(
         f"revoked key {key_id} ({prefix}..., name {name!r}); a running server refuses it "
         f"within {KEY_CACHE_TTL_S:.0f} s"

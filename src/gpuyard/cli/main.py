@@ -8,6 +8,7 @@ import shutil
 import click
 
 from gpuyard import __version__
+from gpuyard.cli.accounts import accounts, invitations
 from gpuyard.cli.billing import billing
 from gpuyard.cli.budgets import budget, credits
 from gpuyard.cli.catalog import gpu_types
@@ -131,6 +132,8 @@ for command in RESOURCE_COMMANDS:
     cli.add_command(command)
 cli.add_command(training)
 cli.add_command(quotas)
+cli.add_command(accounts)
+cli.add_command(invitations)
 
 
 def main() -> None:
