@@ -37,7 +37,10 @@ _WRITES_BY_GET = frozenset(
     }
 )
 _BILLING = ("/v1/billing",)
-_OWN_KEYS = ("/v1/ssh-keys", "/v1/api-keys")
+# The caller's own API keys. SSH keys are not here: they are the account's, and log
+# into every cluster of it (the SSH gateway, the clusters' PUBLIC_KEY), so reading them
+# is reading resources and changing them a change to the clusters' access.
+_OWN_KEYS = ("/v1/api-keys",)
 _PROJECTS = ("/v1/projects",)
 
 

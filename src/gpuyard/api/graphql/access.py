@@ -7,8 +7,9 @@ GraphQL half of api/permissions.py.
   (READ_BILLING);
 - the caller itself (``myself { id pubKey }``) and the GPU catalog (``gpuTypes``) need
   only a valid key, as the REST catalog does;
-- mutations change resources (WRITE_RESOURCES), except ``updateUserSettings``, whose
-  ``pubKey`` is the caller's SSH keys (OWN_KEYS, as ``/v1/ssh-keys``).
+- mutations change resources (WRITE_RESOURCES), ``updateUserSettings`` too: its
+  ``pubKey`` replaces the account's SSH keys, which log into every cluster of the
+  account (as ``POST /v1/ssh-keys``).
 
 A refused field answers null with a FORBIDDEN error in ``errors[]``
 (``extensions.code``, api/graphql/errors.py); the other fields of the operation stand.

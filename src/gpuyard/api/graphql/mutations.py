@@ -3,8 +3,8 @@
 """Root mutations: the seed's ``cluster*`` names and RunPod's ``pod*`` names, each
 pair answering through the same use case. Each returns at once (the reconciler does
 the runtime work); the answer shows the recorded intent (``desiredStatus``) and the
-real ``status``. Each needs WRITE_RESOURCES of the caller's role, except
-``updateUserSettings`` (OWN_KEYS; api/graphql/access.py)."""
+real ``status``. Each needs WRITE_RESOURCES of the caller's role
+(api/graphql/access.py)."""
 
 from __future__ import annotations
 
@@ -200,7 +200,9 @@ class Mutation:
     def update_user_settings(self, info: Info, input: UpdateUserSettingsInput) -> User:
         gctx = info.context
         if input.pub_key is not None:
-            require(gctx, Permission.OWN_KEYS)
+            # The account's SSH keys log into every cluster of it: a change to the
+            # clusters' access, as POST /v1/ssh-keys (api/permissions.py).
+            require(gctx, Permission.WRITE_RESOURCES)
             with gctx.ctx.transaction() as session:
                 replace_keys_from_text(session, gctx.principal.account_id, input.pub_key)
         return user_of(info)

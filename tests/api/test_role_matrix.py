@@ -1,0 +1,440 @@
+"""Every route of the OpenAPI document, and the GraphQL fields, against the role matrix
+(issue 15): two accounts A and B, a member of each role in each; for every path and
+method, each role of A gets what its role allows (allowed: never 401/403; refused:
+403 FORBIDDEN), and a member of B naming A's resources by id hears exactly what it
+hears for ids that do not exist (404 where its role may use the route).
+
+The expected outcome of each route is this test's own table (EXPECTED), written from
+the issue's matrix, not read from api/permissions.py: a route nobody classified fails
+the test until it is added here.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuyard.core.roles import Role
+from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.store.schema import Member, User
+from tests.helpers import LiveServer, live_server, make_settings
+
+OWNER, ADMIN, MEMBER, BILLING, VIEWER = (
+    Role.OWNER,
+    Role.ADMIN,
+    Role.MEMBER,
+    Role.BILLING,
+    Role.VIEWER,
+)
+ROLES = (OWNER, ADMIN, MEMBER, BILLING, VIEWER)
+
+# Who may do what: the issue's "owner, admin (members, keys, quotas of projects),
+# member (clusters, snapshots, keys of their own), billing (billing and budgets
+# only), viewer (read)".
+MAY: dict[str, frozenset[Role]] = {
+    "read": frozenset({OWNER, ADMIN, MEMBER, VIEWER}),
+    "write": frozenset({OWNER, ADMIN, MEMBER}),
+    "billing": frozenset({OWNER, ADMIN, BILLING}),
+    "budget": frozenset({OWNER, ADMIN, BILLING}),
+    "members": frozenset({OWNER, ADMIN}),
+    "projects": frozenset({OWNER, ADMIN}),
+    "audit": frozenset({OWNER, ADMIN}),
+    "account": frozenset({OWNER}),
+    "own_keys": frozenset(ROLES),
+    "any": frozenset(ROLES),
+    "operator": frozenset(),
+}
+PUBLIC = "public"  # no key needed: not a role question
+
+# Resources of an account: GET reads, anything else writes.
+_RESOURCES = (
+    # The account's SSH keys log into every cluster of it (the gateway, PUBLIC_KEY):
+    # adding one is a change to the clusters, not a key of one's own.
+    "/v1/ssh-keys",
+    "/v1/clusters",
+    "/v2/clusters",
+    "/v1/networkvolumes",
+    "/v1/snapshots",
+    "/v1/reserved-ips",
+    "/v1/security-groups",
+    "/distributed_jobs_v2/cluster",
+)
+ACC = "/v1/accounts/{account_id}"
+EXPECTED: dict[tuple[str, str], str] = {
+    # GETs that hand out a way into a cluster need what a change needs.
+    ("GET", "/v1/clusters/{cluster_id}/ports/{port}/open"): "write",
+    ("GET", "/healthz"): PUBLIC,
+    ("GET", "/v1/gpu-types"): "any",
+    ("GET", "/v1/locations"): "any",
+    ("GET", "/v1/plans"): "any",
+    ("GET", "/v1/images"): "any",
+    ("GET", "/v1/images/{image_version_id}"): "any",
+    ("POST", "/v1/images"): "operator",
+    ("GET", "/v1/billing"): "billing",
+    ("GET", "/v1/projects"): "any",
+    ("POST", "/v1/projects"): "projects",
+    ("PATCH", "/v1/projects/{project_id}"): "projects",
+    ("DELETE", "/v1/projects/{project_id}"): "projects",
+    ("GET", "/v1/projects/{project_id}/members"): "any",
+    ("POST", "/v1/projects/{project_id}/members"): "projects",
+    ("DELETE", "/v1/projects/{project_id}/members/{member_id}"): "projects",
+    # The accounts part (api/accounts.py, quotas, budgets, audit).
+    ("POST", "/v1/accounts"): "operator",
+    ("GET", "/v1/accounts"): "any",
+    ("GET", ACC): "any",
+    ("PATCH", ACC): "account",
+    ("GET", ACC + "/members"): "any",
+    ("PATCH", ACC + "/members/{member_id}"): "members",
+    ("DELETE", ACC + "/members/{member_id}"): "members",
+    ("GET", ACC + "/invitations"): "members",
+    ("POST", ACC + "/invitations"): "members",
+    ("DELETE", ACC + "/invitations/{invitation_id}"): "members",
+    ("POST", "/v1/invitations/{token}/accept"): PUBLIC,
+    ("GET", "/v1/me"): "any",
+    ("GET", "/v1/audit-events"): "audit",
+    ("GET", ACC + "/quotas"): "any",
+    ("PUT", ACC + "/quotas"): "operator",
+    ("PUT", ACC + "/projects/{project_id}/quotas"): "projects",
+    ("POST", ACC + "/credits"): "operator",
+    ("GET", ACC + "/credits"): "billing",
+    ("GET", ACC + "/budget"): "billing",
+    ("PATCH", ACC + "/budget"): "budget",
+    ("GET", ACC + "/events"): "billing",
+    ("GET", ACC + "/webhook-deliveries"): "budget",
+}
+_OPERATOR = ("/v1/hosts", "/v1/orphans")
+_OWN_KEYS = ("/v1/api-keys",)
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def expected(method: str, path: str) -> str | None:
+    """Which MAY class (or PUBLIC) the route is; None when nobody classified it."""
+    found = EXPECTED.get((method, path))
+    if found is not None:
+        return found
+    if _under(path, _OPERATOR):
+        return "operator"
+    if _under(path, _OWN_KEYS):
+        return "own_keys"
+    if _under(path, _RESOURCES):
+        return "read" if method == "GET" else "write"
+    return None
+
+
+# Bodies that exercise the permission itself (an empty body might change nothing).
+BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("PATCH", ACC): {"name": "A"},
+    ("PATCH", ACC + "/members/{member_id}"): {"role": "viewer"},
+    ("PATCH", ACC + "/budget"): {"alert_percent": 80},
+    ("POST", ACC + "/invitations"): {"email": "invited@a.test", "role": "viewer"},
+    # The operator's: a well-formed body, so only the caller can be wrong.
+    ("POST", "/v1/accounts"): {"name": "C", "owner_email": "owner@c.test"},
+    ("POST", ACC + "/credits"): {"amount": 1, "note": "top-up"},
+    ("POST", "/v1/images"): {"name": "i", "version": "9", "image": "docker.io/library/ubuntu:2"},
+    ("POST", "/v1/hosts"): {"name": "h9", "engine_url": "tcp://203.0.113.9:2375"},
+}
+# Real ids a refused role names, where the table's default would be one it may touch
+# anyway (a member may remove their own membership): another member's.
+OTHER_MEMBER = {
+    ("DELETE", ACC + "/members/{member_id}"),
+    ("DELETE", "/v1/projects/{project_id}/members/{member_id}"),
+}
+
+
+@dataclass
+class Tenant:
+    account_id: int
+    project_id: int
+    keys: dict[Role, str] = field(default_factory=dict)
+    members: dict[Role, int] = field(default_factory=dict)
+
+
+@dataclass
+class World:
+    srv: LiveServer
+    a: Tenant
+    b: Tenant
+    # A's resources: path parameter name -> a real id of A.
+    real: dict[str, Any]
+
+
+# Ids of nothing, by path parameter name (the default: an integer id).
+MISSING: dict[str, Any] = {"cluster_id": "nocluster0000", "token": "gyi_nothing", "port": 8888}
+
+
+def seed_tenant(srv: LiveServer, name: str) -> Tenant:
+    """An account with an owner and one member of each other role, each with a write
+    key of the account (seeded in the store: what accepting an invitation makes)."""
+    with srv.server.ctx.transaction() as s:
+        owner, account, project = create_account(s, email=f"owner@{name}.test", name=name)
+        t = Tenant(account.id, project.id)
+        for role in ROLES:
+            if role == OWNER:
+                user_id = owner.id
+            else:
+                user = User(email=f"{role.value}@{name}.test", name=f"{role.value} {name}")
+                s.add(user)
+                s.flush()
+                s.add(Member(account_id=account.id, user_id=user.id, role=role.value))
+                s.flush()
+                user_id = user.id
+            member = s.query(Member).filter_by(account_id=account.id, user_id=user_id).one()
+            t.members[role] = member.id
+            t.keys[role] = issue_key(
+                s, user_id=user_id, account_id=account.id, name=role.value, scope=Scope.WRITE
+            ).key
+    return t
+
+
+def public_key(tmp: Path) -> str:
+    path = tmp / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return (tmp / "id.pub").read_text().strip()
+
+
+def data(r: httpx.Response, status: int = 201) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body: dict[str, Any] = r.json()["data"]
+    return body
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("roles")
+    settings = make_settings(
+        tmp / "home",
+        reserved_ips="203.0.113.0/29",
+        rate_limit_per_key=0,
+        rate_limit_per_source=0,
+        rate_limit_auth_failures_per_minute=0,
+    )
+    with live_server(settings, FakeRuntime()) as srv:
+        a, b = seed_tenant(srv, "a"), seed_tenant(srv, "b")
+        with srv.client(a.keys[OWNER]) as c:
+            body = {"gpu_type": "NVIDIA RTX A6000", "docker_image": "img", "volume_gb": 1}
+            cluster = data(c.post("/v1/clusters", json=body))
+            assert srv.server.reconciler.wait_idle(10)
+            snapshot = data(c.post(f"/v1/clusters/{cluster['id']}/snapshots", json={}), 202)
+            ssh = {"name": "k", "public_key": public_key(tmp)}
+            ssh_key = data(c.post("/v1/ssh-keys", json=ssh))
+            nv = {"name": "nv", "size": 10, "dataCenterId": "local"}
+            volume = data(c.post("/v1/networkvolumes", json=nv))
+            ip = data(c.post("/v1/reserved-ips"))
+            group = data(c.post("/v1/security-groups", json={"name": "g", "rules": []}))
+        real = {
+            "account_id": a.account_id,
+            "project_id": a.project_id,
+            "cluster_id": cluster["id"],
+            "snapshot_id": snapshot["id"],
+            "ssh_key_id": ssh_key["id"],
+            "network_volume_id": volume["id"],
+            "reserved_ip_id": ip["id"],
+            "security_group_id": group["id"],
+            "member_id": a.members[VIEWER],
+            "port": 8888,
+        }
+        try:
+            yield World(srv, a, b, real)
+        finally:
+            for client in _clients.values():
+                client.close()
+            _clients.clear()
+
+
+def routes(srv: LiveServer) -> list[tuple[str, str]]:
+    doc = httpx.get(f"{srv.url}/openapi.json").json()
+    return [(m.upper(), p) for p, ops in doc["paths"].items() for m in ops]
+
+
+_PARAM = re.compile(r"\{([^}]+)\}")
+
+
+def fill(path: str, ids: dict[str, Any]) -> str:
+    return _PARAM.sub(lambda m: str(ids.get(m.group(1), MISSING.get(m.group(1), 999_999))), path)
+
+
+def call(
+    srv: LiveServer, key: str, method: str, path: str, ids: dict[str, Any], account_id: int
+) -> httpx.Response:
+    params: dict[str, Any] = {}
+    if path.startswith("/distributed_jobs_v2"):
+        params = {"project_id": ids.get("project_id", 999_999), "location": "local"}
+    url = fill(path, ids)
+    body = BODIES.get((method, path), {}) if method in ("POST", "PUT", "PATCH") else None
+    return _client(srv, key).request(method, url, params=params, json=body)
+
+
+_clients: dict[tuple[str, str], httpx.Client] = {}
+
+
+def _client(srv: LiveServer, key: str) -> httpx.Client:
+    """One client (one keep-alive connection) per key: the loops make ~1,500 calls."""
+    client = _clients.get((srv.url, key))
+    if client is None:
+        client = _clients[(srv.url, key)] = srv.client(key)
+    return client
+
+
+def code(r: httpx.Response) -> str | None:
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error") or body.get("errors")  # v1 envelope, seed 002's
+    return error.get("code") if isinstance(error, dict) else None
+
+
+def test_every_route_answers_each_role_as_the_matrix_says(world: World) -> None:
+    srv, a = world.srv, world.a
+    unclassified, wrong = [], []
+    # Refused roles first, with A's real ids (refused even though it exists); then
+    # allowed roles: reads with real ids, changes with ids of nothing (no route
+    # destroys A's resources half-way through the loop).
+    for method, path in routes(srv):
+        klass = expected(method, path)
+        if klass is None:
+            unclassified.append(f"{method} {path}")
+            continue
+        if klass == PUBLIC:
+            continue
+        for role in sorted(ROLES, key=lambda r: r in MAY[klass]):
+            allowed = role in MAY[klass]
+            ids = dict(world.real)
+            if (method, path) in OTHER_MEMBER:
+                ids["member_id"] = a.members[ADMIN]
+            if allowed and method != "GET" and "{" in path:
+                keep = {"account_id", "project_id", "port"}
+                if (method, path) in BODIES:
+                    keep |= {"member_id"}
+                ids = {k: v for k, v in ids.items() if k in keep}
+            r = call(srv, a.keys[role], method, path, ids, a.account_id)
+            if allowed and (r.status_code in (401, 403) or r.status_code >= 500):
+                wrong.append(f"{role} {method} {path}: {r.status_code} {r.text[:200]}")
+            if not allowed and (r.status_code != 403 or code(r) != "FORBIDDEN"):
+                wrong.append(f"{role} {method} {path}: {r.status_code}, 403 expected")
+    assert not unclassified, f"routes missing from EXPECTED: {unclassified}"
+    assert not wrong, "\n".join(wrong)
+
+
+def test_another_accounts_ids_read_as_none(world: World) -> None:
+    """A member of B, whatever its role, naming A's resources hears what it hears for
+    ids of nothing: 404 for a read its role may make, the same 403 (or 400 for a body
+    judged first) otherwise; /v1/accounts/{A}/... is 404 for every role of B."""
+    srv, b = world.srv, world.b
+    wrong = []
+    for method, path in routes(srv):
+        klass = expected(method, path)
+        if klass in (None, PUBLIC, "operator") or ("{" not in path and "jobs" not in path):
+            continue
+        for role in ROLES:
+            theirs = call(srv, b.keys[role], method, path, world.real, b.account_id)
+            nothing = call(srv, b.keys[role], method, path, {}, b.account_id)
+            if path.startswith(ACC):
+                if theirs.status_code != 404:
+                    wrong.append(f"B {role} {method} {path}: {theirs.status_code}, 404 expected")
+                continue
+            same = (theirs.status_code, code(theirs)) == (nothing.status_code, code(nothing))
+            # A read its role allows must be 404; a change may be refused for its body
+            # first (400), the same whoever's id it names.
+            must_404 = method == "GET" and role in MAY[klass]
+            if not same or theirs.status_code < 400 or (must_404 and theirs.status_code != 404):
+                wrong.append(
+                    f"B {role} {method} {path}: {theirs.status_code} {code(theirs)} for A's "
+                    f"ids, {nothing.status_code} {code(nothing)} for none"
+                )
+    assert not wrong, "\n".join(wrong)
+
+
+def test_lists_show_only_the_acting_accounts_resources(world: World) -> None:
+    srv, b = world.srv, world.b
+    with srv.client(b.keys[OWNER]) as c:
+        clusters = data(c.get("/v1/clusters"), 200)
+        assert world.real["cluster_id"] not in str(clusters)
+        volumes = data(c.get("/v1/networkvolumes"), 200)
+        assert world.real["network_volume_id"] not in str(volumes)
+        assert data(c.get("/v1/snapshots"), 200)["snapshots"] == []
+
+
+# -- GraphQL --------------------------------------------------------------------------
+
+POD = "query($id: String!) { pod(input: {podId: $id}) { id } }"
+STOP = "mutation($id: String!) { podStop(input: {podId: $id}) { id } }"
+DEPLOY = (
+    'mutation { podFindAndDeployOnDemand(input: {gpuTypeId: "NVIDIA RTX A6000", '
+    'imageName: "img", gpuCount: 1, containerDiskInGb: 0}) { id } }'
+)
+
+
+def gql(srv: LiveServer, key: str, query: str, **variables: Any) -> dict[str, Any]:
+    return srv.graphql(query, variables or None, key=key)
+
+
+def error_code(body: dict[str, Any]) -> str | None:
+    errors = body.get("errors") or []
+    return errors[0]["extensions"]["code"] if errors else None
+
+
+def test_graphql_fields_answer_each_role_as_the_matrix_says(world: World) -> None:
+    srv, a = world.srv, world.a
+    cid = world.real["cluster_id"]
+    keys_text = gql(srv, a.keys[OWNER], "{ myself { pubKey } }")["data"]["myself"]["pubKey"]
+    settings = "mutation($k: String!) { updateUserSettings(input: {pubKey: $k}) { id } }"
+    checks: list[tuple[str, str, dict[str, Any]]] = [
+        ("any", "{ myself { id pubKey } }", {}),
+        ("any", "{ gpuTypes { id } }", {}),
+        ("read", "{ myself { clusters { id } } }", {}),
+        ("read", "{ myself { pods { id } } }", {}),
+        ("read", "{ myself { networkVolumes { id } } }", {}),
+        ("read", POD, {"id": cid}),
+        ("read", "query($id: String!) { cluster(input: {clusterId: $id}) { id } }", {"id": cid}),
+        ("billing", "{ myself { currentSpendPerHr } }", {}),
+        ("write", STOP, {"id": "nocluster0000"}),
+        ("write", 'mutation { podTerminate(input: {podId: "nocluster0000"}) }', {}),
+        ("write", 'mutation { podResume(input: {podId: "nocluster0000"}) { id } }', {}),
+        # pubKey replaces the account's SSH keys: a change to its clusters' access.
+        ("write", settings, {"k": keys_text}),
+    ]
+    wrong = []
+    for klass, query, variables in checks:
+        for role in ROLES:
+            body = gql(srv, a.keys[role], query, **variables)
+            got = error_code(body)
+            if role in MAY[klass] and got == "FORBIDDEN":
+                wrong.append(f"{role} {query}: refused")
+            if role not in MAY[klass] and got != "FORBIDDEN":
+                wrong.append(f"{role} {query}: {got}, FORBIDDEN expected")
+    assert not wrong, "\n".join(wrong)
+    # A refused field is null beside the fields that stand.
+    body = gql(srv, a.keys[BILLING], "{ myself { id clusters { id } } }")
+    assert [e["path"] for e in body["errors"]] == [["myself", "clusters"]]
+    assert error_code(body) == "FORBIDDEN"
+    # Deploying is a change: a viewer hears FORBIDDEN and nothing is created.
+    with srv.client(a.keys[OWNER]) as c:
+        before = data(c.get("/v1/clusters"), 200)["pagination"]["total"]
+        assert error_code(gql(srv, a.keys[VIEWER], DEPLOY)) == "FORBIDDEN"
+        assert data(c.get("/v1/clusters"), 200)["pagination"]["total"] == before
+
+
+def test_graphql_another_accounts_cluster_reads_as_none(world: World) -> None:
+    srv, b = world.srv, world.b
+    cid = world.real["cluster_id"]
+    for role in (OWNER, ADMIN, MEMBER, VIEWER):
+        assert error_code(gql(srv, b.keys[role], POD, id=cid)) == "CLUSTER_NOT_FOUND"
+        assert error_code(gql(srv, b.keys[role], POD, id="nocluster0000")) == "CLUSTER_NOT_FOUND"
+    for role in (OWNER, ADMIN, MEMBER):
+        assert error_code(gql(srv, b.keys[role], STOP, id=cid)) == "CLUSTER_NOT_FOUND"
+    mine = gql(srv, b.keys[OWNER], "{ myself { clusters { id } } }")["data"]["myself"]
+    assert mine["clusters"] == []
