@@ -14,20 +14,33 @@ from sqlalchemy import func, select, update
 from gpuyard.core.errors import Forbidden, QuotaExceeded, ValidationFailed
 from gpuyard.core.quotas import GIB, LimitChange
 from gpuyard.core.roles import Role
+from gpuyard.core.training import CONTROLLER_VCPUS
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services import network_volumes as nvs
-from gpuyard.services import quotas
+from gpuyard.services import quotas, training
 from gpuyard.services.auth import Principal, Scope, admin_user
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.services.snapshots import create_snapshot
-from gpuyard.store.schema import AuditEvent, Cluster, GpuAllocation, Project, Quota, Snapshot
+from gpuyard.services.ssh_keys import add_key
+from gpuyard.store.schema import (
+    AuditEvent,
+    Cluster,
+    GpuAllocation,
+    ImageVersion,
+    Project,
+    Quota,
+    Snapshot,
+)
 from tests.conftest import new_principal
 from tests.helpers import make_settings
+from tests.service.test_training_operator import KEY, FakeEdge
 
 A6000 = "NVIDIA RTX A6000"
 
@@ -326,3 +339,52 @@ def test_new_principal_helper_account_is_separate(ctx: Context) -> None:
     carol = new_principal(ctx, "carol@example.com")
     with ctx.read() as session:
         assert quotas.usage_of(session, carol.account_id).gpus == 0
+
+
+def test_training_create_and_scale(ctx: Context, alice: Principal, operator: Principal) -> None:
+    with ctx.transaction() as s:
+        key = add_key(s, alice.account_id, "k1", KEY).id
+        image = s.scalar(select(ImageVersion.id).order_by(ImageVersion.id))
+    scope = training.Scope(project_id=alice.default_project_id, location="local")
+
+    def spec(workers: int, name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "image_version_id": image,
+            "ssh_key_ids": [key],
+            "no_of_nodes": workers,
+            "gpu_type": A6000,
+            "gpus_per_node": 2,
+            "cpus_per_node": 4,
+            "memory_gb_per_node": 8,
+        }
+
+    limit(ctx, operator, alice, gpus=6, running_clusters=1)
+    with pytest.raises(QuotaExceeded) as too_big:
+        training.create_cluster(ctx, alice, scope, spec(4, "big"))
+    assert too_big.value.details["resource"] == "gpus"
+    assert too_big.value.details["asked"] == 8 and too_big.value.details["in_use"] == 0
+    with ctx.read() as session:
+        assert session.scalar(select(func.count()).select_from(GpuAllocation)) == 0
+    cid = training.create_cluster(ctx, alice, scope, spec(2, "t"))
+    with ctx.read() as session:
+        usage = quotas.usage_of(session, alice.account_id)
+    # Two workers' GPUs and vCPUs, and the controller's vCPUs.
+    assert usage.gpus == 4 and usage.running_clusters == 1
+    assert usage.vcpus == 8 + CONTROLLER_VCPUS
+    with pytest.raises(QuotaExceeded) as second:
+        training.create_cluster(ctx, alice, scope, spec(1, "u"))
+    assert second.value.details["resource"] == "running_clusters"
+    # A scale past the GPU limit is refused; within it, it goes ahead.
+    ops = TrainingOperator(ctx, FakeNodeRuntime(), FakeEdge(), drain_timeout_s=0)
+    ops.run(cid)
+    with pytest.raises(QuotaExceeded) as scaled:
+        training.perform_action(
+            ctx, alice, scope, cid, {"action": "scale_cluster", "additional_nodes": 2}
+        )
+    assert scaled.value.details["asked"] == 4 and scaled.value.details["in_use"] == 4
+    training.perform_action(
+        ctx, alice, scope, cid, {"action": "scale_cluster", "additional_nodes": 1}
+    )
+    with ctx.read() as session:
+        assert quotas.usage_of(session, alice.account_id).gpus == 6
