@@ -140,6 +140,7 @@ async def get_cluster(cluster_id: str, request: Request) -> Response:
         request.headers.get("authorization"),
         request.query_params.get,
         cluster_id,
+        request,
     )
     return Response(body, status_code=status, media_type="application/json")
 

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuyard.api import views
 from gpuyard.api.envelope import error_body
-from gpuyard.api.state import ACCOUNT_HEADER, AppState, key_from
+from gpuyard.api.state import ACCOUNT_HEADER, AppState, key_from, selection_from
 from gpuyard.core.errors import ClusterNotFound, GpuyardError
 from gpuyard.core.ids import new_request_id
 from gpuyard.core.roles import Permission
@@ -61,10 +62,14 @@ async def answer(
     authorization: str | None,
     query: Callable[[str], str | None],
     cluster_id: str,
+    selecting: HTTPConnection | None = None,
 ) -> tuple[int, bytes]:
-    """Status and JSON body of ``GET /v1/clusters/{id}``, errors in the v1 envelope."""
+    """Status and JSON body of ``GET /v1/clusters/{id}``, errors in the v1 envelope.
+    ``selecting``: the routed request, whose ``X-Gpuyard-Account`` / ``active_iam``
+    select the account acted for (the middleware takes only requests without them)."""
     try:
-        principal = await state.principal(key_from(authorization, query))
+        selection = None if selecting is None else selection_from(selecting)
+        principal = await state.principal(key_from(authorization, query), selection)
         principal.require_permission(Permission.READ_RESOURCES)
         return 200, await state.reads.run(_read, state.ctx, principal, cluster_id)
     except GpuyardError as exc:
