@@ -417,6 +417,8 @@ def remove_member(ctx: Context, principal: Principal, account_id: int, member_id
         if principal.member_id != member.id:
             principal.require_permission(Permission.MANAGE_MEMBERS)
             _may_grant(principal, role)
+        else:
+            principal.require(Scope.WRITE)  # leaving is a change: not with a read key
         if role == Role.OWNER and _owners(session, account_id) <= 1:
             raise Conflict("the account's last owner cannot be removed", {"member_id": member_id})
         keys = list(
