@@ -226,6 +226,16 @@ def test_a_key_restricted_to_a_project(srv: LiveServer, setup: Setup) -> None:
         # A create naming another project is 404 too.
         body = {**CLUSTER, "project_id": s.a.project_id}
         refused(k.post("/v1/clusters", json=body), 404, "NOT_FOUND")
+        # Project-scoped resources: its own project by default, another one is 404.
+        other_project = {"project_id": s.a.project_id}
+        assert data(k.get("/v1/security-groups")) is not None
+        refused(k.get("/v1/security-groups", params=other_project), 404, "PROJECT_NOT_FOUND")
+        refused(k.get("/v1/reserved-ips", params=other_project), 404, "PROJECT_NOT_FOUND")
+        jobs = {"project_id": s.a.project_id, "location": "local"}
+        r = k.get("/distributed_jobs_v2/cluster/", params=jobs)
+        assert r.status_code == 404, r.text
+        r = k.get("/distributed_jobs_v2/cluster/", params={**jobs, "project_id": p2})
+        assert r.status_code == 200, r.text
     gql = srv.graphql("{ myself { clusters { id } } }", key=key)
     assert [p["id"] for p in gql["data"]["myself"]["clusters"]] == [mine["id"]]
     pod = f'{{ pod(input: {{podId: "{other}"}}) {{ id }} }}'

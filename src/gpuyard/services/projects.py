@@ -74,9 +74,16 @@ def resolve_project(
     session: Session, principal: Principal, project_id: int | None, active_iam: int | None = None
 ) -> Project:
     """The project the request is about: ``project_id`` (of the acting account) or the
-    acting account's default project when None. Raises ProjectNotFound / Forbidden."""
+    acting account's default project when None. A caller restricted to some projects
+    (``principal.project_ids``) gets its own default, and a project outside them is
+    404 like another account's. Raises ProjectNotFound / Forbidden."""
     account_id = acting_account(session, principal, active_iam)
-    if project_id is None:
+    # The principal's project restriction is of its acting account (api/state.py
+    # resolves active_iam into it; a service caller may name another).
+    restricted = account_id == principal.account_id and principal.project_ids is not None
+    if project_id is None and restricted:
+        project = session.get(Project, principal.default_project_id)
+    elif project_id is None:
         project = session.scalar(
             select(Project)
             .where(Project.account_id == account_id)
@@ -84,7 +91,11 @@ def resolve_project(
         )
     else:
         project = session.get(Project, project_id) if in_id_range(project_id) else None
-    if project is None or project.account_id != account_id:
+    if (
+        project is None
+        or project.account_id != account_id
+        or (restricted and not principal.may_use_project(project.id))
+    ):
         raise ProjectNotFound(f"project {project_id} not found", {"project_id": project_id})
     return project
 
