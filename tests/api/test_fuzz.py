@@ -24,8 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.services.auth import Scope, admin_user, issue_key
+from gpuyard.store.schema import Member
 from tests.helpers import LiveServer, live_server, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +47,18 @@ def fuzz_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     )
     with live_server(settings, FakeRuntime()) as server:
         yield server
+
+
+def operator_key(srv: LiveServer) -> str:
+    """A fresh admin key of the operator for each run: a run may revoke the key it
+    fuzzes with (``DELETE /v1/api-keys/{key_id}``), which must not lock out the next."""
+    with srv.server.ctx.transaction() as session:
+        user = admin_user(session)
+        account_id = session.scalar(select(Member.account_id).where(Member.user_id == user.id))
+        assert account_id is not None
+        return issue_key(
+            session, user_id=user.id, account_id=account_id, name="fuzz", scope=Scope.ADMIN
+        ).key
 
 
 def schemathesis(srv: LiveServer, workdir: Path, location: str, *extra: str) -> None:
@@ -65,7 +80,7 @@ def schemathesis(srv: LiveServer, workdir: Path, location: str, *extra: str) -> 
         "--workers",
         "1",
         "--header",
-        f"Authorization: Bearer {srv.key}",
+        f"Authorization: Bearer {operator_key(srv)}",
         "--request-timeout",
         "30",
         "--no-color",
