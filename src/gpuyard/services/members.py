@@ -30,7 +30,6 @@ from gpuyard.services.resource_util import in_id_range, iso
 from gpuyard.store.schema import (
     Account,
     ApiKey,
-    AuditEvent,
     Invitation,
     Member,
     Project,
@@ -155,11 +154,10 @@ def create_invitation(
             invited_by_user_id=principal.user_id or None,
             created_at=now,
             expires_at=now + INVITATION_TTL,
+            project_ids=projects,
         )
         session.add(inv)
         session.flush()
-        # The invited projects travel in the audit event's detail (read back on accept):
-        # the invitations table has no column for them yet.
         record_audit(
             session,
             principal,
@@ -210,19 +208,6 @@ def revoke_invitation(
                 now=now,
             )
         return invitation_view(inv, now)
-
-
-def _invited_projects(session: Session, inv: Invitation) -> list[int]:
-    detail = session.scalar(
-        select(AuditEvent.detail).where(
-            AuditEvent.action == "invitation.create",
-            AuditEvent.target_type == "invitation",
-            AuditEvent.target_id == str(inv.id),
-            AuditEvent.account_id == inv.account_id,
-        )
-    )
-    raw = (detail or {}).get("project_ids") or []
-    return [int(p) for p in raw if isinstance(p, int)]
 
 
 def accept_invitation(
@@ -279,7 +264,7 @@ def accept_invitation(
         member = Member(account_id=inv.account_id, user_id=user.id, role=inv.role, created_at=now)
         session.add(member)
         session.flush()
-        for project_id in _invited_projects(session, inv):
+        for project_id in inv.project_ids:
             if session.get(Project, project_id) is not None:
                 session.add(ProjectMember(project_id=project_id, member_id=member.id))
         key = None

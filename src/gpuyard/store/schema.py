@@ -146,6 +146,8 @@ class Invitation(Base):
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
     email: Mapped[str] = mapped_column(String(320))
     role: Mapped[str] = mapped_column(String(20))
+    # The projects the membership is given on acceptance (ProjectMember rows).
+    project_ids: Mapped[list[Any]] = mapped_column(default=list)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     invited_by_user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

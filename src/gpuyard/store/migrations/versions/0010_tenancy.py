@@ -63,6 +63,7 @@ def upgrade() -> None:
         sa.Column("account_id", sa.Integer(), sa.ForeignKey("accounts.id"), nullable=False),
         sa.Column("email", sa.String(320), nullable=False),
         sa.Column("role", sa.String(20), nullable=False),
+        sa.Column("project_ids", sa.JSON(), nullable=False),
         sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
         sa.Column("invited_by_user_id", sa.Integer(), sa.ForeignKey("users.id"), nullable=True),
         sa.Column("created_at", sa.DateTime(), nullable=False),
