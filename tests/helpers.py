@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import random
 import socket
 import threading
 import time
@@ -28,6 +31,33 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+# Published-port blocks for test servers lie below the kernel's ephemeral range
+# (32768+ by default), where a client socket of any process could be holding a port
+# the engine is then told to publish.
+_PORT_BLOCK_FIRST, _PORT_BLOCK_LAST, PORT_BLOCK_SIZE = 20000, 32600, 100
+_held_blocks: list[int] = []  # lock files kept open for the process's lifetime
+
+
+def port_block() -> int:
+    """The first port of a block of PORT_BLOCK_SIZE host ports no other test process
+    on this machine holds: a lock file per block (flock, released when the process
+    exits) keeps parallel test groups from publishing on the same ports."""
+    lock_dir = Path(os.environ.get("TMPDIR", "/tmp")) / "gpuyard-test-port-blocks"
+    lock_dir.mkdir(exist_ok=True)
+    starts = list(range(_PORT_BLOCK_FIRST, _PORT_BLOCK_LAST + 1, PORT_BLOCK_SIZE))
+    random.shuffle(starts)
+    for start in starts:
+        fd = os.open(lock_dir / f"{start}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _held_blocks.append(fd)
+        return start
+    raise RuntimeError("every test port block is held by another process")
 
 
 def make_settings(home: Path, database_url: str | None = None, **overrides: object) -> Settings:

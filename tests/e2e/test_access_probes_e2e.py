@@ -6,7 +6,6 @@ aimed right (the same requests with the owner's credentials succeed)."""
 from __future__ import annotations
 
 import asyncio
-import random
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,14 +28,11 @@ pytestmark = pytest.mark.e2e
 def server(tmp_path: Path, engine_url: str) -> Iterator[tuple[ServerProcess, int, int]]:
     build_web_image("podman")
     proxy_port, ssh_port = free_port(), free_port()
-    start = random.randrange(40000, 49900)
     env = {
         "GPUYARD_PROXY_ENABLED": "true",
         "GPUYARD_PROXY_PORT": str(proxy_port),
         "GPUYARD_SSH_PORT": str(ssh_port),
         "GPUYARD_SSH_BIND": "127.0.0.1",
-        "GPUYARD_PORT_RANGE_START": str(start),
-        "GPUYARD_PORT_RANGE_END": str(start + 99),
     }
     with running_server(tmp_path / "home", engine_url, env) as srv:
         wait_port(ssh_port)

@@ -41,7 +41,7 @@ from tests.e2e.test_server_e2e import (
     volume_name,
     wait_status,
 )
-from tests.helpers import free_port
+from tests.helpers import PORT_BLOCK_SIZE, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -67,13 +67,9 @@ def _servers(
 ) -> Iterator[ServerFactory]:
     made: list[ServerProcess] = []
 
-    def make(name: str, url: str, port_range: tuple[int, int], **env: str) -> ServerProcess:
-        server = ServerProcess(tmp_path / name, url, free_port())
-        server.extra_env = {
-            "GPUYARD_PORT_RANGE_START": str(port_range[0]),
-            "GPUYARD_PORT_RANGE_END": str(port_range[1]),
-            **env,
-        }
+    def make(name: str, url: str, **env: str) -> ServerProcess:
+        server = ServerProcess(tmp_path / name, url, free_port())  # a port block of its own
+        server.extra_env = dict(env)
         made.append(server)
         server.start()
         return server
@@ -90,7 +86,7 @@ def _servers(
 
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[ServerFactory]:
-    """Starts servers (name, engine URL, host-port range, extra settings); stops them
+    """Starts servers (name, engine URL, extra settings); stops them
     after and removes what their installations left on the engine."""
     yield from _servers(tmp_path)
 
@@ -201,8 +197,8 @@ def test_two_installations_share_an_engine(
 ) -> None:
     # A collects unknown containers of its own after 2 s: were B's containers or the
     # previous installation's taken for A's, they would be gone within the hold below.
-    a = servers("a", engine_url, (32100, 32199), GPUYARD_ORPHAN_CONTAINER_GRACE_S="2")
-    b = servers("b", engine_url, (32200, 32299))
+    a = servers("a", engine_url, GPUYARD_ORPHAN_CONTAINER_GRACE_S="2")
+    b = servers("b", engine_url)
     a_id, b_id = a.installation, b.installation
     assert a_id != b_id
 
@@ -212,8 +208,9 @@ def test_two_installations_share_an_engine(
         b1, b2 = create(cb, name="b1", ports=ports), create(cb, name="b2")
         for c, cid in ((ca, a1), (ca, a2), (cb, b1), (cb, b2)):
             assert wait_status(c, cid, {"running", "error"}, timeout=90)["status"] == "running"
-        assert 32100 <= cluster(ca, a1)["ports"][0]["external_port"] <= 32199
-        assert 32200 <= cluster(cb, b1)["ports"][0]["external_port"] <= 32299
+        for c, cid, srv in ((ca, a1, a), (cb, b1, b)):
+            port = cluster(c, cid)["ports"][0]["external_port"]
+            assert srv.port_block <= port < srv.port_block + PORT_BLOCK_SIZE
         for server, cid in ((a, a1), (a, a2), (b, b1), (b, b2)):
             assert sh(engine, server, cid, f"echo {cid} > /workspace/mark")[0] == 0
             name = container_name(server, cid)
@@ -342,7 +339,7 @@ def _log_count(server: ServerProcess, text: str) -> int:
 def test_engine_restart_brings_running_clusters_back(
     servers_on_private: ServerFactory, private_engine: PodmanService, engine: docker.DockerClient
 ) -> None:
-    server = servers_on_private("eng", private_engine.url, (32300, 32399))
+    server = servers_on_private("eng", private_engine.url)
     all_gpus = {"gpu_type": "NVIDIA RTX A6000", "gpu_count": 4, "docker_image": DEV_IMAGE}
     with server.client() as c:
         cid = create(c, gpu_count=2)
@@ -404,7 +401,6 @@ def test_crashing_container_backs_off_then_errors_keeping_its_logs(
     server = servers(
         "crash",
         engine_url,
-        (32400, 32499),
         GPUYARD_RESTART_BACKOFF_INITIAL_S="1",
         GPUYARD_RESTART_BACKOFF_MAX_S="2",
         GPUYARD_RESTART_LIMIT="3",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import sqlite3
@@ -28,7 +27,7 @@ import pytest
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
 from gpuyard.edge.caddy import CaddyProcess
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
-from tests.helpers import free_port
+from tests.helpers import PORT_BLOCK_SIZE, free_port, port_block
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +45,7 @@ class ServerProcess:
         # Every installation id this process has had (a new home makes a new one):
         # what cleanup() may remove from the engine, and nothing else.
         self.installations: set[str] = set()
-        self.port_block = random.randrange(200, 300) * 100
+        self.port_block = port_block()
 
     def start(self) -> None:
         env = {
@@ -68,7 +67,7 @@ class ServerProcess:
             # (or a container left by a killed run) holds on this machine is not
             # handed out again here.
             "GPUYARD_PORT_RANGE_START": str(self.port_block),
-            "GPUYARD_PORT_RANGE_END": str(self.port_block + 99),
+            "GPUYARD_PORT_RANGE_END": str(self.port_block + PORT_BLOCK_SIZE - 1),
             **self.extra_env,
         }
         self.home.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -109,16 +108,12 @@ class Env:
 def env(engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     home = tmp_path_factory.mktemp("ssh-gw")
     port = free_port()
-    start = random.randrange(30000, 39900)
     server = ServerProcess(home / "home", engine_url, free_port())
     server.extra_env = {
         "GPUYARD_SSH_PORT": str(port),
         "GPUYARD_SSH_BIND": "127.0.0.1",
         # Many refusals are part of these tests; the limiter has a test of its own.
         "GPUYARD_SSH_AUTH_FAILURES_PER_MINUTE": "1000",
-        # Published ports away from other servers that may share this machine.
-        "GPUYARD_PORT_RANGE_START": str(start),
-        "GPUYARD_PORT_RANGE_END": str(start + 99),
     }
     try:
         server.start()

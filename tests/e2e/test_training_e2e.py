@@ -47,8 +47,6 @@ def server(tmp_path: Path, engine_url: str, slurm_images: str) -> Iterator[Serve
     srv.extra_env = {
         "GPUYARD_RESERVED_IPS": RESERVED,
         "GPUYARD_TRAINING_BIND_ADDRESS": "127.0.0.1",
-        "GPUYARD_PORT_RANGE_START": str(40000 + free_port() % 2000),
-        "GPUYARD_PORT_RANGE_END": "45000",
     }
     srv.start()
     try:
