@@ -444,7 +444,11 @@ class HostGpu(Base):
 
 class Cluster(Base):
     __tablename__ = "clusters"
-    __table_args__ = (Index("ix_clusters_project_status", "project_id", "status"),)
+    __table_args__ = (
+        Index("ix_clusters_project_status", "project_id", "status"),
+        # The list's keyset order (newest first, id breaking ties) within a project.
+        Index("ix_clusters_project_created", "project_id", "created_at", "id"),
+    )
     id: Mapped[str] = mapped_column(String(14), primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
     name: Mapped[str] = mapped_column(String(200))
@@ -495,6 +499,16 @@ class Cluster(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     version: Mapped[int] = mapped_column(Integer, default=1)
+    # The usage ledger's running totals (services/ledger_totals.py keeps them with the
+    # intervals): amounts of closed intervals in micro-USD*s/h, over the lifetime and
+    # since ``billed_run_from`` (the current run's start, to the second), and the rate
+    # of the open intervals (all opened at ``open_since``). A cluster's cost is these
+    # plus the open interval, never a re-read of its whole history.
+    billed_closed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    billed_run_closed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    billed_run_from: Mapped[datetime | None] = mapped_column()
+    open_rate_micro: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    open_since: Mapped[datetime | None] = mapped_column()
 
 
 class GpuAllocation(Base):
