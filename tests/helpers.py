@@ -19,11 +19,14 @@ import uvicorn
 
 from gpuyard.api.app import Server, build_server
 from gpuyard.core.fleet import HostStatus
+from gpuyard.core.ledger import accrue_totals
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import RuntimeFactory
 from gpuyard.services.context import Context
+from gpuyard.services.ledger_totals import totals
+from gpuyard.services.metering import accrued
 from gpuyard.settings import Settings
-from gpuyard.store.schema import Host, HostGpu
+from gpuyard.store.schema import Cluster, Host, HostGpu
 
 
 def free_port() -> int:
@@ -201,3 +204,14 @@ def created(srv: LiveServer, c: httpx.Client, body: dict[str, Any]) -> str:
     cid: str = r.json()["data"]["id"]
     assert srv.server.reconciler.wait_idle(10)
     return cid
+
+
+def assert_totals_match_history(ctx: Context, cluster_id: str) -> None:
+    """The ledger totals on the cluster row give the cost its whole interval history
+    gives (services/ledger_totals.py keeps them together)."""
+    now = ctx.clock.now()
+    with ctx.read() as session:
+        row = session.get(Cluster, cluster_id)
+        assert row is not None
+        got = accrue_totals(totals(row), now, row.start_initiated_at, row.created_at)
+        assert got == accrued(session, cluster_id, now)

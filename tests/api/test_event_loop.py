@@ -19,7 +19,6 @@ import httpx
 import pytest
 from sqlalchemy import Engine, event
 
-from gpuyard.core.ledger import Interval
 from gpuyard.services.context import ClusterReader, Context
 from gpuyard.store.schema import Cluster
 from tests.helpers import LiveServer
@@ -53,9 +52,6 @@ class GatedReader:
     def __call__(self, cluster_id: str, account_id: int) -> Cluster | None:
         self.gate.hold(cluster_id)
         return self.inner(cluster_id, account_id)
-
-    def intervals(self, cluster_id: str) -> list[Interval]:
-        return self.inner.intervals(cluster_id)
 
 
 @contextmanager

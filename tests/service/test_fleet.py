@@ -22,7 +22,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.moves import drain_host
 from gpuyard.services.requests import StartCluster
 from gpuyard.store.schema import Cluster, Event, Host, UsageInterval, VolumeMove
-from tests.helpers import add_host_row
+from tests.helpers import add_host_row, assert_totals_match_history
 from tests.service.test_lifecycle import a6000, gpus_held
 
 
@@ -165,6 +165,7 @@ def test_unreachable_host_keeps_gpus_pauses_billing_and_converges(
             s.scalars(select(UsageInterval.ended_at).where(UsageInterval.cluster_id == c.id))
         )
         assert ends == {answered_at.replace(microsecond=0)}  # ...from the last answer
+    assert_totals_match_history(ctx, c.id)
     assert gpus_held(ctx, c.id) == [0, 1, 2, 3]
     assert any("unreachable" in m for m in events(ctx, c.id))
     ctx.references.invalidate()
@@ -188,6 +189,8 @@ def test_unreachable_host_keeps_gpus_pauses_billing_and_converges(
             )
         )
         assert reopened == clock.now().replace(microsecond=0)
+    clock.advance(7)
+    assert_totals_match_history(ctx, c.id)
     for _ in range(50):
         fleet_rec.driver.recover(c.id)
         clock.advance(2)

@@ -1,6 +1,7 @@
 """Ledger property: for any sequence of create/start/stop/rate change/crash/clock
 advance, the billed amount equals the integral of the rate over time, computed here
-independently from the statuses the clusters went through."""
+independently from the statuses the clusters went through, and the running totals on
+the cluster row give the same cost as its whole interval history."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuyard.core.errors import GpuyardError
-from gpuyard.core.ledger import boundary, micro, total_amount
+from gpuyard.core.ledger import accrue_totals, boundary, micro, total_amount
 from gpuyard.core.models import CloudType
 from gpuyard.core.pricing import hourly_rate
 from gpuyard.reconciler.loop import Reconciler
@@ -22,7 +23,9 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
+from gpuyard.services.ledger_totals import totals
 from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.store.schema import Cluster
 
 A = "NVIDIA RTX A6000"
 COMPUTE = {"pending", "starting", "running"}
@@ -124,6 +127,13 @@ def test_billed_equals_the_integral(
             exact = integral[cid] + rate * int((boundary(now) - boundary(since)).total_seconds())
             billed = total_amount(metering.load_intervals(session, [cid])[cid], now)
             assert billed == exact
+            # The running totals on the row answer what the whole history answers.
+            row = session.get(Cluster, cid)
+            assert row is not None
+            from_history = metering.accrued(session, cid, now)
+            assert accrue_totals(totals(row), now, row.start_initiated_at, row.created_at) == (
+                from_history
+            )
     for cid in seen:  # free the host for the next example
         with contextlib.suppress(GpuyardError):
             uc.terminate_cluster(ctx, alice, cid)

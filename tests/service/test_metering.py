@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from gpuyard.core.ledger import Interval, micro, total_amount
+from gpuyard.core.ledger import Accrual, Interval, micro, total_amount
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
@@ -13,7 +13,9 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
-from gpuyard.store.schema import UsageInterval
+from gpuyard.store.migrate import downgrade, upgrade
+from gpuyard.store.schema import Cluster, UsageInterval
+from tests.helpers import assert_totals_match_history
 
 A = "NVIDIA RTX A6000"
 
@@ -53,7 +55,7 @@ def create(ctx: Context, p: Principal, **kw: object) -> str:
     return cid
 
 
-def accrued(ctx: Context, cid: str) -> metering.Accrual:
+def accrued(ctx: Context, cid: str) -> Accrual:
     with ctx.read() as session:
         return metering.accrued(session, cid, ctx.clock.now())
 
@@ -210,3 +212,29 @@ def test_ledger_arithmetic_is_exact() -> None:
     now = t0 + timedelta(seconds=20, microseconds=999_999)
     assert total_amount(ivs, now) == 790_000 * 20
     assert total_amount(ivs, now, since=t0 + timedelta(seconds=5)) == 790_000 * 15
+
+
+def test_migration_0011_backfills_the_totals_from_history(
+    ctx: Context, alice: Principal, clock: FakeClock
+) -> None:
+    """A database with history from before the running totals gets them from its
+    intervals when it upgrades: the cost it shows does not change."""
+    rec = Reconciler(ctx, FakeRuntime())
+    ids = [create(ctx, alice), create(ctx, alice, gpu_count=2)]
+    for cid in ids:
+        settle(rec, cid)
+    clock.advance(3600.4)
+    uc.stop_cluster(ctx, alice, ids[0])
+    settle(rec, ids[0])
+    clock.advance(600)
+    uc.start_cluster(ctx, alice, ids[0], StartCluster())
+    clock.advance(95)
+    engine = ctx.sessions.kw["bind"]
+    downgrade(engine, "0010")
+    upgrade(engine)
+    for cid in ids:
+        assert_totals_match_history(ctx, cid)
+    with ctx.read() as session:
+        restarted = session.get(Cluster, ids[0])
+        assert restarted is not None and restarted.billed_closed > 0
+        assert restarted.billed_run_closed == 0 and restarted.open_rate_micro > 0

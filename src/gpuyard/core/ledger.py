@@ -126,3 +126,63 @@ def accrue(
         run_started_at=run_started_at,
         created_at=created_at,
     )
+
+
+@dataclass(frozen=True)
+class LedgerTotals:
+    """A cluster's running totals, kept with its intervals (the cluster row's
+    ``billed_*``/``open_*`` columns): amounts (micro-USD·s/h) of its closed intervals
+    over its lifetime and since ``run_from`` (a run's start, to the second), and the
+    summed rate of its open intervals, all opened at ``open_since``."""
+
+    closed: int = 0
+    run_closed: int = 0
+    run_from: datetime | None = None
+    open_rate: int = 0
+    open_since: datetime | None = None
+
+
+def totals_of(intervals: Iterable[Interval], run_started_at: datetime | None) -> LedgerTotals:
+    """The totals that ``intervals`` (one cluster's, open ones all opened together)
+    add up to for a run that began at ``run_started_at``."""
+    closed = [iv for iv in intervals if iv.ended_at is not None]
+    opened = [iv for iv in intervals if iv.ended_at is None]
+    run_from = boundary(run_started_at) if run_started_at else None
+    return LedgerTotals(
+        closed=sum(amount(iv, iv.started_at) for iv in closed),
+        run_closed=(
+            sum(amount(iv, iv.started_at, since=run_from) for iv in closed) if run_from else 0
+        ),
+        run_from=run_from,
+        open_rate=sum(iv.rate_micro for iv in opened),
+        open_since=min((iv.started_at for iv in opened), default=None),
+    )
+
+
+def accrue_totals(
+    totals: LedgerTotals,
+    now: datetime,
+    run_started_at: datetime | None,
+    created_at: datetime | None = None,
+) -> Accrual:
+    """What ``accrue`` answers for the intervals behind ``totals`` (without ``since``):
+    closed amounts summed once, plus the open interval up to ``now``."""
+    end = boundary(now)
+    open_total = open_run = 0
+    if totals.open_since is not None:
+        open_total = totals.open_rate * max(0, int((end - totals.open_since).total_seconds()))
+    run = 0
+    if run_started_at is not None:
+        run_from = boundary(run_started_at)
+        if totals.open_since is not None:
+            start = max(totals.open_since, run_from)
+            open_run = totals.open_rate * max(0, int((end - start).total_seconds()))
+        run = (totals.run_closed if totals.run_from == run_from else 0) + open_run
+    return Accrual(
+        current_run_micro=to_micro_usd(run),
+        lifetime_micro=to_micro_usd(totals.closed + open_total),
+        since_micro=None,
+        rate_micro=totals.open_rate,
+        run_started_at=run_started_at,
+        created_at=created_at,
+    )

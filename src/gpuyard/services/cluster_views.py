@@ -12,14 +12,15 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.autoterm import Deadline, deadlines, read_policy, run_started_at
 from gpuyard.core.errors import ClusterNotFound
-from gpuyard.core.ledger import Accrual, Interval
+from gpuyard.core.ledger import Accrual, accrue_totals
 from gpuyard.core.models import CloudType, GpuTypeInfo
 from gpuyard.core.pricing import Prices, RateParts, hourly_rate
 from gpuyard.core.proxy import ProxyBase
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
-from gpuyard.services.metering import accrual_of, load_intervals
+from gpuyard.services.ledger_totals import totals
+from gpuyard.services.metering import run_start
 from gpuyard.services.proxy_routes import proxy_base
 from gpuyard.store.schema import (
     Cluster,
@@ -175,8 +176,7 @@ def load_visible(
         cluster = ctx.cluster_reader(cluster_id, account_id)
         if cluster is None or not _in_projects(cluster, project_ids):
             raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-        intervals = {cluster_id: ctx.cluster_reader.intervals(cluster_id)}
-        return details(ctx, [cluster], intervals=intervals)[0]
+        return details(ctx, [cluster])[0]
     with ctx.connect() as conn:
         row = conn.execute(_VISIBLE, {"cluster_id": cluster_id, "account_id": account_id})
         # A Row has the Cluster's column attributes; building an ORM instance would
@@ -188,22 +188,17 @@ def load_visible(
 
 
 def details(
-    ctx: Context,
-    clusters: list[Cluster],
-    db: Session | Connection | None = None,
-    intervals: dict[str, list[Interval]] | None = None,
+    ctx: Context, clusters: list[Cluster], db: Session | Connection | None = None
 ) -> list[ClusterDetails]:
     """What each cluster shows. ``db`` is used when given; otherwise a connection is
-    opened only if something must be read (usage intervals not given, a stale
-    reference cache, a cluster starting). Usage intervals are one indexed query."""
+    opened only if something must be read (a stale reference cache, a cluster
+    starting, a network volume). Costs come from the ledger totals on each row: no
+    usage interval is read."""
     starting = any(c.status in _STARTING for c in clusters)
     networked = [c.network_volume_id for c in clusters if c.network_volume_id is not None]
-    if db is None and (intervals is None or starting or networked or ctx.references.stale()):
+    if db is None and (starting or networked or ctx.references.stale()):
         with ctx.connect() as conn:
-            return details(ctx, clusters, conn, intervals)
-    if intervals is None:
-        assert db is not None
-        intervals = load_intervals(db, [c.id for c in clusters])
+            return details(ctx, clusters, conn)
     now = ctx.clock.now()
     hosts, gpus = ctx.references.get(db)
     mounted = mounted_network_volumes(db, networked) if networked else {}
@@ -245,7 +240,7 @@ def details(
                 ),
                 rate=cluster_rate(c, gpu, ctx.settings.prices),
                 estimated_ready_at=eta,
-                accrual=accrual_of(c, intervals.get(c.id, []), now),
+                accrual=accrue_totals(totals(c), now, run_start(c), c.created_at),
                 next_auto_terminate=next_auto_terminate(ctx, c, gpu),
                 auto_terminate_error=read_policy(c.auto_terminate).error,
                 host_reachability=(

@@ -13,7 +13,6 @@ from typing import Protocol
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpuyard.core.ledger import Interval
 from gpuyard.core.ownership import Ownership
 from gpuyard.core.proxy import ProxyStatus
 from gpuyard.services.clock import Clock, SystemClock
@@ -51,11 +50,9 @@ class StatusNotifier:
 
 
 class ClusterReader(Protocol):
-    """An accelerated read of one visible cluster row and of its usage intervals."""
+    """An accelerated read of one visible cluster row (its ledger totals included)."""
 
     def __call__(self, cluster_id: str, account_id: int) -> Cluster | None: ...
-
-    def intervals(self, cluster_id: str) -> list[Interval]: ...
 
 
 @dataclass

@@ -22,6 +22,7 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.inventory import EngineInventory
 from gpuyard.services.context import Context
 from gpuyard.services.hosts import sync_host_gpus
+from gpuyard.services.ledger_totals import rebuild
 from gpuyard.services.lifecycle import meter_status, record_event
 from gpuyard.store.schema import Cluster, Host, UsageInterval
 
@@ -132,6 +133,7 @@ def pause_billing(session: Session, cluster_ids: Sequence[int | str], since: dat
         .values(ended_at=at)
         .execution_options(synchronize_session=False)
     )
+    rebuild(session, ids)
 
 
 def record_inventory(ctx: Context, host_id: int, found: EngineInventory) -> None:

@@ -20,6 +20,7 @@ from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus, can_transition
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.cluster_views import cluster_rate
+from gpuyard.services.ledger_totals import open_intervals, record_close_and_open
 from gpuyard.store.schema import Cluster, Event, Host, UsageInterval, VolumeRestore
 
 # Context.transaction puts the price list here, so the funnel can meter without every
@@ -131,6 +132,8 @@ def meter_status(session: Session, cluster: Any, status: ClusterStatus, now: dat
     columns after the change). Called by the funnel and once at creation; nothing else
     writes the ledger. An interval that would end where it began is dropped."""
     at = boundary(now)
+    start = getattr(cluster, "start_initiated_at", None)
+    closing = open_intervals(session, cluster.id)
     open_ = UsageInterval.ended_at.is_(None)
     session.execute(
         delete(UsageInterval)
@@ -143,13 +146,22 @@ def meter_status(session: Session, cluster: Any, status: ClusterStatus, now: dat
         .values(ended_at=at)
         .execution_options(synchronize_session=False)
     )
-    if billing_paused(session, getattr(cluster, "host_id", None)):
-        return  # its host does not answer: nothing is billed until it does
-    prices = session.info.get(PRICES_KEY)
-    if not isinstance(prices, Prices):
-        raise RuntimeError("metering needs the session from Context.transaction()")
-    gpu = find_gpu_type(session, cluster.gpu_type) if cluster.gpu_type else None
-    rates = micro_rates(cluster_rate(cluster, gpu, prices, status=status))
+    rates: dict[str, int] = {}
+    if not billing_paused(session, getattr(cluster, "host_id", None)):
+        # (A host that does not answer: nothing is billed until it does.)
+        prices = session.info.get(PRICES_KEY)
+        if not isinstance(prices, Prices):
+            raise RuntimeError("metering needs the session from Context.transaction()")
+        gpu = find_gpu_type(session, cluster.gpu_type) if cluster.gpu_type else None
+        rates = micro_rates(cluster_rate(cluster, gpu, prices, status=status))
+    record_close_and_open(
+        session,
+        cluster.id,
+        closing,
+        at,
+        boundary(start) if start else None,
+        sum(rates.values()),
+    )
     for meter, rate in rates.items():
         session.add(
             UsageInterval(

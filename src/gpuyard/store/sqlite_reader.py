@@ -19,8 +19,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean
 
-from gpuyard.core.ledger import Interval
-from gpuyard.store.schema import Cluster, Project, UsageInterval, UtcDateTime
+from gpuyard.store.schema import Cluster, Project, UtcDateTime
 
 
 def _decoder(column_type: Any) -> Callable[[Any], Any] | None:
@@ -41,15 +40,6 @@ _SQL = (
     f"JOIN {Project.__tablename__} p ON p.id = c.project_id "
     "WHERE c.id = ? AND p.account_id = ?"
 )
-
-_INTERVALS_SQL = (
-    "SELECT meter, rate_micro, started_at, ended_at, gpu_type, project_id "
-    f"FROM {UsageInterval.__tablename__} WHERE cluster_id = ?"
-)
-
-
-def _utc(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
 class SqliteClusterReader:
@@ -76,22 +66,6 @@ class SqliteClusterReader:
             values[index] = decode(values[index])
         record: Cluster = SimpleNamespace(**dict(zip(_NAMES, values, strict=True)))  # type: ignore[assignment]
         return record
-
-    def intervals(self, cluster_id: str) -> list[Interval]:
-        """The cluster's usage intervals (the caller has checked it may see it)."""
-        rows = self._connection().execute(_INTERVALS_SQL, (cluster_id,)).fetchall()
-        return [
-            Interval(
-                meter=meter,
-                rate_micro=rate,
-                started_at=_utc(started) or datetime.min.replace(tzinfo=UTC),
-                ended_at=_utc(ended),
-                gpu_type=gpu_type,
-                cluster_id=cluster_id,
-                project_id=project_id,
-            )
-            for meter, rate, started, ended, gpu_type, project_id in rows
-        ]
 
 
 def reader_for(url: str) -> SqliteClusterReader | None:
