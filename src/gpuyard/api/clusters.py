@@ -15,6 +15,7 @@ from gpuyard.api.envelope import ok
 from gpuyard.api.idempotency import REPLAYED_HEADER, IdempotencyKeyHeader
 from gpuyard.api.json_body import OffLoopJsonRoute
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
+from gpuyard.api.pagination import CURSOR_QUERY, pagination
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.core.states import ClusterStatus
@@ -104,7 +105,12 @@ def list_clusters(
     ),
     page: int = Query(default=1, ge=1, le=1_000_000),
     per_page: int = Query(default=50, ge=1, le=500),
+    cursor: str | None = CURSOR_QUERY,
 ) -> JSONResponse:
+    """The account's clusters, newest first (terminated ones with
+    ``status=terminated``). Page with ``cursor`` (the previous answer's
+    ``pagination.next_cursor``, with the same filters): stable while clusters are
+    created. ``page`` (offset) still works, but not together with a cursor."""
     state = app_state(request)
     result = uc.list_clusters(
         state.ctx,
@@ -114,19 +120,14 @@ def list_clusters(
         status=status,
         page=page,
         per_page=per_page,
+        cursor=cursor,
     )
     with state.ctx.read() as session:
         items = cluster_views.details(state.ctx, result.clusters, session)
-    pages = (result.total + per_page - 1) // per_page
     return ok(
         {
             "clusters": [views.cluster_v1(d) for d in items],
-            "pagination": {
-                "page": page,
-                "per_page": per_page,
-                "total": result.total,
-                "pages": pages,
-            },
+            "pagination": pagination(page, per_page, result.total, result.next_cursor),
         }
     )
 
@@ -147,10 +148,23 @@ async def get_cluster(cluster_id: str, request: Request) -> Response:
 
 @router.get("/v1/clusters/{cluster_id}/events", responses=documented(schemas.EventListEnvelope))
 def cluster_events(
-    cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
+    cluster_id: str,
+    request: Request,
+    principal: Principal = Depends(current_principal),
+    page: int = Query(default=1, ge=1, le=1_000_000),
+    per_page: int = Query(default=50, ge=1, le=500),
+    cursor: str | None = CURSOR_QUERY,
 ) -> JSONResponse:
-    events = uc.list_events(app_state(request).ctx, principal, cluster_id)
-    return ok({"events": [views.event(e) for e in events]})
+    """The cluster's events, oldest first; ``cursor`` pages on (``pagination``)."""
+    result = uc.list_events(
+        app_state(request).ctx, principal, cluster_id, page=page, per_page=per_page, cursor=cursor
+    )
+    return ok(
+        {
+            "events": [views.event(e) for e in result.events],
+            "pagination": pagination(page, per_page, result.total, result.next_cursor),
+        }
+    )
 
 
 async def _start(

@@ -206,10 +206,14 @@ class StartedCluster(Cluster):
 
 
 class Pagination(_Out):
+    """Where a page lies. ``next_cursor`` (null on the last page) is the ``cursor``
+    query parameter of the next page: pass it back with the same filters."""
+
     page: int
     per_page: int
     total: int
     pages: int
+    next_cursor: str | None
 
 
 class ClusterList(_Out):
@@ -228,6 +232,7 @@ class EventOut(_Out):
 
 class EventList(_Out):
     events: list[EventOut]
+    pagination: Pagination
 
 
 class ClusterEnvelope(_Out):

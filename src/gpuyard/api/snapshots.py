@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gpuyard.api.envelope import ok
 from gpuyard.api.json_body import OffLoopJsonRoute
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
+from gpuyard.api.pagination import CURSOR_QUERY, pagination
 from gpuyard.api.schemas import Meta, Pagination, documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.input_rules import check_name, check_text
@@ -199,27 +200,25 @@ def list_snapshots(
     status: SnapshotStatus | None = Query(default=None),
     page: int = Query(default=1, ge=1, le=1_000_000),
     per_page: int = Query(default=svc.DEFAULT_PER_PAGE, ge=1, le=svc.MAX_PER_PAGE),
+    cursor: str | None = CURSOR_QUERY,
 ) -> JSONResponse:
-    """The account's snapshots, newest first."""
-    rows, total = svc.list_snapshots(
+    """The account's snapshots, newest first. Page with ``cursor`` (the previous
+    answer's ``pagination.next_cursor``, same filters); ``page`` still works."""
+    result = svc.snapshot_page(
         app_state(request).ctx,
         principal,
         cluster_id=cluster_id,
         project_id=project_id,
         network_volume_id=network_volume_id,
         status=status,
-        limit=per_page,
-        offset=(page - 1) * per_page,
+        per_page=per_page,
+        page=page,
+        cursor=cursor,
     )
     return ok(
         {
-            "snapshots": [svc.snapshot_view(s) for s in rows],
-            "pagination": {
-                "page": page,
-                "per_page": per_page,
-                "total": total,
-                "pages": (total + per_page - 1) // per_page,
-            },
+            "snapshots": [svc.snapshot_view(s) for s in result.snapshots],
+            "pagination": pagination(page, per_page, result.total, result.next_cursor),
         }
     )
 

@@ -20,8 +20,10 @@ from starlette.concurrency import run_in_threadpool
 from gpuyard.api import views
 from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.json_body import loads
+from gpuyard.api.pagination import pagination
 from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.api.training_openapi import ACTION_BODY, CREATE_BODY, operation
+from gpuyard.core.cursors import MAX_CURSOR_CHARS
 from gpuyard.core.errors import GpuyardError, PayloadTooLarge, ValidationFailed
 from gpuyard.core.input_rules import parse_id
 from gpuyard.core.text import nul_path
@@ -35,6 +37,9 @@ from gpuyard.services.training_reads import PartitionProbe, show_cluster, show_c
 log = logging.getLogger(__name__)
 
 BASE = "/distributed_jobs_v2/cluster"
+# The list's paging bounds, as on every other list (api/training_openapi.py says them).
+MAX_PER_PAGE = 500
+MAX_PAGE = 1_000_000
 # Declared here so FastAPI does not document its own 422 shape; each route's
 # openapi_extra (api/training_openapi.py) gives the real one.
 router = APIRouter(
@@ -177,17 +182,50 @@ async def create_training_cluster(
     return await _handle(request, work, with_body=True)
 
 
-@router.get(BASE + "/", openapi_extra=operation(with_id=False))
+def _query_int(request: Request, name: str, default: int, maximum: int) -> int:
+    """A positive integer query parameter, 1..``maximum``; ``default`` when absent."""
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return default
+    if not value.isascii() or not value.isdigit() or len(value) > 20:
+        raise ValidationFailed(name, f"{value[:40]!r} is not an integer")
+    number = int(value)
+    if not 1 <= number <= maximum:
+        raise ValidationFailed(name, f"must be between 1 and {maximum}")
+    return number
+
+
+@router.get(BASE + "/", openapi_extra=operation(with_id=False, paged=True))
 @router.get(BASE, include_in_schema=False)
 async def list_training_clusters(request: Request) -> JSONResponse:
-    """Training clusters of ``project_id`` at ``location``."""
+    """Training clusters of ``project_id`` at ``location``, oldest first, a page at a
+    time: ``per_page`` (1..500, 50) and ``cursor`` (the previous answer's
+    ``pagination.next_cursor``) or ``page``. ``data`` is the seed's list; the
+    envelope's ``pagination`` says where it lies."""
+    # The page as ``work`` made it, for the envelope's ``pagination`` (``_handle``
+    # renders failures, and ``data``).
+    paged: dict[str, Any] = {}
 
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        return 200, show_clusters(state.ctx, p, scope, _partition(state)), "Success"
+        per_page = _query_int(request, "per_page", 50, MAX_PER_PAGE)
+        page = _query_int(request, "page", 1, MAX_PAGE)
+        cursor = request.query_params.get("cursor")
+        if cursor is not None and len(cursor) > MAX_CURSOR_CHARS:
+            raise ValidationFailed("cursor", f"must be at most {MAX_CURSOR_CHARS} characters")
+        result = show_clusters(
+            state.ctx, p, scope, _partition(state), per_page=per_page, page=page, cursor=cursor
+        )
+        paged["data"] = result.clusters
+        paged["pagination"] = pagination(page, per_page, result.total, result.next_cursor)
+        return 200, [], "Success"  # the page is rendered once, below, with its pagination
 
-    return await _handle(request, work)
+    answer = await _handle(request, work)
+    if "pagination" not in paged or answer.status_code != 200:
+        return answer
+    body = {"code": 200, "data": paged["data"], "errors": {}, "message": "Success"}
+    return JSONResponse({**body, "pagination": paged["pagination"]})
 
 
 @router.get(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True))

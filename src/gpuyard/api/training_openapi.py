@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuyard.api.openapi_responses import training_error_responses
 from gpuyard.core import training as domain
+from gpuyard.core.cursors import MAX_CURSOR_CHARS
 from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN
 from gpuyard.core.training import REQUIRED_FIELDS, Action
 from gpuyard.services.requests import MAX_ID
@@ -156,11 +157,40 @@ _SCOPE: list[Schema] = [
 _CLUSTER_ID: Schema = {"name": "Cluster_Id", "in": "path", "required": True, "schema": ID}
 
 
-def operation(*, with_id: bool, body: Schema | None = None, created: bool = False) -> Schema:
-    """``openapi_extra`` of one route: its parameters, body and answers."""
+# The list's keyset pagination (api/training.py): the answer's envelope carries a
+# ``pagination`` object whose ``next_cursor`` is the next page's ``cursor``.
+_PAGED: list[Schema] = [
+    {
+        "name": "per_page",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+    },
+    {
+        "name": "page",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 1_000_000, "default": 1},
+        "description": "offset paging; not together with cursor (except page 1)",
+    },
+    {
+        "name": "cursor",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "maxLength": MAX_CURSOR_CHARS},
+        "description": "the previous answer's pagination.next_cursor, same scope",
+    },
+]
+
+
+def operation(
+    *, with_id: bool, body: Schema | None = None, created: bool = False, paged: bool = False
+) -> Schema:
+    """``openapi_extra`` of one route: its parameters, body and answers (``paged``:
+    the list's pagination parameters too)."""
     ok = {"description": "Success", "content": {"application/json": {"schema": ENVELOPE}}}
     extra: Schema = {
-        "parameters": ([_CLUSTER_ID] if with_id else []) + _SCOPE,
+        "parameters": ([_CLUSTER_ID] if with_id else []) + _SCOPE + (_PAGED if paged else []),
         "responses": {"201" if created else "200": ok, **training_error_responses(ENVELOPE)},
     }
     if body is not None:

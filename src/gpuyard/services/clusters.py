@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gpuyard.core import cursors
 from gpuyard.core.autoterm import Rule, deadlines, parse_policy
 from gpuyard.core.errors import (
     ClusterNotFound,
@@ -42,6 +43,10 @@ from gpuyard.services.admission import admit
 from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.autoterm_policy import merge_policy
 from gpuyard.services.catalog import find_gpu_type
+
+# The cluster list lives in its own module; callers know it by this one's name.
+from gpuyard.services.cluster_lists import ClusterPage as ClusterPage
+from gpuyard.services.cluster_lists import list_clusters as list_clusters
 from gpuyard.services.cluster_snapshots import check_fits, clone_source, restorable_for
 from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
@@ -765,66 +770,52 @@ def get_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
         return load_cluster(session, principal, cluster_id)
 
 
+EVENTS_LIST = "cluster_events"
+EVENT_KEY: cursors.KeyShape = ("int",)
+
+
 @dataclass(frozen=True)
-class ClusterPage:
-    clusters: list[Cluster]
+class EventPage:
+    """One page of a cluster's events, oldest first, with the total and the cursor of
+    the next page (None on the last)."""
+
+    events: list[Event]
     total: int
     page: int
     per_page: int
+    next_cursor: str | None = None
 
 
-def list_clusters(
+def list_events(
     ctx: Context,
     principal: Principal,
+    cluster_id: str,
     *,
-    project_id: int | None = None,
-    search: str | None = None,
-    status: str | None = None,
     page: int = 1,
     per_page: int = 50,
-) -> ClusterPage:
-    """The account's clusters, newest first. Terminated ones only when asked for.
-    A caller restricted to some projects sees only theirs (another ``project_id``
-    lists nothing)."""
-    # Plain column rows, not ORM objects: a page of clusters is read, never changed,
-    # and building instances costs more than the query (rows carry the same names).
-    q = (
-        select(*Cluster.__table__.columns)
-        .join(Project, Project.id == Cluster.project_id)
-        .where(Project.account_id == principal.account_id)
-    )
-    if principal.project_ids is not None:
-        q = q.where(Cluster.project_id.in_(sorted(principal.project_ids)))
-    if project_id is not None:
-        q = q.where(Cluster.project_id == project_id)
-    if status:
-        try:
-            q = q.where(Cluster.status == ClusterStatus(status.lower()).value)
-        except ValueError as exc:
-            raise ValidationFailed(
-                "status",
-                f"unknown status {status!r}",
-                {"allowed": [s.value for s in ClusterStatus]},
-            ) from exc
-    else:
-        q = q.where(Cluster.status != ClusterStatus.TERMINATED.value)
-    if search:
-        like = f"%{search.lower()}%"
-        q = q.where(or_(func.lower(Cluster.name).like(like), Cluster.id.like(like)))
-    with ctx.read() as session:
-        total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
-        rows = session.execute(
-            q.order_by(Cluster.created_at.desc(), Cluster.id)
-            .offset((page - 1) * per_page)
-            .limit(per_page)
-        )
-        clusters = [cast(Cluster, row) for row in rows]
-    return ClusterPage(clusters, total, page, per_page)
-
-
-def list_events(ctx: Context, principal: Principal, cluster_id: str) -> list[Event]:
+    cursor: str | None = None,
+) -> EventPage:
+    """The cluster's events, oldest first (by id, through the ``cluster_id`` index).
+    With ``cursor`` (an earlier page's ``next_cursor`` for this cluster), the events
+    after that page; else ``page`` by offset. Raises ClusterNotFound for a cluster the
+    caller may not see, ValidationFailed naming ``cursor`` for a bad one."""
+    cursor = cursor or None
+    cursors.check_page(page, cursor)
+    bound: dict[str, cursors.FilterValue] = {
+        "account": principal.account_id,
+        "cluster": cluster_id,
+    }
+    after = cursors.decode(cursor, EVENTS_LIST, bound, EVENT_KEY) if cursor else None
     with ctx.read() as session:
         load_cluster(session, principal, cluster_id)
-        return list(
-            session.scalars(select(Event).where(Event.cluster_id == cluster_id).order_by(Event.id))
-        )
+        mine = Event.cluster_id == cluster_id
+        total = session.scalar(select(func.count()).select_from(Event).where(mine)) or 0
+        q = select(Event).where(mine)
+        # After the cursor's event (an index range), or the seed's offset.
+        q = q.where(Event.id > after[0]) if after is not None else q.offset((page - 1) * per_page)
+        rows = list(session.scalars(q.order_by(Event.id).limit(per_page + 1)))
+    events = rows[:per_page]
+    next_cursor = None
+    if len(rows) > per_page:
+        next_cursor = cursors.encode(EVENTS_LIST, bound, (events[-1].id,))
+    return EventPage(events, int(total), page, per_page, next_cursor)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, select, tuple_
 from sqlalchemy.orm import Session
 
+from gpuyard.core import cursors
 from gpuyard.core.errors import (
     InvalidState,
     SnapshotNotFound,
@@ -90,6 +91,83 @@ def get_snapshot(ctx: Context, principal: Principal, snapshot_id: str) -> Snapsh
         return load_snapshot(session, principal.account_id, snapshot_id)
 
 
+def _filtered(
+    account_id: int,
+    cluster_id: str | None,
+    project_id: int | None,
+    network_volume_id: str | None,
+    status: SnapshotStatus | None,
+) -> Select[Snapshot]:
+    q = _visible(account_id)
+    if cluster_id is not None:
+        q = q.where(Snapshot.source_cluster_id == cluster_id)
+    if project_id is not None:
+        q = q.where(Snapshot.project_id == project_id)
+    if network_volume_id is not None:
+        q = q.where(Snapshot.source_network_volume_id == network_volume_id)
+    if status is not None:
+        q = q.where(Snapshot.status == status.value)
+    return q
+
+
+SNAPSHOTS_LIST = "snapshots"
+SNAPSHOT_KEY: cursors.KeyShape = ("time", "str")
+
+
+@dataclass(frozen=True)
+class SnapshotPage:
+    """One page of snapshots, the total matching and the next page's cursor (None on
+    the last)."""
+
+    snapshots: list[Snapshot]
+    total: int
+    next_cursor: str | None
+
+
+def snapshot_page(
+    ctx: Context,
+    principal: Principal,
+    *,
+    cluster_id: str | None = None,
+    project_id: int | None = None,
+    network_volume_id: str | None = None,
+    status: SnapshotStatus | None = None,
+    per_page: int = DEFAULT_PER_PAGE,
+    page: int = 1,
+    cursor: str | None = None,
+) -> SnapshotPage:
+    """The account's snapshots, newest first (``created_at``, then ``id``, both
+    descending: ``ix_snapshots_account_created``'s order), filtered. With ``cursor``
+    (an earlier page's ``next_cursor`` with the same filters) the rows after it, else
+    ``page`` by offset. Raises ValidationFailed naming ``cursor`` for a bad one."""
+    cursor = cursor or None
+    cursors.check_page(page, cursor)
+    bound: dict[str, cursors.FilterValue] = {
+        "account": principal.account_id,
+        "cluster_id": cluster_id,
+        "project_id": project_id,
+        "network_volume_id": network_volume_id,
+        "status": status.value if status is not None else None,
+    }
+    after = cursors.decode(cursor, SNAPSHOTS_LIST, bound, SNAPSHOT_KEY) if cursor else None
+    q = _filtered(principal.account_id, cluster_id, project_id, network_volume_id, status)
+    with ctx.read() as session:
+        total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
+        if after is not None:
+            q = q.where(tuple_(Snapshot.created_at, Snapshot.id) < tuple_(*after))
+        else:
+            q = q.offset((page - 1) * per_page)
+        # One row more than the page tells whether a next page exists.
+        q = q.order_by(Snapshot.created_at.desc(), Snapshot.id.desc()).limit(per_page + 1)
+        rows = list(session.scalars(q))
+    snaps = rows[:per_page]
+    next_cursor = None
+    if len(rows) > per_page:
+        last = snaps[-1]
+        next_cursor = cursors.encode(SNAPSHOTS_LIST, bound, (last.created_at, last.id))
+    return SnapshotPage(snaps, int(total), next_cursor)
+
+
 def list_snapshots(
     ctx: Context,
     principal: Principal,
@@ -101,21 +179,16 @@ def list_snapshots(
     limit: int = DEFAULT_PER_PAGE,
     offset: int = 0,
 ) -> tuple[list[Snapshot], int]:
-    """The account's snapshots, newest first, filtered; with the total count."""
-    q = _visible(principal.account_id)
-    if cluster_id is not None:
-        q = q.where(Snapshot.source_cluster_id == cluster_id)
-    if project_id is not None:
-        q = q.where(Snapshot.project_id == project_id)
-    if network_volume_id is not None:
-        q = q.where(Snapshot.source_network_volume_id == network_volume_id)
-    if status is not None:
-        q = q.where(Snapshot.status == status.value)
+    """The account's snapshots, newest first, filtered; with the total count (rows
+    ``offset .. offset+limit``; ``snapshot_page`` pages by cursor)."""
+    q = _filtered(principal.account_id, cluster_id, project_id, network_volume_id, status)
     with ctx.read() as session:
         total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
         rows = list(
             session.scalars(
-                q.order_by(Snapshot.created_at.desc(), Snapshot.id).limit(limit).offset(offset)
+                q.order_by(Snapshot.created_at.desc(), Snapshot.id.desc())
+                .limit(limit)
+                .offset(offset)
             )
         )
     return rows, int(total)

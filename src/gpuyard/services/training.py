@@ -17,7 +17,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, assert_never
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core import training as domain
@@ -143,20 +143,42 @@ def load_cluster(
     return row
 
 
-def list_clusters(session: Session, principal: Principal, scope: Scope) -> list[TrainingCluster]:
-    account_id, project_id = _visible(session, principal, scope)
-    return list(
-        session.scalars(
-            select(TrainingCluster)
-            .where(
-                TrainingCluster.account_id == account_id,
-                TrainingCluster.project_id == project_id,
-                TrainingCluster.location == scope.location,
-                TrainingCluster.deleted_at.is_(None),
-            )
-            .order_by(TrainingCluster.id)
-        )
+def _listed(account_id: int, project_id: int, location: str) -> ColumnElement[bool]:
+    return and_(
+        TrainingCluster.account_id == account_id,
+        TrainingCluster.project_id == project_id,
+        TrainingCluster.location == location,
+        TrainingCluster.deleted_at.is_(None),
     )
+
+
+def list_clusters(
+    session: Session,
+    principal: Principal,
+    scope: Scope,
+    *,
+    after_id: int | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[TrainingCluster]:
+    """The scope's live training clusters, oldest first (by id: the ``project_id``
+    index's order): those after ``after_id`` when given, at most ``limit`` of them
+    from ``offset``. Raises ProjectNotFound / Forbidden for a scope not the caller's."""
+    account_id, project_id = _visible(session, principal, scope)
+    q = select(TrainingCluster).where(_listed(account_id, project_id, scope.location))
+    if after_id is not None:
+        q = q.where(TrainingCluster.id > after_id)
+    q = q.order_by(TrainingCluster.id).offset(offset)
+    if limit is not None:
+        q = q.limit(limit)
+    return list(session.scalars(q))
+
+
+def count_clusters(session: Session, principal: Principal, scope: Scope) -> int:
+    """How many clusters ``list_clusters`` lists in all."""
+    account_id, project_id = _visible(session, principal, scope)
+    where = _listed(account_id, project_id, scope.location)
+    return int(session.scalar(select(func.count()).select_from(TrainingCluster).where(where)) or 0)
 
 
 def nodes_of(session: Session, cluster_id: int) -> list[TrainingNode]:

@@ -8,13 +8,16 @@ second read sees the cluster as it is after the call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
+from gpuyard.core import cursors
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.training import (
     Scope,
     TrainingClusterNotFound,
+    count_clusters,
     list_clusters,
     load_cluster,
 )
@@ -51,17 +54,62 @@ def show_cluster(
         )
 
 
+TRAINING_LIST = "training_clusters"
+TRAINING_KEY: cursors.KeyShape = ("int",)
+
+
+@dataclass(frozen=True)
+class ClusterViewPage:
+    """One page of seed 002 cluster objects, the total and the next page's cursor."""
+
+    clusters: list[dict[str, Any]]
+    total: int
+    next_cursor: str | None
+
+
 def show_clusters(
-    ctx: Context, principal: Principal, scope: Scope, partition: PartitionProbe | None
-) -> list[dict[str, Any]]:
-    """Every live cluster of the scope's project and location, oldest first; one
-    deleted while the list is read is left out."""
+    ctx: Context,
+    principal: Principal,
+    scope: Scope,
+    partition: PartitionProbe | None,
+    *,
+    per_page: int = 50,
+    page: int = 1,
+    cursor: str | None = None,
+) -> ClusterViewPage:
+    """A page of the live clusters of the scope's project and location, oldest first:
+    after ``cursor`` (an earlier page's ``next_cursor`` for the same scope), else
+    ``page`` by offset; one deleted while the page is read is left out. Raises
+    ValidationFailed naming ``cursor`` for a bad one."""
+    cursor = cursor or None
+    cursors.check_page(page, cursor)
+    bound: dict[str, cursors.FilterValue] = {
+        "account": principal.account_id,
+        "project_id": scope.project_id,
+        "location": scope.location,
+        "active_iam": scope.active_iam,
+    }
+    after = cursors.decode(cursor, TRAINING_LIST, bound, TRAINING_KEY) if cursor else None
     with ctx.read() as session:
-        ids = [c.id for c in list_clusters(session, principal, scope)]
+        total = count_clusters(session, principal, scope)
+        rows = list_clusters(
+            session,
+            principal,
+            scope,
+            after_id=cast(int, after[0]) if after is not None else None,
+            limit=per_page + 1,  # one more tells whether a next page exists
+            offset=0 if after is not None else (page - 1) * per_page,
+        )
+    ids = [c.id for c in rows[:per_page]]
+    next_cursor = None
+    if len(rows) > per_page:
+        next_cursor = cursors.encode(TRAINING_LIST, bound, (ids[-1],))
     views = []
+    # Each cluster is shown as GET shows it (its Slurm partition state is a runtime
+    # call, made outside any session); a page bounds how many.
     for cluster_id in ids:
         try:
             views.append(show_cluster(ctx, principal, scope, cluster_id, partition))
         except TrainingClusterNotFound:
             continue  # deleted meanwhile
-    return views
+    return ClusterViewPage(views, total, next_cursor)

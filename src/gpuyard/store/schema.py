@@ -20,6 +20,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    text,
     true,
 )
 from sqlalchemy.engine import Dialect
@@ -448,6 +449,17 @@ class Cluster(Base):
         Index("ix_clusters_project_status", "project_id", "status"),
         # The list's keyset order (newest first, id breaking ties) within a project.
         Index("ix_clusters_project_created", "project_id", "created_at", "id"),
+        # The default (live) list's pages and count never touch terminated clusters;
+        # services/cluster_lists.py repeats the predicate word for word (migration 0012).
+        Index(
+            "ix_clusters_live_created",
+            "project_id",
+            "created_at",
+            "id",
+            sqlite_where=text("status != 'terminated'"),
+            postgresql_where=text("status != 'terminated'"),
+        ),
+        Index("ix_clusters_project_status_created", "project_id", "status", "created_at", "id"),
     )
     id: Mapped[str] = mapped_column(String(14), primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
