@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,15 +15,13 @@ from sqlalchemy.engine import Connection
 
 from gpuyard.api.views import cluster_v1
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.core.ids import new_cluster_id
 from gpuyard.services import cluster_views
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.projects import create_project
-from gpuyard.store.schema import Cluster, Project
-
-T0 = datetime(2025, 1, 1, tzinfo=UTC)
+from gpuyard.store.schema import Cluster
+from tests.cluster_rows import T0, cluster_row, first_project, seed_clusters
 
 
 def _engine(ctx: Context) -> Engine:
@@ -32,40 +30,14 @@ def _engine(ctx: Context) -> Engine:
     return bind
 
 
-def _row(project_id: int, status: str, at: datetime, name: str) -> dict[str, Any]:
-    return {
-        "id": new_cluster_id(),
-        "project_id": project_id,
-        "name": name,
-        "image": "img",
-        "cpu_cores": 1,
-        "memory_gb": 1,
-        "container_disk_gb": 1,
-        "volume_gb": 0,
-        "volume_mount_path": "/workspace",
-        "cloud_type": "SECURE",
-        "desired_status": status,
-        "status": status,
-        "created_at": at,
-        "updated_at": at,
-    }
-
-
 def seed(
     ctx: Context, project_id: int, n: int, status: str = "stopped", *, start: datetime = T0
 ) -> list[str]:
-    """``n`` clusters of ``project_id``, a second apart from ``start``; their ids."""
-    rows = [_row(project_id, status, start + timedelta(seconds=i), f"c{i}") for i in range(n)]
-    with ctx.transaction() as session:
-        session.execute(insert(Cluster), rows)
-    return [r["id"] for r in rows]
+    return seed_clusters(ctx, project_id, n, status, start=start)
 
 
 def project_of(ctx: Context, p: Principal) -> int:
-    with ctx.read() as session:
-        pid = session.query(Project.id).filter(Project.account_id == p.account_id).scalar()
-    assert pid is not None
-    return int(pid)
+    return first_project(ctx, p.account_id)
 
 
 @contextmanager
@@ -121,7 +93,7 @@ def test_walk_merges_projects_in_one_order(ctx: Context, alice: Principal) -> No
 
 def test_equal_times_are_ordered_by_id(ctx: Context, alice: Principal) -> None:
     pid = project_of(ctx, alice)
-    rows = [_row(pid, "running", T0, f"same{i}") for i in range(6)]
+    rows = [cluster_row(pid, "running", T0, f"same{i}") for i in range(6)]
     with ctx.transaction() as session:
         session.execute(insert(Cluster), rows)
     assert walk(ctx, alice, 4) == sorted((r["id"] for r in rows), reverse=True)
@@ -133,9 +105,9 @@ def test_cursor_is_bound_to_its_filters_and_account(
     seed(ctx, project_of(ctx, alice), 3, "running")
     cursor = uc.list_clusters(ctx, alice, per_page=1).next_cursor
     assert cursor is not None
-    for kwargs in ({"status": "running"}, {"search": "c"}):
+    for status, search in (("running", None), (None, "c")):
         with pytest.raises(ValidationFailed) as err:
-            uc.list_clusters(ctx, alice, per_page=1, cursor=cursor, **kwargs)
+            uc.list_clusters(ctx, alice, per_page=1, cursor=cursor, status=status, search=search)
         assert err.value.field == "cursor"
     with pytest.raises(ValidationFailed):
         uc.list_clusters(ctx, bob, per_page=1, cursor=cursor)
