@@ -4,14 +4,17 @@ once, in order, while rows are added between pages; bad cursors get the v1 envel
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
 import httpx
+from click.testing import CliRunner
 from sqlalchemy import insert
 
 from gpuyard.api import schemas
 from gpuyard.api.snapshots import SnapshotListEnvelope
+from gpuyard.cli.main import cli
 from gpuyard.core.ids import new_snapshot_id
 from gpuyard.store.schema import Event, Project, Snapshot, TrainingCluster
 from tests.cluster_rows import T0, seed_clusters
@@ -195,3 +198,22 @@ def test_cursor_walk_of_training_clusters(srv: LiveServer) -> None:
         for per_page in ("0", "501", "x"):
             r = c.get(training, params={**scope, "per_page": per_page}).json()
             assert r["code"] == 400 and r["errors"]["field"] == "per_page"
+
+
+def test_cli_list_all_and_events_follow_cursors(srv: LiveServer) -> None:
+    def run(*args: str) -> Any:
+        env = {"GPUYARD_URL": srv.url, "GPUYARD_API_KEY": srv.key}
+        env["GPUYARD_HOME"] = str(srv.server.ctx.settings.home)
+        result = CliRunner().invoke(cli, list(args), env=env)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    with srv.client() as c:
+        ids = seed_clusters(srv.server.ctx, project_id(c), 520, "stopped")
+    assert len(run("clusters", "list", "--json")["clusters"]) == 500
+    listed = [x["id"] for x in run("clusters", "list", "--all", "--json")["clusters"]]
+    assert listed == list(reversed(ids))
+    rows = [{"cluster_id": ids[0], "type": "note", "message": "m", "created_at": T0}] * 510
+    with srv.server.ctx.transaction() as session:
+        session.execute(insert(Event), rows)
+    assert len(run("clusters", "events", ids[0], "--json")["events"]) == 510

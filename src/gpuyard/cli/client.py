@@ -126,9 +126,13 @@ class GpuyardClient:
         project_id: int | None = None,
         page: int = 1,
         per_page: int = 50,
+        cursor: str | None = None,
     ) -> JSON:
-        """``GET /v1/clusters``: ``{"clusters": [...], "pagination": {...}}``."""
+        """``GET /v1/clusters``: ``{"clusters": [...], "pagination": {...}}``; with
+        ``cursor`` (a ``pagination.next_cursor``) the page after it."""
         params: dict[str, str | int] = {"page": page, "per_page": per_page}
+        if cursor:
+            params["cursor"] = cursor
         if status:
             params["status"] = status
         if search:
@@ -163,8 +167,18 @@ class GpuyardClient:
         return self._request("GET", f"/v1/clusters/{cluster_id}/ports/{port}/open")
 
     def cluster_events(self, cluster_id: str) -> JSON:
-        """``GET /v1/clusters/{id}/events``: ``{"events": [...]}``, oldest first."""
-        return self._request("GET", f"/v1/clusters/{cluster_id}/events")
+        """``GET /v1/clusters/{id}/events``, every page followed by its cursor:
+        ``{"events": [...]}``, oldest first."""
+        path = f"/v1/clusters/{cluster_id}/events"
+        events: list[Any] = []
+        params: dict[str, str | int] = {"per_page": 500}
+        while True:
+            data = self._request("GET", path, params=params)
+            events += data.get("events", [])
+            cursor = (data.get("pagination") or {}).get("next_cursor")
+            if not cursor:
+                return {"events": events}
+            params["cursor"] = cursor
 
     def gpu_types(self) -> JSON:
         """``GET /v1/gpu-types``: ``{"gpu_types": [...]}`` with prices and availability."""

@@ -302,21 +302,32 @@ def create(
 @click.option("--status", default=None, help="Only clusters in this status.")
 @click.option("--search", default=None, help="Match id, name or image.")
 @click.option("--project-id", type=int, default=None)
+@click.option("--all", "every", is_flag=True, help="Every page, not only the newest 500.")
 @api_options
 def list_(
     status: str | None,
     search: str | None,
     project_id: int | None,
+    every: bool,
     url: str | None,
     api_key: str | None,
     as_json: bool,
 ) -> None:
-    """List clusters (newest page of up to 500)."""
+    """List clusters (newest page of up to 500; --all follows the pages' cursors)."""
     call = make_call(url, api_key, as_json)
     with call.client as client:
         data = client.list_clusters(
             status=status, search=search, project_id=project_id, per_page=500
         )
+        while every and (data.get("pagination") or {}).get("next_cursor"):
+            more = client.list_clusters(
+                status=status,
+                search=search,
+                project_id=project_id,
+                per_page=500,
+                cursor=data["pagination"]["next_cursor"],
+            )
+            data = {**more, "clusters": data["clusters"] + more.get("clusters", [])}
     if call.as_json:
         print_json(data)
         return
