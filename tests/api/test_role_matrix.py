@@ -99,6 +99,11 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("DELETE", ACC + "/invitations/{invitation_id}"): "members",
     ("POST", "/v1/invitations/{token}/accept"): PUBLIC,
     ("GET", "/v1/me"): "any",
+    # The web console's sign-in: the key is in the body (checked there), the session
+    # is the cookie's; no role question.
+    ("POST", "/v1/console/session"): PUBLIC,
+    ("GET", "/v1/console/session"): PUBLIC,
+    ("DELETE", "/v1/console/session"): PUBLIC,
     ("GET", "/v1/audit-events"): "audit",
     ("GET", ACC + "/quotas"): "any",
     ("PUT", ACC + "/quotas"): "operator",

@@ -18,6 +18,7 @@ from gpuyard.api import audit as audit_api
 from gpuyard.api import billing, catalog, clusters, errors, method_not_allowed, training
 from gpuyard.api import budgets as budgets_api
 from gpuyard.api import cluster_logs as cluster_logs_api
+from gpuyard.api import console as console_api
 from gpuyard.api import hosts as hosts_api
 from gpuyard.api import images as images_api
 from gpuyard.api import me as me_api
@@ -198,6 +199,7 @@ def build_server(
             fired_hook(fired)
 
     reconciler.autoterm.on_fire = count_fired
+    console_api.install(app)  # the web console, its sign-in and session cookie
     app.include_router(clusters.router)
     app.include_router(cluster_logs_api.router)
     app.include_router(catalog.router)

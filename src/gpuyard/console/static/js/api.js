@@ -1,0 +1,110 @@
+// The one way the console talks to gpuyard: the public API, same origin, with the
+// session cookie (sent by the browser, HttpOnly) and the session's CSRF token.
+// Every failure becomes an ApiError carrying the envelope's code, message and field.
+
+const CSRF_KEY = "gpuyard.csrf";
+
+export class ApiError extends Error {
+  constructor(status, code, message, details) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.details = details || {};
+  }
+  // The request field the API named (e.g. "memory_gb", "ports[0].internal_port").
+  get field() {
+    return this.details.field || null;
+  }
+}
+
+export function csrfToken() {
+  return localStorage.getItem(CSRF_KEY);
+}
+
+export function setCsrfToken(token) {
+  if (token) localStorage.setItem(CSRF_KEY, token);
+  else localStorage.removeItem(CSRF_KEY);
+}
+
+function headers(extra) {
+  const h = { Accept: "application/json", ...extra };
+  const token = csrfToken();
+  if (token) h["X-CSRF-Token"] = token;
+  return h;
+}
+
+async function failure(response) {
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    body = null;
+  }
+  const err = body && (body.error || (body.errors && body.errors[0]));
+  if (err && err.code) return new ApiError(response.status, err.code, err.message, err.details);
+  return new ApiError(response.status, "HTTP_" + response.status, response.statusText || "request failed");
+}
+
+// Request `path` (starting /v1/...). Answers {data, meta, status, etag}; with
+// opts.etag a 304 answers {notModified: true}. Throws ApiError. A 401 also tells
+// the page (event "gpuyard:signed-out") unless opts.quiet.
+export async function api(method, path, body, opts = {}) {
+  const extra = {};
+  if (body !== undefined) extra["Content-Type"] = "application/json";
+  if (opts.etag) extra["If-None-Match"] = opts.etag;
+  const response = await fetch(path, {
+    method,
+    headers: headers(extra),
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: "same-origin",
+    signal: opts.signal,
+  });
+  if (response.status === 304) return { notModified: true, status: 304, etag: opts.etag };
+  if (!response.ok) {
+    const error = await failure(response);
+    if (response.status === 401 && !opts.quiet) {
+      window.dispatchEvent(new CustomEvent("gpuyard:signed-out"));
+    }
+    throw error;
+  }
+  const json = await response.json();
+  return { data: json.data, meta: json.meta || {}, status: response.status, etag: response.headers.get("ETag") };
+}
+
+export const get = (path, opts) => api("GET", path, undefined, opts);
+export const post = (path, body, opts) => api("POST", path, body === undefined ? {} : body, opts);
+export const del = (path, opts) => api("DELETE", path, undefined, opts);
+
+// Server-Sent Events over fetch (EventSource cannot send the CSRF header). Calls
+// onEvent({event, data, id}) per event until `signal` aborts or the stream ends.
+export async function streamEvents(path, onEvent, signal) {
+  const response = await fetch(path, {
+    headers: headers({ Accept: "text/event-stream" }),
+    credentials: "same-origin",
+    signal,
+  });
+  if (!response.ok) throw await failure(response);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value.replace(/\r\n/g, "\n");
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const ev = { event: "message", data: "", id: null };
+      for (const line of block.split("\n")) {
+        if (line.startsWith(":")) continue;
+        const i = line.indexOf(":");
+        const name = i < 0 ? line : line.slice(0, i);
+        const val = i < 0 ? "" : line.slice(i + 1).replace(/^ /, "");
+        if (name === "data") ev.data += (ev.data ? "\n" : "") + val;
+        else if (name === "event") ev.event = val;
+        else if (name === "id") ev.id = val;
+      }
+      if (ev.data) onEvent(ev);
+    }
+  }
+}

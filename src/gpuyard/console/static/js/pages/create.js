@@ -1,0 +1,179 @@
+// Create a cluster: GPU types with prices and free counts from the catalog, the
+// resources, image and command, env and ports editors, spot bid and auto-terminate.
+// The estimate is the catalog's GPU price (or the bid) times the count; the server's
+// rate (storage and compute included) is on the cluster once created. The API's
+// errors are shown on the field they name.
+import { get, post } from "../api.js";
+import { clearErrors, field, h, rate, showError } from "../ui.js";
+
+function num(value) {
+  return value === "" || value === null ? null : Number(value);
+}
+
+function envEditor() {
+  const rows = h("div", { class: "rows" });
+  const add = (name = "", value = "") => {
+    const row = h(
+      "div",
+      { class: "pair" },
+      h("input", { "aria-label": "Variable name", placeholder: "NAME", value: name, class: "env-name" }),
+      h("input", { "aria-label": "Variable value", placeholder: "value", value, class: "env-value" }),
+      h("button", { type: "button", class: "link", "aria-label": "Remove variable", onclick: () => row.remove() }, "✕"),
+    );
+    rows.append(row);
+  };
+  const box = h("fieldset", { "data-field": "env", tabindex: "-1" }, h("legend", {}, "Environment"), rows,
+    h("button", { type: "button", onclick: () => add() }, "Add variable"));
+  box.collect = () => {
+    const env = {};
+    for (const row of rows.children) {
+      const name = row.querySelector(".env-name").value.trim();
+      if (name) env[name] = row.querySelector(".env-value").value;
+    }
+    return env;
+  };
+  return box;
+}
+
+function portsEditor() {
+  const rows = h("div", { class: "rows" });
+  const add = (port = "", protocol = "http", visibility = "private") => {
+    const row = h(
+      "div",
+      { class: "pair" },
+      h("input", { type: "number", min: "1", max: "65535", "aria-label": "Container port", placeholder: "8888", value: port, class: "port-num" }),
+      h("select", { "aria-label": "Protocol", class: "port-proto" }, ["http", "tcp"].map((p) => h("option", { value: p, selected: p === protocol }, p))),
+      h("select", { "aria-label": "Visibility", class: "port-vis" }, ["private", "public"].map((v) => h("option", { value: v, selected: v === visibility }, v))),
+      h("button", { type: "button", class: "link", "aria-label": "Remove port", onclick: () => row.remove() }, "✕"),
+    );
+    rows.append(row);
+  };
+  const box = h("fieldset", { "data-field": "ports", tabindex: "-1" }, h("legend", {}, "Ports"), rows,
+    h("button", { type: "button", onclick: () => add(), "data-testid": "add-port" }, "Add port"));
+  box.collect = () =>
+    [...rows.children]
+      .filter((row) => row.querySelector(".port-num").value !== "")
+      .map((row) => ({
+        internal_port: Number(row.querySelector(".port-num").value),
+        protocol: row.querySelector(".port-proto").value,
+        visibility: row.querySelector(".port-vis").value,
+      }));
+  return box;
+}
+
+export async function render(main) {
+  const gpus = (await get("/v1/gpu-types")).data.gpu_types;
+  const byId = new Map(gpus.map((g) => [g.id, g]));
+  const inp = (name, attrs = {}) => h("input", { name, id: "f-" + name, "data-field": name, ...attrs });
+  const gpu = h(
+    "select",
+    { name: "gpu_type", id: "f-gpu_type", "data-field": "gpu_type" },
+    h("option", { value: "" }, "No GPU (CPU only)"),
+    gpus.map((g) =>
+      h("option", { value: g.id, selected: g.available_gpus > 0 && g === gpus.find((x) => x.available_gpus > 0) },
+        `${g.display_name} · ${g.memory_gb} GB · $${g.secure_price}/h (spot from $${g.secure_spot_price}) · ${g.available_gpus} free`),
+    ),
+  );
+  const count = inp("gpu_count", { type: "number", min: "0", max: "64", value: "1" });
+  const cpu = inp("cpu_cores", { type: "number", min: "1", value: "2" });
+  const memory = inp("memory_gb", { type: "number", min: "1", value: "4" });
+  const disk = inp("container_disk_gb", { type: "number", min: "1", value: "10" });
+  const volume = inp("volume_gb", { type: "number", min: "0", value: "0" });
+  const image = inp("docker_image", { required: true, placeholder: "docker.io/library/ubuntu:24.04" });
+  const command = inp("docker_args", { placeholder: "optional: the command to run" });
+  const name = inp("name", { placeholder: "optional" });
+  const spot = h("input", { type: "checkbox", name: "interruptible", id: "f-interruptible", "data-field": "interruptible" });
+  const bid = inp("bid_per_gpu", { type: "number", step: "0.01", min: "0", placeholder: "bid per GPU-hour" });
+  const idle = inp("auto_terminate.idle_minutes", { type: "number", min: "1", placeholder: "minutes" });
+  const costLimit = inp("auto_terminate.cost_limit_usd", { type: "number", step: "0.01", min: "0", placeholder: "USD" });
+  const maxHours = inp("auto_terminate.max_runtime_hours", { type: "number", step: "0.5", min: "0", placeholder: "hours" });
+  const atAction = h("select", { "data-field": "auto_terminate.action", "aria-label": "Auto-terminate action" },
+    h("option", { value: "stop" }, "stop"), h("option", { value: "terminate" }, "terminate"));
+  const env = envEditor();
+  const ports = portsEditor();
+  const estimate = h("output", { class: "estimate", "data-testid": "estimate", "aria-live": "polite" });
+  const submit = h("button", { type: "submit", class: "primary", "data-testid": "create-submit" }, "Create cluster");
+
+  const form = h(
+    "form",
+    { class: "card", novalidate: true },
+    h("h1", {}, "New cluster"),
+    h("div", { class: "grid" },
+      field("GPU type", gpu, "price per GPU-hour, spot floor, free right now"),
+      field("GPU count", count),
+      field("vCPU", cpu),
+      field("Memory (GB)", memory),
+      field("Container disk (GB)", disk),
+      field("Volume (GB)", volume, "kept while stopped, at /workspace"),
+      field("Image", image),
+      field("Command", command),
+      field("Name", name)),
+    env,
+    ports,
+    h("fieldset", {}, h("legend", {}, "Spot"),
+      h("label", { class: "inline" }, spot, " Interruptible (spot): cheaper, may be preempted"),
+      field("Bid per GPU-hour", bid)),
+    h("fieldset", { "data-field": "auto_terminate", tabindex: "-1" }, h("legend", {}, "Auto-terminate"),
+      h("div", { class: "grid" }, field("When idle for (min)", idle), field("When cost reaches", costLimit),
+        field("After running (h)", maxHours), field("Then", atAction))),
+    h("div", { class: "submit-row" }, estimate, submit),
+  );
+
+  function body() {
+    const b = {
+      docker_image: image.value.trim(),
+      cpu_cores: num(cpu.value),
+      memory_gb: num(memory.value),
+      container_disk_gb: num(disk.value),
+      volume_gb: num(volume.value),
+      env: env.collect(),
+      ports: ports.collect(),
+    };
+    if (gpu.value) {
+      b.gpu_type = gpu.value;
+      b.gpu_count = num(count.value);
+    } else {
+      b.gpu_count = 0;
+    }
+    if (name.value.trim()) b.name = name.value.trim();
+    if (command.value.trim()) b.docker_args = command.value.trim();
+    if (spot.checked) {
+      b.interruptible = true;
+      if (bid.value) b.bid_per_gpu = Number(bid.value);
+    }
+    const at = { idle_minutes: num(idle.value), cost_limit_usd: num(costLimit.value), max_runtime_hours: num(maxHours.value) };
+    if (Object.values(at).some((v) => v !== null)) b.auto_terminate = { enabled: true, action: atAction.value, ...at };
+    for (const k of Object.keys(b)) if (b[k] === null) delete b[k];
+    return b;
+  }
+
+  function updateEstimate() {
+    const g = byId.get(gpu.value);
+    const n = Number(count.value) || 0;
+    if (!g) {
+      estimate.textContent = "GPUs: $0/h (plus compute and storage at this installation's prices)";
+      return;
+    }
+    const unit = spot.checked ? Number(bid.value) || g.secure_spot_price : g.secure_price;
+    estimate.textContent = `GPUs: ${rate(unit * n)} (plus compute and storage at this installation's prices)`;
+  }
+
+  form.addEventListener("input", updateEstimate);
+  form.addEventListener("change", updateEstimate);
+  updateEstimate();
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    clearErrors(form);
+    submit.disabled = true;
+    try {
+      const answer = await post("/v1/clusters", body());
+      location.hash = "#/clusters/" + answer.data.id;
+    } catch (err) {
+      showError(form, err);
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  main.append(form);
+}

@@ -1,0 +1,48 @@
+// Who is signed in: the console session (its key's scope) and /v1/me (the role).
+// The API key itself never stays in the page: it is sent once to sign in.
+import { api, del, get, setCsrfToken } from "./api.js";
+
+const WRITE_ROLES = new Set(["owner", "admin", "member"]);
+
+export const session = {
+  info: null, // GET /v1/console/session's data
+  me: null, // GET /v1/me's data
+  get scope() {
+    return this.info ? this.info.key.scope : null;
+  },
+  get role() {
+    return this.me ? this.me.acting.role : null;
+  },
+  // Whether changes to clusters would be allowed (a read key or a viewer: no).
+  get canWrite() {
+    return !!this.info && this.scope !== "read" && WRITE_ROLES.has(this.role);
+  },
+};
+
+export async function load() {
+  try {
+    session.info = (await get("/v1/console/session", { quiet: true })).data;
+    session.me = (await get("/v1/me", { quiet: true })).data;
+    return true;
+  } catch {
+    session.info = null;
+    session.me = null;
+    return false;
+  }
+}
+
+export async function signIn(apiKey) {
+  const answer = await api("POST", "/v1/console/session", { api_key: apiKey }, { quiet: true });
+  setCsrfToken(answer.data.csrf_token);
+  await load();
+}
+
+export async function signOut() {
+  try {
+    await del("/v1/console/session", { quiet: true });
+  } finally {
+    setCsrfToken(null);
+    session.info = null;
+    session.me = null;
+  }
+}
