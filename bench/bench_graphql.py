@@ -1,19 +1,21 @@
-"""GraphQL list throughput: the seed's ``myself { clusters { ... } }`` query over 20
-clusters vs ``GET /v1/clusters`` (REST v1) returning the same clusters, same server.
+"""GraphQL list throughput: the seed's ``myself { clusters { ... } }`` query over 200
+live clusters vs ``GET /v1/clusters`` (REST v1) returning the same clusters, same server.
 
 - Server: the real app (``build_server``) on the in-memory FakeRuntime with SQLite in
   a temporary home, one uvicorn worker, log level warning; this script launches it in
-  a subprocess (``--serve``) with 24 declared GPUs, so each of the 20 clusters (1 GPU,
-  one http port, volume) holds a GPU. All 20 are ``running`` before measuring.
+  a subprocess (``--serve``) with as many declared GPUs as clusters (three types), so
+  each cluster (1 GPU, one http port, volume) holds a GPU. All are ``running`` before
+  measuring, so every one has runtime stats to fetch.
 - GraphQL: ``POST /graphql`` with the seed's body verbatim (id, name, runtime with
-  uptime, ports, gpus and container stats). REST: ``GET /v1/clusters?per_page=20``,
-  the full v1 objects of the same 20 clusters (a superset of the GraphQL fields).
+  uptime, ports, gpus and container stats). REST: ``GET /v1/clusters?per_page=N``,
+  the full v1 objects of the same N clusters (a superset of the GraphQL fields).
 - Load: 32 keep-alive connections, closed loop, 2 s warm-up then 8 s measured, per
   target and round; rounds alternate the order. ``wrk`` when installed (POST through a
   Lua script), else bench/_loadgen.py, which only sends GET: the GraphQL query then
   goes as ``GET /graphql?query=...`` (same execution path).
 
-    .venv/bin/python bench/bench_graphql.py [--rounds 2] [--duration 8] [--client auto]
+    .venv/bin/python bench/bench_graphql.py [--clusters 200] [--rounds 2] [--duration 8]
+        [--client auto]
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from _common import cpu_seconds, free_port, stop_process, tail, wait_http_ok
 from bench_get_cluster import Result, children_cpu, parse_wrk, run_python_client
 
 GOAL = 0.5
-CLUSTERS = 20
+CLUSTERS = 200
+GPU_TYPES = ["NVIDIA RTX A6000", "NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000"]
 SEED_LIST = (
     '{"query": "query clusters { myself { clusters { id name runtime { uptimeInSeconds ports '
     "{ ip isIpPublic privatePort publicPort type } gpus { id gpuUtilPercent memoryUtilPercent } "
@@ -44,7 +47,7 @@ SEED_LIST = (
 )
 
 
-def serve(home: Path, port: int) -> None:
+def serve(home: Path, port: int, clusters: int) -> None:
     import uvicorn
 
     from gpuyard.api.app import build_server
@@ -54,15 +57,16 @@ def serve(home: Path, port: int) -> None:
     settings = Settings(
         home=home,
         port=port,
-        local_gpus="NVIDIA RTX A6000:8,NVIDIA GeForce RTX 4090:8,NVIDIA RTX A5000:8",
-        local_vcpus=128,
-        local_memory_gb=1024,
-        local_disk_gb=4000,
+        # One GPU per cluster (and then some), a third of each type.
+        local_gpus=",".join(f"{t}:{clusters // 3 + 1}" for t in GPU_TYPES),
+        local_vcpus=max(128, 2 * clusters),
+        local_memory_gb=max(1024, 8 * clusters),
+        local_disk_gb=max(4000, 40 * clusters),
         # One key from one address, far past the default limits: the limiter stays on
         # (its cost is in the figures) with limits it never reaches.
         rate_limit_per_key=1e9,
         rate_limit_per_source=1e9,
-    )  # type: ignore[call-arg]
+    )
     app = build_server(settings, FakeRuntime()).app
     uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning")
 
@@ -86,6 +90,7 @@ def run_wrk(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--clusters", type=int, default=CLUSTERS)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--warmup", type=float, default=2.0)
@@ -96,9 +101,10 @@ def main() -> int:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(args.home, args.port)
+        serve(args.home, args.port, args.clusters)
         return 0
     client = args.client
+    n = args.clusters
     if client == "auto":
         client = "wrk" if shutil.which("wrk") else "python"
 
@@ -109,32 +115,32 @@ def main() -> int:
         log_path = work / "gpuyard.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, __file__, "--serve", "--home", str(home), "--port", str(port)],
+                [sys.executable, __file__, "--serve", "--home", str(home), "--port", str(port),
+                 "--clusters", str(n)],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         wait_http_ok(base + "/healthz", proc, log_path)
         key = json.loads((home / "credentials").read_text())["api_key"]
-        gpu_types = ["NVIDIA RTX A6000", "NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000"]
         with httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
         ) as c:
-            for i in range(CLUSTERS):
+            for i in range(n):
                 c.post("/v1/clusters", json={
-                    "name": f"bench-{i}", "gpu_type": gpu_types[i % 3], "gpu_count": 1,
+                    "name": f"bench-{i}", "gpu_type": GPU_TYPES[i % 3], "gpu_count": 1,
                     "docker_image": "localhost/gpuyard/busybox:latest", "volume_gb": 1,
                     "ports": [{"internal_port": 8888, "external_port": 0, "protocol": "http"}],
                 }).raise_for_status()  # fmt: skip
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 60 + n / 2
             while True:
-                rest = c.get(f"/v1/clusters?per_page={CLUSTERS}")
+                rest = c.get(f"/v1/clusters?per_page={n}")
                 rest.raise_for_status()
                 listed = rest.json()["data"]["clusters"]
-                if len(listed) == CLUSTERS and all(x["status"] == "running" for x in listed):
+                if len(listed) == n and all(x["status"] == "running" for x in listed):
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError("clusters did not reach running")
-                time.sleep(0.1)
+                time.sleep(0.2)
             gql = c.post(
                 "/graphql", content=SEED_LIST, headers={"Content-Type": "application/json"}
             )
@@ -143,16 +149,16 @@ def main() -> int:
             assert "errors" not in data, data
             got = data["data"]["myself"]["clusters"]
             assert {x["id"] for x in got} == {x["id"] for x in listed}, "not the same clusters"
-            assert all(x["runtime"]["container"] for x in got)
+            assert all(x["runtime"]["container"] for x in got), "stats missing"
         query = json.loads(SEED_LIST)["query"]
         targets = {
             "graphql": (f"{base}/graphql", SEED_LIST)
             if client == "wrk"
             else (f"{base}/graphql?query={quote(query)}", None),
-            "rest": (f"{base}/v1/clusters?per_page={CLUSTERS}", None),
+            "rest": (f"{base}/v1/clusters?per_page={n}", None),
         }
         print(
-            f"{CLUSTERS} clusters: seed 001 myself{{clusters}} (GraphQL, {len(gql.content)} B) vs "
+            f"{n} clusters: seed 001 myself{{clusters}} (GraphQL, {len(gql.content)} B) vs "
             f"GET /v1/clusters ({len(rest.content)} B); {args.connections} connections, "
             f"warm-up {args.warmup:g} s, measured {args.duration:g} s, {args.rounds} round(s), "
             f"client={client}, cpus={os.cpu_count()}"

@@ -13,20 +13,27 @@ Contract:
   ``variables`` nesting arrays and objects deeper than 64 levels (refused before
   parsing).
 
-Resolvers are synchronous (the use cases are); a whole request runs on one worker
-thread, outside the event loop, each operation with its own context.
+A whole request runs on one worker thread, outside the server's event loop, each
+operation with its own context. The use cases are synchronous, and so are most
+resolvers; the batched loaders (api/graphql/loaders.py) are Strawberry DataLoaders,
+so an operation is executed on an event loop of the worker thread's own
+(:func:`_thread_loop`): it serves that operation alone, so a resolver's blocking read
+stalls no other request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 from dataclasses import dataclass
+from inspect import isawaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from graphql import OperationType, execute_sync, get_operation_ast
+from graphql import DocumentNode, ExecutionResult, OperationType, execute, get_operation_ast
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api.graphql.context import GpuUuidCache, GqlContext
@@ -41,6 +48,7 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.input_rules import MAX_JSON_DEPTH, json_too_deep
 from gpuyard.core.text import nul_path
 from gpuyard.services.auth import Principal
+from gpuyard.services.runtime_stats import RuntimeStatsCache
 
 
 @dataclass(frozen=True)
@@ -118,14 +126,45 @@ def _operation(raw: Any, max_length: int) -> Operation:
     return Operation(query, variables or None, name or None)
 
 
-class GraphQLExecutor:
-    """Runs operations on the schema with the cached, validated documents."""
+class _ThreadLoop(threading.local):
+    """Each worker thread's event loop, made on its first operation and closed with
+    the thread (a loop per operation would cost about ten times as much to set up)."""
 
-    def __init__(self, settings: GraphQLSettings) -> None:
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def __del__(self) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.close()
+
+
+_thread = _ThreadLoop()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """The calling thread's own event loop (never the server's: this runs on workers)."""
+    loop = _thread.loop
+    if loop is None or loop.is_closed():
+        loop = _thread.loop = asyncio.new_event_loop()
+    return loop
+
+
+class GraphQLExecutor:
+    """Runs operations on the schema with the cached, validated documents. What it
+    holds beyond them is shared by every request of the app: GPU UUIDs and the runtime
+    stats cache."""
+
+    def __init__(
+        self, settings: GraphQLSettings, stats_cache: RuntimeStatsCache | None = None
+    ) -> None:
         self.settings = settings
         self.schema = SCHEMA._schema
         self.documents = DocumentCache(self.schema, settings)
         self.gpu_uuids = GpuUuidCache()
+        self.stats_cache = stats_cache or RuntimeStatsCache(
+            ttl_s=settings.runtime_stats_ttl_s,
+            error_ttl_s=settings.runtime_stats_error_ttl_s,
+            thread_name_prefix="gql-stats",
+        )
 
     def run(
         self,
@@ -147,18 +186,35 @@ class GraphQLExecutor:
             operation = get_operation_ast(document, op.operation_name)
             if operation is not None and operation.operation != OperationType.QUERY:
                 return request_error("VALIDATION_ERROR", "mutations are only accepted over POST")
-        result = execute_sync(
-            self.schema,
-            document,
-            context_value=GqlContext(state, principal, self.gpu_uuids, idempotency_key),
-            variable_values=op.variables,
-            operation_name=op.operation_name,
-            hide_suggestions=not self.settings.introspection,
+        context = GqlContext(
+            state,
+            principal,
+            gpu_uuids=self.gpu_uuids,
+            stats_cache=self.stats_cache,
+            idempotency_key=idempotency_key,
         )
+        result = _thread_loop().run_until_complete(self._execute(document, op, context))
         body: dict[str, Any] = {"data": result.data}
         if result.errors:
             body["errors"] = [format_error(e) for e in result.errors]
         return body
+
+    async def _execute(
+        self, document: DocumentNode, op: Operation, context: GqlContext
+    ) -> ExecutionResult:
+        # Called on the loop, so the loaders the resolvers make bind to it.
+        result = execute(
+            self.schema,
+            document,
+            context_value=context,
+            variable_values=op.variables,
+            operation_name=op.operation_name,
+            hide_suggestions=not self.settings.introspection,
+        )
+        if isawaitable(result):
+            result = await result
+        assert isinstance(result, ExecutionResult)
+        return result
 
     def run_all(
         self,

@@ -17,10 +17,20 @@ from gpuyard.services.ssh_keys import account_public_keys
 
 
 def one_pod(info: Info, cluster_id: str) -> Pod:
-    """The caller's cluster. Raises Forbidden (a role that may not read resources),
-    ClusterNotFound (also for another account's id)."""
+    """The caller's cluster, read now (the mutations' answer, after their change).
+    Raises Forbidden (a role that may not read resources), ClusterNotFound (also for
+    another account's id)."""
     require(info.context, Permission.READ_RESOURCES)
     d = info.context.cluster(cluster_id)
+    return pod_from(d, info.context.ctx.clock.now())
+
+
+async def loaded_pod(info: Info, cluster_id: str) -> Pod:
+    """The caller's cluster through the details loader: the ``cluster`` fields of one
+    document are read in one batch, and a cluster the document also lists is not read
+    again. Raises as :func:`one_pod`."""
+    require(info.context, Permission.READ_RESOURCES)
+    d = await info.context.loaders.details.load(cluster_id)
     return pod_from(d, info.context.ctx.clock.now())
 
 
@@ -39,12 +49,12 @@ class Query:
         return user_of(info)
 
     @strawberry.field(description="One cluster by id (terminated ones included).")
-    def cluster(self, info: Info, input: ClusterFilter) -> Pod | None:
-        return one_pod(info, input.cluster_id)
+    async def cluster(self, info: Info, input: ClusterFilter) -> Pod | None:
+        return await loaded_pod(info, input.cluster_id)
 
     @strawberry.field(description="One pod by id (RunPod's name for cluster).")
-    def pod(self, info: Info, input: PodFilter) -> Pod | None:
-        return one_pod(info, input.pod_id)
+    async def pod(self, info: Info, input: PodFilter) -> Pod | None:
+        return await loaded_pod(info, input.pod_id)
 
     @strawberry.field(
         description="The GPU catalog, or the types named by input.id / input.ids "

@@ -27,3 +27,8 @@ class GraphQLSettings(BaseSettings):
     max_query_length: int = Field(default=32_768, ge=100, le=10_000_000)
     # Parsed and validated documents kept, by query text (LRU).
     document_cache_size: int = Field(default=512, ge=0, le=100_000)
+    # A container's runtime stats (``runtime { container }``) are read from the engine at
+    # most once per this many seconds, however many clients poll; a failed read is
+    # retried after runtime_stats_error_ttl_s (at most the former).
+    runtime_stats_ttl_s: float = Field(default=3.0, ge=0, le=60)
+    runtime_stats_error_ttl_s: float = Field(default=0.5, ge=0, le=60)

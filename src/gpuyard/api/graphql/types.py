@@ -6,7 +6,10 @@ runtime, GPU types with their lowest price, and the caller (``User``).
 Field values are computed once when an object is built from the domain
 (:func:`pod_from`, :func:`gpu_type_from`) so plain fields resolve by attribute; only
 what costs a read of its own (container stats, free GPUs, GPU UUIDs, prices) is a
-resolver, batched through the request's :class:`GqlContext`.
+resolver, batched through the request's :class:`GqlContext`: container stats through
+its stats loader (one round of concurrent engine calls for a whole list, shared with
+other requests for a few seconds), free GPUs and prices through one market read per
+request, GPU UUIDs through the app's cache.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.services import spot
 from gpuyard.services.cluster_views import ClusterDetails
 from gpuyard.services.network_volumes import list_network_volumes
+from gpuyard.services.runtime_stats import StatsKey
 
 Info = strawberry.Info[GqlContext, None]
 
@@ -113,9 +117,13 @@ class PodRuntime:
             )
         return out
 
-    @strawberry.field(description="CPU% (100 = one core) and memory% from the engine.")
-    def container(self, info: Info) -> RuntimeContainer | None:
-        stats = info.context.stats(self._cluster_id)
+    @strawberry.field(
+        description="CPU% (100 = one core) and memory% from the engine (at most a few "
+        "seconds old); null when the engine cannot say."
+    )
+    async def container(self, info: Info) -> RuntimeContainer | None:
+        # Every listed cluster asks in the same tick: one batch, fetched concurrently.
+        stats = await info.context.loaders.stats.load(StatsKey(self._cluster_id, self._host_id))
         if stats is None:
             return None
         return RuntimeContainer(
@@ -396,5 +404,5 @@ class User:
     @strawberry.field(description="What the account's clusters cost per hour now.")
     def current_spend_per_hr(self, info: Info) -> float:
         require(info.context, Permission.READ_BILLING)
-        now = info.context.ctx.clock.now()
-        return round(sum(pod_from(d, now).cost_per_hr for d in info.context.clusters()), 6)
+        # A pod's costPerHr is its details' rate (pod_from).
+        return round(sum(d.rate.total for d in info.context.clusters()), 6)
