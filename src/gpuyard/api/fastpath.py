@@ -7,7 +7,10 @@ routing and parameter machinery cost more than the work itself on this path.
 
 The read and the rendering run on the app's read lane (api/read_lane.py), never on the
 event loop: a slow query holds up only its own request. A key found in the key cache
-is checked on the loop; a miss is read in a worker thread (api/state.py).
+is checked on the loop; a miss is read in a worker thread (api/state.py). The rendered
+``data`` is kept for a moment (api/view_cache.py): a poll of the same cluster then
+reads nothing and is answered on the loop, its envelope (a request id of its own)
+built around the kept bytes.
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpuyard.api import views
 from gpuyard.api.envelope import error_body
 from gpuyard.api.state import ACCOUNT_HEADER, AppState, key_from, selection_from
+from gpuyard.api.view_cache import Rendered, ViewCache
 from gpuyard.core.errors import ClusterNotFound, GpuyardError
 from gpuyard.core.ids import new_request_id
 from gpuyard.core.roles import Permission
 from gpuyard.services import cluster_views
-from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 
 log = logging.getLogger(__name__)
@@ -43,18 +46,28 @@ def _dumps(body: Any) -> bytes:
     ).encode()
 
 
-def _read(ctx: Context, principal: Principal, cluster_id: str) -> bytes:
+def _marks(ctx: Context, cluster_id: str) -> tuple[object, ...]:
+    """What the view reads from memory rather than the store (api/view_cache.py)."""
+    return (ctx.idle_since.get(cluster_id), ctx.proxy.problem())
+
+
+def _render(ctx: Context, cache: ViewCache, account_id: int, cluster_id: str) -> Rendered:
     # Rendering runs here too: one hand-off to the lane per request costs less than
     # handing the details back to the loop to render (bench/bench_get_cluster.py).
-    details = cluster_views.load_visible(ctx, principal.account_id, cluster_id)
-    if not principal.may_use_project(details.cluster.project_id):
-        raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-    body = {
-        "success": True,
-        "data": views.cluster_v1(details),
-        "meta": {"request_id": new_request_id()},
-    }
-    return _dumps(body)
+    stamp, marks = cache.stamp(), _marks(ctx, cluster_id)
+    details = cluster_views.load_visible(ctx, account_id, cluster_id)
+    rendered = Rendered(details.cluster.project_id, _dumps(views.cluster_v1(details)))
+    cache.put(cluster_id, account_id, marks, rendered, stamp)
+    return rendered
+
+
+def _envelope(data: bytes) -> bytes:
+    # The bytes _dumps gives for {"success": True, "data": ..., "meta": {...}}; a
+    # request id is letters and digits, nothing to escape.
+    return b'{"success":true,"data":%s,"meta":{"request_id":"%s"}}' % (
+        data,
+        new_request_id().encode(),
+    )
 
 
 async def answer(
@@ -71,7 +84,13 @@ async def answer(
         selection = None if selecting is None else selection_from(selecting)
         principal = await state.principal(key_from(authorization, query), selection)
         principal.require_permission(Permission.READ_RESOURCES)
-        return 200, await state.reads.run(_read, state.ctx, principal, cluster_id)
+        ctx, cache = state.ctx, state.views
+        rendered = cache.get(cluster_id, principal.account_id, _marks(ctx, cluster_id))
+        if rendered is None:
+            rendered = await state.reads.run(_render, ctx, cache, principal.account_id, cluster_id)
+        if not principal.may_use_project(rendered.project_id):
+            raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
+        return 200, _envelope(rendered.data)
     except GpuyardError as exc:
         return exc.http_status, _dumps(error_body(exc.code, exc.message, exc.details))
     except Exception:

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fastapi import Request
+from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
 from gpuyard.api.permissions import route_permission
 from gpuyard.api.read_lane import ReadLane
+from gpuyard.api.view_cache import ViewCache
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
 from gpuyard.core.roles import Permission
 from gpuyard.runtimes.base import Runtime
@@ -82,6 +84,17 @@ class AppState:
     reads: ReadLane = field(default_factory=ReadLane)
     # The engine of a host (None: this machine's): the reconciler's fleet when set.
     host_runtime: Callable[[int | None], Runtime] | None = None
+    # Recently rendered GET /v1/clusters/{id} answers (api/view_cache.py), on the
+    # context's clock, forgotten at every commit on the store's engine.
+    views: ViewCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        engine = self.ctx.sessions.kw.get("bind")
+        if isinstance(engine, Engine):
+            self.views = ViewCache(self.ctx.clock.now)
+            self.views.watch(engine)
+        else:  # no engine whose commits can be watched: keep nothing
+            self.views = ViewCache(self.ctx.clock.now, max_age_s=0.0)
 
     def runtime_of(self, host_id: int | None) -> Runtime:
         """The runtime driving host ``host_id``'s engine (RuntimeFailure if unknown)."""

@@ -1,0 +1,137 @@
+"""GET /v1/clusters/{id} answers from a briefly kept rendering (api/view_cache.py) only
+while nothing it was made from changed, and never past the caller's rights.
+
+The real app over real HTTP. The cache's age limit is raised for these tests (its
+``max_age_s``), so that "kept" does not depend on how fast the machine is; a gate on
+the server's own cluster reader shows whether a request read the store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from gpuyard.services.context import ClusterReader, Context
+from gpuyard.store.schema import Cluster
+from tests.helpers import LiveServer
+
+CLUSTER = {
+    "gpu_type": "NVIDIA RTX A6000",
+    "gpu_count": 1,
+    "docker_image": "localhost/gpuyard/busybox:latest",
+    "volume_gb": 1,
+}
+WAIT_S = 30.0
+
+
+class CountingReader:
+    """The server's own cluster reader, counting reads and holding them while
+    ``held`` is clear."""
+
+    def __init__(self, inner: ClusterReader) -> None:
+        self.inner = inner
+        self.reads = 0
+        self.held = threading.Event()
+        self.held.set()
+        self.entered = threading.Event()
+
+    def __call__(self, cluster_id: str, account_id: int) -> Cluster | None:
+        self.reads += 1
+        self.entered.set()
+        self.held.wait(WAIT_S)
+        return self.inner(cluster_id, account_id)
+
+
+@contextmanager
+def counted(ctx: Context) -> Iterator[CountingReader]:
+    original = ctx.cluster_reader
+    assert original is not None, "a file-backed SQLite store has an accelerated reader"
+    reader = CountingReader(original)
+    ctx.cluster_reader = reader
+    try:
+        yield reader
+    finally:
+        reader.held.set()
+        ctx.cluster_reader = original
+
+
+@pytest.fixture
+def kept(srv: LiveServer) -> LiveServer:
+    srv.server.app.state.gpuyard.views.max_age_s = 600.0
+    return srv
+
+
+def _create(client: httpx.Client, name: str, **extra: object) -> dict[str, object]:
+    r = client.post("/v1/clusters", json={"name": name, **CLUSTER, **extra})
+    assert r.status_code == 201, r.text
+    created: dict[str, object] = r.json()["data"]
+    return created
+
+
+def test_a_kept_answer_reads_nothing_and_has_its_own_request_id(kept: LiveServer) -> None:
+    with kept.client() as c:
+        cid = _create(c, "kept")["id"]
+        assert kept.server.reconciler.wait_idle(10)
+        with counted(kept.server.ctx) as reader:
+            first = c.get(f"/v1/clusters/{cid}")
+            assert first.status_code == 200, first.text
+            assert reader.reads == 1
+            # Reads now hang: only an answer that reads nothing comes back.
+            reader.held.clear()
+            second = c.get(f"/v1/clusters/{cid}", timeout=WAIT_S / 3)
+            assert second.status_code == 200, second.text
+            assert reader.reads == 1
+    one, two = first.json(), second.json()
+    assert one["data"] == two["data"] and one["success"] is two["success"] is True
+    assert one["meta"]["request_id"] != two["meta"]["request_id"]
+    assert second.headers["content-type"] == "application/json"
+
+
+def test_a_write_shows_in_the_next_answer(kept: LiveServer) -> None:
+    with kept.client() as c:
+        cid = _create(c, "written")["id"]
+        assert kept.server.reconciler.wait_idle(10)
+        assert c.get(f"/v1/clusters/{cid}").json()["data"]["status"] == "running"
+        r = c.post(f"/v1/clusters/{cid}/stop")
+        assert r.status_code == 200, r.text
+        # At once, without waiting for the kept answer to age.
+        assert c.get(f"/v1/clusters/{cid}").json()["data"]["status"] in ("stopping", "stopped")
+
+
+def test_a_kept_answer_is_not_given_past_a_keys_project(kept: LiveServer) -> None:
+    with kept.client() as admin:
+        cid = _create(admin, "default project")["id"]
+        assert kept.server.reconciler.wait_idle(10)
+        assert admin.get(f"/v1/clusters/{cid}").status_code == 200  # now kept
+        r = admin.post("/v1/projects", json={"name": "p2"})
+        assert r.status_code == 201, r.text
+        body = {"name": "p2 only", "scope": "read", "project_id": r.json()["data"]["id"]}
+        r = admin.post("/v1/api-keys", json=body)
+        assert r.status_code == 201, r.text
+        restricted = r.json()["data"]["key"]
+        # The key's creation committed: read the cluster once more, to keep it again.
+        assert admin.get(f"/v1/clusters/{cid}").status_code == 200
+    with kept.client(restricted) as k:
+        r = k.get(f"/v1/clusters/{cid}")
+    assert r.status_code == 404, r.text
+    assert r.json()["error"]["code"] == "CLUSTER_NOT_FOUND"
+
+
+def test_another_accounts_cluster_stays_unseen(kept: LiveServer) -> None:
+    with kept.client() as admin:
+        cid = _create(admin, "mine")["id"]
+        assert admin.get(f"/v1/clusters/{cid}").status_code == 200  # now kept
+        r = admin.post(
+            "/v1/accounts",
+            json={"name": "other co", "owner_email": "o@example.com", "owner_name": "O"},
+        )
+        assert r.status_code == 201, r.text
+        stranger = r.json()["data"]["api_key"]["key"]
+        assert admin.get(f"/v1/clusters/{cid}").status_code == 200
+    with kept.client(stranger) as s:
+        r = s.get(f"/v1/clusters/{cid}")
+    assert r.status_code == 404, r.text
