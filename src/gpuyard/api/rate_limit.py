@@ -27,6 +27,7 @@ The key identity is a 16-byte BLAKE2 digest of the key: no key is kept in clear.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -170,6 +171,9 @@ def _presented_key(scope: Scope) -> str | None:
     return key_from(authorization, query)
 
 
+# Parsing an address costs more than the rest of the limiter's work per request, and
+# clients come back from the same few addresses; bounded, so many addresses only churn.
+@functools.lru_cache(maxsize=4096)
 def source_of(address: str) -> str:
     """The bucket a peer address counts against: the address itself for IPv4, its /64
     for IPv6 (one host usually holds a whole /64, so per-address buckets would hand it
