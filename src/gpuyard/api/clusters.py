@@ -156,7 +156,7 @@ def cluster_events(
     cursor: str | None = CURSOR_QUERY,
 ) -> JSONResponse:
     """The cluster's events, oldest first; ``cursor`` pages on (``pagination``)."""
-    result = uc.list_events(
+    result = uc.event_page(
         app_state(request).ctx, principal, cluster_id, page=page, per_page=per_page, cursor=cursor
     )
     return ok(

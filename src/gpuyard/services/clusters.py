@@ -786,7 +786,16 @@ class EventPage:
     next_cursor: str | None = None
 
 
-def list_events(
+def list_events(ctx: Context, principal: Principal, cluster_id: str) -> list[Event]:
+    """Every event of the cluster, oldest first (``event_page`` pages them)."""
+    with ctx.read() as session:
+        load_cluster(session, principal, cluster_id)
+        return list(
+            session.scalars(select(Event).where(Event.cluster_id == cluster_id).order_by(Event.id))
+        )
+
+
+def event_page(
     ctx: Context,
     principal: Principal,
     cluster_id: str,
