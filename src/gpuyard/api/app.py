@@ -191,6 +191,7 @@ def build_server(
     metrics = Metrics(ctx)
     metrics_api.install(app, metrics, settings)
     reconciler.on_pass = metrics.observe_pass
+    reconciler.on_full_pass = metrics.count_full_pass
     fired_hook = reconciler.autoterm.on_fire
 
     def count_fired(fired: Fired) -> None:

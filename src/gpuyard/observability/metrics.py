@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import cast
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -39,6 +39,7 @@ STORE_UP = "gpuyard_metrics_store_up"
 HTTP_DURATION = "gpuyard_http_request_duration_seconds"
 LOOP_LAG = "gpuyard_reconciler_loop_lag_seconds"
 PASS_DURATION = "gpuyard_reconciler_pass_duration_seconds"
+FULL_PASSES = "gpuyard_reconciler_full_passes"
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -194,6 +195,17 @@ class Metrics:
             buckets=_LOOP_BUCKETS,
             registry=self.registry,
         )
+
+        self.full_passes = Counter(
+            FULL_PASSES,
+            "Reconciler passes that observed every engine this server owns (the first "
+            "one after a start: the server has compared the store with its engines).",
+            registry=self.registry,
+        )
+
+    def count_full_pass(self) -> None:
+        """The reconciler's ``on_full_pass`` hook."""
+        self.full_passes.inc()
 
     def observe_pass(self, lag_s: float, duration_s: float) -> None:
         """The reconciler's ``on_pass`` hook."""

@@ -88,6 +88,35 @@ WEBHOOKS = "webhooks"
 WEBHOOK_WORKERS = 4
 # Statuses whose work must never wait behind slow work.
 _URGENT_STATUSES = {ClusterStatus.STOPPING.value, ClusterStatus.TERMINATING.value}
+# Clusters that hold GPU rows but no longer hold compute: read from gpu_allocations (as
+# many rows as GPUs in use) and the cluster's primary key, never from the clusters
+# table's history.
+_RESTING_HOLDERS = (
+    select(GpuAllocation.cluster_id)
+    .join(Cluster, Cluster.id == GpuAllocation.cluster_id)
+    .where(Cluster.status.not_in([s.value for s in HOLDS_COMPUTE]))
+    .distinct()
+)
+
+
+class _FullPass:
+    """Counts down the engine checks one pass queued: complete (``done`` called once)
+    when the last has finished and every one of them observed its engine. A check
+    replaced by a later pass's never reports, so that pass is simply not full."""
+
+    def __init__(self, engines: int, done: Callable[[], None]) -> None:
+        self._left = engines
+        self._all_observed = engines > 0
+        self._done = done
+        self._lock = threading.Lock()
+
+    def engine_done(self, observed: bool) -> None:
+        with self._lock:
+            self._left -= 1
+            self._all_observed = self._all_observed and observed
+            finished = self._left == 0 and self._all_observed
+        if finished:
+            self._done()
 
 
 class Reconciler:
@@ -165,6 +194,11 @@ class Reconciler:
         # Told (outside any transaction) when a host first answers or comes back, e.g.
         # to discover its inventory.
         self.on_host_answered: Callable[[HostEngine, Runtime], None] | None = None
+        # Full passes completed: a pass whose engine checks all observed their engine
+        # (metrics; the first one after a start is logged with its delay).
+        self.full_passes = 0
+        self.on_full_pass: Callable[[], None] | None = None
+        self._started_at: float | None = None
 
     @property
     def host_id(self) -> int | None:
@@ -225,6 +259,7 @@ class Reconciler:
             # Stale locks and partial data of a backup cut off by a crash are cleaned
             # before any storage work touches the repository (that work waits).
             self.snapshots.start_recovery()
+        self._started_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
         self._thread.start()
 
@@ -423,18 +458,45 @@ class Reconciler:
 
     def _check_engines(self, *, force_observe: bool = False) -> None:
         """Queue one heartbeat (and observation, when due) per engine this replica
-        owns, each on its engine's own lane."""
+        owns, each on its engine's own lane. The pass is full once every one of them
+        has observed its engine (``_FullPass``)."""
         if self.leases.holds(MAINTENANCE_DUTY):
             self._free_resting_gpus()
-        for key, host_ids in self._engines():
-            if not self.leases.holds(key):
-                continue
+        owned = [(key, ids) for key, ids in self._engines() if self.leases.holds(key)]
+        tracker = _FullPass(len(owned), self._full_pass_done)
+        for key, host_ids in owned:
             lane = self._lane(URGENT, key)
             self.queue.submit(
-                ("engine", key), lane, partial(self._check_engine, key, host_ids, force_observe)
+                ("engine", key),
+                lane,
+                partial(self._check_tracked, tracker, key, host_ids, force_observe),
             )
 
-    def _check_engine(self, key: str, host_ids: tuple[int, ...], force_observe: bool) -> None:
+    def _check_tracked(
+        self, tracker: _FullPass, key: str, host_ids: tuple[int, ...], force_observe: bool
+    ) -> None:
+        observed = False
+        try:
+            observed = self._check_engine(key, host_ids, force_observe)
+        finally:
+            tracker.engine_done(observed)
+
+    def _full_pass_done(self) -> None:
+        self.full_passes += 1
+        if self.full_passes == 1 and self._started_at is not None:
+            log.info(
+                "first full reconcile pass completed %.3f s after the reconciler started",
+                time.monotonic() - self._started_at,
+            )
+        hook = self.on_full_pass
+        if hook is not None:
+            try:
+                hook()
+            except Exception:  # metrics never stop the loop
+                log.exception("reconciler full-pass hook failed")
+
+    def _check_engine(self, key: str, host_ids: tuple[int, ...], force_observe: bool) -> bool:
+        """Heartbeat one engine and observe it when due; whether it was observed."""
         runtime = self._engine_runtime(host_ids)
         problem = runtime.available()
         if host_ids:
@@ -457,14 +519,16 @@ class Reconciler:
             # An engine that does not answer is not evidence that anything died:
             # nothing on it is recovered or collected until it answers.
             log.warning("engine %s does not answer: %s", key, problem)
-            return
+            return False
         last = self._last_observe.get(key, 0.0)
         if force_observe or time.monotonic() - last >= self.observe_every_s:
             self._last_observe[key] = time.monotonic()
-            self.observe_engine(key, host_ids)
+            observed = self.observe_engine(key, host_ids)
             # Moves away from these hosts: drained clusters go, old copies are deleted.
             self._restart_drained(host_ids)
             self.driver.delete_old_copies(list(host_ids) or None)
+            return observed
+        return False
 
     def heartbeat_now(self) -> None:
         """Heartbeat (and observe) every engine this replica owns, in this thread
@@ -485,9 +549,10 @@ class Reconciler:
             if self.leases.holds(key):
                 self.observe_engine(key, host_ids)
 
-    def observe_engine(self, key: str, host_ids: tuple[int, ...]) -> None:
+    def observe_engine(self, key: str, host_ids: tuple[int, ...]) -> bool:
         """Compare one engine's containers of this installation (and, less often, its
-        volumes) with the store; see the module docstring."""
+        volumes) with the store; see the module docstring. False when the engine
+        could not list its containers (nothing was compared)."""
         runtime = self._engine_runtime(host_ids)
         try:
             containers = runtime.list_managed()
@@ -495,7 +560,7 @@ class Reconciler:
             # An engine that does not answer (e.g. restarting) is not evidence that
             # anything died: nothing is recovered or collected until it answers.
             log.warning("cannot list containers on %s: %s", key, exc.message)
-            return
+            return False
         listed_at = self.ctx.clock.now()
         by_cluster = {c.cluster_id: c for c in containers}
         shared = key == SHARED_ENGINE
@@ -535,15 +600,25 @@ class Reconciler:
                 runtime.guard_networks()
             except GpuyardError as exc:
                 log.warning("cannot re-apply network isolation on %s: %s", key, exc.message)
+        return True
 
     def _free_resting_gpus(self) -> None:
         """GPU rows of clusters that no longer hold compute (a crash between the status
-        change and the release, or a manual DB edit) are freed."""
+        change and the release, or a manual DB edit) are freed.
+
+        Driven from the allocations (a row per GPU in use, however long the history)
+        joined to their clusters by primary key, and read first: the usual pass finds
+        nothing and takes no write lock. Holders that are not clusters (training nodes'
+        owner ids) match no cluster row and are left alone."""
+        with self.ctx.read() as session:
+            stale = list(session.scalars(_RESTING_HOLDERS))
+        if not stale:
+            return
         with self.ctx.transaction() as session:
-            resting = select(Cluster.id).where(
-                Cluster.status.not_in([s.value for s in HOLDS_COMPUTE])
+            # Checked again under the write lock: a start may have claimed them since.
+            session.execute(
+                delete(GpuAllocation).where(GpuAllocation.cluster_id.in_(_RESTING_HOLDERS))
             )
-            session.execute(delete(GpuAllocation).where(GpuAllocation.cluster_id.in_(resting)))
 
     def _collect_containers(
         self, key: str, host_ids: tuple[int, ...], unexpected: set[str], now: datetime

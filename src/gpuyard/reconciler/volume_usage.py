@@ -30,6 +30,10 @@ from gpuyard.store.schema import Cluster, NetworkVolume
 
 log = logging.getLogger(__name__)
 
+# Every status but terminated, spelled out: an IN list reads the status index, where
+# ``!= terminated`` would walk every terminated cluster ever made.
+_LIVE = [s.value for s in ClusterStatus if s is not ClusterStatus.TERMINATED]
+
 
 class VolumeUsage:
     """Measures one engine's volumes when due (:meth:`due`, then :meth:`run`)."""
@@ -72,7 +76,7 @@ def record_usage(
         )
         cq = select(
             Cluster.id, Cluster.volume_name, Cluster.volume_gb, Cluster.network_volume_id
-        ).where(Cluster.status != ClusterStatus.TERMINATED.value)
+        ).where(Cluster.status.in_(_LIVE))
         if host_ids is not None:
             nq = nq.where(NetworkVolume.host_id.in_(host_ids))
             cq = cq.where(Cluster.host_id.in_(host_ids))
