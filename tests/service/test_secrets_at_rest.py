@@ -22,7 +22,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.services.secrets import SecretBox, SecretUnreadable, secret_box
 from gpuyard.services.ssh_keys import add_key
-from gpuyard.store.schema import Cluster, ImageVersion, TrainingCluster
+from gpuyard.store.schema import Cluster, ImageVersion, Installation, TrainingCluster
 
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"
 PASSWORD = "hunter2-" + "x" * 8
@@ -115,6 +115,13 @@ def test_the_mask_sent_back_keeps_secrets_and_secrets_stay_secret(
     assert b'v2"' not in stored_bytes(ctx)
 
 
+def as_before_sealing(ctx: Context) -> None:
+    """Make the database look like one from before sealed secrets: the start-up pass
+    has never run on it."""
+    with ctx.transaction() as s:
+        s.execute(update(Installation).values(secrets_sealed_at=None))
+
+
 def test_plaintext_rows_from_before_are_sealed_at_start(
     ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
 ) -> None:
@@ -125,6 +132,9 @@ def test_plaintext_rows_from_before_are_sealed_at_start(
             .where(Cluster.id == c.id)
             .values(env={"PLAIN": "p", "API_TOKEN": "old-token-value"})
         )
+    first_start(ctx)  # the pass ran at the fixture's start: not again
+    assert stored_env(ctx, c.id)["API_TOKEN"] == "old-token-value"
+    as_before_sealing(ctx)
     first_start(ctx)
     stored = stored_env(ctx, c.id)
     assert is_sealed(stored["API_TOKEN"]) and stored["PLAIN"] == "p"
@@ -188,6 +198,7 @@ def test_munge_keys_are_sealed_at_rest(ctx: Context, alice: Principal) -> None:
     # An older version's plaintext key is sealed at start and opens to the same key.
     with ctx.transaction() as s:
         s.execute(update(TrainingCluster).where(TrainingCluster.id == cid).values(munge_key=key))
+    as_before_sealing(ctx)
     first_start(ctx)
     with ctx.read() as s:
         resealed = s.scalar(select(TrainingCluster.munge_key).where(TrainingCluster.id == cid))

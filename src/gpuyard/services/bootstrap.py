@@ -7,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.core.models import CloudType
@@ -29,6 +29,7 @@ from gpuyard.settings import Settings
 from gpuyard.store.db import make_engine, make_sessionmaker, truncate_wal
 from gpuyard.store.locks import startup_lock, startup_xact_lock
 from gpuyard.store.migrate import upgrade
+from gpuyard.store.schema import Installation
 
 # Files under the home that hold secrets or identities: owner-only, whatever the umask
 # or an older version left (the database files are db.py's).
@@ -85,9 +86,12 @@ def first_start(ctx: Context) -> IssuedKey | None:
     (services/secrets.py). Returns the key to print, else None. Safe when replicas
     start together on one database: their seeding transactions run one after the
     other (the start-up lock), so the later ones add nothing and create no key."""
-    if seal_stored_secrets(ctx):
-        # The WAL still holds the plaintext page versions the pass replaced.
-        truncate_wal(ctx.sessions.kw["bind"])
+    if _sealing_due(ctx):
+        if seal_stored_secrets(ctx):
+            # The WAL still holds the plaintext page versions the pass replaced.
+            truncate_wal(ctx.sessions.kw["bind"])
+        with ctx.transaction() as session:
+            session.execute(update(Installation).values(secrets_sealed_at=ctx.clock.now()))
     with ctx.transaction() as session:
         startup_xact_lock(session)
         seed_catalog(session)
@@ -99,6 +103,15 @@ def first_start(ctx: Context) -> IssuedKey | None:
     if issued is not None:
         write_credentials(ctx.settings.credentials_path, client_url(ctx.settings), issued.key)
     return issued
+
+
+def _sealing_due(ctx: Context) -> bool:
+    """Whether the plaintext-sealing pass has yet to run on this database: it reads
+    every cluster row ever made, so it runs once (a database from before sealed
+    secrets), not at every start."""
+    with ctx.read() as session:
+        sealed_at = session.scalar(select(Installation.secrets_sealed_at).limit(1))
+    return sealed_at is None
 
 
 def client_url(settings: Settings) -> str:

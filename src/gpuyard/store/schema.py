@@ -433,6 +433,10 @@ class Installation(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     uuid: Mapped[str] = mapped_column(String(36), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When the start-up pass sealed what older versions stored in plaintext; every
+    # write since seals its own secrets, so the pass (a read of every cluster row,
+    # history included) runs once, not at every start.
+    secrets_sealed_at: Mapped[datetime | None] = mapped_column()
 
 
 class HostGpu(Base):
