@@ -18,6 +18,7 @@ system:
 	@bash scripts/setup-system.sh
 
 run: venv system
+	@echo "gpuyard web console: http://127.0.0.1:$${GPUYARD_PORT:-8000}/ (sign in with an API key)"
 	$(VENV)/bin/gpuyard serve
 
 lint: venv

@@ -12,6 +12,9 @@ want=(podman runc busybox-static debootstrap openssh-client restic zstd caddy)
 [ "${WITH_TEST_HOSTS:-0}" = 1 ] && want+=(openssh-server iproute2 socat)
 # Benchmarks: wrk drives the HTTP proxy benchmark.
 [ "${WITH_BENCH:-0}" = 1 ] && want+=(wrk)
+# The web console's browser tests: Playwright drives Debian's chromium (its own browser
+# download is not used). WITH_BROWSER=0 leaves it out.
+[ "${WITH_BROWSER:-1}" = 1 ] && want+=(chromium)
 missing=()
 for pkg in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
