@@ -127,11 +127,10 @@ def revoke_session(ctx: Context, secret: str) -> bool:
 
 
 def session_count(ctx: Context, api_key_id: int) -> int:
-    """How many unrevoked session rows ``api_key_id`` has (tests, diagnostics)."""
+    """How many session rows ``api_key_id`` has, ended ones not yet cleared included
+    (tests, diagnostics)."""
     with ctx.read() as session:
         rows = session.scalars(
-            select(ConsoleSession.id).where(
-                ConsoleSession.api_key_id == api_key_id, ConsoleSession.revoked_at.is_(None)
-            )
+            select(ConsoleSession.id).where(ConsoleSession.api_key_id == api_key_id)
         )
         return len(list(rows))
