@@ -19,11 +19,12 @@ from sqlalchemy import select
 from gpuyard.api.graphql.loaders import Loaders
 from gpuyard.api.state import AppState
 from gpuyard.core.models import HostCapacity
+from gpuyard.runtimes.base import ContainerStats
 from gpuyard.services import cluster_views
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
-from gpuyard.services.runtime_stats import RuntimeStatsCache
+from gpuyard.services.runtime_stats import RuntimeStatsCache, StatsKey
 from gpuyard.services.spot import Market, load_market
 from gpuyard.store.schema import HostGpu
 
@@ -71,6 +72,8 @@ class GqlContext:
     _clusters: list[cluster_views.ClusterDetails] | None = None
     _loaders: Loaders | None = None
     _market: Market | None = None
+    # Container stats fetched for a whole list before its pods resolve.
+    prefetched_stats: dict[StatsKey, ContainerStats | None] = field(default_factory=dict)
 
     @property
     def ctx(self) -> Context:
@@ -107,6 +110,12 @@ class GqlContext:
         return cluster_views.load_visible(
             self.ctx, principal.account_id, cluster_id, principal.project_ids
         )
+
+    async def prefetch_stats(self, keys: list[StatsKey]) -> None:
+        """Fetch these containers' stats in one batch of the stats loader and keep them
+        for the ``container`` fields that follow."""
+        values = await self.loaders.stats.load_many(keys)
+        self.prefetched_stats.update(zip(keys, values, strict=True))
 
     def market(self) -> Market:
         """Every healthy host's capacity and use, and the live bids: read once per

@@ -29,7 +29,8 @@ import re
 import threading
 from dataclasses import dataclass
 from inspect import isawaitable
-from typing import Any
+from types import CoroutineType
+from typing import Any, TypeGuard
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -139,6 +140,16 @@ class _ThreadLoop(threading.local):
 
 _thread = _ThreadLoop()
 
+# What resolvers and graphql-core itself return to be awaited: coroutines (async
+# resolvers, the executor's own) and asyncio futures (its gathers and tasks).
+_AWAITABLE = (CoroutineType, asyncio.Future)
+
+
+def _is_awaitable(value: Any) -> TypeGuard[Any]:
+    """graphql-core asks this of every resolved value; its default also probes each
+    object for ``__await__``, a failed attribute lookup per field of a list."""
+    return isinstance(value, _AWAITABLE)
+
 
 def _thread_loop() -> asyncio.AbstractEventLoop:
     """The calling thread's own event loop (never the server's: this runs on workers)."""
@@ -210,6 +221,7 @@ class GraphQLExecutor:
             variable_values=op.variables,
             operation_name=op.operation_name,
             hide_suggestions=not self.settings.introspection,
+            is_awaitable=_is_awaitable,
         )
         if isawaitable(result):
             result = await result

@@ -15,10 +15,12 @@ request, GPU UUIDs through the app's cache.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Awaitable, Iterable
 from datetime import datetime
 from enum import Enum
 
 import strawberry
+from strawberry.types.nodes import Selection
 
 from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.context import GqlContext
@@ -28,6 +30,7 @@ from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity
 from gpuyard.core.roles import Permission
 from gpuyard.core.secret_env import masked_env
 from gpuyard.core.states import ClusterStatus, allowed_actions
+from gpuyard.runtimes.base import ContainerStats
 from gpuyard.services import spot
 from gpuyard.services.cluster_views import ClusterDetails
 from gpuyard.services.network_volumes import list_network_volumes
@@ -118,17 +121,34 @@ class PodRuntime:
         return out
 
     @strawberry.field(
+        graphql_type=RuntimeContainer | None,
         description="CPU% (100 = one core) and memory% from the engine (at most a few "
-        "seconds old); null when the engine cannot say."
+        "seconds old); null when the engine cannot say.",
     )
-    async def container(self, info: Info) -> RuntimeContainer | None:
-        # Every listed cluster asks in the same tick: one batch, fetched concurrently.
-        stats = await info.context.loaders.stats.load(StatsKey(self._cluster_id, self._host_id))
-        if stats is None:
-            return None
-        return RuntimeContainer(
-            cpu_percent=round(stats.cpu_percent, 2), memory_percent=round(stats.memory_percent, 2)
-        )
+    def container(self, info: Info) -> RuntimeContainer | Awaitable[RuntimeContainer | None] | None:
+        # A list fetched every listed container's stats at once (User.clusters); this
+        # resolver stays synchronous then, since an awaitable per listed pod costs
+        # more than the field. A cluster fetched alone asks the stats loader.
+        key = self._stats_key
+        prefetched = info.context.prefetched_stats
+        if key in prefetched:
+            return _container_of(prefetched[key])
+        return self._load_container(info, key)
+
+    @property
+    def _stats_key(self) -> StatsKey:
+        return StatsKey(self._cluster_id, self._host_id)
+
+    async def _load_container(self, info: Info, key: StatsKey) -> RuntimeContainer | None:
+        return _container_of(await info.context.loaders.stats.load(key))
+
+
+def _container_of(stats: ContainerStats | None) -> RuntimeContainer | None:
+    if stats is None:
+        return None
+    return RuntimeContainer(
+        cpu_percent=round(stats.cpu_percent, 2), memory_percent=round(stats.memory_percent, 2)
+    )
 
 
 @strawberry.type(description="The host a cluster is placed on.")
@@ -391,18 +411,39 @@ class User:
         ]
 
     @strawberry.field(description="The account's clusters (not terminated), newest first.")
-    def clusters(self, info: Info) -> list[Pod]:
-        require(info.context, Permission.READ_RESOURCES)
-        now = info.context.ctx.clock.now()
-        return [pod_from(d, now) for d in info.context.clusters()]
+    async def clusters(self, info: Info) -> list[Pod]:
+        return await listed_pods(info)
 
     @strawberry.field(description="The same as clusters (RunPod's name).")
-    def pods(self, info: Info) -> list[Pod]:
-        pods: list[Pod] = self.clusters(info)
-        return pods
+    async def pods(self, info: Info) -> list[Pod]:
+        return await listed_pods(info)
 
     @strawberry.field(description="What the account's clusters cost per hour now.")
     def current_spend_per_hr(self, info: Info) -> float:
         require(info.context, Permission.READ_BILLING)
         # A pod's costPerHr is its details' rate (pod_from).
         return round(sum(d.rate.total for d in info.context.clusters()), 6)
+
+
+async def listed_pods(info: Info) -> list[Pod]:
+    """The caller's clusters as pods. When the selection asks for container stats, every
+    running pod's are fetched first, in one batch (the stats loader: concurrent engine
+    calls through the shared cache), so no pod waits on its own."""
+    require(info.context, Permission.READ_RESOURCES)
+    gctx = info.context
+    now = gctx.ctx.clock.now()
+    pods = [pod_from(d, now) for d in gctx.clusters()]
+    if _selects(info.selected_fields, "container"):
+        await gctx.prefetch_stats([p._runtime._stats_key for p in pods if p._runtime])
+    return pods
+
+
+def _selects(selections: Iterable[Selection], name: str) -> bool:
+    """Whether a field named ``name`` is selected anywhere below (fragments included;
+    in a pod, only ``runtime`` has a ``container``)."""
+    for sel in selections:
+        if getattr(sel, "name", None) == name and not hasattr(sel, "type_condition"):
+            return True
+        if _selects(sel.selections, name):
+            return True
+    return False
