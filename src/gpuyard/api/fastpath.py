@@ -15,9 +15,11 @@ built around the kept bytes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote
@@ -70,6 +72,36 @@ def _envelope(data: bytes) -> bytes:
     )
 
 
+# Reads in flight on each event loop, by (cluster id, account id): when a kept answer
+# ages out under load, every poll waiting at that moment shares one read instead of
+# queueing one each on the read lane.
+_IN_FLIGHT: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Future[Rendered]]
+] = weakref.WeakKeyDictionary()
+
+
+async def _shared_read(state: AppState, account_id: int, cluster_id: str) -> Rendered:
+    """The rendered answer from one read on the lane, shared with every request for
+    the same cluster and account that arrives while it runs. A request that goes away
+    does not cancel the read the others wait for."""
+    flights = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
+    key = (cluster_id, account_id)
+    flight = flights.get(key)
+    if flight is None:
+        flight = asyncio.ensure_future(
+            state.reads.run(_render, state.ctx, state.views, account_id, cluster_id)
+        )
+        flights[key] = flight
+
+        def landed(done: asyncio.Future[Rendered]) -> None:
+            flights.pop(key, None)
+            if not done.cancelled():
+                done.exception()  # retrieved, even when every waiter has gone
+
+        flight.add_done_callback(landed)
+    return await asyncio.shield(flight)
+
+
 async def answer(
     state: AppState,
     authorization: str | None,
@@ -87,7 +119,7 @@ async def answer(
         ctx, cache = state.ctx, state.views
         rendered = cache.get(cluster_id, principal.account_id, _marks(ctx, cluster_id))
         if rendered is None:
-            rendered = await state.reads.run(_render, ctx, cache, principal.account_id, cluster_id)
+            rendered = await _shared_read(state, principal.account_id, cluster_id)
         if not principal.may_use_project(rendered.project_id):
             raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
         return 200, _envelope(rendered.data)
