@@ -40,12 +40,17 @@ async function failure(response) {
   } catch {
     body = null;
   }
-  const err = body && (body.error || (body.errors && body.errors[0]));
+  const err = body && (body.error || (Array.isArray(body.errors) && body.errors[0]));
   if (err && err.code) return new ApiError(response.status, err.code, err.message, err.details);
+  // The training API's envelope (seed 002): {code, data, errors: {code, details, field}, message}.
+  const t = body && body.errors && !Array.isArray(body.errors) ? body.errors : null;
+  if (t && t.code) return new ApiError(response.status, t.code, body.message, { ...(t.details || {}), field: t.field || null });
   return new ApiError(response.status, "HTTP_" + response.status, response.statusText || "request failed");
 }
 
-// Request `path` (starting /v1/...). Answers {data, meta, status, etag}; with
+// Request `path` (starting /v1/... or the training API's /distributed_jobs_v2/...).
+// Answers {data, meta, pagination, status, etag} (`pagination`: the training list's,
+// outside its data); with
 // opts.etag a 304 answers {notModified: true}. Throws ApiError. A 401 also tells
 // the page (event "gpuyard:signed-out") unless opts.quiet.
 export async function api(method, path, body, opts = {}) {
@@ -68,12 +73,20 @@ export async function api(method, path, body, opts = {}) {
     throw error;
   }
   const json = await response.json();
-  return { data: json.data, meta: json.meta || {}, status: response.status, etag: response.headers.get("ETag") };
+  return {
+    data: json.data,
+    meta: json.meta || {},
+    pagination: json.pagination || null,
+    status: response.status,
+    etag: response.headers.get("ETag"),
+  };
 }
 
 export const get = (path, opts) => api("GET", path, undefined, opts);
 export const post = (path, body, opts) => api("POST", path, body === undefined ? {} : body, opts);
 export const del = (path, opts) => api("DELETE", path, undefined, opts);
+export const patch = (path, body, opts) => api("PATCH", path, body, opts);
+export const put = (path, body, opts) => api("PUT", path, body, opts);
 
 // Server-Sent Events over fetch (EventSource cannot send the CSRF header). Calls
 // onEvent({event, data, id}) per event until `signal` aborts or the stream ends.

@@ -9,14 +9,28 @@ import * as create from "./pages/create.js";
 import * as detail from "./pages/detail.js";
 import * as keys from "./pages/keys.js";
 import * as billing from "./pages/billing.js";
+import * as training from "./pages/training.js";
+import * as trainingCreate from "./pages/training_create.js";
+import * as trainingDetail from "./pages/training_detail.js";
+import * as account from "./pages/account.js";
+import * as hosts from "./pages/hosts.js";
+import * as accounts from "./pages/accounts.js";
 
 const ROUTES = [
   [/^#\/signin$/, signin],
   [/^#\/clusters\/new$/, create],
+  [/^#\/clusters\/new\/clone\/([A-Za-z0-9_-]+)$/, create],
   [/^#\/clusters\/([A-Za-z0-9_-]+)$/, detail],
   [/^#\/keys$/, keys],
   [/^#\/billing$/, billing],
   [/^#\/clusters$/, clusters],
+  // The training pages carry their scope (project_id, location) as a query.
+  [/^#\/training\/new(?:\?(.*))?$/, trainingCreate],
+  [/^#\/training\/(\d+)(?:\?(.*))?$/, trainingDetail],
+  [/^#\/training(?:\?(.*))?$/, training],
+  [/^#\/account$/, account],
+  [/^#\/hosts$/, hosts],
+  [/^#\/accounts$/, accounts],
 ];
 
 let cleanup = null;
@@ -26,6 +40,9 @@ function header() {
   const who = clear(document.getElementById("who"));
   nav.hidden = !session.info;
   if (!session.info) return;
+  // Links to pages the signed-in role could not use are not offered.
+  for (const link of nav.querySelectorAll("[data-operator]")) link.hidden = !session.operator;
+  for (const link of nav.querySelectorAll("[data-needs]")) link.hidden = !session.may(link.dataset.needs);
   const email = session.me ? session.me.user.email : "";
   who.append(
     h("span", { class: "muted", "data-testid": "whoami" }, `${email} · ${session.role} · ${session.scope} key`),
@@ -57,7 +74,12 @@ async function route() {
   for (const [pattern, page] of ROUTES) {
     const m = hash.match(pattern);
     if (m) {
-      cleanup = (await page.render(main, m.slice(1))) || null;
+      try {
+        cleanup = (await page.render(main, m.slice(1))) || null;
+      } catch (err) {
+        // A page that cannot load says why instead of staying blank.
+        main.append(h("p", { class: "field-error", role: "alert" }, `Could not load this page: ${err.message}`));
+      }
       header();
       return;
     }

@@ -3,6 +3,13 @@
 import { api, del, get, setCsrfToken } from "./api.js";
 
 const WRITE_ROLES = new Set(["owner", "admin", "member"]);
+// Who may do what beyond clusters (docs/roles.md): the page offers no more.
+const ROLES_FOR = {
+  manage_members: ["owner", "admin"],
+  read_billing: ["owner", "admin", "billing"],
+  manage_budget: ["owner", "admin", "billing"],
+  read_audit: ["owner", "admin"],
+};
 
 export const session = {
   info: null, // GET /v1/console/session's data
@@ -16,6 +23,21 @@ export const session = {
   // Whether changes to clusters would be allowed (a read key or a viewer: no).
   get canWrite() {
     return !!this.info && this.scope !== "read" && WRITE_ROLES.has(this.role);
+  },
+  // The installation's operator: only its user holds admin-scoped keys.
+  get operator() {
+    return this.scope === "admin";
+  },
+  get accountId() {
+    return this.me ? this.me.acting.account_id : null;
+  },
+  // Whether the role (or the operator) has `what` (a key of ROLES_FOR), for reading.
+  may(what) {
+    return !!this.info && (this.operator || (ROLES_FOR[what] || []).includes(this.role));
+  },
+  // ... and for changing: a read key changes nothing.
+  mayChange(what) {
+    return this.may(what) && this.scope !== "read";
   },
 };
 

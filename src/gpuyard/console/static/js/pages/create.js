@@ -2,7 +2,10 @@
 // resources, image and command, env and ports editors, spot bid and auto-terminate.
 // The estimate is the catalog's GPU price (or the bid) times the count; the server's
 // rate (storage and compute included) is on the cluster once created. The API's
-// errors are shown on the field they name.
+// errors are shown on the field they name. The volume is the cluster's own or one of
+// the account's network volumes (the cluster then goes to that volume's host). Opened
+// as #/clusters/new/clone/SNAPSHOT it clones: the new volume starts with the
+// snapshot's data (`snapshot_id`), and the form starts from the source cluster's shape.
 import { get, post } from "../api.js";
 import { clearErrors, field, h, rate, showError } from "../ui.js";
 
@@ -61,8 +64,28 @@ function portsEditor() {
   return box;
 }
 
-export async function render(main) {
-  const gpus = (await get("/v1/gpu-types")).data.gpu_types;
+// The snapshot to clone and the cluster it was taken of (null when it is gone or the
+// snapshot is of a network volume).
+async function cloneSource(snapshotId) {
+  const snap = (await get(`/v1/snapshots/${encodeURIComponent(snapshotId)}`)).data;
+  let source = null;
+  if (snap.source_cluster_id) {
+    try {
+      source = (await get(`/v1/clusters/${encodeURIComponent(snap.source_cluster_id)}`)).data;
+    } catch {
+      source = null;
+    }
+  }
+  return { snap, source };
+}
+
+export async function render(main, [snapshotId] = []) {
+  const [gpus, volumes, clone] = await Promise.all([
+    get("/v1/gpu-types").then((a) => a.data.gpu_types),
+    // No network volumes to offer (none, or none this key may read) leaves the choice out.
+    get("/v1/networkvolumes").then((a) => a.data.network_volumes, () => []),
+    snapshotId ? cloneSource(snapshotId) : Promise.resolve(null),
+  ]);
   const byId = new Map(gpus.map((g) => [g.id, g]));
   const inp = (name, attrs = {}) => h("input", { name, id: "f-" + name, "data-field": name, ...attrs });
   const gpu = h(
@@ -79,6 +102,11 @@ export async function render(main) {
   const memory = inp("memory_gb", { type: "number", min: "1", value: "4" });
   const disk = inp("container_disk_gb", { type: "number", min: "1", value: "10" });
   const volume = inp("volume_gb", { type: "number", min: "0", value: "0" });
+  const networkVolume = h("select", { name: "network_volume_id", id: "f-network_volume_id", "data-field": "network_volume_id" },
+    h("option", { value: "" }, "None: a volume of its own"),
+    volumes.map((v) => h("option", { value: v.id }, `${v.name} · ${v.size} GB · ${v.dataCenterId}` +
+      (v.attached_cluster_ids.length ? ` · mounted by ${v.attached_cluster_ids.length}` : ""))));
+  const mountPath = inp("volume_mount_path", { placeholder: "/workspace" });
   const image = inp("docker_image", { required: true, placeholder: "docker.io/library/ubuntu:24.04" });
   const command = inp("docker_args", { placeholder: "optional: the command to run" });
   const name = inp("name", { placeholder: "optional" });
@@ -97,14 +125,19 @@ export async function render(main) {
   const form = h(
     "form",
     { class: "card", novalidate: true },
-    h("h1", {}, "New cluster"),
+    h("h1", {}, clone ? "Clone a snapshot" : "New cluster"),
+    clone ? h("p", { class: "card notice", "data-testid": "clone-of" },
+      `The new cluster's volume starts with snapshot ${clone.snap.name || clone.snap.id} (${clone.snap.id}, ${clone.snap.volume_gb} GB)` +
+      (clone.source ? `, taken of ${clone.source.name}.` : ".")) : null,
     h("div", { class: "grid" },
       field("GPU type", gpu, "price per GPU-hour, spot floor, free right now"),
       field("GPU count", count),
       field("vCPU", cpu),
       field("Memory (GB)", memory),
       field("Container disk (GB)", disk),
-      field("Volume (GB)", volume, "kept while stopped, at /workspace"),
+      field("Volume (GB)", volume, "kept while stopped, at the mount path"),
+      field("Network volume", networkVolume, "instead of a volume of its own; the cluster runs on its host"),
+      field("Mount path", mountPath, "default /workspace"),
       field("Image", image),
       field("Command", command),
       field("Name", name)),
@@ -136,6 +169,12 @@ export async function render(main) {
       b.gpu_count = 0;
     }
     if (name.value.trim()) b.name = name.value.trim();
+    if (networkVolume.value) {
+      b.network_volume_id = networkVolume.value;
+      delete b.volume_gb; // the network volume is the volume
+    }
+    if (mountPath.value.trim()) b.volume_mount_path = mountPath.value.trim();
+    if (clone) b.snapshot_id = clone.snap.id;
     if (command.value.trim()) b.docker_args = command.value.trim();
     if (spot.checked) {
       b.interruptible = true;
@@ -157,6 +196,26 @@ export async function render(main) {
     const unit = spot.checked ? Number(bid.value) || g.secure_spot_price : g.secure_price;
     estimate.textContent = `GPUs: ${rate(unit * n)} (plus compute and storage at this installation's prices)`;
   }
+
+  // A clone starts from the source cluster's shape, and a volume as large as the data.
+  if (clone) {
+    const c = clone.source;
+    volume.value = String(Math.max(clone.snap.volume_gb, c ? c.volume_gb : 0));
+    if (c) {
+      if (c.gpu_type && byId.has(c.gpu_type)) gpu.value = c.gpu_type;
+      else if (!c.gpu_type) gpu.value = "";
+      count.value = String(c.gpu_count);
+      cpu.value = String(c.cpu_cores);
+      memory.value = String(c.memory_gb);
+      disk.value = String(c.container_disk_gb);
+      image.value = c.docker_image;
+      if (c.volume_mount_path) mountPath.value = c.volume_mount_path;
+      name.value = `${c.name}-clone`;
+    }
+  }
+  networkVolume.addEventListener("change", () => {
+    volume.disabled = !!networkVolume.value;
+  });
 
   form.addEventListener("input", updateEstimate);
   form.addEventListener("change", updateEstimate);

@@ -1,12 +1,14 @@
 // One cluster: live status and startup steps, the actions the API allows (for a key
 // that may change things), start with changes (what changed and the rate before and
 // after, from the start answer), connect (proxy buttons, SSH, web terminal), live
-// logs, events, cost and the auto-terminate countdown.
+// logs, events (the newest), cost, the auto-terminate countdown and snapshots.
 import { del, get, post, streamEvents } from "../api.js";
 import { clear, copyText, duration, field, flash, gpuLabel, h, money, rate, showError, statusBadge } from "../ui.js";
 import { poll } from "../poll.js";
 import { session } from "../session.js";
 import { openTerminal } from "../terminal.js";
+import { newestEvents } from "../events.js";
+import { snapshotsPanel } from "../snapshots.js";
 
 const CONFIRM = {
   terminate: "Terminate this cluster? Its volume is deleted.",
@@ -30,6 +32,11 @@ export function render(main, [id]) {
   const logs = h("pre", { class: "logs", "data-testid": "logs", tabindex: "0", "aria-label": "Logs" });
   const events = h("ol", { class: "events", "data-testid": "events" });
   const changes = changesForm();
+  const eventLog = newestEvents(id);
+  const snaps = snapshotsPanel(id, (data) => {
+    showStart(data);
+    poller.now();
+  });
 
   main.append(
     h("p", {}, h("a", { href: "#/clusters" }, "← Clusters")),
@@ -43,7 +50,8 @@ export function render(main, [id]) {
       h("section", { class: "card" }, h("h2", {}, "Cost"), costBox, countdown)),
     h("section", { class: "card" }, h("h2", {}, "Connect"), connect, termBox),
     h("section", { class: "card" }, h("h2", {}, "Logs"), logs),
-    h("section", { class: "card" }, h("h2", {}, "Events"), events),
+    snaps.card,
+    h("section", { class: "card" }, h("h2", {}, "Events"), h("p", { class: "muted small" }, "Newest first"), events),
   );
 
   function fact(dl, term, value) {
@@ -218,13 +226,15 @@ export function render(main, [id]) {
     renderFacts(cluster);
     renderConnect(cluster);
     tickCountdown();
-    const ev = await get(`/v1/clusters/${id}/events?per_page=50`);
-    clear(events).append(...ev.data.events.slice(-50).reverse().map((e) =>
-      h("li", {}, h("time", { datetime: e.at }, new Date(e.at).toLocaleTimeString()), " ", e.message || `${e.from_status} → ${e.to_status}`)));
+    await snaps.update(cluster);
+    const newest = await eventLog.read();
+    clear(events).append(...[...newest].reverse().map((e) =>
+      h("li", { "data-event": e.id }, h("time", { datetime: e.at }, new Date(e.at).toLocaleString()), " ", e.message || `${e.from_status} → ${e.to_status}`)));
     return answer;
   }
 
   const poller = poll(refresh, 3000);
+  snaps.refresh().catch((err) => flash(`snapshots: ${err.message}`, "error"));
   const clock = setInterval(tickCountdown, 1000);
   const follow = new AbortController();
   streamEvents(`/v1/clusters/${id}/logs?follow=true&tail=200`, (ev) => {
