@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Connection, Select, select
+from sqlalchemy import Connection, Select, func, select
 
 from gpuyard.core.autoterm import (
     Deadline,
@@ -40,11 +40,27 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.cluster_views import cluster_rate
 from gpuyard.services.context import Context
-from gpuyard.services.hosts import gpu_uuids
 from gpuyard.services.lifecycle import record_event, transition_cluster
-from gpuyard.store.schema import Cluster, Event
+from gpuyard.store.schema import Cluster, Event, HostGpu
 
 log = logging.getLogger(__name__)
+
+_RUNNING = Cluster.status == ClusterStatus.RUNNING.value
+_RUNNING_VERSIONS: Select[str, int] = select(Cluster.id, Cluster.version).where(_RUNNING)
+# What changes when a running cluster comes, goes or changes: every write through the
+# status funnel or a guarded update bumps the version and sets updated_at to its time,
+# and a cluster that enters ``running`` is the newest written. Aggregated in the
+# database over the status index: no row reaches Python.
+_RUNNING_FINGERPRINT = select(
+    func.count(),
+    func.sum(Cluster.version),
+    func.max(Cluster.updated_at),
+    func.min(Cluster.id),
+    func.max(Cluster.id),
+).where(_RUNNING)
+# Read the versions in full at least this often even when the aggregate is unchanged:
+# a write outside the funnel (a manual edit) is seen within this time.
+FULL_READ_EVERY_S = 30.0
 
 # GPU utilisation (percent, one per GPU) of the GPUs with these UUIDs; None when it
 # cannot be measured (declared GPUs: nothing runs on them, so they count as idle).
@@ -138,6 +154,11 @@ class AutoTerminator:
         self._reported: dict[str, str] = {}
         # The fence of the duty's lease the last run was done under (several replicas).
         self._fence: int | None = None
+        # The running clusters' aggregate when last read in full, and when that was.
+        self._fingerprint: tuple[object, ...] | None = None
+        self._full_read_at = float("-inf")
+        # A deadline came but did not fire (changed meanwhile, or failed): plan again.
+        self._retry = False
 
     # -- public --------------------------------------------------------------------
     def seconds_until_next(self) -> float | None:
@@ -154,16 +175,24 @@ class AutoTerminator:
         run's means another replica held the duty in between and may have seen the
         clusters busy: the idle windows sampled before are dropped and start again, so
         a handover can delay an idle stop, never bring one forward."""
+        dirty = self._retry
         if fence is not None and fence != self._fence:
             self.idle_since.clear()
             self._fence = fence
-        self._refresh()
+            dirty = True
+        dirty = self._refresh() or dirty
         interval = self.ctx.settings.idle_sample_interval_s
         due_sample = time.monotonic() - self._last_sample >= interval
         if sample or (sample is None and due_sample):
             self._last_sample = time.monotonic()
             self._sample_idle([e.cluster for e in self._watch.values() if e.policy.idle_minutes])
+            dirty = True
         now = self.ctx.clock.now()
+        if not dirty and (self.next_due is None or now < self.next_due):
+            # Nothing read, sampled or fired since the last plan, and its first deadline
+            # has not come: the plan stands (no walk over every watched cluster).
+            return []
+        self._retry = False
         fired: list[Fired] = []
         next_due: datetime | None = None
         for entry in list(self._watch.values()):
@@ -176,9 +205,12 @@ class AutoTerminator:
                     if self._fire(entry.cluster, entry.policy, entry.rate, first, now):
                         fired.append(Fired(cid, first.rule, first.at, now))
                         self._watch.pop(cid, None)
+                    else:
+                        self._retry = True  # still due: the next pass looks again
                 elif next_due is None or first.at < next_due:
                     next_due = first.at
             except Exception as exc:  # this cluster's failure is its own (next pass retries)
+                self._retry = True
                 self._report(cid, f"auto-termination failed: {type(exc).__name__}: {exc}", exc)
         for cid in list(self.idle_since):
             if cid not in self._watch:
@@ -189,28 +221,38 @@ class AutoTerminator:
         return fired
 
     # -- internals -----------------------------------------------------------------
-    def _refresh(self) -> None:
-        """Bring the watched set up to date: one light query of running clusters'
-        versions, full rows only for the new or changed ones (a pass over 10,000
-        unchanged clusters reads 10,000 small tuples, nothing more)."""
-        running = select(Cluster.id, Cluster.version).where(
-            Cluster.status == ClusterStatus.RUNNING.value
-        )
+    def _refresh(self) -> bool:
+        """Bring the watched set up to date; whether anything in it may have changed.
+
+        First one aggregate over the running clusters (through the status index, no
+        row reaches Python): while it and the time of the last full read are recent,
+        nothing is read. Otherwise one light query of running clusters' versions, full
+        rows only for the new or changed ones (a pass over 10,000 unchanged clusters
+        reads 10,000 small tuples, nothing more)."""
         problems: list[tuple[str, str, BaseException | None]] = []
         with self.ctx.connect() as conn:
-            self._refresh_rows(conn, running, problems)
+            fingerprint = tuple(conn.execute(_RUNNING_FINGERPRINT).one())
+            fresh = time.monotonic() - self._full_read_at < FULL_READ_EVERY_S
+            if fingerprint == self._fingerprint and fresh:
+                return False
+            self._full_read_at = time.monotonic()
+            self._fingerprint = fingerprint
+            changed = self._refresh_rows(conn, _RUNNING_VERSIONS, problems)
         # Reported after the read connection is closed (each report is a write).
         for cid, problem, exc in problems:
             self._report(cid, problem, exc)
+        return changed or bool(problems)
 
     def _refresh_rows(
         self,
         conn: Connection,
         running: Select[str, int],
         problems: list[tuple[str, str, BaseException | None]],
-    ) -> None:
-        """Update the watched set from one connection; collect what to report."""
+    ) -> bool:
+        """Update the watched set from one connection; collect what to report. Whether
+        a cluster came, went or changed."""
         versions = {cid: version for cid, version in conn.execute(running)}
+        gone = [c for c in self._seen if c not in versions]
         for cid in [c for c in self._watch if c not in versions]:
             del self._watch[cid]
         stale = [
@@ -220,7 +262,7 @@ class AutoTerminator:
         ]
         self._seen = versions
         if not stale:
-            return
+            return bool(gone)
         _, gpus = self.ctx.references.get(conn)
         for start in range(0, len(stale), 500):
             for cid, row in self._rows(conn, stale[start : start + 500]):
@@ -233,7 +275,9 @@ class AutoTerminator:
                 except Exception as exc:  # one bad row never unwatches the others
                     self._watch.pop(cid, None)
                     self._seen.pop(cid, None)  # read it again next pass
+                    self._fingerprint = None
                     problems.append((cid, f"not watched: {type(exc).__name__}: {exc}", exc))
+        return True
 
     def _rows(self, conn: Connection, ids: list[str]) -> list[tuple[str, object | None]]:
         """The full rows of ``ids``; when the batch cannot be read (a row the driver
@@ -290,6 +334,11 @@ class AutoTerminator:
     def _sample_idle(self, clusters: list[Cluster]) -> None:
         s = self.ctx.settings
         now = self.ctx.clock.now()
+        try:
+            uuids_of = self._gpu_uuids(clusters)
+        except Exception as exc:  # no UUIDs: each cluster reports it below
+            log.debug("cannot read GPU UUIDs: %s", exc)
+            uuids_of = None
         for cluster in clusters:
             try:
                 stats = self.runtime_of(cluster.host_id).stats(cluster.id, "idle")
@@ -302,11 +351,9 @@ class AutoTerminator:
             if stats is None:
                 continue
             try:
-                uuids: tuple[str, ...] = ()
-                if cluster.host_id is not None and cluster.gpu_indices:
-                    with self.ctx.read() as session:
-                        uuids = gpu_uuids(session, cluster.host_id, list(cluster.gpu_indices))
-                utilization = self.gpu_utilization(uuids) or []
+                if uuids_of is None:
+                    raise LookupError("the GPUs' UUIDs could not be read")
+                utilization = self.gpu_utilization(uuids_of.get(cluster.id, ())) or []
             except Exception as exc:
                 self._report(cluster.id, f"GPU utilisation failed: {type(exc).__name__}", exc)
                 continue
@@ -317,6 +364,30 @@ class AutoTerminator:
                 self.idle_since.pop(cluster.id, None)
             else:
                 self.idle_since.setdefault(cluster.id, now)
+
+    def _gpu_uuids(self, clusters: list[Cluster]) -> dict[str, tuple[str, ...]]:
+        """The UUIDs of each cluster's GPUs (those known), in GPU index order: one read
+        of the hosts' GPUs for the whole sample, not a query per cluster."""
+        hosts = {c.host_id for c in clusters if c.host_id is not None and c.gpu_indices}
+        if not hosts:
+            return {}
+        with self.ctx.read() as session:
+            known = {
+                (host_id, index): uuid
+                for host_id, index, uuid in session.execute(
+                    select(HostGpu.host_id, HostGpu.gpu_index, HostGpu.uuid).where(
+                        HostGpu.host_id.in_(hosts), HostGpu.uuid.is_not(None)
+                    )
+                )
+                if uuid
+            }
+        out: dict[str, tuple[str, ...]] = {}
+        for c in clusters:
+            if c.host_id is None or not c.gpu_indices:
+                continue
+            found = (known.get((c.host_id, int(i))) for i in sorted(c.gpu_indices))
+            out[c.id] = tuple(u for u in found if u)
+        return out
 
     def _fire(
         self,

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
-from sqlalchemy import delete, select
+from sqlalchemy import Select, delete, func, select, true
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.fleet import HostStatus
@@ -97,6 +97,25 @@ _RESTING_HOLDERS = (
     .where(Cluster.status.not_in([s.value for s in HOLDS_COMPUTE]))
     .distinct()
 )
+
+# Clusters that may have a container (on the hosts of an engine, when it has hosts):
+# id and status, the observe pass's comparison with the engine's listing.
+_MAY_HAVE = select(Cluster.id, Cluster.status).where(
+    Cluster.status.in_([s.value for s in MAY_HAVE_CONTAINER])
+)
+
+
+def _fingerprint(scope: Select[str, str]) -> Select[int, Any, Any, Any, Any]:
+    """An aggregate of the rows ``scope`` selects that changes when one of them comes,
+    goes or is written through the status funnel or a guarded update (each bumps the
+    version and sets updated_at), computed in the database: no row reaches Python."""
+    return select(
+        func.count(),
+        func.sum(Cluster.version),
+        func.max(Cluster.updated_at),
+        func.min(Cluster.id),
+        func.max(Cluster.id),
+    ).where(scope.whereclause if scope.whereclause is not None else true())
 
 
 class _FullPass:
@@ -176,12 +195,16 @@ class Reconciler:
         self._last_heartbeat = 0.0
         self._last_observe: dict[str, float] = {}
         self._last_volume_scan: dict[str, float] = {}
+        self._last_resting_sweep = float("-inf")
         # Hosts as last read from the store (engine URL, status), refreshed every pass
         # that looks at engines.
         self._hosts: dict[int, HostEngine] = {}
         self._foreign: set[int] = set()
         # Hosts whose inventory this process has read (on_host_answered).
         self._described: set[int] = set()
+        # Per engine: its last listing (cluster id -> state) and the fingerprint of the
+        # clusters it was compared with, kept while that comparison found nothing to do.
+        self._last_compare: dict[str, tuple[dict[str, ContainerState], tuple[Any, ...]]] = {}
         # Containers of ours that no cluster should have: when each was first seen so.
         self._unknown_since: dict[tuple[str, str], datetime] = {}
         # Clusters whose next restart attempt is due at the given time.
@@ -460,7 +483,11 @@ class Reconciler:
         """Queue one heartbeat (and observation, when due) per engine this replica
         owns, each on its engine's own lane. The pass is full once every one of them
         has observed its engine (``_FullPass``)."""
-        if self.leases.holds(MAINTENANCE_DUTY):
+        sweep_due = time.monotonic() - self._last_resting_sweep >= self.volume_scan_every_s
+        if sweep_due and self.leases.holds(MAINTENANCE_DUTY):
+            # A safety net (a crash between a status change and the release): as often
+            # as the volume scan, not at every heartbeat.
+            self._last_resting_sweep = time.monotonic()
             self._free_resting_gpus()
         owned = [(key, ids) for key, ids in self._engines() if self.leases.holds(key)]
         tracker = _FullPass(len(owned), self._full_pass_done)
@@ -562,22 +589,27 @@ class Reconciler:
             log.warning("cannot list containers on %s: %s", key, exc.message)
             return False
         listed_at = self.ctx.clock.now()
-        by_cluster = {c.cluster_id: c for c in containers}
+        states = {c.cluster_id: c.state for c in containers}
         shared = key == SHARED_ENGINE
-        with self.ctx.read() as session:
-            q = select(Cluster.id, Cluster.status, Cluster.updated_at).where(
-                Cluster.status.in_([s.value for s in MAY_HAVE_CONTAINER])
-            )
-            if not shared:
-                q = q.where(Cluster.host_id.in_(host_ids))
-            rows = list(session.execute(q))
-        live = {cid: (ClusterStatus(status), updated) for cid, status, updated in rows}
-        for cid, (status, updated) in live.items():
-            seen = by_cluster.get(cid)
-            dead = seen is None or seen.state != ContainerState.RUNNING
-            if status == ClusterStatus.RUNNING and updated < listed_at and dead:
-                self._submit(cid, self.driver.recover, SLOW, host_ids[0] if host_ids else None)
-        self._collect_containers(key, host_ids, set(by_cluster) - set(live), listed_at)
+        scope = _MAY_HAVE.where(Cluster.host_id.in_(host_ids)) if not shared else _MAY_HAVE
+        with self.ctx.connect() as conn:
+            fingerprint = tuple(conn.execute(_fingerprint(scope)).one())
+            last = self._last_compare.get(key)
+            if last is not None and last == (states, fingerprint):
+                # The engine lists what it listed last time and no cluster that may have
+                # a container changed since: last time's comparison found nothing to
+                # recover or collect, and would find the same now.
+                live: dict[str, str] | None = None
+            else:
+                live = {cid: status for cid, status in conn.execute(scope)}
+        if live is not None:
+            recovering = self._recover_dead(live, states, listed_at, host_ids)
+            unexpected = states.keys() - live.keys()
+            self._collect_containers(key, host_ids, unexpected, listed_at)
+            if recovering or unexpected:
+                self._last_compare.pop(key, None)
+            else:
+                self._last_compare[key] = (states, fingerprint)
         self._sync_host_limits(runtime, host_ids)
         if self.volume_usage.due(key):
             # A disk-usage report may walk every volume: off the heartbeat's lane.
@@ -600,6 +632,35 @@ class Reconciler:
                 runtime.guard_networks()
             except GpuyardError as exc:
                 log.warning("cannot re-apply network isolation on %s: %s", key, exc.message)
+        return True
+
+    def _recover_dead(
+        self,
+        live: dict[str, str],
+        states: dict[str, ContainerState],
+        listed_at: datetime,
+        host_ids: tuple[int, ...],
+    ) -> bool:
+        """Recover each running cluster (of ``live``: id -> status) whose container the
+        listing (``states``) shows dead or missing, unless the cluster was written
+        since the listing (a start racing it). Whether any was found dead."""
+        running = ClusterStatus.RUNNING.value
+        alive = ContainerState.RUNNING
+        dead = [
+            cid for cid, status in live.items() if status == running and states.get(cid) != alive
+        ]
+        if not dead:
+            return False
+        with self.ctx.read() as session:
+            for start in range(0, len(dead), 500):
+                for cid in session.scalars(
+                    select(Cluster.id).where(
+                        Cluster.id.in_(dead[start : start + 500]),
+                        Cluster.status == running,
+                        Cluster.updated_at < listed_at,
+                    )
+                ):
+                    self._submit(cid, self.driver.recover, SLOW, host_ids[0] if host_ids else None)
         return True
 
     def _free_resting_gpus(self) -> None:
