@@ -464,6 +464,9 @@ class Cluster(Base):
             postgresql_where=text("status != 'terminated'"),
         ),
         Index("ix_clusters_project_status_created", "project_id", "status", "created_at", "id"),
+        # The clusters live on a host (heartbeats, the observe pass), by status: an IN
+        # list of live statuses never walks the host's terminated ones (migration 0015).
+        Index("ix_clusters_host_status", "host_id", "status"),
     )
     id: Mapped[str] = mapped_column(String(14), primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
