@@ -135,3 +135,53 @@ def test_another_accounts_cluster_stays_unseen(kept: LiveServer) -> None:
     with kept.client(stranger) as s:
         r = s.get(f"/v1/clusters/{cid}")
     assert r.status_code == 404, r.text
+
+
+# -- lists ---------------------------------------------------------------------------
+
+
+def _names(client: httpx.Client, **params: object) -> list[str]:
+    r = client.get("/v1/clusters", params={k: str(v) for k, v in params.items()})
+    assert r.status_code == 200, r.text
+    return [c["name"] for c in r.json()["data"]["clusters"]]
+
+
+def test_a_kept_list_shows_a_write_at_once(kept: LiveServer) -> None:
+    with kept.client() as c:
+        cid = _create(c, "first")["id"]
+        assert kept.server.reconciler.wait_idle(10)
+        first = c.get("/v1/clusters")
+        again = c.get("/v1/clusters")
+        # Kept: the same data, each answer with its own request id.
+        assert first.json()["data"] == again.json()["data"]
+        assert first.json()["meta"]["request_id"] != again.json()["meta"]["request_id"]
+        _create(c, "second")
+        assert _names(c) == ["second", "first"]
+        assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
+        statuses = {x["id"]: x["status"] for x in c.get("/v1/clusters").json()["data"]["clusters"]}
+        assert statuses[cid] in ("stopping", "stopped")
+        # Each query is its own entry.
+        assert _names(c, per_page=1) == ["second"]
+        assert _names(c, search="fir") == ["first"]
+
+
+def test_a_kept_list_is_rendered_for_each_callers_scope(kept: LiveServer) -> None:
+    with kept.client() as admin:
+        _create(admin, "default project")
+        r = admin.post("/v1/projects", json={"name": "p2"})
+        assert r.status_code == 201, r.text
+        body = {"name": "p2 only", "scope": "read", "project_id": r.json()["data"]["id"]}
+        r = admin.post("/v1/api-keys", json=body)
+        assert r.status_code == 201, r.text
+        restricted = r.json()["data"]["key"]
+        r = admin.post(
+            "/v1/accounts",
+            json={"name": "other co", "owner_email": "o2@example.com", "owner_name": "O"},
+        )
+        assert r.status_code == 201, r.text
+        stranger = r.json()["data"]["api_key"]["key"]
+        assert _names(admin) == ["default project"]  # now kept
+    with kept.client(restricted) as k:
+        assert _names(k) == []
+    with kept.client(stranger) as s:
+        assert _names(s) == []

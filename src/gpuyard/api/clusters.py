@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -18,11 +19,13 @@ from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.pagination import CURSOR_QUERY, pagination
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import AppState, app_state, current_principal
+from gpuyard.api.view_cache import Rendered
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services import cluster_views, spot
 from gpuyard.services import clusters as uc
 from gpuyard.services import idempotency as idem
 from gpuyard.services.auth import Principal
+from gpuyard.services.context import Context
 from gpuyard.services.requests import (
     MAX_ID,
     AutoTerminateUpdate,
@@ -93,8 +96,42 @@ def create_cluster(
     return answer
 
 
+def _list_subject(principal: Principal, **query: object) -> str:
+    """The view cache's name for a list: its query and the caller's project scope
+    (api/view_cache.py; the account is the cache key's other half)."""
+    scope = "all" if principal.project_ids is None else sorted(principal.project_ids)
+    shown = sorted((name, str(value)) for name, value in query.items() if value is not None)
+    return f"list?{urlencode(shown)}&scope={scope}"
+
+
+def _list_marks(ctx: Context) -> tuple[object, ...]:
+    """What a list's views read from memory rather than the store (fastpath._marks
+    for each of its clusters)."""
+    return (ctx.proxy.problem(), frozenset(ctx.idle_since.items()))
+
+
+def _render_list(
+    state: AppState, principal: Principal, subject: str, marks: object, query: dict[str, Any]
+) -> Rendered:
+    """Read and render one page (a worker thread), kept in the view cache."""
+    cache = state.views
+    stamp = cache.stamp()
+    result = uc.list_clusters(state.ctx, principal, **query)
+    with state.ctx.read() as session:
+        items = cluster_views.details(state.ctx, result.clusters, session)
+    data = {
+        "clusters": [views.cluster_v1(d) for d in items],
+        "pagination": pagination(
+            query["page"], query["per_page"], result.total, result.next_cursor
+        ),
+    }
+    rendered = Rendered(0, fastpath.dumps(data))
+    cache.put(subject, principal.account_id, marks, rendered, stamp)
+    return rendered
+
+
 @router.get("/v1/clusters", responses=documented(schemas.ClusterListEnvelope))
-def list_clusters(
+async def list_clusters(
     request: Request,
     principal: Principal = Depends(current_principal),
     project_id: int | None = Query(default=None, ge=1, le=MAX_ID),
@@ -106,30 +143,29 @@ def list_clusters(
     page: int = Query(default=1, ge=1, le=1_000_000),
     per_page: int = Query(default=50, ge=1, le=500),
     cursor: str | None = CURSOR_QUERY,
-) -> JSONResponse:
+) -> Response:
     """The account's clusters, newest first (terminated ones with
     ``status=terminated``). Page with ``cursor`` (the previous answer's
     ``pagination.next_cursor``, with the same filters): stable while clusters are
-    created. ``page`` (offset) still works, but not together with a cursor."""
+    created. ``page`` (offset) still works, but not together with a cursor.
+
+    A page polled by many clients is read once: its rendered answer is kept for a
+    moment and forgotten at any write (api/view_cache.py)."""
     state = app_state(request)
-    result = uc.list_clusters(
-        state.ctx,
-        principal,
-        project_id=project_id,
-        search=search,
-        status=status,
-        page=page,
-        per_page=per_page,
-        cursor=cursor,
-    )
-    with state.ctx.read() as session:
-        items = cluster_views.details(state.ctx, result.clusters, session)
-    return ok(
-        {
-            "clusters": [views.cluster_v1(d) for d in items],
-            "pagination": pagination(page, per_page, result.total, result.next_cursor),
-        }
-    )
+    query: dict[str, Any] = {
+        "project_id": project_id,
+        "search": search,
+        "status": status,
+        "page": page,
+        "per_page": per_page,
+        "cursor": cursor,
+    }
+    subject = _list_subject(principal, **query)
+    marks = _list_marks(state.ctx)
+    rendered = state.views.get(subject, principal.account_id, marks)
+    if rendered is None:
+        rendered = await run_in_threadpool(_render_list, state, principal, subject, marks, query)
+    return Response(fastpath.ok_bytes(rendered.data), media_type="application/json")
 
 
 @router.get("/v1/clusters/{cluster_id}", responses=documented(schemas.ClusterEnvelope))

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 _PATH = re.compile(r"/v1/clusters/([^/]+)")
 
 
-def _dumps(body: Any) -> bytes:
+def dumps(body: Any) -> bytes:
     # The same encoding Starlette's JSONResponse uses.
     return json.dumps(
         body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
@@ -58,12 +58,12 @@ def _render(ctx: Context, cache: ViewCache, account_id: int, cluster_id: str) ->
     # handing the details back to the loop to render (bench/bench_get_cluster.py).
     stamp, marks = cache.stamp(), _marks(ctx, cluster_id)
     details = cluster_views.load_visible(ctx, account_id, cluster_id)
-    rendered = Rendered(details.cluster.project_id, _dumps(views.cluster_v1(details)))
+    rendered = Rendered(details.cluster.project_id, dumps(views.cluster_v1(details)))
     cache.put(cluster_id, account_id, marks, rendered, stamp)
     return rendered
 
 
-def _envelope(data: bytes) -> bytes:
+def ok_bytes(data: bytes) -> bytes:
     # The bytes _dumps gives for {"success": True, "data": ..., "meta": {...}}; a
     # request id is letters and digits, nothing to escape.
     return b'{"success":true,"data":%s,"meta":{"request_id":"%s"}}' % (
@@ -122,12 +122,12 @@ async def answer(
             rendered = await _shared_read(state, principal.account_id, cluster_id)
         if not principal.may_use_project(rendered.project_id):
             raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-        return 200, _envelope(rendered.data)
+        return 200, ok_bytes(rendered.data)
     except GpuyardError as exc:
-        return exc.http_status, _dumps(error_body(exc.code, exc.message, exc.details))
+        return exc.http_status, dumps(error_body(exc.code, exc.message, exc.details))
     except Exception:
         log.exception("unhandled error reading cluster %s", cluster_id)
-        return 500, _dumps(error_body("INTERNAL_ERROR", "internal error; see the server log"))
+        return 500, dumps(error_body("INTERNAL_ERROR", "internal error; see the server log"))
 
 
 def _selects_account(scope: Scope) -> bool:

@@ -1,6 +1,7 @@
-"""The rendered ``data`` of recent ``GET /v1/clusters/{id}`` answers, briefly kept.
+"""The rendered ``data`` of recent ``GET /v1/clusters/{id}`` and ``GET /v1/clusters``
+answers, briefly kept.
 
-Clients poll this one route, often many at once for the same cluster; rendering it
+Clients poll these routes, often many at once for the same cluster or list; rendering
 (the row, hosts, GPU types, the rate, the accrual, JSON) costs several times what the
 HTTP exchange does. An entry answers later requests for the same cluster and account
 without any read, on the event loop, for as long as nothing it was made from can have
@@ -21,7 +22,9 @@ changed:
 
 Who may see the cluster is not cached: the entry is per account (the read only finds
 clusters of the caller's account) and keeps the cluster's project, which each request
-checks against its own principal. Errors (an unknown cluster) are never kept.
+checks against its own principal (a list's key names the caller's project scope
+instead: a list is rendered for what its caller may see). Errors (an unknown cluster,
+a bad cursor) are never kept.
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ class _Entry:
 
 
 class ViewCache:
-    """Rendered cluster answers by ``(cluster_id, account_id)``; thread-safe.
+    """Rendered answers by ``(subject, account_id)``; thread-safe. The subject names
+    what was rendered: a cluster id, or a list's canonical query (``list?...``).
 
     Use: ``stamp()`` before reading, then ``put(..., stamp)``; later
     ``get`` answers the entry while it is valid (see the module docstring), else None.
@@ -107,10 +111,10 @@ class ViewCache:
         """Take this before the read an entry is made from."""
         return Stamp(self._generation, self._monotonic(), self._now())
 
-    def get(self, cluster_id: str, account_id: int, marks: Hashable) -> Rendered | None:
-        """The entry for this cluster and account if still valid with ``marks`` (the
+    def get(self, subject: str, account_id: int, marks: Hashable) -> Rendered | None:
+        """The entry for this subject and account if still valid with ``marks`` (the
         in-memory inputs of the view now), else None."""
-        entry = self._entries.get((cluster_id, account_id))
+        entry = self._entries.get((subject, account_id))
         if entry is None:
             return None
         made = entry.stamp
@@ -124,7 +128,7 @@ class ViewCache:
 
     def put(
         self,
-        cluster_id: str,
+        subject: str,
         account_id: int,
         marks: Hashable,
         rendered: Rendered,
@@ -137,4 +141,4 @@ class ViewCache:
                 return
             if len(self._entries) >= self._size:
                 self._entries.clear()
-            self._entries[(cluster_id, account_id)] = _Entry(stamp, marks, rendered)
+            self._entries[(subject, account_id)] = _Entry(stamp, marks, rendered)
