@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -228,8 +229,10 @@ def build_server(
     app.include_router(training.router)
 
     @app.get("/healthz", tags=["meta"])
-    def healthz() -> JSONResponse:
-        problem = runtime.available()
+    async def healthz() -> JSONResponse:
+        # The engine ping runs on asyncio's own executor, not the worker pool that
+        # sync routes share: requests waiting on a database lock never stall it.
+        problem = await asyncio.to_thread(runtime.available)
         return JSONResponse({"ok": True, "engine": problem or "ok"})
 
     return Server(app=app, ctx=ctx, reconciler=reconciler, admin_key=admin_key)
