@@ -164,7 +164,11 @@ async def list_clusters(
     marks = _list_marks(state.ctx)
     rendered = state.views.get(subject, principal.account_id, marks)
     if rendered is None:
-        rendered = await run_in_threadpool(_render_list, state, principal, subject, marks, query)
+        # Polls that miss at once (a write forgot the page) share one read.
+        rendered = await fastpath.shared(
+            (subject, principal.account_id),
+            lambda: run_in_threadpool(_render_list, state, principal, subject, marks, query),
+        )
     return Response(fastpath.ok_bytes(rendered.data), media_type="application/json")
 
 

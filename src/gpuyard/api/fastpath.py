@@ -20,7 +20,7 @@ import json
 import logging
 import re
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -72,25 +72,22 @@ def ok_bytes(data: bytes) -> bytes:
     )
 
 
-# Reads in flight on each event loop, by (cluster id, account id): when a kept answer
-# ages out under load, every poll waiting at that moment shares one read instead of
-# queueing one each on the read lane.
+# Reads in flight on each event loop, by what they render: when a kept answer ages out
+# under load, every poll waiting at that moment shares one read instead of queueing
+# one each.
 _IN_FLIGHT: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Future[Rendered]]
+    asyncio.AbstractEventLoop, dict[Hashable, asyncio.Future[Rendered]]
 ] = weakref.WeakKeyDictionary()
 
 
-async def _shared_read(state: AppState, account_id: int, cluster_id: str) -> Rendered:
-    """The rendered answer from one read on the lane, shared with every request for
-    the same cluster and account that arrives while it runs. A request that goes away
-    does not cancel the read the others wait for."""
+async def shared(key: Hashable, read: Callable[[], Awaitable[Rendered]]) -> Rendered:
+    """The rendered answer of ``read()``, shared with every request for the same
+    ``key`` that arrives while it runs. A request that goes away does not cancel the
+    read the others wait for."""
     flights = _IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
-    key = (cluster_id, account_id)
     flight = flights.get(key)
     if flight is None:
-        flight = asyncio.ensure_future(
-            state.reads.run(_render, state.ctx, state.views, account_id, cluster_id)
-        )
+        flight = asyncio.ensure_future(read())
         flights[key] = flight
 
         def landed(done: asyncio.Future[Rendered]) -> None:
@@ -100,6 +97,14 @@ async def _shared_read(state: AppState, account_id: int, cluster_id: str) -> Ren
 
         flight.add_done_callback(landed)
     return await asyncio.shield(flight)
+
+
+async def _shared_read(state: AppState, account_id: int, cluster_id: str) -> Rendered:
+    """One cluster's rendered answer, read on the lane and shared (``shared``)."""
+    return await shared(
+        (cluster_id, account_id),
+        lambda: state.reads.run(_render, state.ctx, state.views, account_id, cluster_id),
+    )
 
 
 async def answer(
