@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -25,7 +24,6 @@ from gpuyard.services import cluster_views, spot
 from gpuyard.services import clusters as uc
 from gpuyard.services import idempotency as idem
 from gpuyard.services.auth import Principal
-from gpuyard.services.context import Context
 from gpuyard.services.requests import (
     MAX_ID,
     AutoTerminateUpdate,
@@ -96,20 +94,6 @@ def create_cluster(
     return answer
 
 
-def _list_subject(principal: Principal, **query: object) -> str:
-    """The view cache's name for a list: its query and the caller's project scope
-    (api/view_cache.py; the account is the cache key's other half)."""
-    scope = "all" if principal.project_ids is None else sorted(principal.project_ids)
-    shown = sorted((name, str(value)) for name, value in query.items() if value is not None)
-    return f"list?{urlencode(shown)}&scope={scope}"
-
-
-def _list_marks(ctx: Context) -> tuple[object, ...]:
-    """What a list's views read from memory rather than the store (fastpath._marks
-    for each of its clusters)."""
-    return (ctx.proxy.problem(), frozenset(ctx.idle_since.items()))
-
-
 def _render_list(
     state: AppState, principal: Principal, subject: str, marks: object, query: dict[str, Any]
 ) -> Rendered:
@@ -160,8 +144,8 @@ async def list_clusters(
         "per_page": per_page,
         "cursor": cursor,
     }
-    subject = _list_subject(principal, **query)
-    marks = _list_marks(state.ctx)
+    subject = fastpath.list_subject(principal, request.query_params.multi_items())
+    marks = fastpath.list_marks(state.ctx)
     rendered = state.views.get(subject, principal.account_id, marks)
     if rendered is None:
         # Polls that miss at once (a write forgot the page) share one read.

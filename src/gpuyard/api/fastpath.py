@@ -11,6 +11,10 @@ is checked on the loop; a miss is read in a worker thread (api/state.py). The re
 ``data`` is kept for a moment (api/view_cache.py): a poll of the same cluster then
 reads nothing and is answered on the loop, its envelope (a request id of its own)
 built around the kept bytes.
+
+``GET /v1/clusters`` is answered here only from a page the routed endpoint rendered
+and kept for the same query and caller scope (``list_subject``); anything else (a
+miss, a bad key, a refused permission) goes to the route.
 """
 
 from __future__ import annotations
@@ -22,23 +26,31 @@ import re
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode
 
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuyard.api import views
 from gpuyard.api.envelope import error_body
-from gpuyard.api.state import ACCOUNT_HEADER, AppState, key_from, selection_from
+from gpuyard.api.state import (
+    ACCOUNT_HEADER,
+    KEY_QUERY_PARAMS,
+    AppState,
+    key_from,
+    selection_from,
+)
 from gpuyard.api.view_cache import Rendered, ViewCache
 from gpuyard.core.errors import ClusterNotFound, GpuyardError
 from gpuyard.core.ids import new_request_id
 from gpuyard.core.roles import Permission
 from gpuyard.services import cluster_views
+from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 
 log = logging.getLogger(__name__)
 _PATH = re.compile(r"/v1/clusters/([^/]+)")
+_LIST_PATH = "/v1/clusters"
 
 
 def dumps(body: Any) -> bytes:
@@ -135,6 +147,42 @@ async def answer(
         return 500, dumps(error_body("INTERNAL_ERROR", "internal error; see the server log"))
 
 
+# -- GET /v1/clusters: a page kept in the view cache -------------------------------
+
+
+def list_subject(principal: Principal, query: list[tuple[str, str]]) -> str:
+    """The view cache's name for a page of the cluster list: the request's query as
+    sent (minus a key given as a parameter) and the caller's project scope; the account
+    is the cache key's other half. The route keeps a page under this name only after
+    validating that query, so the middleware may answer a kept one."""
+    shown = sorted((name, value) for name, value in query if name not in KEY_QUERY_PARAMS)
+    scope = "all" if principal.project_ids is None else sorted(principal.project_ids)
+    return f"list?{urlencode(shown)}&scope={scope}"
+
+
+def list_marks(ctx: Context) -> tuple[object, ...]:
+    """What a page's views read from memory rather than the store (``_marks`` for each
+    of its clusters)."""
+    return (ctx.proxy.problem(), frozenset(ctx.idle_since.items()))
+
+
+async def _kept_list(state: AppState, authorization: str | None, raw_query: str) -> bytes | None:
+    """The answer to a list request from a kept page, else None: the route answers
+    (a miss, or any error: bad key, no permission)."""
+    query = parse_qsl(raw_query, keep_blank_values=True)
+    try:
+        principal = await state.principal(
+            key_from(authorization, lambda name: dict(query).get(name)), None
+        )
+    except GpuyardError:
+        return None
+    if not principal.allows(Permission.READ_RESOURCES):
+        return None
+    subject = list_subject(principal, query)
+    rendered = state.views.get(subject, principal.account_id, list_marks(state.ctx))
+    return None if rendered is None else ok_bytes(rendered.data)
+
+
 def _selects_account(scope: Scope) -> bool:
     header = ACCOUNT_HEADER.encode()
     return any(name == header for name, _ in scope["headers"])
@@ -150,10 +198,12 @@ class ClusterReadFastPath:
             if scope["type"] == "http" and scope["method"] == "GET"
             else None
         )
-        query = scope.get("query_string", b"") if match is not None else b""
+        get = scope["type"] == "http" and scope["method"] == "GET"
+        listing = get and match is None and scope["path"] == _LIST_PATH
+        query = scope.get("query_string", b"") if match is not None or listing else b""
         params = parse_qs(query.decode("latin-1")) if query else {}
         # A request that selects an account takes the full route (api/state.py).
-        if match is None or "active_iam" in params or _selects_account(scope):
+        if (match is None and not listing) or "active_iam" in params or _selects_account(scope):
             await self.app(scope, receive, send)
             return
         authorization = None
@@ -161,17 +211,29 @@ class ClusterReadFastPath:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
                 break
+        if listing:
+            kept = await _kept_list(scope["app"].state.gpuyard, authorization, query.decode())
+            if kept is None:
+                await self.app(scope, receive, send)
+            else:
+                await _send(send, 200, kept)
+            return
+        assert match is not None
         status, body = await answer(
             scope["app"].state.gpuyard,
             authorization,
             lambda name: (params.get(name) or [None])[0],
             unquote(match.group(1)),
         )
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        if status == 401:
-            headers.append((b"www-authenticate", b"Bearer"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await _send(send, status, body)
+
+
+async def _send(send: Send, status: int, body: bytes) -> None:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
