@@ -105,6 +105,12 @@ def ok(body: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def keep_no_answers(srv: LiveServer) -> None:
+    """Every request runs its query: what these tests count is a query's own reads
+    and engine calls (kept answers have tests of their own, test_graphql_kept.py)."""
+    srv.server.app.state.gpuyard.views.max_age_s = 0.0
+
+
 @pytest.fixture
 def many(tmp_path: Path, database_url: str) -> Iterator[tuple[LiveServer, ViewStatsRuntime]]:
     """A server with room for 40 one-GPU clusters, on each database backend."""
@@ -113,6 +119,7 @@ def many(tmp_path: Path, database_url: str) -> Iterator[tuple[LiveServer, ViewSt
         tmp_path / "home", database_url, local_gpus="NVIDIA RTX A6000:40", local_vcpus=128
     )
     with live_server(settings, runtime) as srv:
+        keep_no_answers(srv)
         yield srv, runtime
 
 
@@ -217,6 +224,7 @@ def stats_srv(
         with live_server(
             make_settings(tmp_path / "home", local_gpus="NVIDIA RTX A6000:8"), runtime
         ) as srv:
+            keep_no_answers(srv)
             yield srv, runtime
     finally:
         mp.undo()

@@ -24,6 +24,7 @@ stalls no other request.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import threading
@@ -37,6 +38,7 @@ from fastapi.responses import Response
 from graphql import DocumentNode, ExecutionResult, OperationType, execute, get_operation_ast
 from starlette.concurrency import run_in_threadpool
 
+from gpuyard.api.fastpath import list_marks, shared
 from gpuyard.api.graphql.context import GpuUuidCache, GqlContext
 from gpuyard.api.graphql.errors import format_error, request_error
 from gpuyard.api.graphql.limits import DocumentCache
@@ -45,6 +47,7 @@ from gpuyard.api.graphql.settings import GraphQLSettings
 from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.json_body import OFF_LOOP_BYTES
 from gpuyard.api.state import AppState, app_state, key_from_request, selection_from
+from gpuyard.api.view_cache import Rendered
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.input_rules import MAX_JSON_DEPTH, json_too_deep
 from gpuyard.core.text import nul_path
@@ -228,6 +231,16 @@ class GraphQLExecutor:
         assert isinstance(result, ExecutionResult)
         return result
 
+    def reads_only(self, ops: list[Operation]) -> bool:
+        """Whether every operation is a valid query (no mutation): its answer may be
+        kept and given again (api/view_cache.py)."""
+        for op in ops:
+            document = self.documents.prepare(op.query).document
+            operation = None if document is None else get_operation_ast(document, op.operation_name)
+            if operation is None or operation.operation != OperationType.QUERY:
+                return False
+        return True
+
     def run_all(
         self,
         ops: list[Operation],
@@ -272,6 +285,18 @@ async def _operations(request: Request, settings: GraphQLSettings) -> tuple[list
     return [_operation(raw, limit)], False
 
 
+def _subject(key: str | None, principal: Principal, ops: list[Operation], batch: bool) -> str:
+    """The view cache's name for a query's answer: a digest of the caller's key (a
+    user's own fields differ), project scope and the operations."""
+    scope = None if principal.project_ids is None else sorted(principal.project_ids)
+    raw = json.dumps(
+        [key, scope, batch, [[o.query, o.variables, o.operation_name] for o in ops]],
+        sort_keys=True,
+        default=str,
+    )
+    return "graphql:" + hashlib.sha256(raw.encode()).hexdigest()
+
+
 def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
     """The ``/graphql`` route. ``settings`` default to ``GPUYARD_GRAPHQL_*`` variables
     (read here, when the app is built)."""
@@ -297,10 +322,30 @@ def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
         except BadRequest as exc:
             code = "PAYLOAD_TOO_LARGE" if exc.status == 413 else "VALIDATION_ERROR"
             return _json(request_error(code, exc.message), exc.status)
-        results = await run_in_threadpool(
-            executor.run_all, ops, state, principal, request.method == "POST", idempotency_key
-        )
-        return _json(results if batch else results[0])
+        post = request.method == "POST"
+        # A query polled by many clients is run once: its answer is kept like a REST
+        # page (api/view_cache.py), per key, selection and document. Only answers of
+        # queries without errors are kept; a mutation is never shared.
+        subject = _subject(key_from_request(request), principal, ops, batch)
+        marks = list_marks(state.ctx)
+        kept = state.views.get(subject, principal.account_id, marks)
+        if kept is None:
+            if not await run_in_threadpool(executor.reads_only, ops):
+                results = await run_in_threadpool(
+                    executor.run_all, ops, state, principal, post, idempotency_key
+                )
+                return _json(results if batch else results[0])
+
+            def answer() -> Rendered:
+                stamp = state.views.stamp()
+                results = executor.run_all(ops, state, principal, post)
+                rendered = Rendered(0, _dumps(results if batch else results[0]))
+                if not any("errors" in r for r in results):
+                    state.views.put(subject, principal.account_id, marks, rendered, stamp)
+                return rendered
+
+            kept = await shared((subject, principal.account_id), lambda: run_in_threadpool(answer))
+        return Response(kept.data, media_type="application/json")
 
     router.get("/graphql", operation_id="graphql_get")(graphql_endpoint)
     return router
