@@ -190,6 +190,10 @@ class Settings(BaseSettings):
     # minute per source. 0 turns a limit off. Buckets are per replica: N replicas let
     # up to N times these through. ``trusted_proxies`` (IPs/CIDRs, comma-separated):
     # whose X-Forwarded-For names the source; empty: the peer address, always.
+    # How long a GraphQL query's answer is kept for the next identical query of the
+    # same key (api/view_cache.py); any write of this process forgets it at once. Its
+    # runtime stats are already up to GPUYARD_GRAPHQL_RUNTIME_STATS_TTL_S old.
+    graphql_answer_max_age_s: float = Field(default=1.0, ge=0, le=60)
     rate_limit_per_key: float = Field(default=20.0, ge=0)
     rate_limit_key_burst: int = Field(default=100, ge=1)
     rate_limit_per_source: float = Field(default=50.0, ge=0)

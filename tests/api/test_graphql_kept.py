@@ -27,7 +27,7 @@ CLUSTER = {
 def kept(tmp_path: Path) -> Iterator[LiveServer]:
     with live_server(make_settings(tmp_path / "home"), FakeRuntime()) as srv:
         # Kept for as long as nothing changes, whatever the machine's speed.
-        srv.server.app.state.gpuyard.views.max_age_s = 600.0
+        srv.server.app.state.gpuyard.queries.max_age_s = 600.0
         yield srv
 
 

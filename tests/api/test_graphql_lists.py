@@ -108,7 +108,7 @@ def ok(body: dict[str, Any]) -> dict[str, Any]:
 def keep_no_answers(srv: LiveServer) -> None:
     """Every request runs its query: what these tests count is a query's own reads
     and engine calls (kept answers have tests of their own, test_graphql_kept.py)."""
-    srv.server.app.state.gpuyard.views.max_age_s = 0.0
+    srv.server.app.state.gpuyard.queries.max_age_s = 0.0
 
 
 @pytest.fixture

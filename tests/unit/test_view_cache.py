@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.orm import sessionmaker
 
-from gpuyard.api.view_cache import Rendered, ViewCache
+from gpuyard.api.view_cache import Rendered, Stamp, ViewCache
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.context import IdleSince
 
 ONE = Rendered(project_id=3, data=b'{"id":"c1"}')
 MARKS = (None, None)
@@ -113,3 +117,47 @@ def test_watching_an_engine_counts_its_commits(cache: ViewCache, tmp_path: Path)
         conn.execute(text("INSERT INTO t VALUES (1)"))
     assert cache.get("c1", 7, MARKS) is None
     engine.dispose()
+
+
+def test_a_read_stamped_while_a_session_commits_is_not_kept(
+    cache: ViewCache, tmp_path: Path
+) -> None:
+    """The engine's commit event comes before the database commits: a read stamped in
+    between renders the state before the write, and must not be kept."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'w.db'}")
+    sessions = sessionmaker(engine)
+    cache.watch(engine, sessions)
+    stamps: list[Stamp] = []
+    # Registered after the cache's own listener: runs between its count and the commit.
+    event.listen(engine, "commit", lambda _conn: stamps.append(cache.stamp()))
+    with sessions.begin() as session:
+        session.execute(text("CREATE TABLE t (x INTEGER)"))
+    assert len(stamps) == 1
+    cache.put("c1", 7, MARKS, ONE, stamps[0])
+    assert cache.get("c1", 7, MARKS) is None
+    cache.put("c1", 7, MARKS, ONE, cache.stamp())  # stamped after: kept
+    assert cache.get("c1", 7, MARKS) == ONE
+    engine.dispose()
+
+
+def test_idle_since_moves_its_version_on_every_change() -> None:
+    idle = IdleSince()
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    seen = [idle.version]
+    changes: list[Callable[[], object]] = [
+        lambda: idle.setdefault("a", at),
+        lambda: idle.__setitem__("b", at),
+        lambda: idle.pop("a"),
+        lambda: idle.__delitem__("b"),
+        lambda: idle.setdefault("c", at),
+        lambda: idle.clear(),
+    ]
+    for change in changes:
+        change()
+        assert idle.version > seen[-1]
+        seen.append(idle.version)
+    idle.setdefault("d", at)
+    before = idle.version
+    idle.setdefault("d", at)  # already there: nothing changed
+    idle.pop("missing")
+    assert idle.version == before

@@ -155,7 +155,12 @@ def list_subject(principal: Principal, query: list[tuple[str, str]]) -> str:
     sent (minus a key given as a parameter) and the caller's project scope; the account
     is the cache key's other half. The route keeps a page under this name only after
     validating that query, so the middleware may answer a kept one."""
-    shown = sorted((name, value) for name, value in query if name not in KEY_QUERY_PARAMS)
+    # Sorted by name only: a repeated parameter keeps its order (the route reads the
+    # last one), so ``?a=1&a=2`` and ``?a=2&a=1`` are different pages.
+    shown = sorted(
+        ((name, value) for name, value in query if name not in KEY_QUERY_PARAMS),
+        key=lambda pair: pair[0],
+    )
     scope = "all" if principal.project_ids is None else sorted(principal.project_ids)
     return f"list?{urlencode(shown)}&scope={scope}"
 
@@ -163,7 +168,7 @@ def list_subject(principal: Principal, query: list[tuple[str, str]]) -> str:
 def list_marks(ctx: Context) -> tuple[object, ...]:
     """What a page's views read from memory rather than the store (``_marks`` for each
     of its clusters)."""
-    return (ctx.proxy.problem(), frozenset(ctx.idle_since.items()))
+    return (ctx.proxy.problem(), ctx.idle_since.version)
 
 
 async def _kept_list(state: AppState, authorization: str | None, raw_query: str) -> bytes | None:

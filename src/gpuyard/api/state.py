@@ -15,7 +15,7 @@ from starlette.requests import HTTPConnection
 
 from gpuyard.api.permissions import route_permission
 from gpuyard.api.read_lane import ReadLane
-from gpuyard.api.view_cache import ViewCache
+from gpuyard.api.view_cache import DEFAULT_MAX_AGE_S, ViewCache
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
 from gpuyard.core.roles import Permission
 from gpuyard.runtimes.base import Runtime
@@ -84,17 +84,23 @@ class AppState:
     reads: ReadLane = field(default_factory=ReadLane)
     # The engine of a host (None: this machine's): the reconciler's fleet when set.
     host_runtime: Callable[[int | None], Runtime] | None = None
-    # Recently rendered GET /v1/clusters/{id} answers (api/view_cache.py), on the
-    # context's clock, forgotten at every commit on the store's engine.
+    # Recently rendered GET /v1/clusters/{id} and list answers, and GraphQL query
+    # answers (api/view_cache.py), on the context's clock, forgotten at every commit on
+    # the store's engine.
     views: ViewCache = field(init=False)
+    queries: ViewCache = field(init=False)
 
     def __post_init__(self) -> None:
+        self.views = self._view_cache(DEFAULT_MAX_AGE_S)
+        self.queries = self._view_cache(self.ctx.settings.graphql_answer_max_age_s)
+
+    def _view_cache(self, max_age_s: float) -> ViewCache:
         engine = self.ctx.sessions.kw.get("bind")
-        if isinstance(engine, Engine):
-            self.views = ViewCache(self.ctx.clock.now)
-            self.views.watch(engine)
-        else:  # no engine whose commits can be watched: keep nothing
-            self.views = ViewCache(self.ctx.clock.now, max_age_s=0.0)
+        if not isinstance(engine, Engine):  # no commits to watch: keep nothing
+            return ViewCache(self.ctx.clock.now, max_age_s=0.0)
+        cache = ViewCache(self.ctx.clock.now, max_age_s=max_age_s)
+        cache.watch(engine, self.ctx.sessions)
+        return cache
 
     def runtime_of(self, host_id: int | None) -> Runtime:
         """The runtime driving host ``host_id``'s engine (RuntimeFailure if unknown)."""

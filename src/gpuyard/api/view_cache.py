@@ -7,7 +7,8 @@ HTTP exchange does. An entry answers later requests for the same cluster and acc
 without any read, on the event loop, for as long as nothing it was made from can have
 changed:
 
-- **this process's writes**: every commit on the store's engine bumps a generation;
+- **this process's writes**: every commit on the store's engine bumps a generation
+  (before the database commits, and again after a session's commit has landed);
   an entry made from a read that began before the latest commit is not used. The
   generation is taken *before* the read, so a commit racing the read makes the entry
   stale at once rather than hiding the commit;
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Engine, event
+from sqlalchemy.orm import Session, sessionmaker
 
 # Far below any client's polling interval and the resolution of what is shown (whole
 # seconds of uptime, costs of a second's usage); far above the time between requests
@@ -95,11 +97,16 @@ class ViewCache:
         self._generation = 0
         self._entries: dict[tuple[str, int], _Entry] = {}
 
-    def watch(self, engine: Engine) -> None:
-        """Count every commit on ``engine`` (all of this process's writes)."""
+    def watch(self, engine: Engine, sessions: sessionmaker[Session] | None = None) -> None:
+        """Count every commit on ``engine`` (all of this process's writes), and once
+        more after each commit of ``sessions`` has landed: the engine's event comes
+        before the database commits, so a read stamped between the two could see the
+        state before the write; the second count makes what it rendered stale."""
         event.listen(engine, "commit", self._committed)
+        if sessions is not None:
+            event.listen(sessions, "after_commit", self._committed)
 
-    def _committed(self, _conn: object) -> None:
+    def _committed(self, _source: object) -> None:
         self.invalidate()
 
     def invalidate(self) -> None:

@@ -55,6 +55,36 @@ class ClusterReader(Protocol):
     def __call__(self, cluster_id: str, account_id: int) -> Cluster | None: ...
 
 
+class IdleSince(dict[str, datetime]):
+    """Since when each running cluster has been seen idle, with a ``version`` that
+    every change moves: kept views compare it (api/view_cache.py marks) instead of
+    walking the whole map on each request."""
+
+    version: int = 0
+
+    def __setitem__(self, key: str, value: datetime) -> None:
+        self.version += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.version += 1
+        super().__delitem__(key)
+
+    def pop(self, key: str, default: datetime | None = None) -> datetime | None:  # type: ignore[override]
+        if key in self:
+            self.version += 1
+        return super().pop(key, default)
+
+    def setdefault(self, key: str, default: datetime) -> datetime:
+        if key not in self:
+            self.version += 1
+        return super().setdefault(key, default)
+
+    def clear(self) -> None:
+        self.version += 1
+        super().clear()
+
+
 @dataclass
 class Context:
     sessions: sessionmaker[Session]
@@ -70,7 +100,7 @@ class Context:
     # Since when each running cluster has been seen idle (auto-termination keeps it;
     # cluster views read it to show the next deadline). In memory: after a restart
     # the idle window starts again, which only ever delays a stop.
-    idle_since: dict[str, datetime] = field(default_factory=dict)
+    idle_since: IdleSince = field(default_factory=lambda: IdleSince())
     # Optional accelerated read of one visible cluster row (store/sqlite_reader.py).
     cluster_reader: ClusterReader | None = None
     # Training clusters: hand an operation to the operator, re-sync a cluster's network

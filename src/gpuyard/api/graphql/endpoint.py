@@ -328,7 +328,7 @@ def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
         # queries without errors are kept; a mutation is never shared.
         subject = _subject(key_from_request(request), principal, ops, batch)
         marks = list_marks(state.ctx)
-        kept = state.views.get(subject, principal.account_id, marks)
+        kept = state.queries.get(subject, principal.account_id, marks)
         if kept is None:
             if not await run_in_threadpool(executor.reads_only, ops):
                 results = await run_in_threadpool(
@@ -337,11 +337,11 @@ def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
                 return _json(results if batch else results[0])
 
             def answer() -> Rendered:
-                stamp = state.views.stamp()
+                stamp = state.queries.stamp()
                 results = executor.run_all(ops, state, principal, post)
                 rendered = Rendered(0, _dumps(results if batch else results[0]))
                 if not any("errors" in r for r in results):
-                    state.views.put(subject, principal.account_id, marks, rendered, stamp)
+                    state.queries.put(subject, principal.account_id, marks, rendered, stamp)
                 return rendered
 
             kept = await shared((subject, principal.account_id), lambda: run_in_threadpool(answer))
