@@ -111,6 +111,12 @@ def test_cursor_walk_of_a_clusters_events(srv: LiveServer) -> None:
         path = f"/v1/clusters/{cid}/events"
         seen = walk(c, path, "events", per_page=50)
         assert len(seen) == 120 and seen == sorted(seen)
+        # A client that never pages gets every event, as before the list was paged;
+        # one that pages without a size gets 50.
+        unpaged = c.get(path).json()["data"]
+        assert [e["id"] for e in unpaged["events"]] == seen
+        assert unpaged["pagination"]["next_cursor"] is None
+        assert len(c.get(path, params={"page": 1}).json()["data"]["events"]) == 50
         r = c.get(path, params={"per_page": 50, "page": 3})
         assert [e["id"] for e in r.json()["data"]["events"]] == seen[100:]
         schemas.EventListEnvelope.model_validate(r.json())
@@ -189,6 +195,8 @@ def test_cursor_walk_of_training_clusters(srv: LiveServer) -> None:
             if cursor is None:
                 break
         assert len(seen) == 7 and seen == sorted(seen)
+        unpaged = c.get(training, params=scope).json()
+        assert [x["id"] for x in unpaged["data"]] == seen  # every one, as before
         bad = c.get(training, params={**scope, "cursor": "nope"}).json()
         assert bad["code"] == 400 and bad["errors"]["field"] == "cursor"
         other = {**scope, "location": "elsewhere"}

@@ -63,12 +63,21 @@ def test_another_list_or_version_is_refused() -> None:
         ["yesterday", "a"],  # not a time
         [AT.replace(tzinfo=None).isoformat(), "a"],  # a time without its zone
         [AT.isoformat(), 5],  # a number where an id goes
+        [AT.isoformat(), "a\x00b"],  # a NUL no id has (PostgreSQL refuses it)
+        [AT.isoformat(), "x" * 65],  # longer than any id
         "not-a-list",
     ],
 )
 def test_a_key_of_the_wrong_shape_is_refused(key: object) -> None:
     digest = cursors.filter_digest(FILTERS)
     refused(token({"v": 1, "l": "clusters", "f": digest, "k": key}))
+
+
+@pytest.mark.parametrize("value", [10**30, 2**63, 0, -1])
+def test_integer_keys_outside_a_row_id_are_refused(value: int) -> None:
+    forged = token({"v": 1, "l": "events", "f": cursors.filter_digest({}), "k": [value]})
+    with pytest.raises(ValidationFailed):
+        cursors.decode(forged, "events", {}, ("int",))
 
 
 def test_booleans_are_not_integer_keys() -> None:

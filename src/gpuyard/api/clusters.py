@@ -15,7 +15,7 @@ from gpuyard.api.envelope import ok
 from gpuyard.api.idempotency import REPLAYED_HEADER, IdempotencyKeyHeader
 from gpuyard.api.json_body import OffLoopJsonRoute
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
-from gpuyard.api.pagination import CURSOR_QUERY, pagination
+from gpuyard.api.pagination import CURSOR_QUERY, legacy_page_size, pagination
 from gpuyard.api.schemas import documented
 from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.api.view_cache import Rendered
@@ -175,18 +175,21 @@ def cluster_events(
     cluster_id: str,
     request: Request,
     principal: Principal = Depends(current_principal),
-    page: int = Query(default=1, ge=1, le=1_000_000),
-    per_page: int = Query(default=50, ge=1, le=500),
+    page: int | None = Query(default=None, ge=1, le=1_000_000),
+    per_page: int | None = Query(default=None, ge=1, le=500),
     cursor: str | None = CURSOR_QUERY,
 ) -> JSONResponse:
-    """The cluster's events, oldest first; ``cursor`` pages on (``pagination``)."""
+    """The cluster's events, oldest first. With ``per_page``, ``page`` or ``cursor``
+    a page at a time (50 by default; ``pagination.next_cursor`` pages on); with none of
+    them every event, up to 5,000, as before the list was paged."""
+    size = legacy_page_size(per_page, page, cursor)
     result = uc.event_page(
-        app_state(request).ctx, principal, cluster_id, page=page, per_page=per_page, cursor=cursor
+        app_state(request).ctx, principal, cluster_id, page=page or 1, per_page=size, cursor=cursor
     )
     return ok(
         {
             "events": [views.event(e) for e in result.events],
-            "pagination": pagination(page, per_page, result.total, result.next_cursor),
+            "pagination": pagination(page or 1, size, result.total, result.next_cursor),
         }
     )
 

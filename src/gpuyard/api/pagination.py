@@ -31,3 +31,19 @@ def pagination(page: int, per_page: int, total: int, next_cursor: str | None) ->
         "pages": (total + per_page - 1) // per_page,
         "next_cursor": next_cursor,
     }
+
+
+# Lists that answered everything before they were paged (cluster events, the training
+# list) still do, up to this many, when asked with no paging parameter at all: clients
+# that never page keep what they had.
+UNPAGED_LIMIT = 5000
+# The page size of those lists once a client pages (``page`` or ``cursor`` alone).
+PAGED_DEFAULT = 50
+
+
+def legacy_page_size(per_page: int | None, page: int | None, cursor: str | None) -> int:
+    """``per_page`` when given; else everything (``UNPAGED_LIMIT``) for a request with
+    no paging parameter, ``PAGED_DEFAULT`` for one with ``page`` or ``cursor``."""
+    if per_page is not None:
+        return per_page
+    return UNPAGED_LIMIT if page is None and cursor is None else PAGED_DEFAULT

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from gpuyard.api import views
 from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.json_body import loads
-from gpuyard.api.pagination import pagination
+from gpuyard.api.pagination import legacy_page_size, pagination
 from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.api.training_openapi import ACTION_BODY, CREATE_BODY, operation
 from gpuyard.core.cursors import MAX_CURSOR_CHARS
@@ -198,8 +198,9 @@ def _query_int(request: Request, name: str, default: int, maximum: int) -> int:
 @router.get(BASE + "/", openapi_extra=operation(with_id=False, paged=True))
 @router.get(BASE, include_in_schema=False)
 async def list_training_clusters(request: Request) -> JSONResponse:
-    """Training clusters of ``project_id`` at ``location``, oldest first, a page at a
-    time: ``per_page`` (1..500, 50) and ``cursor`` (the previous answer's
+    """Training clusters of ``project_id`` at ``location``, oldest first: all of them
+    (up to 5,000, as before the list was paged) without paging parameters, else a page
+    at a time: ``per_page`` (1..500, 50) and ``cursor`` (the previous answer's
     ``pagination.next_cursor``) or ``page``. ``data`` is the seed's list; the
     envelope's ``pagination`` says where it lies."""
     # The page as ``work`` made it, for the envelope's ``pagination`` (``_handle``
@@ -209,11 +210,15 @@ async def list_training_clusters(request: Request) -> JSONResponse:
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        per_page = _query_int(request, "per_page", 50, MAX_PER_PAGE)
-        page = _query_int(request, "page", 1, MAX_PAGE)
         cursor = request.query_params.get("cursor")
         if cursor is not None and len(cursor) > MAX_CURSOR_CHARS:
             raise ValidationFailed("cursor", f"must be at most {MAX_CURSOR_CHARS} characters")
+        per_page = legacy_page_size(
+            _query_int(request, "per_page", 0, MAX_PER_PAGE) or None,
+            _query_int(request, "page", 0, MAX_PAGE) or None,
+            cursor,
+        )
+        page = _query_int(request, "page", 1, MAX_PAGE)
         result = show_clusters(
             state.ctx, p, scope, _partition(state), per_page=per_page, page=page, cursor=cursor
         )

@@ -59,6 +59,10 @@ def encode(list_name: str, filters: Mapping[str, FilterValue], key: Sequence[Key
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+# The longest text key part a cursor of ours carries (ids, ISO timestamps).
+MAX_KEY_CHARS = 64
+
+
 def _refuse(message: str) -> ValidationFailed:
     return ValidationFailed(PARAM, message)
 
@@ -79,10 +83,12 @@ def _payload(token: str) -> dict[str, Any]:
 def _decode_part(value: Any, kind: str) -> KeyPart:
     """One key part as ``kind`` says it is; ValueError when it is not."""
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
+        # Row ids: positive and within a database's BIGINT (anything else was not
+        # made here, and would overflow the driver).
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
             raise ValueError(kind)
         return value
-    if not isinstance(value, str):
+    if not isinstance(value, str) or len(value) > MAX_KEY_CHARS or "\x00" in value:
         raise ValueError(kind)
     if kind == "time":
         moment = datetime.fromisoformat(value)
