@@ -13,8 +13,9 @@ session cookie, requires ``X-CSRF-Token`` to be the session's token — on every
 method, not only unsafe ones: cookies are scoped by host, not port, so a cluster's
 published port on the same host receives the cookie too, and the cookie alone must
 not read anything — then adds ``Authorization: Bearer KEY`` and passes the request
-on. A wrong or missing token is 403 in the v1 envelope. WebSockets (the terminal)
-cannot carry headers from a browser: the token comes as a subprotocol
+on. A wrong token, or none on an unsafe method, is 403 in the v1 envelope; a GET with
+no token (a page the browser opens itself: /docs, /openapi.json) goes on with no key.
+WebSockets (the terminal) cannot carry headers from a browser: the token comes as a subprotocol
 ``gpuyard.csrf.TOKEN`` (taken out before the app sees the offer), and the ``Origin``
 must be this host. A request with its own ``Authorization`` is left alone.
 """
@@ -53,6 +54,9 @@ from gpuyard.services.context import Context
 PATH = "/v1/console/session"
 COOKIE = "gpuyard_console"
 CSRF_HEADER = "x-csrf-token"
+# Methods a browser uses to open a page: without the token they go on unauthenticated
+# instead of being refused.
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 WS_CSRF_PREFIX = "gpuyard.csrf."
 # Revocation by another replica is seen within this many seconds (as keys: state.py).
 CACHE_TTL_S = 5.0
@@ -254,9 +258,16 @@ class ConsoleSessions:
             headers = [(k, v) for k, v in headers if k != b"sec-websocket-protocol"]
             if kept:
                 headers.append((b"sec-websocket-protocol", ", ".join(kept).encode()))
-        elif not same_token(_header(scope, CSRF_HEADER.encode()), live.csrf_token):
-            await _refuse(send)
-            return
+        else:
+            token = _header(scope, CSRF_HEADER.encode())
+            if token is None and scope.get("method") in _SAFE_METHODS:
+                # A page the browser opens itself (/docs, /openapi.json, /healthz): it
+                # goes on with no key, so an API read answers 401 as for anyone.
+                await self.app(scope, receive, send)
+                return
+            if not same_token(token, live.csrf_token):
+                await _refuse(send)
+                return
         headers.append((b"authorization", f"Bearer {live.key}".encode()))
         inner = {**scope, "headers": headers, "gpuyard.console_session": live}
         await self.app(inner, receive, send)
