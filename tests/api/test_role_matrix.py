@@ -73,6 +73,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("GET", "/v1/clusters/{cluster_id}/ports/{port}/open"): "write",
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/v1/gpu-types"): "any",
+    ("POST", "/v1/prices/quote"): "any",
     ("GET", "/v1/locations"): "any",
     ("GET", "/v1/plans"): "any",
     ("GET", "/v1/images"): "any",

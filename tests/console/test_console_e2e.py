@@ -170,6 +170,10 @@ def test_a_users_day_in_the_console(browser: Any, server: ServerProcess) -> None
     assert "$0.760/h" in page.inner_text("[data-testid=estimate]")
     page.fill("#f-gpu_count", "2")
     assert "$1.52/h" in page.inner_text("[data-testid=estimate]")
+    # Then the whole rate, quoted by the API (compute, disks and volume included).
+    sync_api.expect(page.locator("[data-testid=estimate]")).to_contain_text("running")
+    quoted = page.inner_text("[data-testid=estimate]")
+    assert "(GPUs $1.52/h)" in quoted and "stopped" in quoted, quoted
     page.fill("#f-gpu_count", "1")
     page.fill("#f-docker_image", WEB_IMAGE)
     page.fill("#f-volume_gb", "1")

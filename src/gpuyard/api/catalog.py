@@ -8,8 +8,10 @@ from fastapi.responses import JSONResponse
 from gpuyard.api.envelope import ok
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.state import app_state, current_principal
+from gpuyard.core.pricing import RateParts
 from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import gpu_type_offers
+from gpuyard.services.quotes import QuoteRequest, quote
 
 router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES)
 
@@ -37,3 +39,25 @@ def gpu_types(request: Request, principal: Principal = Depends(current_principal
             ]
         }
     )
+
+
+def _parts(r: RateParts) -> dict[str, float]:
+    return {
+        "gpu": r.gpu,
+        "compute": r.compute,
+        "container_disk": r.container_disk,
+        "volume": r.volume,
+        "total": r.total,
+    }
+
+
+@router.post("/v1/prices/quote")
+def price_quote(
+    body: QuoteRequest, request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
+    """What a cluster of this size would cost per hour, running and stopped: the
+    sizing fields of ``POST /v1/clusters`` (others are ignored), priced as the bill
+    will be. Nothing is made; an unknown GPU type or a bid under the spot floor is
+    400 naming the field."""
+    q = quote(app_state(request).ctx, body)
+    return ok({"hourly": _parts(q.running), "hourly_stopped": _parts(q.stopped)})

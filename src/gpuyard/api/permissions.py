@@ -3,7 +3,8 @@
 Checked once per request where the principal is resolved (api/state.py), from the
 matched route's path template and the method, so no route can forget it. Routes with
 checks of their own (the operator's: hosts, images, orphans, accounts) and the
-catalog (GPU types, locations, plans: anybody with a key) need nothing here.
+catalog (GPU types, price quotes, locations, plans: anybody with a key) need nothing
+here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ _OWN_CHECKS = (
     "/v1/images",
     "/v1/orphans",
     "/v1/gpu-types",
+    "/v1/prices",
     "/v1/locations",
     "/v1/plans",
     "/v1/accounts",

@@ -1,7 +1,7 @@
 // Create a cluster: GPU types with prices and free counts from the catalog, the
 // resources, image and command, env and ports editors, spot bid and auto-terminate.
-// The estimate is the catalog's GPU price (or the bid) times the count; the server's
-// rate (storage and compute included) is on the cluster once created. The API's
+// The estimate is the API's quote for the form (POST /v1/prices/quote: compute,
+// disks and volume included), the catalog's GPU part shown at once. The API's
 // errors are shown on the field they name. The volume is the cluster's own or one of
 // the account's network volumes (the cluster then goes to that volume's host). Opened
 // as #/clusters/new/clone/SNAPSHOT it clones: the new volume starts with the
@@ -186,15 +186,29 @@ export async function render(main, [snapshotId] = []) {
     return b;
   }
 
+  // The GPUs' part at once from the catalog; then the whole rate from the API's quote
+  // (the bill's own arithmetic: compute, disks and volume included), the latest
+  // form's answer winning.
+  let asked = 0;
+  let timer = null;
   function updateEstimate() {
     const g = byId.get(gpu.value);
     const n = Number(count.value) || 0;
-    if (!g) {
-      estimate.textContent = "GPUs: $0/h (plus compute and storage at this installation's prices)";
-      return;
-    }
-    const unit = spot.checked ? Number(bid.value) || g.secure_spot_price : g.secure_price;
-    estimate.textContent = `GPUs: ${rate(unit * n)} (plus compute and storage at this installation's prices)`;
+    const unit = g ? (spot.checked ? Number(bid.value) || g.secure_spot_price : g.secure_price) : 0;
+    const gpus = `GPUs ${rate(unit * n)}`;
+    estimate.textContent = gpus;
+    clearTimeout(timer);
+    timer = setTimeout(async () => {
+      const mine = ++asked;
+      try {
+        const q = (await post("/v1/prices/quote", body())).data;
+        if (mine !== asked) return;
+        estimate.textContent =
+          `${rate(q.hourly.total)} running (${gpus}) · ${rate(q.hourly_stopped.total)} stopped`;
+      } catch {
+        // An incomplete form: the GPUs' part stands; the create shows the field's error.
+      }
+    }, 250);
   }
 
   // A clone starts from the source cluster's shape, and a volume as large as the data.
