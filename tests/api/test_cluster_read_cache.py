@@ -185,3 +185,17 @@ def test_a_kept_list_is_rendered_for_each_callers_scope(kept: LiveServer) -> Non
         assert _names(k) == []
     with kept.client(stranger) as s:
         assert _names(s) == []
+
+
+def test_an_unchanged_page_answers_304_to_its_etag(kept: LiveServer) -> None:
+    with kept.client() as c:
+        first = c.get("/v1/clusters")  # read by the route
+        etag = first.headers["etag"]
+        again = c.get("/v1/clusters", headers={"If-None-Match": etag})  # kept: middleware
+        assert again.status_code == 304 and again.headers["etag"] == etag
+        assert again.content == b""
+        assert c.get("/v1/clusters", headers={"If-None-Match": '"other"'}).status_code == 200
+        _create(c, "new")
+        changed = c.get("/v1/clusters", headers={"If-None-Match": etag})
+        assert changed.status_code == 200 and changed.headers["etag"] != etag
+        assert [x["name"] for x in changed.json()["data"]["clusters"]] == ["new"]

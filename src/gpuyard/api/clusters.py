@@ -134,7 +134,9 @@ async def list_clusters(
     created. ``page`` (offset) still works, but not together with a cursor.
 
     A page polled by many clients is read once: its rendered answer is kept for a
-    moment and forgotten at any write (api/view_cache.py)."""
+    moment and forgotten at any write (api/view_cache.py). The answer's ``ETag`` is
+    its data's digest: ``If-None-Match`` with it answers 304 while the page is the
+    same."""
     state = app_state(request)
     query: dict[str, Any] = {
         "project_id": project_id,
@@ -153,7 +155,12 @@ async def list_clusters(
             (subject, principal.account_id),
             lambda: run_in_threadpool(_render_list, state, principal, subject, marks, query),
         )
-    return Response(fastpath.ok_bytes(rendered.data), media_type="application/json")
+    etag = fastpath.etag_of(rendered.data)
+    if fastpath.not_modified(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(
+        fastpath.ok_bytes(rendered.data), media_type="application/json", headers={"ETag": etag}
+    )
 
 
 @router.get("/v1/clusters/{cluster_id}", responses=documented(schemas.ClusterEnvelope))

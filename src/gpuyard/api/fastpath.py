@@ -20,6 +20,7 @@ miss, a bad key, a refused permission) goes to the route.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -171,7 +172,21 @@ def list_marks(ctx: Context) -> tuple[object, ...]:
     return (ctx.proxy.problem(), ctx.idle_since.version)
 
 
-async def _kept_list(state: AppState, authorization: str | None, raw_query: str) -> bytes | None:
+def etag_of(data: bytes) -> str:
+    """A page's entity tag: a digest of its ``data`` (the envelope's request id aside,
+    which differs per answer), so a poller whose page has not changed gets a 304."""
+    return '"' + hashlib.blake2b(data, digest_size=12).hexdigest() + '"'
+
+
+def not_modified(if_none_match: str | None, etag: str) -> bool:
+    """Whether ``If-None-Match`` names ``etag`` (weak or strong) or is ``*``."""
+    if not if_none_match:
+        return False
+    tags = {t.strip().removeprefix("W/") for t in if_none_match.split(",")}
+    return etag in tags or "*" in tags
+
+
+async def _kept_list(state: AppState, authorization: str | None, raw_query: str) -> Rendered | None:
     """The answer to a list request from a kept page, else None: the route answers
     (a miss, or any error: bad key, no permission)."""
     query = parse_qsl(raw_query, keep_blank_values=True)
@@ -184,8 +199,7 @@ async def _kept_list(state: AppState, authorization: str | None, raw_query: str)
     if not principal.allows(Permission.READ_RESOURCES):
         return None
     subject = list_subject(principal, query)
-    rendered = state.views.get(subject, principal.account_id, list_marks(state.ctx))
-    return None if rendered is None else ok_bytes(rendered.data)
+    return state.views.get(subject, principal.account_id, list_marks(state.ctx))
 
 
 def _selects_account(scope: Scope) -> bool:
@@ -211,17 +225,22 @@ class ClusterReadFastPath:
         if (match is None and not listing) or "active_iam" in params or _selects_account(scope):
             await self.app(scope, receive, send)
             return
-        authorization = None
+        authorization = if_none_match = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
-                break
+            elif name == b"if-none-match":
+                if_none_match = value.decode("latin-1")
         if listing:
             kept = await _kept_list(scope["app"].state.gpuyard, authorization, query.decode())
             if kept is None:
                 await self.app(scope, receive, send)
+                return
+            etag = etag_of(kept.data)
+            if not_modified(if_none_match, etag):
+                await _send(send, 304, b"", etag)
             else:
-                await _send(send, 200, kept)
+                await _send(send, 200, ok_bytes(kept.data), etag)
             return
         assert match is not None
         status, body = await answer(
@@ -233,11 +252,13 @@ class ClusterReadFastPath:
         await _send(send, status, body)
 
 
-async def _send(send: Send, status: int, body: bytes) -> None:
+async def _send(send: Send, status: int, body: bytes, etag: str | None = None) -> None:
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
     ]
+    if etag is not None:
+        headers.append((b"etag", etag.encode()))
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
