@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from gpuyard.api.envelope import ok
+from gpuyard.api.json_body import OffLoopJsonRoute
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.pricing import RateParts
@@ -13,7 +14,8 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import gpu_type_offers
 from gpuyard.services.quotes import QuoteRequest, quote
 
-router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES)
+# JSON bodies (the price quote) are parsed off the event loop (api/json_body.py).
+router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
 
 @router.get("/v1/gpu-types")

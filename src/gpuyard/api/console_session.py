@@ -36,6 +36,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuyard.api.envelope import error_body, ok
+from gpuyard.api.json_body import OffLoopJsonRoute
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.state import app_state
 from gpuyard.api.views import iso
@@ -63,7 +64,8 @@ CACHE_TTL_S = 5.0
 # Paths the middleware never looks at: the console's own page and assets.
 _STATIC = ("/console/",)
 
-router = APIRouter(tags=["console"], responses=ERROR_RESPONSES)
+# The sign-in body is parsed off the event loop like every JSON body (api/json_body.py).
+router = APIRouter(tags=["console"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
 
 class SignIn(BaseModel):
