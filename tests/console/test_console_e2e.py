@@ -37,6 +37,9 @@ for tool in ("podman", "caddy"):
     if shutil.which(tool) is None:
         pytest.skip(f"{tool} is not installed", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+# Assertions wait as long as actions do: a 2-core CI machine also runs the server, the
+# engine and the browser (Playwright's default for expect() is 5 s).
+sync_api.expect.set_options(timeout=30_000)
 
 CHROMIUM_ARGS = [
     "--no-sandbox",

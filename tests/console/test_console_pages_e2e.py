@@ -20,6 +20,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -244,12 +245,20 @@ def test_training_pages(page: Any, server: ServerProcess, tmp_path: Path) -> Non
     sync_api.expect(page.locator("[data-testid=sinfo]")).to_contain_text("gpu")
     page.screenshot(path=str(shots / "console-training-detail.png"), full_page=True)
     page.click("[data-training-action=delete]")
-    with server.client() as c:
-        status = c.get(f"{TRAINING}{tid}/", params=params)
-        assert status.status_code == 404 or status.json()["data"]["status"] in {
+
+    def deleted() -> bool:
+        with server.client() as c:
+            status = c.get(f"{TRAINING}{tid}/", params=params)
+        return status.status_code == 404 or status.json()["data"]["status"] in {
             "deleting",
             "deleted",
-        }, status.text
+        }
+
+    # The page's DELETE (after its confirmation) is on its way: wait for it to land.
+    deadline = time.monotonic() + 30
+    while not deleted():
+        assert time.monotonic() < deadline, "the page's delete never reached the API"
+        time.sleep(0.2)
 
 
 def ssh_public_key(tmp_path: Path) -> str:
