@@ -42,6 +42,10 @@ bench: venv system
 	$(PY) bench/bench_get_cluster.py
 	$(PY) bench/bench_graphql.py
 	$(PY) bench/bench_autoterminate.py
+	$(PY) bench/bench_observe.py
+	WITH_POSTGRES=1 bash scripts/setup-system.sh
+	GPUYARD_TEST_POSTGRES_URL="$${GPUYARD_TEST_POSTGRES_URL:-$$(bash scripts/test-postgres.sh)}" \
+		$(PY) bench/bench_scale.py
 	$(PY) bench/bench_training.py
 	$(PY) bench/bench_hostile.py
 	$(PY) bench/bench_placement.py
