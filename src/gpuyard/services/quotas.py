@@ -23,7 +23,7 @@ What counts:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import func, select
@@ -135,35 +135,48 @@ def usage_of(session: Session, account_id: int, project_id: int | None = None) -
     return own.plus(training)
 
 
-def _training_usage(session: Session, account_id: int, project_id: int | None) -> Usage:
-    where = [TrainingCluster.account_id == account_id, TrainingCluster.deleted_at.is_(None)]
-    if project_id is not None:
-        where.append(TrainingCluster.project_id == project_id)
+# What a training node holds: its cluster, role and the cluster's per-node size.
+_NODE_SIZES = (
+    TrainingCluster.id,
+    TrainingNode.role,
+    TrainingCluster.gpu_type,
+    TrainingCluster.gpus_per_node,
+    TrainingCluster.cpus_per_node,
+)
+
+
+def _node_usage(rows: Iterable[Any], *, clusters_with_controller: bool) -> Usage:
+    """GPUs and vCPUs of training nodes (``_NODE_SIZES`` rows), and their clusters as
+    running clusters: every one seen, or only those whose controller is among the rows
+    (a create; a scale adds workers to a cluster already counted)."""
     gpus: dict[str, int] = defaultdict(int)
     vcpus = 0
     clusters: set[int] = set()
-    for cluster_id, role, gpu_type, per_node, cpus in session.execute(
-        select(
-            TrainingCluster.id,
-            TrainingNode.role,
-            TrainingCluster.gpu_type,
-            TrainingCluster.gpus_per_node,
-            TrainingCluster.cpus_per_node,
-        )
-        .join(TrainingNode, TrainingNode.cluster_id == TrainingCluster.id)
-        .where(*where)
-    ):
-        clusters.add(cluster_id)
+    for cluster_id, role, gpu_type, per_node, cpus in rows:
         if role == training_domain.NodeRole.WORKER.value:
             gpus[gpu_type] += per_node
             vcpus += cpus
         else:
             vcpus += training_domain.CONTROLLER_VCPUS
+        if role != training_domain.NodeRole.WORKER.value or not clusters_with_controller:
+            clusters.add(cluster_id)
     return Usage(
         gpus_by_type={t: n for t, n in gpus.items() if n},
         vcpus=vcpus,
         running_clusters=len(clusters),
     )
+
+
+def _training_usage(session: Session, account_id: int, project_id: int | None) -> Usage:
+    where = [TrainingCluster.account_id == account_id, TrainingCluster.deleted_at.is_(None)]
+    if project_id is not None:
+        where.append(TrainingCluster.project_id == project_id)
+    rows = session.execute(
+        select(*_NODE_SIZES)
+        .join(TrainingNode, TrainingNode.cluster_id == TrainingCluster.id)
+        .where(*where)
+    )
+    return _node_usage(rows, clusters_with_controller=False)
 
 
 def _snapshot_bytes(session: Session, account_id: int, project_id: int | None) -> int:
@@ -312,32 +325,12 @@ def check_training(session: Session, account_id: int, project_id: int, node_ids:
     session.flush()
 
     def ask() -> Usage:
-        gpus: dict[str, int] = defaultdict(int)
-        vcpus = 0
-        created: set[int] = set()
-        for cluster_id, role, gpu_type, per_node, cpus in session.execute(
-            select(
-                TrainingCluster.id,
-                TrainingNode.role,
-                TrainingCluster.gpu_type,
-                TrainingCluster.gpus_per_node,
-                TrainingCluster.cpus_per_node,
-            )
+        rows = session.execute(
+            select(*_NODE_SIZES)
             .join(TrainingCluster, TrainingCluster.id == TrainingNode.cluster_id)
             .where(TrainingNode.id.in_(node_ids))
-        ):
-            if role == training_domain.NodeRole.WORKER.value:
-                gpus[gpu_type] += per_node
-                vcpus += cpus
-            else:
-                # Only a create places a controller: the cluster is new.
-                vcpus += training_domain.CONTROLLER_VCPUS
-                created.add(cluster_id)
-        return Usage(
-            gpus_by_type={t: n for t, n in gpus.items() if n},
-            vcpus=vcpus,
-            running_clusters=len(created),
         )
+        return _node_usage(rows, clusters_with_controller=True)
 
     check_asked(session, account_id, project_id, ask)
 
