@@ -31,7 +31,7 @@ import pytest
 
 from tests.console import test_console_e2e as base
 from tests.e2e.conftest import DEV_IMAGE
-from tests.e2e.test_server_e2e import ServerProcess, running_server
+from tests.e2e.test_server_e2e import ServerProcess, running_server, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -163,10 +163,27 @@ def add_history(server: ServerProcess, cid: str, count: int) -> None:
         db.close()
 
 
+def settled_event_total(c: httpx.Client, cid: str, quiet_s: float = 1.5) -> int:
+    """The count of cluster ``cid``'s events once it has not grown for ``quiet_s``."""
+    deadline = time.monotonic() + 60
+    total, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now_total = c.get(f"/v1/clusters/{cid}/events").json()["data"]["pagination"]["total"]
+        if now_total != total:
+            total, since = now_total, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return int(total)
+        time.sleep(0.2)
+    raise AssertionError(f"cluster {cid} kept writing events")
+
+
 def test_events_panel_shows_the_newest(page: Any, server: ServerProcess) -> None:
     with server.client() as c:
         cid = create_cluster(c)
-        base_total = c.get(f"/v1/clusters/{cid}/events").json()["data"]["pagination"]["total"]
+        # The synthetic history goes in once the cluster has settled: an event of its
+        # start written after it would lead the list.
+        wait_status(c, cid, {"running"})
+        base_total = settled_event_total(c, cid)
     add_history(server, cid, HISTORY)
     page.goto(f"{server.url}/#/clusters/{cid}")
     events = page.locator("[data-testid=events] li")

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -269,6 +270,30 @@ def test_remove_volume(rt: DockerEngineRuntime, new_cluster: Callable[[], str]) 
     rt.remove_volume(vol)
     rt.remove_volume(vol)  # missing is fine
     assert not _volume_exists(vol)
+
+
+def test_concurrent_ensure_volume_all_succeed(rt: DockerEngineRuntime) -> None:
+    """Two clusters sharing a network volume start together: every caller that races
+    to create the volume gets it, none fails on the engine's "name in use"."""
+    vol = rt.engine.owner.volume(f"race{uuid.uuid4().hex[:8]}")
+    failures: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def ensure() -> None:
+        barrier.wait()
+        try:
+            rt.ensure_volume(vol)
+        except BaseException as e:  # collected and asserted below
+            failures.append(e)
+
+    threads = [threading.Thread(target=ensure) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert _volume_exists(vol)
+    rt.remove_volume(vol)
 
 
 def test_ensure_image_present_and_missing(rt: DockerEngineRuntime) -> None:

@@ -66,6 +66,14 @@ def reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+def lost_creation_race(e: docker.errors.APIError) -> bool:
+    """True when a create failed because a concurrent caller made the same object
+    between our inspect and create (Docker answers 409; Podman's compat API a 500
+    saying "already exists" or "name … is in use")."""
+    text = reason(e)
+    return e.status_code == 409 or "already exists" in text or "is in use" in text
+
+
 @dataclass(frozen=True)
 class EngineVolume:
     """A volume of ours: its name, labels, size when the engine reports it, creation."""
@@ -346,7 +354,13 @@ class Engine:
             try:
                 self.api.inspect_volume(name)
             except docker.errors.NotFound:
-                self.api.create_volume(name=name, labels=self.labels(labels))
+                try:
+                    self.api.create_volume(name=name, labels=self.labels(labels))
+                except docker.errors.APIError as e:
+                    if not lost_creation_race(e):
+                        raise
+                    # Whoever won the race, the volume must exist now.
+                    self.api.inspect_volume(name)
 
     def remove_volume(self, name: str, *, legacy: bool = False) -> None:
         """Delete our volume ``name``. Idempotent; one in use raises RuntimeFailure.
@@ -444,9 +458,7 @@ class Engine:
                         check_duplicate=True,
                     )
                 except docker.errors.APIError as e:
-                    # A concurrent caller created it between inspect and create (Docker
-                    # answers 409, Podman's compat API 500 "already exists").
-                    if e.status_code != 409 and "already exists" not in reason(e):
+                    if not lost_creation_race(e):
                         raise
                 # Whoever won the race, the network must be ours.
                 if self.inspect_network(name, legacy=legacy) is None:
