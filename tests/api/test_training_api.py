@@ -320,6 +320,37 @@ def test_scope_misuse_never_leaks(tsrv: LiveServer, setup: dict[str, Any]) -> No
     assert_error(r, 401, "UNAUTHORIZED")
 
 
+def test_a_suspension_stops_training_clusters_and_refuses_new_ones(
+    tsrv: LiveServer, setup: dict[str, Any]
+) -> None:
+    with tsrv.client() as c:
+        cluster = c.post(BASE, params=params(setup), json=body(setup)).json()["data"]
+        url = f"{BASE}{cluster['id']}/"
+        set_status(tsrv, cluster["id"], "running")
+        assert allocated_gpus(tsrv) == 2
+        accounts = c.get("/v1/accounts").json()["data"]
+        aid = (accounts if isinstance(accounts, list) else accounts["accounts"])[0]["id"]
+        r = c.patch(f"/v1/accounts/{aid}", json={"status": "suspended", "reason": "audit"})
+        assert r.status_code == 200, r.text
+
+        # Billing and capacity end at once; no operator runs here to remove the nodes.
+        got = c.get(url, params=params(setup)).json()["data"]
+        assert got["status"] == "stopping" and got["status_reason"] == "account suspended: audit"
+        assert got["allowed_actions"] == []
+        assert allocated_gpus(tsrv) == 0
+        assert_error(c.post(BASE, params=params(setup), json=body(setup)), 403, "ACCOUNT_SUSPENDED")
+        set_status(tsrv, cluster["id"], "stopped")
+        r = c.put(url, params=params(setup), json={"action": "restart_cluster"})
+        assert_error(r, 403, "ACCOUNT_SUSPENDED")
+        assert allocated_gpus(tsrv) == 0
+
+        assert c.patch(f"/v1/accounts/{aid}", json={"status": "active"}).status_code == 200
+        r = c.put(url, params=params(setup), json={"action": "restart_cluster"})
+        assert r.status_code in (200, 202), r.text
+        got = c.get(url, params=params(setup)).json()["data"]
+        assert got["status"] == "restarting" and allocated_gpus(tsrv) == 2
+
+
 def test_actions_validate_and_apply(tsrv: LiveServer, setup: dict[str, Any]) -> None:
     with tsrv.client() as c:
         cluster = c.post(BASE, params=params(setup), json=body(setup, no_of_nodes=1)).json()["data"]

@@ -343,16 +343,44 @@ def test_training_cluster_end_to_end(
         out = ssh.run(key2, "127.0.0.1", port, f"squeue -h -j {pending_id} -o %T")
         assert out.stdout.strip() == "PENDING", out.stdout + out.stderr
 
+        # A suspended account's cluster is stopped: no node container runs (nothing is
+        # billed); the queue survives, and restart_cluster brings it back once resumed.
+        label = f"gpuyard.training_cluster_id={cid}"
+        listed = c.get("/v1/accounts").json()["data"]
+        aid = (listed if isinstance(listed, list) else listed["accounts"])[0]["id"]
+        r = c.patch(f"/v1/accounts/{aid}", json={"status": "suspended", "reason": "e2e"})
+        assert r.status_code == 200, r.text
+        until(
+            lambda: c.get(f"{BASE}{cid}/", params=params).json()["data"]["status"] == "stopped",
+            120,
+            "stopped",
+        )
+        assert engine.containers.list(all=True, filters={"label": label}) == []
+        assert not connect("127.0.0.1", port)
+        assert c.patch(f"/v1/accounts/{aid}", json={"status": "active"}).status_code == 200
+        act(c, cid, params, action="restart_cluster")
+        wait_running(c, cid, params)
+        out = ssh.run(key2, "127.0.0.1", port, f"squeue -h -j {pending_id} -o %T")
+        assert out.stdout.strip() == "PENDING", out.stdout + out.stderr
+        out = ssh.run(key2, "127.0.0.1", port, "srun -N3 cat /etc/gpuyard-image-version")
+        assert out.stdout.split() == ["v2"] * 3, out.stdout + out.stderr
+
         # Every status change is on record, in order.
         events = c.get(f"{BASE}{cid}/events/", params=params).json()["data"]
         moves = [(e["from_status"], e["to_status"]) for e in events]
         assert moves[:2] == [(None, "creating"), ("creating", "running")]
-        assert moves[-2:] == [("running", "restarting"), ("restarting", "running")]
+        assert moves[-6:] == [
+            ("running", "restarting"),
+            ("restarting", "running"),
+            ("running", "stopping"),
+            ("stopping", "stopped"),
+            ("stopped", "restarting"),
+            ("restarting", "running"),
+        ]
 
         # DELETE leaves nothing behind.
         assert c.delete(f"{BASE}{cid}/", params=params).status_code == 200
         until(lambda: c.get(f"{BASE}{cid}/", params=params).status_code == 404, 120, "cluster gone")
-        label = f"gpuyard.training_cluster_id={cid}"
         assert engine.containers.list(all=True, filters={"label": label}) == []
         assert not [n for n in engine.networks.list() if n.name.startswith(prefix)]
         assert not [v for v in engine.volumes.list() if v.name.startswith(prefix)]

@@ -4,17 +4,33 @@ that it survives being cut short. Real Slurm is exercised in tests/e2e."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import delete, func, select
 
-from gpuyard.core.errors import InsufficientCapacity
-from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.core.errors import (
+    AccountSuspended,
+    BudgetExhausted,
+    InsufficientCapacity,
+    InvalidState,
+)
+from gpuyard.core.training import NodeName
+from gpuyard.reconciler.training import Superseded, TrainingOperator
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
-from gpuyard.services import training
-from gpuyard.services.auth import Principal
+from gpuyard.services import (
+    accounts,
+    budgets,
+    quotas,
+    training,
+    training_nodes,
+    training_reads,
+    training_stops,
+)
+from gpuyard.services.auth import Principal, Scope
+from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.images import register_image
 from gpuyard.services.reserved_ips import allocate_reserved_ip
@@ -412,7 +428,8 @@ def test_lifecycle_script_results_are_awaited_and_shown(
     assert f"{names.worker(2)} (exit 100)" in c.status_reason
     with ctx.read() as s:
         got = {
-            n.name: (n.lifecycle_status, n.lifecycle_exit_code) for n in training.nodes_of(s, cid)
+            n.name: (n.lifecycle_status, n.lifecycle_exit_code)
+            for n in training_nodes.nodes_of(s, cid)
         }
     assert got == {
         names.controller: ("timed_out", None),
@@ -426,7 +443,7 @@ def test_lifecycle_script_results_are_awaited_and_shown(
     c = status(ctx, cid)
     assert c.status == "running" and c.status_reason == "scale_cluster done"
     with ctx.read() as s:
-        new = next(n for n in training.nodes_of(s, cid) if n.name == names.worker(3))
+        new = next(n for n in training_nodes.nodes_of(s, cid) if n.name == names.worker(3))
         assert (new.lifecycle_status, new.lifecycle_exit_code) == ("succeeded", 0)
 
 
@@ -456,3 +473,162 @@ def test_lifecycle_wait_is_cut_short_by_a_delete(
     operator.run(cid)  # the delete
     assert nodes.nodes == {}
     assert count(ctx, GpuAllocation) == 0
+
+
+def open_intervals(ctx: Context) -> int:
+    return count(ctx, UsageInterval, UsageInterval.ended_at.is_(None))
+
+
+def test_a_stop_unbills_and_frees_every_node_and_restart_cluster_starts_it_again(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+    clock: FakeClock,
+) -> None:
+    cid = create(ctx, alice, world)
+    operator.run(cid)
+    assert status(ctx, cid).status == "running"
+    names = NodeName(cid, status(ctx, cid).name_prefix)
+    assert open_intervals(ctx) > 0 and count(ctx, GpuAllocation) == 2
+
+    clock.advance(60)
+    assert training_stops.stop_cluster(ctx, cid, "account suspended: unpaid")
+    # Billing ends and capacity is free at the stop, before any container is touched.
+    c = status(ctx, cid)
+    assert c.status == "stopping" and c.status_reason == "account suspended: unpaid"
+    assert open_intervals(ctx) == 0 and count(ctx, GpuAllocation) == 0
+    assert count(ctx, Reservation) == 0
+    assert not training_stops.stop_cluster(ctx, cid, "again")  # holds nothing: no-op
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "stopped" and c.operation is None
+    assert c.status_reason == "account suspended: unpaid"
+    assert nodes.nodes == {}
+    assert names.state_volume in nodes.volumes  # the Slurm queue is kept
+    with ctx.read() as s:
+        assert {n.status for n in training_nodes.nodes_of(s, cid)} == {"stopped"}
+    view = training_reads.show_cluster(ctx, alice, world["scope"], cid, None)
+    assert view["allowed_actions"] == ["restart_cluster"]
+    with pytest.raises(InvalidState):
+        act(ctx, alice, world, cid, action="restart_workers")
+
+    clock.advance(60)
+    wiped = list(nodes.removed_volumes)
+    act(ctx, alice, world, cid, action="restart_cluster")
+    assert status(ctx, cid).status == "restarting"
+    assert count(ctx, GpuAllocation) == 2 and open_intervals(ctx) > 0
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "running", c.error_message
+    assert len(nodes.nodes) == 3
+    # The queue survived: the start did not wipe the controller's state volume.
+    assert nodes.removed_volumes == wiped and names.state_volume in nodes.volumes
+
+
+def test_a_stop_supersedes_a_running_create(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+) -> None:
+    cid = create(ctx, alice, world)
+    token = (status(ctx, cid).operation or {})["token"]
+    assert training_stops.stop_cluster(ctx, cid, "budget exhausted")
+    with pytest.raises(Superseded):
+        operator._check(cid, token)  # the create's job stops at its next step
+    operator.run(cid)
+    assert status(ctx, cid).status == "stopped"
+    assert nodes.nodes == {} and count(ctx, GpuAllocation) == 0
+
+
+def test_a_start_that_does_not_fit_leaves_it_stopped(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+) -> None:
+    cid = create(ctx, alice, world)
+    operator.run(cid)
+    training_stops.stop_cluster(ctx, cid, "account suspended")
+    operator.run(cid)
+    # Another cluster takes the host's four A6000s meanwhile.
+    assert count(ctx, GpuAllocation) == 0
+    other = create(ctx, alice, world, workers=4)
+    with pytest.raises(InsufficientCapacity):
+        act(ctx, alice, world, cid, action="restart_cluster")
+    c = status(ctx, cid)
+    assert c.status == "stopped" and c.operation is None
+    assert count(ctx, GpuAllocation) == 4
+    training.delete_cluster(ctx, alice, world["scope"], other)
+    operator.run(other)
+    act(ctx, alice, world, cid, action="restart_cluster")
+    operator.run(cid)
+    assert status(ctx, cid).status == "running"
+
+
+def test_suspension_and_a_spent_budget_stop_training_clusters_and_refuse_new_ones(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    clock: FakeClock,
+) -> None:
+    op = dataclasses.replace(alice, operator=True, scope=Scope.ADMIN)
+    cid = create(ctx, alice, world)
+    operator.run(cid)
+
+    accounts.update_account(ctx, op, alice.account_id, name=None, status="suspended", reason="kyc")
+    c = status(ctx, cid)
+    assert c.status == "stopping" and c.status_reason == "account suspended: kyc"
+    operator.run(cid)
+    assert status(ctx, cid).status == "stopped"
+    with pytest.raises(AccountSuspended):
+        create(ctx, alice, world)
+    with pytest.raises(AccountSuspended):
+        act(ctx, alice, world, cid, action="restart_cluster")
+    assert status(ctx, cid).status == "stopped" and count(ctx, GpuAllocation) == 0
+    accounts.update_account(ctx, op, alice.account_id, name=None, status="active", reason=None)
+    act(ctx, alice, world, cid, action="restart_cluster")
+    operator.run(cid)
+    assert status(ctx, cid).status == "running"
+
+    # A prepaid balance of one minute of the nodes' spend: stopped at the crossing.
+    budgets.update_budget(
+        ctx,
+        op,
+        alice.account_id,
+        budgets.BudgetChange(fields=frozenset({"billing_mode"}), billing_mode="prepaid"),
+    )
+    with ctx.read() as s:
+        rate = budgets.spend_rate_micro(s, alice.account_id)
+    assert rate > 0
+    budgets.add_credit(ctx, op, alice.account_id, rate // 60 + 1, "a minute")
+    assert budgets.check_account(ctx, alice.account_id).stopped == []
+    clock.advance(61)
+    check = budgets.check_account(ctx, alice.account_id)
+    assert check.exhausted and check.stopped == [f"tc-{cid}"]
+    assert "budget exhausted" in status(ctx, cid).status_reason
+    operator.run(cid)
+    assert status(ctx, cid).status == "stopped"
+    with pytest.raises(BudgetExhausted):
+        create(ctx, alice, world)
+    with pytest.raises(BudgetExhausted):
+        act(ctx, alice, world, cid, action="restart_cluster")
+    with ctx.read() as s:
+        assert budgets.spend_rate_micro(s, alice.account_id) == 0
+
+
+def test_a_stopped_cluster_counts_against_no_quota(
+    ctx: Context, alice: Principal, world: dict[str, Any], operator: TrainingOperator
+) -> None:
+    cid = create(ctx, alice, world)
+    operator.run(cid)
+    with ctx.read() as s:
+        assert quotas.usage_of(s, alice.account_id, None).gpus_by_type == {A: 2}
+    training_stops.stop_cluster(ctx, cid, "account suspended")
+    with ctx.read() as s:
+        held = quotas.usage_of(s, alice.account_id, None)
+    assert held.gpus_by_type == {} and held.running_clusters == 0

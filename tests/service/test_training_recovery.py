@@ -16,7 +16,7 @@ from gpuyard.core.training import NodeName
 from gpuyard.reconciler.training import LANE, TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
-from gpuyard.services import training
+from gpuyard.services import training, training_nodes
 from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
@@ -82,7 +82,7 @@ def running_cluster(
 
 def stored_nodes(ctx: Context, cid: int) -> dict[str, tuple[str, int]]:
     with ctx.read() as s:
-        return {n.name: (n.status, n.restarts) for n in training.nodes_of(s, cid)}
+        return {n.name: (n.status, n.restarts) for n in training_nodes.nodes_of(s, cid)}
 
 
 def restart_events(ctx: Context, cid: int) -> list[str]:

@@ -30,25 +30,51 @@ class TrainingStatus(StrEnum):
     DELETING = "deleting"
     DELETED = "deleted"
     ERROR = "error"
+    # Stopped by the control plane (the account was suspended or its money ran out):
+    # no node container runs and nothing is billed; the Slurm state volume, the network
+    # and the cluster's settings are kept. restart_cluster brings it back.
+    STOPPING = "stopping"
+    STOPPED = "stopped"
 
 
 _BUSY = (TrainingStatus.UPDATING, TrainingStatus.RESTARTING, TrainingStatus.SCALING)
 # Every status change a training cluster may make. An operation (create, an action, a
-# delete) starts from running (restart_cluster also from error) and ends in running or
-# error; a delete supersedes whatever runs.
+# delete) starts from running (restart_cluster also from error or stopped) and ends in
+# running or error; a delete supersedes whatever runs, and so does a stop (whatever
+# holds nodes may be stopped: they are billed until then).
 TRANSITIONS: dict[TrainingStatus, frozenset[TrainingStatus]] = {
     TrainingStatus.CREATING: frozenset(
-        {TrainingStatus.RUNNING, TrainingStatus.ERROR, TrainingStatus.DELETING}
+        {
+            TrainingStatus.RUNNING,
+            TrainingStatus.ERROR,
+            TrainingStatus.DELETING,
+            TrainingStatus.STOPPING,
+        }
     ),
-    TrainingStatus.RUNNING: frozenset({*_BUSY, TrainingStatus.DELETING}),
+    TrainingStatus.RUNNING: frozenset({*_BUSY, TrainingStatus.DELETING, TrainingStatus.STOPPING}),
     **{
-        busy: frozenset({TrainingStatus.RUNNING, TrainingStatus.ERROR, TrainingStatus.DELETING})
+        busy: frozenset(
+            {
+                TrainingStatus.RUNNING,
+                TrainingStatus.ERROR,
+                TrainingStatus.DELETING,
+                TrainingStatus.STOPPING,
+            }
+        )
         for busy in _BUSY
     },
-    TrainingStatus.ERROR: frozenset({TrainingStatus.RESTARTING, TrainingStatus.DELETING}),
+    TrainingStatus.ERROR: frozenset(
+        {TrainingStatus.RESTARTING, TrainingStatus.DELETING, TrainingStatus.STOPPING}
+    ),
+    TrainingStatus.STOPPING: frozenset({TrainingStatus.STOPPED, TrainingStatus.DELETING}),
+    TrainingStatus.STOPPED: frozenset({TrainingStatus.RESTARTING, TrainingStatus.DELETING}),
     TrainingStatus.DELETING: frozenset({TrainingStatus.DELETED}),
     TrainingStatus.DELETED: frozenset(),
 }
+# The statuses whose nodes hold capacity and are billed: those a stop applies to.
+HOLDING = frozenset(s for s, targets in TRANSITIONS.items() if TrainingStatus.STOPPING in targets)
+# The statuses whose nodes hold nothing (neither capacity nor quota).
+AT_REST = frozenset({TrainingStatus.STOPPING, TrainingStatus.STOPPED})
 
 
 def can_transition(current: TrainingStatus, target: TrainingStatus) -> bool:
@@ -66,6 +92,7 @@ class NodeStatus(StrEnum):
     RESTARTING = "restarting"
     REPLACING = "replacing"
     ERROR = "error"
+    STOPPED = "stopped"
 
 
 class LifecycleStatus(StrEnum):
@@ -118,10 +145,14 @@ LONG_ACTIONS: dict[Action, TrainingStatus] = {
     Action.SCALE_CLUSTER: TrainingStatus.SCALING,
 }
 
-# restart_cluster is also how a cluster in error is brought back.
+# restart_cluster is also how a cluster in error, or a stopped one, is brought back.
 _ALLOWED_IN: dict[Action, frozenset[TrainingStatus]] = {
     action: frozenset({TrainingStatus.RUNNING}) for action in Action
-} | {Action.RESTART_CLUSTER: frozenset({TrainingStatus.RUNNING, TrainingStatus.ERROR})}
+} | {
+    Action.RESTART_CLUSTER: frozenset(
+        {TrainingStatus.RUNNING, TrainingStatus.ERROR, TrainingStatus.STOPPED}
+    )
+}
 
 IP_TYPES = ("public", "reserved")
 

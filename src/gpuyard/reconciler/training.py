@@ -45,7 +45,9 @@ from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
 from gpuyard.services.secrets import secret_box
-from gpuyard.services.training import SSH_PORT, finish_delete, nodes_of, transition_training
+from gpuyard.services.training import SSH_PORT, finish_delete
+from gpuyard.services.training_nodes import nodes_of, transition_training
+from gpuyard.services.training_stops import START, STOP
 from gpuyard.store.schema import (
     Cluster,
     ImageVersion,
@@ -270,7 +272,20 @@ class TrainingOperator:
                 self._sinfo_cache.pop(cluster_id, None)
                 self.recovery.forget(cluster_id)
                 return True
-            if action in ("create", "scale_cluster"):
+            if action == STOP:
+                try:
+                    self._halt(snap, token)
+                except Superseded:
+                    raise
+                except Exception:
+                    # Stays `stopping` (billing ended at the stop); the scan tries again.
+                    log.exception("training cluster %s: stop failed", cluster_id)
+                    return True
+                self._finish(cluster_id, token, None)
+                self._sinfo_cache.pop(cluster_id, None)
+                self.sync_edge(cluster_id)
+                return True
+            if action in ("create", "scale_cluster", START):
                 self._build(snap, token)
             elif action == "restart_workers":
                 self._restart(snap, token, controller=False)
@@ -302,7 +317,8 @@ class TrainingOperator:
         self, cluster_id: int, token: str, error: str | None, failed: Sequence[str] = ()
     ) -> None:
         """End the operation ``token``: back to ``running`` (its status reason naming
-        the nodes whose lifecycle script failed, if any) or to ``error``."""
+        the nodes whose lifecycle script failed, if any) or to ``error``; a stop to
+        ``stopped``, keeping its reason."""
         with self.ctx.transaction() as session:
             cluster = session.get(TrainingCluster, cluster_id, with_for_update=True)
             if cluster is None or not cluster.operation:
@@ -311,6 +327,10 @@ class TrainingOperator:
                 return
             action = cluster.operation.get("action")
             now = self.ctx.clock.now()
+            if action == STOP:
+                why = str(cluster.operation.get("reason") or "stopped")
+                transition_training(session, cluster, TrainingStatus.STOPPED, why, now)
+                return
             if error is not None:
                 transition_training(
                     session,
@@ -646,6 +666,21 @@ class TrainingOperator:
             if not worker:
                 self._readdress(snap)
                 self.sync_edge(c.id)  # the controller's address may have changed
+
+    def _halt(self, snap: Snapshot, token: str) -> None:
+        """Remove every node container of a stopped cluster (those the store lists and
+        any other carrying its label). The Slurm state volume and the network stay for
+        the start; a lifecycle script cut short is not awaited."""
+        c = snap.cluster
+        for name in {
+            *(n.name for n in snap.nodes),
+            *self.nodes.list_nodes(LABEL_TRAINING, str(c.id)),
+        }:
+            self._check(c.id, token)
+            self.nodes.remove_node(name)
+        self._set_nodes(
+            [n.id for n in snap.nodes], NodeStatus.STOPPED, container_id=None, lifecycle_status=None
+        )
 
     def _teardown(self, snap: Snapshot) -> None:
         c = snap.cluster

@@ -36,7 +36,7 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.restarts import RestartPolicy
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus, cluster_owner
 from gpuyard.services.lifecycle import record_event
-from gpuyard.services.training import nodes_of
+from gpuyard.services.training_nodes import nodes_of
 from gpuyard.store.schema import TrainingNode
 
 if TYPE_CHECKING:

@@ -18,20 +18,18 @@ from sqlalchemy.orm import Session
 from gpuyard.core.errors import NotFound, ValidationFailed
 from gpuyard.core.input_rules import check_name
 from gpuyard.core.roles import Permission, Role
-from gpuyard.core.states import ClusterStatus
+from gpuyard.services.account_stops import RunningWork, running_work, stop_work
 from gpuyard.services.audit import record_audit
 from gpuyard.services.auth import IssuedKey, Principal, Scope, issue_key
 from gpuyard.services.context import Context
 from gpuyard.services.resource_util import iso
-from gpuyard.store.schema import Account, Cluster, Member, Project, User
+from gpuyard.store.schema import Account, Member, Project, User
 
 # One ``@``, something on each side, no spaces or control characters: the address is
 # where an invitation goes, so it must at least look like one.
 _EMAIL = re.compile(r"^[^@\s\x00-\x1f\x7f]+@[^@\s\x00-\x1f\x7f]+$")
 MAX_EMAIL = 320
 STATUSES = ("active", "suspended")
-# Clusters a suspension stops: everything not already stopping, stopped or gone.
-_STOPPABLE = (ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNNING)
 
 
 class AccountNotFound(NotFound):
@@ -186,7 +184,7 @@ def update_account(
     if reason is not None:
         reason = reason.strip()[:500] or None
     now = ctx.clock.now()
-    to_stop: list[str] = []
+    to_stop = RunningWork()
     with ctx.transaction() as session:
         account = session.get(Account, account_id)
         if account is None:
@@ -221,25 +219,10 @@ def update_account(
             account.status_reason = reason
         if account.status == "suspended":
             # Also on a repeated suspension: a cluster that slipped through is stopped.
-            to_stop = list(
-                session.scalars(
-                    select(Cluster.id)
-                    .join(Project, Project.id == Cluster.project_id)
-                    .where(Project.account_id == account_id, Cluster.status.in_(_STOPPABLE))
-                    .order_by(Cluster.id)
-                )
-            )
+            to_stop = running_work(session, account_id)
         view = account_view(session, account)
     if status == "suspended":
         why = view["status_reason"]
         stop_reason = "account suspended" + (f": {why}" if why else "")
-        _stop_all(ctx, to_stop, stop_reason)
+        stop_work(ctx, account_id, to_stop, stop_reason)
     return view
-
-
-def _stop_all(ctx: Context, cluster_ids: list[str], reason: str) -> None:
-    # Imported here: services/clusters.py is large and imports most of the services.
-    from gpuyard.services.clusters import control_plane_stop
-
-    for cluster_id in cluster_ids:
-        control_plane_stop(ctx, cluster_id, reason)

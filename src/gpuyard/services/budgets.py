@@ -16,7 +16,6 @@ watch's next check, for a new month).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,24 +38,20 @@ from gpuyard.core.budget import (
 )
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
 from gpuyard.core.ledger import SECONDS_PER_HOUR
-from gpuyard.core.states import ClusterStatus
 from gpuyard.services import metering, webhooks
+from gpuyard.services.account_stops import RunningWork, running_work, stop_work
 from gpuyard.services.audit import record_audit
 from gpuyard.services.auth import Principal
-from gpuyard.services.clusters import control_plane_stop
 from gpuyard.services.context import Context
 from gpuyard.services.secrets import secret_box
 from gpuyard.store.schema import (
     Account,
     AccountCredit,
     AccountEvent,
-    Cluster,
     Project,
     UsageInterval,
     WebhookDelivery,
 )
-
-log = logging.getLogger(__name__)
 
 BUDGET_ALERT = "budget.alert"
 BUDGET_EXHAUSTED = "budget.exhausted"
@@ -65,12 +60,6 @@ BALANCE_EXHAUSTED = "balance.exhausted"
 SPENDING_RESUMED = "spending.resumed"
 # Account events that go to the webhook.
 WEBHOOK_KINDS = frozenset({BUDGET_ALERT, BUDGET_EXHAUSTED, BALANCE_LOW, BALANCE_EXHAUSTED})
-# Clusters a spent budget stops (volumes kept).
-_STOPPABLE = (
-    ClusterStatus.PENDING.value,
-    ClusterStatus.STARTING.value,
-    ClusterStatus.RUNNING.value,
-)
 MAX_LOW_BALANCE_HOURS = 24.0 * 366
 
 
@@ -221,7 +210,7 @@ def check_account(ctx: Context, account_id: int) -> Check:
     earliest future crossing at the current rate (or a new month)."""
     now = ctx.clock.now()
     check = Check(account_id)
-    to_stop: list[str] = []
+    to_stop = RunningWork()
     with ctx.transaction() as session:
         account = session.get(Account, account_id)
         if account is None:
@@ -247,14 +236,7 @@ def check_account(ctx: Context, account_id: int) -> Check:
             )
             if event is not None:
                 check.events.append(exhausted_kind)
-            to_stop = list(
-                session.scalars(
-                    select(Cluster.id)
-                    .join(Project, Project.id == Cluster.project_id)
-                    .where(Project.account_id == account_id, Cluster.status.in_(_STOPPABLE))
-                    .order_by(Cluster.id)
-                )
-            )
+            to_stop = running_work(session, account_id)
         else:
             if account.exhausted_at is not None:
                 account.exhausted_at = None
@@ -292,12 +274,7 @@ def check_account(ctx: Context, account_id: int) -> Check:
         + ("prepaid balance" if s.mode == PREPAID else "monthly budget")
         + " is spent (volume kept; add credit or raise the budget, then start it again)"
     )
-    for cluster_id in to_stop:
-        try:
-            control_plane_stop(ctx, cluster_id, reason)
-            check.stopped.append(cluster_id)
-        except Exception:  # one cluster's trouble never spares the others
-            log.exception("account %s: cannot stop cluster %s", account_id, cluster_id)
+    check.stopped = stop_work(ctx, account_id, to_stop, reason)
     if check.events:
         ctx.wake()
     return check

@@ -168,7 +168,12 @@ def _node_usage(rows: Iterable[Any], *, clusters_with_controller: bool) -> Usage
 
 
 def _training_usage(session: Session, account_id: int, project_id: int | None) -> Usage:
-    where = [TrainingCluster.account_id == account_id, TrainingCluster.deleted_at.is_(None)]
+    where = [
+        TrainingCluster.account_id == account_id,
+        TrainingCluster.deleted_at.is_(None),
+        # A stopped cluster's nodes hold nothing until it starts again.
+        TrainingCluster.status.not_in([s.value for s in training_domain.AT_REST]),
+    ]
     if project_id is not None:
         where.append(TrainingCluster.project_id == project_id)
     rows = session.execute(

@@ -14,7 +14,6 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from types import SimpleNamespace
 from typing import Any, assert_never
 
 from sqlalchemy import ColumnElement, and_, func, select
@@ -23,10 +22,11 @@ from sqlalchemy.orm import Session
 from gpuyard.core import training as domain
 from gpuyard.core.errors import InsufficientCapacity, NotFound, ValidationFailed
 from gpuyard.core.fleet import HostStatus
-from gpuyard.core.models import CloudType, PortSpec, ResourceRequest
+from gpuyard.core.models import PortSpec, ResourceRequest
 from gpuyard.core.placement import free_resources
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus
+from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
 from gpuyard.services.candidates import candidate_hosts
 from gpuyard.services.catalog import find_gpu_type
@@ -34,7 +34,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.hosts import capacities
 from gpuyard.services.idempotency import Claim
 from gpuyard.services.images import get_image_version
-from gpuyard.services.lifecycle import IllegalTransition, meter_status, record_event
+from gpuyard.services.lifecycle import record_event
 from gpuyard.services.locations import check_location
 from gpuyard.services.placement import assign_ports, claim, lock_placement, release_all
 from gpuyard.services.plans import get_plan
@@ -63,6 +63,16 @@ from gpuyard.services.training_inputs import (
     parse_action_request,
     parse_cluster_spec,
 )
+from gpuyard.services.training_nodes import (
+    NodePlan,
+    begin_operation,
+    meter_node,
+    node_request,
+    nodes_of,
+    plan_of,
+    transition_training,
+)
+from gpuyard.services.training_stops import start_stopped
 from gpuyard.store.schema import Event, Host, ReservedIp, TrainingCluster, TrainingNode
 
 SSH_PORT = 22
@@ -80,15 +90,6 @@ class Scope:
     project_id: int
     location: str
     active_iam: int | None = None
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    gpu_type: str
-    gpus_per_node: int
-    cpus_per_node: int
-    memory_gb_per_node: int
-    sku_id: int | None
 
 
 @dataclass(frozen=True)
@@ -181,16 +182,6 @@ def count_clusters(session: Session, principal: Principal, scope: Scope) -> int:
     return int(session.scalar(select(func.count()).select_from(TrainingCluster).where(where)) or 0)
 
 
-def nodes_of(session: Session, cluster_id: int) -> list[TrainingNode]:
-    return list(
-        session.scalars(
-            select(TrainingNode)
-            .where(TrainingNode.cluster_id == cluster_id)
-            .order_by(TrainingNode.role, TrainingNode.id)
-        )
-    )
-
-
 # ---------------------------------------------------------------- create
 
 
@@ -250,26 +241,6 @@ def _location_hosts(
     )
 
 
-def _node_request(role: NodeRole, plan: NodePlan) -> ResourceRequest:
-    if role is NodeRole.CONTROLLER:
-        return ResourceRequest(
-            gpu_type=None,
-            gpu_count=0,
-            vcpus=domain.CONTROLLER_VCPUS,
-            memory_gb=domain.CONTROLLER_MEMORY_GB,
-            disk_gb=0,
-            cloud_type=CloudType.ALL,
-        )
-    return ResourceRequest(
-        gpu_type=plan.gpu_type,
-        gpu_count=plan.gpus_per_node,
-        vcpus=plan.cpus_per_node,
-        memory_gb=plan.memory_gb_per_node,
-        disk_gb=0,
-        cloud_type=CloudType.ALL,
-    )
-
-
 def _place_node(
     ctx: Context,
     session: Session,
@@ -295,7 +266,7 @@ def _place_node(
     placement = claim(
         session,
         cluster_id=domain.node_owner(node.id),
-        request=_node_request(role, plan),
+        request=node_request(role, plan),
         volume_gb=0,
         ratios=ctx.settings.allocation_ratios,
         now=now,
@@ -304,42 +275,6 @@ def _place_node(
     node.gpu_indices = list(placement.gpu_indices)
     meter_node(session, cluster, node, ClusterStatus.RUNNING, now)
     return node
-
-
-def plan_of(cluster: TrainingCluster) -> NodePlan:
-    return NodePlan(
-        cluster.gpu_type,
-        cluster.gpus_per_node,
-        cluster.cpus_per_node,
-        cluster.memory_gb_per_node,
-        cluster.sku_id,
-    )
-
-
-def meter_node(
-    session: Session,
-    cluster: TrainingCluster,
-    node: TrainingNode,
-    status: ClusterStatus,
-    now: datetime,
-) -> None:
-    """Open (``running``) or close (``terminated``) the node's usage intervals: a node is
-    billed like an on-demand cluster of its size from placement to deletion."""
-    worker = node.role == NodeRole.WORKER
-    as_cluster = SimpleNamespace(
-        id=domain.node_owner(node.id),
-        project_id=cluster.project_id,
-        gpu_type=cluster.gpu_type if worker else None,
-        gpu_count=cluster.gpus_per_node if worker else 0,
-        cpu_cores=cluster.cpus_per_node if worker else domain.CONTROLLER_VCPUS,
-        memory_gb=cluster.memory_gb_per_node if worker else domain.CONTROLLER_MEMORY_GB,
-        container_disk_gb=0,
-        volume_gb=0,
-        cloud_type=CloudType.SECURE.value,
-        interruptible=False,
-        bid_per_gpu=None,
-    )
-    meter_status(session, as_cluster, status, now)
 
 
 def _place_all(
@@ -448,6 +383,7 @@ def create_cluster(
     now = ctx.clock.now()
     with ctx.transaction() as session:
         account_id, project_id = _visible(session, principal, scope)
+        refuse_closed_account(session, account_id)
         image = get_image_version(session, spec.image_version_id)
         keys = keys_by_ids(session, account_id, list(spec.ssh_key_ids))
         plan = _plan(session, spec.plan)
@@ -540,7 +476,9 @@ def delete_cluster(
             now = ctx.clock.now()
             for node in nodes_of(session, cluster_id):
                 meter_node(session, cluster, node, ClusterStatus.TERMINATED, now)
-            _begin(session, cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", now)
+            begin_operation(
+                session, cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", now
+            )
     ctx.training_wake(cluster_id)
     if finish_now:
         finish_delete(ctx, cluster_id)
@@ -571,48 +509,6 @@ def finish_delete(ctx: Context, cluster_id: int) -> None:
 
 
 # ---------------------------------------------------------------- actions
-
-
-def transition_training(
-    session: Session,
-    cluster: TrainingCluster,
-    target: TrainingStatus,
-    reason: str,
-    now: datetime,
-    *,
-    operation: dict[str, Any] | None = None,
-    error_message: str | None = None,
-) -> None:
-    """The one place a training cluster's status changes (the cluster row read in this
-    session, locked where the caller needs it). Checks the transition table, sets the
-    reason, error message and recorded operation, bumps the version and records an
-    event under the cluster's holder id. Raises IllegalTransition."""
-    current = TrainingStatus(cluster.status)
-    if not domain.can_transition(current, target):
-        raise IllegalTransition(
-            f"training cluster {cluster.id}: {current} -> {target} is not allowed"
-        )
-    cluster.status = target.value
-    cluster.status_reason = reason
-    cluster.error_message = error_message
-    cluster.operation = operation
-    cluster.updated_at = now
-    cluster.version += 1
-    message = f"{reason}: {error_message}" if error_message else reason
-    record_event(session, domain.cluster_owner(cluster.id), now, "status", message, current, target)
-
-
-def _begin(
-    session: Session,
-    cluster: TrainingCluster,
-    status: TrainingStatus,
-    operation: dict[str, Any],
-    reason: str,
-    now: datetime,
-) -> None:
-    """Start an operation: the status it runs in, and the operation with a new token."""
-    operation = {**operation, "token": secrets.token_hex(8)}
-    transition_training(session, cluster, status, reason, now, operation=operation)
 
 
 def perform_action(
@@ -662,7 +558,7 @@ def _apply(
         case RestartWorkers():
             return _restart_workers(s, c, now)
         case RestartCluster():
-            return _restart_cluster(s, c, now)
+            return _restart_cluster(ctx, s, c, now)
         case ScaleCluster():
             return _scale_cluster(ctx, s, c, request, now)
         case AttachIp():
@@ -681,7 +577,9 @@ def _update_ssh_keys(
 ) -> ActionResult:
     keys = keys_by_ids(s, account, list(request.ssh_key_ids))
     c.ssh_key_ids = [k.id for k in keys]
-    _begin(s, c, TrainingStatus.UPDATING, {"action": "update_ssh_keys"}, "replacing SSH keys", now)
+    begin_operation(
+        s, c, TrainingStatus.UPDATING, {"action": "update_ssh_keys"}, "replacing SSH keys", now
+    )
     return ActionResult("cluster", c.id)
 
 
@@ -690,7 +588,7 @@ def _update_image(
 ) -> ActionResult:
     image = get_image_version(s, request.image_version_id)
     c.image_version_id = image.id
-    _begin(
+    begin_operation(
         s,
         c,
         TrainingStatus.UPDATING,
@@ -702,16 +600,25 @@ def _update_image(
 
 
 def _restart_workers(s: Session, c: TrainingCluster, now: datetime) -> ActionResult:
-    _begin(
+    begin_operation(
         s, c, TrainingStatus.RESTARTING, {"action": "restart_workers"}, "restarting workers", now
     )
     return ActionResult("cluster", c.id)
 
 
-def _restart_cluster(s: Session, c: TrainingCluster, now: datetime) -> ActionResult:
-    _begin(
-        s, c, TrainingStatus.RESTARTING, {"action": "restart_cluster"}, "restarting every node", now
-    )
+def _restart_cluster(ctx: Context, s: Session, c: TrainingCluster, now: datetime) -> ActionResult:
+    if c.status == TrainingStatus.STOPPED:
+        # Its nodes hold nothing: they claim their places and are built anew.
+        start_stopped(ctx, s, c, now)
+    else:
+        begin_operation(
+            s,
+            c,
+            TrainingStatus.RESTARTING,
+            {"action": "restart_cluster"},
+            "restarting every node",
+            now,
+        )
     return ActionResult("cluster", c.id)
 
 
@@ -727,6 +634,7 @@ def _scale_cluster(
     extra = domain.positive_int("additional_nodes", request.additional_nodes, room)
     if c.host_id is None:
         raise InsufficientCapacity("the cluster has no host to add nodes on")
+    refuse_closed_account(s, c.account_id)
     lock_placement(s)
     names = NodeName(c.id, c.name_prefix)
     added = []
@@ -750,7 +658,7 @@ def _scale_cluster(
     savepoint.commit()
     check_training(s, c.account_id, c.project_id, added)
     c.next_worker += extra
-    _begin(
+    begin_operation(
         s,
         c,
         TrainingStatus.SCALING,

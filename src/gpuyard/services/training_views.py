@@ -13,7 +13,7 @@ from gpuyard.core.models import CloudType
 from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.core.training import LIFECYCLE_LOG, NodeName, NodeRole, TrainingStatus
 from gpuyard.services.catalog import find_gpu_type
-from gpuyard.services.training import nodes_of
+from gpuyard.services.training_nodes import nodes_of
 from gpuyard.store.schema import Host, ImageVersion, ReservedIp, SecurityGroup, TrainingCluster
 
 
