@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictFloat,
     StrictInt,
@@ -19,24 +17,9 @@ from pydantic import (
     model_validator,
 )
 
-from gpuyard.api.schemas import Meta
+from gpuyard.api.schemas import Meta, StrictIn, StrictOut
 from gpuyard.core.budget import MAX_USD, usd_to_micro
 from gpuyard.core.input_rules import TEXT_PATTERN, check_text
-from gpuyard.core.text import refuse_nul
-
-
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        return refuse_nul(data)
-
 
 Usd = Annotated[
     StrictInt | StrictFloat,
@@ -51,7 +34,7 @@ def _micro(value: int | float | None) -> int | None:
 # -- request bodies -----------------------------------------------------------------
 
 
-class AddCredit(_In):
+class AddCredit(StrictIn):
     """A credit line: a top-up (positive) or a correction (negative), in USD."""
 
     amount: Usd
@@ -73,7 +56,7 @@ class AddCredit(_In):
         return usd_to_micro(self.amount)
 
 
-class UpdateBudget(_In):
+class UpdateBudget(StrictIn):
     """The fields to change; ``monthly_budget`` or ``webhook_url`` null removes it.
     Switching ``billing_mode`` is the operator's."""
 
@@ -105,7 +88,7 @@ class UpdateBudget(_In):
 # -- responses ----------------------------------------------------------------------
 
 
-class Credit(_Out):
+class Credit(StrictOut):
     id: int
     amount: float
     amount_micro: int
@@ -114,25 +97,25 @@ class Credit(_Out):
     created_at: str | None
 
 
-class CreditAdded(_Out):
+class CreditAdded(StrictOut):
     credit: Credit
     balance: float
     balance_micro: int
 
 
-class CreditAddedEnvelope(_Out):
+class CreditAddedEnvelope(StrictOut):
     success: Literal[True]
     data: CreditAdded
     meta: Meta
 
 
-class Debit(_Out):
+class Debit(StrictOut):
     day: str
     amount: float
     amount_micro: int
 
 
-class CreditLedger(_Out):
+class CreditLedger(StrictOut):
     billing_mode: Literal["postpaid", "prepaid"]
     since: str | None
     credits: list[Credit]
@@ -145,13 +128,13 @@ class CreditLedger(_Out):
     balance_micro: int
 
 
-class CreditLedgerEnvelope(_Out):
+class CreditLedgerEnvelope(StrictOut):
     success: Literal[True]
     data: CreditLedger
     meta: Meta
 
 
-class Budget(_Out):
+class Budget(StrictOut):
     account_id: int
     billing_mode: Literal["postpaid", "prepaid"]
     prepaid_since: str | None
@@ -172,13 +155,13 @@ class Budget(_Out):
     webhook_secret: str | None = None
 
 
-class BudgetEnvelope(_Out):
+class BudgetEnvelope(StrictOut):
     success: Literal[True]
     data: Budget
     meta: Meta
 
 
-class AccountEvent(_Out):
+class AccountEvent(StrictOut):
     id: int
     kind: str
     message: str
@@ -186,17 +169,17 @@ class AccountEvent(_Out):
     created_at: str | None
 
 
-class AccountEventList(_Out):
+class AccountEventList(StrictOut):
     events: list[AccountEvent]
 
 
-class AccountEventListEnvelope(_Out):
+class AccountEventListEnvelope(StrictOut):
     success: Literal[True]
     data: AccountEventList
     meta: Meta
 
 
-class WebhookDelivery(_Out):
+class WebhookDelivery(StrictOut):
     id: int
     event_id: int
     url: str
@@ -208,11 +191,11 @@ class WebhookDelivery(_Out):
     delivered_at: str | None
 
 
-class WebhookDeliveryList(_Out):
+class WebhookDeliveryList(StrictOut):
     deliveries: list[WebhookDelivery]
 
 
-class WebhookDeliveryListEnvelope(_Out):
+class WebhookDeliveryListEnvelope(StrictOut):
     success: Literal[True]
     data: WebhookDeliveryList
     meta: Meta

@@ -7,8 +7,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictStr,
     ValidationError,
@@ -17,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpuyard.api.schemas import Meta
+from gpuyard.api.schemas import Meta, StrictIn, StrictOut
 from gpuyard.core.engine_address import ENGINE_URL_PATTERN, MAX_ENGINE_URL_CHARS
 from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN, check_name
 from gpuyard.core.models import CloudType, whole_floats_as_ints
@@ -25,12 +23,8 @@ from gpuyard.core.text import refuse_nul
 from gpuyard.services.host_admin import MAX_HOST_GPUS, GpuCount, NewHost
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _In(StrictIn):
+    """Also takes whole floats where integers are asked (``2.0`` GPUs)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -190,20 +184,20 @@ class AddHostIn(_In):
 # -- answers ------------------------------------------------------------------------------
 
 
-class EngineReach(_Out):
+class EngineReach(StrictOut):
     reachable: bool
     # Why the engine cannot be reached (what to install or start); null when it can.
     message: str | None
 
 
-class HostGpuOut(_Out):
+class HostGpuOut(StrictOut):
     index: int
     type: str
     uuid: str | None
     allocated: bool
 
 
-class FreeResources(_Out):
+class FreeResources(StrictOut):
     host_id: int
     # Free GPUs by type.
     gpus: dict[str, int]
@@ -212,7 +206,7 @@ class FreeResources(_Out):
     disk_gb: float
 
 
-class Resources(_Out):
+class Resources(StrictOut):
     # GPUs by type.
     gpus: dict[str, int]
     vcpus: float
@@ -220,7 +214,7 @@ class Resources(_Out):
     disk_gb: float
 
 
-class Capacity(_Out):
+class Capacity(StrictOut):
     # What the host has, what clusters and training nodes hold there (reservations,
     # GPU allocations, volumes still moving away) and what is left for new placements
     # (the allocation ratios applied: GPUYARD_*_ALLOCATION_RATIO).
@@ -229,14 +223,14 @@ class Capacity(_Out):
     free: Resources
 
 
-class InventorySources(_Out):
+class InventorySources(StrictOut):
     vcpus: Literal["declared", "discovered"]
     memory_gb: Literal["declared", "discovered"]
     disk_gb: Literal["declared", "discovered"]
     gpus: Literal["declared", "discovered"]
 
 
-class HostWorkload(_Out):
+class HostWorkload(StrictOut):
     kind: Literal["cluster", "training_node"]
     # A cluster id, or ``tn-<node id>`` for a training cluster's node.
     id: str
@@ -248,13 +242,13 @@ class HostWorkload(_Out):
     training_cluster_id: int | None
 
 
-class HostProxy(_Out):
+class HostProxy(StrictOut):
     available: bool
     # Why proxy URLs are null (Caddy missing or refusing, the proxy disabled).
     reason: str | None
 
 
-class HostOut(_Out):
+class HostOut(StrictOut):
     id: int
     name: str
     # The machine's stable id (GPUYARD_HOME/host-id, first derived from
@@ -308,31 +302,31 @@ class HostOut(_Out):
     proxy: HostProxy
 
 
-class HostList(_Out):
+class HostList(StrictOut):
     # This installation's UUID: every engine object gpuyard makes carries it as the
     # ``gpuyard.installation`` label.
     installation_id: str
     hosts: list[HostOut]
 
 
-class HostListEnvelope(_Out):
+class HostListEnvelope(StrictOut):
     success: Literal[True]
     data: HostList
     meta: Meta
 
 
-class HostEnvelope(_Out):
+class HostEnvelope(StrictOut):
     success: Literal[True]
     data: HostOut
     meta: Meta
 
 
-class CannotMove(_Out):
+class CannotMove(StrictOut):
     cluster_id: str
     reason: str
 
 
-class DrainOut(_Out):
+class DrainOut(StrictOut):
     # Running clusters being stopped, to start again on another host.
     stopping: list[str]
     # Stopped clusters whose volume is being moved to another host.
@@ -340,36 +334,36 @@ class DrainOut(_Out):
     cannot_move: list[CannotMove]
 
 
-class HostDrained(_Out):
+class HostDrained(StrictOut):
     host: HostOut
     drain: DrainOut
 
 
-class HostDrainEnvelope(_Out):
+class HostDrainEnvelope(StrictOut):
     success: Literal[True]
     data: HostDrained
     meta: Meta
 
 
-class HostDeleted(_Out):
+class HostDeleted(StrictOut):
     id: int
     name: str
     deleted: Literal[True]
 
 
-class HostDeletedEnvelope(_Out):
+class HostDeletedEnvelope(StrictOut):
     success: Literal[True]
     data: HostDeleted
     meta: Meta
 
 
-class SshPublicKey(_Out):
+class SshPublicKey(StrictOut):
     # One OpenSSH line: add it to ~/.ssh/authorized_keys of the user in a host's
     # ssh:// engine URL.
     public_key: str
 
 
-class SshPublicKeyEnvelope(_Out):
+class SshPublicKeyEnvelope(StrictOut):
     success: Literal[True]
     data: SshPublicKey
     meta: Meta

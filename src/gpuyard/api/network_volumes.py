@@ -8,12 +8,12 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gpuyard.api.envelope import ok
 from gpuyard.api.json_body import OffLoopJsonRoute
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
-from gpuyard.api.schemas import Meta, documented
+from gpuyard.api.schemas import Meta, StrictOut, documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.api.views import iso
 from gpuyard.services import network_volumes as nvs
@@ -25,11 +25,7 @@ router = APIRouter(
 )
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NetworkVolumeOut(_Out):
+class NetworkVolumeOut(StrictOut):
     id: str
     name: str
     size: int = Field(description="Size in GB (billed by it)")
@@ -41,28 +37,28 @@ class NetworkVolumeOut(_Out):
     attached_cluster_ids: list[str] = Field(description="Clusters (not terminated) mounting it")
 
 
-class NetworkVolumeList(_Out):
+class NetworkVolumeList(StrictOut):
     network_volumes: list[NetworkVolumeOut]
 
 
-class NetworkVolumeDeleted(_Out):
+class NetworkVolumeDeleted(StrictOut):
     id: str
     deleted: Literal[True]
 
 
-class NetworkVolumeEnvelope(_Out):
+class NetworkVolumeEnvelope(StrictOut):
     success: Literal[True]
     data: NetworkVolumeOut
     meta: Meta
 
 
-class NetworkVolumeListEnvelope(_Out):
+class NetworkVolumeListEnvelope(StrictOut):
     success: Literal[True]
     data: NetworkVolumeList
     meta: Meta
 
 
-class NetworkVolumeDeletedEnvelope(_Out):
+class NetworkVolumeDeletedEnvelope(StrictOut):
     success: Literal[True]
     data: NetworkVolumeDeleted
     meta: Meta

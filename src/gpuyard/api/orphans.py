@@ -8,13 +8,12 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api.envelope import ok
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.path_ids import IdPath
-from gpuyard.api.schemas import Meta, documented
+from gpuyard.api.schemas import Meta, StrictOut, documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services import orphans
 from gpuyard.services.auth import Principal, Scope
@@ -22,11 +21,7 @@ from gpuyard.services.auth import Principal, Scope
 router = APIRouter(tags=["orphans"], responses=ERROR_RESPONSES)
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Orphan(_Out):
+class Orphan(StrictOut):
     id: int
     kind: Literal["volume"]
     name: str
@@ -40,18 +35,18 @@ class Orphan(_Out):
     deleted_at: str | None
 
 
-class OrphanList(_Out):
+class OrphanList(StrictOut):
     installation_id: str
     orphans: list[Orphan]
 
 
-class OrphanListEnvelope(_Out):
+class OrphanListEnvelope(StrictOut):
     success: Literal[True]
     data: OrphanList
     meta: Meta
 
 
-class OrphanEnvelope(_Out):
+class OrphanEnvelope(StrictOut):
     success: Literal[True]
     data: Orphan
     meta: Meta

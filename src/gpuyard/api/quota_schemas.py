@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, create_model, model_validator
 
-from gpuyard.api.schemas import Meta
+from gpuyard.api.schemas import Meta, StrictOut
 from gpuyard.core.quotas import KEEP, MAX_LIMIT, LimitChange
 from gpuyard.core.text import refuse_nul
 
@@ -55,11 +55,7 @@ class SetQuotas(BaseModel):
         )
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class QuotaLimits(_Out):
+class QuotaLimits(StrictOut):
     """Limits (null: none)."""
 
     gpus: int | None
@@ -70,7 +66,7 @@ class QuotaLimits(_Out):
     running_clusters: int | None
 
 
-class QuotaUsage(_Out):
+class QuotaUsage(StrictOut):
     """What is held now: GPUs and vCPUs of clusters holding capacity (and training
     nodes), volumes and network volumes in GB, snapshots' stored data in GB (rounded
     up), clusters holding capacity."""
@@ -83,7 +79,7 @@ class QuotaUsage(_Out):
     running_clusters: int
 
 
-class ScopeQuotas(_Out):
+class ScopeQuotas(StrictOut):
     limits: QuotaLimits
     usage: QuotaUsage
 
@@ -93,7 +89,7 @@ class ProjectQuotas(ScopeQuotas):
     name: str
 
 
-class AccountQuotas(_Out):
+class AccountQuotas(StrictOut):
     account_id: int
     account: ScopeQuotas
     projects: list[ProjectQuotas]
@@ -110,7 +106,7 @@ class QuotasSet(ScopeQuotas):
 def _envelope(name: str, data: Any) -> type[BaseModel]:
     return create_model(
         name,
-        __base__=_Out,
+        __base__=StrictOut,
         success=(Literal[True], ...),
         data=(data, ...),
         meta=(Meta, ...),

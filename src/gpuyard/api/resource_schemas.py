@@ -10,37 +10,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     StrictStr,
     WithJsonSchema,
     create_model,
     field_validator,
-    model_validator,
 )
 
-from gpuyard.api.schemas import Meta
+from gpuyard.api.schemas import Meta, StrictIn, StrictOut
 from gpuyard.core.input_rules import (
     REQUIRED_NAME_PATTERN,
     TEXT_PATTERN,
     check_name,
     check_text,
 )
-from gpuyard.core.text import refuse_nul
-
-
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        return refuse_nul(data)
-
 
 # -- request bodies -----------------------------------------------------------------
 # Names refuse control and bidirectional-text characters; descriptions may also hold
@@ -50,7 +33,7 @@ Name = Annotated[
     StrictStr,
     Field(min_length=1, max_length=200, json_schema_extra={"pattern": REQUIRED_NAME_PATTERN}),
 ]
-# No text field takes a NUL (_In refuses one anywhere in the body).
+# No text field takes a NUL (StrictIn refuses one anywhere in the body).
 NO_NUL = "^[^\\u0000]*$"
 Version = Annotated[
     StrictStr,
@@ -63,13 +46,13 @@ def _optional_text(value: str | None) -> str | None:
     return None if value is None else check_text(value)
 
 
-class CreateProject(_In):
+class CreateProject(StrictIn):
     name: Name
 
     _name = field_validator("name")(check_name)
 
 
-class AddSshKey(_In):
+class AddSshKey(StrictIn):
     name: Name
     # One OpenSSH public key line: "ssh-ed25519 AAAA... comment".
     public_key: StrictStr
@@ -77,7 +60,7 @@ class AddSshKey(_In):
     _name = field_validator("name")(check_name)
 
 
-class RegisterImage(_In):
+class RegisterImage(StrictIn):
     name: Name
     version: Version
     # An image reference the container engine can run.
@@ -88,7 +71,7 @@ class RegisterImage(_In):
     _description = field_validator("description")(_optional_text)
 
 
-class RuleIn(_In):
+class RuleIn(StrictIn):
     protocol: Literal["tcp", "udp", "all"]
     # "22" or "8000-9000" (an integer is taken as a single port); core/secgroups.py
     # validates it, so its errors name the field exactly (a union here would not).
@@ -99,7 +82,7 @@ class RuleIn(_In):
     source_cidr: Annotated[StrictStr, Field(json_schema_extra={"pattern": NO_NUL})]
 
 
-class SecurityGroupIn(_In):
+class SecurityGroupIn(StrictIn):
     """Create, or replace (PUT) every field of, a security group."""
 
     name: Name
@@ -113,27 +96,27 @@ class SecurityGroupIn(_In):
 # -- responses ----------------------------------------------------------------------
 
 
-class Project(_Out):
+class Project(StrictOut):
     id: int
     name: str
     is_default: bool
     created_at: str | None
 
 
-class LocationGpuType(_Out):
+class LocationGpuType(StrictOut):
     gpu_type: str
     total_gpus: int
     free_gpus: int
 
 
-class Location(_Out):
+class Location(StrictOut):
     location: str
     hosts: int
     healthy_hosts: int
     gpu_types: list[LocationGpuType]
 
 
-class Plan(_Out):
+class Plan(StrictOut):
     sku_id: int
     name: str
     gpu_type: str
@@ -143,7 +126,7 @@ class Plan(_Out):
     price_per_hour: float
 
 
-class SshKey(_Out):
+class SshKey(StrictOut):
     id: int
     name: str
     public_key: str
@@ -151,7 +134,7 @@ class SshKey(_Out):
     created_at: str | None
 
 
-class ImageVersion(_Out):
+class ImageVersion(StrictOut):
     id: int
     name: str
     version: str
@@ -160,7 +143,7 @@ class ImageVersion(_Out):
     created_at: str | None
 
 
-class ReservedIp(_Out):
+class ReservedIp(StrictOut):
     id: int
     address: str
     project_id: int
@@ -169,13 +152,13 @@ class ReservedIp(_Out):
     created_at: str | None
 
 
-class Rule(_Out):
+class Rule(StrictOut):
     protocol: Literal["tcp", "udp", "all"]
     port_range: str
     source_cidr: str
 
 
-class SecurityGroup(_Out):
+class SecurityGroup(StrictOut):
     id: int
     name: str
     description: str
@@ -184,7 +167,7 @@ class SecurityGroup(_Out):
     created_at: str | None
 
 
-class Deleted(_Out):
+class Deleted(StrictOut):
     id: int
     deleted: Literal[True]
 
@@ -192,38 +175,38 @@ class Deleted(_Out):
 def _envelope(name: str, data: Any) -> type[BaseModel]:
     return create_model(
         name,
-        __base__=_Out,
+        __base__=StrictOut,
         success=(Literal[True], ...),
         data=(data, ...),
         meta=(Meta, ...),
     )
 
 
-class ProjectList(_Out):
+class ProjectList(StrictOut):
     projects: list[Project]
 
 
-class LocationList(_Out):
+class LocationList(StrictOut):
     locations: list[Location]
 
 
-class PlanList(_Out):
+class PlanList(StrictOut):
     plans: list[Plan]
 
 
-class SshKeyList(_Out):
+class SshKeyList(StrictOut):
     ssh_keys: list[SshKey]
 
 
-class ImageList(_Out):
+class ImageList(StrictOut):
     images: list[ImageVersion]
 
 
-class ReservedIpList(_Out):
+class ReservedIpList(StrictOut):
     reserved_ips: list[ReservedIp]
 
 
-class SecurityGroupList(_Out):
+class SecurityGroupList(StrictOut):
     security_groups: list[SecurityGroup]
 
 

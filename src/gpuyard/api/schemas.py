@@ -9,14 +9,31 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpuyard.core.text import refuse_nul
 
 
-class _Out(BaseModel):
+class StrictOut(BaseModel):
+    """An answer's model: unknown fields are forbidden, so the documentation cannot
+    drift from what is sent (the API tests validate real answers against it)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class Meta(_Out):
+class StrictIn(BaseModel):
+    """A request body's model: unknown fields are refused (400 naming the field), and
+    so is a NUL anywhere in the body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return refuse_nul(data)
+
+
+class Meta(StrictOut):
     request_id: str
 
 
@@ -25,7 +42,7 @@ class StartMeta(Meta):
     wait_timed_out: bool | None = None
 
 
-class Port(_Out):
+class Port(StrictOut):
     internal_port: int
     external_port: int
     protocol: Literal["http", "tcp", "udp"]
@@ -38,7 +55,7 @@ class NetworkPort(Port):
     proxy_url: str | None
 
 
-class SshConnection(_Out):
+class SshConnection(StrictOut):
     host: str | None
     port: int | None
     username: str | None
@@ -49,14 +66,14 @@ class SshConnection(_Out):
     direct: str | None
 
 
-class Network(_Out):
+class Network(StrictOut):
     ip: str | None
     ports: list[NetworkPort]
     proxy_url: str | None
     ssh_connection: SshConnection
 
 
-class RateBreakdown(_Out):
+class RateBreakdown(StrictOut):
     gpu: float
     compute: float
     container_disk: float
@@ -70,14 +87,14 @@ class BillingBreakdown(RateBreakdown):
     network_volume: float
 
 
-class Accrued(_Out):
+class Accrued(StrictOut):
     """USD billed so far (per-second usage intervals; rounded down to micro-USD)."""
 
     current_run: float
     lifetime: float
 
 
-class Cost(_Out):
+class Cost(StrictOut):
     hourly_rate: float
     currency: Literal["USD"]
     breakdown: RateBreakdown
@@ -93,7 +110,7 @@ class StartCost(Cost):
     rate_change_reason: str | None
 
 
-class HostRef(_Out):
+class HostRef(StrictOut):
     id: int
     name: str | None
     location: str | None
@@ -102,14 +119,14 @@ class HostRef(_Out):
     reachability: str | None
 
 
-class MovingVolume(_Out):
+class MovingVolume(StrictOut):
     from_host_id: int
     to_host_id: int
     bytes_copied: int
     started_at: str | None
 
 
-class RestoringSnapshot(_Out):
+class RestoringSnapshot(StrictOut):
     snapshot_id: str
     bytes_restored: int
     total_bytes: int
@@ -119,7 +136,7 @@ class RestoringSnapshot(_Out):
     waiting_for_snapshot: str | None = None
 
 
-class StartupProgress(_Out):
+class StartupProgress(StrictOut):
     phase: str
     percentage: int
     current_step: str
@@ -129,7 +146,7 @@ class StartupProgress(_Out):
     restoring_snapshot: RestoringSnapshot | None = None
 
 
-class ClusterVolume(_Out):
+class ClusterVolume(StrictOut):
     """What is mounted at the mount path: the cluster's own volume or a network volume."""
 
     size_gb: int
@@ -141,14 +158,14 @@ class ClusterVolume(_Out):
     )
 
 
-class LastExit(_Out):
+class LastExit(StrictOut):
     exit_code: int | None
     seen_at: str | None
     restarted_at: str | None
     next_restart_at: str | None
 
 
-class Cluster(_Out):
+class Cluster(StrictOut):
     id: str
     name: str
     project_id: int
@@ -192,7 +209,7 @@ class Cluster(_Out):
     estimated_ready_at: str | None = None
 
 
-class SnapshotRef(_Out):
+class SnapshotRef(StrictOut):
     id: str
     name: str
     status: str
@@ -205,7 +222,7 @@ class StartedCluster(Cluster):
     snapshot_before_changes: SnapshotRef | None = None
 
 
-class Pagination(_Out):
+class Pagination(StrictOut):
     """Where a page lies. ``next_cursor`` (null on the last page) is the ``cursor``
     query parameter of the next page: pass it back with the same filters."""
 
@@ -216,12 +233,12 @@ class Pagination(_Out):
     next_cursor: str | None
 
 
-class ClusterList(_Out):
+class ClusterList(StrictOut):
     clusters: list[Cluster]
     pagination: Pagination
 
 
-class EventOut(_Out):
+class EventOut(StrictOut):
     id: int
     at: str | None
     type: str
@@ -230,36 +247,36 @@ class EventOut(_Out):
     message: str
 
 
-class EventList(_Out):
+class EventList(StrictOut):
     events: list[EventOut]
     pagination: Pagination
 
 
-class ClusterEnvelope(_Out):
+class ClusterEnvelope(StrictOut):
     success: Literal[True]
     data: Cluster
     meta: Meta
 
 
-class StartEnvelope(_Out):
+class StartEnvelope(StrictOut):
     success: Literal[True]
     data: StartedCluster
     meta: StartMeta
 
 
-class ClusterListEnvelope(_Out):
+class ClusterListEnvelope(StrictOut):
     success: Literal[True]
     data: ClusterList
     meta: Meta
 
 
-class EventListEnvelope(_Out):
+class EventListEnvelope(StrictOut):
     success: Literal[True]
     data: EventList
     meta: Meta
 
 
-class ClusterV2(_Out):
+class ClusterV2(StrictOut):
     """The flat object of seed 000's v2 endpoints (camelCase field names are the seed's)."""
 
     id: str
@@ -272,7 +289,7 @@ class ClusterV2(_Out):
     createdAt: str | None
 
 
-class BillingItem(_Out):
+class BillingItem(StrictOut):
     key: str  # cluster id, GPU type ("none" for GPU-less usage) or UTC day (YYYY-MM-DD)
     name: str | None  # the cluster's name (group_by=cluster)
     total_usd: float
@@ -280,7 +297,7 @@ class BillingItem(_Out):
     breakdown: BillingBreakdown
 
 
-class Billing(_Out):
+class Billing(StrictOut):
     from_: str = Field(alias="from")
     to: str
     group_by: Literal["cluster", "gpu_type", "day"]
@@ -292,7 +309,7 @@ class Billing(_Out):
     total_micro_usd: int
 
 
-class BillingEnvelope(_Out):
+class BillingEnvelope(StrictOut):
     success: Literal[True]
     data: Billing
     meta: Meta

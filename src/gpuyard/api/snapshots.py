@@ -14,7 +14,7 @@ from gpuyard.api.envelope import ok
 from gpuyard.api.json_body import OffLoopJsonRoute
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.pagination import CURSOR_QUERY, pagination
-from gpuyard.api.schemas import Meta, Pagination, documented
+from gpuyard.api.schemas import Meta, Pagination, StrictOut, documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.input_rules import check_name, check_text
 from gpuyard.core.snapshots import SnapshotStatus
@@ -53,15 +53,11 @@ class RestoreVolume(BaseModel):
 # -- answers ---------------------------------------------------------------------------
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SnapshotProgress(_Out):
+class SnapshotProgress(StrictOut):
     bytes_done: int
 
 
-class SnapshotOut(_Out):
+class SnapshotOut(StrictOut):
     id: str
     name: str
     description: str
@@ -80,41 +76,41 @@ class SnapshotOut(_Out):
     ready_at: str | None
 
 
-class SnapshotEnvelope(_Out):
+class SnapshotEnvelope(StrictOut):
     success: Literal[True]
     data: SnapshotOut
     meta: Meta
 
 
-class SnapshotList(_Out):
+class SnapshotList(StrictOut):
     snapshots: list[SnapshotOut]
     pagination: Pagination
 
 
-class SnapshotListEnvelope(_Out):
+class SnapshotListEnvelope(StrictOut):
     success: Literal[True]
     data: SnapshotList
     meta: Meta
 
 
-class DeletedSnapshot(_Out):
+class DeletedSnapshot(StrictOut):
     id: str
     deleted: Literal[True]
 
 
-class DeletedSnapshotEnvelope(_Out):
+class DeletedSnapshotEnvelope(StrictOut):
     success: Literal[True]
     data: DeletedSnapshot
     meta: Meta
 
 
-class RestoreOut(_Out):
+class RestoreOut(StrictOut):
     network_volume_id: str
     snapshot_id: str
     status: Literal["restoring", "done", "failed"]
 
 
-class RestoreEnvelope(_Out):
+class RestoreEnvelope(StrictOut):
     success: Literal[True]
     data: RestoreOut
     meta: Meta

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictStr, field_validator
 
-from gpuyard.api.resource_schemas import Name, Project, _envelope, _In, _Out
+from gpuyard.api.resource_schemas import Name, Project, _envelope
+from gpuyard.api.schemas import StrictIn, StrictOut
 from gpuyard.core.input_rules import check_name
 from gpuyard.services.requests import MAX_ID
 
@@ -26,7 +27,7 @@ def _opt_name(value: str | None) -> str | None:
     return None if value is None else check_name(value)
 
 
-class CreateAccount(_In):
+class CreateAccount(StrictIn):
     name: Name
     owner_email: Email
     owner_name: Name | None = None
@@ -34,7 +35,7 @@ class CreateAccount(_In):
     _names = field_validator("name", "owner_name")(_opt_name)
 
 
-class UpdateAccount(_In):
+class UpdateAccount(StrictIn):
     name: Name | None = None
     status: Literal["active", "suspended"] | None = None
     # Why the operator suspends the account (shown to its members and in its clusters'
@@ -44,35 +45,35 @@ class UpdateAccount(_In):
     _name = field_validator("name")(_opt_name)
 
 
-class CreateInvitation(_In):
+class CreateInvitation(StrictIn):
     email: Email
     role: RoleName
     # The projects a member or viewer will act in (none: every project).
     project_ids: Annotated[list[Id], Field(max_length=100)] | None = None
 
 
-class AcceptInvitation(_In):
+class AcceptInvitation(StrictIn):
     # The new user's display name (default: the e-mail's local part).
     name: Name | None = None
 
     _name = field_validator("name")(_opt_name)
 
 
-class UpdateMember(_In):
+class UpdateMember(StrictIn):
     role: RoleName
 
 
-class AddProjectMember(_In):
+class AddProjectMember(StrictIn):
     member_id: Id
 
 
-class RenameProject(_In):
+class RenameProject(StrictIn):
     name: Name
 
     _name = field_validator("name")(check_name)
 
 
-class CreateApiKey(_In):
+class CreateApiKey(StrictIn):
     name: Name
     scope: Literal["read", "write", "admin"] = "write"
     restrict_to_account: StrictBool = False
@@ -84,7 +85,7 @@ class CreateApiKey(_In):
 # -- answers --------------------------------------------------------------------------
 
 
-class Account(_Out):
+class Account(StrictOut):
     id: int
     name: str
     status: Literal["active", "suspended"]
@@ -94,14 +95,14 @@ class Account(_Out):
     member_count: int
 
 
-class AccountList(_Out):
+class AccountList(StrictOut):
     accounts: list[Account]
     page: int
     per_page: int
     total: int
 
 
-class IssuedKey(_Out):
+class IssuedKey(StrictOut):
     """A key just made: ``key`` is shown this once."""
 
     id: int
@@ -111,19 +112,19 @@ class IssuedKey(_Out):
     scope: str
 
 
-class Owner(_Out):
+class Owner(StrictOut):
     user_id: int
     email: str
 
 
-class AccountCreated(_Out):
+class AccountCreated(StrictOut):
     account: Account
     project: Project
     owner: Owner
     api_key: IssuedKey
 
 
-class Invitation(_Out):
+class Invitation(StrictOut):
     id: int
     account_id: int
     email: str
@@ -134,34 +135,34 @@ class Invitation(_Out):
     accepted_at: str | None
 
 
-class InvitationCreated(_Out):
+class InvitationCreated(StrictOut):
     invitation: Invitation
     # ``gyi_...``: give it to the invitee; only its hash is kept.
     token: str
 
 
-class InvitationList(_Out):
+class InvitationList(StrictOut):
     invitations: list[Invitation]
 
 
-class Membership(_Out):
+class Membership(StrictOut):
     id: int
     account_id: int
     role: str
 
 
-class UserRef(_Out):
+class UserRef(StrictOut):
     id: int
     email: str
 
 
-class InvitationAccepted(_Out):
+class InvitationAccepted(StrictOut):
     membership: Membership
     user: UserRef
     api_key: IssuedKey | None
 
 
-class Member(_Out):
+class Member(StrictOut):
     id: int
     user_id: int
     email: str
@@ -171,43 +172,43 @@ class Member(_Out):
     created_at: str | None
 
 
-class MemberList(_Out):
+class MemberList(StrictOut):
     members: list[Member]
 
 
-class MemberRemoved(_Out):
+class MemberRemoved(StrictOut):
     id: int
     deleted: bool
     keys_revoked: int
 
 
-class MeUser(_Out):
+class MeUser(StrictOut):
     id: int
     email: str
     name: str
 
 
-class Acting(_Out):
+class Acting(StrictOut):
     account_id: int
     role: str | None
     member_id: int | None
     project_ids: list[int] | None
 
 
-class MeMembership(_Out):
+class MeMembership(StrictOut):
     id: int
     account_id: int
     account_name: str
     role: str
 
 
-class Me(_Out):
+class Me(StrictOut):
     user: MeUser
     acting: Acting
     memberships: list[MeMembership]
 
 
-class ApiKey(_Out):
+class ApiKey(StrictOut):
     id: int
     name: str
     prefix: str
@@ -221,7 +222,7 @@ class ApiKey(_Out):
     revoked_at: str | None
 
 
-class ApiKeyList(_Out):
+class ApiKeyList(StrictOut):
     api_keys: list[ApiKey]
 
 
@@ -232,7 +233,7 @@ class ApiKeyCreated(IssuedKey):
     created_at: str | None
 
 
-class ProjectMember(_Out):
+class ProjectMember(StrictOut):
     member_id: int
     user_id: int
     email: str
@@ -240,26 +241,26 @@ class ProjectMember(_Out):
     created_at: str | None
 
 
-class ProjectMemberList(_Out):
+class ProjectMemberList(StrictOut):
     members: list[ProjectMember]
 
 
-class ProjectDeleted(_Out):
+class ProjectDeleted(StrictOut):
     id: int
     deleted: bool
 
 
-class Actor(_Out):
+class Actor(StrictOut):
     user_id: int | None
     email: str | None
 
 
-class Target(_Out):
+class Target(StrictOut):
     type: str
     id: str | None
 
 
-class AuditEvent(_Out):
+class AuditEvent(StrictOut):
     id: int
     account_id: int | None
     actor: Actor
@@ -272,7 +273,7 @@ class AuditEvent(_Out):
     created_at: str
 
 
-class AuditEventList(_Out):
+class AuditEventList(StrictOut):
     events: list[AuditEvent]
     next_before_id: int | None
 
