@@ -237,3 +237,19 @@ def test_the_terminal_websocket_needs_the_token_and_this_origin(srv: LiveServer)
     assert status("http://evil.test", [terminal, f"gpuyard.csrf.{token}"]) == 403
     # With both, the session is the caller: the route itself answers (no such cluster).
     assert status(srv.url, [terminal, f"gpuyard.csrf.{token}"]) == 404
+
+
+def test_a_junk_cookie_is_looked_up_once_per_cache_period(srv: LiveServer) -> None:
+    cache = srv.server.app.state.console_sessions
+    junk = "j" * 43
+    with httpx.Client(base_url=srv.url, cookies={"gpuyard_console": junk}) as c:
+        for _ in range(3):
+            r = c.get("/v1/me", headers={"X-CSRF-Token": "t"})
+            assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHORIZED"
+    # The miss is kept (no session behind it), so repeats do not read the table.
+    expires, live = cache._entries[secret_id(junk)]
+    assert live is None and expires > 0
+    # A real session still signs in and works next to it.
+    with browser(srv) as c:
+        token = sign_in(c, srv.key)
+        assert c.get("/v1/me", headers={"X-CSRF-Token": token}).status_code == 200

@@ -75,13 +75,16 @@ class SignIn(BaseModel):
 
 @dataclass
 class SessionCache:
-    """Live sessions by secret hash, each fresh for ``ttl_s`` (monotonic time), so a
-    page's polling does not read the session table on every request."""
+    """Sessions by secret hash, each answer fresh for ``ttl_s`` (monotonic time), so a
+    page's polling does not read the session table on every request. Misses are kept
+    too: a cookie that names no live session (ended, signed out, or junk sent over and
+    over) costs one read per ``ttl_s``, not one per request."""
 
     ctx: Context
     idle: timedelta = IDLE_LIMIT
     ttl_s: float = CACHE_TTL_S
-    _entries: dict[str, tuple[float, LiveSession]] = field(default_factory=dict)
+    max_entries: int = 10_000
+    _entries: dict[str, tuple[float, LiveSession | None]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def find(self, secret: str) -> LiveSession | None:
@@ -89,17 +92,15 @@ class SessionCache:
         sid = secret_id(secret)
         with self._lock:
             hit = self._entries.get(sid)
-        fresh = hit is not None and hit[0] > time.monotonic()
-        if hit is not None and fresh and hit[1].ends_at(self.idle) > self.ctx.clock.now():
-            return hit[1]
+        if hit is not None and hit[0] > time.monotonic():
+            live = hit[1]
+            if live is None or live.ends_at(self.idle) > self.ctx.clock.now():
+                return live
         found = await run_in_threadpool(find_session, self.ctx, secret, self.idle)
         with self._lock:
-            if found is None:
-                self._entries.pop(sid, None)
-            else:
-                if len(self._entries) > 10_000:
-                    self._entries.clear()
-                self._entries[sid] = (time.monotonic() + self.ttl_s, found)
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[sid] = (time.monotonic() + self.ttl_s, found)
         return found
 
     def forget(self, secret: str | None = None) -> None:
