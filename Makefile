@@ -30,12 +30,12 @@ unit: venv
 	$(VENV)/bin/pytest -q tests/unit
 
 # Every test: lint, type check, unit, service (SQLite and PostgreSQL), API and
-# end-to-end tests with real containers.
+# end-to-end tests with real containers (the last two groups at once: scripts/run-tests.sh).
 test: venv
 	@WITH_POSTGRES=1 WITH_TEST_HOSTS=1 bash scripts/setup-system.sh
 	$(MAKE) --no-print-directory lint
 	GPUYARD_TEST_POSTGRES_URL="$${GPUYARD_TEST_POSTGRES_URL:-$$(bash scripts/test-postgres.sh)}" \
-		$(VENV)/bin/pytest -q -ra --durations=15 tests
+		PYTEST=$(VENV)/bin/pytest bash scripts/run-tests.sh
 
 bench: venv system
 	$(PY) bench/bench_start_latency.py

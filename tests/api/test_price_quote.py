@@ -38,8 +38,14 @@ def test_a_quote_is_the_rate_the_cluster_then_bills(srv: LiveServer) -> None:
         assert q["hourly_stopped"]["total"] == q["hourly_stopped"]["volume"] > 0
         # More GPUs cost more; a network volume takes the volume off the cluster's rate.
         assert quote(c, **{**SIZE, "gpu_count": 4})["hourly"]["gpu"] == 2 * q["hourly"]["gpu"]
-        nv = quote(c, **SIZE, network_volume_id="nv1")
+        r = c.post("/v1/networkvolumes", json={"name": "d", "size": 10, "dataCenterId": "local"})
+        assert r.status_code == 201, r.text
+        nv = quote(c, **SIZE, network_volume_id=r.json()["data"]["id"])
         assert nv["hourly"]["volume"] == 0
+        # One the account does not have is 404, as everywhere.
+        r = c.post("/v1/prices/quote", json={**SIZE, "network_volume_id": "nope"})
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "NETWORK_VOLUME_NOT_FOUND"
 
 
 def test_bad_sizes_are_400_naming_the_field(srv: LiveServer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -159,3 +160,14 @@ def test_openapi_lists_the_endpoints(srv: LiveServer) -> None:
     start = spec["paths"]["/v1/clusters/{cluster_id}/start"]["post"]
     assert "requestBody" in start
     assert httpx.get(srv.url + "/docs").status_code == 200
+
+
+def test_the_api_reference_page_needs_no_internet(srv: LiveServer) -> None:
+    page = httpx.get(srv.url + "/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+    assets = re.findall(r'(?:src|href)="(/[^"]+)"', page.text)
+    assert any(a.endswith(".js") for a in assets) and any(a.endswith(".css") for a in assets)
+    assert "cdn" not in page.text.lower() and "http" not in "".join(assets)
+    for asset in assets:
+        r = httpx.get(srv.url + asset)
+        assert r.status_code == 200 and len(r.content) > 100, asset

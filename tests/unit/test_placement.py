@@ -49,6 +49,18 @@ def test_no_capacity_reports_what_was_asked_and_free() -> None:
     assert exc.value.details["available"][0]["gpus"] == {A: 1}
 
 
+def test_no_capacity_names_the_resource_that_is_short() -> None:
+    # Every GPU is free; the vCPUs are what is missing, and the message says so.
+    with pytest.raises(InsufficientCapacity) as exc:
+        place([host(1, 4, vcpus=2)], req(2, vcpus=4), AllocationRatios())
+    assert "not enough free vCPUs" in exc.value.message
+    assert "2 x NVIDIA RTX A6000, 4 vCPUs and 8 GB of memory" in exc.value.message
+    assert exc.value.details["available"][0]["why_not"] == "not enough free vCPUs"
+    with pytest.raises(InsufficientCapacity) as exc:
+        place([host(1, 1), host(2, 2, used={0})], req(2), AllocationRatios())
+    assert exc.value.message.endswith(f"not enough free {A} GPUs")
+
+
 def test_cpu_memory_disk_and_ratios() -> None:
     full = host(1, 0, used_vcpus=31.0)
     with pytest.raises(InsufficientCapacity):

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from gpuyard import __version__
 from gpuyard.api import accounts as accounts_api
 from gpuyard.api import audit as audit_api
-from gpuyard.api import billing, catalog, clusters, errors, method_not_allowed, training
+from gpuyard.api import billing, catalog, clusters, docs_page, errors, method_not_allowed, training
 from gpuyard.api import budgets as budgets_api
 from gpuyard.api import cluster_logs as cluster_logs_api
 from gpuyard.api import console as console_api
@@ -161,7 +161,10 @@ def build_server(
         version=__version__,
         description="Self-hostable GPU cloud: clusters on real containers (REST v1/v2, GraphQL).",
         lifespan=lifespan,
+        docs_url=None,  # served from the bundled Swagger UI (api/docs_page.py)
+        redoc_url=None,
     )
+    docs_page.install(app)
     app.state.gpuyard = AppState(
         ctx=ctx,
         runtime=runtime,

@@ -60,6 +60,6 @@ def price_quote(
     """What a cluster of this size would cost per hour, running and stopped: the
     sizing fields of ``POST /v1/clusters`` (others are ignored), priced as the bill
     will be. Nothing is made; an unknown GPU type or a bid under the spot floor is
-    400 naming the field."""
-    q = quote(app_state(request).ctx, body)
+    400 naming the field, a network volume the account does not have 404."""
+    q = quote(app_state(request).ctx, principal.account_id, body)
     return ok({"hourly": _parts(q.running), "hourly_stopped": _parts(q.stopped)})

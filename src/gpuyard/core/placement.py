@@ -130,8 +130,19 @@ def insufficient(
         "cloud_type": req.cloud_type.value,
         "location": req.location,
     }
-    what = f"{req.gpu_count} x {req.gpu_type}" if req.gpu_count else f"{req.vcpus} vCPUs"
+    what = f"{req.gpu_count} x {req.gpu_type}, " if req.gpu_count else ""
+    what += f"{req.vcpus:g} vCPUs and {req.memory_gb:g} GB of memory"
+    # What stood in the way on each host, once each: the resource that is short.
+    reasons = sorted({why for why in (why_not(h, req, ratios) for h in hosts) if why})
+    if not message:
+        message = f"No host has free capacity for {what}"
+        message += f": {'; '.join(reasons)}" if reasons else ": no host matches"
     return InsufficientCapacity(
-        message or f"No host has free capacity for {what}",
-        {"requested": asked, "available": [free_resources(h, ratios) for h in hosts]},
+        message,
+        {
+            "requested": asked,
+            "available": [
+                {**free_resources(h, ratios), "why_not": why_not(h, req, ratios)} for h in hosts
+            ],
+        },
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from gpuyard.core import cursors
+from gpuyard.core.training import TrainingStatus
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.training import (
@@ -41,7 +42,7 @@ def show_cluster(
     with ctx.read() as session:
         status = load_cluster(session, principal, scope, cluster_id).status
     state = None
-    if partition is not None and status != "creating":
+    if partition is not None and status not in _NO_CONTROLLER:
         state = partition(cluster_id)
     with ctx.read() as session:
         cluster = load_cluster(session, principal, scope, cluster_id)
@@ -53,6 +54,18 @@ def show_cluster(
             partition=state,
         )
 
+
+# Statuses in which no controller runs to ask Slurm's state of (the view says
+# ``slurm.available: false`` without trying).
+_NO_CONTROLLER = frozenset(
+    {
+        TrainingStatus.CREATING,
+        TrainingStatus.STOPPING,
+        TrainingStatus.STOPPED,
+        TrainingStatus.DELETING,
+        TrainingStatus.DELETED,
+    }
+)
 
 TRAINING_LIST = "training_clusters"
 TRAINING_KEY: cursors.KeyShape = ("int",)
