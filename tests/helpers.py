@@ -124,6 +124,42 @@ class LiveServer:
         return body
 
 
+def v1_error(r: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    """The REST v1 envelope's error of ``status`` (and ``code``, when given): its
+    ``error`` object."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["success"] is False, body
+    if code is not None:
+        assert body["error"]["code"] == code, body
+    return dict(body["error"])
+
+
+def account_with_members(
+    srv: LiveServer, email: str, roles: tuple[str, ...]
+) -> tuple[int, int, dict[str, str]]:
+    """A new account owned by ``email``, with one member of each of ``roles`` (each a
+    user of their own): its id, its default project's id and write keys by role
+    (``owner`` too)."""
+    from gpuyard.services.auth import Scope, create_account, issue_key
+    from gpuyard.store.schema import Member
+
+    keys: dict[str, str] = {}
+    with srv.server.ctx.transaction() as s:
+        user, account, project = create_account(s, email=email, name=email)
+        keys["owner"] = issue_key(
+            s, user_id=user.id, account_id=account.id, name="o", scope=Scope.WRITE
+        ).key
+        for role in roles:
+            other, _, _ = create_account(s, email=f"{role}-{email}", name=role)
+            s.add(Member(account_id=account.id, user_id=other.id, role=role))
+            keys[role] = issue_key(
+                s, user_id=other.id, account_id=account.id, name=role, scope=Scope.WRITE
+            ).key
+        s.flush()
+        return account.id, project.id, keys
+
+
 def refused(r: httpx.Response, field: str) -> dict[str, Any]:
     """The REST v1 envelope's 400 VALIDATION_ERROR naming ``field``: its ``error``."""
     assert r.status_code == 400, r.text

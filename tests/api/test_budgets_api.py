@@ -8,47 +8,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gpuyard.api import budget_schemas as bs
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key
-from gpuyard.store.schema import Member
-from tests.helpers import LiveServer, live_server, make_settings
+from tests.helpers import LiveServer, account_with_members, live_server, make_settings, v1_error
 from tests.service.test_budgets import Receiver
 
 
-def add_account(srv: LiveServer, email: str) -> tuple[int, dict[str, str]]:
-    """A new account with an owner, a billing member and a plain member: its id and
-    their keys by role."""
-    keys: dict[str, str] = {}
-    with srv.server.ctx.transaction() as s:
-        user, account, _ = create_account(s, email=email, name=email)
-        keys["owner"] = issue_key(
-            s, user_id=user.id, account_id=account.id, name="o", scope=Scope.WRITE
-        ).key
-        for role in ("billing", "member"):
-            other, _, _ = create_account(s, email=f"{role}-{email}", name=role)
-            s.add(Member(account_id=account.id, user_id=other.id, role=role))
-            keys[role] = issue_key(
-                s, user_id=other.id, account_id=account.id, name=role, scope=Scope.WRITE
-            ).key
-        s.flush()
-        return account.id, keys
-
-
-def error(r: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["success"] is False
-    if code is not None:
-        assert body["error"]["code"] == code, body
-    return dict(body["error"])
-
-
 def test_permissions(srv: LiveServer) -> None:
-    acct, keys = add_account(srv, "bob@example.com")
+    acct, _, keys = account_with_members(srv, "bob@example.com", ("billing", "member"))
     op, owner = srv.client(), srv.client(keys["owner"])
     billing, member = srv.client(keys["billing"]), srv.client(keys["member"])
     base = f"/v1/accounts/{acct}"
@@ -57,24 +26,24 @@ def test_permissions(srv: LiveServer) -> None:
     assert r.status_code == 201, r.text
     added = bs.CreditAddedEnvelope.model_validate(r.json()).data
     assert added.credit.amount_micro == 12_500_000 and added.balance_micro == 12_500_000
-    error(owner.post(f"{base}/credits", json={"amount": 1}), 403, "FORBIDDEN")
-    error(billing.post(f"{base}/credits", json={"amount": 1}), 403, "FORBIDDEN")
+    v1_error(owner.post(f"{base}/credits", json={"amount": 1}), 403, "FORBIDDEN")
+    v1_error(billing.post(f"{base}/credits", json={"amount": 1}), 403, "FORBIDDEN")
 
     r = billing.patch(f"{base}/budget", json={"monthly_budget": 100, "alert_percent": 90})
     assert r.status_code == 200, r.text
     budget = bs.BudgetEnvelope.model_validate(r.json()).data
     assert budget.monthly_budget == 100 and budget.alert_percent == 90
     assert budget.billing_mode == "postpaid" and budget.webhook_secret is None
-    error(member.patch(f"{base}/budget", json={"alert_percent": 50}), 403, "FORBIDDEN")
-    error(member.get(f"{base}/budget"), 403, "FORBIDDEN")
-    error(owner.patch(f"{base}/budget", json={"billing_mode": "prepaid"}), 403, "FORBIDDEN")
+    v1_error(member.patch(f"{base}/budget", json={"alert_percent": 50}), 403, "FORBIDDEN")
+    v1_error(member.get(f"{base}/budget"), 403, "FORBIDDEN")
+    v1_error(owner.patch(f"{base}/budget", json={"billing_mode": "prepaid"}), 403, "FORBIDDEN")
     r = owner.get(f"{base}/budget")
     assert r.status_code == 200 and r.json()["data"]["monthly_budget"] == 100
 
     # Another account's routes are 404, never revealing it exists.
     for path in ("budget", "credits", "events", "webhook-deliveries"):
-        error(owner.get(f"/v1/accounts/1/{path}"), 404)
-        error(owner.get(f"/v1/accounts/999999/{path}"), 404)
+        v1_error(owner.get(f"/v1/accounts/1/{path}"), 404)
+        v1_error(owner.get(f"/v1/accounts/999999/{path}"), 404)
 
     r = op.patch(f"{base}/budget", json={"billing_mode": "prepaid"})
     assert r.status_code == 200, r.text
@@ -89,7 +58,7 @@ def test_permissions(srv: LiveServer) -> None:
     assert r.status_code == 200 and bs.AccountEventListEnvelope.model_validate(r.json())
     r = billing.get(f"{base}/webhook-deliveries")
     assert r.status_code == 200 and bs.WebhookDeliveryListEnvelope.model_validate(r.json())
-    error(member.get(f"{base}/webhook-deliveries"), 403)
+    v1_error(member.get(f"{base}/webhook-deliveries"), 403)
     audit = op.get("/v1/audit-events", headers={"X-Gpuyard-Account": str(acct)})
     if audit.status_code == 200:
         actions = {e["action"] for e in audit.json()["data"]["events"]}
@@ -110,7 +79,7 @@ def test_permissions(srv: LiveServer) -> None:
     ],
 )
 def test_credit_validation(srv: LiveServer, body: dict[str, Any]) -> None:
-    error(srv.client().post("/v1/accounts/1/credits", json=body), 400, "VALIDATION_ERROR")
+    v1_error(srv.client().post("/v1/accounts/1/credits", json=body), 400, "VALIDATION_ERROR")
 
 
 @pytest.mark.parametrize(
@@ -132,7 +101,7 @@ def test_credit_validation(srv: LiveServer, body: dict[str, Any]) -> None:
     ],
 )
 def test_budget_validation(srv: LiveServer, body: dict[str, Any]) -> None:
-    error(srv.client().patch("/v1/accounts/1/budget", json=body), 400, "VALIDATION_ERROR")
+    v1_error(srv.client().patch("/v1/accounts/1/budget", json=body), 400, "VALIDATION_ERROR")
 
 
 @pytest.fixture
@@ -147,7 +116,7 @@ def test_webhook_secret_is_answered_once_and_prepaid_without_balance_is_402(
     open_srv: LiveServer,
 ) -> None:
     srv = open_srv
-    acct, keys = add_account(srv, "carol@example.com")
+    acct, _, keys = account_with_members(srv, "carol@example.com", ("billing", "member"))
     op, owner = srv.client(), srv.client(keys["owner"])
     base = f"/v1/accounts/{acct}"
     receiver = Receiver()
@@ -169,7 +138,7 @@ def test_webhook_secret_is_answered_once_and_prepaid_without_balance_is_402(
             assert r.status_code == 201, r.text
             owner.delete(f"/v1/clusters/{r.json()['data']['id']}")
             time.sleep(0.2)
-        error(r, 402, "BUDGET_EXHAUSTED")
+        v1_error(r, 402, "BUDGET_EXHAUSTED")
         assert owner.get(f"{base}/budget").json()["data"]["exhausted"] is True
         kinds = [e["kind"] for e in owner.get(f"{base}/events").json()["data"]["events"]]
         assert kinds == ["balance.exhausted"]
@@ -195,7 +164,7 @@ def test_cli_credits_and_budget(srv: LiveServer) -> None:
 
     from gpuyard.cli.main import cli
 
-    acct, _ = add_account(srv, "dave@example.com")
+    acct, _, _ = account_with_members(srv, "dave@example.com", ("billing", "member"))
     env = {
         "GPUYARD_URL": srv.url,
         "GPUYARD_API_KEY": srv.key,

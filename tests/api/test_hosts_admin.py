@@ -24,7 +24,7 @@ from gpuyard.api.host_schemas import (
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import Cluster, Host, HostGpu, VolumeMove
-from tests.helpers import LiveServer, live_server, make_settings, refused
+from tests.helpers import LiveServer, live_server, make_settings, refused, v1_error
 
 H100 = "NVIDIA H100 80GB HBM3"
 SSH_HOST = {
@@ -72,13 +72,6 @@ def get(srv: LiveServer, path: str) -> dict[str, Any]:
     assert r.status_code == 200, r.text
     data: dict[str, Any] = r.json()["data"]
     return data
-
-
-def error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["success"] is False and body["error"]["code"] == code, body
-    return dict(body["error"])
 
 
 def key_of_scope(srv: LiveServer, scope: Scope) -> str:
@@ -215,10 +208,12 @@ def test_tcp_engines_need_tls_unless_on_loopback(fleet: LiveServer, tmp_path: Pa
 
 def test_a_name_or_engine_already_registered_is_a_conflict(fleet: LiveServer) -> None:
     first = added(fleet, {"name": "gpu-1", "engine_url": "ssh://core@GPU-1.example.com"})
-    err = error(add(fleet, {"name": "gpu-1", "engine_url": "ssh://core@other"}), 409, "HOST_EXISTS")
+    err = v1_error(
+        add(fleet, {"name": "gpu-1", "engine_url": "ssh://core@other"}), 409, "HOST_EXISTS"
+    )
     assert err["details"] == {"field": "name", "host_id": first["id"]}
     # The same engine, spelled otherwise (case of the host, the default port).
-    err = error(
+    err = v1_error(
         add(fleet, {"name": "again", "engine_url": "ssh://core@gpu-1.example.com:22/"}),
         409,
         "HOST_EXISTS",
@@ -241,9 +236,9 @@ def test_every_route_needs_an_admin_key(fleet: LiveServer) -> None:
     ]
     for method, path, body in calls:
         with fleet.client(writer) as c:
-            error(c.request(method, path, json=body), 403, "FORBIDDEN")
+            v1_error(c.request(method, path, json=body), 403, "FORBIDDEN")
         r = httpx.request(method, fleet.url + path, json=body)
-        error(r, 401, "UNAUTHORIZED")
+        v1_error(r, 401, "UNAUTHORIZED")
     assert len(get(fleet, "/v1/hosts")["hosts"]) == 1
     assert get(fleet, "/v1/hosts/1")["status"] == "active"
 
@@ -256,7 +251,7 @@ def test_unknown_and_malformed_ids(fleet: LiveServer) -> None:
             ("POST", "/v1/hosts/999/uncordon"),
             ("DELETE", "/v1/hosts/999"),
         ):
-            error(c.request(method, path), 404, "HOST_NOT_FOUND")
+            v1_error(c.request(method, path), 404, "HOST_NOT_FOUND")
         refused(c.get("/v1/hosts/abc"), "host_id")
         refused(c.post("/v1/hosts/0/cordon"), "host_id")
 
@@ -321,7 +316,7 @@ def test_a_host_holding_a_cluster_is_deleted_only_once_the_cluster_is_gone(
         assert shown["capacity"]["allocated"]["gpus"] == {H100: 1}
         assert shown["capacity"]["free"]["gpus"] == {H100: 1}
 
-        err = error(c.delete(f"/v1/hosts/{host_id}"), 409, "HOST_NOT_EMPTY")
+        err = v1_error(c.delete(f"/v1/hosts/{host_id}"), 409, "HOST_NOT_EMPTY")
         left = err["details"]["left"]
         assert left["clusters"] == [cluster_id]
         assert left["reservations"] == [cluster_id]
@@ -335,7 +330,7 @@ def test_a_host_holding_a_cluster_is_deleted_only_once_the_cluster_is_gone(
         assert r.status_code == 200, r.text
         HostDeletedEnvelope.model_validate(r.json())
         assert r.json()["data"] == {"id": host_id, "name": "gpu-1", "deleted": True}
-        error(c.get(f"/v1/hosts/{host_id}"), 404, "HOST_NOT_FOUND")
+        v1_error(c.get(f"/v1/hosts/{host_id}"), 404, "HOST_NOT_FOUND")
         # The terminated cluster is still answered; it no longer names the host.
         r = c.get(f"/v1/clusters/{cluster_id}")
         assert r.status_code == 200, r.text
@@ -360,7 +355,7 @@ def test_a_volume_moving_to_or_from_the_host_keeps_it(fleet: LiveServer) -> None
             )
         )
     with fleet.client() as c:
-        err = error(c.delete(f"/v1/hosts/{host['id']}"), 409, "HOST_NOT_EMPTY")
+        err = v1_error(c.delete(f"/v1/hosts/{host['id']}"), 409, "HOST_NOT_EMPTY")
         assert err["details"]["left"] == {
             "volume_moves": [
                 {
@@ -385,7 +380,7 @@ def test_a_volume_moving_to_or_from_the_host_keeps_it(fleet: LiveServer) -> None
 
 def test_the_servers_own_host_cannot_be_deleted(fleet: LiveServer) -> None:
     with fleet.client() as c:
-        err = error(c.delete("/v1/hosts/1"), 409, "LOCAL_HOST")
+        err = v1_error(c.delete("/v1/hosts/1"), 409, "LOCAL_HOST")
     assert "runs on" in err["message"]
     assert get(fleet, "/v1/hosts/1")["is_local"] is True
 
@@ -413,7 +408,7 @@ def test_a_cordoned_host_takes_no_new_cluster_until_uncordoned(fleet: LiveServer
     with fleet.client() as c:
         assert c.post(f"/v1/hosts/{host['id']}/cordon").status_code == 200
         # Only this host has H100s: nothing can take the cluster.
-        error(c.post("/v1/clusters", json=body), 409, "INSUFFICIENT_CAPACITY")
+        v1_error(c.post("/v1/clusters", json=body), 409, "INSUFFICIENT_CAPACITY")
         assert c.post(f"/v1/hosts/{host['id']}/uncordon").status_code == 200
         r = c.post("/v1/clusters", json=body)
         assert r.status_code in (200, 201), r.text
@@ -458,7 +453,7 @@ def test_drain_moves_a_stopped_cluster_and_stops_a_running_one(fleet: LiveServer
         heartbeat(fleet)  # the drain's scan tries to start it elsewhere, and cannot
         shown = c.get(f"/v1/clusters/{running}").json()["data"]
         assert shown["host"]["id"] == host_id and shown["status"] == "stopped"
-        error(c.post("/v1/hosts/999999/drain"), 404, "HOST_NOT_FOUND")
+        v1_error(c.post("/v1/hosts/999999/drain"), 404, "HOST_NOT_FOUND")
 
         assert c.delete(f"/v1/clusters/{running}").status_code == 200
         _wait(lambda: status(running) == "terminated")

@@ -7,13 +7,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
-
 from gpuyard.api import network_volumes as api
 from gpuyard.api import schemas
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
-from tests.helpers import LiveServer, refused
+from tests.helpers import LiveServer, refused, v1_error
 
 BODY = {"name": "data", "size": 10, "dataCenterId": "local"}
 
@@ -32,14 +30,6 @@ def read_key(srv: LiveServer) -> str:
         return issue_key(
             session, user_id=admin.user_id, account_id=admin.account_id, name="ro", scope=Scope.READ
         ).key
-
-
-def error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["success"] is False and body["error"]["code"] == code, body
-    out: dict[str, Any] = body["error"]
-    return out
 
 
 def cluster_body(volume_id: str, **kw: object) -> dict[str, Any]:
@@ -93,7 +83,7 @@ def test_create_list_get_grow_mount_and_delete(srv: LiveServer) -> None:
         api.NetworkVolumeEnvelope.model_validate(got)
         assert got["data"]["attached_cluster_ids"] == [cid]
 
-        in_use = error(c.delete(f"/v1/networkvolumes/{vid}"), 409, "NETWORK_VOLUME_IN_USE")
+        in_use = v1_error(c.delete(f"/v1/networkvolumes/{vid}"), 409, "NETWORK_VOLUME_IN_USE")
         assert in_use["details"] == {"cluster_ids": [cid], "snapshot_ids": []}
         assert cid in in_use["message"]
 
@@ -103,8 +93,8 @@ def test_create_list_get_grow_mount_and_delete(srv: LiveServer) -> None:
         assert r.status_code == 200, r.text
         api.NetworkVolumeDeletedEnvelope.model_validate(r.json())
         assert r.json()["data"] == {"id": vid, "deleted": True}
-        error(c.get(f"/v1/networkvolumes/{vid}"), 404, "NETWORK_VOLUME_NOT_FOUND")
-        error(c.delete(f"/v1/networkvolumes/{vid}"), 404, "NETWORK_VOLUME_NOT_FOUND")
+        v1_error(c.get(f"/v1/networkvolumes/{vid}"), 404, "NETWORK_VOLUME_NOT_FOUND")
+        v1_error(c.delete(f"/v1/networkvolumes/{vid}"), 404, "NETWORK_VOLUME_NOT_FOUND")
         assert c.get("/v1/networkvolumes").json()["data"]["network_volumes"] == []
 
 
@@ -124,7 +114,7 @@ def test_bad_bodies_are_400s(srv: LiveServer) -> None:
         r = c.post("/v1/networkvolumes", json={**BODY, "size": 10.0})
         assert r.status_code == 201, r.text  # a whole float is an integer
         full = c.post("/v1/networkvolumes", json={**BODY, "size": 65536})
-        error(full, 409, "INSUFFICIENT_CAPACITY")
+        v1_error(full, 409, "INSUFFICIENT_CAPACITY")
         assert len(c.get("/v1/networkvolumes").json()["data"]["network_volumes"]) == 1
 
 
@@ -140,7 +130,7 @@ def test_another_accounts_volume_is_not_found(srv: LiveServer, fake_runtime: Fak
             c.post("/v1/clusters", json=cluster_body(vid)),
             c.post("/v1/clusters", json=cluster_body("nosuchvol1")),
         ):
-            found = error(r, 404, "NETWORK_VOLUME_NOT_FOUND")
+            found = v1_error(r, 404, "NETWORK_VOLUME_NOT_FOUND")
             assert found["details"]["network_volume_id"] in (vid, "nosuchvol1")
         assert c.get("/v1/networkvolumes").json()["data"]["network_volumes"] == []
         assert c.get("/v1/clusters").json()["data"]["clusters"] == []
@@ -153,9 +143,9 @@ def test_writes_need_a_write_key(srv: LiveServer) -> None:
         vid = c.post("/v1/networkvolumes", json=BODY).json()["data"]["id"]
     with srv.client(read_key(srv)) as c:
         assert c.get(f"/v1/networkvolumes/{vid}").status_code == 200
-        error(c.post("/v1/networkvolumes", json=BODY), 403, "FORBIDDEN")
-        error(c.patch(f"/v1/networkvolumes/{vid}", json={"size": 30}), 403, "FORBIDDEN")
-        error(c.delete(f"/v1/networkvolumes/{vid}"), 403, "FORBIDDEN")
+        v1_error(c.post("/v1/networkvolumes", json=BODY), 403, "FORBIDDEN")
+        v1_error(c.patch(f"/v1/networkvolumes/{vid}", json={"size": 30}), 403, "FORBIDDEN")
+        v1_error(c.delete(f"/v1/networkvolumes/{vid}"), 403, "FORBIDDEN")
 
 
 def test_cluster_view_shows_its_volume_and_measured_usage(

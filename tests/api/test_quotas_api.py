@@ -4,49 +4,21 @@ creates (REST and GraphQL) refused with 403 QUOTA_EXCEEDED and its details."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import httpx
 from click.testing import CliRunner, Result
 
 from gpuyard.api import quota_schemas as qs
 from gpuyard.cli.main import cli
-from gpuyard.services.auth import Scope, create_account, default_project_id, issue_key
-from gpuyard.store.schema import AuditEvent, Member
-from tests.helpers import LiveServer
+from gpuyard.services.auth import default_project_id
+from gpuyard.store.schema import AuditEvent
+from tests.helpers import LiveServer, account_with_members, v1_error
 
 A6000 = "NVIDIA RTX A6000"
 
 
-def add_account(srv: LiveServer, email: str) -> tuple[int, int, dict[str, str]]:
-    """A new account with an owner, an admin and a plain member: its id, its default
-    project's id and their keys by role."""
-    keys: dict[str, str] = {}
-    with srv.server.ctx.transaction() as s:
-        user, account, project = create_account(s, email=email, name=email)
-        keys["owner"] = issue_key(
-            s, user_id=user.id, account_id=account.id, name="o", scope=Scope.WRITE
-        ).key
-        for role in ("admin", "member"):
-            other, _, _ = create_account(s, email=f"{role}-{email}", name=role)
-            s.add(Member(account_id=account.id, user_id=other.id, role=role))
-            keys[role] = issue_key(
-                s, user_id=other.id, account_id=account.id, name=role, scope=Scope.WRITE
-            ).key
-        s.flush()
-        return account.id, project.id, keys
-
-
-def error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["success"] is False and body["error"]["code"] == code, body
-    return dict(body["error"])
-
-
 def test_set_and_show_permissions(srv: LiveServer) -> None:
-    acct, project, keys = add_account(srv, "q@example.com")
-    other, _, other_keys = add_account(srv, "other@example.com")
+    acct, project, keys = account_with_members(srv, "q@example.com", ("admin", "member"))
+    other, _, other_keys = account_with_members(srv, "other@example.com", ("admin", "member"))
     op = srv.client()
     owner, admin = srv.client(keys["owner"]), srv.client(keys["admin"])
     member, stranger = srv.client(keys["member"]), srv.client(other_keys["owner"])
@@ -58,9 +30,9 @@ def test_set_and_show_permissions(srv: LiveServer) -> None:
     done = qs.QuotasSetEnvelope.model_validate(r.json()).data
     assert done.project_id is None and done.limits.gpus == 4
     assert done.limits.gpus_by_type == {A6000: 2} and done.limits.volume_gb is None
-    error(owner.put(f"{base}/quotas", json={"gpus": 100}), 403, "FORBIDDEN")
-    error(member.put(f"{base}/quotas", json={"gpus": 100}), 403, "FORBIDDEN")
-    error(stranger.put(f"{base}/quotas", json={"gpus": 1}), 404, "NOT_FOUND")
+    v1_error(owner.put(f"{base}/quotas", json={"gpus": 100}), 403, "FORBIDDEN")
+    v1_error(member.put(f"{base}/quotas", json={"gpus": 100}), 403, "FORBIDDEN")
+    v1_error(stranger.put(f"{base}/quotas", json={"gpus": 1}), 404, "NOT_FOUND")
 
     # A project's: the operator, the owner and admins, within the account's limits.
     path = f"{base}/projects/{project}/quotas"
@@ -69,15 +41,15 @@ def test_set_and_show_permissions(srv: LiveServer) -> None:
     assert qs.QuotasSetEnvelope.model_validate(r.json()).data.project_id == project
     assert owner.put(path, json={"vcpus": 20}).status_code == 200
     assert op.put(path, json={"vcpus": 24}).status_code == 200
-    error(member.put(path, json={"vcpus": 1}), 403, "FORBIDDEN")
-    error(stranger.put(path, json={"vcpus": 1}), 404, "NOT_FOUND")
-    over = error(owner.put(path, json={"vcpus": 33}), 400, "VALIDATION_ERROR")
+    v1_error(member.put(path, json={"vcpus": 1}), 403, "FORBIDDEN")
+    v1_error(stranger.put(path, json={"vcpus": 1}), 404, "NOT_FOUND")
+    over = v1_error(owner.put(path, json={"vcpus": 33}), 400, "VALIDATION_ERROR")
     assert over["details"]["field"] == "vcpus" and over["details"]["account_limit"] == 32
     # A project of another account is not this account's.
     with srv.server.ctx.read() as s:
         foreign = default_project_id(s, other)
     missing = op.put(f"{base}/projects/{foreign}/quotas", json={"vcpus": 1})
-    error(missing, 404, "PROJECT_NOT_FOUND")
+    v1_error(missing, 404, "PROJECT_NOT_FOUND")
 
     # Bad values are 400s naming the field.
     for body, field in (
@@ -87,7 +59,7 @@ def test_set_and_show_permissions(srv: LiveServer) -> None:
         ({"gpus_by_type": {"TPU v9": 1}}, "gpus_by_type.TPU v9"),
         ({"bogus": 1}, "bogus"),
     ):
-        err = error(op.put(f"{base}/quotas", json=body), 400, "VALIDATION_ERROR")
+        err = v1_error(op.put(f"{base}/quotas", json=body), 400, "VALIDATION_ERROR")
         assert field in err["details"]["field"], err
 
     # Any member reads them; strangers get 404.
@@ -98,7 +70,7 @@ def test_set_and_show_permissions(srv: LiveServer) -> None:
         assert shown.account.limits.vcpus == 32 and shown.account.usage.gpus == 0
         assert shown.projects[0].project_id == project
         assert shown.projects[0].limits.vcpus == 24
-    error(stranger.get(f"{base}/quotas"), 404, "NOT_FOUND")
+    v1_error(stranger.get(f"{base}/quotas"), 404, "NOT_FOUND")
 
     # null removes, absent keeps.
     r = op.put(f"{base}/quotas", json={"gpus": None})
@@ -110,13 +82,13 @@ def test_set_and_show_permissions(srv: LiveServer) -> None:
 
 
 def test_create_over_quota_is_403_with_details(srv: LiveServer) -> None:
-    acct, project, keys = add_account(srv, "full@example.com")
+    acct, project, keys = account_with_members(srv, "full@example.com", ("admin", "member"))
     op, owner = srv.client(), srv.client(keys["owner"])
     assert op.put(f"/v1/accounts/{acct}/quotas", json={"gpus": 2}).status_code == 200
     body = {"gpu_type": A6000, "gpu_count": 2, "docker_image": "img", "cpu_cores": 2}
     r = owner.post("/v1/clusters", json=body)
     assert r.status_code == 201, r.text
-    refused = error(
+    refused = v1_error(
         owner.post("/v1/clusters", json={**body, "gpu_count": 1}), 403, "QUOTA_EXCEEDED"
     )
     assert refused["details"] == {
@@ -156,7 +128,7 @@ def run_cli(srv: LiveServer, *args: str, key: str | None = None) -> Result:
 
 
 def test_cli_show_and_set(srv: LiveServer) -> None:
-    acct, project, keys = add_account(srv, "cli@example.com")
+    acct, project, keys = account_with_members(srv, "cli@example.com", ("admin", "member"))
     done = run_cli(
         srv,
         "quotas",
