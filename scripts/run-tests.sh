@@ -12,47 +12,55 @@ cd "$(dirname "$0")/.."
 
 PYTEST="${PYTEST:-.venv/bin/pytest}"
 work="$(mktemp -d /tmp/gyt-XXXXXX)"
-trap 'rm -rf "$work"' EXIT
 
-run_group() {
+# Each group's pytest, in the background. A shell without job control starts background
+# commands with SIGINT ignored; `env --default-signal=INT` gives it back, so Ctrl-C (or
+# the TERM handler below) ends a group through pytest's own teardown, which removes
+# the containers and services its tests made.
+start_group() {
   local name="$1"
   shift
   # Own temporary roots (short: unix socket paths are limited to 108 bytes); no shared
   # cache directory between the two processes.
-  "$PYTEST" -q -ra --durations=10 -p no:cacheprovider --basetemp="$work/$name" "$@" \
-    >"$work/$name.log" 2>&1
-  echo $? >"$work/$name.rc"
+  env --default-signal=INT "$PYTEST" -q -ra --durations=10 -p no:cacheprovider \
+    --basetemp="$work/$name" "$@" >"$work/$name.log" 2>&1 &
 }
-
-run_group fast tests/unit tests/service tests/api &
+start_group fast tests/unit tests/service tests/api
 fast_pid=$!
-run_group e2e tests/e2e tests/console &
+start_group e2e tests/e2e tests/console
 e2e_pid=$!
+
+# Ctrl-C reaches both groups from the terminal (same process group): wait for their
+# teardown. A TERM (a CI timeout) is passed on to them as an interrupt.
+trap 'wait "$fast_pid" "$e2e_pid"; rm -rf "$work"; exit 130' INT
+trap 'kill -INT "$fast_pid" "$e2e_pid" 2>/dev/null; wait "$fast_pid" "$e2e_pid"; rm -rf "$work"; exit 143' TERM
 
 # Show progress while both run, each line once, prefixed with its group.
 show() {
-  local name="$1" offset_file="$work/$1.shown"
-  local shown
-  shown="$(cat "$offset_file" 2>/dev/null || echo 0)"
-  local total
+  local name="$1" shown total
+  shown="$(cat "$work/$name.shown" 2>/dev/null || echo 0)"
   total="$(wc -l <"$work/$name.log" 2>/dev/null || echo 0)"
   if [ "$total" -gt "$shown" ]; then
     sed -n "$((shown + 1)),${total}p" "$work/$name.log" | sed "s/^/[$name] /"
-    echo "$total" >"$offset_file"
+    echo "$total" >"$work/$name.shown"
   fi
 }
 while kill -0 "$fast_pid" 2>/dev/null || kill -0 "$e2e_pid" 2>/dev/null; do
-  sleep 20
+  sleep "${PROGRESS_EVERY_S:-20}" &
+  wait $! # (a trap runs at once, not after the sleep)
   show fast
   show e2e
 done
-wait "$fast_pid" "$e2e_pid"
+wait "$fast_pid"
+fast_rc=$?
+wait "$e2e_pid"
+e2e_rc=$?
 show fast
 show e2e
 
 status=0
 for name in fast e2e; do
-  rc="$(cat "$work/$name.rc" 2>/dev/null || echo 1)"
+  if [ "$name" = fast ]; then rc=$fast_rc; else rc=$e2e_rc; fi
   echo
   echo "=== $name: exit $rc ==="
   # The summary: from the durations table to the end (or the end, if it never came).
@@ -63,4 +71,5 @@ for name in fast e2e; do
   fi
   [ "$rc" = 0 ] || status=1
 done
+rm -rf "$work"
 exit "$status"

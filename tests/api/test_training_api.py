@@ -14,6 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from gpuyard.services import training_stops
 from gpuyard.services.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import GpuAllocation, Member, TrainingCluster
 from tests.helpers import LiveServer, live_server, make_settings
@@ -333,13 +334,21 @@ def test_a_suspension_stops_training_clusters_and_refuses_new_ones(
         r = c.patch(f"/v1/accounts/{aid}", json={"status": "suspended", "reason": "audit"})
         assert r.status_code == 200, r.text
 
-        # Billing and capacity end at once; no operator runs here to remove the nodes.
+        # Billing ends at once; the GPUs stay held until the nodes are gone.
         got = c.get(url, params=params(setup)).json()["data"]
         assert got["status"] == "stopping" and got["status_reason"] == "account suspended: audit"
         assert got["allowed_actions"] == []
-        assert allocated_gpus(tsrv) == 0
+        assert allocated_gpus(tsrv) == 2
         assert_error(c.post(BASE, params=params(setup), json=body(setup)), 403, "ACCOUNT_SUSPENDED")
-        set_status(tsrv, cluster["id"], "stopped")
+        # No operator runs here: what it does once the nodes are removed.
+        with tsrv.server.ctx.read() as session:
+            row = session.get(TrainingCluster, cluster["id"])
+            assert row is not None and row.operation is not None
+            token = row.operation["token"]
+        assert training_stops.finish_stop(tsrv.server.ctx, cluster["id"], token)
+        got = c.get(url, params=params(setup)).json()["data"]
+        assert got["status"] == "stopped" and got["allowed_actions"] == ["restart_cluster"]
+        assert got["price_per_hour"] == 0
         r = c.put(url, params=params(setup), json={"action": "restart_cluster"})
         assert_error(r, 403, "ACCOUNT_SUSPENDED")
         assert allocated_gpus(tsrv) == 0

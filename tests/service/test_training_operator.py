@@ -495,20 +495,24 @@ def test_a_stop_unbills_and_frees_every_node_and_restart_cluster_starts_it_again
 
     clock.advance(60)
     assert training_stops.stop_cluster(ctx, cid, "account suspended: unpaid")
-    # Billing ends and capacity is free at the stop, before any container is touched.
+    # Billing ends at the stop; the GPUs stay held while the node containers may run.
     c = status(ctx, cid)
     assert c.status == "stopping" and c.status_reason == "account suspended: unpaid"
-    assert open_intervals(ctx) == 0 and count(ctx, GpuAllocation) == 0
-    assert count(ctx, Reservation) == 0
-    assert not training_stops.stop_cluster(ctx, cid, "again")  # holds nothing: no-op
+    assert open_intervals(ctx) == 0 and count(ctx, GpuAllocation) == 2
+    with pytest.raises(InsufficientCapacity):
+        create(ctx, alice, world, workers=4)  # not on GPUs a stopping node may use
+    assert not training_stops.stop_cluster(ctx, cid, "again")  # stopping already: no-op
     operator.run(cid)
+    assert count(ctx, GpuAllocation) == 0 and count(ctx, Reservation) == 0
     c = status(ctx, cid)
     assert c.status == "stopped" and c.operation is None
     assert c.status_reason == "account suspended: unpaid"
     assert nodes.nodes == {}
     assert names.state_volume in nodes.volumes  # the Slurm queue is kept
     with ctx.read() as s:
-        assert {n.status for n in training_nodes.nodes_of(s, cid)} == {"stopped"}
+        stopped_nodes = training_nodes.nodes_of(s, cid)
+    assert {n.status for n in stopped_nodes} == {"stopped"}
+    assert all(n.gpu_indices == [] for n in stopped_nodes)
     view = training_reads.show_cluster(ctx, alice, world["scope"], cid, None)
     assert view["allowed_actions"] == ["restart_cluster"]
     with pytest.raises(InvalidState):
@@ -516,6 +520,11 @@ def test_a_stop_unbills_and_frees_every_node_and_restart_cluster_starts_it_again
 
     clock.advance(60)
     wiped = list(nodes.removed_volumes)
+    # An update_image the stop cut short: the cluster names the new image, no node runs it.
+    with ctx.transaction() as s:
+        row = s.get(TrainingCluster, cid)
+        assert row is not None
+        row.image_version_id = world["image2"]
     act(ctx, alice, world, cid, action="restart_cluster")
     assert status(ctx, cid).status == "restarting"
     assert count(ctx, GpuAllocation) == 2 and open_intervals(ctx) > 0
@@ -523,6 +532,8 @@ def test_a_stop_unbills_and_frees_every_node_and_restart_cluster_starts_it_again
     c = status(ctx, cid)
     assert c.status == "running", c.error_message
     assert len(nodes.nodes) == 3
+    with ctx.read() as s:
+        assert {n.image_version_id for n in training_nodes.nodes_of(s, cid)} == {world["image2"]}
     # The queue survived: the start did not wipe the controller's state volume.
     assert nodes.removed_volumes == wiped and names.state_volume in nodes.volumes
 

@@ -32,7 +32,7 @@ HEADERS = {
 }
 
 
-class _Assets(StaticFiles):
+class PageAssets(StaticFiles):
     """StaticFiles with the page's security headers; revalidated (ETag) every load."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
@@ -52,5 +52,5 @@ def install(app: FastAPI) -> None:
     def index() -> Response:
         return FileResponse(STATIC / "index.html", headers=HEADERS)
 
-    app.mount("/console", _Assets(directory=STATIC), name="console")
+    app.mount("/console", PageAssets(directory=STATIC), name="console")
     app.add_middleware(console_session.ConsoleSessions, cache=cache)

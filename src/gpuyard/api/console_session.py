@@ -84,23 +84,33 @@ class SessionCache:
     idle: timedelta = IDLE_LIMIT
     ttl_s: float = CACHE_TTL_S
     max_entries: int = 10_000
-    _entries: dict[str, tuple[float, LiveSession | None]] = field(default_factory=dict)
+    _entries: dict[str, tuple[float, LiveSession]] = field(default_factory=dict)
+    # Misses apart: a flood of distinct junk cookies fills (and clears) only this.
+    _misses: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def find(self, secret: str) -> LiveSession | None:
         """The live session of ``secret``, or None (also once it idled out or ended)."""
         sid = secret_id(secret)
+        now = time.monotonic()
         with self._lock:
             hit = self._entries.get(sid)
-        if hit is not None and hit[0] > time.monotonic():
-            live = hit[1]
-            if live is None or live.ends_at(self.idle) > self.ctx.clock.now():
-                return live
+            missed = self._misses.get(sid, 0.0) > now
+        if missed:
+            return None
+        if hit is not None and hit[0] > now and hit[1].ends_at(self.idle) > self.ctx.clock.now():
+            return hit[1]
         found = await run_in_threadpool(find_session, self.ctx, secret, self.idle)
         with self._lock:
-            if len(self._entries) >= self.max_entries:
-                self._entries.clear()
-            self._entries[sid] = (time.monotonic() + self.ttl_s, found)
+            if found is None:
+                if len(self._misses) >= self.max_entries:
+                    self._misses.clear()
+                self._entries.pop(sid, None)
+                self._misses[sid] = time.monotonic() + self.ttl_s
+            else:
+                if len(self._entries) >= self.max_entries:
+                    self._entries.clear()
+                self._entries[sid] = (time.monotonic() + self.ttl_s, found)
         return found
 
     def forget(self, secret: str | None = None) -> None:
@@ -108,8 +118,10 @@ class SessionCache:
         with self._lock:
             if secret is None:
                 self._entries.clear()
+                self._misses.clear()
             else:
                 self._entries.pop(secret_id(secret), None)
+                self._misses.pop(secret_id(secret), None)
 
 
 def sessions_of(request: Request) -> SessionCache:

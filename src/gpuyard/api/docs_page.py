@@ -8,8 +8,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
-from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
+
+from gpuyard.api.console import PageAssets
 
 # Under the console's asset prefix: the console-session middleware passes it unread.
 ASSETS = "/console/swagger-ui"
@@ -17,7 +18,8 @@ ASSETS = "/console/swagger-ui"
 
 def install(app: FastAPI) -> None:
     """Serve ``/docs`` and its assets (the app is made with ``docs_url=None``)."""
-    app.mount(ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
+    # With the console's headers (nosniff, no caching without revalidation).
+    app.mount(ASSETS, PageAssets(directory=str(swagger_ui_path)), name="swagger-ui")
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:

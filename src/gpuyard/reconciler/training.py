@@ -47,7 +47,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.secrets import secret_box
 from gpuyard.services.training import SSH_PORT, finish_delete
 from gpuyard.services.training_nodes import nodes_of, transition_training
-from gpuyard.services.training_stops import START, STOP
+from gpuyard.services.training_stops import START, STOP, finish_stop
 from gpuyard.store.schema import (
     Cluster,
     ImageVersion,
@@ -277,12 +277,14 @@ class TrainingOperator:
                     self._halt(snap, token)
                 except Superseded:
                     raise
-                except Exception:
-                    # Stays `stopping` (billing ended at the stop); the scan tries again.
-                    log.exception("training cluster %s: stop failed", cluster_id)
+                except Exception as exc:
+                    # Stays `stopping` (billing ended at the stop; the GPUs stay held
+                    # until the nodes are gone); the scan tries again.
+                    log.warning("training cluster %s: stop not done yet: %s", cluster_id, exc)
                     return True
-                self._finish(cluster_id, token, None)
+                finish_stop(self.ctx, cluster_id, token)
                 self._sinfo_cache.pop(cluster_id, None)
+                self.recovery.forget(cluster_id)
                 self.sync_edge(cluster_id)
                 return True
             if action in ("create", "scale_cluster", START):
@@ -317,8 +319,7 @@ class TrainingOperator:
         self, cluster_id: int, token: str, error: str | None, failed: Sequence[str] = ()
     ) -> None:
         """End the operation ``token``: back to ``running`` (its status reason naming
-        the nodes whose lifecycle script failed, if any) or to ``error``; a stop to
-        ``stopped``, keeping its reason."""
+        the nodes whose lifecycle script failed, if any) or to ``error``."""
         with self.ctx.transaction() as session:
             cluster = session.get(TrainingCluster, cluster_id, with_for_update=True)
             if cluster is None or not cluster.operation:
@@ -327,10 +328,6 @@ class TrainingOperator:
                 return
             action = cluster.operation.get("action")
             now = self.ctx.clock.now()
-            if action == STOP:
-                why = str(cluster.operation.get("reason") or "stopped")
-                transition_training(session, cluster, TrainingStatus.STOPPED, why, now)
-                return
             if error is not None:
                 transition_training(
                     session,
@@ -668,7 +665,7 @@ class TrainingOperator:
                 self.sync_edge(c.id)  # the controller's address may have changed
 
     def _halt(self, snap: Snapshot, token: str) -> None:
-        """Remove every node container of a stopped cluster (those the store lists and
+        """Remove every node container of a stopping cluster (those the store lists and
         any other carrying its label). The Slurm state volume and the network stay for
         the start; a lifecycle script cut short is not awaited."""
         c = snap.cluster
@@ -678,9 +675,6 @@ class TrainingOperator:
         }:
             self._check(c.id, token)
             self.nodes.remove_node(name)
-        self._set_nodes(
-            [n.id for n in snap.nodes], NodeStatus.STOPPED, container_id=None, lifecycle_status=None
-        )
 
     def _teardown(self, snap: Snapshot) -> None:
         c = snap.cluster

@@ -1,13 +1,15 @@
 """The control plane's stop of a training cluster, and its start again.
 
 An account that is suspended or whose money ran out has its training clusters stopped
-as its other clusters are: in one transaction every node's meter closes and its
-capacity (GPUs, vCPUs, memory) is released, and the cluster goes ``stopping``; the
-operator (reconciler/training.py) then removes the node containers and marks it
-``stopped``. The Slurm state volume (the job queue), the private network, the SSH port
-and every setting are kept. ``restart_cluster`` on a stopped cluster claims the nodes'
-places again on the same host (the state volume lives there), reopens the meters and
-has the operator build the nodes anew, once the account takes new work again.
+as its other clusters are: at the stop every node's meter closes (billing ends then)
+and the cluster goes ``stopping``; the operator (reconciler/training.py) removes the
+node containers and only then (:func:`finish_stop`) releases their capacity (GPUs,
+vCPUs, memory) and marks it ``stopped``: a GPU is never handed to another cluster while
+a node container may still use it. The Slurm state volume (the job queue), the private
+network, the SSH port and every setting are kept. ``restart_cluster`` on a stopped
+cluster claims the nodes' places again on the same host (the state volume lives there),
+reopens the meters and has the operator build the nodes anew, once the account takes
+new work again.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sqlalchemy.orm import Session
 from gpuyard.core import training as domain
 from gpuyard.core.errors import InsufficientCapacity
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeRole, TrainingStatus
+from gpuyard.core.training import NodeRole, NodeStatus, TrainingStatus
 from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.context import Context
 from gpuyard.services.placement import claim, lock_placement, release_all
@@ -31,6 +33,7 @@ from gpuyard.services.training_nodes import (
     node_request,
     nodes_of,
     plan_of,
+    transition_training,
 )
 from gpuyard.store.schema import TrainingCluster
 
@@ -56,9 +59,10 @@ def holding_clusters(session: Session, account_id: int) -> list[int]:
 
 def stop_cluster(ctx: Context, cluster_id: int, reason: str) -> bool:
     """Stop training cluster ``cluster_id`` for the control plane's ``reason`` (shown
-    as its status reason and in its events): billing ends and capacity is released now;
-    a running operation is superseded. True when a stop began; False for a cluster that
-    holds nothing (stopping or stopped already, deleting, gone). Idempotent."""
+    as its status reason and in its events): billing ends now, capacity once the
+    operator has removed the nodes (:func:`finish_stop`); a running operation is
+    superseded. True when a stop began; False for a cluster that holds nothing (stopping
+    or stopped already, deleting, gone). Idempotent."""
     now = ctx.clock.now()
     with ctx.transaction() as session:
         cluster = session.get(TrainingCluster, cluster_id, with_for_update=True)
@@ -68,10 +72,8 @@ def stop_cluster(ctx: Context, cluster_id: int, reason: str) -> bool:
             or TrainingStatus(cluster.status) not in domain.HOLDING
         ):
             return False
-        lock_placement(session)
         for node in nodes_of(session, cluster_id):
             meter_node(session, cluster, node, ClusterStatus.STOPPED, now)
-            release_all(session, domain.node_owner(node.id))
         begin_operation(
             session,
             cluster,
@@ -81,6 +83,29 @@ def stop_cluster(ctx: Context, cluster_id: int, reason: str) -> bool:
             now,
         )
     ctx.training_wake(cluster_id)
+    return True
+
+
+def finish_stop(ctx: Context, cluster_id: int, token: str) -> bool:
+    """After the operator removed every node container of stop ``token``: release the
+    nodes' capacity and mark the cluster ``stopped`` (its reason kept). False, changing
+    nothing, when that stop is no longer the recorded operation (a delete superseded
+    it)."""
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        cluster = session.get(TrainingCluster, cluster_id, with_for_update=True)
+        operation = cluster.operation if cluster is not None else None
+        if cluster is None or not operation or operation.get("token") != token:
+            return False
+        lock_placement(session)
+        for node in nodes_of(session, cluster_id):
+            release_all(session, domain.node_owner(node.id))
+            node.gpu_indices = []
+            node.status = NodeStatus.STOPPED.value
+            node.container_id = None
+            node.lifecycle_status = None
+        why = str(operation.get("reason") or "stopped")
+        transition_training(session, cluster, TrainingStatus.STOPPED, why, now)
     return True
 
 
@@ -113,6 +138,9 @@ def start_stopped(ctx: Context, session: Session, cluster: TrainingCluster, now:
             ),
         )
         node.gpu_indices = list(placement.gpu_indices)
+        # Every node is built anew, on the cluster's image: an update_image the stop
+        # cut short ends with it.
+        node.image_version_id = cluster.image_version_id
         meter_node(session, cluster, node, ClusterStatus.RUNNING, now)
     begin_operation(
         session, cluster, TrainingStatus.RESTARTING, {"action": START}, "starting every node", now

@@ -104,7 +104,12 @@ def cluster_view(
             "memory_gb_per_node": cluster.memory_gb_per_node,
             "price_per_node_hour": rates["worker"],
         },
-        "price_per_hour": round(rates["controller"] + rates["worker"] * len(workers), 6),
+        # What the cluster bills now: nothing while it is stopped (the plan keeps its price).
+        "price_per_hour": (
+            0.0
+            if status in domain.AT_REST
+            else round(rates["controller"] + rates["worker"] * len(workers), 6)
+        ),
         "controller": NodeName(cluster.id, cluster.name_prefix).controller,
         "ssh": ssh,
         "nodes": [
