@@ -123,6 +123,30 @@ def test_create_list_get_delete(tsrv: LiveServer, setup: dict[str, Any]) -> None
         assert bare.status_code == 200 and bare.json()["data"]["id"] == cluster["id"]
         events = c.get(f"{BASE}{cluster['id']}/events/", params=params(setup)).json()["data"]
         assert [(e["from_status"], e["to_status"]) for e in events] == [(None, "creating")]
+        # Paged like the list: a page at a time, following next_cursor.
+        set_status(tsrv, cluster["id"], "running")
+        for action in ("restart_workers", "restart_cluster"):
+            r = c.put(f"{BASE}{cluster['id']}/", params=params(setup), json={"action": action})
+            assert r.status_code == 200, r.text
+            set_status(tsrv, cluster["id"], "running")
+        seen, cursor = [], None
+        while True:
+            extra = {"per_page": 1} | ({"cursor": cursor} if cursor else {})
+            page = c.get(f"{BASE}{cluster['id']}/events/", params=params(setup, **extra)).json()
+            assert page["code"] == 200 and len(page["data"]) == 1, page
+            assert page["pagination"]["total"] == 3
+            seen += [e["to_status"] for e in page["data"]]
+            cursor = page["pagination"]["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == ["creating", "restarting", "restarting"]
+        # A cursor of another list is refused, naming the field.
+        other = c.get(BASE, params=params(setup, per_page=1)).json()["pagination"]["next_cursor"]
+        if other:
+            r = c.get(f"{BASE}{cluster['id']}/events/", params=params(setup, cursor=other))
+            assert_error(r, 400, "VALIDATION_ERROR", "cursor")
+        bad = c.get(f"{BASE}{cluster['id']}/events/", params=params(setup, cursor="zz"))
+        assert_error(bad, 400, "VALIDATION_ERROR", "cursor")
         assert_error(
             c.get(f"{BASE}{cluster['id']}/events/", params=params(setup, location="elsewhere")),
             404,

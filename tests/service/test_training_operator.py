@@ -363,7 +363,7 @@ def test_restart_cluster_recovers_a_failed_update_image(
     assert nodes.node_state(names.worker(1)) == "running"
     assert nodes.drained == {names.worker(2): "user-maintenance"}
     # Every status change went through the funnel and left an event saying why.
-    events = training.list_events(ctx, alice, world["scope"], cid)
+    events = training.event_page(ctx, alice, world["scope"], cid, per_page=5000).events
     assert [(e.from_status, e.to_status) for e in events] == [
         (None, "creating"),
         ("creating", "running"),

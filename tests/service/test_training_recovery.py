@@ -133,7 +133,10 @@ def test_a_dead_worker_is_recreated_counted_and_shown(
         f"back in Slurm: {names.worker(1)} (restart 1)",
     ]
     # No status change: the cluster ran throughout.
-    assert [e.to_status for e in training.list_events(ctx, alice, world["scope"], cid)] == [
+    assert [
+        e.to_status
+        for e in training.event_page(ctx, alice, world["scope"], cid, per_page=5000).events
+    ] == [
         "creating",
         "running",
         None,

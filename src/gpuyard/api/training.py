@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -203,6 +203,54 @@ async def list_training_clusters(request: Request) -> JSONResponse:
     at a time: ``per_page`` (1..500, 50) and ``cursor`` (the previous answer's
     ``pagination.next_cursor``) or ``page``. ``data`` is the seed's list; the
     envelope's ``pagination`` says where it lies."""
+
+    def fetch(
+        state: AppState, p: Principal, scope: training.Scope, paging: Paging
+    ) -> tuple[list[Any], int, str | None]:
+        result = show_clusters(
+            state.ctx,
+            p,
+            scope,
+            _partition(state),
+            per_page=paging.per_page,
+            page=paging.page,
+            cursor=paging.cursor,
+        )
+        return result.clusters, result.total, result.next_cursor
+
+    return await _paged(request, fetch)
+
+
+@dataclass(frozen=True)
+class Paging:
+    """A paged list's query: ``page`` (offset view), ``per_page``, ``cursor``."""
+
+    page: int
+    per_page: int
+    cursor: str | None
+
+
+def _paging(request: Request) -> Paging:
+    cursor = request.query_params.get("cursor")
+    if cursor is not None and len(cursor) > MAX_CURSOR_CHARS:
+        raise ValidationFailed("cursor", f"must be at most {MAX_CURSOR_CHARS} characters")
+    per_page = legacy_page_size(
+        _query_int(request, "per_page", 0, MAX_PER_PAGE) or None,
+        _query_int(request, "page", 0, MAX_PAGE) or None,
+        cursor,
+    )
+    return Paging(_query_int(request, "page", 1, MAX_PAGE), per_page, cursor)
+
+
+async def _paged(
+    request: Request,
+    fetch: Callable[
+        [AppState, Principal, training.Scope, Paging], tuple[list[Any], int, str | None]
+    ],
+) -> JSONResponse:
+    """A paged list in seed 002's envelope: ``data`` the page's items, ``pagination``
+    where it lies (everything up to 5,000 with no paging parameter, as before lists were
+    paged). ``fetch`` reads the page: (items, total, next cursor)."""
     # The page as ``work`` made it, for the envelope's ``pagination`` (``_handle``
     # renders failures, and ``data``).
     paged: dict[str, Any] = {}
@@ -210,20 +258,10 @@ async def list_training_clusters(request: Request) -> JSONResponse:
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
     ) -> tuple[int, Any, str]:
-        cursor = request.query_params.get("cursor")
-        if cursor is not None and len(cursor) > MAX_CURSOR_CHARS:
-            raise ValidationFailed("cursor", f"must be at most {MAX_CURSOR_CHARS} characters")
-        per_page = legacy_page_size(
-            _query_int(request, "per_page", 0, MAX_PER_PAGE) or None,
-            _query_int(request, "page", 0, MAX_PAGE) or None,
-            cursor,
-        )
-        page = _query_int(request, "page", 1, MAX_PAGE)
-        result = show_clusters(
-            state.ctx, p, scope, _partition(state), per_page=per_page, page=page, cursor=cursor
-        )
-        paged["data"] = result.clusters
-        paged["pagination"] = pagination(page, per_page, result.total, result.next_cursor)
+        paging = _paging(request)
+        items, total, next_cursor = fetch(state, p, scope, paging)
+        paged["data"] = items
+        paged["pagination"] = pagination(paging.page, paging.per_page, total, next_cursor)
         return 200, [], "Success"  # the page is rendered once, below, with its pagination
 
     answer = await _handle(request, work)
@@ -271,18 +309,28 @@ async def act_on_training_cluster(request: Request) -> JSONResponse:
     return await _handle(request, work, with_body=True)
 
 
-@router.get(BASE + "/{Cluster_Id}/events/", openapi_extra=operation(with_id=True))
+@router.get(BASE + "/{Cluster_Id}/events/", openapi_extra=operation(with_id=True, paged=True))
 @router.get(BASE + "/{Cluster_Id}/events", include_in_schema=False)
 async def training_cluster_events(request: Request) -> JSONResponse:
-    """The cluster's status changes and why, oldest first (an operation's error too)."""
+    """The cluster's status changes and why, oldest first (an operation's error too):
+    all of them (up to 5,000) without paging parameters, else a page at a time, as the
+    list of clusters pages."""
 
-    def work(
-        state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]
-    ) -> tuple[int, Any, str]:
-        events = training.list_events(state.ctx, p, scope, _cluster_id(request))
-        return 200, [views.event(e) for e in events], "Success"
+    def fetch(
+        state: AppState, p: Principal, scope: training.Scope, paging: Paging
+    ) -> tuple[list[Any], int, str | None]:
+        result = training.event_page(
+            state.ctx,
+            p,
+            scope,
+            _cluster_id(request),
+            page=paging.page,
+            per_page=paging.per_page,
+            cursor=paging.cursor,
+        )
+        return [views.event(e) for e in result.events], result.total, result.next_cursor
 
-    return await _handle(request, work)
+    return await _paged(request, fetch)
 
 
 @router.delete(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core import cursors
@@ -50,6 +50,7 @@ from gpuyard.services.cluster_lists import list_clusters as list_clusters
 from gpuyard.services.cluster_snapshots import check_fits, clone_source, restorable_for
 from gpuyard.services.cluster_views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
+from gpuyard.services.event_pages import EventPage, check_cursor, read_page
 from gpuyard.services.idempotency import Claim
 from gpuyard.services.lifecycle import (
     guarded_update,
@@ -771,19 +772,6 @@ def get_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
 
 
 EVENTS_LIST = "cluster_events"
-EVENT_KEY: cursors.KeyShape = ("int",)
-
-
-@dataclass(frozen=True)
-class EventPage:
-    """One page of a cluster's events, oldest first, with the total and the cursor of
-    the next page (None on the last)."""
-
-    events: list[Event]
-    total: int
-    page: int
-    per_page: int
-    next_cursor: str | None = None
 
 
 def list_events(ctx: Context, principal: Principal, cluster_id: str) -> list[Event]:
@@ -808,23 +796,19 @@ def event_page(
     With ``cursor`` (an earlier page's ``next_cursor`` for this cluster), the events
     after that page; else ``page`` by offset. Raises ClusterNotFound for a cluster the
     caller may not see, ValidationFailed naming ``cursor`` for a bad one."""
-    cursor = cursor or None
-    cursors.check_page(page, cursor)
     bound: dict[str, cursors.FilterValue] = {
         "account": principal.account_id,
         "cluster": cluster_id,
     }
-    after = cursors.decode(cursor, EVENTS_LIST, bound, EVENT_KEY) if cursor else None
+    after_id = check_cursor(EVENTS_LIST, bound, page, cursor)
     with ctx.read() as session:
         load_cluster(session, principal, cluster_id)
-        mine = Event.cluster_id == cluster_id
-        total = session.scalar(select(func.count()).select_from(Event).where(mine)) or 0
-        q = select(Event).where(mine)
-        # After the cursor's event (an index range), or the seed's offset.
-        q = q.where(Event.id > after[0]) if after is not None else q.offset((page - 1) * per_page)
-        rows = list(session.scalars(q.order_by(Event.id).limit(per_page + 1)))
-    events = rows[:per_page]
-    next_cursor = None
-    if len(rows) > per_page:
-        next_cursor = cursors.encode(EVENTS_LIST, bound, (events[-1].id,))
-    return EventPage(events, int(total), page, per_page, next_cursor)
+        return read_page(
+            session,
+            cluster_id,
+            EVENTS_LIST,
+            bound,
+            after_id=after_id,
+            page=page,
+            per_page=per_page,
+        )

@@ -19,6 +19,7 @@ from typing import Any, assert_never
 from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.orm import Session
 
+from gpuyard.core import cursors
 from gpuyard.core import training as domain
 from gpuyard.core.errors import InsufficientCapacity, NotFound, ValidationFailed
 from gpuyard.core.fleet import HostStatus
@@ -31,6 +32,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.candidates import candidate_hosts
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.context import Context
+from gpuyard.services.event_pages import EventPage, check_cursor, read_page
 from gpuyard.services.hosts import capacities
 from gpuyard.services.idempotency import Claim
 from gpuyard.services.images import get_image_version
@@ -73,7 +75,7 @@ from gpuyard.services.training_nodes import (
     transition_training,
 )
 from gpuyard.services.training_stops import start_stopped
-from gpuyard.store.schema import Event, Host, ReservedIp, TrainingCluster, TrainingNode
+from gpuyard.store.schema import Host, ReservedIp, TrainingCluster, TrainingNode
 
 SSH_PORT = 22
 
@@ -451,13 +453,40 @@ def create_cluster(
 # ---------------------------------------------------------------- delete
 
 
-def list_events(ctx: Context, principal: Principal, scope: Scope, cluster_id: int) -> list[Event]:
-    """The cluster's status changes, oldest first (404 as load_cluster)."""
+TRAINING_EVENTS = "training_events"
+
+
+def event_page(
+    ctx: Context,
+    principal: Principal,
+    scope: Scope,
+    cluster_id: int,
+    *,
+    page: int = 1,
+    per_page: int = 50,
+    cursor: str | None = None,
+) -> EventPage:
+    """The cluster's status changes, oldest first: after ``cursor`` (an earlier page's
+    ``next_cursor`` for this cluster and scope), else ``page`` by offset (404 as
+    load_cluster; ValidationFailed naming ``cursor`` for a bad one)."""
+    bound: dict[str, cursors.FilterValue] = {
+        "account": principal.account_id,
+        "cluster": cluster_id,
+        "project_id": scope.project_id,
+        "location": scope.location,
+        "active_iam": scope.active_iam,
+    }
+    after_id = check_cursor(TRAINING_EVENTS, bound, page, cursor)
     with ctx.read() as session:
         load_cluster(session, principal, scope, cluster_id)
-        owner = domain.cluster_owner(cluster_id)
-        return list(
-            session.scalars(select(Event).where(Event.cluster_id == owner).order_by(Event.id))
+        return read_page(
+            session,
+            domain.cluster_owner(cluster_id),
+            TRAINING_EVENTS,
+            bound,
+            after_id=after_id,
+            page=page,
+            per_page=per_page,
         )
 
 
