@@ -22,7 +22,7 @@ class AccountsClient:
         self.client = client
 
     def _call(self, method: str, path: str, json: JSON | None = None, **params: Any) -> JSON:
-        return self.client._request(
+        return self.client.request(
             method, path, json=json, params={k: v for k, v in params.items() if v is not None}
         )
 

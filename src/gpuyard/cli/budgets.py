@@ -18,8 +18,8 @@ from gpuyard.cli.output import key_values, print_json, print_table
 
 
 def _call(client: GpuyardClient, method: str, path: str, body: Any = None) -> dict[str, Any]:
-    # The client's envelope handling (errors as ApiError, shown by the CLI's boundary).
-    return client._request(method, path, json=body)
+    # Errors come back as ApiError, which the CLI's boundary shows.
+    return client.request(method, path, json=body)
 
 
 def _usd(value: float | None) -> str:

@@ -73,7 +73,7 @@ class GpuyardClient:
 
     # -- plumbing -------------------------------------------------------------------
 
-    def _request(
+    def request(
         self,
         method: str,
         path: str,
@@ -81,6 +81,9 @@ class GpuyardClient:
         json: JSON | None = None,
         params: dict[str, str | int] | None = None,
     ) -> JSON:
+        """One API call: its ``data`` (a non-object wrapped as ``{"value": …}``).
+        Raises ApiError with the envelope's code, message and details, or
+        ServerUnreachable."""
         try:
             resp = self._http.request(method, path, json=json, params=params)
         except httpx.ConnectError as e:
@@ -112,11 +115,11 @@ class GpuyardClient:
 
     def healthz(self) -> JSON:
         """``GET /healthz``: ``{"ok": true, "engine": "ok" | problem}`` (no key needed)."""
-        return self._request("GET", "/healthz")
+        return self.request("GET", "/healthz")
 
     def create_cluster(self, body: JSON) -> JSON:
         """``POST /v1/clusters``; ``body`` follows ``CreateCluster``. Returns the cluster."""
-        return self._request("POST", "/v1/clusters", json=body)
+        return self.request("POST", "/v1/clusters", json=body)
 
     def list_clusters(
         self,
@@ -139,32 +142,32 @@ class GpuyardClient:
             params["search"] = search
         if project_id is not None:
             params["project_id"] = project_id
-        return self._request("GET", "/v1/clusters", params=params)
+        return self.request("GET", "/v1/clusters", params=params)
 
     def get_cluster(self, cluster_id: str) -> JSON:
-        return self._request("GET", f"/v1/clusters/{cluster_id}")
+        return self.request("GET", f"/v1/clusters/{cluster_id}")
 
     def start_cluster(self, cluster_id: str, body: JSON | None = None) -> JSON:
         """``POST /v1/clusters/{id}/start``; ``body`` follows ``StartCluster``."""
-        return self._request("POST", f"/v1/clusters/{cluster_id}/start", json=body or {})
+        return self.request("POST", f"/v1/clusters/{cluster_id}/start", json=body or {})
 
     def bid_resume_cluster(self, cluster_id: str, body: JSON) -> JSON:
         """``POST /v1/clusters/{id}/bid-resume``; ``body``: ``bid_per_gpu``, ``gpu_count``."""
-        return self._request("POST", f"/v1/clusters/{cluster_id}/bid-resume", json=body)
+        return self.request("POST", f"/v1/clusters/{cluster_id}/bid-resume", json=body)
 
     def stop_cluster(self, cluster_id: str) -> JSON:
-        return self._request("POST", f"/v1/clusters/{cluster_id}/stop")
+        return self.request("POST", f"/v1/clusters/{cluster_id}/stop")
 
     def restart_cluster(self, cluster_id: str) -> JSON:
-        return self._request("POST", f"/v1/clusters/{cluster_id}/restart")
+        return self.request("POST", f"/v1/clusters/{cluster_id}/restart")
 
     def terminate_cluster(self, cluster_id: str) -> JSON:
-        return self._request("DELETE", f"/v1/clusters/{cluster_id}")
+        return self.request("DELETE", f"/v1/clusters/{cluster_id}")
 
     def open_port(self, cluster_id: str, port: int) -> JSON:
         """``GET /v1/clusters/{id}/ports/{port}/open``: a one-time ``url`` that opens a
         private http port in a browser, with ``expires_at``."""
-        return self._request("GET", f"/v1/clusters/{cluster_id}/ports/{port}/open")
+        return self.request("GET", f"/v1/clusters/{cluster_id}/ports/{port}/open")
 
     def cluster_events(self, cluster_id: str) -> JSON:
         """``GET /v1/clusters/{id}/events``, every page followed by its cursor:
@@ -173,7 +176,7 @@ class GpuyardClient:
         events: list[Any] = []
         params: dict[str, str | int] = {"per_page": 500}
         while True:
-            data = self._request("GET", path, params=params)
+            data = self.request("GET", path, params=params)
             events += data.get("events", [])
             cursor = (data.get("pagination") or {}).get("next_cursor")
             if not cursor:
@@ -182,47 +185,47 @@ class GpuyardClient:
 
     def gpu_types(self) -> JSON:
         """``GET /v1/gpu-types``: ``{"gpu_types": [...]}`` with prices and availability."""
-        return self._request("GET", "/v1/gpu-types")
+        return self.request("GET", "/v1/gpu-types")
 
     def hosts(self) -> JSON:
         """``GET /v1/hosts`` (admin scope): ``{"installation_id", "hosts": [...]}``."""
-        return self._request("GET", "/v1/hosts")
+        return self.request("GET", "/v1/hosts")
 
     def add_host(self, body: JSON) -> JSON:
         """``POST /v1/hosts`` (admin): the new host."""
-        return self._request("POST", "/v1/hosts", json=body)
+        return self.request("POST", "/v1/hosts", json=body)
 
     def get_host(self, host_id: int) -> JSON:
         """``GET /v1/hosts/{id}`` (admin)."""
-        return self._request("GET", f"/v1/hosts/{host_id}")
+        return self.request("GET", f"/v1/hosts/{host_id}")
 
     def cordon_host(self, host_id: int) -> JSON:
         """``POST /v1/hosts/{id}/cordon`` (admin)."""
-        return self._request("POST", f"/v1/hosts/{host_id}/cordon")
+        return self.request("POST", f"/v1/hosts/{host_id}/cordon")
 
     def drain_host(self, host_id: int) -> JSON:
         """``POST /v1/hosts/{id}/drain`` (admin)."""
-        return self._request("POST", f"/v1/hosts/{host_id}/drain")
+        return self.request("POST", f"/v1/hosts/{host_id}/drain")
 
     def uncordon_host(self, host_id: int) -> JSON:
         """``POST /v1/hosts/{id}/uncordon`` (admin)."""
-        return self._request("POST", f"/v1/hosts/{host_id}/uncordon")
+        return self.request("POST", f"/v1/hosts/{host_id}/uncordon")
 
     def delete_host(self, host_id: int) -> JSON:
         """``DELETE /v1/hosts/{id}`` (admin): ``{"id", "name", "deleted"}``."""
-        return self._request("DELETE", f"/v1/hosts/{host_id}")
+        return self.request("DELETE", f"/v1/hosts/{host_id}")
 
     def host_ssh_key(self) -> JSON:
         """``GET /v1/hosts/ssh-key`` (admin): ``{"public_key": ...}``."""
-        return self._request("GET", "/v1/hosts/ssh-key")
+        return self.request("GET", "/v1/hosts/ssh-key")
 
     def orphans(self, *, include_done: bool = False) -> JSON:
         """``GET /v1/orphans`` (admin): ``{"installation_id", "orphans": [...]}``."""
-        return self._request("GET", "/v1/orphans", params={"all": "true"} if include_done else None)
+        return self.request("GET", "/v1/orphans", params={"all": "true"} if include_done else None)
 
     def delete_orphan(self, orphan_id: str) -> JSON:
         """``DELETE /v1/orphans/{id}`` (admin): the orphan, now deleted."""
-        return self._request("DELETE", f"/v1/orphans/{orphan_id}")
+        return self.request("DELETE", f"/v1/orphans/{orphan_id}")
 
     def billing(
         self,
@@ -239,7 +242,7 @@ class GpuyardClient:
                 params[name] = value
         if project_id is not None:
             params["project_id"] = project_id
-        return self._request("GET", "/v1/billing", params=params)
+        return self.request("GET", "/v1/billing", params=params)
 
     # -- training-cluster resources ---------------------------------------------------
 
@@ -254,29 +257,29 @@ class GpuyardClient:
 
     def list_projects(self, *, active_iam: int | None = None) -> JSON:
         """``GET /v1/projects``: ``{"projects": [...]}``."""
-        return self._request("GET", "/v1/projects", params=self._scope(None, active_iam))
+        return self.request("GET", "/v1/projects", params=self._scope(None, active_iam))
 
     def create_project(self, name: str, *, active_iam: int | None = None) -> JSON:
         """``POST /v1/projects``. Returns the project."""
-        return self._request(
+        return self.request(
             "POST", "/v1/projects", json={"name": name}, params=self._scope(None, active_iam)
         )
 
     def locations(self) -> JSON:
         """``GET /v1/locations``: ``{"locations": [...]}`` with GPU capacity."""
-        return self._request("GET", "/v1/locations")
+        return self.request("GET", "/v1/locations")
 
     def plans(self) -> JSON:
         """``GET /v1/plans``: ``{"plans": [...]}`` (``sku_id`` and price per node-hour)."""
-        return self._request("GET", "/v1/plans")
+        return self.request("GET", "/v1/plans")
 
     def list_ssh_keys(self, *, active_iam: int | None = None) -> JSON:
         """``GET /v1/ssh-keys``: ``{"ssh_keys": [...]}``."""
-        return self._request("GET", "/v1/ssh-keys", params=self._scope(None, active_iam))
+        return self.request("GET", "/v1/ssh-keys", params=self._scope(None, active_iam))
 
     def add_ssh_key(self, name: str, public_key: str, *, active_iam: int | None = None) -> JSON:
         """``POST /v1/ssh-keys``. Returns the key with its fingerprint."""
-        return self._request(
+        return self.request(
             "POST",
             "/v1/ssh-keys",
             json={"name": name, "public_key": public_key},
@@ -284,34 +287,34 @@ class GpuyardClient:
         )
 
     def delete_ssh_key(self, key_id: str, *, active_iam: int | None = None) -> JSON:
-        return self._request(
+        return self.request(
             "DELETE", f"/v1/ssh-keys/{key_id}", params=self._scope(None, active_iam)
         )
 
     def list_images(self) -> JSON:
         """``GET /v1/images``: ``{"images": [...]}``."""
-        return self._request("GET", "/v1/images")
+        return self.request("GET", "/v1/images")
 
     def register_image(self, body: JSON) -> JSON:
         """``POST /v1/images`` (admin scope); ``body``: name, version, image, description."""
-        return self._request("POST", "/v1/images", json=body)
+        return self.request("POST", "/v1/images", json=body)
 
     def list_reserved_ips(
         self, *, project_id: int | None = None, active_iam: int | None = None
     ) -> JSON:
         """``GET /v1/reserved-ips``: ``{"reserved_ips": [...]}``."""
-        return self._request("GET", "/v1/reserved-ips", params=self._scope(project_id, active_iam))
+        return self.request("GET", "/v1/reserved-ips", params=self._scope(project_id, active_iam))
 
     def allocate_reserved_ip(
         self, *, project_id: int | None = None, active_iam: int | None = None
     ) -> JSON:
         """``POST /v1/reserved-ips``: the lowest free pool address."""
-        return self._request("POST", "/v1/reserved-ips", params=self._scope(project_id, active_iam))
+        return self.request("POST", "/v1/reserved-ips", params=self._scope(project_id, active_iam))
 
     def release_reserved_ip(
         self, ip_id: str, *, project_id: int | None = None, active_iam: int | None = None
     ) -> JSON:
-        return self._request(
+        return self.request(
             "DELETE", f"/v1/reserved-ips/{ip_id}", params=self._scope(project_id, active_iam)
         )
 
@@ -319,7 +322,7 @@ class GpuyardClient:
         self, *, project_id: int | None = None, active_iam: int | None = None
     ) -> JSON:
         """``GET /v1/security-groups``: ``{"security_groups": [...]}``."""
-        return self._request(
+        return self.request(
             "GET", "/v1/security-groups", params=self._scope(project_id, active_iam)
         )
 
@@ -327,14 +330,14 @@ class GpuyardClient:
         self, body: JSON, *, project_id: int | None = None, active_iam: int | None = None
     ) -> JSON:
         """``POST /v1/security-groups``; ``body``: name, description, rules."""
-        return self._request(
+        return self.request(
             "POST", "/v1/security-groups", json=body, params=self._scope(project_id, active_iam)
         )
 
     def delete_security_group(
         self, group_id: str, *, project_id: int | None = None, active_iam: int | None = None
     ) -> JSON:
-        return self._request(
+        return self.request(
             "DELETE",
             f"/v1/security-groups/{group_id}",
             params=self._scope(project_id, active_iam),
@@ -344,7 +347,7 @@ class GpuyardClient:
 
     def create_snapshot(self, cluster_id: str, body: JSON) -> JSON:
         """``POST /v1/clusters/{id}/snapshots``; ``body``: name, description."""
-        return self._request("POST", f"/v1/clusters/{cluster_id}/snapshots", json=body)
+        return self.request("POST", f"/v1/clusters/{cluster_id}/snapshots", json=body)
 
     def list_snapshots(
         self,
@@ -360,10 +363,10 @@ class GpuyardClient:
             params["project_id"] = project_id
         if network_volume_id:
             params["network_volume_id"] = network_volume_id
-        return self._request("GET", "/v1/snapshots", params=params)
+        return self.request("GET", "/v1/snapshots", params=params)
 
     def get_snapshot(self, snapshot_id: str) -> JSON:
-        return self._request("GET", f"/v1/snapshots/{snapshot_id}")
+        return self.request("GET", f"/v1/snapshots/{snapshot_id}")
 
     def delete_snapshot(self, snapshot_id: str) -> JSON:
-        return self._request("DELETE", f"/v1/snapshots/{snapshot_id}")
+        return self.request("DELETE", f"/v1/snapshots/{snapshot_id}")
