@@ -3,16 +3,19 @@ SQLite and PostgreSQL: what each change stores and audits, and what it refuses."
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
 
-from gpuyard.core.errors import Conflict, Forbidden, ValidationFailed
+from gpuyard.core.errors import AccountSuspended, Conflict, Forbidden, ValidationFailed
 from gpuyard.services import accounts, api_keys, members, projects
+from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal, Scope, admin_user, resolve_key
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
+from gpuyard.services.placement import lock_placement
 from gpuyard.store.schema import ApiKey, AuditEvent, Member, ProjectMember, Quota
 
 
@@ -151,3 +154,28 @@ def test_delete_project_drops_grants_and_quotas(ctx: Context) -> None:
     assert actions(ctx, aid)[-3:] == ["project.create", "project_member.add", "project.delete"]
     with pytest.raises(projects.ProjectNotFound):
         projects.rename_project(ctx, owner, lab.id, "again")
+
+
+def test_a_suspension_waits_for_a_placement_in_flight(ctx: Context, alice: Principal) -> None:
+    """A create holds the placement lock from its claim to its commit; the suspension
+    takes the same lock before it lists what to stop, so it sees that create's cluster
+    (or the create, checking after it, is refused): no cluster slips past it."""
+    op = operator(ctx)
+    done = threading.Event()
+
+    def suspend() -> None:
+        accounts.update_account(
+            ctx, op, alice.account_id, name=None, status="suspended", reason=None
+        )
+        done.set()
+
+    with ctx.transaction() as s:
+        lock_placement(s)
+        refuse_closed_account(s, alice.account_id)  # the create's admission: still open
+        worker = threading.Thread(target=suspend)
+        worker.start()
+        assert not done.wait(1.0)  # the suspension waits for this placement to commit
+    worker.join(30)
+    assert done.is_set()
+    with ctx.read() as s, pytest.raises(AccountSuspended):
+        refuse_closed_account(s, alice.account_id)

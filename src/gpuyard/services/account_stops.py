@@ -15,6 +15,7 @@ from gpuyard.core import training as training_domain
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.clusters import control_plane_stop
 from gpuyard.services.context import Context
+from gpuyard.services.placement import lock_placement
 from gpuyard.services.training_stops import holding_clusters, stop_cluster
 from gpuyard.store.schema import Cluster, Project
 
@@ -37,7 +38,11 @@ class RunningWork:
 
 
 def running_work(session: Session, account_id: int) -> RunningWork:
-    """The account's clusters and training clusters a stop applies to, oldest first."""
+    """The account's clusters and training clusters a stop applies to, oldest first.
+    Call it in the transaction that marks the account closed: it takes the placement
+    lock first, so a create or start of the account either committed before (and is
+    listed) or checks the account after this commits (and is refused)."""
+    lock_placement(session)
     clusters = session.scalars(
         select(Cluster.id)
         .join(Project, Project.id == Cluster.project_id)

@@ -17,8 +17,11 @@ from gpuyard.store.schema import Account
 
 
 def refuse_closed_account(session: Session, account_id: int) -> None:
-    """Raises AccountSuspended or BudgetExhausted when the account takes no new work."""
-    account = session.get(Account, account_id)
+    """Raises AccountSuspended or BudgetExhausted when the account takes no new work.
+    Where the work holds capacity, call it under the placement lock: a suspension or an
+    exhaustion takes that lock before it lists what to stop, so either it sees the new
+    work or the new work sees it. The account is read afresh (not from the session)."""
+    account = session.get(Account, account_id, populate_existing=True)
     if account is None:
         return
     if account.status == "suspended":

@@ -385,7 +385,6 @@ def create_cluster(
     now = ctx.clock.now()
     with ctx.transaction() as session:
         account_id, project_id = _visible(session, principal, scope)
-        refuse_closed_account(session, account_id)
         image = get_image_version(session, spec.image_version_id)
         keys = keys_by_ids(session, account_id, list(spec.ssh_key_ids))
         plan = _plan(session, spec.plan)
@@ -400,6 +399,9 @@ def create_cluster(
                 )
             groups = [g.id for g in found]
         lock_placement(session)
+        # Under the placement lock, as every admission: a suspension or exhaustion that
+        # committed meanwhile is seen (services/account_stops.py takes it too).
+        refuse_closed_account(session, account_id)
         hosts = _location_hosts(ctx, session, scope.location, plan, spec.no_of_nodes)
         cluster = TrainingCluster(
             account_id=account_id,
@@ -663,8 +665,8 @@ def _scale_cluster(
     extra = domain.positive_int("additional_nodes", request.additional_nodes, room)
     if c.host_id is None:
         raise InsufficientCapacity("the cluster has no host to add nodes on")
-    refuse_closed_account(s, c.account_id)
     lock_placement(s)
+    refuse_closed_account(s, c.account_id)
     names = NodeName(c.id, c.name_prefix)
     added = []
     savepoint = s.begin_nested()

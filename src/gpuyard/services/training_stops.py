@@ -115,8 +115,8 @@ def start_stopped(ctx: Context, session: Session, cluster: TrainingCluster, now:
     reopen the meters, begin the ``start`` operation and check the quotas with the
     cluster counted. Raises AccountSuspended, BudgetExhausted, InsufficientCapacity or
     QuotaExceeded; the caller's transaction then rolls back and it stays stopped."""
-    refuse_closed_account(session, cluster.account_id)
     lock_placement(session)
+    refuse_closed_account(session, cluster.account_id)
     plan = plan_of(cluster)
     nodes = nodes_of(session, cluster.id)
     for node in nodes:
