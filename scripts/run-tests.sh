@@ -71,5 +71,10 @@ for name in fast e2e; do
   fi
   [ "$rc" = 0 ] || status=1
 done
-rm -rf "$work"
+if [ "$status" = 0 ]; then
+  rm -rf "$work"
+else
+  # What a failed test left (servers' homes and logs, temporary files) stays for a look.
+  echo "kept for a look: $work (each test's temporary files, servers' logs)"
+fi
 exit "$status"

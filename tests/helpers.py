@@ -28,19 +28,33 @@ from gpuyard.services.metering import accrued
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Cluster, Host, HostGpu
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-# Published-port blocks for test servers lie below the kernel's ephemeral range
-# (32768+ by default), where a client socket of any process could be holding a port
-# the engine is then told to publish.
+# Ports for test servers (their own listeners, and the host ports their clusters
+# publish) come in blocks below the kernel's ephemeral range (32768+ by default), where
+# a client socket of any process could be holding a port, or a port 0 bind of another
+# test process could land; each block is held by one test process (flock).
 _PORT_BLOCK_FIRST, _PORT_BLOCK_LAST, PORT_BLOCK_SIZE = 20000, 32600, 100
 _held_blocks: list[int] = []  # lock files kept open for the process's lifetime
+_listen_ports: list[int] = []  # what is left of this process's block of listening ports
+_listen_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A port for a test server to listen on (or a container to publish on): one of a
+    block this process holds, so no other test process (the other test group) is given
+    it, and below the ephemeral range, so no client socket holds it. Checked free by
+    binding it."""
+    with _listen_lock:
+        while True:
+            if not _listen_ports:
+                start = port_block()
+                _listen_ports.extend(range(start, start + PORT_BLOCK_SIZE))
+            port = _listen_ports.pop(0)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # held by something outside the tests: the next one
+            return port
 
 
 def port_block() -> int:

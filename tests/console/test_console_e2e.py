@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
+from tests.console.conftest import OPEN_PAGES
 from tests.e2e.test_server_e2e import ServerProcess, running_server
 from tests.helpers import free_port
 
@@ -123,6 +124,7 @@ def new_page(browser: Any, server: ServerProcess, recorder: Recorder) -> Any:
     page.set_default_timeout(30_000)
     page.on("dialog", lambda d: d.accept())  # confirmations
     recorder.attach(page)
+    OPEN_PAGES.append(page)  # for the evidence a failed test leaves (conftest.py)
     page.goto(server.url + "/")
     return page
 

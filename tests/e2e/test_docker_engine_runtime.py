@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy, NotOurs
 from gpuyard.runtimes.engine_url import PodmanService, detect_engine_url
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -79,12 +79,6 @@ def new_cluster(rt: DockerEngineRuntime) -> Iterator[Callable[[], str]]:
     for cid in made:
         rt.stop(cid, timeout_s=1)
         rt.remove_volume(rt.engine.owner.volume(cid))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_spec(

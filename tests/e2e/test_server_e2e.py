@@ -81,7 +81,10 @@ class ServerProcess:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                # Ours answers only once its database exists (an answer before that
+                # would be another server's: then ours fails to bind and says so).
+                up = httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+                if up and self.db_path.exists():
                     self.installations.add(self.installation.installation_id)
                     return
             except httpx.HTTPError:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -26,17 +25,12 @@ from gpuyard.runtimes.web_image import (
     recipe_digest,
 )
 from tests.e2e.conftest import purge_installation
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
 if shutil.which("podman") is None or shutil.which("gcc") is None:
     pytest.skip("podman and gcc are needed to build and run the web image", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def image_id() -> str:

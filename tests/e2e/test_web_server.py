@@ -24,17 +24,12 @@ import pytest
 import websockets
 
 from gpuyard.runtimes.web_image import compile_web_server
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
 if shutil.which("gcc") is None:
     pytest.skip("gcc is not installed: the web server is compiled", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
