@@ -1,10 +1,12 @@
 """The console's browser tests use the e2e suite's real engine (a private Podman
 service and the offline images). A failed browser test leaves what it saw behind: a
-screenshot of each page it opened (in the artifacts folder) and the end of the
-server's log (in the report)."""
+screenshot of each page it opened (in the artifacts folder), and each page's address
+and the end of the server's log in the report. Every page a test opened is closed
+after it, so its polling, log streams and terminals stop loading the shared server."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -22,28 +24,34 @@ OPEN_PAGES: list[Any] = []
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None]:
     outcome = yield
     report = outcome.get_result()
-    if report.when == "call":
-        item.stash[_FAILED] = report.failed
+    if report.when == "call" and report.failed:
+        # Right after the test, before fixtures close its pages.
+        report.sections.append(("evidence", _evidence(item)))
 
 
-_FAILED = pytest.StashKey[bool]()
-
-
-@pytest.fixture(autouse=True)
-def _evidence_of_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    OPEN_PAGES.clear()
-    yield
-    if not request.node.stash.get(_FAILED, False):
-        return
+def _evidence(item: pytest.Item) -> str:
     from tests.console.test_console_e2e import artifacts_dir
 
+    lines = []
     shots = artifacts_dir()
     for n, page in enumerate(OPEN_PAGES):
         try:
-            page.screenshot(path=str(shots / f"failed-{request.node.name}-{n}.png"))
-            print(f"page {n}: {page.url}\n{page.content()[:2000]}")
-        except Exception as exc:  # the page may be gone: say so, do not mask the failure
-            print(f"page {n}: no screenshot ({exc})")
-    server = request.node.funcargs.get("server")
+            page.screenshot(path=str(shots / f"failed-{item.name}-{n}.png"))
+            lines.append(f"page {n}: {page.url} (screenshot failed-{item.name}-{n}.png)")
+        except Exception as exc:  # the page may be gone: say so, never mask the failure
+            lines.append(f"page {n}: no screenshot ({exc})")
+    server = getattr(item, "funcargs", {}).get("server")
     if server is not None:
-        print("server log (end):\n" + server.log_tail(6000))
+        lines.append("server log (end):\n" + server.log_tail(6000))
+    return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True)
+def _pages_of_one_test() -> Iterator[None]:
+    OPEN_PAGES.clear()
+    yield
+    for page in OPEN_PAGES:
+        # Closed already, perhaps (by the test, or with its browser).
+        with contextlib.suppress(Exception):
+            page.context.close()
+    OPEN_PAGES.clear()
