@@ -668,13 +668,17 @@ class TrainingOperator:
         """Remove every node container of a stopping cluster (those the store lists and
         any other carrying its label). The Slurm state volume and the network stay for
         the start; a lifecycle script cut short is not awaited."""
-        c = snap.cluster
-        for name in {
-            *(n.name for n in snap.nodes),
-            *self.nodes.list_nodes(LABEL_TRAINING, str(c.id)),
-        }:
-            self._check(c.id, token)
+        for name in self._containers_of(snap):
+            self._check(snap.cluster.id, token)
             self.nodes.remove_node(name)
+
+    def _containers_of(self, snap: Snapshot) -> set[str]:
+        """The cluster's node containers: those the store lists and any other the
+        engine has with its label (one a crash left between create and record)."""
+        return {
+            *(n.name for n in snap.nodes),
+            *self.nodes.list_nodes(LABEL_TRAINING, str(snap.cluster.id)),
+        }
 
     def _teardown(self, snap: Snapshot) -> None:
         c = snap.cluster
@@ -687,10 +691,7 @@ class TrainingOperator:
         if c.ssh_port:
             known.add((self.bind_address, c.ssh_port))
         self.edges.drop(c.id, known)
-        for name in {
-            *(n.name for n in snap.nodes),
-            *self.nodes.list_nodes(LABEL_TRAINING, str(c.id)),
-        }:
+        for name in self._containers_of(snap):
             self.nodes.remove_node(name)
         self.nodes.remove_network(names.network)
         self.nodes.remove_volume(names.state_volume)
