@@ -32,6 +32,7 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
+from gpuyard.runtimes.engine import vanished_mid_removal
 from gpuyard.runtimes.engine_url import PodmanService
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import (
@@ -114,8 +115,10 @@ def container_state(engine: docker.DockerClient, name: str) -> str | None:
     """The engine's state of the container ``name`` (None: there is none)."""
     try:
         status: str = engine.containers.get(name).status
-    except docker.errors.NotFound:
-        return None
+    except docker.errors.APIError as e:
+        if vanished_mid_removal(e):  # being removed right now
+            return None
+        raise
     return status
 
 

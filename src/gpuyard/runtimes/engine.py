@@ -74,6 +74,13 @@ def lost_creation_race(e: docker.errors.APIError) -> bool:
     return e.status_code == 409 or "already exists" in text or "is in use" in text
 
 
+def vanished_mid_removal(e: docker.errors.APIError) -> bool:
+    """True when the engine found a container by name that another caller was removing
+    at that moment: Podman's compat API then answers 500 "... does not exist in database:
+    no such container" instead of 404. The container is gone, as with a 404."""
+    return isinstance(e, docker.errors.NotFound) or "no such container" in reason(e)
+
+
 @dataclass(frozen=True)
 class EngineVolume:
     """A volume of ours: its name, labels, size when the engine reports it, creation."""
@@ -301,8 +308,10 @@ class Engine:
         with self.errors(f"inspecting container {name}"):
             try:
                 info: dict[str, Any] = self.api.inspect_container(name)
-            except docker.errors.NotFound:
-                return None
+            except docker.errors.APIError as e:
+                if vanished_mid_removal(e):
+                    return None
+                raise
         labels = (info.get("Config") or {}).get("Labels") or {}
         if not self.claims(labels, legacy=legacy):
             raise NotOurs(
@@ -329,11 +338,9 @@ class Engine:
             try:
                 # v=True drops anonymous volumes an image declares; named ones stay.
                 self.api.remove_container(name, v=True, force=True)
-            except docker.errors.NotFound:
-                pass
             except docker.errors.APIError as e:
-                # Another caller is already removing it: the outcome is the same.
-                if "already in progress" not in reason(e):
+                # Gone, or another caller is already removing it: the outcome is the same.
+                if not vanished_mid_removal(e) and "already in progress" not in reason(e):
                     raise
 
     def list_containers(self, *label_filters: str) -> list[dict[str, Any]]:
