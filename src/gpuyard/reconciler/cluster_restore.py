@@ -18,6 +18,7 @@ from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.progress import STEP_RESTORING
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
+from gpuyard.services import snapshot_work as work
 from gpuyard.services import snapshots as svc
 from gpuyard.services.lifecycle import guarded_update, record_event
 from gpuyard.services.placement import release_compute
@@ -37,7 +38,7 @@ def volume_unread(driver: ClusterDriver, c: Cluster) -> bool:
     then (the snapshot's end wakes the reconciler): a move or a restore would remove
     the volume under the reader, and a ``stopped`` snapshot must not see a running
     container."""
-    return not svc.snapshot_reading(driver.ctx, c)
+    return not work.snapshot_reading(driver.ctx, c)
 
 
 def storage_ready(driver: ClusterDriver, c: Cluster) -> bool:
@@ -50,7 +51,7 @@ def storage_ready(driver: ClusterDriver, c: Cluster) -> bool:
 def _restore(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
     from gpuyard.reconciler.driver import Abandon
 
-    before = svc.before_snapshot_outcome(driver.ctx, restore)
+    before = work.before_snapshot_outcome(driver.ctx, restore)
     if before == "pending":
         return False
     if before is not None:
@@ -117,7 +118,7 @@ def _swap(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
                 c.version = guarded_update(
                     session, c.id, c.version, now, volume_name=restore.target_volume
                 )
-                svc.finish_restore(driver.ctx, restore.id, session=session)
+                work.finish_restore(driver.ctx, restore.id, session=session)
                 record_event(
                     session, c.id, now, "snapshot", f"restored snapshot {restore.snapshot_id}"
                 )
@@ -138,7 +139,7 @@ def _give_up(driver: ClusterDriver, c: Cluster, restore: VolumeRestore, message:
     log.warning("cluster %s: restore of %s failed", c.id, restore.snapshot_id)
 
     def record(session: Session, cluster_id: str) -> None:
-        svc.finish_restore(driver.ctx, restore.id, error=message, session=session)
+        work.finish_restore(driver.ctx, restore.id, error=message, session=session)
         release_compute(session, cluster_id)
 
     driver._transition(

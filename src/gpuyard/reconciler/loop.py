@@ -45,7 +45,7 @@ from gpuyard.services.host_health import record_heartbeat
 from gpuyard.services.idempotency import purge_expired
 from gpuyard.services.moves import COPYING, DRAIN_STOP
 from gpuyard.services.replica import replica_id
-from gpuyard.services.snapshots import restore_holders, snapshots_to_take
+from gpuyard.services.snapshot_work import restore_holders, snapshots_to_take
 from gpuyard.services.webhooks import deliver as deliver_webhook
 from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 

@@ -22,7 +22,7 @@ Crashes: restic under this process dies with it (parent-death signal), so a stre
 off never commits a snapshot; a helper's restic is killed by the next attempt on its
 volume. Partial packs and stale locks are cleaned when the server starts
 (:meth:`SnapshotWorker.recover`). The row a crash left ``creating`` is failed by the
-next attempt to take it (services/snapshots.py claim_snapshot).
+next attempt to take it (services/snapshot_work.py claim_snapshot).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.engine import Engine
 from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
 from gpuyard.runtimes.volume_copy import remove_helpers, volume_labels
+from gpuyard.services import snapshot_work as work
 from gpuyard.services import snapshots as svc
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
@@ -143,7 +144,7 @@ class SnapshotWorker:
         compares with the volume's previous snapshot (a ``tree``: unchanged files are
         not read again); elsewhere the volume's tar stream is piped into restic (a
         ``tar``)."""
-        claim = svc.claim_snapshot(self.ctx, snapshot_id, self.worker_id)
+        claim = work.claim_snapshot(self.ctx, snapshot_id, self.worker_id)
         if claim.interrupted:
             self._stop_leftover_helper(claim.host_id, claim.volume_name)
             self._forget_tagged(snapshot_id)
@@ -151,7 +152,7 @@ class SnapshotWorker:
         if snap is None:
             return
         began = time.monotonic()
-        beat = Throttle(lambda n: svc.heartbeat(self.ctx, snapshot_id, n))
+        beat = Throttle(lambda n: work.heartbeat(self.ctx, snapshot_id, n))
         try:
             self._ready()
             runtime = self.runtime_of(snap.host_id)
@@ -163,29 +164,29 @@ class SnapshotWorker:
         except Exception as exc:
             reason = exc.message if isinstance(exc, GpuyardError) else f"{type(exc).__name__}"
             log.warning("snapshot %s failed: %s", snapshot_id, reason)
-            svc.fail_snapshot(self.ctx, snapshot_id, reason)
+            work.fail_snapshot(self.ctx, snapshot_id, reason)
             self._forget_tagged(snapshot_id)
             self.ctx.wake()
             return
         taken = replace(taken, seconds=time.monotonic() - began)
-        if not svc.finish_snapshot(self.ctx, snapshot_id, taken) and not self._forget(
+        if not work.finish_snapshot(self.ctx, snapshot_id, taken) and not self._forget(
             [taken.restic_id]
         ):
             # Failed meanwhile: its data is not wanted (forgotten later if not now).
-            svc.keep_for_forgetting(self.ctx, snapshot_id, taken.restic_id)
+            work.keep_for_forgetting(self.ctx, snapshot_id, taken.restic_id)
         self.ctx.wake()
 
-    def _take_tree(self, engine: Engine, snap: Snapshot, beat: Callable[[int], None]) -> svc.Taken:
+    def _take_tree(self, engine: Engine, snap: Snapshot, beat: Callable[[int], None]) -> work.Taken:
         result = backup_volume(
             engine,
             snap.volume_name,
             self.repository,
             tags=[snapshot_tag(snap.id)],
             host=self.ctx.ownership.prefix,
-            parent=svc.parent_for(self.ctx, snap),
+            parent=work.parent_for(self.ctx, snap),
             on_progress=beat,
         )
-        return svc.Taken(
+        return work.Taken(
             restic_id=result.restic_id,
             size_bytes=result.bytes,
             stored_bytes=result.data_added,
@@ -195,7 +196,9 @@ class SnapshotWorker:
             format=SnapshotFormat.TREE,
         )
 
-    def _take_tar(self, runtime: Runtime, snap: Snapshot, beat: Callable[[int], None]) -> svc.Taken:
+    def _take_tar(
+        self, runtime: Runtime, snap: Snapshot, beat: Callable[[int], None]
+    ) -> work.Taken:
         counter = TarCounter()
         with read_volume(runtime, snap.volume_name) as chunks:
             result = self.repository.backup_stream(
@@ -204,7 +207,7 @@ class SnapshotWorker:
                 tags=[snapshot_tag(snap.id)],
                 host=self.ctx.ownership.prefix,
             )
-        return svc.Taken(
+        return work.Taken(
             restic_id=result.restic_id,
             size_bytes=counter.content_bytes,
             stored_bytes=result.data_added,
@@ -265,8 +268,8 @@ class SnapshotWorker:
             fmt = SnapshotFormat(snap.format) if snap is not None else SnapshotFormat.TAR
         if restic_id is None:
             raise RuntimeFailure(f"snapshot {snapshot_id} has no data in the repository")
-        svc.restore_progress(self.ctx, restore_id, 0, total)
-        beat = Throttle(lambda n: svc.restore_progress(self.ctx, restore_id, n, total))
+        work.restore_progress(self.ctx, restore_id, 0, total)
+        beat = Throttle(lambda n: work.restore_progress(self.ctx, restore_id, n, total))
         runtime = self.runtime_of(host_id)
         try:
             self._ready()
@@ -277,7 +280,7 @@ class SnapshotWorker:
             if isinstance(exc, GpuyardError):
                 raise
             raise RuntimeFailure(f"restore failed: {type(exc).__name__}: {exc}") from exc
-        svc.restore_progress(self.ctx, restore_id, total, total)
+        work.restore_progress(self.ctx, restore_id, total, total)
         log.info("restored snapshot %s into %s (%s)", snapshot_id, target_volume, holder_id)
 
     def _restore(
@@ -329,7 +332,7 @@ class SnapshotWorker:
             volume = session.get(NetworkVolume, volume_id)
             old = volume.volume_name if volume is not None else None
         if old is None:
-            svc.finish_restore(self.ctx, restore.id, error="the network volume is gone")
+            work.finish_restore(self.ctx, restore.id, error="the network volume is gone")
             return
         try:
             self.restore_into(
@@ -342,9 +345,9 @@ class SnapshotWorker:
                 None,
             )
         except GpuyardError as exc:
-            svc.finish_restore(self.ctx, restore.id, error=exc.message)
+            work.finish_restore(self.ctx, restore.id, error=exc.message)
             return
-        swapped = svc.swap_network_volume(self.ctx, restore.id, volume_id, restore.target_volume)
+        swapped = work.swap_network_volume(self.ctx, restore.id, volume_id, restore.target_volume)
         with contextlib.suppress(GpuyardError):
             # The replaced volume, or the copy nobody will use.
             self.runtime_of(restore.host_id).remove_volume(
@@ -358,12 +361,12 @@ class SnapshotWorker:
         """Forget the data of deleted and failed snapshots (prune included). A
         repository busy with a backup refuses its exclusive lock: tried again on the
         next pass."""
-        found = svc.data_to_forget(self.ctx)
+        found = work.data_to_forget(self.ctx)
         if not found:
             return
         self._recovered.wait(RECOVERY_WAIT_S)
         if self._forget([rid for _sid, rid in found if rid]):
-            svc.forgotten(self.ctx, [sid for sid, _rid in found])
+            work.forgotten(self.ctx, [sid for sid, _rid in found])
 
     def _forget(self, restic_ids: list[str]) -> bool:
         if not restic_ids:
@@ -385,7 +388,7 @@ class SnapshotWorker:
         with contextlib.suppress(GpuyardError):
             found = [s.restic_id for s in self.repository.find_by_tag(snapshot_tag(snapshot_id))]
             if found and not self._forget(found):
-                svc.keep_for_forgetting(self.ctx, snapshot_id, found[0])
+                work.keep_for_forgetting(self.ctx, snapshot_id, found[0])
 
     def recover(self) -> None:
         """At start: remove stale locks and partial data a killed backup left, so the
