@@ -1,4 +1,5 @@
-"""Cluster use cases: create, start, stop, restart, terminate, read.
+"""Cluster use cases: create, start, stop, restart, terminate, read (the changes a
+start may make are validated in services/cluster_config.py).
 
 Each records intent in one transaction (placement included), then wakes the
 reconciler, which does the runtime work (DESIGN.md rule 1). None of them calls a
@@ -28,8 +29,7 @@ from gpuyard.core.errors import (
 )
 from gpuyard.core.ids import new_cluster_id
 from gpuyard.core.image_refs import check_image
-from gpuyard.core.input_rules import check_env_limits, env_bytes
-from gpuyard.core.models import CloudType, GpuTypeInfo, PortSpec, ResourceRequest
+from gpuyard.core.models import CloudType, GpuTypeInfo, ResourceRequest
 from gpuyard.core.pricing import RateParts, spot_floor
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import (
@@ -43,6 +43,7 @@ from gpuyard.services.admission import admit
 from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.autoterm_policy import merge_policy
 from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.cluster_config import ports_json, ports_of, start_changes, with_host_ports
 
 # The cluster list lives in its own module; callers know it by this one's name.
 from gpuyard.services.cluster_lists import ClusterPage as ClusterPage
@@ -64,7 +65,7 @@ from gpuyard.services.network_volumes import mount_for_cluster
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.port_rules import check_external_ports, server_ports
 from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
-from gpuyard.services.secrets import SecretBox, open_env, seal_env, secret_box, update_env
+from gpuyard.services.secrets import seal_env, secret_box
 from gpuyard.services.snapshots import (
     add_restore,
     add_snapshot,
@@ -75,7 +76,6 @@ from gpuyard.services.snapshots import (
 from gpuyard.store.schema import Cluster, Event, Host, Project, Snapshot
 
 MAX_CONFLICT_RETRIES = 5
-HOST_PORT = "host_port"
 
 
 @dataclass(frozen=True)
@@ -156,25 +156,6 @@ def require_action(cluster: Cluster, action: Action) -> None:
                 "suggestion": SUGGESTIONS[action],
             },
         )
-
-
-def _ports_json(ports: list[PortSpec] | tuple[PortSpec, ...]) -> list[Any]:
-    return [p.model_dump() for p in ports]
-
-
-def ports_of(cluster: Cluster) -> tuple[PortSpec, ...]:
-    return tuple(
-        PortSpec.model_validate({k: v for k, v in p.items() if k != HOST_PORT})
-        for p in cluster.ports
-    )
-
-
-def _with_host_ports(
-    ports: tuple[PortSpec, ...], assigned: dict[tuple[int, str], int]
-) -> list[Any]:
-    """The ports JSON stored on the cluster: each spec plus the host port it got, so
-    reads need not join the port claims (which stay the source of truth)."""
-    return [{**p.model_dump(), HOST_PORT: assigned[(p.internal_port, p.transport)]} for p in ports]
 
 
 def spot_bid(gpu: GpuTypeInfo, gpu_count: int, cloud_type: CloudType, bid: float) -> float:
@@ -291,7 +272,7 @@ def create_cluster(
             image=body.docker_image,
             docker_args=body.docker_args,
             env=seal_env(secret_box(ctx.settings), body.env, body.secret_env),
-            ports=_ports_json(body.ports),
+            ports=ports_json(body.ports),
             gpu_type=gpu.id if gpu else None,
             gpu_count=gpu_count,
             cpu_cores=body.cpu_cores,
@@ -342,7 +323,7 @@ def create_cluster(
             reserved=server_ports(ctx.settings),
         )
         refuse_unenforced_limits(session, ctx, placement.host_id)
-        cluster.ports = _with_host_ports(tuple(body.ports), assigned)
+        cluster.ports = with_host_ports(tuple(body.ports), assigned)
         cluster.host_id = placement.host_id
         cluster.gpu_indices = list(placement.gpu_indices)
         session.flush()
@@ -367,98 +348,6 @@ def create_cluster(
         meter_status(session, cluster, ClusterStatus.STARTING, now)
     ctx.wake()
     return cluster
-
-
-def _check_merged_env(box: SecretBox, old: dict[str, str], new: dict[str, str]) -> None:
-    """Refuse an update that takes the cluster's environment past a limit of
-    core/input_rules.py (counted on the plain values) and makes it larger than it was.
-    Raises ValidationFailed naming ``environment_updates``."""
-    plain = open_env(box, new)
-    try:
-        check_env_limits(plain)
-    except ValueError as exc:
-        before = open_env(box, old)
-        if len(plain) > len(before) or env_bytes(plain) > env_bytes(before):
-            raise ValidationFailed(
-                "environment_updates", f"the cluster's environment would hold {exc}"
-            ) from exc
-
-
-def _merge_ports(current: tuple[PortSpec, ...], updates: list[PortSpec]) -> tuple[PortSpec, ...]:
-    """Upsert by (internal port, transport); order of first appearance is kept."""
-    merged = {(p.internal_port, p.transport): p for p in current}
-    for p in updates:
-        merged[(p.internal_port, p.transport)] = p
-    return tuple(merged.values())
-
-
-def _apply_start_changes(
-    session: Session, cluster: Cluster, body: StartCluster, box: SecretBox
-) -> tuple[dict[str, Any], list[str], list[str]]:
-    """Validated column changes, the human list of what changed, and rate reasons."""
-    values: dict[str, Any] = {}
-    applied: list[str] = []
-    reasons: list[str] = []
-    upd = body.update_configuration
-    if upd is not None:
-        if upd.gpu_count is not None and upd.gpu_count > 0 and not cluster.gpu_type:
-            raise ValidationFailed(
-                "update_configuration.gpu_count",
-                "this cluster has no GPU type; create a GPU cluster",
-            )
-        if upd.storage_gb is not None and upd.storage_gb < cluster.volume_gb:
-            raise ValidationFailed(
-                "update_configuration.storage_gb",
-                f"storage cannot shrink ({cluster.volume_gb} GB -> {upd.storage_gb} GB)",
-                {"current_gb": cluster.volume_gb},
-            )
-        if upd.storage_gb and cluster.network_volume_id is not None:
-            # It has no volume of its own to grow; the network volume grows apart.
-            raise ValidationFailed(
-                "update_configuration.storage_gb",
-                f"this cluster mounts network volume {cluster.network_volume_id}; grow it "
-                "with PATCH /v1/networkvolumes/{id}",
-                {"network_volume_id": cluster.network_volume_id},
-            )
-        changes = (
-            ("cpu_cores", "cpu_cores", upd.cpu_cores, "CPU change"),
-            ("memory_gb", "memory_gb", upd.memory_gb, "Memory upgrade"),
-            ("storage_gb", "volume_gb", upd.storage_gb, "Storage expansion"),
-            ("docker_image", "image", upd.docker_image, None),
-            ("gpu_count", "gpu_count", upd.gpu_count, "GPU count change"),
-        )
-        for label, column, new, reason in changes:
-            old = getattr(cluster, column)
-            if new is None or new == old:
-                continue
-            values[column] = new
-            applied.append(f"{label}: {old} -> {new}")
-            if reason:
-                if label == "memory_gb" and new < old:
-                    reason = "Memory downgrade"
-                reasons.append(reason)
-    if body.environment_updates:
-        # Secret values sealed; a mask sent back keeps the stored secret.
-        values["env"] = update_env(box, cluster.env, body.environment_updates, body.secret_env)
-        # Each request is bounded by its model; this bounds what repeated ones add up to
-        # (an environment stored before the limits may keep its size, not grow).
-        _check_merged_env(box, cluster.env, values["env"])
-        applied.append("environment: " + ", ".join(sorted(body.environment_updates)))
-    if body.port_mapping_updates is not None:
-        ports = _merge_ports(ports_of(cluster), body.port_mapping_updates)
-        values["ports"] = _ports_json(ports)
-        applied.append(
-            "ports: "
-            + ", ".join(f"{p.internal_port}/{p.protocol}" for p in body.port_mapping_updates)
-        )
-    if body.auto_terminate_updates is not None:
-        values["auto_terminate"] = merged_policy(
-            cluster, body.auto_terminate_updates, "auto_terminate_updates."
-        )
-        applied.append(
-            "auto_terminate: " + ", ".join(sorted(body.auto_terminate_updates.model_fields_set))
-        )
-    return values, applied, reasons
 
 
 def start_cluster(
@@ -513,9 +402,7 @@ def start_cluster(
                 # Detached: proposed changes must reach the row only through the funnel.
                 session.expunge(cluster)
                 previous = rate_of(session, cluster, ctx, running=True).total
-                values, applied, reasons = _apply_start_changes(
-                    session, cluster, body, secret_box(ctx.settings)
-                )
+                values, applied, reasons = start_changes(cluster, body, secret_box(ctx.settings))
                 if bid_per_gpu is not None:
                     gpu = resolve_gpu_type(session, cluster.gpu_type)
                     count = values.get("gpu_count", cluster.gpu_count)
@@ -568,7 +455,7 @@ def start_cluster(
                     port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
                     reserved=server_ports(ctx.settings),
                 )
-                values["ports"] = cluster.ports = _with_host_ports(specs, assigned)
+                values["ports"] = cluster.ports = with_host_ports(specs, assigned)
                 version = transition_cluster(
                     session,
                     cluster,
@@ -601,14 +488,6 @@ def start_cluster(
     raise Conflict(f"cluster {cluster_id} keeps changing; retry")
 
 
-def merged_policy(
-    cluster: Cluster, update: AutoTerminateUpdate, prefix: str = ""
-) -> dict[str, Any]:
-    """The cluster's policy with ``update``'s fields applied (enabled by default),
-    validated as a whole (ValidationFailed otherwise; see services/autoterm_policy.py)."""
-    return merge_policy(cluster.auto_terminate, update, prefix)
-
-
 def update_auto_terminate(
     ctx: Context, principal: Principal, cluster_id: str, update: AutoTerminateUpdate
 ) -> Cluster:
@@ -624,7 +503,7 @@ def update_auto_terminate(
                 if cluster.status in (ClusterStatus.TERMINATING, ClusterStatus.TERMINATED):
                     require_action(cluster, Action.TERMINATE)  # raises INVALID_STATE
                 session.expunge(cluster)
-                policy = merged_policy(cluster, update)
+                policy = merge_policy(cluster.auto_terminate, update)
                 cluster.version = guarded_update(
                     session, cluster.id, cluster.version, now, auto_terminate=policy
                 )
