@@ -68,28 +68,24 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import ctypes
-import ctypes.util
 import fcntl
-import functools
 import json
 import logging
 import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.storage.child_process import Drain, die_with_parent, interrupt, kill, write_all
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +111,7 @@ _STDERR_LINES: Final = 20
 # it can look its snapshot's full id up.
 _ID_LOOKUP_PATIENCE_S: Final = 120.0
 _FORGET_BATCH: Final = 200
-_INTERRUPT_GRACE_S: Final = 5.0
 
-_PR_SET_PDEATHSIG: Final = 1
 # Environment a backend reads (credentials, endpoints), passed on to restic run elsewhere.
 _BACKEND_ENV: Final = ("AWS_", "B2_", "AZURE_", "GOOGLE_", "OS_", "ST_", "RCLONE_", "RESTIC_")
 
@@ -188,83 +182,6 @@ class ResticInvocation:
     password_file: str
     cache_dir: str
     repository_dir: str | None
-
-
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    """libc's prctl, resolved in the parent (a child between fork and exec should not
-    load libraries), or None where there is none."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn: Callable[..., int] = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    return fn
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    prctl = _prctl()
-    if prctl is None:
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        # Runs in the child between fork and exec: no allocation-heavy work, no raising.
-        # The signal follows the thread that forked, so the caller keeps its thread
-        # alive for the child's whole life (every method here waits for its child).
-        with contextlib.suppress(Exception):
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent:  # the parent died before prctl took effect
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    proc.wait()
-
-
-def _interrupt(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a restic that commits nothing (a dump): SIGINT lets it remove its lock
-    (restic 0.14 cleans up on SIGINT only, not on SIGTERM), SIGKILL if it lingers."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(_INTERRUPT_GRACE_S)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-
-
-class _Drain(threading.Thread):
-    """Reads a pipe to its end so the child never blocks on it, keeping the last lines
-    and (optionally) the last JSON object whose ``message_type`` is ``want``."""
-
-    def __init__(self, pipe: IO[bytes], want: str | None = None) -> None:
-        super().__init__(name="restic-pipe", daemon=True)
-        self._pipe = pipe
-        self._want = f'"message_type":"{want}"'.encode() if want else None
-        self.tail: deque[str] = deque(maxlen=_STDERR_LINES)
-        self.found: dict[str, Any] | None = None
-        self.start()
-
-    def run(self) -> None:
-        with contextlib.suppress(OSError, ValueError), self._pipe:
-            for line in self._pipe:
-                if self._want is not None:
-                    # Status lines come at 60 a second: parse only the one wanted.
-                    if self._want in line:
-                        with contextlib.suppress(ValueError):
-                            found = json.loads(line)
-                            if isinstance(found, dict):
-                                self.found = found
-                    continue
-                self.tail.append(line.decode("utf-8", "replace").rstrip())
-
-    def text(self) -> str:
-        self.join()
-        return "\n".join(self.tail)
 
 
 class ResticRepository:
@@ -407,16 +324,16 @@ class ResticRepository:
         began = time.monotonic()
         proc = self._spawn(args, stdin=subprocess.PIPE)
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        out = _Drain(proc.stdout, want="summary")
-        err = _Drain(proc.stderr)
+        out = Drain(proc.stdout, want="summary")
+        err = Drain(proc.stderr)
         try:
             if on_started is not None:
                 on_started(proc.pid)
-            _write_all(proc.stdin, chunks)
+            write_all(proc.stdin, chunks)
         except BaseException:
             # Killed before stdin is closed: restic must not see an EOF it would take
             # for the end of the stream.
-            _kill(proc)
+            kill(proc)
             with contextlib.suppress(OSError):
                 proc.stdin.close()
             out.join()
@@ -456,7 +373,7 @@ class ResticRepository:
         proc = self._spawn(["dump", restic_id, "/" + filename.lstrip("/")])
         assert proc.stdout is not None and proc.stderr is not None
         stdout = proc.stdout
-        err = _Drain(proc.stderr)
+        err = Drain(proc.stderr)
 
         def chunks() -> Iterator[bytes]:
             while data := stdout.read(chunk_size):
@@ -469,7 +386,7 @@ class ResticRepository:
             yield chunks()
         finally:
             if proc.poll() is None:
-                _interrupt(proc)
+                interrupt(proc)
             stdout.close()
             err.join()
 
@@ -625,7 +542,7 @@ class ResticRepository:
         proc = self._spawn(["find", "--json", "--long", "--snapshot", restic_id, "*"])
         assert proc.stdout is not None and proc.stderr is not None
         stdout = proc.stdout
-        err = _Drain(proc.stderr)
+        err = Drain(proc.stderr)
 
         def nodes() -> Iterator[dict[str, Any]]:
             yield from _json_array_items(iter(lambda: stdout.read(1 << 16), b""), "matches")
@@ -637,7 +554,7 @@ class ResticRepository:
             yield nodes()
         finally:
             if proc.poll() is None:
-                _interrupt(proc)
+                interrupt(proc)
             stdout.close()
             err.join()
 
@@ -726,7 +643,7 @@ class ResticRepository:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=self._environment(),
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(),
             )
         except FileNotFoundError as exc:
             raise ResticError(INSTALL_HINT, {"binary": self._binary}) from exc
@@ -750,7 +667,7 @@ class ResticRepository:
         try:
             stdout, stderr = proc.communicate()
         except BaseException:
-            _kill(proc)  # interrupted (KeyboardInterrupt, ...): never leave it behind
+            kill(proc)  # interrupted (KeyboardInterrupt, ...): never leave it behind
             raise
         return subprocess.CompletedProcess(
             proc.args,
@@ -777,21 +694,6 @@ class ResticRepository:
             f"restic {command} failed ({how}): {last}",
             {"command": command, "exit_status": status, "stderr": "\n".join(tail)},
         )
-
-
-def _write_all(stdin: IO[bytes], chunks: Iterable[bytes | bytearray | memoryview]) -> None:
-    """Feed ``chunks`` to restic and close its stdin (the EOF that ends the stream).
-    Stops early, silently, when restic has exited: its status tells why. Only a
-    failed write means that: a BrokenPipeError from the source propagates (ending the
-    stream cleanly then would commit it truncated)."""
-    for chunk in chunks:
-        try:
-            stdin.write(chunk)
-        except BrokenPipeError:
-            break
-    # Flushing into a pipe restic closed fails the same way, and means the same.
-    with contextlib.suppress(BrokenPipeError):
-        stdin.close()
 
 
 def _check_tags(tags: Sequence[str]) -> None:
