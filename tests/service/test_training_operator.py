@@ -538,6 +538,38 @@ def test_a_stop_unbills_and_frees_every_node_and_restart_cluster_starts_it_again
     assert nodes.removed_volumes == wiped and names.state_volume in nodes.volumes
 
 
+def test_a_start_after_a_stop_resumes_the_workers_an_update_image_left_drained(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+) -> None:
+    """An update_image drained worker 1 and failed replacing it; the cluster is then
+    stopped (its account suspended, say) and started again: the kept Slurm state still
+    marks worker 1 drained, and the start resumes it. A drain the user made stays."""
+    cid = create(ctx, alice, world, workers=2)
+    operator.run(cid)
+    names = NodeName(cid, status(ctx, cid).name_prefix)
+    user_drain = ["scontrol", "update", f"nodename={names.worker(2)}", "state=drain"]
+    nodes.exec(names.controller, [*user_drain, "reason=user-maintenance"])
+    act(ctx, alice, world, cid, action="update_image", image_version_id=world["image2"])
+    nodes.fail_create.add(names.worker(1))
+    operator.run(cid)
+    assert status(ctx, cid).status == "error"
+    assert nodes.drained == {names.worker(1): "update_image", names.worker(2): "user-maintenance"}
+
+    assert training_stops.stop_cluster(ctx, cid, "account suspended")
+    operator.run(cid)
+    assert status(ctx, cid).status == "stopped" and nodes.nodes == {}
+    nodes.fail_create.clear()
+    act(ctx, alice, world, cid, action="restart_cluster")
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "running", c.error_message
+    assert nodes.drained == {names.worker(2): "user-maintenance"}
+
+
 def test_a_stop_supersedes_a_running_create(
     ctx: Context,
     alice: Principal,

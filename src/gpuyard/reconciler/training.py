@@ -495,6 +495,9 @@ class TrainingOperator:
             self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
+        # An update_image that a stop (or a newer operation) cut short may have left
+        # workers drained in the kept Slurm state: a build ends with none of ours.
+        self._resume_our_drains(names.controller)
         self._set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
 
     def _wait_gpus_free(self, node: TrainingNode, cluster_id: int, token: str) -> None:
@@ -567,8 +570,8 @@ class TrainingOperator:
 
     def _resume_our_drains(self, controller: str) -> None:
         """Resume workers still drained by an update_image that did not finish (a
-        restart is how a cluster in ``error`` is recovered); drains a user made with
-        their own reason stay."""
+        restart is how a cluster in ``error`` is recovered, a start how a stopped one
+        comes back); drains a user made with their own reason stay."""
         for name, fields in self._slurm_nodes(controller).items():
             if "DRAIN" in fields.get("State", "") and fields.get("Reason") == DRAIN_REASON:
                 self._scontrol(controller, "update", f"nodename={name}", "state=resume")
