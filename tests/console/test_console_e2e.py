@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
-from tests.console.conftest import OPEN_PAGES
+from tests.console.conftest import watch
 from tests.e2e.test_server_e2e import ServerProcess, running_server
 from tests.helpers import free_port
 
@@ -124,7 +124,7 @@ def new_page(browser: Any, server: ServerProcess, recorder: Recorder) -> Any:
     page.set_default_timeout(30_000)
     page.on("dialog", lambda d: d.accept())  # confirmations
     recorder.attach(page)
-    OPEN_PAGES.append(page)  # for the evidence a failed test leaves (conftest.py)
+    watch(page)  # for the evidence a failed test leaves (conftest.py)
     page.goto(server.url + "/")
     return page
 
@@ -176,7 +176,9 @@ def test_a_users_day_in_the_console(browser: Any, server: ServerProcess) -> None
     page.fill("#f-gpu_count", "2")
     assert "$1.52/h" in page.inner_text("[data-testid=estimate]")
     # Then the whole rate, quoted by the API (compute, disks and volume included).
-    sync_api.expect(page.locator("[data-testid=estimate]")).to_contain_text("running")
+    sync_api.expect(page.locator("[data-testid=estimate]")).to_contain_text(
+        "running (GPUs $1.52/h)"
+    )
     quoted = page.inner_text("[data-testid=estimate]")
     assert "(GPUs $1.52/h)" in quoted and "stopped" in quoted, quoted
     page.fill("#f-gpu_count", "1")

@@ -22,6 +22,7 @@ import pytest
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
 from gpuyard.runtimes.devimage import build_dev_image
+from gpuyard.runtimes.engine import vanished_mid_removal
 from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.host_firewall import IptablesIsolation
 
@@ -70,8 +71,11 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
     try:
         for container in client.containers.list(all=True, filters={"label": wanted}):
             if ours(container.labels):
-                with contextlib.suppress(docker.errors.NotFound):
+                try:
                     container.remove(force=True, v=True)
+                except docker.errors.APIError as e:
+                    if not vanished_mid_removal(e):  # (a removal the server began)
+                        raise
                 removed.append(container.name)
         for volume in client.volumes.list(filters={"label": wanted}):
             if ours(volume.attrs.get("Labels")):

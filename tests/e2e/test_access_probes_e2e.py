@@ -56,7 +56,8 @@ def terminal_opens(srv: ServerProcess, cid: str, key: str) -> bool:
                 url, additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=10
             ) as ws:
                 await ws.send(b"echo probe\n")
-                await asyncio.wait_for(ws.recv(), 5)
+                # The shell opens after the upgrade: slow on a loaded machine.
+                await asyncio.wait_for(ws.recv(), 20)
                 return True
         except (websockets.exceptions.WebSocketException, OSError, TimeoutError):
             return False

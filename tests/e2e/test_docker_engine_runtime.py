@@ -212,9 +212,10 @@ def test_stop_default_command_is_prompt(
     managed = {m.cluster_id: m for m in rt.list_managed()}
     assert managed[cid].state is ContainerState.RUNNING
     t0 = time.monotonic()
-    rt.stop(cid, timeout_s=10)
+    rt.stop(cid, timeout_s=20)
     elapsed = time.monotonic() - t0
-    assert elapsed < 3, f"stop took {elapsed:.1f} s: the image's TERM trap is not working"
+    # Without the trap the stop would wait out the whole 20 s, then SIGKILL.
+    assert elapsed < 12, f"stop took {elapsed:.1f} s: the image's TERM trap is not working"
     assert cid not in {m.cluster_id for m in rt.list_managed()}
 
 
@@ -291,9 +292,7 @@ def test_concurrent_ensure_volume_all_succeed(rt: DockerEngineRuntime) -> None:
 
 
 def test_ensure_image_present_and_missing(rt: DockerEngineRuntime) -> None:
-    t0 = time.monotonic()
-    rt.ensure_image(IMAGE)
-    assert time.monotonic() - t0 < 1
+    rt.ensure_image(IMAGE, on_pull=lambda: pytest.fail("a present image was pulled"))
     with pytest.raises(RuntimeFailure) as info:
         rt.ensure_image("localhost/gpuyard/does-not-exist:1.0")
     msg = info.value.message

@@ -55,6 +55,20 @@ class Fleet:
         return self.server.server.ctx.ownership.volume(cluster_id)
 
 
+def seeded_done(fleet: Fleet, host_id: int, cid: str) -> None:
+    """Wait until SEED has written the whole tree (it runs before the container's
+    server): a stop before that would leave a half-written volume to compare."""
+    api = fleet.engine(host_id).api
+    name = fleet.server.server.ctx.ownership.container(cid)
+
+    def done() -> bool:
+        run = api.exec_create(name, ["test", "-e", "/workspace/tree/done"])
+        api.exec_start(run["Id"])
+        return api.exec_inspect(run["Id"]).get("ExitCode") == 0
+
+    wait(done, 60, f"{cid}'s seed written")
+
+
 def wait(check: Callable[[], bool], timeout_s: float = 90.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -71,8 +85,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, engine_url: str) -> Iterator
         local_gpus="",
         heartbeat_interval_s=1.0,
         heartbeat_misses=3,
-        remote_engine_timeout_s=5.0,
+        # Twelve starts at once share this machine's cores: an engine call may be slow.
+        remote_engine_timeout_s=10.0,
         reconcile_interval_s=0.2,
+        # The tests poll many clusters at once; no key of theirs is a noisy tenant.
+        rate_limit_per_key=0,
+        rate_limit_per_source=0,
     )
     policy = EnginePolicy()
     sims: list[PodmanHost] = []
@@ -122,9 +140,21 @@ def create(c: httpx.Client, **body: Any) -> httpx.Response:
     return c.post("/v1/clusters", json=payload)
 
 
-def cluster(c: httpx.Client, cid: str) -> dict[str, Any]:
-    data: dict[str, Any] = c.get(f"/v1/clusters/{cid}").json()["data"]
+def get_data(c: httpx.Client, path: str) -> dict[str, Any]:
+    r = c.get(path)
+    assert r.status_code == 200, r.text
+    data: dict[str, Any] = r.json()["data"]
     return data
+
+
+def cluster(c: httpx.Client, cid: str) -> dict[str, Any]:
+    return get_data(c, f"/v1/clusters/{cid}")
+
+
+def moved(c: httpx.Client, cid: str) -> bool:
+    """Whether the cluster's volume has been copied to its new host (its event)."""
+    events = get_data(c, f"/v1/clusters/{cid}/events")["events"]
+    return any(e["type"] == "moved" for e in events)
 
 
 def terminate_all(c: httpx.Client, ids: list[str]) -> None:
@@ -163,7 +193,7 @@ def test_a_host_cut_off_keeps_its_clusters_and_converges(fleet: Fleet) -> None:
         try:
             wait(
                 lambda: c.get(f"/v1/hosts/{first}").json()["data"]["reachability"] == "unreachable",
-                60,
+                90,
                 "the host to turn unreachable",
             )
             shown = cluster(c, held["id"])
@@ -193,7 +223,7 @@ def test_a_stopped_cluster_resumes_on_another_host_with_its_volume(fleet: Fleet)
         cid = seeded["id"]
         assert seeded["host"]["id"] == first
         wait(lambda: cluster(c, cid)["status"] == "running", what="running")
-        time.sleep(1.0)  # the seed writes for a moment after the start
+        seeded_done(fleet, first, cid)
         assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
         wait(lambda: cluster(c, cid)["status"] == "stopped", what="stopped")
         before = volume_checksum(fleet.engine(first), fleet.volume(cid))
@@ -237,7 +267,8 @@ def test_drain_moves_a_running_and_a_stopped_cluster_then_the_host_goes(fleet: F
             assert c.post(f"/v1/hosts/{other}/uncordon").status_code == 200
         assert {cluster(c, x)["host"]["id"] for x in (running, resting)} == {last}
         wait(lambda: all(cluster(c, x)["status"] == "running" for x in (running, resting)))
-        time.sleep(1.0)
+        for x in (running, resting):
+            seeded_done(fleet, last, x)
         assert c.post(f"/v1/clusters/{resting}/stop").status_code == 200
         wait(lambda: cluster(c, resting)["status"] == "stopped", what="stopped")
         resting_sum = volume_checksum(fleet.engine(last), fleet.volume(resting))
@@ -254,7 +285,9 @@ def test_drain_moves_a_running_and_a_stopped_cluster_then_the_host_goes(fleet: F
             120,
             "the running cluster to run elsewhere",
         )
-        wait(lambda: cluster(c, resting)["host"]["id"] != last, 60, "the volume to move")
+        # The drain names the new host at once; the data follows: wait for the copy.
+        wait(lambda: cluster(c, resting)["host"]["id"] != last, 60, "the volume's new host")
+        wait(lambda: moved(c, resting), 120, "the stopped cluster's volume copied")
         assert cluster(c, resting)["status"] == "stopped"
         new_home = cluster(c, resting)["host"]["id"]
         assert volume_checksum(fleet.engine(new_home), fleet.volume(resting)) == resting_sum

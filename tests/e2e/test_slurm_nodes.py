@@ -236,9 +236,14 @@ def test_worker_restart_keeps_controller(cluster: Cluster) -> None:
     assert rt.slurm_pid(cluster.controller, "slurmctld") == ctl_pid
     rt.wait_slurm_ready(cluster.controller, cluster.workers, READY_TIMEOUT_S)
     # Podman gives a restarted container a new IP; the controller must use the new one.
+    # (The entrypoint tells it with retries: a loaded machine may take a while.)
     for w in cluster.workers:
-        shown = cluster.run("scontrol", "show", "node", w)
-        assert f"NodeAddr={rt.node_address(w, cluster.network)} " in shown
+
+        def readdressed(w: str = w) -> bool:
+            shown = cluster.run("scontrol", "show", "node", w)
+            return f"NodeAddr={rt.node_address(w, cluster.network)} " in shown
+
+        eventually(readdressed, 30, f"the controller using {w}'s new address")
     out = cluster.run("srun", f"-N{len(cluster.workers)}", "hostname")
     assert sorted(out.split()) == sorted(cluster.workers)
     # lifecycle.sh ran once per container, not again on restart.

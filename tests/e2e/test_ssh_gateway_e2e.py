@@ -10,6 +10,7 @@ installation id (ServerProcess.cleanup). Traffic goes to 127.0.0.1 only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
@@ -187,10 +188,17 @@ def test_pty_session_with_window_changes(env: Env, exec_cluster: str) -> None:
             while "42" not in out.split("$((6 * 7))")[-1]:
                 out += await asyncio.wait_for(proc.stdout.read(4096), 10)
             proc.change_terminal_size(132, 50)
-            await asyncio.sleep(0.2)
-            proc.stdin.write("stty size; exit 5\n")
+            # The resize reaches the engine apart from the typed input: ask until the
+            # shell sees it (a loaded machine may take longer than a keystroke).
+            resized = ""
+            deadline = time.monotonic() + 20
+            while "50 132" not in resized and time.monotonic() < deadline:
+                proc.stdin.write("stty size\n")
+                with contextlib.suppress(TimeoutError):
+                    resized += await asyncio.wait_for(proc.stdout.read(4096), 1)
+            proc.stdin.write("exit 5\n")
             result = await asyncio.wait_for(proc.wait(), 10)
-            return out + str(result.stdout), result.exit_status
+            return out + resized + str(result.stdout), result.exit_status
 
     out, status = asyncio.run(session())
     assert "30 100" in out and "42" in out and "50 132" in out, out

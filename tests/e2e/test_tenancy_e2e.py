@@ -55,8 +55,9 @@ def test_a_spent_balance_stops_real_containers_until_a_top_up(
         with owner:
             r = op.patch(f"/v1/accounts/{account_id}/budget", json={"billing_mode": "prepaid"})
             assert r.status_code == 200, r.text
-            # A few seconds of one A6000 and its compute.
-            credit = op.post(f"/v1/accounts/{account_id}/credits", json={"amount": 0.002})
+            # Some 25 seconds of one A6000 and its compute (counted from the create):
+            # time for a loaded machine to start it before the money runs out.
+            credit = op.post(f"/v1/accounts/{account_id}/credits", json={"amount": 0.005})
             assert credit.status_code == 201, credit.text
             r = owner.post("/v1/clusters", json=CLUSTER)
             assert r.status_code == 201, r.text

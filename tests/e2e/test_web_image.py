@@ -79,10 +79,8 @@ def web(engine: docker.DockerClient, engine_url: str, web_image: str) -> Iterato
 def test_build_is_cached_by_recipe(web_image: str) -> None:
     assert image_recipe(web_image, "podman") == recipe_digest()
     before = image_id()
-    t0 = time.monotonic()
     assert build_web_image("podman") == WEB_IMAGE
-    assert time.monotonic() - t0 < 5
-    assert image_id() == before
+    assert image_id() == before  # the same image: nothing was built again
 
 
 def test_endpoints_in_a_container(web: tuple[str, str]) -> None:
@@ -122,4 +120,5 @@ def test_stop_is_prompt(web: tuple[str, str], engine: docker.DockerClient) -> No
     container.reload()
     assert container.status == "exited"
     assert container.attrs["State"]["ExitCode"] == 0
-    assert elapsed < 3, f"stop took {elapsed:.1f}s (SIGTERM ignored?)"
+    # Ignoring SIGTERM would take the whole 10 s timeout (then SIGKILL, exit code 137).
+    assert elapsed < 8, f"stop took {elapsed:.1f}s (SIGTERM ignored?)"

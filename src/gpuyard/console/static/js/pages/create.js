@@ -197,9 +197,11 @@ export async function render(main, [snapshotId] = []) {
     const unit = g ? (spot.checked ? Number(bid.value) || g.secure_spot_price : g.secure_price) : 0;
     const gpus = `GPUs ${rate(unit * n)}`;
     estimate.textContent = gpus;
+    // Counted at the change, not when the quote is sent: an answer to an older form
+    // arriving before this one's request goes out is dropped too.
+    const mine = ++asked;
     clearTimeout(timer);
     timer = setTimeout(async () => {
-      const mine = ++asked;
       try {
         const q = (await post("/v1/prices/quote", body())).data;
         if (mine !== asked) return;
