@@ -25,6 +25,7 @@ lint: venv
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy bench
 
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit

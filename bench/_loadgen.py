@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--header", action="append", default=[])
     args = ap.parse_args()
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
 
         uvloop.install()
     except ImportError:

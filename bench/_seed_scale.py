@@ -44,8 +44,8 @@ from gpuyard.core.models import PortSpec
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.cluster_config import HOST_PORT
 from gpuyard.services.cluster_views import cluster_rate
-from gpuyard.services.clusters import HOST_PORT
 from gpuyard.services.context import Context
 from gpuyard.services.installation import ensure_installation
 from gpuyard.settings import Settings

@@ -21,6 +21,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import insert, select
 
@@ -38,7 +39,7 @@ def populate(ctx: Context, total: int, firing: int, fire_from: float, fire_span:
     now = datetime.now(UTC)
     with ctx.transaction() as session:
         project = session.scalar(select(Project.id).limit(1))
-        rows = []
+        rows: list[dict[str, Any]] = []
         for i in range(total):
             if i < firing:
                 # max runtime 1 h; the run began so that it ends fire_from + i*step from now

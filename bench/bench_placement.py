@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, insert, text
 from sqlalchemy.engine import Engine
@@ -59,7 +60,7 @@ GPUS_PER_HOST = 8
 def populate(engine: Engine, hosts: int) -> None:
     """``hosts`` active, healthy hosts in 20 locations, half SECURE, half COMMUNITY."""
     now = datetime.now(UTC)
-    host_rows = [
+    host_rows: list[dict[str, Any]] = [
         {
             "id": 1000 + i, "name": f"gpu{i:05d}", "location": f"dc{i % 20:02d}",
             "cloud_type": "SECURE" if i % 2 else "COMMUNITY", "address": f"10.0.{i // 250}.{i % 250}",

@@ -145,10 +145,11 @@ def main() -> None:
         d = best["direct"]
         d1 = min(single["direct"])
         for name in names:
-            r = best[name]
+            row = best[name]
             s1 = min(single[name])
-            print(f"{name:26} {r['rps']:9.0f} {r['mib_s']:9.0f} {r['p50']:8.2f} {r['p99']:8.2f} "
-                  f"{s1:10.3f} {r['rps'] / d['rps']:6.2f}x {s1 - d1:8.3f}")  # fmt: skip
+            print(f"{name:26} {row['rps']:9.0f} {row['mib_s']:9.0f} {row['p50']:8.2f} "
+                  f"{row['p99']:8.2f} {s1:10.3f} {row['rps'] / d['rps']:6.2f}x "
+                  f"{s1 - d1:8.3f}")  # fmt: skip
         for name in names[1:]:
             per_gib = caddy_cpu[name] / served[name] if served[name] else 0.0
             print(f"Caddy CPU per GiB through '{name}': {per_gib:.2f} s "

@@ -74,7 +74,8 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
                 try:
                     container.remove(force=True, v=True)
                 except docker.errors.APIError as e:
-                    if not vanished_mid_removal(e):  # (a removal the server began)
+                    # A removal the server began: gone, or going.
+                    if not vanished_mid_removal(e) and "already in progress" not in str(e):
                         raise
                 removed.append(container.name)
         for volume in client.volumes.list(filters={"label": wanted}):

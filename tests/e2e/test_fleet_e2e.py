@@ -152,9 +152,12 @@ def cluster(c: httpx.Client, cid: str) -> dict[str, Any]:
 
 
 def moved(c: httpx.Client, cid: str) -> bool:
-    """Whether the cluster's volume has been copied to its new host (its event)."""
+    """Whether the cluster's volume has been copied to its new host: the event of the
+    copy's end (its start is a "moved" event too, "moving volume from ...")."""
     events = get_data(c, f"/v1/clusters/{cid}/events")["events"]
-    return any(e["type"] == "moved" for e in events)
+    return any(
+        e["type"] == "moved" and e["message"].startswith("volume moved from") for e in events
+    )
 
 
 def terminate_all(c: httpx.Client, ids: list[str]) -> None:

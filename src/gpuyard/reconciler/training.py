@@ -574,7 +574,15 @@ class TrainingOperator:
         comes back); drains a user made with their own reason stay."""
         for name, fields in self._slurm_nodes(controller).items():
             if "DRAIN" in fields.get("State", "") and fields.get("Reason") == DRAIN_REASON:
-                self._scontrol(controller, "update", f"nodename={name}", "state=resume")
+                # Best effort: the cluster runs either way, and a user can resume it.
+                try:
+                    code, out = self._scontrol(
+                        controller, "update", f"nodename={name}", "state=resume"
+                    )
+                except GpuyardError as exc:
+                    code, out = -1, exc.message
+                if code != 0:
+                    log.warning("could not resume drained worker %s: %s", name, out[-300:])
 
     def _wait_reregistered(
         self, controller: str, workers: list[str], before: dict[str, str]

@@ -28,7 +28,6 @@ demand), so clusters of different accounts have no route to each other.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -435,11 +434,7 @@ class DockerEngineRuntime:
         name = self._name(cluster_id)
         if self.engine.inspect_container(name) is None:
             return
-        with (
-            self.engine.errors(f"stopping cluster {cluster_id}"),
-            contextlib.suppress(docker.errors.NotFound),
-        ):
-            self.engine.api.stop(name, timeout=timeout_s)
+        self.engine.stop_container(name, timeout_s)
 
     def remove_volume(self, name: str, *, legacy: bool = False) -> None:
         """Delete our named volume. A missing volume is fine; one still in use by a

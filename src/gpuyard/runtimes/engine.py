@@ -38,6 +38,9 @@ from gpuyard.runtimes.host_firewall import (
 
 # How long a failed probe of the host firewall is believed before it is asked again.
 FIREWALL_RETRY_S = 60.0
+# How long a container Podman says is being removed is asked about again before the
+# answer counts as a failure (a removal takes well under a second).
+VANISH_CONFIRM_S = 2.0
 
 # The Docker network option that names a bridge network's interface (Podman's compat
 # API honours it too).
@@ -75,9 +78,11 @@ def lost_creation_race(e: docker.errors.APIError) -> bool:
 
 
 def vanished_mid_removal(e: docker.errors.APIError) -> bool:
-    """True when the engine found a container by name that another caller was removing
-    at that moment: Podman's compat API then answers 500 "... does not exist in database:
-    no such container" instead of 404. The container is gone, as with a 404."""
+    """True when the engine says the container is gone: a 404, or the 500 Podman's
+    compat API answers for a container another caller is removing at that moment
+    ("... does not exist in database: no such container"). A Podman name left behind
+    by an unclean shutdown answers the same 500 for good; :meth:`Engine.inspect_container`
+    therefore asks again until a 404 confirms it."""
     return isinstance(e, docker.errors.NotFound) or "no such container" in reason(e)
 
 
@@ -306,12 +311,9 @@ class Engine:
         Raises :class:`NotOurs` for a container of that name that is not ours
         (``legacy``: see :meth:`claims`)."""
         with self.errors(f"inspecting container {name}"):
-            try:
-                info: dict[str, Any] = self.api.inspect_container(name)
-            except docker.errors.APIError as e:
-                if vanished_mid_removal(e):
-                    return None
-                raise
+            info = self._inspect_settled(name)
+            if info is None:
+                return None
         labels = (info.get("Config") or {}).get("Labels") or {}
         if not self.claims(labels, legacy=legacy):
             raise NotOurs(
@@ -320,13 +322,38 @@ class Engine:
             )
         return info
 
+    def _inspect_settled(self, name: str) -> dict[str, Any] | None:
+        """The engine's inspect data of ``name``; None once a 404 says it is gone. A
+        container being removed (Podman's 500, :func:`vanished_mid_removal`) is asked
+        about again for up to VANISH_CONFIRM_S; still so, the error is raised."""
+        deadline = time.monotonic() + VANISH_CONFIRM_S
+        while True:
+            try:
+                info: dict[str, Any] = self.api.inspect_container(name)
+                return info
+            except docker.errors.NotFound:
+                return None
+            except docker.errors.APIError as e:
+                if not vanished_mid_removal(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
+
+    def stop_container(self, name: str, timeout_s: int) -> None:
+        """Stop (SIGTERM, SIGKILL after ``timeout_s``) the container ``name``, which the
+        caller has just found to be ours; one that is gone (or going) is fine."""
+        with self.errors(f"stopping container {name}"):
+            try:
+                self.api.stop(name, timeout=timeout_s)
+            except docker.errors.APIError as e:
+                if not vanished_mid_removal(e):
+                    raise
+
     def stop_and_remove(self, name: str, timeout_s: int, *, legacy: bool = False) -> None:
         """Stop (SIGTERM, SIGKILL after ``timeout_s``) and delete our container ``name``.
         Idempotent; a container that is not ours raises :class:`NotOurs`."""
         if self.inspect_container(name, legacy=legacy) is None:
             return
-        with self.errors(f"stopping container {name}"), contextlib.suppress(docker.errors.NotFound):
-            self.api.stop(name, timeout=timeout_s)
+        self.stop_container(name, timeout_s)
         self.remove_container(name, checked=True)
 
     def remove_container(self, name: str, *, checked: bool = False) -> None:
