@@ -326,6 +326,29 @@ def test_failure_shows_error_and_restart_cluster_recovers(
     assert nodes.node_state(f"{ctx.ownership.prefix}-tc{cid}-worker-1") == "running"
 
 
+def failed_update_image(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+) -> tuple[int, training.NodeName]:
+    """A running cluster of two workers, worker 2 drained by its user, whose
+    update_image drained worker 1 and then failed to replace it: ``error``."""
+    cid = create(ctx, alice, world, workers=2)
+    operator.run(cid)
+    names = training.NodeName(cid, ctx.ownership.training_prefix(cid))
+    user_drain = ["scontrol", "update", f"nodename={names.worker(2)}", "state=drain"]
+    nodes.exec(names.controller, [*user_drain, "reason=user-maintenance"])
+    act(ctx, alice, world, cid, action="update_image", image_version_id=world["image2"])
+    nodes.fail_create.add(names.worker(1))
+    operator.run(cid)
+    c = status(ctx, cid)
+    assert c.status == "error" and "injected failure" in (c.error_message or "")
+    assert nodes.drained == {names.worker(1): "update_image", names.worker(2): "user-maintenance"}
+    return cid, names
+
+
 def test_restart_cluster_recovers_a_failed_update_image(
     ctx: Context,
     alice: Principal,
@@ -336,26 +359,8 @@ def test_restart_cluster_recovers_a_failed_update_image(
     """The replacement of a drained worker fails: the cluster shows the error, and
     restart_cluster brings the worker back into service (its drain undone), while a
     drain the user made stays."""
-    cid = create(ctx, alice, world, workers=2)
-    operator.run(cid)
-    names = training.NodeName(cid, ctx.ownership.training_prefix(cid))
-    nodes.exec(
-        names.controller,
-        [
-            "scontrol",
-            "update",
-            f"nodename={names.worker(2)}",
-            "state=drain",
-            "reason=user-maintenance",
-        ],
-    )
-    act(ctx, alice, world, cid, action="update_image", image_version_id=world["image2"])
-    nodes.fail_create.add(names.worker(1))
-    operator.run(cid)
-    c = status(ctx, cid)
-    assert c.status == "error" and "injected failure" in (c.error_message or "")
-    assert nodes.drained == {names.worker(1): "update_image", names.worker(2): "user-maintenance"}
-
+    cid, names = failed_update_image(ctx, alice, world, operator, nodes)
+    nodes.fail_create.clear()
     act(ctx, alice, world, cid, action="restart_cluster")
     operator.run(cid)
     c = status(ctx, cid)
@@ -548,17 +553,7 @@ def test_a_start_after_a_stop_resumes_the_workers_an_update_image_left_drained(
     """An update_image drained worker 1 and failed replacing it; the cluster is then
     stopped (its account suspended, say) and started again: the kept Slurm state still
     marks worker 1 drained, and the start resumes it. A drain the user made stays."""
-    cid = create(ctx, alice, world, workers=2)
-    operator.run(cid)
-    names = NodeName(cid, status(ctx, cid).name_prefix)
-    user_drain = ["scontrol", "update", f"nodename={names.worker(2)}", "state=drain"]
-    nodes.exec(names.controller, [*user_drain, "reason=user-maintenance"])
-    act(ctx, alice, world, cid, action="update_image", image_version_id=world["image2"])
-    nodes.fail_create.add(names.worker(1))
-    operator.run(cid)
-    assert status(ctx, cid).status == "error"
-    assert nodes.drained == {names.worker(1): "update_image", names.worker(2): "user-maintenance"}
-
+    cid, names = failed_update_image(ctx, alice, world, operator, nodes)
     assert training_stops.stop_cluster(ctx, cid, "account suspended")
     operator.run(cid)
     assert status(ctx, cid).status == "stopped" and nodes.nodes == {}
