@@ -143,7 +143,10 @@ class Engine:
         *,
         policy: EnginePolicy = DEFAULT_POLICY,
         firewall_runner: Runner | None = None,
+        client: Any = None,
     ) -> None:
+        """``client``: an SDK client to use instead of connecting to ``base_url`` on
+        first use (tests pass a fake one)."""
         self.base_url = base_url
         manage_host_firewall = policy.manage_host_firewall
         # How firewall commands reach the engine's host: this machine's shell, or SSH
@@ -166,7 +169,8 @@ class Engine:
         self._owner = owner
         self.allow_unenforced_limits = policy.allow_unenforced_limits
         self._client_lock = threading.Lock()
-        self._client_obj: Any = None
+        self._client_obj: Any = client
+        self.vanish_confirm_s = VANISH_CONFIRM_S
         self._is_podman: bool | None = None
         self._lock = threading.Lock()
         # Why the engine cannot apply limits (None: it can, as far as known). Kept for
@@ -325,8 +329,8 @@ class Engine:
     def _inspect_settled(self, name: str) -> dict[str, Any] | None:
         """The engine's inspect data of ``name``; None once a 404 says it is gone. A
         container being removed (Podman's 500, :func:`vanished_mid_removal`) is asked
-        about again for up to VANISH_CONFIRM_S; still so, the error is raised."""
-        deadline = time.monotonic() + VANISH_CONFIRM_S
+        about again for up to ``vanish_confirm_s``; still so, the error is raised."""
+        deadline = time.monotonic() + self.vanish_confirm_s
         while True:
             try:
                 info: dict[str, Any] = self.api.inspect_container(name)
