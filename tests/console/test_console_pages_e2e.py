@@ -10,6 +10,8 @@ against ``gpuyard serve`` on real Podman containers and the real restic reposito
 - The account page lists the members and makes an invitation whose token is shown
   once; the operator's hosts page shows this machine with capacity bars, and its
   cordon button cordons (uncordon after).
+- On a phone-width screen every page fits the width (wide tables scroll in their own
+  box), and the keyboard alone signs in and reaches the create form.
 
 Every request the pages made is a public API route, as in test_console_e2e.py.
 """
@@ -30,6 +32,7 @@ import httpx
 import pytest
 
 from tests.console import test_console_e2e as base
+from tests.console.conftest import watch
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, running_server, wait_status
 
@@ -360,5 +363,72 @@ def test_a_read_key_sees_no_changes_on_the_new_pages(
     viewer.wait_for_selector("[data-testid=training-table]")
     assert viewer.locator("[data-testid=new-training]").count() == 0
     viewer.context.close()
+    with server.client() as c:
+        terminate(c, cid)
+
+
+# Each page, and what shows it has rendered its data.
+PHONE_PAGES = {
+    "#/clusters": "[data-testid=cluster-table]",
+    "#/clusters/new": "[data-testid=create-submit]",
+    "#/training": "[data-testid=training-table]",
+    "#/keys": "main table.list tbody tr",
+    "#/billing": "main p.total:not(:empty)",
+    "#/account": "[data-testid=members] tr[data-member]",
+    "#/hosts": "[data-testid=hosts]",
+    "#/accounts": "[data-testid=accounts]",
+}
+
+
+def tab_to(page: Any, selector: str, most: int = 60) -> None:
+    """Press Tab until the focused element matches ``selector``."""
+    for _ in range(most):
+        page.keyboard.press("Tab")
+        if page.evaluate("(s) => document.activeElement.matches(s)", selector):
+            return
+    raise AssertionError(f"Tab never reached {selector}")
+
+
+def overflow_px(page: Any) -> int:
+    """How far the page is wider than the screen (0: it fits)."""
+    wider: int = page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    return wider
+
+
+def test_phone_width_and_keyboard_only(
+    browser: Any, server: ServerProcess, recorder: base.Recorder
+) -> None:
+    with server.client() as c:
+        cid = create_cluster(c)
+    context = browser.new_context(viewport={"width": 375, "height": 740})
+    phone = context.new_page()
+    phone.set_default_timeout(30_000)
+    recorder.attach(phone)
+    watch(phone)
+    phone.goto(server.url + "/")
+    phone.wait_for_selector("#api-key")
+
+    # Signed in with the keyboard alone.
+    tab_to(phone, "#api-key")
+    phone.keyboard.type(server.key)
+    phone.keyboard.press("Enter")
+    phone.wait_for_selector("[data-testid=cluster-table]")
+
+    pages = {**PHONE_PAGES, f"#/clusters/{cid}": "[data-testid=events]"}
+    for route, ready in pages.items():
+        phone.goto(f"{server.url}/{route}")
+        phone.wait_for_selector(ready)
+        assert overflow_px(phone) <= 1, f"{route} is wider than a phone: {overflow_px(phone)} px"
+
+    # The create form is reached and its fields are reached with the keyboard.
+    phone.goto(f"{server.url}/#/clusters")
+    phone.wait_for_selector("[data-testid=cluster-table]")
+    tab_to(phone, "[data-testid=new-cluster]")
+    phone.keyboard.press("Enter")
+    phone.wait_for_selector("#f-docker_image")
+    tab_to(phone, "#f-docker_image")
+    context.close()
     with server.client() as c:
         terminate(c, cid)
