@@ -318,6 +318,25 @@ def test_account_page_members_and_invitation(page: Any, server: ServerProcess) -
     page.wait_for_selector("tr[data-invitation='new.person@example.com']")
     assert token not in page.content()
 
+    # The audit events, filtered by the API's own filters.
+    with server.client() as c:  # another kind of event to filter out
+        assert c.post("/v1/api-keys", json={"name": "audit-probe"}).status_code == 201
+    filters = page.locator("[data-testid=audit-filters]")
+    audit = page.locator("[data-testid=audit] tr[data-audit]")
+    filters.get_by_label("Action").fill("invitation.*")
+    filters.locator("button[type=submit]").click()
+    sync_api.expect(audit).to_have_count(1)
+    assert audit.first.get_attribute("data-audit") == "invitation.create"
+    filters.get_by_label("Action").fill("key.create")
+    filters.get_by_label("Who").fill(me["user"]["email"])
+    filters.locator("button[type=submit]").click()
+    keys_made = page.locator("[data-testid=audit] tr[data-audit='key.create']")
+    sync_api.expect(keys_made).not_to_have_count(0)
+    sync_api.expect(audit).to_have_count(keys_made.count())
+    filters.get_by_label("Who").fill("nobody@example.com")
+    filters.locator("button[type=submit]").click()
+    sync_api.expect(audit).to_have_count(0)
+
 
 def test_operator_hosts_page_cordons(page: Any, server: ServerProcess) -> None:
     shots = base.artifacts_dir()

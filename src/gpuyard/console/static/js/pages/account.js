@@ -3,7 +3,7 @@
 // and audit events. Each part shows only to a role that may read it, and its
 // buttons only to one that may change it (docs/roles.md); the API decides anyway.
 import { del, get, patch, post } from "../api.js";
-import { clear, copyText, field, flash, h, money, rate, showError } from "../ui.js";
+import { clear, clearErrors, copyText, field, flash, h, money, rate, showError } from "../ui.js";
 import { session } from "../session.js";
 
 const ROLES = ["owner", "admin", "member", "billing", "viewer"];
@@ -148,14 +148,24 @@ export async function render(main) {
     main.append(card(b.billing_mode === "prepaid" ? "Balance" : "Budget", "budget", facts, b.alert ? h("p", { class: "field-error" }, "Alert: the budget's threshold is reached.") : null));
   }
 
-  // Audit events, newest first: owners and admins.
+  // Audit events, newest first: owners and admins; filtered by who, what and when
+  // (the API's own filters: an e-mail or user id, an action or prefix like key.*).
   if (session.may("read_audit")) {
     const tbody = h("tbody");
     const older = h("button", { type: "button", hidden: true }, "Older");
+    const who = h("input", { type: "search", "data-field": "actor", placeholder: "who (e-mail)", "aria-label": "Who" });
+    const what = h("input", { type: "search", "data-field": "action", placeholder: "action (key.*)", "aria-label": "Action" });
+    const since = h("input", { type: "date", "data-field": "from", "aria-label": "From" });
+    const until = h("input", { type: "date", "data-field": "to", "aria-label": "To (exclusive)" });
+    const filters = h("form", { class: "toolbar", "data-testid": "audit-filters" },
+      who, what, since, until, h("button", { type: "submit" }, "Filter"));
     let before = null;
     const page = async () => {
       const q = new URLSearchParams({ limit: String(AUDIT_PAGE) });
       if (before) q.set("before_id", String(before));
+      for (const [input, name] of [[who, "actor"], [what, "action"], [since, "from"], [until, "to"]]) {
+        if (input.value.trim()) q.set(name, input.value.trim());
+      }
       const data = (await get("/v1/audit-events?" + q)).data;
       tbody.append(...data.events.map((e) => h("tr", { "data-audit": e.action },
         h("td", {}, new Date(e.created_at).toLocaleString()), h("td", {}, e.actor.email || "—"), h("td", {}, e.action),
@@ -164,7 +174,18 @@ export async function render(main) {
       older.hidden = !before;
     };
     older.addEventListener("click", page);
-    main.append(card("Audit events", "audit",
+    filters.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      clearErrors(filters);
+      clear(tbody);
+      before = null;
+      try {
+        await page();
+      } catch (err) {
+        showError(filters, err);
+      }
+    });
+    main.append(card("Audit events", "audit", filters,
       h("div", { class: "table-wrap" }, h("table", { class: "list" },
         h("thead", {}, h("tr", {}, ["When", "Who", "Action", "Target"].map((t) => h("th", { scope: "col" }, t)))), tbody)), older));
     await page();
