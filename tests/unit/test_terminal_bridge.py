@@ -14,6 +14,7 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.edge import terminal_bridge as tb
+from gpuyard.edge.exec_pty import ContainerNotRunning, ExecError
 from gpuyard.runtimes.engine import Engine
 
 
@@ -221,3 +222,63 @@ def test_the_shells_pid_sequence_is_read_and_stripped() -> None:
     assert shell_output([b"hello", b" world"]) == (b"hello world", None)
     assert shell_output([b"\x1b[1mbold"]) == (b"\x1b[1mbold", None)
     assert shell_output([]) == (b"", None)
+    # What the client typed at once, echoed by the PTY before the shell said its pid.
+    typed = b"echo $$ > /tmp/pid\r\n"
+    assert shell_output([typed, b"\x1b]7772;16\x07$ "]) == (typed + b"$ ", 16)
+    assert shell_output([typed + b"\x1b]7772;", b"16\x07$ "]) == (typed + b"$ ", 16)
+    assert shell_output([typed + b"\x1b]77", b"72;16\x07"]) == (typed, 16)
+    # An escape that only looks like its start at first is passed on whole.
+    assert shell_output([b"ab\x1b]", b"0;title\x07"]) == (b"ab\x1b]0;title\x07", None)
+
+
+class KillerExec:
+    """A hang-up's exec: its start fails while ``failures`` has items left."""
+
+    def __init__(self, failures: list[Exception], started: list[tuple[str, ...]]) -> None:
+        self.failures = failures
+        self.started = started
+
+    async def __aenter__(self) -> KillerExec:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def start(self, container: str, argv: tuple[str, ...], tty: bool) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
+        self.started.append(argv)
+
+    async def read(self) -> bytes:
+        return b""
+
+
+def hang_up_with(failures: list[Exception]) -> tuple[list[tuple[str, ...]], ScriptedExec]:
+    """Close a shell that still runs (session 42) while the engine fails ``failures``
+    hang-up execs first: the argv of each hang-up that ran, and the shell's own exec."""
+    started: list[tuple[str, ...]] = []
+    shell_exec = ScriptedExec([b"\x1b]7772;42\x07$ "])
+    sessions: list[Any] = [shell_exec]
+
+    def open_exec(target: tb.ExecTarget) -> Any:
+        return sessions.pop(0) if sessions else KillerExec(failures, started)
+
+    async def go() -> None:
+        shell = tb.ShellSession(tb.ExecTarget("unix:///nowhere.sock", None, "c"), open_exec)
+        shell.hangup_retry_s = 0
+        assert await shell.read() == b"$ "
+        await shell.close()
+
+    run(go())
+    return started, shell_exec
+
+
+def test_a_shell_left_running_is_hung_up_even_when_the_engine_fails_at_first() -> None:
+    started, shell_exec = hang_up_with([ExecError("busy"), OSError("reset")])
+    assert len(started) == 1 and "42" in started[0][-1]  # the session's processes
+    assert shell_exec.closed
+
+
+def test_a_stopped_container_needs_no_hang_up() -> None:
+    started, shell_exec = hang_up_with([ContainerNotRunning("stopped")])
+    assert started == [] and shell_exec.closed

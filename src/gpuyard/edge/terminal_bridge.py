@@ -23,11 +23,12 @@ import json
 import logging
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.edge.exec_pty import ExecSession
+from gpuyard.edge.exec_pty import ContainerNotRunning, ExecError, ExecSession
 from gpuyard.runtimes.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,9 @@ _LOGIN_SHELL = (
     "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec /bin/sh -l; fi"
 )
 SHELL_COMMAND: tuple[str, ...] = ("/bin/sh", "-c", _LOGIN_SHELL)
+# How much output is searched for the pid sequence, and its longest form.
+LOOK_LIMIT = 64 * 1024
+_PID_SEQUENCE_MAX = 64
 # A hang-up by hand: SIGHUP, then SIGCONT (as the kernel does when a terminal hangs
 # up), to every process of the shell's session. POSIX sh builtins only, reading
 # /proc/PID/stat: "pid (comm) state ppid pgrp session ...".
@@ -246,7 +250,22 @@ _HANGUP = (
     '[ "$4" = "{sid}" ] && kill -HUP "${d#/proc/}" 2>/dev/null && kill -CONT "${d#/proc/}" '
     "2>/dev/null; done; true"
 )
-HANGUP_TIMEOUT_S = 5.0
+# How long a hang-up may take, its retries included: an exec on a loaded engine can
+# take seconds to start, and a shell left running would outlive its terminal.
+HANGUP_TIMEOUT_S = 30.0
+HANGUP_RETRY_S = 0.5
+
+
+def _partial_prefix(buf: bytes, sequence: bytes) -> int:
+    """The length of the longest end of ``buf`` that begins ``sequence``."""
+    for n in range(min(len(buf), len(sequence) - 1), 0, -1):
+        if sequence.startswith(buf[-n:]):
+            return n
+    return 0
+
+
+def _exec_session(target: ExecTarget) -> ExecSession:
+    return ExecSession(target.engine_url, ssl=target.ssl)
 
 
 class ShellSession:
@@ -257,12 +276,19 @@ class ShellSession:
     exited hangs its session up by hand, through a second exec, as closing a terminal
     window does."""
 
-    def __init__(self, target: ExecTarget) -> None:
+    def __init__(
+        self, target: ExecTarget, open_exec: Callable[[ExecTarget], ExecSession] | None = None
+    ) -> None:
+        """``open_exec``: makes the exec sessions (the shell's, a hang-up's) on
+        ``target``'s engine; tests pass fakes."""
         self.target = target
-        self.exec = ExecSession(target.engine_url, ssl=target.ssl)
+        self._open_exec = open_exec or _exec_session
+        self.hangup_retry_s = HANGUP_RETRY_S
+        self.exec = self._open_exec(target)
         self.session_id: int | None = None
-        self._head = b""  # output held back while looking for the pid sequence
+        self._head = b""  # output held back: it may begin the pid sequence
         self._looking = True
+        self._seen = 0  # bytes of output read while looking
         self._ended = False
 
     async def start(self, size: Resize) -> None:
@@ -277,31 +303,41 @@ class ShellSession:
         )
 
     async def read(self) -> bytes:
+        """The shell's output, without the pid sequence. The sequence is looked for in
+        the first LOOK_LIMIT bytes, wherever it lands: what the client types at once is
+        echoed by the PTY, and may come before it."""
         while self._looking:
             data = await self.exec.read()
             if not data:
                 self._looking, self._ended = False, True
                 out, self._head = self._head, b""
                 return out
-            self._head += data
-            start = self._head.find(_PID_OSC)
-            end = self._head.find(b"\x07", start + 1) if start >= 0 else -1
-            if start >= 0 and end >= 0:
-                digits = self._head[start + len(_PID_OSC) : end]
-                if digits.isdigit():
-                    self.session_id = int(digits)
-                out = self._head[:start] + self._head[end + 1 :]
-            elif len(self._head) > 64 or (start < 0 and not _PID_OSC.startswith(self._head)):
-                out = self._head  # no such sequence: a shell of another kind
-            else:
-                continue
-            self._looking, self._head = False, b""
+            self._seen += len(data)
+            out = self._take_pid(self._head + data)
             if out:
                 return out
         data = await self.exec.read()
         if not data:
             self._ended = True
         return data
+
+    def _take_pid(self, buf: bytes) -> bytes:
+        """Find the pid sequence in ``buf`` (held-back bytes first); the output to pass
+        on now. Holds back only what may be the start of a sequence split across reads."""
+        start = buf.find(_PID_OSC)
+        end = buf.find(b"\x07", start + len(_PID_OSC)) if start >= 0 else -1
+        if start >= 0 and end >= 0:
+            digits = buf[start + len(_PID_OSC) : end]
+            if digits.isdigit():
+                self.session_id = int(digits)
+            self._looking, self._head = False, b""
+            return buf[:start] + buf[end + 1 :]
+        if self._seen > LOOK_LIMIT or (start >= 0 and len(buf) - start > _PID_SEQUENCE_MAX):
+            self._looking, self._head = False, b""  # none: a shell of another kind
+            return buf
+        keep = len(buf) - start if start >= 0 else _partial_prefix(buf, _PID_OSC)
+        self._head = buf[len(buf) - keep :] if keep else b""
+        return buf[: len(buf) - keep]
 
     async def write(self, data: bytes) -> None:
         await self.exec.write(data)
@@ -318,18 +354,33 @@ class ShellSession:
         """Drop the stream; a shell still running is hung up first (best effort)."""
         try:
             if not self._ended and self.session_id is not None:
-                with contextlib.suppress(Exception):
+                try:
                     async with asyncio.timeout(HANGUP_TIMEOUT_S):
                         await self._hang_up(self.session_id)
+                except Exception as exc:
+                    log.warning(
+                        "could not hang up shell session %s in %s: %r",
+                        self.session_id, self.target.container, exc,
+                    )  # fmt: skip
         finally:
             await self.exec.close()
 
     async def _hang_up(self, session_id: int) -> None:
+        """Hang the session up, trying again while the engine fails the exec (the
+        caller bounds the whole); done when the container no longer runs."""
         script = _HANGUP.replace("{sid}", str(session_id))
-        async with ExecSession(self.target.engine_url, ssl=self.target.ssl) as killer:
-            await killer.start(self.target.container, ("/bin/sh", "-c", script), tty=False)
-            while await killer.read():
-                pass
+        while True:
+            try:
+                async with self._open_exec(self.target) as killer:
+                    await killer.start(self.target.container, ("/bin/sh", "-c", script), tty=False)
+                    while await killer.read():
+                        pass
+                return
+            except ContainerNotRunning:
+                return  # its shell went with it
+            except (ExecError, OSError) as exc:
+                log.info("hang-up of shell session %s failed, trying again: %r", session_id, exc)
+                await asyncio.sleep(self.hangup_retry_s)
 
 
 async def open_shell(target: ExecTarget, size: Resize) -> ShellSession:
