@@ -495,8 +495,8 @@ class TrainingOperator:
             self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
-        # An update_image that a stop (or a newer operation) cut short may have left
-        # workers drained in the kept Slurm state: a build ends with none of ours.
+        # An update_image that a stop cut short may have left workers drained in the
+        # kept Slurm state: a build ends with none of ours.
         self._resume_our_drains(names.controller)
         self._set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
 
