@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import asyncssh
 
 from gpuyard.edge.exec_pty import STDERR, ExecError, ExecSession
+from gpuyard.edge.hang_up import hang_up
 
 log = logging.getLogger("gpuyard.ssh_gateway")
 
@@ -41,7 +42,6 @@ _HANGUP = (
     '*{marker}*) kill -HUP "${d#/proc/}" 2>/dev/null; kill -CONT "${d#/proc/}" 2>/dev/null;; '
     "esac; done; true"
 )
-HANGUP_TIMEOUT_S = 5.0
 
 
 class ExecBackend:
@@ -169,17 +169,12 @@ class ExecBackend:
         """Drop the stream; a process still running is hung up first (best effort)."""
         try:
             if not self._ended and self._where is not None:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(HANGUP_TIMEOUT_S):
-                        await self._hang_up(*self._where)
+                engine_url, ssl_context, container = self._where
+                await hang_up(
+                    lambda: ExecSession(engine_url, ssl=ssl_context),
+                    container,
+                    _HANGUP.replace("{marker}", self._marker),
+                    what=f"ssh session {self._marker}",
+                )
         finally:
             await exec_session.close()
-
-    async def _hang_up(
-        self, engine_url: str, ssl_context: ssl.SSLContext | None, container: str
-    ) -> None:
-        script = _HANGUP.replace("{marker}", self._marker)
-        async with ExecSession(engine_url, ssl=ssl_context) as killer:
-            await killer.start(container, ("/bin/sh", "-c", script), tty=False)
-            while await killer.read():
-                pass

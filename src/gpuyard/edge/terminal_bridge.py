@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.edge.exec_pty import ContainerNotRunning, ExecError, ExecSession
+from gpuyard.edge.exec_pty import ExecSession
+from gpuyard.edge.hang_up import HANGUP_RETRY_S, hang_up
 from gpuyard.runtimes.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -250,10 +251,6 @@ _HANGUP = (
     '[ "$4" = "{sid}" ] && kill -HUP "${d#/proc/}" 2>/dev/null && kill -CONT "${d#/proc/}" '
     "2>/dev/null; done; true"
 )
-# How long a hang-up may take, its retries included: an exec on a loaded engine can
-# take seconds to start, and a shell left running would outlive its terminal.
-HANGUP_TIMEOUT_S = 30.0
-HANGUP_RETRY_S = 0.5
 
 
 def _partial_prefix(buf: bytes, sequence: bytes) -> int:
@@ -354,33 +351,15 @@ class ShellSession:
         """Drop the stream; a shell still running is hung up first (best effort)."""
         try:
             if not self._ended and self.session_id is not None:
-                try:
-                    async with asyncio.timeout(HANGUP_TIMEOUT_S):
-                        await self._hang_up(self.session_id)
-                except Exception as exc:
-                    log.warning(
-                        "could not hang up shell session %s in %s: %r",
-                        self.session_id, self.target.container, exc,
-                    )  # fmt: skip
+                await hang_up(
+                    lambda: self._open_exec(self.target),
+                    self.target.container,
+                    _HANGUP.replace("{sid}", str(self.session_id)),
+                    what=f"shell session {self.session_id}",
+                    retry_s=self.hangup_retry_s,
+                )
         finally:
             await self.exec.close()
-
-    async def _hang_up(self, session_id: int) -> None:
-        """Hang the session up, trying again while the engine fails the exec (the
-        caller bounds the whole); done when the container no longer runs."""
-        script = _HANGUP.replace("{sid}", str(session_id))
-        while True:
-            try:
-                async with self._open_exec(self.target) as killer:
-                    await killer.start(self.target.container, ("/bin/sh", "-c", script), tty=False)
-                    while await killer.read():
-                        pass
-                return
-            except ContainerNotRunning:
-                return  # its shell went with it
-            except (ExecError, OSError) as exc:
-                log.info("hang-up of shell session %s failed, trying again: %r", session_id, exc)
-                await asyncio.sleep(self.hangup_retry_s)
 
 
 async def open_shell(target: ExecTarget, size: Resize) -> ShellSession:
