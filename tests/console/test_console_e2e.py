@@ -125,8 +125,31 @@ def new_page(browser: Any, server: ServerProcess, recorder: Recorder) -> Any:
     page.on("dialog", lambda d: d.accept())  # confirmations
     recorder.attach(page)
     watch(page)  # for the evidence a failed test leaves (conftest.py)
-    page.goto(server.url + "/")
+    open_app(page, server.url + "/")
     return page
+
+
+# True once the console's scripts have run (the page's placeholder is replaced).
+BOOTED = "() => document.getElementById('view').textContent.trim() !== 'Loading…'"
+
+
+def open_app(page: Any, url: str | None = None) -> None:
+    """Load the console at ``url`` (None: reload the page) until its scripts have run.
+    Chromium aborts every request in flight with ERR_NETWORK_CHANGED when a network
+    interface comes or goes, which the engine's containers make happen on this machine
+    at any time; a page whose modules were cut off never leaves "Loading…". It is
+    loaded again, three times at most."""
+    for attempt in range(3):
+        if url is None:
+            page.reload()
+        else:
+            page.goto(url)
+        try:
+            page.wait_for_function(BOOTED, timeout=15_000)
+            return
+        except sync_api.TimeoutError:
+            if attempt == 2:
+                raise
 
 
 def sign_in(page: Any, key: str) -> None:

@@ -314,7 +314,7 @@ def test_account_page_members_and_invitation(page: Any, server: ServerProcess) -
         account = me["acting"]["account_id"]
         listed = c.get(f"/v1/accounts/{account}/invitations").text
     assert token not in listed
-    page.reload()
+    base.open_app(page)  # reloaded
     page.wait_for_selector("tr[data-invitation='new.person@example.com']")
     assert token not in page.content()
 
@@ -426,7 +426,7 @@ def test_phone_width_and_keyboard_only(
     phone.set_default_timeout(30_000)
     recorder.attach(phone)
     watch(phone)
-    phone.goto(server.url + "/")
+    base.open_app(phone, server.url + "/")
     phone.wait_for_selector("#api-key")
 
     # Signed in with the keyboard alone.

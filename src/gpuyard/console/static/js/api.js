@@ -48,6 +48,24 @@ async function failure(response) {
   return new ApiError(response.status, "HTTP_" + response.status, response.statusText || "request failed");
 }
 
+// A read that fails on the network (the connection dropped, or the browser saw its
+// network change and cut every request in flight) is asked again, twice at most; a
+// write is not, since it may have been done.
+const READ_RETRIES = 2;
+const RETRY_MS = 300;
+
+async function send(path, init) {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await fetch(path, init);
+    } catch (err) {
+      const read = init.method === "GET" || init.method === "HEAD";
+      if (!read || attempt >= READ_RETRIES || err.name === "AbortError") throw err;
+      await new Promise((resolve) => setTimeout(resolve, RETRY_MS * (attempt + 1)));
+    }
+  }
+}
+
 // Request `path` (starting /v1/... or the training API's /distributed_jobs_v2/...).
 // Answers {data, meta, pagination, status, etag} (`pagination`: the training list's,
 // outside its data); with
@@ -57,7 +75,7 @@ export async function api(method, path, body, opts = {}) {
   const extra = {};
   if (body !== undefined) extra["Content-Type"] = "application/json";
   if (opts.etag) extra["If-None-Match"] = opts.etag;
-  const response = await fetch(path, {
+  const response = await send(path, {
     method,
     headers: headers(extra),
     body: body === undefined ? undefined : JSON.stringify(body),
@@ -91,7 +109,8 @@ export const put = (path, body, opts) => api("PUT", path, body, opts);
 // Server-Sent Events over fetch (EventSource cannot send the CSRF header). Calls
 // onEvent({event, data, id}) per event until `signal` aborts or the stream ends.
 export async function streamEvents(path, onEvent, signal) {
-  const response = await fetch(path, {
+  const response = await send(path, {
+    method: "GET",
     headers: headers({ Accept: "text/event-stream" }),
     credentials: "same-origin",
     signal,
