@@ -85,7 +85,14 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.storage.child_process import Drain, die_with_parent, interrupt, kill, write_all
+from gpuyard.storage.child_process import (
+    TAIL_LINES,
+    Drain,
+    die_with_parent,
+    interrupt,
+    kill,
+    write_all,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +113,6 @@ _SNAPSHOT_ID: Final = re.compile(r"[0-9a-f]{8,64}")
 _LOCKED: Final = re.compile(r"repository is already locked|unable to create lock")
 _NO_CONFIG: Final = "unable to open config file"
 _USERINFO: Final = re.compile(r"(://)[^/@\s]+@")
-_STDERR_LINES: Final = 20
 # How long a finished backup waits for a live exclusive lock (a prune) to go before
 # it can look its snapshot's full id up.
 _ID_LOOKUP_PATIENCE_S: Final = 120.0
@@ -684,7 +690,7 @@ class ResticRepository:
     def _failure(self, command: str, status: int, stderr: str) -> ResticError:
         """The error for a failed command: ResticLocked when a lock refused it."""
         lines = [line for line in self._scrub(stderr).splitlines() if line.strip()]
-        tail = lines[-_STDERR_LINES:]
+        tail = lines[-TAIL_LINES:]
         how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
         locked = _LOCKED.search(stderr)
         # restic's last line for a lock is advice (run unlock); the first says who holds it.
