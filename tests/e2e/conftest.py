@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import docker
@@ -93,3 +93,30 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
     # The installation's host firewall chain (runtimes/host_firewall.py), if it made one.
     IptablesIsolation(installation_id[:8]).remove()
     return removed
+
+
+# What a failed test's servers logged at WARNING or above: why a cluster went to
+# ``error``, a stop that had to be retried. Their whole logs stay in the test's
+# temporary folder; the report shows the end of these lines.
+NOTABLE_LOG_LEVELS = (" WARNING ", " ERROR ", " CRITICAL ")
+EVIDENCE_CHARS = 6000
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        tmp = getattr(item, "funcargs", {}).get("tmp_path")
+        if isinstance(tmp, Path):
+            report.sections.append(("servers' warnings", servers_warnings(tmp)))
+
+
+def servers_warnings(root: Path) -> str:
+    """The WARNING-or-worse lines of every ``server.log`` under ``root`` (the end)."""
+    parts = []
+    for log in sorted(root.rglob("server.log")):
+        text = log.read_text(errors="replace")
+        notable = [line for line in text.splitlines() if any(x in line for x in NOTABLE_LOG_LEVELS)]
+        parts.append(f"{log.relative_to(root)}:\n" + "\n".join(notable or ["(none)"]))
+    return ("\n".join(parts) or "(no server log)")[-EVIDENCE_CHARS:]

@@ -39,6 +39,7 @@ from tests.e2e.test_server_e2e import (
     ServerProcess,
     container_name,
     sh,
+    sh_in,
     volume_name,
     wait_status,
 )
@@ -269,10 +270,7 @@ def test_two_installations_share_an_engine(
 
         holds(nothing_lost, OBSERVE_PASSES_S)
         assert not quarantined(a)  # the old installation's volumes are not the new one's
-        assert engine.containers.get(a2_container).exec_run(["cat", "/workspace/mark"]) == (
-            0,
-            f"{a2}\n".encode(),
-        )
+        assert sh_in(engine.containers.get(a2_container), "cat /workspace/mark") == (0, f"{a2}\n")
 
     # B's database restored from the copy that predates b3: b3's volume is quarantined,
     # not deleted, even once b3's (unknown) container has been collected.

@@ -26,6 +26,7 @@ import pytest
 
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
 from gpuyard.edge.caddy import CaddyProcess
+from gpuyard.runtimes.exec_output import run_keeping_output
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.helpers import PORT_BLOCK_SIZE, free_port, port_block
 
@@ -78,7 +79,8 @@ class ServerProcess:
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
+        # Importing and migrating take seconds; on a loaded two-core machine, tens.
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 # Ours answers only once its database exists (an answer before that
@@ -171,22 +173,45 @@ def volume_name(server: ServerProcess, cid: str) -> str:
 
 
 def wait_status(c: httpx.Client, cid: str, want: set[str], timeout: float = 60) -> dict[str, Any]:
+    """Poll cluster ``cid`` until its status is one of ``want``; on timeout the
+    failure says where it stands and how it got there (its events), first."""
     deadline = time.monotonic() + timeout
     while True:
         data: dict[str, Any] = c.get(f"/v1/clusters/{cid}").json()["data"]
         if data["status"] in want:
             return data
-        assert time.monotonic() < deadline, data
+        assert time.monotonic() < deadline, why_not(c, cid, want, data)
         time.sleep(0.1)
+
+
+def why_not(c: httpx.Client, cid: str, want: set[str], data: dict[str, Any]) -> str:
+    """A timed-out wait's message: status, reason and the cluster's event history."""
+    events = (c.get(f"/v1/clusters/{cid}/events").json().get("data") or {}).get("events", [])
+    history = "\n".join(f"  {e['at']} {e['type']}: {e['message']}" for e in events)
+    return (
+        f"cluster {cid} is {data['status']!r}, not one of {sorted(want)}: "
+        f"{data.get('last_status_change')!r}; error_message={data.get('error_message')!r}\n"
+        f"events:\n{history}"
+    )
 
 
 def sh(
     engine: docker.DockerClient, server: ServerProcess, cid: str, command: str
 ) -> tuple[int, str]:
-    """Run ``command`` in cluster ``cid``'s container on ``server``."""
-    container = engine.containers.get(container_name(server, cid))
-    code, out = container.exec_run(["sh", "-c", command])
-    return int(code), out.decode()
+    """Run ``command`` in cluster ``cid``'s container on ``server`` (:func:`sh_in`)."""
+    return sh_in(engine.containers.get(container_name(server, cid)), command)
+
+
+def sh_in(container: Any, command: str) -> tuple[int, str]:
+    """Run ``command`` in ``container``: (exit code, output). The command must be safe
+    to repeat: it is run again when the engine lost its output
+    (runtimes/exec_output.py)."""
+
+    def once(argv: list[str]) -> tuple[int, str]:
+        code, out = container.exec_run(argv)
+        return int(code), out.decode()
+
+    return run_keeping_output(once, ["sh", "-c", command])
 
 
 def gone(engine: docker.DockerClient, server: ServerProcess, cid: str) -> bool:

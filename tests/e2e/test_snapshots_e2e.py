@@ -38,8 +38,8 @@ dd if=/dev/urandom of=data/big.bin bs=1M count={big_mb} 2>/dev/null
 for i in $(seq 1 40); do echo "line $i of a small file" > code/f$i.txt; done
 echo secret > code/private.txt && chmod 600 code/private.txt
 printf '#!/bin/sh\\necho hi\\n' > code/run.sh && chmod 755 code/run.sh
-ln -s data/big.bin link-to-big
-ln -s /does/not/exist dangling
+ln -sfn data/big.bin link-to-big
+ln -sfn /does/not/exist dangling
 echo owned > data/nested/owned.txt && chown 1234:1234 data/nested/owned.txt
 chmod 2775 data/nested
 touch -d @1600000000 code/f1.txt

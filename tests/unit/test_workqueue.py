@@ -97,3 +97,12 @@ def test_unknown_lane_is_refused() -> None:
         q.submit("k", "fast", lambda: None)
     q.close()
     assert q.submit("k", "slow", lambda: None) is False
+
+
+def test_a_lane_made_on_first_use_after_close_is_no_error() -> None:
+    # A host first worked on while the server shuts down: its lane is not made any
+    # more, and the submission is declined like any other after close.
+    q = WorkQueue({"slow": 1})
+    q.close()
+    q.ensure_lane("slow:host:1", 1)
+    assert q.submit("k", "slow:host:1", lambda: None) is False

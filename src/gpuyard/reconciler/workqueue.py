@@ -87,12 +87,13 @@ class WorkQueue:
     def submit(self, key: Hashable, lane: str, job: Job) -> bool:
         """Run ``job`` for ``key`` on ``lane``. If the key's job is running, run this
         one after it; if the key is backing off, when the back-off ends. Returns False
-        only when the queue is closed."""
-        if lane not in self._pools:
-            raise ValueError(f"unknown lane {lane!r}")
+        only when the queue is closed (then a lane made on first use may not exist:
+        closing is not an error)."""
         with self._lock:
             if self._closed:
                 return False
+            if lane not in self._pools:
+                raise ValueError(f"unknown lane {lane!r}")
             entry = self._keys.get(key)
             if entry is None:
                 entry = self._keys[key] = _Key(lane, job)

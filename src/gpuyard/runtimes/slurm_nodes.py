@@ -45,6 +45,7 @@ from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import LIFECYCLE_RC
 from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy
 from gpuyard.runtimes.engine_url import detect_engine_url
+from gpuyard.runtimes.exec_output import run_keeping_output
 from gpuyard.runtimes.slurm_config import (
     CONFIG_DIR,
     STATE_DIR,
@@ -406,7 +407,9 @@ class SlurmNodeRuntime:
 
         The command is killed after ``timeout_s`` (exit code 124, coreutils ``timeout``
         inside the container); ``timeout_s`` must be below the runtime's ``timeout_s``.
-        Raises RuntimeFailure when the node is missing or not running.
+        Raises RuntimeFailure when the node is missing or not running. The command
+        must be safe to repeat: it is run again when the engine lost its output
+        (runtimes/exec_output.py).
         """
         if not argv:
             raise ValueError("argv must not be empty")
@@ -414,17 +417,22 @@ class SlurmNodeRuntime:
             raise ValueError(
                 f"timeout_s must be in (0, {self.timeout_s}) (the engine request timeout)"
             )
-        cmd = ["timeout", "-k", "2", f"{timeout_s:g}", *argv]
         with self._errors(f"running {shlex.join(argv)[:80]} on node {name}"):
             try:
                 container = self._client().containers.get(name)
             except docker.errors.NotFound as e:
                 raise RuntimeFailure(f"node {name} does not exist", {"node": name}) from e
-            result = container.exec_run(cmd, stdout=True, stderr=True, user="root")
-        output = result.output
-        text = output.decode("utf-8", errors="replace") if isinstance(output, bytes) else ""
-        code = result.exit_code
-        return (int(code) if code is not None else -1), text
+
+            def once(line: list[str]) -> tuple[int, str]:
+                result = container.exec_run(line, stdout=True, stderr=True, user="root")
+                output = result.output
+                text = output.decode("utf-8", errors="replace") if isinstance(output, bytes) else ""
+                code = result.exit_code
+                return (int(code) if code is not None else -1), text
+
+            # The timeout is inside the marking shell: a command cut off still ends
+            # with the marker, and is not run again.
+            return run_keeping_output(once, ["timeout", "-k", "2", f"{timeout_s:g}", *argv])
 
     def restart_node(self, name: str) -> None:
         """Restart the node's container (SIGTERM, SIGKILL after 10 s, start). The node's
