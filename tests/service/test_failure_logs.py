@@ -12,6 +12,7 @@ import logging
 import pytest
 from sqlalchemy import select
 
+from gpuyard.core.errors import RuntimeFailure
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerState
 from gpuyard.runtimes.fake import FakeRuntime
@@ -58,20 +59,30 @@ def test_exit_during_startup(
     assert SECRET not in log
 
 
+class RefusesStart(FakeRuntime):
+    """The engine refuses every start, naming the user's command (and its secret)."""
+
+    def start(self, cluster_id: str) -> None:
+        self.calls["start"] = self.calls.get("start", 0) + 1
+        raise RuntimeFailure(f'exec: "serve --token {SECRET}": not found')
+
+
 def test_engine_refusing_the_start(
-    ctx: Context,
-    alice: Principal,
-    rec: Reconciler,
-    runtime: FakeRuntime,
-    caplog: pytest.LogCaptureFixture,
+    ctx: Context, alice: Principal, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="gpuyard")
-    runtime.fail_next["start"] = f'exec: "serve --token {SECRET}": not found'
+    runtime = RefusesStart()
+    rec = Reconciler(ctx, runtime)
     c = uc.create_cluster(ctx, alice, a6000(1))
-    settle(rec, c.id)
+    for _ in range(5):  # past each attempt's back-off (reconciler/start_retries.py)
+        rec.driver.drive(c.id)
+        clock.advance(5)
     got = uc.get_cluster(ctx, alice, c.id)
     assert got.status == "error" and SECRET in (got.error_message or "")
+    assert runtime.calls["start"] == 3
+    assert "start attempt 2 of 3 failed" in events(ctx, c.id)
     log = server_log(caplog)
+    assert f"cluster {c.id}: start attempt 1 failed (RUNTIME_ERROR); trying again" in log
     assert f"cluster {c.id} failed: start failed (RUNTIME_ERROR)" in log
     assert SECRET not in log
 

@@ -28,6 +28,7 @@ from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
 from gpuyard.reconciler.log_archive import forget_logs, keep_logs, stop_keeping_logs
 from gpuyard.reconciler.snapshots import SnapshotWorker
+from gpuyard.reconciler.start_retries import StartRetries
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
     ContainerSpec,
@@ -113,6 +114,8 @@ class ClusterDriver:
         self.storage: SnapshotWorker | None = None
         # Told when a cluster's next restart attempt is due (the reconciler looks then).
         self.on_restart_due: Callable[[str, datetime], None] = lambda _cid, _at: None
+        # Starts whose engine steps failed, and when each may try again.
+        self.start_retries = StartRetries(ctx.clock.now)
 
     def volume_of(self, c: Cluster) -> str:
         """The cluster's engine volume: its stored name (clusters older than
@@ -232,7 +235,9 @@ class ClusterDriver:
         try:
             if status in (ClusterStatus.PENDING, ClusterStatus.STARTING):
                 self._start(cluster)
-            elif status == ClusterStatus.STOPPING:
+                return
+            self.start_retries.forget(cluster_id)  # stopped or terminated meanwhile
+            if status == ClusterStatus.STOPPING:
                 self._stop(cluster)
             elif status == ClusterStatus.TERMINATING:
                 self._terminate(cluster)
@@ -245,6 +250,8 @@ class ClusterDriver:
     def _start(self, c: Cluster) -> None:
         if c.status == ClusterStatus.PENDING:
             self._transition(c, ClusterStatus.STARTING, "starting")
+        if not self.start_retries.due(c.id):
+            return  # an engine step failed a moment ago: a later pass tries again
         if self._gpus_still_in_use(c):
             # A preempted cluster is still stopping on our GPUs: start once it has
             # stopped (its job wakes the reconciler), so no GPU is ever shared.
@@ -256,29 +263,57 @@ class ClusterDriver:
             return
         if not storage_ready(self, c):
             return
-        created = False
+        created = engine_steps = False
         try:
             # Progress is recorded at the points that take time, not at every step:
             # each record is a write transaction on the start path.
             self._ensure_image(c)
+            spec = self._spec(c)
+            engine_steps = True
             # Container creation always repeats: it replaces any container left over
             # from an interrupted attempt or the previous run (restart).
             if (c.runtime_handle or {}).get("container_id"):
                 keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
-            container_id = self.runtime_of(c.host_id).create(self._spec(c))
+            container_id = self.runtime_of(c.host_id).create(spec)
             created = True
             self._record(
                 c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
             )
             self.runtime_of(c.host_id).start(c.id)
             self._await_running(c)
+            self.start_retries.forget(c.id)
             if move is not None and c.status == ClusterStatus.RUNNING.value:
                 # The volume moved here for this start: its old copy goes now.
                 self.delete_old_copies(None, cluster_id=c.id)
         except GpuyardError as exc:
+            if engine_steps and isinstance(exc, RuntimeFailure) and self._try_again(c, exc):
+                return
             # A restart's previous container may still run even if no new one was made.
             had = created or bool((c.runtime_handle or {}).get("container_id"))
             self._fail(c, exc.message, container=had, summary=f"start failed ({exc.code})")
+
+    def _try_again(self, c: Cluster, exc: RuntimeFailure) -> bool:
+        """Whether the start gets another attempt after this engine failure
+        (reconciler/start_retries.py); if so, the cluster's events say so (with the
+        engine's words: the user's to read, never the server log's)."""
+        attempt = self.start_retries.failed(c.id)
+        if attempt is None:
+            return False
+        log.warning(
+            "cluster %s: start attempt %d failed (%s); trying again", c.id, attempt, exc.code
+        )
+        now = self.ctx.clock.now()
+        with self.ctx.transaction() as session:
+            record_event(
+                session,
+                c.id,
+                now,
+                "start_retry",
+                f"start attempt {attempt} of {self.start_retries.attempts} failed: "
+                f"{exc.message}; trying again",
+            )
+        self.ctx.notifier.notify()
+        return True
 
     # -- moving between hosts ----------------------------------------------------------
 
