@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api import fastpath, schemas, views
+from gpuyard.api.conditional import ok_tagged, tagged
 from gpuyard.api.envelope import ok
 from gpuyard.api.idempotency import REPLAYED_HEADER, IdempotencyKeyHeader
 from gpuyard.api.json_body import OffLoopJsonRoute
@@ -155,26 +156,28 @@ async def list_clusters(
             (subject, principal.account_id),
             lambda: run_in_threadpool(_render_list, state, principal, subject, marks, query),
         )
-    etag = fastpath.etag_of(rendered.data)
-    if fastpath.not_modified(request.headers.get("if-none-match"), etag):
-        return Response(status_code=304, headers={"ETag": etag})
-    return Response(
-        fastpath.ok_bytes(rendered.data), media_type="application/json", headers={"ETag": etag}
-    )
+    data = rendered.data
+    return tagged(request, fastpath.etag_of(data), lambda: fastpath.ok_bytes(data))
 
 
 @router.get("/v1/clusters/{cluster_id}", responses=documented(schemas.ClusterEnvelope))
 async def get_cluster(cluster_id: str, request: Request) -> Response:
     """One cluster. Served by api/fastpath.py's middleware before routing (this route
-    documents it and answers the same way if the middleware is not installed)."""
-    status, body = await fastpath.answer(
+    documents it and answers the same way if the middleware is not installed). The
+    answer's ``ETag`` is its data's digest: ``If-None-Match`` with it answers 304 while
+    the cluster shows the same."""
+    status, body, etag = await fastpath.answer(
         app_state(request),
         request.headers.get("authorization"),
         request.query_params.get,
         cluster_id,
         request,
+        if_none_match=request.headers.get("if-none-match"),
     )
-    return Response(body, status_code=status, media_type="application/json")
+    headers = {"ETag": etag} if etag is not None else None
+    if status == 304:
+        return Response(status_code=304, headers=headers)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 @router.get("/v1/clusters/{cluster_id}/events", responses=documented(schemas.EventListEnvelope))
@@ -185,19 +188,22 @@ def cluster_events(
     page: int | None = Query(default=None, ge=1, le=1_000_000),
     per_page: int | None = Query(default=None, ge=1, le=500),
     cursor: str | None = CURSOR_QUERY,
-) -> JSONResponse:
+) -> Response:
     """The cluster's events, oldest first. With ``per_page``, ``page`` or ``cursor``
     a page at a time (50 by default; ``pagination.next_cursor`` pages on); with none of
-    them every event, up to 5,000, as before the list was paged."""
+    them every event, up to 5,000, as before the list was paged. The answer's ``ETag``
+    is its data's digest: ``If-None-Match`` with it answers 304 while the page is the
+    same (api/conditional.py)."""
     size = legacy_page_size(per_page, page, cursor)
     result = uc.event_page(
         app_state(request).ctx, principal, cluster_id, page=page or 1, per_page=size, cursor=cursor
     )
-    return ok(
+    return ok_tagged(
+        request,
         {
             "events": [views.event(e) for e in result.events],
             "pagination": pagination(page or 1, size, result.total, result.next_cursor),
-        }
+        },
     )
 
 

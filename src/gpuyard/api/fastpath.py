@@ -15,6 +15,9 @@ built around the kept bytes.
 ``GET /v1/clusters`` is answered here only from a page the routed endpoint rendered
 and kept for the same query and caller scope (``list_subject``); anything else (a
 miss, a bad key, a refused permission) goes to the route.
+
+Both answer an ``ETag``, the digest of their ``data`` (``etag_of``), and ``304`` with
+no body to an ``If-None-Match`` naming it; an error carries none.
 """
 
 from __future__ import annotations
@@ -126,10 +129,14 @@ async def answer(
     query: Callable[[str], str | None],
     cluster_id: str,
     selecting: HTTPConnection | None = None,
-) -> tuple[int, bytes]:
-    """Status and JSON body of ``GET /v1/clusters/{id}``, errors in the v1 envelope.
-    ``selecting``: the routed request, whose ``X-Gpuyard-Account`` / ``active_iam``
-    select the account acted for (the middleware takes only requests without them)."""
+    if_none_match: str | None = None,
+) -> tuple[int, bytes, str | None]:
+    """Status, JSON body and ``ETag`` of ``GET /v1/clusters/{id}``, errors in the v1
+    envelope (and without an ETag: an error is never 304). The ETag is the digest of
+    the cluster's ``data`` (``etag_of``); when ``if_none_match`` names it the answer is
+    304 with an empty body. ``selecting``: the routed request, whose
+    ``X-Gpuyard-Account`` / ``active_iam`` select the account acted for (the middleware
+    takes only requests without them)."""
     try:
         selection = None if selecting is None else selection_from(selecting)
         principal = await state.principal(key_from(authorization, query), selection)
@@ -140,12 +147,16 @@ async def answer(
             rendered = await _shared_read(state, principal.account_id, cluster_id)
         if not principal.may_use_project(rendered.project_id):
             raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-        return 200, ok_bytes(rendered.data)
+        etag = etag_of(rendered.data)
+        if not_modified(if_none_match, etag):
+            return 304, b"", etag
+        return 200, ok_bytes(rendered.data), etag
     except GpuyardError as exc:
-        return exc.http_status, dumps(error_body(exc.code, exc.message, exc.details))
+        return exc.http_status, dumps(error_body(exc.code, exc.message, exc.details)), None
     except Exception:
         log.exception("unhandled error reading cluster %s", cluster_id)
-        return 500, dumps(error_body("INTERNAL_ERROR", "internal error; see the server log"))
+        body = dumps(error_body("INTERNAL_ERROR", "internal error; see the server log"))
+        return 500, body, None
 
 
 # -- GET /v1/clusters: a page kept in the view cache -------------------------------
@@ -243,13 +254,14 @@ class ClusterReadFastPath:
                 await _send(send, 200, ok_bytes(kept.data), etag)
             return
         assert match is not None
-        status, body = await answer(
+        status, body, tag = await answer(
             scope["app"].state.gpuyard,
             authorization,
             lambda name: (params.get(name) or [None])[0],
             unquote(match.group(1)),
+            if_none_match=if_none_match,
         )
-        await _send(send, status, body)
+        await _send(send, status, body, tag)
 
 
 async def _send(send: Send, status: int, body: bytes, etag: str | None = None) -> None:

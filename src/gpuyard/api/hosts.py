@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.convertors import StringConvertor, register_url_convertor
 
+from gpuyard.api.conditional import ok_tagged
 from gpuyard.api.envelope import ok
 from gpuyard.api.host_schemas import (
     AddHostIn,
@@ -69,10 +70,14 @@ def proxy_state(status: ProxyStatus) -> dict[str, Any]:
 
 
 @router.get("/v1/hosts", responses=documented(HostListEnvelope))
-def hosts(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
+def hosts(request: Request, principal: Principal = Depends(current_principal)) -> Response:
     """This installation's id and every host (any status, reachable or not): identity,
     engine, reachability, status, capacity with what is allocated and free, where each
-    inventory figure came from, and the clusters on it (admin)."""
+    inventory figure came from, and the clusters on it (admin).
+
+    Polled (the console's hosts page): the answer's ``ETag`` is its data's digest, and
+    ``If-None-Match`` with it answers 304 with no body while nothing shown changed
+    (api/conditional.py)."""
     principal.require(Scope.ADMIN)
     state = app_state(request)
     overview = list_hosts(state.ctx)
@@ -80,14 +85,15 @@ def hosts(request: Request, principal: Principal = Depends(current_principal)) -
     # their last heartbeat.
     local_problem = state.runtime.available() if any(h.is_local for h in overview.hosts) else None
     ratios = state.ctx.settings.allocation_ratios
-    return ok(
+    return ok_tagged(
+        request,
         {
             "installation_id": overview.installation_id,
             "hosts": [
                 {**host_view(h, local_problem, ratios), "proxy": proxy_state(state.ctx.proxy)}
                 for h in overview.hosts
             ],
-        }
+        },
     )
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from gpuyard.api.conditional import ok_tagged
 from gpuyard.api.envelope import ok
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.path_ids import IdPath
@@ -57,13 +58,15 @@ async def list_orphans(
     request: Request,
     include_done: bool = Query(False, alias="all"),
     principal: Principal = Depends(current_principal),
-) -> JSONResponse:
+) -> Response:
     """Quarantined volumes of this installation, oldest first (``all=true``: also the
-    deleted, released and vanished ones). Admin."""
+    deleted, released and vanished ones). Admin. The answer's ``ETag`` is its data's
+    digest: ``If-None-Match`` with it answers 304 while the list is the same
+    (api/conditional.py)."""
     principal.require(Scope.ADMIN)
     ctx = app_state(request).ctx
     rows = await run_in_threadpool(orphans.list_orphans, ctx, include_done=include_done)
-    return ok({"installation_id": ctx.ownership.installation_id, "orphans": rows})
+    return ok_tagged(request, {"installation_id": ctx.ownership.installation_id, "orphans": rows})
 
 
 @router.delete("/v1/orphans/{orphan_id}", responses=documented(OrphanEnvelope))

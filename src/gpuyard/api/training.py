@@ -3,6 +3,10 @@
 This surface has its own envelope, ``{code, data, errors, message}`` with the HTTP
 status equal to ``code``, for answers and errors alike (including a bad key or a body
 that is not JSON), so every failure is rendered here rather than by the v1 handlers.
+
+The reads (the list, one cluster, its events) answer a ``200`` with an ``ETag``, the
+digest of the body, and ``304`` with no body to an ``If-None-Match`` naming it
+(api/conditional.py ``revalidated``); errors are never 304.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpuyard.api import views
+from gpuyard.api.conditional import revalidated
 from gpuyard.api.idempotency import IdempotencyKeyHeader
 from gpuyard.api.json_body import loads
 from gpuyard.api.pagination import legacy_page_size, pagination
@@ -197,7 +202,7 @@ def _query_int(request: Request, name: str, default: int, maximum: int) -> int:
 
 @router.get(BASE + "/", openapi_extra=operation(with_id=False, paged=True))
 @router.get(BASE, include_in_schema=False)
-async def list_training_clusters(request: Request) -> JSONResponse:
+async def list_training_clusters(request: Request) -> Response:
     """Training clusters of ``project_id`` at ``location``, oldest first: all of them
     (up to 5,000, as before the list was paged) without paging parameters, else a page
     at a time: ``per_page`` (1..500, 50) and ``cursor`` (the previous answer's
@@ -218,7 +223,7 @@ async def list_training_clusters(request: Request) -> JSONResponse:
         )
         return result.clusters, result.total, result.next_cursor
 
-    return await _paged(request, fetch)
+    return revalidated(request, await _paged(request, fetch))
 
 
 @dataclass(frozen=True)
@@ -273,7 +278,7 @@ async def _paged(
 
 @router.get(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True))
 @router.get(BASE + "/{Cluster_Id}", include_in_schema=False)
-async def get_training_cluster(request: Request) -> JSONResponse:
+async def get_training_cluster(request: Request) -> Response:
     """One training cluster with its nodes, SSH entry and Slurm partition state."""
 
     def work(
@@ -281,7 +286,7 @@ async def get_training_cluster(request: Request) -> JSONResponse:
     ) -> tuple[int, Any, str]:
         return 200, _view(state, p, scope, _cluster_id(request)), "Success"
 
-    return await _handle(request, work)
+    return revalidated(request, await _handle(request, work))
 
 
 @router.put(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True, body=ACTION_BODY))
@@ -311,7 +316,7 @@ async def act_on_training_cluster(request: Request) -> JSONResponse:
 
 @router.get(BASE + "/{Cluster_Id}/events/", openapi_extra=operation(with_id=True, paged=True))
 @router.get(BASE + "/{Cluster_Id}/events", include_in_schema=False)
-async def training_cluster_events(request: Request) -> JSONResponse:
+async def training_cluster_events(request: Request) -> Response:
     """The cluster's status changes and why, oldest first (an operation's error too):
     all of them (up to 5,000) without paging parameters, else a page at a time, as the
     list of clusters pages."""
@@ -330,7 +335,7 @@ async def training_cluster_events(request: Request) -> JSONResponse:
         )
         return [views.event(e) for e in result.events], result.total, result.next_cursor
 
-    return await _paged(request, fetch)
+    return revalidated(request, await _paged(request, fetch))
 
 
 @router.delete(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True))

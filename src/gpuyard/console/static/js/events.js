@@ -13,6 +13,7 @@ const PAGE = 50;
 // PAGE events, or once the cursor is kept).
 export function newestEvents(id, keep = PAGE) {
   let anchor = null; // the latest next_cursor seen: the events after it are the news
+  let anchorEtag = null; // the ETag of the page after `anchor` as last read: a 304 is no news
   let held = []; // the newest `keep` events read so far, oldest first
 
   const url = (params) => `/v1/clusters/${encodeURIComponent(id)}/events?` + new URLSearchParams({ per_page: String(PAGE), ...params });
@@ -29,12 +30,14 @@ export function newestEvents(id, keep = PAGE) {
     while (cursor) {
       anchor = cursor;
       const next = await get(url({ cursor }));
+      anchorEtag = next.etag;
       merge(next.data.events);
       cursor = next.data.pagination.next_cursor;
     }
   }
 
   async function fromStart() {
+    anchorEtag = null;
     const first = await get(url({}));
     const total = first.data.pagination.total;
     // More than two pages: the page before the last one (offset) is the first that
@@ -55,7 +58,10 @@ export function newestEvents(id, keep = PAGE) {
         return held;
       }
       try {
-        await follow(await get(url({ cursor: anchor })));
+        const answer = await get(url({ cursor: anchor }), { etag: anchorEtag });
+        if (answer.notModified) return held; // nothing after the anchor has changed
+        anchorEtag = answer.etag;
+        await follow(answer); // a full page moves the anchor on (and its tag with it)
       } catch (err) {
         // A cursor the server no longer takes (another installation's secret, a
         // changed format): start over from the total.

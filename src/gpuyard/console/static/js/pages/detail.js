@@ -217,15 +217,18 @@ export function render(main, [id]) {
 
   async function refresh(etag) {
     const answer = await get(`/v1/clusters/${id}`, { etag });
-    if (answer.notModified) return answer;
-    cluster = answer.data;
-    title.textContent = cluster.name;
-    clear(badge).append(statusBadge(cluster.status));
-    renderProgress(cluster);
-    renderActions(cluster);
-    renderFacts(cluster);
-    renderConnect(cluster);
-    tickCountdown();
+    // A 304 (answer.notModified): the cluster is as shown. Snapshots and events are
+    // read on all the same: they change without the cluster changing.
+    if (!answer.notModified) {
+      cluster = answer.data;
+      title.textContent = cluster.name;
+      clear(badge).append(statusBadge(cluster.status));
+      renderProgress(cluster);
+      renderActions(cluster);
+      renderFacts(cluster);
+      renderConnect(cluster);
+      tickCountdown();
+    }
     await snaps.update(cluster);
     const newest = await eventLog.read();
     clear(events).append(...[...newest].reverse().map((e) =>

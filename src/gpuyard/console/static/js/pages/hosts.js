@@ -1,7 +1,8 @@
 // The operator's fleet: each host with capacity bars (GPUs, vCPU, memory, disk: what
 // clusters hold of what it has), status, reachability and last heartbeat, and cordon,
 // uncordon and drain; then the orphaned engine volumes found on the hosts. Polled
-// every 5 s while the tab is visible.
+// every 5 s while the tab is visible, with the answers' ETags: an unchanged fleet is
+// a 304 and what is shown stays.
 import { del, get, post } from "../api.js";
 import { age, clear, flash, h } from "../ui.js";
 import { poll } from "../poll.js";
@@ -86,8 +87,11 @@ export function render(main) {
       h("div", { class: "actions" }, buttons));
   }
 
+  let orphansEtag = null; // the ETag of the orphans shown, for the next poll's 304
   async function showOrphans() {
-    const list = (await get("/v1/orphans")).data.orphans;
+    const answer = await get("/v1/orphans", { etag: orphansEtag });
+    if (answer.notModified) return;
+    const list = answer.data.orphans;
     const live = list.filter((o) => o.status === "quarantined");
     clear(orphans).append(live.length
       ? h("div", { class: "table-wrap" }, h("table", { class: "list" },
@@ -97,6 +101,7 @@ export function render(main) {
             h("td", {}, new Date(o.found_at).toLocaleString()), h("td", {}, new Date(o.delete_after).toLocaleString()),
             h("td", {}, h("button", { type: "button", class: "link danger", onclick: () => deleteOrphan(o) }, "Delete now")))))))
       : h("p", { class: "muted" }, "None."));
+    orphansEtag = answer.etag;
   }
 
   async function deleteOrphan(o) {
@@ -110,12 +115,16 @@ export function render(main) {
   }
 
   let ticks = 0;
-  async function refresh() {
-    const data = (await get("/v1/hosts")).data;
-    install.textContent = `Installation ${data.installation_id} · ${data.hosts.length} host${data.hosts.length === 1 ? "" : "s"}`;
-    clear(hostsBox).append(...data.hosts.map(hostCard));
+  async function refresh(etag) {
+    const answer = await get("/v1/hosts", { etag });
+    if (!answer.notModified) {
+      const data = answer.data;
+      install.textContent = `Installation ${data.installation_id} · ${data.hosts.length} host${data.hosts.length === 1 ? "" : "s"}`;
+      clear(hostsBox).append(...data.hosts.map(hostCard));
+    }
     // Orphans change rarely (a sweep finds them): every sixth poll is enough.
     if (ticks++ % 6 === 0) await showOrphans();
+    return answer;
   }
 
   const poller = poll(refresh, 5000);

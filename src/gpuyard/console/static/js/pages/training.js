@@ -61,8 +61,9 @@ export async function render(main, [query]) {
     more.hidden = !nextCursor;
   }
 
-  async function refresh() {
-    const answer = await get(trainingPath(scope, "", { per_page: String(PER_PAGE) }));
+  async function refresh(etag) {
+    const answer = await get(trainingPath(scope, "", { per_page: String(PER_PAGE) }), { etag });
+    if (answer.notModified) return answer; // the first page is as shown
     first = answer.data;
     const p = answer.pagination;
     count.textContent = p ? `${p.total} total` : "";

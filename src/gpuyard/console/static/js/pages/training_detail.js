@@ -196,10 +196,11 @@ export async function render(main, [id, query]) {
     renderActions(c);
   }
 
-  async function refresh() {
+  let eventsEtag = null; // the ETag of the events shown, for the next poll's 304
+  async function refresh(etag) {
     let answer;
     try {
-      answer = await get(trainingPath(scope, `${id}/`));
+      answer = await get(trainingPath(scope, `${id}/`), { etag });
     } catch (err) {
       if (err.status === 404 && cluster) {
         clear(badge).append(statusBadge("deleted"));
@@ -209,11 +210,17 @@ export async function render(main, [id, query]) {
       }
       throw err;
     }
-    cluster = answer.data;
-    renderCluster(cluster);
-    const evs = (await get(trainingPath(scope, `${id}/events/`))).data;
-    clear(events).append(...evs.slice(-50).reverse().map((e) =>
-      h("li", {}, h("time", { datetime: e.at }, new Date(e.at).toLocaleString()), " ", e.message || `${e.from_status} → ${e.to_status}`)));
+    // A 304 (answer.notModified): the cluster is as shown.
+    if (!answer.notModified) {
+      cluster = answer.data;
+      renderCluster(cluster);
+    }
+    const evs = await get(trainingPath(scope, `${id}/events/`), { etag: eventsEtag });
+    if (!evs.notModified) {
+      clear(events).append(...evs.data.slice(-50).reverse().map((e) =>
+        h("li", {}, h("time", { datetime: e.at }, new Date(e.at).toLocaleString()), " ", e.message || `${e.from_status} → ${e.to_status}`)));
+      eventsEtag = evs.etag;
+    }
     return answer;
   }
 
