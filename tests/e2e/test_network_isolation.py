@@ -226,13 +226,18 @@ def test_a_network_of_that_name_not_ours_is_left_alone(engine_url: str, owner: O
 
 
 def test_an_unused_account_network_is_removed(engine_url: str, owner: Ownership) -> None:
-    rt = DockerEngineRuntime(engine_url, owner=owner, policy=FIREWALL)
+    rt = DockerEngineRuntime(engine_url, owner=owner, policy=FIREWALL, network_in_use_grace_s=1)
     name = rt.ensure_account_network(43)
     firewall = rt.engine.firewall
     assert firewall is not None
     assert any(f"-o {bridge_name(name)} " in r for r in firewall.rules())
-    # No container on it: the periodic pass gives its address pool back. Its rule stays
-    # (the same name makes the same bridge when the network is made again).
+    # Just asked for by a create: its container may not be on it yet, so it stays.
+    rt.guard_networks()
+    assert [n.name for n in rt.engine.list_networks(f"{LABEL_ACCOUNT}=43")] == [name]
+    # No container on it for the grace period: the periodic pass gives its address
+    # pool back. Its rule stays (the same name makes the same bridge when the network
+    # is made again).
+    time.sleep(1.1)
     rt.guard_networks()
     assert rt.engine.list_networks(f"{LABEL_ACCOUNT}=43") == []
     assert rt.ensure_account_network(43, fresh=True) == name

@@ -96,6 +96,16 @@ def _parse_engine_time(value: str | None) -> int | None:
 
 IMAGE_PRESENT_TTL_S = 30.0
 NETWORK_PRESENT_TTL_S = 30.0
+# An account network a create used this recently is not removed as unused: Podman
+# checks a network's users and removes it without holding off a create in between, so
+# a container created meanwhile would find its network gone at start.
+NETWORK_IN_USE_GRACE_S = 60.0
+
+
+def _says_network_gone(engine_words: str) -> bool:
+    """Whether the engine's error says a network the container names does not exist."""
+    text = engine_words.lower()
+    return "network" in text and "not found" in text
 
 
 class _NameInUse(Exception):
@@ -136,13 +146,19 @@ class DockerEngineRuntime:
         *,
         policy: EnginePolicy = DEFAULT_POLICY,
         firewall_runner: Runner | None = None,
+        network_in_use_grace_s: float = NETWORK_IN_USE_GRACE_S,
+        client: Any = None,
     ) -> None:
+        """``client``: an SDK client to use instead of connecting to ``base_url``
+        (tests inject a stand-in engine)."""
+        self.network_in_use_grace_s = network_in_use_grace_s
         self.engine = Engine(
             base_url,
             timeout_s,
             owner,
             policy=policy,
             firewall_runner=firewall_runner,
+            client=client,
         )
         self.base_url = base_url
         self.timeout_s = timeout_s
@@ -157,6 +173,8 @@ class DockerEngineRuntime:
         # Account networks known present, until the given monotonic time (same reason).
         # One removed meanwhile makes the create fail; it is then made again, once.
         self._networks_seen: dict[str, float] = {}
+        # When each account network was last asked for by a create (monotonic).
+        self._networks_used: dict[str, float] = {}
         # Previous (container id, cpu total ns, wall ns) per (consumer, cluster) for
         # CPU% deltas. Each consumer has its own window, so how often an API client
         # polls never shortens the window idle detection measures. Dropped on stop.
@@ -278,6 +296,7 @@ class DockerEngineRuntime:
         cache. Raises RuntimeFailure (NotOurs for a network of that name not ours)."""
         name = self.engine.owner.account_network(account_id)
         with self._lock:
+            self._networks_used[name] = time.monotonic()
             if not fresh and self._networks_seen.get(name, 0.0) > time.monotonic():
                 return name
         self.engine.ensure_network(name, {LABEL_ACCOUNT: str(account_id)})
@@ -338,8 +357,7 @@ class DockerEngineRuntime:
                 if e.status_code == 409 or "already in use" in str(e):
                     raise _NameInUse() from e
                 network = kwargs.get("network")
-                text = reason(e).lower()
-                if network and "network" in text and "not found" in text:
+                if network and _says_network_gone(reason(e)):
                     with self._lock:
                         self._networks_seen.pop(str(network), None)
                     raise _NetworkGone() from e
@@ -398,12 +416,21 @@ class DockerEngineRuntime:
         except RuntimeFailure as e:
             with self._lock:
                 spec = self._specs.get(cluster_id)
-            if spec is None or not self.engine.limits_refused(e, self._uses_limits(spec)):
+            if spec is None:
                 raise
-            if self.engine.apply_limits:
+            if spec.account_id is not None and _says_network_gone(e.message):
+                # Removed between the create and the start (by an operator, or by the
+                # unused-network clean-up racing the create): recreate the container,
+                # which makes the network again.
+                network = self.engine.owner.account_network(spec.account_id)
+                with self._lock:
+                    self._networks_seen.pop(network, None)
+            elif not self.engine.limits_refused(e, self._uses_limits(spec)):
+                raise
+            elif self.engine.apply_limits:
                 raise self.engine.limits_error() from e
-            # The OCI runtime refused a limit at start, and that is allowed: recreate
-            # without limits.
+            # (Limits: the OCI runtime refused one at start, and that is allowed: the
+            # container is made again without them.)
             self.engine.remove_container(name)
             self._create(spec)
             self._start(cluster_id, name)
@@ -473,8 +500,18 @@ class DockerEngineRuntime:
         return out
 
     def guard_networks(self) -> None:
-        """Re-apply the host rules that close our networks (see Engine.guard_networks)."""
-        self.engine.guard_networks()
+        """Remove our unused account networks and re-apply the host rules that close the
+        others (see Engine.guard_networks); a network a create used within
+        ``network_in_use_grace_s`` is kept (its container may not be on it yet)."""
+        self.engine.guard_networks(keep=self._network_recently_used)
+
+    def _network_recently_used(self, name: str) -> bool:
+        with self._lock:
+            used = self._networks_used.get(name)
+            if used is not None and time.monotonic() - used >= self.network_in_use_grace_s:
+                del self._networks_used[name]
+                used = None
+        return used is not None
 
     def list_volumes(self) -> list[ManagedVolume]:
         """Every volume of this installation, with its size where the engine says."""

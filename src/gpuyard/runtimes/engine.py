@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -556,16 +556,21 @@ class Engine:
             with contextlib.suppress(IsolationUnavailable):
                 self.firewall.keep_first()
 
-    def guard_networks(self) -> None:
+    def guard_networks(self, keep: Callable[[str], bool] = lambda _name: False) -> None:
         """The periodic pass over our networks: account networks no container uses are
         removed (each holds one of the engine's address pools, which run out: Docker's
-        defaults give about 30), and the host rules are re-applied for the networks left
+        defaults give about 30) unless ``keep`` (asked just before) says a container may
+        be about to join, and the host rules are re-applied for the networks left
         (a firewall reload removed them, say). A network made before bridges were named keeps the
         engine's bridge, which these rules do not name: it is closed once it is made
         again (an account network at its next use after it empties)."""
         live: list[str] = []
         for network in self.list_networks():
-            if LABEL_ACCOUNT in network.labels and self._remove_if_unused(network.name):
+            if (
+                LABEL_ACCOUNT in network.labels
+                and not keep(network.name)
+                and self._remove_if_unused(network.name)
+            ):
                 continue
             live.append(bridge_name(network.name))
         if self.allow_unisolated_networks or self.firewall is None:
