@@ -11,22 +11,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-import docker.errors
 import pytest
-import requests
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import ContainerSpec
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy
-
-
-def api_error(status: int, explanation: str) -> docker.errors.APIError:
-    response = requests.Response()
-    response.status_code = status
-    error_class = docker.errors.NotFound if status == 404 else docker.errors.APIError
-    return error_class("engine answer", response=response, explanation=explanation)
+from tests.unit.test_engine_races import api_error
 
 
 class StandInEngine:
