@@ -195,8 +195,11 @@ def test_handovers_under_load_keep_one_holder_and_a_growing_fence(ctx: Context) 
     log: list[tuple[str, int]] = []
     log_lock = threading.Lock()
 
+    start = threading.Barrier(8)
+
     def work(k: LeaseKeeper, seed: int) -> None:
         rng = random.Random(seed)
+        start.wait()  # all at once: the keepers' asks interleave from the first
         for _ in range(40):
             # The log's order is the order of the holds() calls that gave its entries.
             with log_lock:
@@ -221,7 +224,10 @@ def test_handovers_under_load_keep_one_holder_and_a_growing_fence(ctx: Context) 
     for holder, fence in log:
         holder_of.setdefault(fence, set()).add(holder)
     assert all(len(h) == 1 for h in holder_of.values()), holder_of
-    assert len(holder_of) > 2, "the lease changed hands"
+    # At least one handover, whatever the schedule: a keeper whose threads all ran
+    # first leaves the lease released or expiring (each ask moves the clock) to the
+    # other. More handovers are likely, but how many depends on the scheduler.
+    assert len(holder_of) >= 2, "the lease changed hands"
     for (h1, f1), (h2, f2) in itertools.pairwise(log):
         assert h1 == h2 or f2 > f1
 
