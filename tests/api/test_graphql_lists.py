@@ -123,13 +123,19 @@ def many(tmp_path: Path, database_url: str) -> Iterator[tuple[LiveServer, ViewSt
         yield srv, runtime
 
 
-def listed_statements(srv: LiveServer) -> list[str]:
-    """The statements of one list request, its caches warm (the key, references)."""
+def listed_statements(srv: LiveServer, tries: int = 3) -> list[str]:
+    """The statements of one list request, its caches warm (the key, references): the
+    fewest of ``tries`` requests. A cache that expired between two requests (the key's
+    lasts 5 s; on a loaded machine one request of 40 clusters can take that long) only
+    adds statements; reads that grow with the rows are in every request."""
     ok(srv.graphql(LIST))
-    with counting_statements(srv) as seen:
-        data = ok(srv.graphql(LIST))
-    assert all(p["runtime"]["container"] is not None for p in data["myself"]["clusters"])
-    return seen
+    counted = []
+    for _ in range(tries):
+        with counting_statements(srv) as seen:
+            data = ok(srv.graphql(LIST))
+        assert all(p["runtime"]["container"] is not None for p in data["myself"]["clusters"])
+        counted.append(seen)
+    return min(counted, key=len)
 
 
 def test_a_list_costs_the_same_statements_for_5_and_40_clusters(
