@@ -11,13 +11,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 
+from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.context import ClusterReader, Context
 from gpuyard.store.schema import Cluster
-from tests.helpers import LiveServer
+from tests.helpers import LiveServer, live_server, make_settings
 
 CLUSTER = {
     "gpu_type": "NVIDIA RTX A6000",
@@ -60,9 +62,14 @@ def counted(ctx: Context) -> Iterator[CountingReader]:
 
 
 @pytest.fixture
-def kept(srv: LiveServer) -> LiveServer:
-    srv.server.app.state.gpuyard.views.max_age_s = 600.0
-    return srv
+def kept(tmp_path: Path, fake_runtime: FakeRuntime) -> Iterator[LiveServer]:
+    """A server that keeps rendered answers for 10 minutes, and whose engine is
+    heartbeaten an hour apart: a heartbeat is a write, and a write between two reads
+    would make the second read the store again."""
+    settings = make_settings(tmp_path / "home", heartbeat_interval_s=3600)
+    with live_server(settings, fake_runtime) as server:
+        server.server.app.state.gpuyard.views.max_age_s = 600.0
+        yield server
 
 
 def _create(client: httpx.Client, name: str, **extra: object) -> dict[str, object]:

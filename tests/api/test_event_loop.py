@@ -10,7 +10,6 @@ by patching a module.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,9 +22,10 @@ from gpuyard.services.context import ClusterReader, Context
 from gpuyard.store.schema import Cluster
 from tests.helpers import LiveServer
 
-# Far below the hang (HANG_S), far above any answer of an idle test server.
-PROMPT_S = 3.0
 HANG_S = 30.0
+# Half the hang: an answer within it came while the held read still hung (a stalled
+# server would answer only after HANG_S), however slow a loaded machine is otherwise.
+PROMPT_S = HANG_S / 2
 
 
 class Gate:
@@ -102,14 +102,10 @@ def _create(client: httpx.Client, name: str) -> str:
 
 
 def _prompt(client: httpx.Client, url: str) -> httpx.Response:
-    start = time.monotonic()
     try:
-        r = client.get(url, timeout=PROMPT_S * 2)
+        return client.get(url, timeout=PROMPT_S)
     except httpx.TimeoutException:
         pytest.fail(f"GET {url} got no answer while another request's read hung")
-    took = time.monotonic() - start
-    assert took < PROMPT_S, f"GET {url} took {took:.1f} s while another request's read hung"
-    return r
 
 
 @pytest.mark.parametrize("path", ["reader", "engine"])

@@ -25,7 +25,10 @@ def invite(srv: LiveServer, key: str, account_id: int, **body: Any) -> httpx.Res
 def accept(srv: LiveServer, token: str, key: str | None = None, **body: Any) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.post(
-        f"{srv.url}/v1/invitations/{token}/accept", json=body or None, headers=headers
+        f"{srv.url}/v1/invitations/{token}/accept",
+        json=body or None,
+        headers=headers,
+        timeout=60,  # concurrent accepts queue on one database writer
     )
 
 

@@ -122,7 +122,7 @@ def test_api_latency_by_route_template(srv: LiveServer) -> None:
     assert value(m, f"{hist}_sum", method="GET", route=one, status="200") > 0
     # The scrapes are timed too.
     m = scrape_when(srv, f"{hist}_count", 1, method="GET", route="/metrics", status="200")
-    assert value(m, f"{hist}_count", method="GET", route="/metrics", status="200") == 1
+    assert value(m, f"{hist}_count", method="GET", route="/metrics", status="200") >= 1
 
 
 def test_reconciler_passes_are_measured(srv: LiveServer) -> None:

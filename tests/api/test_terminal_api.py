@@ -112,7 +112,7 @@ def refusal(url: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
     return asyncio.run(go())
 
 
-def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         assert time.monotonic() < deadline, "not within the time"

@@ -128,6 +128,7 @@ def _page_statements(ctx: Context, p: Principal) -> int:
 
 def test_a_page_costs_the_same_statements_for_5_or_50(ctx: Context, alice: Principal) -> None:
     pid = project_of(ctx, alice)
+    ctx.references.ttl_s = 3600.0  # cached through the test, however slow the machine
     seed(ctx, pid, 5, "stopped")
     _page_statements(ctx, alice)  # warms what is cached (the host and GPU references)
     few = _page_statements(ctx, alice)

@@ -116,7 +116,8 @@ def test_postgres_judges_expiry_by_the_database_clock(ctx: Context, clock: FakeC
         db_now = session.scalar(text("SELECT now() AT TIME ZONE 'UTC'"))
     # Written from the database's clock, not from either replica's.
     left = (lease.expires_at.replace(tzinfo=None) - db_now).total_seconds()
-    assert TTL - 5 < left <= TTL
+    # (A replica clock a day off would put it far outside.)
+    assert 0 < left <= TTL
     # The database's time passes the expiry (a's last renewal is a lease time ago).
     with ctx.transaction() as session:
         session.execute(
@@ -224,12 +225,21 @@ def test_handovers_under_load_keep_one_holder_and_a_growing_fence(ctx: Context) 
     for holder, fence in log:
         holder_of.setdefault(fence, set()).add(holder)
     assert all(len(h) == 1 for h in holder_of.values()), holder_of
-    # At least one handover, whatever the schedule: a keeper whose threads all ran
-    # first leaves the lease released or expiring (each ask moves the clock) to the
-    # other. More handovers are likely, but how many depends on the scheduler.
-    assert len(holder_of) >= 2, "the lease changed hands"
     for (h1, f1), (h2, f2) in itertools.pairwise(log):
         assert h1 == h2 or f2 > f1
+    # How many handovers the threads made depends on the scheduler (a loaded machine
+    # may run one keeper's threads before the other's). One more is made here, so the
+    # fence is seen to grow with a change of holder whatever the schedule was.
+    last_holder, last_fence = log[-1]
+    assert last_fence == max(fences)
+    next(k for k in keepers if k.holder == last_holder).release("autoterm")
+    other = next(k for k in keepers if k.holder != last_holder)
+    handed = None
+    for _ in range(100):  # its note that the lease is busy lasts a few clock steps
+        handed = other.fence("autoterm")
+        if handed is not None:
+            break
+    assert handed == last_fence + 1
 
 
 def test_release_all_hands_every_lease_back(ctx: Context) -> None:

@@ -274,7 +274,7 @@ def test_a_refusing_target_closes_the_client_promptly(fwd: TcpForwarder, port: i
     fwd.ensure(LISTEN, port, "127.0.0.1", free_port("127.0.0.1"), only(GOOD))
     started = time.monotonic()
     assert_turned_away(port)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # not a connect timeout's wait (30 s)
     stats = fwd.stats()[(LISTEN, port)]
     assert (stats.accepted, stats.failed) == (1, 1)
 
@@ -302,7 +302,7 @@ def test_a_silent_target_resets_the_client_after_the_connect_timeout(
         fwd.ensure(LISTEN, port, "127.0.0.1", silent_target, only(GOOD))
         started = time.monotonic()
         assert_turned_away(port)
-        assert 0.15 < time.monotonic() - started < 1.5
+        assert 0.15 < time.monotonic() - started < 5.0  # the 0.2 s connect timeout
         stats = fwd.stats()[(LISTEN, port)]
         assert (stats.accepted, stats.failed, stats.active) == (1, 1, 0)
 

@@ -33,7 +33,7 @@ def test_an_engine_that_keeps_failing_is_given_up_on_within_the_bound() -> None:
         return FailingExec()
 
     done = asyncio.run(
-        hang_up(open_exec, "c", "true", what="a test session", retry_s=0.01, timeout_s=0.2)
+        hang_up(open_exec, "c", "true", what="a test session", retry_s=0.01, timeout_s=2)
     )
     assert done is False
     assert FailingExec.tries > 1  # tried again before giving up

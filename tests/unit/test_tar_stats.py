@@ -212,10 +212,14 @@ def test_large_file_contents_cost_nothing_per_byte() -> None:
     chunk = bytes(1 << 20)
     counter = TarCounter()
     counter.feed(info.tobuf(format=tarfile.GNU_FORMAT))
-    start = time.perf_counter()
-    for _ in range(1024):
-        counter.feed(chunk)
-    elapsed = time.perf_counter() - start
+    # The fastest of 16 runs of 64 chunks: one preemption of a loaded machine must not
+    # count, a cost per byte (~1 ms per MiB chunk) shows in every run.
+    fastest = float("inf")
+    for _ in range(16):
+        start = time.perf_counter()
+        for _ in range(64):
+            counter.feed(chunk)
+        fastest = min(fastest, time.perf_counter() - start)
     counter.feed(bytes(1024))
     assert counter.finished and counter.content_bytes == 1 << 30
-    assert elapsed / 1024 < 50e-6, f"{elapsed / 1024 * 1e6:.1f} µs per chunk"
+    assert fastest / 64 < 50e-6, f"{fastest / 64 * 1e6:.1f} µs per chunk"
