@@ -84,7 +84,14 @@ def test_follow_prints_new_lines_until_terminated(server: LiveServer, runtime: F
         target=lambda: results.append(run(server, "clusters", "logs", cid, "-f", "--tail", "1"))
     )
     follow.start()
-    time.sleep(1.0)
+    # The server attaches to the container (a thread named for the cluster, see
+    # api/log_follow.py) only after the stream's first page was read and sent: a line
+    # written from then on comes after that page, never in it.
+    deadline = time.monotonic() + 30
+    while not any(t.name == f"logs-{cid}" for t in threading.enumerate()):
+        assert follow.is_alive(), results
+        assert time.monotonic() < deadline, "the follow never attached to the container"
+        time.sleep(0.01)
     runtime.containers[cid].log_lines.append("while following")
     time.sleep(0.5)
     with server.client() as c:

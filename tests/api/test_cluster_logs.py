@@ -273,22 +273,42 @@ def test_follow_sees_stop_start_and_ends_on_terminate(
         base_url=srv.url, headers={"Authorization": f"Bearer {srv.key}"}, timeout=15
     ) as c:
         cid = created(srv, c, BODY)
+        # The driver's steps wait on what the stream has delivered, not on sleeps: it
+        # starts once the first page came (its cursor is fixed, so "first run" comes
+        # after it), and terminates once "second run" was sent (terminate removes the
+        # container, and a terminated cluster keeps only its events).
+        second_sent = threading.Event()
+        failures: list[Exception] = []
 
         def drive() -> None:
-            with srv.client() as d:
-                time.sleep(0.3)
-                say(fake_runtime, cid, "first run")
-                act(srv, d, cid, "stop")
-                act(srv, d, cid, "start")
-                say(fake_runtime, cid, "second run")
-                time.sleep(1.5)
-                act(srv, d, cid, "terminate")
+            try:
+                with srv.client() as d:
+                    try:
+                        say(fake_runtime, cid, "first run")
+                        act(srv, d, cid, "stop")
+                        act(srv, d, cid, "start")
+                        say(fake_runtime, cid, "second run")
+                        assert second_sent.wait(30), "the stream never sent 'second run'"
+                    finally:
+                        # Ends the stream whatever happened above.
+                        act(srv, d, cid, "terminate")
+            except Exception as exc:  # raised again below, on the test's thread
+                failures.append(exc)
 
         driver = threading.Thread(target=drive)
-        driver.start()
-        with open_follow(c, cid, tail=0) as r:
-            seen = list(events(r))
-        driver.join()
+        seen: list[Event] = []
+        with open_follow(c, cid, tail=1) as r:
+            stream = events(r)
+            seen.append(next(stream))  # the first page (tail=1: one entry)
+            driver.start()
+            for event in stream:
+                seen.append(event)
+                if event.event == "message" and event.json["line"] == "second run":
+                    second_sent.set()
+        driver.join(30)
+        assert not driver.is_alive()
+        if failures:
+            raise failures[0]
         assert seen[-1].event == "end"
         lines = [e.json["line"] for e in seen[:-1]]
         assert lines.count("first run") == 1 and lines.count("second run") == 1
