@@ -35,8 +35,16 @@ def header(account_id: int) -> dict[str, str]:
 
 
 def invite_and_accept(
-    srv: LiveServer, owner_key: str, account_id: int, email: str, role: str, **extra: Any
+    srv: LiveServer,
+    owner_key: str,
+    account_id: int,
+    email: str,
+    role: str,
+    key: str | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
+    """``email`` invited as ``role`` and accepted: without a key (a new user), or with
+    ``key`` (an existing user's own)."""
     with srv.client(owner_key) as c:
         inv = data(
             c.post(
@@ -46,7 +54,8 @@ def invite_and_accept(
             201,
             ts.InvitationCreatedEnvelope,
         )
-    r = httpx.post(f"{srv.url}/v1/invitations/{inv['token']}/accept", json={})
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.post(f"{srv.url}/v1/invitations/{inv['token']}/accept", json={}, headers=headers)
     accepted: dict[str, Any] = data(r, 201, ts.InvitationAcceptedEnvelope)
     return accepted
 
@@ -280,7 +289,8 @@ def test_existing_user_joins_and_switches_accounts_with_header(srv: LiveServer) 
     a = new_account(srv)
     b = new_account(srv, name="beta", email="bob@beta.test")
     aid, bid = a["account"]["id"], b["account"]["id"]
-    joined = invite_and_accept(srv, a["api_key"]["key"], aid, "bob@beta.test", "member")
+    bob = b["api_key"]["key"]
+    joined = invite_and_accept(srv, a["api_key"]["key"], aid, "bob@beta.test", "member", bob)
     assert joined["api_key"] is None and joined["user"]["id"] == b["owner"]["user_id"]
     with srv.client(b["api_key"]["key"]) as c:
         me = c.get("/v1/me", headers=header(aid)).json()["data"]

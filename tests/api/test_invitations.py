@@ -130,8 +130,9 @@ def test_revoke_expire_and_conflicts(srv: LiveServer) -> None:
 
     # The owner is already a member: 409, and the invitation stays pending.
     again = invite(srv, owner, aid, email="owner@acme.test", role="admin").json()["data"]
-    err(accept(srv, again["token"]), 409, "CONFLICT")
-    # An existing user joins without a new key; a key of somebody else is refused.
+    err(accept(srv, again["token"], key=owner), 409, "CONFLICT")
+    # An existing user joins with a key of theirs and gets no new key; a key of
+    # somebody else is refused.
     b = new_account(srv, name="beta", email="bob@beta.test")
     bob_inv = invite(srv, owner, aid, email="bob@beta.test", role="member").json()["data"]
     err(accept(srv, bob_inv["token"], key=owner), 403, "FORBIDDEN")
@@ -175,3 +176,40 @@ def test_invited_projects_limit_a_member(srv: LiveServer) -> None:
     with srv.client(owner) as c:
         members = c.get(f"/v1/accounts/{aid}/members").json()["data"]["members"]
         assert [m["project_ids"] for m in members if m["email"] == "lab@acme.test"] == [[p["id"]]]
+
+
+def test_only_the_invited_e_mails_user_accepts(srv: LiveServer) -> None:
+    """The token alone makes nobody somebody else: an existing user's invitation needs a
+    key of theirs (write, unrestricted); a new user is made only with the invited
+    e-mail, and only when the request carries no key of another user."""
+    made = new_account(srv)
+    aid, owner = made["account"]["id"], made["api_key"]["key"]
+    b = new_account(srv, name="beta", email="bob@beta.test")
+    bob = b["api_key"]["key"]
+    with srv.client(bob) as c:
+        made_key = c.post("/v1/api-keys", json={"name": "ro", "scope": "read"})
+        bob_read = made_key.json()["data"]["key"]
+    mallory = new_account(srv, name="evil", email="mallory@evil.test")["api_key"]["key"]
+
+    bob_inv = invite(srv, owner, aid, email="bob@beta.test", role="admin").json()["data"]
+    token = bob_inv["token"]
+    # Without a key the token holder would join Bob's user to the account: refused.
+    err(accept(srv, token), 401, "UNAUTHORIZED")
+    err(accept(srv, token, key=mallory), 403, "FORBIDDEN")
+    err(accept(srv, token, key=bob_read), 403, "FORBIDDEN")
+    with srv.client(owner) as c:
+        members = c.get(f"/v1/accounts/{aid}/members").json()["data"]["members"]
+        assert [m["email"] for m in members] == ["owner@acme.test"]
+        listed = c.get(f"/v1/accounts/{aid}/invitations").json()["data"]["invitations"]
+        assert [i["status"] for i in listed] == ["pending"]
+    joined = data(accept(srv, token, key=bob), 201, ts.InvitationAcceptedEnvelope)
+    assert joined["user"]["email"] == "bob@beta.test" and joined["api_key"] is None
+
+    # An e-mail nobody has yet: another user's key does not take it over...
+    new_inv = invite(srv, owner, aid, email="carol@acme.test", role="member").json()["data"]
+    err(accept(srv, new_inv["token"], key=mallory), 403, "FORBIDDEN")
+    # ... and the token makes exactly the invited e-mail's user (no other e-mail can be
+    # named: the body has no such field).
+    err(accept(srv, new_inv["token"], email="mallory@evil.test"), 400, "VALIDATION_ERROR")
+    carol = data(accept(srv, new_inv["token"]), 201, ts.InvitationAcceptedEnvelope)
+    assert carol["user"]["email"] == "carol@acme.test"

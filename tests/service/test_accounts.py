@@ -68,7 +68,7 @@ def test_create_account_and_owner_rules(ctx: Context, alice: Principal) -> None:
     with pytest.raises(Conflict):
         members.remove_member(ctx, owner, aid, owner.member_id)
     inv = members.create_invitation(ctx, owner, aid, "bob@example.com", "owner", None)
-    members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+    members.accept_invitation(ctx, inv.token, name=None, caller=None)
     changed = members.change_role(ctx, owner, aid, owner.member_id, "admin")
     assert changed["role"] == "admin"
     assert "member.role" in actions(ctx, aid)
@@ -92,14 +92,14 @@ def test_invitation_expiry_and_single_use(ctx: Context, clock: FakeClock) -> Non
     inv = members.create_invitation(ctx, owner, aid, "late@acme.test", "viewer", None)
     clock.advance(timedelta(days=7).total_seconds())
     with pytest.raises(members.InvitationNotFound) as exc:
-        members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+        members.accept_invitation(ctx, inv.token, name=None, caller=None)
     assert exc.value.details["reason"] == "expired"
     assert members.list_invitations(ctx, aid)[0]["status"] == "expired"
     fresh = members.create_invitation(ctx, owner, aid, "late@acme.test", "viewer", None)
-    got = members.accept_invitation(ctx, fresh.token, name=None, caller_user_id=None)
+    got = members.accept_invitation(ctx, fresh.token, name=None, caller=None)
     assert got["api_key"] is not None
     with pytest.raises(members.InvitationNotFound):
-        members.accept_invitation(ctx, fresh.token, name=None, caller_user_id=None)
+        members.accept_invitation(ctx, fresh.token, name=None, caller=None)
 
 
 def test_removing_a_member_revokes_their_keys_for_that_account(ctx: Context) -> None:
@@ -108,7 +108,7 @@ def test_removing_a_member_revokes_their_keys_for_that_account(ctx: Context) -> 
     aid = made["account"]["id"]
     owner = as_key(ctx, made["api_key"]["key"])
     inv = members.create_invitation(ctx, owner, aid, "dev@acme.test", "member", None)
-    got = members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+    got = members.accept_invitation(ctx, inv.token, name=None, caller=None)
     dev = as_key(ctx, got["api_key"]["key"])
     extra = api_keys.create_key(
         ctx, dev, name="laptop", scope="write", restrict_to_account=False, project_id=None

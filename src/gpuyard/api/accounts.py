@@ -166,22 +166,24 @@ async def revoke_invitation(
 async def accept_invitation(
     token: Token, request: Request, body: ts.AcceptInvitation | None = None
 ) -> JSONResponse:
-    """Accept an invitation; no key needed. A new user is created with a first key
-    (scope write) for the account, shown once. An existing user only gets the
-    membership (their keys select the account with ``X-Gpuyard-Account``); a request
-    that carries a key must be that user's. Unknown, used, revoked or expired tokens
-    are 404 INVITATION_NOT_FOUND (``details.reason`` says which); already a member
-    409 CONFLICT."""
+    """Accept an invitation, as the invited e-mail's user only. For an e-mail no user
+    has yet, no key is needed: that user is created with a first key (scope write) for
+    the account, shown once. An existing user accepts with an API key of their own
+    (write scope, not restricted to an account or project; 401 without one, 403 for
+    another user's) and gets only the membership (their keys select the account with
+    ``X-Gpuyard-Account``). Unknown, used, revoked or expired tokens are 404
+    INVITATION_NOT_FOUND (``details.reason`` says which); already a member 409
+    CONFLICT."""
     caller = None
     if key_from_request(request):
-        caller = (await request_principal(request)).user_id
+        caller = await request_principal(request)
     state = app_state(request)
     data = await run_in_threadpool(
         members.accept_invitation,
         state.ctx,
         token,
         name=body.name if body is not None else None,
-        caller_user_id=caller,
+        caller=caller,
     )
     return ok(data, status_code=201)
 

@@ -210,9 +210,10 @@ def accept(
     token: str, name: str | None, url: str | None, api_key: str | None, as_json: bool
 ) -> None:
     """Accept an invitation. A new user gets their first API key, printed once as the
-    last line; an existing user keeps their keys and selects the account with the
-    X-Gpuyard-Account header. No key is sent unless --api-key is given (the
-    credentials file's key may be somebody else's)."""
+    last line; an existing user accepts with --api-key (one of their own keys, not
+    restricted), keeps their keys and selects the account with the X-Gpuyard-Account
+    header. No key is sent unless --api-key is given (the credentials file's key may
+    be somebody else's)."""
     call = make_call(url, None, as_json)
     call.client.close()
     call.client = GpuyardClient(call.client.url, api_key)

@@ -58,6 +58,22 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
 _READS = frozenset({Permission.READ_RESOURCES, Permission.READ_BILLING, Permission.READ_AUDIT})
 
 
+# What concerns the whole account rather than one project: a key restricted to a
+# project never has these, whatever its user's role (an unrestricted key of a role that
+# allows them is needed). Otherwise a project's key could invite an owner, make
+# projects, set other projects' quotas or read the account's audit log and bills.
+ACCOUNT_LEVEL = frozenset(
+    {
+        Permission.MANAGE_MEMBERS,
+        Permission.MANAGE_PROJECTS,
+        Permission.READ_AUDIT,
+        Permission.MANAGE_ACCOUNT,
+        Permission.READ_BILLING,
+        Permission.MANAGE_BUDGET,
+    }
+)
+
+
 def role_allows(role: Role, permission: Permission) -> bool:
     return permission in ROLE_PERMISSIONS[role]
 
@@ -73,6 +89,13 @@ def can_grant(granter: Role, role: Role) -> bool:
     if role == Role.OWNER:
         return granter == Role.OWNER
     return granter in (Role.OWNER, Role.ADMIN)
+
+
+def can_manage_keys_of(manager: Role, holder: Role) -> bool:
+    """Whether a member with role ``manager`` may revoke the API keys of a member with
+    role ``holder`` (their own keys aside, which every role manages): those who may
+    take the holder's role away, so an admin never locks the owners out."""
+    return can_grant(manager, holder)
 
 
 def parse_role(value: str) -> Role:

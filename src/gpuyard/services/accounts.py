@@ -134,10 +134,14 @@ class AccountPage:
 
 
 def list_accounts(ctx: Context, principal: Principal, page: int, per_page: int) -> AccountPage:
-    """Every account for the operator, else the caller's accounts; oldest first."""
+    """Every account for the operator, else the caller's accounts; a key restricted to
+    its account (or a project of it) lists that account only. Oldest first."""
     with ctx.read() as session:
         stmt = select(Account)
         count = select(func.count()).select_from(Account)
+        if principal.key_restricted:
+            stmt = stmt.where(Account.id == principal.account_id)
+            count = count.where(Account.id == principal.account_id)
         if not principal.operator:
             mine = select(Member.account_id).where(Member.user_id == principal.user_id)
             stmt = stmt.where(Account.id.in_(mine))

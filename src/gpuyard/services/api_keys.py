@@ -14,14 +14,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
-from gpuyard.core.roles import Permission
+from gpuyard.core.roles import Permission, Role, can_manage_keys_of
 from gpuyard.services.accounts import clean_name, key_view
 from gpuyard.services.audit import record_audit
 from gpuyard.services.auth import Principal, Scope, issue_key
 from gpuyard.services.context import Context
 from gpuyard.services.projects import ProjectNotFound
 from gpuyard.services.resource_util import in_id_range, iso
-from gpuyard.store.schema import ApiKey, Project, User
+from gpuyard.store.schema import ApiKey, Member, Project, User
 
 
 class ApiKeyNotFound(NotFound):
@@ -46,8 +46,9 @@ def api_key_view(k: ApiKey, email: str | None = None) -> dict[str, Any]:
 
 
 def list_keys(ctx: Context, principal: Principal, every: bool) -> list[dict[str, Any]]:
-    """The caller's live keys made for the acting account; ``every``: all live keys of
-    the account (needs MANAGE_MEMBERS, else Forbidden). Oldest first."""
+    """The caller's live keys made for the acting account (a key restricted to a
+    project: those restricted to it); ``every``: all live keys of the account (needs
+    MANAGE_MEMBERS, else Forbidden). Oldest first."""
     if every:
         principal.require_permission(Permission.MANAGE_MEMBERS)
     with ctx.read() as session:
@@ -58,6 +59,8 @@ def list_keys(ctx: Context, principal: Principal, every: bool) -> list[dict[str,
         )
         if not every:
             stmt = stmt.where(ApiKey.user_id == principal.user_id)
+            if principal.key_project_id is not None:
+                stmt = stmt.where(ApiKey.project_id == principal.key_project_id)
         return [api_key_view(k, e) for k, e in session.execute(stmt.order_by(ApiKey.id))]
 
 
@@ -140,20 +143,59 @@ def create_key(
         }
 
 
+def _own(principal: Principal, key: ApiKey) -> bool:
+    """A key of the caller's own that the caller's key reaches: any of the user's, or
+    for a key restricted to a project, those restricted to the same project."""
+    if key.user_id != principal.user_id:
+        return False
+    return principal.key_project_id is None or key.project_id == principal.key_project_id
+
+
+def _holder_role(session: Session, key: ApiKey) -> Role:
+    """The role of the key's user in the key's account. A user with no membership
+    there (the operator's key made while acting in the account) counts as an owner:
+    only owners and the operator manage such a key."""
+    role = session.scalar(
+        select(Member.role).where(
+            Member.account_id == key.account_id, Member.user_id == key.user_id
+        )
+    )
+    return Role(role) if role is not None else Role.OWNER
+
+
+def _may_revoke(session: Session, principal: Principal, key: ApiKey) -> None:
+    """Another user's key: only a role that may take its holder's role away (an admin
+    never revokes an owner's key: core/roles.py ``can_manage_keys_of``). Raises
+    Forbidden naming both roles."""
+    if key.user_id == principal.user_id or principal.operator:
+        return
+    holder = _holder_role(session, key)
+    if not can_manage_keys_of(principal.role, holder):
+        raise Forbidden(
+            f"the role '{principal.role}' may not revoke the keys of '{holder}' members",
+            {"role": principal.role.value, "target_role": holder.value, "key_id": key.id},
+        )
+
+
 def revoke_key(ctx: Context, principal: Principal, key_id: int) -> dict[str, Any]:
-    """Revoke a key of the acting account: the caller's own, or anyone's with
-    MANAGE_MEMBERS. Revoking a revoked key changes nothing. Raises ApiKeyNotFound
-    (another account's key, or another user's without MANAGE_MEMBERS)."""
+    """Revoke a key of the acting account: the caller's own, or another user's with
+    MANAGE_MEMBERS and a role that may take that user's role away (only owners revoke
+    owners' keys). Revoking a revoked key changes nothing. Raises ApiKeyNotFound
+    (another account's key, another user's without MANAGE_MEMBERS — a key restricted
+    to a project has it never — or, for such a key, one of its user's keys not
+    restricted to the same project), Forbidden (a holder the caller's role may
+    not manage)."""
     now = ctx.clock.now()
     with ctx.transaction() as session:
         row = session.get(ApiKey, key_id) if in_id_range(key_id) else None
         visible = (
             row is not None
             and row.account_id == principal.account_id
-            and (row.user_id == principal.user_id or principal.allows(Permission.MANAGE_MEMBERS))
+            and (_own(principal, row) or principal.allows(Permission.MANAGE_MEMBERS))
         )
         if row is None or not visible:
             raise ApiKeyNotFound(f"API key {key_id} not found", {"key_id": key_id})
+        _may_revoke(session, principal, row)
         if row.revoked_at is None:
             row.revoked_at = now
             record_audit(

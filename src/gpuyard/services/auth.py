@@ -16,7 +16,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
-from gpuyard.core.roles import Permission, Role, needs_write_scope, role_allows
+from gpuyard.core.roles import (
+    ACCOUNT_LEVEL,
+    Permission,
+    Role,
+    needs_write_scope,
+    role_allows,
+)
 from gpuyard.store.schema import Account, ApiKey, Member, Project, ProjectMember, User, utcnow
 
 
@@ -39,7 +45,12 @@ class Principal:
     account it is no member of, and for the control plane's own actions).
     ``project_ids``: the projects the caller may act in (None: every project of the
     account) — a key restricted to a project, or a member given only some projects.
-    ``operator``: the installation's admin user with an admin-scoped key."""
+    ``operator``: the installation's admin user with an admin-scoped key that no project
+    restriction narrows.
+    ``key_project_id``: the project the key itself is restricted to (None: the key is
+    not), which withholds every account-wide permission (core/roles.py ACCOUNT_LEVEL)
+    whatever the role; ``key_restricted``: the key is restricted to its account (every
+    key restricted to a project is)."""
 
     key_id: int
     user_id: int
@@ -51,6 +62,8 @@ class Principal:
     operator: bool = False
     project_ids: frozenset[int] | None = None
     key_name: str = ""
+    key_project_id: int | None = None
+    key_restricted: bool = False
 
     def require(self, scope: Scope) -> None:
         """The key's scope is at least ``scope``; the admin scope is the operator's."""
@@ -63,6 +76,8 @@ class Principal:
         """Whether the role and the key's scope both allow ``permission``."""
         if needs_write_scope(permission) and _RANK[self.scope] < _RANK[Scope.WRITE]:
             return False
+        if self.key_project_id is not None and permission in ACCOUNT_LEVEL:
+            return False
         return self.operator or role_allows(self.role, permission)
 
     def require_permission(self, permission: Permission) -> None:
@@ -72,9 +87,26 @@ class Principal:
             return
         if needs_write_scope(permission) and _RANK[self.scope] < _RANK[Scope.WRITE]:
             raise Forbidden(f"this API key has scope '{self.scope}', 'write' is required")
+        if self.key_project_id is not None and permission in ACCOUNT_LEVEL:
+            self.require_unrestricted(permission.value)
         raise Forbidden(
             f"the role '{self.role}' may not do this ({permission.value})",
             {"role": self.role.value, "permission": permission.value},
+        )
+
+    def require_unrestricted(self, what: str) -> None:
+        """Raises Forbidden when the key is restricted to a project: ``what`` concerns
+        the whole account (details name the key's project and ``what``)."""
+        if self.key_project_id is None:
+            return
+        raise Forbidden(
+            f"this API key is restricted to project {self.key_project_id}: "
+            f"this needs a key that is not restricted to a project ({what})",
+            {
+                "role": self.role.value,
+                "permission": what,
+                "restricted_to_project": self.key_project_id,
+            },
         )
 
     def require_write(self) -> None:
@@ -156,9 +188,11 @@ def resolve_key(
     user = session.get(User, row.user_id)
     if user is None:
         raise Unauthorized("invalid or revoked API key")
-    operator = user.is_admin and row.scope == Scope.ADMIN.value
+    # A key restricted to a project is no operator's: it acts only inside that project.
+    operator = user.is_admin and row.scope == Scope.ADMIN.value and row.project_id is None
     account_id = _selected_account(session, row, selection)
-    if row.restricted and account_id != row.account_id:
+    restricted = row.restricted or row.project_id is not None
+    if restricted and account_id != row.account_id:
         raise Forbidden(f"this API key is restricted to account {row.account_id}")
     member = session.scalar(
         select(Member).where(Member.account_id == account_id, Member.user_id == row.user_id)
@@ -184,6 +218,8 @@ def resolve_key(
         operator=operator,
         project_ids=project_ids,
         key_name=row.name,
+        key_project_id=row.project_id,
+        key_restricted=restricted,
     )
 
 

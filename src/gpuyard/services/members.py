@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from gpuyard.core.errors import Conflict, Forbidden, NotFound, Unauthorized, ValidationFailed
 from gpuyard.core.roles import Permission, Role, can_grant, parse_role
 from gpuyard.services.accounts import clean_name, key_view, normalize_email
 from gpuyard.services.audit import record_audit
@@ -210,13 +210,36 @@ def revoke_invitation(
         return invitation_view(inv, now)
 
 
+def _check_acceptor(caller: Principal | None, invited: User | None, email: str) -> None:
+    """Who may accept an invitation for ``email`` (``invited``: the user with that
+    e-mail, if any): an existing user only with a key of their own — write scope, not
+    restricted to an account or project — and a new user only without a key (the
+    token holder becomes ``email``'s user: the documented flow, the inviter hands the
+    token to that address). Raises Unauthorized, Forbidden."""
+    if caller is None:
+        if invited is not None:
+            raise Unauthorized(
+                f"this invitation is for an existing user: accept it with an API key of {email}"
+            )
+        return
+    if invited is None or invited.id != caller.user_id:
+        raise Forbidden("this invitation is for another e-mail address", {"field": "email"})
+    caller.require(Scope.WRITE)
+    if caller.key_restricted:
+        raise Forbidden(
+            "accepting an invitation needs a key that is not restricted to an account or project"
+        )
+
+
 def accept_invitation(
-    ctx: Context, token: str, *, name: str | None, caller_user_id: int | None
+    ctx: Context, token: str, *, name: str | None, caller: Principal | None
 ) -> dict[str, Any]:
-    """Accept the invitation of ``token`` (``caller_user_id``: the user of the key the
-    request carried, if any; it must be the invited e-mail's user). A new user gets a
-    first write key for the account, shown once. Raises InvitationNotFound (unknown,
-    used, revoked, expired), Forbidden, Conflict (already a member)."""
+    """Accept the invitation of ``token``. Only the invited e-mail's user accepts it:
+    an existing user with a key of their own (``caller``: the principal of the key the
+    request carried, if any; see :func:`_check_acceptor`), else a new user with that
+    e-mail is made, with a first write key for the account, shown once. Raises
+    InvitationNotFound (unknown, used, revoked, expired), Unauthorized, Forbidden,
+    Conflict (already a member)."""
     display = clean_name(name) if name is not None else None
     now = ctx.clock.now()
     with ctx.transaction() as session:
@@ -230,8 +253,7 @@ def accept_invitation(
         if account is None:
             raise InvitationNotFound("no such invitation", {"reason": "unknown"})
         user = session.scalar(select(User).where(User.email == inv.email))
-        if caller_user_id is not None and (user is None or user.id != caller_user_id):
-            raise Forbidden("this invitation is for another e-mail address")
+        _check_acceptor(caller, user, inv.email)
         if user is not None and session.scalar(
             select(Member.id).where(Member.account_id == inv.account_id, Member.user_id == user.id)
         ):
@@ -404,6 +426,8 @@ def remove_member(ctx: Context, principal: Principal, account_id: int, member_id
             _may_grant(principal, role)
         else:
             principal.require(Scope.WRITE)  # leaving is a change: not with a read key
+            # ... of the whole account: not with a key that acts in one project only.
+            principal.require_unrestricted("leave the account")
         if role == Role.OWNER and _owners(session, account_id) <= 1:
             raise Conflict("the account's last owner cannot be removed", {"member_id": member_id})
         keys = list(

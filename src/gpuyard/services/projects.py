@@ -128,14 +128,14 @@ def resource_scope(session: Session, principal: Principal, ref: ProjectRef) -> R
 
 
 def list_projects(ctx: Context, principal: Principal, active_iam: int | None) -> list[Project]:
-    """The projects of the acting account, oldest first. Raises Forbidden."""
+    """The projects of the acting account, oldest first; a key restricted to a project
+    sees only that one (it acts nowhere else). Raises Forbidden."""
     with ctx.read() as session:
         account_id = acting_account(session, principal, active_iam)
-        return list(
-            session.scalars(
-                select(Project).where(Project.account_id == account_id).order_by(Project.id)
-            )
-        )
+        q = select(Project).where(Project.account_id == account_id)
+        if principal.key_project_id is not None:
+            q = q.where(Project.id == principal.key_project_id)
+        return list(session.scalars(q.order_by(Project.id)))
 
 
 def create_project(
