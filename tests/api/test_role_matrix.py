@@ -24,7 +24,7 @@ import pytest
 from gpuyard.core.roles import Role
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.auth import Scope, create_account, issue_key
-from gpuyard.store.schema import Member, User
+from gpuyard.store.schema import ApiKey, Member, User
 from tests.helpers import LiveServer, live_server, make_settings
 
 OWNER, ADMIN, MEMBER, BILLING, VIEWER = (
@@ -444,3 +444,86 @@ def test_graphql_another_accounts_cluster_reads_as_none(world: World) -> None:
         assert error_code(gql(srv, b.keys[role], STOP, id=cid)) == "CLUSTER_NOT_FOUND"
     mine = gql(srv, b.keys[OWNER], "{ myself { clusters { id } } }")["data"]["myself"]
     assert mine["clusters"] == []
+
+
+# -- API keys between roles -----------------------------------------------------------
+
+
+def fresh_key(srv: LiveServer, tenant: Tenant, role: Role) -> tuple[int, str]:
+    """A new write key of ``role``'s member of ``tenant``: (id, secret)."""
+    with srv.server.ctx.transaction() as s:
+        member = s.get(Member, tenant.members[role])
+        assert member is not None
+        issued = issue_key(
+            s, user_id=member.user_id, account_id=tenant.account_id, name="t", scope=Scope.WRITE
+        )
+    return issued.id, issued.key
+
+
+def may_revoke(actor: Role, holder: Role) -> int:
+    """What ``actor`` hears revoking a key of another member whose role is ``holder``:
+    200 where its role may take the holder's role away (owners anybody's, admins all
+    but owners'), 403 for an admin and an owner's key, 404 for the roles that do not
+    manage members (others' keys are not theirs to see)."""
+    if actor not in MAY["members"]:
+        return 404
+    if holder == OWNER and actor != OWNER:
+        return 403
+    return 200
+
+
+def test_key_management_between_roles(world: World) -> None:
+    srv, a = world.srv, world.a
+    wrong = []
+    for actor in ROLES:
+        listed = _client(srv, a.keys[actor]).get("/v1/api-keys", params={"all": "true"})
+        if (listed.status_code == 200) != (actor in MAY["members"]):
+            wrong.append(f"{actor} lists every key: {listed.status_code}")
+        for holder in ROLES:
+            key_id, secret = fresh_key(srv, a, holder)
+            r = _client(srv, a.keys[actor]).delete(f"/v1/api-keys/{key_id}")
+            want = 200 if actor == holder else may_revoke(actor, holder)
+            codes = {403: "FORBIDDEN", 404: "API_KEY_NOT_FOUND"}
+            if r.status_code != want or (want != 200 and code(r) != codes[want]):
+                wrong.append(f"{actor} revokes {holder}'s key: {r.status_code}, {want} expected")
+            still = httpx.get(f"{srv.url}/v1/me", headers={"Authorization": f"Bearer {secret}"})
+            if (still.status_code == 200) == (want == 200):
+                wrong.append(f"{holder}'s key after {actor}'s revoke: {still.status_code}")
+    assert not wrong, "\n".join(wrong)
+    # The refusal an admin hears names both roles, in the v1 envelope.
+    key_id, _ = fresh_key(srv, a, OWNER)
+    body = _client(srv, a.keys[ADMIN]).delete(f"/v1/api-keys/{key_id}").json()
+    assert body["success"] is False
+    assert body["error"]["details"]["role"] == "admin"
+    assert body["error"]["details"]["target_role"] == "owner"
+
+
+# What a key restricted to a project never does, whatever its role: the account's.
+ACCOUNT_LEVEL_CLASSES = frozenset({"billing", "budget", "members", "projects", "audit", "account"})
+
+
+def test_a_key_restricted_to_a_project_gets_no_account_level_route(world: World) -> None:
+    """A's owner's key restricted to A's project, on every route whose class concerns
+    the whole account: 403 FORBIDDEN naming the restriction, with A's real ids."""
+    srv, a = world.srv, world.a
+    with srv.server.ctx.transaction() as s:
+        member = s.get(Member, a.members[OWNER])
+        assert member is not None
+        issued = issue_key(
+            s, user_id=member.user_id, account_id=a.account_id, name="ci", scope=Scope.WRITE
+        )
+        row = s.get(ApiKey, issued.id)
+        assert row is not None
+        row.project_id, row.restricted = a.project_id, True
+    wrong, seen = [], 0
+    for method, path in routes(srv):
+        if expected(method, path) not in ACCOUNT_LEVEL_CLASSES:
+            continue
+        seen += 1
+        ids = dict(world.real)
+        if (method, path) in OTHER_MEMBER:
+            ids["member_id"] = a.members[ADMIN]
+        r = call(srv, issued.key, method, path, ids, a.account_id)
+        if r.status_code != 403 or code(r) != "FORBIDDEN":
+            wrong.append(f"{method} {path}: {r.status_code} {r.text[:200]}")
+    assert seen > 15 and not wrong, "\n".join(wrong)
