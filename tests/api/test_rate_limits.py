@@ -250,3 +250,36 @@ def test_a_key_in_the_query_string_shares_the_bucket_of_the_same_key_in_a_header
         assert by_query.post("/graphql", json=GRAPHQL, params={"api_key": key}).status_code == 200
         refused = by_query.get(TRAINING + f"&apikey={key}")
         _assert_refused(refused, "key", retry_after=1)
+
+
+def test_failed_console_sign_ins_count_like_failed_keys(tmp_path: Path) -> None:
+    """The console's sign-in carries its key in the body: wrong keys there use up the
+    source's allowance like wrong keys in a header, and once it is used up a sign-in
+    with the right key is refused too, as is every request from there with a key."""
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_auth_failures_per_minute=3)
+    assert server.admin_key is not None
+    key = server.admin_key.key
+    sign_in = "/v1/console/session"
+    with _client(server, None) as guesser, _client(server, None, "198.51.100.7") as elsewhere:
+
+        def guess() -> httpx.Response:
+            return guesser.post(sign_in, json={"api_key": f"gy_{secrets.token_urlsafe(30)}"})
+
+        assert [guess().status_code for _ in range(3)] == [401] * 3
+        refused = guess()
+        _assert_refused(refused, "auth_failures", retry_after=20)  # 3 a minute
+        assert refused.json()["error"]["code"] == "RATE_LIMITED"
+        assert guesser.post(sign_in, json={"api_key": key}).status_code == 429
+        header = {"Authorization": f"Bearer {key}"}
+        assert guesser.get("/v1/projects", headers=header).status_code == 429
+        # Another source signs in.
+        assert elsewhere.post(sign_in, json={"api_key": key}).status_code == 201
+        # A right sign-in costs nothing; after the minute the source signs in again.
+        clock.advance(60)
+        assert guesser.post(sign_in, json={"api_key": key}).status_code == 201
+        # Bad keys in headers and bad sign-ins share one allowance.
+        bad = {"Authorization": "Bearer gy_wrong"}
+        assert [guesser.get("/v1/projects", headers=bad).status_code for _ in range(2)] == [401] * 2
+        assert guess().status_code == 401
+        assert guess().status_code == 429

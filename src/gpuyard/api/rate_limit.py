@@ -18,7 +18,10 @@ tokens left.
 Failed keys are counted from the answer itself: every surface answers an unknown or
 revoked key with HTTP 401 (api/state.py raises Unauthorized and each surface renders it),
 so a 401 to a request that presented a key charges its source one failure. The auth code
-needs no hook, and a surface added later is covered as long as it answers 401.
+needs no hook, and a surface added later is covered as long as it answers 401. The web
+console's sign-in carries its key in the body (:data:`KEY_IN_BODY`), which this
+middleware does not read: such a request counts as presenting a key all the same, so
+guessing keys through the sign-in form is refused and charged like any other.
 
 Buckets live in this process's memory (core/token_bucket.py): N replicas behind a
 balancer let a client through up to N times the configured rates (README "Rate limits").
@@ -53,6 +56,9 @@ log = logging.getLogger(__name__)
 # Never limited: liveness probes and load balancers' health checks.
 EXEMPT_PATHS = frozenset({"/healthz"})
 CODE = "RATE_LIMITED"
+# Routes whose body carries an API key, by (method, path): the console's sign-in
+# (api/console_session.py). They present a key as far as the failed-key allowance goes.
+KEY_IN_BODY = frozenset({("POST", "/v1/console/session")})
 
 
 @dataclass(frozen=True)
@@ -112,11 +118,15 @@ class RateLimiter:
         self.sources = table(limits.per_source)
         self.failures = table(limits.auth_failures)
 
-    def admit(self, source: str, key_id: bytes | None) -> Verdict | None:
-        """Take this request's tokens; the deciding verdict, or None when no limit applies."""
+    def admit(
+        self, source: str, key_id: bytes | None, *, presents_key: bool = False
+    ) -> Verdict | None:
+        """Take this request's tokens; the deciding verdict, or None when no limit applies.
+        ``presents_key``: the request carries a key where ``key_id`` cannot name it (a
+        sign-in's body): the failed-key allowance applies to it as well."""
         now = self._clock()
         best: Verdict | None = None
-        if key_id is not None and self.failures is not None:
+        if (key_id is not None or presents_key) and self.failures is not None:
             locked = self.failures.peek(source, now)
             if not locked.allowed:
                 return Verdict(locked, "auth_failures")
@@ -252,19 +262,20 @@ class RateLimit:
             return
         source = _source(scope, self.proxy_secret)
         key = _presented_key(scope)
+        presents = bool(key) or (scope.get("method"), scope["path"]) in KEY_IN_BODY
         limiter = self.limiter
-        verdict = limiter.admit(source, key_id(key))
+        verdict = limiter.admit(source, key_id(key), presents_key=presents)
         if verdict is not None and not verdict.decision.allowed:
             await self._refuse(scope["path"], verdict, send)
             return
         extra = headers_of(verdict.decision) if verdict is not None else []
-        if not extra and not (key and limiter.failures is not None):
+        if not extra and not (presents and limiter.failures is not None):
             await self.app(scope, receive, send)
             return
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                if key and message["status"] == 401:
+                if presents and message["status"] == 401:
                     limiter.auth_failed(source)
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
