@@ -141,3 +141,20 @@ def test_a_restricted_key_does_not_accept_invitations(srv: LiveServer) -> None:
     err(r, 403, "FORBIDDEN")
     r = httpx.post(accept, json={}, headers={"Authorization": f"Bearer {bob}"})
     assert r.status_code == 201, r.text
+
+
+def test_a_console_session_of_a_restricted_key_is_as_restricted(srv: LiveServer) -> None:
+    made = new_account(srv)
+    aid, owner, home = made["account"]["id"], made["api_key"]["key"], made["project"]["id"]
+    with srv.client(owner) as c:
+        ci = c.post("/v1/api-keys", json={"name": "ci", "project_id": home}).json()["data"]
+    with httpx.Client(base_url=srv.url, timeout=30) as browser:
+        signed = browser.post("/v1/console/session", json={"api_key": ci["key"]})
+        assert signed.status_code == 201, signed.text
+        session = signed.json()["data"]
+        assert session["key"]["restricted_to_project"] == home
+        csrf = {"X-CSRF-Token": session["csrf_token"]}
+        body = {"email": "x@evil.test", "role": "owner"}
+        r = browser.post(f"/v1/accounts/{aid}/invitations", json=body, headers=csrf)
+        restricted(err(r, 403, "FORBIDDEN"))
+        err(browser.get("/v1/audit-events", headers=csrf), 403, "FORBIDDEN")

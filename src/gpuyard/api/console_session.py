@@ -166,6 +166,9 @@ def _session_view(principal: Principal, key: str, csrf: str, ends: str) -> dict[
             "name": principal.key_name,
             "prefix": key[:10],
             "scope": principal.scope.value,
+            # A key restricted to a project acts only inside it (docs/roles.md): the
+            # page offers nothing of the whole account then.
+            "restricted_to_project": principal.key_project_id,
         },
     }
 

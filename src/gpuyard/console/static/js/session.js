@@ -24,16 +24,21 @@ export const session = {
   get canWrite() {
     return !!this.info && this.scope !== "read" && WRITE_ROLES.has(this.role);
   },
-  // The installation's operator: only its user holds admin-scoped keys.
+  // A key restricted to a project: nothing of the whole account (docs/roles.md).
+  get restricted() {
+    return !!this.info && this.info.key.restricted_to_project != null;
+  },
+  // The installation's operator: only its user holds admin-scoped keys (not restricted).
   get operator() {
-    return this.scope === "admin";
+    return this.scope === "admin" && !this.restricted;
   },
   get accountId() {
     return this.me ? this.me.acting.account_id : null;
   },
   // Whether the role (or the operator) has `what` (a key of ROLES_FOR), for reading.
   may(what) {
-    return !!this.info && (this.operator || (ROLES_FOR[what] || []).includes(this.role));
+    if (!this.info || this.restricted) return false;
+    return this.operator || (ROLES_FOR[what] || []).includes(this.role);
   },
   // ... and for changing: a read key changes nothing.
   mayChange(what) {
