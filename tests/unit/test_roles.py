@@ -7,10 +7,12 @@ import pytest
 
 from gpuyard.core.errors import Forbidden
 from gpuyard.core.roles import (
+    ACCOUNT_LEVEL,
     ROLE_PERMISSIONS,
     Permission,
     Role,
     can_grant,
+    can_manage_keys_of,
     needs_write_scope,
     parse_role,
     role_allows,
@@ -88,3 +90,34 @@ def test_scope_and_role_both_count() -> None:
     op.require(Scope.ADMIN)
     with pytest.raises(Forbidden):
         principal(Role.OWNER, Scope.ADMIN).require(Scope.ADMIN)  # an admin key, no operator
+
+
+def test_a_key_restricted_to_a_project_has_no_account_level_permission() -> None:
+    for operator in (False, True):
+        owner = Principal(
+            key_id=1,
+            user_id=1,
+            account_id=1,
+            scope=Scope.WRITE,
+            default_project_id=7,
+            project_ids=frozenset({7}),
+            operator=operator,
+            key_project_id=7,
+            key_restricted=True,
+        )
+        for permission in Permission:
+            assert owner.allows(permission) == (permission not in ACCOUNT_LEVEL)
+        with pytest.raises(Forbidden) as refused:
+            owner.require_permission(Permission.MANAGE_MEMBERS)
+        assert refused.value.details["restricted_to_project"] == 7
+        assert refused.value.details["permission"] == "manage_members"
+        owner.require_permission(Permission.WRITE_RESOURCES)
+        owner.require_permission(Permission.OWN_KEYS)
+
+
+def test_who_manages_whose_keys() -> None:
+    assert all(can_manage_keys_of(Role.OWNER, holder) for holder in Role)
+    assert not can_manage_keys_of(Role.ADMIN, Role.OWNER)
+    assert all(can_manage_keys_of(Role.ADMIN, h) for h in Role if h != Role.OWNER)
+    for manager in (Role.MEMBER, Role.BILLING, Role.VIEWER):
+        assert not any(can_manage_keys_of(manager, holder) for holder in Role)

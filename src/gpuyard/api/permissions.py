@@ -4,7 +4,9 @@ Checked once per request where the principal is resolved (api/state.py), from th
 matched route's path template and the method, so no route can forget it. Routes with
 checks of their own (the operator's: hosts, images, orphans, accounts) and the
 catalog (GPU types, price quotes, locations, plans: anybody with a key) need nothing
-here.
+here. Whether the key allows a permission — its scope, and a restriction to a project,
+which withholds every account-level one — is the principal's (services/auth.py
+``Principal.allows``), the same for every surface.
 """
 
 from __future__ import annotations

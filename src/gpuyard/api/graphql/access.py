@@ -11,6 +11,10 @@ GraphQL half of api/permissions.py.
   ``pubKey`` replaces the account's SSH keys, which log into every cluster of the
   account (as ``POST /v1/ssh-keys``).
 
+A key restricted to a project has no account-level permission whatever its role
+(``Principal.allows``, core/roles.py ACCOUNT_LEVEL), so ``currentSpendPerHr`` is refused
+to it here as the bills are in REST.
+
 A refused field answers null with a FORBIDDEN error in ``errors[]``
 (``extensions.code``, api/graphql/errors.py); the other fields of the operation stand.
 The check runs first in each resolver, before anything is read or claimed.
