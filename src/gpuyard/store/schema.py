@@ -378,8 +378,8 @@ class Snapshot(Base):
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     restic_id: Mapped[str | None] = mapped_column(String(64))
     # How the data is kept (core/snapshots.py SnapshotFormat): ``tar``, one file
-    # volume.tar (the stream path, any engine); ``tree``, the volume's files under /data
-    # (restic beside the volume, engines on the control plane's machine).
+    # volume.tar (every snapshot taken now); ``tree``, the volume's files under /data
+    # (taken by earlier versions with restic beside the volume; still restored).
     format: Mapped[str] = mapped_column(String(10), default="tar", server_default="tar")
     # Which repository holds the data (core/snapshots.py SnapshotRepository):
     # ``account``, the account's own; NULL, the installation-wide one of earlier
