@@ -26,6 +26,10 @@ import docker
 import httpx
 import pytest
 
+from gpuyard.core.ownership import Ownership
+from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.volume_copy import LABEL_HELPER_VOLUME, volume_tar_stream
+from tests.e2e.conftest import purge_installation
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh
 from tests.e2e.test_snapshots_e2e import create_cluster, take_snapshot, wait_snapshot
@@ -228,3 +232,28 @@ def test_a_symlink_swapped_in_during_a_snapshot_reaches_no_repository(
             opened = restic(a_repo, guess, "cat", "snapshot", a_restic_id)
             assert opened.returncode != 0, f"account A's snapshot opens with {candidate[:40]!r}"
         assert a_repo != b_repo
+
+
+def test_the_reader_of_a_volume_holds_nothing_but_that_volume(engine_url: str) -> None:
+    """The helper whose tar a snapshot stores: that volume alone, read-only, no
+    network, its own PID namespace, no privileges beyond the engine's defaults."""
+    owner = Ownership.new()
+    local = Engine(engine_url, owner=owner)
+    try:
+        volume = owner.volume("readcluster001")
+        local.ensure_volume(volume)
+        with volume_tar_stream(local, volume) as chunks:
+            (helper,) = local.list_containers(f"{LABEL_HELPER_VOLUME}={volume}")
+            info = local.api.inspect_container(helper["Id"])
+            b"".join(chunks)
+        host = info["HostConfig"]
+        assert host.get("PidMode") in ("", "private", None), host.get("PidMode")
+        assert host.get("NetworkMode") == "none"
+        assert not host.get("Privileged")
+        mounts = info["Mounts"]
+        assert [(m.get("Name"), m["Destination"], m["RW"]) for m in mounts] == [
+            (volume, "/data", False)
+        ], mounts
+        assert not [k for k in info["Config"].get("Env") or [] if "PASSWORD" in k or "AWS_" in k]
+    finally:
+        purge_installation(engine_url, owner.installation_id)
