@@ -121,6 +121,12 @@ def test_snapshots_of_the_shared_repository_move_to_their_accounts(
 
     # A start cut off after alice's copy was made, before her row was moved.
     repos.for_account(alice.account_id).copy_from(repos.shared, [old[alice.account_id]])
+    # Another server starting at the same time already put a copy of bob's there.
+    with repos.shared.dump_stream(old[bob.account_id], ARCHIVE_NAME) as chunks:
+        data = b"".join(chunks)
+    repos.for_account(bob.account_id).backup_stream(
+        [data], filename=ARCHIVE_NAME, tags=[snapshot_tag(snaps[bob.account_id])], host="x"
+    )
     rec.snapshots.recover()
 
     for account, sid in snaps.items():
@@ -128,7 +134,7 @@ def test_snapshots_of_the_shared_repository_move_to_their_accounts(
         assert moved.repository == "account"
         assert moved.restic_id != old[account]
         found = repos.for_account(account).find_by_tag(snapshot_tag(sid))
-        assert [s.restic_id for s in found] == [moved.restic_id]  # copied once
+        assert [s.restic_id for s in found] == [moved.restic_id]  # one copy kept
     assert repos.shared.snapshots() == []  # nothing left under the shared password
     # Idempotent: a second start changes nothing.
     assert migrate_shared_snapshots(ctx, repos) == 0

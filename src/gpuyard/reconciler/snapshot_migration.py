@@ -46,13 +46,21 @@ def migrate_shared_snapshots(ctx: Context, repositories: SnapshotRepositories) -
         try:
             target = repositories.for_account(account_id)
             target.copy_from(shared, [row.restic_id for row in rows])
+            copies: dict[str, list[str]] = {}
             for row in rows:
                 found = target.find_by_tag(TAG_PREFIX + row.snapshot_id)
                 if not found:
                     log.warning("snapshot %s was not copied to its account", row.snapshot_id)
                     continue
+                copies[row.snapshot_id] = [s.restic_id for s in found]
                 if work.moved_to_account(ctx, row.snapshot_id, row.restic_id, found[-1].restic_id):
                     moved += 1
+            # Two servers starting together may each have copied a snapshot: the copy
+            # its row does not name goes.
+            kept = work.restic_ids_of(ctx, list(copies))
+            extra = [rid for sid, rids in copies.items() for rid in rids if rid != kept.get(sid)]
+            if extra:
+                target.forget(extra, prune=True)
         except GpuyardError as exc:
             log.warning(
                 "snapshots of account %d stay in the shared repository for now: %s",

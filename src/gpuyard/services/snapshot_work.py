@@ -363,6 +363,17 @@ def in_account_repositories(ctx: Context, snapshot_ids: list[str]) -> set[str]:
         )
 
 
+def restic_ids_of(ctx: Context, snapshot_ids: list[str]) -> dict[str, str | None]:
+    """The restic id each of ``snapshot_ids`` names now."""
+    with ctx.read() as session:
+        return {
+            sid: rid
+            for sid, rid in session.execute(
+                select(Snapshot.id, Snapshot.restic_id).where(Snapshot.id.in_(snapshot_ids))
+            )
+        }
+
+
 def accounts_with_snapshots(ctx: Context) -> list[int]:
     """Accounts whose repository may hold data (any snapshot ever asked for)."""
     with ctx.read() as session:

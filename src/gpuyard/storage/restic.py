@@ -465,11 +465,6 @@ class ResticRepository:
         """This repository as the source of another's ``copy`` or ``init``."""
         return ["--from-repo", self._location, "--from-password-file", str(self._password_file)]
 
-    def redact(self, text: str) -> str:
-        """``text`` with the password and any URL credentials masked (for restic output
-        read elsewhere before it goes into a message or a log)."""
-        return self._scrub(text)
-
     def resolve_id(self, short_id: str, *, host: str, tags: Sequence[str], path: str) -> str:
         """The full id of the snapshot a backup just reported by its short id (restic
         0.14's summary gives only that); ``host``, ``tags`` and the snapshot's one
