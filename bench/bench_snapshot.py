@@ -6,16 +6,11 @@ ours holding a ~1 GiB tree (three quarters in four random files, a quarter in 16
 random files in 128 directories; written through the volume's directory, untimed), and
 a fresh restic repository per round on the same disk as the baseline's output.
 
-gpuyard keeps a volume in one of two ways, both measured (the storage worker's own
-functions, timed from the call to its end):
-
-- **beside** (the default for an engine on this machine): restic runs in a helper
-  container with the volume mounted read-only (storage/volume_restic.py), with the
-  volume's previous snapshot as parent; restore is ``restic restore`` in a helper into
-  a new volume.
-- **stream** (any engine, hosts over SSH): a helper runs ``tar c``, this process reads
-  the attach stream, counts it and pipes it to ``restic backup --stdin``; restore pipes
-  ``restic dump`` into the engine's archive upload into a new volume.
+gpuyard keeps a volume one way (the storage worker's own functions, timed from the call
+to its end): a helper that mounts only the volume, read-only, runs ``tar c``; this
+process reads the attach stream, counts it and pipes it to ``restic backup --stdin``;
+restore pipes ``restic dump`` into the engine's archive upload into a new volume.
+(restic no longer runs beside the volume: there, what a tenant writes could steer it.)
 
 Baselines: ``tar c -C <volume dir> . | zstd -1 -T0 > file`` and ``zstd -d -c file |
 tar x -C <empty dir>``. The incremental snapshot follows a 1 % change (10 MiB
@@ -49,7 +44,6 @@ from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.volume_copy import fill_volume, volume_labels, volume_tar_stream
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.tar_stats import TarCounter, counted
-from gpuyard.storage.volume_restic import backup_volume, restore_volume
 
 MIB = 1 << 20
 VOLUME = "bench-snap"
@@ -83,23 +77,6 @@ def change_one_percent(root: Path, round_no: int) -> None:
 
 def volume_dir(engine: Engine, name: str) -> Path:
     return Path(engine.api.inspect_volume(name)["Mountpoint"])
-
-
-def snapshot_beside(
-    engine: Engine, repo: ResticRepository, round_no: int, parent: str | None
-) -> tuple[float, str, int]:
-    t0 = time.perf_counter()
-    result = backup_volume(
-        engine, VOLUME, repo, tags=[f"bench-{round_no}"], host="bench", parent=parent
-    )
-    return time.perf_counter() - t0, result.restic_id, result.data_added
-
-
-def restore_beside(engine: Engine, repo: ResticRepository, restic_id: str) -> float:
-    labels = volume_labels(engine, VOLUME)
-    t0 = time.perf_counter()
-    restore_volume(engine, "bench-restored", labels, repo, restic_id)
-    return time.perf_counter() - t0
 
 
 def snapshot(engine: Engine, repo: ResticRepository, round_no: int) -> tuple[float, str, int]:
@@ -177,14 +154,6 @@ def main() -> int:
             note("baseline snapshot", baseline_snapshot(src, work / "tree.tar.zst"))
             note("baseline restore", baseline_restore(work / "tree.tar.zst", work / "restored"))
             repo = fresh_repo()
-            seconds, first_id, added = snapshot_beside(engine, repo, r, None)
-            note("beside first", seconds, added)
-            change_one_percent(src, r * 2)
-            os.sync()
-            seconds, last_id, added = snapshot_beside(engine, repo, r, first_id)
-            note("beside incremental", seconds, added)
-            note("beside restore", restore_beside(engine, repo, last_id))
-            repo = fresh_repo()
             seconds, _first, added = snapshot(engine, repo, r)
             note("stream first", seconds, added)
             change_one_percent(src, r * 2 + 1)
@@ -203,12 +172,9 @@ def main() -> int:
         med = {k: median(v) for k, v in figures.items()}
         labels = {
             "baseline snapshot": "snapshot, tar c | zstd -1 -T0",
-            "beside first": "snapshot, gpuyard (restic beside)",
-            "beside incremental": "  after 1 % changed",
             "stream first": "snapshot, gpuyard (tar stream)",
             "stream incremental": "  after 1 % changed",
             "baseline restore": "restore, zstd -d | tar x",
-            "beside restore": "restore, gpuyard (restic beside)",
             "stream restore": "restore, gpuyard (tar stream)",
         }
         print(f"\ntree: {tree / MIB:.0f} MiB; rounds: {args.rounds}")
@@ -216,7 +182,7 @@ def main() -> int:
         for key, label in labels.items():
             kept = f"{median([float(x) for x in stored[key]]) / MIB:11.1f}" if key in stored else ""
             print(f"{label:40} {med[key]:8.2f} {mb / med[key]:8.1f} {kept}")
-        for path in ("beside", "stream"):
+        for path in ("stream",):
             snap_ratio = med["baseline snapshot"] / med[f"{path} first"]
             speedup = med[f"{path} first"] / med[f"{path} incremental"]
             restore_ratio = med["baseline restore"] / med[f"{path} restore"]

@@ -133,11 +133,10 @@ class Settings(BaseSettings):
     # None, or any restic repository string (``s3:https://host/bucket/prefix``; S3
     # credentials from the usual AWS_* environment variables). Its password is made
     # on first use in ``snapshot_password_file`` (``<home>/snapshot.password``, 0600).
+    # Each account's snapshots go to ``<repository>/accounts/<id>``, whose password is
+    # derived from that file (storage/account_repositories.py).
     snapshot_repository: str | None = None
     snapshot_password_file: Path | None = None
-    # On an engine of this machine restic runs in a helper beside the volume and reads
-    # only changed files; False: always stream the volume's tar (any engine's path).
-    snapshot_restic_beside_volume: bool = True
     # Storage prices per GB-month (billed per second through the ledger): snapshot
     # data as stored after de-duplication, and network volumes by their size.
     price_snapshot_gb_month: float = Field(default=0.05, ge=0)

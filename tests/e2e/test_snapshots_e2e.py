@@ -111,19 +111,32 @@ def snapshot_format(server: ServerProcess, snapshot_id: str) -> str:
     return str(row[0])
 
 
-def repository(server: ServerProcess) -> ResticRepository:
-    return ResticRepository(
-        str(server.home / "snapshots"),
-        server.home / "snapshot.password",
-        cache_dir=server.home / "cache" / "restic",
-    )
+def repositories(server: ServerProcess) -> list[ResticRepository]:
+    """The accounts' snapshot repositories the server made."""
+    keys = server.home / "snapshot-keys"
+    return [
+        ResticRepository(
+            str(server.home / "snapshots" / "accounts" / key.stem.removeprefix("account-")),
+            key,
+            cache_dir=server.home / "cache" / "restic",
+        )
+        for key in sorted(keys.glob("account-*.password"))
+    ]
 
 
 def check_clean(server: ServerProcess) -> None:
     """``restic check`` passes (tried again while a live process of the server holds
     the repository's lock: its recovery or pruning, or the helper of an interrupted
     snapshot, which is removed only just after the snapshot is marked failed)."""
-    repo = repository(server)
+    repos = repositories(server)
+    assert repos
+    for repo in repos:
+        check_one_clean(repo)
+    # Nothing went into the installation-wide repository of earlier versions.
+    assert not (server.home / "snapshots" / "config").exists()
+
+
+def check_one_clean(repo: ResticRepository) -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -138,22 +151,19 @@ def check_clean(server: ServerProcess) -> None:
     assert result.ok, result.output
 
 
-@pytest.mark.parametrize("beside", ["true", "false"], ids=["restic-beside", "tar-stream"])
 def test_snapshot_restore_and_clone_byte_for_byte(
-    tmp_path: Path, engine_url: str, engine: docker.DockerClient, beside: str
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient
 ) -> None:
-    """Both ways of keeping a volume: restic in a helper beside it (an engine of this
-    machine), and its tar stream through the engine's API (any engine)."""
-    env = {"GPUYARD_SNAPSHOT_RESTIC_BESIDE_VOLUME": beside}
-    with running_server(tmp_path / "home", engine_url, env) as server, server.client() as c:
+    """A volume kept as its tar stream, read through the engine's API by a helper that
+    mounts only that volume, in its account's own repository."""
+    with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
         cid = create_cluster(c)
         code, out = sh(engine, server, cid, WRITE_TREE.format(big_mb=100))
         assert code == 0, out
         before = tree_checksum(engine, server, cid)
 
         first = take_snapshot(c, cid, "first")
-        fmt = "tree" if beside == "true" else "tar"
-        assert snapshot_format(server, first["id"]) == fmt
+        assert snapshot_format(server, first["id"]) == "tar"
         assert first["consistency"] == "crash_consistent"
         assert first["source_cluster_id"] == cid
         assert first["size_bytes"] >= 100 * 1024 * 1024
@@ -300,9 +310,11 @@ def test_snapshots_in_an_s3_bucket(
                 assert not (server.home / "snapshots").exists()
                 clone = create_cluster(c, snapshot_id=snap["id"])
                 assert tree_checksum(engine, server, clone) == before
+            (key,) = (server.home / "snapshot-keys").glob("account-*.password")
+            account = key.stem.removeprefix("account-")
             repo = ResticRepository(
-                location,
-                server.home / "snapshot.password",
+                f"{location}/accounts/{account}",
+                key,
                 cache_dir=tmp_path / "check-cache",
                 env={"PATH": os.environ.get("PATH", os.defpath), **S3_ENV},
             )

@@ -167,7 +167,9 @@ def test_a_failed_restore_leaves_the_volume_as_it_was(
     stopped(ctx, alice, rec, c.id)
     uc.start_cluster(ctx, alice, c.id, StartCluster(restore_from_snapshot=snap.id))
     # The data goes missing from the repository behind the snapshot's back.
-    rec.snapshots.repository.forget([svc.get_snapshot(ctx, alice, snap.id).restic_id or ""])
+    rec.snapshots.repositories.for_account(alice.account_id).forget(
+        [svc.get_snapshot(ctx, alice, snap.id).restic_id or ""]
+    )
     settle(rec, c.id)
     after = uc.get_cluster(ctx, alice, c.id)
     assert after.status == "error"
@@ -217,7 +219,10 @@ def test_an_interrupted_snapshot_fails_and_leaves_nothing(
     rec.snapshots.take(snap.id)
     failed = svc.get_snapshot(ctx, alice, snap.id)
     assert failed.status == "failed" and failed.error and "interrupted" in failed.error
-    assert rec.snapshots.repository.find_by_tag(snapshot_tag(snap.id)) == []
+    assert (
+        rec.snapshots.repositories.for_account(alice.account_id).find_by_tag(snapshot_tag(snap.id))
+        == []
+    )
 
 
 def test_a_snapshot_of_a_missing_volume_fails_with_the_reason(
@@ -251,9 +256,14 @@ def test_delete_stops_billing_and_forgets_the_data(
         ).all()
         billed = s.scalars(select(UsageInterval).where(UsageInterval.cluster_id == snap.id)).all()
     assert open_ == [] and len(billed) <= 1  # closed (or dropped: it lasted no second)
-    assert rec.snapshots.repository.find_by_tag(snapshot_tag(snap.id))
+    assert rec.snapshots.repositories.for_account(alice.account_id).find_by_tag(
+        snapshot_tag(snap.id)
+    )
     rec.snapshots.forget_unwanted()
-    assert rec.snapshots.repository.find_by_tag(snapshot_tag(snap.id)) == []
+    assert (
+        rec.snapshots.repositories.for_account(alice.account_id).find_by_tag(snapshot_tag(snap.id))
+        == []
+    )
     with ctx.read() as s:
         row = s.get(Snapshot, snap.id)
         assert row is not None and row.restic_id is None

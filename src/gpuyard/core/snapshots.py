@@ -25,9 +25,18 @@ class Consistency(StrEnum):
 class SnapshotFormat(StrEnum):
     # The volume's tar stream as one file (read through any engine's API).
     TAR = "tar"
-    # The volume's files themselves (restic run beside the volume: unchanged files
-    # are skipped on the next snapshot).
+    # The volume's files themselves, taken by restic run beside the volume in earlier
+    # versions; still restored (as a tar rebuilt from the snapshot), never taken.
     TREE = "tree"
+
+
+class SnapshotRepository(StrEnum):
+    """Which restic repository holds a snapshot's data (``snapshots.repository``).
+    NULL there: the installation-wide repository of earlier versions, read only to
+    move its snapshots into their accounts' repositories at start-up."""
+
+    # The snapshot's account's own repository, with its own password.
+    ACCOUNT = "account"
 
 
 class RestoreStatus(StrEnum):

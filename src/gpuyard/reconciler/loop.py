@@ -34,7 +34,7 @@ from gpuyard.reconciler.autoterminate import AutoTerminator
 from gpuyard.reconciler.budget_watch import BudgetWatch
 from gpuyard.reconciler.driver import ClusterDriver
 from gpuyard.reconciler.orphans import VolumeCollector
-from gpuyard.reconciler.snapshots import SnapshotWorker, repository_for
+from gpuyard.reconciler.snapshots import SnapshotWorker, repositories_for
 from gpuyard.reconciler.volume_usage import VolumeUsage
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
@@ -188,7 +188,7 @@ class Reconciler:
             on_done=self.wake,
         )
         self.snapshots = SnapshotWorker(
-            ctx, self.fleet.for_host, repository_for(ctx.settings), replica_id()
+            ctx, self.fleet.for_host, repositories_for(ctx.settings), replica_id()
         )
         self.driver.storage = self.snapshots
         self._thread: threading.Thread | None = None

@@ -1,28 +1,28 @@
 """Storage work: taking snapshots, restoring them into volumes, forgetting deleted ones.
 
-Two ways to keep a volume in the restic repository (storage/restic.py), both reading it
-through a short-lived helper container of ours, never the user's container:
-
-- ``tree`` (an engine on this machine): restic itself runs in the helper beside the
-  volume (storage/volume_restic.py) and compares it with the volume's previous
-  snapshot, so files whose size, mtime, inode and ctime did not change are not read
-  again: a snapshot after a small change reads only what changed.
-- ``tar`` (any engine, a host over SSH too): the helper runs ``tar c`` and the stream
-  is read through the engine's API (runtimes/volume_archive.py), counted as it passes
-  (storage/tar_stats.py) and piped into ``restic backup --stdin`` chunk by chunk, never
-  whole in memory; content-defined chunking still stores only what changed, but every
-  byte is read and hashed each time.
+Each account's snapshots live in its own restic repository with its own password
+(storage/account_repositories.py). restic runs only here, on the control plane, and
+never where a volume is mounted: a volume is read through a short-lived helper
+container of ours (runtimes/volume_copy.py) that mounts that volume alone, read-only,
+in its own PID namespace with no network, and runs ``tar c`` (symlinks stored as
+symlinks, never followed). The stream is read through the engine's API
+(runtimes/volume_archive.py), counted as it passes (storage/tar_stats.py) and piped into
+``restic backup --stdin`` chunk by chunk, never whole in memory; content-defined
+chunking stores only what changed since the account's earlier snapshots. Nothing a
+tenant writes into a volume can make restic open a path: restic sees only a stream.
 
 A restore goes the other way, into a new engine volume that replaces the old one only
-once it is whole (the caller swaps it in), so a failed restore changes nothing. A
-``tree`` restored on an engine where restic cannot run beside the volume is streamed
-as a tar rebuilt from the snapshot (dump_as_volume_tar).
+once it is whole (the caller swaps it in), so a failed restore changes nothing: the
+snapshot's tar (``restic dump``), or for a ``tree`` (the volume's files, taken by restic
+beside the volume in earlier versions) a tar rebuilt from it (dump_as_volume_tar), is
+written through the engine's archive upload.
 
 Crashes: restic under this process dies with it (parent-death signal), so a stream cut
-off never commits a snapshot; a helper's restic is killed by the next attempt on its
-volume. Partial packs and stale locks are cleaned when the server starts
-(:meth:`SnapshotWorker.recover`). The row a crash left ``creating`` is failed by the
-next attempt to take it (services/snapshot_work.py claim_snapshot).
+off never commits a snapshot. Partial packs and stale locks are cleaned when the server
+starts (:meth:`SnapshotWorker.recover`), which then moves what earlier versions kept in
+the installation-wide repository into the accounts' own (reconciler/
+snapshot_migration.py). The row a crash left ``creating`` is failed by the next attempt
+to take it (services/snapshot_work.py claim_snapshot).
 """
 
 from __future__ import annotations
@@ -34,27 +34,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from gpuyard.core.errors import GpuyardError, RuntimeFailure
-from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.core.snapshots import SnapshotFormat
+from gpuyard.reconciler.snapshot_migration import TAG_PREFIX, migrate_shared_snapshots
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.engine import Engine
 from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
-from gpuyard.runtimes.volume_copy import remove_helpers, volume_labels
+from gpuyard.runtimes.volume_copy import remove_helpers
 from gpuyard.services import snapshot_work as work
 from gpuyard.services import snapshots as svc
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
+from gpuyard.storage.account_repositories import SnapshotRepositories
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.restic_dump import dump_as_volume_tar
 from gpuyard.storage.tar_stats import TarCounter, counted
-from gpuyard.storage.volume_restic import (
-    backup_volume,
-    helper_restic_available,
-    remove_restic_helpers,
-    restore_volume,
-)
 from gpuyard.store.schema import NetworkVolume, Snapshot
 
 log = logging.getLogger(__name__)
@@ -64,21 +59,25 @@ RuntimeOf = Callable[[int | None], Runtime]
 ARCHIVE_NAME = "volume.tar"
 # How often a running snapshot or restore records its progress (a write each time).
 PROGRESS_EVERY_S = 1.0
-# How long storage work waits for the start-up recovery of the repository.
-RECOVERY_WAIT_S = 300.0
+# How long storage work waits for the start-up recovery of the repositories.
+RECOVERY_WAIT_S = 600.0
+# The helpers of earlier versions that ran restic beside a volume: removed on sight.
+LEGACY_ROLE_RESTIC = "restic"
 
 
-def repository_for(settings: Settings) -> ResticRepository:
-    """The installation's snapshot repository, as the settings name it."""
-    return ResticRepository(
+def repositories_for(settings: Settings) -> SnapshotRepositories:
+    """The accounts' snapshot repositories (and the installation-wide one of earlier
+    versions), as the settings name them."""
+    return SnapshotRepositories(
         settings.snapshot_repository_location,
         settings.snapshot_password_path,
         cache_dir=Path(settings.home) / "cache" / "restic",
+        keys_dir=Path(settings.home) / "snapshot-keys",
     )
 
 
 def snapshot_tag(snapshot_id: str) -> str:
-    return f"gpuyard-snapshot:{snapshot_id}"
+    return f"{TAG_PREFIX}{snapshot_id}"
 
 
 class Throttle:
@@ -102,12 +101,12 @@ class SnapshotWorker:
         self,
         ctx: Context,
         runtime_of: RuntimeOf,
-        repository: ResticRepository,
+        repositories: SnapshotRepositories,
         worker_id: str,
     ) -> None:
         self.ctx = ctx
         self.runtime_of = runtime_of
-        self.repository = repository
+        self.repositories = repositories
         self.worker_id = worker_id
         # Forget and prune take the repository's exclusive lock: one at a time here.
         self._forget_lock = threading.Lock()
@@ -129,10 +128,15 @@ class SnapshotWorker:
             self._recovered.set()
 
     def _ready(self) -> None:
-        """Wait for the start-up recovery (a crash's leftovers cleaned), at most a few
-        minutes: a recovery that hangs must not stop snapshots for good."""
+        """Wait for the start-up recovery (a crash's leftovers cleaned, earlier
+        versions' snapshots moved), at most a few minutes: a recovery that hangs must
+        not stop snapshots for good."""
         self._recovered.wait(RECOVERY_WAIT_S)
-        self.repository.ensure()
+
+    def _repository(self, account_id: int, *, shared: bool = False) -> ResticRepository:
+        """Account ``account_id``'s repository (``shared``: the installation-wide one
+        of earlier versions, where a row not yet moved keeps its data)."""
+        return self.repositories.shared if shared else self.repositories.for_account(account_id)
 
     # -- taking --------------------------------------------------------------------
 
@@ -140,14 +144,13 @@ class SnapshotWorker:
         """Take a ``creating`` snapshot to the end: ``ready`` with its sizes, or
         ``failed`` with the reason (its partial data forgotten). Never raises.
 
-        On an engine of this machine restic runs beside the volume in a helper and
-        compares with the volume's previous snapshot (a ``tree``: unchanged files are
-        not read again); elsewhere the volume's tar stream is piped into restic (a
-        ``tar``)."""
+        The volume's tar stream, read by a helper that mounts only that volume, is
+        piped into restic here, into the account's own repository."""
         claim = work.claim_snapshot(self.ctx, snapshot_id, self.worker_id)
         if claim.interrupted:
             self._stop_leftover_helper(claim.host_id, claim.volume_name)
-            self._forget_tagged(snapshot_id)
+            if claim.account_id is not None:
+                self._forget_tagged(snapshot_id, claim.account_id)
         snap = claim.snapshot
         if snap is None:
             return
@@ -156,52 +159,30 @@ class SnapshotWorker:
         try:
             self._ready()
             runtime = self.runtime_of(snap.host_id)
-            engine = self._beside(runtime)
-            if engine is not None:
-                taken = self._take_tree(engine, snap, beat)
-            else:
-                taken = self._take_tar(runtime, snap, beat)
+            taken = self._take_tar(runtime, snap, beat)
         except Exception as exc:
             reason = exc.message if isinstance(exc, GpuyardError) else f"{type(exc).__name__}"
             log.warning("snapshot %s failed: %s", snapshot_id, reason)
             work.fail_snapshot(self.ctx, snapshot_id, reason)
-            self._forget_tagged(snapshot_id)
+            self._forget_tagged(snapshot_id, snap.account_id)
             self.ctx.wake()
             return
         taken = replace(taken, seconds=time.monotonic() - began)
         if not work.finish_snapshot(self.ctx, snapshot_id, taken) and not self._forget(
-            [taken.restic_id]
+            self._repository(snap.account_id), [taken.restic_id]
         ):
             # Failed meanwhile: its data is not wanted (forgotten later if not now).
             work.keep_for_forgetting(self.ctx, snapshot_id, taken.restic_id)
         self.ctx.wake()
 
-    def _take_tree(self, engine: Engine, snap: Snapshot, beat: Callable[[int], None]) -> work.Taken:
-        result = backup_volume(
-            engine,
-            snap.volume_name,
-            self.repository,
-            tags=[snapshot_tag(snap.id)],
-            host=self.ctx.ownership.prefix,
-            parent=work.parent_for(self.ctx, snap),
-            on_progress=beat,
-        )
-        return work.Taken(
-            restic_id=result.restic_id,
-            size_bytes=result.bytes,
-            stored_bytes=result.data_added,
-            file_count=result.files,
-            stream_bytes=result.bytes,
-            seconds=result.seconds,
-            format=SnapshotFormat.TREE,
-        )
-
     def _take_tar(
         self, runtime: Runtime, snap: Snapshot, beat: Callable[[int], None]
     ) -> work.Taken:
         counter = TarCounter()
+        repository = self._repository(snap.account_id)
+        repository.ensure()
         with read_volume(runtime, snap.volume_name) as chunks:
-            result = self.repository.backup_stream(
+            result = repository.backup_stream(
                 self._metered(counted(chunks, counter), beat),
                 filename=ARCHIVE_NAME,
                 tags=[snapshot_tag(snap.id)],
@@ -216,23 +197,16 @@ class SnapshotWorker:
             seconds=result.seconds,
         )
 
-    def _beside(self, runtime: Runtime) -> Engine | None:
-        """The engine of ``runtime`` when restic can run in a helper beside its volumes
-        (an engine of this machine, and the setting allows it); else None."""
-        engine = engine_of(runtime)
-        if engine is None or not self.ctx.settings.snapshot_restic_beside_volume:
-            return None
-        return engine if helper_restic_available(engine, self.repository) else None
-
     def _stop_leftover_helper(self, host_id: int | None, volume: str | None) -> None:
-        """A restic helper an interrupted snapshot left reading ``volume`` is removed
-        (its restic killed) before its data is forgotten, so it commits nothing."""
+        """A helper an interrupted snapshot left reading ``volume`` (or one of an
+        earlier version running restic beside it) is removed before the snapshot's
+        data is forgotten."""
         if host_id is None or volume is None:
             return
         with contextlib.suppress(GpuyardError):
             engine = engine_of(self.runtime_of(host_id))
             if engine is not None:
-                remove_restic_helpers(engine, volume)
+                remove_helpers(engine, volume, role=LEGACY_ROLE_RESTIC)
                 remove_helpers(engine, volume)  # a tar stream's reader
 
     @staticmethod
@@ -266,6 +240,8 @@ class SnapshotWorker:
             restic_id = snap.restic_id if snap is not None else None
             total = snap.bytes_done if snap is not None else 0
             fmt = SnapshotFormat(snap.format) if snap is not None else SnapshotFormat.TAR
+            account_id = snap.account_id if snap is not None else 0
+            shared = snap is not None and snap.repository is None
         if restic_id is None:
             raise RuntimeFailure(f"snapshot {snapshot_id} has no data in the repository")
         work.restore_progress(self.ctx, restore_id, 0, total)
@@ -273,7 +249,15 @@ class SnapshotWorker:
         runtime = self.runtime_of(host_id)
         try:
             self._ready()
-            self._restore(runtime, fmt, restic_id, target_volume, like_volume, cluster_id, beat)
+            if shared:  # moved by the start-up recovery, unless it failed
+                with self.ctx.read() as session:
+                    moved = session.get(Snapshot, snapshot_id)
+                    if moved is not None and moved.repository is not None:
+                        shared, restic_id = False, moved.restic_id or restic_id
+            repository = self._repository(account_id, shared=shared)
+            self._restore(
+                runtime, repository, fmt, restic_id, target_volume, like_volume, cluster_id, beat
+            )
         except Exception as exc:
             with contextlib.suppress(GpuyardError):
                 runtime.remove_volume(target_volume)
@@ -283,9 +267,10 @@ class SnapshotWorker:
         work.restore_progress(self.ctx, restore_id, total, total)
         log.info("restored snapshot %s into %s (%s)", snapshot_id, target_volume, holder_id)
 
+    @staticmethod
     def _restore(
-        self,
         runtime: Runtime,
+        repository: ResticRepository,
         fmt: SnapshotFormat,
         restic_id: str,
         target_volume: str,
@@ -293,28 +278,13 @@ class SnapshotWorker:
         cluster_id: str | None,
         beat: Callable[[int], None],
     ) -> None:
-        """Write the snapshot into ``target_volume``: a ``tree`` by restic beside the
-        volume where it can run, else (and for a ``tar``) as a tar stream through the
-        engine's archive upload."""
-        engine = self._beside(runtime) if fmt == SnapshotFormat.TREE else None
-        if engine is not None:
-            labels: dict[str, str] = {}
-            if like_volume is not None:
-                with contextlib.suppress(GpuyardError):
-                    labels = volume_labels(engine, like_volume)
-            restore_volume(
-                engine,
-                target_volume,
-                labels or engine.labels({LABEL_CLUSTER: cluster_id} if cluster_id else {}),
-                self.repository,
-                restic_id,
-                on_progress=beat,
-            )
-            return
-        source = (
-            dump_as_volume_tar(self.repository, restic_id)
+        """Write the snapshot into ``target_volume`` as a tar stream through the
+        engine's archive upload (restic runs here; only the stream reaches the
+        engine)."""
+        source: contextlib.AbstractContextManager[Iterator[Any]] = (
+            dump_as_volume_tar(repository, restic_id)
             if fmt == SnapshotFormat.TREE
-            else self.repository.dump_stream(restic_id, ARCHIVE_NAME)
+            else repository.dump_stream(restic_id, ARCHIVE_NAME)
         )
         with source as chunks:
             write_volume(
@@ -358,45 +328,74 @@ class SnapshotWorker:
     # -- forgetting ----------------------------------------------------------------
 
     def forget_unwanted(self) -> None:
-        """Forget the data of deleted and failed snapshots (prune included). A
-        repository busy with a backup refuses its exclusive lock: tried again on the
-        next pass."""
+        """Forget the data of deleted and failed snapshots (prune included), each in
+        its repository. A repository busy with a backup refuses its exclusive lock:
+        tried again on the next pass."""
         found = work.data_to_forget(self.ctx)
         if not found:
             return
         self._recovered.wait(RECOVERY_WAIT_S)
-        if self._forget([rid for _sid, rid in found if rid]):
-            work.forgotten(self.ctx, [sid for sid, _rid in found])
+        by_repository: dict[tuple[int, bool], list[work.Unwanted]] = {}
+        for row in found:
+            key = (0 if row.shared else row.account_id, row.shared)
+            by_repository.setdefault(key, []).append(row)
+        for (account_id, shared), rows in by_repository.items():
+            repository = self._repository(account_id, shared=shared)
+            if self._forget(repository, [row.restic_id for row in rows]):
+                work.forgotten(self.ctx, [row.snapshot_id for row in rows])
 
-    def _forget(self, restic_ids: list[str]) -> bool:
+    def _forget(self, repository: ResticRepository, restic_ids: list[str]) -> bool:
         if not restic_ids:
             return True
         with self._forget_lock:
             try:
-                self.repository.forget(restic_ids, prune=True)
+                repository.forget(restic_ids, prune=True)
             except GpuyardError as exc:
                 log.info("cannot forget snapshot data yet: %s", exc.message)
                 return False
         return True
 
-    def _forget_tagged(self, snapshot_id: str) -> None:
-        """Forget whatever the repository holds for ``snapshot_id`` (a backup that
-        committed before its snapshot failed). What cannot be forgotten now (the
-        repository busy) is recorded on the failed row, so the maintenance pass
-        forgets it later."""
+    def _forget_tagged(self, snapshot_id: str, account_id: int) -> None:
+        """Forget whatever the account's repository holds for ``snapshot_id`` (a
+        backup that committed before its snapshot failed). What cannot be forgotten
+        now (the repository busy) is recorded on the failed row, so the maintenance
+        pass forgets it later."""
         self._recovered.wait(RECOVERY_WAIT_S)
         with contextlib.suppress(GpuyardError):
-            found = [s.restic_id for s in self.repository.find_by_tag(snapshot_tag(snapshot_id))]
-            if found and not self._forget(found):
+            repository = self._repository(account_id)
+            if not repository.exists():
+                return
+            found = [s.restic_id for s in repository.find_by_tag(snapshot_tag(snapshot_id))]
+            if found and not self._forget(repository, found):
                 work.keep_for_forgetting(self.ctx, snapshot_id, found[0])
 
     def recover(self) -> None:
-        """At start: remove stale locks and partial data a killed backup left, so the
-        repository checks clean. Only for a repository that exists already."""
+        """At start: remove stale locks and partial data a killed backup left, so each
+        repository that exists checks clean; then move the snapshots earlier versions
+        kept in the installation-wide repository into their accounts' own."""
+        repositories = [self.repositories.shared]
+        with contextlib.suppress(GpuyardError):
+            repositories += [
+                self.repositories.for_account(account)
+                for account in work.accounts_with_snapshots(self.ctx)
+            ]
+        for repository in repositories:
+            try:
+                if repository.exists():
+                    result = repository.recover_after_crash()
+                    if not result.ok:
+                        log.error(
+                            "snapshot repository %s check failed: %s",
+                            repository.location,
+                            result.output[-2000:],
+                        )
+            except GpuyardError as exc:
+                log.warning(
+                    "snapshot repository %s cannot be checked now: %s",
+                    repository.location,
+                    exc.message,
+                )
         try:
-            if self.repository.exists():
-                result = self.repository.recover_after_crash()
-                if not result.ok:
-                    log.error("snapshot repository check failed: %s", result.output[-2000:])
+            migrate_shared_snapshots(self.ctx, self.repositories)
         except GpuyardError as exc:
-            log.warning("snapshot repository cannot be checked now: %s", exc.message)
+            log.warning("snapshots cannot be moved to their accounts now: %s", exc.message)

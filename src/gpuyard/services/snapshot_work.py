@@ -14,7 +14,13 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.snapshots import MOUNTED_STATUSES, RestoreStatus, SnapshotFormat, SnapshotStatus
+from gpuyard.core.snapshots import (
+    MOUNTED_STATUSES,
+    RestoreStatus,
+    SnapshotFormat,
+    SnapshotRepository,
+    SnapshotStatus,
+)
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
 from gpuyard.services.placement import lock_placement
@@ -30,9 +36,11 @@ class Claim:
 
     snapshot: Snapshot | None
     interrupted: bool = False
-    # For an interrupted one: where its volume is (a helper may still read it).
+    # For an interrupted one: where its volume is (a helper may still read it), and
+    # whose repository may hold what it committed.
     host_id: int | None = None
     volume_name: str | None = None
+    account_id: int | None = None
 
 
 def claim_snapshot(ctx: Context, snapshot_id: str, worker: str) -> Claim:
@@ -51,7 +59,7 @@ def claim_snapshot(ctx: Context, snapshot_id: str, worker: str) -> Claim:
                 "interrupted: the server taking it stopped before it was done",
                 now,
             )
-            return Claim(None, True, snap.host_id, snap.volume_name)
+            return Claim(None, True, snap.host_id, snap.volume_name, snap.account_id)
         snap.worker = worker
         snap.heartbeat_at = now
         session.flush()
@@ -106,6 +114,7 @@ def finish_snapshot(ctx: Context, snapshot_id: str, taken: Taken) -> bool:
             return False
         snap.status = SnapshotStatus.READY.value
         snap.restic_id = taken.restic_id
+        snap.repository = SnapshotRepository.ACCOUNT.value
         snap.format = taken.format.value
         snap.size_bytes = taken.size_bytes
         snap.stored_bytes = taken.stored_bytes
@@ -133,27 +142,6 @@ def finish_snapshot(ctx: Context, snapshot_id: str, taken: Taken) -> bool:
                 f"files, {taken.stored_bytes} bytes stored, {taken.seconds:.1f} s",
             )
     return True
-
-
-def parent_for(ctx: Context, snap: Snapshot) -> str | None:
-    """The restic id of the latest ``tree`` snapshot of the same engine volume on the
-    same host (still kept): what restic compares files with, so it reads only what
-    changed. None: read everything."""
-    with ctx.read() as session:
-        return session.scalar(
-            select(Snapshot.restic_id)
-            .where(
-                Snapshot.volume_name == snap.volume_name,
-                Snapshot.host_id == snap.host_id,
-                Snapshot.format == SnapshotFormat.TREE.value,
-                Snapshot.status == SnapshotStatus.READY.value,
-                Snapshot.deleted_at.is_(None),
-                Snapshot.restic_id.is_not(None),
-                Snapshot.id != snap.id,
-            )
-            .order_by(Snapshot.ready_at.desc())
-            .limit(1)
-        )
 
 
 def restore_progress(ctx: Context, restore_id: int, done: int, total: int) -> None:
@@ -268,14 +256,26 @@ def snapshots_to_take(ctx: Context) -> list[tuple[str, int]]:
         ]
 
 
-def data_to_forget(ctx: Context) -> list[tuple[str, str | None]]:
-    """(snapshot id, restic id) of deleted or failed snapshots whose data may still be
-    in the repository."""
+@dataclass(frozen=True)
+class Unwanted:
+    """Data of a deleted or failed snapshot still in a repository: its account's
+    (``shared`` false) or the installation-wide one of earlier versions."""
+
+    snapshot_id: str
+    restic_id: str
+    account_id: int
+    shared: bool
+
+
+def data_to_forget(ctx: Context) -> list[Unwanted]:
+    """The data of deleted or failed snapshots that may still be in a repository."""
     with ctx.read() as session:
         return [
-            (sid, rid)
-            for sid, rid in session.execute(
-                select(Snapshot.id, Snapshot.restic_id).where(
+            Unwanted(sid, rid or "", account_id, repository is None)
+            for sid, rid, account_id, repository in session.execute(
+                select(
+                    Snapshot.id, Snapshot.restic_id, Snapshot.account_id, Snapshot.repository
+                ).where(
                     Snapshot.restic_id.is_not(None),
                     (Snapshot.deleted_at.is_not(None))
                     | (Snapshot.status == SnapshotStatus.FAILED.value),
@@ -285,12 +285,14 @@ def data_to_forget(ctx: Context) -> list[tuple[str, str | None]]:
 
 
 def keep_for_forgetting(ctx: Context, snapshot_id: str, restic_id: str) -> None:
-    """Record data of a failed snapshot that could not be forgotten yet (the
-    maintenance pass forgets what failed and deleted rows still name)."""
+    """Record data of a failed snapshot that could not be forgotten yet (in its
+    account's repository: the maintenance pass forgets what failed and deleted rows
+    still name)."""
     with ctx.transaction() as session:
         snap = session.get(Snapshot, snapshot_id)
         if snap is not None and snap.restic_id is None:
             snap.restic_id = restic_id
+            snap.repository = SnapshotRepository.ACCOUNT.value
 
 
 def forgotten(ctx: Context, snapshot_ids: list[str]) -> None:
@@ -299,3 +301,80 @@ def forgotten(ctx: Context, snapshot_ids: list[str]) -> None:
             snap = session.get(Snapshot, sid)
             if snap is not None:
                 snap.restic_id = None
+
+
+# -- the installation-wide repository of earlier versions ---------------------------
+
+
+@dataclass(frozen=True)
+class Legacy:
+    """A kept snapshot whose data is still in the installation-wide repository."""
+
+    snapshot_id: str
+    restic_id: str
+    account_id: int
+
+
+def legacy_snapshots(ctx: Context) -> list[Legacy]:
+    """Ready, kept snapshots whose data is in the installation-wide repository, by
+    account."""
+    with ctx.read() as session:
+        return [
+            Legacy(sid, rid or "", account_id)
+            for sid, rid, account_id in session.execute(
+                select(Snapshot.id, Snapshot.restic_id, Snapshot.account_id)
+                .where(
+                    Snapshot.repository.is_(None),
+                    Snapshot.restic_id.is_not(None),
+                    Snapshot.status == SnapshotStatus.READY.value,
+                    Snapshot.deleted_at.is_(None),
+                )
+                .order_by(Snapshot.account_id, Snapshot.created_at)
+            )
+        ]
+
+
+def moved_to_account(
+    ctx: Context, snapshot_id: str, old_restic_id: str, new_restic_id: str
+) -> bool:
+    """Record that the snapshot's data is now ``new_restic_id`` in its account's
+    repository; only while the row still names ``old_restic_id`` in the
+    installation-wide one (a guarded update). Returns whether it was recorded."""
+    with ctx.transaction() as session:
+        snap = session.get(Snapshot, snapshot_id)
+        if snap is None or snap.repository is not None or snap.restic_id != old_restic_id:
+            return False
+        snap.restic_id = new_restic_id
+        snap.repository = SnapshotRepository.ACCOUNT.value
+    return True
+
+
+def in_account_repositories(ctx: Context, snapshot_ids: list[str]) -> set[str]:
+    """Which of ``snapshot_ids`` keep their data in their accounts' repositories (a
+    copy left in the installation-wide one is not needed)."""
+    with ctx.read() as session:
+        return set(
+            session.scalars(
+                select(Snapshot.id).where(
+                    Snapshot.id.in_(snapshot_ids),
+                    Snapshot.repository == SnapshotRepository.ACCOUNT.value,
+                )
+            )
+        )
+
+
+def restic_ids_of(ctx: Context, snapshot_ids: list[str]) -> dict[str, str | None]:
+    """The restic id each of ``snapshot_ids`` names now."""
+    with ctx.read() as session:
+        return {
+            sid: rid
+            for sid, rid in session.execute(
+                select(Snapshot.id, Snapshot.restic_id).where(Snapshot.id.in_(snapshot_ids))
+            )
+        }
+
+
+def accounts_with_snapshots(ctx: Context) -> list[int]:
+    """Accounts whose repository may hold data (any snapshot ever asked for)."""
+    with ctx.read() as session:
+        return list(session.scalars(select(Snapshot.account_id).distinct()))

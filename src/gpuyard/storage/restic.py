@@ -106,6 +106,11 @@ _ENV_DROPPED: Final = (
     "RESTIC_REPOSITORY",
     "RESTIC_REPOSITORY_FILE",
     "RESTIC_CACHE_DIR",
+    "RESTIC_FROM_REPOSITORY",
+    "RESTIC_FROM_REPOSITORY_FILE",
+    "RESTIC_FROM_PASSWORD",
+    "RESTIC_FROM_PASSWORD_FILE",
+    "RESTIC_FROM_PASSWORD_COMMAND",
 )
 # Backends restic knows by a "scheme:" prefix; anything else is a local path.
 _REMOTE_SCHEMES: Final = ("sftp:", "rest:", "s3:", "azure:", "gs:", "swift:", "b2:", "rclone:")
@@ -117,9 +122,6 @@ _USERINFO: Final = re.compile(r"(://)[^/@\s]+@")
 # it can look its snapshot's full id up.
 _ID_LOOKUP_PATIENCE_S: Final = 120.0
 _FORGET_BATCH: Final = 200
-
-# Environment a backend reads (credentials, endpoints), passed on to restic run elsewhere.
-_BACKEND_ENV: Final = ("AWS_", "B2_", "AZURE_", "GOOGLE_", "OS_", "ST_", "RCLONE_", "RESTIC_")
 
 
 class ResticError(RuntimeFailure):
@@ -173,23 +175,6 @@ class CheckResult:
         return self.output.count("not referenced in any index")
 
 
-@dataclass(frozen=True)
-class ResticInvocation:
-    """restic as another process on this machine runs it against this repository (a
-    helper container that bind-mounts these paths at the same paths): ``argv`` starts
-    with the executable's path here, then the repository, password-file and cache
-    options, then the command's arguments. ``env`` holds only what the backend needs
-    (``AWS_*`` and the like), never the password; ``repository_dir`` is the local
-    repository's absolute directory, None for a remote one."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    binary: str
-    password_file: str
-    cache_dir: str
-    repository_dir: str | None
-
-
 class ResticRepository:
     """One restic repository, reached through the restic binary.
 
@@ -227,11 +212,12 @@ class ResticRepository:
 
     # -- set-up --------------------------------------------------------------------
 
-    def ensure(self) -> None:
+    def ensure(self, *, chunker_from: ResticRepository | None = None) -> None:
         """Make the password file (first use only) and the repository (when it does
-        not exist yet). Idempotent and thread-safe; after its first success it returns
-        at once. Never initialises over an existing repository: one that exists with
-        another password raises ResticError (``wrong password or no key found``)."""
+        not exist yet; with ``chunker_from``'s chunker parameters when given).
+        Idempotent and thread-safe; after its first success it returns at once. Never
+        initialises over an existing repository: one that exists with another password
+        raises ResticError (``wrong password or no key found``)."""
         with self._lock:
             if self._ready:
                 return
@@ -245,7 +231,12 @@ class ResticRepository:
             with self._password_file.open("rb") as held:
                 fcntl.flock(held.fileno(), fcntl.LOCK_EX)
                 if not self._config_exists():
-                    result = self._run("init", "--repository-version", "2", check=False)
+                    copied = (
+                        ["--copy-chunker-params", *chunker_from._from_options()]
+                        if chunker_from is not None
+                        else []
+                    )
+                    result = self._run("init", "--repository-version", "2", *copied, check=False)
                     # A host beside us may have won the race; its repository is ours.
                     if result.returncode != 0 and not self._config_exists():
                         raise self._failure("init", result.returncode, result.stderr)
@@ -268,27 +259,7 @@ class ResticRepository:
         return self._location.removeprefix("local:")
 
     def _ensure_password(self) -> str:
-        path = self._password_file
-        if not path.exists():
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # Written whole to a private temporary file, then linked into place: link
-            # fails if the name exists (like O_CREAT|O_EXCL) and, unlike an exclusive
-            # open, never shows a racing reader a half-written password. The loser of
-            # a race reads the winner's.
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(secrets.token_urlsafe(32) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                with contextlib.suppress(FileExistsError):
-                    os.link(tmp, path)
-            finally:
-                os.unlink(tmp)
-        secret = path.read_text().strip()
-        if not secret:
-            raise ResticError(f"the snapshot password file {path} is empty")
-        return secret
+        return ensure_secret_file(self._password_file)
 
     def _config_exists(self) -> bool:
         if self.is_local:
@@ -374,7 +345,7 @@ class ResticRepository:
         restic failed (a missing snapshot or file, a damaged pack), so a consumer
         never takes a truncated stream for a whole one. Leaving the context early
         stops restic (interrupted, so that it removes its lock; killed if it lingers)."""
-        _check_id(restic_id)
+        check_id(restic_id)
         self.ensure()
         proc = self._spawn(["dump", restic_id, "/" + filename.lstrip("/")])
         assert proc.stdout is not None and proc.stderr is not None
@@ -405,7 +376,7 @@ class ResticRepository:
         ResticLocked."""
         ids = list(dict.fromkeys(restic_ids))
         for restic_id in ids:
-            _check_id(restic_id)
+            check_id(restic_id)
         if not ids:
             return
         self.ensure()
@@ -413,6 +384,11 @@ class ResticRepository:
             self._run("forget", *ids[start : start + _FORGET_BATCH])
         if prune:
             self._run("prune")
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """Every snapshot (oldest first)."""
+        self.ensure()
+        return self._snapshots()
 
     def find_by_tag(self, tag: str) -> list[SnapshotInfo]:
         """The snapshots carrying ``tag`` (oldest first)."""
@@ -468,38 +444,26 @@ class ResticRepository:
             return CheckResult(ok=False, output=f"{result.output}\n{exc.message}\n{stderr}")
         return self.check()
 
-    # -- for restic run elsewhere (runtimes/volume_restic.py) -------------------------
+    # -- moving snapshots between repositories -------------------------------------
 
-    def invocation(self, args: Sequence[str]) -> ResticInvocation:
-        """How to run ``restic args`` in another process on this machine (see
-        :class:`ResticInvocation`). Paths are made absolute (a helper's working
-        directory is not ours). Raises ResticError when restic is not installed. Does
-        not touch the repository: call :meth:`ensure` first."""
-        binary = self._executable()
-        password_file = os.path.abspath(self._password_file)
-        cache_dir = os.path.abspath(self._cache_dir)
-        repository_dir = os.path.abspath(self._local_path()) if self.is_local else None
-        env = {
-            k: v
-            for k, v in self._environment().items()
-            if k.startswith(_BACKEND_ENV) and k not in _ENV_DROPPED
-        }
-        argv = (
-            binary,
-            "--repo",
-            repository_dir if repository_dir is not None else self._location,
-            "--password-file",
-            password_file,
-            "--cache-dir",
-            cache_dir,
-            *args,
-        )
-        return ResticInvocation(argv, env, binary, password_file, cache_dir, repository_dir)
+    def copy_from(self, source: ResticRepository, restic_ids: Sequence[str]) -> None:
+        """Copy the snapshots ``restic_ids`` of ``source`` into this repository
+        (``restic copy``; each gets a new id here, found by its tags). Idempotent: a
+        snapshot copied before is skipped. Made first when missing, with ``source``'s
+        chunker parameters, so what is copied and what is backed up later share
+        chunks. Raises ResticError (an id ``source`` lacks, either repository
+        unreadable)."""
+        ids = list(dict.fromkeys(restic_ids))
+        for restic_id in ids:
+            check_id(restic_id)
+        if not ids:
+            return
+        self.ensure(chunker_from=source)
+        self._run("copy", *source._from_options(), *ids)
 
-    def redact(self, text: str) -> str:
-        """``text`` with the password and any URL credentials masked (for restic output
-        read elsewhere before it goes into a message or a log)."""
-        return self._scrub(text)
+    def _from_options(self) -> list[str]:
+        """This repository as the source of another's ``copy`` or ``init``."""
+        return ["--from-repo", self._location, "--from-password-file", str(self._password_file)]
 
     def resolve_id(self, short_id: str, *, host: str, tags: Sequence[str], path: str) -> str:
         """The full id of the snapshot a backup just reported by its short id (restic
@@ -522,7 +486,7 @@ class ResticRepository:
         """``restic cat snapshot|blob ID``, parsed: a snapshot's record (``tree``,
         ``paths``, ``hostname``...) or a tree blob (``{"nodes": [...]}``, each node with
         ``name``, ``type``, ``inode``, ``device_id``, ``links``, ``subtree``...)."""
-        _check_id(object_id)
+        check_id(object_id)
         self.ensure()
         return _json(self._run("cat", kind, object_id).stdout, f"cat {kind}")
 
@@ -530,7 +494,7 @@ class ResticRepository:
         """What restoring snapshot ``restic_id`` writes: (bytes of file contents, each
         hard-linked file once; entries of every kind), from ``stats --mode
         restore-size``."""
-        _check_id(restic_id)
+        check_id(restic_id)
         self.ensure()
         result = self._run("stats", "--json", "--mode", "restore-size", restic_id)
         stats = _json(result.stdout, "stats")
@@ -543,7 +507,7 @@ class ResticRepository:
         ``links``, ``device_id``...; no inode numbers), parsed as restic prints them:
         its output is one JSON document, never held whole. After the last node the
         iterator raises ResticError if restic failed. Leaving early stops restic."""
-        _check_id(restic_id)
+        check_id(restic_id)
         self.ensure()
         proc = self._spawn(["find", "--json", "--long", "--snapshot", restic_id, "*"])
         assert proc.stdout is not None and proc.stderr is not None
@@ -702,6 +666,41 @@ class ResticRepository:
         )
 
 
+def ensure_secret_file(path: Path) -> str:
+    """The secret in ``path`` (a random one written there first, 0600, when the file
+    does not exist). Safe against racing writers: the loser reads the winner's.
+    Raises ResticError when the file is empty."""
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Written whole to a private temporary file, then linked into place: link
+        # fails if the name exists (like O_CREAT|O_EXCL) and, unlike an exclusive
+        # open, never shows a racing reader a half-written password.
+        write_secret_file(path, secrets.token_urlsafe(32), replace=False)
+    secret = path.read_text().strip()
+    if not secret:
+        raise ResticError(f"the snapshot password file {path} is empty")
+    return secret
+
+
+def write_secret_file(path: Path, secret: str, *, replace: bool) -> None:
+    """Write ``secret`` to ``path`` (0600) whole: a reader sees the old file or the
+    new one, never a part. ``replace``: overwrite an existing file; else keep it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if replace:
+            os.replace(tmp, path)
+            return
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 def _check_tags(tags: Sequence[str]) -> None:
     for tag in tags:
         # restic splits a --tag value at commas; an empty tag matches nothing.
@@ -709,8 +708,9 @@ def _check_tags(tags: Sequence[str]) -> None:
             raise ValueError(f"invalid restic tag {tag!r}: must be non-empty, without commas")
 
 
-def _check_id(restic_id: str) -> None:
-    # Also keeps an id from being read as an option.
+def check_id(restic_id: str) -> None:
+    """ValueError unless ``restic_id`` looks like a restic snapshot id (which also
+    keeps an id from being read as an option)."""
     if not _SNAPSHOT_ID.fullmatch(restic_id):
         raise ValueError(f"invalid restic snapshot id {restic_id!r}")
 

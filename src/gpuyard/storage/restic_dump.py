@@ -1,7 +1,7 @@
-"""A snapshot taken by restic beside a volume (storage/volume_restic.py), read back as
-the tar stream a volume's helper would make (runtimes/volume_copy.py
-``volume_tar_stream``): for a restore on an engine where restic cannot run beside the
-volume (a host over SSH), through the engine's archive upload.
+"""A ``tree`` snapshot (the volume's files under ``/data``, taken by restic beside the
+volume in earlier versions) read back as the tar stream a volume's helper makes
+(runtimes/volume_copy.py ``volume_tar_stream``), restored through the engine's archive
+upload: restic runs here, on the control plane, and never where a volume is mounted.
 
 ``restic dump ID /data`` (restic 0.14) names entries ``data/...`` with no entry for the
 root, writes every hard link as a full copy, FIFOs and device nodes as empty regular
@@ -23,8 +23,7 @@ from typing import Any
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.volume_copy import MOUNT
-from gpuyard.storage.restic import ResticRepository
-from gpuyard.storage.volume_restic import check_id
+from gpuyard.storage.restic import ResticRepository, check_id
 
 _TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)")
 # Tar header fields that pax records may override: set afresh when an entry is renamed.
@@ -41,7 +40,7 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 def dump_as_volume_tar(
     repository: ResticRepository, restic_id: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE
 ) -> Iterator[Iterator[bytes]]:
-    """Snapshot ``restic_id`` (taken by :func:`backup_volume`) as the tar stream
+    """Snapshot ``restic_id`` (a ``tree``: the volume's files under ``/data``) as the tar stream
     :func:`~gpuyard.runtimes.volume_copy.volume_tar_stream` makes of a volume: entries
     named ``./...``, the root first as ``.`` with the volume root's owner, mode and
     mtime, hard links as links, FIFOs and device nodes as such; for

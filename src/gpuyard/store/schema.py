@@ -347,8 +347,9 @@ class NetworkVolume(Base):
 
 
 class Snapshot(Base):
-    """A saved copy of a cluster's or a network volume's data, kept in the restic
-    repository (storage/restic.py) as one tar file tagged with the snapshot's id."""
+    """A saved copy of a cluster's or a network volume's data, kept in its account's
+    restic repository (storage/account_repositories.py) as one tar file tagged with
+    the snapshot's id."""
 
     __tablename__ = "snapshots"
     __table_args__ = (Index("ix_snapshots_account_created", "account_id", "created_at"),)
@@ -377,9 +378,13 @@ class Snapshot(Base):
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     restic_id: Mapped[str | None] = mapped_column(String(64))
     # How the data is kept (core/snapshots.py SnapshotFormat): ``tar``, one file
-    # volume.tar (the stream path, any engine); ``tree``, the volume's files under /data
-    # (restic beside the volume, engines on the control plane's machine).
+    # volume.tar (every snapshot taken now); ``tree``, the volume's files under /data
+    # (taken by earlier versions with restic beside the volume; still restored).
     format: Mapped[str] = mapped_column(String(10), default="tar", server_default="tar")
+    # Which repository holds the data (core/snapshots.py SnapshotRepository):
+    # ``account``, the account's own; NULL, the installation-wide one of earlier
+    # versions, whose snapshots are moved into their accounts' at start-up.
+    repository: Mapped[str | None] = mapped_column(String(10))
     # Which replica works on it and when it last said so: a ``creating`` snapshot
     # whose worker went silent (a crash) is failed by the maintenance duty.
     worker: Mapped[str | None] = mapped_column(String(100))
