@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.store.schema import Project, Snapshot
+from gpuyard.store.schema import Account, Project, Snapshot
 from tests.api.test_accounts import invite_and_accept
 from tests.helpers import LiveServer, live_server, make_settings, refused, v1_error
 
@@ -261,3 +261,45 @@ def test_a_cluster_mounts_only_a_volume_of_its_own_project(srv: LiveServer, setu
         f'imageName: "img", networkVolumeId: "{five.volume}" }}) {{ id }} }}'
     )
     assert [e["extensions"]["code"] for e in deployed["errors"]] == ["VALIDATION_ERROR"]
+
+
+def test_a_spent_balance_refuses_billed_storage_growth_and_new_addresses(srv: LiveServer) -> None:
+    with srv.client() as c:
+        vol = {"name": "data", "size": 10, "dataCenterId": "local"}
+        volume = ok(c.post("/v1/networkvolumes", json=vol), 201)["id"]
+        made = ok(
+            c.post("/v1/clusters", json={"gpu_type": A6000, "docker_image": "img", "volume_gb": 5}),
+            201,
+        )
+        cid = made["id"]
+        assert srv.server.reconciler.wait_idle(20)
+        assert ok(c.post(f"/v1/clusters/{cid}/stop"))["id"] == cid
+        assert srv.server.reconciler.wait_idle(20)
+        account_id = ok(c.get("/v1/me"))["acting"]["account_id"]
+        # Prepaid, and the balance is spent (as the budget watch records it).
+        with srv.server.ctx.transaction() as s:
+            account = s.get(Account, account_id)
+            assert account is not None
+            account.billing_mode = "prepaid"
+            account.exhausted_at = datetime.now(UTC)
+        spent = "BUDGET_EXHAUSTED"
+        v1_error(c.patch(f"/v1/networkvolumes/{volume}", json={"size": 20}), 402, spent)
+        v1_error(c.post("/v1/reserved-ips"), 402, spent)
+        v1_error(c.post("/v1/networkvolumes", json=vol), 402, spent)
+        grow = {"update_configuration": {"storage_gb": 50}}
+        v1_error(c.post(f"/v1/clusters/{cid}/start", json=grow), 402, spent)
+        # Nothing changed; a rename (no storage) still works.
+        assert ok(c.get(f"/v1/networkvolumes/{volume}"))["size"] == 10
+        assert ok(c.get("/v1/reserved-ips"))["reserved_ips"] == []
+        assert ok(c.get(f"/v1/clusters/{cid}"))["volume_gb"] == 5
+        renamed = ok(c.patch(f"/v1/networkvolumes/{volume}", json={"name": "renamed"}))
+        assert renamed["name"] == "renamed" and renamed["size"] == 10
+        # A suspended account is refused the same growth with 403.
+        with srv.server.ctx.transaction() as s:
+            account = s.get(Account, account_id)
+            assert account is not None
+            account.exhausted_at = None
+            account.status = "suspended"
+        suspended = "ACCOUNT_SUSPENDED"
+        v1_error(c.patch(f"/v1/networkvolumes/{volume}", json={"size": 20}), 403, suspended)
+        v1_error(c.post("/v1/reserved-ips"), 403, suspended)
