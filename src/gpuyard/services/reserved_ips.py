@@ -131,16 +131,26 @@ def get_reserved_ip(
     reserved_ip_id: object,
     field: str = "reserved_ip_id",
     *,
+    project_id: int | None = None,
     for_update: bool = False,
 ) -> ReservedIp:
-    """The reserved IP a request body names. Raises ValidationFailed(field, ...) for a
-    missing, non-integer, unknown or other account's id."""
+    """The reserved IP a request body names (of project ``project_id`` when given).
+    Raises ValidationFailed(field, ...) for a missing, non-integer or unknown id, and
+    in the same words for another account's or (``project_id``) another project's: the
+    answer never tells that such an address exists."""
     if reserved_ip_id is None:
         raise ValidationFailed(field, "is required")
     wanted = one_id(reserved_ip_id, field, "reserved IP")
     row = _load(session, wanted, for_update)
-    if row is None or row.account_id != account_id:
-        raise ValidationFailed(field, f"reserved IP {wanted} not found", {"reserved_ip_id": wanted})
+    if (
+        row is None
+        or row.account_id != account_id
+        or (project_id is not None and row.project_id != project_id)
+    ):
+        where = f" in project {project_id}" if project_id is not None else ""
+        raise ValidationFailed(
+            field, f"reserved IP {wanted} not found{where}", {"reserved_ip_id": wanted}
+        )
     return row
 
 
