@@ -7,6 +7,7 @@ only their project's. A cluster mounts only a network volume of its own project.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -303,3 +304,20 @@ def test_a_spent_balance_refuses_billed_storage_growth_and_new_addresses(srv: Li
         suspended = "ACCOUNT_SUSPENDED"
         v1_error(c.patch(f"/v1/networkvolumes/{volume}", json={"size": 20}), 403, suspended)
         v1_error(c.post("/v1/reserved-ips"), 403, suspended)
+
+
+def test_a_restricted_keys_bill_names_only_its_projects(srv: LiveServer, setup: Setup) -> None:
+    five = setup.five
+    with srv.client() as c:  # the owner's bill names project "five"'s running cluster
+        deadline = time.monotonic() + 20
+        while True:
+            keys = {i["key"] for i in ok(c.get("/v1/billing"))["items"]}
+            if five.cluster in keys:
+                break
+            assert time.monotonic() < deadline, keys
+            time.sleep(0.1)
+    with srv.client(setup.restricted_key) as c:
+        keys = {i["key"] for i in ok(c.get("/v1/billing"))["items"]}
+        assert not keys & {five.cluster, five.volume, five.snapshot, five.volume_snapshot}
+        not_found(c.get("/v1/billing", params={"project_id": five.project}), "NOT_FOUND")
+        assert ok(c.get("/v1/billing", params={"project_id": setup.two}))["items"] == []
