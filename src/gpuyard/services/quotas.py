@@ -200,15 +200,17 @@ def _snapshot_bytes(session: Session, account_id: int, project_id: int | None) -
     source = func.coalesce(
         Snapshot.source_network_volume_id, Snapshot.source_cluster_id, Snapshot.id
     )
-    per_source = session.execute(
-        select(
-            func.coalesce(func.sum(func.coalesce(Snapshot.stored_bytes, Snapshot.size_bytes)), 0),
-            func.coalesce(func.max(Snapshot.size_bytes), 0),
+    stored = func.coalesce(func.sum(func.coalesce(Snapshot.stored_bytes, Snapshot.size_bytes)), 0)
+    largest = func.coalesce(func.max(Snapshot.size_bytes), 0)
+    per_source: list[tuple[Any, Any]] = [
+        (row[0], row[1])
+        for row in session.execute(
+            select(stored, largest)
+            .where(*where, Snapshot.status == SnapshotStatus.READY.value)
+            .group_by(source)
         )
-        .where(*where, Snapshot.status == SnapshotStatus.READY.value)
-        .group_by(source)
-    )
-    taken = sum(max(int(stored), int(largest)) for stored, largest in per_source)
+    ]
+    taken = sum(max(int(held), int(biggest)) for held, biggest in per_source)
     creating = session.execute(
         select(Snapshot.id).where(*where, Snapshot.status == SnapshotStatus.CREATING.value)
     ).scalars()
