@@ -7,6 +7,7 @@ only their project's. A cluster mounts only a network volume of its own project.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,8 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner, Result
 from sqlalchemy import select
 
+from gpuyard.cli.main import cli
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.store.schema import Account, Project, Snapshot
 from tests.api.test_accounts import invite_and_accept
@@ -321,3 +324,34 @@ def test_a_restricted_keys_bill_names_only_its_projects(srv: LiveServer, setup: 
         assert not keys & {five.cluster, five.volume, five.snapshot, five.volume_snapshot}
         not_found(c.get("/v1/billing", params={"project_id": five.project}), "NOT_FOUND")
         assert ok(c.get("/v1/billing", params={"project_id": setup.two}))["items"] == []
+
+
+def test_the_cli_of_a_restricted_key_sees_only_its_project(srv: LiveServer, setup: Setup) -> None:
+    five = setup.five
+    env = {
+        "GPUYARD_URL": srv.url,
+        "GPUYARD_API_KEY": setup.restricted_key,
+        "GPUYARD_HOME": str(srv.server.ctx.settings.home),
+    }
+
+    def run(*args: str) -> Result:
+        return CliRunner().invoke(cli, list(args), env=env)
+
+    listed = run("snapshots", "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.stdout)["snapshots"] == []
+    for args, code in (
+        (("snapshots", "get", five.snapshot), "SNAPSHOT_NOT_FOUND"),
+        (("snapshots", "delete", five.volume_snapshot), "SNAPSHOT_NOT_FOUND"),
+        (("snapshots", "list", "--project", str(five.project)), None),
+        (("reserved-ips", "release", str(five.ip)), "RESERVED_IP_NOT_FOUND"),
+        (("reserved-ips", "list", "--project-id", str(five.project)), "PROJECT_NOT_FOUND"),
+    ):
+        result = run(*args)
+        if code is None:
+            assert result.exit_code == 0 and five.snapshot not in result.output, result.output
+        else:
+            assert result.exit_code == 1 and code in result.stderr, (args, result.output)
+    with srv.client() as c:
+        assert ok(c.get(f"/v1/snapshots/{five.volume_snapshot}"))["status"] == "ready"
+        assert ok(c.get(f"/v1/reserved-ips/{five.ip}"))["id"] == five.ip
