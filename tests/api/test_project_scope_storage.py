@@ -255,16 +255,21 @@ def test_a_cluster_mounts_only_a_volume_of_its_own_project(srv: LiveServer, setu
     with srv.client() as c:  # the owner may use both projects
         e = refused(c.post("/v1/clusters", json={**body, "project_id": two}), "network_volume_id")
         assert e["details"]["network_volume_project_id"] == five.project
-        # In its own project it mounts.
+        # Named, its own project mounts it; unnamed, the cluster lands in the volume's.
         made = ok(c.post("/v1/clusters", json={**body, "project_id": five.project}), 201)
         assert made["volume"]["network_volume_id"] == five.volume
-    # The GraphQL deploys land in the default project: "five"'s volume is refused there
-    # with the field named in GraphQL's spelling.
+        assert made["project_id"] == five.project
+        made = ok(c.post("/v1/clusters", json=body), 201)
+        assert made["project_id"] == five.project
+    # GraphQL deploys name no project: they land in the volume's too.
     deployed = srv.graphql(
         'mutation { podFindAndDeployOnDemand(input: { gpuTypeId: "NVIDIA RTX A6000", '
         f'imageName: "img", networkVolumeId: "{five.volume}" }}) {{ id }} }}'
     )
-    assert [e["extensions"]["code"] for e in deployed["errors"]] == ["VALIDATION_ERROR"]
+    assert "errors" not in deployed, deployed
+    pod = deployed["data"]["podFindAndDeployOnDemand"]["id"]
+    with srv.client() as c:
+        assert ok(c.get(f"/v1/clusters/{pod}"))["project_id"] == five.project
 
 
 def test_a_spent_balance_refuses_billed_storage_growth_and_new_addresses(srv: LiveServer) -> None:

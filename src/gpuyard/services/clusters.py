@@ -243,10 +243,19 @@ def create_cluster(
         # A network volume is mounted instead of a volume of its own (none is made,
         # reserved or billed: volume_gb is ignored); the cluster goes to its host.
         mounted = (
-            mount_for_cluster(session, principal, body.network_volume_id, location, project_id)
+            mount_for_cluster(
+                session,
+                principal,
+                body.network_volume_id,
+                location,
+                project_id if body.project_id is not None else None,
+            )
             if body.network_volume_id
             else None
         )
+        if mounted is not None:
+            # A cluster lives in its network volume's project (named, or taken from it).
+            project_id = mounted.project_id
         if mounted is not None:
             refuse_while_restoring(session, mounted.id)
         if mounted is not None:

@@ -396,18 +396,20 @@ def mount_for_cluster(
     principal: Principal,
     volume_id: str,
     location: str | None,
-    project_id: int,
+    project_id: int | None,
 ) -> NetworkVolume:
-    """The network volume a new cluster of project ``project_id`` mounts (inside the
-    create's transaction, which this serialises against deletes). A cluster mounts
-    only a volume of its own project: the volume's data would otherwise be open to
-    whoever may use the cluster's project. Raises NetworkVolumeNotFound (also for a
-    project the caller may not use), ValidationFailed on ``network_volume_id`` for a
-    volume of another of the caller's projects, or on ``location`` when the cluster
-    is pinned to another data centre."""
+    """The network volume a new cluster mounts (inside the create's transaction, which
+    this serialises against deletes). A cluster mounts only a volume of its own
+    project — the volume's data would otherwise be open to whoever may use the
+    cluster's project — so a create that names a project (``project_id``) must name
+    the volume's, and one that names none lands in the volume's. Raises
+    NetworkVolumeNotFound (also for a project the caller may not use),
+    ValidationFailed on ``network_volume_id`` for a volume of another project than the
+    one named, or on ``location`` when the cluster is pinned to another data
+    centre."""
     lock_placement(session)
     nv = load_network_volume(session, principal, volume_id)
-    if nv.project_id != project_id:
+    if project_id is not None and nv.project_id != project_id:
         raise ValidationFailed(
             "network_volume_id",
             f"network volume {nv.id} belongs to project {nv.project_id}, not to the "
