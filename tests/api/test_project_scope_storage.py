@@ -93,8 +93,12 @@ class Five:
 class Setup:
     five: Five
     two: int
+    account_id: int
     restricted_key: str
     member_key: str
+    # The owner of another account, a member here given only "two" (acts here through
+    # X-Gpuyard-Account).
+    guest_key: str
 
 
 @pytest.fixture
@@ -120,6 +124,10 @@ def setup(srv: LiveServer) -> Setup:
             201,
         )["id"]
     member = invite_and_accept(srv, srv.key, aid, "dev@two.test", "member", project_ids=[two])
+    with srv.client() as c:
+        guest = c.post("/v1/accounts", json={"name": "guest", "owner_email": "guest@g.test"})
+        guest_key = ok(guest, 201)["api_key"]["key"]
+    invite_and_accept(srv, srv.key, aid, "guest@g.test", "member", project_ids=[two])
     return Setup(
         five=Five(
             project=five,
@@ -131,8 +139,10 @@ def setup(srv: LiveServer) -> Setup:
             group=group,
         ),
         two=two,
+        account_id=aid,
         restricted_key=restricted,
         member_key=member["api_key"]["key"],
+        guest_key=guest_key,
     )
 
 
@@ -140,18 +150,38 @@ def not_found(r: httpx.Response, code: str) -> None:
     v1_error(r, 404, code)
 
 
-@pytest.mark.parametrize("who", ["restricted key", "project member"])
+def caller(srv: LiveServer, setup: Setup, who: str) -> dict[str, str]:
+    """The headers of a caller restricted to project "two"."""
+    if who == "restricted key":
+        return {"Authorization": f"Bearer {setup.restricted_key}"}
+    if who == "project member":
+        return {"Authorization": f"Bearer {setup.member_key}"}
+    return {
+        "Authorization": f"Bearer {setup.guest_key}",
+        "X-Gpuyard-Account": str(setup.account_id),
+    }
+
+
+def graphql(srv: LiveServer, headers: dict[str, str], query: str) -> dict[str, Any]:
+    r = httpx.post(f"{srv.url}/graphql", json={"query": query}, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+@pytest.mark.parametrize("who", ["restricted key", "project member", "member of another account"])
 def test_another_projects_storage_is_not_found(srv: LiveServer, setup: Setup, who: str) -> None:
-    key = setup.restricted_key if who == "restricted key" else setup.member_key
+    headers = caller(srv, setup, who)
     five, two = setup.five, setup.two
-    with srv.client(key) as c:
+    with httpx.Client(base_url=srv.url, headers=headers, timeout=60) as c:
+        assert ok(c.get("/v1/me"))["acting"]["project_ids"] == [two]
         # What the caller may make in its own project, to aim at "five"'s from.
         vol = {"name": "mine", "size": 5, "dataCenterId": "local"}
         own_volume = ok(c.post("/v1/networkvolumes", json={**vol, "project_id": two}), 201)["id"]
         own_cluster = cluster(c, srv, two)
         assert ok(c.post(f"/v1/clusters/{own_cluster}/stop"))["id"] == own_cluster
         assert srv.server.reconciler.wait_idle(20)
-        own_snapshot = add_snapshot(srv, f"snaptwo{who[0]}", two, source_cluster_id=own_cluster)
+        own_snapshot = add_snapshot(srv, f"snaptwo{who[:3]}", two, source_cluster_id=own_cluster)
 
         # Network volumes: read, grow, rename, delete, snapshot, restore, quote, mount.
         nv = "NETWORK_VOLUME_NOT_FOUND"
@@ -229,12 +259,13 @@ def test_another_projects_storage_is_not_found(srv: LiveServer, setup: Setup, wh
         not_found(c.post("/v1/reserved-ips", params={"project_id": five.project}), pnf)
 
     # GraphQL: the list, and a deploy mounting "five"'s volume.
-    listed_gql = srv.graphql("{ myself { networkVolumes { id } } }", key=key)
+    listed_gql = graphql(srv, headers, "{ myself { networkVolumes { id } } }")
     assert listed_gql["data"]["myself"]["networkVolumes"] == [{"id": own_volume}]
-    deployed = srv.graphql(
+    deployed = graphql(
+        srv,
+        headers,
         'mutation { podFindAndDeployOnDemand(input: { gpuTypeId: "NVIDIA RTX A6000", '
         f'imageName: "img", networkVolumeId: "{five.volume}" }}) {{ id }} }}',
-        key=key,
     )
     assert [e["extensions"]["code"] for e in deployed["errors"]] == [nv]
 
