@@ -256,9 +256,7 @@ def create_cluster(
         if mounted is not None:
             # A cluster lives in its network volume's project (named, or taken from it).
             project_id = mounted.project_id
-        if mounted is not None:
             refuse_while_restoring(session, mounted.id)
-        if mounted is not None:
             volume_gb = 0
         cluster_id = new_cluster_id()
         cluster = Cluster(
