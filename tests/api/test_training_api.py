@@ -601,3 +601,32 @@ def test_cli_training_commands(tsrv: LiveServer, setup: dict[str, Any]) -> None:
     assert deleted.exit_code == 0 and str(cid) in deleted.output
     gone = run("training", "get", "--project-id", "99999", str(cid))
     assert gone.exit_code == 1 and "PROJECT_NOT_FOUND" in gone.output
+
+
+def test_another_projects_reserved_ip_is_not_found_on_attach_and_detach(
+    tsrv: LiveServer, setup: dict[str, Any]
+) -> None:
+    with tsrv.client() as c:
+        cluster = c.post(BASE, params=params(setup), json=body(setup, no_of_nodes=1)).json()["data"]
+        set_status(tsrv, cluster["id"], "running")
+        url = f"{BASE}{cluster['id']}/"
+        other = c.post("/v1/projects", json={"name": "other"}).json()["data"]["id"]
+        theirs = c.post("/v1/reserved-ips", params={"project_id": other}).json()["data"]
+        missing = 999_999
+        for action, extra in (("attach_ip", {}), ("detach_ip", {"ip_type": "public"})):
+            answers = []
+            for ip_id in (theirs["id"], missing):
+                r = c.put(
+                    url,
+                    params=params(setup),
+                    json={"action": action, "reserved_ip_id": ip_id, **extra},
+                )
+                assert_error(r, 400, "VALIDATION_ERROR", "reserved_ip_id")
+                # Neither the address nor that the id exists is told.
+                assert theirs["address"] not in r.text
+                answers.append(
+                    r.json()["message"].replace(f"reserved IP {ip_id} ", "reserved IP N ")
+                )
+            assert answers[0] == answers[1], answers
+        shown = c.get(f"/v1/reserved-ips/{theirs['id']}", params={"project_id": other})
+        assert shown.json()["data"]["status"] == "reserved"

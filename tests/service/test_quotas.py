@@ -27,7 +27,7 @@ from gpuyard.services.bootstrap import first_start, open_store, register_local_h
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
-from gpuyard.services.snapshots import create_snapshot
+from gpuyard.services.snapshots import create_snapshot, delete_snapshot
 from gpuyard.services.ssh_keys import add_key
 from gpuyard.store.schema import (
     AuditEvent,
@@ -262,6 +262,63 @@ def test_snapshot_quota(
         assert quotas.usage_of(session, alice.account_id).snapshot_gb == 20
     with pytest.raises(QuotaExceeded):
         create_snapshot(ctx, alice, c.id, "t", "")
+
+
+def _snap_state(ctx: Context, snap_id: str, **values: Any) -> None:
+    with ctx.transaction() as session:
+        session.execute(update(Snapshot).where(Snapshot.id == snap_id).values(**values))
+
+
+def test_snapshot_quota_counts_the_bytes_snapshots_still_hold(
+    ctx: Context, alice: Principal, operator: Principal, rec: Reconciler
+) -> None:
+    limit(ctx, operator, alice, snapshot_gb=20)
+    c = uc.create_cluster(ctx, alice, gpus(1, volume_gb=50))
+    settle(rec, c.id)
+    with ctx.transaction() as session:
+        session.execute(
+            update(Cluster).where(Cluster.id == c.id).values(volume_used_bytes=15 * GIB)
+        )
+    first = create_snapshot(ctx, alice, c.id, "first", "")
+    _snap_state(ctx, first.id, status="ready", size_bytes=15 * GIB, stored_bytes=15 * GIB)
+    # The second finds everything in the repository already: it stores next to nothing.
+    with ctx.transaction() as session:
+        session.execute(update(Cluster).where(Cluster.id == c.id).values(volume_used_bytes=0))
+    second = create_snapshot(ctx, alice, c.id, "second", "")
+    _snap_state(ctx, second.id, status="ready", size_bytes=15 * GIB, stored_bytes=4096)
+    # Deleting the first leaves its 15 GB in the repository for the second: they count.
+    delete_snapshot(ctx, alice, first.id)
+    with ctx.read() as session:
+        assert quotas.usage_of(session, alice.account_id).snapshot_gb == 15
+    with ctx.transaction() as session:
+        session.execute(
+            update(Cluster).where(Cluster.id == c.id).values(volume_used_bytes=10 * GIB)
+        )
+    with pytest.raises(QuotaExceeded) as refused:
+        create_snapshot(ctx, alice, c.id, "third", "")
+    assert refused.value.details["resource"] == "snapshot_gb"
+    assert refused.value.details["in_use"] == 15 and refused.value.details["asked"] == 10
+
+
+def test_a_snapshot_of_an_empty_volume_is_refused_past_the_quota(
+    ctx: Context, alice: Principal, operator: Principal, rec: Reconciler
+) -> None:
+    limit(ctx, operator, alice, snapshot_gb=20)
+    c = uc.create_cluster(ctx, alice, gpus(1, volume_gb=50))
+    settle(rec, c.id)
+    with ctx.transaction() as session:
+        session.execute(update(Cluster).where(Cluster.id == c.id).values(volume_used_bytes=GIB))
+    snap = create_snapshot(ctx, alice, c.id, "s", "")
+    _snap_state(ctx, snap.id, status="ready", size_bytes=20 * GIB, stored_bytes=20 * GIB)
+    # The volume was emptied: measured at 0 bytes, its snapshot still stores some.
+    with ctx.transaction() as session:
+        session.execute(update(Cluster).where(Cluster.id == c.id).values(volume_used_bytes=0))
+    with pytest.raises(QuotaExceeded) as refused:
+        create_snapshot(ctx, alice, c.id, "t", "")
+    assert refused.value.details["in_use"] == 20 and refused.value.details["asked"] == 1
+    with ctx.read() as session:
+        count = session.scalar(select(func.count()).select_from(Snapshot))
+    assert count == 1  # nothing stored
 
 
 def test_setting_quotas(ctx: Context, alice: Principal, operator: Principal) -> None:

@@ -74,7 +74,17 @@ def billing_data(
     if end < start:
         raise ValidationFailed("to", "must not be before 'from'")
     with ctx.read() as session:
-        bill = metering.bill(session, principal.account_id, project_id, start, end, grouping, now)
+        # A key or member restricted to some projects sees only their bill.
+        bill = metering.bill(
+            session,
+            principal.account_id,
+            project_id,
+            start,
+            end,
+            grouping,
+            now,
+            projects=principal.project_ids,
+        )
     totals = metering.meter_totals(bill.lines)
     return {
         "from": iso(bill.from_),

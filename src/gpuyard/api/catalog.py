@@ -61,5 +61,5 @@ def price_quote(
     sizing fields of ``POST /v1/clusters`` (others are ignored), priced as the bill
     will be. Nothing is made; an unknown GPU type or a bid under the spot floor is
     400 naming the field, a network volume the account does not have 404."""
-    q = quote(app_state(request).ctx, principal.account_id, body)
+    q = quote(app_state(request).ctx, principal, body)
     return ok({"hourly": _parts(q.running), "hourly_stopped": _parts(q.stopped)})

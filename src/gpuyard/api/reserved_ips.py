@@ -61,7 +61,7 @@ def get_ip(
     wanted = reserved_ip_id
     with app_state(request).ctx.read() as session:
         scope = scope_of(session, principal, request)
-        row = reserved_ips.find_reserved_ip(session, scope.account_id, wanted, scope.project_id)
+        row = reserved_ips.find_reserved_ip(session, scope, wanted)
         return ok(reserved_ips.reserved_ip_view(row))
 
 
@@ -75,5 +75,5 @@ def release_ip(
     wanted = reserved_ip_id
     with app_state(request).ctx.transaction() as session:
         scope = scope_of(session, principal, request)
-        reserved_ips.release_reserved_ip(session, scope.account_id, wanted, scope.project_id)
+        reserved_ips.release_reserved_ip(session, scope, wanted)
     return ok({"id": wanted, "deleted": True})

@@ -17,11 +17,11 @@ def restorable_for(
     session: Session, principal: Principal, cluster: Cluster, body: StartCluster
 ) -> Snapshot | None:
     """The ready snapshot ``body`` restores (None: no restore). Raises SnapshotNotFound
-    (unknown, another account's), SnapshotNotReady, ValidationFailed (no volume) or
+    (unknown, another account's or project's), SnapshotNotReady, ValidationFailed (no volume) or
     InvalidState (a network volume: restored on its own, not through one cluster)."""
     if not body.restore_from_snapshot:
         return None
-    snap = restorable(session, principal.account_id, body.restore_from_snapshot)
+    snap = restorable(session, principal, body.restore_from_snapshot)
     if cluster.network_volume_id is not None:
         raise InvalidState(
             "this cluster mounts a network volume; restore the network volume itself",
@@ -50,7 +50,7 @@ def clone_source(session: Session, principal: Principal, body: CreateCluster) ->
             "a cluster mounting a network volume has no volume of its own to clone into; "
             "restore the network volume instead",
         )
-    return restorable(session, principal.account_id, body.snapshot_id)
+    return restorable(session, principal, body.snapshot_id)
 
 
 def check_fits(snap: Snapshot, volume_gb: int, field: str = "restore_from_snapshot") -> None:

@@ -24,7 +24,6 @@ from gpuyard.core.errors import (
     GpuyardError,
     InvalidState,
     LimitsNotEnforced,
-    NotFound,
     ValidationFailed,
 )
 from gpuyard.core.ids import new_cluster_id
@@ -64,6 +63,7 @@ from gpuyard.services.moves import place_for_start
 from gpuyard.services.network_volumes import mount_for_cluster
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.port_rules import check_external_ports, server_ports
+from gpuyard.services.projects import project_for_create
 from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
 from gpuyard.services.secrets import seal_env, secret_box
 from gpuyard.services.snapshots import (
@@ -115,19 +115,6 @@ def request_of(c: Cluster, cloud_type: CloudType = CloudType.ALL) -> ResourceReq
         disk_gb=c.container_disk_gb,
         cloud_type=cloud_type,
     )
-
-
-def _project_for(session: Session, principal: Principal, project_id: int | None) -> int:
-    """The project a create lands in: ``project_id`` when it is the acting account's
-    and one the caller may use, else the caller's default. A project of another
-    account, or one the caller is not given (a key or membership restricted to some
-    projects), is 404 like none."""
-    if project_id is None:
-        return principal.default_project_id
-    owner = session.scalar(select(Project.account_id).where(Project.id == project_id))
-    if owner != principal.account_id or not principal.may_use_project(project_id):
-        raise NotFound(f"project {project_id} not found", {"project_id": project_id})
-    return project_id
 
 
 def load_cluster(session: Session, principal: Principal, cluster_id: str) -> Cluster:
@@ -242,7 +229,7 @@ def create_cluster(
     now = ctx.clock.now()
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
     with ctx.transaction() as session:
-        project_id = _project_for(session, principal, body.project_id)
+        project_id = project_for_create(session, principal, body.project_id)
         if location is not None:
             check_location(session, location)
         needs_gpu = gpu_count > 0 or body.gpu_type
@@ -256,13 +243,20 @@ def create_cluster(
         # A network volume is mounted instead of a volume of its own (none is made,
         # reserved or billed: volume_gb is ignored); the cluster goes to its host.
         mounted = (
-            mount_for_cluster(session, principal, body.network_volume_id, location)
+            mount_for_cluster(
+                session,
+                principal,
+                body.network_volume_id,
+                location,
+                project_id if body.project_id is not None else None,
+            )
             if body.network_volume_id
             else None
         )
         if mounted is not None:
+            # A cluster lives in its network volume's project (named, or taken from it).
+            project_id = mounted.project_id
             refuse_while_restoring(session, mounted.id)
-        if mounted is not None:
             volume_gb = 0
         cluster_id = new_cluster_id()
         cluster = Cluster(

@@ -156,14 +156,17 @@ def bill(
     to: datetime,
     group_by: GroupBy,
     now: datetime,
+    *,
+    projects: frozenset[int] | None = None,
 ) -> Bill:
     """What the account (or one of its projects) was billed in ``[from_, to)``, each
     interval clipped to that window (and open ones to ``now``), grouped by cluster,
-    GPU type or UTC day; lines sorted by key. Raises NotFound for a project of another
-    account."""
+    GPU type or UTC day; lines sorted by key. ``projects``: only these projects'
+    (a caller restricted to some, ``Principal.project_ids``; None: all). Raises
+    NotFound for a project of another account or outside ``projects``."""
     if project_id is not None:
         owner = session.scalar(select(Project.account_id).where(Project.id == project_id))
-        if owner != account_id:
+        if owner != account_id or (projects is not None and project_id not in projects):
             raise NotFound(f"project {project_id} not found", {"project_id": project_id})
     lo, hi = boundary(from_), boundary(to)
     q = (
@@ -184,6 +187,8 @@ def bill(
     )
     if project_id is not None:
         q = q.where(UsageInterval.project_id == project_id)
+    if projects is not None:
+        q = q.where(UsageInterval.project_id.in_(sorted(projects)))
     lines: dict[str, BillLine] = {}
 
     def add(key: str, label: str | None, iv: Interval, a: datetime, b: datetime) -> None:

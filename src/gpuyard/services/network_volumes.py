@@ -35,7 +35,6 @@ from gpuyard.core.errors import (
     InvalidState,
     NetworkVolumeInUse,
     NetworkVolumeNotFound,
-    NotFound,
     ValidationFailed,
 )
 from gpuyard.core.ids import new_network_volume_id
@@ -49,13 +48,13 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
 from gpuyard.services.locations import check_location
 from gpuyard.services.placement import claim, lock_placement, release_all
+from gpuyard.services.projects import in_usable_projects, project_for_create
 from gpuyard.services.quotas import check_storage
 from gpuyard.services.requests import MAX_ID, _Body
 from gpuyard.services.storage_billing import bill_storage, stop_storage_billing
 from gpuyard.store.schema import (
     Cluster,
     NetworkVolume,
-    Project,
     Reservation,
     Snapshot,
     VolumeRestore,
@@ -143,17 +142,19 @@ def _view(nv: NetworkVolume, attached: Iterable[str]) -> NetworkVolumeView:
     )
 
 
-def load_network_volume(session: Session, account_id: int, volume_id: str) -> NetworkVolume:
-    """The account's live network volume; another account's id, a deleted volume and
-    an unknown id are all NetworkVolumeNotFound."""
+def load_network_volume(session: Session, principal: Principal, volume_id: str) -> NetworkVolume:
+    """The caller's live network volume: of the acting account, in a project the
+    caller may use. Another account's id, another project's (for a key or member
+    restricted to some projects), a deleted volume and an unknown id are all
+    NetworkVolumeNotFound."""
     nv = session.scalar(
         select(NetworkVolume).where(
             NetworkVolume.id == volume_id,
-            NetworkVolume.account_id == account_id,
+            NetworkVolume.account_id == principal.account_id,
             NetworkVolume.deleted_at.is_(None),
         )
     )
-    if nv is None:
+    if nv is None or not principal.may_use_project(nv.project_id):
         raise NetworkVolumeNotFound(
             f"network volume {volume_id!r} not found", {"network_volume_id": volume_id}
         )
@@ -173,15 +174,6 @@ def _attached(session: Session, volume_ids: list[str]) -> dict[str, list[str]]:
         for volume_id, cluster_id in rows:
             out[str(volume_id)].append(cluster_id)
     return out
-
-
-def _project(session: Session, principal: Principal, project_id: int | None) -> int:
-    if project_id is None:
-        return principal.default_project_id
-    owner = session.scalar(select(Project.account_id).where(Project.id == project_id))
-    if owner != principal.account_id:
-        raise NotFound(f"project {project_id} not found", {"project_id": project_id})
-    return project_id
 
 
 def _bill(ctx: Context, session: Session, nv: NetworkVolume, now: datetime) -> None:
@@ -214,13 +206,14 @@ def create_network_volume(
     """Place and record a network volume: on a host of ``dataCenterId`` that takes
     placements and has ``size`` GB of disk free, held by a reservation in the same
     transaction; billed from now. Raises ValidationFailed (``dataCenterId`` unknown),
-    InsufficientCapacity (no host there has the disk) or NotFound (project); nothing
-    is stored then."""
+    InsufficientCapacity (no host there has the disk), NotFound (a project of another
+    account or one the caller may not use), AccountSuspended or BudgetExhausted;
+    nothing is stored then."""
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:
         refuse_closed_account(session, principal.account_id)
-        project_id = _project(session, principal, body.project_id)
+        project_id = project_for_create(session, principal, body.project_id)
         check_location(session, body.data_center_id, "dataCenterId")
         volume_id = new_network_volume_id()
         placement = claim(
@@ -257,7 +250,8 @@ def create_network_volume(
 
 
 def list_network_volumes(ctx: Context, principal: Principal) -> list[NetworkVolumeView]:
-    """The account's network volumes (not deleted), newest first."""
+    """The account's network volumes (not deleted) in the projects the caller may
+    use, newest first."""
     with ctx.read() as session:
         rows = list(
             session.scalars(
@@ -265,6 +259,7 @@ def list_network_volumes(ctx: Context, principal: Principal) -> list[NetworkVolu
                 .where(
                     NetworkVolume.account_id == principal.account_id,
                     NetworkVolume.deleted_at.is_(None),
+                    in_usable_projects(principal, NetworkVolume.project_id),
                 )
                 .order_by(NetworkVolume.created_at.desc(), NetworkVolume.id)
             )
@@ -274,9 +269,9 @@ def list_network_volumes(ctx: Context, principal: Principal) -> list[NetworkVolu
 
 
 def get_network_volume(ctx: Context, principal: Principal, volume_id: str) -> NetworkVolumeView:
-    """One of the account's network volumes. Raises NetworkVolumeNotFound."""
+    """One of the caller's network volumes. Raises NetworkVolumeNotFound."""
     with ctx.read() as session:
-        nv = load_network_volume(session, principal.account_id, volume_id)
+        nv = load_network_volume(session, principal, volume_id)
         return _view(nv, _attached(session, [nv.id])[nv.id])
 
 
@@ -286,13 +281,15 @@ def update_network_volume(
     """Rename and/or grow a network volume. Growing claims the extra disk on its host
     (InsufficientCapacity when the host lacks it, or takes no placements: cordoned,
     draining, unreachable) and bills the new size from now; a smaller size is a
-    ValidationFailed naming ``size`` with the current size. Engines do not enforce a
-    named volume's size, so nothing changes on the engine."""
+    ValidationFailed naming ``size`` with the current size. Growing is billed storage:
+    a suspended account, or one whose budget or balance is spent, is refused
+    (AccountSuspended 403, BudgetExhausted 402); a rename is not. Engines do not
+    enforce a named volume's size, so nothing changes on the engine."""
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:
         lock_placement(session)
-        nv = load_network_volume(session, principal.account_id, volume_id)
+        nv = load_network_volume(session, principal, volume_id)
         if body.size is not None and body.size < nv.size_gb:
             raise ValidationFailed(
                 "size",
@@ -301,6 +298,8 @@ def update_network_volume(
             )
         changed = False
         if body.size is not None and body.size != nv.size_gb:
+            # Under the placement lock, which a suspension or exhaustion takes too.
+            refuse_closed_account(session, nv.account_id)
             claim(
                 session,
                 cluster_id=nv.id,
@@ -347,7 +346,7 @@ def delete_network_volume(
         # A create mounting it takes this lock before reading the volume: the two
         # cannot interleave, so no cluster mounts a volume being deleted.
         lock_placement(session)
-        nv = load_network_volume(session, principal.account_id, volume_id)
+        nv = load_network_volume(session, principal, volume_id)
         if session.scalar(
             select(VolumeRestore.id).where(
                 VolumeRestore.holder_id == nv.id,
@@ -397,12 +396,26 @@ def mount_for_cluster(
     principal: Principal,
     volume_id: str,
     location: str | None,
+    project_id: int | None,
 ) -> NetworkVolume:
     """The network volume a new cluster mounts (inside the create's transaction, which
-    this serialises against deletes). Raises NetworkVolumeNotFound, or ValidationFailed
-    on ``location`` when the cluster is pinned to another data centre."""
+    this serialises against deletes). A cluster mounts only a volume of its own
+    project — the volume's data would otherwise be open to whoever may use the
+    cluster's project — so a create that names a project (``project_id``) must name
+    the volume's, and one that names none lands in the volume's. Raises
+    NetworkVolumeNotFound (also for a project the caller may not use),
+    ValidationFailed on ``network_volume_id`` for a volume of another project than the
+    one named, or on ``location`` when the cluster is pinned to another data
+    centre."""
     lock_placement(session)
-    nv = load_network_volume(session, principal.account_id, volume_id)
+    nv = load_network_volume(session, principal, volume_id)
+    if project_id is not None and nv.project_id != project_id:
+        raise ValidationFailed(
+            "network_volume_id",
+            f"network volume {nv.id} belongs to project {nv.project_id}, not to the "
+            f"cluster's project {project_id}",
+            {"network_volume_project_id": nv.project_id, "project_id": project_id},
+        )
     if location is not None and location != nv.location:
         raise ValidationFailed(
             "location",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, delete, select, true, update
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpuyard.core.errors import Conflict, Forbidden, GpuyardError, NotFound, ValidationFailed
 from gpuyard.core.states import ClusterStatus
@@ -52,11 +52,55 @@ class ProjectRef:
 
 @dataclass(frozen=True)
 class ResourceScope:
-    """Whose resources a request reads or writes: the acting account and the
-    project the caller named (None: not named)."""
+    """Whose resources a request reads or writes: the acting account, the project
+    the caller named (None: not named) and the projects the caller may use there
+    (None: every one; a key restricted to a project, or a member given some)."""
 
     account_id: int
     project_id: int | None
+    allowed: frozenset[int] | None = None
+
+    def covers(self, project_id: int) -> bool:
+        """Whether a resource of project ``project_id`` (of the scope's account) is in
+        the scope: the named project, if any, and one the caller may use."""
+        if self.project_id is not None and project_id != self.project_id:
+            return False
+        return self.allowed is None or project_id in self.allowed
+
+
+# -- the one project-scope check ------------------------------------------------------
+# Every resource that belongs to a project (clusters, network volumes, snapshots,
+# reserved IPs, security groups) is visible to a caller only in the projects it may
+# use: ``Principal.may_use_project`` for one row, ``in_usable_projects`` for a query,
+# ``project_for_create`` for where a new one lands. Out of scope is "not found", like
+# another account's.
+
+
+def in_usable_projects(
+    principal: Principal, column: InstrumentedAttribute[int]
+) -> ColumnElement[bool]:
+    """A WHERE clause on a ``project_id`` column: the rows of projects ``principal``
+    may use (always true for a caller not restricted to some projects)."""
+    if principal.project_ids is None:
+        return true()
+    return column.in_(sorted(principal.project_ids))
+
+
+def project_for_create(session: Session, principal: Principal, project_id: int | None) -> int:
+    """The project a create lands in: ``project_id`` when it is the acting account's
+    and one the caller may use, else (None) the caller's default. A project of another
+    account, or one the caller is not given (a key or membership restricted to some
+    projects), is NotFound (404) like none."""
+    if project_id is None:
+        return principal.default_project_id
+    owner = (
+        session.scalar(select(Project.account_id).where(Project.id == project_id))
+        if in_id_range(project_id)
+        else None
+    )
+    if owner != principal.account_id or not principal.may_use_project(project_id):
+        raise NotFound(f"project {project_id} not found", {"project_id": project_id})
+    return project_id
 
 
 def acting_account(session: Session, principal: Principal, active_iam: int | None) -> int:
@@ -119,12 +163,16 @@ def project_of_ref(session: Session, principal: Principal, ref: ProjectRef) -> P
 
 
 def resource_scope(session: Session, principal: Principal, ref: ProjectRef) -> ResourceScope:
-    """For reads and writes of one resource by id: the acting account and, when
-    ``ref`` names a project, that project (validated: another account's is 404)."""
+    """For reads and writes of one resource by id: the acting account, when ``ref``
+    names a project that project (validated: another account's, or one the caller may
+    not use, is 404), and the projects the caller may use there."""
+    account_id = acting_account(session, principal, ref.active_iam)
+    # The principal's restriction is of its own acting account (see resolve_project).
+    allowed = principal.project_ids if account_id == principal.account_id else None
     if ref.project_id is None:
-        return ResourceScope(acting_account(session, principal, ref.active_iam), None)
+        return ResourceScope(account_id, None, allowed)
     project = project_of_ref(session, principal, ref)
-    return ResourceScope(project.account_id, project.id)
+    return ResourceScope(project.account_id, project.id, allowed)
 
 
 def list_projects(ctx: Context, principal: Principal, active_iam: int | None) -> list[Project]:

@@ -16,8 +16,10 @@ What counts:
   controller's vCPUs, and one running cluster per training cluster;
 - volumes: every cluster's own volume until it is terminating, and every network
   volume not deleted;
-- snapshots not deleted: their stored bytes once taken; while being taken, what the
-  source volume was last measured to hold (else its size); failed ones nothing.
+- snapshots not deleted: their stored bytes once taken, and per source volume at
+  least its largest snapshot's data (what deleting the earlier snapshots leaves the
+  later ones holding); while being taken, what the source volume was last measured to
+  hold (else its size, and at least a byte); failed ones nothing.
 """
 
 from __future__ import annotations
@@ -185,23 +187,42 @@ def _training_usage(session: Session, account_id: int, project_id: int | None) -
 
 
 def _snapshot_bytes(session: Session, account_id: int, project_id: int | None) -> int:
+    """The snapshot storage held: per source volume, the stored bytes of its ready
+    snapshots, but never less than the largest one's data (``size_bytes``). restic
+    de-duplicates, so a snapshot stores only what the repository lacked
+    (``stored_bytes``); when an earlier snapshot of the volume is deleted, the data it
+    stored stays in the repository for the later ones, which still count it this way.
+    Snapshots being taken count their estimate (``snapshot_estimate``)."""
     where = [Snapshot.account_id == account_id, Snapshot.deleted_at.is_(None)]
     if project_id is not None:
         where.append(Snapshot.project_id == project_id)
-    taken = session.scalar(
-        select(
-            func.coalesce(func.sum(func.coalesce(Snapshot.stored_bytes, Snapshot.size_bytes)), 0)
-        ).where(*where, Snapshot.status == SnapshotStatus.READY.value)
+    # A snapshot taken through a cluster that mounts a network volume is of that volume.
+    source = func.coalesce(
+        Snapshot.source_network_volume_id, Snapshot.source_cluster_id, Snapshot.id
     )
+    stored = func.coalesce(func.sum(func.coalesce(Snapshot.stored_bytes, Snapshot.size_bytes)), 0)
+    largest = func.coalesce(func.max(Snapshot.size_bytes), 0)
+    per_source: list[tuple[Any, Any]] = [
+        (row[0], row[1])
+        for row in session.execute(
+            select(stored, largest)
+            .where(*where, Snapshot.status == SnapshotStatus.READY.value)
+            .group_by(source)
+        )
+    ]
+    taken = sum(max(int(held), int(biggest)) for held, biggest in per_source)
     creating = session.execute(
         select(Snapshot.id).where(*where, Snapshot.status == SnapshotStatus.CREATING.value)
     ).scalars()
-    return int(taken or 0) + sum(snapshot_estimate(session, s) for s in creating)
+    return taken + sum(snapshot_estimate(session, s) for s in creating)
 
 
 def snapshot_estimate(session: Session, snapshot_id: str) -> int:
     """The bytes a snapshot holds, or (while being taken) may hold: what its source
-    volume was last measured to hold, else the volume's size."""
+    volume was last measured to hold, else the volume's size, and at least one byte
+    (restic stores a snapshot's metadata even for an empty volume): a new snapshot
+    always asks some snapshot storage, so an account at or over its limit is refused
+    one whatever its volume holds."""
     snap = session.get(Snapshot, snapshot_id)
     if snap is None:
         return 0
@@ -220,7 +241,7 @@ def snapshot_estimate(session: Session, snapshot_id: str) -> int:
                 NetworkVolume.id == snap.source_network_volume_id
             )
         )
-    return int(measured) if measured is not None else snap.volume_gb * GIB
+    return max(1, int(measured) if measured is not None else snap.volume_gb * GIB)
 
 
 def cluster_ask(session: Session, cluster_id: str) -> Usage:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuyard.core.models import CloudType
 from gpuyard.core.pricing import RateParts, hourly_rate, spot_floor
+from gpuyard.services.auth import Principal
 from gpuyard.services.clusters import resolve_gpu_type, spot_bid
 from gpuyard.services.context import Context
 from gpuyard.services.network_volumes import load_network_volume
@@ -41,16 +42,16 @@ class Quote:
     stopped: RateParts
 
 
-def quote(ctx: Context, account_id: int, body: QuoteRequest) -> Quote:
-    """The hourly rate while running and while stopped, for account ``account_id``.
+def quote(ctx: Context, principal: Principal, body: QuoteRequest) -> Quote:
+    """The hourly rate while running and while stopped, for ``principal``'s account.
     Raises ValidationFailed naming the field (an unknown GPU type, a bid under the spot
-    floor), NetworkVolumeNotFound for a network volume the account does not have."""
+    floor), NetworkVolumeNotFound for a network volume the caller does not have."""
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
     with ctx.read() as session:
         gpu = resolve_gpu_type(session, body.gpu_type) if gpu_count or body.gpu_type else None
         if body.network_volume_id:
             # Billed on its own: the cluster then has no volume of its own to price.
-            load_network_volume(session, account_id, body.network_volume_id)
+            load_network_volume(session, principal, body.network_volume_id)
     bid = None
     if gpu is not None and (body.interruptible or body.bid_per_gpu is not None):
         # Spot pays its bid; without one yet, the floor (the least it can pay).

@@ -22,9 +22,10 @@ from gpuyard.core.errors import (
     ValidationFailed,
 )
 from gpuyard.core.ippool import parse_pool
+from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
-from gpuyard.services.projects import resolve_project
+from gpuyard.services.projects import ResourceScope, resolve_project
 from gpuyard.services.resource_util import in_id_range, iso, one_id
 from gpuyard.store.schema import ReservedIp
 
@@ -63,13 +64,16 @@ def _lowest_free(session: Session, pool_text: str | None) -> str:
 def allocate_reserved_ip(
     ctx: Context, principal: Principal, project_id: int | None, active_iam: int | None = None
 ) -> ReservedIp:
-    """Reserve the lowest free pool address for a project of the acting account.
-    Raises ProjectNotFound / Forbidden, InsufficientCapacity (no pool, or exhausted),
-    or Conflict when it kept losing races (practically never)."""
+    """Reserve the lowest free pool address for a project of the acting account
+    (one the caller may use). Raises ProjectNotFound / Forbidden, AccountSuspended
+    (403) or BudgetExhausted (402) for an account that takes no new billed resources,
+    InsufficientCapacity (no pool, or exhausted), or Conflict when it kept losing
+    races (practically never)."""
     for _ in range(MAX_ATTEMPTS):
         try:
             with ctx.transaction() as session:
                 project = resolve_project(session, principal, project_id, active_iam)
+                refuse_closed_account(session, project.account_id)
                 row = ReservedIp(
                     address=_lowest_free(session, ctx.settings.reserved_ips),
                     account_id=project.account_id,
@@ -105,20 +109,16 @@ def _load(session: Session, reserved_ip_id: int, for_update: bool) -> ReservedIp
 
 def find_reserved_ip(
     session: Session,
-    account_id: int,
+    scope: ResourceScope,
     reserved_ip_id: int,
-    project_id: int | None = None,
     *,
     for_update: bool = False,
 ) -> ReservedIp:
-    """One reserved IP of ``account_id`` (and of ``project_id`` when given), by a path
-    id. Raises ReservedIpNotFound, also for another account's."""
+    """One reserved IP in ``scope`` (its account; the project it names, if any; a
+    project the caller may use), by a path id. Raises ReservedIpNotFound, also for
+    another account's or another project's."""
     row = _load(session, reserved_ip_id, for_update)
-    if (
-        row is None
-        or row.account_id != account_id
-        or (project_id is not None and row.project_id != project_id)
-    ):
+    if row is None or row.account_id != scope.account_id or not scope.covers(row.project_id):
         raise ReservedIpNotFound(
             f"reserved IP {reserved_ip_id} not found", {"reserved_ip_id": reserved_ip_id}
         )
@@ -131,25 +131,33 @@ def get_reserved_ip(
     reserved_ip_id: object,
     field: str = "reserved_ip_id",
     *,
+    project_id: int | None = None,
     for_update: bool = False,
 ) -> ReservedIp:
-    """The reserved IP a request body names. Raises ValidationFailed(field, ...) for a
-    missing, non-integer, unknown or other account's id."""
+    """The reserved IP a request body names (of project ``project_id`` when given).
+    Raises ValidationFailed(field, ...) for a missing, non-integer or unknown id, and
+    in the same words for another account's or (``project_id``) another project's: the
+    answer never tells that such an address exists."""
     if reserved_ip_id is None:
         raise ValidationFailed(field, "is required")
     wanted = one_id(reserved_ip_id, field, "reserved IP")
     row = _load(session, wanted, for_update)
-    if row is None or row.account_id != account_id:
-        raise ValidationFailed(field, f"reserved IP {wanted} not found", {"reserved_ip_id": wanted})
+    if (
+        row is None
+        or row.account_id != account_id
+        or (project_id is not None and row.project_id != project_id)
+    ):
+        where = f" in project {project_id}" if project_id is not None else ""
+        raise ValidationFailed(
+            field, f"reserved IP {wanted} not found{where}", {"reserved_ip_id": wanted}
+        )
     return row
 
 
-def release_reserved_ip(
-    session: Session, account_id: int, reserved_ip_id: int, project_id: int | None = None
-) -> ReservedIp:
+def release_reserved_ip(session: Session, scope: ResourceScope, reserved_ip_id: int) -> ReservedIp:
     """Return an address to the pool. Raises ReservedIpNotFound, or InvalidState while
     a training cluster has it attached."""
-    row = find_reserved_ip(session, account_id, reserved_ip_id, project_id, for_update=True)
+    row = find_reserved_ip(session, scope, reserved_ip_id, for_update=True)
     if row.training_cluster_id is not None:
         raise InvalidState(
             f"reserved IP {row.address} is attached to training cluster "

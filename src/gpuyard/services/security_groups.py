@@ -16,7 +16,7 @@ from gpuyard.core.errors import InvalidState, NotFound, ValidationFailed
 from gpuyard.core.secgroups import parse_rules, rule_to_dict
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
-from gpuyard.services.projects import ProjectRef, project_of_ref, resource_scope
+from gpuyard.services.projects import ProjectRef, ResourceScope, project_of_ref, resource_scope
 from gpuyard.services.resource_util import id_list, in_id_range, iso
 from gpuyard.store.schema import SecurityGroup, TrainingCluster
 
@@ -100,15 +100,14 @@ def list_groups(session: Session, project_id: int) -> list[SecurityGroup]:
 
 def find_group(
     session: Session,
-    account_id: int,
+    scope: ResourceScope,
     group_id: int,
-    project_id: int | None = None,
     *,
     for_update: bool = False,
 ) -> SecurityGroup:
-    """One group of ``account_id`` (and of ``project_id`` when given), by a path id;
-    ``for_update`` locks it (PostgreSQL). Raises SecurityGroupNotFound, also for
-    another account's."""
+    """One group in ``scope`` (its account; the project it names, if any; a project
+    the caller may use), by a path id; ``for_update`` locks it (PostgreSQL). Raises
+    SecurityGroupNotFound, also for another account's or project's."""
     row = (
         session.get(
             SecurityGroup, group_id, with_for_update=for_update, populate_existing=for_update
@@ -116,11 +115,7 @@ def find_group(
         if in_id_range(group_id)
         else None
     )
-    if (
-        row is None
-        or row.account_id != account_id
-        or (project_id is not None and row.project_id != project_id)
-    ):
+    if row is None or row.account_id != scope.account_id or not scope.covers(row.project_id):
         raise SecurityGroupNotFound(
             f"security group {group_id} not found", {"security_group_id": group_id}
         )
@@ -140,13 +135,11 @@ def attached_clusters(session: Session, group: SecurityGroup) -> list[int]:
     return [cid for cid, ids in rows if group.id in (ids or [])]
 
 
-def delete_group(
-    session: Session, account_id: int, group_id: int, project_id: int | None = None
-) -> SecurityGroup:
+def delete_group(session: Session, scope: ResourceScope, group_id: int) -> SecurityGroup:
     """Delete a group. Raises SecurityGroupNotFound, or InvalidState while a training
     cluster attaches it. The row is locked first, as attaching locks it, so a delete
     and an attach of one group apply one after the other."""
-    row = find_group(session, account_id, group_id, project_id, for_update=True)
+    row = find_group(session, scope, group_id, for_update=True)
     clusters = attached_clusters(session, row)
     if clusters:
         raise InvalidState(
@@ -232,7 +225,7 @@ def show_group(ctx: Context, principal: Principal, group_id: int, ref: ProjectRe
     Raises SecurityGroupNotFound, ProjectNotFound / Forbidden."""
     with ctx.read() as session:
         scope = resource_scope(session, principal, ref)
-        return find_group(session, scope.account_id, group_id, scope.project_id)
+        return find_group(session, scope, group_id)
 
 
 def update_group(
@@ -251,7 +244,7 @@ def update_group(
     the write scope."""
     with ctx.transaction() as session:
         scope = resource_scope(session, principal, ref)
-        row = find_group(session, scope.account_id, group_id, scope.project_id)
+        row = find_group(session, scope, group_id)
         replace_group(session, row, name, description, rules)
         attached = attached_clusters(session, row)
     for cluster_id in attached:
@@ -264,4 +257,4 @@ def remove_group(ctx: Context, principal: Principal, group_id: int, ref: Project
     Raises as show_group, or InvalidState. The caller checks the write scope."""
     with ctx.transaction() as session:
         scope = resource_scope(session, principal, ref)
-        delete_group(session, scope.account_id, group_id, scope.project_id)
+        delete_group(session, scope, group_id)

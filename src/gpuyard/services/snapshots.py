@@ -5,7 +5,8 @@ The API records intent (a ``creating`` row, a ``restoring`` row) and returns; th
 reconciler's storage work (reconciler/snapshots.py) reads the volume through the
 engine and keeps the data in the restic repository, recording its progress and
 outcome through services/snapshot_work.py. Snapshots belong to their source's project:
-another account's snapshot id is indistinguishable from none.
+another account's snapshot id, and one of a project the caller may not use (a key or
+member restricted to some projects), is indistinguishable from none.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from gpuyard.services.lifecycle import record_event
 from gpuyard.services.moves import COPYING
 from gpuyard.services.network_volumes import load_network_volume
 from gpuyard.services.placement import lock_placement
+from gpuyard.services.projects import in_usable_projects
 from gpuyard.services.quotas import check_storage
 from gpuyard.services.storage_billing import stop_storage_billing
 from gpuyard.store.schema import (
@@ -71,14 +73,20 @@ class SnapshotSource:
 # -- reading -------------------------------------------------------------------------
 
 
-def _visible(account_id: int) -> Select[Snapshot]:
-    return select(Snapshot).where(Snapshot.account_id == account_id, Snapshot.deleted_at.is_(None))
+def _visible(principal: Principal) -> Select[Snapshot]:
+    """The caller's snapshots (not deleted): of the acting account, in the projects
+    the caller may use."""
+    return select(Snapshot).where(
+        Snapshot.account_id == principal.account_id,
+        Snapshot.deleted_at.is_(None),
+        in_usable_projects(principal, Snapshot.project_id),
+    )
 
 
-def load_snapshot(session: Session, account_id: int, snapshot_id: str) -> Snapshot:
-    """The account's snapshot (not deleted); SnapshotNotFound otherwise, the same for
-    another account's id as for none."""
-    snap = session.scalar(_visible(account_id).where(Snapshot.id == snapshot_id))
+def load_snapshot(session: Session, principal: Principal, snapshot_id: str) -> Snapshot:
+    """The caller's snapshot (not deleted); SnapshotNotFound otherwise, the same for
+    another account's or an unusable project's id as for none."""
+    snap = session.scalar(_visible(principal).where(Snapshot.id == snapshot_id))
     if snap is None:
         raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found", {"snapshot_id": snapshot_id})
     return snap
@@ -86,17 +94,17 @@ def load_snapshot(session: Session, account_id: int, snapshot_id: str) -> Snapsh
 
 def get_snapshot(ctx: Context, principal: Principal, snapshot_id: str) -> Snapshot:
     with ctx.read() as session:
-        return load_snapshot(session, principal.account_id, snapshot_id)
+        return load_snapshot(session, principal, snapshot_id)
 
 
 def _filtered(
-    account_id: int,
+    principal: Principal,
     cluster_id: str | None,
     project_id: int | None,
     network_volume_id: str | None,
     status: SnapshotStatus | None,
 ) -> Select[Snapshot]:
-    q = _visible(account_id)
+    q = _visible(principal)
     if cluster_id is not None:
         q = q.where(Snapshot.source_cluster_id == cluster_id)
     if project_id is not None:
@@ -134,7 +142,7 @@ def snapshot_page(
     page: int = 1,
     cursor: str | None = None,
 ) -> SnapshotPage:
-    """The account's snapshots, newest first (``created_at``, then ``id``, both
+    """The caller's snapshots (its projects'), newest first (``created_at``, then ``id``, both
     descending: ``ix_snapshots_account_created``'s order), filtered. With ``cursor``
     (an earlier page's ``next_cursor`` with the same filters) the rows after it, else
     ``page`` by offset. Raises ValidationFailed naming ``cursor`` for a bad one."""
@@ -148,7 +156,7 @@ def snapshot_page(
         "status": status.value if status is not None else None,
     }
     after = cursors.decode(cursor, SNAPSHOTS_LIST, bound, SNAPSHOT_KEY) if cursor else None
-    q = _filtered(principal.account_id, cluster_id, project_id, network_volume_id, status)
+    q = _filtered(principal, cluster_id, project_id, network_volume_id, status)
     with ctx.read() as session:
         total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
         if after is not None:
@@ -177,9 +185,9 @@ def list_snapshots(
     limit: int = DEFAULT_PER_PAGE,
     offset: int = 0,
 ) -> tuple[list[Snapshot], int]:
-    """The account's snapshots, newest first, filtered; with the total count (rows
+    """The caller's snapshots (its projects'), newest first, filtered; with the total count (rows
     ``offset .. offset+limit``; ``snapshot_page`` pages by cursor)."""
-    q = _filtered(principal.account_id, cluster_id, project_id, network_volume_id, status)
+    q = _filtered(principal, cluster_id, project_id, network_volume_id, status)
     with ctx.read() as session:
         total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
         rows = list(
@@ -402,7 +410,7 @@ def create_volume_snapshot(
     now = ctx.clock.now()
     with ctx.transaction() as session:
         refuse_closed_account(session, principal.account_id)
-        volume = load_network_volume(session, principal.account_id, volume_id)
+        volume = load_network_volume(session, principal, volume_id)
         if _restoring(session, volume.id):
             raise InvalidState(
                 "the network volume is being restored; try again when it is done",
@@ -421,7 +429,7 @@ def delete_snapshot(ctx: Context, principal: Principal, snapshot_id: str) -> Sna
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        snap = load_snapshot(session, principal.account_id, snapshot_id)
+        snap = load_snapshot(session, principal, snapshot_id)
         if snap.status == SnapshotStatus.CREATING.value:
             raise InvalidState(
                 "the snapshot is still being taken; delete it once it is ready or failed",
@@ -449,10 +457,11 @@ def delete_snapshot(ctx: Context, principal: Principal, snapshot_id: str) -> Sna
 # -- restoring -------------------------------------------------------------------------
 
 
-def restorable(session: Session, account_id: int, snapshot_id: str) -> Snapshot:
-    """The account's ``ready`` snapshot. Raises SnapshotNotFound (none, another
-    account's, deleted) or SnapshotNotReady (creating, failed)."""
-    snap = load_snapshot(session, account_id, snapshot_id)
+def restorable(session: Session, principal: Principal, snapshot_id: str) -> Snapshot:
+    """The caller's ``ready`` snapshot. Raises SnapshotNotFound (none, another
+    account's, a project's the caller may not use, deleted) or SnapshotNotReady
+    (creating, failed)."""
+    snap = load_snapshot(session, principal, snapshot_id)
     if snap.status != SnapshotStatus.READY.value:
         raise SnapshotNotReady(
             f"snapshot {snapshot_id} is {snap.status}; only a ready snapshot can be restored",
@@ -522,8 +531,8 @@ def restore_volume_of_network_volume(
     with ctx.transaction() as session:
         # Serialised with starts and creates that would mount it, and with its delete.
         lock_placement(session)
-        volume = load_network_volume(session, principal.account_id, volume_id)
-        snap = restorable(session, principal.account_id, snapshot_id)
+        volume = load_network_volume(session, principal, volume_id)
+        snap = restorable(session, principal, snapshot_id)
         reading = session.scalar(
             select(Snapshot.id).where(
                 Snapshot.source_network_volume_id == volume.id,

@@ -704,9 +704,10 @@ def _attach_ip(
     s: Session, c: TrainingCluster, account: int, request: AttachIp, now: datetime
 ) -> ActionResult:
     # Locked: two clusters attaching one IP, or an attach and a release: one wins.
-    ip = get_reserved_ip(s, account, request.reserved_ip_id, for_update=True)
-    if ip.project_id != c.project_id:
-        raise ValidationFailed("reserved_ip_id", f"reserved IP {ip.id} belongs to another project")
+    # Only the cluster's project's: another project's address is "not found".
+    ip = get_reserved_ip(
+        s, account, request.reserved_ip_id, project_id=c.project_id, for_update=True
+    )
     if ip.training_cluster_id not in (None, c.id):
         raise ValidationFailed(
             "reserved_ip_id",
@@ -720,7 +721,9 @@ def _attach_ip(
 def _detach_ip(
     s: Session, c: TrainingCluster, account: int, request: DetachIp, now: datetime
 ) -> ActionResult:
-    ip = get_reserved_ip(s, account, request.reserved_ip_id, for_update=True)
+    ip = get_reserved_ip(
+        s, account, request.reserved_ip_id, project_id=c.project_id, for_update=True
+    )
     if ip.training_cluster_id != c.id:
         raise ValidationFailed(
             "reserved_ip_id", f"reserved IP {ip.address} is not attached to this cluster"

@@ -5,7 +5,8 @@ URL the account set. It must never be a way into the operator's network, so a ta
 is checked when it is set and again before every attempt (DNS may have changed): the
 scheme is http or https, and every address the host resolves to must be public —
 loopback, link-local, private (RFC 1918, ULA), shared (CGNAT), unspecified, multicast
-and reserved addresses are refused unless the operator sets
+and reserved addresses, and IPv6 addresses that embed one (6to4, Teredo, NAT64,
+IPv4-mapped and -compatible), are refused unless the operator sets
 ``GPUYARD_WEBHOOK_ALLOW_PRIVATE=true``. The request goes to the address that was
 checked (the name is kept for the Host header and TLS), so a second lookup cannot
 point it elsewhere, and redirects are not followed.
@@ -37,6 +38,7 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpuyard.core.embedded_ipv4 import embedded_ipv4
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.services.context import Context
 from gpuyard.services.secrets import SecretUnreadable, secret_box
@@ -63,9 +65,20 @@ def resolve(host: str, port: int) -> list[str]:
 
 
 def _refused_kind(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    """Why an address may not be a webhook target (None: it is public)."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return _refused_kind(addr.ipv4_mapped)
+    """Why an address may not be a webhook target, as "a <kind> address" (None: it is
+    public). An IPv6 address that embeds IPv4 addresses (6to4, Teredo, NAT64,
+    IPv4-mapped, -translated and -compatible: core/embedded_ipv4.py) is judged by
+    them: packets to it reach them."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.is_loopback or addr.is_unspecified:
+            return "a loopback address" if addr.is_loopback else "an unspecified address"
+        embedded = embedded_ipv4(addr)
+        for inner in embedded:
+            kind = _refused_kind(inner)
+            if kind is not None:
+                return f"an address embedding {inner}, {kind}"
+        if embedded:
+            return None
     checks = (
         ("loopback", addr.is_loopback),
         ("link-local", addr.is_link_local),
@@ -75,7 +88,10 @@ def _refused_kind(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | 
         ("reserved", addr.is_reserved),
         ("not globally routable", not addr.is_global),
     )
-    return next((name for name, hit in checks if hit), None)
+    name = next((name for name, hit in checks if hit), None)
+    if name is None:
+        return None
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} address"
 
 
 @dataclass(frozen=True)
@@ -133,7 +149,7 @@ def check_target(url: str, *, allow_private: bool, resolver: Resolver = resolve)
             if kind is not None:
                 raise ValidationFailed(
                     field,
-                    f"the host {host!r} resolves to {raw}, a {kind} address: webhooks go "
+                    f"the host {host!r} resolves to {raw}, {kind}: webhooks go "
                     "to public addresses only (the operator may allow private ones with "
                     "GPUYARD_WEBHOOK_ALLOW_PRIVATE)",
                     {"address": raw},
