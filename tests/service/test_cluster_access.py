@@ -54,7 +54,9 @@ def key_may(ctx: Context, who: Principal, project_id: int, need: Need) -> bool:
 
 def test_a_member_may_write_until_removed(ctx: Context, team: Team) -> None:
     carol = team.carol
-    assert may(ctx, carol, team.default, Need.WRITE) and key_may(ctx, carol, team.default, Need.WRITE)
+    assert may(ctx, carol, team.default, Need.WRITE) and key_may(
+        ctx, carol, team.default, Need.WRITE
+    )
     assert carol.member_id is not None
     members.remove_member(ctx, team.owner, team.owner.account_id, carol.member_id)
     assert not may(ctx, carol, team.default, Need.READ)

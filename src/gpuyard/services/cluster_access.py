@@ -45,7 +45,10 @@ class Need(StrEnum):
 _PERMISSION = {Need.READ: Permission.READ_RESOURCES, Need.WRITE: Permission.WRITE_RESOURCES}
 # The roles whose project rows limit them (services/auth.py ``_allowed_projects``).
 _PROJECT_LIMITED = frozenset({Role.MEMBER.value, Role.VIEWER.value})
-_SCOPES = {Need.READ: frozenset({"read", "write", "admin"}), Need.WRITE: frozenset({"write", "admin"})}
+_SCOPES = {
+    Need.READ: frozenset({"read", "write", "admin"}),
+    Need.WRITE: frozenset({"write", "admin"}),
+}
 
 
 @dataclass(frozen=True)
@@ -131,14 +134,14 @@ class AccessIndex:
                 ApiKey.project_id, ApiKey.scope,
             ).where(ApiKey.user_id.in_(users), ApiKey.revoked_at.is_(None))
         ):  # fmt: skip
-            key_id, user_id, account_id, restricted, project_id, scope = row
-            index.keys[int(user_id)].append(
+            key_id, owner, key_account, restricted, key_project, scope = row
+            index.keys[int(owner)].append(
                 KeyGrant(
                     id=int(key_id),
-                    user_id=int(user_id),
-                    account_id=int(account_id),
+                    user_id=int(owner),
+                    account_id=int(key_account),
                     restricted=bool(restricted),
-                    project_id=int(project_id) if project_id is not None else None,
+                    project_id=int(key_project) if key_project is not None else None,
                     scope=str(scope),
                 )
             )
