@@ -9,13 +9,17 @@ from dataclasses import dataclass
 import pytest
 
 from gpuyard.services import api_keys, members, projects
+from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal, resolve_key
 from gpuyard.services.cluster_access import (
     Need,
     key_may_access,
+    key_may_access_cluster,
     user_may_access,
+    user_may_access_cluster,
 )
 from gpuyard.services.context import Context
+from gpuyard.services.requests import CreateCluster
 
 
 @dataclass
@@ -140,3 +144,18 @@ def test_another_accounts_project_is_never_granted(
         assert not key_may_access(s, bob.key_id, team.owner.account_id, team.default, Need.READ)
         # A project of another account than the one named.
         assert not key_may_access(s, team.carol.key_id, bob.account_id, team.default, Need.READ)
+
+
+def test_by_cluster_id(ctx: Context, team: Team) -> None:
+    request = CreateCluster.model_validate({"docker_image": "img", "volume_gb": 0})
+    cid = uc.create_cluster(ctx, team.owner, request).id
+    carol = team.carol
+    with ctx.read() as s:
+        assert user_may_access_cluster(s, carol.user_id, cid, Need.WRITE)
+        assert key_may_access_cluster(s, carol.key_id, carol.account_id, cid, Need.WRITE)
+        assert not user_may_access_cluster(s, carol.user_id, "nosuchcluster0", Need.READ)
+    assert carol.member_id is not None
+    members.remove_member(ctx, team.owner, team.owner.account_id, carol.member_id)
+    with ctx.read() as s:
+        assert not user_may_access_cluster(s, carol.user_id, cid, Need.READ)
+        assert not key_may_access_cluster(s, carol.key_id, carol.account_id, cid, Need.READ)

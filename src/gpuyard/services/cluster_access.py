@@ -231,3 +231,14 @@ def key_may_access_cluster(
     if project_id is None:
         return False
     return key_may_access(session, api_key_id, account_id, int(project_id), need)
+
+
+def user_may_access_cluster(
+    session: Session, user_id: int | None, cluster_id: str, need: Need
+) -> bool:
+    """:func:`user_may_access` for the project of cluster ``cluster_id`` (False when
+    there is no such cluster): what a per-user session (a proxy cookie) asks."""
+    project_id = session.scalar(select(Cluster.project_id).where(Cluster.id == cluster_id))
+    if project_id is None:
+        return False
+    return user_may_access(session, user_id, int(project_id), need)
