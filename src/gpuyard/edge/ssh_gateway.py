@@ -139,10 +139,14 @@ class Gateway:
     async def check_sessions(self) -> int:
         """Disconnect every logged-in connection whose key no longer opens its
         cluster; returns how many were disconnected."""
-        live = [c for c in self.connections if c.target is not None and c.key is not None]
+        live: list[GatewayConnection] = []
+        logins: list[tuple[str, int]] = []
+        for conn in list(self.connections):
+            if conn.target is not None and conn.key is not None:
+                live.append(conn)
+                logins.append((conn.target.cluster_id, conn.key.id))
         if not live:
             return 0
-        logins = [(c.target.cluster_id, c.key.id) for c in live]  # type: ignore[union-attr]
         verdicts = await asyncio.to_thread(self.directory.still_open, logins)
         ended = 0
         for conn, still in zip(live, verdicts, strict=True):
