@@ -355,3 +355,89 @@ def test_a_dropped_exec_session_leaves_no_process_behind(env: Env, exec_cluster:
     while "sleep 4242" in ssh(env.key_a, env.port, cid, "ps").stdout:
         assert time.monotonic() < deadline, "the dropped session's process still runs"
         time.sleep(0.3)
+
+
+# -- a removed member's key stops opening the account's clusters ----------------------
+
+
+def invited_member(env: Env, email: str, key: Path) -> tuple[httpx.Client, int]:
+    """A user invited into account A as ``member`` through the API, with an SSH key
+    of their own registered: their client and their membership id."""
+    account_id = env.a.get("/v1/me").json()["data"]["acting"]["account_id"]
+    r = env.a.post(
+        f"/v1/accounts/{account_id}/invitations", json={"email": email, "role": "member"}
+    )
+    assert r.status_code == 201, r.text
+    r = httpx.post(f"{env.server.url}/v1/invitations/{r.json()['data']['token']}/accept")
+    assert r.status_code == 201, r.text
+    made = r.json()["data"]
+    client = as_key(env.server, made["api_key"]["key"])
+    r = client.post(
+        "/v1/ssh-keys", json={"name": email, "public_key": key.with_suffix(".pub").read_text()}
+    )
+    assert r.status_code == 201, r.text
+    return client, int(made["membership"]["id"])
+
+
+def remove_member(env: Env, member_id: int) -> None:
+    account_id = env.a.get("/v1/me").json()["data"]["acting"]["account_id"]
+    r = env.a.delete(f"/v1/accounts/{account_id}/members/{member_id}")
+    assert r.status_code == 200, r.text
+
+
+def refused_within(key: Path, port: int, user: str, timeout_s: float = 60) -> str:
+    """Poll logins until one is refused (fails after ``timeout_s``): its stderr."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = ssh(key, port, user, "echo in", quiet=False)
+        if done.returncode == 255 and done.stdout == "":
+            return done.stderr
+        assert time.monotonic() < deadline, f"still logs in: {done.stdout!r} {done.stderr!r}"
+        time.sleep(0.3)
+
+
+def test_a_removed_members_ssh_login_is_refused_within_seconds(
+    env: Env, exec_cluster: str, tmp_path: Path
+) -> None:
+    cid = exec_cluster
+    key = keygen(tmp_path / "carol")
+    _, member_id = invited_member(env, "carol@example.com", key)
+    assert ssh(key, env.port, cid, "echo in").stdout == "in\n"
+
+    async def session_outlives_removal() -> bool:
+        """A shell opened before the removal: True when the gateway ends it."""
+        async with asyncssh.connect(
+            "127.0.0.1", env.port, username=cid, client_keys=[str(key)],
+            known_hosts=None, agent_path=None, config=None,
+        ) as conn:  # fmt: skip
+            proc = await conn.create_process("sleep 600")
+            await asyncio.to_thread(remove_member, env, member_id)
+            with contextlib.suppress(asyncssh.Error, OSError):
+                await asyncio.wait_for(proc.wait(), 60)
+            await asyncio.wait_for(conn.wait_closed(), 60)
+            return True
+
+    assert asyncio.run(session_outlives_removal())
+    stderr = refused_within(key, env.port, cid)
+    assert "may not log in" in stderr
+    # The owner's key is untouched.
+    assert ssh(env.key_a, env.port, cid, "echo owner").stdout == "owner\n"
+
+
+def test_a_removed_members_key_leaves_the_clusters_sshd(
+    env: Env, sshd_cluster: str, tmp_path: Path
+) -> None:
+    cid = sshd_cluster
+    key = keygen(tmp_path / "dave")
+    _, member_id = invited_member(env, "dave@example.com", key)
+    direct_port = env.a.get(f"/v1/clusters/{cid}").json()["data"]["ports"][0]["external_port"]
+    # The sync writes the new key within a pass: poll until direct login works.
+    deadline = time.monotonic() + 60
+    while ssh(key, direct_port, "root", "echo in").stdout != "in\n":
+        assert time.monotonic() < deadline, "the member's key never reached the sshd"
+        time.sleep(0.3)
+    assert ssh(key, env.port, cid, "echo gw").stdout == "gw\n"
+    remove_member(env, member_id)
+    refused_within(key, direct_port, "root")
+    refused_within(key, env.port, cid)
+    assert ssh(env.key_a, direct_port, "root", "echo owner").stdout == "owner\n"

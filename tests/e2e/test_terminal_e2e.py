@@ -8,16 +8,19 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import docker
+import httpx
 import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from tests.api.sse import Event, events
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
 
@@ -140,3 +143,79 @@ def test_terminal_on_a_real_container(
         code, reason = asyncio.run(stopped())
         assert code == 4409 and "is stopped" in (reason or "")
         assert server.key not in server.log.read_text()
+
+
+def test_a_removed_members_terminal_and_log_stream_end_within_seconds(
+    tmp_path: Path, engine_url: str, engine: docker.DockerClient
+) -> None:
+    """A member's open terminal (a real shell) and log follow on a real container end
+    once the member is removed through the API: the terminal closes with 4403 and its
+    shell is hung up; the log stream ends with ``end {"status":"access_ended"}``."""
+    with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
+        account_id = c.get("/v1/me").json()["data"]["acting"]["account_id"]
+        r = c.post(
+            f"/v1/accounts/{account_id}/invitations",
+            json={"email": "carol@example.com", "role": "member"},
+        )
+        assert r.status_code == 201, r.text
+        r = httpx.post(f"{server.url}/v1/invitations/{r.json()['data']['token']}/accept")
+        assert r.status_code == 201, r.text
+        member_key = r.json()["data"]["api_key"]["key"]
+        member_id = r.json()["data"]["membership"]["id"]
+        body = {"docker_image": DEV_IMAGE, "memory_gb": 1, "cpu_cores": 1, "volume_gb": 0}
+        r = c.post("/v1/clusters", json={"gpu_type": "NVIDIA RTX A6000", "gpu_count": 1, **body})
+        assert r.status_code == 201, r.text
+        cid = r.json()["data"]["id"]
+        assert wait_status(c, cid, {"running", "error"})["status"] == "running"
+
+        follow_opened = threading.Event()
+        streamed: list[Event] = []
+
+        def follow() -> None:
+            with (
+                httpx.Client(
+                    base_url=server.url,
+                    headers={"Authorization": f"Bearer {member_key}"},
+                    timeout=60,
+                ) as m,
+                m.stream(
+                    "GET", f"/v1/clusters/{cid}/logs", params={"follow": "true", "tail": 1}
+                ) as resp,
+            ):
+                assert resp.status_code == 200
+                for event in events(resp):
+                    streamed.append(event)
+                    follow_opened.set()
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        assert follow_opened.wait(60), "the log stream never sent its first page"
+
+        async def session() -> tuple[int | None, str]:
+            async with websockets.connect(
+                ws_url(server, cid), additional_headers={"Authorization": f"Bearer {member_key}"}
+            ) as ws:
+                await ws.send(b"echo $$ > /tmp/member.pid; echo started\n")
+                await read_until(ws, b"\nstarted\r\n")
+                gone = await asyncio.to_thread(
+                    c.delete, f"/v1/accounts/{account_id}/members/{member_id}"
+                )
+                assert gone.status_code == 200, gone.text
+                with pytest.raises(ConnectionClosed):
+                    async with asyncio.timeout(60):
+                        while True:
+                            await ws.recv()
+                return ws.close_code, ws.close_reason or ""
+
+        code, reason = asyncio.run(session())
+        assert code == 4403 and "access ended" in reason
+        # Its shell is hung up.
+        _, pid = sh(engine, server, cid, "cat /tmp/member.pid")
+        assert pid.strip().isdigit()
+        deadline = time.monotonic() + 30
+        while sh(engine, server, cid, f"kill -0 {pid.strip()}")[0] == 0:
+            assert time.monotonic() < deadline, "the removed member's shell still runs"
+            time.sleep(0.1)
+        follower.join(60)
+        assert not follower.is_alive(), "the removed member's log stream is still open"
+        assert (streamed[-1].event, streamed[-1].json) == ("end", {"status": "access_ended"})

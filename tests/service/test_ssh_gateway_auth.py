@@ -20,9 +20,9 @@ from gpuyard.edge.ssh_directory import EVENT_SSH_LOGIN, SshDirectory
 from gpuyard.edge.ssh_gateway import Gateway
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.services import api_keys, members, projects, ssh_keys
 from gpuyard.services import clusters as uc
-from gpuyard.services import ssh_keys
-from gpuyard.services.auth import Principal
+from gpuyard.services.auth import Principal, resolve_key
 from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster
 from gpuyard.store.schema import Event
@@ -40,7 +40,9 @@ def create(ctx: Context, rec: Reconciler, who: Principal) -> str:
 def register(ctx: Context, who: Principal, name: str) -> asyncssh.SSHKey:
     key = asyncssh.generate_private_key("ssh-ed25519")
     with ctx.transaction() as session:
-        ssh_keys.add_key(session, who.account_id, name, key.export_public_key().decode())
+        ssh_keys.add_key(
+            session, who.account_id, name, key.export_public_key().decode(), user_id=who.user_id
+        )
     return key
 
 
@@ -72,6 +74,7 @@ def run_gateway(
     home: Path,
     body: Callable[[int], Awaitable[None]],
     limit: int = 100,
+    session_check_s: float = 2.0,
 ) -> None:
     async def main() -> None:
         gateway = Gateway(
@@ -81,6 +84,7 @@ def run_gateway(
             limiter=FailureLimiter(limit),
             host_key=host_key(home),
             upstream_key=upstream_key(home),
+            session_check_s=session_check_s,
         )
         acceptor = await gateway.listen("127.0.0.1", 0)
         try:
@@ -88,6 +92,7 @@ def run_gateway(
         finally:
             acceptor.close()
             await acceptor.wait_closed()
+            gateway.stop_watching()
             await gateway.settle()
 
     asyncio.run(main())
@@ -220,3 +225,121 @@ def test_keys_per_connection_count_only_refusals(
         assert not await offer(port, [*strangers[:6], key])
 
     run_gateway(ctx, tmp_path, body)
+
+
+# -- membership ends, access ends ------------------------------------------------------
+
+
+def member_of(ctx: Context, owner: Principal, email: str, role: str = "member") -> Principal:
+    """A new user invited into ``owner``'s account as ``role``, acting with their key."""
+    inv = members.create_invitation(ctx, owner, owner.account_id, email, role, None)
+    made = members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+    with ctx.read() as session:
+        return resolve_key(session, made["api_key"]["key"])
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
+    """Poll ``check`` until it holds (fails the test after ``timeout_s``)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.05)
+
+
+def test_a_removed_members_key_is_refused_and_their_open_session_closed(
+    ctx: Context, rec: Reconciler, alice: Principal, tmp_path: Path
+) -> None:
+    carol = member_of(ctx, alice, "carol@example.com")
+    cid = create(ctx, rec, alice)
+    key = register(ctx, carol, "carols")
+    owners = register(ctx, alice, "alices")
+
+    async def body(port: int) -> None:
+        assert (await login(port, cid, key))[0]
+        open_conn = await asyncssh.connect(
+            "127.0.0.1", port, username=cid, client_keys=[key],
+            known_hosts=None, agent_path=None, config=None,
+        )  # fmt: skip
+        assert carol.member_id is not None
+        await asyncio.to_thread(
+            members.remove_member, ctx, alice, alice.account_id, carol.member_id
+        )
+        ok, banner, _ = await login(port, cid, key)
+        assert not ok and "may not log in" in banner
+        # The connection opened before the removal is ended by the session check.
+        await asyncio.wait_for(open_conn.wait_closed(), 30)
+        # The owner's key still opens the cluster.
+        assert (await login(port, cid, owners))[0]
+
+    run_gateway(ctx, tmp_path, body, session_check_s=0.2)
+
+
+def test_demoted_or_moved_off_the_project_the_key_no_longer_opens(
+    ctx: Context, rec: Reconciler, alice: Principal, tmp_path: Path
+) -> None:
+    carol = member_of(ctx, alice, "carol@example.com")
+    dave = member_of(ctx, alice, "dave@example.com")
+    cid = create(ctx, rec, alice)
+    other = projects.create_project(ctx, alice, None, "other").id
+    carols, daves = register(ctx, carol, "c"), register(ctx, dave, "d")
+    # A key registered through an API key restricted to the other project.
+    pinned = asyncssh.generate_private_key("ssh-ed25519")
+    with ctx.transaction() as session:
+        ssh_keys.add_key(
+            session, alice.account_id, "pinned", pinned.export_public_key().decode(),
+            user_id=alice.user_id, project_id=other,
+        )  # fmt: skip
+
+    async def body(port: int) -> None:
+        assert (await login(port, cid, carols))[0] and (await login(port, cid, daves))[0]
+        assert not (await login(port, cid, pinned))[0]
+        assert carol.member_id is not None and dave.member_id is not None
+        members.change_role(ctx, alice, alice.account_id, carol.member_id, "viewer")
+        projects.add_project_member(ctx, alice, other, dave.member_id)
+        assert not (await login(port, cid, carols))[0]
+        assert not (await login(port, cid, daves))[0]
+
+    run_gateway(ctx, tmp_path, body)
+
+
+def test_revoking_the_last_api_key_ends_ssh_access(
+    ctx: Context, rec: Reconciler, alice: Principal, tmp_path: Path
+) -> None:
+    carol = member_of(ctx, alice, "carol@example.com")
+    cid = create(ctx, rec, alice)
+    key = register(ctx, carol, "c")
+
+    async def body(port: int) -> None:
+        assert (await login(port, cid, key))[0]
+        api_keys.revoke_key(ctx, carol, carol.key_id)
+        assert not (await login(port, cid, key))[0]
+
+    run_gateway(ctx, tmp_path, body)
+
+
+def test_the_sshd_keys_follow_access(ctx: Context, rec: Reconciler, alice: Principal) -> None:
+    carol = member_of(ctx, alice, "carol@example.com")
+    request = CreateCluster.model_validate(
+        {
+            "docker_image": "img",
+            "volume_gb": 0,
+            "ports": [{"internal_port": 22, "external_port": 0, "protocol": "tcp"}],
+        }
+    )
+    cid = uc.create_cluster(ctx, alice, request).id
+    for _ in range(5):
+        rec.driver.drive(cid)
+    register(ctx, alice, "a")
+    carols = register(ctx, carol, "c")
+    directory = SshDirectory(ctx.sessions, ctx.ownership)
+
+    def lines() -> list[str]:
+        found = [lines for t, lines in directory.running_with_sshd() if t.cluster_id == cid]
+        assert len(found) == 1
+        return found[0]
+
+    carol_line = carols.export_public_key().decode().strip()
+    assert carol_line in lines() and len(lines()) == 2
+    assert carol.member_id is not None
+    members.remove_member(ctx, alice, alice.account_id, carol.member_id)
+    assert carol_line not in lines() and len(lines()) == 1

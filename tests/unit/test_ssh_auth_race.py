@@ -30,7 +30,8 @@ def test_a_cancelled_lookup_leaves_no_mixed_state() -> None:
         def target(self, cluster_id: str) -> ClusterTarget | None:
             return {OWN: target(OWN, 1), VICTIM: target(VICTIM, 2)}.get(cluster_id)
 
-        def account_keys(self, account_id: int) -> list[AccountKey]:
+        def login_keys(self, target: ClusterTarget) -> list[AccountKey]:
+            account_id = target.account_id
             if account_id == 2:
                 time.sleep(0.3)  # the second read of the lookup is in flight
             key = attacker if account_id == 1 else victim

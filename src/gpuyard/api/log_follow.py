@@ -9,7 +9,10 @@ After the first page (the tail, or what follows ``Last-Event-ID``) the stream go
 - when that container stops or is replaced, or while there is none, the stream catches
   up through services/cluster_logs.py ``read_after`` (archives, a new container, events)
   and attaches again;
-- a terminated cluster ends the stream with an ``end`` event.
+- a terminated cluster ends the stream with an ``end`` event;
+- so does the end of the caller's access (the key revoked, the membership removed or
+  narrowed): re-checked every few seconds (api/access_watch.py), the stream then
+  sends ``end`` with ``{"status":"access_ended"}`` and closes.
 
 Each entry is sent with its cursor as the SSE ``id``, so a client that reconnects with
 ``Last-Event-ID`` gets exactly what it missed. A comment line every
@@ -26,12 +29,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
+from gpuyard.api.access_watch import access_ended
 from gpuyard.api.state import AppState
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.log_lines import MAX_TAIL, Cursor, LivePositioner, LogLine
@@ -39,6 +43,7 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services import cluster_logs as svc
 from gpuyard.services.auth import Principal
+from gpuyard.services.cluster_access import Need
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +142,13 @@ class _Stream:
         # Set when the server shuts down: the stream then ends cleanly (the client
         # reconnects with Last-Event-ID to whichever server answers next).
         self.shutdown = anyio.Event()
+        # Set when the caller may no longer read the cluster: the stream ends.
+        self.revoked = False
         self.page: svc.LogPage | None = None
         self.cursor = Cursor()
+
+    def stopped(self) -> bool:
+        return self.shutdown.is_set() or self.revoked
 
     def take(self, page: svc.LogPage) -> list[ServerSentEvent]:
         self.page, self.cursor = page, page.cursor
@@ -175,7 +185,7 @@ class _Stream:
         try:
             next_poll = time.monotonic() + POLL_S
             finished = False
-            while not finished and not self.shutdown.is_set():
+            while not finished and not self.stopped():
                 await follower.wait(POLL_S)
                 # Read before taking: every line the thread added before it ended is taken.
                 finished = follower.done
@@ -195,7 +205,7 @@ class _Stream:
     async def idle(self) -> AsyncIterator[ServerSentEvent]:
         """No container to follow: new events, until one comes or :data:`REATTACH_S`."""
         deadline = time.monotonic() + REATTACH_S
-        while time.monotonic() < deadline and not self.shutdown.is_set():
+        while time.monotonic() < deadline and not self.stopped():
             await asyncio.sleep(POLL_S)
             status, sent = await self.events()
             for event in sent:
@@ -203,11 +213,29 @@ class _Stream:
             if sent or status == ClusterStatus.TERMINATED.value:
                 return
 
+    async def _watch(self) -> None:
+        await access_ended(self.state, self.principal, self.cluster_id, Need.READ)
+        self.revoked = True
+
     async def run(self, first: svc.LogPage) -> AsyncIterator[ServerSentEvent]:
+        watch = asyncio.create_task(self._watch())
+        inner = self._run(first)
+        try:
+            async for event in inner:
+                if self.revoked:
+                    break
+                yield event
+            if self.revoked:
+                yield ServerSentEvent(data='{"status":"access_ended"}', event="end", sep=SEP)
+        finally:
+            watch.cancel()
+            await inner.aclose()  # the engine follow is closed now, not when collected
+
+    async def _run(self, first: svc.LogPage) -> AsyncGenerator[ServerSentEvent, None]:
         for event in self.take(first):
             yield event
         try:
-            while not self.shutdown.is_set():
+            while not self.stopped():
                 page = self.page
                 assert page is not None
                 if not page.more:

@@ -132,6 +132,13 @@ class SshKey(StrictOut):
     public_key: str
     fingerprint: str
     created_at: str | None
+    user_id: int | None = Field(
+        description="the user who registered it: it opens clusters while they may write"
+    )
+    project_id: int | None = Field(
+        description="the only project whose clusters it opens (registered with a key "
+        "restricted to that project); null: every project its user may write to"
+    )
 
 
 class ImageVersion(StrictOut):

@@ -1,4 +1,6 @@
-"""``/v1/ssh-keys``: the acting account's SSH public keys."""
+"""``/v1/ssh-keys``: the acting account's SSH public keys. A key belongs to the caller
+who adds it (and to its API key's project, when that key is restricted to one);
+services/ssh_keys.py says who sees and removes which."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ router = APIRouter(tags=["ssh-keys"], responses=ERROR_RESPONSES, route_class=Off
 def list_keys(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
     """The acting account's keys, oldest first."""
     with app_state(request).ctx.read() as session:
-        rows = ssh_keys.list_keys(session, account_of(session, principal, request))
+        rows = ssh_keys.list_keys(session, account_of(session, principal, request), principal)
         return ok({"ssh_keys": [ssh_keys.ssh_key_view(r) for r in rows]})
 
 
@@ -37,9 +39,15 @@ def add_key(
     principal.require_write()
     with app_state(request).ctx.transaction() as session:
         account_id = account_of(session, principal, request)
-        data = ssh_keys.ssh_key_view(
-            ssh_keys.add_key(session, account_id, body.name, body.public_key)
+        row = ssh_keys.add_key(
+            session,
+            account_id,
+            body.name,
+            body.public_key,
+            user_id=principal.user_id,
+            project_id=ssh_keys.registering_project(session, principal),
         )
+        data = ssh_keys.ssh_key_view(row)
     return ok(data, status_code=201)
 
 
@@ -49,7 +57,7 @@ def get_key(
 ) -> JSONResponse:
     key_id = ssh_key_id
     with app_state(request).ctx.read() as session:
-        row = ssh_keys.get_key(session, account_of(session, principal, request), key_id)
+        row = ssh_keys.get_key(session, account_of(session, principal, request), key_id, principal)
         return ok(ssh_keys.ssh_key_view(row))
 
 
@@ -57,10 +65,12 @@ def get_key(
 def delete_key(
     ssh_key_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    """Delete a key. Training clusters that authorised it keep it on their nodes
-    until their keys are next replaced (``update_ssh_keys``)."""
+    """Delete a key (your own; anyone's with ``manage_members``). The SSH gateway and
+    the clusters' sshd stop taking it within seconds; training clusters that
+    authorised it keep it on their nodes until their keys are next replaced
+    (``update_ssh_keys``)."""
     principal.require_write()
     key_id = ssh_key_id
     with app_state(request).ctx.transaction() as session:
-        ssh_keys.delete_key(session, account_of(session, principal, request), key_id)
+        ssh_keys.delete_key(session, account_of(session, principal, request), key_id, principal)
     return ok({"id": key_id, "deleted": True})

@@ -14,7 +14,9 @@ Refusals of the caller (no or bad key 401, read-only key 403, a cluster that is 
 the caller's 404, bad ``rows``/``cols`` 400, rate limit 429) are HTTP answers before
 the upgrade, in the v1 error envelope: no WebSocket is opened for them. A cluster that
 is the caller's but cannot take a shell is told after the upgrade, as a close with a
-reason a browser can show: 4409 (not running), 1011 (the engine failed).
+reason a browser can show: 4409 (not running), 1011 (the engine failed). An open
+terminal whose key may no longer write to the cluster (revoked, the membership
+removed or narrowed) is closed within seconds with 4403 (api/access_watch.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from gpuyard.api.access_watch import access_ended
 from gpuyard.api.envelope import error_body, error_response
 from gpuyard.api.rate_limit import RateLimiter, key_id, refusal_body, source_of
 from gpuyard.api.state import AppState, app_state, current_principal, key_from, selection_from
@@ -53,6 +56,7 @@ from gpuyard.edge.terminal_bridge import (
 )
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import Principal
+from gpuyard.services.cluster_access import Need
 from gpuyard.services.clusters import load_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
@@ -182,8 +186,9 @@ class _Client:
 
 async def _admit(
     state: AppState, websocket: WebSocket, cluster_id: str
-) -> tuple[TerminalTarget, Resize] | JSONResponse:
-    """Who may open the terminal: ``(target, size)``, or the JSONResponse refusing."""
+) -> tuple[TerminalTarget, Resize, Principal] | JSONResponse:
+    """Who may open the terminal: ``(target, size, caller)``, or the JSONResponse
+    refusing."""
     limiter: RateLimiter | None = getattr(websocket.app.state, "rate_limiter", None)
     source = source_of(websocket.client.host) if websocket.client else "local"
     key = presented_key(websocket)
@@ -208,7 +213,7 @@ async def _admit(
         target = await state.reads.run(_target, state.ctx, principal, cluster_id)
     except GpuyardError as exc:
         return error_response(exc)
-    return target, size
+    return target, size, principal
 
 
 @router.websocket(PATH)
@@ -219,7 +224,7 @@ async def terminal(websocket: WebSocket, cluster_id: str) -> None:
     if isinstance(admitted, JSONResponse):
         await _deny(websocket, admitted)
         return
-    target, size = admitted
+    target, size, principal = admitted
     offered = offered_subprotocols(websocket)
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     client = _Client(websocket)
@@ -252,12 +257,14 @@ async def terminal(websocket: WebSocket, cluster_id: str) -> None:
     except BaseException:
         await process.close()  # the shell must not outlive a session that never began
         raise
-    result = await run_bridge(client, process)
-    how = (
-        "the client left"
-        if result.exit_code is None
-        else f"the shell exited with code {result.exit_code}"
-    )
+    guard = access_ended(state, principal, target.cluster_id, Need.WRITE)
+    result = await run_bridge(client, process, guard)
+    if result.access_ended:
+        how = "the API key may no longer use the cluster"
+    elif result.exit_code is None:
+        how = "the client left"
+    else:
+        how = f"the shell exited with code {result.exit_code}"
     await run_in_threadpool(_record, state.ctx, target.cluster_id, f"web terminal closed: {how}")
 
 

@@ -1,5 +1,11 @@
 """What the SSH gateway reads and writes in the store: a cluster's owner, status,
-host and published SSH port; the owning account's public keys; login events.
+host and published SSH port; the public keys that open it now; login events.
+
+A registered key opens a cluster only while the user who registered it may write to
+the cluster's project (services/cluster_access.py: membership, role, project rows, a
+live API key), and only that project's clusters when the key was registered through
+an API key restricted to one. Nothing is cached: every login, every check of an open
+session and every pass of the ``authorized_keys`` sync reads the store afresh.
 
 Every method is synchronous and quick (one or two indexed reads, or one insert); the
 gateway calls them in a worker thread. A key matches when its wire-format blob equals
@@ -19,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.core.ownership import Ownership
+from gpuyard.services.cluster_access import AccessIndex, Need
 from gpuyard.services.lifecycle import record_event
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Cluster, Host, Project, SshKey
@@ -31,12 +38,15 @@ EVENT_SSH_LOGIN = "ssh_login"
 
 @dataclass(frozen=True)
 class AccountKey:
-    """One registered public key of an account."""
+    """One registered public key of an account: ``user_id`` registered it; it opens
+    only ``project_id``'s clusters when that is set."""
 
     id: int
     name: str
     fingerprint: str
     blob: bytes
+    user_id: int | None = None
+    project_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class ClusterTarget:
     engine_url: str | None
     engine_tls_dir: str | None
     ssh_port: int | None
+    project_id: int = 0
 
 
 def key_blob(public_key: str) -> bytes | None:
@@ -109,8 +120,8 @@ class SshDirectory:
             return self._target(cluster, int(account_id), host)
 
     def running_with_sshd(self) -> list[tuple[ClusterTarget, list[str]]]:
-        """Every running cluster that publishes 22/tcp, with its account's keys as
-        ``authorized_keys`` lines."""
+        """Every running cluster that publishes 22/tcp, with the keys that open it now
+        (module docstring) as ``authorized_keys`` lines."""
         with self.sessions() as session:
             rows = session.execute(
                 select(Cluster, Project.account_id, Host)
@@ -122,15 +133,30 @@ class SshDirectory:
                 (c, int(a), h) for c, a, h in rows if published_ssh_port(c.ports or []) is not None
             ]
             accounts = {a for _, a, _ in wanted}
-            lines: dict[int, list[str]] = {a: [] for a in accounts}
+            keys: dict[int, list[SshKey]] = {a: [] for a in accounts}
             if accounts:
-                for account_id, line in session.execute(
-                    select(SshKey.account_id, SshKey.public_key)
-                    .where(SshKey.account_id.in_(accounts))
-                    .order_by(SshKey.id)
+                for row in session.scalars(
+                    select(SshKey).where(SshKey.account_id.in_(accounts)).order_by(SshKey.id)
                 ):
-                    lines[int(account_id)].append(line)
-            return [(self._target(c, a, h), lines[a]) for c, a, h in wanted]
+                    keys[row.account_id].append(row)
+            access = AccessIndex.load(
+                session, [k.user_id for ks in keys.values() for k in ks if k.user_id is not None]
+            )
+            out = []
+            for cluster, account_id, host in wanted:
+                lines = [
+                    k.public_key
+                    for k in keys[account_id]
+                    if access.user_may(
+                        k.user_id,
+                        account_id,
+                        cluster.project_id,
+                        Need.WRITE,
+                        within_project=k.project_id,
+                    )
+                ]
+                out.append((self._target(cluster, account_id, host), lines))
+            return out
 
     def _target(self, cluster: Cluster, account_id: int, host: Host | None) -> ClusterTarget:
         container = (cluster.runtime_handle or {}).get("container_id")
@@ -145,33 +171,83 @@ class SshDirectory:
             engine_url=host.engine_url if host else None,
             engine_tls_dir=host.engine_tls_dir if host else None,
             ssh_port=published_ssh_port(cluster.ports or []),
+            project_id=cluster.project_id,
         )
 
-    def account_keys(self, account_id: int) -> list[AccountKey]:
-        """The account's registered public keys, oldest first."""
+    def _opening(self, session: Session, target: ClusterTarget) -> list[SshKey]:
+        rows = list(
+            session.scalars(
+                select(SshKey).where(SshKey.account_id == target.account_id).order_by(SshKey.id)
+            )
+        )
+        access = AccessIndex.load(session, [r.user_id for r in rows if r.user_id is not None])
+        return [
+            r
+            for r in rows
+            if access.user_may(
+                r.user_id,
+                target.account_id,
+                target.project_id,
+                Need.WRITE,
+                within_project=r.project_id,
+            )
+        ]
+
+    def login_keys(self, target: ClusterTarget) -> list[AccountKey]:
+        """The keys that open ``target`` now (module docstring), oldest first."""
         with self.sessions() as session:
-            rows = session.execute(
-                select(SshKey.id, SshKey.name, SshKey.fingerprint, SshKey.public_key)
-                .where(SshKey.account_id == account_id)
-                .order_by(SshKey.id)
-            ).all()
+            rows = self._opening(session, target)
         out = []
-        for key_id, name, fp, public_key in rows:
-            blob = key_blob(public_key)
+        for row in rows:
+            blob = key_blob(row.public_key)
             if blob is not None:
-                out.append(AccountKey(key_id, name, fp, blob))
+                out.append(
+                    AccountKey(row.id, row.name, row.fingerprint, blob, row.user_id, row.project_id)
+                )
         return out
 
-    def account_key_lines(self, account_id: int) -> list[str]:
-        """The account's keys as ``authorized_keys`` lines."""
+    def login_key_lines(self, target: ClusterTarget) -> list[str]:
+        """:meth:`login_keys` as ``authorized_keys`` lines."""
         with self.sessions() as session:
-            return list(
-                session.scalars(
-                    select(SshKey.public_key)
-                    .where(SshKey.account_id == account_id)
-                    .order_by(SshKey.id)
+            return [r.public_key for r in self._opening(session, target)]
+
+    def still_open(self, logins: Sequence[tuple[str, int]]) -> list[bool]:
+        """For each ``(cluster_id, ssh_key_id)`` of a logged-in connection: whether
+        that key still opens that cluster (the key is still registered, the cluster
+        still exists in the key's account, and the key's user may still write to its
+        project). One pass over the store for all of them."""
+        if not logins:
+            return []
+        with self.sessions() as session:
+            keys = {
+                k.id: k
+                for k in session.scalars(
+                    select(SshKey).where(SshKey.id.in_({key_id for _, key_id in logins}))
+                )
+            }
+            clusters = {
+                cid: (int(pid), int(aid))
+                for cid, pid, aid in session.execute(
+                    select(Cluster.id, Cluster.project_id, Project.account_id)
+                    .join(Project, Project.id == Cluster.project_id)
+                    .where(Cluster.id.in_({cid for cid, _ in logins}))
+                )
+            }
+            access = AccessIndex.load(
+                session, [k.user_id for k in keys.values() if k.user_id is not None]
+            )
+        out = []
+        for cluster_id, key_id in logins:
+            key, where = keys.get(key_id), clusters.get(cluster_id)
+            out.append(
+                key is not None
+                and where is not None
+                and key.account_id == where[1]
+                and access.user_may(
+                    key.user_id, where[1], where[0], Need.WRITE, within_project=key.project_id
                 )
             )
+        return out
 
     def record_login(
         self, cluster_id: str, key: AccountKey, source: str, path: str, now: datetime

@@ -1,8 +1,11 @@
 """The SSH gateway: ``ssh CLUSTER_ID@HOST -p 2222`` reaches any running cluster.
 
-The user name is the cluster id; a public key registered to the account that owns
-the cluster (``/v1/ssh-keys``) logs in, every other key is refused, and nothing else
-(passwords, keyboard-interactive, host-based) is offered. Then:
+The user name is the cluster id; a public key registered (``/v1/ssh-keys``) by a user
+who may write to the cluster's project now logs in (edge/ssh_directory.py), every
+other key is refused, and nothing else (passwords, keyboard-interactive, host-based)
+is offered. An open connection whose key stops opening its cluster (the user removed
+from the account, demoted, moved off the project, their last API key revoked, the
+key deleted) is disconnected at the next check, every ``session_check_s``. Then:
 
 - the cluster publishes 22/tcp (an sshd runs): sessions, subsystems (sftp) and
   direct TCP/IP forwards go to that sshd over the gateway's own SSH connection
@@ -99,10 +102,16 @@ class Gateway:
     upstream_key: asyncssh.SSHKey
     max_auth_tries: int = 6
     login_timeout_s: float = 30.0
+    # How often open connections are checked against the store (their key must
+    # still open their cluster).
+    session_check_s: float = 2.0
     clock: Callable[[], datetime] = _now
     # Container -> digest of the authorized_keys lines this process last wrote there.
     keys_written: dict[str, str] = field(default_factory=dict)
+    # Logged-in connections, for the session check.
+    connections: set[GatewayConnection] = field(default_factory=set)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _watcher: asyncio.Task[None] | None = None
 
     @property
     def upstream_public_line(self) -> str:
@@ -127,9 +136,44 @@ class Gateway:
         if self._background:
             await asyncio.wait(list(self._background), timeout=timeout_s)
 
+    async def check_sessions(self) -> int:
+        """Disconnect every logged-in connection whose key no longer opens its
+        cluster; returns how many were disconnected."""
+        live: list[GatewayConnection] = []
+        logins: list[tuple[str, int]] = []
+        for conn in list(self.connections):
+            if conn.target is not None and conn.key is not None:
+                live.append(conn)
+                logins.append((conn.target.cluster_id, conn.key.id))
+        if not live:
+            return 0
+        verdicts = await asyncio.to_thread(self.directory.still_open, logins)
+        ended = 0
+        for conn, still in zip(live, verdicts, strict=True):
+            if not still:
+                ended += 1
+                conn.revoke()
+        return ended
+
+    async def watch_sessions(self) -> None:
+        """:meth:`check_sessions` every ``session_check_s``, until cancelled."""
+        while True:
+            await asyncio.sleep(self.session_check_s)
+            try:
+                await self.check_sessions()
+            except Exception:  # the store is down: the next check tries again
+                log.exception("checking open SSH sessions failed")
+
+    def stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
     async def listen(self, host: str, port: int) -> asyncssh.SSHAcceptor:
         """Accept connections on ``host:port`` (port 0: any free port; the acceptor's
-        ``get_port()`` tells which)."""
+        ``get_port()`` tells which), and start checking open sessions."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self.watch_sessions())
         return await asyncssh.create_server(
             lambda: GatewayConnection(self),
             host,
@@ -186,6 +230,7 @@ class GatewayConnection(asyncssh.SSHServer):
         self.source, self.source_port = str(peer[0]), int(peer[1])
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.gw.connections.discard(self)
         if not self.authenticated and not self.known:
             self.gw.limiter.failed(self.source)
         upstream, self._upstream = self._upstream, None
@@ -230,7 +275,7 @@ class GatewayConnection(asyncssh.SSHServer):
             self.key = None
             target = await asyncio.to_thread(self.gw.directory.target, username)
             keys = (
-                await asyncio.to_thread(self.gw.directory.account_keys, target.account_id)
+                await asyncio.to_thread(self.gw.directory.login_keys, target)
                 if target is not None
                 else []
             )
@@ -241,8 +286,8 @@ class GatewayConnection(asyncssh.SSHServer):
             shown = f"cluster {username!r}" if CLUSTER_ID.fullmatch(username) else "that user"
             self._banner(
                 f"key {fingerprint} may not log in to {shown}: there is no such cluster, "
-                "or the key is not registered to the account that owns it "
-                "(add it with POST /v1/ssh-keys or `gpuyard ssh-keys add`)"
+                "or the key is not registered to the account that owns it by a user who "
+                "may write to it (add it with POST /v1/ssh-keys or `gpuyard ssh-keys add`)"
             )
             log.info("ssh refused %s for %r from %s", fingerprint, username[:40], self.source)
             self.refused += 1
@@ -265,6 +310,7 @@ class GatewayConnection(asyncssh.SSHServer):
                 self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, "login state mismatch")
             return
         self.authenticated = True
+        self.gw.connections.add(self)
         source = f"{self.source}:{self.source_port}"
         path = "sshd" if target.ssh_port else "exec"
         log.info(
@@ -272,6 +318,20 @@ class GatewayConnection(asyncssh.SSHServer):
             target.cluster_id, key.name, key.fingerprint, source, path,
         )  # fmt: skip
         self.gw.spawn(self._record_login(target, key, source, path))
+
+    def revoke(self) -> None:
+        """The key no longer opens the cluster: end the connection, its sessions and
+        its upstream connection (connection_lost follows)."""
+        self.gw.connections.discard(self)
+        target = self.target.cluster_id if self.target else "?"
+        log.info("ssh access to %s ended for key %r", target, self.key.name if self.key else "?")
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.disconnect(
+                    asyncssh.DISC_BY_APPLICATION,
+                    f"gpuyard: access to cluster {target} ended (the key's user may no longer "
+                    "write to it, or the key was deleted)",
+                )
 
     async def _record_login(
         self, target: ClusterTarget, key: AccountKey, source: str, path: str
@@ -346,9 +406,7 @@ class GatewayConnection(asyncssh.SSHServer):
                         f"cluster {target.cluster_id} changed since this login "
                         f"({now.status if now else 'gone'}); log in again"
                     )
-                lines = await asyncio.to_thread(
-                    self.gw.directory.account_key_lines, target.account_id
-                )
+                lines = await asyncio.to_thread(self.gw.directory.login_key_lines, target)
                 wanted = [*lines, self.gw.upstream_public_line]
                 host = "127.0.0.1" if target.host_is_local else (target.host_address or "")
                 if self.gw.keys_written.get(target.container) == keys_digest(wanted):

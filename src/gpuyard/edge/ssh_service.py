@@ -3,9 +3,11 @@
 
 The gateway process opens the same database as the server, reads the installation's
 identity, listens on ``GPUYARD_SSH_BIND``:``GPUYARD_SSH_PORT`` and, beside the
-logins, keeps the account keys in every running cluster with an sshd (port 22
+logins, keeps the keys that open each running cluster with an sshd (port 22
 published) in root's ``authorized_keys`` (edge/ssh_upstream.py), so that direct
-``ssh root@HOST -p N`` takes them too. SIGTERM or SIGINT stops it.
+``ssh root@HOST -p N`` takes them too — and stops taking a key within one pass
+(:data:`KEY_SYNC_INTERVAL_S`) of its user losing write access. SIGTERM or SIGINT
+stops it.
 
 :class:`GatewaySupervisor` runs that process as a child of ``serve``: started after
 the server's database is migrated, restarted with back-off when it dies, stopped
@@ -41,7 +43,7 @@ from gpuyard.store.schema import Installation
 
 log = logging.getLogger("gpuyard.ssh_gateway")
 
-KEY_SYNC_INTERVAL_S = 5.0
+KEY_SYNC_INTERVAL_S = 3.0
 # A container whose keys could not be written is tried again after this long.
 KEY_SYNC_RETRY_S = 30.0
 
@@ -132,6 +134,7 @@ async def serve_gateway(settings: Settings, engine_url: str | None) -> None:
         await stop.wait()
     finally:
         sync.cancel()
+        gateway.stop_watching()
         acceptor.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(acceptor.wait_closed(), 5)

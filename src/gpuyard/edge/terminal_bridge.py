@@ -11,8 +11,10 @@ Protocol (``GET /v1/clusters/{id}/terminal``, api/terminal.py):
   could not tell), then a close with code 1000, and ``{"type": "error", "message": ...}``
   for a control message it could not use (the session goes on).
 
-The session ends when the shell exits (exit message, close 1000) or when the client
-goes away (the exec stream is dropped, so the shell sees its terminal hang up).
+The session ends when the shell exits (exit message, close 1000), when the client
+goes away (the exec stream is dropped, so the shell sees its terminal hang up), or
+when the caller's access ends (a guard the opener passes; close 4403 with its
+reason, and the shell is hung up).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import logging
 import os
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,6 +49,7 @@ EXIT_CODE_WAIT_S = 10.0
 CLOSE_NORMAL = 1000
 CLOSE_INTERNAL = 1011
 CLOSE_NOT_RUNNING = 4409
+CLOSE_ACCESS_ENDED = 4403
 # A close frame's reason is at most 123 bytes.
 _REASON_BYTES = 123
 
@@ -124,20 +127,30 @@ def parse_control(text: str) -> Resize | str:
 @dataclass(frozen=True)
 class BridgeResult:
     """How a session ended: ``exit_code`` when the shell exited (-1: unknown), None
-    when the client left first."""
+    when the client left first or the caller's access ended (``access_ended``)."""
 
     exit_code: int | None
+    access_ended: bool = False
 
 
-async def run_bridge(client: ClientSocket, process: TerminalProcess) -> BridgeResult:
+async def run_bridge(
+    client: ClientSocket, process: TerminalProcess, guard: Awaitable[str] | None = None
+) -> BridgeResult:
     """Pump bytes and control messages between ``client`` and ``process`` until one
     side ends; then close the other (the client with the exit message and code 1000,
-    or the process's stream). Always closes ``process``; never raises for a peer
-    that went away."""
+    or the process's stream). ``guard``: returns (a reason) when the caller may no
+    longer use the terminal; the client is then closed with 4403 and that reason.
+    Always closes ``process``; never raises for a peer that went away."""
     out = asyncio.create_task(_pump_out(client, process))
     inp = asyncio.create_task(_pump_in(client, process))
+    watch: asyncio.Task[str] | None = asyncio.ensure_future(guard) if guard is not None else None
+    tasks: set[asyncio.Task[Any]] = {out, inp} | ({watch} if watch is not None else set())
     try:
-        done, _ = await asyncio.wait({out, inp}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if watch is not None and watch in done and watch.exception() is None:
+            with contextlib.suppress(Exception):
+                await client.close(CLOSE_ACCESS_ENDED, watch.result())
+            return BridgeResult(None, access_ended=True)
         if out in done and out.exception() is not None:
             log.warning("terminal output stream failed: %r", out.exception())
             with contextlib.suppress(Exception):
@@ -153,9 +166,9 @@ async def run_bridge(client: ClientSocket, process: TerminalProcess) -> BridgeRe
             return BridgeResult(code)
         return BridgeResult(None)
     finally:
-        for task in (out, inp):
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(out, inp, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await process.close()
 
 

@@ -491,7 +491,13 @@ class ClusterDriver:
             account_id = session.scalar(
                 select(Project.account_id).where(Project.id == c.project_id)
             )
-            public_keys = account_public_keys(session, account_id) if account_id else ""
+            # Only the keys whose users may write to this project now: a removed
+            # member's key is not baked into a new container's environment.
+            public_keys = (
+                account_public_keys(session, account_id, project_id=c.project_id)
+                if account_id
+                else ""
+            )
         if account_id is None:
             # Never the engine's shared default network.
             raise RuntimeFailure(f"cluster {c.id} has no account to place its network in")

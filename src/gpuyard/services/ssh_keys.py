@@ -1,5 +1,11 @@
 """SSH public keys of an account: OpenSSH public-key parsing, storage and look-up.
 
+A key belongs to the user who registered it (``user_id``) and, when registered with an
+API key restricted to a project, to that project (``project_id``): it opens a cluster
+only while that user may write to the cluster's project (services/cluster_access.py).
+A caller limited to some projects sees and manages its own keys and those of its
+projects; removing another user's key takes ``manage_members``.
+
 A key is accepted only if it is a well-formed OpenSSH public key: a supported type,
 a base64 blob that decodes, whose embedded type string equals the declared type and
 whose fields have the sizes that type requires. It is stored normalised as
@@ -19,8 +25,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import NotFound, ValidationFailed
+from gpuyard.core.roles import Permission
+from gpuyard.services.auth import Principal
+from gpuyard.services.cluster_access import AccessIndex, Need
 from gpuyard.services.resource_util import id_list, in_id_range, iso
-from gpuyard.store.schema import SshKey
+from gpuyard.store.schema import ApiKey, SshKey
 
 FIELD = "public_key"
 # An RSA key of 16384 bits is ~2.8 KB of base64; anything far larger is not a key.
@@ -181,35 +190,76 @@ def _name(name: object) -> str:
     return name.strip()
 
 
-def add_key(session: Session, account_id: int, name: object, public_key: object) -> SshKey:
-    """Store a validated key for ``account_id``. Raises ValidationFailed("name" |
+def add_key(
+    session: Session,
+    account_id: int,
+    name: object,
+    public_key: object,
+    *,
+    user_id: int | None = None,
+    project_id: int | None = None,
+) -> SshKey:
+    """Store a validated key for ``account_id``, owned by ``user_id`` (None: nobody,
+    so it opens no cluster; training clusters name keys by id whoever owns them) and
+    limited to ``project_id`` when given. Raises ValidationFailed("name" |
     "public_key"). The same key may be stored twice (under two names)."""
     clean_name = _name(name)
     normalised, fp = parse_public_key(public_key)
-    row = SshKey(account_id=account_id, name=clean_name, public_key=normalised, fingerprint=fp)
+    row = SshKey(
+        account_id=account_id,
+        name=clean_name,
+        public_key=normalised,
+        fingerprint=fp,
+        user_id=user_id,
+        project_id=project_id,
+    )
     session.add(row)
     session.flush()
     return row
 
 
-def list_keys(session: Session, account_id: int) -> list[SshKey]:
-    return list(
-        session.scalars(select(SshKey).where(SshKey.account_id == account_id).order_by(SshKey.id))
+def _visible(row: SshKey, principal: Principal | None) -> bool:
+    """Whether ``principal`` (None: no limit) sees ``row`` of its account: every key
+    when it acts in every project, else its own user's keys and those of its projects."""
+    if principal is None or principal.project_ids is None:
+        return True
+    return row.user_id == principal.user_id or (
+        row.project_id is not None and row.project_id in principal.project_ids
     )
 
 
-def get_key(session: Session, account_id: int, key_id: int) -> SshKey:
-    """One key of ``account_id``. Raises SshKeyNotFound (also for another account's)."""
+def list_keys(
+    session: Session, account_id: int, principal: Principal | None = None
+) -> list[SshKey]:
+    """The account's keys that ``principal`` sees (None: all), oldest first."""
+    rows = session.scalars(
+        select(SshKey).where(SshKey.account_id == account_id).order_by(SshKey.id)
+    )
+    return [r for r in rows if _visible(r, principal)]
+
+
+def get_key(
+    session: Session, account_id: int, key_id: int, principal: Principal | None = None
+) -> SshKey:
+    """One key of ``account_id`` that ``principal`` sees. Raises SshKeyNotFound (also
+    for another account's, or one it does not see)."""
     row = session.get(SshKey, key_id) if in_id_range(key_id) else None
-    if row is None or row.account_id != account_id:
+    if row is None or row.account_id != account_id or not _visible(row, principal):
         raise SshKeyNotFound(f"SSH key {key_id} not found", {"ssh_key_id": key_id})
     return row
 
 
-def delete_key(session: Session, account_id: int, key_id: int) -> SshKey:
-    """Delete one key. Clusters that already authorised it keep it until their keys
-    are next updated (their nodes hold copies, not references)."""
-    row = get_key(session, account_id, key_id)
+def delete_key(
+    session: Session, account_id: int, key_id: int, principal: Principal | None = None
+) -> SshKey:
+    """Delete one key: ``principal``'s own, or anyone's it sees with
+    ``manage_members``. The gateway and the clusters' sshd stop taking it within
+    seconds; training clusters that already authorised it keep it until their keys
+    are next updated (their nodes hold copies, not references). Raises
+    SshKeyNotFound, Forbidden."""
+    row = get_key(session, account_id, key_id, principal)
+    if principal is not None and row.user_id != principal.user_id:
+        principal.require_permission(Permission.MANAGE_MEMBERS)
     session.delete(row)
     session.flush()
     return row
@@ -246,24 +296,58 @@ def ssh_key_view(row: SshKey) -> dict[str, object]:
         "public_key": row.public_key,
         "fingerprint": row.fingerprint,
         "created_at": iso(row.created_at),
+        "user_id": row.user_id,
+        "project_id": row.project_id,
     }
 
 
-def account_public_keys(session: Session, account_id: int) -> str:
-    """The account's keys as ``authorized_keys`` text (one per line, oldest first;
-    empty when there are none): RunPod's ``pubKey`` and the ``PUBLIC_KEY`` env."""
-    return "\n".join(
-        session.scalars(
-            select(SshKey.public_key).where(SshKey.account_id == account_id).order_by(SshKey.id)
-        )
-    )
+def account_public_keys(
+    session: Session,
+    account_id: int,
+    *,
+    project_id: int | None = None,
+    user_id: int | None = None,
+) -> str:
+    """Keys as ``authorized_keys`` text (one per line, oldest first; empty when there
+    are none): RunPod's ``pubKey`` and the ``PUBLIC_KEY`` env. ``project_id``: only
+    the keys whose users may write to that project now (a cluster's env);
+    ``user_id``: only that user's keys (``myself { pubKey }``)."""
+    query = select(SshKey).where(SshKey.account_id == account_id).order_by(SshKey.id)
+    if user_id is not None:
+        query = query.where(SshKey.user_id == user_id)
+    rows = list(session.scalars(query))
+    if project_id is not None:
+        access = AccessIndex.load(session, [r.user_id for r in rows if r.user_id is not None])
+        rows = [
+            r
+            for r in rows
+            if access.user_may(
+                r.user_id, account_id, project_id, Need.WRITE, within_project=r.project_id
+            )
+        ]
+    return "\n".join(r.public_key for r in rows)
 
 
 MAX_KEYS_PER_TEXT = 100
 
 
-def replace_keys_from_text(session: Session, account_id: int, text: object) -> list[SshKey]:
-    """Make the account's keys exactly those of ``text`` (RunPod's
+def registering_project(session: Session, principal: Principal) -> int | None:
+    """The project a key registered by ``principal`` is limited to: its API key's
+    project restriction (None: none)."""
+    if not principal.key_id:
+        return None
+    return session.scalar(select(ApiKey.project_id).where(ApiKey.id == principal.key_id))
+
+
+def replace_keys_from_text(
+    session: Session,
+    account_id: int,
+    text: object,
+    *,
+    user_id: int,
+    project_id: int | None = None,
+) -> list[SshKey]:
+    """Make ``user_id``'s keys in the account exactly those of ``text`` (RunPod's
     ``updateUserSettings(input: {pubKey})``: one OpenSSH public key per line; blank
     lines and ``#`` comments are skipped). A key already stored (same key data) keeps
     its row, id and name; a new one is named by its comment, else by its fingerprint;
@@ -287,7 +371,12 @@ def replace_keys_from_text(session: Session, account_id: int, text: object) -> l
     if len(wanted) > MAX_KEYS_PER_TEXT:
         raise ValidationFailed("pubKey", f"at most {MAX_KEYS_PER_TEXT} keys")
     kept: list[SshKey] = []
-    for row in list_keys(session, account_id):
+    mine = session.scalars(
+        select(SshKey)
+        .where(SshKey.account_id == account_id, SshKey.user_id == user_id)
+        .order_by(SshKey.id)
+    )
+    for row in mine:
         if row.fingerprint in wanted and row.fingerprint not in {k.fingerprint for k in kept}:
             kept.append(row)
         else:
@@ -295,7 +384,14 @@ def replace_keys_from_text(session: Session, account_id: int, text: object) -> l
     have = {k.fingerprint for k in kept}
     for fp, (line, name) in wanted.items():
         if fp not in have:
-            row = SshKey(account_id=account_id, name=name, public_key=line, fingerprint=fp)
+            row = SshKey(
+                account_id=account_id,
+                name=name,
+                public_key=line,
+                fingerprint=fp,
+                user_id=user_id,
+                project_id=project_id,
+            )
             session.add(row)
             kept.append(row)
     session.flush()

@@ -628,6 +628,13 @@ class SshKey(Base):
     public_key: Mapped[str] = mapped_column(Text)
     fingerprint: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Who registered it (migration 0020): it opens a cluster only while that user may
+    # write to the cluster's project (services/cluster_access.py). None: nobody's
+    # (a key stored before owners were recorded in an account without an owner).
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True, default=None)
+    # Registered through an API key restricted to one project: it opens only that
+    # project's clusters.
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)
 
 
 class ImageVersion(Base):

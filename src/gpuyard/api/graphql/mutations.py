@@ -39,7 +39,7 @@ from gpuyard.services import clusters as uc
 from gpuyard.services import idempotency as idem
 from gpuyard.services import spot
 from gpuyard.services.requests import ConfigurationUpdate, StartCluster
-from gpuyard.services.ssh_keys import replace_keys_from_text
+from gpuyard.services.ssh_keys import registering_project, replace_keys_from_text
 
 MAX_GPUS = 64
 
@@ -204,5 +204,12 @@ class Mutation:
             # clusters' access, as POST /v1/ssh-keys (api/permissions.py).
             require(gctx, Permission.WRITE_RESOURCES)
             with gctx.ctx.transaction() as session:
-                replace_keys_from_text(session, gctx.principal.account_id, input.pub_key)
+                # RunPod's pubKey is the caller's own: other members' keys stay.
+                replace_keys_from_text(
+                    session,
+                    gctx.principal.account_id,
+                    input.pub_key,
+                    user_id=gctx.principal.user_id,
+                    project_id=registering_project(session, gctx.principal),
+                )
         return user_of(info)

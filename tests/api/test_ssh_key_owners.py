@@ -1,0 +1,87 @@
+"""``/v1/ssh-keys`` with several members, over real HTTP: a key records who registered
+it (and the project of a project-restricted API key), a caller limited to a project
+sees its own keys and that project's, and removing another member's key takes
+``manage_members``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncssh
+import pytest
+
+from gpuyard.services import members, projects
+from gpuyard.services.auth import resolve_key
+from tests.helpers import LiveServer
+
+
+def pub() -> str:
+    return asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+
+
+def add(srv: LiveServer, key: str, name: str) -> dict[str, Any]:
+    with srv.client(key) as c:
+        r = c.post("/v1/ssh-keys", json={"name": name, "public_key": pub()})
+        assert r.status_code == 201, r.text
+        made: dict[str, Any] = r.json()["data"]
+        return made
+
+
+def names(srv: LiveServer, key: str) -> list[str]:
+    with srv.client(key) as c:
+        r = c.get("/v1/ssh-keys")
+        assert r.status_code == 200, r.text
+        return [k["name"] for k in r.json()["data"]["ssh_keys"]]
+
+
+@pytest.fixture
+def team(srv: LiveServer) -> dict[str, Any]:
+    ctx = srv.server.ctx
+    with ctx.read() as session:
+        owner = resolve_key(session, srv.key)
+    other = projects.create_project(ctx, owner, None, "other").id
+    inv = members.create_invitation(
+        ctx, owner, owner.account_id, "carol@example.com", "member", None
+    )
+    carol = members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+    with srv.client(carol["api_key"]["key"]) as c:
+        r = c.post("/v1/api-keys", json={"name": "pinned", "project_id": other})
+        assert r.status_code == 201, r.text
+        pinned = r.json()["data"]["key"]
+    return {
+        "owner": owner,
+        "other": other,
+        "carol": carol["api_key"]["key"],
+        "carol_id": carol["user"]["id"],
+        "pinned": pinned,
+    }
+
+
+def test_keys_record_their_owner_and_project(srv: LiveServer, team: dict[str, Any]) -> None:
+    mine = add(srv, srv.key, "owners")
+    carols = add(srv, team["carol"], "carols")
+    pinned = add(srv, team["pinned"], "pinned")
+    assert (mine["user_id"], mine["project_id"]) == (team["owner"].user_id, None)
+    assert (carols["user_id"], carols["project_id"]) == (team["carol_id"], None)
+    assert (pinned["user_id"], pinned["project_id"]) == (team["carol_id"], team["other"])
+    # Unlimited callers see every key of the account; a project key its user's own
+    # and its project's.
+    assert names(srv, srv.key) == ["owners", "carols", "pinned"]
+    assert names(srv, team["carol"]) == ["owners", "carols", "pinned"]
+    assert names(srv, team["pinned"]) == ["carols", "pinned"]
+    with srv.client(team["pinned"]) as c:
+        r = c.get(f"/v1/ssh-keys/{mine['id']}")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "SSH_KEY_NOT_FOUND"
+
+
+def test_only_the_owner_of_a_key_or_a_member_manager_removes_it(
+    srv: LiveServer, team: dict[str, Any]
+) -> None:
+    mine = add(srv, srv.key, "owners")
+    carols = add(srv, team["carol"], "carols")
+    with srv.client(team["carol"]) as c:
+        r = c.delete(f"/v1/ssh-keys/{mine['id']}")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN", r.text
+    with srv.client(srv.key) as c:
+        assert c.delete(f"/v1/ssh-keys/{carols['id']}").status_code == 200
+    assert names(srv, srv.key) == ["owners"]
