@@ -74,7 +74,6 @@ def remote(tmp_path_factory: pytest.TempPathFactory, engine_url: str) -> Iterato
         home,
         local_gpus="",
         heartbeat_interval_s=1.0,
-        remote_engine_timeout_s=60.0,
         training_ready_timeout_s=240.0,
         rate_limit_per_key=0,
         rate_limit_per_source=0,

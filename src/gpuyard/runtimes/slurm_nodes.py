@@ -146,7 +146,8 @@ class SlurmNodeRuntime:
     finish well within it.
 
     ``engine``: drive this engine instead (a fleet host's, runtimes/host_runtimes.py:
-    its SSH tunnel or TLS, its firewall and the installation's labels come with it);
+    its SSH tunnel or TLS, its firewall and the installation's labels come with it;
+    reached with ``timeout_s`` when that is longer than the engine's own timeout);
     ``base_url`` and ``policy`` are then unused. ``image_source``: the engine the node
     image is built on (this machine's); a node image this runtime's engine lacks is
     copied from there before a node is created (runtimes/node_image_copy.py). None:
@@ -163,12 +164,18 @@ class SlurmNodeRuntime:
         engine: Engine | None = None,
         image_source: Engine | None = None,
     ) -> None:
-        self.base_url = base_url if engine is None else engine.base_url
-        self.timeout_s = timeout_s if engine is None else engine.timeout_s
         if engine is None:
             engine = Engine(detect_engine_url(base_url), timeout_s, owner, policy=policy)
-        elif owner is not None:
-            engine.bind(owner)
+        else:
+            if engine.timeout_s < timeout_s:
+                # A host's engine answers within its (short) remote timeout; a command
+                # in a node may be silent longer (exec's timeout_s must stay below).
+                engine = engine.with_timeout(timeout_s)
+            if owner is not None:
+                engine.bind(owner)
+            base_url = engine.base_url
+        self.base_url = base_url
+        self.timeout_s = engine.timeout_s
         self.engine = engine
         self.image_source = image_source
         self._errors = self.engine.errors
