@@ -2,8 +2,9 @@
 
 An operation (``training_clusters.operation``) is recorded by the service in the same
 transaction that validated it; the operator runs it as a job on the shared work queue
-(reconciler/workqueue.py, key ``("training", cluster_id)``, lane ``slow``), so at most
-one job runs per cluster at a time, and clears it when done. Every step is
+(reconciler/workqueue.py, key ``("training", cluster_id)``, the ``slow`` lane of the
+engine of the cluster's host), so at most one job runs per cluster at a time, and
+clears it when done. Every step is
 idempotent, so an operation cut short by a crash is simply run again at the next start
 (a periodic scan resumes any operation not in flight). A newer operation (e.g. a delete
 during a create) supersedes the running one between steps.
@@ -11,6 +12,10 @@ during a create) supersedes the running one between steps.
 Between operations the scan observes each running cluster's nodes: a controller or
 worker whose container died is recreated and rejoins Slurm, as a job of the same key
 (reconciler/training_recovery.py).
+
+All of a cluster's nodes run on the engine of the host it was placed on (the host
+whose capacity they claimed), through that host's runtime (runtimes/host_nodes.py);
+the node image is copied to a host that lacks it before its nodes are created.
 
 The operator also keeps each cluster's network edge in line with the store
 (reconciler/training_edge.py).
