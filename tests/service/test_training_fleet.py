@@ -7,13 +7,14 @@ database (SQLite and PostgreSQL), in-memory engines and node runtimes per host."
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.loop import SLOW, Reconciler
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fake import FakeRuntime
@@ -28,6 +29,7 @@ from gpuyard.services.ssh_keys import add_key
 from gpuyard.store.schema import ImageVersion, TrainingCluster
 from tests.helpers import add_host_row
 from tests.service.test_training_operator import KEY, FakeEdge
+from tests.service.test_training_recovery import HeldQueue
 
 A = "NVIDIA RTX A6000"
 
@@ -214,3 +216,24 @@ def test_a_cluster_on_this_machine_keeps_the_local_node_runtime(world: World, ct
     world.running(cid)
     assert len(world.local_nodes.nodes) == 2 and world.local_nodes.copied == []
     assert world.remote_nodes == {} and world.made_from == []
+
+
+def test_jobs_of_a_remote_cluster_queue_on_its_hosts_lane(world: World, ctx: Context) -> None:
+    queue = HeldQueue()
+    operator = TrainingOperator(
+        ctx,
+        world.local_nodes,
+        FakeEdge(),
+        hosts=world.hosts,
+        queue=queue,
+        lane_of=partial(world.reconciler.lane_of, SLOW),  # as the server wires it
+    )
+    cid = world.create(workers=1)
+    operator.wake(cid)  # the service's wake after recording the create
+    operator.scan()  # the periodic scan finds the recorded operation too
+    assert [(key, lane) for key, lane, _ in queue.held] == [
+        (("training", cid), f"slow:host:{world.h2}")
+    ] * 2
+    queue.run_held()
+    assert world.row(cid).status == "running"
+    assert len(world.remote_nodes[world.h2].nodes) == 2
