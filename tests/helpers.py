@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from gpuyard.api.app import Server, build_server
+from gpuyard.api.app import Server, TrainingOperatorFactory, build_server
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.ledger import accrue_totals
 from gpuyard.runtimes.base import Runtime
@@ -185,11 +185,17 @@ def refused(r: httpx.Response, field: str) -> dict[str, Any]:
 
 @contextmanager
 def live_server(
-    settings: Settings, runtime: Runtime, host_runtimes: RuntimeFactory | None = None
+    settings: Settings,
+    runtime: Runtime,
+    host_runtimes: RuntimeFactory | None = None,
+    training_operator: TrainingOperatorFactory | None = None,
 ) -> Iterator[LiveServer]:
     """Run the real app under uvicorn on a free port in a background thread
-    (``host_runtimes``: how hosts added through the API are reached)."""
-    server = build_server(settings, runtime, host_runtimes=host_runtimes)
+    (``host_runtimes``: how hosts added through the API are reached;
+    ``training_operator``: what builds training clusters, none without)."""
+    server = build_server(
+        settings, runtime, host_runtimes=host_runtimes, training_operator=training_operator
+    )
     assert server.admin_key is not None
     recorder = StatusRecorder(server.app)
     config = uvicorn.Config(recorder, host="127.0.0.1", port=settings.port, log_level="warning")

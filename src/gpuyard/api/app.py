@@ -45,7 +45,7 @@ from gpuyard.api.state import AppState
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
 from gpuyard.reconciler.autoterminate import Fired
-from gpuyard.reconciler.loop import TRAINING_DUTY, Reconciler
+from gpuyard.reconciler.loop import SLOW, TRAINING_DUTY, Reconciler
 from gpuyard.reconciler.proxy_sync import ProxySync
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
@@ -68,6 +68,13 @@ if TYPE_CHECKING:
     from gpuyard.runtimes.engine import EnginePolicy
 
 
+# Makes the training operator of a server: (context, the reconciler's work queue, the
+# fleet whose hosts' engines run the nodes, the queue lane of a host's jobs).
+TrainingOperatorFactory = Callable[
+    [Context, WorkQueue, Fleet, Callable[[int | None], str]], TrainingOperator
+]
+
+
 @dataclass
 class Server:
     app: FastAPI
@@ -83,7 +90,7 @@ def build_server(
     clock: Clock | None = None,
     engine_url: str | None = None,
     run_reconciler: bool = True,
-    training_operator: Callable[[Context, WorkQueue], TrainingOperator] | None = None,
+    training_operator: TrainingOperatorFactory | None = None,
     rate_limit_clock: Clock | None = None,
     host_runtimes: RuntimeFactory | None = None,
     proxy: Callable[[Context], ProxySync] | None = None,
@@ -118,8 +125,13 @@ def build_server(
     reconciler = Reconciler(ctx, fleet, host_id=host_id, leases=leases)
     reconciler.on_host_answered = partial(_describe_host, ctx)
     ctx.wake = reconciler.wake
-    # Training operations and node recoveries run on the reconciler's one work queue.
-    operator = training_operator(ctx, reconciler.queue) if training_operator is not None else None
+    # Training operations and node recoveries run on the reconciler's one work queue,
+    # each cluster's on the lanes of its host's engine, its nodes on that engine.
+    operator = (
+        training_operator(ctx, reconciler.queue, fleet, partial(reconciler.lane_of, SLOW))
+        if training_operator is not None
+        else None
+    )
     if operator is not None:
         ctx.training_wake = operator.wake
         ctx.training_edge = operator.sync_edge
@@ -301,17 +313,33 @@ def engine_policy(settings: Settings, engine_url: str | None) -> EnginePolicy:
 
 def training_operator_factory(
     settings: Settings, engine_url: str | None
-) -> Callable[[Context, WorkQueue], TrainingOperator]:
-    """Training clusters on real Slurm nodes of the local engine, reached through
-    userspace forwarders."""
+) -> TrainingOperatorFactory:
+    """Training clusters on real Slurm nodes, reached through userspace forwarders.
+    A cluster's nodes run on the engine of the host it was placed on: this machine's
+    at ``engine_url``, or a fleet host's through that host's runtime (its SSH tunnel,
+    TLS and firewall), with the node image copied there from this machine's engine
+    when the host lacks it."""
     from gpuyard.net.forwarder import TcpForwarder
+    from gpuyard.runtimes.host_nodes import HostNodes
     from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 
-    def make(ctx: Context, queue: WorkQueue | None = None) -> TrainingOperator:
+    def make(
+        ctx: Context, queue: WorkQueue, fleet: Fleet, lane_of: Callable[[int | None], str]
+    ) -> TrainingOperator:
+        local = SlurmNodeRuntime(engine_url, policy=engine_policy(settings, engine_url))
+
+        def on_engine(runtime: Runtime) -> SlurmNodeRuntime:
+            engine = getattr(runtime, "engine", None)
+            if not isinstance(engine, Engine):
+                raise TypeError(f"{type(runtime).__name__} has no container engine for nodes")
+            return SlurmNodeRuntime(None, engine=engine, image_source=local.engine)
+
         return TrainingOperator(
             ctx,
-            SlurmNodeRuntime(engine_url, policy=engine_policy(settings, engine_url)),
+            local,
             TcpForwarder(),
+            hosts=HostNodes(fleet, local, on_engine),
+            lane_of=lane_of,
             ready_timeout_s=settings.training_ready_timeout_s,
             drain_timeout_s=settings.training_drain_timeout_s,
             lifecycle_timeout_s=settings.training_lifecycle_timeout_s,

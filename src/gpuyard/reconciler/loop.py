@@ -267,6 +267,11 @@ class Reconciler:
     def _engine_key(self, host_id: int | None) -> str:
         return SHARED_ENGINE if host_id is None else self.fleet.key_of(host_id)
 
+    def lane_of(self, lane: str, host_id: int | None) -> str:
+        """The queue lane ``lane`` of ``host_id``'s engine (made on first use), for work
+        others run on this queue (the training operator)."""
+        return self._lane(lane, self._engine_key(host_id))
+
     def _lane(self, lane: str, key: str) -> str:
         """Each engine has its own lanes, so a slow or dead host holds up only its own
         work."""

@@ -2,8 +2,9 @@
 
 An operation (``training_clusters.operation``) is recorded by the service in the same
 transaction that validated it; the operator runs it as a job on the shared work queue
-(reconciler/workqueue.py, key ``("training", cluster_id)``, lane ``slow``), so at most
-one job runs per cluster at a time, and clears it when done. Every step is
+(reconciler/workqueue.py, key ``("training", cluster_id)``, the ``slow`` lane of the
+engine of the cluster's host), so at most one job runs per cluster at a time, and
+clears it when done. Every step is
 idempotent, so an operation cut short by a crash is simply run again at the next start
 (a periodic scan resumes any operation not in flight). A newer operation (e.g. a delete
 during a create) supersedes the running one between steps.
@@ -11,6 +12,10 @@ during a create) supersedes the running one between steps.
 Between operations the scan observes each running cluster's nodes: a controller or
 worker whose container died is recreated and rejoins Slurm, as a job of the same key
 (reconciler/training_recovery.py).
+
+All of a cluster's nodes run on the engine of the host it was placed on (the host
+whose capacity they claimed), through that host's runtime (runtimes/host_nodes.py);
+the node image is copied to a host that lacks it before its nodes are created.
 
 The operator also keeps each cluster's network edge in line with the store
 (reconciler/training_edge.py).
@@ -92,6 +97,15 @@ class NodeRuntime(Protocol):
     def sinfo(self, controller: str) -> list[tuple[str, str]]: ...
     def lifecycle_result(self, name: str) -> int | None: ...
     def remove_volume(self, name: str) -> None: ...
+    def ensure_image(self, image: str, progress: Callable[[str], None] | None = None) -> bool: ...
+
+
+class HostNodeRuntimes(Protocol):
+    """What the operator needs of runtimes/host_nodes.HostNodes: the node runtime on
+    the engine of a host (None: a cluster with no host recorded, which runs here)."""
+
+    def bind(self, owner: Ownership) -> None: ...
+    def on_host(self, host_id: int | None) -> NodeRuntime: ...
 
 
 class Superseded(Exception):
@@ -123,14 +137,27 @@ class TrainingOperator:
         bind_address: str = "0.0.0.0",
         workers: int = 8,
         queue: WorkQueue | None = None,
+        hosts: HostNodeRuntimes | None = None,
+        lane_of: Callable[[int | None], str] | None = None,
     ) -> None:
         """``queue``: the work queue to run jobs on (the server passes the reconciler's,
         which has a ``slow`` lane); None: a private one with ``workers`` threads,
-        closed by :meth:`stop`."""
+        closed by :meth:`stop`.
+
+        ``nodes`` drives the nodes of clusters on this machine's engine; ``hosts``
+        gives the node runtime of every host of a fleet, so each cluster's nodes run
+        on the engine of the host whose capacity they claimed (None: every cluster's
+        nodes run on ``nodes``, the single-engine mode). ``lane_of``: the queue lane of
+        a host's jobs (the reconciler's lanes per engine, so a slow or dead host
+        holds up only its own clusters); None: :data:`LANE`."""
         self.ctx = ctx
         self.nodes = nodes
         nodes.bind(ctx.ownership)
-        self.edges = ClusterEdges(ctx, edge, nodes, bind_address)
+        self.hosts = hosts
+        if hosts is not None:
+            hosts.bind(ctx.ownership)
+        self.lane_of = lane_of
+        self.edges = ClusterEdges(ctx, edge, self.on_host, bind_address)
         self.ready_timeout_s = ready_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.lifecycle_timeout_s = lifecycle_timeout_s
@@ -161,6 +188,18 @@ class TrainingOperator:
             self.queue.close(wait=False)
         self.edges.close()
 
+    def on_host(self, host_id: int | None) -> NodeRuntime:
+        """The node runtime of the engine of ``host_id`` (see ``hosts``). Raises
+        RuntimeFailure for a host the fleet does not know."""
+        if self.hosts is None:
+            return self.nodes
+        return self.hosts.on_host(host_id)
+
+    def nodes_of(self, snap: Snapshot) -> NodeRuntime:
+        """The node runtime of the host the cluster was placed on: all its nodes,
+        controller and workers, run on that host's engine."""
+        return self.on_host(snap.cluster.host_id)
+
     def _scan_loop(self) -> None:
         while not self._stop.is_set():
             try:
@@ -177,17 +216,20 @@ class TrainingOperator:
         cluster with a dead node to the queue, where it is brought back."""
         with self.ctx.read() as session:
             rows = session.execute(
-                select(TrainingCluster.id, TrainingCluster.operation, TrainingCluster.status).where(
-                    TrainingCluster.deleted_at.is_(None)
-                )
+                select(
+                    TrainingCluster.id,
+                    TrainingCluster.operation,
+                    TrainingCluster.status,
+                    TrainingCluster.host_id,
+                ).where(TrainingCluster.deleted_at.is_(None))
             ).all()
-        for cluster_id, operation, status in rows:
+        for cluster_id, operation, status, host_id in rows:
             if operation is not None:
-                self.wake(cluster_id)
+                self._submit(cluster_id, host_id)
                 continue
             self.sync_edge(cluster_id)
             if status == TrainingStatus.RUNNING and self.recovery.wanted(cluster_id):
-                self.wake(cluster_id)
+                self._submit(cluster_id, host_id)
 
     def wake(self, cluster_id: int) -> None:
         """Queue the cluster's job: its recorded operation, or (with none) bringing back
@@ -195,7 +237,20 @@ class TrainingOperator:
         newest operation then supersedes), never twice at once."""
         if self._stop.is_set() or not self.owns():
             return  # another replica's scan picks it up
-        self.queue.submit(("training", cluster_id), LANE, lambda: self._drive(cluster_id))
+        host_id = None
+        if self.lane_of is not None:
+            with self.ctx.read() as session:
+                host_id = session.scalar(
+                    select(TrainingCluster.host_id).where(TrainingCluster.id == cluster_id)
+                )
+        self._submit(cluster_id, host_id)
+
+    def _submit(self, cluster_id: int, host_id: int | None) -> None:
+        """Queue the cluster's job on the lane of its host's engine."""
+        if self._stop.is_set() or not self.owns():
+            return
+        lane = self.lane_of(host_id) if self.lane_of is not None else LANE
+        self.queue.submit(("training", cluster_id), lane, lambda: self._drive(cluster_id))
 
     def _drive(self, cluster_id: int) -> None:
         if self._stop.is_set():
@@ -294,16 +349,17 @@ class TrainingOperator:
             elif action == "restart_cluster":
                 self._restart(snap, token, controller=True)
             elif action == "update_ssh_keys":
+                nodes = self.nodes_of(snap)
                 for node in snap.nodes:
                     self._check(cluster_id, token)
-                    self.nodes.install_authorized_keys(node.name, snap.keys_text)
+                    nodes.install_authorized_keys(node.name, snap.keys_text)
             elif action == "update_image":
                 self._roll_image(snap, token)
             else:
                 raise GpuyardError(f"unknown operation {action!r}")
             # Nodes whose container is new run the lifecycle script once: the
             # operation is done when it has finished on each of them.
-            failed = self._await_lifecycle(cluster_id, token)
+            failed = self._await_lifecycle(self.nodes_of(snap), cluster_id, token)
             self._finish(cluster_id, token, None, failed)
         except Superseded:
             self.wake(cluster_id)
@@ -400,7 +456,7 @@ class TrainingOperator:
     def _create(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> str:
         """Create the node's container; a new container runs the cluster's lifecycle
         script once, so the store marks it running (awaited by _await_lifecycle)."""
-        container = self.nodes.create_node(
+        container = self.nodes_of(snap).create_node(
             self._spec(snap, node, image_version_id), self._files(snap, node)
         )
         script = bool(snap.cluster.lifecycle_script)
@@ -411,7 +467,7 @@ class TrainingOperator:
                 row.lifecycle_exit_code = None
         return container
 
-    def _await_lifecycle(self, cluster_id: int, token: str | None) -> list[str]:
+    def _await_lifecycle(self, nodes: NodeRuntime, cluster_id: int, token: str | None) -> list[str]:
         """Wait until the lifecycle script has finished on every node the store shows
         it running on (bounded by ``lifecycle_timeout_s`` from now) and record each
         result. Returns the nodes where it failed or timed out, one phrase each.
@@ -437,7 +493,7 @@ class TrainingOperator:
         while pending:
             self._check(cluster_id, token)
             for node_id, name in list(pending.items()):
-                code = self.nodes.lifecycle_result(name)
+                code = nodes.lifecycle_result(name)
                 if code is None:
                     continue
                 del pending[node_id]
@@ -476,29 +532,45 @@ class TrainingOperator:
         """Create every node not yet running (controller first), then wait until Slurm
         lists every worker as usable. Running nodes are left alone, so a scale never
         disturbs running jobs."""
+        nodes = self.nodes_of(snap)
         c = snap.cluster
         names = NodeName(c.id, c.name_prefix)
-        self.nodes.ensure_network(names.network)
+        self._ship_images(nodes, snap, token, {n.image_version_id for n in snap.nodes})
+        nodes.ensure_network(names.network)
         ordered = sorted(snap.nodes, key=lambda n: n.role != NodeRole.CONTROLLER)
         for node in ordered:
             self._check(c.id, token)
-            state = self.nodes.node_state(node.name)
+            state = nodes.node_state(node.name)
             if node.status == NodeStatus.RUNNING and state == "running":
                 continue
             creating = bool(snap.operation and snap.operation.get("action") == "create")
             if node.role == NodeRole.CONTROLLER and state == "missing" and creating:
                 # A new cluster starts with an empty Slurm state, whatever an earlier
                 # install with the same ids left behind.
-                self.nodes.remove_volume(names.state_volume)
+                nodes.remove_volume(names.state_volume)
             self._wait_gpus_free(node, c.id, token)
             container = self._create(snap, node, node.image_version_id)
             self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
-        self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
+        nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
         # An update_image that a stop cut short may have left workers drained in the
         # kept Slurm state: a build ends with none of ours.
-        self._resume_our_drains(names.controller)
+        self._resume_our_drains(nodes, names.controller)
         self._set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
+
+    def _ship_images(
+        self, nodes: NodeRuntime, snap: Snapshot, token: str, image_version_ids: set[int]
+    ) -> None:
+        """Copy the node images the cluster's host lacks (once per host and image
+        version, runtimes/node_image_copy.py), saying how far each copy is in the
+        cluster's status reason, which is given back afterwards."""
+        c = snap.cluster
+        copied = False
+        for image in sorted({snap.images[i] for i in image_version_ids}):
+            self._check(c.id, token)
+            copied |= nodes.ensure_image(image, lambda text: self._set_reason(c.id, token, text))
+        if copied:
+            self._set_reason(c.id, token, c.status_reason)
 
     def _wait_gpus_free(self, node: TrainingNode, cluster_id: int, token: str) -> None:
         """A spot cluster preempted for this node may still be stopping on its GPUs:
@@ -522,33 +594,32 @@ class TrainingOperator:
         raise GpuyardError(f"GPUs {sorted(mine)} are still held by a stopping cluster")
 
     def _restart(self, snap: Snapshot, token: str, *, controller: bool) -> None:
+        nodes = self.nodes_of(snap)
         names = NodeName(snap.cluster.id, snap.cluster.name_prefix)
         workers = [n for n in snap.nodes if n.role == NodeRole.WORKER]
         chosen = [n for n in snap.nodes if controller or n.role == NodeRole.WORKER]
         self._set_nodes([n.id for n in chosen], NodeStatus.RESTARTING)
         if controller:
-            self.nodes.ensure_network(names.network)
-        before = self._slurmd_started(names.controller)
+            nodes.ensure_network(names.network)
+        before = self._slurmd_started(nodes, names.controller)
         for node in sorted(chosen, key=lambda n: n.role != NodeRole.CONTROLLER):
             self._check(snap.cluster.id, token)
-            if self.nodes.node_state(node.name) == "missing":
+            if nodes.node_state(node.name) == "missing":
                 self._create(snap, node, node.image_version_id)
             else:
-                self.nodes.restart_node(node.name)
+                nodes.restart_node(node.name)
                 # A node an interrupted update_ssh_keys missed gets the keys now.
-                self.nodes.install_authorized_keys(node.name, snap.keys_text)
-        self._wait_reregistered(names.controller, [n.name for n in workers], before)
-        self._resume_our_drains(names.controller)
-        self.nodes.wait_slurm_ready(
-            names.controller, [n.name for n in workers], self.ready_timeout_s
-        )
+                nodes.install_authorized_keys(node.name, snap.keys_text)
+        self._wait_reregistered(nodes, names.controller, [n.name for n in workers], before)
+        self._resume_our_drains(nodes, names.controller)
+        nodes.wait_slurm_ready(names.controller, [n.name for n in workers], self.ready_timeout_s)
         self._set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
 
-    def _slurm_nodes(self, controller: str) -> dict[str, dict[str, str]]:
+    def _slurm_nodes(self, nodes: NodeRuntime, controller: str) -> dict[str, dict[str, str]]:
         """Each node's ``scontrol show node`` fields (first word of each value) as the
         controller knows them ({} when it does not answer)."""
         try:
-            code, out = self.nodes.exec(controller, ["scontrol", "show", "node", "-o"], 15)
+            code, out = nodes.exec(controller, ["scontrol", "show", "node", "-o"], 15)
         except GpuyardError:
             return {}
         if code != 0:
@@ -560,24 +631,24 @@ class TrainingOperator:
                 found[fields["NodeName"]] = fields
         return found
 
-    def _slurmd_started(self, controller: str) -> dict[str, str]:
+    def _slurmd_started(self, nodes: NodeRuntime, controller: str) -> dict[str, str]:
         """Each node's ``SlurmdStartTime`` as the controller knows it."""
         return {
             name: fields["SlurmdStartTime"]
-            for name, fields in self._slurm_nodes(controller).items()
+            for name, fields in self._slurm_nodes(nodes, controller).items()
             if "SlurmdStartTime" in fields
         }
 
-    def _resume_our_drains(self, controller: str) -> None:
+    def _resume_our_drains(self, nodes: NodeRuntime, controller: str) -> None:
         """Resume workers still drained by an update_image that did not finish (a
         restart is how a cluster in ``error`` is recovered, a start how a stopped one
         comes back); drains a user made with their own reason stay."""
-        for name, fields in self._slurm_nodes(controller).items():
+        for name, fields in self._slurm_nodes(nodes, controller).items():
             if "DRAIN" in fields.get("State", "") and fields.get("Reason") == DRAIN_REASON:
                 # Best effort: the cluster runs either way, and a user can resume it.
                 try:
                     code, out = self._scontrol(
-                        controller, "update", f"nodename={name}", "state=resume"
+                        nodes, controller, "update", f"nodename={name}", "state=resume"
                     )
                 except GpuyardError as exc:
                     code, out = -1, exc.message
@@ -585,49 +656,49 @@ class TrainingOperator:
                     log.warning("could not resume drained worker %s: %s", name, out[-300:])
 
     def _wait_reregistered(
-        self, controller: str, workers: list[str], before: dict[str, str]
+        self, nodes: NodeRuntime, controller: str, workers: list[str], before: dict[str, str]
     ) -> None:
         """Until every restarted worker's slurmd has registered anew: right after a
         container restart Slurm still shows the old slurmd's state as idle."""
         deadline = time.monotonic() + self.ready_timeout_s
         pending = [w for w in workers if w in before]
         while pending and time.monotonic() < deadline:
-            now = self._slurmd_started(controller)
+            now = self._slurmd_started(nodes, controller)
             pending = [w for w in pending if now.get(w, before[w]) == before[w]]
             if pending:
                 time.sleep(0.5)
 
-    def _scontrol(self, controller: str, *args: str) -> tuple[int, str]:
-        return self.nodes.exec(controller, ["scontrol", *args], 30)
+    def _scontrol(self, nodes: NodeRuntime, controller: str, *args: str) -> tuple[int, str]:
+        return nodes.exec(controller, ["scontrol", *args], 30)
 
-    def _drain(self, controller: str, node: str) -> None:
+    def _drain(self, nodes: NodeRuntime, controller: str, node: str) -> None:
         """Drain ``node`` and wait (bounded) until its jobs are done."""
         self._scontrol(
-            controller, "update", f"nodename={node}", "state=drain", f"reason={DRAIN_REASON}"
+            nodes, controller, "update", f"nodename={node}", "state=drain", f"reason={DRAIN_REASON}"
         )
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline:
-            states = dict(self.nodes.sinfo(controller))
+            states = dict(nodes.sinfo(controller))
             state = states.get(node, "")
             if not state or state.startswith("drained") or "down" in state:
                 return
             time.sleep(1.0)
 
-    def _resume(self, controller: str, node: str) -> None:
+    def _resume(self, nodes: NodeRuntime, controller: str, node: str) -> None:
         """Return a replaced worker to service: once its new slurmd has registered
         (it is still marked drained), resume it. Bounded by the ready timeout."""
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
-            state = dict(self.nodes.sinfo(controller)).get(node, "")
+            state = dict(nodes.sinfo(controller)).get(node, "")
             if state and not state.endswith("*") and "drain" not in state and "down" not in state:
                 return
             if state and not state.endswith("*"):
-                self._scontrol(controller, "update", f"nodename={node}", "state=resume")
+                self._scontrol(nodes, controller, "update", f"nodename={node}", "state=resume")
             if time.monotonic() > deadline:
                 return  # wait_slurm_ready reports what Slurm shows
             time.sleep(0.5)
 
-    def _readdress(self, snap: Snapshot) -> None:
+    def _readdress(self, nodes: NodeRuntime, snap: Snapshot) -> None:
         """Tell a replaced controller where each worker is now. Slurm keeps a dynamic
         node's address from the state file, which may predate the worker's own
         re-registration (workers were replaced before the controller)."""
@@ -635,9 +706,10 @@ class TrainingOperator:
         for node in snap.nodes:
             if node.role != NodeRole.WORKER:
                 continue
-            address = self.nodes.node_address(node.name, names.network)
+            address = nodes.node_address(node.name, names.network)
             if address:
                 self._scontrol(
+                    nodes,
                     names.controller,
                     "update",
                     f"NodeName={node.name}",
@@ -648,10 +720,13 @@ class TrainingOperator:
     def _roll_image(self, snap: Snapshot, token: str) -> None:
         """Replace each node whose image differs, one at a time: workers drained first
         and resumed after; the controller last (its state volume keeps the queue)."""
+        nodes = self.nodes_of(snap)
         c = snap.cluster
         names = NodeName(c.id, c.name_prefix)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         ordered = sorted(snap.nodes, key=lambda n: n.role == NodeRole.CONTROLLER)
+        if any(n.image_version_id != c.image_version_id for n in ordered):
+            self._ship_images(nodes, snap, token, {c.image_version_id})
         for node in ordered:
             if node.image_version_id == c.image_version_id:
                 continue
@@ -659,12 +734,12 @@ class TrainingOperator:
             self._set_nodes([node.id], NodeStatus.REPLACING)
             worker = node.role == NodeRole.WORKER
             if worker:
-                self._drain(names.controller, node.name)
-            self.nodes.remove_node(node.name)
+                self._drain(nodes, names.controller, node.name)
+            nodes.remove_node(node.name)
             container = self._create(snap, node, c.image_version_id)
             if worker:
-                self._resume(names.controller, node.name)
-            self.nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
+                self._resume(nodes, names.controller, node.name)
+            nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
             self._set_nodes(
                 [node.id],
                 NodeStatus.RUNNING,
@@ -672,26 +747,28 @@ class TrainingOperator:
                 container_id=container,
             )
             if not worker:
-                self._readdress(snap)
+                self._readdress(nodes, snap)
                 self.sync_edge(c.id)  # the controller's address may have changed
 
     def _halt(self, snap: Snapshot, token: str) -> None:
         """Remove every node container of a stopping cluster (those the store lists and
         any other carrying its label). The Slurm state volume and the network stay for
         the start; a lifecycle script cut short is not awaited."""
-        for name in self._containers_of(snap):
+        nodes = self.nodes_of(snap)
+        for name in self._containers_of(nodes, snap):
             self._check(snap.cluster.id, token)
-            self.nodes.remove_node(name)
+            nodes.remove_node(name)
 
-    def _containers_of(self, snap: Snapshot) -> set[str]:
+    def _containers_of(self, nodes: NodeRuntime, snap: Snapshot) -> set[str]:
         """The cluster's node containers: those the store lists and any other the
         engine has with its label (one a crash left between create and record)."""
         return {
             *(n.name for n in snap.nodes),
-            *self.nodes.list_nodes(LABEL_TRAINING, str(snap.cluster.id)),
+            *nodes.list_nodes(LABEL_TRAINING, str(snap.cluster.id)),
         }
 
     def _teardown(self, snap: Snapshot) -> None:
+        nodes = self.nodes_of(snap)
         c = snap.cluster
         names = NodeName(c.id, c.name_prefix)
         with self.ctx.read() as session:
@@ -702,10 +779,10 @@ class TrainingOperator:
         if c.ssh_port:
             known.add((self.bind_address, c.ssh_port))
         self.edges.drop(c.id, known)
-        for name in self._containers_of(snap):
-            self.nodes.remove_node(name)
-        self.nodes.remove_network(names.network)
-        self.nodes.remove_volume(names.state_volume)
+        for name in self._containers_of(nodes, snap):
+            nodes.remove_node(name)
+        nodes.remove_network(names.network)
+        nodes.remove_volume(names.state_volume)
 
     def sync_edge(self, cluster_id: int) -> None:
         """Make the cluster's forwarders and security groups match the store (see
@@ -723,11 +800,17 @@ class TrainingOperator:
         if hit is not None and time.monotonic() - hit[0] < max_age_s:
             return hit[1]
         with self.ctx.read() as session:
-            prefix = session.scalar(
-                select(TrainingCluster.name_prefix).where(TrainingCluster.id == cluster_id)
-            )
+            row = session.execute(
+                select(TrainingCluster.name_prefix, TrainingCluster.host_id).where(
+                    TrainingCluster.id == cluster_id
+                )
+            ).first()
+        if row is None:
+            return None
+        prefix, host_id = row
         try:
-            states = self.nodes.sinfo(NodeName(cluster_id, prefix).controller)
+            nodes = self.on_host(host_id)
+            states = nodes.sinfo(NodeName(cluster_id, prefix).controller)
         except Exception:
             return None
         self._sinfo_cache[cluster_id] = (time.monotonic(), states)

@@ -50,6 +50,10 @@ class ControllerAddresses(Protocol):
     def node_address(self, name: str, network: str) -> str | None: ...
 
 
+# The node runtime of a host's engine (None: a cluster with no host recorded).
+NodesOnHost = Callable[[int | None], ControllerAddresses]
+
+
 class ClusterEdges:
     """Every training cluster's listeners and acls in this process. With no forwarder
     (``edge`` None) every call does nothing."""
@@ -58,9 +62,11 @@ class ClusterEdges:
         self,
         ctx: Context,
         edge: Edge | None,
-        nodes: ControllerAddresses,
+        nodes: NodesOnHost,
         bind_address: str,
     ) -> None:
+        """``nodes``: the node runtime of the host a cluster runs on, which says where
+        its controller is."""
         self.ctx = ctx
         self.edge = edge
         self.nodes = nodes
@@ -123,6 +129,7 @@ class ClusterEdges:
             )
             rule_sets = [secgroups.parse_rules(g.rules) for g in groups]
             ssh_port = cluster.ssh_port
+            host_id = cluster.host_id
             names = NodeName(cluster_id, cluster.name_prefix)
         if len(groups) < len(attached):
             # An attached group that no longer exists must not open the cluster up
@@ -144,7 +151,7 @@ class ClusterEdges:
                 held.discard(listener)
 
         keep_only(addresses)
-        target = self.nodes.node_address(names.controller, names.network)
+        target = self.nodes(host_id).node_address(names.controller, names.network)
         if target is None:
             keep_only(set())  # no controller to reach: nothing listens
             return

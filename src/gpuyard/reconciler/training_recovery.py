@@ -32,15 +32,17 @@ import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from sqlalchemy import select
+
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.restarts import RestartPolicy
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus, cluster_owner
 from gpuyard.services.lifecycle import record_event
 from gpuyard.services.training_nodes import nodes_of
-from gpuyard.store.schema import TrainingNode
+from gpuyard.store.schema import TrainingCluster, TrainingNode
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import Snapshot, TrainingOperator
+    from gpuyard.reconciler.training import NodeRuntime, Snapshot, TrainingOperator
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +101,22 @@ class NodeRecovery:
 
     # ------------------------------------------------------------ observing
 
-    def _observe(self, nodes: list[TrainingNode]) -> dict[int, str] | None:
-        """Each node's container state; None when the engine does not answer (which
-        says nothing about the nodes)."""
+    def _observe(self, host_id: int | None, nodes: list[TrainingNode]) -> dict[int, str] | None:
+        """Each node's container state on the engine of the cluster's host; None when
+        the engine does not answer (which says nothing about the nodes)."""
         try:
-            return {n.id: self.op.nodes.node_state(n.name) for n in nodes}
+            runtime = self.op.on_host(host_id)
+            return {n.id: runtime.node_state(n.name) for n in nodes}
         except Exception as exc:  # engine down, timing out, answering garbage
             log.info("training nodes not observed: %s", exc)
             return None
 
-    def _suspects(self, nodes: list[TrainingNode]) -> list[tuple[TrainingNode, str]] | None:
+    def _suspects(
+        self, host_id: int | None, nodes: list[TrainingNode]
+    ) -> list[tuple[TrainingNode, str]] | None:
         """Nodes that may need bringing back, with their container state (None: the
         engine did not answer)."""
-        states = self._observe(nodes)
+        states = self._observe(host_id, nodes)
         if states is None:
             return None
         return [(n, states[n.id]) for n in nodes if states[n.id] in DEAD or n.status in UNCONFIRMED]
@@ -120,9 +125,12 @@ class NodeRecovery:
         """Whether the cluster has a node to bring back whose back-off has ended. Cheap
         (one read, one inspect per node); the job decides again before acting."""
         with self.op.ctx.read() as session:
+            host_id = session.scalar(
+                select(TrainingCluster.host_id).where(TrainingCluster.id == cluster_id)
+            )
             nodes = nodes_of(session, cluster_id)
             session.expunge_all()
-        suspects = self._suspects(nodes)
+        suspects = self._suspects(host_id, nodes)
         if not suspects:
             return False
         now = self.op.ctx.clock.now()
@@ -141,11 +149,12 @@ class NodeRecovery:
             return
         if snap.cluster.status != TrainingStatus.RUNNING:
             return
-        suspects = self._suspects(snap.nodes)
+        runtime = self.op.nodes_of(snap)
+        suspects = self._suspects(snap.cluster.host_id, snap.nodes)
         if not suspects:
             return
         names = NodeName(snap.cluster.id, snap.cluster.name_prefix)
-        confirmed = self._still_serving(names.controller, suspects)
+        confirmed = self._still_serving(runtime, names.controller, suspects)
         if confirmed:
             self.op._set_nodes([n.id for n in confirmed], NodeStatus.RUNNING)
         now = self.op.ctx.clock.now()
@@ -159,8 +168,8 @@ class NodeRecovery:
         due.sort(key=lambda pair: pair[0].role != NodeRole.CONTROLLER)
         self.op._check(cluster_id, None)
         controller_due = any(n.role == NodeRole.CONTROLLER for n, _ in due)
-        before = {} if controller_due else self.op._slurmd_started(names.controller)
-        self.op.nodes.ensure_network(names.network)
+        before = {} if controller_due else self.op._slurmd_started(runtime, names.controller)
+        runtime.ensure_network(names.network)
         revived: list[TrainingNode] = []
         failed: list[str] = []
         for node, state in due:
@@ -170,10 +179,10 @@ class NodeRecovery:
             else:
                 failed.append(node.name)
         if revived:
-            self._rejoin(snap, revived, failed, before)
+            self._rejoin(runtime, snap, revived, failed, before)
 
     def _still_serving(
-        self, controller: str, suspects: list[tuple[TrainingNode, str]]
+        self, runtime: NodeRuntime, controller: str, suspects: list[tuple[TrainingNode, str]]
     ) -> list[TrainingNode]:
         """Nodes marked unconfirmed whose container runs and that Slurm lists as up (a
         recovery cut short after the node had rejoined): nothing to recreate."""
@@ -181,7 +190,7 @@ class NodeRecovery:
         if not running:
             return []
         try:
-            listed = dict(self.op.nodes.sinfo(controller))
+            listed = dict(runtime.sinfo(controller))
         except Exception:
             return []
         up: list[TrainingNode] = []
@@ -222,6 +231,7 @@ class NodeRecovery:
 
     def _rejoin(
         self,
+        runtime: NodeRuntime,
         snap: Snapshot,
         revived: list[TrainingNode],
         failed: list[str],
@@ -239,16 +249,14 @@ class NodeRecovery:
                 # The new slurmctld restores its state from the volume; every worker
                 # that is up must be usable again, at its current address.
                 expected = [w for w in workers if w not in failed]
-                self.op.nodes.wait_slurm_ready(names.controller, expected, self.op.ready_timeout_s)
-                self.op._readdress(snap)
+                runtime.wait_slurm_ready(names.controller, expected, self.op.ready_timeout_s)
+                self.op._readdress(runtime, snap)
                 self.op.sync_edge(c.id)
             else:
                 # Right after the container is replaced Slurm may still show the old
                 # slurmd's state: wait for the new one's registration first.
-                self.op._wait_reregistered(names.controller, new_workers, before)
-                self.op.nodes.wait_slurm_ready(
-                    names.controller, new_workers, self.op.ready_timeout_s
-                )
+                self.op._wait_reregistered(runtime, names.controller, new_workers, before)
+                runtime.wait_slurm_ready(names.controller, new_workers, self.op.ready_timeout_s)
         except GpuyardError as exc:
             self._failed(c.id, revived, f"did not rejoin Slurm: {exc.message}")
             return
@@ -257,7 +265,7 @@ class NodeRecovery:
             c.id,
             "back in Slurm: " + ", ".join(f"{n.name} (restart {n.restarts + 1})" for n in revived),
         )
-        lifecycle = self.op._await_lifecycle(c.id, None)
+        lifecycle = self.op._await_lifecycle(runtime, c.id, None)
         if lifecycle:
             self._event(c.id, f"the lifecycle script failed on {', '.join(lifecycle)}")
 

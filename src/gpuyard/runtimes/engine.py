@@ -189,6 +189,25 @@ class Engine:
             if self.manage_host_firewall and self.firewall is None:
                 self.firewall = self._isolation(owner.short)
 
+    def with_timeout(self, timeout_s: float) -> Engine:
+        """The same engine reached with another request timeout: same URL, TLS, policy,
+        firewall and owner, its own client (the SDK's timeout is per client). For work
+        whose requests may be silent longer than this engine's timeout allows (commands
+        run in a container, an image load)."""
+        twin = Engine(
+            self.base_url,
+            timeout_s,
+            self._owner,
+            policy=EnginePolicy(
+                allow_unenforced_limits=self.allow_unenforced_limits,
+                manage_host_firewall=self.manage_host_firewall,
+                allow_unisolated_networks=self.allow_unisolated_networks,
+            ),
+            firewall_runner=self._firewall_runner,
+        )
+        twin.tls = self.tls
+        return twin
+
     def _isolation(self, short: str) -> IptablesIsolation:
         if self._firewall_runner is None:
             return IptablesIsolation(short)

@@ -11,6 +11,7 @@ tested end to end on Podman.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,6 +46,11 @@ class FakeNodeRuntime:
     lifecycle_rc: dict[str, int | None] = field(default_factory=dict)
     # While True, every call raises as a runtime whose engine does not answer.
     unreachable: bool = False
+    # The images the engine holds (None: every image, as an engine with no image
+    # source to copy from is assumed to). With a set, a create naming another image
+    # fails, and ensure_image copies it in (recorded in ``copied``).
+    images: set[str] | None = None
+    copied: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     owner: Ownership | None = None
 
@@ -79,6 +85,8 @@ class FakeNodeRuntime:
                 raise RuntimeFailure(f"could not create {spec.name}: injected failure")
             if spec.network not in self.networks:
                 raise RuntimeFailure(f"network {spec.network} does not exist")
+            if self.images is not None and spec.image not in self.images:
+                raise RuntimeFailure(f"no such image: {spec.image}")
             old = self.nodes.get(spec.name)
             self.nodes[spec.name] = FakeNode(
                 spec=spec,
@@ -90,6 +98,16 @@ class FakeNodeRuntime:
                 self.volumes.add(spec.state_volume)
             self.created.append(spec.name)
             return f"fake-{spec.name}-{self.nodes[spec.name].generation}"
+
+    def ensure_image(self, image: str, progress: Callable[[str], None] | None = None) -> bool:
+        self._answer()
+        if self.images is None or image in self.images:
+            return False
+        if progress is not None:
+            progress(f"copying image {image} to the host: 0 of 160 MB")
+        self.images.add(image)
+        self.copied.append(image)
+        return True
 
     def install_authorized_keys(self, name: str, keys_text: str) -> None:
         self._node(name).authorized_keys = keys_text

@@ -46,6 +46,7 @@ from gpuyard.core.training import LIFECYCLE_RC
 from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy
 from gpuyard.runtimes.engine_url import detect_engine_url
 from gpuyard.runtimes.exec_output import run_keeping_output
+from gpuyard.runtimes.node_image_copy import Progress, ensure_node_image, forget_node_image
 from gpuyard.runtimes.slurm_config import (
     CONFIG_DIR,
     STATE_DIR,
@@ -69,6 +70,8 @@ READY_STATES = frozenset(
 )
 # Docker allows fixed IPs only on networks created with an explicit subnet.
 _FIXED_IP_REFUSED_MARKERS = ("user configured subnets", "user specified ip address")
+# How engines say a create named an image they do not hold (Docker, Podman).
+_NO_IMAGE_MARKERS = ("no such image", "image not known", "not found")
 STOP_TIMEOUT_S = 10
 _SHM_MIN_BYTES = 64 * 1024**2
 _SHM_MAX_BYTES = 16 * 1024**3
@@ -141,6 +144,14 @@ class SlurmNodeRuntime:
     well-known Podman and Docker sockets). The SDK client is created on first use.
     Thread-safe. ``timeout_s`` bounds every engine request, so an :meth:`exec` must
     finish well within it.
+
+    ``engine``: drive this engine instead (a fleet host's, runtimes/host_runtimes.py:
+    its SSH tunnel or TLS, its firewall and the installation's labels come with it;
+    reached with ``timeout_s`` when that is longer than the engine's own timeout);
+    ``base_url`` and ``policy`` are then unused. ``image_source``: the engine the node
+    image is built on (this machine's); a node image this runtime's engine lacks is
+    copied from there before a node is created (runtimes/node_image_copy.py). None:
+    the image must already be on the engine, as on this machine.
     """
 
     def __init__(
@@ -150,15 +161,23 @@ class SlurmNodeRuntime:
         owner: Ownership | None = None,
         *,
         policy: EnginePolicy = DEFAULT_POLICY,
+        engine: Engine | None = None,
+        image_source: Engine | None = None,
     ) -> None:
+        if engine is None:
+            engine = Engine(detect_engine_url(base_url), timeout_s, owner, policy=policy)
+        else:
+            if engine.timeout_s < timeout_s:
+                # A host's engine answers within its (short) remote timeout; a command
+                # in a node may be silent longer (exec's timeout_s must stay below).
+                engine = engine.with_timeout(timeout_s)
+            if owner is not None:
+                engine.bind(owner)
+            base_url = engine.base_url
         self.base_url = base_url
-        self.timeout_s = timeout_s
-        self.engine = Engine(
-            detect_engine_url(base_url),
-            timeout_s,
-            owner,
-            policy=policy,
-        )
+        self.timeout_s = engine.timeout_s
+        self.engine = engine
+        self.image_source = image_source
         self._errors = self.engine.errors
 
     def bind(self, owner: Ownership) -> None:
@@ -170,6 +189,17 @@ class SlurmNodeRuntime:
 
     def _inspect(self, name: str) -> dict[str, Any] | None:
         return self.engine.inspect_container(name, legacy=_legacy(name))
+
+    # -- the node image ---------------------------------------------------------------
+
+    def ensure_image(self, image: str, progress: Progress | None = None) -> bool:
+        """Make sure the engine holds ``image``, copying it from :attr:`image_source`
+        when it lacks it (once per engine and image version); True when it was copied
+        now. ``progress`` is told how far a copy is. A no-op without an image source.
+        Raises RuntimeFailure when the copy fails."""
+        if self.image_source is None:
+            return False
+        return ensure_node_image(self.engine, self.image_source, image, progress)
 
     # -- networks and volumes ---------------------------------------------------------
 
@@ -215,6 +245,7 @@ class SlurmNodeRuntime:
                 "hyphens, at most 63 characters",
             )
         archive = _tar({_relative(p): v for p, v in files.items()})
+        self.ensure_image(spec.image)
         self.remove_node(spec.name)
         if spec.state_volume:
             # Made with our labels now (the engine would make an unlabelled one on mount).
@@ -228,6 +259,9 @@ class SlurmNodeRuntime:
                 # A container that was created but failed to start must not linger.
                 self.remove_node(spec.name)
                 text = e.message.lower()
+                if self.image_source is not None and any(m in text for m in _NO_IMAGE_MARKERS):
+                    # Removed from the host behind our back: the next create copies it.
+                    forget_node_image(self.engine, spec.image)
                 if fixed and any(m in text for m in _FIXED_IP_REFUSED_MARKERS):
                     fixed = None  # Docker: no fixed IPs on auto-subnet networks; use DNS.
                     continue
