@@ -152,11 +152,16 @@ def test_sized_volume_is_a_loop_mounted_image_of_its_size() -> None:
     # Grown (never a second volume) when asked for more; the image script decides.
     rt.ensure_volume("gyvol1", "c1", size_gb=8)
     assert host.ensured()[-1] == (image, str(8 * GIB))
+    # A grow the host cannot do now (an online resize without CAP_SYS_RESOURCE)
+    # fails no start: the volume keeps its enforced size until a later call.
+    host.answer = CommandResult(1, "resize2fs: Permission denied to resize filesystem")
+    rt.ensure_volume("gyvol1", "c1", size_gb=9)
+    host.answer = CommandResult(0, "")
     # Usage by the image's blocks, not the engine's sum of apparent sizes.
     assert rt.volume_usage() == {"gyvol1": 8 * 512}
     rt.remove_volume("gyvol1")
     assert client.api.removed == ["gyvol1"]
-    assert host.commands[-1] == ["rm", "-f", "--", image]
+    assert host.commands[-1] == ["rm", "-f", "--", image, f"{image}.grow"]
 
 
 def test_an_unsized_volume_stays_a_plain_one() -> None:

@@ -356,7 +356,9 @@ class DockerEngineRuntime:
     def _without_refused(self, e: RuntimeFailure, spec: ContainerSpec) -> None:
         """Return when ``e`` is the engine refusing limits or a disk size the operator
         allows going without (the next create leaves them out); else raise."""
-        if self.engine.disk_refused(e, self._uses_disk_size(spec)):
+        # Whether this create asked for a size: another create may have learnt the
+        # refusal (and dropped sizes) while this one was on its way.
+        if self.engine.disk_refused(e, spec.container_disk_gb > 0):
             if not self.engine.allow_unenforced_disk:
                 raise self.engine.disk_error() from e
             return

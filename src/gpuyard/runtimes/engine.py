@@ -436,10 +436,18 @@ class Engine:
 
     def _grow_volume(self, name: str, info: Mapping[str, Any], size: int) -> None:
         """Grow our existing volume ``name`` to ``size`` bytes when it is one of our
-        images (a volume made unsized stays so until it is made again)."""
+        images (a volume made unsized stays so until it is made again). Never raises
+        for a grow the host could not do now."""
         device = (info.get("Options") or {}).get("device")
-        if self.volume_images is not None and self.volume_images.owns(device):
+        if self.volume_images is None or not self.volume_images.owns(device):
+            return
+        try:
             self.volume_images.ensure(name, size)
+        except RuntimeFailure as exc:
+            # It keeps its size (still enforced) until a later call grows it (one
+            # made while it is not mounted grows it offline): a start never fails
+            # for a grow.
+            log.warning("volume %s not grown yet: %s", name, exc.message)
 
     # -- containers -----------------------------------------------------------------
 

@@ -50,8 +50,10 @@ mkdir -p "$dir" && [ -w "$dir" ] || { echo "cannot write $dir"; exit 3; }
 
 # Makes image $1 of $2 bytes if it is missing, else grows it to $2 bytes if smaller
 # (never shrinks). A new image is made under a temporary name and renamed, so a
-# half-made one is never used. A grown image whose loop device is attached (the
-# volume is mounted) is resized online; otherwise checked and resized offline.
+# half-made one is never used. A grow marks the image ($1.grow) until its file system
+# has grown too: online when its loop device is attached (the volume is mounted),
+# else checked and resized offline; a grow that failed (an online resize needs
+# CAP_SYS_RESOURCE) is tried again by the next call.
 _ENSURE = r"""
 set -e
 img=$1; size=$2
@@ -59,14 +61,16 @@ if [ ! -e "$img" ]; then
   mkdir -p "$(dirname "$img")"
   tmp="$img.new.$$"
   truncate -s "$size" "$tmp"
-  mkfs.ext4 -q -F -m 0 -E lazy_itable_init=1,lazy_journal_init=1,nodiscard "$tmp" \
+  mkfs.ext4 -q -F -b 4096 -m 0 -E lazy_itable_init=1,lazy_journal_init=1,nodiscard "$tmp" \
     || { rm -f "$tmp"; exit 1; }
   mv -n "$tmp" "$img"
   rm -f "$tmp"
 fi
-current=$(stat -c %s "$img")
-if [ "$current" -lt "$size" ]; then
+if [ "$(stat -c %s "$img")" -lt "$size" ]; then
+  touch "$img.grow"
   truncate -s "$size" "$img"
+fi
+if [ -e "$img.grow" ]; then
   dev=$(losetup -n -O NAME -j "$img" | head -n 1)
   if [ -n "$dev" ]; then
     losetup -c "$dev"
@@ -75,6 +79,7 @@ if [ "$current" -lt "$size" ]; then
     e2fsck -f -p "$img" >/dev/null 2>&1 || e2fsck -f -p "$img"
     resize2fs "$img" >/dev/null 2>&1 || resize2fs "$img"
   fi
+  rm -f "$img.grow"
 fi
 """
 
@@ -144,7 +149,8 @@ class VolumeImages:
     def remove(self, volume: str) -> None:
         """Delete volume ``volume``'s image (the engine's volume is removed first, so
         nothing mounts it). Idempotent."""
-        self._check(["rm", "-f", "--", self.path(volume)], f"removing the image of {volume}")
+        image = self.path(volume)
+        self._check(["rm", "-f", "--", image, f"{image}.grow"], f"removing the image of {volume}")
 
     def usage(self, volumes: Iterable[str]) -> dict[str, int]:
         """Bytes of the host's disk each volume's image uses (its allocated blocks:
