@@ -39,7 +39,7 @@ from gpuyard.core.errors import GpuyardError, RuntimeFailure
 from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.engine import Engine, with_size
 from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
 from gpuyard.runtimes.volume_copy import remove_helpers, volume_labels
 from gpuyard.services import snapshot_work as work
@@ -55,7 +55,7 @@ from gpuyard.storage.volume_restic import (
     remove_restic_helpers,
     restore_volume,
 )
-from gpuyard.store.schema import NetworkVolume, Snapshot
+from gpuyard.store.schema import Cluster, NetworkVolume, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +266,11 @@ class SnapshotWorker:
             restic_id = snap.restic_id if snap is not None else None
             total = snap.bytes_done if snap is not None else 0
             fmt = SnapshotFormat(snap.format) if snap is not None else SnapshotFormat.TAR
+            # The size the restored volume is held to: its holder's (sized volumes,
+            # runtimes/volume_images.py).
+            holder_gb = _holder_size(session.get(Cluster, holder_id)) or _holder_size(
+                session.get(NetworkVolume, holder_id)
+            )
         if restic_id is None:
             raise RuntimeFailure(f"snapshot {snapshot_id} has no data in the repository")
         work.restore_progress(self.ctx, restore_id, 0, total)
@@ -273,7 +278,9 @@ class SnapshotWorker:
         runtime = self.runtime_of(host_id)
         try:
             self._ready()
-            self._restore(runtime, fmt, restic_id, target_volume, like_volume, cluster_id, beat)
+            self._restore(
+                runtime, fmt, restic_id, target_volume, like_volume, cluster_id, beat, holder_gb
+            )
         except Exception as exc:
             with contextlib.suppress(GpuyardError):
                 runtime.remove_volume(target_volume)
@@ -292,10 +299,11 @@ class SnapshotWorker:
         like_volume: str | None,
         cluster_id: str | None,
         beat: Callable[[int], None],
+        size_gb: int = 0,
     ) -> None:
-        """Write the snapshot into ``target_volume``: a ``tree`` by restic beside the
-        volume where it can run, else (and for a ``tar``) as a tar stream through the
-        engine's archive upload."""
+        """Write the snapshot into ``target_volume`` (held to ``size_gb`` GiB at least):
+        a ``tree`` by restic beside the volume where it can run, else (and for a
+        ``tar``) as a tar stream through the engine's archive upload."""
         engine = self._beside(runtime) if fmt == SnapshotFormat.TREE else None
         if engine is not None:
             labels: dict[str, str] = {}
@@ -305,7 +313,10 @@ class SnapshotWorker:
             restore_volume(
                 engine,
                 target_volume,
-                labels or engine.labels({LABEL_CLUSTER: cluster_id} if cluster_id else {}),
+                with_size(
+                    labels or engine.labels({LABEL_CLUSTER: cluster_id} if cluster_id else {}),
+                    size_gb,
+                ),
                 self.repository,
                 restic_id,
                 on_progress=beat,
@@ -318,7 +329,13 @@ class SnapshotWorker:
         )
         with source as chunks:
             write_volume(
-                runtime, target_volume, cluster_id, chunks, like=like_volume, on_progress=beat
+                runtime,
+                target_volume,
+                cluster_id,
+                chunks,
+                like=like_volume,
+                on_progress=beat,
+                size_gb=size_gb,
             )
 
     def restore_network_volume(self, volume_id: str) -> None:
@@ -400,3 +417,12 @@ class SnapshotWorker:
                     log.error("snapshot repository check failed: %s", result.output[-2000:])
         except GpuyardError as exc:
             log.warning("snapshot repository cannot be checked now: %s", exc.message)
+
+
+def _holder_size(holder: Cluster | NetworkVolume | None) -> int:
+    """The GiB a restore's holder's volume is held to (0: none known)."""
+    if isinstance(holder, Cluster):
+        return holder.volume_gb
+    if isinstance(holder, NetworkVolume):
+        return holder.size_gb
+    return 0

@@ -88,6 +88,13 @@ DISK_ERROR_MARKERS = (
 )
 
 
+def with_size(labels: Mapping[str, str], size_gb: int) -> dict[str, str]:
+    """``labels`` asking for at least ``size_gb`` GiB (a larger size they ask for is
+    kept; 0: unchanged)."""
+    wanted = max(size_label(labels) or 0, size_gb * 1024**3)
+    return {**labels, LABEL_SIZE: str(wanted)} if wanted else dict(labels)
+
+
 def size_label(labels: Mapping[str, str] | None) -> int | None:
     """The size in bytes a volume's labels ask for (``LABEL_SIZE``); None: unsized."""
     text = (labels or {}).get(LABEL_SIZE)

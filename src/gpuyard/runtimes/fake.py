@@ -67,6 +67,13 @@ class FakeVolume:
     size_gb: int = 0
 
 
+def _grow(volume: FakeVolume, size_gb: int) -> None:
+    """As a real engine does: a sized volume grows (never shrinks); one made unsized
+    stays so (runtimes/engine.py Engine.ensure_volume)."""
+    if volume.size_gb > 0:
+        volume.size_gb = max(volume.size_gb, size_gb)
+
+
 class FakeRuntime:
     """Thread-safe in-memory runtime.
 
@@ -264,11 +271,13 @@ class FakeRuntime:
     ) -> None:
         with self._lock:
             self._enter("ensure_volume")
-            volume = self.volumes.setdefault(
-                name, FakeVolume(name, owner=self._owner_id(), cluster_id=cluster_id)
-            )
-            # Grown, never shrunk (a real engine's image only grows).
-            volume.size_gb = max(volume.size_gb, size_gb or 0)
+            volume = self.volumes.get(name)
+            if volume is None:
+                self.volumes[name] = FakeVolume(
+                    name, owner=self._owner_id(), cluster_id=cluster_id, size_gb=size_gb or 0
+                )
+            else:
+                _grow(volume, size_gb or 0)
 
     def create(self, spec: ContainerSpec) -> str:
         with self._lock:
@@ -282,11 +291,16 @@ class FakeRuntime:
             if old is not None and old.owner != owner:
                 raise RuntimeFailure(f"container name of {spec.cluster_id} is taken")
             if spec.volume_name:
-                volume = self.volumes.setdefault(
-                    spec.volume_name,
-                    FakeVolume(spec.volume_name, owner=owner, cluster_id=spec.cluster_id),
-                )
-                volume.size_gb = max(volume.size_gb, spec.volume_gb)
+                volume = self.volumes.get(spec.volume_name)
+                if volume is None:
+                    self.volumes[spec.volume_name] = FakeVolume(
+                        spec.volume_name,
+                        owner=owner,
+                        cluster_id=spec.cluster_id,
+                        size_gb=spec.volume_gb,
+                    )
+                else:
+                    _grow(volume, spec.volume_gb)
             if spec.account_id is not None:
                 self._ensure_network(spec.account_id)
             self._seq += 1
