@@ -23,6 +23,7 @@ import pytest
 from gpuyard.core.ownership import LABEL_SIZE, Ownership
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.host_firewall import subprocess_runner
+from gpuyard.runtimes.volume_copy import copy_volume, volume_checksum
 from gpuyard.runtimes.volume_images import VolumeImages
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
@@ -250,3 +251,28 @@ def test_a_host_that_cannot_hold_container_disks_refuses_clusters(
             assert "GPUYARD_ALLOW_UNENFORCED_DISK" in r.json()["error"]["message"]
     finally:
         server.cleanup()
+
+
+def test_a_copy_of_a_sized_volume_is_sized_and_identical(
+    sized: tuple[DockerEngineRuntime, Ownership], engine: docker.DockerClient
+) -> None:
+    """Moves, restores and clones write through the engine's archive upload into a
+    stopped helper: the files must land in the sized file system, not under it."""
+    rt, owner = sized
+    source, target = f"{owner.prefix}-src", f"{owner.prefix}-dst"
+    rt.engine.ensure_volume(source, {LABEL_SIZE: str(64 * MIB)})
+    code, out = run_on(
+        engine,
+        owner,
+        source,
+        "mkdir -p /w/d && echo hello > /w/d/f && dd if=/dev/zero of=/w/big bs=1M count=8",
+    )
+    assert code == 0, out
+    copy_volume(rt.engine, source, rt.engine, target)
+    assert volume_checksum(rt.engine, target) == volume_checksum(rt.engine, source)
+    options = engine.api.inspect_volume(target)["Options"]
+    assert options.get("device", "").endswith(f"{target}.img"), options
+    code, out = run_on(
+        engine, owner, target, "cat /w/d/f && dd if=/dev/zero of=/w/x bs=1M count=80"
+    )
+    assert "hello" in out and code != 0 and NO_SPACE in out, out

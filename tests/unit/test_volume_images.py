@@ -48,6 +48,10 @@ def test_image_made_at_its_size_grown_never_shrunk_and_removed(tmp_path: Path) -
         header = subprocess_runner([dumpe2fs, "-h", path]).output.splitlines()
         fields = {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in header)}
         assert int(fields["Block count"]) * int(fields["Block size"]) == 96 * MIB
+    # Empty like an engine's plain volume (no lost+found), also after an offline grow
+    # (whose e2fsck makes one).
+    listing = subprocess_runner(["debugfs", "-R", "ls /", path]).output
+    assert "lost+found" not in listing and ".." in listing, listing
     assert images.owns(path) and not images.owns("/elsewhere/gyabc-vol1.img")
     assert driver_options(path) == {"type": "ext4", "device": path, "o": MOUNT_OPTIONS}
     images.remove("gyabc-vol1")

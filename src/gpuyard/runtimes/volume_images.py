@@ -15,7 +15,7 @@ ssh_tunnel.py ``SshRunner``), through an injected runner, so the logic is tested
 without a host. Docker's ``local`` driver mounts with mount(2), which cannot attach a
 loop device: sized volumes are a Podman feature (see :func:`driver_options`).
 
-What the host needs: e2fsprogs (``mkfs.ext4``, ``e2fsck``, ``resize2fs``), util-linux
+What the host needs: e2fsprogs (``mkfs.ext4``, ``e2fsck``, ``resize2fs``, ``debugfs``), util-linux
 (``losetup``), coreutils, a rootful Podman, and root for the commands (loop devices).
 """
 
@@ -41,7 +41,7 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 # Checks the host can make and mount images. Prints what is missing, exits non-zero.
 _PROBE = r"""
 dir=$1
-for tool in mkfs.ext4 e2fsck resize2fs losetup truncate stat du; do
+for tool in mkfs.ext4 e2fsck resize2fs debugfs losetup truncate stat; do
   command -v "$tool" >/dev/null 2>&1 || { echo "$tool is not installed"; exit 3; }
 done
 [ "$(id -u)" = 0 ] || { echo "host commands do not run as root (loop devices need it)"; exit 3; }
@@ -49,7 +49,9 @@ mkdir -p "$dir" && [ -w "$dir" ] || { echo "cannot write $dir"; exit 3; }
 """
 
 # Makes image $1 of $2 bytes if it is missing, else grows it to $2 bytes if smaller
-# (never shrinks). A new image is made under a temporary name and renamed, so a
+# (never shrinks). A new file system has no lost+found: a volume starts empty, as an
+# engine's plain volume does (a copy or restore then matches its source entry for
+# entry). A new image is made under a temporary name and renamed, so a
 # half-made one is never used. A grow marks the image ($1.grow) until its file system
 # has grown too: online when its loop device is attached (the volume is mounted),
 # else checked and resized offline; a grow that failed (an online resize needs
@@ -62,6 +64,7 @@ if [ ! -e "$img" ]; then
   tmp="$img.new.$$"
   truncate -s "$size" "$tmp"
   mkfs.ext4 -q -F -b 4096 -m 0 -E lazy_itable_init=1,lazy_journal_init=1,nodiscard "$tmp" \
+    && debugfs -w -R "rmdir lost+found" "$tmp" >/dev/null 2>&1 \
     || { rm -f "$tmp"; exit 1; }
   mv -n "$tmp" "$img"
   rm -f "$tmp"
@@ -76,8 +79,11 @@ if [ -e "$img.grow" ]; then
     losetup -c "$dev"
     resize2fs "$dev" >/dev/null 2>&1 || resize2fs "$dev"
   else
+    lost=$(debugfs -R "stat /lost+found" "$img" 2>/dev/null | grep -c Inode: || true)
     e2fsck -f -p "$img" >/dev/null 2>&1 || e2fsck -f -p "$img"
     resize2fs "$img" >/dev/null 2>&1 || resize2fs "$img"
+    # e2fsck made it again; the volume had none (see the make above).
+    [ "$lost" != 0 ] || debugfs -w -R "rmdir lost+found" "$img" >/dev/null 2>&1 || true
   fi
   rm -f "$img.grow"
 fi
