@@ -98,7 +98,8 @@ class Settings(BaseSettings):
     # Disk sizes (docs/decisions.md "Disk sizes"): a sized volume is an ext4 image file
     # in ``volume_image_dir`` on its engine's host, loop-mounted by Podman; a container
     # disk is held to its size by the engine (overlay on XFS with project quotas).
-    # Hosts that cannot enforce either refuse clusters unless this allows it.
+    # Hosts that cannot enforce either refuse clusters unless this allows it. An empty
+    # ``volume_image_dir`` makes no images: volume sizes are then not enforced.
     allow_unenforced_disk: bool = False
     volume_image_dir: str = "/var/lib/gpuyard/volume-images"
     # Each account's clusters share a network closed to other accounts by host firewall

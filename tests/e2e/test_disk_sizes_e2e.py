@@ -22,9 +22,14 @@ import pytest
 
 from gpuyard.core.ownership import LABEL_SIZE, Ownership
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engine import EnginePolicy
+from gpuyard.runtimes.fleet import HostEngine
 from gpuyard.runtimes.host_firewall import subprocess_runner
+from gpuyard.runtimes.host_runtimes import HostEngineRuntime, host_runtime_factory
+from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.runtimes.volume_copy import copy_volume, volume_checksum
 from gpuyard.runtimes.volume_images import VolumeImages
+from tests.e2e import podman_host
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
 from tests.helpers import free_port
@@ -276,3 +281,44 @@ def test_a_copy_of_a_sized_volume_is_sized_and_identical(
         engine, owner, target, "cat /w/d/f && dd if=/dev/zero of=/w/x bs=1M count=80"
     )
     assert "hello" in out and code != 0 and NO_SPACE in out, out
+
+
+@pytest.mark.skipif(podman_host.available() is not None, reason=str(podman_host.available()))
+def test_a_sized_volume_moves_to_a_host_reached_over_ssh(
+    sized: tuple[DockerEngineRuntime, Ownership], engine_url: str, tmp_path: Path
+) -> None:
+    """The image is made on the target host through its SSH connection, at the
+    source's size, and the copy lands in it."""
+    local, owner = sized
+    keys = SshKeys(tmp_path / "home")
+    with podman_host.PodmanHost(ssh_key=keys.public_key()) as sim:
+        sim.load_image(engine_url, DEV_IMAGE)
+        make = host_runtime_factory(
+            keys.dir.parent,
+            EnginePolicy(),
+            timeout_s=10,
+            volume_image_dir=str(tmp_path / "remote-images"),
+        )
+        remote = make(HostEngine(7, "sim", sim.ssh_url))
+        assert isinstance(remote, HostEngineRuntime)
+        remote.bind(owner)
+        try:
+            assert remote.available() is None
+            volume = f"{owner.prefix}-moved"
+            local.engine.ensure_volume(volume, {LABEL_SIZE: str(64 * MIB)})
+            code, out = run_on(local.engine.client(), owner, volume, "echo kept > /w/f && sync")
+            assert code == 0, out
+            copy_volume(local.engine, volume, remote.engine, volume)
+            options = remote.engine.api.inspect_volume(volume)["Options"]
+            assert options.get("device") == str(tmp_path / "remote-images" / f"{volume}.img")
+            code, out = run_on(
+                remote.engine.client(),
+                owner,
+                volume,
+                "cat /w/f && dd if=/dev/zero of=/w/x bs=1M count=80",
+            )
+            assert "kept" in out and code != 0 and NO_SPACE in out, out
+            remote.remove_volume(volume)
+            assert not (tmp_path / "remote-images" / f"{volume}.img").exists()
+        finally:
+            remote.close()

@@ -278,7 +278,7 @@ def engine_server(settings: Settings, url: str | None) -> Server:
     policy = engine_policy(settings, url)
     operator = training_operator_factory(settings, url) if settings.training_enabled else None
     # Sized volumes' images are made by this machine's shell when the engine is here.
-    local = is_local_engine(url)
+    local = is_local_engine(url) and bool(settings.volume_image_dir)
     images = VolumeImages(subprocess_runner, settings.volume_image_dir) if local else None
     return build_server(
         settings,

@@ -72,13 +72,18 @@ def host_runtime_factory(
     policy: EnginePolicy,
     timeout_s: float,
     *,
-    volume_image_dir: str = DEFAULT_DIRECTORY,
+    volume_image_dir: str | None = DEFAULT_DIRECTORY,
 ) -> RuntimeFactory:
     """Makes the runtime of a host from its engine URL. Firewall rules are kept, and
     sized volumes' images made (in ``volume_image_dir``), on every host we can run
     commands on (SSH, or a unix socket on this machine); a TCP engine's host keeps its
     engine's own isolation (``policy.allow_unisolated_networks`` decides for Podman)
-    and cannot have sized volumes (``policy.allow_unenforced_disk`` decides)."""
+    and cannot have sized volumes (``policy.allow_unenforced_disk`` decides; nor can
+    any host when ``volume_image_dir`` is empty or None)."""
+
+    def images(runner: Runner) -> VolumeImages | None:
+        return VolumeImages(runner, volume_image_dir) if volume_image_dir else None
+
     keys = SshKeys(home)
     sockets = Path(home) / "ssh" / "sockets"
 
@@ -99,7 +104,7 @@ def host_runtime_factory(
                 ),
                 runner=runner,
                 tunnel=tunnel,
-                volume_images=VolumeImages(runner, volume_image_dir),
+                volume_images=images(runner),
             )
         remote_policy = EnginePolicy(
             allow_unenforced_limits=policy.allow_unenforced_limits,
@@ -116,11 +121,12 @@ def host_runtime_factory(
                 verify=True,
             )
             url = url.replace("tcp://", "https://", 1)
-        images = (
-            VolumeImages(subprocess_runner, volume_image_dir) if address.scheme == "unix" else None
-        )
         return HostEngineRuntime(
-            url, timeout_s, policy=remote_policy, tls=tls, volume_images=images
+            url,
+            timeout_s,
+            policy=remote_policy,
+            tls=tls,
+            volume_images=images(subprocess_runner) if address.scheme == "unix" else None,
         )
 
     return make
