@@ -39,7 +39,8 @@ from gpuyard.core.errors import GpuyardError, RuntimeFailure
 from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.engine import Engine, with_size
+from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.engine_disk import with_size
 from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
 from gpuyard.runtimes.volume_copy import remove_helpers, volume_labels
 from gpuyard.services import snapshot_work as work

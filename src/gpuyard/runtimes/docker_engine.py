@@ -209,7 +209,7 @@ class DockerEngineRuntime:
                 memory_limits=limits,
                 stats=False,
                 limits_problem=self.engine.limits_problem,
-                disk_problem=self.engine.container_disk_problem,
+                disk_problem=self.engine.disk.container_problem,
             )
         return Capabilities(
             real_gpus=not podman,
@@ -217,7 +217,7 @@ class DockerEngineRuntime:
             memory_limits=limits,
             stats=True,
             limits_problem=self.engine.limits_problem,
-            disk_problem=self.engine.disk_problem(),
+            disk_problem=self.engine.disk.problem(),
         )
 
     def available(self) -> str | None:
@@ -358,9 +358,9 @@ class DockerEngineRuntime:
         allows going without (the next create leaves them out); else raise."""
         # Whether this create asked for a size: another create may have learnt the
         # refusal (and dropped sizes) while this one was on its way.
-        if self.engine.disk_refused(e, spec.container_disk_gb > 0):
-            if not self.engine.allow_unenforced_disk:
-                raise self.engine.disk_error() from e
+        if self.engine.disk.refused(e, spec.container_disk_gb > 0):
+            if not self.engine.disk.allow:
+                raise self.engine.disk.error() from e
             return
         if not self.engine.limits_refused(e, self._uses_limits(spec)):
             raise e
@@ -371,7 +371,7 @@ class DockerEngineRuntime:
         return self.engine.apply_limits and (spec.cpu_cores > 0 or spec.memory_gb > 0)
 
     def _uses_disk_size(self, spec: ContainerSpec) -> bool:
-        return self.engine.apply_disk_size and spec.container_disk_gb > 0
+        return self.engine.disk.apply_container_size and spec.container_disk_gb > 0
 
     def _create(self, spec: ContainerSpec) -> str:
         if spec.account_id is None:

@@ -15,14 +15,13 @@ error, unless the operator allowed running without limits. Disk sizes are treate
 same way: a volume labelled with a size (``LABEL_SIZE``) is made as a loop-mounted
 image of that size (runtimes/volume_images.py) where the host allows, and a container
 disk size the engine refuses (``storage_opt``: overlay on XFS with project quotas) is
-remembered in :attr:`Engine.container_disk_problem`; either fails with a clear error
-unless the operator allowed unenforced disk sizes.
+remembered (runtimes/engine_disk.py, :attr:`Engine.disk`); either fails with a clear
+error unless the operator allowed unenforced disk sizes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -34,22 +33,15 @@ import docker.errors
 import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
-from gpuyard.core.ownership import (
-    LABEL_ACCOUNT,
-    LABEL_INSTALLATION,
-    LABEL_MANAGED,
-    LABEL_SIZE,
-    Ownership,
-)
+from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, LABEL_MANAGED, Ownership
+from gpuyard.runtimes.engine_disk import DiskSizes, size_label
 from gpuyard.runtimes.host_firewall import (
     IptablesIsolation,
     IsolationUnavailable,
     Runner,
     bridge_name,
 )
-from gpuyard.runtimes.volume_images import VolumeImages, driver_options
-
-log = logging.getLogger(__name__)
+from gpuyard.runtimes.volume_images import VolumeImages
 
 # How long a failed probe of the host firewall is believed before it is asked again.
 FIREWALL_RETRY_S = 60.0
@@ -73,34 +65,6 @@ LIMIT_ERROR_MARKERS = (
     "kernel does not support",
     "not supported",
 )
-
-# Engine error texts that mean "this host cannot limit a container's writable layer"
-# (Podman: "storage option overlay.size ... only supported for backingFS XFS"; Docker:
-# "--storage-opt is supported only for overlay over xfs with 'pquota' mount option").
-DISK_ERROR_MARKERS = (
-    "storage-opt",
-    "storage option",
-    "storage opt",
-    "overlay.size",
-    "pquota",
-    "project quota",
-    "backingfs",
-)
-
-
-def with_size(labels: Mapping[str, str], size_gb: int) -> dict[str, str]:
-    """``labels`` asking for at least ``size_gb`` GiB (a larger size they ask for is
-    kept; 0: unchanged)."""
-    wanted = max(size_label(labels) or 0, size_gb * 1024**3)
-    return {**labels, LABEL_SIZE: str(wanted)} if wanted else dict(labels)
-
-
-def size_label(labels: Mapping[str, str] | None) -> int | None:
-    """The size in bytes a volume's labels ask for (``LABEL_SIZE``); None: unsized."""
-    text = (labels or {}).get(LABEL_SIZE)
-    if text is None or not str(text).isdigit() or int(text) <= 0:
-        return None
-    return int(text)
 
 
 def reason(e: BaseException) -> str:
@@ -225,13 +189,8 @@ class Engine:
         # Why the engine cannot apply limits (None: it can, as far as known). Kept for
         # the life of the process: a host's cgroup setup does not change under it.
         self.limits_problem: str | None = None
-        self.volume_images = volume_images
-        self.allow_unenforced_disk = policy.allow_unenforced_disk
-        # Why the engine cannot limit a container's writable layer (None: it can, as
-        # far as known); learnt from its refusal, kept like limits_problem.
-        self.container_disk_problem: str | None = None
-        self._rootless: bool | None = None
-        self._warned_unsized: set[str] = set()
+        # Volume and container disk sizes (runtimes/engine_disk.py).
+        self.disk = DiskSizes(self, volume_images, policy.allow_unenforced_disk)
 
     # -- ownership ------------------------------------------------------------------
 
@@ -364,98 +323,6 @@ class Engine:
             {"enforces_limits": False},
         )
 
-    # -- disk sizes -----------------------------------------------------------------
-
-    def disk_refused(self, e: RuntimeFailure, uses_disk_size: bool) -> bool:
-        """Whether ``e`` is the engine refusing a container disk size. If so, remember
-        why; True means: retry without a size (allowed). Otherwise the caller raises
-        :meth:`disk_error`."""
-        text = e.message.lower()
-        if not uses_disk_size or not any(m in text for m in DISK_ERROR_MARKERS):
-            return False
-        with self._lock:
-            self.container_disk_problem = e.message[:500]
-        return True
-
-    @property
-    def apply_disk_size(self) -> bool:
-        """False only when the engine refused container disk sizes and the operator
-        allowed that."""
-        return self.container_disk_problem is None or not self.allow_unenforced_disk
-
-    def disk_error(self, problem: str | None = None) -> RuntimeFailure:
-        return RuntimeFailure(
-            "this host cannot enforce disk sizes "
-            f"({problem or self.container_disk_problem}); see docs/decisions.md "
-            '"Disk sizes" for what the host needs, or allow unenforced sizes with '
-            "GPUYARD_ALLOW_UNENFORCED_DISK=true",
-            {"enforces_disk": False},
-        )
-
-    def volume_sizes_problem(self) -> str | None:
-        """Why sized volumes cannot be made on this engine (None: they can): they need
-        a rootful Podman and commands on its host (runtimes/volume_images.py)."""
-        if self.volume_images is None:
-            return (
-                "gpuyard cannot run commands on this engine's host (use ssh:// or a local engine)"
-            )
-        if not self.is_podman():
-            return "Docker's local volume driver cannot mount volume image files"
-        if self.is_rootless():
-            return "a rootless Podman cannot mount volume image files"
-        return self.volume_images.problem()
-
-    def disk_problem(self) -> str | None:
-        """Why some disk size is not enforced here (None: all are, as far as known)."""
-        try:
-            volumes = self.volume_sizes_problem()
-        except RuntimeFailure:
-            volumes = None  # unreachable: nothing is known
-        parts = []
-        if self.container_disk_problem:
-            parts.append(f"container disk: {self.container_disk_problem}")
-        if volumes:
-            parts.append(f"volumes: {volumes}")
-        return "; ".join(parts) or None
-
-    def is_rootless(self) -> bool:
-        if self._rootless is None:
-            with self.errors("querying the engine"):
-                info = self.api.info() or {}
-            options = [str(o) for o in info.get("SecurityOptions") or []]
-            self._rootless = any("rootless" in o for o in options)
-        return self._rootless
-
-    def _sized_volume_options(self, name: str, size: int) -> dict[str, str] | None:
-        """The driver options of a new volume ``name`` of ``size`` bytes (its image made
-        first), or None where sizes are not enforced and that is allowed. Raises
-        RuntimeFailure where they are not and it is not."""
-        problem = self.volume_sizes_problem()
-        if problem is None:
-            assert self.volume_images is not None
-            return driver_options(self.volume_images.ensure(name, size))
-        if not self.allow_unenforced_disk:
-            raise self.disk_error(problem)
-        if name not in self._warned_unsized:
-            self._warned_unsized.add(name)
-            log.warning("volume %s is made without a size limit: %s", name, problem)
-        return None
-
-    def _grow_volume(self, name: str, info: Mapping[str, Any], size: int) -> None:
-        """Grow our existing volume ``name`` to ``size`` bytes when it is one of our
-        images (a volume made unsized stays so until it is made again). Never raises
-        for a grow the host could not do now."""
-        device = (info.get("Options") or {}).get("device")
-        if self.volume_images is None or not self.volume_images.owns(device):
-            return
-        try:
-            self.volume_images.ensure(name, size)
-        except RuntimeFailure as exc:
-            # It keeps its size (still enforced) until a later call grows it (one
-            # made while it is not mounted grows it offline): a start never fails
-            # for a grow.
-            log.warning("volume %s not grown yet: %s", name, exc.message)
-
     # -- containers -----------------------------------------------------------------
 
     def inspect_container(self, name: str, *, legacy: bool = False) -> dict[str, Any] | None:
@@ -546,7 +413,7 @@ class Engine:
             try:
                 info = self.api.inspect_volume(name)
             except docker.errors.NotFound:
-                options = self._sized_volume_options(name, size) if size else None
+                options = self.disk.volume_options(name, size) if size else None
                 try:
                     self.api.create_volume(
                         name=name, labels=self.labels(labels), driver_opts=options
@@ -558,7 +425,7 @@ class Engine:
                     self.api.inspect_volume(name)
                 return
             if size:
-                self._grow_volume(name, info, size)
+                self.disk.grow(name, info, size)
 
     def remove_volume(self, name: str, *, legacy: bool = False) -> None:
         """Delete our volume ``name``. Idempotent; one in use raises RuntimeFailure.
@@ -577,9 +444,7 @@ class Engine:
                 )
             with contextlib.suppress(docker.errors.NotFound):
                 self.api.remove_volume(name)
-        device = (info.get("Options") or {}).get("device")
-        if self.volume_images is not None and self.volume_images.owns(device):
-            self.volume_images.remove(name)
+        self.disk.removed(name, info)
 
     def list_volumes(self) -> list[EngineVolume]:
         """Our volumes, with their sizes where the engine reports them (one ``df``)."""
@@ -607,16 +472,7 @@ class Engine:
         with self.errors("listing volumes"):
             answer = self.api.volumes(filters={"label": self.owner.label_filter()}) or {}
         rows = [v for v in answer.get("Volumes") or [] if self.owner.owns(v.get("Labels"))]
-        images = self.volume_images
-        imaged = {
-            str(v.get("Name"))
-            for v in rows
-            if images is not None and images.owns((v.get("Options") or {}).get("device"))
-        }
-        plain = {str(v.get("Name")) for v in rows} - imaged
-        out: dict[str, int] = {}
-        if imaged and images is not None:
-            out.update(images.usage(sorted(imaged)))
+        out, plain = self.disk.usage(rows)
         if plain:
             with self.errors("reading disk usage"):
                 df = self.api.df() or {}

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.engine import Engine, with_size
+from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.engine_disk import with_size
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.volume_copy import (
     Chunk,
