@@ -95,6 +95,13 @@ class Settings(BaseSettings):
     restart_window_s: float = 600.0
     # Engines that cannot apply CPU/memory limits: refuse creates unless allowed here.
     allow_unenforced_limits: bool = False
+    # Disk sizes (docs/decisions.md "Disk sizes"): a sized volume is an ext4 image file
+    # in ``volume_image_dir`` on its engine's host, loop-mounted by Podman; a container
+    # disk is held to its size by the engine (overlay on XFS with project quotas).
+    # Hosts that cannot enforce either refuse clusters unless this allows it. An empty
+    # ``volume_image_dir`` makes no images: volume sizes are then not enforced.
+    allow_unenforced_disk: bool = False
+    volume_image_dir: str = "/var/lib/gpuyard/volume-images"
     # Each account's clusters share a network closed to other accounts by host firewall
     # rules (runtimes/host_firewall.py; root needed on Podman). True: run without them, letting
     # clusters of different accounts reach each other (single-tenant installations).

@@ -84,6 +84,11 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
                 with contextlib.suppress(docker.errors.NotFound):
                     volume.remove(force=True)
                 removed.append(volume.name)
+                # A sized volume's image (runtimes/volume_images.py), which the engine
+                # does not remove with the volume: named after it, on this machine.
+                device = (volume.attrs.get("Options") or {}).get("device") or ""
+                if Path(device).name == f"{volume.name}.img":
+                    Path(device).unlink(missing_ok=True)
         for network in client.networks.list(filters={"label": wanted}):
             if ours(network.attrs.get("Labels")):
                 with contextlib.suppress(docker.errors.NotFound):

@@ -92,7 +92,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, engine_url: str) -> Iterator
         rate_limit_per_key=0,
         rate_limit_per_source=0,
     )
-    policy = EnginePolicy()
+    # The simulated hosts' storage is on ext4: container disk sizes are not enforced
+    # there (tests/e2e/test_disk_sizes_e2e.py tests the refusal).
+    policy = EnginePolicy(allow_unenforced_disk=True)
     sims: list[PodmanHost] = []
     try:
         for _ in range(3):  # one after the other: each takes the next free address
@@ -101,7 +103,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, engine_url: str) -> Iterator
             sim.start()
             sim.load_image(engine_url, DEV_IMAGE)
         local = DockerEngineRuntime(engine_url, policy=policy)
-        factory = host_runtime_factory(home, policy, settings.remote_engine_timeout_s)
+        # No volume images: a dozen clusters with volumes would each hold one of this
+        # machine's loop devices (its kernel caps them at max_loop=8, shared with every
+        # other test run); test_disk_sizes_e2e.py tests sized volumes, and a sized
+        # volume's move between hosts.
+        factory = host_runtime_factory(
+            home, policy, settings.remote_engine_timeout_s, volume_image_dir=None
+        )
         with live_server(settings, local, factory) as server:
             hosts: dict[int, PodmanHost] = {}
             with server.client() as c:

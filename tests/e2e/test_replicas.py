@@ -74,6 +74,8 @@ class Replica:
             "GPUYARD_STOP_TIMEOUT_S": "2",
             "GPUYARD_LEASE_TTL_S": str(LEASE_TTL_S),
             "GPUYARD_TRAINING_ENABLED": "false",
+            # Container disk sizes cannot be enforced on this machine's ext4 storage.
+            "GPUYARD_ALLOW_UNENFORCED_DISK": "true",
         }
         self.proc: subprocess.Popen[bytes] | None = None
 

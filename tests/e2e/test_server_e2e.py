@@ -69,6 +69,10 @@ class ServerProcess:
             # handed out again here.
             "GPUYARD_PORT_RANGE_START": str(self.port_block),
             "GPUYARD_PORT_RANGE_END": str(self.port_block + PORT_BLOCK_SIZE - 1),
+            # This machine's engine storage is on ext4 (no project quotas): container
+            # disk sizes cannot be enforced here. Volumes are still sized (loop-mounted
+            # images); tests of the refusal itself set this to false.
+            "GPUYARD_ALLOW_UNENFORCED_DISK": "true",
             **self.extra_env,
         }
         self.home.mkdir(parents=True, exist_ok=True)

@@ -130,6 +130,11 @@ def test_clone_starts_with_the_snapshot(
     settle(rec, clone.id)
     assert uc.get_cluster(ctx, alice, clone.id).status == "running"
     assert volume_files(ctx, runtime, clone.id) == FILES
+    # The restored volume is held to the clone's size (made sized, not grown later).
+    with ctx.read() as s:
+        row = s.get(Cluster, clone.id)
+        assert row is not None and row.volume_name is not None
+    assert runtime.volumes[row.volume_name].size_gb == 5
 
 
 def test_foreign_unknown_and_unready_snapshots_change_nothing(

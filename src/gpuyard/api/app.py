@@ -282,16 +282,27 @@ def engine_server(settings: Settings, url: str | None) -> Server:
     """The server on real engines: this machine's at ``url``, every added host's from
     its engine URL (ssh://, tcp://, unix://), training clusters on real Slurm nodes."""
     from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+    from gpuyard.runtimes.engine_url import is_local_engine
+    from gpuyard.runtimes.host_firewall import subprocess_runner
     from gpuyard.runtimes.host_runtimes import host_runtime_factory
+    from gpuyard.runtimes.volume_images import VolumeImages
 
     policy = engine_policy(settings, url)
     operator = training_operator_factory(settings, url) if settings.training_enabled else None
+    # Sized volumes' images are made by this machine's shell when the engine is here.
+    local = is_local_engine(url) and bool(settings.volume_image_dir)
+    images = VolumeImages(subprocess_runner, settings.volume_image_dir) if local else None
     return build_server(
         settings,
-        DockerEngineRuntime(url, policy=policy),
+        DockerEngineRuntime(url, policy=policy, volume_images=images),
         engine_url=url,
         training_operator=operator,
-        host_runtimes=host_runtime_factory(settings.home, policy, settings.remote_engine_timeout_s),
+        host_runtimes=host_runtime_factory(
+            settings.home,
+            policy,
+            settings.remote_engine_timeout_s,
+            volume_image_dir=settings.volume_image_dir,
+        ),
         proxy=partial(ProxySync.from_settings, settings=settings)
         if settings.proxy_enabled
         else None,
@@ -308,6 +319,7 @@ def engine_policy(settings: Settings, engine_url: str | None) -> EnginePolicy:
         allow_unenforced_limits=settings.allow_unenforced_limits,
         manage_host_firewall=is_local_engine(engine_url),
         allow_unisolated_networks=settings.allow_unisolated_networks,
+        allow_unenforced_disk=settings.allow_unenforced_disk,
     )
 
 

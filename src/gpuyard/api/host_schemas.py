@@ -290,6 +290,10 @@ class HostOut(StrictOut):
     # ``limits_note`` says why.
     enforces_limits: bool
     limits_note: str | None
+    # False when volume or container disk sizes are not enforced there (a write past
+    # them would not fail); ``disk_note`` says why.
+    enforces_disk: bool
+    disk_note: str | None
     # Where each inventory figure came from.
     inventory: InventorySources
     gpus: list[HostGpuOut]

@@ -237,6 +237,8 @@ def host_view(h: HostView, local_problem: str | None, ratios: AllocationRatios) 
         "declared": list(h.declared),
         "enforces_limits": h.enforces_limits,
         "limits_note": h.limits_note,
+        "enforces_disk": h.enforces_disk,
+        "disk_note": h.disk_note,
         "inventory": h.inventory_sources,
         "gpus": [
             {

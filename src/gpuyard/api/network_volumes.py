@@ -119,8 +119,11 @@ def update_volume(
 ) -> JSONResponse:
     """Rename and/or grow. A smaller ``size`` is 400 (details: ``current_size``); more
     than the host has free is 409 INSUFFICIENT_CAPACITY."""
-    ctx = app_state(request).ctx
-    return ok(view(nvs.update_network_volume(ctx, principal, network_volume_id, body)))
+    state = app_state(request)
+    updated = nvs.update_network_volume(
+        state.ctx, principal, network_volume_id, body, runtime_of=state.runtime_of
+    )
+    return ok(view(updated))
 
 
 @router.delete(

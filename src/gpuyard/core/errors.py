@@ -152,6 +152,14 @@ class LimitsNotEnforced(GpuyardError):
     http_status = 409
 
 
+class DiskNotEnforced(GpuyardError):
+    """The chosen host cannot enforce volume or container disk sizes and the operator
+    has not allowed running without them."""
+
+    code = "DISK_NOT_ENFORCED"
+    http_status = 409
+
+
 class ProxyUnavailable(GpuyardError):
     """The HTTP proxy is not serving (Caddy missing, not started, or refusing its
     configuration): proxy URLs and open links cannot work until it is."""

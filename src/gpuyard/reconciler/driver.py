@@ -129,16 +129,27 @@ class ClusterDriver:
         it has none). Raises RuntimeFailure when the network volume is gone."""
         if c.network_volume_id is None:
             return self.volume_of(c) if c.volume_gb > 0 else None
+        name, size_gb = self._network_volume(c)
+        self.runtime_of(c.host_id).ensure_volume(name, c.network_volume_id, size_gb)
+        return name
+
+    def _network_volume(self, c: Cluster) -> tuple[str, int]:
+        """The engine volume and size (GB) of ``c``'s network volume. Raises
+        RuntimeFailure when it is gone."""
         with self.ctx.read() as session:
             nv = session.get(NetworkVolume, c.network_volume_id)
-            name = nv.volume_name if nv is not None and nv.deleted_at is None else None
-        if name is None:
-            raise RuntimeFailure(
-                f"network volume {c.network_volume_id} no longer exists",
-                {"network_volume_id": c.network_volume_id},
-            )
-        self.runtime_of(c.host_id).ensure_volume(name, c.network_volume_id)
-        return name
+            if nv is not None and nv.deleted_at is None:
+                return nv.volume_name, nv.size_gb
+        raise RuntimeFailure(
+            f"network volume {c.network_volume_id} no longer exists",
+            {"network_volume_id": c.network_volume_id},
+        )
+
+    def _volume_gb(self, c: Cluster) -> int:
+        """The size the container's volume is held to: its network volume's, or its own."""
+        if c.network_volume_id is None:
+            return c.volume_gb
+        return self._network_volume(c)[1]
 
     # -- helpers -------------------------------------------------------------
     def _load(self, cluster_id: str) -> Cluster | None:
@@ -531,6 +542,8 @@ class ClusterDriver:
             ),
             volume_name=self._mounted_volume(c),
             volume_mount_path=c.volume_mount_path,
+            volume_gb=self._volume_gb(c),
+            container_disk_gb=c.container_disk_gb,
             cpu_cores=float(c.cpu_cores),
             memory_gb=float(c.memory_gb),
             gpu_indices=tuple(c.gpu_indices),

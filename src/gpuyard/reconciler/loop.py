@@ -712,27 +712,40 @@ class Reconciler:
         self.driver.collect_container(cluster_id, on_host=on_host)
 
     def _sync_host_limits(self, runtime: Runtime, host_ids: tuple[int, ...]) -> None:
-        """Show on the hosts whether their engine enforces CPU/memory limits (the runtime
-        learns it from the engine's refusal), so creates can refuse with a clear error."""
+        """Show on the hosts whether their engine enforces CPU/memory limits and disk
+        sizes (the runtime learns it from the engine's refusal or the host's probe), so
+        creates can refuse with a clear error."""
         ids = host_ids or ((self.host_id,) if self.host_id is not None else ())
         if not ids:
             return
-        problem = runtime.capabilities().limits_problem
-        wanted = (problem is None, problem)
+        caps = runtime.capabilities()
+        problem, disk = caps.limits_problem, caps.disk_problem
+        wanted = (problem is None, problem, disk is None, disk)
         with self.ctx.read() as session:
             shown = list(
                 session.execute(
-                    select(Host.id, Host.enforces_limits, Host.limits_note).where(Host.id.in_(ids))
+                    select(
+                        Host.id,
+                        Host.enforces_limits,
+                        Host.limits_note,
+                        Host.enforces_disk,
+                        Host.disk_note,
+                    ).where(Host.id.in_(ids))
                 )
             )
-        stale = [r.id for r in shown if (r.enforces_limits, r.limits_note) != wanted]
+        stale = [
+            r.id
+            for r in shown
+            if (r.enforces_limits, r.limits_note, r.enforces_disk, r.disk_note) != wanted
+        ]
         if not stale:
             return  # the usual case: no write transaction every observe pass
         with self.ctx.transaction() as session:
             for host_id in stale:
                 host = session.get(Host, host_id)
                 if host is not None:
-                    host.enforces_limits, host.limits_note = wanted
+                    host.enforces_limits, host.limits_note = wanted[0], wanted[1]
+                    host.enforces_disk, host.disk_note = wanted[2], wanted[3]
 
     def _scan_engine_volumes(self, runtime: Runtime, host_ids: tuple[int, ...]) -> None:
         # One engine shared by several host rows keeps its quarantine under the local

@@ -50,7 +50,7 @@ from gpuyard.storage.account_repositories import SnapshotRepositories
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.restic_dump import dump_as_volume_tar
 from gpuyard.storage.tar_stats import TarCounter, counted
-from gpuyard.store.schema import NetworkVolume, Snapshot
+from gpuyard.store.schema import Cluster, NetworkVolume, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,11 @@ class SnapshotWorker:
             fmt = SnapshotFormat(snap.format) if snap is not None else SnapshotFormat.TAR
             account_id = snap.account_id if snap is not None else 0
             shared = snap is not None and snap.repository is None
+            # The size the restored volume is held to: its holder's (sized volumes,
+            # runtimes/volume_images.py).
+            holder_gb = _holder_size(session.get(Cluster, holder_id)) or _holder_size(
+                session.get(NetworkVolume, holder_id)
+            )
         if restic_id is None:
             raise RuntimeFailure(f"snapshot {snapshot_id} has no data in the repository")
         work.restore_progress(self.ctx, restore_id, 0, total)
@@ -256,7 +261,15 @@ class SnapshotWorker:
                         shared, restic_id = False, moved.restic_id or restic_id
             repository = self._repository(account_id, shared=shared)
             self._restore(
-                runtime, repository, fmt, restic_id, target_volume, like_volume, cluster_id, beat
+                runtime,
+                repository,
+                fmt,
+                restic_id,
+                target_volume,
+                like_volume,
+                cluster_id,
+                beat,
+                holder_gb,
             )
         except Exception as exc:
             with contextlib.suppress(GpuyardError):
@@ -277,10 +290,11 @@ class SnapshotWorker:
         like_volume: str | None,
         cluster_id: str | None,
         beat: Callable[[int], None],
+        size_gb: int = 0,
     ) -> None:
-        """Write the snapshot into ``target_volume`` as a tar stream through the
-        engine's archive upload (restic runs here; only the stream reaches the
-        engine)."""
+        """Write the snapshot into ``target_volume`` (held to ``size_gb`` GiB at least)
+        as a tar stream through the engine's archive upload (restic runs here; only the
+        stream reaches the engine)."""
         source: contextlib.AbstractContextManager[Iterator[Any]] = (
             dump_as_volume_tar(repository, restic_id)
             if fmt == SnapshotFormat.TREE
@@ -288,7 +302,13 @@ class SnapshotWorker:
         )
         with source as chunks:
             write_volume(
-                runtime, target_volume, cluster_id, chunks, like=like_volume, on_progress=beat
+                runtime,
+                target_volume,
+                cluster_id,
+                chunks,
+                like=like_volume,
+                on_progress=beat,
+                size_gb=size_gb,
             )
 
     def restore_network_volume(self, volume_id: str) -> None:
@@ -399,3 +419,12 @@ class SnapshotWorker:
             migrate_shared_snapshots(self.ctx, self.repositories)
         except GpuyardError as exc:
             log.warning("snapshots cannot be moved to their accounts now: %s", exc.message)
+
+
+def _holder_size(holder: Cluster | NetworkVolume | None) -> int:
+    """The GiB a restore's holder's volume is held to (0: none known)."""
+    if isinstance(holder, Cluster):
+        return holder.volume_gb
+    if isinstance(holder, NetworkVolume):
+        return holder.size_gb
+    return 0

@@ -21,10 +21,20 @@ from gpuyard.core.ownership import (
     LABEL_CLUSTER,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
+    LABEL_SIZE,
     Ownership,
 )
 
-__all__ = ["LABEL_ACCOUNT", "LABEL_CLUSTER", "LABEL_INSTALLATION", "LABEL_MANAGED", "LogLine"]
+__all__ = [
+    "LABEL_ACCOUNT",
+    "LABEL_CLUSTER",
+    "LABEL_INSTALLATION",
+    "LABEL_MANAGED",
+    "LABEL_SIZE",
+    "LogLine",
+]
+
+GIB = 1024**3
 
 # Who reads a container's CPU%: each has its own sampling window (see Runtime.stats).
 StatsConsumer = Literal["view", "idle"]
@@ -68,6 +78,12 @@ class ContainerSpec:
     # accounts' networks. None: the engine's default network, shared with everything
     # else on it — only for callers with no account (benchmarks); clusters have one.
     account_id: int | None = None
+    # The size of the mounted volume in GiB, enforced where the engine can (0: not
+    # sized); a larger size than the volume has grows it.
+    volume_gb: int = 0
+    # The container disk (the writable layer) in GiB, enforced where the engine can
+    # (0: the engine's default, unlimited).
+    container_disk_gb: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,9 @@ class Capabilities:
     stats: bool
     # Why the engine refused CPU/memory limits, once it has.
     limits_problem: str | None = None
+    # Why volume or container disk sizes are not enforced on this engine (None: they
+    # are, as far as known): learnt from the engine's refusal or the host's probe.
+    disk_problem: str | None = None
 
 
 class LogFollow(Protocol):
@@ -146,7 +165,15 @@ class Runtime(Protocol):
         just before a pull begins (never when the image is already there)."""
         ...
 
-    def ensure_volume(self, name: str, cluster_id: str | None = None) -> None: ...
+    def ensure_volume(
+        self, name: str, cluster_id: str | None = None, size_gb: int | None = None
+    ) -> None:
+        """Make our volume ``name`` if missing. ``size_gb``: its size, enforced where
+        the engine can (a write past it fails with ENOSPC); an existing sized volume
+        smaller than that is grown, never shrunk. Where sizes cannot be enforced this
+        raises RuntimeFailure, unless the operator allowed unenforced disk sizes.
+        Idempotent."""
+        ...
 
     def create(self, spec: ContainerSpec) -> str:
         """Create (not start) the cluster's container, replacing any previous one of the

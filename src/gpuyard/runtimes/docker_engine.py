@@ -44,8 +44,10 @@ from gpuyard.core.image_refs import parse_image_ref
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes import engine_logs, pull_errors
 from gpuyard.runtimes.base import (
+    GIB,
     LABEL_ACCOUNT,
     LABEL_CLUSTER,
+    LABEL_SIZE,
     Capabilities,
     ContainerSpec,
     ContainerState,
@@ -59,6 +61,7 @@ from gpuyard.runtimes.base import (
 )
 from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
 from gpuyard.runtimes.host_firewall import Runner
+from gpuyard.runtimes.volume_images import VolumeImages
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +151,11 @@ class DockerEngineRuntime:
         firewall_runner: Runner | None = None,
         network_in_use_grace_s: float = NETWORK_IN_USE_GRACE_S,
         client: Any = None,
+        volume_images: VolumeImages | None = None,
     ) -> None:
         """``client``: an SDK client to use instead of connecting to ``base_url``
-        (tests inject a stand-in engine)."""
+        (tests inject a stand-in engine). ``volume_images``: how sized volumes are made
+        on the engine's host (see Engine)."""
         self.network_in_use_grace_s = network_in_use_grace_s
         self.engine = Engine(
             base_url,
@@ -159,6 +164,7 @@ class DockerEngineRuntime:
             policy=policy,
             firewall_runner=firewall_runner,
             client=client,
+            volume_images=volume_images,
         )
         self.base_url = base_url
         self.timeout_s = timeout_s
@@ -203,6 +209,7 @@ class DockerEngineRuntime:
                 memory_limits=limits,
                 stats=False,
                 limits_problem=self.engine.limits_problem,
+                disk_problem=self.engine.disk.container_problem,
             )
         return Capabilities(
             real_gpus=not podman,
@@ -210,6 +217,7 @@ class DockerEngineRuntime:
             memory_limits=limits,
             stats=True,
             limits_problem=self.engine.limits_problem,
+            disk_problem=self.engine.disk.problem(),
         )
 
     def available(self) -> str | None:
@@ -284,9 +292,15 @@ class DockerEngineRuntime:
             problem = pull_errors.from_exception(e)
         return problem, detail
 
-    def ensure_volume(self, name: str, cluster_id: str | None = None) -> None:
-        """Create our volume ``name`` if it does not exist. Idempotent."""
-        self.engine.ensure_volume(name, {LABEL_CLUSTER: cluster_id} if cluster_id else None)
+    def ensure_volume(
+        self, name: str, cluster_id: str | None = None, size_gb: int | None = None
+    ) -> None:
+        """Create our volume ``name`` if it does not exist; with ``size_gb`` a sized
+        one, or grow it (see Runtime.ensure_volume, Engine.ensure_volume). Idempotent."""
+        labels = {LABEL_CLUSTER: cluster_id} if cluster_id else {}
+        if size_gb:
+            labels[LABEL_SIZE] = str(size_gb * GIB)
+        self.engine.ensure_volume(name, labels or None)
 
     def ensure_account_network(self, account_id: int, *, fresh: bool = False) -> str:
         """Create account ``account_id``'s private network if it does not exist (see
@@ -306,9 +320,10 @@ class DockerEngineRuntime:
 
     def create(self, spec: ContainerSpec) -> str:
         """Create (not start) the cluster's container, first removing any container of
-        ours with the same name. If the engine refuses CPU/memory limits, the create
-        fails with a clear error, unless running without limits is allowed (then the
-        limits are dropped and :meth:`capabilities` says so). Returns the container id."""
+        ours with the same name. If the engine refuses CPU/memory limits or the
+        container disk size, the create fails with a clear error, unless running
+        without them is allowed (then they are dropped and :meth:`capabilities` says
+        so). Returns the container id."""
         name = self._name(spec.cluster_id)
         with self._lock:
             self._specs[spec.cluster_id] = spec
@@ -316,8 +331,8 @@ class DockerEngineRuntime:
             self.engine.stop_and_remove(spec.replaces, timeout_s=10, legacy=True)
         if spec.volume_name:
             # Created with our labels (the engine would make an unlabelled one on
-            # mount, which our volume listing would not see).
-            self.ensure_volume(spec.volume_name, spec.cluster_id)
+            # mount, which our volume listing would not see), sized, or grown to size.
+            self.ensure_volume(spec.volume_name, spec.cluster_id, spec.volume_gb or None)
         try:
             # Optimistic: most creates have no predecessor, and a remove that finds
             # nothing still costs an engine round trip.
@@ -327,15 +342,36 @@ class DockerEngineRuntime:
                 self.engine.remove_container(name)
                 return self._create(spec)
         except RuntimeFailure as e:
-            if not self.engine.limits_refused(e, self._uses_limits(spec)):
-                raise
-            if self.engine.apply_limits:
-                raise self.engine.limits_error() from e
-        self.engine.remove_container(name)
-        return self._create(spec)
+            self._without_refused(e, spec)
+        # Each retry drops what the engine refused (limits, then the disk size, or the
+        # other way round): at most two.
+        for _ in range(2):
+            self.engine.remove_container(name)
+            try:
+                return self._create(spec)
+            except RuntimeFailure as e:
+                self._without_refused(e, spec)
+        raise RuntimeFailure(f"creating container for cluster {spec.cluster_id} kept failing")
+
+    def _without_refused(self, e: RuntimeFailure, spec: ContainerSpec) -> None:
+        """Return when ``e`` is the engine refusing limits or a disk size the operator
+        allows going without (the next create leaves them out); else raise."""
+        # Whether this create asked for a size: another create may have learnt the
+        # refusal (and dropped sizes) while this one was on its way.
+        if self.engine.disk.refused(e, spec.container_disk_gb > 0):
+            if not self.engine.disk.allow:
+                raise self.engine.disk.error() from e
+            return
+        if not self.engine.limits_refused(e, self._uses_limits(spec)):
+            raise e
+        if self.engine.apply_limits:
+            raise self.engine.limits_error() from e
 
     def _uses_limits(self, spec: ContainerSpec) -> bool:
         return self.engine.apply_limits and (spec.cpu_cores > 0 or spec.memory_gb > 0)
+
+    def _uses_disk_size(self, spec: ContainerSpec) -> bool:
+        return self.engine.disk.apply_container_size and spec.container_disk_gb > 0
 
     def _create(self, spec: ContainerSpec) -> str:
         if spec.account_id is None:
@@ -399,6 +435,10 @@ class DockerEngineRuntime:
             kwargs["nano_cpus"] = int(spec.cpu_cores * 1e9)
         if self.engine.apply_limits and spec.memory_gb > 0:
             kwargs["mem_limit"] = int(spec.memory_gb * 1024**3)
+        if self._uses_disk_size(spec):
+            # The writable layer's size: overlay on XFS with project quotas (Podman,
+            # Docker); elsewhere the engine refuses it (see create).
+            kwargs["storage_opt"] = {"size": f"{spec.container_disk_gb}G"}
         if spec.gpu_uuids:
             kwargs["device_requests"] = [
                 docker.types.DeviceRequest(

@@ -11,7 +11,12 @@ containers — is never stopped, removed or renamed.
 
 It also decides how CPU and memory limits are treated: if the engine refuses them, the
 refusal is remembered (:attr:`Engine.limits_problem`) and the create fails with a clear
-error, unless the operator allowed running without limits.
+error, unless the operator allowed running without limits. Disk sizes are treated the
+same way: a volume labelled with a size (``LABEL_SIZE``) is made as a loop-mounted
+image of that size (runtimes/volume_images.py) where the host allows, and a container
+disk size the engine refuses (``storage_opt``: overlay on XFS with project quotas) is
+remembered (runtimes/engine_disk.py, :attr:`Engine.disk`); either fails with a clear
+error unless the operator allowed unenforced disk sizes.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, LABEL_MANAGED, Ownership
+from gpuyard.runtimes.engine_disk import DiskSizes, size_label
 from gpuyard.runtimes.host_firewall import (
     IptablesIsolation,
     IsolationUnavailable,
     Runner,
     bridge_name,
 )
+from gpuyard.runtimes.volume_images import VolumeImages
 
 # How long a failed probe of the host firewall is believed before it is asked again.
 FIREWALL_RETRY_S = 60.0
@@ -117,6 +124,9 @@ class EnginePolicy:
     manage_host_firewall: bool = False
     # Run without those rules where they cannot be kept (single-tenant installations).
     allow_unisolated_networks: bool = False
+    # Run with volume and container disk sizes unenforced where the host cannot
+    # enforce them.
+    allow_unenforced_disk: bool = False
 
 
 DEFAULT_POLICY = EnginePolicy()
@@ -144,9 +154,12 @@ class Engine:
         policy: EnginePolicy = DEFAULT_POLICY,
         firewall_runner: Runner | None = None,
         client: Any = None,
+        volume_images: VolumeImages | None = None,
     ) -> None:
         """``client``: an SDK client to use instead of connecting to ``base_url`` on
-        first use (tests pass a fake one)."""
+        first use (tests pass a fake one). ``volume_images``: how sized volumes' image
+        files are made on the engine's host (None: no commands can be run there, so
+        volume sizes are not enforced)."""
         self.base_url = base_url
         manage_host_firewall = policy.manage_host_firewall
         # How firewall commands reach the engine's host: this machine's shell, or SSH
@@ -176,6 +189,8 @@ class Engine:
         # Why the engine cannot apply limits (None: it can, as far as known). Kept for
         # the life of the process: a host's cgroup setup does not change under it.
         self.limits_problem: str | None = None
+        # Volume and container disk sizes (runtimes/engine_disk.py).
+        self.disk = DiskSizes(self, volume_images, policy.allow_unenforced_disk)
 
     # -- ownership ------------------------------------------------------------------
 
@@ -406,18 +421,30 @@ class Engine:
     # -- volumes --------------------------------------------------------------------
 
     def ensure_volume(self, name: str, labels: Mapping[str, str] | None = None) -> None:
-        """Create our volume ``name`` if it does not exist. Idempotent."""
+        """Create our volume ``name`` if it does not exist. Idempotent.
+
+        Labels with a size (``LABEL_SIZE``) make a sized volume (a loop-mounted image
+        of that size, runtimes/volume_images.py); an existing one smaller than the size
+        is grown. Where sizes cannot be enforced this raises RuntimeFailure, unless the
+        operator allowed that (then the volume is made unsized)."""
+        size = size_label(labels)
         with self.errors(f"creating volume {name}"):
             try:
-                self.api.inspect_volume(name)
+                info = self.api.inspect_volume(name)
             except docker.errors.NotFound:
+                options = self.disk.volume_options(name, size) if size else None
                 try:
-                    self.api.create_volume(name=name, labels=self.labels(labels))
+                    self.api.create_volume(
+                        name=name, labels=self.labels(labels), driver_opts=options
+                    )
                 except docker.errors.APIError as e:
                     if not lost_creation_race(e):
                         raise
                     # Whoever won the race, the volume must exist now.
                     self.api.inspect_volume(name)
+                return
+            if size:
+                self.disk.grow(name, info, size)
 
     def remove_volume(self, name: str, *, legacy: bool = False) -> None:
         """Delete our volume ``name``. Idempotent; one in use raises RuntimeFailure.
@@ -436,6 +463,7 @@ class Engine:
                 )
             with contextlib.suppress(docker.errors.NotFound):
                 self.api.remove_volume(name)
+        self.disk.removed(name, info)
 
     def list_volumes(self) -> list[EngineVolume]:
         """Our volumes, with their sizes where the engine reports them (one ``df``)."""
@@ -454,22 +482,21 @@ class Engine:
         ]
 
     def volume_usage(self) -> dict[str, int]:
-        """Bytes used by each of our volumes, from the engine's ``/system/df``
-        (``UsageData.Size``; Podman 4.3 sums its files' apparent sizes, sparse files
-        at full length, directories not counted). Volumes the engine reports no size
-        for (Docker's -1) are left out. Raises RuntimeFailure when it does not answer."""
+        """Bytes used by each of our volumes. A sized volume (an image file): the
+        blocks its image holds on the host's disk (sparse files count by their blocks).
+        Others: the engine's ``/system/df`` (``UsageData.Size``; Podman 4.3 sums its
+        files' apparent sizes, sparse files at full length, directories not counted);
+        volumes the engine reports no size for (Docker's -1) are left out. Raises
+        RuntimeFailure when the engine or the host does not answer."""
         with self.errors("listing volumes"):
             answer = self.api.volumes(filters={"label": self.owner.label_filter()}) or {}
-        ours = {
-            str(v.get("Name"))
-            for v in answer.get("Volumes") or []
-            if self.owner.owns(v.get("Labels"))
-        }
-        if not ours:
-            return {}
-        with self.errors("reading disk usage"):
-            df = self.api.df() or {}
-        return {name: size for name, size in self._df_sizes(df).items() if name in ours}
+        rows = [v for v in answer.get("Volumes") or [] if self.owner.owns(v.get("Labels"))]
+        out, plain = self.disk.usage(rows)
+        if plain:
+            with self.errors("reading disk usage"):
+                df = self.api.df() or {}
+            out.update({n: size for n, size in self._df_sizes(df).items() if n in plain})
+        return out
 
     def _volume_sizes(self) -> dict[str, int]:
         try:

@@ -63,6 +63,15 @@ class FakeVolume:
     files: dict[str, str] = field(default_factory=dict)
     owner: str | None = None
     cluster_id: str | None = None
+    # The size it was made with or grown to (0: unsized), as a real engine enforces it.
+    size_gb: int = 0
+
+
+def _grow(volume: FakeVolume, size_gb: int) -> None:
+    """As a real engine does: a sized volume grows (never shrinks); one made unsized
+    stays so (runtimes/engine.py Engine.ensure_volume)."""
+    if volume.size_gb > 0:
+        volume.size_gb = max(volume.size_gb, size_gb)
 
 
 class FakeRuntime:
@@ -102,6 +111,8 @@ class FakeRuntime:
         self.owner: Ownership | None = None
         # Why the (fake) engine refuses CPU/memory limits; None: it applies them.
         self.limits_problem: str | None = None
+        # Why the (fake) engine does not enforce disk sizes; None: it does.
+        self.disk_problem: str | None = None
         # When set, pulling an image that is not present waits for this event.
         self.pull_gate: threading.Event | None = None
         # Stamps of output lines (resolution: one second, as Podman's).
@@ -228,6 +239,7 @@ class FakeRuntime:
             memory_limits=limits,
             stats=True,
             limits_problem=self.limits_problem,
+            disk_problem=self.disk_problem,
         )
 
     def available(self) -> str | None:
@@ -254,12 +266,18 @@ class FakeRuntime:
                 )
             self.images.add(image)
 
-    def ensure_volume(self, name: str, cluster_id: str | None = None) -> None:
+    def ensure_volume(
+        self, name: str, cluster_id: str | None = None, size_gb: int | None = None
+    ) -> None:
         with self._lock:
             self._enter("ensure_volume")
-            self.volumes.setdefault(
-                name, FakeVolume(name, owner=self._owner_id(), cluster_id=cluster_id)
-            )
+            volume = self.volumes.get(name)
+            if volume is None:
+                self.volumes[name] = FakeVolume(
+                    name, owner=self._owner_id(), cluster_id=cluster_id, size_gb=size_gb or 0
+                )
+            else:
+                _grow(volume, size_gb or 0)
 
     def create(self, spec: ContainerSpec) -> str:
         with self._lock:
@@ -273,10 +291,16 @@ class FakeRuntime:
             if old is not None and old.owner != owner:
                 raise RuntimeFailure(f"container name of {spec.cluster_id} is taken")
             if spec.volume_name:
-                self.volumes.setdefault(
-                    spec.volume_name,
-                    FakeVolume(spec.volume_name, owner=owner, cluster_id=spec.cluster_id),
-                )
+                volume = self.volumes.get(spec.volume_name)
+                if volume is None:
+                    self.volumes[spec.volume_name] = FakeVolume(
+                        spec.volume_name,
+                        owner=owner,
+                        cluster_id=spec.cluster_id,
+                        size_gb=spec.volume_gb,
+                    )
+                else:
+                    _grow(volume, spec.volume_gb)
             if spec.account_id is not None:
                 self._ensure_network(spec.account_id)
             self._seq += 1

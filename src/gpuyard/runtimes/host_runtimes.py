@@ -18,9 +18,10 @@ from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.fleet import HostEngine, RuntimeFactory
-from gpuyard.runtimes.host_firewall import Runner
+from gpuyard.runtimes.host_firewall import Runner, subprocess_runner
 from gpuyard.runtimes.inventory import EngineInventory, discover_inventory
 from gpuyard.runtimes.ssh_tunnel import SshKeys, SshRunner, SshSocketTunnel
+from gpuyard.runtimes.volume_images import DEFAULT_DIRECTORY, VolumeImages
 
 
 class HostEngineRuntime(DockerEngineRuntime):
@@ -36,8 +37,15 @@ class HostEngineRuntime(DockerEngineRuntime):
         runner: Runner | None = None,
         tunnel: SshSocketTunnel | None = None,
         tls: docker.tls.TLSConfig | None = None,
+        volume_images: VolumeImages | None = None,
     ) -> None:
-        super().__init__(base_url, timeout_s, policy=policy, firewall_runner=runner)
+        super().__init__(
+            base_url,
+            timeout_s,
+            policy=policy,
+            firewall_runner=runner,
+            volume_images=volume_images,
+        )
         self.runner = runner
         self.tunnel = tunnel
         self.engine.tls = tls
@@ -59,10 +67,23 @@ class HostEngineRuntime(DockerEngineRuntime):
             self.tunnel.close()
 
 
-def host_runtime_factory(home: Path, policy: EnginePolicy, timeout_s: float) -> RuntimeFactory:
-    """Makes the runtime of a host from its engine URL. Firewall rules are kept on every
-    host we can run commands on (SSH); a TCP engine's host keeps its engine's own
-    isolation (``policy.allow_unisolated_networks`` decides for Podman)."""
+def host_runtime_factory(
+    home: Path,
+    policy: EnginePolicy,
+    timeout_s: float,
+    *,
+    volume_image_dir: str | None = DEFAULT_DIRECTORY,
+) -> RuntimeFactory:
+    """Makes the runtime of a host from its engine URL. Firewall rules are kept, and
+    sized volumes' images made (in ``volume_image_dir``), on every host we can run
+    commands on (SSH, or a unix socket on this machine); a TCP engine's host keeps its
+    engine's own isolation (``policy.allow_unisolated_networks`` decides for Podman)
+    and cannot have sized volumes (``policy.allow_unenforced_disk`` decides; nor can
+    any host when ``volume_image_dir`` is empty or None)."""
+
+    def images(runner: Runner) -> VolumeImages | None:
+        return VolumeImages(runner, volume_image_dir) if volume_image_dir else None
+
     keys = SshKeys(home)
     sockets = Path(home) / "ssh" / "sockets"
 
@@ -79,14 +100,17 @@ def host_runtime_factory(home: Path, policy: EnginePolicy, timeout_s: float) -> 
                     allow_unenforced_limits=policy.allow_unenforced_limits,
                     manage_host_firewall=True,
                     allow_unisolated_networks=policy.allow_unisolated_networks,
+                    allow_unenforced_disk=policy.allow_unenforced_disk,
                 ),
                 runner=runner,
                 tunnel=tunnel,
+                volume_images=images(runner),
             )
         remote_policy = EnginePolicy(
             allow_unenforced_limits=policy.allow_unenforced_limits,
             manage_host_firewall=address.scheme == "unix" and policy.manage_host_firewall,
             allow_unisolated_networks=policy.allow_unisolated_networks,
+            allow_unenforced_disk=policy.allow_unenforced_disk,
         )
         tls = None
         if address.scheme == "tcp" and host.tls_dir:
@@ -97,6 +121,12 @@ def host_runtime_factory(home: Path, policy: EnginePolicy, timeout_s: float) -> 
                 verify=True,
             )
             url = url.replace("tcp://", "https://", 1)
-        return HostEngineRuntime(url, timeout_s, policy=remote_policy, tls=tls)
+        return HostEngineRuntime(
+            url,
+            timeout_s,
+            policy=remote_policy,
+            tls=tls,
+            volume_images=images(subprocess_runner) if address.scheme == "unix" else None,
+        )
 
     return make

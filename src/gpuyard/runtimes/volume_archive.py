@@ -19,6 +19,7 @@ from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.engine_disk import with_size
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.volume_copy import (
     Chunk,
@@ -68,6 +69,7 @@ def write_volume(
     *,
     like: str | None = None,
     on_progress: Progress | None = None,
+    size_gb: int = 0,
 ) -> int:
     """Make ``volume`` anew on ``runtime``'s engine (an existing one of ours is removed
     first) and unpack the tar stream ``chunks`` into it, byte for byte: contents,
@@ -75,7 +77,8 @@ def write_volume(
     metadata. Its labels are those of our volume ``like`` (the volume it replaces), or
     ours for ``cluster_id``. Returns the stream's length. An exception raised by
     ``chunks`` is raised again as it was; an engine failure raises RuntimeFailure; the
-    volume may then be partial (callers write into a volume nobody uses yet)."""
+    volume may then be partial (callers write into a volume nobody uses yet).
+    ``size_gb``: the size it is held to (at least; a larger one ``like`` has is kept)."""
     engine = engine_of(runtime)
     if engine is not None:
         labels: dict[str, str] = {}
@@ -84,13 +87,14 @@ def write_volume(
                 labels = volume_labels(engine, like)
         if not labels:
             labels = engine.labels({LABEL_CLUSTER: cluster_id} if cluster_id else {})
+        labels = with_size(labels, size_gb)
         return fill_volume(engine, volume, labels, chunks, on_progress=on_progress)
     if isinstance(runtime, FakeRuntime):
         if runtime.unavailable:
             raise RuntimeFailure(f"engine unreachable: {runtime.unavailable}")
         data = b"".join(bytes(c) for c in chunks)
         runtime.remove_volume(volume)
-        runtime.ensure_volume(volume, cluster_id)
+        runtime.ensure_volume(volume, cluster_id, size_gb or None)
         runtime.replace_volume_files(volume, _files_of(data))
         if on_progress is not None:
             on_progress(len(data))

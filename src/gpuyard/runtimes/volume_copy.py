@@ -600,6 +600,7 @@ def fill_volume(
         receiver = _create_helper(
             target, target_volume, "dst", ["sh", f"/{FIX_ROOT_SCRIPT}"], read_only=False
         )
+        holder = _hold_mounted(target, target_volume)
     try:
         source_failure: list[BaseException] = []
         roots: list[RootMeta | None] = []
@@ -629,10 +630,25 @@ def fill_volume(
         if roots and roots[0] is not None:
             _fix_root(target, receiver, target_volume, roots[0])
     finally:
-        with contextlib.suppress(RuntimeFailure):
-            target.remove_container(receiver)
+        for helper in (receiver, holder):
+            if helper is not None:
+                with contextlib.suppress(RuntimeFailure):
+                    target.remove_container(helper)
     meter.finish()
     return meter.total
+
+
+def _hold_mounted(engine: Engine, volume: str) -> str | None:
+    """For a volume the engine mounts from a device (a sized one, runtimes/
+    volume_images.py): a running helper that keeps it mounted, so an archive upload to
+    a stopped container lands in its file system (Podman 4.3 does not mount such a
+    volume for the upload: the files would go to the empty mount point on the host's
+    disk, unlimited and hidden once mounted). Returns its name; None: not needed."""
+    if not (engine.api.inspect_volume(volume).get("Options") or {}).get("device"):
+        return None
+    holder = _create_helper(engine, volume, "hold", ["sleep", "infinity"], read_only=True)
+    engine.api.start(holder)
+    return holder
 
 
 def volume_labels(engine: Engine, volume: str) -> dict[str, str]:

@@ -21,6 +21,7 @@ from gpuyard.core.autoterm import Rule, deadlines, parse_policy
 from gpuyard.core.errors import (
     ClusterNotFound,
     Conflict,
+    DiskNotEnforced,
     GpuyardError,
     InvalidState,
     LimitsNotEnforced,
@@ -209,6 +210,20 @@ def refuse_unenforced_limits(session: Session, ctx: Context, host_id: int) -> No
     )
 
 
+def refuse_unenforced_disk(session: Session, ctx: Context, host_id: int) -> None:
+    """Raise DiskNotEnforced when ``host_id`` cannot enforce volume or container disk
+    sizes and the operator has not allowed that (GPUYARD_ALLOW_UNENFORCED_DISK)."""
+    host = session.get(Host, host_id)
+    if host is None or host.enforces_disk or ctx.settings.allow_unenforced_disk:
+        return
+    raise DiskNotEnforced(
+        f"host {host.name} cannot enforce disk sizes ({host.disk_note or 'not known'}); "
+        'the operator can give it what docs/decisions.md "Disk sizes" lists, or allow '
+        "unenforced sizes (GPUYARD_ALLOW_UNENFORCED_DISK=true)",
+        {"host_id": host_id, "enforces_disk": False},
+    )
+
+
 def create_cluster(
     ctx: Context,
     principal: Principal,
@@ -317,6 +332,7 @@ def create_cluster(
             reserved=server_ports(ctx.settings),
         )
         refuse_unenforced_limits(session, ctx, placement.host_id)
+        refuse_unenforced_disk(session, ctx, placement.host_id)
         cluster.ports = with_host_ports(tuple(body.ports), assigned)
         cluster.host_id = placement.host_id
         cluster.gpu_indices = list(placement.gpu_indices)

@@ -87,6 +87,9 @@ class HostView:
     # False when the host's engine cannot apply CPU/memory limits; the note says why.
     enforces_limits: bool
     limits_note: str | None
+    # False when the host cannot enforce volume or container disk sizes; the note says why.
+    enforces_disk: bool
+    disk_note: str | None
     capacity: HostCapacity
     workloads: tuple[Workload, ...]
     created_at: datetime
@@ -173,6 +176,8 @@ def _views(session: Session, hosts: Sequence[Host]) -> list[HostView]:
                 declared=tuple(declared),
                 enforces_limits=h.enforces_limits,
                 limits_note=h.limits_note,
+                enforces_disk=h.enforces_disk,
+                disk_note=h.disk_note,
                 capacity=caps[h.id],
                 workloads=tuple(loads.get(h.id, ())),
                 created_at=h.created_at,

@@ -276,17 +276,24 @@ def get_network_volume(ctx: Context, principal: Principal, volume_id: str) -> Ne
 
 
 def update_network_volume(
-    ctx: Context, principal: Principal, volume_id: str, body: UpdateNetworkVolume
+    ctx: Context,
+    principal: Principal,
+    volume_id: str,
+    body: UpdateNetworkVolume,
+    runtime_of: Callable[[int | None], Runtime] | None = None,
 ) -> NetworkVolumeView:
     """Rename and/or grow a network volume. Growing claims the extra disk on its host
     (InsufficientCapacity when the host lacks it, or takes no placements: cordoned,
     draining, unreachable) and bills the new size from now; a smaller size is a
     ValidationFailed naming ``size`` with the current size. Growing is billed storage:
     a suspended account, or one whose budget or balance is spent, is refused
-    (AccountSuspended 403, BudgetExhausted 402); a rename is not. Engines do not
-    enforce a named volume's size, so nothing changes on the engine."""
+    (AccountSuspended 403, BudgetExhausted 402); a rename is not. With ``runtime_of``
+    the engine volume is then grown on its host (its enforced size, runtimes/
+    volume_images.py); where the host does not answer, the next start of a cluster
+    that mounts it grows it."""
     principal.require_write()
     now = ctx.clock.now()
+    grown_to: tuple[int | None, str, int] | None = None
     with ctx.transaction() as session:
         lock_placement(session)
         nv = load_network_volume(session, principal, volume_id)
@@ -318,13 +325,21 @@ def update_network_volume(
             check_storage(session, nv.account_id, nv.project_id, volume_gb=grown)
             _bill(ctx, session, nv, now)
             changed = True
+            grown_to = (nv.host_id, nv.volume_name, nv.size_gb)
         if body.name is not None and body.name != nv.name:
             nv.name = body.name
             changed = True
         if changed:
             nv.updated_at = now
             nv.version += 1
-        return _view(nv, _attached(session, [nv.id])[nv.id])
+        view = _view(nv, _attached(session, [nv.id])[nv.id])
+    if grown_to is not None and runtime_of is not None:
+        host_id, name, size_gb = grown_to
+        try:
+            runtime_of(host_id).ensure_volume(name, volume_id, size_gb)
+        except GpuyardError as exc:
+            log.warning("network volume %s grows on its next use: %s", volume_id, exc.message)
+    return view
 
 
 def delete_network_volume(
