@@ -10,13 +10,18 @@ from __future__ import annotations
 import html
 import re
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 # A cluster id is 14 lowercase letters and digits (core/ids.py); the port 1-65535.
 _HOST_LABEL = re.compile(r"^(?P<cluster>[a-z0-9]{14})-(?P<port>[1-9][0-9]{0,4})$")
 
 SESSION_COOKIE = "gy_proxy"
+# Where a private http port is published on its host: loopback, so only the proxy
+# reaches it (never another host, nor any container, through the host's addresses).
+LOOPBACK = "127.0.0.1"
 # Where an ``open`` link lands on a proxy host (the API answers it through the proxy).
 OPEN_PATH = "/v1/clusters/{cluster_id}/ports/{port}/open"
 
@@ -57,6 +62,16 @@ def page_html(title: str, text: str) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>"
         f"{html.escape(title)}</title></head><body><h1>{html.escape(title)}</h1>"
         f"<p>{html.escape(text)}</p><p><small>gpuyard proxy</small></p></body></html>\n"
+    )
+
+
+def proxy_only_ports(ports: Iterable[Mapping[str, Any]]) -> frozenset[int]:
+    """The internal ports of a cluster's declared ``ports`` that only the proxy may
+    reach: its http ports not declared public."""
+    return frozenset(
+        int(p["internal_port"])
+        for p in ports
+        if p.get("protocol") == "http" and p.get("visibility", Visibility.PRIVATE) != "public"
     )
 
 

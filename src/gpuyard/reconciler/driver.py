@@ -23,6 +23,7 @@ from gpuyard.core.errors import Conflict, GpuyardError, RuntimeFailure
 from gpuyard.core.image_refs import check_image
 from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
+from gpuyard.core.proxy import LOOPBACK, proxy_only_ports
 from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
@@ -486,6 +487,8 @@ class ClusterDriver:
                 session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == c.id))
             )
             uuids = gpu_uuids(session, c.host_id, list(c.gpu_indices)) if c.host_id else ()
+            hosts, _ = self.ctx.references.get(session)
+            host = hosts.get(c.host_id) if c.host_id is not None else None
             # The container joins its account's private network: no route to the
             # clusters of other accounts.
             account_id = session.scalar(
@@ -510,6 +513,12 @@ class ClusterDriver:
         if public_keys:
             # RunPod's convention: images' start scripts put these in authorized_keys.
             env.setdefault("PUBLIC_KEY", public_keys)
+        # A private http port is published on the host's loopback only: the proxy, on
+        # this machine, is all that may reach it (docs/decisions.md "Private ports").
+        # A remote host's proxy-only ports stay on its addresses until the proxy
+        # reaches them some other way.
+        local = host is None or host.is_local
+        loopback = proxy_only_ports(c.ports or []) if local else frozenset()
         try:
             command = tuple(shlex.split(c.docker_args)) if c.docker_args.strip() else None
         except ValueError as exc:
@@ -520,7 +529,14 @@ class ClusterDriver:
             command=command,
             env=env,
             ports=tuple(
-                PortBinding(a.internal_port, a.port, "udp" if a.protocol == "udp" else "tcp")
+                PortBinding(
+                    a.internal_port,
+                    a.port,
+                    "udp" if a.protocol == "udp" else "tcp",
+                    host_ip=LOOPBACK
+                    if a.internal_port in loopback and a.protocol != "udp"
+                    else None,
+                )
                 for a in allocations
             ),
             volume_name=self._mounted_volume(c),
