@@ -1,10 +1,13 @@
 """The API's side of the HTTP proxy over real HTTP (fake runtime, no Caddy): proxy URLs
 in cluster objects, hosts and GraphQL; open links (issue, redeem once, expiry, who may);
-the proxy's key check and status page; the routes the proxy is given."""
+the sessions they become (a cookie per redemption, checked on every request: expiry,
+revocation, a revoked key, a removed member); the proxy's key check and status page;
+the routes the proxy is given."""
 
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +21,8 @@ from gpuyard.edge.caddy import CaddyError
 from gpuyard.edge.caddy_config import ProxyListen
 from gpuyard.reconciler.proxy_sync import ProxySync
 from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
-from gpuyard.services.proxy_routes import load_routes, port_secret
+from gpuyard.services.proxy_routes import load_routes
+from tests.api.test_resources import add_member
 from tests.helpers import LiveServer, created
 
 BODY: dict[str, Any] = {
@@ -124,12 +128,6 @@ def test_routes_given_to_the_proxy(proxied: LiveServer) -> None:
         assert routes[8888].visibility is Visibility.PRIVATE
         assert routes[7860].visibility is Visibility.PUBLIC
         assert routes[8888].upstream.startswith("127.0.0.1:")
-        secret = port_secret(proxied.server.ctx.settings, cid, 8888)
-        assert (
-            routes[8888].cookie_secret
-            == secret
-            != port_secret(proxied.server.ctx.settings, cid, 7860)
-        )
         # A stop changes nothing the proxy is told; a terminate removes the routes.
         before = load_routes(proxied.server.ctx)
         assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
@@ -152,8 +150,7 @@ def test_open_link_works_once(proxied: LiveServer) -> None:
         landed = proxy_get(proxied, link)
         assert landed.status_code == 302 and landed.headers["location"] == "/"
         cookie = landed.headers["set-cookie"]
-        secret = port_secret(proxied.server.ctx.settings, cid, 8888)
-        assert cookie.startswith(f"gy_proxy={secret};")
+        assert cookie.startswith("gy_proxy=")
         assert "httponly" in cookie.lower() and "samesite=lax" in cookie.lower()
         again = proxy_get(proxied, link)
         assert again.status_code == 403 and "does not open" in again.text
@@ -166,6 +163,106 @@ def test_open_link_works_once(proxied: LiveServer) -> None:
         assert any("issued to API key" in m for m in access)
         assert any("used" in m for m in access)
         assert all(link.split("token=")[1] not in m for m in access)
+
+
+def redeem(srv: LiveServer, cid: str, port: int = 8888, key: str | None = None, **hdr: str) -> str:
+    """The session cookie (``gy_proxy=…``) an open link of ``port`` grants ``key``."""
+    with srv.client(key) as c:
+        r = c.get(f"/v1/clusters/{cid}/ports/{port}/open", headers=hdr)
+        assert r.status_code == 200, r.text
+    landed = proxy_get(srv, r.json()["data"]["url"])
+    assert landed.status_code == 302, landed.text
+    return landed.headers["set-cookie"].split(";")[0]
+
+
+def proxy_check(srv: LiveServer, host: str, headers: dict[str, str]) -> int:
+    """What the API answers the proxy's check of a request to ``host``."""
+    r = httpx.get(f"{srv.url}/v1/proxy/authorize", headers={"X-Forwarded-Host": host, **headers})
+    return r.status_code
+
+
+def eventually(check: Any, timeout: float = 15.0) -> None:
+    """``check()`` holds within ``timeout`` (session answers are kept a few seconds)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.1)
+
+
+def test_each_open_link_is_a_session_of_its_own(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = created(proxied, c, BODY)
+    host = f"{cid}-8888.proxy.localhost:8080"
+    first, second = redeem(proxied, cid), redeem(proxied, cid)
+    assert first != second  # per session, not one value per port
+    value = first.split("=", 1)[1]
+    assert proxy_check(proxied, host, {"Cookie": first}) == 200
+    assert proxy_check(proxied, host, {"Cookie": f"a=1; {first}; b=2"}) == 200
+    # Matched by its exact name: the value inside another cookie opens nothing.
+    assert proxy_check(proxied, host, {"Cookie": f"x=a{first}"}) == 401
+    assert proxy_check(proxied, host, {"Cookie": f"x={first}"}) == 401
+    assert proxy_check(proxied, host, {"Cookie": f"gy_proxyx={value}"}) == 401
+    assert proxy_check(proxied, host, {"Cookie": "gy_proxy=guessed"}) == 401
+    # Another port's session does not open this one.
+    public = redeem(proxied, cid, 7860)
+    assert proxy_check(proxied, host, {"Cookie": public}) == 401
+    # Revoked by the owner: every session of the port ends.
+    with proxied.client() as c:
+        r = c.delete(f"/v1/clusters/{cid}/ports/8888/sessions")
+        assert r.status_code == 200, r.text
+        assert r.json()["data"]["revoked"] == 2
+    eventually(lambda: proxy_check(proxied, host, {"Cookie": second}) == 401)
+    eventually(lambda: proxy_check(proxied, host, {"Cookie": first}) == 401)
+    assert proxy_check(proxied, f"{cid}-7860.proxy.localhost:8080", {"Cookie": public}) == 200
+
+
+def test_a_session_expires(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = created(proxied, c, BODY)
+    host = f"{cid}-8888.proxy.localhost:8080"
+    proxied.server.app.state.gpuyard.proxy_sessions.ttl_s = 0.0  # no kept answers
+    cookie = redeem(proxied, cid)
+    assert proxy_check(proxied, host, {"Cookie": cookie}) == 200
+    clock = proxied.server.ctx.clock
+    real_now = clock.now
+    later = real_now() + timedelta(hours=proxied.server.ctx.settings.proxy_session_hours + 1)
+    clock.now = lambda: later  # type: ignore[method-assign]
+    try:
+        assert proxy_check(proxied, host, {"Cookie": cookie}) == 401
+    finally:
+        clock.now = real_now  # type: ignore[method-assign]
+
+
+def test_a_removed_members_and_a_revoked_keys_sessions_are_refused(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = created(proxied, c, BODY)
+        aid = c.get("/v1/me").json()["data"]["acting"]["account_id"]
+    host = f"{cid}-8888.proxy.localhost:8080"
+    # A user with an account of their own, a member of this one: their key is of their
+    # home account, so removing the membership revokes no key; the session must end.
+    with proxied.server.ctx.transaction() as session:
+        user, home, _ = create_account(session, email="dev@example.com", name="dev")
+        dev_key = issue_key(
+            session, user_id=user.id, account_id=home.id, name="dev", scope=Scope.WRITE
+        ).key
+    member_id = add_member(proxied, aid, user.id, "member")
+    cookie = redeem(proxied, cid, key=dev_key, **{"X-Gpuyard-Account": str(aid)})
+    assert proxy_check(proxied, host, {"Cookie": cookie}) == 200
+    with proxied.client() as c:
+        assert c.delete(f"/v1/accounts/{aid}/members/{member_id}").status_code == 200
+    eventually(lambda: proxy_check(proxied, host, {"Cookie": cookie}) == 401)
+    # A revoked key's session ends too.
+    with proxied.client() as c:
+        r = c.post("/v1/api-keys", json={"name": "second", "scope": "write"})
+        assert r.status_code in (200, 201), r.text
+        second, second_id = r.json()["data"]["key"], r.json()["data"]["id"]
+    cookie = redeem(proxied, cid, key=second)
+    assert proxy_check(proxied, host, {"Cookie": cookie}) == 200
+    with proxied.client(second) as c:
+        assert c.delete(f"/v1/api-keys/{second_id}").status_code == 200
+    eventually(lambda: proxy_check(proxied, host, {"Cookie": cookie}) == 401)
+    # The owner's own session is untouched.
+    assert proxy_check(proxied, host, {"Cookie": redeem(proxied, cid)}) == 200
 
 
 def test_open_link_expires(proxied: LiveServer) -> None:

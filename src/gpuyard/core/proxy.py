@@ -90,20 +90,53 @@ def parse_host(host: str, domain: str) -> tuple[str, int] | None:
     return (m["cluster"], port) if port <= 65535 else None
 
 
+# What the proxy takes for a gpuyard API key in ``Authorization`` (the patterns of
+# edge/caddy_config.py): anything else there is the application's own, passed on.
+KEY_PREFIXES = ("Bearer gy_", "bearer gy_", "gy_")
+
+
+def presented_key(key_header: str | None, authorization: str | None) -> str | None:
+    """The API key a request to the proxy presents: ``X-Gpuyard-Api-Key`` first (beside
+    it, Authorization may be the application's own), else an ``Authorization`` that
+    holds a gpuyard key (``Bearer gy_…``, ``gy_…``); None when there is none."""
+    if key_header and key_header.strip():
+        return key_header.strip()
+    if authorization and authorization.startswith(KEY_PREFIXES):
+        scheme, _, rest = authorization.strip().partition(" ")
+        return rest.strip() if scheme.lower() == "bearer" and rest else authorization.strip()
+    return None
+
+
+def session_cookies(cookie_headers: Iterable[str]) -> list[str]:
+    """The values of every cookie named exactly :data:`SESSION_COOKIE` in ``Cookie``
+    headers (``a=1; gy_proxy=V``): a name is what precedes the first ``=`` of a
+    ``;``-separated pair, so ``x=agy_proxy=V`` is a cookie ``x``, never a session."""
+    values: list[str] = []
+    for header in cookie_headers:
+        for pair in header.split(";"):
+            name, eq, value = pair.partition("=")
+            if eq and name.strip() == SESSION_COOKIE:
+                value = value.strip()
+                if len(value) >= 2 and value[0] == value[-1] == '"':
+                    value = value[1:-1]
+                if value:
+                    values.append(value)
+    return values
+
+
 @dataclass(frozen=True)
 class ProxyRoute:
     """One http port of one cluster as the proxy should serve it: forwarded to
     ``upstream`` (``host:port`` of the published port), for anybody when public, else
-    for a request with the port's cookie (``cookie_secret``) or an API key of the
-    owner. Nothing here changes when the cluster stops or starts, so the proxy's
-    configuration does not either (a stopped cluster's port refuses the connection, and
-    the proxy answers a page naming its status)."""
+    for a request the API lets through (a live session's cookie, or an API key of the
+    owner). Nothing here changes when the cluster stops or starts, or when sessions
+    come and go, so the proxy's configuration does not either (a stopped cluster's
+    port refuses the connection, and the proxy answers a page naming its status)."""
 
     cluster_id: str
     internal_port: int
     visibility: Visibility
     upstream: str
-    cookie_secret: str
 
 
 @dataclass

@@ -38,13 +38,6 @@ def proxy_base(settings: Settings) -> ProxyBase:
     )
 
 
-def port_secret(settings: Settings, cluster_id: str, internal_port: int) -> str:
-    """The cookie value that opens a private port: derived from the installation's
-    secret key, stable for the cluster's life (so handing out links never changes the
-    proxy's configuration), different for every port and installation."""
-    return secret_box(settings).derive(f"proxy-port:{cluster_id}:{internal_port}")
-
-
 def proxy_api_secret(settings: Settings) -> str:
     """What the proxy sends the API with its own requests (the X-Gpuyard-Proxy header):
     for those alone the API takes the client's address from X-Forwarded-For."""
@@ -77,7 +70,6 @@ def load_routes(ctx: Context) -> list[ProxyRoute]:
                     internal_port=port,
                     visibility=Visibility(p.get("visibility", Visibility.PRIVATE)),
                     upstream=f"{reach}:{published}",
-                    cookie_secret=port_secret(ctx.settings, r.id, port),
                 )
             )
     return routes
