@@ -118,6 +118,9 @@ def _to_api(listen: ProxyListen) -> dict[str, Any]:
     }
 
 
+_DROP_KEY_HEADER = {"handler": "headers", "request": {"delete": [KEY_HEADER]}}
+
+
 def _authorize(listen: ProxyListen) -> dict[str, Any]:
     """Caddy's forward_auth: ask the API; a 2xx answer lets the request go on, any
     other answer (401, 404 pages) is what the client gets."""
@@ -143,8 +146,10 @@ def _authorize(listen: ProxyListen) -> dict[str, Any]:
         "handle_response": [
             {
                 "match": {"status_code": [2]},
-                # Nothing to copy from the answer: the request just goes on.
-                "routes": [],
+                # Nothing to copy from the answer: the request goes on to the next
+                # handler. (A handler with no routes would not: Caddy would answer the
+                # client with the API's empty 200 instead.)
+                "routes": [{"handle": [_DROP_KEY_HEADER]}],
             }
         ],
     }
