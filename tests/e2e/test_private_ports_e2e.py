@@ -29,9 +29,12 @@ import pytest
 from gpuyard.core.training import NodeName
 from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
+from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Member
+from tests.e2e.podman_host import PodmanHost
+from tests.e2e.podman_host import available as hosts_unavailable
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, container_name, running_server, wait_status
 from tests.helpers import free_port
@@ -287,3 +290,66 @@ def _add_member(srv: ServerProcess, account_id: int, user_id: int) -> int:
             return member.id
     finally:
         engine.dispose()
+
+
+@pytest.mark.skipif(hosts_unavailable() is not None, reason=str(hosts_unavailable()))
+def test_a_private_port_on_an_ssh_host_is_reached_through_a_forward(
+    tmp_path: Path, engine_url: str
+) -> None:
+    """A host added as ssh:// (simulated: its own network namespace, Podman and sshd)
+    publishes a private port on its loopback alone; the proxy, on this machine, reaches
+    it over SSH, while the host's address answers only for the public port."""
+    build_web_image("podman")
+    home = tmp_path / "home"
+    keys = SshKeys(home)
+    proxy_port = free_port()
+    env = {
+        "GPUYARD_PROXY_ENABLED": "true",
+        "GPUYARD_PROXY_PORT": str(proxy_port),
+        "GPUYARD_PROXY_SYNC_INTERVAL_S": "0.5",
+        "GPUYARD_HEARTBEAT_INTERVAL_S": "1",
+    }
+    with PodmanHost(ssh_key=keys.public_key()) as sim:
+        sim.load_image(engine_url, WEB_IMAGE)
+        with running_server(home, engine_url, env) as srv, srv.client() as c:
+            assert c.post("/v1/hosts/1/cordon").status_code == 200  # nothing lands here
+            r = c.post(
+                "/v1/hosts",
+                json={"name": "sim", "engine_url": sim.ssh_url, "gpus": "NVIDIA RTX A6000:2",
+                      "location": "lab", "vcpus": 8, "memory_gb": 16, "disk_gb": 200},
+            )  # fmt: skip
+            assert r.status_code == 201, r.text
+            host_id = r.json()["data"]["id"]
+            eventually(
+                lambda: c.get(f"/v1/hosts/{host_id}").json()["data"]["reachability"] == "reachable",
+                60,
+            )
+            private, public = make(c, "private"), make(c, "public")
+            for data in (private, public):
+                assert data["host"]["id"] == host_id, data
+            key = {"Authorization": f"Bearer {srv.key}"}
+            for data in (private, public):
+                eventually(lambda d=data: bool(proxy_url(c, d["id"])))  # type: ignore[misc]
+                url = proxy_url(c, data["id"])
+                eventually(lambda u=url: "gpuyard web" in through_proxy(proxy_port, u, key).text)  # type: ignore[misc]
+            # At the host's address: the public port answers, the private one does not.
+            eventually(lambda: answers_here(sim.address, host_port(public)))
+            assert not answers_here(sim.address, host_port(private))
+            # Terminated: its forward goes (the proxy answers 404 for the address).
+            url = proxy_url(c, private["id"])
+            assert c.delete(f"/v1/clusters/{private['id']}").status_code == 200
+            wait_status(c, private["id"], {"terminated"}, timeout=90)
+            eventually(lambda: through_proxy(proxy_port, url, key).status_code == 404)
+            forwards = home / "ssh" / "fwd"
+            eventually(
+                lambda: (
+                    not any(
+                        p.name.endswith(f"-{host_port(private)}.sock") for p in forwards.iterdir()
+                    )
+                )
+            )
+
+
+def proxy_url(c: httpx.Client, cid: str) -> str:
+    url: str | None = c.get(f"/v1/clusters/{cid}").json()["data"]["network"]["proxy_url"]
+    return url or ""

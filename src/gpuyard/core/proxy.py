@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from gpuyard.core.engine_address import parse_engine_url
+from gpuyard.core.errors import ValidationFailed
+
 # A cluster id is 14 lowercase letters and digits (core/ids.py); the port 1-65535.
 _HOST_LABEL = re.compile(r"^(?P<cluster>[a-z0-9]{14})-(?P<port>[1-9][0-9]{0,4})$")
 
@@ -73,6 +76,26 @@ def proxy_only_ports(ports: Iterable[Mapping[str, Any]]) -> frozenset[int]:
         for p in ports
         if p.get("protocol") == "http" and p.get("visibility", Visibility.PRIVATE) != "public"
     )
+
+
+def engine_scheme(engine_url: str | None) -> str | None:
+    """The scheme of a host's engine URL (``ssh``, ``tcp``, ``unix``); None when there
+    is none or it does not parse."""
+    if not engine_url:
+        return None
+    try:
+        return parse_engine_url(engine_url).scheme
+    except ValidationFailed:
+        return None
+
+
+def private_on_loopback(is_local: bool, engine_url: str | None) -> bool:
+    """Whether a host's private http ports are published on its loopback alone: the
+    proxy reaches this machine's loopback (its own host, an engine on a local socket)
+    and an ssh:// host's through a forward over SSH (runtimes/ssh_forwards.py). A
+    ``tcp://`` engine's host offers no such way: its private ports stay on its
+    addresses (docs/decisions.md "Private ports")."""
+    return is_local or engine_scheme(engine_url) in ("ssh", "unix")
 
 
 def parse_host(host: str, domain: str) -> tuple[str, int] | None:

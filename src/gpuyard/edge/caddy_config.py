@@ -121,6 +121,16 @@ def _to_api(listen: ProxyListen) -> dict[str, Any]:
 _DROP_KEY_HEADER = {"handler": "headers", "request": {"delete": [KEY_HEADER]}}
 
 
+_UPGRADE_HEADERS = (
+    "Connection",
+    "Upgrade",
+    "Sec-WebSocket-Key",
+    "Sec-WebSocket-Version",
+    "Sec-WebSocket-Extensions",
+    "Sec-WebSocket-Protocol",
+)
+
+
 def _authorize(listen: ProxyListen) -> dict[str, Any]:
     """Caddy's forward_auth: ask the API; a 2xx answer lets the request go on, any
     other answer (401, 404 pages) is what the client gets."""
@@ -135,12 +145,15 @@ def _authorize(listen: ProxyListen) -> dict[str, Any]:
         "transport": {"protocol": "http", "expect_continue_timeout": "60s"},
         "headers": {
             "request": {
+                # A WebSocket handshake's check is a plain GET: the API would otherwise
+                # take it for a WebSocket of its own (and refuse it, 403).
+                "delete": list(_UPGRADE_HEADERS),
                 "set": {
                     "Expect": ["100-continue"],
                     PROXY_HEADER: [listen.api_secret],
                     "X-Forwarded-Method": ["{http.request.method}"],
                     "X-Forwarded-Uri": ["{http.request.uri}"],
-                }
+                },
             }
         },
         "handle_response": [
