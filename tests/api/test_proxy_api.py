@@ -101,6 +101,9 @@ def test_proxy_urls_follow_the_proxy(srv: LiveServer) -> None:
         assert by_port[7860]["proxy_url"] == f"http://{cid}-7860.proxy.localhost:8080"
         assert by_port[7860]["visibility"] == "public"
         assert by_port[22]["proxy_url"] is None
+        # A private http port has no address but the proxy's; the others keep theirs.
+        assert by_port[8888]["address"] is None
+        assert by_port[7860]["address"] and by_port[22]["address"]
         assert c.get("/v1/hosts").json()["data"]["hosts"][0]["proxy"]["available"] is True
         gql = srv.graphql(
             "query($id: String!) { cluster(input: {clusterId: $id}) "
