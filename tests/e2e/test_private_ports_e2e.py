@@ -28,6 +28,7 @@ import pytest
 
 from gpuyard.core.training import NodeName
 from gpuyard.runtimes.engine import EnginePolicy
+from gpuyard.runtimes.host_firewall import LOOPBACK_GUARD
 from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
@@ -194,6 +195,11 @@ def test_a_private_port_is_reachable_only_through_the_proxy(
         eventually(lambda: answers_from(node, gateway(engine, node), public_port))
         reached = {a: answers_from(node, a, private_port) for a in names}
         assert not any(reached.values()), reached
+
+    # Forged packets to the host's loopback from a bridge of ours are dropped before
+    # the engine's DNAT could send them on to a loopback-published port.
+    guard = ["iptables", "-w", "5", "-t", "raw", "-C", "PREROUTING", *LOOPBACK_GUARD]
+    assert subprocess.run(guard, capture_output=True, check=False).returncode == 0
 
     # From outside, at the host's own addresses.
     for address in host_addresses():
