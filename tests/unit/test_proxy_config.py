@@ -222,3 +222,21 @@ def test_the_proxy_vouches_for_its_clients_address() -> None:
     assert _source(scope(forwarded), b"vouch") == "127.0.0.1"
     assert _source(scope(forwarded, (b"x-gpuyard-proxy", b"guess")), b"vouch") == "127.0.0.1"
     assert _source(scope(forwarded, (b"x-gpuyard-proxy", b"vouch")), None) == "127.0.0.1"
+
+
+def test_session_answers_are_kept_for_their_ttl_and_bounded() -> None:
+    from gpuyard.services.proxy_access import SessionChecks
+
+    now = [100.0]
+    checks = SessionChecks(ttl_s=2.0, max_entries=2, clock=lambda: now[0])
+    host = f"{CID}-8888.proxy.localhost"
+    assert checks.cached(host, ["a"]) is None
+    checks.store(host, ["a"], True)
+    checks.store(host.upper(), ["b"], False)
+    assert checks.cached(host, ["a"]) is True and checks.cached(host, ["b"]) is False
+    assert checks.cached(host, ["a", "b"]) is None  # another set of cookies
+    now[0] += 2.0  # a revoked session is refused once its answer is this old
+    assert checks.cached(host, ["a"]) is None
+    for value in ("c", "d", "e"):
+        checks.store(host, [value], True)
+    assert checks.cached(host, ["c"]) is None and checks.cached(host, ["e"]) is True

@@ -196,11 +196,11 @@ async def authorize(request: Request) -> Response:
     cookies = session_cookies(request.headers.getlist("cookie"))
     if cookies:
         checks = state.proxy_sessions
-
-        def ask() -> bool:
-            return proxy_access.session_allows(state.ctx, host, cookies)
-
-        if await run_in_threadpool(checks.check, host, cookies, ask):
+        allowed = checks.cached(host, cookies)
+        if allowed is None:  # only a miss reads the store, on a worker thread
+            allowed = await run_in_threadpool(proxy_access.session_allows, state.ctx, host, cookies)
+            checks.store(host, cookies, allowed)
+        if allowed:
             return Response(status_code=200, headers={"Cache-Control": "no-store"})
     key = presented_key(request.headers.get(KEY_HEADER), request.headers.get("authorization"))
     if key is None:

@@ -263,21 +263,26 @@ class SessionChecks:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, tuple[str, ...]], tuple[float, bool]] = OrderedDict()
 
-    def check(self, host: str, cookies: list[str], ask: Callable[[], bool]) -> bool:
-        """The cached answer for ``(host, cookies)``, else ``ask()``'s (then kept)."""
-        key = (host.lower(), tuple(_hash(c) for c in cookies))
-        now = self._clock()
+    def _key(self, host: str, cookies: list[str]) -> tuple[str, tuple[str, ...]]:
+        return (host.lower(), tuple(_hash(c) for c in cookies))
+
+    def cached(self, host: str, cookies: list[str]) -> bool | None:
+        """The kept answer for ``(host, cookies)``; None when there is none (no I/O, so
+        a hit is answered on the event loop)."""
+        key = self._key(host, cookies)
         with self._lock:
             hit = self._entries.get(key)
-            if hit is not None and hit[0] > now:
+            if hit is not None and hit[0] > self._clock():
                 return hit[1]
-        answer = ask()
+        return None
+
+    def store(self, host: str, cookies: list[str], answer: bool) -> None:
+        key = self._key(host, cookies)
         with self._lock:
-            self._entries[key] = (now + self.ttl_s, answer)
+            self._entries[key] = (self._clock() + self.ttl_s, answer)
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
-        return answer
 
 
 def authorize(ctx: Context, principal: Principal, host: str) -> tuple[str, int]:
