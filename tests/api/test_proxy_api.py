@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,10 +21,11 @@ from gpuyard.core.proxy import ProxyBase, ProxyStatus, Visibility
 from gpuyard.edge.caddy import CaddyError
 from gpuyard.edge.caddy_config import ProxyListen
 from gpuyard.reconciler.proxy_sync import ProxySync
+from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
 from gpuyard.services.proxy_routes import load_routes
 from tests.api.test_resources import add_member
-from tests.helpers import LiveServer, created
+from tests.helpers import LiveServer, created, live_server, make_settings
 
 BODY: dict[str, Any] = {
     "gpu_type": "NVIDIA RTX A6000",
@@ -411,3 +413,72 @@ def test_cli_open_and_public_ports(proxied: LiveServer) -> None:
     assert ok_json(run(proxied, "clusters", "open", cid, "--port", "7860", "--json"))["url"]
     bad = run(proxied, "clusters", "create", "--image", "i", "--port", "22/tcp,public")
     assert bad.exit_code != 0 and "only an http port" in bad.output
+
+
+class FakeForwards:
+    """Forwards to ssh:// hosts' loopback, as the proxy sync sets them up."""
+
+    def __init__(self) -> None:
+        self.kept: set[tuple[str, int]] = set()
+
+    def upstream(self, url: str, port: int) -> str:
+        return f"unix//fwd/{url.rsplit('@', 1)[-1]}-{port}.sock"
+
+    def retain(self, wanted: set[tuple[str, int]]) -> None:
+        self.kept = set(wanted)
+
+
+def test_private_ports_are_on_loopback_where_the_proxy_reaches_loopback(tmp_path: Path) -> None:
+    runtime = FakeRuntime()
+    settings = make_settings(tmp_path / "home", heartbeat_interval_s=3600)
+    with live_server(settings, runtime) as srv, srv.client() as c:
+        assert c.post("/v1/hosts/1/cordon").status_code == 200
+        urls = {"ssh": "ssh://root@10.0.0.9", "tcp": "tcp://10.0.0.8:2375"}
+        tls = tmp_path / "tls"  # the fake runtime never opens it
+        tls.mkdir()
+        for pem in ("ca.pem", "cert.pem", "key.pem"):
+            (tls / pem).write_text("x")
+        for name, url in urls.items():
+            extra = {"engine_tls_dir": str(tls)} if name == "tcp" else {}
+            r = c.post(
+                "/v1/hosts",
+                json={"name": name, "engine_url": url, "gpus": "NVIDIA RTX A6000:1",
+                      "vcpus": 8, "memory_gb": 64, "disk_gb": 500, **extra},
+            )  # fmt: skip
+            assert r.status_code == 201, r.text
+        srv.server.reconciler.heartbeat_now()
+        placed: dict[str, str] = {}
+        for _ in urls:
+            cid = created(srv, c, {**BODY, "gpu_count": 1})
+            host = c.get(f"/v1/clusters/{cid}").json()["data"]["host"]["name"]
+            placed[host] = cid
+        assert set(placed) == {"ssh", "tcp"}
+        assert srv.server.reconciler.wait_idle(10)
+
+        def bound(cid: str) -> dict[int, str | None]:
+            spec = runtime.containers[cid].spec
+            return {p.internal_port: p.host_ip for p in spec.ports}
+
+        # ssh://: the private http port on the host's loopback, the rest on every address.
+        assert bound(placed["ssh"]) == {8888: "127.0.0.1", 7860: None, 22: None}
+        # tcp://: no way for the proxy to reach the host's loopback.
+        assert bound(placed["tcp"]) == {8888: None, 7860: None, 22: None}
+
+        forwards = FakeForwards()
+        routes = {
+            (r.cluster_id, r.internal_port): r.upstream
+            for r in load_routes(srv.server.ctx, forwards)
+        }
+        ports = {
+            p["internal_port"]: p["external_port"]
+            for p in c.get(f"/v1/clusters/{placed['ssh']}").json()["data"]["network"]["ports"]
+        }
+        assert routes[(placed["ssh"], 8888)] == f"unix//fwd/10.0.0.9-{ports[8888]}.sock"
+        assert routes[(placed["ssh"], 7860)] == f"10.0.0.9:{ports[7860]}"
+        assert routes[(placed["tcp"], 8888)].startswith("10.0.0.8:")
+        assert forwards.kept == {(urls["ssh"], ports[8888])}
+        # Terminated: its forward is no longer wanted.
+        assert c.delete(f"/v1/clusters/{placed['ssh']}").status_code == 200
+        assert srv.server.reconciler.wait_idle(10)
+        load_routes(srv.server.ctx, forwards)
+        assert forwards.kept == set()
