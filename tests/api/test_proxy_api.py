@@ -211,11 +211,24 @@ def test_each_open_link_is_a_session_of_its_own(proxied: LiveServer) -> None:
     # Another port's session does not open this one.
     public = redeem(proxied, cid, 7860)
     assert proxy_check(proxied, host, {"Cookie": public}) == 401
-    # Revoked by the owner: every session of the port ends.
+    # Revoked by the owner: every session of the port ends, and its unused links.
     with proxied.client() as c:
+        unused = c.get(f"/v1/clusters/{cid}/ports/8888/open").json()["data"]["url"]
         r = c.delete(f"/v1/clusters/{cid}/ports/8888/sessions")
         assert r.status_code == 200, r.text
-        assert r.json()["data"]["revoked"] == 2
+        assert r.json()["data"]["revoked"] == 3
+        events = c.get(f"/v1/clusters/{cid}/events").json()["data"]["events"]
+        assert any("sessions of port 8888 revoked (3)" in e["message"] for e in events)
+    assert proxy_get(proxied, unused).status_code == 403
+    with proxied.client(other_key(proxied)) as c:
+        r = c.delete(f"/v1/clusters/{cid}/ports/8888/sessions")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "CLUSTER_NOT_FOUND"
+    with proxied.client(own_key(proxied, Scope.READ, "viewer")) as c:
+        r = c.delete(f"/v1/clusters/{cid}/ports/8888/sessions")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
+    with proxied.client() as c:
+        r = c.delete(f"/v1/clusters/{cid}/ports/22/sessions")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
     eventually(lambda: proxy_check(proxied, host, {"Cookie": second}) == 401)
     eventually(lambda: proxy_check(proxied, host, {"Cookie": first}) == 401)
     assert proxy_check(proxied, f"{cid}-7860.proxy.localhost:8080", {"Cookie": public}) == 200

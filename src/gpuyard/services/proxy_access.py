@@ -129,9 +129,9 @@ def issue_link(
 
 
 def redeem_link(ctx: Context, cluster_id: str, port: int, token: str) -> Grant | None:
-    """The session an unused, unexpired link of this cluster port opens (the link is
-    used up): a new random cookie value, of this one session; None for anything else
-    (wrong, used, expired, another port's)."""
+    """The session an unused, unexpired, unrevoked link of this cluster port opens (the
+    link is used up): a new random cookie value, of this one session; None for anything
+    else (wrong, used, expired, revoked, another port's)."""
     now = ctx.clock.now()
     cookie = secrets.token_urlsafe(32)
     with ctx.transaction() as session:
@@ -139,6 +139,7 @@ def redeem_link(ctx: Context, cluster_id: str, port: int, token: str) -> Grant |
         if (
             row is None
             or row.used_at is not None
+            or row.revoked_at is not None
             or row.link_expires_at <= now
             or row.cluster_id != cluster_id
             or row.internal_port != port
@@ -183,7 +184,7 @@ def session_allows(ctx: Context, host: str, cookies: Iterable[str]) -> bool:
             select(ProxySession).where(ProxySession.cookie_hash.in_(hashes))
         ).all()
         live = [
-            r
+            r.api_key_id
             for r in rows
             if r.cluster_id == cluster_id
             and r.internal_port == port
@@ -200,11 +201,10 @@ def session_allows(ctx: Context, host: str, cookies: Iterable[str]) -> bool:
         ).first()
         if owner is None:
             return False
-        for row in live:
-            assert row.api_key_id is not None
+        for key_id in live:
             try:
                 principal = resolve_key_id(
-                    session, row.api_key_id, AccountSelection(account_id=owner.account_id)
+                    session, key_id, AccountSelection(account_id=owner.account_id)
                 )
             except (Unauthorized, Forbidden):
                 continue
