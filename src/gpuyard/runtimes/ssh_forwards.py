@@ -10,7 +10,8 @@ Each host gets one OpenSSH control master (``ssh -N -M``, the installation's key
 known hosts, runtimes/ssh_tunnel.py); forwards are added to it and cancelled on it
 (``ssh -O forward`` / ``-O cancel``), so adding or removing one port never cuts the
 connections of another. A master that died (the host rebooted, the network broke) is
-started again, its forwards with it, at the next :meth:`SshPortForwards.upstream` call.
+started again, its forwards with it, at the next :meth:`SshPortForwards.upstream` call
+(a host that could not be reached is tried again after ``RETRY_AFTER_S``).
 The socket's path depends only on the host's URL and the port, so the proxy's
 configuration does not change when a master restarts.
 """
@@ -33,12 +34,23 @@ from gpuyard.runtimes.ssh_tunnel import SshKeys, ssh_target
 log = logging.getLogger(__name__)
 
 
+# After a host could not be reached, it is not tried again for this long: the proxy's
+# sync pass (which sets forwards up) must not wait on a dead host every time it runs.
+RETRY_AFTER_S = 30.0
+
+
+class _Waiting(Exception):
+    """The host failed recently: not tried again yet."""
+
+
 @dataclass
 class _Master:
     url: str
     control: Path
     proc: subprocess.Popen[bytes] | None = None
     ports: set[int] = field(default_factory=set)
+    # monotonic time before which a failed host is not tried again
+    retry_at: float = 0.0
 
 
 class SshPortForwards:
@@ -68,6 +80,8 @@ class SshPortForwards:
         try:
             with self._lock:
                 self._ensure(url, port)
+        except _Waiting:
+            pass  # failed a moment ago (logged then)
         except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
             log.warning("no forward to port %s of %s yet: %s", port, url, exc)
         return f"unix/{path}"
@@ -99,7 +113,13 @@ class SshPortForwards:
         if master is None:
             master = self._masters[url] = _Master(url, self.dir / f"{self._stem(url)}.ctl")
         if master.proc is None or master.proc.poll() is not None:
-            self._start(master)
+            if time.monotonic() < master.retry_at:
+                raise _Waiting()
+            try:
+                self._start(master)
+            except (OSError, subprocess.SubprocessError, RuntimeError):
+                master.retry_at = time.monotonic() + RETRY_AFTER_S
+                raise
         if port not in master.ports:
             done = self._control(master, "forward", port)
             if done.returncode != 0:
