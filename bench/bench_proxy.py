@@ -3,8 +3,11 @@
 One container of the offline web image (``gpuyard dev-image --web``) publishes port
 8888 on loopback. A Caddy started the way gpuyard starts it (edge/caddy.py) is loaded
 with the configuration gpuyard generates (edge/caddy_config.py) for that port, once as
-a public port and once as a private port opened by its cookie (the browser's path).
-``wrk`` then fetches ``/bytes/1048576`` with 32 keep-alive connections from:
+a public port and once as a private port opened by a session cookie (the browser's
+path). The private port's every request is checked by the real API (the gpuyard app on
+its fake runtime, bench/_gpuyard_fake_server.py, with a cluster and a session made
+for it), as in production. ``wrk`` then fetches ``/bytes/1048576`` with 32 keep-alive
+connections from:
 
 - direct: ``127.0.0.1:<published port>``;
 - proxy (public), proxy (private, cookie): Caddy, with the cluster's proxy host name.
@@ -19,26 +22,33 @@ one connection (latency without queueing). Everything made here is removed at th
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_seconds, free_port
+from _common import cpu_seconds, free_port, stop_process, wait_http_ok
 
 from gpuyard.core.proxy import SESSION_COOKIE, ProxyBase, ProxyRoute, Visibility
 from gpuyard.edge.caddy import CaddyAdmin, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
 from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
+from gpuyard.services.auth import hash_key
+from gpuyard.services.bootstrap import open_store
+from gpuyard.settings import Settings
+from gpuyard.store.schema import ApiKey, ProxySession
 
 PUBLIC_ID = "benchpublic000"
-PRIVATE_ID = "benchprivate00"
 SECRET = "bench-cookie-secret"
 PATH = "/bytes/1048576"
 
@@ -64,6 +74,52 @@ def wrk(url: str, connections: int, duration: int, headers: dict[str, str]) -> d
     return {"rps": rps, "mib_s": rps, "p50": lat["50"], "p99": lat["99"]}
 
 
+def start_api(home: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The gpuyard API on its fake runtime (the proxy's checks go to it), with one
+    cluster declaring a private http port 8888 and a live session of the admin's key
+    whose cookie is SECRET. Returns the process and the cluster's id."""
+    home.mkdir(parents=True)
+    launcher = Path(__file__).resolve().parent / "_gpuyard_fake_server.py"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(launcher), "--home", str(home), "--port", str(port)],
+            env={**os.environ, "GPUYARD_HOME": str(home)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    wait_http_ok(base + "/healthz", proc, log)
+    key = json.loads((home / "credentials").read_text())["api_key"]
+    created = httpx.post(
+        base + "/v1/clusters",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"docker_image": "img", "gpu_type": "NVIDIA RTX A6000",
+              "ports": [{"internal_port": 8888, "protocol": "http"}]},
+        timeout=30,
+    )  # fmt: skip
+    created.raise_for_status()
+    cluster_id: str = created.json()["data"]["id"]
+    # The session an open link would have become (links need a serving proxy).
+    engine, sessions = open_store(Settings(home=home))
+    try:
+        with sessions.begin() as session:
+            row = session.query(ApiKey).filter(ApiKey.key_hash == hash_key(key)).one()
+            now = datetime.now(UTC)
+            session.add(
+                ProxySession(
+                    token_hash=hashlib.sha256(b"bench-link").hexdigest(),
+                    cluster_id=cluster_id, internal_port=8888, account_id=row.account_id,
+                    key_name=row.name, created_at=now, link_expires_at=now, used_at=now,
+                    expires_at=now + timedelta(hours=1),
+                    cookie_hash=hashlib.sha256(SECRET.encode()).hexdigest(),
+                    api_key_id=row.id, user_id=row.user_id,
+                )
+            )  # fmt: skip
+    finally:
+        engine.dispose()
+    return proc, cluster_id
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
@@ -84,20 +140,20 @@ def main() -> None:
     )  # fmt: skip
     caddy = CaddyProcess(work / "caddy")
     admin = CaddyAdmin(caddy.admin_address)
+    api: subprocess.Popen[bytes] | None = None
     try:
+        api_port, home = free_port(), work / "home"
+        api, private_id = start_api(home, api_port, work / "api.log")
         caddy.ensure(admin)
         port = free_port()
         base = ProxyBase("http", "proxy.localhost", port)
         upstream = f"127.0.0.1:{published}"
         routes = [
-            ProxyRoute(PUBLIC_ID, 8888, Visibility.PUBLIC, upstream, SECRET),
-            ProxyRoute(PRIVATE_ID, 8888, Visibility.PRIVATE, upstream, SECRET),
+            ProxyRoute(PUBLIC_ID, 8888, Visibility.PUBLIC, upstream),
+            ProxyRoute(private_id, 8888, Visibility.PRIVATE, upstream),
         ]
-        admin.load(
-            caddy_config(
-                routes, base, ProxyListen("127.0.0.1", port, "127.0.0.1:1", caddy.admin_address)
-            )
-        )
+        listen = ProxyListen("127.0.0.1", port, f"127.0.0.1:{api_port}", caddy.admin_address)
+        admin.load(caddy_config(routes, base, listen))
         direct = f"http://127.0.0.1:{published}{PATH}"
         proxied = f"http://127.0.0.1:{port}{PATH}"
         targets = {
@@ -105,7 +161,7 @@ def main() -> None:
             "proxy public": (proxied, {"Host": base.host(PUBLIC_ID, 8888)}),
             "proxy private (cookie)": (
                 proxied,
-                {"Host": base.host(PRIVATE_ID, 8888), "Cookie": f"{SESSION_COOKIE}={SECRET}"},
+                {"Host": base.host(private_id, 8888), "Cookie": f"{SESSION_COOKIE}={SECRET}"},
             ),
         }
         deadline = time.monotonic() + 15
@@ -156,6 +212,7 @@ def main() -> None:
                   f"(one core's ceiling ~ {1024 / per_gib if per_gib else 0:.0f} MiB/s)")  # fmt: skip
         print("goal: ratio >= 0.80x, p50 overhead (one connection) <= 1 ms")
     finally:
+        stop_process(api)
         caddy.stop()
         admin.close()
         subprocess.run(["podman", "rm", "-f", container], capture_output=True)

@@ -1,11 +1,15 @@
 """The API's side of the HTTP proxy over real HTTP (fake runtime, no Caddy): proxy URLs
 in cluster objects, hosts and GraphQL; open links (issue, redeem once, expiry, who may);
-the proxy's key check and status page; the routes the proxy is given."""
+the sessions they become (a cookie per redemption, checked on every request: expiry,
+revocation, a revoked key, a removed member); the proxy's key check and status page;
+the routes the proxy is given."""
 
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,9 +21,11 @@ from gpuyard.core.proxy import ProxyBase, ProxyStatus, Visibility
 from gpuyard.edge.caddy import CaddyError
 from gpuyard.edge.caddy_config import ProxyListen
 from gpuyard.reconciler.proxy_sync import ProxySync
+from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
-from gpuyard.services.proxy_routes import load_routes, port_secret
-from tests.helpers import LiveServer, created
+from gpuyard.services.proxy_routes import load_routes
+from tests.api.test_resources import add_member
+from tests.helpers import LiveServer, created, live_server, make_settings
 
 BODY: dict[str, Any] = {
     "gpu_type": "NVIDIA RTX A6000",
@@ -97,6 +103,9 @@ def test_proxy_urls_follow_the_proxy(srv: LiveServer) -> None:
         assert by_port[7860]["proxy_url"] == f"http://{cid}-7860.proxy.localhost:8080"
         assert by_port[7860]["visibility"] == "public"
         assert by_port[22]["proxy_url"] is None
+        # A private http port has no address but the proxy's; the others keep theirs.
+        assert by_port[8888]["address"] is None
+        assert by_port[7860]["address"] and by_port[22]["address"]
         assert c.get("/v1/hosts").json()["data"]["hosts"][0]["proxy"]["available"] is True
         gql = srv.graphql(
             "query($id: String!) { cluster(input: {clusterId: $id}) "
@@ -124,12 +133,6 @@ def test_routes_given_to_the_proxy(proxied: LiveServer) -> None:
         assert routes[8888].visibility is Visibility.PRIVATE
         assert routes[7860].visibility is Visibility.PUBLIC
         assert routes[8888].upstream.startswith("127.0.0.1:")
-        secret = port_secret(proxied.server.ctx.settings, cid, 8888)
-        assert (
-            routes[8888].cookie_secret
-            == secret
-            != port_secret(proxied.server.ctx.settings, cid, 7860)
-        )
         # A stop changes nothing the proxy is told; a terminate removes the routes.
         before = load_routes(proxied.server.ctx)
         assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
@@ -152,8 +155,7 @@ def test_open_link_works_once(proxied: LiveServer) -> None:
         landed = proxy_get(proxied, link)
         assert landed.status_code == 302 and landed.headers["location"] == "/"
         cookie = landed.headers["set-cookie"]
-        secret = port_secret(proxied.server.ctx.settings, cid, 8888)
-        assert cookie.startswith(f"gy_proxy={secret};")
+        assert cookie.startswith("gy_proxy=")
         assert "httponly" in cookie.lower() and "samesite=lax" in cookie.lower()
         again = proxy_get(proxied, link)
         assert again.status_code == 403 and "does not open" in again.text
@@ -166,6 +168,119 @@ def test_open_link_works_once(proxied: LiveServer) -> None:
         assert any("issued to API key" in m for m in access)
         assert any("used" in m for m in access)
         assert all(link.split("token=")[1] not in m for m in access)
+
+
+def redeem(srv: LiveServer, cid: str, port: int = 8888, key: str | None = None, **hdr: str) -> str:
+    """The session cookie (``gy_proxy=…``) an open link of ``port`` grants ``key``."""
+    with srv.client(key) as c:
+        r = c.get(f"/v1/clusters/{cid}/ports/{port}/open", headers=hdr)
+        assert r.status_code == 200, r.text
+    landed = proxy_get(srv, r.json()["data"]["url"])
+    assert landed.status_code == 302, landed.text
+    return landed.headers["set-cookie"].split(";")[0]
+
+
+def proxy_check(srv: LiveServer, host: str, headers: dict[str, str]) -> int:
+    """What the API answers the proxy's check of a request to ``host``."""
+    r = httpx.get(f"{srv.url}/v1/proxy/authorize", headers={"X-Forwarded-Host": host, **headers})
+    return r.status_code
+
+
+def eventually(check: Any, timeout: float = 15.0) -> None:
+    """``check()`` holds within ``timeout`` (session answers are kept a few seconds)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.1)
+
+
+def test_each_open_link_is_a_session_of_its_own(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = created(proxied, c, BODY)
+    host = f"{cid}-8888.proxy.localhost:8080"
+    first, second = redeem(proxied, cid), redeem(proxied, cid)
+    assert first != second  # per session, not one value per port
+    value = first.split("=", 1)[1]
+    assert proxy_check(proxied, host, {"Cookie": first}) == 200
+    assert proxy_check(proxied, host, {"Cookie": f"a=1; {first}; b=2"}) == 200
+    # Matched by its exact name: the value inside another cookie opens nothing.
+    assert proxy_check(proxied, host, {"Cookie": f"x=a{first}"}) == 401
+    assert proxy_check(proxied, host, {"Cookie": f"x={first}"}) == 401
+    assert proxy_check(proxied, host, {"Cookie": f"gy_proxyx={value}"}) == 401
+    assert proxy_check(proxied, host, {"Cookie": "gy_proxy=guessed"}) == 401
+    # Another port's session does not open this one.
+    public = redeem(proxied, cid, 7860)
+    assert proxy_check(proxied, host, {"Cookie": public}) == 401
+    # Revoked by the owner: every session of the port ends, and its unused links.
+    with proxied.client() as c:
+        unused = c.get(f"/v1/clusters/{cid}/ports/8888/open").json()["data"]["url"]
+        r = c.delete(f"/v1/clusters/{cid}/ports/8888/sessions")
+        assert r.status_code == 200, r.text
+        assert r.json()["data"]["revoked"] == 3
+        events = c.get(f"/v1/clusters/{cid}/events").json()["data"]["events"]
+        assert any("sessions of port 8888 revoked (3)" in e["message"] for e in events)
+    assert proxy_get(proxied, unused).status_code == 403
+    with proxied.client(other_key(proxied)) as c:
+        r = c.delete(f"/v1/clusters/{cid}/ports/8888/sessions")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "CLUSTER_NOT_FOUND"
+    with proxied.client(own_key(proxied, Scope.READ, "viewer")) as c:
+        r = c.delete(f"/v1/clusters/{cid}/ports/8888/sessions")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "FORBIDDEN"
+    with proxied.client() as c:
+        r = c.delete(f"/v1/clusters/{cid}/ports/22/sessions")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
+    eventually(lambda: proxy_check(proxied, host, {"Cookie": second}) == 401)
+    eventually(lambda: proxy_check(proxied, host, {"Cookie": first}) == 401)
+    assert proxy_check(proxied, f"{cid}-7860.proxy.localhost:8080", {"Cookie": public}) == 200
+
+
+def test_a_session_expires(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = created(proxied, c, BODY)
+    host = f"{cid}-8888.proxy.localhost:8080"
+    proxied.server.app.state.gpuyard.proxy_sessions.ttl_s = 0.0  # no kept answers
+    cookie = redeem(proxied, cid)
+    assert proxy_check(proxied, host, {"Cookie": cookie}) == 200
+    clock = proxied.server.ctx.clock
+    real_now = clock.now
+    later = real_now() + timedelta(hours=proxied.server.ctx.settings.proxy_session_hours + 1)
+    clock.now = lambda: later  # type: ignore[method-assign]
+    try:
+        assert proxy_check(proxied, host, {"Cookie": cookie}) == 401
+    finally:
+        clock.now = real_now  # type: ignore[method-assign]
+
+
+def test_a_removed_members_and_a_revoked_keys_sessions_are_refused(proxied: LiveServer) -> None:
+    with proxied.client() as c:
+        cid = created(proxied, c, BODY)
+        aid = c.get("/v1/me").json()["data"]["acting"]["account_id"]
+    host = f"{cid}-8888.proxy.localhost:8080"
+    # A user with an account of their own, a member of this one: their key is of their
+    # home account, so removing the membership revokes no key; the session must end.
+    with proxied.server.ctx.transaction() as session:
+        user, home, _ = create_account(session, email="dev@example.com", name="dev")
+        dev_key = issue_key(
+            session, user_id=user.id, account_id=home.id, name="dev", scope=Scope.WRITE
+        ).key
+    member_id = add_member(proxied, aid, user.id, "member")
+    cookie = redeem(proxied, cid, key=dev_key, **{"X-Gpuyard-Account": str(aid)})
+    assert proxy_check(proxied, host, {"Cookie": cookie}) == 200
+    with proxied.client() as c:
+        assert c.delete(f"/v1/accounts/{aid}/members/{member_id}").status_code == 200
+    eventually(lambda: proxy_check(proxied, host, {"Cookie": cookie}) == 401)
+    # A revoked key's session ends too.
+    with proxied.client() as c:
+        r = c.post("/v1/api-keys", json={"name": "second", "scope": "write"})
+        assert r.status_code in (200, 201), r.text
+        second, second_id = r.json()["data"]["key"], r.json()["data"]["id"]
+    cookie = redeem(proxied, cid, key=second)
+    assert proxy_check(proxied, host, {"Cookie": cookie}) == 200
+    with proxied.client(second) as c:
+        assert c.delete(f"/v1/api-keys/{second_id}").status_code == 200
+    eventually(lambda: proxy_check(proxied, host, {"Cookie": cookie}) == 401)
+    # The owner's own session is untouched.
+    assert proxy_check(proxied, host, {"Cookie": redeem(proxied, cid)}) == 200
 
 
 def test_open_link_expires(proxied: LiveServer) -> None:
@@ -311,3 +426,72 @@ def test_cli_open_and_public_ports(proxied: LiveServer) -> None:
     assert ok_json(run(proxied, "clusters", "open", cid, "--port", "7860", "--json"))["url"]
     bad = run(proxied, "clusters", "create", "--image", "i", "--port", "22/tcp,public")
     assert bad.exit_code != 0 and "only an http port" in bad.output
+
+
+class FakeForwards:
+    """Forwards to ssh:// hosts' loopback, as the proxy sync sets them up."""
+
+    def __init__(self) -> None:
+        self.kept: set[tuple[str, int]] = set()
+
+    def upstream(self, url: str, port: int) -> str:
+        return f"unix//fwd/{url.rsplit('@', 1)[-1]}-{port}.sock"
+
+    def retain(self, wanted: set[tuple[str, int]]) -> None:
+        self.kept = set(wanted)
+
+
+def test_private_ports_are_on_loopback_where_the_proxy_reaches_loopback(tmp_path: Path) -> None:
+    runtime = FakeRuntime()
+    settings = make_settings(tmp_path / "home", heartbeat_interval_s=3600)
+    with live_server(settings, runtime) as srv, srv.client() as c:
+        assert c.post("/v1/hosts/1/cordon").status_code == 200
+        urls = {"ssh": "ssh://root@10.0.0.9", "tcp": "tcp://10.0.0.8:2375"}
+        tls = tmp_path / "tls"  # the fake runtime never opens it
+        tls.mkdir()
+        for pem in ("ca.pem", "cert.pem", "key.pem"):
+            (tls / pem).write_text("x")
+        for name, url in urls.items():
+            extra = {"engine_tls_dir": str(tls)} if name == "tcp" else {}
+            r = c.post(
+                "/v1/hosts",
+                json={"name": name, "engine_url": url, "gpus": "NVIDIA RTX A6000:1",
+                      "vcpus": 8, "memory_gb": 64, "disk_gb": 500, **extra},
+            )  # fmt: skip
+            assert r.status_code == 201, r.text
+        srv.server.reconciler.heartbeat_now()
+        placed: dict[str, str] = {}
+        for _ in urls:
+            cid = created(srv, c, {**BODY, "gpu_count": 1})
+            host = c.get(f"/v1/clusters/{cid}").json()["data"]["host"]["name"]
+            placed[host] = cid
+        assert set(placed) == {"ssh", "tcp"}
+        assert srv.server.reconciler.wait_idle(10)
+
+        def bound(cid: str) -> dict[int, str | None]:
+            spec = runtime.containers[cid].spec
+            return {p.internal_port: p.host_ip for p in spec.ports}
+
+        # ssh://: the private http port on the host's loopback, the rest on every address.
+        assert bound(placed["ssh"]) == {8888: "127.0.0.1", 7860: None, 22: None}
+        # tcp://: no way for the proxy to reach the host's loopback.
+        assert bound(placed["tcp"]) == {8888: None, 7860: None, 22: None}
+
+        forwards = FakeForwards()
+        routes = {
+            (r.cluster_id, r.internal_port): r.upstream
+            for r in load_routes(srv.server.ctx, forwards)
+        }
+        ports = {
+            p["internal_port"]: p["external_port"]
+            for p in c.get(f"/v1/clusters/{placed['ssh']}").json()["data"]["network"]["ports"]
+        }
+        assert routes[(placed["ssh"], 8888)] == f"unix//fwd/10.0.0.9-{ports[8888]}.sock"
+        assert routes[(placed["ssh"], 7860)] == f"10.0.0.9:{ports[7860]}"
+        assert routes[(placed["tcp"], 8888)].startswith("10.0.0.8:")
+        assert forwards.kept == {(urls["ssh"], ports[8888])}
+        # Terminated: its forward is no longer wanted.
+        assert c.delete(f"/v1/clusters/{placed['ssh']}").status_code == 200
+        assert srv.server.reconciler.wait_idle(10)
+        load_routes(srv.server.ctx, forwards)
+        assert forwards.kept == set()

@@ -283,3 +283,41 @@ def test_failed_console_sign_ins_count_like_failed_keys(tmp_path: Path) -> None:
         assert [guesser.get("/v1/projects", headers=bad).status_code for _ in range(2)] == [401] * 2
         assert guess().status_code == 401
         assert guess().status_code == 429
+
+
+def test_failed_keys_at_the_proxy_check_lock_the_source_out_as_at_the_api(
+    tmp_path: Path,
+) -> None:
+    """The proxy's key check (/v1/proxy/authorize, reached through Caddy) counts a wrong
+    key in either of its spellings, so guessing through the proxy locks the source out
+    of the API and the proxy alike; the application's own Authorization is no key."""
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_auth_failures_per_minute=3)
+    assert server.admin_key is not None
+    key = server.admin_key.key
+    host = {"X-Forwarded-Host": "abcdefghijklmn-8888.proxy.localhost"}
+    with _client(server, None) as guesser:
+
+        def check(headers: dict[str, str]) -> int:
+            return guesser.get("/v1/proxy/authorize", headers={**host, **headers}).status_code
+
+        # Basic auth (the application's own) is not a failed gpuyard key.
+        assert [check({"Authorization": "Basic YTpi"}) for _ in range(5)] == [401] * 5
+        assert (
+            guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"}).status_code
+            == 200
+        )
+        guesses = [
+            check({"X-Gpuyard-Api-Key": f"gy_{secrets.token_urlsafe(30)}"}) for _ in range(3)
+        ]
+        assert guesses == [401] * 3
+        # Locked out: the API refuses even the right key, and so does the proxy check.
+        refused = guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"})
+        _assert_refused(refused, "auth_failures", retry_after=20)
+        assert check({"X-Gpuyard-Api-Key": key}) == 429
+        assert check({"Authorization": f"Bearer {key}"}) == 429
+        clock.advance(61)
+        assert (
+            guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"}).status_code
+            == 200
+        )

@@ -1,4 +1,4 @@
-"""Migration 0020 on each backend: SSH keys stored before owners were recorded are
+"""Migration 0017 on each backend: SSH keys stored before owners were recorded are
 given to their account's oldest owner (never to a member, never to another account's
 user)."""
 
@@ -32,7 +32,7 @@ def test_old_keys_go_to_the_accounts_oldest_owner(database_url: str) -> None:
             for statement in ROWS.split(";"):
                 if statement.strip():
                     conn.execute(text(statement))
-        upgrade(engine, "0020")
+        upgrade(engine, "0017")
         with engine.connect() as conn:
             rows = conn.execute(text("SELECT id, user_id FROM ssh_keys ORDER BY id")).all()
             owners = {key_id: user_id for key_id, user_id in rows}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuyard.runtimes.host_firewall import (
+    LOOPBACK_GUARD,
     CommandResult,
     IptablesIsolation,
     bridge_name,
@@ -15,10 +16,11 @@ from gpuyard.runtimes.host_firewall import (
 
 
 class FakeIptables:
-    """Just enough of ``iptables -w`` (-S, -N, -C, -A, -I, -D, -F, -X) to run the rules."""
+    """Just enough of ``iptables -w`` (-S, -N, -C, -A, -I, -D, -F, -X; ``-t raw``) to
+    run the rules. A chain of another table than filter is kept as ``table:CHAIN``."""
 
     def __init__(self, *, broken: bool = False) -> None:
-        self.chains: dict[str, list[list[str]]] = {"FORWARD": []}
+        self.chains: dict[str, list[list[str]]] = {"FORWARD": [], "raw:PREROUTING": []}
         self.broken = broken
         self.calls: list[list[str]] = []
 
@@ -28,6 +30,9 @@ class FakeIptables:
         assert args[:3] == ["iptables", "-w", "5"]
         if self.broken:
             return CommandResult(4, "Permission denied (you must be root)")
+        if args[3] == "-t":
+            args = [*args[:3], *args[5:]]
+            args[4] = f"{argv[4]}:{args[4]}"
         op, chain, rest = args[3], args[4], args[5:]
         rules = self.chains.get(chain)
         if op == "-N":
@@ -84,6 +89,20 @@ def test_the_rule_lets_only_answers_and_published_ports_in_from_other_interfaces
     assert rule.endswith("-j DROP")
 
 
+def test_packets_for_the_hosts_loopback_never_leave_a_bridge_of_ours() -> None:
+    """A private port is published on 127.0.0.1: a container forging packets to it
+    through its gateway is dropped before the engine's DNAT (raw PREROUTING)."""
+    fake = FakeIptables()
+    fake.chains["raw:PREROUTING"] = [["-j", "CT", "--notrack"]]
+    one = IptablesIsolation("11111111", runner=fake, iptables="iptables")
+    one.protect(["gyaaa"])
+    one.protect(["gybbb"])
+    IptablesIsolation("22222222", runner=fake, iptables="iptables").protect(["gyccc"])
+    assert fake.chains["raw:PREROUTING"] == [LOOPBACK_GUARD, ["-j", "CT", "--notrack"]]
+    rule = " ".join(LOOPBACK_GUARD)
+    assert rule.startswith("-i gy+ -d 127.0.0.0/8") and rule.endswith("-j DROP")
+
+
 def test_an_engine_jump_inserted_above_ours_is_put_back_below() -> None:
     fake = FakeIptables()
     iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
@@ -98,10 +117,11 @@ def test_a_reload_that_flushed_our_rules_is_repaired() -> None:
     fake = FakeIptables()
     iso = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
     iso.protect(["gyaaa"])
-    fake.chains = {"FORWARD": []}  # a firewall reload
+    fake.chains = {"FORWARD": [], "raw:PREROUTING": []}  # a firewall reload
     iso.protect(["gyaaa"])
     assert fake.chains["FORWARD"] == [["-j", iso.chain]]
     assert fake.chains[iso.chain] == [drop_rule("gyaaa")]
+    assert fake.chains["raw:PREROUTING"] == [LOOPBACK_GUARD]
 
 
 def test_remove_takes_out_the_chain_and_every_jump() -> None:
@@ -110,7 +130,8 @@ def test_remove_takes_out_the_chain_and_every_jump() -> None:
     iso.protect(["gyaaa"])
     iso.remove()
     iso.remove()  # idempotent
-    assert fake.chains == {"FORWARD": []}
+    # The loopback guard is shared by every installation on the host: it stays.
+    assert fake.chains == {"FORWARD": [], "raw:PREROUTING": [LOOPBACK_GUARD]}
 
 
 def test_two_installations_keep_separate_chains() -> None:

@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from gpuyard.core.proxy import ProxyBase, ProxyRoute, ProxyStatus, Visibility, parse_host
+from gpuyard.core.proxy import (
+    ProxyBase,
+    ProxyRoute,
+    ProxyStatus,
+    Visibility,
+    parse_host,
+    presented_key,
+    proxy_only_ports,
+    session_cookies,
+)
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
 
 CID = "k3v9x0a1b2c3d4"
@@ -18,7 +27,7 @@ LISTEN = ProxyListen("127.0.0.1", 8080, "127.0.0.1:8000", "unix//run/caddy.sock"
 
 
 def route(visibility: Visibility, port: int = 8888, cid: str = CID) -> ProxyRoute:
-    return ProxyRoute(cid, port, visibility, "127.0.0.1:20001", "s3cret")
+    return ProxyRoute(cid, port, visibility, "127.0.0.1:20001")
 
 
 @pytest.mark.parametrize(
@@ -69,44 +78,92 @@ def _host_routes(config: dict[str, Any], host: str) -> list[dict[str, Any]]:
     raise AssertionError(f"no route for {host}")
 
 
-def test_public_port_is_forwarded_to_anybody() -> None:
+_NO_CREDENTIALS = {
+    "delete": ["X-Gpuyard-Proxy", "X-Gpuyard-Api-Key"],
+    "replace": {
+        "Cookie": [
+            {"search_regexp": "(^|;)\\s*gy_proxy=[^;]*", "replace": "$1"},
+            {"search_regexp": "^[;\\s]+|[;\\s]+$", "replace": ""},
+            {"search_regexp": ";[;\\s]*;", "replace": ";"},
+        ]
+    },
+}
+_DROP_GY_AUTHORIZATION = {
+    "match": [{"header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}}],
+    "handle": [{"handler": "headers", "request": {"delete": ["Authorization"]}}],
+}
+
+
+def test_public_port_is_forwarded_to_anybody_without_gpuyard_credentials() -> None:
     config = caddy_config([route(Visibility.PUBLIC)], BASE, LISTEN)
     routes = _host_routes(config, f"{CID}-8888.proxy.localhost")
     assert routes[0]["match"] == [{"path": [f"/v1/clusters/{CID}/ports/8888/open"]}]
     assert routes[0]["handle"][0]["upstreams"] == [{"dial": "127.0.0.1:8000"}]
-    assert routes[1] == {
+    assert routes[1] == _DROP_GY_AUTHORIZATION
+    assert routes[2] == {
         "handle": [
             {
                 "handler": "reverse_proxy",
                 "upstreams": [{"dial": "127.0.0.1:20001"}],
-                "headers": {"request": {"delete": ["X-Gpuyard-Proxy"]}},
+                "headers": {"request": _NO_CREDENTIALS},
             }
         ]
     }
 
 
-def test_private_port_needs_the_cookie_or_a_key() -> None:
+def test_private_port_is_checked_by_the_api_on_every_request() -> None:
     listen = ProxyListen("127.0.0.1", 8080, "127.0.0.1:8000", "unix//s", api_secret="vouch")
     config = caddy_config([route(Visibility.PRIVATE)], BASE, listen)
-    opened, cookie, in_auth, in_header, refusal = _host_routes(
-        config, f"{CID}-8888.proxy.localhost"
-    )
+    opened, refusal, check, drop_auth, forward = _host_routes(config, f"{CID}-8888.proxy.localhost")
     assert opened["handle"][0]["headers"]["request"]["set"] == {"X-Gpuyard-Proxy": ["vouch"]}
-    assert cookie["match"] == [{"header": {"Cookie": ["*gy_proxy=s3cret*"]}}]
-    for keyed in (in_auth, in_header):
-        check = keyed["handle"][0]
-        assert check["rewrite"] == {"method": "GET", "uri": "/v1/proxy/authorize"}
-        assert check["headers"]["request"]["set"]["Expect"] == ["100-continue"]
-        assert check["headers"]["request"]["set"]["X-Gpuyard-Proxy"] == ["vouch"]
-    assert in_auth["handle"][1]["headers"] == {
-        "request": {"delete": ["X-Gpuyard-Proxy", "Authorization", "X-Gpuyard-Api-Key"]}
-    }
-    # With the key in its own header, the application's Authorization passes through.
-    assert in_header["match"] == [{"header": {"X-Gpuyard-Api-Key": ["*"]}}]
-    assert in_header["handle"][1]["headers"] == {
-        "request": {"delete": ["X-Gpuyard-Proxy", "X-Gpuyard-Api-Key"]}
-    }
-    assert refusal["handle"][0]["status_code"] == 401
+    # No cookie of that name and no key: the proxy's own 401, the API is not asked.
+    assert refusal["match"] == [
+        {
+            "not": [
+                {"header": {"Cookie": ["*gy_proxy=*"]}},
+                {"header": {"X-Gpuyard-Api-Key": ["*"]}},
+                {"header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}},
+            ]
+        }
+    ]
+    assert refusal["handle"][0]["status_code"] == 401 and refusal["terminal"] is True
+    # Everything else: the API decides (no secret is in the configuration).
+    assert "match" not in check
+    asked = check["handle"][0]
+    assert asked["rewrite"] == {"method": "GET", "uri": "/v1/proxy/authorize"}
+    assert asked["headers"]["request"]["set"]["Expect"] == ["100-continue"]
+    assert asked["headers"]["request"]["set"]["X-Gpuyard-Proxy"] == ["vouch"]
+    # What reaches the container carries no key and no session cookie.
+    assert drop_auth == _DROP_GY_AUTHORIZATION
+    assert forward["handle"][0]["headers"] == {"request": _NO_CREDENTIALS}
+
+
+def test_the_session_cookie_is_matched_by_its_exact_name() -> None:
+    assert session_cookies(["gy_proxy=abc"]) == ["abc"]
+    assert session_cookies(["a=1; gy_proxy=abc; b=2", "gy_proxy=def"]) == ["abc", "def"]
+    assert session_cookies([' gy_proxy="abc" ']) == ["abc"]
+    assert session_cookies(["x=agy_proxy=abc"]) == []
+    assert session_cookies(["x=gy_proxy=abc"]) == []
+    assert session_cookies(["gy_proxyx=abc; xgy_proxy=abc; gy_proxy="]) == []
+
+
+def test_the_key_the_proxy_is_shown() -> None:
+    assert presented_key("gy_k", "Basic YTpi") == "gy_k"
+    assert presented_key(None, "Bearer gy_k") == "gy_k"
+    assert presented_key(None, "gy_k") == "gy_k"
+    assert presented_key(None, "Basic YTpi") is None  # the application's own
+    assert presented_key(None, "Bearer someone-elses-token") is None
+    assert presented_key("", None) is None
+
+
+def test_only_private_http_ports_are_kept_off_the_hosts_addresses() -> None:
+    ports = [
+        {"internal_port": 8888, "protocol": "http"},
+        {"internal_port": 8889, "protocol": "http", "visibility": "private"},
+        {"internal_port": 7860, "protocol": "http", "visibility": "public"},
+        {"internal_port": 22, "protocol": "tcp"},
+    ]
+    assert proxy_only_ports(ports) == {8888, 8889}
 
 
 def test_everything_else_is_404_and_errors_go_to_the_status_page() -> None:
@@ -165,3 +222,21 @@ def test_the_proxy_vouches_for_its_clients_address() -> None:
     assert _source(scope(forwarded), b"vouch") == "127.0.0.1"
     assert _source(scope(forwarded, (b"x-gpuyard-proxy", b"guess")), b"vouch") == "127.0.0.1"
     assert _source(scope(forwarded, (b"x-gpuyard-proxy", b"vouch")), None) == "127.0.0.1"
+
+
+def test_session_answers_are_kept_for_their_ttl_and_bounded() -> None:
+    from gpuyard.services.proxy_access import SessionChecks
+
+    now = [100.0]
+    checks = SessionChecks(ttl_s=2.0, max_entries=2, clock=lambda: now[0])
+    host = f"{CID}-8888.proxy.localhost"
+    assert checks.cached(host, ["a"]) is None
+    checks.store(host, ["a"], True)
+    checks.store(host.upper(), ["b"], False)
+    assert checks.cached(host, ["a"]) is True and checks.cached(host, ["b"]) is False
+    assert checks.cached(host, ["a", "b"]) is None  # another set of cookies
+    now[0] += 2.0  # a revoked session is refused once its answer is this old
+    assert checks.cached(host, ["a"]) is None
+    for value in ("c", "d", "e"):
+        checks.store(host, [value], True)
+    assert checks.cached(host, ["c"]) is None and checks.cached(host, ["e"]) is True

@@ -23,10 +23,16 @@ from pydantic import BaseModel, ConfigDict
 from gpuyard.api.envelope import ErrorEnvelope, ok
 from gpuyard.api.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.schemas import Meta, documented
-from gpuyard.api.state import app_state, current_principal, key_from
+from gpuyard.api.state import app_state, current_principal
 from gpuyard.api.views import iso
 from gpuyard.core.errors import Forbidden, NotFound, Unauthorized
-from gpuyard.core.proxy import SESSION_COOKIE, page_html, parse_host
+from gpuyard.core.proxy import (
+    SESSION_COOKIE,
+    page_html,
+    parse_host,
+    presented_key,
+    session_cookies,
+)
 from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER, UNAVAILABLE_PATH
 from gpuyard.services import proxy_access
 from gpuyard.services.auth import AccountSelection, Principal
@@ -130,6 +136,39 @@ async def open_port(
     )
 
 
+class RevokedOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    revoked: int
+
+
+class RevokedEnvelope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    success: Literal[True]
+    data: RevokedOut
+    meta: Meta
+
+
+@router.delete(
+    "/v1/clusters/{cluster_id}/ports/{port}/sessions", responses=documented(RevokedEnvelope)
+)
+async def revoke_port_sessions(
+    request: Request,
+    cluster_id: str = Path(min_length=1, max_length=100),
+    port: int = Path(ge=1, le=65535),
+) -> Response:
+    """End every proxy session (open-link cookie) of a private port, and its unused
+    links (API key, write scope): the proxy refuses their cookies within seconds.
+    ``revoked``: how many were live."""
+    state = app_state(request)
+    principal: Principal = await current_principal(request)
+    count = await run_in_threadpool(
+        proxy_access.revoke_sessions, state.ctx, principal, cluster_id, port
+    )
+    return ok({"revoked": count})
+
+
 def _owner(ctx: Context, cluster_id: str) -> tuple[int, int] | None:
     """The account and project of cluster ``cluster_id``; None when there is none."""
     with ctx.read() as session:
@@ -137,19 +176,40 @@ def _owner(ctx: Context, cluster_id: str) -> tuple[int, int] | None:
     return None if owner is None else (owner.account_id, owner.default_project_id)
 
 
+_NOT_YOURS = ("No such cluster port", "No cluster port of yours is at this address.")
+
+
 @router.get(AUTHORIZE_PATH, include_in_schema=False)
 async def authorize(request: Request) -> Response:
-    """The proxy's check of an API key sent to a private port (forward_auth): 200 lets
-    the request through; the 401/404 pages are what the browser then shows. The key
-    acts for the cluster's account (its user must be a member of it) and needs
+    """The proxy's check of a request to a private port (forward_auth): 200 lets it
+    through; the 401/403/404 pages are what the browser then shows.
+
+    A session cookie (named exactly ``gy_proxy``) passes while its session is live
+    (services/proxy_access.py session_allows; answers kept a few seconds). Else an API
+    key: it acts for the cluster's account (its user must be a member of it) and needs
     WRITE_RESOURCES there (a private port is often a notebook, which runs code: as
-    much as the terminal); a cluster of a project the key may not use is 404."""
+    much as the terminal); a cluster of a project the key may not use is 404. A wrong
+    key answers 401, which the rate limiter counts as a failed key of the client's
+    address (api/rate_limit.py reads the same key as :func:`presented_key`)."""
     state = app_state(request)
-    # X-Gpuyard-Api-Key first: beside it, Authorization may be the application's own.
-    key = request.headers.get(KEY_HEADER) or key_from(
-        request.headers.get("authorization"), lambda _name: None
-    )
     host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
+    cookies = session_cookies(request.headers.getlist("cookie"))
+    if cookies:
+        checks = state.proxy_sessions
+        allowed = checks.cached(host, cookies)
+        if allowed is None:  # only a miss reads the store, on a worker thread
+            allowed = await run_in_threadpool(proxy_access.session_allows, state.ctx, host, cookies)
+            checks.store(host, cookies, allowed)
+        if allowed:
+            return Response(status_code=200, headers={"Cache-Control": "no-store"})
+    key = presented_key(request.headers.get(KEY_HEADER), request.headers.get("authorization"))
+    if key is None:
+        return _page(
+            401,
+            "Sign-in required",
+            "Your session for this port has ended (it expired, was revoked, or its API "
+            "key or membership is gone). Open the port again with a new link.",
+        )
     target = parse_host(host, state.ctx.settings.proxy_domain)
     owner = None if target is None else await run_in_threadpool(_owner, state.ctx, target[0])
     # The key acts for the cluster's account: a member of it through another home
@@ -161,13 +221,13 @@ async def authorize(request: Request) -> Response:
     except Unauthorized:
         return _page(401, "Sign-in required", "The API key was not accepted.")
     except Forbidden:
-        return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
+        return _page(404, *_NOT_YOURS)
     if owner is not None and not principal.may_use_project(owner[1]):
-        return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
+        return _page(404, *_NOT_YOURS)
     try:
         await run_in_threadpool(proxy_access.authorize, state.ctx, principal, host)
     except NotFound:
-        return _page(404, "No such cluster port", "No cluster port of yours is at this address.")
+        return _page(404, *_NOT_YOURS)
     except Forbidden:
         return _page(
             403,

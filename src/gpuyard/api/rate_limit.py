@@ -47,7 +47,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuyard.api.state import key_from
 from gpuyard.api.surface_errors import surface_error
+from gpuyard.core.proxy import presented_key
 from gpuyard.core.token_bucket import BucketTable, Decision, Rate
+from gpuyard.edge.caddy_config import AUTHORIZE_PATH
 from gpuyard.services.clock import Clock
 from gpuyard.settings import Settings
 
@@ -161,12 +163,19 @@ def key_id(key: str | None) -> bytes | None:
 def _presented_key(scope: Scope) -> str | None:
     """The key exactly as api/state.py reads it for the routed surfaces: its
     ``key_from`` on the Authorization header, else on the query string parsed by
-    Starlette's own ``QueryParams`` (so a repeated parameter resolves the same way)."""
+    Starlette's own ``QueryParams`` (so a repeated parameter resolves the same way).
+    For the proxy's key check, the key as that route reads it (core/proxy.py
+    ``presented_key``: ``X-Gpuyard-Api-Key`` too), so a wrong key sent through the
+    proxy counts, and a locked-out source is refused there as everywhere."""
     authorization = None
+    key_header = None
     for name, value in scope["headers"]:
-        if name == b"authorization":
+        if name == b"authorization" and authorization is None:
             authorization = value.decode("latin-1")
-            break
+        elif name == b"x-gpuyard-api-key" and key_header is None:
+            key_header = value.decode("latin-1")
+    if scope["path"] == AUTHORIZE_PATH:
+        return presented_key(key_header, authorization)
     raw: bytes = scope.get("query_string", b"")
     if authorization is None and not raw:
         return None

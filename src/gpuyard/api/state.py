@@ -21,6 +21,7 @@ from gpuyard.core.roles import Permission
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.auth import AccountSelection, Principal, hash_key, resolve_key
 from gpuyard.services.context import Context
+from gpuyard.services.proxy_access import SessionChecks
 
 # Revocation through another process (the CLI) takes effect within this many seconds.
 KEY_CACHE_TTL_S = 5.0
@@ -78,6 +79,8 @@ class AppState:
     ctx: Context
     runtime: Runtime
     keys: PrincipalCache = field(default_factory=PrincipalCache)
+    # The proxy's session checks, kept a few seconds (services/proxy_access.py).
+    proxy_sessions: SessionChecks = field(default_factory=SessionChecks)
     # The training operator, when training clusters are served by real nodes.
     training: PartitionReader | None = None
     # Where async handlers run their database reads, off the event loop.

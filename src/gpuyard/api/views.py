@@ -54,8 +54,12 @@ def network(d: ClusterDetails) -> dict[str, Any]:
             "external_port": p.external_port,
             "protocol": p.protocol,
             "description": p.description,
+            # A private http port answers only through the proxy (published on its
+            # host's loopback): no address of its own to show.
             "address": f"{d.host_address}:{p.external_port}"
-            if d.host_address and p.external_port
+            if d.host_address
+            and p.external_port
+            and not (p.protocol == "http" and p.visibility != "public")
             else None,
             "visibility": p.visibility,
             "proxy_url": proxy_url(d, p.internal_port) if p.protocol == "http" else None,

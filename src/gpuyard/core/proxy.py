@@ -10,13 +10,21 @@ from __future__ import annotations
 import html
 import re
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
+
+from gpuyard.core.engine_address import parse_engine_url
+from gpuyard.core.errors import ValidationFailed
 
 # A cluster id is 14 lowercase letters and digits (core/ids.py); the port 1-65535.
 _HOST_LABEL = re.compile(r"^(?P<cluster>[a-z0-9]{14})-(?P<port>[1-9][0-9]{0,4})$")
 
 SESSION_COOKIE = "gy_proxy"
+# Where a private http port is published on its host: loopback, so only the proxy
+# reaches it (never another host, nor any container, through the host's addresses).
+LOOPBACK = "127.0.0.1"
 # Where an ``open`` link lands on a proxy host (the API answers it through the proxy).
 OPEN_PATH = "/v1/clusters/{cluster_id}/ports/{port}/open"
 
@@ -60,6 +68,36 @@ def page_html(title: str, text: str) -> str:
     )
 
 
+def proxy_only_ports(ports: Iterable[Mapping[str, Any]]) -> frozenset[int]:
+    """The internal ports of a cluster's declared ``ports`` that only the proxy may
+    reach: its http ports not declared public."""
+    return frozenset(
+        int(p["internal_port"])
+        for p in ports
+        if p.get("protocol") == "http" and p.get("visibility", Visibility.PRIVATE) != "public"
+    )
+
+
+def engine_scheme(engine_url: str | None) -> str | None:
+    """The scheme of a host's engine URL (``ssh``, ``tcp``, ``unix``); None when there
+    is none or it does not parse."""
+    if not engine_url:
+        return None
+    try:
+        return parse_engine_url(engine_url).scheme
+    except ValidationFailed:
+        return None
+
+
+def private_on_loopback(is_local: bool, engine_url: str | None) -> bool:
+    """Whether a host's private http ports are published on its loopback alone: the
+    proxy reaches this machine's loopback (its own host, an engine on a local socket)
+    and an ssh:// host's through a forward over SSH (runtimes/ssh_forwards.py). A
+    ``tcp://`` engine's host offers no such way: its private ports stay on its
+    addresses (docs/decisions.md "Private ports")."""
+    return is_local or engine_scheme(engine_url) in ("ssh", "unix")
+
+
 def parse_host(host: str, domain: str) -> tuple[str, int] | None:
     """``(cluster_id, port)`` of a proxy host name (a ``:port`` suffix is ignored);
     None when ``host`` is not one of ``domain``'s cluster hosts."""
@@ -75,20 +113,53 @@ def parse_host(host: str, domain: str) -> tuple[str, int] | None:
     return (m["cluster"], port) if port <= 65535 else None
 
 
+# What the proxy takes for a gpuyard API key in ``Authorization`` (the patterns of
+# edge/caddy_config.py): anything else there is the application's own, passed on.
+KEY_PREFIXES = ("Bearer gy_", "bearer gy_", "gy_")
+
+
+def presented_key(key_header: str | None, authorization: str | None) -> str | None:
+    """The API key a request to the proxy presents: ``X-Gpuyard-Api-Key`` first (beside
+    it, Authorization may be the application's own), else an ``Authorization`` that
+    holds a gpuyard key (``Bearer gy_…``, ``gy_…``); None when there is none."""
+    if key_header and key_header.strip():
+        return key_header.strip()
+    if authorization and authorization.startswith(KEY_PREFIXES):
+        scheme, _, rest = authorization.strip().partition(" ")
+        return rest.strip() if scheme.lower() == "bearer" and rest else authorization.strip()
+    return None
+
+
+def session_cookies(cookie_headers: Iterable[str]) -> list[str]:
+    """The values of every cookie named exactly :data:`SESSION_COOKIE` in ``Cookie``
+    headers (``a=1; gy_proxy=V``): a name is what precedes the first ``=`` of a
+    ``;``-separated pair, so ``x=agy_proxy=V`` is a cookie ``x``, never a session."""
+    values: list[str] = []
+    for header in cookie_headers:
+        for pair in header.split(";"):
+            name, eq, value = pair.partition("=")
+            if eq and name.strip() == SESSION_COOKIE:
+                value = value.strip()
+                if len(value) >= 2 and value[0] == value[-1] == '"':
+                    value = value[1:-1]
+                if value:
+                    values.append(value)
+    return values
+
+
 @dataclass(frozen=True)
 class ProxyRoute:
     """One http port of one cluster as the proxy should serve it: forwarded to
     ``upstream`` (``host:port`` of the published port), for anybody when public, else
-    for a request with the port's cookie (``cookie_secret``) or an API key of the
-    owner. Nothing here changes when the cluster stops or starts, so the proxy's
-    configuration does not either (a stopped cluster's port refuses the connection, and
-    the proxy answers a page naming its status)."""
+    for a request the API lets through (a live session's cookie, or an API key of the
+    owner). Nothing here changes when the cluster stops or starts, or when sessions
+    come and go, so the proxy's configuration does not either (a stopped cluster's
+    port refuses the connection, and the proxy answers a page naming its status)."""
 
     cluster_id: str
     internal_port: int
     visibility: Visibility
     upstream: str
-    cookie_secret: str
 
 
 @dataclass

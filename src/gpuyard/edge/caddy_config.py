@@ -7,13 +7,18 @@ it. Pure: no I/O.
 Per cluster port, in order (first match wins):
 
 1. the ``open`` link path goes to the API, which swaps its one-time token for a
-   cookie on this host (the cookie is then host-only: it opens this port only);
+   session cookie on this host (the cookie is then host-only: it opens this port only);
 2. a public port is forwarded;
-3. a private port is forwarded for a request carrying the port's cookie, or
-   carrying a gpuyard API key (``Authorization: Bearer gy_…``, ``Authorization: gy_…``
-   or ``X-Gpuyard-Api-Key``), which the API checks first (Caddy's forward_auth);
-   the key headers are removed before the request reaches the container;
-4. anything else answers 401 with a page saying how to get in.
+3. a private port: a request with no session cookie and no gpuyard API key
+   (``Authorization: Bearer gy_…``, ``Authorization: gy_…`` or ``X-Gpuyard-Api-Key``)
+   answers 401 with a page saying how to get in; any other is checked by the API
+   (Caddy's forward_auth, on every request: the API matches the cookie by its exact
+   name, and keeps answers for a few seconds), and forwarded when the API lets it
+   through.
+
+Whatever the visibility, what reaches a container carries no gpuyard credential:
+``X-Gpuyard-Api-Key``, an ``Authorization`` holding a gpuyard key and the session
+cookie are removed (the application's own Authorization and cookies pass).
 
 A container that does not answer (stopped, starting) gets the API's page naming the
 cluster's status (502). A host of the proxy domain with no route answers 404. The
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuyard.core.proxy import (
+    KEY_PREFIXES,
     OPEN_PATH,
     SESSION_COOKIE,
     ProxyBase,
@@ -77,13 +83,29 @@ def page(status: int, title: str, text: str) -> dict[str, Any]:
     }
 
 
-def _forward(upstream: str, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-    """To the container, without the headers ``drop`` names (and never with the
-    proxy's header, which only the API may see)."""
+# The session cookie taken out of a Cookie header, the others kept: a pair named
+# exactly gy_proxy at the start or after a ";" (never "x=agy_proxy=…", a cookie "x"),
+# then the separator it leaves behind.
+_COOKIE_STRIP: list[dict[str, str]] = [
+    {"search_regexp": f"(^|;)\\s*{SESSION_COOKIE}=[^;]*", "replace": "$1"},
+    {"search_regexp": "^[;\\s]+|[;\\s]+$", "replace": ""},
+    {"search_regexp": ";[;\\s]*;", "replace": ";"},
+]
+
+
+def _forward(upstream: str) -> dict[str, Any]:
+    """To the container, with no gpuyard credential: never the proxy's header (only
+    the API may see it), the key header or the session cookie. A gpuyard key in
+    Authorization was taken out before (:data:`_DROP_KEY_AUTHORIZATION`)."""
     return {
         "handler": "reverse_proxy",
         "upstreams": [{"dial": upstream}],
-        "headers": {"request": {"delete": [PROXY_HEADER, *drop]}},
+        "headers": {
+            "request": {
+                "delete": [PROXY_HEADER, KEY_HEADER],
+                "replace": {"Cookie": _COOKIE_STRIP},
+            }
+        },
     }
 
 
@@ -97,6 +119,16 @@ def _to_api(listen: ProxyListen) -> dict[str, Any]:
 
 
 _DROP_KEY_HEADER = {"handler": "headers", "request": {"delete": [KEY_HEADER]}}
+
+
+_UPGRADE_HEADERS = (
+    "Connection",
+    "Upgrade",
+    "Sec-WebSocket-Key",
+    "Sec-WebSocket-Version",
+    "Sec-WebSocket-Extensions",
+    "Sec-WebSocket-Protocol",
+)
 
 
 def _authorize(listen: ProxyListen) -> dict[str, Any]:
@@ -113,18 +145,23 @@ def _authorize(listen: ProxyListen) -> dict[str, Any]:
         "transport": {"protocol": "http", "expect_continue_timeout": "60s"},
         "headers": {
             "request": {
+                # A WebSocket handshake's check is a plain GET: the API would otherwise
+                # take it for a WebSocket of its own (and refuse it, 403).
+                "delete": list(_UPGRADE_HEADERS),
                 "set": {
                     "Expect": ["100-continue"],
                     PROXY_HEADER: [listen.api_secret],
                     "X-Forwarded-Method": ["{http.request.method}"],
                     "X-Forwarded-Uri": ["{http.request.uri}"],
-                }
+                },
             }
         },
         "handle_response": [
             {
                 "match": {"status_code": [2]},
-                # Nothing to copy from the answer: the request just goes on.
+                # Nothing to copy from the answer: the request goes on to the next
+                # handler. (A handler with no routes would not: Caddy would answer the
+                # client with the API's empty 200 instead.)
                 "routes": [{"handle": [_DROP_KEY_HEADER]}],
             }
         ],
@@ -132,51 +169,47 @@ def _authorize(listen: ProxyListen) -> dict[str, Any]:
 
 
 _KEY_IN_AUTHORIZATION: dict[str, Any] = {
-    "header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}
+    "header": {"Authorization": [f"{prefix}*" for prefix in KEY_PREFIXES]}
+}
+# Any request that could get through a private port: a session cookie (the API checks
+# the exact name) or a gpuyard key. The rest gets the proxy's own 401 page.
+_MAY_PASS: list[dict[str, Any]] = [
+    {"header": {"Cookie": [f"*{SESSION_COOKIE}=*"]}},
+    {"header": {KEY_HEADER: ["*"]}},
+    _KEY_IN_AUTHORIZATION,
+]
+# A gpuyard key in Authorization never reaches a container; the application's own
+# Authorization (Basic, its tokens) does.
+_DROP_KEY_AUTHORIZATION: dict[str, Any] = {
+    "match": [_KEY_IN_AUTHORIZATION],
+    "handle": [{"handler": "headers", "request": {"delete": ["Authorization"]}}],
 }
 
 
 def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]:
     open_path = OPEN_PATH.format(cluster_id=route.cluster_id, port=route.internal_port)
     routes: list[dict[str, Any]] = [{"match": [{"path": [open_path]}], "handle": [_to_api(listen)]}]
-    if route.visibility is Visibility.PUBLIC:
-        routes.append({"handle": [_forward(route.upstream)]})
-        return routes
-    cookie = f"*{SESSION_COOKIE}={route.cookie_secret}*"
-    routes.append(
-        {"match": [{"header": {"Cookie": [cookie]}}], "handle": [_forward(route.upstream)]}
-    )
-    # The owner's key in Authorization (gy_…): checked, then removed with any
-    # X-Gpuyard-Api-Key. In X-Gpuyard-Api-Key alone: only that header is removed, so
-    # the application's own Authorization (Basic, its tokens) reaches it.
-    routes.append(
-        {
-            "match": [_KEY_IN_AUTHORIZATION],
-            "handle": [
-                _authorize(listen),
-                _forward(route.upstream, drop=("Authorization", KEY_HEADER)),
-            ],
-        }
-    )
-    routes.append(
-        {
-            "match": [{"header": {KEY_HEADER: ["*"]}}],
-            "handle": [_authorize(listen), _forward(route.upstream, drop=(KEY_HEADER,))],
-        }
-    )
-    routes.append(
-        {
-            "handle": [
-                page(
-                    401,
-                    "Sign-in required",
-                    f"Port {route.internal_port} of cluster {route.cluster_id} is private. "
-                    "Open it with a link from `gpuyard clusters open` (or the API's "
-                    "/ports/{port}/open), or send your API key in the Authorization header.",
-                )
-            ]
-        }
-    )
+    if route.visibility is not Visibility.PUBLIC:
+        routes.append(
+            {
+                "match": [{"not": _MAY_PASS}],
+                "handle": [
+                    page(
+                        401,
+                        "Sign-in required",
+                        f"Port {route.internal_port} of cluster {route.cluster_id} is "
+                        "private. Open it with a link from `gpuyard clusters open` (or the "
+                        "API's /ports/{port}/open), or send your API key in the "
+                        "Authorization header.",
+                    )
+                ],
+                "terminal": True,
+            }
+        )
+        # The API decides (a session cookie, or the owner's key); a refusal is its page.
+        routes.append({"handle": [_authorize(listen)]})
+    routes.append(_DROP_KEY_AUTHORIZATION)
+    routes.append({"handle": [_forward(route.upstream)]})
     return routes
 
 

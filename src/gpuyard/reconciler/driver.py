@@ -23,6 +23,7 @@ from gpuyard.core.errors import Conflict, GpuyardError, RuntimeFailure
 from gpuyard.core.image_refs import check_image
 from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
+from gpuyard.core.proxy import LOOPBACK, private_on_loopback, proxy_only_ports
 from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
@@ -55,6 +56,7 @@ from gpuyard.services.secrets import open_env, secret_box
 from gpuyard.services.ssh_keys import account_public_keys
 from gpuyard.store.schema import (
     Cluster,
+    Host,
     NetworkVolume,
     PortAllocation,
     Project,
@@ -497,6 +499,13 @@ class ClusterDriver:
                 session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == c.id))
             )
             uuids = gpu_uuids(session, c.host_id, list(c.gpu_indices)) if c.host_id else ()
+            hosts, _ = self.ctx.references.get(session)
+            host = hosts.get(c.host_id) if c.host_id is not None else None
+            engine_url = (
+                session.scalar(select(Host.engine_url).where(Host.id == c.host_id))
+                if host is not None and not host.is_local
+                else None
+            )
             # The container joins its account's private network: no route to the
             # clusters of other accounts.
             account_id = session.scalar(
@@ -527,6 +536,11 @@ class ClusterDriver:
         if public_keys:
             # RunPod's convention: images' start scripts put these in authorized_keys.
             env.setdefault("PUBLIC_KEY", public_keys)
+        # A private http port is published on the host's loopback only: the proxy is
+        # all that may reach it (this machine's loopback, or an ssh:// host's through
+        # a forward; docs/decisions.md "Private ports").
+        on_loopback = host is None or private_on_loopback(host.is_local, engine_url)
+        loopback = proxy_only_ports(c.ports or []) if on_loopback else frozenset()
         try:
             command = tuple(shlex.split(c.docker_args)) if c.docker_args.strip() else None
         except ValueError as exc:
@@ -537,7 +551,14 @@ class ClusterDriver:
             command=command,
             env=env,
             ports=tuple(
-                PortBinding(a.internal_port, a.port, "udp" if a.protocol == "udp" else "tcp")
+                PortBinding(
+                    a.internal_port,
+                    a.port,
+                    "udp" if a.protocol == "udp" else "tcp",
+                    host_ip=LOOPBACK
+                    if a.internal_port in loopback and a.protocol != "udp"
+                    else None,
+                )
                 for a in allocations
             ),
             volume_name=self._mounted_volume(c),

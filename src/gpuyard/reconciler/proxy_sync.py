@@ -21,6 +21,8 @@ from typing import Any
 from gpuyard.core.proxy import ProxyBase, ProxyStatus
 from gpuyard.edge.caddy import CaddyAdmin, CaddyError, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
+from gpuyard.runtimes.ssh_forwards import SshPortForwards
+from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.services.context import Context
 from gpuyard.services.proxy_routes import load_routes, proxy_api_secret, proxy_base
 from gpuyard.settings import Settings
@@ -42,12 +44,15 @@ class ProxySync:
         listen: ProxyListen,
         base: ProxyBase,
         process: CaddyProcess | None = None,
+        forwards: SshPortForwards | None = None,
     ) -> None:
         self.ctx = ctx
         self.admin = admin
         self.listen = listen
         self.base = base
         self.process = process
+        # How private ports of ssh:// hosts are reached (None: at the host's address).
+        self.forwards = forwards
         # Views of this process read it: proxy URLs show while the proxy serves.
         self.status = ctx.proxy = ProxyStatus(enabled=True)
         self._lock = threading.Lock()
@@ -70,10 +75,11 @@ class ProxySync:
             tls_key=settings.proxy_tls_key_file,
             api_secret=proxy_api_secret(settings),
         )
-        return cls(ctx, CaddyAdmin(address), listen, proxy_base(settings), process)
+        forwards = SshPortForwards(SshKeys(settings.home), settings.home / "ssh" / "fwd")
+        return cls(ctx, CaddyAdmin(address), listen, proxy_base(settings), process, forwards)
 
     def desired(self) -> dict[str, Any]:
-        return caddy_config(load_routes(self.ctx), self.base, self.listen)
+        return caddy_config(load_routes(self.ctx, self.forwards), self.base, self.listen)
 
     def sync(self, *, check_caddy: bool = True) -> bool:
         """One pass; True when the proxy serves the desired configuration afterwards.
@@ -137,4 +143,6 @@ class ProxySync:
             self._thread.join(timeout=10)
         if stop_caddy and self.process is not None:
             self.process.stop()
+        if self.forwards is not None:
+            self.forwards.close()
         self.admin.close()

@@ -49,9 +49,15 @@ class ContainerState(StrEnum):
 
 @dataclass(frozen=True)
 class PortBinding:
+    """A container port published on the host. ``host_ip`` None: on every address of
+    the host (what the engine does by default); ``"127.0.0.1"``: on the host's loopback
+    alone, out of reach of other hosts and of every container (a private http port,
+    which only the HTTP proxy may reach)."""
+
     internal_port: int
     external_port: int
     protocol: Literal["tcp", "udp"] = "tcp"
+    host_ip: str | None = None
 
 
 @dataclass(frozen=True)

@@ -410,10 +410,14 @@ class DockerEngineRuntime:
     def _create_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
         # No host IP: both engines then bind every interface (what 0.0.0.0 means).
         # Passing "0.0.0.0" explicitly breaks Podman 4.3's compat API: its DNAT rule
-        # then matches destination 0.0.0.0 and the port never answers.
-        ports: dict[str, list[int]] = {}
+        # then matches destination 0.0.0.0 and the port never answers. A loopback host
+        # IP is named (a private port): only the host's own processes reach it.
+        ports: dict[str, list[int | tuple[str, int]]] = {}
         for p in spec.ports:
-            ports.setdefault(f"{p.internal_port}/{p.protocol}", []).append(p.external_port)
+            bound: int | tuple[str, int] = (
+                (p.host_ip, p.external_port) if p.host_ip else p.external_port
+            )
+            ports.setdefault(f"{p.internal_port}/{p.protocol}", []).append(bound)
         kwargs: dict[str, Any] = {
             "image": spec.image,
             "name": self._name(spec.cluster_id),

@@ -72,6 +72,21 @@ def drop_rule(bridge: str) -> list[str]:
     ]  # fmt: skip
 
 
+# Packets that enter a bridge of ours addressed to the host's loopback are dropped
+# before the engine's port publishing (nat PREROUTING) sees them. A private port is
+# published on 127.0.0.1 only, and Podman turns on route_localnet on the bridge of a
+# network with such a port, so without this a container forging packets to 127.0.0.1
+# (raw sockets: CAP_NET_RAW is a default capability) through its gateway would be
+# rewritten to another account's private port. Nothing legitimate enters a bridge for
+# 127.0.0.0/8. One rule for every gpuyard bridge (``gy`` + hash) of every installation:
+# the same text, so installations share it; it is left in place on removal.
+LOOPBACK_GUARD = [
+    "-i", "gy+", "-d", "127.0.0.0/8",
+    "-m", "comment", "--comment", "gpuyard: no host loopback from bridges",
+    "-j", "DROP",
+]  # fmt: skip
+
+
 def subprocess_runner(argv: Sequence[str]) -> CommandResult:
     """Run ``argv``; its exit status and output (stdout and stderr together)."""
     try:
@@ -89,7 +104,8 @@ class IptablesIsolation:
     """Our isolation chain on the local host, kept with ``iptables``.
 
     ``protect(bridges)`` is idempotent and thread-safe: the chain exists, ``FORWARD``
-    jumps to it first, and each bridge has its drop rule. Raises
+    jumps to it first, each bridge has its drop rule, and the raw table's
+    :data:`LOOPBACK_GUARD` is in place. Raises
     :class:`IsolationUnavailable` when the firewall cannot be changed."""
 
     def __init__(
@@ -127,6 +143,7 @@ class IptablesIsolation:
         network ever made (accounts, training clusters), which costs nothing to keep."""
         with self._lock:
             self._ensure_chain()
+            self._ensure_loopback_guard()
             present = self._closed_bridges()
             for bridge in sorted(set(bridges) - present):
                 rule = drop_rule(bridge)
@@ -158,6 +175,14 @@ class IptablesIsolation:
         while self._ipt("-D", "FORWARD", "-j", self.chain).returncode == 0:
             pass
         self._must(self._ipt("-I", "FORWARD", "1", "-j", self.chain), "jumping to it first")
+
+    def _ensure_loopback_guard(self) -> None:
+        if self._ipt("-t", "raw", "-C", "PREROUTING", *LOOPBACK_GUARD).returncode == 0:
+            return
+        self._must(
+            self._ipt("-t", "raw", "-I", "PREROUTING", "1", *LOOPBACK_GUARD),
+            "dropping packets for the host's loopback from our bridges",
+        )
 
     def rules(self) -> list[str]:
         """The chain's rules as ``iptables -S`` prints them (empty if it is missing)."""

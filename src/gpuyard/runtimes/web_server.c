@@ -14,6 +14,8 @@
  *                                          half-duplex proxies)
  *   GET  /ws                               a WebSocket echo server (RFC 6455)
  *   GET  /healthz                          "ok"
+ *   GET  /headers                          the request's header lines as received
+ *                                          (what a proxy let through)
  *
  * Usage: gpuyard-web [PORT]   (default $PORT, else 8888). SIGTERM/SIGINT end it at
  * once; connection processes die with it (PR_SET_PDEATHSIG), so a container running it
@@ -233,6 +235,7 @@ struct request {
     char ws_key[128];
     char ws_version[16];
     char content_type[256];
+    char headers[HEAD_MAX]; /* the header lines as received, CRLF-separated */
 };
 
 static int token_in(const char *value, const char *token) {
@@ -278,6 +281,12 @@ static int read_request(struct conn *c, struct request *rq) {
     rq->content_length = -1;
     line = head;
     next = strstr(line, "\r\n");
+    if (next) {
+        size_t n = head_len - (size_t)(next + 2 - head);
+        if (n >= sizeof rq->headers) n = sizeof rq->headers - 1;
+        memcpy(rq->headers, next + 2, n);
+        rq->headers[n] = 0;
+    }
     if (next) *next = 0;
     {
         char version[16];
@@ -684,6 +693,8 @@ static int handle(struct conn *c, struct request *rq) {
         rc = route_stream(c, rq);
     } else if (strcmp(rq->path, "/ws") == 0 && get) {
         return route_ws(c, rq);
+    } else if (strcmp(rq->path, "/headers") == 0) {
+        rc = respond(c->fd, 200, "OK", "text/plain", rq->headers, rq->keep_alive, head, NULL);
     } else if (strcmp(rq->path, "/healthz") == 0) {
         rc = respond(c->fd, 200, "OK", "text/plain", "ok\n", rq->keep_alive, head, NULL);
     } else {

@@ -183,6 +183,21 @@ def resolve_key(
     if not key:
         raise Unauthorized("missing API key: send 'Authorization: Bearer KEY'")
     row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key)))
+    return _principal_of(session, row, selection)
+
+
+def resolve_key_id(
+    session: Session, key_id: int, selection: AccountSelection | None = None
+) -> Principal:
+    """:func:`resolve_key` for the key with id ``key_id`` (a session made with that
+    key, re-checked on every use: revoked key, removed membership, changed role).
+    Raises Unauthorized / Forbidden as :func:`resolve_key` does."""
+    return _principal_of(session, session.get(ApiKey, key_id), selection)
+
+
+def _principal_of(
+    session: Session, row: ApiKey | None, selection: AccountSelection | None
+) -> Principal:
     if row is None or row.revoked_at is not None:
         raise Unauthorized("invalid or revoked API key")
     user = session.get(User, row.user_id)

@@ -1,33 +1,44 @@
-"""Who may pass the HTTP proxy to a private port: open links, their cookies, API keys.
+"""Who may pass the HTTP proxy to a private port: open links, their sessions, API keys.
 
 - :func:`issue_link` (the owner, with a write key) makes a one-time link on the
   port's proxy host; its token is stored only as a SHA-256.
-- :func:`redeem_link` swaps the token, once and before it expires, for the port's
-  cookie (services/proxy_routes.py port_secret), set on that host alone.
+- :func:`redeem_link` swaps the token, once and before it expires, for a session: a
+  random cookie of its own (stored only as a SHA-256), set on that host alone.
+- :func:`session_allows` answers the proxy's per-request check of such a cookie: the
+  session is unexpired and unrevoked, names this port, and the API key that asked for
+  the link is still live and its user may still change the cluster (a revoked key, a
+  removed member or a downgraded role closes the session at its next request).
+  :class:`SessionChecks` keeps answers for a few seconds.
+- :func:`revoke_sessions` ends every session of a port (the owner, a write key).
 - :func:`authorize` answers the proxy's per-request check of an API key: the key's
   account must own the cluster (another account's cluster is "not found").
 
-Issuing and redeeming a link are events on the cluster naming the API key.
+Issuing and redeeming a link, and revoking sessions, are events on the cluster naming
+the API key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import ClusterNotFound, NotFound, ProxyUnavailable
+from gpuyard.core.errors import ClusterNotFound, Forbidden, NotFound, ProxyUnavailable, Unauthorized
 from gpuyard.core.proxy import ProxyBase, parse_host
+from gpuyard.core.roles import Permission
 from gpuyard.core.states import ClusterStatus
-from gpuyard.services.auth import Principal
+from gpuyard.services.auth import AccountSelection, Principal, resolve_key_id
 from gpuyard.services.clusters import load_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
-from gpuyard.services.proxy_routes import port_secret
 from gpuyard.store.schema import ApiKey, Cluster, Project, ProxySession
 
 ACCESS_EVENT = "access"
@@ -100,6 +111,8 @@ def issue_link(
                 internal_port=port,
                 account_id=principal.account_id,
                 key_name=name,
+                api_key_id=principal.key_id,
+                user_id=principal.user_id,
                 created_at=now,
                 link_expires_at=link_expires,
                 expires_at=session_expires,
@@ -116,14 +129,17 @@ def issue_link(
 
 
 def redeem_link(ctx: Context, cluster_id: str, port: int, token: str) -> Grant | None:
-    """The session an unused, unexpired link of this cluster port opens (the link is
-    used up); None for anything else (wrong, used, expired, another port's)."""
+    """The session an unused, unexpired, unrevoked link of this cluster port opens (the
+    link is used up): a new random cookie value, of this one session; None for anything
+    else (wrong, used, expired, revoked, another port's)."""
     now = ctx.clock.now()
+    cookie = secrets.token_urlsafe(32)
     with ctx.transaction() as session:
         row = session.scalar(select(ProxySession).where(ProxySession.token_hash == _hash(token)))
         if (
             row is None
             or row.used_at is not None
+            or row.revoked_at is not None
             or row.link_expires_at <= now
             or row.cluster_id != cluster_id
             or row.internal_port != port
@@ -132,7 +148,7 @@ def redeem_link(ctx: Context, cluster_id: str, port: int, token: str) -> Grant |
         done = session.execute(
             update(ProxySession)
             .where(ProxySession.id == row.id, ProxySession.used_at.is_(None))
-            .values(used_at=now)
+            .values(used_at=now, cookie_hash=_hash(cookie))
         )
         if done.rowcount != 1:  # type: ignore[attr-defined]
             return None
@@ -143,7 +159,130 @@ def redeem_link(ctx: Context, cluster_id: str, port: int, token: str) -> Grant |
             ACCESS_EVENT,
             f"proxy open link for port {port} used (API key {row.key_name!r})",
         )
-        return Grant(port_secret(ctx.settings, cluster_id, port), row.expires_at)
+        return Grant(cookie, row.expires_at)
+
+
+# A request may carry a few cookies of this name (one set for a parent domain by a
+# neighbour's page, say): each is tried, up to this many.
+_MAX_COOKIES = 4
+
+
+def session_allows(ctx: Context, host: str, cookies: Iterable[str]) -> bool:
+    """Whether one of ``cookies`` (values of the session cookie, matched by exact name
+    by the caller) is a live session of the cluster port ``host`` names: unexpired,
+    unrevoked, of this port, of a cluster not terminated, its API key live, and that
+    key's user still a member allowed to change the cluster (WRITE_RESOURCES in its
+    project, as the link needed). Reads only."""
+    target = parse_host(host, ctx.settings.proxy_domain)
+    hashes = [_hash(c) for c in list(cookies)[:_MAX_COOKIES] if c]
+    if target is None or not hashes:
+        return False
+    cluster_id, port = target
+    now = ctx.clock.now()
+    with ctx.read() as session:
+        rows = session.scalars(
+            select(ProxySession).where(ProxySession.cookie_hash.in_(hashes))
+        ).all()
+        live = [
+            r.api_key_id
+            for r in rows
+            if r.cluster_id == cluster_id
+            and r.internal_port == port
+            and r.revoked_at is None
+            and r.expires_at > now
+            and r.api_key_id is not None
+        ]
+        if not live:
+            return False
+        owner = session.execute(
+            select(Cluster.project_id, Project.account_id)
+            .join(Project, Project.id == Cluster.project_id)
+            .where(Cluster.id == cluster_id, Cluster.status != ClusterStatus.TERMINATED)
+        ).first()
+        if owner is None:
+            return False
+        for key_id in live:
+            try:
+                principal = resolve_key_id(
+                    session, key_id, AccountSelection(account_id=owner.account_id)
+                )
+            except (Unauthorized, Forbidden):
+                continue
+            if principal.may_use_project(owner.project_id) and principal.allows(
+                Permission.WRITE_RESOURCES
+            ):
+                return True
+    return False
+
+
+def revoke_sessions(ctx: Context, principal: Principal, cluster_id: str, port: int) -> int:
+    """End every session (and unused link) of ``port`` of the caller's cluster; how
+    many were live. Raises ClusterNotFound, NotFound (no such http port), Forbidden
+    (read key). The proxy refuses their cookies within :class:`SessionChecks`' ttl."""
+    principal.require_write()
+    now = ctx.clock.now()
+    with ctx.transaction() as session:
+        cluster = load_cluster(session, principal, cluster_id)
+        _http_port(cluster, port)
+        done = session.execute(
+            update(ProxySession)
+            .where(
+                ProxySession.cluster_id == cluster_id,
+                ProxySession.internal_port == port,
+                ProxySession.revoked_at.is_(None),
+                ProxySession.expires_at > now,
+            )
+            .values(revoked_at=now)
+        )
+        count = int(done.rowcount or 0)  # type: ignore[attr-defined]
+        record_event(
+            session,
+            cluster_id,
+            now,
+            ACCESS_EVENT,
+            f"proxy sessions of port {port} revoked ({count}) by API key "
+            f"{key_name(session, principal.key_id)!r}",
+        )
+    return count
+
+
+class SessionChecks:
+    """Answers of :func:`session_allows` kept for ``ttl_s`` seconds, so a page's burst
+    of requests costs one read, while a revoked session is refused within ``ttl_s``.
+    At most ``max_entries`` kept (least recently stored dropped). Thread-safe."""
+
+    def __init__(
+        self,
+        ttl_s: float = 2.0,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, tuple[str, ...]], tuple[float, bool]] = OrderedDict()
+
+    def _key(self, host: str, cookies: list[str]) -> tuple[str, tuple[str, ...]]:
+        return (host.lower(), tuple(_hash(c) for c in cookies))
+
+    def cached(self, host: str, cookies: list[str]) -> bool | None:
+        """The kept answer for ``(host, cookies)``; None when there is none (no I/O, so
+        a hit is answered on the event loop)."""
+        key = self._key(host, cookies)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None and hit[0] > self._clock():
+                return hit[1]
+        return None
+
+    def store(self, host: str, cookies: list[str], answer: bool) -> None:
+        key = self._key(host, cookies)
+        with self._lock:
+            self._entries[key] = (self._clock() + self.ttl_s, answer)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
 
 
 def authorize(ctx: Context, principal: Principal, host: str) -> tuple[str, int]:

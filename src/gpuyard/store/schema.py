@@ -632,7 +632,7 @@ class SshKey(Base):
     public_key: Mapped[str] = mapped_column(Text)
     fingerprint: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    # Who registered it (migration 0020): it opens a cluster only while that user may
+    # Who registered it (migration 0017): it opens a cluster only while that user may
     # write to the cluster's project (services/cluster_access.py). None: nobody's
     # (a key stored before owners were recorded in an account without an owner).
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True, default=None)
@@ -788,10 +788,13 @@ class IdempotencyKey(Base):
 
 
 class ProxySession(Base):
-    """An ``open`` link to one private http port of one cluster. The link's one-time
-    ``token`` is stored only as its SHA-256; exchanging it (once, before
-    ``link_expires_at``) sets the port's cookie (services/proxy_access.py), which the
-    browser keeps until ``expires_at``. Who asked (``key_name``) is recorded."""
+    """An ``open`` link to one private http port of one cluster, and the session it
+    becomes. The link's one-time ``token`` is stored only as its SHA-256; exchanging it
+    (once, before ``link_expires_at``) sets a cookie of its own (random; stored only as
+    ``cookie_hash``) that opens this port alone until ``expires_at`` — while
+    ``revoked_at`` is unset and the API key that asked (``api_key_id``, its name in
+    ``key_name``) is live and its user may still change the cluster; the proxy asks the
+    API on every request (services/proxy_access.py)."""
 
     __tablename__ = "proxy_sessions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -804,6 +807,10 @@ class ProxySession(Base):
     link_expires_at: Mapped[datetime] = mapped_column()
     used_at: Mapped[datetime | None] = mapped_column()
     expires_at: Mapped[datetime] = mapped_column(index=True)
+    cookie_hash: Mapped[str | None] = mapped_column(String(64), index=True, unique=True)
+    api_key_id: Mapped[int | None] = mapped_column(Integer)
+    user_id: Mapped[int | None] = mapped_column(Integer)
+    revoked_at: Mapped[datetime | None] = mapped_column()
 
 
 class ClusterLogArchive(Base):

@@ -1,8 +1,8 @@
 """hosts say whether their engine enforces disk sizes (volumes and container disks),
 and why not, as they say it for CPU/memory limits
 
-Revision ID: 0021
-Revises: 0020
+Revision ID: 0018
+Revises: 0017
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0021"
-down_revision = "0020"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
