@@ -40,7 +40,7 @@ def member(srv: LiveServer) -> Member:
     inv = members.create_invitation(
         ctx, owner, owner.account_id, "carol@example.com", "member", None
     )
-    made = members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+    made = members.accept_invitation(ctx, inv.token, name=None, caller=None)
     return Member(made["api_key"]["key"], made["membership"]["id"], owner.account_id)
 
 

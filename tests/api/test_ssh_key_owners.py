@@ -43,7 +43,7 @@ def team(srv: LiveServer) -> dict[str, Any]:
     inv = members.create_invitation(
         ctx, owner, owner.account_id, "carol@example.com", "member", None
     )
-    carol = members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+    carol = members.accept_invitation(ctx, inv.token, name=None, caller=None)
     with srv.client(carol["api_key"]["key"]) as c:
         r = c.post("/v1/api-keys", json={"name": "pinned", "project_id": other})
         assert r.status_code == 201, r.text

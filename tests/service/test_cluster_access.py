@@ -40,7 +40,7 @@ def team(ctx: Context, alice: Principal) -> Team:
     inv = members.create_invitation(
         ctx, alice, alice.account_id, "carol@example.com", "member", None
     )
-    accepted = members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+    accepted = members.accept_invitation(ctx, inv.token, name=None, caller=None)
     carol = as_key(ctx, accepted["api_key"]["key"])
     other = projects.create_project(ctx, alice, None, "other").id
     return Team(alice, carol, alice.default_project_id, other)

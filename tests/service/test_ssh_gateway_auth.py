@@ -233,7 +233,7 @@ def test_keys_per_connection_count_only_refusals(
 def member_of(ctx: Context, owner: Principal, email: str, role: str = "member") -> Principal:
     """A new user invited into ``owner``'s account as ``role``, acting with their key."""
     inv = members.create_invitation(ctx, owner, owner.account_id, email, role, None)
-    made = members.accept_invitation(ctx, inv.token, name=None, caller_user_id=None)
+    made = members.accept_invitation(ctx, inv.token, name=None, caller=None)
     with ctx.read() as session:
         return resolve_key(session, made["api_key"]["key"])
 

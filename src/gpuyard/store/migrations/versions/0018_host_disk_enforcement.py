@@ -17,14 +17,16 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("hosts") as batch:
-        batch.add_column(
-            sa.Column("enforces_disk", sa.Boolean(), nullable=False, server_default=sa.true())
-        )
-        batch.add_column(sa.Column("disk_note", sa.Text(), nullable=True))
+    # Plain ALTER TABLEs, not a batch copy (see downgrade).
+    op.add_column(
+        "hosts",
+        sa.Column("enforces_disk", sa.Boolean(), nullable=False, server_default=sa.true()),
+    )
+    op.add_column("hosts", sa.Column("disk_note", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("hosts") as batch:
-        batch.drop_column("disk_note")
-        batch.drop_column("enforces_disk")
+    # Plain DROP COLUMNs (SQLite 3.35+), not a batch copy: a copy drops and remakes
+    # ``hosts``, which clusters' foreign keys refuse while clusters name a host.
+    op.drop_column("hosts", "disk_note")
+    op.drop_column("hosts", "enforces_disk")
