@@ -132,10 +132,18 @@ def volume_exists(engine: docker.DockerClient, name: str) -> bool:
 
 
 def volume_file(engine: docker.DockerClient, name: str, path: str) -> str:
-    """A file inside volume ``name``, read from the host (the suite runs Podman as root,
-    so the volume's data lies under its mount point); works with no container."""
-    mountpoint = Path(engine.volumes.get(name).attrs["Mountpoint"])
-    return (mountpoint / path).read_text()
+    """A file inside volume ``name``, read by a short-lived container of this test that
+    mounts it read-only: a sized volume's data lies in its own file system image,
+    mounted only while a container uses it, so the host's mount point is empty."""
+    out = engine.containers.run(
+        DEV_IMAGE,
+        ["cat", f"/v/{path}"],
+        volumes={name: {"bind": "/v", "mode": "ro"}},
+        network_mode="none",
+        labels={"gpuyard.test": "ownership-read"},
+        remove=True,
+    )
+    return out.decode() if isinstance(out, bytes) else str(out)
 
 
 def holds(check: Callable[[], None], seconds: float) -> None:
