@@ -97,3 +97,19 @@ def test_usage_counts_allocated_blocks() -> None:
     by_path = {"/srv/a.img": "a", "/srv/b.img": "b"}
     out = "2048 512 /srv/a.img\n0 512 /srv/b.img\ngarbage\n8 512 /srv/other.img\n"
     assert parse_usage(out, by_path) == {"a": 2048 * 512, "b": 0}
+
+
+@needs_tools
+def test_only_root_reads_the_images(tmp_path: Path) -> None:
+    """A tenant's raw file system is nobody else's to read on the host: the folder is
+    0700 and each image 0600, also an image left readable by an older version."""
+    images = VolumeImages(subprocess_runner, str(tmp_path / "images"))
+    assert images.problem() is None
+    assert (tmp_path / "images").stat().st_mode & 0o777 == 0o700
+    path = Path(images.ensure("gyabc-vol2", 64 * MIB))
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o644)
+    images.ensure("gyabc-vol2", 64 * MIB)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert "nodev" in MOUNT_OPTIONS.split(",") and "nosuid" in MOUNT_OPTIONS.split(",")
+    images.remove("gyabc-vol2")

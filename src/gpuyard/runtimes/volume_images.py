@@ -33,19 +33,21 @@ FS_TYPE = "ext4"
 # discard: deleted files' blocks go back to the host (the image stays sparse);
 # noinit_itable: the image is a fresh sparse file whose unwritten parts read as zeros
 # already, so the kernel's background zeroing of inode tables would only allocate
-# host blocks for nothing.
-MOUNT_OPTIONS = "loop,discard,noinit_itable"
+# host blocks for nothing. nodev, nosuid: a tenant's file system holds no device node
+# or set-id program the host honours (as the engine mounts its own volumes).
+MOUNT_OPTIONS = "loop,discard,noinit_itable,nodev,nosuid"
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 
 # Checks the host can make and mount images. Prints what is missing, exits non-zero.
 _PROBE = r"""
+umask 077
 dir=$1
 for tool in mkfs.ext4 e2fsck resize2fs debugfs losetup truncate stat; do
   command -v "$tool" >/dev/null 2>&1 || { echo "$tool is not installed"; exit 3; }
 done
 [ "$(id -u)" = 0 ] || { echo "host commands do not run as root (loop devices need it)"; exit 3; }
-mkdir -p "$dir" && [ -w "$dir" ] || { echo "cannot write $dir"; exit 3; }
+mkdir -p "$dir" && chmod 700 "$dir" && [ -w "$dir" ] || { echo "cannot write $dir"; exit 3; }
 """
 
 # Makes image $1 of $2 bytes if it is missing, else grows it to $2 bytes if smaller
@@ -58,6 +60,7 @@ mkdir -p "$dir" && [ -w "$dir" ] || { echo "cannot write $dir"; exit 3; }
 # CAP_SYS_RESOURCE) is tried again by the next call.
 _ENSURE = r"""
 set -e
+umask 077
 img=$1; size=$2
 if [ ! -e "$img" ]; then
   mkdir -p "$(dirname "$img")"
@@ -69,6 +72,8 @@ if [ ! -e "$img" ]; then
   mv -n "$tmp" "$img"
   rm -f "$tmp"
 fi
+# Only root reads a tenant's raw file system (images made before this were 0644).
+chmod 600 "$img"
 if [ "$(stat -c %s "$img")" -lt "$size" ]; then
   touch "$img.grow"
   truncate -s "$size" "$img"
