@@ -97,12 +97,19 @@ def test_a_project_key_touches_only_its_projects_ssh_keys(
     """A key restricted to a project neither sees, deletes nor replaces its user's SSH
     keys outside that project (unrestricted ones, or another project's)."""
     carols = add(srv, team["carol"], "carols")
-    pinned = add(srv, team["pinned"], "pinned")
+    with srv.client(team["carol"]) as c:
+        home = team["owner"].default_project_id
+        made = c.post("/v1/api-keys", json={"name": "home", "project_id": home})
+        assert made.status_code == 201, made.text
+    homes = add(srv, made.json()["data"]["key"], "homes")
+    add(srv, team["pinned"], "pinned")
     with srv.client(team["pinned"]) as c:
-        err = c.delete(f"/v1/ssh-keys/{carols['id']}")
-        assert err.status_code == 404, err.text
-        assert err.json()["error"]["code"] == "SSH_KEY_NOT_FOUND"
+        for beyond in (carols, homes):
+            r = c.delete(f"/v1/ssh-keys/{beyond['id']}")
+            assert r.status_code == 404, r.text
+            assert r.json()["error"]["code"] == "SSH_KEY_NOT_FOUND"
     assert names(srv, team["pinned"]) == ["pinned"]
+    assert names(srv, team["carol"]) == ["carols", "homes", "pinned"]
 
 
 def test_a_project_keys_pub_key_replaces_only_its_projects_ssh_keys(

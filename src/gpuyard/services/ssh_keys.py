@@ -258,10 +258,10 @@ def delete_key(
 ) -> SshKey:
     """Delete one key: ``principal``'s own, or anyone's it sees with
     ``manage_members`` and a role that may manage the keys of its user's role (an
-    admin never removes an owner's: core/roles.py ``can_manage_keys_of``). The gateway and the clusters' sshd stop taking it within
-    seconds; training clusters that already authorised it keep it until their keys
-    are next updated (their nodes hold copies, not references). Raises
-    SshKeyNotFound, Forbidden."""
+    admin never removes an owner's: core/roles.py ``can_manage_keys_of``). The gateway
+    and the clusters' sshd stop taking it within seconds; training clusters that
+    already authorised it keep it until their keys are next updated (their nodes hold
+    copies, not references). Raises SshKeyNotFound, Forbidden."""
     row = get_key(session, account_id, key_id, principal)
     if principal is not None and row.user_id != principal.user_id:
         principal.require_permission(Permission.MANAGE_MEMBERS)
@@ -390,8 +390,8 @@ def replace_keys_from_text(
     its row, id and name; a new one is named by its comment, else by its fingerprint;
     a stored key the text does not hold is deleted. ``project_id`` (the caller's API
     key is restricted to that project): new keys are limited to it, and only the
-    user's keys of that project are replaced (their others are beyond it). Raises ValidationFailed("pubKey")
-    naming the first bad line, and changes nothing then."""
+    user's keys of that project are replaced (their others are beyond it). Raises
+    ValidationFailed("pubKey") naming the first bad line, and changes nothing then."""
     if not isinstance(text, str):
         raise ValidationFailed("pubKey", "must be a string of OpenSSH public keys")
     wanted: dict[str, tuple[str, str]] = {}  # fingerprint -> (line, name)
