@@ -11,6 +11,7 @@ import httpx
 
 from gpuyard.api import resource_schemas as rs
 from gpuyard.api import tenancy_schemas as ts
+from gpuyard.services.cluster_access import Need, key_may_access
 from tests.api.test_accounts import invite_and_accept, new_account
 from tests.api.test_resources import data, err
 from tests.helpers import LiveServer
@@ -158,3 +159,60 @@ def test_a_console_session_of_a_restricted_key_is_as_restricted(srv: LiveServer)
         r = browser.post(f"/v1/accounts/{aid}/invitations", json=body, headers=csrf)
         restricted(err(r, 403, "FORBIDDEN"))
         err(browser.get("/v1/audit-events", headers=csrf), 403, "FORBIDDEN")
+
+
+def test_a_members_restricted_key_loses_the_project_its_user_loses(srv: LiveServer) -> None:
+    """A member given projects 2 and 3 pins a key to 2; once 2 is taken from them the
+    key acts in no project (REST and GraphQL), as the SSH gateway's AccessIndex says."""
+    made = new_account(srv)
+    aid, owner = made["account"]["id"], made["api_key"]["key"]
+    with srv.client(owner) as c:
+        lab = data(c.post("/v1/projects", json={"name": "lab"}), 201, rs.ProjectEnvelope)["id"]
+        ops = data(c.post("/v1/projects", json={"name": "ops"}), 201, rs.ProjectEnvelope)["id"]
+    carol = invite_and_accept(srv, owner, aid, "carol@acme.test", "member", project_ids=[lab, ops])
+    with srv.client(carol["api_key"]["key"]) as c:
+        made_key = c.post("/v1/api-keys", json={"name": "lab", "project_id": lab})
+        pinned = data(made_key, 201, ts.ApiKeyCreatedEnvelope)
+    with srv.client(pinned["key"]) as c:
+        body = {"gpu_type": A6000, "docker_image": "img", "project_id": lab}
+        cluster = c.post("/v1/clusters", json=body)
+        assert cluster.status_code == 201, cluster.text
+        cluster_id = cluster.json()["data"]["id"]
+    with srv.client(owner) as c:
+        gone = c.delete(f"/v1/projects/{lab}/members/{carol['membership']['id']}")
+        assert gone.status_code in (200, 204), gone.text
+    with srv.client(pinned["key"]) as c:
+        err(c.get(f"/v1/clusters/{cluster_id}"), 404, "CLUSTER_NOT_FOUND")
+        for params in ({"project_id": lab}, {}):
+            listed_rest = c.get("/v1/clusters", params=params)
+            assert listed_rest.status_code == 200, listed_rest.text
+            assert listed_rest.json()["data"]["clusters"] == []
+        for project in ({"project_id": lab}, {"project_id": ops}, {}):
+            body = {"gpu_type": A6000, "docker_image": "img", **project}
+            r = c.post("/v1/clusters", json=body)
+            assert r.status_code in (403, 404), r.text
+    listed = srv.graphql("{ myself { clusters { id } } }", key=pinned["key"])
+    assert listed["data"]["myself"] == {"clusters": []}, listed
+    # The gateway's view agrees: the key may not touch the project.
+    ctx = srv.server.ctx
+    with ctx.read() as session:
+        for need in (Need.READ, Need.WRITE):
+            assert not key_may_access(session, pinned["id"], aid, lab, need)
+    # The member's unrestricted key still works in the project they keep.
+    with srv.client(carol["api_key"]["key"]) as c:
+        body = {"gpu_type": A6000, "docker_image": "img", "project_id": ops}
+        assert c.post("/v1/clusters", json=body).status_code == 201
+
+
+def test_a_restricted_key_of_a_member_of_every_project_keeps_working(srv: LiveServer) -> None:
+    """A member with no project rows acts in every project: a key pinned to one works."""
+    made = new_account(srv)
+    aid, owner, home = made["account"]["id"], made["api_key"]["key"], made["project"]["id"]
+    carol = invite_and_accept(srv, owner, aid, "carol@acme.test", "member")
+    with srv.client(carol["api_key"]["key"]) as c:
+        made_key = c.post("/v1/api-keys", json={"name": "home", "project_id": home})
+        pinned = data(made_key, 201, ts.ApiKeyCreatedEnvelope)["key"]
+    with srv.client(pinned) as c:
+        r = c.post("/v1/clusters", json={"gpu_type": A6000, "docker_image": "img"})
+        assert r.status_code == 201, r.text
+        assert r.json()["data"]["project_id"] == home

@@ -159,3 +159,35 @@ def test_by_cluster_id(ctx: Context, team: Team) -> None:
     with ctx.read() as s:
         assert not user_may_access_cluster(s, carol.user_id, cid, Need.READ)
         assert not key_may_access_cluster(s, carol.key_id, carol.account_id, cid, Need.READ)
+
+
+def test_a_key_pinned_to_a_project_its_member_loses_acts_nowhere(ctx: Context, team: Team) -> None:
+    """The API's principal (services/auth.py) and the gateway's index agree: a key
+    restricted to a project acts there while its user may, and nowhere once a member
+    limited to some projects loses it. A member with no project rows (every project)
+    and an owner keep their pinned keys."""
+    carol, owner = team.carol, team.owner
+    assert carol.member_id is not None
+    pinned_key = api_keys.create_key(
+        ctx, carol, name="p", scope="write", restrict_to_account=False, project_id=team.other
+    )["key"]
+    owners_key = api_keys.create_key(
+        ctx, owner, name="p", scope="write", restrict_to_account=False, project_id=team.other
+    )["key"]
+
+    def agree(key: str, acts: bool) -> None:
+        who = as_key(ctx, key)
+        assert who.may_use_project(team.other) is acts
+        assert key_may(ctx, who, team.other, Need.WRITE) is acts
+        assert not who.may_use_project(team.default)
+        assert not key_may(ctx, who, team.default, Need.READ)
+
+    agree(pinned_key, True)  # no project rows: every project
+    agree(owners_key, True)
+    projects.add_project_member(ctx, owner, team.other, carol.member_id)
+    projects.add_project_member(ctx, owner, team.default, carol.member_id)
+    agree(pinned_key, True)
+    projects.remove_project_member(ctx, owner, team.other, carol.member_id)
+    agree(pinned_key, False)
+    assert as_key(ctx, pinned_key).project_ids == frozenset()
+    agree(owners_key, True)

@@ -256,20 +256,29 @@ def _selected_account(session: Session, key: ApiKey, selection: AccountSelection
 def _allowed_projects(
     session: Session, key: ApiKey, member: Member | None, account_id: int
 ) -> frozenset[int] | None:
-    """The key's project (when restricted to one), else the projects a member or
-    viewer was given (when any), else None (every project)."""
-    if key.project_id is not None:
-        return frozenset({key.project_id})
-    if member is None or member.role not in (Role.MEMBER.value, Role.VIEWER.value):
-        return None
-    given = frozenset(
-        session.scalars(
-            select(ProjectMember.project_id)
-            .join(Project, Project.id == ProjectMember.project_id)
-            .where(ProjectMember.member_id == member.id, Project.account_id == account_id)
+    """The projects the caller may act in; None: every project of the account.
+
+    A member or viewer given some projects acts only in those (none given: every
+    project). A key restricted to a project acts only in it, and only while its user
+    may: for a member or viewer who no longer has that project the set is empty (no
+    project at all), as services/cluster_access.py ``AccessIndex`` decides for the SSH
+    gateway and the terminals."""
+    given: frozenset[int] | None = None
+    if member is not None and member.role in (Role.MEMBER.value, Role.VIEWER.value):
+        given = (
+            frozenset(
+                session.scalars(
+                    select(ProjectMember.project_id)
+                    .join(Project, Project.id == ProjectMember.project_id)
+                    .where(ProjectMember.member_id == member.id, Project.account_id == account_id)
+                )
+            )
+            or None
         )
-    )
-    return given or None
+    if key.project_id is not None:
+        pinned = frozenset({key.project_id})
+        return pinned if given is None else pinned & given
+    return given
 
 
 def create_account(

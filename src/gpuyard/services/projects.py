@@ -92,6 +92,12 @@ def project_for_create(session: Session, principal: Principal, project_id: int |
     account, or one the caller is not given (a key or membership restricted to some
     projects), is NotFound (404) like none."""
     if project_id is None:
+        if not principal.may_use_project(principal.default_project_id):
+            # A key restricted to a project its user no longer has: no project at all.
+            raise NotFound(
+                "this caller may use no project of this account",
+                {"project_id": principal.default_project_id},
+            )
         return principal.default_project_id
     owner = (
         session.scalar(select(Project.account_id).where(Project.id == project_id))

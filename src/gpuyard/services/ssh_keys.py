@@ -24,12 +24,12 @@ import struct
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import NotFound, ValidationFailed
-from gpuyard.core.roles import Permission
+from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
+from gpuyard.core.roles import Permission, Role, can_manage_keys_of
 from gpuyard.services.auth import Principal
 from gpuyard.services.cluster_access import AccessIndex, Need
 from gpuyard.services.resource_util import id_list, in_id_range, iso
-from gpuyard.store.schema import ApiKey, SshKey
+from gpuyard.store.schema import ApiKey, Member, SshKey
 
 FIELD = "public_key"
 # An RSA key of 16384 bits is ~2.8 KB of base64; anything far larger is not a key.
@@ -219,8 +219,12 @@ def add_key(
 
 
 def _visible(row: SshKey, principal: Principal | None) -> bool:
-    """Whether ``principal`` (None: no limit) sees ``row`` of its account: every key
-    when it acts in every project, else its own user's keys and those of its projects."""
+    """Whether ``principal`` (None: no limit) sees ``row`` of its account: an API key
+    restricted to a project only that project's keys (its user's others are beyond
+    it); else every key when it acts in every project, else its own user's keys and
+    those of its projects."""
+    if principal is not None and principal.key_project_id is not None:
+        return row.project_id == principal.key_project_id
     if principal is None or principal.project_ids is None:
         return True
     return row.user_id == principal.user_id or (
@@ -253,16 +257,45 @@ def delete_key(
     session: Session, account_id: int, key_id: int, principal: Principal | None = None
 ) -> SshKey:
     """Delete one key: ``principal``'s own, or anyone's it sees with
-    ``manage_members``. The gateway and the clusters' sshd stop taking it within
-    seconds; training clusters that already authorised it keep it until their keys
-    are next updated (their nodes hold copies, not references). Raises
-    SshKeyNotFound, Forbidden."""
+    ``manage_members`` and a role that may manage the keys of its user's role (an
+    admin never removes an owner's: core/roles.py ``can_manage_keys_of``). The gateway
+    and the clusters' sshd stop taking it within seconds; training clusters that
+    already authorised it keep it until their keys are next updated (their nodes hold
+    copies, not references). Raises SshKeyNotFound, Forbidden."""
     row = get_key(session, account_id, key_id, principal)
     if principal is not None and row.user_id != principal.user_id:
         principal.require_permission(Permission.MANAGE_MEMBERS)
+        _require_may_manage(session, principal, row)
     session.delete(row)
     session.flush()
     return row
+
+
+def _holder_role(session: Session, row: SshKey) -> Role | None:
+    """The role of the key's user in the key's account; None for a key of nobody.
+    A user with no membership there (the operator, or a member since removed)
+    counts as an owner, as services/api_keys.py decides for API keys."""
+    if row.user_id is None:
+        return None
+    role = session.scalar(
+        select(Member.role).where(
+            Member.account_id == row.account_id, Member.user_id == row.user_id
+        )
+    )
+    return Role(role) if role is not None else Role.OWNER
+
+
+def _require_may_manage(session: Session, principal: Principal, row: SshKey) -> None:
+    """Another user's key: only a role that may take its holder's role away. Raises
+    Forbidden naming both roles."""
+    if principal.operator:
+        return
+    holder = _holder_role(session, row)
+    if holder is not None and not can_manage_keys_of(principal.role, holder):
+        raise Forbidden(
+            f"the role '{principal.role}' may not remove the SSH keys of '{holder}' members",
+            {"role": principal.role.value, "target_role": holder.value, "ssh_key_id": row.id},
+        )
 
 
 def keys_by_ids(
@@ -307,14 +340,18 @@ def account_public_keys(
     *,
     project_id: int | None = None,
     user_id: int | None = None,
+    key_project_id: int | None = None,
 ) -> str:
     """Keys as ``authorized_keys`` text (one per line, oldest first; empty when there
     are none): RunPod's ``pubKey`` and the ``PUBLIC_KEY`` env. ``project_id``: only
     the keys whose users may write to that project now (a cluster's env);
-    ``user_id``: only that user's keys (``myself { pubKey }``)."""
+    ``user_id``: only that user's keys (``myself { pubKey }``); ``key_project_id``:
+    only the keys limited to that project (the caller's API key is restricted to it)."""
     query = select(SshKey).where(SshKey.account_id == account_id).order_by(SshKey.id)
     if user_id is not None:
         query = query.where(SshKey.user_id == user_id)
+    if key_project_id is not None:
+        query = query.where(SshKey.project_id == key_project_id)
     rows = list(session.scalars(query))
     if project_id is not None:
         access = AccessIndex.load(session, [r.user_id for r in rows if r.user_id is not None])
@@ -351,8 +388,10 @@ def replace_keys_from_text(
     ``updateUserSettings(input: {pubKey})``: one OpenSSH public key per line; blank
     lines and ``#`` comments are skipped). A key already stored (same key data) keeps
     its row, id and name; a new one is named by its comment, else by its fingerprint;
-    a stored key the text does not hold is deleted. Raises ValidationFailed("pubKey")
-    naming the first bad line, and changes nothing then."""
+    a stored key the text does not hold is deleted. ``project_id`` (the caller's API
+    key is restricted to that project): new keys are limited to it, and only the
+    user's keys of that project are replaced (their others are beyond it). Raises
+    ValidationFailed("pubKey") naming the first bad line, and changes nothing then."""
     if not isinstance(text, str):
         raise ValidationFailed("pubKey", "must be a string of OpenSSH public keys")
     wanted: dict[str, tuple[str, str]] = {}  # fingerprint -> (line, name)
@@ -371,11 +410,10 @@ def replace_keys_from_text(
     if len(wanted) > MAX_KEYS_PER_TEXT:
         raise ValidationFailed("pubKey", f"at most {MAX_KEYS_PER_TEXT} keys")
     kept: list[SshKey] = []
-    mine = session.scalars(
-        select(SshKey)
-        .where(SshKey.account_id == account_id, SshKey.user_id == user_id)
-        .order_by(SshKey.id)
-    )
+    query = select(SshKey).where(SshKey.account_id == account_id, SshKey.user_id == user_id)
+    if project_id is not None:
+        query = query.where(SshKey.project_id == project_id)
+    mine = session.scalars(query.order_by(SshKey.id))
     for row in mine:
         if row.fingerprint in wanted and row.fingerprint not in {k.fingerprint for k in kept}:
             kept.append(row)

@@ -35,10 +35,16 @@ async def loaded_pod(info: Info, cluster_id: str) -> Pod:
 
 
 def user_of(info: Info) -> User:
-    """The caller, with their SSH keys in the account as RunPod's ``pubKey``."""
+    """The caller, with their SSH keys in the account as RunPod's ``pubKey`` (a key
+    restricted to a project: their keys of that project, the ones it may replace)."""
     principal = info.context.principal
     with info.context.ctx.read() as session:
-        keys = account_public_keys(session, principal.account_id, user_id=principal.user_id)
+        keys = account_public_keys(
+            session,
+            principal.account_id,
+            user_id=principal.user_id,
+            key_project_id=principal.key_project_id,
+        )
     return User(id=str(principal.user_id), pub_key=keys or None)
 
 
