@@ -61,7 +61,7 @@ def operator(ctx: Context, nodes: FakeNodeRuntime, queue: HeldQueue) -> Training
 @pytest.fixture
 def world(ctx: Context, alice: Principal) -> dict[str, Any]:
     with ctx.transaction() as s:
-        key = add_key(s, alice.account_id, "k1", KEY)
+        key = add_key(s, alice.account_id, "k1", KEY, user_id=alice.user_id)
         image = s.scalar(select(ImageVersion).order_by(ImageVersion.id))
         assert image is not None
         return {
