@@ -77,6 +77,9 @@ def running_cluster(
     cid = create(ctx, alice, world, workers=2)
     operator.run(cid)
     assert status(ctx, cid).status == "running"
+    # The key pass after an operation, done here: the scans below then queue
+    # recoveries only.
+    operator.node_keys.refresh(cid)
     return cid, NodeName(cid, ctx.ownership.training_prefix(cid))
 
 
