@@ -441,3 +441,28 @@ def test_a_removed_members_key_leaves_the_clusters_sshd(
     refused_within(key, direct_port, "root")
     refused_within(key, env.port, cid)
     assert ssh(env.key_a, direct_port, "root", "echo owner").stdout == "owner\n"
+
+
+def test_a_removed_members_key_line_outside_the_block_is_deleted(
+    env: Env, sshd_cluster: str, tmp_path: Path
+) -> None:
+    """An image's start script appends ``$PUBLIC_KEY`` outside gpuyard's block: once
+    the member is removed, the sync deletes that line too (the direct login is
+    refused), and keeps a line the user added that gpuyard does not know."""
+    cid = sshd_cluster
+    key = keygen(tmp_path / "erin")
+    _, member_id = invited_member(env, "erin@example.com", key)
+    direct_port = env.a.get(f"/v1/clusters/{cid}").json()["data"]["ports"][0]["external_port"]
+    deadline = time.monotonic() + 60
+    while ssh(key, direct_port, "root", "echo in").stdout != "in\n":
+        assert time.monotonic() < deadline, "the member's key never reached the sshd"
+        time.sleep(0.3)
+    erins = key.with_suffix(".pub").read_text().split()
+    users_own = keygen(tmp_path / "own").with_suffix(".pub").read_text().split()
+    appended = f"{erins[0]} {erins[1]} appended-by-the-image\n{users_own[0]} {users_own[1]} own\n"
+    done = ssh(env.key_a, direct_port, "root", f"printf '{appended}' >> /root/.ssh/authorized_keys")
+    assert done.returncode == 0, done.stderr
+    remove_member(env, member_id)
+    refused_within(key, direct_port, "root")
+    text = ssh(env.key_a, direct_port, "root", "cat /root/.ssh/authorized_keys").stdout
+    assert erins[1] not in text and f"{users_own[1]} own" in text

@@ -476,3 +476,69 @@ def test_a_killed_worker_comes_back_and_a_job_on_the_other_runs_on(
         label = f"gpuyard.training_cluster_id={cid}"
         assert engine.containers.list(all=True, filters={"label": label}) == []
     engine.close()
+
+
+def test_a_removed_members_key_leaves_the_training_nodes(
+    server: ServerProcess, engine_url: str, tmp_path: Path
+) -> None:
+    """The cluster's SSH port reaches the controller's sshd directly, past the
+    gateway: once a member is removed, their key leaves every node within a scan,
+    and the owner's stays."""
+    ssh = Ssh(tmp_path)
+    key, pub = ssh.keygen("owner")
+    member_key, member_pub = ssh.keygen("member")
+    with server.client() as c:
+        project = c.get("/v1/projects").json()["data"]
+        projects = project if isinstance(project, list) else project["projects"]
+        params = {"project_id": projects[0]["id"], "location": "local"}
+        mine = c.post("/v1/ssh-keys", json={"name": "owner", "public_key": pub}).json()["data"]
+        account_id = c.get("/v1/me").json()["data"]["acting"]["account_id"]
+        r = c.post(
+            f"/v1/accounts/{account_id}/invitations",
+            json={"email": "mia@example.com", "role": "member"},
+        )
+        assert r.status_code == 201, r.text
+        r = httpx.post(f"{server.url}/v1/invitations/{r.json()['data']['token']}/accept")
+        assert r.status_code == 201, r.text
+        made = r.json()["data"]
+        with httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {made['api_key']['key']}"}
+        ) as member:
+            r = member.post("/v1/ssh-keys", json={"name": "mia", "public_key": member_pub})
+            assert r.status_code == 201, r.text
+            theirs = r.json()["data"]
+        images = c.get("/v1/images").json()["data"]
+        images = images if isinstance(images, list) else images["images"]
+        base = next(i for i in images if i["image"] == SLURM_IMAGE)
+        created = c.post(
+            BASE,
+            params=params,
+            json={
+                "name": "keys",
+                "image_version_id": base["id"],
+                "ssh_key_ids": [mine["id"], theirs["id"]],
+                "no_of_nodes": 1,
+                "gpu_type": "NVIDIA RTX A6000",
+                "gpus_per_node": 1,
+                "cpus_per_node": 1,
+                "memory_gb_per_node": 1,
+            },
+        )
+        assert created.status_code == 201, created.json()
+        cid = created.json()["data"]["id"]
+        port = wait_running(c, cid, params)["ssh"]["port"]
+        w1 = f"{server.installation.training_prefix(cid)}-worker-1"
+        out = ssh.run(member_key, "127.0.0.1", port, "hostname")
+        assert out.returncode == 0, out.stderr
+
+        r = c.delete(f"/v1/accounts/{account_id}/members/{made['membership']['id']}")
+        assert r.status_code == 200, r.text
+        until(
+            lambda: ssh.run(member_key, "127.0.0.1", port, "true").returncode != 0,
+            60,
+            "the removed member's key refused by the controller",
+        )
+        body = member_pub.split()[1]
+        out = ssh.run(key, "127.0.0.1", port, f"srun -w {w1} cat /root/.ssh/authorized_keys")
+        assert out.returncode == 0, out.stderr
+        assert body not in out.stdout and pub.split()[1] in out.stdout

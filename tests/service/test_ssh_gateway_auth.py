@@ -5,6 +5,7 @@ told, the login event, the per-source limit, and the cross-account probe."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from gpuyard.edge.engines import EngineLocator
 from gpuyard.edge.gateway_keys import host_key, upstream_key
 from gpuyard.edge.ssh_directory import EVENT_SSH_LOGIN, SshDirectory
 from gpuyard.edge.ssh_gateway import Gateway
+from gpuyard.edge.ssh_upstream import AUTHORIZED_KEYS_SCRIPT, sync_input
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import api_keys, members, projects, ssh_keys
@@ -343,3 +345,46 @@ def test_the_sshd_keys_follow_access(ctx: Context, rec: Reconciler, alice: Princ
     assert carol.member_id is not None
     members.remove_member(ctx, alice, alice.account_id, carol.member_id)
     assert carol_line not in lines() and len(lines()) == 1
+
+
+def test_a_removed_members_key_line_outside_the_block_is_dropped(
+    ctx: Context, rec: Reconciler, alice: Principal, tmp_path: Path
+) -> None:
+    """An image appends ``$PUBLIC_KEY`` (the keys at creation) outside gpuyard's block:
+    once carol is removed, the sync deletes her line there too, and keeps a line the
+    user added that gpuyard never registered."""
+    carol = member_of(ctx, alice, "carol@example.com")
+    request = CreateCluster.model_validate(
+        {
+            "docker_image": "img",
+            "volume_gb": 0,
+            "ports": [{"internal_port": 22, "external_port": 0, "protocol": "tcp"}],
+        }
+    )
+    cid = uc.create_cluster(ctx, alice, request).id
+    for _ in range(5):
+        rec.driver.drive(cid)
+    alice_line = register(ctx, alice, "a").export_public_key().decode().strip()
+    carol_line = register(ctx, carol, "c").export_public_key().decode().strip()
+    users_own = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    (tmp_path / ".ssh").mkdir()
+    keys_file = tmp_path / ".ssh" / "authorized_keys"
+    keys_file.write_text(f"{alice_line}\n{carol_line}\n{users_own}\n")
+    directory = SshDirectory(ctx.sessions, ctx.ownership)
+
+    def sync() -> list[str]:
+        found = [(lines, drop) for t, lines, drop in directory.sshd_keys() if t.cluster_id == cid]
+        assert len(found) == 1
+        script = AUTHORIZED_KEYS_SCRIPT.replace("/root/.ssh", str(tmp_path / ".ssh"))
+        done = subprocess.run(
+            ["/bin/sh", "-c", script], input=sync_input(*found[0]), capture_output=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return keys_file.read_text().splitlines()
+
+    assert carol_line in sync()
+    assert carol.member_id is not None
+    members.remove_member(ctx, alice, alice.account_id, carol.member_id)
+    after = sync()
+    assert carol_line not in after
+    assert users_own in after and after.count(alice_line) == 2  # hers + the block's

@@ -71,7 +71,7 @@ class World:
             ctx, self.local_nodes, FakeEdge(), drain_timeout_s=0, hosts=self.hosts
         )
         with ctx.transaction() as s:
-            key = add_key(s, alice.account_id, "k1", KEY)
+            key = add_key(s, alice.account_id, "k1", KEY, user_id=alice.user_id)
             image = s.scalar(select(ImageVersion).order_by(ImageVersion.id))
             assert image is not None
             other = register_image(s, name="slurm-node", version="v2", image="localhost/x:v2")

@@ -5,6 +5,7 @@ that it survives being cut short. Real Slurm is exercised in tests/e2e."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +24,14 @@ from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services import (
     accounts,
     budgets,
+    members,
     quotas,
     training,
     training_nodes,
     training_reads,
     training_stops,
 )
-from gpuyard.services.auth import Principal, Scope
+from gpuyard.services.auth import Principal, Scope, resolve_key
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.images import register_image
@@ -87,7 +89,7 @@ def operator(ctx: Context, nodes: FakeNodeRuntime, edge: FakeEdge) -> TrainingOp
 def world(ctx: Context, alice: Principal) -> dict[str, Any]:
     ctx.settings.reserved_ips = "127.0.10.0/30"
     with ctx.transaction() as s:
-        key = add_key(s, alice.account_id, "k1", KEY)
+        key = add_key(s, alice.account_id, "k1", KEY, user_id=alice.user_id)
         image = s.scalar(select(ImageVersion).order_by(ImageVersion.id))
         assert image is not None
         other = register_image(s, name="slurm-node", version="v2", image="localhost/x:v2")
@@ -214,7 +216,7 @@ def test_scale_restart_image_keys(
     assert len(drained) == len(resumed) == 3
 
     with ctx.transaction() as s:
-        other = add_key(s, alice.account_id, "k2", KEY2)
+        other = add_key(s, alice.account_id, "k2", KEY2, user_id=alice.user_id)
         other_id = other.id
     act(ctx, alice, world, cid, action="update_ssh_keys", ssh_key_ids=[other_id])
     operator.run(cid)
@@ -243,6 +245,71 @@ def edge_world(
             rules=[{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
         ).id
     return cid, ssh_port, ip.id, ip.address, group_id
+
+
+def until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll ``check`` until it holds (fails the test after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.02)
+
+
+def test_a_removed_members_key_leaves_the_nodes_at_the_next_pass(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    nodes: FakeNodeRuntime,
+) -> None:
+    """The cluster's SSH port reaches the controller's sshd directly: the nodes hold
+    only the keys whose user may write to the project now, and the scan takes a
+    removed member's key off every running node (and execs nothing when nothing
+    changed)."""
+    inv = members.create_invitation(
+        ctx, alice, alice.account_id, "carol@example.com", "member", None
+    )
+    made = members.accept_invitation(ctx, inv.token, name=None, caller=None)
+    with ctx.read() as s:
+        carol = resolve_key(s, made["api_key"]["key"])
+    with ctx.transaction() as s:
+        carols = add_key(s, alice.account_id, "k2", KEY2, user_id=carol.user_id).id
+        nobodys = add_key(s, alice.account_id, "k3", KEY2.replace(" k2", " k3")).id
+    cid = training.create_cluster(
+        ctx,
+        alice,
+        world["scope"],
+        {
+            "name": "t",
+            "image_version_id": world["image"],
+            "ssh_key_ids": [world["key"], carols, nobodys],
+            "no_of_nodes": 1,
+            "gpu_type": A,
+            "gpus_per_node": 1,
+            "cpus_per_node": 2,
+            "memory_gb_per_node": 4,
+        },
+    )
+    operator.run(cid)
+    assert status(ctx, cid).status == "running"
+    # A key with no user opens nothing.
+    assert all(
+        "k2" in n.authorized_keys and "k3" not in n.authorized_keys for n in nodes.nodes.values()
+    )
+
+    assert carol.member_id is not None
+    members.remove_member(ctx, alice, alice.account_id, carol.member_id)
+    operator.scan()
+    until(lambda: all("k2" not in n.authorized_keys for n in nodes.nodes.values()))
+    assert all(KEY in n.authorized_keys for n in nodes.nodes.values())
+
+    # Nothing changed since: no node is written again.
+    for n in nodes.nodes.values():
+        n.authorized_keys = "untouched"
+    with ctx.read() as s:
+        assert operator.node_keys.scan(s) == []
+    operator.node_keys.refresh(cid)
+    assert {n.authorized_keys for n in nodes.nodes.values()} == {"untouched"}
 
 
 def test_edge_follows_reserved_ips_and_security_groups(

@@ -61,7 +61,7 @@ def operator(ctx: Context, nodes: FakeNodeRuntime, queue: HeldQueue) -> Training
 @pytest.fixture
 def world(ctx: Context, alice: Principal) -> dict[str, Any]:
     with ctx.transaction() as s:
-        key = add_key(s, alice.account_id, "k1", KEY)
+        key = add_key(s, alice.account_id, "k1", KEY, user_id=alice.user_id)
         image = s.scalar(select(ImageVersion).order_by(ImageVersion.id))
         assert image is not None
         return {
@@ -77,6 +77,9 @@ def running_cluster(
     cid = create(ctx, alice, world, workers=2)
     operator.run(cid)
     assert status(ctx, cid).status == "running"
+    # The key pass after an operation, done here: the scans below then queue
+    # recoveries only.
+    operator.node_keys.refresh(cid)
     return cid, NodeName(cid, ctx.ownership.training_prefix(cid))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,13 @@ from gpuyard.edge.auth_limiter import FailureLimiter
 from gpuyard.edge.gateway_keys import host_key, public_line, upstream_key
 from gpuyard.edge.ssh_directory import AccountKey, key_blob, match_key, published_ssh_port
 from gpuyard.edge.ssh_service import GatewaySupervisor
-from gpuyard.edge.ssh_upstream import BEGIN, END, managed_block
+from gpuyard.edge.ssh_upstream import (
+    AUTHORIZED_KEYS_SCRIPT,
+    BEGIN,
+    END,
+    managed_block,
+    sync_input,
+)
 from gpuyard.settings import Settings
 
 
@@ -102,6 +109,46 @@ def test_published_ssh_port() -> None:
 def test_managed_block_holds_one_key_per_line() -> None:
     block = managed_block(["ssh-ed25519 AAAA a", "", "  ssh-rsa BBBB b  ", "bad\ninjected"])
     assert block.decode().splitlines() == [BEGIN, "ssh-ed25519 AAAA a", "ssh-rsa BBBB b", END]
+
+
+def run_sync_script(home: Path, lines: list[str], drop: set[str]) -> list[str]:
+    """The sync script run by this machine's sh on ``home`` in place of /root."""
+    script = AUTHORIZED_KEYS_SCRIPT.replace("/root/.ssh", str(home / ".ssh"))
+    done = subprocess.run(
+        ["/bin/sh", "-c", script], input=sync_input(lines, drop), capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return (home / ".ssh" / "authorized_keys").read_text().splitlines()
+
+
+def test_the_sync_drops_gpuyards_revoked_keys_anywhere_and_keeps_the_users(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "authorized_keys").write_text(
+        "ssh-ed25519 AAAAgone carol-appended-by-the-image\n"
+        "ssh-ed25519 AAAAmine the-users-own\n"
+        'from="10.0.0.1" ssh-ed25519 AAAAgone carol-with-options\n'
+        f"{BEGIN}\nssh-ed25519 AAAAgone old-block\n{END}\n"
+        "ssh-ed25519 AAAAkept alice-appended-by-the-image\n"
+    )
+    after = run_sync_script(
+        tmp_path,
+        ["ssh-ed25519 AAAAkept alice"],
+        # A body of the lines is never dropped; what is not base64 is not passed on.
+        {"AAAAgone", "AAAAkept", "x' ; touch pwned ; '", "a b"},
+    )
+    assert after == [
+        "ssh-ed25519 AAAAmine the-users-own",
+        "ssh-ed25519 AAAAkept alice-appended-by-the-image",
+        BEGIN,
+        "ssh-ed25519 AAAAkept alice",
+        END,
+    ]
+    assert not (tmp_path / "pwned").exists()
+    assert sync_input([], {"a b", "ok+/=", "bad\n-x"}).decode().splitlines()[0] == "-ok+/="
+    # Again: idempotent; nothing to drop keeps every line.
+    assert run_sync_script(tmp_path, ["ssh-ed25519 AAAAkept alice"], set()) == after
 
 
 def test_gateway_keys_are_made_once_and_private(tmp_path: Path) -> None:

@@ -122,6 +122,12 @@ class SshDirectory:
     def running_with_sshd(self) -> list[tuple[ClusterTarget, list[str]]]:
         """Every running cluster that publishes 22/tcp, with the keys that open it now
         (module docstring) as ``authorized_keys`` lines."""
+        return [(target, lines) for target, lines, _ in self.sshd_keys()]
+
+    def sshd_keys(self) -> list[tuple[ClusterTarget, list[str], set[str]]]:
+        """:meth:`running_with_sshd`, each with the base64 bodies of the account's
+        registered keys that do NOT open that cluster now: lines holding them are
+        deleted wherever they stand in its ``authorized_keys``."""
         with self.sessions() as session:
             rows = session.execute(
                 select(Cluster, Project.account_id, Host)
@@ -144,18 +150,19 @@ class SshDirectory:
             )
             out = []
             for cluster, account_id, host in wanted:
-                lines = [
-                    k.public_key
-                    for k in keys[account_id]
+                lines, drop = [], set()
+                for k in keys[account_id]:
                     if access.user_may(
                         k.user_id,
                         account_id,
                         cluster.project_id,
                         Need.WRITE,
                         within_project=k.project_id,
-                    )
-                ]
-                out.append((self._target(cluster, account_id, host), lines))
+                    ):
+                        lines.append(k.public_key)
+                    elif (parts := k.public_key.split())[1:]:
+                        drop.add(parts[1])
+                out.append((self._target(cluster, account_id, host), lines, drop))
             return out
 
     def _target(self, cluster: Cluster, account_id: int, host: Host | None) -> ClusterTarget:

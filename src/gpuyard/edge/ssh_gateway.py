@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -46,6 +46,7 @@ from gpuyard.edge.ssh_upstream import (
     UpstreamBackend,
     connect_upstream,
     install_authorized_keys,
+    key_body,
 )
 
 log = logging.getLogger("gpuyard.ssh_gateway")
@@ -108,6 +109,9 @@ class Gateway:
     clock: Callable[[], datetime] = _now
     # Container -> digest of the authorized_keys lines this process last wrote there.
     keys_written: dict[str, str] = field(default_factory=dict)
+    # Container -> the key bodies this process wrote into its managed block: gpuyard's
+    # keys, dropped everywhere in the file once they no longer open it.
+    bodies_written: dict[str, set[str]] = field(default_factory=dict)
     # Logged-in connections, for the session check.
     connections: set[GatewayConnection] = field(default_factory=set)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -123,12 +127,21 @@ class Gateway:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def write_keys(self, target: ClusterTarget, lines: list[str]) -> None:
+    async def write_keys(
+        self, target: ClusterTarget, lines: list[str], drop: Iterable[str] = ()
+    ) -> None:
         """Make the managed block of root's authorized_keys in ``target``'s container
-        hold ``lines`` (edge/ssh_upstream.py), and remember that it does."""
+        hold ``lines`` (edge/ssh_upstream.py), and remember that it does. Lines
+        holding a key body of ``drop``, or of a key this process wrote there before
+        that ``lines`` no longer hold (a key deleted since), are deleted anywhere in
+        the file."""
         url, ssl_context = await self.locator.engine_of(target)
-        await install_authorized_keys(url, ssl_context, target.container, lines)
+        known = self.bodies_written.setdefault(target.container, set())
+        await install_authorized_keys(
+            url, ssl_context, target.container, lines, drop={*drop, *known}
+        )
         self.keys_written[target.container] = keys_digest(lines)
+        known.update(b for b in map(key_body, lines) if b is not None)
 
     async def settle(self, timeout_s: float = 5.0) -> None:
         """Wait (up to ``timeout_s``) for the background work started so far, such as

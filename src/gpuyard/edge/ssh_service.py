@@ -68,11 +68,11 @@ class KeySync:
 
     async def pass_once(self) -> int:
         """One pass; returns how many containers were written."""
-        targets = await asyncio.to_thread(self.gw.directory.running_with_sshd)
+        targets = await asyncio.to_thread(self.gw.directory.sshd_keys)
         written = self.gw.keys_written
         wrote = 0
         alive = set()
-        for target, lines in targets:
+        for target, lines, drop in targets:
             alive.add(target.container)
             wanted = [*lines, self.gw.upstream_public_line]
             if written.get(target.container) == keys_digest(wanted):
@@ -81,7 +81,7 @@ class KeySync:
             if failed is not None and time.monotonic() - failed < KEY_SYNC_RETRY_S:
                 continue
             try:
-                await self.gw.write_keys(target, wanted)
+                await self.gw.write_keys(target, wanted, drop)
             except Exception as exc:  # no shell, read-only root, engine down: later
                 self._failed_at[target.container] = time.monotonic()
                 log.debug("keys not written into %s: %s", target.cluster_id, exc)
@@ -90,6 +90,8 @@ class KeySync:
             wrote += 1
         for gone in set(written) - alive:
             del written[gone]
+        for gone in set(self.gw.bodies_written) - alive:
+            del self.gw.bodies_written[gone]
         for gone in set(self._failed_at) - alive:
             del self._failed_at[gone]
         return wrote

@@ -5,7 +5,9 @@ over one SSH connection of the gateway's own.
 Before connecting, the gateway writes a managed block into the container's
 ``/root/.ssh/authorized_keys`` through the engine's exec API: the account's keys (so
 direct ``ssh root@HOST -p N`` works with them too) and the gateway's client key (so
-the gateway can log in). Lines outside the block are the user's and are kept.
+the gateway can log in). Lines outside the block are the user's and are kept, except
+a line holding a key gpuyard registered that no longer opens the cluster (an image
+appends ``$PUBLIC_KEY``, the keys of the cluster's creation, outside the block).
 
 Channels are bridged callback to callback: data, EOF, exit status or signal, window
 changes and signals pass straight through, and each side's flow control pauses the
@@ -17,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import asyncssh
 
@@ -26,8 +29,12 @@ from gpuyard.edge.exec_pty import ExecError, ExecSession
 
 BEGIN = "# gpuyard-managed keys begin"
 END = "# gpuyard-managed keys end"
-# Replaces the managed block (stdin) and keeps every other line. POSIX sh and sed only
-# (busybox has both); the file is 0600 in a 0700 directory, as sshd's StrictModes wants.
+# Replaces the managed block and keeps every other line, except the lines that hold one
+# of the key bodies to drop (anywhere in the file: an image's start script appends
+# ``$PUBLIC_KEY`` outside the block). Stdin is data, never code: one ``-BODY`` line per
+# body to drop (base64 only, checked by :func:`sync_input`), then the block. POSIX sh,
+# awk and sed (busybox has them; without awk only the block is replaced); the file is
+# 0600 in a 0700 directory, as sshd's StrictModes wants.
 AUTHORIZED_KEYS_SCRIPT = f"""set -e
 umask 077
 mkdir -p /root/.ssh
@@ -35,11 +42,23 @@ chmod 700 /root/.ssh
 f=/root/.ssh/authorized_keys
 touch "$f"
 t="$f.gpuyard.$$"
+i="$f.gpuyard-in.$$"
+trap 'rm -f "$i"' EXIT
+cat > "$i"
+if command -v awk >/dev/null 2>&1; then
+awk 'FNR == NR {{ if (substr($0, 1, 1) == "-") drop[substr($0, 2)] = 1; next }}
+$0 == "{BEGIN}" {{ skip = 1 }}
+!skip {{ keep = 1; for (j = 1; j <= NF; j++) if ($j in drop) keep = 0; if (keep) print }}
+$0 == "{END}" {{ skip = 0 }}' "$i" "$f" > "$t"
+else
 sed '/^{BEGIN}$/,/^{END}$/d' "$f" > "$t"
-cat >> "$t"
+fi
+grep -v '^-' "$i" >> "$t" || true
 chmod 600 "$t"
 mv -f "$t" "$f"
 """
+# A key body as it may be dropped: base64 characters only (no blank, no newline).
+KEY_BODY = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 # Client-side SSH windows and packet sizes for the upstream connection: large windows
 # keep a fast transfer from stalling on window adjustments.
 WINDOW = 8 * 1024 * 1024
@@ -51,19 +70,39 @@ def managed_block(lines: Sequence[str]) -> bytes:
     return ("\n".join([BEGIN, *keys, END]) + "\n").encode()
 
 
+def key_body(line: str) -> str | None:
+    """The base64 body of an ``authorized_keys`` key line without options (None when
+    it has none that looks like one)."""
+    parts = line.split()
+    if len(parts) < 2 or not KEY_BODY.fullmatch(parts[1]):
+        return None
+    return parts[1]
+
+
+def sync_input(lines: Sequence[str], drop: Iterable[str] = ()) -> bytes:
+    """The script's stdin: the bodies to drop (those of ``lines`` never are; anything
+    but base64 is left out), then the managed block holding ``lines``."""
+    keep = {key_body(line) for line in lines}
+    bodies = sorted({b for b in drop if KEY_BODY.fullmatch(b) and b not in keep})
+    return "".join(f"-{b}\n" for b in bodies).encode() + managed_block(lines)
+
+
 async def install_authorized_keys(
     engine_url: str,
     ssl_context: ssl.SSLContext | None,
     container: str,
     lines: Sequence[str],
     timeout_s: float = 20.0,
+    drop: Iterable[str] = (),
 ) -> None:
     """Make the managed block of root's ``authorized_keys`` in ``container`` hold
-    exactly ``lines``. Idempotent. Raises ExecError when the engine refuses or the
-    script fails (no shell, read-only root)."""
+    exactly ``lines``, and delete every line elsewhere in the file that holds one of
+    the key bodies ``drop`` (gpuyard-registered keys that no longer open it; a body of
+    ``lines`` is never dropped). Idempotent. Raises ExecError when the engine refuses
+    or the script fails (no shell, read-only root)."""
     async with asyncio.timeout(timeout_s), ExecSession(engine_url, ssl=ssl_context) as s:
         await s.start(container, ["/bin/sh", "-c", AUTHORIZED_KEYS_SCRIPT], tty=False, user="0")
-        await s.write(managed_block(lines))
+        await s.write(sync_input(lines, drop))
         await s.close_stdin()
         output = b""
         while chunk := await s.read():

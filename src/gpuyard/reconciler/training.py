@@ -45,6 +45,7 @@ from gpuyard.core.training import (
     TrainingStatus,
 )
 from gpuyard.reconciler.training_edge import ClusterEdges, Edge
+from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
 from gpuyard.reconciler.training_recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
@@ -57,7 +58,6 @@ from gpuyard.store.schema import (
     Cluster,
     ImageVersion,
     ReservedIp,
-    SshKey,
     TrainingCluster,
     TrainingNode,
 )
@@ -169,6 +169,7 @@ class TrainingOperator:
         self._thread: threading.Thread | None = None
         self._sinfo_cache: dict[int, tuple[float, list[tuple[str, str]]]] = {}
         self.recovery = NodeRecovery(self)
+        self.node_keys = NodeKeys(self)
         # Several replicas: only the holder of the ``training`` lease runs operations
         # (services/leases.py); None: this process owns them.
         self.owns: Callable[[], bool] = lambda: True
@@ -213,7 +214,9 @@ class TrainingOperator:
         """Resume every recorded operation not in flight; bring every other live
         cluster's edge in line with the store (after a start: rebuild it; after a sync
         that failed, e.g. the engine did not answer: heal it); and hand each running
-        cluster with a dead node to the queue, where it is brought back."""
+        cluster with a dead node, or whose nodes' SSH keys are no longer the ones
+        that open it (training_keys.py), to the queue, where it is brought back in
+        line."""
         with self.ctx.read() as session:
             rows = session.execute(
                 select(
@@ -223,12 +226,15 @@ class TrainingOperator:
                     TrainingCluster.host_id,
                 ).where(TrainingCluster.deleted_at.is_(None))
             ).all()
+            keys_stale = set(self.node_keys.scan(session))
         for cluster_id, operation, status, host_id in rows:
             if operation is not None:
                 self._submit(cluster_id, host_id)
                 continue
             self.sync_edge(cluster_id)
-            if status == TrainingStatus.RUNNING and self.recovery.wanted(cluster_id):
+            if status == TrainingStatus.RUNNING and (
+                cluster_id in keys_stale or self.recovery.wanted(cluster_id)
+            ):
                 self._submit(cluster_id, host_id)
 
     def wake(self, cluster_id: int) -> None:
@@ -258,6 +264,7 @@ class TrainingOperator:
         try:
             if not self._run_once(cluster_id):
                 self.recover(cluster_id)
+                self.node_keys.refresh(cluster_id)
         except Exception:
             log.exception("training cluster %s: operation failed", cluster_id)
 
@@ -274,8 +281,8 @@ class TrainingOperator:
                 i.id: i.image
                 for i in session.scalars(select(ImageVersion).where(ImageVersion.id.in_(image_ids)))
             }
-            keys = session.scalars(select(SshKey).where(SshKey.id.in_(cluster.ssh_key_ids)))
-            keys_text = "".join(k.public_key.strip() + "\n" for k in keys)
+            # Only the keys that open the cluster now (training_keys.py).
+            keys_text = node_keys_text(session, [cluster])[cluster.id]
             session.expunge_all()
         return Snapshot(cluster, nodes, images, keys_text, cluster.operation)
 
@@ -315,6 +322,9 @@ class TrainingOperator:
             return False
         action = snap.operation.get("action")
         token = str(snap.operation.get("token"))
+        # Nodes are made or restarted from this snapshot: the next key pass checks
+        # them all again.
+        self.node_keys.forget(cluster_id)
         try:
             if action == "delete":
                 try:
