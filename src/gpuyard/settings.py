@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     # Hosts that cannot enforce either refuse clusters unless this allows it. An empty
     # ``volume_image_dir`` makes no images: volume sizes are then not enforced.
     allow_unenforced_disk: bool = False
+    # A host whose engine is reached over tcp:// offers the proxy no private path to a
+    # private http port, which would be published on the host's addresses: creates of
+    # clusters with such ports are refused there unless allowed here.
+    allow_exposed_private_ports: bool = False
     volume_image_dir: str = "/var/lib/gpuyard/volume-images"
     # Each account's clusters share a network closed to other accounts by host firewall
     # rules (runtimes/host_firewall.py; root needed on Podman). True: run without them, letting

@@ -443,7 +443,11 @@ class FakeForwards:
 
 def test_private_ports_are_on_loopback_where_the_proxy_reaches_loopback(tmp_path: Path) -> None:
     runtime = FakeRuntime()
-    settings = make_settings(tmp_path / "home", heartbeat_interval_s=3600)
+    # A tcp:// host with a private http port is refused unless the operator allows it
+    # (tests/service/test_exposed_private_ports.py); allowed here to see its binding.
+    settings = make_settings(
+        tmp_path / "home", heartbeat_interval_s=3600, allow_exposed_private_ports=True
+    )
     with live_server(settings, runtime) as srv, srv.client() as c:
         assert c.post("/v1/hosts/1/cordon").status_code == 200
         urls = {"ssh": "ssh://root@10.0.0.9", "tcp": "tcp://10.0.0.8:2375"}

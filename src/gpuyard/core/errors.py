@@ -160,6 +160,15 @@ class DiskNotEnforced(GpuyardError):
     http_status = 409
 
 
+class PrivatePortsExposed(GpuyardError):
+    """The chosen host's engine offers the proxy no private way to a cluster's private
+    http ports (a ``tcp://`` engine publishes them on the host's addresses) and the
+    operator has not allowed that."""
+
+    code = "PRIVATE_PORTS_EXPOSED"
+    http_status = 409
+
+
 class ProxyUnavailable(GpuyardError):
     """The HTTP proxy is not serving (Caddy missing, not started, or refusing its
     configuration): proxy URLs and open links cannot work until it is."""

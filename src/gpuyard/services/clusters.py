@@ -25,6 +25,7 @@ from gpuyard.core.errors import (
     GpuyardError,
     InvalidState,
     LimitsNotEnforced,
+    PrivatePortsExposed,
     ValidationFailed,
 )
 from gpuyard.core.ids import new_cluster_id
@@ -32,6 +33,7 @@ from gpuyard.core.image_refs import check_image
 from gpuyard.core.models import CloudType, GpuTypeInfo, ResourceRequest
 from gpuyard.core.pricing import RateParts, spot_floor
 from gpuyard.core.progress import STEP_ALLOCATED
+from gpuyard.core.proxy import private_on_loopback, proxy_only_ports
 from gpuyard.core.states import (
     REQUIRED_STATUS,
     SUGGESTIONS,
@@ -224,6 +226,29 @@ def refuse_unenforced_disk(session: Session, ctx: Context, host_id: int) -> None
     )
 
 
+def refuse_exposed_private_ports(
+    session: Session, ctx: Context, host_id: int, ports: list[dict[str, Any]]
+) -> None:
+    """Raise PrivatePortsExposed when ``ports`` hold a private http port and
+    ``host_id``'s engine cannot keep it private (a ``tcp://`` engine: the proxy has no
+    way to a port on that host's loopback, so it would be published on the host's
+    addresses, core/proxy.py ``private_on_loopback``), unless the operator has allowed
+    that (GPUYARD_ALLOW_EXPOSED_PRIVATE_PORTS)."""
+    host = session.get(Host, host_id)
+    if host is None or ctx.settings.allow_exposed_private_ports:
+        return
+    private = proxy_only_ports(ports)
+    if not private or private_on_loopback(host.is_local, host.engine_url):
+        return
+    raise PrivatePortsExposed(
+        f"host {host.name} is reached over tcp://, so its private http ports "
+        f"({', '.join(str(p) for p in sorted(private))}) would answer on its addresses "
+        "without the proxy's checks; declare them public, or the operator can add the "
+        "host over ssh:// or allow it (GPUYARD_ALLOW_EXPOSED_PRIVATE_PORTS=true)",
+        {"host_id": host_id, "ports": sorted(private)},
+    )
+
+
 def create_cluster(
     ctx: Context,
     principal: Principal,
@@ -334,6 +359,7 @@ def create_cluster(
         refuse_unenforced_limits(session, ctx, placement.host_id)
         refuse_unenforced_disk(session, ctx, placement.host_id)
         cluster.ports = with_host_ports(tuple(body.ports), assigned)
+        refuse_exposed_private_ports(session, ctx, placement.host_id, cluster.ports)
         cluster.host_id = placement.host_id
         cluster.gpu_indices = list(placement.gpu_indices)
         session.flush()
