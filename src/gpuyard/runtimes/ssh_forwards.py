@@ -29,7 +29,7 @@ from pathlib import Path
 
 from gpuyard.core.engine_address import parse_engine_url
 from gpuyard.runtimes.engine_url import terminate_process
-from gpuyard.runtimes.ssh_tunnel import SshKeys, ssh_target
+from gpuyard.runtimes.ssh_tunnel import SshKeys, ssh_target, start_ssh_child
 
 log = logging.getLogger(__name__)
 
@@ -140,22 +140,17 @@ class SshPortForwards:
             *ssh_target(parse_engine_url(master.url)),
         ]  # fmt: skip
         log_path = master.control.with_suffix(".log")
-        with open(log_path, "ab") as out:
-            master.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + self.connect_timeout_s + 5
-        while time.monotonic() < deadline:
-            if master.proc.poll() is not None:
-                master.proc = None
-                raise RuntimeError(f"ssh to the host failed; see {log_path}")
-            if master.control.exists() and self._check(master):
-                return
-            time.sleep(0.05)
+        master.proc, ready = start_ssh_child(
+            argv,
+            log_path,
+            lambda: master.control.exists() and self._check(master),
+            self.connect_timeout_s + 5,
+        )
+        if ready:
+            return
+        if master.proc.poll() is not None:
+            master.proc = None
+            raise RuntimeError(f"ssh to the host failed; see {log_path}")
         self._stop(master)
         raise RuntimeError(f"ssh to the host did not connect in time; see {log_path}")
 

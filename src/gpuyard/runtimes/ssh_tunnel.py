@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuyard.core.engine_address import EngineAddress, parse_engine_url
@@ -107,6 +107,32 @@ def explain(output: str, where: str, keys: SshKeys) -> str:
             f"expected, remove its line from {keys.known_hosts}"
         )
     return f"cannot reach the engine of {where} over SSH: {text[:300]}"
+
+
+def start_ssh_child(
+    argv: Sequence[str], log_path: Path, ready: Callable[[], bool], wait_s: float
+) -> tuple[subprocess.Popen[bytes], bool]:
+    """Start ``ssh`` (``argv``) and wait up to ``wait_s`` for ``ready()``: the child and
+    whether it became ready. A child that exits meanwhile is returned at once, not
+    ready (its ``poll()`` says so); one still running past the wait is the caller's to
+    stop. Output goes to ``log_path``, never a pipe (a chatty child must not block on
+    it); its own session, so a Ctrl-C aimed at the server does not reach it first."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return proc, False
+        if ready():
+            return proc, True
+        time.sleep(0.05)
+    return proc, False
 
 
 class SshRunner:
@@ -213,24 +239,17 @@ class SshSocketTunnel:
             "-L", f"{self.local}:{remote}",
             *ssh_target(self.address),
         ]  # fmt: skip
-        # Output to a file, never a pipe (a chatty child must not block on it); its own
-        # session, so a Ctrl-C aimed at the server does not reach it first.
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + self.connect_timeout_s + 5
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                self._proc = None
-                raise RuntimeFailure(explain(self._log_tail(), self.where, self.keys))
-            if self.local.exists() and ping_unix_socket(str(self.local), timeout_s=2.0):
-                return
-            time.sleep(0.05)
+        self._proc, ready = start_ssh_child(
+            argv,
+            self.log_path,
+            lambda: self.local.exists() and ping_unix_socket(str(self.local), timeout_s=2.0),
+            self.connect_timeout_s + 5,
+        )
+        if ready:
+            return
+        if self._proc.poll() is not None:
+            self._proc = None
+            raise RuntimeFailure(explain(self._log_tail(), self.where, self.keys))
         self._stop()
         raise RuntimeFailure(
             f"the engine of {self.where} did not answer through SSH within "
