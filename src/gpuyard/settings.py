@@ -16,6 +16,7 @@ from gpuyard.core.image_refs import DEFAULT_ALLOWED_REGISTRIES, RegistryPolicy
 from gpuyard.core.ippool import parse_pool
 from gpuyard.core.placement import AllocationRatios
 from gpuyard.core.pricing import Prices
+from gpuyard.core.training_network import check_pool
 
 
 class Settings(BaseSettings):
@@ -40,6 +41,10 @@ class Settings(BaseSettings):
     # The pool projects reserve public IPs from (core/ippool.py): a CIDR such as
     # 127.0.10.0/28 or comma-separated addresses and CIDRs. None: no reserved IPs.
     reserved_ips: str | None = None
+    # The pool training clusters' own networks (a /24 each) come from; the same subnet
+    # is used on every host a cluster's nodes run on (core/training_network.py). None:
+    # a /16 of 10.192.0.0/10 chosen by the installation's id.
+    training_subnets: str | None = None
 
     # Placement (core/placement.py): binpack fills the fullest host that fits first
     # (whole hosts stay free for large requests); spread takes the emptiest.
@@ -227,6 +232,11 @@ class Settings(BaseSettings):
         # A malformed pool fails at start-up, not on the first allocation.
         parse_pool(value)
         return value
+
+    @field_validator("training_subnets")
+    @classmethod
+    def _training_subnets(cls, value: str | None) -> str | None:
+        return None if value is None else check_pool(value)
 
     @field_validator("allowed_registries")
     @classmethod

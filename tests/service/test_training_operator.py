@@ -399,12 +399,12 @@ def failed_update_image(
     world: dict[str, Any],
     operator: TrainingOperator,
     nodes: FakeNodeRuntime,
-) -> tuple[int, training.NodeName]:
+) -> tuple[int, NodeName]:
     """A running cluster of two workers, worker 2 drained by its user, whose
     update_image drained worker 1 and then failed to replace it: ``error``."""
     cid = create(ctx, alice, world, workers=2)
     operator.run(cid)
-    names = training.NodeName(cid, ctx.ownership.training_prefix(cid))
+    names = NodeName(cid, ctx.ownership.training_prefix(cid))
     user_drain = ["scontrol", "update", f"nodename={names.worker(2)}", "state=drain"]
     nodes.exec(names.controller, [*user_drain, "reason=user-maintenance"])
     act(ctx, alice, world, cid, action="update_image", image_version_id=world["image2"])
@@ -489,7 +489,7 @@ def test_lifecycle_script_results_are_awaited_and_shown(
 ) -> None:
     operator = TrainingOperator(ctx, nodes, edge, drain_timeout_s=0, lifecycle_timeout_s=0)
     cid = create(ctx, alice, world)
-    names = training.NodeName(cid, ctx.ownership.training_prefix(cid))
+    names = NodeName(cid, ctx.ownership.training_prefix(cid))
     nodes.lifecycle_rc[names.worker(2)] = 100
     nodes.lifecycle_rc[names.controller] = None  # never finishes within the timeout
     operator.run(cid)
@@ -529,7 +529,7 @@ def test_lifecycle_wait_is_cut_short_by_a_delete(
     """A script that never ends does not keep a delete waiting for the timeout."""
     operator = TrainingOperator(ctx, nodes, edge, drain_timeout_s=0, lifecycle_timeout_s=600)
     cid = create(ctx, alice, world, workers=1)
-    nodes.lifecycle_rc[training.NodeName(cid, ctx.ownership.training_prefix(cid)).worker(1)] = None
+    nodes.lifecycle_rc[NodeName(cid, ctx.ownership.training_prefix(cid)).worker(1)] = None
     polls = 0
     real = nodes.lifecycle_result
 

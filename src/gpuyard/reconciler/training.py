@@ -27,7 +27,7 @@ import base64
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -44,6 +44,7 @@ from gpuyard.core.training import (
     NodeStatus,
     TrainingStatus,
 )
+from gpuyard.reconciler.cluster_nodes import ClusterNodes
 from gpuyard.reconciler.training_edge import ClusterEdges, Edge
 from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
 from gpuyard.reconciler.training_recovery import NodeRecovery
@@ -51,11 +52,13 @@ from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
 from gpuyard.services.secrets import secret_box
-from gpuyard.services.training import SSH_PORT, finish_delete
+from gpuyard.services.training import finish_delete
 from gpuyard.services.training_nodes import nodes_of, transition_training
+from gpuyard.services.training_placement import SSH_PORT
 from gpuyard.services.training_stops import START, STOP, finish_stop
 from gpuyard.store.schema import (
     Cluster,
+    Host,
     ImageVersion,
     ReservedIp,
     TrainingCluster,
@@ -63,6 +66,7 @@ from gpuyard.store.schema import (
 )
 
 if TYPE_CHECKING:
+    from gpuyard.runtimes.overlay import OverlaySpec
     from gpuyard.runtimes.slurm_nodes import NodeSpec
 
 log = logging.getLogger(__name__)
@@ -81,8 +85,11 @@ class NodeRuntime(Protocol):
     """What the operator needs of runtimes/slurm_nodes.SlurmNodeRuntime."""
 
     def bind(self, owner: Ownership) -> None: ...
-    def ensure_network(self, name: str) -> None: ...
+    def ensure_network(self, name: str, subnet: str | None = None) -> None: ...
     def remove_network(self, name: str) -> None: ...
+    def attach_overlay(self, spec: OverlaySpec) -> None: ...
+    def detach_overlay(self, network: str) -> None: ...
+    def set_hosts(self, name: str, entries: Mapping[str, str]) -> None: ...
     def create_node(self, spec: NodeSpec, files: dict[str, tuple[bytes, int]]) -> str: ...
     def install_authorized_keys(self, name: str, keys_text: str) -> None: ...
     def exec(self, name: str, argv: list[str], timeout_s: float = 30) -> tuple[int, str]: ...
@@ -121,6 +128,8 @@ class Snapshot:
     images: dict[int, str]
     keys_text: str
     operation: dict[str, Any] | None
+    # Each of its hosts' address as the other hosts reach it (for the overlay).
+    addresses: dict[int, str]
 
 
 class TrainingOperator:
@@ -196,10 +205,21 @@ class TrainingOperator:
             return self.nodes
         return self.hosts.on_host(host_id)
 
-    def nodes_of(self, snap: Snapshot) -> NodeRuntime:
-        """The node runtime of the host the cluster was placed on: all its nodes,
-        controller and workers, run on that host's engine."""
-        return self.on_host(snap.cluster.host_id)
+    def nodes_of(self, snap: Snapshot) -> ClusterNodes:
+        """The cluster's nodes over every host they run on: each node on the engine of
+        the host whose capacity it claimed (reconciler/cluster_nodes.py)."""
+        return self.cluster_nodes(snap.cluster, snap.nodes, snap.addresses)
+
+    def cluster_nodes(
+        self,
+        cluster: TrainingCluster,
+        nodes: Sequence[TrainingNode],
+        addresses: Mapping[int, str] | None = None,
+    ) -> ClusterNodes:
+        names = NodeName(cluster.id, cluster.name_prefix)
+        placement = {n.name: n.host_id for n in nodes}
+        placement.setdefault(names.controller, cluster.host_id)
+        return ClusterNodes(self.on_host, placement, names.controller, cluster.subnet, addresses)
 
     def _scan_loop(self) -> None:
         while not self._stop.is_set():
@@ -283,8 +303,12 @@ class TrainingOperator:
             }
             # Only the keys that open the cluster now (training_keys.py).
             keys_text = node_keys_text(session, [cluster])[cluster.id]
+            host_ids = {n.host_id for n in nodes if n.host_id is not None}
+            addresses = dict(
+                session.execute(select(Host.id, Host.address).where(Host.id.in_(host_ids))).all()
+            )
             session.expunge_all()
-        return Snapshot(cluster, nodes, images, keys_text, cluster.operation)
+        return Snapshot(cluster, nodes, images, keys_text, cluster.operation, addresses)
 
     def _check(self, cluster_id: int, token: str | None) -> None:
         """Raise Superseded unless operation ``token`` is still the recorded one
@@ -461,7 +485,15 @@ class TrainingOperator:
                 LABEL_NODE: node.name,
             },
             state_volume=names.state_volume if controller else None,
+            address=node.address,
+            hosts=self._hosts_file(snap),
         )
+
+    @staticmethod
+    def _hosts_file(snap: Snapshot) -> dict[str, str]:
+        """Every node's name and fixed address (empty for a cluster without its own
+        subnet, whose nodes find each other through the engine's DNS)."""
+        return {n.name: n.address for n in snap.nodes if n.address}
 
     def _create(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> str:
         """Create the node's container; a new container runs the cluster's lifecycle
@@ -561,12 +593,24 @@ class TrainingOperator:
             self._wait_gpus_free(node, c.id, token)
             container = self._create(snap, node, node.image_version_id)
             self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
+        self.publish_hosts(nodes, snap)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
         # An update_image that a stop cut short may have left workers drained in the
         # kept Slurm state: a build ends with none of ours.
         self._resume_our_drains(nodes, names.controller)
         self._set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
+
+    def publish_hosts(self, nodes: NodeRuntime, snap: Snapshot) -> None:
+        """Give every node the /etc/hosts entries of all the cluster's nodes: a node
+        created earlier learns the names of those added since (a scale), wherever they
+        run. A no-op for a cluster without its own subnet."""
+        entries = self._hosts_file(snap)
+        if not entries:
+            return
+        for node in snap.nodes:
+            if nodes.node_state(node.name) == "running":
+                nodes.set_hosts(node.name, entries)
 
     def _ship_images(
         self, nodes: NodeRuntime, snap: Snapshot, token: str, image_version_ids: set[int]
@@ -609,8 +653,8 @@ class TrainingOperator:
         workers = [n for n in snap.nodes if n.role == NodeRole.WORKER]
         chosen = [n for n in snap.nodes if controller or n.role == NodeRole.WORKER]
         self._set_nodes([n.id for n in chosen], NodeStatus.RESTARTING)
-        if controller:
-            nodes.ensure_network(names.network)
+        # Also for workers only: one moved to another host (a drain) needs the network there.
+        nodes.ensure_network(names.network)
         before = self._slurmd_started(nodes, names.controller)
         for node in sorted(chosen, key=lambda n: n.role != NodeRole.CONTROLLER):
             self._check(snap.cluster.id, token)
@@ -620,6 +664,7 @@ class TrainingOperator:
                 nodes.restart_node(node.name)
                 # A node an interrupted update_ssh_keys missed gets the keys now.
                 nodes.install_authorized_keys(node.name, snap.keys_text)
+        self.publish_hosts(nodes, snap)
         self._wait_reregistered(nodes, names.controller, [n.name for n in workers], before)
         self._resume_our_drains(nodes, names.controller)
         nodes.wait_slurm_ready(names.controller, [n.name for n in workers], self.ready_timeout_s)

@@ -32,8 +32,6 @@ import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select
-
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.restarts import RestartPolicy
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus, cluster_owner
@@ -101,22 +99,24 @@ class NodeRecovery:
 
     # ------------------------------------------------------------ observing
 
-    def _observe(self, host_id: int | None, nodes: list[TrainingNode]) -> dict[int, str] | None:
-        """Each node's container state on the engine of the cluster's host; None when
-        the engine does not answer (which says nothing about the nodes)."""
+    def _observe(
+        self, cluster: TrainingCluster, nodes: list[TrainingNode]
+    ) -> dict[int, str] | None:
+        """Each node's container state on the engine of its host; None when an engine
+        does not answer (which says nothing about the nodes)."""
         try:
-            runtime = self.op.on_host(host_id)
+            runtime = self.op.cluster_nodes(cluster, nodes)
             return {n.id: runtime.node_state(n.name) for n in nodes}
         except Exception as exc:  # engine down, timing out, answering garbage
             log.info("training nodes not observed: %s", exc)
             return None
 
     def _suspects(
-        self, host_id: int | None, nodes: list[TrainingNode]
+        self, cluster: TrainingCluster, nodes: list[TrainingNode]
     ) -> list[tuple[TrainingNode, str]] | None:
-        """Nodes that may need bringing back, with their container state (None: the
+        """Nodes that may need bringing back, with their container state (None: an
         engine did not answer)."""
-        states = self._observe(host_id, nodes)
+        states = self._observe(cluster, nodes)
         if states is None:
             return None
         return [(n, states[n.id]) for n in nodes if states[n.id] in DEAD or n.status in UNCONFIRMED]
@@ -125,12 +125,12 @@ class NodeRecovery:
         """Whether the cluster has a node to bring back whose back-off has ended. Cheap
         (one read, one inspect per node); the job decides again before acting."""
         with self.op.ctx.read() as session:
-            host_id = session.scalar(
-                select(TrainingCluster.host_id).where(TrainingCluster.id == cluster_id)
-            )
+            cluster = session.get(TrainingCluster, cluster_id)
+            if cluster is None:
+                return False
             nodes = nodes_of(session, cluster_id)
             session.expunge_all()
-        suspects = self._suspects(host_id, nodes)
+        suspects = self._suspects(cluster, nodes)
         if not suspects:
             return False
         now = self.op.ctx.clock.now()
@@ -150,7 +150,7 @@ class NodeRecovery:
         if snap.cluster.status != TrainingStatus.RUNNING:
             return
         runtime = self.op.nodes_of(snap)
-        suspects = self._suspects(snap.cluster.host_id, snap.nodes)
+        suspects = self._suspects(snap.cluster, snap.nodes)
         if not suspects:
             return
         names = NodeName(snap.cluster.id, snap.cluster.name_prefix)

@@ -30,6 +30,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
@@ -40,6 +41,7 @@ from gpuyard.runtimes.host_firewall import (
     IsolationUnavailable,
     Runner,
     bridge_name,
+    subprocess_runner,
 )
 from gpuyard.runtimes.volume_images import VolumeImages
 
@@ -52,6 +54,7 @@ VANISH_CONFIRM_S = 2.0
 # The Docker network option that names a bridge network's interface (Podman's compat
 # API honours it too).
 BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
+MTU_OPTION = "com.docker.network.driver.mtu"
 
 # Engine error texts that mean "this host cannot apply a CPU/memory limit" (cgroup
 # controllers missing or not delegated, e.g. rootless on cgroup v1).
@@ -222,6 +225,15 @@ class Engine:
         )
         twin.tls = self.tls
         return twin
+
+    @property
+    def host_runner(self) -> Runner | None:
+        """How commands run on the engine's host: over SSH for a remote host, this
+        machine's shell for the local engine whose firewall we keep; None where no
+        command can be run there (a tcp:// engine)."""
+        if self._firewall_runner is not None:
+            return self._firewall_runner
+        return subprocess_runner if self.manage_host_firewall else None
 
     def _isolation(self, short: str) -> IptablesIsolation:
         if self._firewall_runner is None:
@@ -519,7 +531,14 @@ class Engine:
     # -- networks -------------------------------------------------------------------
 
     def ensure_network(
-        self, name: str, labels: Mapping[str, str] | None = None, *, legacy: bool = False
+        self,
+        name: str,
+        labels: Mapping[str, str] | None = None,
+        *,
+        legacy: bool = False,
+        subnet: str | None = None,
+        gateway: str | None = None,
+        mtu: int | None = None,
     ) -> None:
         """Create our bridge network ``name`` if it does not exist, then close it to
         every other network (runtimes/host_firewall.py): its containers reach the outside world
@@ -530,7 +549,20 @@ class Engine:
         Idempotent, also under concurrent calls: two creates at once both succeed and
         leave one network. A network of that name that is not ours raises
         :class:`NotOurs` and is not used (``legacy``: see :meth:`claims`). Raises
-        RuntimeFailure when the isolation cannot be applied (see :meth:`isolate`)."""
+        RuntimeFailure when the isolation cannot be applied (see :meth:`isolate`).
+
+        ``subnet`` and ``gateway``: the network's IPv4 subnet and this host's gateway on
+        it, chosen by the caller (None: the engine picks); ``mtu``: its interfaces' MTU
+        (None: the engine's default). They apply when the network is created; an
+        existing network keeps what it has."""
+        options = {BRIDGE_NAME_OPTION: bridge_name(name)}
+        if mtu is not None:
+            options[MTU_OPTION] = str(mtu)
+        ipam = None
+        if subnet is not None:
+            ipam = docker.types.IPAMConfig(
+                pool_configs=[docker.types.IPAMPool(subnet=subnet, gateway=gateway)]
+            )
         with self.errors(f"creating network {name}"):
             if self.inspect_network(name, legacy=legacy) is None:
                 try:
@@ -538,7 +570,8 @@ class Engine:
                         name,
                         driver="bridge",
                         labels=self.labels(labels),
-                        options={BRIDGE_NAME_OPTION: bridge_name(name)},
+                        options=options,
+                        ipam=ipam,
                         check_duplicate=True,
                     )
                 except docker.errors.APIError as e:

@@ -11,7 +11,7 @@ tested end to end on Podman.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,12 +27,19 @@ class FakeNode:
     restarts: int = 0
     authorized_keys: str = ""
     generation: int = 0
+    hosts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class FakeNodeRuntime:
     nodes: dict[str, FakeNode] = field(default_factory=dict)
     networks: set[str] = field(default_factory=set)
+    # Network -> its subnet, and -> this host's part of its overlay (runtimes/overlay.py).
+    subnets: dict[str, str] = field(default_factory=dict)
+    overlays: dict[str, Any] = field(default_factory=dict)
+    # The node runtimes of the other hosts of a fleet: their workers register with a
+    # controller here, so Slurm (sinfo, scontrol) sees them as the real one does.
+    slurm_peers: list[FakeNodeRuntime] = field(default_factory=list)
     volumes: set[str] = field(default_factory=set)
     fail_create: set[str] = field(default_factory=set)
     execs: list[tuple[str, list[str]]] = field(default_factory=list)
@@ -69,9 +76,23 @@ class FakeNodeRuntime:
     def bind(self, owner: Ownership) -> None:
         self.owner = owner
 
-    def ensure_network(self, name: str) -> None:
+    def ensure_network(self, name: str, subnet: str | None = None) -> None:
         self._answer()
         self.networks.add(name)
+        if subnet is not None:
+            self.subnets[name] = subnet
+
+    def attach_overlay(self, spec: Any) -> None:
+        self._answer()
+        self.overlays[spec.network] = spec
+
+    def detach_overlay(self, network: str) -> None:
+        self._answer()
+        self.overlays.pop(network, None)
+
+    def set_hosts(self, name: str, entries: Mapping[str, str]) -> None:
+        self._answer()
+        self._node(name).hosts = dict(entries)
 
     def remove_network(self, name: str) -> None:
         self._answer()
@@ -123,13 +144,20 @@ class FakeNodeRuntime:
             elif "state=resume" in argv:
                 self.drained.pop(node, None)
         if argv == ["scontrol", "show", "node", "-o"]:
-            return 0, "".join(self._node_line(n) for n in sorted(self.nodes))
+            return 0, "".join(self._node_line(n) for n in sorted(self._in_slurm()))
         return 0, ""
+
+    def _in_slurm(self) -> dict[str, FakeNode]:
+        """The nodes a controller here sees: this host's and its Slurm peers'."""
+        seen: dict[str, FakeNode] = {}
+        for runtime in [*self.slurm_peers, self]:
+            seen.update(runtime.nodes)
+        return seen
 
     def _node_line(self, name: str) -> str:
         """One worker as ``scontrol show node -o`` prints it (the fields the operator
         reads); SlurmdStartTime changes with every start of the node."""
-        node = self.nodes[name]
+        node = self._in_slurm()[name]
         if node.spec.role != "worker" or node.state != "running":
             return ""
         state = "IDLE+DRAIN" if name in self.drained else "IDLE"
@@ -174,7 +202,11 @@ class FakeNodeRuntime:
     def wait_slurm_ready(
         self, controller: str, expected_nodes: list[str], timeout_s: float
     ) -> None:
-        missing = [n for n in [controller, *expected_nodes] if self.node_state(n) != "running"]
+        self._answer()
+        seen = self._in_slurm()
+        missing = [
+            n for n in [controller, *expected_nodes] if n not in seen or seen[n].state != "running"
+        ]
         if missing:
             raise RuntimeFailure(f"nodes not up in Slurm: {', '.join(missing)}")
 
@@ -182,7 +214,7 @@ class FakeNodeRuntime:
         self._node(controller)
         return [
             (name, "drained" if name in self.drained else "idle")
-            for name, node in sorted(self.nodes.items())
+            for name, node in sorted(self._in_slurm().items())
             if node.spec.role == "worker" and node.state == "running"
         ]
 

@@ -40,13 +40,22 @@ from typing import Any, Literal
 import docker
 import docker.errors
 
+from gpuyard.core import training_network
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
 from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import LIFECYCLE_RC
 from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy
 from gpuyard.runtimes.engine_url import detect_engine_url
 from gpuyard.runtimes.exec_output import run_keeping_output
+from gpuyard.runtimes.host_firewall import Runner
 from gpuyard.runtimes.node_image_copy import Progress, ensure_node_image, forget_node_image
+from gpuyard.runtimes.overlay import (
+    OVERLAY_MTU,
+    OverlaySpec,
+    attach_script,
+    detach_script,
+    run_script,
+)
 from gpuyard.runtimes.slurm_config import (
     CONFIG_DIR,
     STATE_DIR,
@@ -97,6 +106,10 @@ class NodeSpec:
     gpu_indices: tuple[int, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     state_volume: str | None = None
+    # Its fixed IPv4 on ``network`` (None: chosen as before clusters spanned hosts), and
+    # the /etc/hosts entries (name -> address) of the cluster's nodes it starts with.
+    address: str | None = None
+    hosts: dict[str, str] = field(default_factory=dict)
 
 
 def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
@@ -203,10 +216,68 @@ class SlurmNodeRuntime:
 
     # -- networks and volumes ---------------------------------------------------------
 
-    def ensure_network(self, name: str) -> None:
+    def ensure_network(self, name: str, subnet: str | None = None) -> None:
         """Create the cluster's bridge network (DNS on: nodes resolve each other by
-        container name) if missing. Idempotent, also under concurrent calls."""
-        self.engine.ensure_network(name, legacy=_legacy(name))
+        container name) if missing. Idempotent, also under concurrent calls.
+        ``subnet``: the cluster's own subnet (core/training_network.py), with this
+        host's gateway on its first address and room for the overlay's header in its
+        MTU; None: the engine picks one (a cluster made before clusters spanned hosts)."""
+        if subnet is None:
+            self.engine.ensure_network(name, legacy=_legacy(name))
+            return
+        self.engine.ensure_network(
+            name,
+            legacy=_legacy(name),
+            subnet=subnet,
+            gateway=training_network.gateway(subnet),
+            mtu=OVERLAY_MTU,
+        )
+
+    def attach_overlay(self, spec: OverlaySpec) -> None:
+        """Join this host's copy of the cluster network to the other hosts' (see
+        runtimes/overlay.py). Idempotent. Raises RuntimeFailure when no command can be
+        run on the host (a tcp:// engine) or the host refuses."""
+        run_script(self._host_runner(), attach_script(spec), f"joining {spec.network} across hosts")
+
+    def detach_overlay(self, network: str) -> None:
+        """Remove the cluster's overlay from this host. Idempotent; a host where no
+        command can be run has none to remove."""
+        runner = self.engine.host_runner
+        if runner is not None:
+            run_script(runner, detach_script(network), f"removing the overlay of {network}")
+
+    def _host_runner(self) -> Runner:
+        runner = self.engine.host_runner
+        if runner is None:
+            raise RuntimeFailure(
+                "no command can be run on this host (its engine is reached over tcp://), "
+                "so its nodes cannot join a network that spans hosts"
+            )
+        return runner
+
+    def set_hosts(self, name: str, entries: Mapping[str, str]) -> None:
+        """Make ``entries`` (node name -> address) the node's gpuyard block of
+        /etc/hosts, so every node resolves every other by name wherever it runs (the
+        engine's DNS answers only for containers on the same host). Idempotent; the
+        rest of the file is kept. Raises RuntimeFailure when the node does not run."""
+        for address in entries.values():
+            ipaddress.ip_address(address)
+        for host in entries:
+            if not valid_node_name(host):
+                raise ValidationFailed("name", f"node name {host!r} is not DNS-safe")
+        block = "".join(f"{a} {n}\n" for n, a in sorted(entries.items()))
+        script = (
+            "set -e; f=/etc/hosts; t=$(mktemp); "
+            f"sed '/^# gpuyard nodes$/,/^# gpuyard nodes end$/d' $f > $t; "
+            f"printf '# gpuyard nodes\\n%s# gpuyard nodes end\\n' {shlex.quote(block)} >> $t; "
+            "cat $t > $f; rm -f $t"
+        )
+        code, out = self.exec(name, ["sh", "-c", script])
+        if code != 0:
+            raise RuntimeFailure(
+                f"writing /etc/hosts on node {name} failed (exit {code}): {out[-300:]}",
+                {"node": name},
+            )
 
     def remove_network(self, name: str) -> None:
         """Delete the network. Idempotent; raises RuntimeFailure while nodes use it."""
@@ -250,8 +321,14 @@ class SlurmNodeRuntime:
         if spec.state_volume:
             # Made with our labels now (the engine would make an unlabelled one on mount).
             self.engine.ensure_volume(spec.state_volume)
-        fixed = self._fixed_controller_address(spec.network) if spec.role == "controller" else None
-        pins = self._controller_pin(spec, files) if spec.role == "worker" else {}
+        if spec.address is not None:
+            fixed: str | None = spec.address
+            pins = {n: a for n, a in spec.hosts.items() if n != spec.name}
+        else:
+            fixed = (
+                self._fixed_controller_address(spec.network) if spec.role == "controller" else None
+            )
+            pins = self._controller_pin(spec, files) if spec.role == "worker" else {}
         for _ in range(3):
             try:
                 return self._create_and_start(spec, archive, fixed, pins)
@@ -382,7 +459,8 @@ class SlurmNodeRuntime:
         endpoint: dict[str, str] = {}
         if fixed:
             endpoint["ipv4_address"] = fixed
-            labels[LABEL_CONTROLLER_ADDRESS] = fixed
+            if spec.role == "controller":
+                labels[LABEL_CONTROLLER_ADDRESS] = fixed
         return {
             "image": spec.image,
             "name": spec.name,

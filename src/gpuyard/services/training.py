@@ -21,26 +21,19 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core import cursors
 from gpuyard.core import training as domain
-from gpuyard.core.errors import InsufficientCapacity, NotFound, ValidationFailed
-from gpuyard.core.fleet import HostStatus
-from gpuyard.core.models import PortSpec, ResourceRequest
-from gpuyard.core.placement import free_resources
+from gpuyard.core.errors import NotFound, ValidationFailed
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus
+from gpuyard.core.training import NodeRole, TrainingStatus
 from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
-from gpuyard.services.candidates import candidate_hosts
 from gpuyard.services.catalog import find_gpu_type
 from gpuyard.services.context import Context
 from gpuyard.services.event_pages import EventPage, check_cursor, read_page
-from gpuyard.services.hosts import capacities
 from gpuyard.services.idempotency import Claim
 from gpuyard.services.images import get_image_version
 from gpuyard.services.lifecycle import record_event
-from gpuyard.services.locations import check_location
-from gpuyard.services.placement import assign_ports, claim, lock_placement, release_all
+from gpuyard.services.placement import lock_placement, release_all
 from gpuyard.services.plans import get_plan
-from gpuyard.services.port_rules import server_ports
 from gpuyard.services.projects import acting_account, resolve_project
 from gpuyard.services.quotas import check_training
 from gpuyard.services.reserved_ips import get_reserved_ip
@@ -69,15 +62,20 @@ from gpuyard.services.training_nodes import (
     NodePlan,
     begin_operation,
     meter_node,
-    node_request,
     nodes_of,
-    plan_of,
     transition_training,
 )
-from gpuyard.services.training_stops import start_stopped
-from gpuyard.store.schema import Host, ReservedIp, TrainingCluster, TrainingNode
 
-SSH_PORT = 22
+# SSH_PORT: also imported from here by the operator and the edge.
+from gpuyard.services.training_placement import SSH_PORT as SSH_PORT
+from gpuyard.services.training_placement import (
+    add_workers,
+    assign_subnet,
+    location_hosts,
+    place_all,
+)
+from gpuyard.services.training_stops import start_stopped
+from gpuyard.store.schema import ReservedIp, TrainingCluster
 
 
 class TrainingClusterNotFound(NotFound):
@@ -209,162 +207,6 @@ def _plan(session: Session, choice: PlanChoice) -> NodePlan:
     )
 
 
-def _location_hosts(
-    ctx: Context, session: Session, location: str, plan: NodePlan, workers: int
-) -> list[int]:
-    """The hosts of ``location`` to try for the whole cluster, best first: those that
-    take placements (active, healthy) with room for every node at once, ordered by the
-    placement policy (a few, however large the location); when none has room as things
-    stand, every host there that takes placements (claims may preempt spot clusters).
-    Raises ValidationFailed for a location no host is at."""
-    check_location(session, location)
-    need = ResourceRequest(
-        gpu_type=plan.gpu_type,
-        gpu_count=workers * plan.gpus_per_node,
-        vcpus=workers * plan.cpus_per_node + domain.CONTROLLER_VCPUS,
-        memory_gb=workers * plan.memory_gb_per_node + domain.CONTROLLER_MEMORY_GB,
-        disk_gb=0,
-        location=location,
-    )
-    ratios, policy = ctx.settings.allocation_ratios, ctx.settings.placement_policy
-    hosts = [h.host_id for h in candidate_hosts(session, need, ratios, policy)]
-    if hosts:
-        return hosts
-    return list(
-        session.scalars(
-            select(Host.id)
-            .where(
-                Host.location == location,
-                Host.healthy.is_(True),
-                Host.status == HostStatus.ACTIVE.value,
-            )
-            .order_by(Host.id)
-        )
-    )
-
-
-def _place_node(
-    ctx: Context,
-    session: Session,
-    cluster: TrainingCluster,
-    role: NodeRole,
-    name: str,
-    host_id: int,
-    now: datetime,
-) -> TrainingNode:
-    node = TrainingNode(
-        cluster_id=cluster.id,
-        role=role.value,
-        name=name,
-        status=NodeStatus.CREATING.value,
-        host_id=host_id,
-        gpu_indices=[],
-        image_version_id=cluster.image_version_id,
-        created_at=now,
-    )
-    session.add(node)
-    session.flush()
-    plan = plan_of(cluster)
-    placement = claim(
-        session,
-        cluster_id=domain.node_owner(node.id),
-        request=node_request(role, plan),
-        volume_gb=0,
-        ratios=ctx.settings.allocation_ratios,
-        now=now,
-        host_id=host_id,
-    )
-    node.gpu_indices = list(placement.gpu_indices)
-    meter_node(session, cluster, node, ClusterStatus.RUNNING, now)
-    return node
-
-
-def _place_all(
-    ctx: Context, session: Session, cluster: TrainingCluster, hosts: list[int], now: datetime
-) -> None:
-    """Controller and workers on one host (one private bridge network per cluster):
-    the first host of the location that fits them all."""
-    names = NodeName(cluster.id, cluster.name_prefix)
-    workers = cluster.next_worker - 1
-    last: InsufficientCapacity | None = None
-    for host_id in hosts:
-        savepoint = session.begin_nested()
-        try:
-            _place_node(ctx, session, cluster, NodeRole.CONTROLLER, names.controller, host_id, now)
-            for index in range(1, workers + 1):
-                _place_node(
-                    ctx, session, cluster, NodeRole.WORKER, names.worker(index), host_id, now
-                )
-            ports = assign_ports(
-                session,
-                cluster_id=domain.cluster_owner(cluster.id),
-                host_id=host_id,
-                ports=(PortSpec(internal_port=SSH_PORT),),
-                port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
-                reserved=server_ports(ctx.settings),
-            )
-        except InsufficientCapacity as exc:
-            savepoint.rollback()
-            last = exc
-            continue
-        savepoint.commit()
-        cluster.host_id = host_id
-        cluster.ssh_port = ports[(SSH_PORT, "tcp")]
-        return
-    raise _short_of(
-        ctx,
-        session,
-        cluster,
-        hosts,
-        workers=workers,
-        with_controller=True,
-        what=f"in location {cluster.location!r} for a controller and {workers} worker(s)",
-        cause=last,
-    )
-
-
-def _short_of(
-    ctx: Context,
-    session: Session,
-    cluster: TrainingCluster,
-    host_ids: list[int],
-    *,
-    workers: int,
-    with_controller: bool,
-    what: str,
-    cause: InsufficientCapacity | None,
-) -> InsufficientCapacity:
-    """The error for nodes that fit on none of ``host_ids``: everything they need on one
-    host, in all, against what each host has free. Call it after the failed attempt's
-    claims were rolled back, so ``available`` is what the user could really have."""
-    plan = plan_of(cluster)
-    needed = {
-        "gpu_type": plan.gpu_type,
-        "gpus": workers * plan.gpus_per_node,
-        "vcpus": workers * plan.cpus_per_node + (domain.CONTROLLER_VCPUS if with_controller else 0),
-        "memory_gb": workers * plan.memory_gb_per_node
-        + (domain.CONTROLLER_MEMORY_GB if with_controller else 0),
-    }
-    ratios = ctx.settings.allocation_ratios
-    details: dict[str, Any] = {
-        "needed_gpus": needed["gpus"],
-        "needed": needed,
-        "available": [free_resources(h, ratios) for h in capacities(session, host_ids)],
-    }
-    if cause is not None:
-        details["reason"] = cause.message
-    message = (
-        f"not enough free capacity {what}: they need {needed['gpus']}x {plan.gpu_type}, "
-        f"{needed['vcpus']} vCPUs and {needed['memory_gb']} GB of memory on one host"
-    )
-    if with_controller:
-        message += (
-            f" (the controller takes {domain.CONTROLLER_VCPUS} vCPUs and "
-            f"{domain.CONTROLLER_MEMORY_GB} GB of that)"
-        )
-    return InsufficientCapacity(message, details)
-
-
 def create_cluster(
     ctx: Context,
     principal: Principal,
@@ -402,7 +244,7 @@ def create_cluster(
         # Under the placement lock, as every admission: a suspension or exhaustion that
         # committed meanwhile is seen (services/account_stops.py takes it too).
         refuse_closed_account(session, account_id)
-        hosts = _location_hosts(ctx, session, scope.location, plan, spec.no_of_nodes)
+        hosts = location_hosts(ctx, session, scope.location, plan, spec.no_of_nodes)
         cluster = TrainingCluster(
             account_id=account_id,
             project_id=project_id,
@@ -443,7 +285,8 @@ def create_cluster(
             None,
             TrainingStatus.CREATING,
         )
-        _place_all(ctx, session, cluster, hosts, now)
+        assign_subnet(ctx, session, cluster)
+        place_all(ctx, session, cluster, hosts, now)
         placed = [n.id for n in nodes_of(session, cluster.id)]
         check_training(session, account_id, project_id, placed)
         cluster_id = cluster.id
@@ -663,30 +506,9 @@ def _scale_cluster(
             "additional_nodes", f"the cluster already has the maximum of {domain.MAX_WORKERS}"
         )
     extra = domain.positive_int("additional_nodes", request.additional_nodes, room)
-    if c.host_id is None:
-        raise InsufficientCapacity("the cluster has no host to add nodes on")
     lock_placement(s)
     refuse_closed_account(s, c.account_id)
-    names = NodeName(c.id, c.name_prefix)
-    added = []
-    savepoint = s.begin_nested()
-    try:
-        for index in range(c.next_worker, c.next_worker + extra):
-            node = _place_node(ctx, s, c, NodeRole.WORKER, names.worker(index), c.host_id, now)
-            added.append(node.id)
-    except InsufficientCapacity as exc:
-        savepoint.rollback()
-        raise _short_of(
-            ctx,
-            s,
-            c,
-            [c.host_id],
-            workers=extra,
-            with_controller=False,
-            what=f"on the cluster's host for {extra} more worker(s); nothing was added",
-            cause=exc,
-        ) from exc
-    savepoint.commit()
+    added = add_workers(ctx, s, c, extra, now)
     check_training(s, c.account_id, c.project_id, added)
     c.next_worker += extra
     begin_operation(

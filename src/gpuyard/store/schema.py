@@ -722,6 +722,9 @@ class TrainingCluster(Base):
     # Engine names of its nodes, network and state volume start with this
     # (Ownership.training_prefix); older clusters keep ``gy-tc{id}``.
     name_prefix: Mapped[str | None] = mapped_column(String(40))
+    # Its nodes' IPv4 subnet, the same on every host they run on (None: a cluster made
+    # before clusters spanned hosts, on an engine-chosen subnet of one host).
+    subnet: Mapped[str | None] = mapped_column(String(50))
     operation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -740,6 +743,8 @@ class TrainingNode(Base):
     name: Mapped[str] = mapped_column(String(100))
     status: Mapped[str] = mapped_column(String(20))
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
+    # Its fixed IPv4 in the cluster's subnet (None: the cluster has no subnet of its own).
+    address: Mapped[str | None] = mapped_column(String(50))
     gpu_indices: Mapped[list[Any]] = mapped_column(default=list)
     image_version_id: Mapped[int] = mapped_column(Integer)
     container_id: Mapped[str | None] = mapped_column(String(100))
