@@ -115,10 +115,13 @@ class PodmanHost:
         return ["nsenter", f"--net={self.netns}"]
 
     def start(self, timeout_s: float = 30.0) -> str:
-        net, outer, inner = f"10.231.{self.index}", f"{self.name}-o", f"{self.name}-i"
+        # The host's uplink is "eth0" inside its namespace, as on a real server: a name
+        # starting with "gy" would pass for one of gpuyard's container bridges.
+        net, outer, inner = f"10.231.{self.index}", f"{self.name}-o", "eth0"
         _run("ip", "netns", "add", self.name)
-        _run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
-        _run("ip", "link", "set", inner, "netns", self.name)
+        _run("ip", "link", "add", outer, "type", "veth", "peer", "name", f"{self.name}-i")
+        _run("ip", "link", "set", f"{self.name}-i", "netns", self.name)
+        _run(*self.nsenter(), "ip", "link", "set", f"{self.name}-i", "name", inner)
         _run("ip", "addr", "add", f"{net}.1/30", "dev", outer)
         _run("ip", "link", "set", outer, "up")
         _run(*self.nsenter(), "sh", "-c",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import distinct, func, select
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.ownership import Ownership
@@ -177,6 +177,9 @@ class TrainingOperator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sinfo_cache: dict[int, tuple[float, list[tuple[str, str]]]] = {}
+        # When each cluster's overlay was last re-applied (time.monotonic()).
+        self._overlay_checked: dict[int, float] = {}
+        self.overlay_heal_s = 60.0
         self.recovery = NodeRecovery(self)
         self.node_keys = NodeKeys(self)
         # Several replicas: only the holder of the ``training`` lease runs operations
@@ -247,15 +250,48 @@ class TrainingOperator:
                 ).where(TrainingCluster.deleted_at.is_(None))
             ).all()
             keys_stale = set(self.node_keys.scan(session))
+            spanning = set(
+                session.scalars(
+                    select(TrainingNode.cluster_id)
+                    .group_by(TrainingNode.cluster_id)
+                    .having(func.count(distinct(TrainingNode.host_id)) > 1)
+                )
+            )
         for cluster_id, operation, status, host_id in rows:
             if operation is not None:
                 self._submit(cluster_id, host_id)
                 continue
             self.sync_edge(cluster_id)
+            if status == TrainingStatus.RUNNING and cluster_id in spanning:
+                self._heal_overlay_soon(cluster_id, host_id)
             if status == TrainingStatus.RUNNING and (
                 cluster_id in keys_stale or self.recovery.wanted(cluster_id)
             ):
                 self._submit(cluster_id, host_id)
+
+    def _heal_overlay_soon(self, cluster_id: int, host_id: int | None) -> None:
+        """Every ``overlay_heal_s``, queue re-applying the cluster's overlay on each of its
+        hosts (runtimes/overlay.py): a host's bridge is made anew when its last node
+        container was replaced, and a host rebooted loses the interface and rules."""
+        now = time.monotonic()
+        if now - self._overlay_checked.get(cluster_id, float("-inf")) < self.overlay_heal_s:
+            return
+        self._overlay_checked[cluster_id] = now
+        lane = self.lane_of(host_id) if self.lane_of is not None else LANE
+        self.queue.submit(
+            ("training-overlay", cluster_id), lane, lambda: self.heal_overlay(cluster_id)
+        )
+
+    def heal_overlay(self, cluster_id: int) -> None:
+        """Re-apply the overlay of a running cluster that spans hosts (idempotent)."""
+        snap = self._snapshot(cluster_id)
+        if snap is None or snap.operation is not None:
+            return
+        nodes = self.nodes_of(snap)
+        try:
+            nodes.join(NodeName(cluster_id, snap.cluster.name_prefix).network)
+        except GpuyardError as exc:  # a host down: the next pass tries again
+            log.warning("training cluster %s: overlay not re-applied: %s", cluster_id, exc)
 
     def wake(self, cluster_id: int) -> None:
         """Queue the cluster's job: its recorded operation, or (with none) bringing back

@@ -83,14 +83,14 @@ def attach_script(spec: OverlaySpec) -> str:
         f"table bridge {table}\n"
         f"delete table bridge {table}\n"
         f"table bridge {table} {{\n"
-        f"  chain fwd {{ type filter hook forward priority 0; policy accept;\n"
+        f"  chain gy_fwd {{ type filter hook forward priority 0; policy accept;\n"
         f'    oifname "{vx}" arp daddr ip {gw} drop\n'
         f'    iifname "{vx}" arp saddr ip {gw} drop\n'
         f"  }}\n"
-        f"  chain out {{ type filter hook output priority 0; policy accept;\n"
+        f"  chain gy_out {{ type filter hook output priority 0; policy accept;\n"
         f'    oifname "{vx}" arp saddr ip {gw} drop\n'
         f"  }}\n"
-        f"  chain in {{ type filter hook input priority 0; policy accept;\n"
+        f"  chain gy_in {{ type filter hook input priority 0; policy accept;\n"
         f'    iifname "{vx}" arp saddr ip {gw} drop\n'
         f"  }}\n"
         f"}}\n"
