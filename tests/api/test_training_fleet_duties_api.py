@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from gpuyard.api.host_schemas import HostDrainEnvelope
+from gpuyard.cli.main import cli
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
@@ -131,6 +133,19 @@ def test_drain_answers_per_node_and_the_detail_shows_each_nodes_host(
         shown = {n["name"]: n for n in detail()["nodes"]}
         assert [shown[nodes[w]["name"]]["host_id"] for w in workers] == [h3, h3]
         assert shown[nodes["controller"]["name"]]["host"] == "h2"
+
+        # The CLI says the same (again: the controller still cannot move).
+        said = CliRunner().invoke(
+            cli,
+            ["hosts", "drain", str(h2)],
+            env={
+                "GPUYARD_URL": srv.url,
+                "GPUYARD_API_KEY": srv.key,
+                "GPUYARD_HOME": str(ctx.settings.home),
+            },
+        )
+        assert said.exit_code == 0, said.output
+        assert f"training node {nodes['controller']['name']}: cannot move now: " in said.stdout
 
         # The drained host no longer answers: only the node still there shows it.
         srv.server.reconciler.heartbeat_now()
