@@ -444,7 +444,12 @@ def test_drain_moves_a_stopped_cluster_and_stops_a_running_one(fleet: LiveServer
         HostDrainEnvelope.model_validate(r.json())
         data = r.json()["data"]
         assert data["host"]["status"] == "draining"
-        assert data["drain"] == {"stopping": [running], "moving": [resting], "cannot_move": []}
+        assert data["drain"] == {
+            "stopping": [running],
+            "moving": [resting],
+            "cannot_move": [],
+            "training_nodes": {"moving": [], "cannot_move": []},
+        }
         # The stopped cluster's volume goes to the only other host (the server's own).
         _wait(lambda: c.get(f"/v1/clusters/{resting}").json()["data"]["host"]["id"] == 1)
         assert status(resting) == "stopped"

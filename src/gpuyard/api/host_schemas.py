@@ -330,12 +330,36 @@ class CannotMove(StrictOut):
     reason: str
 
 
+class TrainingNodeMoving(StrictOut):
+    node_id: int
+    name: str
+    training_cluster_id: int
+    # Where the node is recreated (a stopped cluster's: where it starts next).
+    to_host_id: int
+
+
+class TrainingNodeStays(StrictOut):
+    node_id: int
+    name: str
+    training_cluster_id: int
+    role: str
+    reason: str
+
+
+class TrainingDrainOut(StrictOut):
+    # Workers recreated on other hosts of their location (same names, Slurm state kept).
+    moving: list[TrainingNodeMoving]
+    # Nodes that stay for now, each with why (retried while the host drains).
+    cannot_move: list[TrainingNodeStays]
+
+
 class DrainOut(StrictOut):
     # Running clusters being stopped, to start again on another host.
     stopping: list[str]
     # Stopped clusters whose volume is being moved to another host.
     moving: list[str]
     cannot_move: list[CannotMove]
+    training_nodes: TrainingDrainOut
 
 
 class HostDrained(StrictOut):

@@ -5,6 +5,7 @@ services/host_admin.py and services/host_views.py; these routes only adapt HTTP.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -155,8 +156,10 @@ def drain(
 ) -> JSONResponse:
     """Cordon the host and send its clusters away (admin): running ones are stopped and
     started again on other hosts with their volume, stopped ones have their volume
-    moved. ``drain.cannot_move`` lists what has nowhere to go (retried while the host
-    drains). Idempotent."""
+    moved. Training workers are recreated on other hosts of their location
+    (``drain.training_nodes.moving``); ``drain.cannot_move`` and
+    ``drain.training_nodes.cannot_move`` list what has nowhere to go yet and why
+    (retried while the host drains). Idempotent."""
     principal.require(Scope.ADMIN)
     ctx = app_state(request).ctx
     report = drain_host(ctx, host_id)
@@ -167,6 +170,10 @@ def drain(
                 "stopping": report.stopping,
                 "moving": report.moving,
                 "cannot_move": report.cannot_move,
+                "training_nodes": {
+                    "moving": [asdict(m) for m in report.training.moving],
+                    "cannot_move": [asdict(n) for n in report.training.cannot_move],
+                },
             },
         }
     )

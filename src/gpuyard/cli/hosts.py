@@ -335,7 +335,8 @@ uncordon = _status_command(
 @api_options
 def drain(host_id: int, url: str | None, api_key: str | None, as_json: bool) -> None:
     """Cordon a host and move its clusters to other hosts (running ones are stopped and
-    started elsewhere; stopped ones have their volume moved)."""
+    started elsewhere; stopped ones have their volume moved) and its training workers
+    (recreated on other hosts of their location)."""
     call = make_call(url, api_key, as_json)
     with call.client as client:
         data = client.drain_host(host_id)
@@ -350,6 +351,11 @@ def drain(host_id: int, url: str | None, api_key: str | None, as_json: bool) -> 
         click.echo(f"  {cid}: moving its volume to another host")
     for item in report["cannot_move"]:
         click.echo(f"  {item['cluster_id']}: cannot move now: {item['reason']}")
+    training = report.get("training_nodes") or {}
+    for node in training.get("moving", []):
+        click.echo(f"  training node {node['name']}: recreated on host {node['to_host_id']}")
+    for node in training.get("cannot_move", []):
+        click.echo(f"  training node {node['name']}: cannot move now: {node['reason']}")
 
 
 @hosts.command("delete")

@@ -46,6 +46,7 @@ from gpuyard.services.idempotency import purge_expired
 from gpuyard.services.moves import COPYING, DRAIN_STOP
 from gpuyard.services.replica import replica_id
 from gpuyard.services.snapshot_work import restore_holders, snapshots_to_take
+from gpuyard.services.training_drain import retry_training_drains
 from gpuyard.services.webhooks import deliver as deliver_webhook
 from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 
@@ -558,6 +559,10 @@ class Reconciler:
             observed = self.observe_engine(key, host_ids)
             # Moves away from these hosts: drained clusters go, old copies are deleted.
             self._restart_drained(host_ids)
+            try:
+                retry_training_drains(self.ctx, host_ids)
+            except Exception:  # the next scan tries again; the engine's work goes on
+                log.exception("moving training nodes off draining hosts failed")
             self.driver.delete_old_copies(list(host_ids) or None)
             return observed
         return False

@@ -286,13 +286,17 @@ def _left_on(session: Session, host_id: int) -> dict[str, list[Any]]:
                 .order_by(TrainingCluster.id)
             )
         ),
-        "training_nodes": list(
-            session.scalars(
-                select(TrainingNode.id)
+        # Named, so the operator can tell which nodes to drain or which clusters to end.
+        "training_nodes": [
+            {"node_id": node_id, "name": name, "role": role, "training_cluster_id": cluster_id}
+            for node_id, name, role, cluster_id in session.execute(
+                select(
+                    TrainingNode.id, TrainingNode.name, TrainingNode.role, TrainingNode.cluster_id
+                )
                 .where(TrainingNode.host_id == host_id, TrainingNode.cluster_id.in_(live_trainings))
                 .order_by(TrainingNode.id)
             )
-        ),
+        ],
         "reservations": list(
             session.scalars(
                 select(Reservation.cluster_id)
@@ -348,7 +352,9 @@ def _describe(left: dict[str, list[Any]]) -> str:
     parts = []
     for kind, items in left.items():
         shown = [
-            str(i.get("cluster_id") or i.get("holder")) if isinstance(i, dict) else str(i)
+            str(i.get("name") or i.get("cluster_id") or i.get("holder"))
+            if isinstance(i, dict)
+            else str(i)
             for i in items[:3]
         ]
         more = f", +{len(items) - 3}" if len(items) > 3 else ""

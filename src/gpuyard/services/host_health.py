@@ -1,11 +1,12 @@
 """What heartbeats say about hosts: reachable, unreachable, back again.
 
 A host is ``unreachable`` after the heartbeat setting's worth of misses in a row.
-Nothing new is placed there (placement takes only healthy hosts), its clusters keep
-their GPUs (never given twice: the engine may still run them) and show
-``host_status: unreachable`` with an event, and their billing pauses from the last
-answered heartbeat until the host answers again (docs/decisions.md "Unreachable
-hosts"). The reconciler converges the host's clusters once it answers.
+Nothing new is placed there (placement takes only healthy hosts), its clusters and
+training nodes keep their GPUs (never given twice: the engine may still run them) and
+show ``host_status: unreachable`` with an event, and their billing pauses from the
+last answered heartbeat until the host answers again (docs/decisions.md "Unreachable
+hosts"). A training node follows its own host: the other nodes of its cluster bill on.
+The reconciler converges the host's clusters once it answers.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from sqlalchemy.orm import Session
 from gpuyard.core.ledger import boundary
 from gpuyard.core.models import GpuSource
 from gpuyard.core.states import ClusterStatus
+from gpuyard.core.training import cluster_owner, node_owner
 from gpuyard.runtimes.inventory import EngineInventory
 from gpuyard.services.context import Context
 from gpuyard.services.hosts import sync_host_gpus
 from gpuyard.services.ledger_totals import rebuild
 from gpuyard.services.lifecycle import meter_status, record_event
-from gpuyard.store.schema import Cluster, Host, UsageInterval
+from gpuyard.services.training_nodes import billed_nodes_on, meter_node
+from gpuyard.store.schema import Cluster, Host, TrainingCluster, TrainingNode, UsageInterval
 
 # Engine messages can be long (a whole exception text); the host keeps the start.
 _ERROR_CHARS = 500
@@ -61,16 +64,27 @@ def _answered(session: Session, host: Host, now: datetime) -> bool:
     away = (now - host.unreachable_since).total_seconds() if host.unreachable_since else 0.0
     host.unreachable_since = None
     session.flush()
+    back = f"host {host.name} answers again (unreachable for {away:.0f} s); billing resumed"
     for cluster in _clusters_on(session, host.id):
-        record_event(
-            session,
-            cluster.id,
-            now,
-            "host",
-            f"host {host.name} answers again (unreachable for {away:.0f} s); billing resumed",
-        )
+        record_event(session, cluster.id, now, "host", back)
         meter_status(session, cluster, ClusterStatus(cluster.status), now)
+    nodes = billed_nodes_on(session, host.id)
+    for training, names in _by_cluster(nodes).items():
+        record_event(session, cluster_owner(training.id), now, "host", f"{names}: {back}")
+    for training, node in nodes:
+        # Every node of a cluster that holds its place is billed as running.
+        meter_node(session, training, node, ClusterStatus.RUNNING, now)
     return True
+
+
+def _by_cluster(
+    nodes: Sequence[tuple[TrainingCluster, TrainingNode]],
+) -> dict[TrainingCluster, str]:
+    """The node names of each training cluster, as an event names them."""
+    out: dict[TrainingCluster, list[str]] = {}
+    for training, node in nodes:
+        out.setdefault(training, []).append(node.name)
+    return {training: "node(s) " + ", ".join(names) for training, names in out.items()}
 
 
 def _missed(session: Session, host: Host, problem: str, now: datetime, misses_allowed: int) -> bool:
@@ -84,17 +98,17 @@ def _missed(session: Session, host: Host, problem: str, now: datetime, misses_al
     host.unreachable_since = now
     since = host.last_heartbeat_at or now
     clusters = _clusters_on(session, host.id)
-    pause_billing(session, [c.id for c in clusters], since)
+    nodes = billed_nodes_on(session, host.id)
+    pause_billing(session, [c.id for c in clusters] + [node_owner(n.id) for _, n in nodes], since)
+    away = (
+        f"host {host.name} is unreachable ({host.missed_heartbeats} missed heartbeats: "
+        f"{host.heartbeat_error}); its GPUs stay held and billing is paused from the "
+        f"last answered heartbeat at {since.isoformat()}"
+    )
     for cluster in clusters:
-        record_event(
-            session,
-            cluster.id,
-            now,
-            "host",
-            f"host {host.name} is unreachable ({host.missed_heartbeats} missed heartbeats: "
-            f"{host.heartbeat_error}); its GPUs stay held and billing is paused from the "
-            f"last answered heartbeat at {since.isoformat()}",
-        )
+        record_event(session, cluster.id, now, "host", away)
+    for training, names in _by_cluster(nodes).items():
+        record_event(session, cluster_owner(training.id), now, "host", f"{names}: {away}")
     return True
 
 
@@ -113,7 +127,8 @@ def _clusters_on(session: Session, host_id: int) -> list[Cluster]:
 
 
 def pause_billing(session: Session, cluster_ids: Sequence[int | str], since: datetime) -> None:
-    """Bill nothing for ``cluster_ids`` from ``since`` (truncated to the second) on:
+    """Bill nothing for ``cluster_ids`` (clusters, or any holder of usage intervals:
+    training nodes' ``tn-`` ids) from ``since`` (truncated to the second) on:
     intervals that began since then are dropped, those running past it end there.
     The status funnel opens no new ones while the host is away
     (services/lifecycle.billing_paused)."""

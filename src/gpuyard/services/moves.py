@@ -33,6 +33,7 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
 from gpuyard.services.placement import claim, lock_placement
+from gpuyard.services.training_drain import TrainingDrain, drain_training_nodes
 from gpuyard.store.schema import Cluster, Host, Reservation, VolumeMove
 
 COPYING = "copying"
@@ -292,12 +293,15 @@ class DrainReport:
     stopping: list[str] = field(default_factory=list)
     moving: list[str] = field(default_factory=list)
     cannot_move: list[dict[str, str]] = field(default_factory=list)
+    training: TrainingDrain = field(default_factory=TrainingDrain)
 
 
 def drain_host(ctx: Context, host_id: int) -> DrainReport:
     """Cordon the host and send its clusters away: running ones are stopped (then
     started on another host by the reconciler: ``restart_drained``), stopped ones have
-    their volume moved. Clusters that cannot move are listed with the reason."""
+    their volume moved. Clusters that cannot move are listed with the reason. Its
+    training workers are recreated on other hosts of their location, and the nodes
+    that cannot move are listed with the reason (services/training_drain.py)."""
     from gpuyard.services.clusters import request_drain_stop  # avoids an import cycle
 
     now = ctx.clock.now()
@@ -331,6 +335,7 @@ def drain_host(ctx: Context, host_id: int) -> DrainReport:
                 report.cannot_move.append({"cluster_id": cluster.id, "reason": problem})
         elif status == ClusterStatus.STOPPING:
             report.stopping.append(cluster.id)
+    report.training = drain_training_nodes(ctx, host_id)
     ctx.wake()
     return report
 

@@ -86,11 +86,13 @@ def meter_node(
     """Open (``running``) or close (``stopped``, ``terminated``) the node's usage
     intervals: a node is billed like an on-demand cluster of its size while it holds
     its place, from placement to a stop or the deletion (a node holds no volume, so a
-    stopped one bills nothing)."""
+    stopped one bills nothing). Like a cluster's, its meter opens nothing while its own
+    host is unreachable (services/lifecycle.billing_paused)."""
     worker = node.role == NodeRole.WORKER
     as_cluster = SimpleNamespace(
         id=domain.node_owner(node.id),
         project_id=cluster.project_id,
+        host_id=node.host_id,
         gpu_type=cluster.gpu_type if worker else None,
         gpu_count=cluster.gpus_per_node if worker else 0,
         cpu_cores=cluster.cpus_per_node if worker else domain.CONTROLLER_VCPUS,
@@ -102,6 +104,23 @@ def meter_node(
         bid_per_gpu=None,
     )
     meter_status(session, as_cluster, status, now)
+
+
+def billed_nodes_on(session: Session, host_id: int) -> list[tuple[TrainingCluster, TrainingNode]]:
+    """The nodes on ``host_id`` that hold their place and are billed (their cluster is
+    live and in a status that holds, ``domain.HOLDING``), with their cluster: what a
+    host's reachability pauses and resumes the meters of."""
+    rows = session.execute(
+        select(TrainingCluster, TrainingNode)
+        .join(TrainingNode, TrainingNode.cluster_id == TrainingCluster.id)
+        .where(
+            TrainingNode.host_id == host_id,
+            TrainingCluster.deleted_at.is_(None),
+            TrainingCluster.status.in_([s.value for s in domain.HOLDING]),
+        )
+        .order_by(TrainingNode.cluster_id, TrainingNode.id)
+    )
+    return [(row[0], row[1]) for row in rows]
 
 
 def transition_training(

@@ -21,6 +21,13 @@ def _iso(t: datetime | None) -> str | None:
     return None if t is None else t.isoformat().replace("+00:00", "Z")
 
 
+def _reachability(host: Host | None) -> str | None:
+    """What the heartbeats say of a node's host, spelled as a cluster's ``host_status``."""
+    if host is None:
+        return None
+    return "reachable" if host.unreachable_since is None else "unreachable"
+
+
 def node_rates(session: Session, cluster: TrainingCluster, prices: Prices) -> dict[str, float]:
     """Hourly price of one worker and of the controller (on-demand, secure)."""
     gpu = find_gpu_type(session, cluster.gpu_type)
@@ -118,7 +125,11 @@ def cluster_view(
                 "name": n.name,
                 "role": n.role,
                 "status": n.status,
+                "host_id": n.host_id,
                 "host": hosts[n.host_id].name if n.host_id in hosts else None,
+                # "unreachable": the node's host missed its heartbeats; the node keeps
+                # its GPUs and bills nothing until the host answers again.
+                "host_status": _reachability(hosts.get(n.host_id) if n.host_id else None),
                 "gpu_indices": list(n.gpu_indices),
                 "image_version_id": n.image_version_id,
                 # How often the operator recreated the node's container after it died.

@@ -45,7 +45,9 @@ export function render(main) {
       const answer = await post(`/v1/hosts/${host.id}/${action}`);
       if (action === "drain") {
         const d = answer.data.drain;
-        flash(`draining: ${d.stopping.length} stopping, ${d.moving.length} moving, ${d.cannot_move.length} cannot move`);
+        const t = d.training_nodes;
+        flash(`draining: ${d.stopping.length} stopping, ${d.moving.length} moving, ${d.cannot_move.length} cannot move; ` +
+          `training nodes: ${t.moving.length} moving, ${t.cannot_move.length} cannot move`);
       } else {
         flash(`${host.name} ${action}ed`);
       }
