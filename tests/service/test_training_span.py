@@ -24,6 +24,7 @@ from gpuyard.runtimes.host_nodes import HostNodes
 from gpuyard.services import training
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
+from gpuyard.services.moves import drain_host
 from gpuyard.services.ssh_keys import add_key
 from gpuyard.store.schema import GpuAllocation, Host, ImageVersion, TrainingNode
 from tests.helpers import add_host_row
@@ -193,3 +194,29 @@ def test_spread_spreads_nodes_binpack_keeps_them_together(ctx: Context, alice: P
 
     together = span.create(workers=2, gpus=1)
     assert len(set(span.placement(together).values())) == 1
+
+
+def test_a_drained_hosts_worker_is_recreated_on_another_host_same_name_and_address(
+    span: Span,
+) -> None:
+    cid = span.create(workers=3)
+    span.run(cid)
+    names = NodeName(cid, span.ctx.ownership.training_prefix(cid))
+    worker = names.worker(2)
+    left = span.placement(cid)[worker]
+    old = span.nodes[left].nodes[worker]
+    others = {n: span.nodes[h].nodes[n] for n, h in span.placement(cid).items() if n != worker}
+    fourth = span.add_host("h4")
+
+    report = drain_host(span.ctx, left)
+    assert [m.name for m in report.training.moving] == [worker]
+    assert span.placement(cid)[worker] == fourth
+    span.run(cid)
+
+    assert worker not in span.nodes[left].nodes  # gone from the host it left
+    new = span.nodes[fourth].nodes[worker]
+    assert new.spec.address == old.spec.address  # same name, same address
+    # The other nodes were not recreated; the new host joined the cluster's network.
+    for name, node in others.items():
+        assert span.nodes[span.placement(cid)[name] or 0].nodes[name] is node
+    assert names.network in span.nodes[fourth].overlays

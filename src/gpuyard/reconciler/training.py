@@ -47,12 +47,14 @@ from gpuyard.core.training import (
 from gpuyard.reconciler.cluster_nodes import ClusterNodes
 from gpuyard.reconciler.training_edge import ClusterEdges, Edge
 from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
+from gpuyard.reconciler.training_moves import move_nodes
 from gpuyard.reconciler.training_recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
 from gpuyard.services.secrets import secret_box
 from gpuyard.services.training import finish_delete
+from gpuyard.services.training_drain import MOVE_NODES
 from gpuyard.services.training_nodes import nodes_of, transition_training
 from gpuyard.services.training_placement import SSH_PORT
 from gpuyard.services.training_stops import START, STOP, finish_stop
@@ -414,6 +416,9 @@ class TrainingOperator:
                 return True
             if action in ("create", "scale_cluster", START):
                 self._build(snap, token)
+            elif action == MOVE_NODES:
+                if not move_nodes(self, snap, token):
+                    return True  # a host the nodes left does not answer: the scan retries
             elif action == "restart_workers":
                 self._restart(snap, token, controller=False)
             elif action == "restart_cluster":

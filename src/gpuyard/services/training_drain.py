@@ -41,6 +41,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
 from gpuyard.services.placement import claim, lock_placement
 from gpuyard.services.training_nodes import begin_operation, node_request, nodes_of, plan_of
+from gpuyard.services.training_placement import hosts_without_overlay
 from gpuyard.store.schema import Host, TrainingCluster, TrainingNode
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,14 @@ def _move_worker(
     released by the same claim) and point it there; all or nothing (a savepoint)."""
     old = node.host_id
     assert old is not None
+    if cluster.subnet is None:
+        _stays(
+            report,
+            node,
+            "the cluster was made before training clusters spanned hosts: its nodes share "
+            "one host's network, so its workers cannot move (delete and create it anew)",
+        )
+        return False
     try:
         with session.begin_nested():
             placement = claim(
@@ -232,7 +241,7 @@ def _move_worker(
                 volume_gb=0,
                 ratios=ctx.settings.allocation_ratios,
                 now=now,
-                exclude_hosts=frozenset({old}),
+                exclude_hosts=frozenset({old}) | hosts_without_overlay(session, cluster.location),
                 policy=ctx.settings.placement_policy,
             )
     except InsufficientCapacity as exc:

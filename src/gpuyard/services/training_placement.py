@@ -87,6 +87,13 @@ def active_hosts(session: Session, location: str, *, spanning: bool = False) -> 
     ]
 
 
+def hosts_without_overlay(session: Session, location: str) -> frozenset[int]:
+    """The hosts of ``location`` a node of a cluster that spans hosts cannot go to (no
+    command runs there to join the overlay: a tcp:// engine)."""
+    every = set(session.scalars(select(Host.id).where(Host.location == location)))
+    return frozenset(every - set(active_hosts(session, location, spanning=True)))
+
+
 def assign_subnet(ctx: Context, session: Session, cluster: TrainingCluster) -> None:
     """Give ``cluster`` a subnet of its own from the installation's pool (one no live
     training cluster of this installation uses). Raises InsufficientCapacity when the
