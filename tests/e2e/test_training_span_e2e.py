@@ -1,13 +1,14 @@
 """A training cluster bigger than any one host spans hosts: the real server with real
 Slurm nodes on three simulated hosts reached over SSH (each its own network namespace,
-Podman with its own storage that starts without the node image, 3 GPUs declared), and a
+Podman with its own storage that starts without the node image, 2 GPUs declared), and a
 fourth added later. Nothing of the cluster runs on this machine's engine.
 
 What a user of a multi-node cluster relies on is checked on the real thing: Slurm runs
 one task per worker across the hosts, 100 MB sent over TCP between workers on different
 hosts arrives intact (the overlay between the hosts), a container of another account on
-the same hosts reaches no node (TCP and ICMP), and a worker added on a new host joins
-while a job runs on the others. Root, podman, sshd and nft needed; builds the Slurm node
+the same hosts reaches no node (TCP and ICMP), a drained host's worker is recreated on
+another host and rejoins, and a worker added on the one host with room joins while a
+job runs on the others. Root, podman, sshd and nft needed; builds the Slurm node
 image when this machine's engine lacks it."""
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Span:
     def add_host(self, c: httpx.Client, sim: PodmanHost, name: str) -> int:
         r = c.post(
             "/v1/hosts",
-            json={"name": name, "engine_url": sim.ssh_url, "gpus": f"{A6000}:3",
+            json={"name": name, "engine_url": sim.ssh_url, "gpus": f"{A6000}:2",
                   "location": "lab", "vcpus": 16, "memory_gb": 32},
         )  # fmt: skip
         assert r.status_code == 201, r.text
@@ -239,30 +240,25 @@ def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine
         with other_account(span, c) as neighbour:
             r = neighbour.post(
                 "/v1/clusters",
-                json={"name": "nosy", "gpu_type": A6000, "gpu_count": 1,
-                      "docker_image": DEV_IMAGE, "memory_gb": 1, "cpu_cores": 1},
+                json={"name": "nosy", "gpu_count": 0, "docker_image": DEV_IMAGE,
+                      "memory_gb": 1, "cpu_cores": 1},
             )  # fmt: skip
             assert r.status_code == 201, r.text
             nosy = r.json()["data"]["id"]
 
             def nosy_running() -> bool:
-                return bool(
-                    neighbour.get(f"/v1/clusters/{nosy}").json()["data"]["status"] == "running"
-                )
+                data = neighbour.get(f"/v1/clusters/{nosy}").json()["data"]
+                return bool(data["status"] == "running")
 
             wait(nosy_running, 120, "the neighbour's cluster running")
-            row = neighbour.get(f"/v1/clusters/{nosy}").json()["data"]
-            nosy_host = int(row["host_id"]) if row.get("host_id") else None
             name = span.server.server.ctx.ownership.container(nosy)
-            where = nosy_host or next(
-                h for h in span.hosts if name in {
-                    r["Names"][0].lstrip("/") for r in span.api(h).containers()
-                }
+            where = next(
+                h for h in span.hosts
+                if name in {r["Names"][0].lstrip("/") for r in span.api(h).containers()}
             )  # fmt: skip
             # ICMP works from it (to its own gateway), so a failed ping below means blocked.
-            code, out = span.exec(
-                where, name, "ping -c 1 -W 2 $(ip route | awk '/default/ {print $3}')"
-            )
+            gateway = "$(ip route | awk '/default/ {print $3}')"
+            code, out = span.exec(where, name, f"ping -c 1 -W 2 {gateway}")
             assert code == 0, out
             for node, (_, address) in nodes.items():
                 code, out = span.exec(where, name, f"ping -c 1 -W 2 {address}")
@@ -271,17 +267,29 @@ def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine
                 assert code != 0 and "SSH" not in out, f"TCP reached {node}: {out}"
             assert neighbour.delete(f"/v1/clusters/{nosy}").status_code in (200, 202, 204)
 
-        # A job holds the three workers; a fourth host gets the new worker, which joins.
+        # A drained host's worker is recreated, same name, on the one host with room.
+        fourth = span.add_host(c, span.sims[3], "sim-3")
+        drained = nodes[workers[1]][0]
+        r = c.post(f"/v1/hosts/{drained}/drain")
+        assert r.status_code == 200, r.text
+        assert span.nodes(cid)[workers[1]][0] == fourth
+        wait_running(c, cid, params, 600)
+        assert span.labelled(fourth, cid) == {workers[1]}
+        code, out = span.exec(ctl_host, controller, "srun -N3 hostname | sort")
+        assert code == 0 and out.split() == sorted(workers), out
+
+        # A job holds the three workers; a worker added where there is room (the drained
+        # host, back in service) joins while the job runs.
+        assert c.post(f"/v1/hosts/{drained}/uncordon").status_code == 200
         code, out = span.exec(ctl_host, controller, "sbatch -N3 --wrap 'sleep 600'")
         assert code == 0, out
-        fourth = span.add_host(c, span.sims[3], "sim-3")
         r = c.put(
             f"{BASE}{cid}/", params=params, json={"action": "scale_cluster", "additional_nodes": 1}
         )
         assert r.status_code == 200, r.text
         wait_running(c, cid, params, 600)
         new = f"{prefix}-worker-4"
-        assert span.nodes(cid)[new][0] == fourth
+        assert span.nodes(cid)[new][0] == drained
         code, out = span.exec(ctl_host, controller, "sinfo -h -N -o '%N %T'")
         states = dict(line.split() for line in out.splitlines() if line.strip())
         assert states.get(new) == "idle", out
