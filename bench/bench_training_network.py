@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +48,7 @@ from gpuyard.core.ownership import Ownership
 from gpuyard.reconciler.cluster_nodes import ClusterNodes
 from gpuyard.runtimes import slurm_config
 from gpuyard.runtimes.engine import Engine, EnginePolicy
+from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.host_firewall import CommandResult, Runner
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
 from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
@@ -184,9 +188,16 @@ def main() -> int:
         print(f"cannot run: {problem}")
         return 1
     build_slurm_image("podman", SLURM_IMAGE)
-    with PodmanHost() as a, PodmanHost() as b:
+    workdir = Path(tempfile.mkdtemp(prefix="gy-bench-"))
+    service = PodmanService(workdir / "podman.sock")  # this machine's engine, to copy from
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, True)
+        stack.callback(service.stop)
+        here = service.start()
+        a = stack.enter_context(PodmanHost())
+        b = stack.enter_context(PodmanHost())
         for sim in (a, b):
-            sim.load_image("unix:///run/podman/podman.sock", SLURM_IMAGE)
+            sim.load_image(here, SLURM_IMAGE)
         bench = Bench(a, b)
         try:
             bench.up()
