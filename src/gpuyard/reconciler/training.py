@@ -48,6 +48,7 @@ from gpuyard.reconciler.cluster_nodes import ClusterNodes
 from gpuyard.reconciler.training_edge import ClusterEdges, Edge
 from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
 from gpuyard.reconciler.training_moves import move_nodes
+from gpuyard.reconciler.training_networks import ClusterNetworks, hosts_file
 from gpuyard.reconciler.training_recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
@@ -179,9 +180,7 @@ class TrainingOperator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sinfo_cache: dict[int, tuple[float, list[tuple[str, str]]]] = {}
-        # When each cluster's overlay was last re-applied (time.monotonic()).
-        self._overlay_checked: dict[int, float] = {}
-        self.overlay_heal_s = 60.0
+        self.networks = ClusterNetworks(self)
         self.recovery = NodeRecovery(self)
         self.node_keys = NodeKeys(self)
         # Several replicas: only the holder of the ``training`` lease runs operations
@@ -265,35 +264,11 @@ class TrainingOperator:
                 continue
             self.sync_edge(cluster_id)
             if status == TrainingStatus.RUNNING and cluster_id in spanning:
-                self._heal_overlay_soon(cluster_id, host_id)
+                self.networks.heal_soon(cluster_id, host_id)
             if status == TrainingStatus.RUNNING and (
                 cluster_id in keys_stale or self.recovery.wanted(cluster_id)
             ):
                 self._submit(cluster_id, host_id)
-
-    def _heal_overlay_soon(self, cluster_id: int, host_id: int | None) -> None:
-        """Every ``overlay_heal_s``, queue re-applying the cluster's overlay on each of its
-        hosts (runtimes/overlay.py): a host's bridge is made anew when its last node
-        container was replaced, and a host rebooted loses the interface and rules."""
-        now = time.monotonic()
-        if now - self._overlay_checked.get(cluster_id, float("-inf")) < self.overlay_heal_s:
-            return
-        self._overlay_checked[cluster_id] = now
-        lane = self.lane_of(host_id) if self.lane_of is not None else LANE
-        self.queue.submit(
-            ("training-overlay", cluster_id), lane, lambda: self.heal_overlay(cluster_id)
-        )
-
-    def heal_overlay(self, cluster_id: int) -> None:
-        """Re-apply the overlay of a running cluster that spans hosts (idempotent)."""
-        snap = self._snapshot(cluster_id)
-        if snap is None or snap.operation is not None:
-            return
-        nodes = self.nodes_of(snap)
-        try:
-            nodes.join(NodeName(cluster_id, snap.cluster.name_prefix).network)
-        except GpuyardError as exc:  # a host down: the next pass tries again
-            log.warning("training cluster %s: overlay not re-applied: %s", cluster_id, exc)
 
     def wake(self, cluster_id: int) -> None:
         """Queue the cluster's job: its recorded operation, or (with none) bringing back
@@ -527,14 +502,8 @@ class TrainingOperator:
             },
             state_volume=names.state_volume if controller else None,
             address=node.address,
-            hosts=self._hosts_file(snap),
+            hosts=hosts_file(snap),
         )
-
-    @staticmethod
-    def _hosts_file(snap: Snapshot) -> dict[str, str]:
-        """Every node's name and fixed address (empty for a cluster without its own
-        subnet, whose nodes find each other through the engine's DNS)."""
-        return {n.name: n.address for n in snap.nodes if n.address}
 
     def _create(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> str:
         """Create the node's container; a new container runs the cluster's lifecycle
@@ -634,24 +603,13 @@ class TrainingOperator:
             self._wait_gpus_free(node, c.id, token)
             container = self._create(snap, node, node.image_version_id)
             self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
-        self.publish_hosts(nodes, snap)
+        self.networks.publish_hosts(nodes, snap)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
         # An update_image that a stop cut short may have left workers drained in the
         # kept Slurm state: a build ends with none of ours.
         self._resume_our_drains(nodes, names.controller)
         self._set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
-
-    def publish_hosts(self, nodes: NodeRuntime, snap: Snapshot) -> None:
-        """Give every node the /etc/hosts entries of all the cluster's nodes: a node
-        created earlier learns the names of those added since (a scale), wherever they
-        run. A no-op for a cluster without its own subnet."""
-        entries = self._hosts_file(snap)
-        if not entries:
-            return
-        for node in snap.nodes:
-            if nodes.node_state(node.name) == "running":
-                nodes.set_hosts(node.name, entries)
 
     def _ship_images(
         self, nodes: NodeRuntime, snap: Snapshot, token: str, image_version_ids: set[int]
@@ -705,7 +663,7 @@ class TrainingOperator:
                 nodes.restart_node(node.name)
                 # A node an interrupted update_ssh_keys missed gets the keys now.
                 nodes.install_authorized_keys(node.name, snap.keys_text)
-        self.publish_hosts(nodes, snap)
+        self.networks.publish_hosts(nodes, snap)
         self._wait_reregistered(nodes, names.controller, [n.name for n in workers], before)
         self._resume_our_drains(nodes, names.controller)
         nodes.wait_slurm_ready(names.controller, [n.name for n in workers], self.ready_timeout_s)

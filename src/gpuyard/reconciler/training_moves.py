@@ -52,7 +52,7 @@ def move_nodes(op: TrainingOperator, snap: Snapshot, token: str) -> bool:
     op._readdress(nodes, snap)
     for name in workers:
         op._resume(nodes, names.controller, name)
-    op.publish_hosts(nodes, snap)
+    op.networks.publish_hosts(nodes, snap)
     nodes.wait_slurm_ready(names.controller, workers, op.ready_timeout_s)
     op._set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
     return True
