@@ -8,6 +8,9 @@ set -euo pipefail
 want=(podman runc busybox-static debootstrap openssh-client restic zstd caddy)
 # Sized volumes: an ext4 image per volume, loop-mounted (docs/decisions.md "Disk sizes").
 want+=(e2fsprogs util-linux)
+# Training clusters that span hosts: the VXLAN overlay and its guards (runtimes/overlay.py)
+# use ip/bridge, iptables and nft on every host, this one included.
+want+=(iproute2 iptables nftables)
 [ "${WITH_POSTGRES:-0}" = 1 ] && want+=(postgresql)
 # Simulated fleet hosts for tests and benchmarks: an sshd in each host's namespace
 # (never started as a service here), ip for the namespaces, socat for bench_volume_move.

@@ -118,6 +118,7 @@ def cluster_view(
             else round(rates["controller"] + rates["worker"] * len(workers), 6)
         ),
         "controller": NodeName(cluster.id, cluster.name_prefix).controller,
+        "network": {"subnet": cluster.subnet},
         "ssh": ssh,
         "nodes": [
             {
@@ -130,6 +131,9 @@ def cluster_view(
                 # "unreachable": the node's host missed its heartbeats; the node keeps
                 # its GPUs and bills nothing until the host answers again.
                 "host_status": _reachability(hosts.get(n.host_id) if n.host_id else None),
+                # Its fixed address on the cluster's own network, the same on every host
+                # (None: a cluster made before clusters spanned hosts).
+                "private_ip": n.address,
                 "gpu_indices": list(n.gpu_indices),
                 "image_version_id": n.image_version_id,
                 # How often the operator recreated the node's container after it died.
