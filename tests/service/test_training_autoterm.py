@@ -283,9 +283,9 @@ def test_idle_counts_from_the_last_job_and_a_pending_job_is_not_idle(
     assert [f.rule for f in watcher.run(sample=False)] == [Rule.IDLE]
     c = row(ctx, cid)
     assert c.status == "stopping"
-    assert c.status_reason == (
-        "auto-stopped: idle for 10 min (no running or pending Slurm job)"
-    ), last_job
+    assert c.status_reason == ("auto-stopped: idle for 10 min (no running or pending Slurm job)"), (
+        last_job
+    )
 
 
 def test_a_queue_that_cannot_be_read_counts_as_busy_and_is_reported_once(
@@ -380,7 +380,7 @@ def test_a_policy_spent_before_the_nodes_run_is_refused_at_create(
         training.create_cluster(
             ctx, alice, world["scope"], body(world, {"max_runtime_hours": 0.01})
         )
-    with pytest.raises(ValidationFailed, match="bounds|greater than 0"):
+    with pytest.raises(ValidationFailed, match="greater than 0"):
         training.create_cluster(ctx, alice, world["scope"], body(world, {"idle_minutes": -1}))
     with ctx.read() as s:
         assert s.scalars(select(TrainingCluster)).all() == []
