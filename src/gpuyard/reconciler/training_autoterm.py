@@ -125,10 +125,8 @@ class TrainingAutoTerminator:
                 elif self._fire(entry, first, now):
                     fired.append(TrainingFired(cid, first.rule, first.at, now))
                     self._forget(cid)
-                else:
-                    next_due = now  # changed meanwhile: the next pass decides again
-            except Exception as exc:  # this cluster's failure is its own
-                next_due = now
+                # Else it changed meanwhile: the next pass reads it again and decides.
+            except Exception as exc:  # this cluster's failure is its own (next pass retries)
                 self._report(cid, f"auto-termination failed: {type(exc).__name__}: {exc}", exc)
         self.next_due = next_due
         return fired
