@@ -388,3 +388,46 @@ def test_a_policy_spent_before_the_nodes_run_is_refused_at_create(
         ctx, alice, world["scope"], body(world, {"max_runtime_hours": 1, "enabled": False})
     )
     assert row(ctx, cid).auto_terminate["enabled"] is False
+
+
+def test_a_stored_policy_that_does_not_validate_is_reported_once_and_others_still_fire(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    watcher: AutoTerminator,
+    clock: FakeClock,
+) -> None:
+    bad = running(ctx, alice, world, operator, {"max_runtime_hours": 1})
+    good = running(ctx, alice, world, operator, {"max_runtime_hours": 1})
+    with ctx.transaction() as s:
+        row_ = s.get(TrainingCluster, bad)
+        assert row_ is not None
+        row_.auto_terminate = {"enabled": True, "max_runtime_hours": 1e300, "action": "stop"}
+        row_.version += 1
+    clock.advance(3601)
+    assert [f.cluster_id for f in watcher.run()] == [f"tc-{good}"]
+    watcher.run()
+    problems = [m for m in events(ctx, bad) if m.startswith("policy not enforced")]
+    assert problems == ["policy not enforced: max_runtime_hours: must be a finite number "
+                        "greater than 0 and at most 8,760 (hours)"]  # fmt: skip
+    assert row(ctx, bad).status == "running"
+    shown = view(ctx, alice, world, bad)["auto_terminate"]
+    assert shown["error"] == problems[0].removeprefix("policy not enforced: ")
+    assert shown["next_deadline_at"] is None
+
+
+def test_a_new_holder_of_the_duty_starts_idle_windows_again(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    operator: TrainingOperator,
+    watcher: AutoTerminator,
+    clock: FakeClock,
+) -> None:
+    running(ctx, alice, world, operator, {"idle_minutes": 10})
+    watcher.run(sample=True, fence=1)
+    clock.advance(300)
+    # Another replica held the duty in between: it may have seen jobs.
+    assert watcher.run(sample=True, fence=2) == []
+    assert watcher.seconds_until_next() == pytest.approx(600)

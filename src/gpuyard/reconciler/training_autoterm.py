@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpuyard.core import training as domain
 from gpuyard.core.autoterm import Deadline, Rule, read_policy_as
@@ -150,39 +151,52 @@ class TrainingAutoTerminator:
             stale = [c for c, v in versions.items() if self._seen.get(c) != v]
             self._seen = versions
             for cid in stale:
-                cluster = session.get(TrainingCluster, cid)
-                if cluster is None:
-                    continue
-                stored = read_policy_as(cluster.auto_terminate, TrainingAutoTerminatePolicy)
-                if stored.policy is None:
+                try:
+                    problem = self._track(session, cid, now)
+                except Exception as exc:  # one bad row never stops the others
                     self._forget(cid)
-                    if stored.error is not None:
-                        problems.append((cid, f"policy not enforced: {stored.error}"))
-                    continue
-                running_at = autoterm.running_since(session, cid) or autoterm.run_start(cluster)
-                old = self._watch.get(cid)
-                if old is not None and old.running_at != running_at:
-                    # It left running and came back in between: a new idle window.
-                    self.idle_since.pop(cid, None)
-                    self._busy_at.pop(cid, None)
-                host = session.scalar(
-                    select(TrainingNode.host_id).where(
-                        TrainingNode.cluster_id == cid,
-                        TrainingNode.role == NodeRole.CONTROLLER.value,
-                    )
-                )
-                session.expunge(cluster)
-                self._watch[cid] = _Watched(
-                    cluster,
-                    stored.policy,
-                    autoterm.run_cost(session, cluster, now),
-                    running_at,
-                    NodeName(cid, cluster.name_prefix).controller,
-                    host if host is not None else cluster.host_id,
-                )
+                    self._seen.pop(cid, None)  # read it again next pass
+                    session.rollback()
+                    problem = f"not watched: {type(exc).__name__}: {exc}"
+                if problem is not None:
+                    problems.append((cid, problem))
         # Reported after the read session is closed (each report is a write).
         for cid, problem in problems:
             self._report(cid, problem)
+
+    def _track(self, session: Session, cid: int, now: datetime) -> str | None:
+        """Watch (or stop watching) one running cluster after reading its row; why its
+        stored policy is not enforced (None when it is, or when it has none)."""
+        cluster = session.get(TrainingCluster, cid)
+        if cluster is None:
+            return None
+        stored = read_policy_as(cluster.auto_terminate, TrainingAutoTerminatePolicy)
+        if stored.policy is None:
+            self._forget(cid)
+            return None if stored.error is None else f"policy not enforced: {stored.error}"
+        running_at = autoterm.running_since(session, cid) or autoterm.run_start(cluster)
+        old = self._watch.get(cid)
+        if old is not None and old.running_at != running_at:
+            # It left running and came back in between: a new idle window.
+            self.idle_since.pop(cid, None)
+            self._busy_at.pop(cid, None)
+        host = session.scalar(
+            select(TrainingNode.host_id).where(
+                TrainingNode.cluster_id == cid,
+                TrainingNode.role == NodeRole.CONTROLLER.value,
+            )
+        )
+        cost = autoterm.run_cost(session, cluster, now)
+        session.expunge(cluster)
+        self._watch[cid] = _Watched(
+            cluster,
+            stored.policy,
+            cost,
+            running_at,
+            NodeName(cid, cluster.name_prefix).controller,
+            host if host is not None else cluster.host_id,
+        )
+        return None
 
     def _sample(self, entries: list[_Watched]) -> None:
         if not entries:
