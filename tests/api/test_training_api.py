@@ -361,7 +361,8 @@ def test_a_suspension_stops_training_clusters_and_refuses_new_ones(
         # Billing ends at once; the GPUs stay held until the nodes are gone.
         got = c.get(url, params=params(setup)).json()["data"]
         assert got["status"] == "stopping" and got["status_reason"] == "account suspended: audit"
-        assert got["allowed_actions"] == []
+        # Only the auto-termination policy may change while it stops.
+        assert got["allowed_actions"] == ["update_auto_terminate"]
         assert allocated_gpus(tsrv) == 2
         assert_error(c.post(BASE, params=params(setup), json=body(setup)), 403, "ACCOUNT_SUSPENDED")
         # No operator runs here: what it does once the nodes are removed.
@@ -371,7 +372,8 @@ def test_a_suspension_stops_training_clusters_and_refuses_new_ones(
             token = row.operation["token"]
         assert training_stops.finish_stop(tsrv.server.ctx, cluster["id"], token)
         got = c.get(url, params=params(setup)).json()["data"]
-        assert got["status"] == "stopped" and got["allowed_actions"] == ["restart_cluster"]
+        assert got["status"] == "stopped"
+        assert got["allowed_actions"] == ["restart_cluster", "update_auto_terminate"]
         assert got["price_per_hour"] == 0
         r = c.put(url, params=params(setup), json={"action": "restart_cluster"})
         assert_error(r, 403, "ACCOUNT_SUSPENDED")

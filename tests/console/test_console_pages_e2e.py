@@ -213,6 +213,9 @@ def test_training_pages(page: Any, server: ServerProcess, tmp_path: Path) -> Non
         plans = c.get("/v1/plans").json()["data"]["plans"]
         images = c.get("/v1/images").json()["data"]["images"]
     assert plans, "the local host's GPUs make plans"
+    pub = ssh_public_key(tmp_path)
+    with server.client() as c:
+        key = c.post("/v1/ssh-keys", json={"name": "console", "public_key": pub}).json()["data"]
 
     page.click("nav a[href='#/training']")
     page.wait_for_selector("[data-testid=training-table]")
@@ -229,15 +232,21 @@ def test_training_pages(page: Any, server: ServerProcess, tmp_path: Path) -> Non
     page.click("[data-testid=training-submit]")
     error = page.wait_for_selector(".field-error")
     assert error.inner_text()
+    # The form offers auto-termination, and a refused value is shown at its input.
+    page.fill("#t-name", "console-autoterm")
+    page.fill("[data-field='auto_terminate.idle_minutes']", "0")
+    page.click("[data-testid=training-submit]")
+    page.wait_for_selector("[data-field='auto_terminate.idle_minutes'][aria-invalid=true]")
+    sync_api.expect(page.locator("[data-testid=training-autoterm-inputs]")).to_contain_text(
+        "greater than 0"
+    )
     page.screenshot(path=str(shots / "console-training-create.png"), full_page=True)
 
     slurm = [i for i in images if i["image"] == SLURM_IMAGE]
     if not slurm:
         pytest.skip("no Slurm node image registered: the list and form were checked")
     params = {"project_id": project["id"], "location": "local"}
-    pub = ssh_public_key(tmp_path)
     with server.client() as c:
-        key = c.post("/v1/ssh-keys", json={"name": "console", "public_key": pub}).json()["data"]
         created = c.post(
             TRAINING,
             params=params,
@@ -251,6 +260,7 @@ def test_training_pages(page: Any, server: ServerProcess, tmp_path: Path) -> Non
                 "gpus_per_node": 1,
                 "cpus_per_node": 1,
                 "memory_gb_per_node": 1,
+                "auto_terminate": {"max_runtime_hours": 1},
             },
         )
         assert created.status_code == 201, created.text
@@ -262,6 +272,9 @@ def test_training_pages(page: Any, server: ServerProcess, tmp_path: Path) -> Non
     sync_api.expect(nodes).to_have_count(2)
     sync_api.expect(page.locator("[data-testid=training-nodes]")).to_contain_text("controller")
     sync_api.expect(page.locator("[data-testid=training-nodes]")).to_contain_text("worker")
+    sync_api.expect(page.locator("[data-testid=training-autoterm]")).to_contain_text(
+        "Auto-terminate: runtime 1 h → stop"
+    )
     sync_api.expect(page.locator("[data-testid=sinfo]")).to_contain_text("gpu")
     page.screenshot(path=str(shots / "console-training-detail.png"), full_page=True)
     page.click("[data-training-action=delete]")

@@ -586,7 +586,7 @@ def test_a_stop_unbills_and_frees_every_node_and_restart_cluster_starts_it_again
     assert {n.status for n in stopped_nodes} == {"stopped"}
     assert all(n.gpu_indices == [] for n in stopped_nodes)
     view = training_reads.show_cluster(ctx, alice, world["scope"], cid, None)
-    assert view["allowed_actions"] == ["restart_cluster"]
+    assert view["allowed_actions"] == ["restart_cluster", "update_auto_terminate"]
     with pytest.raises(InvalidState):
         act(ctx, alice, world, cid, action="restart_workers")
 

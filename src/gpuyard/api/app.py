@@ -47,7 +47,9 @@ from gpuyard.observability.metrics import Metrics
 from gpuyard.reconciler.autoterminate import Fired
 from gpuyard.reconciler.loop import SLOW, TRAINING_DUTY, Reconciler
 from gpuyard.reconciler.proxy_sync import ProxySync
+from gpuyard.reconciler.slurm_jobs import SqueueJobs
 from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.engine import Engine
@@ -135,6 +137,9 @@ def build_server(
     if operator is not None:
         ctx.training_wake = operator.wake
         ctx.training_edge = operator.sync_edge
+        # Training clusters' auto-termination: the clusters' watcher, Slurm's queue
+        # read on each controller's host.
+        reconciler.autoterm.training = TrainingAutoTerminator(ctx, SqueueJobs(operator.on_host))
         if leases is not None:
             operator.owns = lambda: leases.holds(TRAINING_DUTY)
 

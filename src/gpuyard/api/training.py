@@ -294,7 +294,8 @@ async def get_training_cluster(request: Request) -> Response:
 async def act_on_training_cluster(request: Request) -> JSONResponse:
     """Seed 002's actions: update_ssh_keys, update_image, restart_workers,
     restart_cluster, scale_cluster, attach_ip, detach_ip, add_security_group,
-    remove_security_group."""
+    remove_security_group; and update_auto_terminate (``auto_terminate``: the policy's
+    changes, answered with the cluster)."""
 
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]

@@ -11,12 +11,18 @@ holds the server to these declarations.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from gpuyard.api.openapi_responses import training_error_responses
 from gpuyard.core import training as domain
 from gpuyard.core.cursors import MAX_CURSOR_CHARS
 from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN
+from gpuyard.core.models import (
+    COST_LIMIT_USD_MAX,
+    IDLE_MINUTES_MAX,
+    MAX_RUNTIME_HOURS_MAX,
+    TrainingAutoTerminateAction,
+)
 from gpuyard.core.training import REQUIRED_FIELDS, Action
 from gpuyard.services.requests import MAX_ID
 from gpuyard.services.resource_util import MAX_IDS
@@ -71,6 +77,28 @@ _PLAN_FIELDS: dict[str, Schema] = {
 }
 _NULL: Schema = {"type": "null"}
 
+
+def _bounded(maximum: float, unit: str) -> Schema:
+    return _nullable(
+        {"type": "number", "exclusiveMinimum": 0, "maximum": maximum, "description": unit}
+    )
+
+
+# An auto-termination policy (or the changes to one): the clusters' rules and bounds;
+# a rule sent as null is removed; enabled unless sent false; action stop unless sent.
+POLICY: Schema = {
+    "type": "object",
+    "title": "TrainingAutoTerminate",
+    "additionalProperties": False,
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "idle_minutes": _bounded(IDLE_MINUTES_MAX, "minutes without a running or pending job"),
+        "cost_limit_usd": _bounded(COST_LIMIT_USD_MAX, "USD billed in the current run"),
+        "max_runtime_hours": _bounded(MAX_RUNTIME_HOURS_MAX, "hours of the current run"),
+        "action": {"type": "string", "enum": list(get_args(TrainingAutoTerminateAction))},
+    },
+}
+
 CREATE_BODY: Schema = {
     "type": "object",
     "title": "TrainingClusterCreate",
@@ -97,6 +125,7 @@ CREATE_BODY: Schema = {
                 "description": f"a shell script, at most {MAX_SCRIPT_BYTES} bytes of UTF-8",
             }
         ),
+        "auto_terminate": _nullable(POLICY),
     },
     "oneOf": [
         {
@@ -118,6 +147,7 @@ _ACTION_FIELDS: dict[str, Schema] = {
     "ip_type": {"type": "string", "enum": list(domain.IP_TYPES)},
     "security_groups_ids": _ids("security group"),
     "security_group_id": ID,
+    "auto_terminate": POLICY,
 }
 
 

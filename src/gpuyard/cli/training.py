@@ -24,8 +24,57 @@ ACTIONS = (
     "detach_ip",
     "add_security_group",
     "remove_security_group",
+    "update_auto_terminate",
 )
 RESTING = ("running", "error")
+
+
+def auto_terminate_options(f: Any) -> Any:
+    """The auto-termination policy's options (on create, and for update_auto_terminate)."""
+    f = click.option(
+        "--auto-terminate-off",
+        is_flag=True,
+        help="update_auto_terminate: disable the policy (its rules are kept).",
+    )(f)
+    f = click.option(
+        "--auto-action",
+        type=click.Choice(["stop", "delete"]),
+        default=None,
+        help="What auto-termination does (default stop: the Slurm state is kept).",
+    )(f)
+    f = click.option(
+        "--max-runtime-hours", type=float, default=None, help="Stop after N hours of the run."
+    )(f)
+    f = click.option(
+        "--cost-limit-usd", type=float, default=None, help="Stop once the run billed N USD."
+    )(f)
+    f = click.option(
+        "--idle-minutes",
+        type=float,
+        default=None,
+        help="Stop after N minutes with no running or pending Slurm job.",
+    )(f)
+    return f
+
+
+def _policy(
+    idle_minutes: float | None,
+    cost_limit_usd: float | None,
+    max_runtime_hours: float | None,
+    auto_action: str | None,
+    off: bool,
+) -> dict[str, Any] | None:
+    """The ``auto_terminate`` object the options give (None: no option given)."""
+    given = {
+        "idle_minutes": idle_minutes,
+        "cost_limit_usd": cost_limit_usd,
+        "max_runtime_hours": max_runtime_hours,
+        "action": auto_action,
+    }
+    policy: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    if off:
+        policy["enabled"] = False
+    return policy or None
 
 
 def call(
@@ -98,6 +147,34 @@ def _show(cluster: dict[str, Any]) -> None:
     slurm = cluster.get("slurm") or {}
     if slurm.get("nodes"):
         click.echo("  slurm: " + ", ".join(f"{n['name']}={n['state']}" for n in slurm["nodes"]))
+    click.echo("  " + auto_terminate_line(cluster.get("auto_terminate")))
+
+
+def auto_terminate_line(policy: dict[str, Any] | None) -> str:
+    """The policy and what fires next, in one line."""
+    if not policy or not policy.get("enabled"):
+        return "auto-terminate: off"
+    rules = []
+    if policy.get("idle_minutes") is not None:
+        rules.append(f"idle {policy['idle_minutes']:g} min")
+    if policy.get("cost_limit_usd") is not None:
+        rules.append(f"cost {policy['cost_limit_usd']:.2f} USD")
+    if policy.get("max_runtime_hours") is not None:
+        rules.append(f"runtime {policy['max_runtime_hours']:g} h")
+    line = f"auto-terminate: {', '.join(rules) or 'no rule'} -> {policy.get('action', 'stop')}"
+    if policy.get("error"):
+        return f"{line} (not enforced: {policy['error']})"
+    left = policy.get("seconds_left")
+    if isinstance(left, int | float):
+        line += f"; {policy.get('next_rule')} in {_duration(left)} ({policy['next_deadline_at']})"
+    return line
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
 def _lifecycle(result: dict[str, Any] | None) -> str:
@@ -136,6 +213,7 @@ def training() -> None:
 @click.option("--memory-gb-per-node", type=int, default=None)
 @click.option("--security-group-id", type=int, default=None)
 @click.option("--lifecycle-script", type=click.Path(exists=True, dir_okay=False), default=None)
+@auto_terminate_options
 @click.option("--wait", "wait_s", type=float, default=0, help="Wait up to N s until running.")
 @api_options
 def create(
@@ -153,12 +231,18 @@ def create(
     memory_gb_per_node: int | None,
     security_group_id: int | None,
     lifecycle_script: str | None,
+    idle_minutes: float | None,
+    cost_limit_usd: float | None,
+    max_runtime_hours: float | None,
+    auto_action: str | None,
+    auto_terminate_off: bool,
     wait_s: float,
     url: str | None,
     api_key: str | None,
     as_json: bool,
 ) -> None:
-    """Create a training cluster."""
+    """Create a training cluster (with an auto-termination policy when one of its
+    options is given)."""
     body: dict[str, Any] = {
         "name": name,
         "image_version_id": image_version_id,
@@ -176,6 +260,11 @@ def create(
     body.update({k: v for k, v in optional.items() if v is not None})
     if lifecycle_script:
         body["lifecycle_script"] = Path(lifecycle_script).read_text()
+    policy = _policy(
+        idle_minutes, cost_limit_usd, max_runtime_hours, auto_action, auto_terminate_off
+    )
+    if policy is not None:
+        body["auto_terminate"] = policy
     c = make_call(url, api_key, as_json)
     params = _params(project_id, location, active_iam)
     with c.client as client:
@@ -241,6 +330,7 @@ def get(
 @click.option("--reserved-ip-id", type=int, default=None)
 @click.option("--ip-type", default=None, help="detach_ip: public or reserved.")
 @click.option("--security-group-id", "security_group_ids", type=int, multiple=True)
+@auto_terminate_options
 @click.option("--wait", "wait_s", type=float, default=0, help="Wait up to N s until done.")
 @api_options
 def action(
@@ -255,12 +345,18 @@ def action(
     reserved_ip_id: int | None,
     ip_type: str | None,
     security_group_ids: tuple[int, ...],
+    idle_minutes: float | None,
+    cost_limit_usd: float | None,
+    max_runtime_hours: float | None,
+    auto_action: str | None,
+    auto_terminate_off: bool,
     wait_s: float,
     url: str | None,
     api_key: str | None,
     as_json: bool,
 ) -> None:
-    """Run one of the nine actions (the server names any missing field)."""
+    """Run one of the nine actions, or update_auto_terminate (the options given change
+    the policy, the others stay). The server names any missing field."""
     body: dict[str, Any] = {"action": action}
     if ssh_key_ids:
         body["ssh_key_ids"] = list(ssh_key_ids)
@@ -277,6 +373,11 @@ def action(
             body["security_group_id"] = security_group_ids[0]
         else:
             body["security_groups_ids"] = list(security_group_ids)
+    policy = _policy(
+        idle_minutes, cost_limit_usd, max_runtime_hours, auto_action, auto_terminate_off
+    )
+    if policy is not None:
+        body["auto_terminate"] = policy
     c = make_call(url, api_key, as_json)
     params = _params(project_id, location, active_iam)
     with c.client as client:

@@ -17,11 +17,15 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from pydantic import ValidationError
 
-from gpuyard.core.models import AutoTerminatePolicy
+from gpuyard.core.models import AnyAutoTerminatePolicy, AutoTerminatePolicy
+
+P = TypeVar("P", bound=AnyAutoTerminatePolicy)
+# What each action is called once done ("auto-stopped: ...").
+_DONE = {"stop": "stopped", "terminate": "terminated", "delete": "deleted"}
 
 # A deadline further than this from its start never fires (and is not shown).
 HORIZON = timedelta(days=100 * 365)
@@ -37,7 +41,7 @@ class Rule(StrEnum):
 class Deadline:
     at: datetime
     rule: Rule
-    action: str  # "stop" | "terminate"
+    action: str  # "stop" | "terminate" (clusters) | "delete" (training clusters)
 
     def reason(
         self,
@@ -45,13 +49,15 @@ class Deadline:
         run_started_at: datetime,
         fired_at: datetime,
         rate: float,
-        policy: AutoTerminatePolicy,
+        policy: AnyAutoTerminatePolicy,
+        spent: float | None = None,
     ) -> str:
-        """What the event log and lastStatusChange say when this deadline fires."""
+        """What the event log and lastStatusChange say when this deadline fires.
+        ``spent``: the run's cost so far when known (else the rate times the hours)."""
         hours = (fired_at - run_started_at).total_seconds() / 3600
-        verb = "terminated" if self.action == "terminate" else "stopped"
+        verb = _DONE.get(self.action, "stopped")
         if self.rule == Rule.COST_LIMIT:
-            spent = hours * rate
+            spent = hours * rate if spent is None else spent
             return (
                 f"auto-{verb}: cost limit {policy.cost_limit_usd:.2f} USD reached at "
                 f"{spent:.4f} USD"
@@ -64,18 +70,24 @@ class Deadline:
 
 
 @dataclass(frozen=True)
-class StoredPolicy:
+class StoredPolicy(Generic[P]):
     """A cluster's stored policy as the enforcer reads it: ``policy`` is what is
     enforced (None when disabled, without a rule, or invalid); ``error`` says why a
     stored policy that was meant to be enforced is not (None when it is valid)."""
 
-    policy: AutoTerminatePolicy | None
+    policy: P | None
     error: str | None = None
 
 
-def read_policy(raw: object) -> StoredPolicy:
-    """Interpret a stored policy; never raises, whatever the row holds. A disabled
-    policy is not validated (nothing would be enforced either way)."""
+def read_policy(raw: object) -> StoredPolicy[AutoTerminatePolicy]:
+    """Interpret a cluster's stored policy (see :func:`read_policy_as`)."""
+    return read_policy_as(raw, AutoTerminatePolicy)
+
+
+def read_policy_as(raw: object, model: type[P]) -> StoredPolicy[P]:
+    """Interpret a stored policy as a ``model`` (a cluster's or a training cluster's);
+    never raises, whatever the row holds. A disabled policy is not validated (nothing
+    would be enforced either way)."""
     if raw is None or raw == {}:
         return StoredPolicy(None)
     if not isinstance(raw, dict):
@@ -85,7 +97,7 @@ def read_policy(raw: object) -> StoredPolicy:
     if not raw.get("enabled"):
         return StoredPolicy(None)
     try:
-        policy = AutoTerminatePolicy.model_validate(raw)
+        policy = cast(P, model.model_validate(raw))
     except ValidationError as exc:
         return StoredPolicy(None, problem(exc))
     if (
@@ -146,7 +158,7 @@ def after(start: datetime, seconds: float) -> datetime | None:
         return None
 
 
-def idle_deadline(policy: AutoTerminatePolicy, idle_since: datetime | None) -> Deadline | None:
+def idle_deadline(policy: AnyAutoTerminatePolicy, idle_since: datetime | None) -> Deadline | None:
     """When the idle rule fires for a cluster idle since ``idle_since`` (None: busy)."""
     if not policy.idle_minutes or idle_since is None:
         return None
@@ -155,22 +167,28 @@ def idle_deadline(policy: AutoTerminatePolicy, idle_since: datetime | None) -> D
 
 
 def deadlines(
-    policy: AutoTerminatePolicy,
+    policy: AnyAutoTerminatePolicy,
     *,
     run_started_at: datetime,
     hourly_rate: float,
     idle_since: datetime | None,
+    spent: tuple[datetime, float] | None = None,
 ) -> list[Deadline]:
     """Every rule's deadline, earliest first. ``idle_since`` is None while the cluster
     is busy (or not yet sampled); a zero rate never reaches a cost limit; a deadline
-    beyond ``HORIZON`` is left out (it never fires). Never raises OverflowError."""
+    beyond ``HORIZON`` is left out (it never fires). Never raises OverflowError.
+
+    ``spent``: (when, USD) the run had cost by then, for a run whose rate changed
+    (a training cluster that was scaled): the cost limit is reached that much sooner
+    at ``hourly_rate`` from then on. None: the run billed ``hourly_rate`` throughout."""
     out: list[Deadline] = []
     if policy.max_runtime_hours is not None:
         at = after(run_started_at, policy.max_runtime_hours * 3600)
         if at is not None:
             out.append(Deadline(at, Rule.MAX_RUNTIME, policy.action))
     if policy.cost_limit_usd is not None and hourly_rate > 0:
-        at = after(run_started_at, policy.cost_limit_usd / hourly_rate * 3600)
+        since, used = spent if spent is not None else (run_started_at, 0.0)
+        at = after(since, (policy.cost_limit_usd - used) / hourly_rate * 3600)
         if at is not None:
             out.append(Deadline(at, Rule.COST_LIMIT, policy.action))
     idle = idle_deadline(policy, idle_since)

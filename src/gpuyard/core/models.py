@@ -125,20 +125,40 @@ CostLimitUsd = Annotated[
     float, _policy_number(COST_LIMIT_USD_MAX), _policy_bounds(COST_LIMIT_USD_MAX, "USD")
 ]
 AutoTerminateAction = Literal["stop", "terminate"]
+# A training cluster is stopped (its Slurm state kept) or deleted.
+TrainingAutoTerminateAction = Literal["stop", "delete"]
 
 
-class AutoTerminatePolicy(StrictModel):
-    """When a cluster should stop itself (enforced by reconciler/autoterminate.py).
+class PolicyRules(StrictModel):
+    """The rules every auto-termination policy has, with their bounds: clusters' and
+    training clusters' policies differ only in what ``action`` may be.
 
     Every value is bounded (the constants above) so no deadline can overflow and no
-    stored policy can break a reader; ``action`` is ``stop`` or ``terminate`` (null
-    is refused, not read as the default)."""
+    stored policy can break a reader."""
 
     enabled: bool = Field(default=False, strict=True)
     idle_minutes: IdleMinutes | None = None
     cost_limit_usd: CostLimitUsd | None = None
     max_runtime_hours: MaxRuntimeHours | None = None
+
+
+class AutoTerminatePolicy(PolicyRules):
+    """When a cluster should stop itself (enforced by reconciler/autoterminate.py);
+    ``action`` is ``stop`` or ``terminate`` (null is refused, not read as the default)."""
+
     action: AutoTerminateAction = "stop"
+
+
+class TrainingAutoTerminatePolicy(PolicyRules):
+    """When a training cluster should stop itself (the same watcher,
+    reconciler/training_autoterm.py); ``action`` is ``stop`` or ``delete``. Idle means
+    no running or pending Slurm job."""
+
+    action: TrainingAutoTerminateAction = "stop"
+
+
+# Either kind of policy: what the deadline rules (core/autoterm.py) read.
+AnyAutoTerminatePolicy = AutoTerminatePolicy | TrainingAutoTerminatePolicy
 
 
 def validate_env(env: dict[str, str]) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Training clusters (seed 002): statuses, the nine actions and what each needs.
+"""Training clusters (seed 002): statuses, the nine actions (and our
+``update_auto_terminate``) and what each needs.
 
 Pure domain rules: which action is allowed in which status, which fields each action
 requires and how they are validated, how nodes and their capacity holders are named.
@@ -120,6 +121,8 @@ class Action(StrEnum):
     DETACH_IP = "detach_ip"
     ADD_SECURITY_GROUP = "add_security_group"
     REMOVE_SECURITY_GROUP = "remove_security_group"
+    # Not one of seed 002's nine: changes the auto-termination policy (an extension).
+    UPDATE_AUTO_TERMINATE = "update_auto_terminate"
 
 
 # Seed 002's table: the fields each action requires.
@@ -133,6 +136,7 @@ REQUIRED_FIELDS: dict[Action, tuple[str, ...]] = {
     Action.DETACH_IP: ("reserved_ip_id", "ip_type"),
     Action.ADD_SECURITY_GROUP: ("security_groups_ids",),
     Action.REMOVE_SECURITY_GROUP: ("security_group_id",),
+    Action.UPDATE_AUTO_TERMINATE: ("auto_terminate",),
 }
 
 # Actions that run on the nodes go through a transitional status; the others change
@@ -145,13 +149,16 @@ LONG_ACTIONS: dict[Action, TrainingStatus] = {
     Action.SCALE_CLUSTER: TrainingStatus.SCALING,
 }
 
-# restart_cluster is also how a cluster in error, or a stopped one, is brought back.
+# restart_cluster is also how a cluster in error, or a stopped one, is brought back;
+# the auto-termination policy may change whenever the cluster is not being deleted.
 _ALLOWED_IN: dict[Action, frozenset[TrainingStatus]] = {
     action: frozenset({TrainingStatus.RUNNING}) for action in Action
 } | {
     Action.RESTART_CLUSTER: frozenset(
         {TrainingStatus.RUNNING, TrainingStatus.ERROR, TrainingStatus.STOPPED}
-    )
+    ),
+    Action.UPDATE_AUTO_TERMINATE: frozenset(TrainingStatus)
+    - {TrainingStatus.DELETING, TrainingStatus.DELETED},
 }
 
 IP_TYPES = ("public", "reserved")

@@ -9,6 +9,11 @@ pass after start fires them). Idleness is sampled from the engine's stats and GP
 utilisation every ``idle_sample_interval_s``; a cluster is idle when its CPU and
 every one of its GPUs are under their thresholds.
 
+Training clusters' policies are enforced by the same watcher: ``training`` (when the
+server runs training clusters, reconciler/training_autoterm.py) runs in each pass,
+after the clusters, and its deadlines count for the next wake-up; its firings go to
+``on_fire`` with the cluster's holder id (``tc-<id>``).
+
 One cluster never stops the watch of the others: a stored policy that does not
 validate is not enforced and is reported once (a log line and an ``auto_terminate``
 event on that cluster), and any error while reading, sampling or firing one cluster
@@ -26,6 +31,7 @@ from typing import cast
 
 from sqlalchemy import Connection, Select, func, select
 
+from gpuyard.core import training as training_domain
 from gpuyard.core.autoterm import (
     Deadline,
     Rule,
@@ -37,6 +43,7 @@ from gpuyard.core.autoterm import (
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.models import AutoTerminatePolicy, GpuTypeInfo
 from gpuyard.core.states import ClusterStatus
+from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.cluster_views import cluster_rate
 from gpuyard.services.context import Context
@@ -159,14 +166,39 @@ class AutoTerminator:
         self._full_read_at = float("-inf")
         # A deadline came but did not fire (changed meanwhile, or failed): plan again.
         self._retry = False
+        # Training clusters' policies (None: this server runs no training clusters).
+        self.training: TrainingAutoTerminator | None = None
 
     # -- public --------------------------------------------------------------------
     def seconds_until_next(self) -> float | None:
-        if self.next_due is None:
+        dues = [self.next_due]
+        if self.training is not None:
+            dues.append(self.training.next_due)
+        known = [d for d in dues if d is not None]
+        if not known:
             return None
-        return max(0.0, (self.next_due - self.ctx.clock.now()).total_seconds())
+        return max(0.0, (min(known) - self.ctx.clock.now()).total_seconds())
 
     def run(self, *, sample: bool | None = None, fence: int | None = None) -> list[Fired]:
+        """Fire every deadline that is due, clusters' and training clusters'; remember
+        the next one (see :meth:`run_clusters` for ``sample`` and ``fence``). A failure
+        of the training side is logged and never stops the clusters' watch."""
+        fired = self.run_clusters(sample=sample, fence=fence)
+        if self.training is None:
+            return fired
+        try:
+            done = self.training.run(sample=sample, fence=fence)
+        except Exception:
+            log.exception("training auto-termination pass failed")
+            return fired
+        for t in done:
+            f = Fired(training_domain.cluster_owner(t.cluster_id), t.rule, t.deadline, t.fired_at)
+            fired.append(f)
+            if self.on_fire is not None:
+                self.on_fire(f)
+        return fired
+
+    def run_clusters(self, *, sample: bool | None = None, fence: int | None = None) -> list[Fired]:
         """Fire every deadline that is due; remember the next one. ``sample`` forces
         (or suppresses) an idleness sample; by default one is taken when due.
 

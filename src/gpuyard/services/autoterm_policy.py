@@ -10,31 +10,39 @@ remove that rule) in the same request.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.core.models import AutoTerminatePolicy
-from gpuyard.services.requests import AutoTerminateUpdate
+from gpuyard.core.models import AutoTerminatePolicy, PolicyRules
+from gpuyard.services.requests import RuleUpdates
+
+U = TypeVar("U", bound=RuleUpdates)
 
 
-def merge_policy(stored: object, update: AutoTerminateUpdate, prefix: str = "") -> dict[str, Any]:
+def merge_policy(
+    stored: object,
+    update: RuleUpdates,
+    prefix: str = "",
+    model: type[PolicyRules] = AutoTerminatePolicy,
+) -> dict[str, Any]:
     """``stored`` with the fields ``update`` sent applied: enabled unless stored or
     sent otherwise, action ``stop`` unless stored or sent. Keys of ``stored`` that are
-    not policy fields are dropped. Returns the validated policy as it is stored.
+    not fields of ``model`` (a cluster's policy, or a training cluster's) are dropped.
+    Returns the validated policy as it is stored.
 
     Raises ValidationFailed (field ``prefix`` + the policy field) when the result does
     not validate; when the culprit is a stored value the update did not send, the
     message says so. Pure: nothing is read or written."""
-    known = AutoTerminatePolicy.model_fields
+    known = model.model_fields
     base = {k: v for k, v in stored.items() if k in known} if isinstance(stored, dict) else {}
     sent = update.model_dump(exclude_unset=True)
     merged = {**base, **sent}
     merged.setdefault("enabled", True)
     merged.setdefault("action", "stop")
     try:
-        policy = AutoTerminatePolicy.model_validate(merged)
+        policy = model.model_validate(merged)
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else "auto_terminate"
@@ -46,6 +54,25 @@ def merge_policy(stored: object, update: AutoTerminateUpdate, prefix: str = "") 
             )
         raise ValidationFailed(prefix + name, message) from None
     return policy.model_dump()
+
+
+def parse_update(raw: object, model: type[U], field: str) -> U:
+    """A policy change as JSON gave it (an object of ``model``'s fields), validated.
+    Raises ValidationFailed naming ``field`` or ``field.<policy field>``, with the
+    bounds' message the cluster API gives."""
+    if not isinstance(raw, dict):
+        raise ValidationFailed(
+            field,
+            "must be an object with idle_minutes, cost_limit_usd, max_runtime_hours, "
+            "action and enabled (each optional)",
+        )
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        message = "unknown field" if first["type"] == "extra_forbidden" else str(first["msg"])
+        raise ValidationFailed(f"{field}.{loc}" if loc else field, message) from None
 
 
 def _shown(value: object) -> str:

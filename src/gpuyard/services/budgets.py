@@ -58,8 +58,12 @@ BUDGET_EXHAUSTED = "budget.exhausted"
 BALANCE_LOW = "balance.low"
 BALANCE_EXHAUSTED = "balance.exhausted"
 SPENDING_RESUMED = "spending.resumed"
+# A training cluster's auto-termination policy stopped or deleted it.
+TRAINING_AUTO_TERMINATED = "training.auto_terminated"
 # Account events that go to the webhook.
-WEBHOOK_KINDS = frozenset({BUDGET_ALERT, BUDGET_EXHAUSTED, BALANCE_LOW, BALANCE_EXHAUSTED})
+WEBHOOK_KINDS = frozenset(
+    {BUDGET_ALERT, BUDGET_EXHAUSTED, BALANCE_LOW, BALANCE_EXHAUSTED, TRAINING_AUTO_TERMINATED}
+)
 MAX_LOW_BALANCE_HOURS = 24.0 * 366
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core import cursors
-from gpuyard.core.autoterm import Rule, deadlines, parse_policy
+from gpuyard.core.autoterm import Rule, deadlines, read_policy_as
 from gpuyard.core.errors import (
     ClusterNotFound,
     Conflict,
@@ -30,7 +30,13 @@ from gpuyard.core.errors import (
 )
 from gpuyard.core.ids import new_cluster_id
 from gpuyard.core.image_refs import check_image
-from gpuyard.core.models import CloudType, GpuTypeInfo, ResourceRequest
+from gpuyard.core.models import (
+    AnyAutoTerminatePolicy,
+    AutoTerminatePolicy,
+    CloudType,
+    GpuTypeInfo,
+    ResourceRequest,
+)
 from gpuyard.core.pricing import RateParts, spot_floor
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.proxy import private_on_loopback, proxy_only_ports
@@ -173,12 +179,17 @@ def checked_bid(
 
 
 def refuse_spent_policy(
-    session: Session, policy_json: dict[str, Any], hourly_rate: float, now: datetime
+    session: Session,
+    policy_json: dict[str, Any],
+    hourly_rate: float,
+    now: datetime,
+    model: type[AnyAutoTerminatePolicy] = AutoTerminatePolicy,
 ) -> None:
     """Refuse a start whose auto-termination limit would be reached before the cluster
     is even running (its cost or runtime limit is used up by the measured startup
-    time): starting it would only bill for a start that is stopped at once."""
-    policy = parse_policy(policy_json)
+    time): starting it would only bill for a start that is stopped at once. ``model``:
+    the kind of policy stored (a cluster's, or a training cluster's)."""
+    policy = read_policy_as(policy_json, model).policy
     if policy is None:
         return
     startup = timedelta(seconds=estimated_startup_seconds(session) or 0.0)

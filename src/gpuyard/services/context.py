@@ -101,6 +101,9 @@ class Context:
     # cluster views read it to show the next deadline). In memory: after a restart
     # the idle window starts again, which only ever delays a stop.
     idle_since: IdleSince = field(default_factory=lambda: IdleSince())
+    # The same for running training clusters (by id): since when no Slurm job ran or
+    # waited (reconciler/training_autoterm.py keeps it; training views read it).
+    training_idle_since: dict[int, datetime] = field(default_factory=dict)
     # Optional accelerated read of one visible cluster row (store/sqlite_reader.py).
     cluster_reader: ClusterReader | None = None
     # Training clusters: hand an operation to the operator, re-sync a cluster's network

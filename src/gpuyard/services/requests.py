@@ -32,6 +32,7 @@ from gpuyard.core.models import (
     IdleMinutes,
     MaxRuntimeHours,
     PortSpec,
+    TrainingAutoTerminateAction,
     validate_env,
     whole_floats_as_ints,
 )
@@ -160,16 +161,29 @@ class ConfigurationUpdate(_Body):
     gpu_count: int | None = Field(default=None, ge=0, le=64, strict=True)
 
 
-class AutoTerminateUpdate(_Body):
-    """Changes to a policy: only the fields sent apply (a rule sent as null is
-    removed). Values have the bounds of ``AutoTerminatePolicy``; ``enabled`` and
-    ``action`` may be left out but not sent as null."""
+class RuleUpdates(_Body):
+    """Changes to a policy's rules: only the fields sent apply (a rule sent as null
+    is removed). Values have the bounds of ``PolicyRules``; ``enabled`` may be left
+    out but not sent as null."""
 
     enabled: bool = Field(default=True, strict=True)
     idle_minutes: IdleMinutes | None = None
     cost_limit_usd: CostLimitUsd | None = None
     max_runtime_hours: MaxRuntimeHours | None = None
+
+
+class AutoTerminateUpdate(RuleUpdates):
+    """Changes to a cluster's policy; ``action`` (stop or terminate) may be left out
+    but not sent as null."""
+
     action: AutoTerminateAction = "stop"
+
+
+class TrainingAutoTerminateUpdate(RuleUpdates):
+    """Changes to a training cluster's policy; ``action`` (stop or delete) may be
+    left out but not sent as null."""
+
+    action: TrainingAutoTerminateAction = "stop"
 
 
 class StartCluster(_MarksSecrets):

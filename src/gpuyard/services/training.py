@@ -24,6 +24,7 @@ from gpuyard.core import training as domain
 from gpuyard.core.errors import NotFound, ValidationFailed
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import NodeRole, TrainingStatus
+from gpuyard.services import training_autoterm as autoterm
 from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
 from gpuyard.services.catalog import find_gpu_type
@@ -53,6 +54,7 @@ from gpuyard.services.training_inputs import (
     RestartCluster,
     RestartWorkers,
     ScaleCluster,
+    UpdateAutoTerminate,
     UpdateImage,
     UpdateSshKeys,
     parse_action_request,
@@ -267,6 +269,8 @@ def create_cluster(
             ),
             next_worker=spec.no_of_nodes + 1,
             operation={"action": "create", "token": secrets.token_hex(8)},
+            auto_terminate=spec.auto_terminate or {},
+            run_started_at=now,
             created_at=now,
             updated_at=now,
         )
@@ -289,6 +293,7 @@ def create_cluster(
         place_all(ctx, session, cluster, hosts, now)
         placed = [n.id for n in nodes_of(session, cluster.id)]
         check_training(session, account_id, project_id, placed)
+        autoterm.refuse_spent(session, cluster, now)
         cluster_id = cluster.id
     ctx.wake()  # spot clusters preempted for the nodes must stop
     ctx.training_wake(cluster_id)
@@ -347,15 +352,19 @@ def delete_cluster(
     with ctx.transaction() as session:
         cluster = load_cluster(session, principal, scope, cluster_id, for_update=True)
         if cluster.status != TrainingStatus.DELETING:
-            now = ctx.clock.now()
-            for node in nodes_of(session, cluster_id):
-                meter_node(session, cluster, node, ClusterStatus.TERMINATED, now)
-            begin_operation(
-                session, cluster, TrainingStatus.DELETING, {"action": "delete"}, "deleting", now
-            )
+            begin_delete(session, cluster, "deleting", ctx.clock.now())
     ctx.training_wake(cluster_id)
     if finish_now:
         finish_delete(ctx, cluster_id)
+
+
+def begin_delete(session: Session, cluster: TrainingCluster, reason: str, now: datetime) -> None:
+    """Inside the caller's transaction, for a cluster (locked) not yet deleting: close
+    every node's meter (billing ends at the request) and record the ``delete``
+    operation with ``reason``. The caller wakes the operator after the commit."""
+    for node in nodes_of(session, cluster.id):
+        meter_node(session, cluster, node, ClusterStatus.TERMINATED, now)
+    begin_operation(session, cluster, TrainingStatus.DELETING, {"action": "delete"}, reason, now)
 
 
 def finish_delete(ctx: Context, cluster_id: int) -> None:
@@ -407,7 +416,9 @@ def perform_action(
         domain.check_allowed(action, TrainingStatus(cluster.status))
         account_id = acting_account(session, principal, scope.active_iam)
         result = _apply(ctx, session, cluster, account_id, request, now)
-    if action in domain.LONG_ACTIONS:
+    if action is domain.Action.UPDATE_AUTO_TERMINATE:
+        ctx.wake()  # the watcher plans the new policy at once
+    elif action in domain.LONG_ACTIONS:
         ctx.wake()  # a scale may have preempted spot clusters
         ctx.training_wake(cluster_id)
     else:
@@ -443,6 +454,9 @@ def _apply(
             return _add_security_group(s, c, account, request, now)
         case RemoveSecurityGroup():
             return _remove_security_group(c, request, now)
+        case UpdateAutoTerminate():
+            autoterm.update_policy(s, c, request.update, now)
+            return ActionResult("cluster", c.id)
     assert_never(request)
 
 
@@ -484,6 +498,7 @@ def _restart_cluster(ctx: Context, s: Session, c: TrainingCluster, now: datetime
     if c.status == TrainingStatus.STOPPED:
         # Its nodes hold nothing: they claim their places and are built anew.
         start_stopped(ctx, s, c, now)
+        autoterm.refuse_spent(s, c, now)
     else:
         begin_operation(
             s,

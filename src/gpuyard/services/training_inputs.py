@@ -17,7 +17,10 @@ from typing import ClassVar
 from gpuyard.core import training as domain
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.input_rules import check_name
+from gpuyard.core.models import TrainingAutoTerminatePolicy
 from gpuyard.core.training import Action
+from gpuyard.services.autoterm_policy import merge_policy, parse_update
+from gpuyard.services.requests import TrainingAutoTerminateUpdate
 from gpuyard.services.resource_util import id_list, one_id
 
 CREATE_FIELDS = frozenset(
@@ -33,6 +36,7 @@ CREATE_FIELDS = frozenset(
         "memory_gb_per_node",
         "security_group_id",
         "lifecycle_script",
+        "auto_terminate",
     }
 )
 MAX_NAME_CHARS = 100
@@ -72,6 +76,9 @@ class ClusterSpec:
     plan: PlanChoice
     security_group_id: int | None = None
     lifecycle_script: str | None = None
+    # The auto-termination policy as stored (validated; enabled unless sent false);
+    # None: none.
+    auto_terminate: dict[str, object] | None = None
 
 
 def _name(body: Mapping[str, object]) -> str:
@@ -130,9 +137,18 @@ def _script(value: object) -> str | None:
     return value or None  # an empty script is no script
 
 
+def _policy(value: object) -> dict[str, object] | None:
+    """The create body's ``auto_terminate``, as stored: the fields sent over an empty
+    policy (enabled and ``stop`` unless sent otherwise), bounds as for clusters."""
+    if value is None:
+        return None
+    update = parse_update(value, TrainingAutoTerminateUpdate, "auto_terminate")
+    return merge_policy({}, update, "auto_terminate.", TrainingAutoTerminatePolicy)
+
+
 def parse_cluster_spec(body: Mapping[str, object]) -> ClusterSpec:
     """The create body, checked field by field in a fixed order (unknown fields first,
-    then name, image, keys, node count, plan, security group, script). Raises
+    then name, image, keys, node count, plan, security group, script, policy). Raises
     ValidationFailed naming the first bad field."""
     for field in body:
         if field not in CREATE_FIELDS:
@@ -152,6 +168,7 @@ def parse_cluster_spec(body: Mapping[str, object]) -> ClusterSpec:
         plan=plan,
         security_group_id=group_id,
         lifecycle_script=_script(body.get("lifecycle_script")),
+        auto_terminate=_policy(body.get("auto_terminate")),
     )
 
 
@@ -213,6 +230,14 @@ class RemoveSecurityGroup:
     security_group_id: int
 
 
+@dataclass(frozen=True)
+class UpdateAutoTerminate:
+    """Changes to the policy: only the fields sent apply (null removes a rule)."""
+
+    action: ClassVar[Action] = Action.UPDATE_AUTO_TERMINATE
+    update: TrainingAutoTerminateUpdate
+
+
 ActionRequest = (
     UpdateSshKeys
     | UpdateImage
@@ -223,6 +248,7 @@ ActionRequest = (
     | DetachIp
     | AddSecurityGroups
     | RemoveSecurityGroup
+    | UpdateAutoTerminate
 )
 
 
@@ -262,3 +288,8 @@ def parse_action_request(body: Mapping[str, object]) -> ActionRequest:
             return AddSecurityGroups(tuple(groups))
         case Action.REMOVE_SECURITY_GROUP:
             return RemoveSecurityGroup(_remove_group_id(body["security_group_id"]))
+        case Action.UPDATE_AUTO_TERMINATE:
+            update = parse_update(
+                body["auto_terminate"], TrainingAutoTerminateUpdate, "auto_terminate"
+            )
+            return UpdateAutoTerminate(update)

@@ -22,6 +22,7 @@ from gpuyard.services.training import (
     list_clusters,
     load_cluster,
 )
+from gpuyard.services.training_autoterm import policy_view
 from gpuyard.services.training_views import cluster_view
 
 # The training operator's partition_state: Slurm's (node, state) pairs of a cluster,
@@ -46,12 +47,14 @@ def show_cluster(
         state = partition(cluster_id)
     with ctx.read() as session:
         cluster = load_cluster(session, principal, scope, cluster_id)
+        idle_since = ctx.training_idle_since.get(cluster_id)
         return cluster_view(
             session,
             cluster,
             prices=ctx.settings.prices,
             public_address=ctx.settings.public_address,
             partition=state,
+            auto_terminate=policy_view(session, cluster, ctx.clock.now(), idle_since),
         )
 
 

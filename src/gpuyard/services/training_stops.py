@@ -72,18 +72,25 @@ def stop_cluster(ctx: Context, cluster_id: int, reason: str) -> bool:
             or TrainingStatus(cluster.status) not in domain.HOLDING
         ):
             return False
-        for node in nodes_of(session, cluster_id):
-            meter_node(session, cluster, node, ClusterStatus.STOPPED, now)
-        begin_operation(
-            session,
-            cluster,
-            TrainingStatus.STOPPING,
-            {"action": STOP, "reason": reason},
-            reason,
-            now,
-        )
+        begin_stop(session, cluster, reason, now)
     ctx.training_wake(cluster_id)
     return True
+
+
+def begin_stop(session: Session, cluster: TrainingCluster, reason: str, now: datetime) -> None:
+    """Inside the caller's transaction, for a cluster (locked) whose nodes hold their
+    places: close every node's meter and record the ``stop`` operation with ``reason``.
+    The caller wakes the operator after the commit."""
+    for node in nodes_of(session, cluster.id):
+        meter_node(session, cluster, node, ClusterStatus.STOPPED, now)
+    begin_operation(
+        session,
+        cluster,
+        TrainingStatus.STOPPING,
+        {"action": STOP, "reason": reason},
+        reason,
+        now,
+    )
 
 
 def finish_stop(ctx: Context, cluster_id: int, token: str) -> bool:
@@ -145,4 +152,6 @@ def start_stopped(ctx: Context, session: Session, cluster: TrainingCluster, now:
     begin_operation(
         session, cluster, TrainingStatus.RESTARTING, {"action": START}, "starting every node", now
     )
+    # A new run: its runtime and cost limits count from here, as its billing does.
+    cluster.run_started_at = now
     check_training(session, cluster.account_id, cluster.project_id, [n.id for n in nodes])

@@ -59,7 +59,10 @@ def cluster_view(
     prices: Prices,
     public_address: str | None,
     partition: list[tuple[str, str]] | None,
+    auto_terminate: dict[str, Any],
 ) -> dict[str, Any]:
+    """Seed 002's cluster object (``auto_terminate``: services/training_autoterm.py
+    ``policy_view``, an extension)."""
     nodes = nodes_of(session, cluster.id)
     hosts = {
         h.id: h
@@ -160,6 +163,7 @@ def cluster_view(
         "ssh_key_ids": list(cluster.ssh_key_ids),
         "lifecycle_script": cluster.lifecycle_script is not None,
         "allowed_actions": domain.allowed_actions(status),
+        "auto_terminate": auto_terminate,
         "created_at": _iso(cluster.created_at),
         "updated_at": _iso(cluster.updated_at),
     }

@@ -726,6 +726,11 @@ class TrainingCluster(Base):
     # before clusters spanned hosts, on an engine-chosen subnet of one host).
     subnet: Mapped[str | None] = mapped_column(String(50))
     operation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The auto-termination policy (core.models.TrainingAutoTerminatePolicy as stored;
+    # {}: none) and when the current run began (the create or the latest start of a
+    # stopped cluster; None: at its creation), which its runtime and cost count from.
+    auto_terminate: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    run_started_at: Mapped[datetime | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column()

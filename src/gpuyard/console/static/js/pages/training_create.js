@@ -1,11 +1,12 @@
 // Create a training cluster from a plan (GET /v1/plans: GPUs, vCPUs and memory per
 // node and the price per node-hour): name, image version, SSH keys, worker count,
-// an optional security group and lifecycle script. The hourly price shown is the
+// an optional security group, lifecycle script and auto-termination policy. The hourly price shown is the
 // plan's price times the workers (the controller's own rate is on the cluster once
 // made). Errors land on the field the API names.
 import { get, post } from "../api.js";
 import { clearErrors, field, h, rate, showError } from "../ui.js";
 import { loadScopes, parseScope, scopePicker, scopeQuery, trainingPath } from "../training_scope.js";
+import { policyInputs } from "../autoterm.js";
 
 export async function render(main, [query]) {
   const scopes = await loadScopes(parseScope(query));
@@ -34,6 +35,7 @@ export async function render(main, [query]) {
   const group = h("select", { id: "t-security_group_id", name: "security_group_id", "data-field": "security_group_id" },
     h("option", { value: "" }, "none"), groups.map((g) => h("option", { value: String(g.id) }, g.name)));
   const script = h("textarea", { id: "t-lifecycle_script", name: "lifecycle_script", "data-field": "lifecycle_script", rows: "4", placeholder: "#!/bin/bash\n# runs on every node once it is up" });
+  const autoterm = policyInputs();
   const estimate = h("output", { class: "estimate", "data-testid": "training-estimate", "aria-live": "polite" });
   const submit = h("button", { type: "submit", class: "primary", "data-testid": "training-submit" }, "Create training cluster");
 
@@ -50,6 +52,7 @@ export async function render(main, [query]) {
     h("fieldset", { "data-field": "ssh_key_ids", tabindex: "-1" }, h("legend", {}, "SSH keys"),
       keyBoxes.length ? keyBoxes : h("p", { class: "muted" }, "No SSH keys yet: add one (POST /v1/ssh-keys or gpuyard ssh-keys add).")),
     field("Lifecycle script", script, "optional"),
+    autoterm,
     h("div", { class: "submit-row" }, estimate, submit));
 
   function updateEstimate() {
@@ -73,6 +76,8 @@ export async function render(main, [query]) {
     };
     if (group.value) body.security_group_id = Number(group.value);
     if (script.value.trim()) body.lifecycle_script = script.value;
+    const policy = autoterm.read();
+    if (policy) body.auto_terminate = policy;
     submit.disabled = true;
     try {
       const created = (await post(trainingPath(scope), body)).data;

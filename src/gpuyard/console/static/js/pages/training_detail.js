@@ -1,13 +1,15 @@
-// One training cluster: status, plan and price, the SSH string, its nodes (role,
-// status, host, GPUs, lifecycle script result), Slurm's `sinfo` state, reserved IPs
-// and security groups, events, and seed 002's nine actions with their inputs (only
-// those the cluster's status allows, for a key that may change things) and delete.
+// One training cluster: status, plan and price, the SSH string, its auto-termination
+// policy with a countdown, its nodes (role, status, host, GPUs, lifecycle script
+// result), Slurm's `sinfo` state, reserved IPs and security groups, events, and seed
+// 002's nine actions and update_auto_terminate with their inputs (only those the
+// cluster's status allows, for a key that may change things) and delete.
 import { del, get, put } from "../api.js";
 import { clear, copyText, field, flash, h, rate, showError, statusBadge } from "../ui.js";
 import { poll } from "../poll.js";
 import { session } from "../session.js";
 import { parseScope, scopeQuery, trainingPath } from "../training_scope.js";
 import { planLabel } from "./training.js";
+import { policyInputs, policyLine } from "../autoterm.js";
 
 // Each action's inputs, built from what the project has: [field, control, read].
 const INPUTS = {
@@ -20,6 +22,7 @@ const INPUTS = {
   detach_ip: (o) => [["reserved_ip_id", select(o.cluster.reserved_ips.map((ip) => [ip.id, ip.address]))], ["ip_type", select([["reserved", "reserved"], ["public", "public"]], false)]],
   add_security_group: (o) => [["security_groups_ids", multi(o.groups.map((g) => [g.id, g.name]))]],
   remove_security_group: (o) => [["security_group_id", select(o.cluster.security_groups.map((g) => [g.id, g.name]))]],
+  update_auto_terminate: (o) => [["auto_terminate", policyInputs(o.cluster.auto_terminate)]],
 };
 
 const CONFIRM = {
@@ -61,6 +64,8 @@ export async function render(main, [id, query]) {
   const reason = h("p", { class: "muted" });
   const facts = h("dl", { class: "facts" });
   const ssh = h("div", { class: "ssh" });
+  const autoterm = h("p", { "data-testid": "training-autoterm" });
+  let fetchedAt = Date.now(); // when the shown cluster was read: the countdown's origin
   const nodes = h("tbody");
   const sinfo = h("div", { "data-testid": "sinfo" });
   const network = h("div");
@@ -74,7 +79,7 @@ export async function render(main, [id, query]) {
     actionBar,
     actionForm,
     h("div", { class: "columns" },
-      h("section", { class: "card" }, h("h2", {}, "Details"), facts, ssh),
+      h("section", { class: "card" }, h("h2", {}, "Details"), facts, autoterm, ssh),
       h("section", { class: "card" }, h("h2", {}, "Network"), network)),
     h("section", { class: "card" }, h("h2", {}, "Nodes"),
       h("div", { class: "table-wrap" }, h("table", { class: "list", "data-testid": "training-nodes" },
@@ -103,7 +108,7 @@ export async function render(main, [id, query]) {
       ...inputs.map(([name, control]) => {
         control.dataset.field = name;
         control.setAttribute("name", name);
-        return field(name.replace(/_/g, " "), control);
+        return control.tagName === "FIELDSET" ? control : field(name.replace(/_/g, " "), control);
       }),
       h("div", { class: "actions" },
         h("button", { type: "submit", class: "primary", "data-testid": "training-action-submit" }, action.replace(/_/g, " ")),
@@ -165,6 +170,7 @@ export async function render(main, [id, query]) {
     fact("Price", rate(c.price_per_hour));
     fact("Controller", c.controller);
     fact("Lifecycle script", c.lifecycle_script ? "yes" : "none");
+    tickCountdown();
     clear(ssh);
     if (c.ssh && c.ssh.command) {
       ssh.append("SSH: ", h("code", { "data-testid": "training-ssh" }, c.ssh.command), " ",
@@ -196,6 +202,11 @@ export async function render(main, [id, query]) {
     renderActions(c);
   }
 
+  function tickCountdown() {
+    if (cluster) autoterm.textContent = policyLine(cluster.auto_terminate, fetchedAt, cluster.status);
+  }
+  const ticker = setInterval(tickCountdown, 1000);
+
   let eventsEtag = null; // the ETag of the events shown, for the next poll's 304
   async function refresh(etag) {
     let answer;
@@ -213,6 +224,7 @@ export async function render(main, [id, query]) {
     // A 304 (answer.notModified): the cluster is as shown.
     if (!answer.notModified) {
       cluster = answer.data;
+      fetchedAt = Date.now();
       renderCluster(cluster);
     }
     const evs = await get(trainingPath(scope, `${id}/events/`), { etag: eventsEtag });
@@ -225,5 +237,8 @@ export async function render(main, [id, query]) {
   }
 
   const poller = poll(refresh, 4000);
-  return () => poller.stop();
+  return () => {
+    clearInterval(ticker);
+    poller.stop();
+  };
 }
