@@ -92,6 +92,36 @@ except OSError:
 """
 
 
+_ARP_WHO_HAS = """
+import socket, struct, sys, time
+gateway, mine = socket.inet_aton(sys.argv[1]), socket.inet_aton(sys.argv[2])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
+s.bind(("c", 0))
+mac = s.getsockname()[4]
+arp = struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1) + mac + mine + bytes(6) + gateway
+s.send(b"\\xff" * 6 + mac + b"\\x08\\x06" + arp)
+s.settimeout(0.2)
+answers, end = set(), time.time() + 1.5
+while time.time() < end:
+    try:
+        frame = s.recv(128)
+    except TimeoutError:
+        continue
+    if frame[12:14] == b"\\x08\\x06" and frame[20:22] == b"\\x00\\x02" and frame[28:32] == gateway:
+        answers.add(frame[22:28].hex())
+print(len(answers))
+"""
+
+
+def _gateway_answers(host: Host) -> int:
+    """How many machines answer an ARP who-has for the gateway from ``host``'s node."""
+    done = _in(
+        host.node, sys.executable, "-c", _ARP_WHO_HAS, tn.gateway(host.subnet), host.node_address
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
 def _eventually(check: Callable[[], bool], timeout_s: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -195,6 +225,9 @@ def test_nodes_on_two_hosts_reach_each_other_and_each_keeps_its_own_gateway(
         bridge_mac = _in(host.ns, "cat", f"/sys/class/net/{bridge_name(host.network)}/address")
         neighbour = _in(host.node, "ip", "neigh", "show", gw).stdout
         assert bridge_mac.stdout.strip() in neighbour, (neighbour, bridge_mac.stdout)
+    # Only the node's own host answers for the gateway: the other host's bridge, which
+    # holds the same address, is never asked across the overlay.
+    assert _gateway_answers(a) == 1 and _gateway_answers(b) == 1
     # One flood entry per peer, whatever the repeats.
     fdb = _in(a.ns, "bridge", "fdb", "show", "dev", vxlan_name(a.network)).stdout
     assert fdb.count("00:00:00:00:00:00") == 1
