@@ -14,77 +14,34 @@ image when this machine's engine lacks it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import docker
 import httpx
 import pytest
 from sqlalchemy import select
 
-from gpuyard.api.app import training_operator_factory
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.host_runtimes import host_runtime_factory
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
-from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.store.schema import TrainingNode
-from tests.e2e.conftest import DEV_IMAGE, purge_installation
-from tests.e2e.podman_host import PodmanHost, available
-from tests.helpers import LiveServer, live_server, make_settings
+from tests.e2e.conftest import DEV_IMAGE
+from tests.e2e.podman_host import available
+from tests.e2e.training_fleet import (
+    BASE,
+    LABEL_TRAINING,
+    TrainingFleet,
+    create_training,
+    scope_of,
+    training_fleet,
+    wait,
+    wait_running,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(available() is not None, reason=str(available()))]
 
-A6000 = "NVIDIA RTX A6000"
-BASE = "/distributed_jobs_v2/cluster/"
-LABEL_TRAINING = "gpuyard.training_cluster_id"
-SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"
 
-
-def wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-
-
-@dataclass
-class Span:
-    server: LiveServer
-    sims: list[PodmanHost]
-    hosts: dict[int, PodmanHost]  # registered so far
-    engine_url: str
-
-    def add_host(self, c: httpx.Client, sim: PodmanHost, name: str) -> int:
-        r = c.post(
-            "/v1/hosts",
-            json={"name": name, "engine_url": sim.ssh_url, "gpus": f"{A6000}:2",
-                  "location": "lab", "vcpus": 16, "memory_gb": 32},
-        )  # fmt: skip
-        assert r.status_code == 201, r.text
-        host_id = int(r.json()["data"]["id"])
-        self.hosts[host_id] = sim
-
-        def reachable() -> bool:
-            listed = c.get("/v1/hosts").json()["data"]["hosts"]
-            return any(h["id"] == host_id and h["reachability"] == "reachable" for h in listed)
-
-        wait(reachable, 60, f"{name}'s first heartbeat")
-        return host_id
-
-    def api(self, host_id: int) -> Any:
-        runtime = self.server.server.reconciler.fleet.for_host(host_id)
-        assert isinstance(runtime, DockerEngineRuntime)
-        return runtime.engine.api
-
-    def exec(self, host_id: int, container: str, script: str) -> tuple[int, str]:
-        api = self.api(host_id)
-        run = api.exec_create(container, ["sh", "-c", script])
-        out = api.exec_start(run["Id"])
-        code = int(api.exec_inspect(run["Id"]).get("ExitCode") or 0)
-        return code, out.decode(errors="replace")
+class Span(TrainingFleet):
+    def sh(self, host_id: int, container: str, script: str) -> tuple[int, str]:
+        return self.exec(host_id, container, ["sh", "-c", script])
 
     def nodes(self, cid: int) -> dict[str, tuple[int, str]]:
         """Node name -> (host id, fixed address)."""
@@ -92,76 +49,16 @@ class Span:
             rows = s.scalars(select(TrainingNode).where(TrainingNode.cluster_id == cid))
             return {n.name: (int(n.host_id or 0), str(n.address)) for n in rows}
 
-    def labelled(self, host_id: int, cid: int) -> set[str]:
-        rows = self.api(host_id).containers(all=True, filters={"label": f"{LABEL_TRAINING}={cid}"})
-        return {row["Names"][0].lstrip("/") for row in rows}
-
 
 @pytest.fixture(scope="module")
 def span(tmp_path_factory: pytest.TempPathFactory, engine_url: str) -> Iterator[Span]:
-    try:
-        build_slurm_image("podman", SLURM_IMAGE)
-    except Exception as exc:  # no debootstrap / no mirror: say why
-        pytest.fail(f"cannot build the Slurm node image: {exc}")
     home = Path(tmp_path_factory.mktemp("training-span")) / "home"
-    keys = SshKeys(home)
-    settings = make_settings(
-        home,
-        local_gpus="",
-        heartbeat_interval_s=1.0,
-        training_ready_timeout_s=300.0,
-        rate_limit_per_key=0,
-        rate_limit_per_source=0,
-    )
-    policy = EnginePolicy(allow_unenforced_disk=True)
-    sims: list[PodmanHost] = []
-    try:
-        for _ in range(4):  # one after the other: each takes the next free address
-            sim = PodmanHost(ssh_key=keys.public_key())
-            sims.append(sim)
-            sim.start()
-            sim.load_image(engine_url, DEV_IMAGE)  # for the other account's cluster
-        local = DockerEngineRuntime(engine_url, policy=policy)
-        factory = host_runtime_factory(
-            home, policy, settings.remote_engine_timeout_s, volume_image_dir=None
-        )
-        operator = training_operator_factory(settings, engine_url)
-        with live_server(settings, local, factory, operator) as server:
-            try:
-                found = Span(server, sims, {}, engine_url)
-                with server.client() as c:
-                    # Nothing lands on this machine: the fleet is the simulated hosts.
-                    assert c.post("/v1/hosts/1/cordon").status_code == 200
-                    for i, sim in enumerate(sims[:3]):
-                        found.add_host(c, sim, f"sim-{i}")
-                yield found
-            finally:
-                purge_installation(engine_url, server.server.ctx.ownership.installation_id)
-    finally:
-        for sim in sims:
-            sim.close()
-
-
-def params_of(c: httpx.Client) -> dict[str, Any]:
-    projects = c.get("/v1/projects").json()["data"]
-    projects = projects if isinstance(projects, list) else projects["projects"]
-    return {"project_id": projects[0]["id"], "location": "lab"}
-
-
-def detail(c: httpx.Client, cid: int, params: dict[str, Any]) -> dict[str, Any]:
-    r = c.get(f"{BASE}{cid}/", params=params)
-    assert r.status_code == 200, r.text
-    data: dict[str, Any] = r.json()["data"]
-    return data
-
-
-def wait_running(c: httpx.Client, cid: int, params: dict[str, Any], timeout_s: float) -> None:
-    def running() -> bool:
-        data = detail(c, cid, params)
-        assert data["status"] != "error", (data.get("error_message"), data.get("status_reason"))
-        return bool(data["status"] == "running")
-
-    wait(running, timeout_s, f"training cluster {cid} running")
+    # Four hosts, three added now: the fourth is added where the test needs it. The
+    # busybox image is for the other account's cluster.
+    with training_fleet(
+        home, engine_url, 4, added=3, load=(DEV_IMAGE,), volume_images=False
+    ) as fleet:
+        yield Span(fleet.server, fleet.sims, fleet.hosts)
 
 
 def other_account(span: Span, c: httpx.Client) -> httpx.Client:
@@ -173,20 +70,8 @@ def other_account(span: Span, c: httpx.Client) -> httpx.Client:
 
 def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine_url: str) -> None:
     with span.server.client() as c:
-        params = params_of(c)
-        key = c.post("/v1/ssh-keys", json={"name": "k", "public_key": SSH_KEY}).json()["data"]
-        images = c.get("/v1/images").json()["data"]
-        images = images if isinstance(images, list) else images["images"]
-        base = next(i for i in images if i["image"] == SLURM_IMAGE)
-        created = c.post(
-            BASE,
-            params=params,
-            json={"name": "wide", "image_version_id": base["id"], "ssh_key_ids": [key["id"]],
-                  "no_of_nodes": 3, "gpu_type": A6000, "gpus_per_node": 2,
-                  "cpus_per_node": 1, "memory_gb_per_node": 1},
-        )  # fmt: skip
-        assert created.status_code == 201, created.text
-        cid = int(created.json()["data"]["id"])
+        params = scope_of(c)
+        cid = create_training(c, params, "wide", workers=3, gpus_per_node=2)
         wait_running(c, cid, params, 900)
 
         nodes = span.nodes(cid)
@@ -206,7 +91,7 @@ def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine
 
         # Slurm runs one task on each worker, across the three hosts.
         ctl_host = nodes[controller][0]
-        code, out = span.exec(ctl_host, controller, "srun -N3 hostname | sort")
+        code, out = span.sh(ctl_host, controller, "srun -N3 hostname | sort")
         assert code == 0 and out.split() == sorted(workers), out
 
         # 100 MB over TCP from worker 1 to worker 2 (different hosts), by name.
@@ -221,7 +106,7 @@ def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine
         run = api.exec_create(workers[1], ["sh", "-c", listen])
         api.exec_start(run["Id"], detach=True)
         time.sleep(1)
-        code, sent = span.exec(
+        code, sent = span.sh(
             h1,
             workers[0],
             "head -c 100000000 /dev/urandom > /tmp/blob && sha256sum < /tmp/blob && "
@@ -230,10 +115,10 @@ def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine
         assert code == 0, sent
 
         def received() -> bool:
-            return span.exec(h2, workers[1], "test -s /tmp/got")[0] == 0
+            return span.sh(h2, workers[1], "test -s /tmp/got")[0] == 0
 
         wait(received, 60, "the 100 MB to arrive")
-        got = span.exec(h2, workers[1], "cat /tmp/got")[1]
+        got = span.sh(h2, workers[1], "cat /tmp/got")[1]
         assert got.split()[0] == sent.split()[0]
 
         # Another account's container on the same hosts reaches no node.
@@ -258,30 +143,30 @@ def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine
             )  # fmt: skip
             # ICMP works from it (to its own gateway), so a failed ping below means blocked.
             gateway = "$(ip route | awk '/default/ {print $3}')"
-            code, out = span.exec(where, name, f"ping -c 1 -W 2 {gateway}")
+            code, out = span.sh(where, name, f"ping -c 1 -W 2 {gateway}")
             assert code == 0, out
             for node, (_, address) in nodes.items():
-                code, out = span.exec(where, name, f"ping -c 1 -W 2 {address}")
+                code, out = span.sh(where, name, f"ping -c 1 -W 2 {address}")
                 assert code != 0, f"ping reached {node}: {out}"
-                code, out = span.exec(where, name, f"nc -w 2 {address} 22 </dev/null")
+                code, out = span.sh(where, name, f"nc -w 2 {address} 22 </dev/null")
                 assert code != 0 and "SSH" not in out, f"TCP reached {node}: {out}"
             assert neighbour.delete(f"/v1/clusters/{nosy}").status_code in (200, 202, 204)
 
         # A drained host's worker is recreated, same name, on the one host with room.
-        fourth = span.add_host(c, span.sims[3], "sim-3")
+        fourth = span.add_host(c, span.sims[3], "sim-3", 2)
         drained = nodes[workers[1]][0]
         r = c.post(f"/v1/hosts/{drained}/drain")
         assert r.status_code == 200, r.text
         assert span.nodes(cid)[workers[1]][0] == fourth
         wait_running(c, cid, params, 600)
         assert span.labelled(fourth, cid) == {workers[1]}
-        code, out = span.exec(ctl_host, controller, "srun -N3 hostname | sort")
+        code, out = span.sh(ctl_host, controller, "srun -N3 hostname | sort")
         assert code == 0 and out.split() == sorted(workers), out
 
         # A job holds the three workers; a worker added where there is room (the drained
         # host, back in service) joins while the job runs.
         assert c.post(f"/v1/hosts/{drained}/uncordon").status_code == 200
-        code, out = span.exec(ctl_host, controller, "sbatch -N3 --wrap 'sleep 600'")
+        code, out = span.sh(ctl_host, controller, "sbatch -N3 --wrap 'sleep 600'")
         assert code == 0, out
         r = c.put(
             f"{BASE}{cid}/", params=params, json={"action": "scale_cluster", "additional_nodes": 1}
@@ -290,7 +175,7 @@ def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine
         wait_running(c, cid, params, 600)
         new = f"{prefix}-worker-4"
         assert span.nodes(cid)[new][0] == drained
-        code, out = span.exec(ctl_host, controller, "sinfo -h -N -o '%N %T'")
+        code, out = span.sh(ctl_host, controller, "sinfo -h -N -o '%N %T'")
         states = dict(line.split() for line in out.splitlines() if line.strip())
         assert states.get(new) == "idle", out
         assert all(states.get(w) in ("allocated", "alloc") for w in workers), out
