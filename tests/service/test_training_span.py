@@ -220,3 +220,25 @@ def test_a_drained_hosts_worker_is_recreated_on_another_host_same_name_and_addre
     for name, node in others.items():
         assert span.nodes[span.placement(cid)[name] or 0].nodes[name] is node
     assert names.network in span.nodes[fourth].overlays
+
+
+def test_a_cluster_from_before_spanning_stays_on_its_host(span: Span) -> None:
+    cid = span.create(workers=1, gpus=1)
+    span.run(cid)
+    with span.ctx.transaction() as s:  # as a cluster made before subnets of its own
+        row = s.get(training.TrainingCluster, cid)
+        assert row is not None
+        row.subnet = None
+    host = span.placement(cid)[NodeName(cid, span.ctx.ownership.training_prefix(cid)).worker(1)]
+    assert host is not None
+    report = drain_host(span.ctx, host)
+    assert report.training.moving == []
+    assert ["made before training clusters spanned hosts" in s.reason
+            for s in report.training.cannot_move if s.role == "worker"] == [True]  # fmt: skip
+    # Nor does a scale take it to another host (its own drains: no room anywhere for it).
+    with pytest.raises(InsufficientCapacity):
+        training.perform_action(
+            span.ctx, span.alice, span.scope, cid,
+            {"action": "scale_cluster", "additional_nodes": 1},
+        )  # fmt: skip
+    assert set(span.placement(cid).values()) == {host}

@@ -211,6 +211,19 @@ def _request(cluster: TrainingCluster, node: TrainingNode) -> ResourceRequest:
     return replace(node_request(NodeRole(node.role), plan_of(cluster)), location=cluster.location)
 
 
+def _may_span(cluster: TrainingCluster, node: TrainingNode, report: TrainingDrain) -> bool:
+    """Whether the cluster's nodes may run on several hosts (else the node stays)."""
+    if cluster.subnet is not None:
+        return True
+    _stays(
+        report,
+        node,
+        "the cluster was made before training clusters spanned hosts: its nodes share "
+        "one host's network, so its workers cannot move (delete and create it anew)",
+    )
+    return False
+
+
 def _move_worker(
     ctx: Context,
     session: Session,
@@ -224,13 +237,7 @@ def _move_worker(
     released by the same claim) and point it there; all or nothing (a savepoint)."""
     old = node.host_id
     assert old is not None
-    if cluster.subnet is None:
-        _stays(
-            report,
-            node,
-            "the cluster was made before training clusters spanned hosts: its nodes share "
-            "one host's network, so its workers cannot move (delete and create it anew)",
-        )
+    if not _may_span(cluster, node, report):
         return False
     try:
         with session.begin_nested():
@@ -281,12 +288,14 @@ def _point_elsewhere(
     the placement policy picks for it now (its start claims its place there)."""
     old = node.host_id
     assert old is not None
+    if not _may_span(cluster, node, report):
+        return
     found = candidate_hosts(
         session,
         _request(cluster, node),
         ctx.settings.allocation_ratios,
         ctx.settings.placement_policy,
-        exclude=(old,),
+        exclude=(old, *hosts_without_overlay(session, cluster.location)),
         limit=1,
     )
     if not found:
