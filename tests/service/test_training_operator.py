@@ -5,6 +5,7 @@ that it survives being cut short. Real Slurm is exercised in tests/e2e."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from gpuyard.core.errors import (
 from gpuyard.core.training import NodeName
 from gpuyard.reconciler.training import Superseded, TrainingOperator
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
+from gpuyard.runtimes.host_edge import ClusterEdge
 from gpuyard.services import (
     accounts,
     budgets,
@@ -54,19 +56,44 @@ KEY2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIiFnWfuFP/oHj4/cPWrNG4LfEHgYgkI5Gca
 
 
 class FakeEdge:
+    """The hosts' rules (runtimes/host_edge.py) in memory: every host's edge is this
+    one; ``listeners`` shows what they let through, as a forwarder would."""
+
     def __init__(self) -> None:
-        self.listeners: dict[tuple[str, int], tuple[str, int, Callable[[str, int], bool]]] = {}
+        self.applied: dict[int, ClusterEdge] = {}
+        self.hosts: list[int | None] = []
 
-    def ensure(
-        self, host: str, port: int, target: str, target_port: int, acl: Callable[[str, int], bool]
-    ) -> None:
-        self.listeners[(host, port)] = (target, target_port, acl)
+    def __call__(self, host_id: int | None) -> FakeEdge:
+        self.hosts.append(host_id)
+        return self
 
-    def remove(self, host: str, port: int) -> None:
-        self.listeners.pop((host, port), None)
+    def apply(self, edge: ClusterEdge) -> None:
+        self.applied[edge.cluster_id] = edge
 
-    def close(self) -> None:
-        self.listeners.clear()
+    def remove(self, cluster_id: int) -> None:
+        self.applied.pop(cluster_id, None)
+
+    def allows(self, cluster_id: int, source: str) -> bool:
+        """Whether the cluster's rules, as they are now, let ``source`` in."""
+        edge = self.applied.get(cluster_id)
+        if edge is None:
+            return False
+        if edge.sources is None:
+            return True
+        return any(ipaddress.ip_address(source) in ipaddress.ip_network(n) for n in edge.sources)
+
+    @property
+    def listeners(self) -> dict[tuple[str, int], tuple[str, int, Callable[[str, int], bool]]]:
+        """(address, port) -> (target, target port, acl asking the rules as they are now)."""
+        found: dict[tuple[str, int], tuple[str, int, Callable[[str, int], bool]]] = {}
+        for cid, edge in self.applied.items():
+            for listener in edge.listeners:
+
+                def acl(source: str, _port: int, cid: int = cid) -> bool:
+                    return self.allows(cid, source)
+
+                found[listener] = (edge.target, edge.target_port, acl)
+        return found
 
 
 @pytest.fixture
@@ -363,7 +390,7 @@ def test_edge_changes_apply_while_the_engine_is_down_and_the_scan_heals(
 
     # A listener lost meanwhile comes back with the next scan once the engine answers.
     nodes.node_address = real_address  # type: ignore[method-assign]
-    edge.listeners.clear()
+    edge.applied.clear()  # the host's firewall was reloaded
     operator.scan()
     assert set(edge.listeners) == {("0.0.0.0", ssh_port)}
 

@@ -44,20 +44,19 @@ from gpuyard.core.training import (
     NodeStatus,
     TrainingStatus,
 )
-from gpuyard.reconciler.training_edge import ClusterEdges, Edge
+from gpuyard.reconciler.training_edge import ClusterEdges, EdgeOnHost, controller_host
 from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
 from gpuyard.reconciler.training_recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
 from gpuyard.services.secrets import secret_box
-from gpuyard.services.training import SSH_PORT, finish_delete
+from gpuyard.services.training import finish_delete
 from gpuyard.services.training_nodes import nodes_of, transition_training
 from gpuyard.services.training_stops import START, STOP, finish_stop
 from gpuyard.store.schema import (
     Cluster,
     ImageVersion,
-    ReservedIp,
     TrainingCluster,
     TrainingNode,
 )
@@ -128,7 +127,7 @@ class TrainingOperator:
         self,
         ctx: Context,
         nodes: NodeRuntime,
-        edge: Edge | None,
+        edge: EdgeOnHost | None,
         *,
         ready_timeout_s: float = 180.0,
         drain_timeout_s: float = 300.0,
@@ -782,13 +781,9 @@ class TrainingOperator:
         c = snap.cluster
         names = NodeName(c.id, c.name_prefix)
         with self.ctx.read() as session:
-            ips = session.scalars(
-                select(ReservedIp.address).where(ReservedIp.training_cluster_id == c.id)
-            )
-            known = {(ip, SSH_PORT) for ip in ips}
-        if c.ssh_port:
-            known.add((self.bind_address, c.ssh_port))
-        self.edges.drop(c.id, known)
+            cluster = session.get(TrainingCluster, c.id)
+            hosts = {c.host_id, controller_host(session, cluster) if cluster else None}
+        self.edges.drop(c.id, hosts)
         for name in self._containers_of(nodes, snap):
             nodes.remove_node(name)
         nodes.remove_network(names.network)
