@@ -1,7 +1,8 @@
 """A training cluster end to end: the real server (``gpuyard serve``), real Podman node
 containers running real Slurm (slurmctld, slurmd, munge, sshd), reached over SSH with
-the user's key through the host's DNAT rules (runtimes/host_edge.py). Every seed 002 action is checked by
-its observable effect, and a worker killed under a running job comes back.
+the user's key through the host's DNAT rules (runtimes/host_edge.py). Every seed 002
+action is checked by its observable effect, and a worker killed under a running job
+comes back.
 
 The engine may be shared with a dev server: clean-up removes only objects labelled
 with the installation id of the server a test started (ServerProcess.cleanup)."""
@@ -20,7 +21,6 @@ import docker
 import httpx
 import pytest
 
-from gpuyard.runtimes.host_edge import IptablesEdge
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image, derive_image
 from tests.e2e.test_server_e2e import ServerProcess
 from tests.helpers import free_port
@@ -50,18 +50,15 @@ def server(tmp_path: Path, engine_url: str, slurm_images: str) -> Iterator[Serve
         "GPUYARD_TRAINING_BIND_ADDRESS": "127.0.0.1",
     }
     srv.start()
-    short = srv.installation.short
     try:
         yield srv
     finally:
         # What a failed run left (a passing one deletes its cluster): only objects
-        # labelled with this server's installation id, never by name, and the host
-        # firewall chains named after it.
+        # labelled with this server's installation id, never by name.
         if os.environ.get("GPUYARD_E2E_KEEP"):
             srv.stop()
         else:
             srv.cleanup()
-            IptablesEdge(short).uninstall()
 
 
 class Ssh:

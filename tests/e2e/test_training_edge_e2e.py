@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.runtimes.host_edge import IptablesEdge
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess
 from tests.e2e.test_training_e2e import (
@@ -38,13 +37,12 @@ def server(tmp_path: Path, engine_url: str, slurm_images: str) -> Iterator[Serve
         "GPUYARD_TRAINING_BIND_ADDRESS": "127.0.0.1",
     }
     srv.start()
-    short = srv.installation.short
     try:
         yield srv
     finally:
+        # A killed server leaves its rules in place (by design): the clean-up removes
+        # them with the installation's containers (purge_installation).
         srv.cleanup()
-        # A killed server leaves its rules in place (by design): this test's go.
-        IptablesEdge(short).uninstall()
 
 
 def test_kill_9_of_the_api_keeps_an_open_ssh_session_to_the_controller(

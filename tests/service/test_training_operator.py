@@ -47,8 +47,10 @@ from gpuyard.store.schema import (
     Reservation,
     SecurityGroup,
     TrainingCluster,
+    TrainingNode,
     UsageInterval,
 )
+from tests.helpers import add_host_row
 
 A = "NVIDIA RTX A6000"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"
@@ -764,3 +766,44 @@ def test_a_stopped_cluster_counts_against_no_quota(
     with ctx.read() as s:
         held = quotas.usage_of(s, alice.account_id, None)
     assert held.gpus_by_type == {} and held.running_clusters == 0
+
+
+def test_the_edge_and_the_ssh_command_follow_the_controllers_host(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    nodes: FakeNodeRuntime,
+) -> None:
+    """SSH is served on the host the controller runs on: its rules go there (and leave
+    the host it ran on before), and the connection string names that host's address,
+    not this server's public address."""
+    ctx.settings.public_address = "203.0.113.1"
+    edges: dict[int | None, FakeEdge] = {}
+
+    def edge_on(host_id: int | None) -> FakeEdge:
+        return edges.setdefault(host_id, FakeEdge())
+
+    operator = TrainingOperator(ctx, nodes, edge_on, drain_timeout_s=0)
+    cid = create(ctx, alice, world, workers=1)
+    operator.run(cid)
+    first = status(ctx, cid).host_id
+    assert set(edges[first].applied) == {cid}
+
+    far = add_host_row(ctx, "far")
+    with ctx.transaction() as s:
+        controller = s.scalars(
+            select(TrainingNode).where(
+                TrainingNode.cluster_id == cid, TrainingNode.role == "controller"
+            )
+        ).one()
+        controller.host_id = far
+    operator.sync_edge(cid)
+    assert edges[first].applied == {} and set(edges[far].applied) == {cid}
+    view = training_reads.show_cluster(ctx, alice, world["scope"], cid, None)
+    port = view["ssh"]["port"]
+    assert view["ssh"]["host"] == "far.example"
+    assert view["ssh"]["command"] == f"ssh -p {port} root@far.example"
+
+    training.delete_cluster(ctx, alice, world["scope"], cid)
+    operator.run(cid)
+    assert all(edge.applied == {} for edge in edges.values())
