@@ -75,6 +75,9 @@ class FakeEdge:
     def remove(self, cluster_id: int) -> None:
         self.applied.pop(cluster_id, None)
 
+    def clusters(self) -> set[int]:
+        return set(self.applied)
+
     def allows(self, cluster_id: int, source: str) -> bool:
         """Whether the cluster's rules, as they are now, let ``source`` in."""
         edge = self.applied.get(cluster_id)
@@ -803,6 +806,14 @@ def test_the_edge_and_the_ssh_command_follow_the_controllers_host(
     port = view["ssh"]["port"]
     assert view["ssh"]["host"] == "far.example"
     assert view["ssh"]["command"] == f"ssh -p {port} root@far.example"
+
+    # After a restart nobody remembers where the rules were: the scan's sweep removes
+    # those on a host the controller left, and those of a cluster that is gone.
+    edges[first].apply(dataclasses.replace(edges[far].applied[cid]))
+    edges[first].apply(dataclasses.replace(edges[far].applied[cid], cluster_id=4242))
+    restarted = TrainingOperator(ctx, nodes, edge_on, drain_timeout_s=0)
+    restarted.scan()
+    assert edges[first].applied == {} and set(edges[far].applied) == {cid}
 
     training.delete_cluster(ctx, alice, world["scope"], cid)
     operator.run(cid)

@@ -212,7 +212,8 @@ class TrainingOperator:
     def scan(self) -> None:
         """Resume every recorded operation not in flight; bring every other live
         cluster's edge in line with the store (after a start: rebuild it; after a sync
-        that failed, e.g. the engine did not answer: heal it); and hand each running
+        that failed, e.g. the engine did not answer: heal it; remove rules nothing
+        should have any more); and hand each running
         cluster with a dead node, or whose nodes' SSH keys are no longer the ones
         that open it (training_keys.py), to the queue, where it is brought back in
         line."""
@@ -235,6 +236,9 @@ class TrainingOperator:
                 cluster_id in keys_stale or self.recovery.wanted(cluster_id)
             ):
                 self._submit(cluster_id, host_id)
+        # Rules no live cluster should have where they are (after a restart: a
+        # controller that moved, a teardown another process finished).
+        self.edges.sweep()
 
     def wake(self, cluster_id: int) -> None:
         """Queue the cluster's job: its recorded operation, or (with none) bringing back

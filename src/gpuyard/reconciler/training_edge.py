@@ -39,6 +39,7 @@ class HostEdge(Protocol):
 
     def apply(self, edge: ClusterEdge) -> None: ...
     def remove(self, cluster_id: int) -> None: ...
+    def clusters(self) -> set[int]: ...
 
 
 # The edge of a host (None: a cluster with no host recorded, which runs here). Returns
@@ -98,6 +99,58 @@ class ClusterEdges:
                 if edge is not None:
                     edge.remove(cluster_id)
             self._applied.pop(cluster_id, None)
+
+    def sweep(self) -> None:
+        """Delete the rules of clusters that should have none where they are: on each
+        host a live cluster uses (and this machine), every cluster whose controller is
+        not there, or that is gone. Covers what ``sync`` cannot see after a restart (a
+        controller that moved to another host while no process remembered where its
+        rules were). Never raises (a host that does not answer is tried next time)."""
+        if self.edges is None:
+            return
+        with self._sync_lock:
+            try:
+                with self.ctx.read() as session:
+                    clusters = list(
+                        session.scalars(
+                            select(TrainingCluster).where(
+                                TrainingCluster.deleted_at.is_(None),
+                                TrainingCluster.status.not_in(
+                                    (TrainingStatus.DELETING, TrainingStatus.DELETED)
+                                ),
+                            )
+                        )
+                    )
+                    expected = {c.id: controller_host(session, c) for c in clusters}
+                    used = {c.host_id for c in clusters} | set(expected.values()) | {None}
+            except Exception:
+                log.exception("training edge sweep: reading the store failed")
+                return
+            # Several host ids may name one host's rules (None and this machine's id).
+            hosts: dict[int, tuple[HostEdge, set[int]]] = {}
+            for host_id in used:
+                edge = self._edge_or_none(host_id)
+                if edge is not None:
+                    hosts.setdefault(id(edge), (edge, set()))
+            for cluster_id, host_id in expected.items():
+                edge = self._edge_or_none(host_id)
+                if edge is not None:
+                    hosts.setdefault(id(edge), (edge, set()))[1].add(cluster_id)
+            for edge, wanted in hosts.values():
+                try:
+                    for cluster_id in edge.clusters() - wanted:
+                        log.info("training cluster %s: removing its stale rules", cluster_id)
+                        edge.remove(cluster_id)
+                except Exception:
+                    log.exception("training edge sweep failed on a host")
+
+    def _edge_or_none(self, host_id: int | None) -> HostEdge | None:
+        assert self.edges is not None
+        try:
+            return self.edges(host_id)
+        except Exception:
+            log.exception("training edge: no rules for host %s", host_id)
+            return None
 
     def sync(self, cluster_id: int) -> None:
         """Make the rules of ``cluster_id`` match the store: its SSH port and each
