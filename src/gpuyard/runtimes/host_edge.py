@@ -126,9 +126,46 @@ def _host(address: str) -> str:
     return str(ipaddress.IPv4Address(address))
 
 
+Tables = dict[str, dict[str, list[str]]]
+"""table -> chain -> its rules as ``iptables-save`` prints them (``-A CHAIN ...``)."""
+
+_TABLES = ("nat", "filter")
+
+
+def parse_save(text: str) -> Tables:
+    """The nat and filter tables of ``iptables-save`` output (other tables ignored)."""
+    tables: Tables = {t: {} for t in _TABLES}
+    current: dict[str, list[str]] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("*"):
+            current = tables.get(line[1:])
+        elif current is None:
+            continue
+        elif line.startswith(":"):
+            current.setdefault(line[1:].split()[0], [])
+        elif line.startswith("-A "):
+            current.setdefault(line.split()[1], []).append(line)
+    return tables
+
+
+def _jumps(edge_chain: str, masq_chain: str) -> Sequence[tuple[str, str, str]]:
+    """(table, built-in chain, our chain) for every jump the installation keeps."""
+    return (
+        ("nat", "PREROUTING", edge_chain),
+        ("nat", "OUTPUT", edge_chain),
+        ("nat", "POSTROUTING", masq_chain),
+        ("filter", "INPUT", edge_chain),
+        ("filter", "OUTPUT", edge_chain),
+        ("filter", "FORWARD", edge_chain),
+    )
+
+
 class IptablesEdge:
-    """Training clusters' edges on one host, kept with ``iptables``. Thread-safe;
-    every method is idempotent."""
+    """Training clusters' edges on one host, kept with ``iptables-save`` and
+    ``iptables-restore --noflush``: every change is one read and one write, each table's
+    part of the write atomic (two commands per sync, which matters over SSH).
+    Thread-safe; every method is idempotent."""
 
     def __init__(
         self,
@@ -144,113 +181,123 @@ class IptablesEdge:
         self._iptables = iptables
         self._lock = threading.Lock()
 
-    def _ipt(self, *args: str) -> CommandResult:
-        return self._run([self._iptables, "-w", "5", *args])
+    # -- reading -----------------------------------------------------------------
+
+    def _state(self) -> Tables:
+        save = shlex.quote(f"{self._iptables}-save")
+        read = self._run(["sh", "-c", f"{save} -t nat && {save} -t filter"])
+        self._must(read, "reading the host firewall")
+        return parse_save(read.output)
+
+    def clusters(self) -> set[int]:
+        """The ids of the clusters with rules here (the nat chain's jumps). Raises
+        EdgeUnavailable when the firewall cannot be read."""
+        with self._lock:
+            return self._clusters(self._state())
+
+    def _clusters(self, state: Tables) -> set[int]:
+        edge_chain, _ = installation_chains(self.short)
+        return {
+            int(m.group(1))
+            for line in state["nat"].get(edge_chain, [])
+            if (m := _CLUSTER_CHAIN.match(line.strip()))
+        }
+
+    # -- changing ----------------------------------------------------------------
 
     def apply(self, edge: ClusterEdge) -> None:
-        """Make the cluster's rules exactly ``edge``: its chains rewritten atomically,
-        then jumped to from the installation's chains, which are first in the built-in
-        chains. Raises EdgeUnavailable when the firewall cannot be changed."""
-        script = restore_script(self.short, edge)
-        restore = f"{self._iptables}-restore"
-        sysctl = f"net.ipv4.conf.{edge.bridge}.route_localnet=1"
+        """Make the cluster's rules exactly ``edge``: its chains rewritten, jumped to
+        from the installation's chains, which come first in the built-in chains (after
+        other gpuyard jumps). Raises EdgeUnavailable when the firewall cannot be
+        changed."""
+        rules = restore_script(self.short, edge).splitlines()
+        nat_end, filter_end = rules.index("COMMIT"), len(rules) - 1
         with self._lock:
-            # A bridge that is not there yet (no container started): the sysctl fails;
-            # the next apply (every scan) sets it.
-            self._run(["sysctl", "-q", "-w", sysctl])
-            done = self._run(
-                [
-                    "sh",
-                    "-c",
-                    f"{shlex.quote(restore)} -w 5 --noflush <<'GPUYARD_EOF'\n{script}GPUYARD_EOF\n",
-                ]
+            state = self._state()
+            wanted = self._clusters(state) | {edge.cluster_id}
+            nat = rules[:nat_end] + self._installation("nat", state, wanted) + ["COMMIT"]
+            filt = (
+                rules[nat_end + 1 : filter_end]
+                + self._installation("filter", state, wanted)
+                + ["COMMIT"]
             )
+            # The bridge may not be there yet (no container started): the sysctl then
+            # fails, and the next sync (every scan) sets it.
+            sysctl = f"net.ipv4.conf.{edge.bridge}.route_localnet=1"
+            done = self._restore(nat + filt, before=f"sysctl -q -w {shlex.quote(sysctl)};")
             self._must(done, f"writing the rules of training cluster {edge.cluster_id}")
-            self._ensure_jumps(edge.cluster_id)
 
     def remove(self, cluster_id: int) -> None:
         """Delete the cluster's rules and chains (nothing reaches it any more); open
         connections lose their translation and are reset at their next packet.
-        Raises EdgeUnavailable when the firewall cannot be read."""
+        Raises EdgeUnavailable when the firewall cannot be changed."""
         main, masq = chains(self.short, cluster_id)
-        edge_chain, masq_chain = installation_chains(self.short)
         with self._lock:
-            for table, parent, chain in (
-                ("nat", edge_chain, main),
-                ("nat", masq_chain, masq),
-                ("filter", edge_chain, main),
-            ):
-                while self._ipt("-t", table, "-D", parent, "-j", chain).returncode == 0:
-                    pass
-                if self._ipt("-t", table, "-S", chain).returncode == 0:
-                    self._ipt("-t", table, "-F", chain)
-                    self._must(
-                        self._ipt("-t", table, "-X", chain),
-                        f"deleting the rules of training cluster {cluster_id}",
-                    )
-
-    def clusters(self) -> set[int]:
-        """The ids of the clusters with rules here (the nat chain's jumps)."""
-        edge_chain, _ = installation_chains(self.short)
-        listed = self._ipt("-t", "nat", "-S", edge_chain)
-        if listed.returncode != 0:
-            return set()
-        return {
-            int(m.group(1))
-            for line in listed.output.splitlines()
-            if (m := _CLUSTER_CHAIN.match(line.strip()))
-        }
+            state = self._state()
+            if not any(c in state[t] for t, c in (("nat", main), ("nat", masq), ("filter", main))):
+                return
+            wanted = self._clusters(state) - {cluster_id}
+            lines: list[str] = []
+            for table, ours in (("nat", (main, masq)), ("filter", (main,))):
+                lines.append(f"*{table}")
+                lines += self._installation(table, state, wanted)
+                gone = [c for c in ours if c in state[table]]
+                lines += [f":{c} - [0:0]" for c in gone] + [f"-X {c}" for c in gone]
+                lines.append("COMMIT")
+            self._must(self._restore(lines), f"deleting the rules of training cluster {cluster_id}")
 
     def uninstall(self) -> None:
-        """Every rule and chain of this installation's edge, gone (tests, uninstall)."""
-        for cluster_id in self.clusters():
-            self.remove(cluster_id)
+        """Every rule and chain of this installation's edge, gone (tests, uninstall).
+        Raises EdgeUnavailable when the firewall cannot be changed."""
         edge_chain, masq_chain = installation_chains(self.short)
+        prefixes = (f"GY-E-{self.short}-", f"GY-M-{self.short}-")
         with self._lock:
-            for table, builtin, chain in _jumps(edge_chain, masq_chain):
-                while self._ipt("-t", table, "-D", builtin, "-j", chain).returncode == 0:
-                    pass
-            for table, chain in (("nat", edge_chain), ("nat", masq_chain), ("filter", edge_chain)):
-                self._ipt("-t", table, "-F", chain)
-                self._ipt("-t", table, "-X", chain)
+            state = self._state()
+            lines: list[str] = []
+            for table in _TABLES:
+                ours = [
+                    c
+                    for c in state[table]
+                    if c in (edge_chain, masq_chain) or c.startswith(prefixes)
+                ]
+                if not ours:
+                    continue
+                lines.append(f"*{table}")
+                for t, builtin, chain in _jumps(edge_chain, masq_chain):
+                    if t == table:
+                        rule = f"-A {builtin} -j {chain}"
+                        lines += [f"-D {builtin} -j {chain}"] * state[t].get(builtin, []).count(
+                            rule
+                        )
+                lines += [f":{c} - [0:0]" for c in ours]  # flushed: no jump left
+                lines += [f"-X {c}" for c in ours]
+                lines.append("COMMIT")
+            if lines:
+                self._must(self._restore(lines), "removing the training edge's rules")
 
-    def _ensure_jumps(self, cluster_id: int) -> None:
-        main, masq = chains(self.short, cluster_id)
+    def _installation(self, table: str, state: Tables, clusters: set[int]) -> list[str]:
+        """Restore lines that make the installation's chains of ``table`` jump to exactly
+        ``clusters``' chains and be jumped to first from the built-in chains."""
         edge_chain, masq_chain = installation_chains(self.short)
-        for table, chain in (("nat", edge_chain), ("nat", masq_chain), ("filter", edge_chain)):
-            if self._ipt("-t", table, "-S", chain).returncode != 0:
-                created = self._ipt("-t", table, "-N", chain)
-                if created.returncode != 0 and self._ipt("-t", table, "-S", chain).returncode:
-                    self._must(created, f"creating {table} {chain}")
-        for table, builtin, chain in _jumps(edge_chain, masq_chain):
-            self._keep_first(table, builtin, chain)
-        for table, parent, child in (
-            ("nat", edge_chain, main),
-            ("nat", masq_chain, masq),
-            ("filter", edge_chain, main),
-        ):
-            if self._ipt("-t", table, "-C", parent, "-j", child).returncode != 0:
-                self._must(self._ipt("-t", table, "-A", parent, "-j", child), f"jumping to {child}")
+        lines: list[str] = []
+        for chain, kind in ((edge_chain, "E"), (masq_chain, "M")):
+            if table == "filter" and kind == "M":
+                continue
+            want = [f"-A {chain} -j GY-{kind}-{self.short}-{c}" for c in sorted(clusters)]
+            if state[table].get(chain) != want:
+                # Declaring it flushes it: the new list of jumps lands at once.
+                lines.append(f":{chain} - [0:0]")
+                lines += want
+        for t, builtin, chain in _jumps(edge_chain, masq_chain):
+            if t == table:
+                lines += _keep_first(state[table].get(builtin, []), builtin, chain)
+        return lines
 
-    def _keep_first(self, table: str, builtin: str, chain: str) -> None:
-        """Our jump comes before every rule of ``builtin`` but other gpuyard jumps (the
-        engine inserts its own at the top when they are missing, and above ours they
-        could accept a denied flow; the isolation chain, runtimes/host_firewall.py, keeps
-        itself first, and both only drop or refuse, so their order does not matter)."""
-        listed = self._ipt("-t", table, "-S", builtin)
-        self._must(listed, f"reading {table} {builtin}")
-        rules = [line for line in listed.output.splitlines() if line.startswith("-A ")]
-        ours = f"-A {builtin} -j {chain}"
-        lead = 0
-        while lead < len(rules) and rules[lead].startswith(f"-A {builtin} -j GY-"):
-            if rules[lead] == ours:
-                return
-            lead += 1
-        while self._ipt("-t", table, "-D", builtin, "-j", chain).returncode == 0:
-            pass  # ours further down: it goes up, after the leading gpuyard jumps
-        self._must(
-            self._ipt("-t", table, "-I", builtin, str(lead + 1), "-j", chain),
-            f"jumping from {builtin}",
+    def _restore(self, lines: list[str], before: str = "") -> CommandResult:
+        restore = shlex.quote(f"{self._iptables}-restore")
+        body = "\n".join(lines)
+        return self._run(
+            ["sh", "-c", f"{before}{restore} -w 5 --noflush <<'GPUYARD_EOF'\n{body}\nGPUYARD_EOF\n"]
         )
 
     @staticmethod
@@ -259,13 +306,19 @@ class IptablesEdge:
             raise EdgeUnavailable(f"{doing}: {result.output.strip() or 'iptables failed'}")
 
 
-def _jumps(edge_chain: str, masq_chain: str) -> Sequence[tuple[str, str, str]]:
-    """(table, built-in chain, our chain) for every jump the installation keeps."""
-    return (
-        ("nat", "PREROUTING", edge_chain),
-        ("nat", "OUTPUT", edge_chain),
-        ("nat", "POSTROUTING", masq_chain),
-        ("filter", "INPUT", edge_chain),
-        ("filter", "OUTPUT", edge_chain),
-        ("filter", "FORWARD", edge_chain),
-    )
+def _keep_first(rules: list[str], builtin: str, chain: str) -> list[str]:
+    """Restore lines that put our jump before every rule of ``builtin`` but other
+    gpuyard jumps (nothing when it is there). The engine inserts its own jumps at the
+    top when they are missing, and above ours they could accept a denied flow; the
+    isolation chain (runtimes/host_firewall.py) keeps itself first, and both only drop
+    or refuse, so their order does not matter."""
+    ours = f"-A {builtin} -j {chain}"
+    lead = 0
+    while lead < len(rules) and rules[lead].startswith(f"-A {builtin} -j GY-"):
+        if rules[lead] == ours:
+            return []
+        lead += 1
+    # Any copy further down goes (it is below the lead, so the position holds).
+    return [f"-D {builtin} -j {chain}"] * rules.count(ours) + [
+        f"-I {builtin} {lead + 1} -j {chain}"
+    ]
