@@ -4,13 +4,16 @@ with its own storage that starts without the node image, and sshd), and this
 machine's engine holding nothing of the cluster. The node image is copied to the host
 through its engine, and Slurm schedules a job on the host's worker.
 
-The nodes are reached here through the host's engine (``srun`` in the controller):
-the SSH forwarders still run in the API process, which cannot reach a remote host's
-container addresses. Root, podman and sshd needed; builds the Slurm node image when
-this machine's engine lacks it."""
+Slurm is driven here through the host's engine (``srun`` in the controller); the
+cluster's SSH port answers on the host's address and an attached reserved IP on the
+host itself, both served by DNAT rules in the host's kernel (runtimes/host_edge.py).
+Root, podman and sshd needed; builds the Slurm node image when this machine's engine
+lacks it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +45,19 @@ def wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
+
+
+def banner(host: str, port: int, inside: list[str] | None = None) -> bool:
+    """Whether a TCP connection to ``host:port`` gets an SSH banner, made from this
+    machine or, with ``inside``, from the command prefix that enters a host."""
+    probe = (
+        "import socket, sys\n"
+        "s = socket.create_connection((sys.argv[1], int(sys.argv[2])), 5)\n"
+        "s.settimeout(5)\n"
+        "sys.exit(0 if s.recv(64).startswith(b'SSH-') else 1)\n"
+    )
+    argv = [*(inside or []), sys.executable, "-c", probe, host, str(port)]
+    return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
 
 
 class Remote:
@@ -77,6 +93,7 @@ def remote(tmp_path_factory: pytest.TempPathFactory, engine_url: str) -> Iterato
         training_ready_timeout_s=240.0,
         rate_limit_per_key=0,
         rate_limit_per_source=0,
+        reserved_ips="127.0.10.0/29",
     )
     policy = EnginePolicy()
     sim = PodmanHost(ssh_key=keys.public_key())
@@ -170,6 +187,25 @@ def test_a_training_cluster_on_a_remote_host_runs_there_only(
         # Slurm runs a job on the host's worker.
         code, out = remote.exec(f"{prefix}-controller", ["srun", "-N1", "hostname"])
         assert code == 0 and out.strip() == f"{prefix}-worker-1", out
+
+        # SSH is served on the host the controller runs on, and named so.
+        data = cluster(c, cid, params)
+        port = data["ssh"]["port"]
+        assert data["ssh"]["host"] == remote.sim.address, data["ssh"]
+        assert data["ssh"]["command"] == f"ssh -p {port} root@{remote.sim.address}"
+        wait(lambda: banner(remote.sim.address, port), 30, "the SSH port on the host")
+        # A reserved IP reaches the controller on the host (a loopback address here,
+        # so it is tried from inside the host).
+        ip = c.post("/v1/reserved-ips", params={"project_id": params["project_id"]}).json()
+        r = c.put(
+            f"{BASE}{cid}/",
+            params=params,
+            json={"action": "attach_ip", "reserved_ip_id": ip["data"]["id"]},
+        )
+        assert r.status_code == 200, r.text
+        address = ip["data"]["address"]
+        wait(lambda: banner(address, 22, remote.sim.nsenter()), 30, "the reserved IP on the host")
+        assert not banner(address, 22)  # not on this machine
 
         assert c.delete(f"{BASE}{cid}/", params=params).status_code in (200, 202, 204)
 

@@ -794,7 +794,7 @@ class TrainingOperator:
         nodes.remove_volume(names.state_volume)
 
     def sync_edge(self, cluster_id: int) -> None:
-        """Make the cluster's forwarders and security groups match the store (see
+        """Make the cluster's SSH rules and security groups match the store (see
         ClusterEdges.sync). Safe to call any time, from any thread."""
         self.edges.sync(cluster_id)
 
