@@ -59,7 +59,7 @@ KEY2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIiFnWfuFP/oHj4/cPWrNG4LfEHgYgkI5Gca
 
 class FakeEdge:
     """The hosts' rules (runtimes/host_edge.py) in memory: every host's edge is this
-    one; ``listeners`` shows what they let through, as a forwarder would."""
+    one; ``listeners`` shows what they let through: address -> (target, acl)."""
 
     def __init__(self) -> None:
         self.applied: dict[int, ClusterEdge] = {}
