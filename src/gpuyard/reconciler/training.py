@@ -161,6 +161,9 @@ class TrainingOperator:
         self.drain_timeout_s = drain_timeout_s
         self.lifecycle_timeout_s = lifecycle_timeout_s
         self.scan_interval_s = scan_interval_s
+        # How often a scan also sweeps stale edge rules off the hosts (the first does).
+        self.sweep_interval_s = 30.0
+        self._next_sweep = 0.0
         self.bind_address = bind_address
         self._own_queue = queue is None
         self.queue = queue if queue is not None else WorkQueue({LANE: workers})
@@ -237,8 +240,12 @@ class TrainingOperator:
             ):
                 self._submit(cluster_id, host_id)
         # Rules no live cluster should have where they are (after a restart: a
-        # controller that moved, a teardown another process finished).
-        self.edges.sweep()
+        # controller that moved, a teardown another process finished). One read per
+        # host, so not at every scan.
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.sweep_interval_s
+            self.edges.sweep()
 
     def wake(self, cluster_id: int) -> None:
         """Queue the cluster's job: its recorded operation, or (with none) bringing back

@@ -27,7 +27,13 @@ from gpuyard.runtimes.host_edge import ClusterEdge
 from gpuyard.runtimes.host_firewall import bridge_name
 from gpuyard.services.context import Context
 from gpuyard.services.training import SSH_PORT
-from gpuyard.store.schema import ReservedIp, SecurityGroup, TrainingCluster, TrainingNode
+from gpuyard.store.schema import (
+    Host,
+    ReservedIp,
+    SecurityGroup,
+    TrainingCluster,
+    TrainingNode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +82,8 @@ class ClusterEdges:
         self.bind_address = bind_address
         # cluster id -> (host id the rules were applied on, the controller's address).
         self._applied: dict[int, tuple[int | None, str]] = {}
+        # Clusters whose controller's host has no firewall we manage (logged once).
+        self._unserved: dict[int, int | None] = {}
         # One sync at a time: a sync that read the store earlier must not finish after
         # (and undo) a newer one.
         self._sync_lock = threading.RLock()
@@ -101,9 +109,9 @@ class ClusterEdges:
             self._applied.pop(cluster_id, None)
 
     def sweep(self) -> None:
-        """Delete the rules of clusters that should have none where they are: on each
-        host a live cluster uses (and this machine), every cluster whose controller is
-        not there, or that is gone. Covers what ``sync`` cannot see after a restart (a
+        """Delete the rules of clusters that should have none where they are: on every
+        host that answers (and this machine), every cluster whose controller is not
+        there, or that is gone. Covers what ``sync`` cannot see after a restart (a
         controller that moved to another host while no process remembered where its
         rules were). Never raises (a host that does not answer is tried next time)."""
         if self.edges is None:
@@ -122,7 +130,12 @@ class ClusterEdges:
                         )
                     )
                     expected = {c.id: controller_host(session, c) for c in clusters}
-                    used = {c.host_id for c in clusters} | set(expected.values()) | {None}
+                    # Every host that answers (rules may be left where no live cluster
+                    # runs now); one that does not is swept once it answers again.
+                    reachable = session.scalars(
+                        select(Host.id).where(Host.unreachable_since.is_(None))
+                    )
+                    used = {None, *reachable, *expected.values()}
             except Exception:
                 log.exception("training edge sweep: reading the store failed")
                 return
@@ -173,7 +186,8 @@ class ClusterEdges:
                 or cluster.deleted_at is not None
                 or cluster.status in (TrainingStatus.DELETING, TrainingStatus.DELETED)
             ):
-                self.drop(cluster_id, {cluster.host_id} if cluster is not None else None)
+                hosts = {cluster.host_id, controller_host(session, cluster)} if cluster else None
+                self.drop(cluster_id, hosts)
                 return
             ips = list(
                 session.scalars(
@@ -199,7 +213,14 @@ class ClusterEdges:
             listeners.add((self.bind_address, ssh_port))
         previous = self._applied.get(cluster_id)
         if previous is not None and previous[0] != host_id:
-            self.drop(cluster_id)  # the controller moved: its old host serves it no more
+            # The controller moved: its old host serves it no more. One that does not
+            # answer keeps the new host waiting for nothing: the sweep removes its rules
+            # once it answers again.
+            try:
+                self.drop(cluster_id)
+            except Exception:
+                log.exception("training cluster %s: rules left on host %s", cluster_id, previous[0])
+                self._applied.pop(cluster_id, None)
             previous = None
 
         def edge_to(target: str) -> ClusterEdge:
@@ -214,13 +235,16 @@ class ClusterEdges:
 
         edge = self.edges(host_id) if self.edges is not None else None
         if edge is None:
-            log.error(
-                "training cluster %s: the firewall of host %s cannot be managed from here: "
-                "its SSH endpoint and reserved IPs are not served",
-                cluster_id,
-                host_id,
-            )
+            if self._unserved.get(cluster_id) != host_id:  # once, not every scan
+                self._unserved[cluster_id] = host_id
+                log.error(
+                    "training cluster %s: the firewall of host %s cannot be managed from "
+                    "here (a tcp:// engine): its SSH endpoint and reserved IPs are not served",
+                    cluster_id,
+                    host_id,
+                )
             return
+        self._unserved.pop(cluster_id, None)
         # The rules apply before any engine call, so an engine that does not answer
         # cannot keep a detached IP or a new rule from taking effect.
         if previous is not None:
