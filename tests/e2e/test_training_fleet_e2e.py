@@ -206,6 +206,28 @@ def test_a_training_cluster_on_a_remote_host_runs_there_only(
         address = ip["data"]["address"]
         wait(lambda: banner(address, 22, remote.sim.nsenter()), 30, "the reserved IP on the host")
         assert not banner(address, 22)  # not on this machine
+        # A security group is enforced there too: this machine is not an allowed source.
+        group = c.post(
+            "/v1/security-groups",
+            json={
+                "name": "elsewhere",
+                "rules": [{"protocol": "tcp", "port_range": "22", "source_cidr": "192.0.2.0/24"}],
+            },
+        ).json()["data"]
+        r = c.put(
+            f"{BASE}{cid}/",
+            params=params,
+            json={"action": "add_security_group", "security_groups_ids": [group["id"]]},
+        )
+        assert r.status_code == 200, r.text
+        wait(lambda: not banner(remote.sim.address, port), 30, "this machine refused")
+        r = c.put(
+            f"{BASE}{cid}/",
+            params=params,
+            json={"action": "remove_security_group", "security_group_id": group["id"]},
+        )
+        assert r.status_code == 200, r.text
+        wait(lambda: banner(remote.sim.address, port), 30, "open again")
 
         assert c.delete(f"{BASE}{cid}/", params=params).status_code in (200, 202, 204)
 
