@@ -20,9 +20,9 @@ flipping every round:
    "additional_nodes": 1}`` until ``GET`` says ``running`` again. Baseline: create_node
    one more worker, then wait_slurm_ready for all three.
 3. ``srun -N2 hostname`` round trip on the gpuyard cluster (``--srun-reps`` per round,
-   the three paths rotated): ``ssh -p PORT root@127.0.0.1`` through the server's TCP
-   forwarder (port from the cluster's ``ssh`` block), ``ssh`` straight to the
-   controller container's address (no forwarder), and ``podman exec CONTROLLER srun``.
+   the three paths rotated): ``ssh -p PORT root@127.0.0.1`` through the host's DNAT
+   rules (runtimes/host_edge.py; port from the cluster's ``ssh`` block), ``ssh``
+   straight to the controller container's address, and ``podman exec CONTROLLER srun``.
 
 Then both clusters are removed (not in the ratios; shown for reference): gpuyard
 ``DELETE`` until ``GET`` answers 404; baseline remove_node for every node, then the
@@ -65,6 +65,7 @@ from gpuyard.core.ownership import Ownership
 from gpuyard.core.training import NodeName, TrainingStatus
 from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.engine_url import PodmanService
+from gpuyard.runtimes.host_edge import IptablesEdge
 from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
 from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
@@ -184,7 +185,7 @@ def bump_cluster_ids(home: Path) -> None:
 
 class Bare:
     """One Slurm cluster built with SlurmNodeRuntime directly: what the operator does,
-    without the API, the store, placement or the forwarder."""
+    without the API, the store, placement or the edge rules."""
 
     def __init__(self, rt: SlurmNodeRuntime, tag: str, authorized_keys: str) -> None:
         self.rt = rt
@@ -395,9 +396,14 @@ def engine_sweep(url: str, rt: SlurmNodeRuntime, cluster_ids: list[int]) -> None
         print(f"cleanup: {e}", file=sys.stderr)
     finally:
         engine.close()
-    # The installation's host firewall chain (runtimes/host_firewall.py).
+    # The installation's host firewall chain (runtimes/host_firewall.py) and its
+    # training clusters' SSH rules (runtimes/host_edge.py).
     if rt.engine.firewall is not None:
         rt.engine.firewall.remove()
+    try:
+        IptablesEdge(rt.engine.owner.short).uninstall()
+    except Exception as e:  # best effort
+        print(f"cleanup: {e}", file=sys.stderr)
 
 
 def diagnose(rt: SlurmNodeRuntime, cluster_ids: list[int], bares: list[Bare]) -> None:
@@ -546,7 +552,7 @@ def main() -> int:
         print(row("bare SlurmNodeRuntime 3 nodes + wait_slurm_ready", res["bare_create"], "s"))
         print(row("gpuyard scale_cluster +1 -> running", res["gy_scale"], "s"))
         print(row("bare create_node worker + wait_slurm_ready", res["bare_scale"], "s"))
-        print(row("srun -N2 hostname: ssh via gpuyard forwarder", res["srun_fwd"], "ms"))
+        print(row("srun -N2 hostname: ssh via the host's DNAT rules", res["srun_fwd"], "ms"))
         print(row("srun -N2 hostname: ssh to the controller's IP", res["srun_direct"], "ms"))
         print(row("srun -N2 hostname: podman exec controller", res["srun_exec"], "ms"))
         print(row("(reference) gpuyard DELETE -> 404", res["gy_delete"], "s"))

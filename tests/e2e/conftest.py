@@ -25,6 +25,7 @@ from gpuyard.core.ownership import LABEL_INSTALLATION
 from gpuyard.runtimes.devimage import build_dev_image
 from gpuyard.runtimes.engine import vanished_mid_removal
 from gpuyard.runtimes.engine_url import PodmanService
+from gpuyard.runtimes.host_edge import IptablesEdge
 from gpuyard.runtimes.host_firewall import IptablesIsolation
 
 DEV_IMAGE = "localhost/gpuyard/busybox:latest"
@@ -96,8 +97,11 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
                 removed.append(network.name)
     finally:
         client.close()
-    # The installation's host firewall chain (runtimes/host_firewall.py), if it made one.
+    # The installation's host firewall chain (runtimes/host_firewall.py), if it made one,
+    # and its training clusters' SSH rules (runtimes/host_edge.py), which a killed
+    # server leaves in place by design.
     IptablesIsolation(installation_id[:8]).remove()
+    IptablesEdge(installation_id[:8]).uninstall()
     return removed
 
 

@@ -1,7 +1,8 @@
 """A training cluster end to end: the real server (``gpuyard serve``), real Podman node
 containers running real Slurm (slurmctld, slurmd, munge, sshd), reached over SSH with
-the user's key through the server's forwarders. Every seed 002 action is checked by
-its observable effect, and a worker killed under a running job comes back.
+the user's key through the host's DNAT rules (runtimes/host_edge.py). Every seed 002
+action is checked by its observable effect, and a worker killed under a running job
+comes back.
 
 The engine may be shared with a dev server: clean-up removes only objects labelled
 with the installation id of the server a test started (ServerProcess.cleanup)."""
@@ -150,14 +151,14 @@ def connect(host: str, port: int, source: str | None = None) -> bool:
         s.close()
 
 
-def cut_off(s: socket.socket) -> bool:
-    """Whether the peer closed or reset ``s`` (reading what was buffered first)."""
+def reset_on_next_packet(s: socket.socket) -> bool:
+    """Whether the next bytes sent on ``s`` get it reset (or closed) rather than an
+    answer; the SSH server answers an identification line with its key exchange."""
     s.settimeout(10)
     try:
-        while s.recv(4096):
-            pass
-        return True
-    except ConnectionResetError:
+        s.sendall(b"SSH-2.0-probe\r\n")
+        return s.recv(4096) == b""
+    except (ConnectionResetError, BrokenPipeError):
         return True
     except TimeoutError:
         return False
@@ -300,12 +301,13 @@ def test_training_cluster_end_to_end(
                 "rules": [{"protocol": "tcp", "port_range": "22", "source_cidr": "127.0.0.2/32"}],
             },
         ).json()["data"]
-        # A session from 127.0.0.3 opened before the group is cut when it is added.
+        # A session from 127.0.0.3 opened before the group is cut when it is added: the
+        # host's firewall resets it at its next packet, nothing more gets through.
         session = socket.create_connection(("127.0.0.1", port), 5, ("127.0.0.3", 0))
         assert session.recv(64).startswith(b"SSH-")
         act(c, cid, params, action="add_security_group", security_groups_ids=[group["id"]])
         until(lambda: not connect("127.0.0.1", port, "127.0.0.3"), 10, "127.0.0.3 refused")
-        assert cut_off(session)
+        assert reset_on_next_packet(session)
         assert connect("127.0.0.1", port, "127.0.0.2")
         assert connect(ip["address"], 22, "127.0.0.2")
         assert not connect(ip["address"], 22, "127.0.0.3")

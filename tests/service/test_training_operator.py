@@ -5,6 +5,7 @@ that it survives being cut short. Real Slurm is exercised in tests/e2e."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from gpuyard.core.errors import (
 from gpuyard.core.training import NodeName
 from gpuyard.reconciler.training import Superseded, TrainingOperator
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
+from gpuyard.runtimes.host_edge import ClusterEdge
 from gpuyard.services import (
     accounts,
     budgets,
@@ -45,8 +47,10 @@ from gpuyard.store.schema import (
     Reservation,
     SecurityGroup,
     TrainingCluster,
+    TrainingNode,
     UsageInterval,
 )
+from tests.helpers import add_host_row
 
 A = "NVIDIA RTX A6000"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"
@@ -54,19 +58,47 @@ KEY2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIiFnWfuFP/oHj4/cPWrNG4LfEHgYgkI5Gca
 
 
 class FakeEdge:
+    """The hosts' rules (runtimes/host_edge.py) in memory: every host's edge is this
+    one; ``listeners`` shows what they let through: address -> (target, acl)."""
+
     def __init__(self) -> None:
-        self.listeners: dict[tuple[str, int], tuple[str, int, Callable[[str, int], bool]]] = {}
+        self.applied: dict[int, ClusterEdge] = {}
+        self.hosts: list[int | None] = []
 
-    def ensure(
-        self, host: str, port: int, target: str, target_port: int, acl: Callable[[str, int], bool]
-    ) -> None:
-        self.listeners[(host, port)] = (target, target_port, acl)
+    def __call__(self, host_id: int | None) -> FakeEdge:
+        self.hosts.append(host_id)
+        return self
 
-    def remove(self, host: str, port: int) -> None:
-        self.listeners.pop((host, port), None)
+    def apply(self, edge: ClusterEdge) -> None:
+        self.applied[edge.cluster_id] = edge
 
-    def close(self) -> None:
-        self.listeners.clear()
+    def remove(self, cluster_id: int) -> None:
+        self.applied.pop(cluster_id, None)
+
+    def clusters(self) -> set[int]:
+        return set(self.applied)
+
+    def allows(self, cluster_id: int, source: str) -> bool:
+        """Whether the cluster's rules, as they are now, let ``source`` in."""
+        edge = self.applied.get(cluster_id)
+        if edge is None:
+            return False
+        if edge.sources is None:
+            return True
+        return any(ipaddress.ip_address(source) in ipaddress.ip_network(n) for n in edge.sources)
+
+    @property
+    def listeners(self) -> dict[tuple[str, int], tuple[str, int, Callable[[str, int], bool]]]:
+        """(address, port) -> (target, target port, acl asking the rules as they are now)."""
+        found: dict[tuple[str, int], tuple[str, int, Callable[[str, int], bool]]] = {}
+        for cid, edge in self.applied.items():
+            for listener in edge.listeners:
+
+                def acl(source: str, _port: int, cid: int = cid) -> bool:
+                    return self.allows(cid, source)
+
+                found[listener] = (edge.target, edge.target_port, acl)
+        return found
 
 
 @pytest.fixture
@@ -363,7 +395,7 @@ def test_edge_changes_apply_while_the_engine_is_down_and_the_scan_heals(
 
     # A listener lost meanwhile comes back with the next scan once the engine answers.
     nodes.node_address = real_address  # type: ignore[method-assign]
-    edge.listeners.clear()
+    edge.applied.clear()  # the host's firewall was reloaded
     operator.scan()
     assert set(edge.listeners) == {("0.0.0.0", ssh_port)}
 
@@ -737,3 +769,52 @@ def test_a_stopped_cluster_counts_against_no_quota(
     with ctx.read() as s:
         held = quotas.usage_of(s, alice.account_id, None)
     assert held.gpus_by_type == {} and held.running_clusters == 0
+
+
+def test_the_edge_and_the_ssh_command_follow_the_controllers_host(
+    ctx: Context,
+    alice: Principal,
+    world: dict[str, Any],
+    nodes: FakeNodeRuntime,
+) -> None:
+    """SSH is served on the host the controller runs on: its rules go there (and leave
+    the host it ran on before), and the connection string names that host's address,
+    not this server's public address."""
+    ctx.settings.public_address = "203.0.113.1"
+    edges: dict[int | None, FakeEdge] = {}
+
+    def edge_on(host_id: int | None) -> FakeEdge:
+        return edges.setdefault(host_id, FakeEdge())
+
+    operator = TrainingOperator(ctx, nodes, edge_on, drain_timeout_s=0)
+    cid = create(ctx, alice, world, workers=1)
+    operator.run(cid)
+    first = status(ctx, cid).host_id
+    assert set(edges[first].applied) == {cid}
+
+    far = add_host_row(ctx, "far")
+    with ctx.transaction() as s:
+        controller = s.scalars(
+            select(TrainingNode).where(
+                TrainingNode.cluster_id == cid, TrainingNode.role == "controller"
+            )
+        ).one()
+        controller.host_id = far
+    operator.sync_edge(cid)
+    assert edges[first].applied == {} and set(edges[far].applied) == {cid}
+    view = training_reads.show_cluster(ctx, alice, world["scope"], cid, None)
+    port = view["ssh"]["port"]
+    assert view["ssh"]["host"] == "far.example"
+    assert view["ssh"]["command"] == f"ssh -p {port} root@far.example"
+
+    # After a restart nobody remembers where the rules were: the scan's sweep removes
+    # those on a host the controller left, and those of a cluster that is gone.
+    edges[first].apply(dataclasses.replace(edges[far].applied[cid]))
+    edges[first].apply(dataclasses.replace(edges[far].applied[cid], cluster_id=4242))
+    restarted = TrainingOperator(ctx, nodes, edge_on, drain_timeout_s=0)
+    restarted.scan()
+    assert edges[first].applied == {} and set(edges[far].applied) == {cid}
+
+    training.delete_cluster(ctx, alice, world["scope"], cid)
+    operator.run(cid)
+    assert all(edge.applied == {} for edge in edges.values())

@@ -331,12 +331,13 @@ def engine_policy(settings: Settings, engine_url: str | None) -> EnginePolicy:
 def training_operator_factory(
     settings: Settings, engine_url: str | None
 ) -> TrainingOperatorFactory:
-    """Training clusters on real Slurm nodes, reached through userspace forwarders.
-    A cluster's nodes run on the engine of the host it was placed on: this machine's
-    at ``engine_url``, or a fleet host's through that host's runtime (its SSH tunnel,
-    TLS and firewall), with the node image copied there from this machine's engine
-    when the host lacks it."""
-    from gpuyard.net.forwarder import TcpForwarder
+    """Training clusters on real Slurm nodes, reached over SSH through DNAT rules on
+    the host each controller runs on (runtimes/host_edge.py): no user traffic passes
+    through this process. A cluster's nodes run on the engine of the host it was placed
+    on: this machine's at ``engine_url``, or a fleet host's through that host's runtime
+    (its SSH tunnel, TLS and firewall), with the node image copied there from this
+    machine's engine when the host lacks it."""
+    from gpuyard.reconciler.training_edge import HostEdge
     from gpuyard.runtimes.host_nodes import HostNodes
     from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 
@@ -351,11 +352,18 @@ def training_operator_factory(
                 raise TypeError(f"{type(runtime).__name__} has no container engine for nodes")
             return SlurmNodeRuntime(None, engine=engine, image_source=local.engine)
 
-        return TrainingOperator(
+        hosts = HostNodes(fleet, local, on_engine)
+
+        def edge_on(host_id: int | None) -> HostEdge | None:
+            # The rules go where the controller's engine is, through the runner of that
+            # host's isolation chain (this machine's shell, or the host's SSH).
+            return hosts.on_host(host_id).engine.host_edge()
+
+        operator = TrainingOperator(
             ctx,
             local,
-            TcpForwarder(),
-            hosts=HostNodes(fleet, local, on_engine),
+            edge_on,
+            hosts=hosts,
             lane_of=lane_of,
             ready_timeout_s=settings.training_ready_timeout_s,
             drain_timeout_s=settings.training_drain_timeout_s,
@@ -363,5 +371,6 @@ def training_operator_factory(
             bind_address=settings.training_bind_address,
             queue=queue,
         )
+        return operator
 
     return make

@@ -342,8 +342,8 @@ async def training_cluster_events(request: Request) -> Response:
 @router.delete(BASE + "/{Cluster_Id}/", openapi_extra=operation(with_id=True))
 @router.delete(BASE + "/{Cluster_Id}", include_in_schema=False)
 async def delete_training_cluster(request: Request) -> JSONResponse:
-    """Delete: every node container, the network, the Slurm state volume, the
-    forwarders; capacity and reserved IPs are released."""
+    """Delete: the SSH rules on the controller's host, every node container, the
+    network, the Slurm state volume; capacity and reserved IPs are released."""
 
     def work(
         state: AppState, p: Principal, scope: training.Scope, body: dict[str, Any]

@@ -161,3 +161,23 @@ def allows(rule_sets: Sequence[Sequence[Rule]], protocol: str, port: int, source
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return any(rule.matches(protocol, port, address) for rules in rule_sets for rule in rules)
+
+
+def allowed_sources(
+    rule_sets: Sequence[Sequence[Rule]], protocol: str, port: int
+) -> list[Network] | None:
+    """The source networks a cluster whose security groups hold ``rule_sets`` lets
+    reach ``port`` over ``protocol``, for a packet filter that can only match sources:
+    None when there is no group (everything is allowed), else the sources of the rules
+    that match the protocol and port, in order, without repeats (empty: nothing is
+    allowed). ``allows(rule_sets, protocol, port, ip)`` is true exactly when the result
+    is None or ``ip`` (unmapped) lies in one of the networks."""
+    if not rule_sets:
+        return None
+    found: list[Network] = []
+    for rules in rule_sets:
+        for rule in rules:
+            matches = rule.protocol in ("all", protocol) and rule.port_low <= port <= rule.port_high
+            if matches and rule.source not in found:
+                found.append(rule.source)
+    return found

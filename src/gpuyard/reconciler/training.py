@@ -45,7 +45,7 @@ from gpuyard.core.training import (
     TrainingStatus,
 )
 from gpuyard.reconciler.cluster_nodes import ClusterNodes
-from gpuyard.reconciler.training_edge import ClusterEdges, Edge
+from gpuyard.reconciler.training_edge import ClusterEdges, EdgeOnHost, controller_host
 from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
 from gpuyard.reconciler.training_moves import move_nodes
 from gpuyard.reconciler.training_networks import ClusterNetworks, hosts_file
@@ -57,13 +57,11 @@ from gpuyard.services.secrets import secret_box
 from gpuyard.services.training import finish_delete
 from gpuyard.services.training_drain import MOVE_NODES
 from gpuyard.services.training_nodes import nodes_of, transition_training
-from gpuyard.services.training_placement import SSH_PORT
 from gpuyard.services.training_stops import START, STOP, finish_stop
 from gpuyard.store.schema import (
     Cluster,
     Host,
     ImageVersion,
-    ReservedIp,
     TrainingCluster,
     TrainingNode,
 )
@@ -140,7 +138,7 @@ class TrainingOperator:
         self,
         ctx: Context,
         nodes: NodeRuntime,
-        edge: Edge | None,
+        edge: EdgeOnHost | None,
         *,
         ready_timeout_s: float = 180.0,
         drain_timeout_s: float = 300.0,
@@ -174,6 +172,9 @@ class TrainingOperator:
         self.drain_timeout_s = drain_timeout_s
         self.lifecycle_timeout_s = lifecycle_timeout_s
         self.scan_interval_s = scan_interval_s
+        # How often a scan also sweeps stale edge rules off the hosts (the first does).
+        self.sweep_interval_s = 30.0
+        self._next_sweep = 0.0
         self.bind_address = bind_address
         self._own_queue = queue is None
         self.queue = queue if queue is not None else WorkQueue({LANE: workers})
@@ -237,7 +238,8 @@ class TrainingOperator:
     def scan(self) -> None:
         """Resume every recorded operation not in flight; bring every other live
         cluster's edge in line with the store (after a start: rebuild it; after a sync
-        that failed, e.g. the engine did not answer: heal it); and hand each running
+        that failed, e.g. the engine did not answer: heal it; remove rules nothing
+        should have any more); and hand each running
         cluster with a dead node, or whose nodes' SSH keys are no longer the ones
         that open it (training_keys.py), to the queue, where it is brought back in
         line."""
@@ -269,6 +271,13 @@ class TrainingOperator:
                 cluster_id in keys_stale or self.recovery.wanted(cluster_id)
             ):
                 self._submit(cluster_id, host_id)
+        # Rules no live cluster should have where they are (after a restart: a
+        # controller that moved, a teardown another process finished). One read per
+        # host, so not at every scan.
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.sweep_interval_s
+            self.edges.sweep()
 
     def wake(self, cluster_id: int) -> None:
         """Queue the cluster's job: its recorded operation, or (with none) bringing back
@@ -826,20 +835,16 @@ class TrainingOperator:
         c = snap.cluster
         names = NodeName(c.id, c.name_prefix)
         with self.ctx.read() as session:
-            ips = session.scalars(
-                select(ReservedIp.address).where(ReservedIp.training_cluster_id == c.id)
-            )
-            known = {(ip, SSH_PORT) for ip in ips}
-        if c.ssh_port:
-            known.add((self.bind_address, c.ssh_port))
-        self.edges.drop(c.id, known)
+            cluster = session.get(TrainingCluster, c.id)
+            hosts = {c.host_id, controller_host(session, cluster) if cluster else None}
+        self.edges.drop(c.id, hosts)
         for name in self._containers_of(nodes, snap):
             nodes.remove_node(name)
         nodes.remove_network(names.network)
         nodes.remove_volume(names.state_volume)
 
     def sync_edge(self, cluster_id: int) -> None:
-        """Make the cluster's forwarders and security groups match the store (see
+        """Make the cluster's SSH rules and security groups match the store (see
         ClusterEdges.sync). Safe to call any time, from any thread."""
         self.edges.sync(cluster_id)
 

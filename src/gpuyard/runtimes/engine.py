@@ -22,6 +22,7 @@ error unless the operator allowed unenforced disk sizes.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -36,6 +37,7 @@ import requests
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, LABEL_MANAGED, Ownership
 from gpuyard.runtimes.engine_disk import DiskSizes, size_label
+from gpuyard.runtimes.host_edge import IptablesEdge
 from gpuyard.runtimes.host_firewall import (
     IptablesIsolation,
     IsolationUnavailable,
@@ -177,6 +179,7 @@ class Engine:
         self.firewall: IptablesIsolation | None = (
             self._isolation(owner.short) if manage_host_firewall and owner else None
         )
+        self._host_edge: IptablesEdge | None = None
         self.allow_unisolated_networks = policy.allow_unisolated_networks
         self._firewall_checked = False
         self._firewall_problem: str | None = None
@@ -239,6 +242,24 @@ class Engine:
         if self._firewall_runner is None:
             return IptablesIsolation(short)
         return IptablesIsolation(short, runner=self._firewall_runner, iptables="iptables")
+
+    def host_edge(self) -> IptablesEdge | None:
+        """The training clusters' SSH endpoints on this engine's host (runtimes/host_edge.py),
+        kept through the isolation chain's runner; None where this engine's host
+        firewall is not managed (a tcp:// engine). Raises RuntimeFailure before
+        :meth:`bind`."""
+        if not self.manage_host_firewall:
+            return None
+        short = self.owner.short
+        with self._lock:
+            if self._host_edge is None:
+                if self._firewall_runner is None:
+                    self._host_edge = IptablesEdge(
+                        short, iptables=shutil.which("iptables") or "iptables"
+                    )
+                else:
+                    self._host_edge = IptablesEdge(short, runner=self._firewall_runner)
+            return self._host_edge
 
     @property
     def owner(self) -> Ownership:

@@ -107,7 +107,7 @@ class Context:
     # Optional accelerated read of one visible cluster row (store/sqlite_reader.py).
     cluster_reader: ClusterReader | None = None
     # Training clusters: hand an operation to the operator, re-sync a cluster's network
-    # edge (forwarders for its SSH port and reserved IPs) after a change.
+    # edge (host rules for its SSH port and reserved IPs) after a change.
     training_wake: Callable[[int], None] = lambda _cluster_id: None
     training_edge: Callable[[int], None] = lambda _cluster_id: None
     # Whether this process's HTTP proxy serves (views show proxy URLs only then).

@@ -81,8 +81,12 @@ def cluster_view(
     )
     rates = node_rates(session, cluster, prices)
     workers = [n for n in nodes if n.role == NodeRole.WORKER]
-    host = hosts.get(cluster.host_id) if cluster.host_id else None
-    ssh_host = public_address or (host.address if host else None)
+    # SSH is served by the host the controller runs on (runtimes/host_edge.py): its
+    # address; this machine's is the public address when one is set.
+    controller = next((n for n in nodes if n.role == NodeRole.CONTROLLER), None)
+    host_id = controller.host_id if controller and controller.host_id else cluster.host_id
+    host = hosts.get(host_id) if host_id else None
+    ssh_host = host.address if host else public_address
     ssh = None
     if cluster.ssh_port and ssh_host:
         ssh = {
