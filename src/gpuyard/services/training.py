@@ -344,7 +344,7 @@ def delete_cluster(
     ctx: Context, principal: Principal, scope: Scope, cluster_id: int, *, finish_now: bool = False
 ) -> None:
     """Mark for deletion; the operator removes every container, the network, the state
-    volume and the forwarders, then releases capacity. Billing ends now, at the request
+    volume and the SSH edge's rules, then releases capacity. Billing ends now, at the request
     (as a terminated cluster's does), however long the teardown takes. Idempotent while
     deleting. ``finish_now`` (no operator runs: nothing was ever built) releases what
     the cluster holds and hides it at once, as finish_delete."""
