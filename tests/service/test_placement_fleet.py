@@ -244,7 +244,7 @@ def test_network_shows_the_clusters_host_address(ctx: Context, alice: Principal)
 
 
 def test_training_cluster_location_skips_hosts_that_take_nothing(ctx: Context) -> None:
-    from gpuyard.services.training import _location_hosts
+    from gpuyard.services.training_placement import location_hosts
     from gpuyard.services.training_nodes import NodePlan
 
     close_local_host(ctx)
@@ -256,12 +256,12 @@ def test_training_cluster_location_skips_hosts_that_take_nothing(ctx: Context) -
     with ctx.transaction() as s:
         # Two workers of 2 GPUs fit only on the big host; one fits on both (binpack:
         # the small one first); the closed hosts are never offered.
-        assert _location_hosts(ctx, s, "train", plan, 2) == [big]
-        assert _location_hosts(ctx, s, "train", plan, 1) == [small, big]
+        assert location_hosts(ctx, s, "train", plan, 2) == [big]
+        assert location_hosts(ctx, s, "train", plan, 1) == [small, big]
         # Nothing has room: every host there that takes placements (spot may yield).
-        assert _location_hosts(ctx, s, "train", plan, 8) == [small, big]
+        assert location_hosts(ctx, s, "train", plan, 8) == [small, big]
         with pytest.raises(ValidationFailed):
-            _location_hosts(ctx, s, "nowhere", plan, 1)
+            location_hosts(ctx, s, "nowhere", plan, 1)
 
 
 def test_placement_follows_changes_made_behind_its_back(ctx: Context, alice: Principal) -> None:
