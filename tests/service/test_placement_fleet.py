@@ -244,8 +244,8 @@ def test_network_shows_the_clusters_host_address(ctx: Context, alice: Principal)
 
 
 def test_training_cluster_location_skips_hosts_that_take_nothing(ctx: Context) -> None:
-    from gpuyard.services.training_placement import location_hosts
     from gpuyard.services.training_nodes import NodePlan
+    from gpuyard.services.training_placement import location_hosts
 
     close_local_host(ctx)
     add_host_row(ctx, "t-cordoned", 8, location="train", status="cordoned")
