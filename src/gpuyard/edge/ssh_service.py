@@ -11,7 +11,9 @@ stops it.
 
 :class:`GatewaySupervisor` runs that process as a child of ``serve``: started after
 the server's database is migrated, restarted with back-off when it dies, stopped
-(SIGTERM, then SIGKILL) when ``serve`` stops.
+(SIGTERM, then SIGKILL) when ``serve`` stops. A gateway whose server died without
+stopping it (SIGKILL, the OOM killer) notices within :data:`PARENT_CHECK_S` and stops
+itself, freeing the port for the next server's gateway.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ from gpuyard.store.schema import Installation
 log = logging.getLogger("gpuyard.ssh_gateway")
 
 KEY_SYNC_INTERVAL_S = 3.0
+# Set by the supervisor in ``serve``: the pid of the server the gateway belongs to.
+PARENT_ENV = "GPUYARD_GATEWAY_PARENT_PID"
+PARENT_CHECK_S = 0.5
 # A container whose keys could not be written is tried again after this long.
 KEY_SYNC_RETRY_S = 30.0
 
@@ -132,10 +137,12 @@ async def serve_gateway(settings: Settings, engine_url: str | None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sync = asyncio.create_task(KeySync(gateway).run_forever())
+    orphan_watch = asyncio.create_task(_stop_when_orphaned(stop, os.environ.get(PARENT_ENV)))
     try:
         await stop.wait()
     finally:
         sync.cancel()
+        orphan_watch.cancel()
         gateway.stop_watching()
         acceptor.close()
         with contextlib.suppress(Exception):
@@ -144,6 +151,21 @@ async def serve_gateway(settings: Settings, engine_url: str | None) -> None:
         gateway.locator.close()
         db.dispose()
         log.info("ssh gateway stopped")
+
+
+async def _stop_when_orphaned(stop: asyncio.Event, parent: str | None) -> None:
+    """Stop the gateway once the server that started it is gone, however it went (a
+    SIGKILL or the OOM killer gives it no chance to stop its children): a gateway left
+    behind would hold the port the next server's gateway needs. The gateway runs in a
+    session of its own, so it is re-parented, never signalled, when the server dies.
+    ``parent``: the server's pid (None: a gateway started by hand, which watches
+    nothing)."""
+    if not parent or not parent.isdigit():
+        return
+    while os.getppid() == int(parent):
+        await asyncio.sleep(PARENT_CHECK_S)
+    log.warning("the server that started this gateway (pid %s) is gone: stopping", parent)
+    stop.set()
 
 
 def run_gateway(settings: Settings) -> None:
@@ -183,6 +205,7 @@ class GatewaySupervisor:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
+        env[PARENT_ENV] = str(os.getpid())
         if self.engine_url:
             # The engine serve found or started (a Podman service of its own included).
             env["GPUYARD_ENGINE_URL"] = self.engine_url
