@@ -243,10 +243,12 @@ def test_creates_survive_a_primary_failover(
         assert all(per_cluster[cid] == 1 for cid in ids), per_cluster
 
         def one_container_each() -> bool | None:
+            # Sparse: the list alone, no inspect of each (a container being replaced
+            # may be gone by then).
             ours = engine.containers.list(
-                all=True, filters={"label": f"{LABEL_INSTALLATION}={installation}"}
+                all=True, sparse=True, filters={"label": f"{LABEL_INSTALLATION}={installation}"}
             )
-            found = Counter(c.labels.get("gpuyard.cluster_id", "") for c in ours)
+            found = Counter((c.attrs.get("Labels") or {}).get("gpuyard.cluster_id") for c in ours)
             assert all(n <= 1 for n in found.values()), found
             return True if all(found[cid] == 1 for cid in ids) else None
 
