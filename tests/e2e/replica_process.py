@@ -39,7 +39,8 @@ class Replica:
         self.name, self.home = name, home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = home.parent / f"{name}.log"
+        # Named server.log, so a failed test's report shows its warnings (conftest.py).
+        self.log = home.parent / name / "server.log"
         self.env = {
             **os.environ,
             "GPUYARD_HOME": str(home),
@@ -65,6 +66,7 @@ class Replica:
 
     def start(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuyard", "serve"],
