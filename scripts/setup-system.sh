@@ -11,7 +11,9 @@ want+=(e2fsprogs util-linux)
 # Training clusters that span hosts: the VXLAN overlay and its guards (runtimes/overlay.py)
 # use ip/bridge, iptables and nft on every host, this one included.
 want+=(iproute2 iptables nftables)
-[ "${WITH_POSTGRES:-0}" = 1 ] && want+=(postgresql)
+# PostgreSQL for the tests; Patroni and etcd for the failover test
+# (tests/e2e/test_database_failover.py starts its own, by hand, on loopback).
+[ "${WITH_POSTGRES:-0}" = 1 ] && want+=(postgresql patroni etcd-server)
 # Simulated fleet hosts for tests and benchmarks: an sshd in each host's namespace
 # (never started as a service here), ip for the namespaces, socat for bench_volume_move.
 [ "${WITH_TEST_HOSTS:-0}" = 1 ] && want+=(openssh-server iproute2 socat)
@@ -31,6 +33,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
+    # The packages enable (and may start) machine-wide etcd and Patroni services; the
+    # tests run their own. Services this run just installed are turned off again.
+    if [ -d /run/systemd/system ]; then
+      for pkg in etcd-server patroni; do
+        case " ${missing[*]} " in
+          *" $pkg "*) systemctl disable --now "${pkg%-server}" >/dev/null 2>&1 || true ;;
+        esac
+      done
+    fi
   else
     echo "setup: missing ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root" >&2
   fi

@@ -15,19 +15,13 @@ the installation made is removed by its installation id only.
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
-import httpx
 import pytest
 from sqlalchemy import Engine, func, select
 
@@ -36,7 +30,7 @@ from gpuyard.store.db import make_engine
 from gpuyard.store.schema import Cluster, Event, Installation, Lease, UsageInterval
 from tests.conftest import PG_URL, _pg_database
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
-from tests.helpers import free_port
+from tests.e2e.replica_process import Replica, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -46,98 +40,6 @@ if shutil.which("podman") is None:
 # Short leases keep the test short; the mechanism is the one of the 15 s default.
 LEASE_TTL_S = 6.0
 CLUSTERS_PER_REPLICA = 3
-T = TypeVar("T")
-
-
-class Replica:
-    """One ``gpuyard serve`` process of the shared installation."""
-
-    def __init__(self, name: str, home: Path, engine_url: str, database_url: str) -> None:
-        self.name, self.home = name, home
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = home.parent / f"{name}.log"
-        self.env = {
-            **os.environ,
-            "GPUYARD_HOME": str(home),
-            # The HTTP proxy and SSH gateway listen on fixed ports: not needed here.
-            "GPUYARD_PROXY_ENABLED": "false",
-            "GPUYARD_SSH_PORT": "0",
-            "GPUYARD_PORT": str(self.port),
-            "GPUYARD_DATABASE_URL": database_url,
-            "GPUYARD_ENGINE_URL": engine_url,
-            "GPUYARD_LOCAL_GPUS": f"NVIDIA RTX A6000:{2 * CLUSTERS_PER_REPLICA}",
-            "GPUYARD_LOCAL_VCPUS": "32",
-            "GPUYARD_LOCAL_MEMORY_GB": "256",
-            "GPUYARD_LOCAL_DISK_GB": "1000",
-            "GPUYARD_RECONCILE_INTERVAL_S": "0.5",
-            "GPUYARD_STOP_TIMEOUT_S": "2",
-            "GPUYARD_LEASE_TTL_S": str(LEASE_TTL_S),
-            "GPUYARD_TRAINING_ENABLED": "false",
-            # Container disk sizes cannot be enforced on this machine's ext4 storage.
-            "GPUYARD_ALLOW_UNENFORCED_DISK": "true",
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuyard", "serve"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def wait_up(self) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, self.tail()
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name} did not come up:\n{self.tail()}")
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
-
-    def client(self) -> httpx.Client:
-        key = json.loads((self.home / "credentials").read_text())["api_key"]
-        return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=60
-        )
-
-
-def eventually(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found is not None:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def lease_holders(db: Engine) -> dict[str, str]:
@@ -174,7 +76,17 @@ def database_url() -> Iterator[str]:
 @pytest.fixture
 def replicas(tmp_path: Path, engine_url: str, database_url: str) -> Iterator[list[Replica]]:
     home = tmp_path / "home"
-    made = [Replica(n, home, engine_url, database_url) for n in ("a", "b")]
+    made = [
+        Replica(
+            n,
+            home,
+            engine_url,
+            database_url,
+            gpus=2 * CLUSTERS_PER_REPLICA,
+            lease_ttl_s=LEASE_TTL_S,
+        )
+        for n in ("a", "b")
+    ]
     db = make_engine(database_url)
     try:
         # Started together: migrations, seeding and the admin key happen once.

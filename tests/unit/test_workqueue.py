@@ -106,3 +106,25 @@ def test_a_lane_made_on_first_use_after_close_is_no_error() -> None:
     q.close()
     q.ensure_lane("slow:host:1", 1)
     assert q.submit("k", "slow:host:1", lambda: None) is False
+
+
+def test_a_database_outage_is_one_warning_and_retried(caplog: pytest.LogCaptureFixture) -> None:
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    q = WorkQueue({"slow": 1}, backoff=Backoff(base_s=0, max_s=0))
+    runs: list[int] = []
+
+    def job() -> None:
+        runs.append(1)
+        if len(runs) == 1:  # a failover: the first try meets no database
+            raise OperationalError("SELECT 1", {}, psycopg.OperationalError("refused"))
+
+    with caplog.at_level("WARNING", logger="gpuyard.reconciler.workqueue"):
+        q.submit("a", "slow", job)
+        # Retried after its back-off (none here), and done then.
+        wait_for(lambda: len(runs) == 2 and q.failures("a") == 0 and not q.busy())
+    q.close()
+    outage = [r for r in caplog.records if "waits for the database" in r.getMessage()]
+    assert len(outage) == 1 and outage[0].levelname == "WARNING"
+    assert outage[0].exc_info is None  # no stack trace for an outage

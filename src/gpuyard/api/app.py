@@ -36,6 +36,7 @@ from gpuyard.api import snapshots as snapshots_api
 from gpuyard.api import ssh_keys as ssh_keys_api
 from gpuyard.api import terminal as terminal_api
 from gpuyard.api.body_limit import BodyLimit
+from gpuyard.api.database_outage import DatabaseOutage
 from gpuyard.api.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
 from gpuyard.api.nul_guard import NulGuard
@@ -222,6 +223,8 @@ def build_server(
 
     reconciler.autoterm.on_fire = count_fired
     console_api.install(app)  # the web console, its sign-in and session cookie
+    # Outermost: a database outage (a failover) raised ahead of routing is a 503 too.
+    app.add_middleware(DatabaseOutage)
     app.include_router(clusters.router)
     app.include_router(cluster_logs_api.router)
     app.include_router(catalog.router)

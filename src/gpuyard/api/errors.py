@@ -12,8 +12,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpuyard.api.database_outage import outage_answer
 from gpuyard.api.envelope import error_body, error_response
 from gpuyard.core.errors import GpuyardError
+from gpuyard.store.outage import is_database_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +98,12 @@ class UnexpectedErrors:
 
         try:
             await self.app(scope, receive, tracked)
-        except Exception:
+        except Exception as exc:
             if started:
                 raise  # half an answer is out: only closing the connection is honest
+            if is_database_unavailable(exc):
+                await outage_answer(scope.get("path", ""), exc)(scope, receive, send)
+                return
             log.exception("unhandled error")
             response = JSONResponse(
                 error_body("INTERNAL_ERROR", "internal error; see the server log"),

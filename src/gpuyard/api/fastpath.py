@@ -51,6 +51,7 @@ from gpuyard.core.roles import Permission
 from gpuyard.services import cluster_views
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
+from gpuyard.store.outage import is_database_unavailable
 
 log = logging.getLogger(__name__)
 _PATH = re.compile(r"/v1/clusters/([^/]+)")
@@ -153,7 +154,9 @@ async def answer(
         return 200, ok_bytes(rendered.data), etag
     except GpuyardError as exc:
         return exc.http_status, dumps(error_body(exc.code, exc.message, exc.details)), None
-    except Exception:
+    except Exception as exc:
+        if is_database_unavailable(exc):
+            raise  # 503 with Retry-After (api/database_outage.py)
         log.exception("unhandled error reading cluster %s", cluster_id)
         body = dumps(error_body("INTERNAL_ERROR", "internal error; see the server log"))
         return 500, body, None

@@ -38,6 +38,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.reserved_ips import reserved_ip_view
 from gpuyard.services.training_inputs import parse_action_request, parse_cluster_spec
 from gpuyard.services.training_reads import PartitionProbe, show_cluster, show_clusters
+from gpuyard.store.outage import is_database_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,9 @@ async def _handle(request: Request, work: Work, *, with_body: bool = False) -> J
         if exc.http_status >= 500:
             log.error("%s: %s", exc.code, exc.message)
         return error_envelope(exc)
-    except Exception:  # a bug: logged with its trace, answered without one
+    except Exception as exc:  # a bug: logged with its trace, answered without one
+        if is_database_unavailable(exc):
+            raise  # 503 in this envelope, with Retry-After (api/database_outage.py)
         log.exception("training API: %s %s failed", request.method, request.url.path)
         return envelope(500, {}, "internal error", {"code": "INTERNAL_ERROR"})
 

@@ -177,6 +177,15 @@ class ProxyUnavailable(GpuyardError):
     http_status = 503
 
 
+class DatabaseUnavailable(GpuyardError):
+    """The database cannot be reached or takes no writes right now (a failover in
+    progress, a restart). A request that wrote may or may not have been committed:
+    retry it (a create with the same Idempotency-Key answers what the first made)."""
+
+    code = "DATABASE_UNAVAILABLE"
+    http_status = 503
+
+
 class AccountSuspended(Forbidden):
     """The acting account is suspended by the operator: reads work, new work does not."""
 

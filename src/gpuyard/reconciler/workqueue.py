@@ -25,6 +25,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from gpuyard.store.outage import is_database_unavailable
+
 log = logging.getLogger(__name__)
 
 Job = Callable[[], None]
@@ -125,9 +127,14 @@ class WorkQueue:
         ok = True
         try:
             entry.job()
-        except Exception:
+        except Exception as exc:
             ok = False
-            log.exception("work for %s failed", key)
+            if is_database_unavailable(exc):
+                # A failover or restart: every job fails alike for a few seconds, and
+                # its back-off retries it; one line each, not a stack trace.
+                log.warning("work for %s waits for the database: %s", key, exc.__class__.__name__)
+            else:
+                log.exception("work for %s failed", key)
         rerun_in: float | None = None
         with self._lock:
             entry.running = False

@@ -13,6 +13,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from gpuyard.store.database_url import sqlalchemy_url
+
 # Execution option naming the SQLite BEGIN mode ("IMMEDIATE" for write transactions).
 SQLITE_BEGIN_OPTION = "sqlite_begin"
 WRITE_OPTIONS = {SQLITE_BEGIN_OPTION: "IMMEDIATE"}
@@ -21,7 +23,7 @@ WRITE_OPTIONS = {SQLITE_BEGIN_OPTION: "IMMEDIATE"}
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         return _sqlite_engine(url)
-    return create_engine(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
+    return create_engine(sqlalchemy_url(url), pool_size=20, max_overflow=20, pool_pre_ping=True)
 
 
 # SQLite's companions of a database file; it creates them with the database file's

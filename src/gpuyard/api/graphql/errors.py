@@ -16,7 +16,8 @@ from typing import Any
 from graphql import GraphQLError
 from pydantic import ValidationError
 
-from gpuyard.core.errors import GpuyardError, ValidationFailed
+from gpuyard.core.errors import DatabaseUnavailable, GpuyardError, ValidationFailed
+from gpuyard.store.outage import is_database_unavailable, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,10 @@ def format_error(error: GraphQLError) -> dict[str, Any]:
         body["locations"] = [{"line": loc.line, "column": loc.column} for loc in error.locations]
     if error.path:
         body["path"] = list(error.path)
+    if original is not None and is_database_unavailable(original):
+        original = unavailable(original)
     if isinstance(original, GpuyardError):
-        if original.http_status >= 500:
+        if original.http_status >= 500 and not isinstance(original, DatabaseUnavailable):
             log.error("%s: %s", original.code, original.message)
         body["message"] = original.message
         body["extensions"] = {"code": original.code, "details": original.details}
