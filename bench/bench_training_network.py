@@ -51,7 +51,7 @@ from gpuyard.runtimes.engine import Engine, EnginePolicy
 from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.host_firewall import CommandResult, Runner
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
-from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
+from gpuyard.runtimes.slurm_nodes import NodeRole, NodeSpec, SlurmNodeRuntime
 
 MIB = 1 << 20
 PORT = 5201
@@ -100,7 +100,7 @@ class Bench:
             self.controller: 1, self.workers[0]: 1, self.workers[1]: 2, self.workers[2]: 1,
         }  # fmt: skip
         self.nodes = ClusterNodes(
-            lambda h: self.rt[h or 1],  # type: ignore[arg-type,return-value]
+            lambda h: self.rt[h or 1],
             placement,
             self.controller,
             self.subnet,
@@ -123,7 +123,7 @@ class Bench:
         }
         self.nodes.ensure_network(self.network)
         for name in [self.controller, *self.workers]:
-            role = "controller" if name == self.controller else "worker"
+            role: NodeRole = "controller" if name == self.controller else "worker"
             spec = NodeSpec(
                 name=name, role=role, image=SLURM_IMAGE, network=self.network, cpus=1,
                 memory_gb=1, gpu_count=0, labels={"gpuyard.bench": str(os.getpid())},
