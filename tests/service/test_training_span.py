@@ -242,3 +242,19 @@ def test_a_cluster_from_before_spanning_stays_on_its_host(span: Span) -> None:
             {"action": "scale_cluster", "additional_nodes": 1},
         )  # fmt: skip
     assert set(span.placement(cid).values()) == {host}
+
+
+def test_a_host_the_others_cannot_reach_takes_no_part_of_a_spanning_cluster(
+    span: Span,
+) -> None:
+    with span.ctx.transaction() as s:  # as this machine's own host, without a public address
+        host = s.get(Host, span.hosts[0])
+        assert host is not None
+        host.address = "127.0.0.1"
+    with pytest.raises(InsufficientCapacity) as caught:
+        span.create(workers=3)  # needs all three hosts; one cannot join the overlay
+    available = {a["host_id"] for a in caught.value.details["available"]}
+    assert span.hosts[0] not in available
+    # On one host alone it still takes a cluster (no overlay needed).
+    single = span.create(workers=1)
+    assert set(span.placement(single).values()) <= set(span.hosts)

@@ -26,11 +26,13 @@ Measured against Podman 4.3.1 (rootful, netavark + aardvark-dns):
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import ipaddress
 import posixpath
 import re
 import shlex
+import socket
 import tarfile
 import time
 from collections.abc import Mapping
@@ -237,7 +239,12 @@ class SlurmNodeRuntime:
         """Join this host's copy of the cluster network to the other hosts' (see
         runtimes/overlay.py). Idempotent. Raises RuntimeFailure when no command can be
         run on the host (a tcp:// engine) or the host refuses."""
-        run_script(self._host_runner(), attach_script(spec), f"joining {spec.network} across hosts")
+        resolved = dataclasses.replace(
+            spec, local=_ipv4_of(spec.local), peers=tuple(_ipv4_of(p) for p in spec.peers)
+        )
+        run_script(
+            self._host_runner(), attach_script(resolved), f"joining {spec.network} across hosts"
+        )
 
     def detach_overlay(self, network: str) -> None:
         """Remove the cluster's overlay from this host. Idempotent; a host where no
@@ -668,6 +675,19 @@ class SlurmNodeRuntime:
                 f"{out.strip()[-300:]}",
                 {"node": node},
             )
+
+
+def _ipv4_of(address: str) -> str:
+    """A host's address as an IPv4 address (a name is resolved here, as the engine URL's
+    is). Raises RuntimeFailure for a name that does not resolve."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(address)
+    except OSError as exc:
+        raise RuntimeFailure(f"host address {address!r} does not resolve: {exc}") from exc
 
 
 def _legacy(name: str) -> bool:

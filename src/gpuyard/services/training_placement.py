@@ -13,6 +13,7 @@ its own (core/training_network.py) and each node a fixed address in it.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -45,7 +46,8 @@ from gpuyard.store.schema import Host, TrainingCluster, TrainingNode
 
 SSH_PORT = 22
 # Engines whose hosts run no command for us (tcp://): their nodes cannot join an
-# overlay, so a cluster spans only hosts reached over ssh:// or this machine's socket.
+# overlay, so a cluster spans only hosts reached over ssh:// or this machine's socket
+# (and this machine only with an address the other hosts reach).
 _NO_COMMANDS = ("tcp://", "https://", "http://")
 
 
@@ -74,17 +76,25 @@ def location_hosts(
 def active_hosts(session: Session, location: str, *, spanning: bool = False) -> list[int]:
     """Every host of ``location`` that takes placements (active, healthy), by id;
     ``spanning``: only those whose nodes can join an overlay."""
-    query = select(Host.id, Host.engine_url).where(
+    query = select(Host.id, Host.engine_url, Host.address).where(
         Host.location == location,
         Host.healthy.is_(True),
         Host.status == HostStatus.ACTIVE.value,
     )
     rows = session.execute(query.order_by(Host.id)).all()
-    return [
-        host_id
-        for host_id, url in rows
-        if not spanning or not str(url or "").lower().startswith(_NO_COMMANDS)
-    ]
+    return [host_id for host_id, url, address in rows if not spanning or _joins(url, address)]
+
+
+def _joins(engine_url: str | None, address: str) -> bool:
+    """Whether a host can be one end of an overlay: commands run there (not tcp://) and
+    the other hosts reach it at its address (not a loopback one, as this machine's is
+    until GPUYARD_PUBLIC_ADDRESS names another)."""
+    if str(engine_url or "").lower().startswith(_NO_COMMANDS):
+        return False
+    try:
+        return not ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return True  # a name: resolved where the overlay is made
 
 
 def hosts_without_overlay(session: Session, location: str) -> frozenset[int]:
