@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -215,6 +216,16 @@ class PodmanHost:
     def up(self) -> None:
         _run("ip", "link", "set", f"{self.name}-o", "up")
 
+    def freeze(self) -> None:
+        """Freeze the host's engine (SIGSTOP): its socket still accepts connections, as
+        a hung engine's does, but nothing answers."""
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGCONT)
+
     def log(self) -> str:
         with contextlib.suppress(OSError):
             return (self.run / "service.log").read_text(errors="replace")[-2000:]
@@ -231,6 +242,8 @@ class PodmanHost:
             terminate_process(self._sshd, 5)
             self._sshd = None
         if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGCONT)  # a test may have frozen it
             # Containers outlive the engine's service (conmon): remove them through it.
             with contextlib.suppress(Exception):
                 client = docker.DockerClient(

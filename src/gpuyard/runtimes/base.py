@@ -166,6 +166,11 @@ class Runtime(Protocol):
         """None when the engine answers, else a message saying what to install or start."""
         ...
 
+    def heartbeat(self, timeout_s: float) -> str | None:
+        """Like :meth:`available`, answered within about ``timeout_s`` whatever the
+        engine's timeout for other operations: a hung engine is a miss, not a wait."""
+        ...
+
     def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
         """Make ``image`` present locally, pulling it if needed; ``on_pull`` is called
         just before a pull begins (never when the image is already there)."""

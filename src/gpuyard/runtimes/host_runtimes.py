@@ -26,7 +26,8 @@ from gpuyard.runtimes.volume_images import DEFAULT_DIRECTORY, VolumeImages
 
 class HostEngineRuntime(DockerEngineRuntime):
     """A remote host's engine. ``runner`` runs commands on the host (None: none can be
-    run there, e.g. a TCP engine); ``tunnel`` is (re)started by every heartbeat."""
+    run there, e.g. a TCP engine); ``tunnel`` is restarted by a heartbeat that finds its
+    ssh child gone."""
 
     def __init__(
         self,
@@ -57,6 +58,16 @@ class HostEngineRuntime(DockerEngineRuntime):
             except RuntimeFailure as exc:
                 return exc.message
         return super().available()
+
+    def heartbeat(self, timeout_s: float) -> str | None:
+        """The tunnel's liveness (restarted, within the heartbeat's time, when its ssh
+        child is gone), then a ping with the heartbeat's own short timeout."""
+        if self.tunnel is not None:
+            try:
+                self.tunnel.ensure(timeout_s)
+            except RuntimeFailure as exc:
+                return exc.message
+        return super().heartbeat(timeout_s)
 
     def inventory(self) -> EngineInventory:
         """What the host has (runtimes/inventory.py)."""
