@@ -385,7 +385,9 @@ def test_restore_into_a_new_home_adopts_old_clusters_and_quarantines_newer_ones(
             return found if len(found) == len(new) else None
 
         listed = eventually(newer_orphans, 60, "the newer clusters' volumes listed as orphans")
+        # Older than the restore: kept until an admin deletes them, whatever the retention.
         assert all(o["status"] == "quarantined" for o in listed.values())
+        assert all(o["delete_after"] is None for o in listed.values())
         for cid in new:
             assert volume_file(engine, volume_name(server, cid), "data") == "precious\n"
 

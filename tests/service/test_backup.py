@@ -76,6 +76,12 @@ def test_restore_into_a_new_home_is_the_same_installation(live: Context, tmp_pat
     engine, sessions = open_store(new)
     try:
         with sessions() as s:
+            assert s.scalar(select(Installation.restored_at)) is not None
+    finally:
+        engine.dispose()
+    engine, sessions = open_store(new)
+    try:
+        with sessions() as s:
             assert "renamed-after" not in {h.name for h in s.scalars(select(Host))}
     finally:
         engine.dispose()

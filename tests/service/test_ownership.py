@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.orphans import delete_quarantined
@@ -19,7 +19,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.store.schema import Event, OrphanVolume
+from gpuyard.store.schema import Event, Installation, OrphanVolume
 from tests.conftest import new_principal
 from tests.helpers import make_settings
 from tests.service.test_lifecycle import a6000, settle
@@ -169,3 +169,24 @@ def test_quarantined_volume_known_again_is_released_not_deleted(
     assert volume in runtime.volumes
     (released,) = _orphans(ctx)
     assert released.outcome == "released"
+
+
+def test_after_a_restore_older_unknown_volumes_are_kept_until_an_admin_deletes_them(
+    ctx: Context, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
+) -> None:
+    # A volume made after the backup this installation was restored from: the
+    # retention never deletes it (the fake engine does not say when a volume was made,
+    # which counts as older than the restore).
+    newer = ctx.ownership.volume("newercluster01")
+    runtime.ensure_volume(newer, "newercluster01")
+    with ctx.transaction() as s:
+        s.execute(update(Installation).values(restored_at=clock.now()))
+    rec.scan_volumes()
+    (row,) = _orphans(ctx)
+    assert row.name == newer and row.delete_after is None and row.deleted_at is None
+    clock.advance(ctx.settings.orphan_volume_retention_hours * 3600 * 10)
+    rec.scan_volumes()
+    assert newer in runtime.volumes
+    assert _orphans(ctx)[0].deleted_at is None
+    assert delete_quarantined(ctx, runtime, _orphans(ctx)[0], "admin")
+    assert newer not in runtime.volumes

@@ -116,6 +116,8 @@ class ManagedVolume:
     name: str
     cluster_id: str | None
     size_bytes: int | None
+    # When the engine made it (its own ISO 8601 text); None where it does not say.
+    created_at: str | None = None
 
 
 @dataclass(frozen=True)

@@ -578,6 +578,7 @@ class DockerEngineRuntime:
                 name=v.name,
                 cluster_id=v.labels.get(LABEL_CLUSTER),
                 size_bytes=v.size_bytes,
+                created_at=v.created_at,
             )
             for v in self.engine.list_volumes()
         ]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, update
 from sqlalchemy.engine import make_url
 
 from gpuyard import __version__
@@ -40,6 +40,7 @@ from gpuyard.edge.gateway_keys import gateway_dir
 from gpuyard.services.host_identity import HOST_ID_FILE
 from gpuyard.settings import Settings
 from gpuyard.store.db import make_engine, secure_sqlite_files
+from gpuyard.store.migrate import upgrade
 from gpuyard.store.schema import Installation
 
 FORMAT = 1
@@ -236,10 +237,13 @@ def read_manifest(archive: Path) -> dict[str, object]:
     return manifest
 
 
-def restore(settings: Settings, archive: Path) -> BackupSummary:
+def restore(settings: Settings, archive: Path, *, now: datetime | None = None) -> BackupSummary:
     """Bring back the installation of backup ``archive`` into the home and database of
     ``settings``, both of which must hold no installation yet (BackupError: nothing is
-    overwritten). Files are written owner-only."""
+    overwritten). Files are written owner-only. The database is brought to this
+    version's schema and remembers the restore (``installation.restored_at``, ``now``):
+    volumes of ours found then that it does not know are kept until an admin deletes
+    them (reconciler/orphans.py)."""
     archive = Path(archive)
     manifest = read_manifest(archive)
     url = settings.effective_database_url
@@ -270,6 +274,7 @@ def restore(settings: Settings, archive: Path) -> BackupSummary:
         for name, path in targets.items():
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             _extract(tar, name, path)
+    _mark_restored(url, now or datetime.now(UTC))
     return BackupSummary(
         archive,
         str(manifest.get("installation_id")),
@@ -277,6 +282,16 @@ def restore(settings: Settings, archive: Path) -> BackupSummary:
         database,
         tuple(n.removeprefix("files/") for n in names),
     )
+
+
+def _mark_restored(url: str, now: datetime) -> None:
+    engine = make_engine(url)
+    try:
+        upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(update(Installation).values(restored_at=now))
+    finally:
+        engine.dispose()
 
 
 def _refuse_existing(settings: Settings, sqlite_file: Path | None, url: str) -> None:

@@ -77,7 +77,8 @@ def _view(o: OrphanVolume, host: str | None) -> dict[str, Any]:
         "cluster_id": o.cluster_id,
         "size_bytes": o.size_bytes,
         "found_at": o.found_at.isoformat(),
-        "delete_after": o.delete_after.isoformat(),
+        # None: kept until an admin deletes it (found after a restore).
+        "delete_after": o.delete_after.isoformat() if o.delete_after else None,
         "status": o.outcome or "quarantined",
         "deleted_at": o.deleted_at.isoformat() if o.deleted_at else None,
     }
