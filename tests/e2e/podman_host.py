@@ -216,6 +216,18 @@ class PodmanHost:
     def up(self) -> None:
         _run("ip", "link", "set", f"{self.name}-o", "up")
 
+    def drop(self) -> None:
+        """Drop every packet on the host's link, silently (no reset, no ICMP): a
+        partition the far end does not hear about. Rules in the host's own namespace."""
+        for chain in ("INPUT", "OUTPUT"):
+            where = "-i" if chain == "INPUT" else "-o"
+            _run(*self.nsenter(), "iptables", "-I", chain, where, "eth0", "-j", "DROP")
+
+    def undrop(self) -> None:
+        for chain in ("INPUT", "OUTPUT"):
+            where = "-i" if chain == "INPUT" else "-o"
+            _run(*self.nsenter(), "iptables", "-D", chain, where, "eth0", "-j", "DROP")
+
     def freeze(self) -> None:
         """Freeze the host's engine (SIGSTOP): its socket still accepts connections, as
         a hung engine's does, but nothing answers."""
