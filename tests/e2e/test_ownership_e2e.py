@@ -390,6 +390,13 @@ def test_restore_into_a_new_home_adopts_old_clusters_and_quarantines_newer_ones(
         assert all(o["delete_after"] is None for o in listed.values())
         for cid in new:
             assert volume_file(engine, volume_name(server, cid), "data") == "precious\n"
+        # An admin lets one go: its stopped container, which holds the volume, goes too.
+        gone = new[0]
+        r = c.delete(f"/v1/orphans/{listed[gone]['id']}")
+        assert r.status_code == 200, r.text
+        assert container_state(engine, container_name(server, gone)) is None
+        assert not volume_exists(engine, volume_name(server, gone))
+        assert container_state(engine, container_name(server, new[1])) == "exited"
 
 
 # -- engine restart --------------------------------------------------------------------

@@ -179,14 +179,24 @@ def test_after_a_restore_older_unknown_volumes_are_kept_until_an_admin_deletes_t
     # which counts as older than the restore).
     newer = ctx.ownership.volume("newercluster01")
     runtime.ensure_volume(newer, "newercluster01")
+    runtime.ensure_image("img")
+    runtime.create(_spec("newercluster01", newer))
+    runtime.start("newercluster01")
     with ctx.transaction() as s:
         s.execute(update(Installation).values(restored_at=clock.now()))
     rec.scan_volumes()
     (row,) = _orphans(ctx)
     assert row.name == newer and row.delete_after is None and row.deleted_at is None
+    rec.observe()  # its container, first seen unknown
+    rec.wait_idle(timeout=10)
     clock.advance(ctx.settings.orphan_volume_retention_hours * 3600 * 10)
+    rec.observe()  # past the grace: stopped and kept
+    rec.wait_idle(timeout=10)
     rec.scan_volumes()
     assert newer in runtime.volumes
+    assert runtime.containers["newercluster01"].state == ContainerState.EXITED
     assert _orphans(ctx)[0].deleted_at is None
+    # An admin deletes the orphan: the container that holds it goes first.
     assert delete_quarantined(ctx, runtime, _orphans(ctx)[0], "admin")
-    assert newer not in runtime.volumes
+    assert newer not in runtime.volumes and "newercluster01" not in runtime.containers
+    rec.stop()

@@ -118,10 +118,18 @@ def delete_orphan(
         return _view(done, host.name if host else None)
 
 
+def _never_known(ctx: Context, cluster_id: str) -> bool:
+    """Whether no cluster row has ever had this id (rows are never deleted)."""
+    with ctx.read() as session:
+        return session.get(Cluster, cluster_id) is None
+
+
 def delete_quarantined(ctx: Context, runtime: Runtime, row: OrphanVolume, why: str) -> bool:
     """Delete a quarantined volume on the engine, then mark its row. Returns False
     (and leaves the row) when the engine refuses, e.g. the volume is in use. A volume
-    the database has come to know meanwhile is released, not deleted."""
+    the database has come to know meanwhile is released, not deleted. The stopped
+    container of a cluster the database has never known (reconciler/driver.py
+    collect_container keeps it) goes first: it holds the volume."""
     if row.name in known_volume_names(ctx):
         with ctx.transaction() as session:
             live = session.get(OrphanVolume, row.id)
@@ -129,6 +137,8 @@ def delete_quarantined(ctx: Context, runtime: Runtime, row: OrphanVolume, why: s
                 live.deleted_at, live.outcome = ctx.clock.now(), "released"
         return False
     try:
+        if row.cluster_id and _never_known(ctx, row.cluster_id):
+            runtime.stop(row.cluster_id, timeout_s=ctx.settings.stop_timeout_s)
         runtime.remove_volume(row.name)
     except GpuyardError as exc:
         log.warning("cannot delete quarantined volume %s: %s", row.name, exc.message)
