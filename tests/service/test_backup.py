@@ -23,13 +23,16 @@ from gpuyard.services.context import Context
 from gpuyard.services.installation import ensure_installation
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Host, Installation
+from tests.conftest import _pg_database
 from tests.helpers import make_settings
 
 
 @pytest.fixture
-def live(tmp_path: Path) -> Iterator[Context]:
-    """A started installation on SQLite, its store open (as a running server's is)."""
-    settings = make_settings(tmp_path / "old-home")
+def live(tmp_path: Path, database_url: str) -> Iterator[Context]:
+    """A started installation, its store open (as a running server's is); SQLite has
+    it in its home."""
+    url = None if database_url.startswith("sqlite") else database_url
+    settings = make_settings(tmp_path / "old-home", url)
     engine, sessions = open_store(settings)
     with sessions.begin() as session:
         owner = ensure_installation(session)
@@ -52,7 +55,18 @@ def _installation(settings: Settings) -> str:
         engine.dispose()
 
 
-def test_restore_into_a_new_home_is_the_same_installation(live: Context, tmp_path: Path) -> None:
+@pytest.fixture
+def fresh_url(database_url: str) -> Iterator[str | None]:
+    """Another empty database of the same kind (None: SQLite, in the new home)."""
+    if database_url.startswith("sqlite"):
+        yield None
+        return
+    yield from _pg_database()
+
+
+def test_restore_into_a_new_home_is_the_same_installation(
+    live: Context, tmp_path: Path, fresh_url: str | None
+) -> None:
     old = live.settings
     archive = tmp_path / "backups" / "gpuyard.tar.gz"
     made = backup(old, archive)
@@ -64,7 +78,7 @@ def test_restore_into_a_new_home_is_the_same_installation(live: Context, tmp_pat
     with live.transaction() as s:
         s.scalars(select(Host)).first().name = "renamed-after"  # type: ignore[union-attr]
 
-    new = make_settings(tmp_path / "new-home")
+    new = make_settings(tmp_path / "new-home", fresh_url)
     done = restore(new, archive)
     assert done.installation_id == made.installation_id
     for name, path in identity_files(old).items():
@@ -87,15 +101,15 @@ def test_restore_into_a_new_home_is_the_same_installation(live: Context, tmp_pat
         engine.dispose()
 
 
-def test_restore_overwrites_nothing(live: Context, tmp_path: Path) -> None:
+def test_restore_overwrites_nothing(live: Context, tmp_path: Path, fresh_url: str | None) -> None:
     archive = tmp_path / "b.tar.gz"
     backup(live.settings, archive)
     with pytest.raises(BackupError, match="exists"):
         backup(live.settings, archive)  # an existing file is not replaced
-    with pytest.raises(BackupError, match="new home"):
+    with pytest.raises(BackupError, match=r"new home|empty database"):
         restore(live.settings, archive)  # the live home: refused, untouched
     assert _installation(live.settings) == live.ownership.installation_id
-    key_only = make_settings(tmp_path / "half")
+    key_only = make_settings(tmp_path / "half", fresh_url)
     key_only.home.mkdir()
     key_only.secret_key_path.write_text("another key")
     with pytest.raises(BackupError, match=r"secret\.key exists"):
@@ -119,16 +133,23 @@ def test_a_file_that_is_not_a_backup_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "escape").exists()
 
 
-def test_cli_backup_and_restore(live: Context, tmp_path: Path) -> None:
+def test_cli_backup_and_restore(live: Context, tmp_path: Path, fresh_url: str | None) -> None:
     archive = tmp_path / "cli.tar.gz"
     runner = CliRunner()
     env = {"GPUYARD_HOME": str(live.settings.home)}
+    if live.settings.database_url:
+        env["GPUYARD_DATABASE_URL"] = live.settings.database_url
     made = runner.invoke(cli, ["backup", str(archive)], env=env)
     assert made.exit_code == 0, made.output
     assert live.ownership.installation_id in made.output
     again = runner.invoke(cli, ["backup", str(archive)], env=env)
     assert again.exit_code == 1 and "exists" in again.output
     home = tmp_path / "cli-home"
-    back = runner.invoke(cli, ["restore", str(archive)], env={"GPUYARD_HOME": str(home)})
+    fresh = {"GPUYARD_HOME": str(home)}
+    if fresh_url:
+        fresh["GPUYARD_DATABASE_URL"] = fresh_url
+    back = runner.invoke(cli, ["restore", str(archive)], env=fresh)
     assert back.exit_code == 0, back.output
-    assert (home / "gpuyard.db").is_file() and (home / "secret.key").is_file()
+    assert live.ownership.installation_id in back.output
+    assert (home / "secret.key").is_file()
+    assert _installation(make_settings(home, fresh_url)) == live.ownership.installation_id
