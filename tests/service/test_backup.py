@@ -115,6 +115,12 @@ def test_restore_overwrites_nothing(live: Context, tmp_path: Path, fresh_url: st
     with pytest.raises(BackupError, match=r"secret\.key exists"):
         restore(key_only, archive)
     assert key_only.secret_key_path.read_text() == "another key"
+    # A home with an SSH key of its own: refused before anything is written.
+    ssh_only = make_settings(tmp_path / "ssh-only", fresh_url)
+    SshKeys(ssh_only.home).ensure()
+    with pytest.raises(BackupError, match="id_ed25519"):
+        restore(ssh_only, archive)
+    assert sorted(p.name for p in ssh_only.home.iterdir()) == ["ssh"]
 
 
 def test_a_file_that_is_not_a_backup_is_refused(tmp_path: Path) -> None:

@@ -255,9 +255,38 @@ def restore(settings: Settings, archive: Path, *, now: datetime | None = None) -
             f"{make_url(url).get_backend_name()}: restore into the same kind of database"
         )
     _refuse_existing(settings, sqlite_file, url)
+    written: list[Path] = []
+    try:
+        names = _restore_into(settings, archive, sqlite_file, url, written)
+        _mark_restored(url, now or datetime.now(UTC))
+    except BaseException:
+        # A restore cut short leaves the home as it found it (a PostgreSQL database
+        # may keep what pg_restore wrote: restore again into a new empty one).
+        for path in reversed(written):
+            path.unlink(missing_ok=True)
+        raise
+    return BackupSummary(
+        archive,
+        str(manifest.get("installation_id")),
+        str(manifest.get("created_at")),
+        database,
+        tuple(n.removeprefix("files/") for n in names),
+    )
+
+
+def _restore_into(
+    settings: Settings, archive: Path, sqlite_file: Path | None, url: str, written: list[Path]
+) -> list[str]:
+    """Write the archive's database and files (each path written is added to
+    ``written``); the archive names of the files. Refuses a file that exists."""
     with tarfile.open(archive, mode="r:gz") as tar:
         names = [m.name for m in _regular(tar) if m.name.startswith("files/")]
         targets = {name: _restore_target(settings, name.removeprefix("files/")) for name in names}
+        taken = [str(path) for path in targets.values() if path.exists()]
+        if taken:
+            raise BackupError(
+                f"{', '.join(taken)} exist(s): restore only into a new home (move the old one away)"
+            )
         settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(settings.home, 0o700)
         with tempfile.TemporaryDirectory(prefix="gpuyard-restore-") as scratch:
@@ -266,6 +295,7 @@ def restore(settings: Settings, archive: Path, *, now: datetime | None = None) -
             _extract(tar, member, dump)
             if sqlite_file is not None:
                 sqlite_file.parent.mkdir(parents=True, exist_ok=True)
+                written.append(sqlite_file)
                 secure_sqlite_files(sqlite_file)
                 shutil.copyfile(dump, sqlite_file)
             else:
@@ -273,15 +303,9 @@ def restore(settings: Settings, archive: Path, *, now: datetime | None = None) -
                       f"--dbname={_libpq_url(url)}", str(dump)])  # fmt: skip
         for name, path in targets.items():
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            written.append(path)
             _extract(tar, name, path)
-    _mark_restored(url, now or datetime.now(UTC))
-    return BackupSummary(
-        archive,
-        str(manifest.get("installation_id")),
-        str(manifest.get("created_at")),
-        database,
-        tuple(n.removeprefix("files/") for n in names),
-    )
+    return names
 
 
 def _mark_restored(url: str, now: datetime) -> None:
