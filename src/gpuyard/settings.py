@@ -75,9 +75,14 @@ class Settings(BaseSettings):
 
     # Fleet (README "Hosts"): every host's engine is pinged this often; after
     # ``heartbeat_misses`` misses in a row it is unreachable (nothing new lands there,
-    # its clusters keep their GPUs and bill nothing until it answers again).
-    heartbeat_interval_s: float = 5.0
-    heartbeat_misses: int = 3
+    # its clusters keep their GPUs and bill nothing until it answers again). A ping
+    # that has no answer within ``heartbeat_timeout_s`` is a miss, however long engine
+    # operations may take (``remote_engine_timeout_s``): a host that stops answering
+    # is unreachable within misses x max(interval, timeout) + timeout (3 x 5 + 3 = 18 s
+    # with these defaults), and reachable again within interval + timeout of answering.
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    heartbeat_misses: int = Field(default=3, ge=1)
+    heartbeat_timeout_s: float = Field(default=3.0, gt=0)
     # Several API replicas on one database (services/leases.py): each background duty
     # is owned by one replica through a lease in the database that lasts this long
     # unless renewed; a dead replica's duties move to another within about this time.
@@ -278,6 +283,14 @@ class Settings(BaseSettings):
     @property
     def snapshot_password_path(self) -> Path:
         return self.snapshot_password_file or self.home / "snapshot.password"
+
+    @property
+    def unreachable_within_s(self) -> float:
+        """The longest a host that stops answering stays reachable: its last answered
+        heartbeat, then ``heartbeat_misses`` heartbeats (one per interval, or back to
+        back when a miss outlasts the interval) that each wait ``heartbeat_timeout_s``."""
+        every = max(self.heartbeat_interval_s, self.heartbeat_timeout_s)
+        return self.heartbeat_misses * every + self.heartbeat_timeout_s
 
     @property
     def allocation_ratios(self) -> AllocationRatios:

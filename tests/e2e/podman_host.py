@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -215,6 +216,28 @@ class PodmanHost:
     def up(self) -> None:
         _run("ip", "link", "set", f"{self.name}-o", "up")
 
+    def drop(self) -> None:
+        """Drop every packet on the host's link, silently (no reset, no ICMP): a
+        partition the far end does not hear about. Rules in the host's own namespace."""
+        for chain in ("INPUT", "OUTPUT"):
+            where = "-i" if chain == "INPUT" else "-o"
+            _run(*self.nsenter(), "iptables", "-I", chain, where, "eth0", "-j", "DROP")
+
+    def undrop(self) -> None:
+        for chain in ("INPUT", "OUTPUT"):
+            where = "-i" if chain == "INPUT" else "-o"
+            _run(*self.nsenter(), "iptables", "-D", chain, where, "eth0", "-j", "DROP")
+
+    def freeze(self) -> None:
+        """Freeze the host's engine (SIGSTOP): its socket still accepts connections, as
+        a hung engine's does, but nothing answers."""
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._proc is not None
+        os.killpg(self._proc.pid, signal.SIGCONT)
+
     def log(self) -> str:
         with contextlib.suppress(OSError):
             return (self.run / "service.log").read_text(errors="replace")[-2000:]
@@ -231,6 +254,8 @@ class PodmanHost:
             terminate_process(self._sshd, 5)
             self._sshd = None
         if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGCONT)  # a test may have frozen it
             # Containers outlive the engine's service (conmon): remove them through it.
             with contextlib.suppress(Exception):
                 client = docker.DockerClient(

@@ -16,9 +16,11 @@ labelled with an installation id the test made (ServerProcess.cleanup).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -281,7 +283,7 @@ def test_two_installations_share_an_engine(
         assert sh_in(engine.containers.get(a2_container), "cat /workspace/mark") == (0, f"{a2}\n")
 
     # B's database restored from the copy that predates b3: b3's volume is quarantined,
-    # not deleted, even once b3's (unknown) container has been collected.
+    # not deleted, and b3's (unknown) container is stopped and kept after the grace.
     b.stop()
     restore_db(b, old_b_db)
     b.extra_env["GPUYARD_ORPHAN_CONTAINER_GRACE_S"] = "2"
@@ -292,9 +294,9 @@ def test_two_installations_share_an_engine(
             lambda: quarantined(b).get(b3_volume) == (b3, None), 30, "b3's volume quarantined"
         )
         eventually(
-            lambda: container_state(engine, b3_container) is None,
+            lambda: container_state(engine, b3_container) == "exited",
             30,
-            "b3's unknown container collected after the grace",
+            "b3's unknown container stopped (and kept) after the grace",
         )
         assert volume_exists(engine, b3_volume)
         assert volume_file(engine, b3_volume, "data") == "precious\n"
@@ -310,6 +312,91 @@ def test_two_installations_share_an_engine(
         all_run((b, cb, b1), (b, cb, b2))()
         assert container_state(engine, a2_container) == "running"
         assert volume_file(engine, a2_volume, "mark") == f"{a2}\n"
+
+
+# -- backup and restore ------------------------------------------------------------------
+
+
+def gpuyard_command(server: ServerProcess, *args: str) -> str:
+    """Run ``gpuyard ARGS`` with the server's home (as an operator on its machine)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuyard", *args],
+        env={**os.environ, "GPUYARD_HOME": str(server.home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_restore_into_a_new_home_adopts_old_clusters_and_quarantines_newer_ones(
+    servers: ServerFactory, engine_url: str, engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    server = servers("s", engine_url, GPUYARD_ORPHAN_CONTAINER_GRACE_S="2")
+    owner = server.installation
+    with server.client() as c:
+        old = [create(c, name="old1"), create(c, name="old2")]
+        for cid in old:
+            assert wait_status(c, cid, {"running", "error"}, timeout=90)["status"] == "running"
+            assert sh(engine, server, cid, f"echo {cid} > /workspace/mark")[0] == 0
+        started = {cid: engine.containers.get(container_name(server, cid)).id for cid in old}
+        archive = tmp_path / "backups" / "s.tar.gz"
+        out = gpuyard_command(server, "backup", str(archive))  # while it runs
+        assert owner.installation_id in out
+        new = [create(c, name="new1"), create(c, name="new2")]
+        for cid in new:
+            assert wait_status(c, cid, {"running", "error"}, timeout=90)["status"] == "running"
+            assert sh(engine, server, cid, "echo precious > /workspace/data")[0] == 0
+
+    # The machine is lost: its home goes. The backup brings the installation back.
+    server.stop()
+    shutil.rmtree(server.home)
+    gpuyard_command(server, "restore", str(archive))
+    server.start()
+    assert server.installation == owner
+    with server.client() as c:
+        for cid in new:
+            assert c.get(f"/v1/clusters/{cid}").status_code == 404
+        for cid in new:
+            eventually(
+                lambda cid=cid: container_state(engine, container_name(server, cid)) == "exited",
+                60,
+                f"{cid}'s container stopped and kept",
+            )
+
+        def adopted() -> None:
+            for cid in old:
+                assert cluster(c, cid)["status"] == "running", cid
+                container = engine.containers.get(container_name(server, cid))
+                # The very container the backup knew, never restarted nor recreated.
+                assert container.status == "running" and container.id == started[cid]
+            for cid in new:
+                assert container_state(engine, container_name(server, cid)) == "exited"
+                assert volume_exists(engine, volume_name(server, cid)), cid
+
+        holds(adopted, OBSERVE_PASSES_S)
+        for cid in old:
+            assert sh(engine, server, cid, "cat /workspace/mark") == (0, f"{cid}\n")
+
+        def newer_orphans() -> dict[str, dict[str, Any]] | None:
+            rows = c.get("/v1/orphans").json()["data"]["orphans"]
+            found = {o["cluster_id"]: o for o in rows if o["cluster_id"] in new}
+            return found if len(found) == len(new) else None
+
+        listed = eventually(newer_orphans, 60, "the newer clusters' volumes listed as orphans")
+        # Older than the restore: kept until an admin deletes them, whatever the retention.
+        assert all(o["status"] == "quarantined" for o in listed.values())
+        assert all(o["delete_after"] is None for o in listed.values())
+        for cid in new:
+            assert volume_file(engine, volume_name(server, cid), "data") == "precious\n"
+        # An admin lets one go: its stopped container, which holds the volume, goes too.
+        gone = new[0]
+        r = c.delete(f"/v1/orphans/{listed[gone]['id']}")
+        assert r.status_code == 200, r.text
+        assert container_state(engine, container_name(server, gone)) is None
+        assert not volume_exists(engine, volume_name(server, gone))
+        assert container_state(engine, container_name(server, new[1])) == "exited"
 
 
 # -- engine restart --------------------------------------------------------------------

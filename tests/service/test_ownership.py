@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.orphans import delete_quarantined
@@ -19,7 +19,7 @@ from gpuyard.services.auth import Principal
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.store.schema import Event, OrphanVolume
+from gpuyard.store.schema import Event, Installation, OrphanVolume
 from tests.conftest import new_principal
 from tests.helpers import make_settings
 from tests.service.test_lifecycle import a6000, settle
@@ -102,9 +102,11 @@ def test_two_installations_never_touch_each_other(
     other_rec.stop()
 
 
-def test_unknown_container_of_ours_goes_only_after_the_grace(
+def test_unknown_container_of_ours_is_stopped_and_kept_only_after_the_grace(
     ctx: Context, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
 ) -> None:
+    # A cluster the database has never known (made after the backup it was restored
+    # from) is quarantined: stopped so its GPUs are not used twice, never removed.
     runtime.ensure_image("img")
     runtime.create(_spec("zzzzzzzzzzzzzz", None))
     runtime.start("zzzzzzzzzzzzzz")
@@ -113,15 +115,16 @@ def test_unknown_container_of_ours_goes_only_after_the_grace(
     clock.advance(ctx.settings.orphan_container_grace_s - 1)
     rec.observe()
     rec.wait_idle(timeout=10)
-    assert "zzzzzzzzzzzzzz" in runtime.containers
+    assert runtime.containers["zzzzzzzzzzzzzz"].state == ContainerState.RUNNING
     clock.advance(2)
-    rec.observe()
-    rec.wait_idle(timeout=10)
+    for _ in range(3):  # stopped once, then left alone
+        rec.observe()
+        rec.wait_idle(timeout=10)
     rec.stop()
-    assert "zzzzzzzzzzzzzz" not in runtime.containers
+    assert runtime.containers["zzzzzzzzzzzzzz"].state == ContainerState.EXITED
     with ctx.read() as s:
         events = list(s.scalars(select(Event).where(Event.cluster_id == "zzzzzzzzzzzzzz")))
-    assert [e.type for e in events] == ["collected"]
+    assert [e.type for e in events] == ["quarantined"]
     assert "no cluster in the database knows" in events[0].message
 
 
@@ -166,3 +169,34 @@ def test_quarantined_volume_known_again_is_released_not_deleted(
     assert volume in runtime.volumes
     (released,) = _orphans(ctx)
     assert released.outcome == "released"
+
+
+def test_after_a_restore_older_unknown_volumes_are_kept_until_an_admin_deletes_them(
+    ctx: Context, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
+) -> None:
+    # A volume made after the backup this installation was restored from: the
+    # retention never deletes it (the fake engine does not say when a volume was made,
+    # which counts as older than the restore).
+    newer = ctx.ownership.volume("newercluster01")
+    runtime.ensure_volume(newer, "newercluster01")
+    runtime.ensure_image("img")
+    runtime.create(_spec("newercluster01", newer))
+    runtime.start("newercluster01")
+    with ctx.transaction() as s:
+        s.execute(update(Installation).values(restored_at=clock.now()))
+    rec.scan_volumes()
+    (row,) = _orphans(ctx)
+    assert row.name == newer and row.delete_after is None and row.deleted_at is None
+    rec.observe()  # its container, first seen unknown
+    rec.wait_idle(timeout=10)
+    clock.advance(ctx.settings.orphan_volume_retention_hours * 3600 * 10)
+    rec.observe()  # past the grace: stopped and kept
+    rec.wait_idle(timeout=10)
+    rec.scan_volumes()
+    assert newer in runtime.volumes
+    assert runtime.containers["newercluster01"].state == ContainerState.EXITED
+    assert _orphans(ctx)[0].deleted_at is None
+    # An admin deletes the orphan: the container that holds it goes first.
+    assert delete_quarantined(ctx, runtime, _orphans(ctx)[0], "admin")
+    assert newer not in runtime.volumes and "newercluster01" not in runtime.containers
+    rec.stop()

@@ -31,7 +31,9 @@ class Orphan(StrictOut):
     cluster_id: str | None
     size_bytes: int | None
     found_at: str
-    delete_after: str
+    # null: kept until an admin deletes it (a volume a restore found that the backup
+    # did not know).
+    delete_after: str | None
     status: Literal["quarantined", "deleted", "released", "vanished"]
     deleted_at: str | None
 

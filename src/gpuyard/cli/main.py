@@ -9,6 +9,7 @@ import click
 
 from gpuyard import __version__
 from gpuyard.cli.accounts import accounts, invitations
+from gpuyard.cli.backup import backup, restore
 from gpuyard.cli.billing import billing
 from gpuyard.cli.budgets import budget, credits
 from gpuyard.cli.catalog import gpu_types
@@ -134,6 +135,8 @@ cli.add_command(training)
 cli.add_command(quotas)
 cli.add_command(accounts)
 cli.add_command(invitations)
+cli.add_command(backup)
+cli.add_command(restore)
 
 
 def main() -> None:

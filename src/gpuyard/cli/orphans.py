@@ -35,7 +35,7 @@ def orphans(
             o.get("cluster_id") or "-",
             human_bytes(o.get("size_bytes"), "?"),
             o.get("found_at"),
-            o.get("delete_after"),
+            o.get("delete_after") or "kept",
             o.get("status"),
         ]
         for o in data.get("orphans", [])

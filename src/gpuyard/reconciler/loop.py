@@ -80,6 +80,9 @@ BUDGET_DUTY = "budget"
 
 URGENT = "urgent"
 SLOW = "slow"
+# Heartbeats: a lane of their own per engine, so a host's long engine operations (an
+# observation waiting out its timeout on a hung engine) never delay its next heartbeat.
+HEARTBEAT = "heartbeat"
 # Snapshots and network volume restores: long reads and writes of whole volumes, on
 # lanes of their own so they never hold up a start or a stop.
 STORAGE = "storage"
@@ -183,6 +186,7 @@ class Reconciler:
             {
                 URGENT: self._workers,
                 SLOW: self._workers,
+                HEARTBEAT: self._workers,
                 STORAGE: STORAGE_WORKERS,
                 WEBHOOKS: WEBHOOK_WORKERS,
             },
@@ -201,8 +205,11 @@ class Reconciler:
         # that looks at engines.
         self._hosts: dict[int, HostEngine] = {}
         self._foreign: set[int] = set()
-        # Hosts whose inventory this process has read (on_host_answered).
+        # Hosts whose inventory this process has read (on_host_answered), and those a
+        # heartbeat found answering for the first time or again, to be described on
+        # the engine's observation lane (the heartbeat's lane does no long work).
         self._described: set[int] = set()
+        self._to_describe: set[int] = set()
         # Per engine: its last listing (cluster id -> state) and the fingerprint of the
         # clusters it was compared with, kept while that comparison found nothing to do.
         self._last_compare: dict[str, tuple[dict[str, ContainerState], tuple[Any, ...]]] = {}
@@ -316,6 +323,7 @@ class Reconciler:
                     self.autoterm.seconds_until_next(),
                     self._restart_in(),
                     self.budget.seconds_until_next(),
+                    self._heartbeat_in(),
                 )
                 if d is not None
             ]
@@ -390,6 +398,11 @@ class Reconciler:
         if time.monotonic() - self._last_heartbeat >= self.heartbeat_every_s or observe:
             self._last_heartbeat = time.monotonic()
             self._check_engines(force_observe=bool(observe))
+
+    def _heartbeat_in(self) -> float:
+        """Seconds until the next heartbeat is due: the loop wakes for it on time, so
+        heartbeats keep their interval (the unreachable bound counts on it)."""
+        return max(0.0, self._last_heartbeat + self.heartbeat_every_s - time.monotonic())
 
     def _dispatch_moves(self, mine: Callable[[int | None], bool]) -> None:
         """Volume moves of resting clusters (a drain) run on their new host's lanes."""
@@ -498,19 +511,41 @@ class Reconciler:
         owned = [(key, ids) for key, ids in self._engines() if self.leases.holds(key)]
         tracker = _FullPass(len(owned), self._full_pass_done)
         for key, host_ids in owned:
-            lane = self._lane(URGENT, key)
             self.queue.submit(
-                ("engine", key),
-                lane,
-                partial(self._check_tracked, tracker, key, host_ids, force_observe),
+                ("heartbeat", key),
+                self._lane(HEARTBEAT, key),
+                partial(self._heartbeat_tracked, tracker, key, host_ids, force_observe),
             )
 
-    def _check_tracked(
+    def _heartbeat_tracked(
         self, tracker: _FullPass, key: str, host_ids: tuple[int, ...], force_observe: bool
+    ) -> None:
+        """Heartbeat one engine; if it answered, hand its observation to the engine's
+        urgent lane (the pass is told there)."""
+        handed_on = False
+        try:
+            runtime = self._heartbeat(key, host_ids)
+            if runtime is not None:
+                handed_on = self.queue.submit(
+                    ("engine", key),
+                    self._lane(URGENT, key),
+                    partial(self._observe_tracked, tracker, key, host_ids, runtime, force_observe),
+                )
+        finally:
+            if not handed_on:
+                tracker.engine_done(False)
+
+    def _observe_tracked(
+        self,
+        tracker: _FullPass,
+        key: str,
+        host_ids: tuple[int, ...],
+        runtime: Runtime,
+        force_observe: bool,
     ) -> None:
         observed = False
         try:
-            observed = self._check_engine(key, host_ids, force_observe)
+            observed = self._after_answer(key, host_ids, runtime, force_observe)
         finally:
             tracker.engine_done(observed)
 
@@ -529,30 +564,42 @@ class Reconciler:
                 log.exception("reconciler full-pass hook failed")
 
     def _check_engine(self, key: str, host_ids: tuple[int, ...], force_observe: bool) -> bool:
-        """Heartbeat one engine and observe it when due; whether it was observed."""
+        """Heartbeat one engine and observe it when due, in this thread; whether it
+        was observed."""
+        runtime = self._heartbeat(key, host_ids)
+        if runtime is None:
+            return False
+        return self._after_answer(key, host_ids, runtime, force_observe)
+
+    def _heartbeat(self, key: str, host_ids: tuple[int, ...]) -> Runtime | None:
+        """Ping one engine with the heartbeat's own short timeout and record what it
+        said for its hosts: the runtime when it answered, None when it did not."""
         runtime = self._engine_runtime(host_ids)
-        problem = runtime.available()
+        problem = runtime.heartbeat(self.ctx.settings.heartbeat_timeout_s)
         if host_ids:
             changed = record_heartbeat(
                 self.ctx, host_ids, problem, misses_allowed=self.ctx.settings.heartbeat_misses
             )
-            hook = self.on_host_answered
-            if problem is None and hook is not None:
+            if problem is None:
                 # Described when it first answers here, and again when it comes back.
-                fresh = [h for h in host_ids if h not in self._described]
-                self._described.update(host_ids)
-                for host_id in sorted(set(changed) | set(fresh)):
-                    host = self._hosts.get(host_id)
-                    if host is not None:
-                        try:
-                            hook(host, runtime)
-                        except Exception:  # inventory is retried on the next change
-                            log.exception("host %s: after-answer hook failed", host_id)
+                with self._lock:
+                    fresh = [h for h in host_ids if h not in self._described]
+                    self._described.update(host_ids)
+                    self._to_describe.update(changed, fresh)
         if problem is not None:
             # An engine that does not answer is not evidence that anything died:
             # nothing on it is recovered or collected until it answers.
             log.warning("engine %s does not answer: %s", key, problem)
-            return False
+            return None
+        return runtime
+
+    def _after_answer(
+        self, key: str, host_ids: tuple[int, ...], runtime: Runtime, force_observe: bool
+    ) -> bool:
+        """What follows an answered heartbeat, on the engine's urgent lane: describe
+        hosts that answer for the first time or again, and observe the engine when due
+        (whether it was observed)."""
+        self._describe(host_ids, runtime)
         last = self._last_observe.get(key, 0.0)
         if force_observe or time.monotonic() - last >= self.observe_every_s:
             self._last_observe[key] = time.monotonic()
@@ -566,6 +613,21 @@ class Reconciler:
             self.driver.delete_old_copies(list(host_ids) or None)
             return observed
         return False
+
+    def _describe(self, host_ids: tuple[int, ...], runtime: Runtime) -> None:
+        hook = self.on_host_answered
+        with self._lock:
+            due = sorted(self._to_describe.intersection(host_ids))
+            self._to_describe.difference_update(due)
+        if hook is None:
+            return
+        for host_id in due:
+            host = self._hosts.get(host_id)
+            if host is not None:
+                try:
+                    hook(host, runtime)
+                except Exception:  # inventory is retried on the next change
+                    log.exception("host %s: after-answer hook failed", host_id)
 
     def heartbeat_now(self) -> None:
         """Heartbeat (and observe) every engine this replica owns, in this thread

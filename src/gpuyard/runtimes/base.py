@@ -116,6 +116,8 @@ class ManagedVolume:
     name: str
     cluster_id: str | None
     size_bytes: int | None
+    # When the engine made it (its own ISO 8601 text); None where it does not say.
+    created_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,11 @@ class Runtime(Protocol):
 
     def available(self) -> str | None:
         """None when the engine answers, else a message saying what to install or start."""
+        ...
+
+    def heartbeat(self, timeout_s: float) -> str | None:
+        """Like :meth:`available`, answered within about ``timeout_s`` whatever the
+        engine's timeout for other operations: a hung engine is a miss, not a wait."""
         ...
 
     def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:

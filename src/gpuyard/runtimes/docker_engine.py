@@ -169,6 +169,9 @@ class DockerEngineRuntime:
         self.base_url = base_url
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
+        # The heartbeat's client (its own short timeout), made on the first heartbeat;
+        # an injected client is pinged as it is.
+        self._pinger: Engine | None = self.engine if client is not None else None
         # The last spec created per cluster, so start() can recreate without limits if
         # the OCI runtime only rejects them when the container starts.
         self._specs: dict[str, ContainerSpec] = {}
@@ -223,6 +226,17 @@ class DockerEngineRuntime:
     def available(self) -> str | None:
         """None when the engine answers a ping, else a message saying what to do."""
         return self.engine.ping()
+
+    def heartbeat(self, timeout_s: float) -> str | None:
+        """A ping through a client of its own whose requests give up after
+        ``timeout_s`` (the engine's own client waits the long-operation timeout)."""
+        with self._lock:
+            pinger = self._pinger
+            if pinger is self.engine:
+                pass  # a stand-in client: nothing to make
+            elif pinger is None or pinger.timeout_s != timeout_s:
+                pinger = self._pinger = self.engine.with_timeout(timeout_s)
+        return pinger.ping()
 
     def _saw_image(self, image: str) -> None:
         with self._lock:
@@ -564,6 +578,7 @@ class DockerEngineRuntime:
                 name=v.name,
                 cluster_id=v.labels.get(LABEL_CLUSTER),
                 size_bytes=v.size_bytes,
+                created_at=v.created_at,
             )
             for v in self.engine.list_volumes()
         ]

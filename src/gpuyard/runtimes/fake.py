@@ -247,6 +247,9 @@ class FakeRuntime:
             self._enter("available")
             return self.unavailable
 
+    def heartbeat(self, timeout_s: float) -> str | None:
+        return self.available()
+
     def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
         if on_pull is not None and image not in self.images:
             on_pull()

@@ -23,10 +23,14 @@ from gpuyard.runtimes.inventory import EngineInventory, discover_inventory
 from gpuyard.runtimes.ssh_tunnel import SshKeys, SshRunner, SshSocketTunnel
 from gpuyard.runtimes.volume_images import DEFAULT_DIRECTORY, VolumeImages
 
+# Failed pings in a row through a running SSH tunnel before it is started afresh.
+TUNNEL_RESTART_AFTER = 3
+
 
 class HostEngineRuntime(DockerEngineRuntime):
     """A remote host's engine. ``runner`` runs commands on the host (None: none can be
-    run there, e.g. a TCP engine); ``tunnel`` is (re)started by every heartbeat."""
+    run there, e.g. a TCP engine); ``tunnel`` is restarted by a heartbeat that finds its
+    ssh child gone."""
 
     def __init__(
         self,
@@ -48,6 +52,8 @@ class HostEngineRuntime(DockerEngineRuntime):
         )
         self.runner = runner
         self.tunnel = tunnel
+        # Heartbeats in a row whose ping failed through a running tunnel.
+        self._failed_pings = 0
         self.engine.tls = tls
 
     def available(self) -> str | None:
@@ -57,6 +63,25 @@ class HostEngineRuntime(DockerEngineRuntime):
             except RuntimeFailure as exc:
                 return exc.message
         return super().available()
+
+    def heartbeat(self, timeout_s: float) -> str | None:
+        """The tunnel's liveness (restarted, within the heartbeat's time, when its ssh
+        child is gone), then a ping with the heartbeat's own short timeout. A tunnel
+        whose child lives on but lets no ping through for ``TUNNEL_RESTART_AFTER``
+        heartbeats in a row is closed, for the next heartbeat to start afresh (a
+        forward wedged in a way ssh does not notice)."""
+        if self.tunnel is None:
+            return super().heartbeat(timeout_s)
+        try:
+            self.tunnel.ensure(timeout_s)
+        except RuntimeFailure as exc:
+            return exc.message
+        problem = super().heartbeat(timeout_s)
+        self._failed_pings = 0 if problem is None else self._failed_pings + 1
+        if self._failed_pings >= TUNNEL_RESTART_AFTER:
+            self._failed_pings = 0
+            self.tunnel.close()
+        return problem
 
     def inventory(self) -> EngineInventory:
         """What the host has (runtimes/inventory.py)."""

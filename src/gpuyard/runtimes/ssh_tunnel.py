@@ -201,6 +201,19 @@ class SshSocketTunnel:
             self._start()
             return self.local_url
 
+    def ensure(self, connect_timeout_s: float) -> None:
+        """Start the tunnel if its ssh child is gone, giving the start about
+        ``connect_timeout_s`` (a heartbeat: a host whose link is down is a miss within
+        its timeout). A running child is left alone even when the engine behind it does
+        not answer: a hung engine is not the tunnel's fault, and a silently dead link
+        ends the child by itself (``ServerAliveInterval`` x ``ServerAliveCountMax``).
+        Raises RuntimeFailure with what to do when the host cannot be reached."""
+        with self._lock:
+            if self.alive():
+                return
+            self._stop()
+            self._start(connect_timeout_s)
+
     def remote_socket(self) -> str:
         """The engine socket on the host: the URL's path, else the first of the usual
         ones that exists there (asked once)."""
@@ -226,13 +239,16 @@ class SshSocketTunnel:
     def _ssh_url(self) -> str:
         return f"ssh://{self.address.user}@{self.address.host}:{self.address.port or 22}"
 
-    def _start(self) -> None:
+    def _start(self, connect_timeout_s: float | None = None) -> None:
+        connect = self.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
+        # How long the forwarded engine may take to answer once SSH is up.
+        ready_s = connect + (5 if connect_timeout_s is None else connect)
         remote = self.remote_socket()
         self.local_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.local.unlink()
         argv = [
-            "ssh", "-N", *self.keys.options(self.connect_timeout_s),
+            "ssh", "-N", *self.keys.options(connect),
             "-o", "ExitOnForwardFailure=yes",
             "-o", "StreamLocalBindUnlink=yes",
             "-o", "StreamLocalBindMask=0177",
@@ -243,7 +259,7 @@ class SshSocketTunnel:
             argv,
             self.log_path,
             lambda: self.local.exists() and ping_unix_socket(str(self.local), timeout_s=2.0),
-            self.connect_timeout_s + 5,
+            ready_s,
         )
         if ready:
             return
@@ -253,7 +269,7 @@ class SshSocketTunnel:
         self._stop()
         raise RuntimeFailure(
             f"the engine of {self.where} did not answer through SSH within "
-            f"{self.connect_timeout_s + 5:.0f} s (socket {remote}); see {self.log_path}"
+            f"{ready_s:.0f} s (socket {remote}); see {self.log_path}"
         )
 
     def _log_tail(self) -> str:

@@ -77,7 +77,8 @@ def _view(o: OrphanVolume, host: str | None) -> dict[str, Any]:
         "cluster_id": o.cluster_id,
         "size_bytes": o.size_bytes,
         "found_at": o.found_at.isoformat(),
-        "delete_after": o.delete_after.isoformat(),
+        # None: kept until an admin deletes it (found after a restore).
+        "delete_after": o.delete_after.isoformat() if o.delete_after else None,
         "status": o.outcome or "quarantined",
         "deleted_at": o.deleted_at.isoformat() if o.deleted_at else None,
     }
@@ -117,10 +118,18 @@ def delete_orphan(
         return _view(done, host.name if host else None)
 
 
+def _never_known(ctx: Context, cluster_id: str) -> bool:
+    """Whether no cluster row has ever had this id (rows are never deleted)."""
+    with ctx.read() as session:
+        return session.get(Cluster, cluster_id) is None
+
+
 def delete_quarantined(ctx: Context, runtime: Runtime, row: OrphanVolume, why: str) -> bool:
     """Delete a quarantined volume on the engine, then mark its row. Returns False
     (and leaves the row) when the engine refuses, e.g. the volume is in use. A volume
-    the database has come to know meanwhile is released, not deleted."""
+    the database has come to know meanwhile is released, not deleted. The stopped
+    container of a cluster the database has never known (reconciler/driver.py
+    collect_container keeps it) goes first: it holds the volume."""
     if row.name in known_volume_names(ctx):
         with ctx.transaction() as session:
             live = session.get(OrphanVolume, row.id)
@@ -128,6 +137,8 @@ def delete_quarantined(ctx: Context, runtime: Runtime, row: OrphanVolume, why: s
                 live.deleted_at, live.outcome = ctx.clock.now(), "released"
         return False
     try:
+        if row.cluster_id and _never_known(ctx, row.cluster_id):
+            runtime.stop(row.cluster_id, timeout_s=ctx.settings.stop_timeout_s)
         runtime.remove_volume(row.name)
     except GpuyardError as exc:
         log.warning("cannot delete quarantined volume %s: %s", row.name, exc.message)

@@ -446,6 +446,10 @@ class Installation(Base):
     # write since seals its own secrets, so the pass (a read of every cluster row,
     # history included) runs once, not at every start.
     secrets_sealed_at: Mapped[datetime | None] = mapped_column()
+    # When this installation was restored from a backup (services/backup.py); None:
+    # never. Volumes of ours that existed by then and the database does not know were
+    # made after the backup: quarantined and kept until an admin deletes them.
+    restored_at: Mapped[datetime | None] = mapped_column()
 
 
 class HostGpu(Base):
@@ -765,7 +769,8 @@ class TrainingNode(Base):
 class OrphanVolume(Base):
     """A volume of ours the database does not know: kept (quarantined), never deleted
     on sight, so a database restored from an older backup loses no tenant data.
-    Deleted after ``delete_after`` or by an admin."""
+    Deleted after ``delete_after`` (None: kept until an admin deletes it) or by an
+    admin."""
 
     __tablename__ = "orphan_volumes"
     __table_args__ = (UniqueConstraint("host_id", "name"),)
@@ -775,7 +780,7 @@ class OrphanVolume(Base):
     cluster_id: Mapped[str | None] = mapped_column(String(64))
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)
     found_at: Mapped[datetime] = mapped_column(default=utcnow)
-    delete_after: Mapped[datetime] = mapped_column()
+    delete_after: Mapped[datetime | None] = mapped_column()
     # None while quarantined; when deleted (or found known again: ``released``).
     deleted_at: Mapped[datetime | None] = mapped_column()
     outcome: Mapped[str | None] = mapped_column(String(20))

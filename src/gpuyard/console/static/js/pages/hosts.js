@@ -100,7 +100,7 @@ export function render(main) {
           h("thead", {}, h("tr", {}, ["Volume", "Host", "Was cluster", "Found", "Deleted after", ""].map((t) => h("th", { scope: "col" }, t)))),
           h("tbody", {}, live.map((o) => h("tr", {},
             h("td", {}, h("code", {}, o.name)), h("td", {}, o.host || `#${o.host_id}`), h("td", {}, o.cluster_id || "—"),
-            h("td", {}, new Date(o.found_at).toLocaleString()), h("td", {}, new Date(o.delete_after).toLocaleString()),
+            h("td", {}, new Date(o.found_at).toLocaleString()), h("td", {}, o.delete_after ? new Date(o.delete_after).toLocaleString() : "kept until deleted"),
             h("td", {}, h("button", { type: "button", class: "link danger", onclick: () => deleteOrphan(o) }, "Delete now")))))))
       : h("p", { class: "muted" }, "None."));
     orphansEtag = answer.etag;
