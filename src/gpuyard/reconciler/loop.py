@@ -48,6 +48,7 @@ from gpuyard.services.replica import replica_id
 from gpuyard.services.snapshot_work import restore_holders, snapshots_to_take
 from gpuyard.services.training_drain import retry_training_drains
 from gpuyard.services.webhooks import deliver as deliver_webhook
+from gpuyard.store.outage import is_database_unavailable
 from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 
 log = logging.getLogger(__name__)
@@ -337,8 +338,12 @@ class Reconciler:
             started = time.monotonic()
             try:
                 self.run_pass()
-            except Exception:  # keep the loop alive; the next pass retries from scratch
-                log.exception("reconcile pass failed")
+            except Exception as exc:  # keep the loop alive; the next pass retries
+                if is_database_unavailable(exc):
+                    # A failover: every pass fails alike for seconds; one line each.
+                    log.warning("reconcile pass waits for the database: %s", type(exc).__name__)
+                else:
+                    log.exception("reconcile pass failed")
             hook = self.on_pass
             if hook is not None:
                 due = due_at if woken_at is None else min(due_at, woken_at)
