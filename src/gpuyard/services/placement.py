@@ -14,7 +14,7 @@ from sqlalchemy import delete, event, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core import spot
-from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.core.errors import InsufficientCapacity, PortInUse, ValidationFailed
 from gpuyard.core.fleet import PlacementPolicy, takes_placements
 from gpuyard.core.models import CloudType, HostCapacity, Placement, PortSpec, ResourceRequest
 from gpuyard.core.placement import AllocationRatios, insufficient, place
@@ -344,7 +344,7 @@ def assign_ports(
 
     A port the cluster already had for the same internal port and transport is kept,
     so addresses stay stable across stop/start. ``external_port`` > 0 claims exactly
-    that port (409 if another cluster holds it). A port in ``reserved`` (the server's
+    that port (409 PORT_IN_USE if another cluster holds it). A port in ``reserved`` (the server's
     own) is never assigned.
     """
     lock_placement(session)
@@ -373,7 +373,7 @@ def assign_ports(
             )
         if spec.external_port:
             if (spec.external_port, spec.transport) in taken:
-                raise InsufficientCapacity(
+                raise PortInUse(
                     f"host port {spec.external_port}/{spec.transport} is already in use",
                     {"external_port": spec.external_port},
                 )
