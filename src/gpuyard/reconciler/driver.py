@@ -277,7 +277,7 @@ class ClusterDriver:
             return
         if not storage_ready(self, c):
             return
-        created = engine_steps = False
+        engine_steps = False
         try:
             # Progress is recorded at the points that take time, not at every step:
             # each record is a write transaction on the start path.
@@ -290,7 +290,6 @@ class ClusterDriver:
                     self._create_and_start(c)
                     break
                 except RuntimeFailure as exc:
-                    created = True  # (a container may exist whichever step failed)
                     taken = port_in_use(exc.message)
                     if taken is None or not moves_left:
                         raise
@@ -306,8 +305,9 @@ class ClusterDriver:
         except GpuyardError as exc:
             if engine_steps and isinstance(exc, RuntimeFailure) and self._try_again(c, exc):
                 return
-            # A restart's previous container may still run even if no new one was made.
-            had = created or bool((c.runtime_handle or {}).get("container_id"))
+            # A restart's previous container may still run even if no new one was made
+            # (a new one's id is recorded as soon as it is made).
+            had = bool((c.runtime_handle or {}).get("container_id"))
             self._fail(c, exc.message, container=had, summary=f"start failed ({exc.code})")
 
     def _create_and_start(self, c: Cluster) -> None:
