@@ -73,8 +73,9 @@ def test_two_installations_ports(servers: ServerFactory, engine_url: str) -> Non
         ports = [host_port(c, cid) for c, cid in made]
         assert len(set(ports)) == 10, ports
         assert all(low <= p <= low + 99 for p in ports), ports
-        for c, cid in made:  # nobody's start failed on the way
-            assert events(c, cid, "start_retry") == [], cid
+        for c, cid in made:  # no start failed on a taken port on the way
+            retries = events(c, cid, "start_retry")
+            assert not [m for m in retries if "already in use" in m], (cid, retries)
 
 
 def test_a_process_on_a_range_port(servers: ServerFactory, engine_url: str) -> None:
@@ -115,4 +116,5 @@ def test_a_process_on_a_range_port(servers: ServerFactory, engine_url: str) -> N
             f"host port {low + 2}/tcp is in use on the host; port 8888/tcp got host port "
             f"{low + 3} instead"
         )
-        assert events(c, second, "start_retry") == []
+        retries = events(c, second, "start_retry")
+        assert not [m for m in retries if "already in use" in m], retries
