@@ -13,6 +13,7 @@ from gpuyard.reconciler.port_moves import port_in_use
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
+from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.store.schema import Cluster, Event, PortAllocation
 from tests.service.test_lifecycle import a6000, settle, status
@@ -95,3 +96,21 @@ def test_the_engines_words_name_the_port() -> None:
         "tcp",
     )
     assert port_in_use("database is locked") is None
+
+
+def test_a_restart_after_a_crash_moves_off_a_port_taken_meanwhile(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
+) -> None:
+    low = ctx.settings.port_range_start
+    c = uc.create_cluster(ctx, alice, a6000(1, ports=HTTP))
+    settle(rec, c.id)
+    assert host_ports(ctx, c.id) == ([low], [low])
+    runtime.crash(c.id, exit_code=1)
+    rec.driver.recover(c.id)  # counted; the restart is due after the back-off
+    runtime.listening.add((low, "tcp"))  # a program took the port meanwhile
+    clock.advance(60)
+    rec.driver.recover(c.id)
+    assert status(ctx, alice, c.id) == "running"
+    assert runtime.containers[c.id].state.value == "running"
+    assert host_ports(ctx, c.id) == ([low + 1], [low + 1])
+    assert len(events(ctx, c.id, "port_moved")) == 1

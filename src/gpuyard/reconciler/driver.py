@@ -764,6 +764,8 @@ class ClusterDriver:
         number = c.restarts + 1
         try:
             self._ensure_image(c)
+            # A port gpuyard chose may have been taken while the container was down.
+            self._move_off_taken_ports(c)
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
             container_id = self.runtime_of(c.host_id).create(self._spec(c))
             self.runtime_of(c.host_id).start(c.id)
