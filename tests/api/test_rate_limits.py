@@ -165,12 +165,13 @@ def test_guessing_keys_from_one_source_is_throttled_after_the_allowance(tmp_path
         assert refused.json()["error"]["details"]["limit"] == "auth_failures"
         # Other surfaces, and the query-parameter spelling, are refused as well.
         assert guesser.post("/graphql", json=GRAPHQL, params={"api_key": "x"}).status_code == 429
-        # A valid key from the same source is refused too: a different answer for the
-        # right key would let the guessing go on at full speed.
+        # A valid key from the same source is answered normally (only bad keys are
+        # locked out), and does not unlock the bad ones.
         assert (
             guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"}).status_code
-            == 429
+            == 200
         )
+        assert guess().status_code == 429
         # Another source is not affected.
         assert elsewhere.get("/v1/projects").status_code == 200
         # One guess more per 6 s; after a minute the source is back to normal.
@@ -270,14 +271,14 @@ def test_failed_console_sign_ins_count_like_failed_keys(tmp_path: Path) -> None:
         refused = guess()
         _assert_refused(refused, "auth_failures", retry_after=20)  # 3 a minute
         assert refused.json()["error"]["code"] == "RATE_LIMITED"
-        assert guesser.post(sign_in, json={"api_key": key}).status_code == 429
-        header = {"Authorization": f"Bearer {key}"}
-        assert guesser.get("/v1/projects", headers=header).status_code == 429
-        # Another source signs in.
-        assert elsewhere.post(sign_in, json={"api_key": key}).status_code == 201
-        # A right sign-in costs nothing; after the minute the source signs in again.
-        clock.advance(60)
+        # The right key signs in from there all the same, and is served.
         assert guesser.post(sign_in, json={"api_key": key}).status_code == 201
+        header = {"Authorization": f"Bearer {key}"}
+        assert guesser.get("/v1/projects", headers=header).status_code == 200
+        assert guess().status_code == 429
+        assert elsewhere.post(sign_in, json={"api_key": key}).status_code == 201
+        # After the minute the allowance is back.
+        clock.advance(60)
         # Bad keys in headers and bad sign-ins share one allowance.
         bad = {"Authorization": "Bearer gy_wrong"}
         assert [guesser.get("/v1/projects", headers=bad).status_code for _ in range(2)] == [401] * 2
@@ -311,13 +312,40 @@ def test_failed_keys_at_the_proxy_check_lock_the_source_out_as_at_the_api(
             check({"X-Gpuyard-Api-Key": f"gy_{secrets.token_urlsafe(30)}"}) for _ in range(3)
         ]
         assert guesses == [401] * 3
-        # Locked out: the API refuses even the right key, and so does the proxy check.
-        refused = guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"})
+        # Locked out for wrong keys at the API and the proxy check alike; the right
+        # key is still served at both.
+        refused = guesser.get("/v1/projects", headers={"Authorization": "Bearer gy_wrong"})
         _assert_refused(refused, "auth_failures", retry_after=20)
-        assert check({"X-Gpuyard-Api-Key": key}) == 429
-        assert check({"Authorization": f"Bearer {key}"}) == 429
+        assert check({"X-Gpuyard-Api-Key": "gy_wrong"}) == 429
+        assert check({"X-Gpuyard-Api-Key": key}) != 429
+        assert (
+            guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"}).status_code
+            == 200
+        )
         clock.advance(61)
         assert (
             guesser.get("/v1/projects", headers={"Authorization": f"Bearer {key}"}).status_code
             == 200
         )
+
+
+def test_lockout_with_a_valid_key(tmp_path: Path) -> None:
+    """Behind one address (an office NAT) a stranger's bad keys lock out bad keys only:
+    a colleague's valid key from the same address is answered normally on every
+    surface, while the next bad key still gets 429."""
+    clock = FakeClock()
+    server = _server(tmp_path, clock, rate_limit_auth_failures_per_minute=10)
+    colleague = _second_key(server)
+    with _client(server, None) as stranger, _client(server, colleague) as same_nat:
+        bad = {"Authorization": f"Bearer gy_{secrets.token_urlsafe(30)}"}
+        assert [stranger.get("/v1/projects", headers=bad).status_code for _ in range(10)] == [
+            401
+        ] * 10
+        _assert_refused(stranger.get("/v1/projects", headers=bad), "auth_failures", 6)
+        assert same_nat.get("/v1/projects").status_code == 200
+        assert same_nat.get("/v1/me").status_code == 200
+        assert same_nat.post("/graphql", json=GRAPHQL).json().get("errors") is None
+        assert same_nat.get(TRAINING).status_code != 429  # (project 1 is not his)
+        refused = stranger.post("/graphql", json=GRAPHQL, headers=bad)
+        assert refused.status_code == 429
+        assert refused.json()["errors"][0]["extensions"]["code"] == "RATE_LIMITED"

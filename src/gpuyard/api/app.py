@@ -43,6 +43,7 @@ from gpuyard.api.nul_guard import NulGuard
 from gpuyard.api.rate_limit import RateLimit, RateLimiter, RateLimits, seconds_of
 from gpuyard.api.request_ids import RequestIds
 from gpuyard.api.state import AppState
+from gpuyard.core.errors import GpuyardError
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
 from gpuyard.reconciler.autoterminate import Fired
@@ -128,6 +129,7 @@ def build_server(
     reconciler = Reconciler(ctx, fleet, host_id=host_id, leases=leases)
     reconciler.on_host_answered = partial(_describe_host, ctx)
     ctx.wake = reconciler.wake
+    ctx.ports_held = partial(_ports_held, fleet, settings)
     # Training operations and node recoveries run on the reconciler's one work queue,
     # each cluster's on the lanes of its host's engine, its nodes on that engine.
     operator = (
@@ -377,3 +379,14 @@ def training_operator_factory(
         return operator
 
     return make
+
+
+def _ports_held(
+    fleet: Fleet, settings: Settings, host_id: int, cluster_id: str
+) -> frozenset[tuple[int, str]]:
+    """Context.ports_held: the host's answer, empty where its runtime is not known."""
+    try:
+        runtime = fleet.for_host(host_id)
+    except GpuyardError:
+        return frozenset()
+    return runtime.host_ports_in_use(settings.port_range_start, settings.port_range_end, cluster_id)

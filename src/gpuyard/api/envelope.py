@@ -57,5 +57,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorEnvelope, "description": "UNAUTHORIZED: missing or invalid API key"},
     403: {"model": ErrorEnvelope, "description": "FORBIDDEN: the key's scope is too small"},
     404: {"model": ErrorEnvelope, "description": "CLUSTER_NOT_FOUND, SNAPSHOT_NOT_FOUND, ..."},
-    409: {"model": ErrorEnvelope, "description": "INVALID_STATE or INSUFFICIENT_CAPACITY"},
+    409: {
+        "model": ErrorEnvelope,
+        "description": "INVALID_STATE, INSUFFICIENT_CAPACITY or PORT_IN_USE",
+    },
 }

@@ -19,7 +19,8 @@ _WHY: dict[int, str] = {
     401: "UNAUTHORIZED: missing or invalid API key (with `WWW-Authenticate: Bearer`)",
     403: "FORBIDDEN: the key's scope is too small, or the account may not act for another",
     404: "CLUSTER_NOT_FOUND, PROJECT_NOT_FOUND, ...: no such resource in the acting account",
-    409: "INVALID_STATE, INSUFFICIENT_CAPACITY or a name already taken",
+    409: "INVALID_STATE, INSUFFICIENT_CAPACITY, PORT_IN_USE (a chosen host port is held) "
+    "or a name already taken",
     413: "PAYLOAD_TOO_LARGE: the body is larger than the server's limit",
     422: "IDEMPOTENCY_KEY_REUSED: the Idempotency-Key came with another body",
     429: "RATE_LIMITED: too many requests (see `Retry-After`)",

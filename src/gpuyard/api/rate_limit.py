@@ -3,11 +3,13 @@
 Pure ASGI middleware, outside the fast path and routing, so nothing answers before it
 (``/healthz`` excepted: probes must never be refused). Per request, in this order:
 
-1. a request that presents a key, from a source that has used up its failed-key
-   allowance, is refused — whether or not this key is valid: answering a valid key
-   differently would leave guessing as fast as ever (429 for a wrong key, 200 for the
-   right one);
-2. the source address's bucket, then the key's bucket, each give a token or refuse.
+1. the source address's bucket, then the key's bucket, each give a token or refuse;
+2. a request whose key turns out wrong (the answer is a 401), from a source that has
+   used up its failed-key allowance, is answered 429 instead. Only wrong keys are
+   refused: a valid key from a locked-out source is answered as from anywhere else.
+   Many people share one address (an office NAT, a bastion host), and a lockout of
+   every key would let any of them lock out all the others. Keys are 256-bit random,
+   so telling a valid key apart gives a guesser nothing it could use.
 
 A refusal is a 429 with ``Retry-After`` (whole seconds) in the envelope of the surface
 the request was for (REST v1, GraphQL ``errors``, the training API). Every answer that
@@ -120,18 +122,12 @@ class RateLimiter:
         self.sources = table(limits.per_source)
         self.failures = table(limits.auth_failures)
 
-    def admit(
-        self, source: str, key_id: bytes | None, *, presents_key: bool = False
-    ) -> Verdict | None:
+    def admit(self, source: str, key_id: bytes | None) -> Verdict | None:
         """Take this request's tokens; the deciding verdict, or None when no limit applies.
-        ``presents_key``: the request carries a key where ``key_id`` cannot name it (a
-        sign-in's body): the failed-key allowance applies to it as well."""
+        The failed-key allowance is not asked here: only a key found wrong meets it
+        (:meth:`key_failed`)."""
         now = self._clock()
         best: Verdict | None = None
-        if (key_id is not None or presents_key) and self.failures is not None:
-            locked = self.failures.peek(source, now)
-            if not locked.allowed:
-                return Verdict(locked, "auth_failures")
         if self.sources is not None:
             best = Verdict(self.sources.take(source, now), "source")
             if not best.decision.allowed:
@@ -142,15 +138,20 @@ class RateLimiter:
                 return Verdict(by_key, "key")
         return best
 
-    def auth_failed(self, source: str) -> None:
-        """One failed key from ``source``: charged even past the allowance, so a burst of
-        guesses already in flight lengthens the wait that follows it."""
+    def key_failed(self, source: str) -> Verdict | None:
+        """A wrong key from ``source``. Returns the verdict to answer it with (429) when
+        the source has used up its failed-key allowance; else charges the allowance and
+        returns None (the request gets its 401). A refused guess is not charged: the
+        lockout lasts as long as the allowance takes to refill, as it always did."""
         if self.failures is None:
-            return
+            return None
         now = self._clock()
-        was_open = self.failures.peek(source, now).allowed
-        if not self.failures.charge(source, now).allowed and was_open:
+        locked = self.failures.peek(source, now)
+        if not locked.allowed:
+            return Verdict(locked, "auth_failures")
+        if not self.failures.charge(source, now).allowed:
             log.warning("rate limit: %s used up its failed-key allowance", source)
+        return None
 
 
 def key_id(key: str | None) -> bytes | None:
@@ -273,7 +274,7 @@ class RateLimit:
         key = _presented_key(scope)
         presents = bool(key) or (scope.get("method"), scope["path"]) in KEY_IN_BODY
         limiter = self.limiter
-        verdict = limiter.admit(source, key_id(key), presents_key=presents)
+        verdict = limiter.admit(source, key_id(key))
         if verdict is not None and not verdict.decision.allowed:
             await self._refuse(scope["path"], verdict, send)
             return
@@ -281,11 +282,19 @@ class RateLimit:
         if not extra and not (presents and limiter.failures is not None):
             await self.app(scope, receive, send)
             return
+        refused = False
 
         async def send_with_headers(message: Message) -> None:
+            nonlocal refused
+            if refused:
+                return  # the 401's body: the 429 has been sent in its place
             if message["type"] == "http.response.start":
                 if presents and message["status"] == 401:
-                    limiter.auth_failed(source)
+                    locked = limiter.key_failed(source)
+                    if locked is not None:
+                        refused = True
+                        await self._refuse(scope["path"], locked, send)
+                        return
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 

@@ -35,7 +35,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gpuyard.api.access_watch import access_ended
 from gpuyard.api.envelope import error_body, error_response
-from gpuyard.api.rate_limit import RateLimiter, key_id, refusal_body, source_of
+from gpuyard.api.rate_limit import RateLimiter, Verdict, key_id, refusal_body, source_of
 from gpuyard.api.state import AppState, app_state, current_principal, key_from, selection_from
 from gpuyard.core.errors import GpuyardError, RuntimeFailure, Unauthorized, ValidationFailed
 from gpuyard.core.states import ClusterStatus
@@ -195,25 +195,32 @@ async def _admit(
     if limiter is not None:
         verdict = limiter.admit(source, key_id(key))
         if verdict is not None and not verdict.decision.allowed:
-            retry = max(1, math.ceil(verdict.decision.retry_after_s))
-            return JSONResponse(
-                refusal_body(websocket.url.path, verdict, retry),
-                status_code=429,
-                headers={"Retry-After": str(retry)},
-            )
+            return _refusal(websocket, verdict)
     try:
         size = requested_size(websocket.query_params.get)
         try:
             principal = await state.principal(key, selection_from(websocket))
         except Unauthorized:
-            if key and limiter is not None:
-                limiter.auth_failed(source)
+            # Only a wrong key meets the failed-key lockout (api/rate_limit.py).
+            locked = limiter.key_failed(source) if key and limiter is not None else None
+            if locked is not None:
+                return _refusal(websocket, locked)
             raise
         principal.require_write()
         target = await state.reads.run(_target, state.ctx, principal, cluster_id)
     except GpuyardError as exc:
         return error_response(exc)
     return target, size, principal
+
+
+def _refusal(websocket: WebSocket, verdict: Verdict) -> JSONResponse:
+    """The 429 refusing ``verdict``, in the REST envelope with Retry-After."""
+    retry = max(1, math.ceil(verdict.decision.retry_after_s))
+    return JSONResponse(
+        refusal_body(websocket.url.path, verdict, retry),
+        status_code=429,
+        headers={"Retry-After": str(retry)},
+    )
 
 
 @router.websocket(PATH)

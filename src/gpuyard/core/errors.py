@@ -88,6 +88,15 @@ class InsufficientCapacity(GpuyardError):
     http_status = 409
 
 
+class PortInUse(GpuyardError):
+    """A host port the user chose (``external_port``) is held on the host: by another
+    cluster, another installation, or any program. Never retried: only the user can
+    choose another port."""
+
+    code = "PORT_IN_USE"
+    http_status = 409
+
+
 class HostUnreachable(GpuyardError):
     """The cluster's host does not answer, so its volume cannot be read (a move would
     lose the data); nothing changed."""

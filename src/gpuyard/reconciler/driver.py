@@ -28,6 +28,7 @@ from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
 from gpuyard.reconciler.log_archive import forget_logs, keep_logs, stop_keeping_logs
+from gpuyard.reconciler.port_moves import MOVES_PER_START, move_off, port_in_use
 from gpuyard.reconciler.snapshots import SnapshotWorker
 from gpuyard.reconciler.start_retries import StartRetries
 from gpuyard.runtimes.base import (
@@ -276,23 +277,26 @@ class ClusterDriver:
             return
         if not storage_ready(self, c):
             return
-        created = engine_steps = False
+        engine_steps = False
         try:
             # Progress is recorded at the points that take time, not at every step:
             # each record is a write transaction on the start path.
             self._ensure_image(c)
-            spec = self._spec(c)
+            self._move_off_taken_ports(c)
             engine_steps = True
-            # Container creation always repeats: it replaces any container left over
-            # from an interrupted attempt or the previous run (restart).
-            if (c.runtime_handle or {}).get("container_id"):
-                keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
-            container_id = self.runtime_of(c.host_id).create(spec)
-            created = True
-            self._record(
-                c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
-            )
-            self.runtime_of(c.host_id).start(c.id)
+            met: set[tuple[int, str]] = set()  # ports the engine found taken, this pass
+            for moves_left in range(MOVES_PER_START, -1, -1):
+                try:
+                    self._create_and_start(c)
+                    break
+                except RuntimeFailure as exc:
+                    taken = port_in_use(exc.message)
+                    if taken is None or not moves_left:
+                        raise
+                    # Something bound the port since the host was asked: ask again.
+                    met.add(taken)
+                    if not self._move_off_taken_ports(c, also=frozenset(met)):
+                        raise
             self._await_running(c)
             self.start_retries.forget(c.id)
             if move is not None and c.status == ClusterStatus.RUNNING.value:
@@ -301,9 +305,43 @@ class ClusterDriver:
         except GpuyardError as exc:
             if engine_steps and isinstance(exc, RuntimeFailure) and self._try_again(c, exc):
                 return
-            # A restart's previous container may still run even if no new one was made.
-            had = created or bool((c.runtime_handle or {}).get("container_id"))
+            # A restart's previous container may still run even if no new one was made
+            # (a new one's id is recorded as soon as it is made).
+            had = bool((c.runtime_handle or {}).get("container_id"))
             self._fail(c, exc.message, container=had, summary=f"start failed ({exc.code})")
+
+    def _create_and_start(self, c: Cluster) -> None:
+        """Create the cluster's container from its current spec and start it."""
+        spec = self._spec(c)
+        # Container creation always repeats: it replaces any container left over
+        # from an interrupted attempt or the previous run (restart).
+        if (c.runtime_handle or {}).get("container_id"):
+            keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
+        container_id = self.runtime_of(c.host_id).create(spec)
+        self._record(c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id})
+        self.runtime_of(c.host_id).start(c.id)
+
+    def _move_off_taken_ports(
+        self, c: Cluster, also: frozenset[tuple[int, str]] = frozenset()
+    ) -> bool:
+        """Ask the host which ports of the range something holds (plus ``also``, those
+        the engine found taken) and move the cluster's off them
+        (reconciler/port_moves.py). Returns whether any moved; PortInUse for a port
+        the user chose."""
+        if not c.ports:
+            return False
+        settings = self.ctx.settings
+        busy = self.runtime_of(c.host_id).host_ports_in_use(
+            settings.port_range_start, settings.port_range_end, c.id
+        )
+        busy |= also
+        try:
+            moved = move_off(self.ctx, c, busy, self.ctx.clock.now())
+        except Conflict as exc:
+            raise Abandon() from exc
+        if moved:
+            log.info("cluster %s: host ports moved off ports in use on the host", c.id)
+        return moved
 
     def _try_again(self, c: Cluster, exc: RuntimeFailure) -> bool:
         """Whether the start gets another attempt after this engine failure
@@ -726,6 +764,8 @@ class ClusterDriver:
         number = c.restarts + 1
         try:
             self._ensure_image(c)
+            # A port gpuyard chose may have been taken while the container was down.
+            self._move_off_taken_ports(c)
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
             container_id = self.runtime_of(c.host_id).create(self._spec(c))
             self.runtime_of(c.host_id).start(c.id)

@@ -195,6 +195,13 @@ class Runtime(Protocol):
 
     def start(self, cluster_id: str) -> None: ...
 
+    def host_ports_in_use(self, low: int, high: int, cluster_id: str) -> frozenset[tuple[int, str]]:
+        """The ``(port, transport)`` pairs in ``low..high`` that something on the host
+        holds now: other containers (any installation's) and any process
+        (runtimes/host_ports.py); the cluster's own container is not counted.
+        Best effort: never raises; an answer that cannot be had is empty."""
+        ...
+
     def stop(self, cluster_id: str, timeout_s: int = 10) -> None:
         """Stop and remove the cluster's container (the container disk is wiped)."""
         ...

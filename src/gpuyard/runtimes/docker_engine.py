@@ -61,6 +61,7 @@ from gpuyard.runtimes.base import (
 )
 from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
 from gpuyard.runtimes.host_firewall import Runner
+from gpuyard.runtimes.host_ports import ports_in_use
 from gpuyard.runtimes.volume_images import VolumeImages
 
 log = logging.getLogger(__name__)
@@ -503,6 +504,10 @@ class DockerEngineRuntime:
                     f"cluster {cluster_id} has no container to start; create it first",
                     {"cluster_id": cluster_id},
                 ) from e
+
+    def host_ports_in_use(self, low: int, high: int, cluster_id: str) -> frozenset[tuple[int, str]]:
+        """See :meth:`Runtime.host_ports_in_use` (runtimes/host_ports.py)."""
+        return ports_in_use(self.engine, low, high, self._name(cluster_id))
 
     def stop(self, cluster_id: str, timeout_s: int = 10) -> None:
         """Stop (SIGTERM, SIGKILL after ``timeout_s``) and remove the container, wiping

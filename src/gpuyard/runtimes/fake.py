@@ -117,12 +117,19 @@ class FakeRuntime:
         self.pull_gate: threading.Event | None = None
         # Stamps of output lines (resolution: one second, as Podman's).
         self.log_stamps = LogStamps()
+        # Host ports other programs hold: ``listening`` the host's probe sees, ``hidden``
+        # ones it does not (bound after the probe). Both refuse a start that publishes
+        # them with "address already in use", as do other running containers' ports.
+        self.listening: set[tuple[int, str]] = set()
+        self.hidden: set[tuple[int, str]] = set()
 
     def sharing_engine(self) -> FakeRuntime:
         """Another runtime over the same (fake) engine: what a second installation on
         the same host sees. Bind it to its own owner."""
         other = FakeRuntime(pullable=self.pullable, real_gpus=self.real_gpus)
         other._lock = self._lock
+        other.listening = self.listening
+        other.hidden = self.hidden
         other.containers = self.containers
         other.volumes = self.volumes
         other.networks = self.networks
@@ -321,11 +328,34 @@ class FakeRuntime:
                     f"cluster {cluster_id} has no container to start; create it first"
                 )
             if c.state is not ContainerState.RUNNING:
+                taken = self.listening | self.hidden | self._published(cluster_id)
+                for p in c.spec.ports:
+                    if (p.external_port, p.protocol) in taken:
+                        raise RuntimeFailure(
+                            f"starting cluster {cluster_id}: rootlessport cannot listen on "
+                            f"the TCP port: listen tcp4 :{p.external_port}: bind: address "
+                            "already in use"
+                        )
                 c.state = ContainerState.RUNNING
                 c.exit_code = None
                 c.error = None
                 c.started_at = self._timestamp()
                 c.log_lines.append(f"started {cluster_id}")
+
+    def _published(self, but: str) -> set[tuple[int, str]]:
+        """The host ports running containers other than ``but``'s publish."""
+        return {
+            (p.external_port, p.protocol)
+            for cid, other in self.containers.items()
+            if cid != but and other.state is ContainerState.RUNNING
+            for p in other.spec.ports
+        }
+
+    def host_ports_in_use(self, low: int, high: int, cluster_id: str) -> frozenset[tuple[int, str]]:
+        with self._lock:
+            self._enter("host_ports_in_use")
+            seen = self.listening | self._published(cluster_id)
+        return frozenset(p for p in seen if low <= p[0] <= high)
 
     def stop(self, cluster_id: str, timeout_s: int = 10) -> None:
         with self._lock:

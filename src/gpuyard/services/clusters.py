@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -366,6 +367,7 @@ def create_cluster(
             ports=tuple(body.ports),
             port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
             reserved=server_ports(ctx.settings),
+            held=partial(ctx.ports_held, placement.host_id, cluster_id),
         )
         refuse_unenforced_limits(session, ctx, placement.host_id)
         refuse_unenforced_disk(session, ctx, placement.host_id)
@@ -501,6 +503,7 @@ def start_cluster(
                     ports=specs,
                     port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
                     reserved=server_ports(ctx.settings),
+                    held=partial(ctx.ports_held, placement.host_id, cluster.id),
                 )
                 values["ports"] = cluster.ports = with_host_ports(specs, assigned)
                 version = transition_cluster(

@@ -110,6 +110,13 @@ class Context:
     # edge (host rules for its SSH port and reserved IPs) after a change.
     training_wake: Callable[[int], None] = lambda _cluster_id: None
     training_edge: Callable[[int], None] = lambda _cluster_id: None
+    # The ``(port, transport)`` pairs of the port range something on host ``host_id``
+    # holds now, apart from cluster ``cluster_id``'s own container
+    # (Runtime.host_ports_in_use); build_server asks the host's runtime. Asked for a
+    # port the user chose (services/placement.py assign_ports).
+    ports_held: Callable[[int, str], frozenset[tuple[int, str]]] = lambda _host_id, _cluster_id: (
+        frozenset()
+    )
     # Whether this process's HTTP proxy serves (views show proxy URLs only then).
     proxy: ProxyStatus = field(default_factory=lambda: ProxyStatus(enabled=False))
 

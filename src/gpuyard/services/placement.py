@@ -7,6 +7,7 @@ SQLite and PostgreSQL alike. The unique keys on GPU and port rows stay the backs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
@@ -14,7 +15,7 @@ from sqlalchemy import delete, event, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core import spot
-from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.core.errors import InsufficientCapacity, PortInUse, ValidationFailed
 from gpuyard.core.fleet import PlacementPolicy, takes_placements
 from gpuyard.core.models import CloudType, HostCapacity, Placement, PortSpec, ResourceRequest
 from gpuyard.core.placement import AllocationRatios, insufficient, place
@@ -339,14 +340,29 @@ def assign_ports(
     ports: tuple[PortSpec, ...],
     port_range: tuple[int, int],
     reserved: frozenset[int] = frozenset(),
+    held: Callable[[], frozenset[tuple[int, str]]] | None = None,
 ) -> dict[tuple[int, str], int]:
     """(Re)assign host ports for ``ports``; returns ``(internal, transport) -> external``.
 
     A port the cluster already had for the same internal port and transport is kept,
     so addresses stay stable across stop/start. ``external_port`` > 0 claims exactly
-    that port (409 if another cluster holds it). A port in ``reserved`` (the server's
-    own) is never assigned.
+    that port (409 PORT_IN_USE if another cluster holds it). A port in ``reserved`` (the server's
+    own) is never assigned. ``held`` asks the host which ports something else holds
+    there (Context.ports_held); it is asked only for a port the user chose, which
+    then answers 409 PORT_IN_USE at once. A port gpuyard chooses is checked against
+    the host when the cluster starts (reconciler/port_moves.py), outside this
+    transaction.
     """
+    held_now: frozenset[tuple[int, str]] | None = None
+
+    def on_host(port: int, transport: str) -> bool:
+        nonlocal held_now
+        if held is None:
+            return False
+        if held_now is None:
+            held_now = held()
+        return (port, transport) in held_now
+
     lock_placement(session)
     previous = {
         (r.internal_port, r.protocol): r.port
@@ -373,8 +389,15 @@ def assign_ports(
             )
         if spec.external_port:
             if (spec.external_port, spec.transport) in taken:
-                raise InsufficientCapacity(
+                raise PortInUse(
                     f"host port {spec.external_port}/{spec.transport} is already in use",
+                    {"external_port": spec.external_port},
+                )
+            if on_host(spec.external_port, spec.transport):
+                raise PortInUse(
+                    f"host port {spec.external_port}/{spec.transport} is in use on the host "
+                    "(held outside this cluster); choose another, or 0 to let gpuyard "
+                    "assign one",
                     {"external_port": spec.external_port},
                 )
             port = spec.external_port
