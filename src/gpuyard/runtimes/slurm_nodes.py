@@ -31,6 +31,7 @@ import io
 import ipaddress
 import posixpath
 import re
+import secrets
 import shlex
 import socket
 import tarfile
@@ -506,12 +507,19 @@ class SlurmNodeRuntime:
         0600 root. Also updates ``/etc/gpuyard/authorized_keys`` so a restart keeps the
         new keys. Raises RuntimeFailure when the node is not running or the swap fails."""
         text = keys_text if keys_text.endswith("\n") or not keys_text else keys_text + "\n"
-        self.put_files(name, {"authorized_keys.new": (text.encode(), 0o600)})
-        new = f"{CONFIG_DIR}/authorized_keys.new"
+        # Names of this call's own: two installs at once (an update_ssh_keys and the key
+        # watcher's pass) must not move each other's files away mid-install. The staged
+        # file gone means this very install already ran: exec may run a command again
+        # when the engine lost its output (runtimes/exec_output.py).
+        tag = secrets.token_hex(4)
+        staged = f"authorized_keys.new.{tag}"
+        self.put_files(name, {staged: (text.encode(), 0o600)})
+        new = f"{CONFIG_DIR}/{staged}"
+        tmp = f"/root/.ssh/.authorized_keys.{tag}"
         script = (
-            "set -e; install -d -m 0700 -o root -g root /root/.ssh; "
-            f"install -m 0600 -o root -g root {new} /root/.ssh/.authorized_keys.tmp; "
-            "mv -f /root/.ssh/.authorized_keys.tmp /root/.ssh/authorized_keys; "
+            f"set -e; [ -e {new} ] || exit 0; install -d -m 0700 -o root -g root /root/.ssh; "
+            f"install -m 0600 -o root -g root {new} {tmp}; "
+            f"mv -f {tmp} /root/.ssh/authorized_keys; "
             f"mv -f {new} {CONFIG_DIR}/authorized_keys"
         )
         code, out = self.exec(name, ["sh", "-c", script])
