@@ -258,3 +258,20 @@ def test_a_host_the_others_cannot_reach_takes_no_part_of_a_spanning_cluster(
     # On one host alone it still takes a cluster (no overlay needed).
     single = span.create(workers=1)
     assert set(span.placement(single).values()) <= set(span.hosts)
+
+
+def test_a_cluster_on_a_host_the_others_cannot_reach_still_scales_there(span: Span) -> None:
+    with span.ctx.transaction() as s:
+        for host_id in span.hosts[1:]:  # only the first host has room for the nodes
+            host = s.get(Host, host_id)
+            assert host is not None
+            host.status = "cordoned"
+        first = s.get(Host, span.hosts[0])
+        assert first is not None
+        first.address = "127.0.0.1"  # as this machine's own host
+    cid = span.create(workers=1, gpus=1)
+    span.run(cid)
+    training.perform_action(
+        span.ctx, span.alice, span.scope, cid, {"action": "scale_cluster", "additional_nodes": 1}
+    )
+    assert set(span.placement(cid).values()) == {span.hosts[0]}

@@ -232,15 +232,15 @@ def add_workers(
     ctx: Context, session: Session, cluster: TrainingCluster, extra: int, now: datetime
 ) -> list[int]:
     """Place ``extra`` more workers on any host of the location with room (binpack:
-    the cluster's own hosts first) — only its current hosts for a cluster without a
-    subnet of its own. All or nothing; raises InsufficientCapacity saying what each
-    host has free. Returns the new nodes' ids."""
+    the cluster's own hosts first); only on its current hosts for a cluster without a
+    subnet of its own, or with a node on a host that cannot join an overlay. All or
+    nothing; raises InsufficientCapacity saying what each host has free. Returns the
+    new nodes' ids."""
     names = NodeName(cluster.id, cluster.name_prefix)
     current = sorted({n.host_id for n in nodes_of(session, cluster.id) if n.host_id is not None})
-    if cluster.subnet is None:
-        hosts = current
-    else:
-        hosts = active_hosts(session, cluster.location, spanning=True)
+    rows = session.execute(select(Host.engine_url, Host.address).where(Host.id.in_(current)))
+    spans = cluster.subnet is not None and all(_joins(url, address) for url, address in rows)
+    hosts = active_hosts(session, cluster.location, spanning=True) if spans else current
     added: list[int] = []
     savepoint = session.begin_nested()
     try:
