@@ -58,10 +58,7 @@ def _run_with(env_value: str | None, point: str) -> int:
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     if env_value is not None:
         env[ENV_VAR] = env_value
-    code = (
-        "from gpuyard.observability.crash_points import crash_point\n"
-        f"crash_point({point!r})\n"
-    )
+    code = f"from gpuyard.observability.crash_points import crash_point\ncrash_point({point!r})\n"
     return subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode
 
 
