@@ -25,6 +25,7 @@ import sqlite3
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import docker
 
@@ -43,12 +44,13 @@ def _when(value: object) -> datetime:
     return datetime.fromisoformat(str(value))
 
 
-def violations(db_path: Path, engine_url: str, owner: Ownership) -> list[str]:
-    """Every broken invariant of the installation ``owner`` (see the module doc)."""
+def violations(db_path: Path, engines: dict[int, str], owner: Ownership) -> list[str]:
+    """Every broken invariant of the installation ``owner`` (see the module doc), its
+    hosts' engines given by host id."""
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
     try:
         found = _database_violations(db)
-        found += _engine_violations(db, engine_url, owner)
+        found += _engine_violations(db, engines, owner)
     finally:
         db.close()
     return found
@@ -132,34 +134,70 @@ def _ledger_violations(db: sqlite3.Connection, status: dict[str, str]) -> list[s
     return found
 
 
-def _engine_violations(db: sqlite3.Connection, engine_url: str, owner: Ownership) -> list[str]:
+def _engine_violations(
+    db: sqlite3.Connection, engines: dict[int, str], owner: Ownership
+) -> list[str]:
+    """Per host: its engine's objects against the rows placed on it."""
     found: list[str] = []
-    clusters = _rows(db, "SELECT id, status, volume_name, network_volume_id FROM clusters")
-    with_container = {str(c[0]) for c in clusters if c[1] in ("running", "error", "starting")}
-    expected_volumes = {
-        str(vol or owner.volume(str(cid)))
-        for cid, s, vol, nv in clusters
-        if s != "terminated" and nv is None
-    }
-    # A network volume's engine volume while it lives, or until its removal is done.
-    expected_volumes |= {
-        str(name)
-        for (name,) in _rows(
-            db,
-            "SELECT volume_name FROM network_volumes n WHERE deleted_at IS NULL OR EXISTS "
-            "(SELECT 1 FROM reservations r WHERE r.cluster_id = n.id)",
-        )
-    }
-    quarantined = {
-        str(name)
-        for (name,) in _rows(db, "SELECT name FROM orphan_volumes WHERE deleted_at IS NULL")
-    }
+    clusters = _rows(db, "SELECT id, status, volume_name, network_volume_id, host_id FROM clusters")
+    network = _rows(
+        db,
+        "SELECT id, volume_name, host_id, deleted_at IS NULL FROM network_volumes n "
+        "WHERE deleted_at IS NULL OR EXISTS "
+        "(SELECT 1 FROM reservations r WHERE r.cluster_id = n.id)",
+    )
+    quarantined = _rows(db, "SELECT name, host_id FROM orphan_volumes WHERE deleted_at IS NULL")
+    # A volume on its way to another host keeps its old copy until the move settles.
+    moving = _rows(
+        db,
+        "SELECT cluster_id, source_volume, from_host_id FROM volume_moves "
+        "WHERE status IN ('copying', 'copied')",
+    )
     training_prefixes = tuple(owner.training_prefix(t) for t in _live_training(db))
 
     def training(name: str) -> bool:
         return bool(training_prefixes) and name.startswith(training_prefixes)
 
-    client = docker.DockerClient(base_url=engine_url)
+    mounted = {str(c[3]) for c in clusters if c[3] is not None}
+    for host_id, url in engines.items():
+        containers, volumes = _objects(url, owner)
+        here = [c for c in clusters if c[4] == host_id]
+        with_container = {str(c[0]) for c in here if c[1] in ("running", "error")}
+        expected = {str(vol or owner.volume(str(cid))) for cid, s, vol, nv, _h in here
+                    if s != "terminated" and nv is None}  # fmt: skip
+        expected |= {str(name) for _v, name, h, _live in network if h == host_id}
+        expected |= {str(name) for name, h in quarantined if h == host_id}
+        expected |= {str(name) for _c, name, h in moving if h == host_id}
+        by_cluster = {ct.labels.get(LABEL_CLUSTER): ct for ct in containers.values()}
+        for name, ct in containers.items():
+            holder = ct.labels.get(LABEL_CLUSTER) or ""
+            if holder not in with_container and not training(name):
+                found.append(
+                    f"host {host_id}: container {name} ({ct.status}) of {holder or '?'} "
+                    "has no live row"
+                )
+        for name in sorted(volumes - expected):
+            if not training(name):
+                found.append(f"host {host_id}: volume {name} has no row (nor quarantine)")
+        for cid, s, vol, nv, _h in here:
+            c = str(cid)
+            if s == "running":
+                ct = by_cluster.get(c)
+                if ct is None or ct.status != "running":
+                    found.append(f"running cluster {c} has no running container")
+            if s in ("running", "stopped") and nv is None:
+                name = str(vol or owner.volume(c))
+                if name not in volumes:
+                    found.append(f"{s} cluster {c} has no volume {name} on host {host_id}")
+        for vid, name, h, live in network:
+            if live and h == host_id and str(vid) in mounted and str(name) not in volumes:
+                found.append(f"network volume {vid} has no engine volume {name}")
+    return found
+
+
+def _objects(url: str, owner: Ownership) -> tuple[dict[str, Any], set[str]]:
+    """The installation's containers (by name) and volume names on engine ``url``."""
+    client = docker.DockerClient(base_url=url)
     try:
         containers = {
             ct.name: ct
@@ -173,29 +211,4 @@ def _engine_violations(db: sqlite3.Connection, engine_url: str, owner: Ownership
         }
     finally:
         client.close()
-    by_cluster = {ct.labels.get(LABEL_CLUSTER): ct for ct in containers.values()}
-    for name, ct in containers.items():
-        holder = ct.labels.get(LABEL_CLUSTER) or ""
-        if holder in with_container or training(name):
-            continue
-        found.append(f"container {name} ({ct.status}) of {holder or '?'} has no live row")
-    for name in sorted(volumes - expected_volumes - quarantined):
-        if not training(name):
-            found.append(f"volume {name} has no row (and is not quarantined)")
-    for cid, s, vol, nv in clusters:
-        c = str(cid)
-        if s == "running":
-            ct = by_cluster.get(c)
-            if ct is None or ct.status != "running":
-                found.append(f"running cluster {c} has no running container")
-        if s in ("running", "stopped") and nv is None:
-            name = str(vol or owner.volume(c))
-            if name not in volumes:
-                found.append(f"{s} cluster {c} has no volume {name}")
-    mounted = {str(nv) for *_x, nv in clusters if nv is not None}
-    for vid, name in _rows(
-        db, "SELECT id, volume_name FROM network_volumes WHERE deleted_at IS NULL"
-    ):
-        if str(vid) in mounted and str(name) not in volumes:
-            found.append(f"network volume {vid} has no engine volume {name}")
-    return found
+    return containers, volumes

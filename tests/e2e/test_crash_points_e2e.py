@@ -22,8 +22,10 @@ import httpx
 import pytest
 
 from gpuyard.observability.crash_points import CRASH_POINTS, ENV_VAR
+from gpuyard.runtimes.ssh_tunnel import SshKeys
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.crash_invariants import violations
+from tests.e2e.podman_host import PodmanHost, available
 from tests.e2e.test_server_e2e import ServerProcess, wait_status
 from tests.helpers import free_port
 
@@ -36,6 +38,8 @@ ALL = os.environ.get("GPUYARD_CRASH_ALL") == "1"
 CONVERGE_S = 60
 # A server that reached its point dies at once; one that never does is a broken test.
 DEATH_S = 240
+
+LOCAL_HOST = 1  # the server's own machine is always host 1
 
 CLUSTER = {
     "gpu_type": "NVIDIA RTX A6000",
@@ -118,6 +122,11 @@ def a_create(run: Run) -> None:
 
 def a_idempotent_create(run: Run) -> None:
     run.c.post("/v1/clusters", json=CLUSTER, headers={"Idempotency-Key": "crash-once"})
+
+
+def a_start(run: Run) -> None:
+    cid = stopped(run)
+    run.c.post(f"/v1/clusters/{cid}/start")
 
 
 def a_stop(run: Run) -> None:
@@ -208,7 +217,7 @@ class Case:
 CASES = [
     Case("create.after_row", a_create, sampled=True),
     Case("create.idempotent_after_row", a_idempotent_create),
-    Case("start.after_starting", a_create),
+    Case("start.after_request", a_start),
     Case("start.after_image", a_create),
     Case("start.after_container_create", a_create, sampled=True),
     Case("start.after_create_recorded", a_create),
@@ -234,12 +243,9 @@ CASES = [
     Case("budget.stop.after_first_stop", a_budget_stop),
 ]
 
-# Points whose action needs a second host (a move) or the Slurm node image (training):
-# covered by the unit registry test only; see the README's crash-point list.
+# Points whose action needs the Slurm node image (training clusters): not run here yet;
+# the registry test (tests/unit/test_crash_points.py) checks that each is called.
 NOT_HERE = {
-    "start.move.after_copy": "a start on another host (two hosts)",
-    "start.move.after_recorded": "a start on another host (two hosts)",
-    "drain.after_resting_move": "a drain with a second host to move to",
     "training.create.after_row": "the Slurm node image",
     "training.build.after_node_create": "the Slurm node image",
     "training.scale.after_request": "the Slurm node image",
@@ -249,14 +255,49 @@ NOT_HERE = {
 
 
 def test_every_point_has_a_case_or_a_reason() -> None:
-    cased = {case.point for case in CASES}
+    cased = {case.point for case in CASES + MOVE_CASES}
     assert cased.isdisjoint(NOT_HERE)
     assert cased | set(NOT_HERE) == set(CRASH_POINTS)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
+def crash_and_converge(
+    server: ServerProcess, case: Case, engines: dict[int, str], prepare: Action | None = None
+) -> None:
+    """Run ``case``'s action on ``server`` armed with its point (``prepare`` first, on
+    the same run), wait for the SIGKILL, start the server again unarmed and wait until
+    every invariant holds (at most CONVERGE_S)."""
+    server.extra_env = {ENV_VAR: case.point}
+    server.start()
+    with server.client() as c:
+        run = Run(server, c)
+        # A transport error: the server died under the request (the point was reached).
+        with contextlib.suppress(httpx.TransportError):
+            if prepare is not None:
+                prepare(run)
+            case.action(run)
+    assert server.proc is not None
+    try:
+        code = server.proc.wait(timeout=DEATH_S)
+    except Exception as exc:
+        raise AssertionError(f"{case.point} was never reached:\n{server.log_tail()}") from exc
+    assert code == -9, f"server exited {code}, not by SIGKILL:\n{server.log_tail()}"
+
+    server.extra_env = {}
+    server.start()
+    deadline = time.monotonic() + CONVERGE_S
+    while True:
+        found = violations(server.db_path, engines, server.installation)
+        if not found:
+            break
+        assert time.monotonic() < deadline, (
+            f"not converged {CONVERGE_S} s after the restart from {case.point}:\n"
+            + "\n".join(found)
+        )
+        time.sleep(1)
+
+
+def armed(cases: list[Case]) -> list[Any]:
+    return [
         pytest.param(
             case,
             id=case.point,
@@ -264,38 +305,15 @@ def test_every_point_has_a_case_or_a_reason() -> None:
             if case.sampled or ALL
             else (pytest.mark.skip(reason="set GPUYARD_CRASH_ALL=1 (make test-crash)"),),
         )
-        for case in CASES
-    ],
-)
+        for case in cases
+    ]
+
+
+@pytest.mark.parametrize("case", armed(CASES))
 def test_crash_point_converges(tmp_path: Path, engine_url: str, case: Case) -> None:
     server = ServerProcess(tmp_path / "home", engine_url, free_port())
-    server.extra_env = {ENV_VAR: case.point}
-    server.start()
     try:
-        with server.client() as c:
-            run = Run(server, c)
-            # A transport error: the server died under the request (the point was reached).
-            with contextlib.suppress(httpx.TransportError):
-                case.action(run)
-        assert server.proc is not None
-        try:
-            code = server.proc.wait(timeout=DEATH_S)
-        except Exception as exc:
-            raise AssertionError(f"{case.point} was never reached:\n{server.log_tail()}") from exc
-        assert code == -9, f"server exited {code}, not by SIGKILL:\n{server.log_tail()}"
-
-        server.extra_env = {}
-        server.start()
-        deadline = time.monotonic() + CONVERGE_S
-        while True:
-            found = violations(server.db_path, engine_url, server.installation)
-            if not found:
-                break
-            assert time.monotonic() < deadline, (
-                f"not converged {CONVERGE_S} s after the restart from {case.point}:\n"
-                + "\n".join(found)
-            )
-            time.sleep(1)
+        crash_and_converge(server, case, {LOCAL_HOST: engine_url})
         # The user's retry of an idempotent create answers the one cluster it made.
         if case.point == "create.idempotent_after_row":
             with server.client() as c:
@@ -306,3 +324,73 @@ def test_crash_point_converges(tmp_path: Path, engine_url: str, case: Case) -> N
                 assert [x["id"] for x in clusters] == [r.json()["data"]["id"]], clusters
     finally:
         server.cleanup()
+
+
+# -- moves: a second host, simulated on this machine (root) ------------------------------
+
+
+def add_host(sim: PodmanHost) -> Action:
+    """The action that adds ``sim`` as a host of the local host's location and waits
+    for its first heartbeat."""
+
+    def prepare(run: Run) -> None:
+        r = run.c.post(
+            "/v1/hosts",
+            json={"name": "sim", "engine_url": sim.ssh_url, "gpus": "NVIDIA RTX A6000:4",
+                  "location": "local", "vcpus": 32, "memory_gb": 64},
+        )  # fmt: skip
+        assert r.status_code == 201, r.text
+        run.made["sim"] = int(r.json()["data"]["id"])
+        assert run.made["sim"] == LOCAL_HOST + 1  # the engines the checks read
+        deadline = time.monotonic() + 60
+        while True:
+            hosts = run.c.get("/v1/hosts").json()["data"]["hosts"]
+            if any(h["id"] == run.made["sim"] and h["engine_version"] for h in hosts):
+                return
+            assert time.monotonic() < deadline, hosts
+            time.sleep(0.5)
+
+    return prepare
+
+
+def stopped_on_local(run: Run) -> str:
+    """A stopped cluster on the local host (the simulated one cordoned meanwhile)."""
+    assert run.c.post(f"/v1/hosts/{run.made['sim']}/cordon").status_code == 200
+    cid = stopped(run)
+    assert run.c.post(f"/v1/hosts/{run.made['sim']}/uncordon").status_code == 200
+    return cid
+
+
+def a_start_elsewhere(run: Run) -> None:
+    cid = stopped_on_local(run)
+    assert run.c.post(f"/v1/hosts/{LOCAL_HOST}/cordon").status_code == 200
+    run.c.post(f"/v1/clusters/{cid}/start")
+
+
+def a_drain_resting(run: Run) -> None:
+    stopped_on_local(run)
+    run.c.post(f"/v1/hosts/{LOCAL_HOST}/drain")
+
+
+MOVE_CASES = [
+    Case("start.move.after_copy", a_start_elsewhere),
+    Case("start.move.after_recorded", a_start_elsewhere),
+    Case("drain.after_resting_move", a_drain_resting),
+]
+
+
+@pytest.mark.skipif(available() is not None, reason=str(available()))
+@pytest.mark.parametrize("case", armed(MOVE_CASES))
+def test_move_crash_point_converges(tmp_path: Path, engine_url: str, case: Case) -> None:
+    home = tmp_path / "home"
+    sim = PodmanHost(ssh_key=SshKeys(home).public_key())
+    server = ServerProcess(home, engine_url, free_port())
+    try:
+        sim.start()
+        sim.load_image(engine_url, DEV_IMAGE)
+        # The simulated host's id is the next after the local host's.
+        engines = {LOCAL_HOST: engine_url, LOCAL_HOST + 1: f"unix://{sim.socket}"}
+        crash_and_converge(server, case, engines, prepare=add_host(sim))
+    finally:
+        server.cleanup()
+        sim.close()

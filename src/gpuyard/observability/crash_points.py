@@ -24,7 +24,8 @@ CRASH_POINTS: dict[str, str] = {
     "create.after_row": "cluster create: row committed, reconciler not yet woken",
     "create.idempotent_after_row": "create with an Idempotency-Key: row and key committed, "
     "no answer sent",
-    "start.after_starting": "start: cluster moved to starting, no engine step yet",
+    "start.after_request": "start of a stopped cluster: starting committed (GPUs "
+    "claimed), reconciler not yet woken",
     "start.after_image": "start: image present, no container yet",
     "start.after_container_create": "start: container created, its id not recorded",
     "start.after_create_recorded": "start: container id recorded, container not started",

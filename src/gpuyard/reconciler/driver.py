@@ -264,7 +264,6 @@ class ClusterDriver:
     def _start(self, c: Cluster) -> None:
         if c.status == ClusterStatus.PENDING:
             self._transition(c, ClusterStatus.STARTING, "starting")
-            crash_point("start.after_starting")
         if not self.start_retries.due(c.id):
             return  # an engine step failed a moment ago: a later pass tries again
         if self._gpus_still_in_use(c):

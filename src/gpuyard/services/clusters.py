@@ -531,6 +531,7 @@ def start_cluster(
                 admit(session, principal.account_id, cluster.project_id, cluster.id)
         except Conflict:
             continue
+        crash_point("start.after_request")
         ctx.wake()
         reason = ", ".join(reasons) if reasons and new != previous else None
         return StartResult(cluster, applied, previous, new, reason, before)
