@@ -147,12 +147,14 @@ def _engine_violations(
         "(SELECT 1 FROM reservations r WHERE r.cluster_id = n.id)",
     )
     quarantined = _rows(db, "SELECT name, host_id FROM orphan_volumes WHERE deleted_at IS NULL")
-    # A volume on its way to another host keeps its old copy until the move settles.
-    moving = _rows(
+    # A volume move in flight (copying) or whose old copy is not deleted yet (copied)
+    # is work left: once converged there is none, and no old copy.
+    for cid, status, from_host in _rows(
         db,
-        "SELECT cluster_id, source_volume, from_host_id FROM volume_moves "
+        "SELECT cluster_id, status, from_host_id FROM volume_moves "
         "WHERE status IN ('copying', 'copied')",
-    )
+    ):
+        found.append(f"volume move of {cid} is still {status} (old copy on host {from_host})")
     training_prefixes = tuple(owner.training_prefix(t) for t in _live_training(db))
 
     def training(name: str) -> bool:
@@ -167,7 +169,6 @@ def _engine_violations(
                     if s != "terminated" and nv is None}  # fmt: skip
         expected |= {str(name) for _v, name, h, _live in network if h == host_id}
         expected |= {str(name) for name, h in quarantined if h == host_id}
-        expected |= {str(name) for _c, name, h in moving if h == host_id}
         by_cluster = {ct.labels.get(LABEL_CLUSTER): ct for ct in containers.values()}
         for name, ct in containers.items():
             holder = ct.labels.get(LABEL_CLUSTER) or ""
