@@ -228,7 +228,7 @@ CASES = [
     Case("start.after_container_create", a_create, sampled=True),
     Case("start.after_create_recorded", a_create),
     Case("start.after_container_start", a_create),
-    Case("start.after_running", a_create),
+    Case("start.after_running", a_create, leaves_work=False),
     Case("start.restore.after_restoring_step", a_start_with_restore),
     Case("start.restore.after_unpack", a_start_with_restore),
     Case("start.restore.after_swap", a_start_with_restore),
