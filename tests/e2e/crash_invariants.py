@@ -23,9 +23,9 @@ from __future__ import annotations
 import itertools
 import sqlite3
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import docker
 
@@ -196,20 +196,28 @@ def _engine_violations(
     return found
 
 
-def _objects(url: str, owner: Ownership) -> tuple[dict[str, Any], set[str]]:
-    """The installation's containers (by name) and volume names on engine ``url``."""
-    client = docker.DockerClient(base_url=url)
+def _objects(url: str, owner: Ownership) -> tuple[dict[str, Container], set[str]]:
+    """The installation's containers (by name) and volume names on engine ``url``: one
+    list call each (no per-object inspect, which would race the server's removals)."""
+    client = docker.APIClient(base_url=url)
     try:
         containers = {
-            ct.name: ct
-            for ct in client.containers.list(all=True, filters={"label": owner.label_filter()})
-            if owner.owns(ct.labels)
+            str(ct["Names"][0]).lstrip("/"): Container(
+                ct.get("Labels") or {}, str(ct.get("State") or "")
+            )
+            for ct in client.containers(all=True, filters={"label": owner.label_filter()})
+            if owner.owns(ct.get("Labels"))
         }
+        listed = client.volumes(filters={"label": owner.label_filter()}) or {}
         volumes = {
-            v.name
-            for v in client.volumes.list(filters={"label": owner.label_filter()})
-            if owner.owns(v.attrs.get("Labels"))
+            str(v["Name"]) for v in listed.get("Volumes") or [] if owner.owns(v.get("Labels"))
         }
     finally:
         client.close()
     return containers, volumes
+
+
+@dataclass(frozen=True)
+class Container:
+    labels: dict[str, str]
+    status: str
