@@ -4,7 +4,7 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint unit system venv bench clean
+.PHONY: run test test-crash lint unit system venv bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,6 +37,11 @@ test: venv
 	$(MAKE) --no-print-directory lint
 	GPUYARD_TEST_POSTGRES_URL="$${GPUYARD_TEST_POSTGRES_URL:-$$(bash scripts/test-postgres.sh)}" \
 		PYTEST=$(VENV)/bin/pytest bash scripts/run-tests.sh
+
+# Every crash point (src/gpuyard/observability/crash_points.py): the server killed
+# there with SIGKILL, started again, and checked to converge. `make test` runs a sample.
+test-crash: venv
+	GPUYARD_CRASH_ALL=1 $(VENV)/bin/pytest -q -ra -p no:cacheprovider tests/e2e/test_crash_points_e2e.py
 
 bench: venv system
 	$(PY) bench/bench_start_latency.py

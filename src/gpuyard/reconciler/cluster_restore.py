@@ -18,6 +18,7 @@ from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.progress import STEP_RESTORING
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.services import snapshot_work as work
 from gpuyard.services import snapshots as svc
 from gpuyard.services.lifecycle import guarded_update, record_event
@@ -68,6 +69,7 @@ def _restore(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
         return False
     if c.startup_step < STEP_RESTORING:
         driver._record(c, startup_step=STEP_RESTORING)
+        crash_point("start.restore.after_restoring_step")
     old = driver.volume_of(c)
     try:
         driver.storage.restore_into(
@@ -88,6 +90,7 @@ def _restore(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
             "the volume is as it was before the restore",
         )
         return False
+    crash_point("start.restore.after_unpack")
     if not _swap(driver, c, restore):
         # Stopped, terminated or moved meanwhile: the restored copy is not used.
         with contextlib.suppress(GpuyardError):
@@ -95,6 +98,7 @@ def _restore(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
         raise Abandon()
     legacy = c.volume_name is not None
     c.volume_name = restore.target_volume
+    crash_point("start.restore.after_swap")
     with contextlib.suppress(GpuyardError):
         # Not there for a clone's first start; one that cannot go now is collected
         # later as an orphan (quarantined, never deleted on sight).

@@ -26,6 +26,7 @@ from gpuyard.core.progress import STEP_CREATED, STEP_READY
 from gpuyard.core.proxy import LOOPBACK, private_on_loopback, proxy_only_ports
 from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
 from gpuyard.reconciler.log_archive import forget_logs, keep_logs, stop_keeping_logs
 from gpuyard.reconciler.port_moves import MOVES_PER_START, move_off, port_in_use
@@ -282,6 +283,7 @@ class ClusterDriver:
             # Progress is recorded at the points that take time, not at every step:
             # each record is a write transaction on the start path.
             self._ensure_image(c)
+            crash_point("start.after_image")
             self._move_off_taken_ports(c)
             engine_steps = True
             met: set[tuple[int, str]] = set()  # ports the engine found taken, this pass
@@ -299,6 +301,7 @@ class ClusterDriver:
                         raise
             self._await_running(c)
             self.start_retries.forget(c.id)
+            crash_point("start.after_running")
             if move is not None and c.status == ClusterStatus.RUNNING.value:
                 # The volume moved here for this start: its old copy goes now.
                 self.delete_old_copies(None, cluster_id=c.id)
@@ -318,8 +321,11 @@ class ClusterDriver:
         if (c.runtime_handle or {}).get("container_id"):
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
         container_id = self.runtime_of(c.host_id).create(spec)
+        crash_point("start.after_container_create")
         self._record(c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id})
+        crash_point("start.after_create_recorded")
         self.runtime_of(c.host_id).start(c.id)
+        crash_point("start.after_container_start")
 
     def _move_off_taken_ports(
         self, c: Cluster, also: frozenset[tuple[int, str]] = frozenset()
@@ -395,6 +401,7 @@ class ClusterDriver:
         except GpuyardError as exc:
             self._move_failed(c, move, exc, starting=starting)
             return False
+        crash_point("start.move.after_copy")
         seconds = time.monotonic() - began
         now = self.ctx.clock.now()
         try:
@@ -406,6 +413,7 @@ class ClusterDriver:
             raise Abandon() from exc
         c.volume_name = None
         self.ctx.notifier.notify()
+        crash_point("start.move.after_recorded" if starting else "drain.after_resting_move")
         return True
 
     def _move_failed(
@@ -623,6 +631,7 @@ class ClusterDriver:
             # engine confirms, so the stop is retried on the next pass.
             log.warning("stop of %s failed, will retry: %s", c.id, exc.message)
             raise Abandon() from exc
+        crash_point("stop.after_container_stop")
         self._transition(
             c,
             ClusterStatus.STOPPED,
@@ -636,6 +645,7 @@ class ClusterDriver:
     def _terminate(self, c: Cluster) -> None:
         try:
             self.runtime_of(c.host_id).stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
+            crash_point("terminate.after_container_stop")
             if c.network_volume_id is None:  # a network volume outlives its clusters
                 self.runtime_of(c.host_id).remove_volume(
                     self.volume_of(c), legacy=c.volume_name is not None
@@ -646,6 +656,7 @@ class ClusterDriver:
             # Terminate must not leave a running container billed to nobody: retry.
             log.warning("terminate of %s failed, will retry: %s", c.id, exc.message)
             raise Abandon() from exc
+        crash_point("terminate.after_volume_remove")
         forget_logs(self.ctx, c.id)
         self._transition(
             c,

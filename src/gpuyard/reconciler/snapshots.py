@@ -38,6 +38,7 @@ from typing import Any
 
 from gpuyard.core.errors import GpuyardError, RuntimeFailure
 from gpuyard.core.snapshots import SnapshotFormat
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.snapshot_migration import TAG_PREFIX, migrate_shared_snapshots
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
@@ -154,6 +155,7 @@ class SnapshotWorker:
         snap = claim.snapshot
         if snap is None:
             return
+        crash_point("snapshot.after_claim")
         began = time.monotonic()
         beat = Throttle(lambda n: work.heartbeat(self.ctx, snapshot_id, n))
         try:
@@ -168,6 +170,7 @@ class SnapshotWorker:
             self.ctx.wake()
             return
         taken = replace(taken, seconds=time.monotonic() - began)
+        crash_point("snapshot.after_upload")
         if not work.finish_snapshot(self.ctx, snapshot_id, taken) and not self._forget(
             self._repository(snap.account_id), [taken.restic_id]
         ):
@@ -337,7 +340,9 @@ class SnapshotWorker:
         except GpuyardError as exc:
             work.finish_restore(self.ctx, restore.id, error=exc.message)
             return
+        crash_point("restore.network_volume.after_unpack")
         swapped = work.swap_network_volume(self.ctx, restore.id, volume_id, restore.target_volume)
+        crash_point("restore.network_volume.after_swap")
         with contextlib.suppress(GpuyardError):
             # The replaced volume, or the copy nobody will use.
             self.runtime_of(restore.host_id).remove_volume(

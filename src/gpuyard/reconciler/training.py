@@ -44,6 +44,7 @@ from gpuyard.core.training import (
     NodeStatus,
     TrainingStatus,
 )
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.cluster_nodes import ClusterNodes
 from gpuyard.reconciler.training_edge import ClusterEdges, EdgeOnHost, controller_host
 from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
@@ -379,6 +380,7 @@ class TrainingOperator:
                     # Stays `deleting`; the periodic scan tries again.
                     log.exception("training cluster %s: teardown failed", cluster_id)
                     return True
+                crash_point("training.teardown.after_nodes_removed")
                 finish_delete(self.ctx, cluster_id)
                 self._sinfo_cache.pop(cluster_id, None)
                 self.recovery.forget(cluster_id)
@@ -520,6 +522,7 @@ class TrainingOperator:
         container = self.nodes_of(snap).create_node(
             self._spec(snap, node, image_version_id), self._files(snap, node)
         )
+        crash_point("training.build.after_node_create")
         script = bool(snap.cluster.lifecycle_script)
         with self.ctx.transaction() as session:
             row = session.get(TrainingNode, node.id)

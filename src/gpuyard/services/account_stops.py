@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core import training as training_domain
 from gpuyard.core.states import ClusterStatus
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.clusters import control_plane_stop
 from gpuyard.services.context import Context
 from gpuyard.services.placement import lock_placement
@@ -61,6 +62,7 @@ def stop_work(ctx: Context, account_id: int, work: RunningWork, reason: str) -> 
         try:
             control_plane_stop(ctx, cluster_id, reason)
             stopped.append(cluster_id)
+            crash_point("budget.stop.after_first_stop")
         except Exception:
             log.exception("account %s: cannot stop cluster %s", account_id, cluster_id)
     for training_id in work.training:

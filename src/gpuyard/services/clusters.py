@@ -48,6 +48,7 @@ from gpuyard.core.states import (
     ClusterStatus,
     allowed_actions,
 )
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.admission import admit
 from gpuyard.services.auth import Principal, Scope
 from gpuyard.services.autoterm_policy import merge_policy
@@ -395,6 +396,7 @@ def create_cluster(
             )
             record_event(session, cluster_id, now, "snapshot", f"cloned from snapshot {clone.id}")
         meter_status(session, cluster, ClusterStatus.STARTING, now)
+    crash_point("create.idempotent_after_row" if idempotency else "create.after_row")
     ctx.wake()
     return cluster
 
@@ -532,6 +534,7 @@ def start_cluster(
                 admit(session, principal.account_id, cluster.project_id, cluster.id)
         except Conflict:
             continue
+        crash_point("start.after_request")
         ctx.wake()
         reason = ", ".join(reasons) if reasons and new != previous else None
         return StartResult(cluster, applied, previous, new, reason, before)
@@ -602,7 +605,7 @@ def _act(
 
 
 def stop_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
-    return _act(
+    stopping = _act(
         ctx,
         principal,
         cluster_id,
@@ -611,6 +614,8 @@ def stop_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster
         "stop requested",
         ClusterStatus.STOPPED,
     )
+    crash_point("stop.after_request")
+    return stopping
 
 
 def restart_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
@@ -629,7 +634,7 @@ def restart_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Clus
 
 
 def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
-    return _act(
+    terminating = _act(
         ctx,
         principal,
         cluster_id,
@@ -638,6 +643,8 @@ def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cl
         "terminate requested",
         ClusterStatus.TERMINATED,
     )
+    crash_point("terminate.after_request")
+    return terminating
 
 
 def request_drain_stop(ctx: Context, cluster_id: str, reason: str) -> None:

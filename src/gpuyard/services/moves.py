@@ -30,6 +30,7 @@ from gpuyard.core.errors import HostNotFound, HostUnreachable, InsufficientCapac
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.models import Placement
 from gpuyard.core.states import ClusterStatus
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import record_event
 from gpuyard.services.placement import claim, lock_placement
@@ -321,6 +322,7 @@ def drain_host(ctx: Context, host_id: int) -> DrainReport:
                 .order_by(Cluster.id)
             )
         )
+    crash_point("drain.after_cordon")
     report = DrainReport(host_id=host_id, status=HostStatus.DRAINING.value)
     for cluster in clusters:
         status = ClusterStatus(cluster.status)

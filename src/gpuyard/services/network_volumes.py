@@ -42,6 +42,7 @@ from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN, check_name
 from gpuyard.core.models import CloudType, ResourceRequest
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
@@ -246,7 +247,9 @@ def create_network_volume(
         session.flush()
         check_storage(session, principal.account_id, project_id, volume_gb=body.size)
         _bill(ctx, session, nv, now)
-        return _view(nv, ())
+        view = _view(nv, ())
+    crash_point("network_volume.create.after_row")
+    return view
 
 
 def list_network_volumes(ctx: Context, principal: Principal) -> list[NetworkVolumeView]:
@@ -398,6 +401,7 @@ def delete_network_volume(
         nv.version += 1
         stop_storage_billing(session, nv.id, now)
         pending = PendingRemoval(nv.id, nv.host_id, nv.volume_name)
+    crash_point("network_volume.delete.after_row")
     try:
         runtime = runtime_of(pending.host_id)
     except GpuyardError as exc:
@@ -479,6 +483,7 @@ def remove_engine_volume(ctx: Context, runtime: Runtime, pending: PendingRemoval
             exc.message,
         )
         return False
+    crash_point("network_volume.delete.after_engine_remove")
     with ctx.transaction() as session:
         release_all(session, pending.volume_id)
     return True

@@ -34,6 +34,7 @@ from gpuyard.core.snapshots import (
     consistency_for,
 )
 from gpuyard.core.states import ClusterStatus
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
@@ -398,6 +399,7 @@ def create_snapshot(
         cluster = load_cluster(session, principal, cluster_id)
         source = cluster_source(ctx, session, cluster)
         snap = add_snapshot(session, principal.account_id, source, name, description, now)
+    crash_point("snapshot.after_request")
     ctx.wake()
     return snap
 

@@ -24,6 +24,7 @@ from gpuyard.core import training as domain
 from gpuyard.core.errors import NotFound, ValidationFailed
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import NodeRole, TrainingStatus
+from gpuyard.observability.crash_points import crash_point
 from gpuyard.services import training_autoterm as autoterm
 from gpuyard.services.admission import refuse_closed_account
 from gpuyard.services.auth import Principal
@@ -295,6 +296,7 @@ def create_cluster(
         check_training(session, account_id, project_id, placed)
         autoterm.refuse_spent(session, cluster, now)
         cluster_id = cluster.id
+    crash_point("training.create.after_row")
     ctx.wake()  # spot clusters preempted for the nodes must stop
     ctx.training_wake(cluster_id)
     return cluster_id
@@ -353,6 +355,7 @@ def delete_cluster(
         cluster = load_cluster(session, principal, scope, cluster_id, for_update=True)
         if cluster.status != TrainingStatus.DELETING:
             begin_delete(session, cluster, "deleting", ctx.clock.now())
+    crash_point("training.delete.after_request")
     ctx.training_wake(cluster_id)
     if finish_now:
         finish_delete(ctx, cluster_id)
@@ -416,6 +419,8 @@ def perform_action(
         domain.check_allowed(action, TrainingStatus(cluster.status))
         account_id = acting_account(session, principal, scope.active_iam)
         result = _apply(ctx, session, cluster, account_id, request, now)
+    if action is domain.Action.SCALE_CLUSTER:
+        crash_point("training.scale.after_request")
     if action is domain.Action.UPDATE_AUTO_TERMINATE:
         ctx.wake()  # the watcher plans the new policy at once
     elif action in domain.LONG_ACTIONS:
