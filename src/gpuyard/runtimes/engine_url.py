@@ -154,8 +154,13 @@ class PodmanService:
                 "or point gpuyard at a running engine with DOCKER_HOST"
             )
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        # A socket file left by a crashed service would make bind() fail.
-        if self.socket_path.exists() and not ping_unix_socket(str(self.socket_path)):
+        if self.socket_path.exists():
+            if ping_unix_socket(str(self.socket_path)):
+                # A service that outlived the server that started it (a SIGKILL gives
+                # no chance to stop it): adopted, not doubled (a second one could not
+                # bind the socket). It is not ours to stop.
+                return self.url
+            # A socket file left by a crashed service would make bind() fail.
             with contextlib.suppress(OSError):
                 self.socket_path.unlink()
         # Output goes to a file, not a pipe, so a chatty service can never block on a full
