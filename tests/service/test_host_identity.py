@@ -3,8 +3,11 @@ keeps the row and never offers its GPUs twice; a row from before host ids is ado
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from gpuyard.core.models import CloudType, GpuSource
@@ -12,7 +15,7 @@ from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
 from gpuyard.services.bootstrap import register_local_host
 from gpuyard.services.context import Context
-from gpuyard.services.discovery import LocalInventory, parse_declared_gpus
+from gpuyard.services.discovery import LocalInventory, discover_nvml_gpus, parse_declared_gpus
 from gpuyard.services.host_identity import HOST_ID_FILE, derive_from_machine_id
 from gpuyard.services.hosts import capacities, register_host
 from gpuyard.services.requests import CreateCluster
@@ -158,3 +161,18 @@ def test_a_rename_onto_another_hosts_name_keeps_both_rows_apart(ctx: Context) ->
     # The other machine registering again finds its own row, not ours.
     assert register(ctx, other_id, "gpu-box") == other
     assert len(host_rows(ctx)) == 2
+
+
+def test_a_machine_without_gpus_says_how_to_declare_them(
+    ctx: Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    if discover_nvml_gpus():
+        pytest.skip("this machine has GPUs NVML finds")
+    bare = dataclasses.replace(ctx, settings=ctx.settings.model_copy(update={"local_gpus": None}))
+    with caplog.at_level(logging.WARNING, logger="gpuyard.services.bootstrap"):
+        register_local_host(bare, None)  # no NVML here: no GPU found, none declared
+    assert any("GPUYARD_LOCAL_GPUS" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gpuyard.services.bootstrap"):
+        register_local_host(ctx, None)  # declared: nothing to say
+    assert not any("GPUYARD_LOCAL_GPUS" in r.getMessage() for r in caplog.records)

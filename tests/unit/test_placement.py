@@ -77,3 +77,14 @@ def test_cloud_type_must_match_unless_all() -> None:
     with pytest.raises(InsufficientCapacity):
         place([community], req(1, cloud_type=CloudType.SECURE), AllocationRatios())
     assert place([community], req(1, cloud_type=CloudType.ALL), AllocationRatios()).host_id == 1
+
+
+def test_a_gpu_type_no_host_has_names_the_setting_that_declares_it() -> None:
+    with pytest.raises(InsufficientCapacity) as absent:
+        place([host(1, 0), host(2, 0)], req(1), AllocationRatios())
+    assert "GPUYARD_LOCAL_GPUS" in absent.value.message
+    assert "GPUYARD_LOCAL_GPUS" in absent.value.details["hint"]
+    # Only busy (the type exists): no hint, the usual answer.
+    with pytest.raises(InsufficientCapacity) as busy:
+        place([host(1, 1, used={0})], req(1), AllocationRatios())
+    assert "GPUYARD_LOCAL_GPUS" not in busy.value.message and "hint" not in busy.value.details

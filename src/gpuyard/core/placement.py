@@ -137,12 +137,19 @@ def insufficient(
     if not message:
         message = f"No host has free capacity for {what}"
         message += f": {'; '.join(reasons)}" if reasons else ": no host matches"
-    return InsufficientCapacity(
-        message,
-        {
-            "requested": asked,
-            "available": [
-                {**free_resources(h, ratios), "why_not": why_not(h, req, ratios)} for h in hosts
-            ],
-        },
-    )
+    details: dict[str, Any] = {
+        "requested": asked,
+        "available": [
+            {**free_resources(h, ratios), "why_not": why_not(h, req, ratios)} for h in hosts
+        ],
+    }
+    if req.gpu_count and not any(g.gpu_type == req.gpu_type for h in hosts for g in h.gpus):
+        # Not busy: absent. Say what would make it exist (a machine without GPUs).
+        hint = (
+            f"no host has any {req.gpu_type} GPU: declare a machine's GPUs with "
+            f"GPUYARD_LOCAL_GPUS (e.g. GPUYARD_LOCAL_GPUS='{req.gpu_type}:4') or add a host "
+            "that has them (POST /v1/hosts)"
+        )
+        message += f" ({hint})"
+        details["hint"] = hint
+    return InsufficientCapacity(message, details)

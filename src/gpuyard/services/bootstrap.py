@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from pathlib import Path
@@ -34,6 +35,8 @@ from gpuyard.store.schema import Installation
 # Files under the home that hold secrets or identities: owner-only, whatever the umask
 # or an older version left (the database files are db.py's).
 _PRIVATE_FILES = ("credentials", HOST_ID_FILE, "secret.key")
+
+log = logging.getLogger(__name__)
 
 
 def secure_home(home: Path) -> None:
@@ -146,6 +149,13 @@ def register_local_host(
         disk_gb=s.local_disk_gb,
         disk_path=s.home,
     )
+    if not inventory.gpus and s.local_gpus is None:
+        log.warning(
+            "no GPU found on this machine (NVML) and none declared: clusters that ask for "
+            "GPUs will not fit here. Declare what it has with GPUYARD_LOCAL_GPUS, e.g. "
+            "GPUYARD_LOCAL_GPUS='NVIDIA RTX A6000:4' (TYPE:COUNT, comma-separated; "
+            "GET /v1/gpu-types lists the types), or add hosts that have GPUs (POST /v1/hosts)"
+        )
     with ctx.transaction() as session:
         startup_xact_lock(session)
         host = register_host(
