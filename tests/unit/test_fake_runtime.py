@@ -26,13 +26,15 @@ def volume_name(cluster_id: str) -> str:
 IMAGE = "localhost/gpuyard/busybox:latest"
 
 
-def spec(cluster_id: str = "c1", *, volume: bool = True, image: str = IMAGE) -> ContainerSpec:
+def spec(
+    cluster_id: str = "c1", *, volume: bool = True, image: str = IMAGE, port: int = 20001
+) -> ContainerSpec:
     return ContainerSpec(
         cluster_id=cluster_id,
         image=image,
         command=None,
         env={"A": "1"},
-        ports=(PortBinding(8888, 20001),),
+        ports=(PortBinding(8888, port),),
         volume_name=volume_name(cluster_id) if volume else None,
         volume_mount_path="/workspace",
         cpu_cores=1,
@@ -153,7 +155,8 @@ def test_thread_safety(rt: FakeRuntime) -> None:
     def worker(n: int) -> None:
         for i in range(50):
             cid = f"t{n}-{i}"
-            rt.create(spec(cid))
+            # A host port of its own: the fake, like an engine, refuses a taken one.
+            rt.create(spec(cid, port=20001 + n * 50 + i))
             rt.start(cid)
             rt.observe(cid)
             if i % 2:
