@@ -31,9 +31,10 @@ def outage_answer(path: str, exc: BaseException) -> JSONResponse:
     )
 
 
-class DatabaseOutage:
-    """ASGI middleware, outermost: a database outage raised by anything inside it
-    becomes the 503 answer (when no answer has begun); other errors pass on."""
+class ErrorGuard:
+    """ASGI middleware base: runs the app and hands an exception it raised before any
+    answer began to :meth:`answer` (which answers, or returns False to let it pass on).
+    Once half an answer is out, only closing the connection is honest: it is re-raised."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -53,6 +54,19 @@ class DatabaseOutage:
         try:
             await self.app(scope, receive, tracked)
         except Exception as exc:
-            if started or not is_database_unavailable(exc):
+            if started or not await self.answer(exc, scope, receive, send):
                 raise
-            await outage_answer(scope.get("path", ""), exc)(scope, receive, send)
+
+    async def answer(self, exc: Exception, scope: Scope, receive: Receive, send: Send) -> bool:
+        raise NotImplementedError
+
+
+class DatabaseOutage(ErrorGuard):
+    """Outermost: a database outage raised by anything inside it becomes the 503 answer
+    (when no answer has begun); other errors pass on."""
+
+    async def answer(self, exc: Exception, scope: Scope, receive: Receive, send: Send) -> bool:
+        if not is_database_unavailable(exc):
+            return False
+        await outage_answer(scope.get("path", ""), exc)(scope, receive, send)
+        return True

@@ -10,9 +10,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from gpuyard.api.database_outage import outage_answer
+from gpuyard.api.database_outage import ErrorGuard, outage_answer
 from gpuyard.api.envelope import error_body, error_response
 from gpuyard.core.errors import GpuyardError
 from gpuyard.store.outage import is_database_unavailable
@@ -75,41 +75,23 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     )
 
 
-class UnexpectedErrors:
+class UnexpectedErrors(ErrorGuard):
     """ASGI middleware: an exception no handler took becomes the 500 envelope here,
     and is not raised further. Starlette's outermost error middleware would answer the
     same body but then re-raise, and uvicorn closes the connection of a request whose
     app raised: the client's next request on that keep-alive connection would fail."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracked)
-        except Exception as exc:
-            if started:
-                raise  # half an answer is out: only closing the connection is honest
-            if is_database_unavailable(exc):
-                await outage_answer(scope.get("path", ""), exc)(scope, receive, send)
-                return
-            log.exception("unhandled error")
-            response = JSONResponse(
-                error_body("INTERNAL_ERROR", "internal error; see the server log"),
-                status_code=500,
-            )
-            await response(scope, receive, send)
+    async def answer(self, exc: Exception, scope: Scope, receive: Receive, send: Send) -> bool:
+        if is_database_unavailable(exc):
+            await outage_answer(scope.get("path", ""), exc)(scope, receive, send)
+            return True
+        log.exception("unhandled error")
+        response = JSONResponse(
+            error_body("INTERNAL_ERROR", "internal error; see the server log"),
+            status_code=500,
+        )
+        await response(scope, receive, send)
+        return True
 
 
 def install(app: FastAPI) -> None:
