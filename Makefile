@@ -4,7 +4,7 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-crash lint unit system venv bench clean
+.PHONY: run test test-crash lint unit system venv bench clean docs
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,8 +17,17 @@ venv: $(STAMP)
 system:
 	@bash scripts/setup-system.sh
 
-run: venv system
+# The guide (mkdocs.yml, docs/guide/), served by gpuyard at /guide/; rebuilt when a page changed.
+GUIDE := src/gpuyard/guide_site/index.html
+$(GUIDE): $(STAMP) mkdocs.yml $(shell find docs/guide -type f 2>/dev/null)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
+	touch $(GUIDE)
+
+docs: $(GUIDE)
+
+run: venv system docs
 	@echo "gpuyard web console: http://127.0.0.1:$${GPUYARD_PORT:-8000}/ (sign in with an API key)"
+	@echo "guide: http://127.0.0.1:$${GPUYARD_PORT:-8000}/guide/  API reference: /docs"
 	$(VENV)/bin/gpuyard serve
 
 lint: venv

@@ -16,7 +16,16 @@ from fastapi.responses import JSONResponse
 from gpuyard import __version__
 from gpuyard.api import accounts as accounts_api
 from gpuyard.api import audit as audit_api
-from gpuyard.api import billing, catalog, clusters, docs_page, errors, method_not_allowed, training
+from gpuyard.api import (
+    billing,
+    catalog,
+    clusters,
+    docs_page,
+    errors,
+    guide_page,
+    method_not_allowed,
+    training,
+)
 from gpuyard.api import budgets as budgets_api
 from gpuyard.api import cluster_logs as cluster_logs_api
 from gpuyard.api import console as console_api
@@ -185,6 +194,7 @@ def build_server(
         redoc_url=None,
     )
     docs_page.install(app)
+    guide_page.install(app)
     app.state.gpuyard = AppState(
         ctx=ctx,
         runtime=runtime,

@@ -15,6 +15,7 @@ from gpuyard.cli.budgets import budget, credits
 from gpuyard.cli.catalog import gpu_types
 from gpuyard.cli.clusters import clusters
 from gpuyard.cli.common import CliState, ErrorBoundaryGroup
+from gpuyard.cli.env import env
 from gpuyard.cli.hosts import hosts
 from gpuyard.cli.keys import keys
 from gpuyard.cli.orphans import orphans
@@ -121,6 +122,7 @@ def dev_image(
 
 
 cli.add_command(keys)
+cli.add_command(env)
 cli.add_command(clusters)
 cli.add_command(gpu_types)
 cli.add_command(hosts)
