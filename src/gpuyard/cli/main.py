@@ -31,7 +31,9 @@ DEV_IMAGE = "localhost/gpuyard/busybox:latest"
 @click.group(cls=ErrorBoundaryGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", default=None, help="Server URL for HTTP commands.")
 @click.option("--api-key", default=None, help="API key for HTTP commands.")
-@click.option("--json", "as_json", is_flag=True, help="Print raw JSON data.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print raw JSON data (errors as a JSON object)."
+)
 @click.version_option(__version__, prog_name="gpuyard")
 @click.pass_context
 def cli(ctx: click.Context, url: str | None, api_key: str | None, as_json: bool) -> None:
