@@ -57,7 +57,7 @@ def serve(host: str | None, port: int | None) -> None:
 
 @cli.command("ssh-gateway")
 def ssh_gateway() -> None:
-    """Run the SSH gateway alone (``serve`` starts one itself unless GPUYARD_SSH_PORT=0)."""
+    """Run the SSH gateway alone (serve starts one itself unless GPUYARD_SSH_PORT=0)."""
     from gpuyard.cli.serve import configure_logging
     from gpuyard.edge.ssh_service import run_gateway
     from gpuyard.settings import Settings
