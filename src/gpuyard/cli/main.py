@@ -22,6 +22,7 @@ from gpuyard.cli.quotas import quotas
 from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS
 from gpuyard.cli.snapshots import snapshots
 from gpuyard.cli.training import training
+from gpuyard.cli.uninstall import uninstall
 
 # gpuyard.runtimes.devimage.DEFAULT_IMAGE (test_cli asserts they agree); not imported so
 # the CLI starts fast.
@@ -155,6 +156,7 @@ cli.add_command(accounts)
 cli.add_command(invitations)
 cli.add_command(backup)
 cli.add_command(restore)
+cli.add_command(uninstall)
 
 
 def main() -> None:
