@@ -83,14 +83,14 @@ class Leftovers:
         finally:
             c.close()
 
-    def uninstall(self, *args: str) -> Result:
+    def uninstall(self, *args: str, answer: str | None = None) -> Result:
         env = {
             "GPUYARD_HOME": str(self.settings.home),
             "GPUYARD_PORT": str(self.settings.port),
             "GPUYARD_ENGINE_URL": self.engine_url,
             "GPUYARD_REMOTE_ENGINE_TIMEOUT_S": "10",
         }
-        return CliRunner().invoke(cli, ["uninstall", *args], env=env)
+        return CliRunner().invoke(cli, ["uninstall", *args], env=env, input=answer)
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +193,11 @@ def test_uninstall_keeps_volumes_then_deletes_them_and_spares_the_other_installa
         assert ours.short not in firewall(sim)
     assert any(leftovers.labelled(sim, ours.installation_id)["volumes"] for sim in sims)
     assert leftovers.settings.home.exists()
+
+    # Without --yes the volumes are listed and nothing is deleted on "no".
+    asked = leftovers.uninstall("--delete-volumes", answer="n\n")
+    assert asked.exit_code == 1 and "VOLUME" in asked.stdout
+    assert any(leftovers.labelled(sim, ours.installation_id)["volumes"] for sim in sims)
 
     gone = leftovers.uninstall("--delete-volumes", "--yes")
     assert gone.exit_code == 0, gone.output
