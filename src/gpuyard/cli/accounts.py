@@ -106,8 +106,8 @@ def create(
 
 
 @accounts.command("list")
-@click.option("--page", type=int, default=1, show_default=True)
-@click.option("--per-page", type=int, default=50, show_default=True)
+@click.option("--page", type=int, default=1, show_default=True, help="Page number.")
+@click.option("--per-page", type=int, default=50, show_default=True, help="Accounts per page.")
 @api_options
 def list_(page: int, per_page: int, url: str | None, api_key: str | None, as_json: bool) -> None:
     """Every account (operator), else the accounts you are a member of."""
@@ -176,7 +176,13 @@ def resume(account_id: int, url: str | None, api_key: str | None, as_json: bool)
 @accounts.command("invite")
 @click.argument("account_id", type=int)
 @click.argument("email")
-@click.option("--role", type=click.Choice(ROLES), default="member", show_default=True)
+@click.option(
+    "--role",
+    type=click.Choice(ROLES),
+    default="member",
+    show_default=True,
+    help="Role the invited user gets.",
+)
 @api_options
 def invite(
     account_id: int, email: str, role: str, url: str | None, api_key: str | None, as_json: bool

@@ -16,6 +16,7 @@ from gpuyard.cli.output import print_json, print_table
     type=click.Choice(["cluster", "gpu_type", "day"]),
     default="cluster",
     show_default=True,
+    help="How to total the cost.",
 )
 @click.option("--project-id", type=int, default=None, help="One project (default: all).")
 @api_options

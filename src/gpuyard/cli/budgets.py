@@ -129,10 +129,25 @@ def budget_show(account_id: int, url: str | None, api_key: str | None, as_json: 
 @budget.command("set")
 @click.argument("account_id", type=click.IntRange(min=1))
 @click.option("--monthly-budget", default=None, help="USD per month, or 'none'.")
-@click.option("--alert-percent", type=click.IntRange(1, 100), default=None)
-@click.option("--low-balance-hours", type=click.FloatRange(min=0), default=None)
+@click.option(
+    "--alert-percent",
+    type=click.IntRange(1, 100),
+    default=None,
+    help="Alert when spend reaches this percent of the budget.",
+)
+@click.option(
+    "--low-balance-hours",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Warn when the balance lasts fewer hours than this.",
+)
 @click.option("--webhook-url", default=None, help="A URL, or 'none' to remove the webhook.")
-@click.option("--billing-mode", type=click.Choice(["postpaid", "prepaid"]), default=None)
+@click.option(
+    "--billing-mode",
+    type=click.Choice(["postpaid", "prepaid"]),
+    default=None,
+    help="Pay after use or from a prepaid balance.",
+)
 @api_options
 def budget_set(
     account_id: int,

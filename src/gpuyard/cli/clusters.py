@@ -33,7 +33,7 @@ def parse_env(values: tuple[str, ...]) -> dict[str, str]:
 
 
 def parse_port(spec: str) -> JSON:
-    """``INTERNAL[:EXTERNAL][/PROTO[,public]]`` into a PortSpec body; EXTERNAL 0 or absent
+    """INTERNAL[:EXTERNAL][/PROTO[,public]] into a PortSpec body; EXTERNAL 0 or absent
     asks the server to assign one, PROTO is tcp (default), udp or http; ``,public``
     lets anybody through the HTTP proxy (http ports are private by default)."""
     text, _, proto = spec.partition("/")
@@ -204,8 +204,13 @@ port_option = click.option(
     "--port",
     "ports",
     multiple=True,
-    metavar="INTERNAL[:EXTERNAL][/PROTO]",
-    help="Port to expose, PROTO tcp|udp|http (repeatable).",
+    metavar="INTERNAL[:EXTERNAL][/PROTO[,public]]",
+    help=(
+        "Port to expose (repeatable). INTERNAL is the container's port; EXTERNAL the "
+        "host's (absent or 0: assigned); PROTO tcp (default), udp or http. An http port "
+        "is private (only via the proxy with your key) unless ',public' is added. "
+        "Examples: 22, 8080:30080, 5353/udp, 8888/http, 8888/http,public."
+    ),
 )
 
 
@@ -217,18 +222,39 @@ def clusters() -> None:
 @clusters.command("create")
 @click.option("--name", default="", help="Display name.")
 @click.option("--gpu-type", default=None, help='GPU type id, e.g. "NVIDIA RTX A6000".')
-@click.option("--gpu-count", type=click.IntRange(0, 64), default=None)
-@click.option("--cpu-cores", type=click.IntRange(min=1), default=None)
-@click.option("--memory-gb", type=click.IntRange(min=1), default=None)
-@click.option("--container-disk-gb", type=click.IntRange(min=1), default=None)
-@click.option("--volume-gb", type=click.IntRange(min=0), default=None)
+@click.option(
+    "--gpu-count", type=click.IntRange(0, 64), default=None, help="GPUs (0 for a CPU-only cluster)."
+)
+@click.option("--cpu-cores", type=click.IntRange(min=1), default=None, help="vCPUs.")
+@click.option("--memory-gb", type=click.IntRange(min=1), default=None, help="Memory in GB.")
+@click.option(
+    "--container-disk-gb",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Container disk in GB (lost on stop).",
+)
+@click.option(
+    "--volume-gb",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Persistent volume in GB (0: none).",
+)
 @click.option("--volume-mount-path", default=None, help="Default /workspace.")
 @click.option("--image", required=True, help="Container image.")
 @click.option("--args", "docker_args", default=None, help="Command override.")
 @env_option
 @port_option
-@click.option("--cloud-type", type=click.Choice(["SECURE", "COMMUNITY"], case_sensitive=False))
-@click.option("--project-id", type=int, default=None)
+@click.option(
+    "--cloud-type",
+    type=click.Choice(["SECURE", "COMMUNITY"], case_sensitive=False),
+    help="Cloud type of the host to place on.",
+)
+@click.option(
+    "--project-id",
+    type=int,
+    default=None,
+    help="Project id (default: your account's default project).",
+)
 @click.option(
     "--bid",
     type=click.FloatRange(min=0, min_open=True),
@@ -301,7 +327,12 @@ def create(
 @clusters.command("list")
 @click.option("--status", default=None, help="Only clusters in this status.")
 @click.option("--search", default=None, help="Match id, name or image.")
-@click.option("--project-id", type=int, default=None)
+@click.option(
+    "--project-id",
+    type=int,
+    default=None,
+    help="Project id (default: your account's default project).",
+)
 @click.option("--all", "every", is_flag=True, help="Every page, not only the newest 500.")
 @api_options
 def list_(
@@ -399,9 +430,11 @@ def open_(
 @clusters.command("start")
 @click.argument("cluster_id")
 @click.option("--image", default=None, help="New container image.")
-@click.option("--memory-gb", type=click.IntRange(min=1), default=None)
-@click.option("--cpu-cores", type=click.IntRange(min=1), default=None)
-@click.option("--gpu-count", type=click.IntRange(0, 64), default=None)
+@click.option("--memory-gb", type=click.IntRange(min=1), default=None, help="Memory in GB.")
+@click.option("--cpu-cores", type=click.IntRange(min=1), default=None, help="vCPUs.")
+@click.option(
+    "--gpu-count", type=click.IntRange(0, 64), default=None, help="GPUs (0 for a CPU-only cluster)."
+)
 @click.option("--storage-gb", type=click.IntRange(min=0), default=None, help="Volume size.")
 @env_option
 @click.option("--unset-env", multiple=True, metavar="KEY", help="Remove a variable (repeatable).")
@@ -477,7 +510,9 @@ def start(
 @click.argument("cluster_id")
 @click.option("--bid", type=click.FloatRange(min=0, min_open=True), required=True,
               help="Bid per GPU-hour (USD), at least the GPU type's spot floor.")  # fmt: skip
-@click.option("--gpu-count", type=click.IntRange(1, 64), default=None)
+@click.option(
+    "--gpu-count", type=click.IntRange(1, 64), default=None, help="GPUs (default: as before)."
+)
 @wait_option
 @timeout_option
 @api_options

@@ -1,5 +1,6 @@
 """Glue shared by the HTTP commands: global options, the client factory and the
-error boundary that turns client errors into ``error: ...`` and exit status 1."""
+error boundary that turns client errors into ``error: ...`` (or, under ``--json``, one
+JSON error object) on stderr and exit status 1."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import click
 
 from gpuyard.cli.client import ApiError, GpuyardClient, ServerUnreachable
 from gpuyard.cli.config import resolve_target
-from gpuyard.cli.output import format_api_error
+from gpuyard.cli.output import error_json, format_api_error
 from gpuyard.core.errors import GpuyardError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -33,11 +34,24 @@ def state(ctx: click.Context) -> CliState:
     return root.obj
 
 
+def remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    """Callback of every ``--json`` flag: records it on the root state, so the error
+    boundary answers a failure of that command as JSON too."""
+    if value:
+        state(ctx).json = True
+    return value
+
+
 def api_options(f: F) -> F:
     """Add ``--url``, ``--api-key`` and ``--json`` to an HTTP command; each may also be
     given to the root group (``gpuyard --json clusters list``)."""
     f = click.option(
-        "--json", "as_json", is_flag=True, default=False, help="Print the raw JSON data."
+        "--json",
+        "as_json",
+        is_flag=True,
+        default=False,
+        callback=remember_json,
+        help="Print the raw JSON data (errors too: a JSON object on stderr).",
     )(f)
     f = click.option(
         "--api-key", "api_key", default=None, help="API key (else $GPUYARD_API_KEY, credentials)."
@@ -64,28 +78,35 @@ def make_call(url: str | None, api_key: str | None, as_json: bool) -> Call:
 
 class ErrorBoundaryGroup(click.Group):
     """A group whose sub-commands' expected failures end as one ``error:`` message on
-    stderr and exit status 1, never as a traceback."""
+    stderr and exit status 1, never as a traceback. Under ``--json`` (the root's or the
+    command's) the message is instead one JSON object on stderr,
+    ``{"error": {"code", "message", "status", "details"}}``."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except ApiError as e:
-            click.echo(format_api_error(e), err=True)
-            if e.status == 401:
-                click.echo(
-                    "  hint: pass --api-key, set GPUYARD_API_KEY, or create a key with "
-                    "`gpuyard keys create`",
-                    err=True,
-                )
+        except (ApiError, ServerUnreachable, GpuyardError) as e:
+            if state(ctx).json:
+                click.echo(error_json(e), err=True)
+            else:
+                click.echo(_in_words(e), err=True)
             ctx.exit(1)
-        except ServerUnreachable as e:
-            click.echo(
-                f"error: the gpuyard server is not reachable at {e.url} ({e.reason}); "
-                "start it with `make run` or `gpuyard serve`, or point --url / GPUYARD_URL "
-                "at it",
-                err=True,
+
+
+def _in_words(e: ApiError | ServerUnreachable | GpuyardError) -> str:
+    """Today's human message for an expected failure (with a hint where one helps)."""
+    if isinstance(e, ApiError):
+        text = format_api_error(e)
+        if e.status == 401:
+            text += (
+                "\n  hint: pass --api-key, set GPUYARD_API_KEY, or create a key with "
+                "`gpuyard keys create`"
             )
-            ctx.exit(1)
-        except GpuyardError as e:
-            click.echo(f"error: {e.code}: {e.message}", err=True)
-            ctx.exit(1)
+        return text
+    if isinstance(e, ServerUnreachable):
+        return (
+            f"error: the gpuyard server is not reachable at {e.url} ({e.reason}); "
+            "start it with `make run` or `gpuyard serve`, or point --url / GPUYARD_URL "
+            "at it"
+        )
+    return f"error: {e.code}: {e.message}"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from gpuyard.cli.common import remember_json
 from gpuyard.cli.output import print_json, print_table
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def keys() -> None:
     type=click.Choice(SCOPES),
     default="write",
     show_default=True,
+    help="What the key may do: read, write, or admin.",
 )
 def create(name: str, scope: str) -> None:
     """Issue a key for the admin's account. The key is shown once, as the last line."""
@@ -95,7 +97,7 @@ def create(name: str, scope: str) -> None:
 
 
 @keys.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, callback=remember_json, help="Print JSON.")
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
     """Every key: id, visible prefix, name, scope, created and revoked times."""
@@ -131,7 +133,7 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 @keys.command("revoke")
 @click.argument("id_or_prefix")
 def revoke(id_or_prefix: str) -> None:
-    """Revoke a key by its id or its visible prefix (e.g. ``gy_AbCdEfG``). Revoking a
+    """Revoke a key by its id or its visible prefix (e.g. gy_AbCdEfG). Revoking a
     revoked key is allowed and keeps it revoked."""
     from gpuyard.services.audit import record_audit
     from gpuyard.services.auth import revoke_key

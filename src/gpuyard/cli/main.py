@@ -23,6 +23,7 @@ from gpuyard.cli.quotas import quotas
 from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS
 from gpuyard.cli.snapshots import snapshots
 from gpuyard.cli.training import training
+from gpuyard.cli.uninstall import uninstall
 
 # gpuyard.runtimes.devimage.DEFAULT_IMAGE (test_cli asserts they agree); not imported so
 # the CLI starts fast.
@@ -32,7 +33,9 @@ DEV_IMAGE = "localhost/gpuyard/busybox:latest"
 @click.group(cls=ErrorBoundaryGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", default=None, help="Server URL for HTTP commands.")
 @click.option("--api-key", default=None, help="API key for HTTP commands.")
-@click.option("--json", "as_json", is_flag=True, help="Print raw JSON data.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print raw JSON data (errors as a JSON object)."
+)
 @click.version_option(__version__, prog_name="gpuyard")
 @click.pass_context
 def cli(ctx: click.Context, url: str | None, api_key: str | None, as_json: bool) -> None:
@@ -56,7 +59,7 @@ def serve(host: str | None, port: int | None) -> None:
 
 @cli.command("ssh-gateway")
 def ssh_gateway() -> None:
-    """Run the SSH gateway alone (``serve`` starts one itself unless GPUYARD_SSH_PORT=0)."""
+    """Run the SSH gateway alone (serve starts one itself unless GPUYARD_SSH_PORT=0)."""
     from gpuyard.cli.serve import configure_logging
     from gpuyard.edge.ssh_service import run_gateway
     from gpuyard.settings import Settings
@@ -88,37 +91,53 @@ def ssh_gateway() -> None:
     is_flag=True,
     help="Build the web test image instead (HTTP/WebSocket test server on 8888; needs gcc).",
 )
-@click.option(
-    "--force", is_flag=True, help="With --slurm or --web: rebuild even if the image exists."
-)
+@click.option("--force", is_flag=True, help="Rebuild even if an image from this recipe exists.")
 def dev_image(
     runtime_cli: str | None, name: str | None, slurm: bool, web: bool, force: bool
 ) -> None:
     """Build the offline busybox development image (or, with --slurm, the Slurm node
-    image; with --web, the web test image); prints its name as the last line."""
+    image; with --web, the web test image); prints its name as the last line.
+
+    An image already built from the same recipe is reused (said on stderr) unless
+    --force is given."""
     if runtime_cli is None:
         runtime_cli = "podman" if shutil.which("podman") else "docker"
     if slurm and web:
         raise click.UsageError("--slurm and --web build different images: pick one")
     if web:
-        from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
+        from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image, web_image_current
 
         name = name or WEB_IMAGE
-        click.echo(f"building {name} (gcc -static and {runtime_cli} import) ...", err=True)
+        current = not force and web_image_current(name, runtime_cli)
+        _say_build(name, current, f"gcc -static and {runtime_cli} import")
         click.echo(build_web_image(runtime_cli, name, force=force))
         return
     if slurm:
-        from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
+        from gpuyard.runtimes.slurm_image import (
+            SLURM_IMAGE,
+            build_slurm_image,
+            slurm_image_current,
+        )
 
         name = name or SLURM_IMAGE
-        click.echo(f"building {name} with debootstrap and {runtime_cli} import ...", err=True)
+        current = not force and slurm_image_current(name, runtime_cli)
+        _say_build(name, current, f"debootstrap and {runtime_cli} import")
         click.echo(build_slurm_image(runtime_cli, name, force=force))
         return
-    from gpuyard.runtimes.devimage import build_dev_image
+    from gpuyard.runtimes.devimage import build_dev_image, dev_image_current
 
     name = name or DEV_IMAGE
-    click.echo(f"building {name} with {runtime_cli} import ...", err=True)
-    click.echo(build_dev_image(runtime_cli, name))
+    current = not force and dev_image_current(runtime_cli, name)
+    _say_build(name, current, f"{runtime_cli} import")
+    click.echo(build_dev_image(runtime_cli, name, force=force))
+
+
+def _say_build(name: str, reused: bool, how: str) -> None:
+    """Tell stderr whether ``name`` is reused or built (stdout keeps only the name)."""
+    if reused:
+        click.echo(f"{name}: already present, reused", err=True)
+    else:
+        click.echo(f"building {name} with {how} ...", err=True)
 
 
 cli.add_command(keys)
@@ -139,6 +158,7 @@ cli.add_command(accounts)
 cli.add_command(invitations)
 cli.add_command(backup)
 cli.add_command(restore)
+cli.add_command(uninstall)
 
 
 def main() -> None:

@@ -10,7 +10,8 @@ from typing import Any, TextIO
 
 import click
 
-from gpuyard.cli.client import ApiError
+from gpuyard.cli.client import ApiError, ServerUnreachable
+from gpuyard.core.errors import GpuyardError
 from gpuyard.core.input_rules import shown_safely
 
 JSON = dict[str, Any]
@@ -92,6 +93,30 @@ def format_api_error(err: ApiError) -> str:
             value = ", ".join(_brief(v, 40) for v in value)
         lines.append(f"  {key}: {_brief(value)}")
     return "\n".join(lines)
+
+
+def error_json(err: ApiError | ServerUnreachable | GpuyardError) -> str:
+    """The ``--json`` form of a failure, one line: ``{"error": {"code", "message",
+    "status", "details"}}`` with the API's own code, message, HTTP status and details;
+    an unreachable server is ``SERVER_UNREACHABLE`` (status null, its url and reason in
+    details), a local failure its own code (status null)."""
+    if isinstance(err, ApiError):
+        body: JSON = {
+            "code": err.code,
+            "message": err.message,
+            "status": err.status,
+            "details": err.details,
+        }
+    elif isinstance(err, ServerUnreachable):
+        body = {
+            "code": "SERVER_UNREACHABLE",
+            "message": f"the gpuyard server is not reachable at {err.url} ({err.reason})",
+            "status": None,
+            "details": {"url": err.url, "reason": err.reason},
+        }
+    else:
+        body = {"code": err.code, "message": err.message, "status": None, "details": err.details}
+    return json.dumps({"error": body}, separators=(",", ":"), default=str)
 
 
 def fail(message: str) -> None:

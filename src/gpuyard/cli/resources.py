@@ -224,7 +224,7 @@ def images_list(url: str | None, api_key: str | None, as_json: bool) -> None:
 @click.option("--name", required=True, help="e.g. slurm-node")
 @click.option("--version", "version", required=True, help="e.g. 22.05-bookworm")
 @click.option("--image", required=True, help="An image reference the engine can run.")
-@click.option("--description", default=None)
+@click.option("--description", default=None, help="Free-text description.")
 @api_options
 def images_register(
     name: str,
@@ -369,7 +369,7 @@ def security_groups_list(
     multiple=True,
     help="PROTOCOL:PORTS:CIDR, e.g. tcp:22:10.0.0.0/8 (repeatable; none: deny all).",
 )
-@click.option("--description", default=None)
+@click.option("--description", default=None, help="Free-text description.")
 @_scope_options
 @api_options
 def security_groups_create(

@@ -53,7 +53,7 @@ def snapshots(
     as_json: bool,
 ) -> None:
     """Snapshots of cluster volumes and network volumes (list them without a
-    subcommand). Restore one with ``gpuyard clusters start ID --restore SNAPSHOT``."""
+    subcommand). Restore one with `gpuyard clusters start ID --restore SNAPSHOT`."""
     if ctx.invoked_subcommand is not None:
         return
     call = make_call(url, api_key, as_json)

@@ -202,17 +202,31 @@ def training() -> None:
 
 @training.command("create")
 @scope_options
-@click.option("--name", required=True)
+@click.option("--name", required=True, help="Cluster name.")
 @click.option("--image-version-id", type=int, required=True, help="See `gpuyard images list`.")
-@click.option("--ssh-key-id", "ssh_key_ids", type=int, multiple=True, required=True)
+@click.option(
+    "--ssh-key-id",
+    "ssh_key_ids",
+    type=int,
+    multiple=True,
+    required=True,
+    help="SSH key id for the nodes (repeatable; see `gpuyard ssh-keys list`).",
+)
 @click.option("--nodes", "no_of_nodes", type=int, required=True, help="Worker nodes.")
 @click.option("--sku-id", type=int, default=None, help="A plan (`gpuyard plans`).")
-@click.option("--gpu-type", default=None)
-@click.option("--gpus-per-node", type=int, default=None)
-@click.option("--cpus-per-node", type=int, default=None)
-@click.option("--memory-gb-per-node", type=int, default=None)
-@click.option("--security-group-id", type=int, default=None)
-@click.option("--lifecycle-script", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option(
+    "--gpu-type", default=None, help="GPU type id (e.g. 'NVIDIA RTX A6000'; default: the plan's)."
+)
+@click.option("--gpus-per-node", type=int, default=None, help="GPUs per worker node.")
+@click.option("--cpus-per-node", type=int, default=None, help="vCPUs per worker node.")
+@click.option("--memory-gb-per-node", type=int, default=None, help="Memory per worker node in GB.")
+@click.option("--security-group-id", type=int, default=None, help="Security group for the nodes.")
+@click.option(
+    "--lifecycle-script",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Script run on each node at start.",
+)
 @auto_terminate_options
 @click.option("--wait", "wait_s", type=float, default=0, help="Wait up to N s until running.")
 @api_options
@@ -324,12 +338,25 @@ def get(
 @scope_options
 @click.argument("cluster_id", type=int)
 @click.argument("action", type=click.Choice(ACTIONS))
-@click.option("--ssh-key-id", "ssh_key_ids", type=int, multiple=True)
-@click.option("--image-version-id", type=int, default=None)
-@click.option("--additional-nodes", type=int, default=None)
-@click.option("--reserved-ip-id", type=int, default=None)
+@click.option(
+    "--ssh-key-id", "ssh_key_ids", type=int, multiple=True, help="SSH key id to add (repeatable)."
+)
+@click.option(
+    "--image-version-id",
+    type=int,
+    default=None,
+    help="Image version to move to (`gpuyard images list`).",
+)
+@click.option("--additional-nodes", type=int, default=None, help="Worker nodes to add.")
+@click.option("--reserved-ip-id", type=int, default=None, help="Reserved IP to attach.")
 @click.option("--ip-type", default=None, help="detach_ip: public or reserved.")
-@click.option("--security-group-id", "security_group_ids", type=int, multiple=True)
+@click.option(
+    "--security-group-id",
+    "security_group_ids",
+    type=int,
+    multiple=True,
+    help="Security group to apply (repeatable).",
+)
 @auto_terminate_options
 @click.option("--wait", "wait_s", type=float, default=0, help="Wait up to N s until done.")
 @api_options

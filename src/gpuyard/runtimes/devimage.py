@@ -9,6 +9,7 @@ promptly on SIGTERM, so stopping a cluster running it takes well under a second.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -22,6 +23,8 @@ from gpuyard.core.errors import RuntimeFailure
 DEFAULT_IMAGE = "localhost/gpuyard/busybox:latest"
 BUSYBOX_PATH = "/bin/busybox"
 SERVE_PORT = 8888
+# The label that records which rootfs an image was imported from (its hash).
+RECIPE_LABEL = "gpuyard.dev-recipe"
 
 APPLETS = (
     "sh", "ash", "httpd", "sleep", "cat", "ls", "mkdir", "echo", "env", "rm", "touch",
@@ -113,27 +116,64 @@ def busybox_rootfs(
 
 
 def _rootfs_tar() -> bytes:
-    """The development image's rootfs."""
+    """The development image's rootfs (fixed mtimes, so its hash names the recipe)."""
     return busybox_rootfs(
         {"usr/local/bin/gpuyard-serve": (SERVE_SCRIPT.encode(), 0o755)},
         dirs=("www", "workspace"),
+        mtime=0,
     )
 
 
-def build_dev_image(runtime_cli: str = "podman", name: str = DEFAULT_IMAGE) -> str:
-    """Build (or rebuild) the offline busybox image and return its name.
-
-    Idempotent: importing again retags ``name`` to the new image. Raises
-    :class:`RuntimeFailure` when busybox-static or the engine CLI is missing or the
-    import fails.
-    """
+def _engine(runtime_cli: str) -> str:
     cli = shutil.which(runtime_cli)
     if cli is None:
         raise RuntimeFailure(
             f"{runtime_cli!r} not found on PATH: install podman (apt-get install podman) "
             "or Docker to build the development image"
         )
+    return cli
+
+
+def _recipe_of(cli: str, name: str) -> str | None:
+    """The recipe label on the engine's image ``name``; None without image or label."""
+    try:
+        proc = subprocess.run(
+            [cli, "image", "inspect", "--format", f'{{{{index .Labels "{RECIPE_LABEL}"}}}}', name],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    value = proc.stdout.decode().strip() if proc.returncode == 0 else ""
+    return None if value in ("", "<no value>") else value
+
+
+def dev_image_current(runtime_cli: str = "podman", name: str = DEFAULT_IMAGE) -> bool:
+    """True when the engine already has ``name`` built from this recipe, so
+    :func:`build_dev_image` would reuse it instead of importing again."""
+    return _recipe_of(_engine(runtime_cli), name) == _digest(_rootfs_tar())
+
+
+def _digest(rootfs: bytes) -> str:
+    return hashlib.sha256(rootfs).hexdigest()[:16]
+
+
+def build_dev_image(
+    runtime_cli: str = "podman", name: str = DEFAULT_IMAGE, *, force: bool = False
+) -> str:
+    """Build the offline busybox image as ``name`` and return its name.
+
+    Idempotent and cached: an image ``name`` already built from this recipe (the rootfs
+    hash in its :data:`RECIPE_LABEL` label) is reused unless ``force``; otherwise the
+    import retags ``name`` to the new image. Raises :class:`RuntimeFailure` when
+    busybox-static or the engine CLI is missing or the import fails.
+    """
+    cli = _engine(runtime_cli)
     data = _rootfs_tar()
+    digest = _digest(data)
+    if not force and _recipe_of(cli, name) == digest:
+        return name
     cmd = [
         cli,
         "import",
@@ -145,6 +185,8 @@ def build_dev_image(runtime_cli: str = "podman", name: str = DEFAULT_IMAGE) -> s
         "ENV PATH=/usr/local/bin:/usr/bin:/bin",
         "--change",
         "WORKDIR /",
+        "--change",
+        f"LABEL {RECIPE_LABEL}={digest}",
         "-",
         name,
     ]

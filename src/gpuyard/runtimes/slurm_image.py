@@ -227,6 +227,13 @@ def _import(root: Path, cli: str, name: str) -> None:
         )
 
 
+def slurm_image_current(name: str = SLURM_IMAGE, runtime_cli: str | None = None) -> bool:
+    """True when the engine already has ``name`` built from this recipe, so
+    :func:`build_slurm_image` would reuse it (no debootstrap)."""
+    cli = _engine_cli(runtime_cli)
+    return _image_id(cli, name) is not None and _image_recipe(cli, name) == recipe_digest()
+
+
 def build_slurm_image(
     runtime_cli: str | None = None, name: str = SLURM_IMAGE, force: bool = False
 ) -> str:

@@ -122,6 +122,12 @@ def _recipe(cli: str, name: str) -> str | None:
     return None if value in (None, "<no value>") else value
 
 
+def web_image_current(name: str = WEB_IMAGE, runtime_cli: str | None = None) -> bool:
+    """True when the engine already has ``name`` built from this recipe, so
+    :func:`build_web_image` would reuse it (no compile, no import)."""
+    return _recipe(_engine_cli(runtime_cli), name) == recipe_digest()
+
+
 def build_web_image(
     runtime_cli: str | None = None, name: str = WEB_IMAGE, *, force: bool = False
 ) -> str:
