@@ -41,7 +41,7 @@ unit: venv
 
 # Every test: lint, type check, unit, service (SQLite and PostgreSQL), API and
 # end-to-end tests with real containers (the last two groups at once: scripts/run-tests.sh).
-test: venv
+test: venv docs
 	@WITH_POSTGRES=1 WITH_TEST_HOSTS=1 bash scripts/setup-system.sh
 	$(MAKE) --no-print-directory lint
 	GPUYARD_TEST_POSTGRES_URL="$${GPUYARD_TEST_POSTGRES_URL:-$$(bash scripts/test-postgres.sh)}" \

@@ -29,7 +29,7 @@ builds it first), then reload this page. The same pages are in <code>docs/guide/
 
 def install(app: FastAPI, site: Path = SITE) -> None:
     """Serve ``site`` under ``/guide/``; ``/guide`` redirects there. Without a built
-    site (no ``index.html``) every ``/guide`` path answers the not-built page (503)."""
+    site (no ``index.html``) every ``/guide`` path answers the not-built page (404: the page is not there)."""
 
     @app.get("/guide", include_in_schema=False)
     def guide_root() -> RedirectResponse:
@@ -41,4 +41,4 @@ def install(app: FastAPI, site: Path = SITE) -> None:
 
     @app.get("/guide/{path:path}", include_in_schema=False)
     def not_built(path: str) -> HTMLResponse:
-        return HTMLResponse(NOT_BUILT, status_code=503)
+        return HTMLResponse(NOT_BUILT, status_code=404)
