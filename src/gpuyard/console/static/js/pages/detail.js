@@ -16,6 +16,15 @@ const CONFIRM = {
   restart: "Restart this cluster's container?",
 };
 
+// Each action's button in the user's words.
+const ACTION_LABEL = {
+  start: "Start",
+  stop: "Stop",
+  restart: "Restart the container",
+  terminate: "Terminate (deletes the volume)",
+  resume: "Resume",
+};
+
 export function render(main, [id]) {
   const cleanups = [];
   let cluster = null;
@@ -58,15 +67,15 @@ export function render(main, [id]) {
     dl.append(h("dt", {}, term), h("dd", {}, value));
   }
 
-  async function act(action) {
+  async function act(action, button) {
     if (CONFIRM[action] && !window.confirm(CONFIRM[action])) return;
     try {
       if (action === "terminate") await del(`/v1/clusters/${id}`);
       else if (action === "start") showStart((await post(`/v1/clusters/${id}/start`, {})).data);
       else await post(`/v1/clusters/${id}/${action}`);
-      flash(`${action} requested`);
+      flash(`${ACTION_LABEL[action] || action}: requested`);
     } catch (err) {
-      flash(err.message, "error");
+      showError(actions, err, button);
     }
     poller.now();
   }
@@ -131,9 +140,9 @@ export function render(main, [id]) {
     clear(actions);
     if (!session.canWrite) return;
     for (const action of c.actions || []) {
-      actions.append(h("button", { type: "button", class: action === "terminate" ? "danger" : "", "data-action": action, onclick: () => act(action) }, action));
+      actions.append(h("button", { type: "button", class: action === "terminate" ? "danger" : "", "data-action": action, onclick: (ev) => act(action, ev.currentTarget) }, ACTION_LABEL[action] || action));
       if (action === "start") {
-        actions.append(h("button", { type: "button", "data-action": "start-with-changes", onclick: () => changes.open(c) }, "start with changes"));
+        actions.append(h("button", { type: "button", "data-action": "start-with-changes", onclick: () => changes.open(c) }, "Start with other resources"));
       }
     }
   }
