@@ -543,3 +543,25 @@ def test_revoking_the_key_in_use_asks_first_then_signs_out(
     p.wait_for_selector("#api-key")
     assert p.url.endswith("#/signin")
     p.context.close()
+
+
+def test_detail_shows_env_masked_and_ports_with_addresses(page: Any, server: ServerProcess) -> None:
+    with server.client() as c:
+        cid = create_cluster(
+            c,
+            env={"HF_TOKEN": "hunter2-secret", "MODE": "train"},
+            ports=[{"internal_port": 8080, "protocol": "http", "visibility": "public"}],
+        )
+        wait_status(c, cid, {"running"})
+    try:
+        page.goto(f"{server.url}/#/clusters/{cid}")
+        env = page.locator("[data-testid=env]")
+        sync_api.expect(env).to_contain_text("MODE = train")
+        sync_api.expect(env).to_contain_text("HF_TOKEN = •••••••• (secret)")
+        assert "hunter2" not in page.content()
+        port = page.locator("[data-testid=ports] [data-port-row='8080']")
+        sync_api.expect(port).to_contain_text("8080/http · public · http")
+        page.screenshot(path=str(base.artifacts_dir() / "detail-env-ports.png"), full_page=True)
+    finally:
+        with server.client() as c:
+            terminate(c, cid)

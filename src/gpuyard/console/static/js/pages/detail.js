@@ -198,6 +198,20 @@ export function render(main, [id]) {
     fact(facts, "Host", c.host ? `${c.host.name} (${c.host.location}), ${c.host_status}` : "—");
     if (c.interruptible) fact(facts, "Spot bid", money(c.bid_per_gpu) + " per GPU-hour");
     if (c.error_message) fact(facts, "Error", c.error_message);
+    // The API masks secret values (names with TOKEN, PASSWORD, KEY ... or marked secret).
+    const env = Object.entries(c.env || {});
+    fact(facts, "Environment", env.length
+      ? h("ul", { class: "plain", "data-testid": "env" }, env.map(([k, v]) =>
+        h("li", {}, h("code", {}, k), " = ", h("code", { class: v === "********" ? "masked" : "" }, v === "********" ? "•••••••• (secret)" : v))))
+      : "none");
+    const ports = (c.network && c.network.ports) || [];
+    fact(facts, "Ports", ports.length
+      ? h("ul", { class: "plain", "data-testid": "ports" }, ports.map((p) => {
+        const url = p.proxy_url || (p.address ? `${p.protocol}://${p.address}` : null);
+        return h("li", { "data-port-row": p.internal_port }, `${p.internal_port}/${p.protocol} · ${p.visibility || "private"} · `,
+          url ? h("code", { class: "url" }, url) : "not published yet");
+      }))
+      : "none");
     clear(costBox);
     fact(costBox, "Rate now", rate(c.cost.hourly_rate));
     fact(costBox, "This run", money(c.cost.accrued_usd.current_run, 4));
