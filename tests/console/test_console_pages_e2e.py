@@ -475,6 +475,8 @@ def in_viewport(page: Any, selector: str) -> bool:
 def test_errors_show_beside_what_caused_them(page: Any, server: ServerProcess) -> None:
     page.goto(server.url + "/#/clusters/new")
     page.wait_for_selector("[data-testid=create-submit]")
+    # The image field offers the images already on the hosts (the engine's real list).
+    assert page.locator(f"#host-images option[value='{DEV_IMAGE}']").count() == 1
     # Validation: each refused field gets a line beside it, in words.
     page.fill("#f-docker_image", "")
     page.fill("#f-cpu_cores", "0")

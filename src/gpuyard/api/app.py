@@ -22,6 +22,7 @@ from gpuyard.api import cluster_logs as cluster_logs_api
 from gpuyard.api import console as console_api
 from gpuyard.api import hosts as hosts_api
 from gpuyard.api import images as images_api
+from gpuyard.api import host_images as host_images_api
 from gpuyard.api import me as me_api
 from gpuyard.api import metrics as metrics_api
 from gpuyard.api import network_volumes as network_volumes_api
@@ -236,6 +237,7 @@ def build_server(
     app.include_router(plans_api.router)
     app.include_router(ssh_keys_api.router)
     app.include_router(images_api.router)
+    app.include_router(host_images_api.router)
     app.include_router(reserved_ips_api.router)
     app.include_router(security_groups_api.router)
     app.include_router(orphans_api.router)
