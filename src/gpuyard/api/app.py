@@ -20,9 +20,9 @@ from gpuyard.api import billing, catalog, clusters, docs_page, errors, method_no
 from gpuyard.api import budgets as budgets_api
 from gpuyard.api import cluster_logs as cluster_logs_api
 from gpuyard.api import console as console_api
+from gpuyard.api import host_images as host_images_api
 from gpuyard.api import hosts as hosts_api
 from gpuyard.api import images as images_api
-from gpuyard.api import host_images as host_images_api
 from gpuyard.api import me as me_api
 from gpuyard.api import metrics as metrics_api
 from gpuyard.api import network_volumes as network_volumes_api

@@ -44,7 +44,9 @@ class HostImagesEnvelope(BaseModel):
 
 
 @router.get("/v1/host-images", response_model=HostImagesEnvelope)
-def host_images(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
+def host_images(
+    request: Request, principal: Principal = Depends(current_principal)
+) -> JSONResponse:
     """The image names present on the healthy hosts' engines, most widely held first
     (then by name), each with the number of hosts holding it."""
     state = app_state(request)
