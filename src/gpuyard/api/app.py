@@ -19,6 +19,7 @@ from gpuyard.api import audit as audit_api
 from gpuyard.api import billing, catalog, clusters, docs_page, errors, method_not_allowed, training
 from gpuyard.api import budgets as budgets_api
 from gpuyard.api import cluster_logs as cluster_logs_api
+from gpuyard.api import cluster_metrics as cluster_metrics_api
 from gpuyard.api import console as console_api
 from gpuyard.api import host_images as host_images_api
 from gpuyard.api import hosts as hosts_api
@@ -230,6 +231,7 @@ def build_server(
     app.add_middleware(DatabaseOutage)
     app.include_router(clusters.router)
     app.include_router(cluster_logs_api.router)
+    app.include_router(cluster_metrics_api.router)
     app.include_router(catalog.router)
     app.include_router(hosts_api.router)
     app.include_router(billing.router)
