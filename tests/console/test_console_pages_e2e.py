@@ -563,6 +563,13 @@ def test_detail_shows_env_masked_and_ports_with_addresses(page: Any, server: Ser
         assert "hunter2" not in page.content()
         port = page.locator("[data-testid=ports] [data-port-row='8080']")
         sync_api.expect(port).to_contain_text("8080/http · public · http")
+        # Utilisation charts: CPU drawn from the samples (taken every 30 s, the page
+        # rereads them as often), GPU says there is no data on a CPU-only cluster.
+        cpu_line = page.locator("[data-chart=CPU] svg polyline")
+        sync_api.expect(cpu_line).to_have_count(1, timeout=70_000)
+        sync_api.expect(page.locator("[data-chart=GPU] figcaption")).to_have_text(
+            "GPU: no GPU data"
+        )
         page.screenshot(path=str(base.artifacts_dir() / "detail-env-ports.png"), full_page=True)
     finally:
         with server.client() as c:

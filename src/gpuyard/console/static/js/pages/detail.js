@@ -9,6 +9,7 @@ import { session } from "../session.js";
 import { openTerminal } from "../terminal.js";
 import { newestEvents } from "../events.js";
 import { snapshotsPanel } from "../snapshots.js";
+import { lineChart } from "../charts.js";
 
 const CONFIRM = {
   terminate: "Terminate this cluster? Its volume is deleted.",
@@ -38,6 +39,7 @@ export function render(main, [id]) {
   const connect = h("div", { class: "connect" });
   const startResult = h("div", { "data-testid": "start-result" });
   const termBox = h("div", { class: "term-box" });
+  const usage = h("div", { class: "charts", "data-testid": "usage" }, h("p", { class: "muted" }, "loading…"));
   const logs = h("pre", { class: "logs", "data-testid": "logs", tabindex: "0", "aria-label": "Logs" });
   const events = h("ol", { class: "events", "data-testid": "events" });
   const changes = changesForm();
@@ -57,6 +59,7 @@ export function render(main, [id]) {
     h("div", { class: "columns" },
       h("section", { class: "card" }, h("h2", {}, "Details"), facts),
       h("section", { class: "card" }, h("h2", {}, "Cost"), costBox, countdown)),
+    h("section", { class: "card" }, h("h2", {}, "Utilisation, last hour"), usage),
     h("section", { class: "card" }, h("h2", {}, "Connect"), connect, termBox),
     h("section", { class: "card" }, h("h2", {}, "Logs"), logs),
     snaps.card,
@@ -258,6 +261,25 @@ export function render(main, [id]) {
       h("li", { "data-event": e.id }, h("time", { datetime: e.at }, new Date(e.at).toLocaleString()), " ", e.message || `${e.from_status} → ${e.to_status}`)));
     return answer;
   }
+
+  // The utilisation charts: the API's samples of the last hour (taken every 30 s).
+  async function refreshUsage() {
+    try {
+      const m = (await get(`/v1/clusters/${id}/metrics?window=1h`)).data;
+      const end = Date.now();
+      const start = end - m.window_s * 1000;
+      const series = (key) => m.samples.map((s) => ({ t: Date.parse(s.at), v: s[key] }));
+      clear(usage).append(
+        lineChart("GPU", series("gpu_percent"), start, end, m.samples.length ? "no GPU data" : "no data yet"),
+        lineChart("CPU", series("cpu_percent"), start, end),
+        lineChart("Memory", series("memory_percent"), start, end));
+    } catch (err) {
+      clear(usage).append(h("p", { class: "muted" }, `utilisation unavailable: ${err.message}`));
+    }
+  }
+  refreshUsage();
+  const usageTimer = setInterval(refreshUsage, 30_000);
+  cleanups.push(() => clearInterval(usageTimer));
 
   const poller = poll(refresh, 3000);
   snaps.refresh().catch((err) => flash(`snapshots: ${err.message}`, "error"));
