@@ -274,9 +274,11 @@ def test_a_users_day_in_the_console(browser: Any, server: ServerProcess) -> None
     sync_api.expect(rows).to_have_text(narrower, use_inner_text=True)
     page.keyboard.type("top\n")
     sync_api.expect(rows).to_have_text(re.compile(r"PID\s+PPID|PID\s+USER"), use_inner_text=True)
+    page.set_viewport_size({"width": 1280, "height": 900})  # top redraws at the new size
+    sync_api.expect(rows).to_have_text(re.compile(r"PID\s+PPID|PID\s+USER"), use_inner_text=True)
+    page.wait_for_timeout(1500)
     page.screenshot(path=str(shots / "console-terminal.png"), full_page=True)
     page.keyboard.press("q")
-    page.set_viewport_size({"width": 1280, "height": 900})
 
     # Stop, then start with more memory: the answer's changes and rate delta show.
     page.click("[data-action=stop]")
