@@ -4,7 +4,7 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-crash lint unit system venv bench clean docs
+.PHONY: run test test-crash lint unit system venv bench clean docs console-assets
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -12,7 +12,21 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) console-assets
+
+# The web terminal's xterm.js, pinned in console/package-lock.json, copied with its
+# licence into the console's static files (built, not committed).
+XTERM_DIR := src/gpuyard/console/static/vendor/xterm
+console-assets: $(XTERM_DIR)/.built
+
+$(XTERM_DIR)/.built: console/package.json console/package-lock.json
+	cd console && npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(XTERM_DIR)
+	cp console/node_modules/@xterm/xterm/lib/xterm.js $(XTERM_DIR)/xterm.js
+	cp console/node_modules/@xterm/xterm/css/xterm.css $(XTERM_DIR)/xterm.css
+	cp console/node_modules/@xterm/addon-fit/lib/addon-fit.js $(XTERM_DIR)/addon-fit.js
+	cp console/node_modules/@xterm/xterm/LICENSE $(XTERM_DIR)/LICENSE
+	touch $@
 
 system:
 	@bash scripts/setup-system.sh

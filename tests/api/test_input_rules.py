@@ -187,6 +187,22 @@ def test_numbers_are_not_coerced_rest(srv: LiveServer, value: Any) -> None:
     assert_nothing_created(srv)
 
 
+def test_each_refused_field_says_why_for_clients_to_word(srv: LiveServer) -> None:
+    # Beside the message: pydantic's reason and its plain limits (the console words them
+    # "Image: required", "vCPU: at least 1").
+    with srv.client() as c:
+        body = v1_error(
+            c.post("/v1/clusters", json={**CREATE, "docker_image": "", "cpu_cores": 0}),
+            "cpu_cores",
+        )
+    errors = {e["field"]: e for e in body["error"]["details"]["errors"]}
+    assert errors["docker_image"]["reason"] == "string_too_short"
+    assert errors["docker_image"]["limits"] == {"min_length": 1}
+    assert errors["cpu_cores"]["reason"] == "greater_than_equal"
+    assert errors["cpu_cores"]["limits"] == {"ge": 1}
+    assert_nothing_created(srv)
+
+
 def test_a_whole_float_is_an_integer_rest(srv: LiveServer) -> None:
     # JSON Schema counts 2.0 as an integer; so does the server (not "2" or true).
     with srv.client() as c:

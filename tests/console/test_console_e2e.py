@@ -212,7 +212,7 @@ def test_a_users_day_in_the_console(browser: Any, server: ServerProcess) -> None
     page.fill(".port-num", "8888")
     page.click("[data-testid=create-submit]")
     refused = page.wait_for_selector(".field-error")
-    assert refused.inner_text().startswith("memory_gb")
+    assert refused.inner_text() == "Memory (GB): at most 16384"  # in words, from the reason
     assert page.locator("#f-memory_gb").get_attribute("aria-invalid") == "true"
     page.fill("#f-memory_gb", "4")
     page.screenshot(path=str(shots / "console-create.png"), full_page=True)
@@ -253,16 +253,32 @@ def test_a_users_day_in_the_console(browser: Any, server: ServerProcess) -> None
     assert urlsplit(tab.url).hostname == f"{cluster_id}-8888.proxy.localhost"
     tab.close()
 
-    # The web terminal.
+    # The web terminal (xterm.js): a command, the size the shell sees and how it
+    # follows the window, and a full-screen program drawn on it.
     page.click("[data-testid=open-terminal]")
-    terminal = page.wait_for_selector("[data-testid=terminal-input]")
     # Locator assertions, not wait_for_function: the page's CSP forbids eval.
-    sync_api.expect(page.locator(".term-box small")).to_have_text("connected")
-    terminal.fill("echo hi")
-    terminal.press("Enter")
-    output = page.locator("[data-testid=terminal-output]")
-    sync_api.expect(output).to_have_text(re.compile(r"(^|\n)hi\n"), timeout=30_000)
+    sync_api.expect(page.locator("[data-testid=terminal-state]")).to_have_text("connected")
+    rows = page.locator("[data-testid=terminal-output] .xterm-rows")
+    page.click("[data-testid=terminal-output]")
+    page.keyboard.type("echo hi\n")
+    sync_api.expect(rows).to_have_text(re.compile(r"(^|\n)hi\s*\n"), use_inner_text=True)
+    page.keyboard.type("clear; stty size\n")
+    size = re.compile(r"(?:^|\n)\s*(\d+) (\d+)\s*\n")
+    sync_api.expect(rows).to_have_text(size, use_inner_text=True)
+    found = size.search(rows.inner_text())
+    assert found is not None
+    wide = int(found.group(2))
+    page.set_viewport_size({"width": 760, "height": 900})
+    page.keyboard.type("clear; stty size\n")
+    narrower = re.compile(rf"(?:^|\n)\s*{found.group(1)} (?!{wide}\b)(\d+)\s*\n")
+    sync_api.expect(rows).to_have_text(narrower, use_inner_text=True)
+    page.keyboard.type("top\n")
+    sync_api.expect(rows).to_have_text(re.compile(r"PID\s+PPID|PID\s+USER"), use_inner_text=True)
+    page.set_viewport_size({"width": 1280, "height": 900})  # top redraws at the new size
+    sync_api.expect(rows).to_have_text(re.compile(r"PID\s+PPID|PID\s+USER"), use_inner_text=True)
+    page.wait_for_timeout(1500)
     page.screenshot(path=str(shots / "console-terminal.png"), full_page=True)
+    page.keyboard.press("q")
 
     # Stop, then start with more memory: the answer's changes and rate delta show.
     page.click("[data-action=stop]")

@@ -464,3 +464,113 @@ def test_phone_width_and_keyboard_only(
     context.close()
     with server.client() as c:
         terminate(c, cid)
+
+
+def in_viewport(page: Any, selector: str) -> bool:
+    box = page.locator(selector).bounding_box()
+    height = page.viewport_size["height"]
+    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= height
+
+
+def test_errors_show_beside_what_caused_them(page: Any, server: ServerProcess) -> None:
+    page.goto(server.url + "/#/clusters/new")
+    page.wait_for_selector("[data-testid=create-submit]")
+    # The image field offers the images already on the hosts (the engine's real list).
+    assert page.locator(f"#host-images option[value='{DEV_IMAGE}']").count() == 1
+    # Validation: each refused field gets a line beside it, in words.
+    page.fill("#f-docker_image", "")
+    page.fill("#f-cpu_cores", "0")
+    page.click("[data-testid=create-submit]")
+    image_error = page.locator("label:has(#f-docker_image) .field-error")
+    sync_api.expect(image_error).to_have_text("Image: required")
+    cpu_error = page.locator("label:has(#f-cpu_cores) .field-error")
+    sync_api.expect(cpu_error).to_have_text("vCPU: at least 1")
+    # A refusal for capacity is about no field: it is shown at the Create button, in view.
+    page.fill("#f-docker_image", DEV_IMAGE)
+    page.fill("#f-cpu_cores", "1")
+    page.fill("#f-memory_gb", "16000")
+    page.select_option("#f-gpu_type", "")
+    page.click("[data-testid=create-submit]")
+    note = page.locator("[data-testid=form-error]")
+    sync_api.expect(note).to_be_visible()
+    assert "memory" in note.inner_text().lower() or "capacity" in note.inner_text().lower()
+    assert page.locator("label:has(#f-docker_image) .field-error").count() == 0
+    assert in_viewport(page, "[data-testid=form-error]")
+    assert in_viewport(page, "[data-testid=create-submit]")
+    page.screenshot(path=str(base.artifacts_dir() / "create-capacity-error.png"))
+
+
+def test_deep_link_survives_sign_in(browser: Any, server: ServerProcess, recorder: Any) -> None:
+    p = base.new_page(browser, server, recorder)
+    base.open_app(p, server.url + "/#/keys")
+    p.wait_for_selector("#api-key")
+    p.fill("#api-key", server.key)
+    p.click("form button[type=submit]")
+    p.wait_for_selector("[data-testid=key-in-use]")
+    assert p.url.endswith("#/keys")
+    p.context.close()
+
+
+def test_revoking_the_key_in_use_asks_first_then_signs_out(
+    browser: Any, server: ServerProcess, recorder: Any
+) -> None:
+    with server.client() as c:
+        r = c.post("/v1/api-keys", json={"name": "doomed", "scope": "write"})
+        assert r.status_code == 201, r.text
+        key = r.json()["data"]["key"]
+    # A page of its own (base.new_page accepts every confirmation): the first is refused.
+    p = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    asked: list[str] = []
+
+    def answer(d: Any) -> None:
+        asked.append(d.message)
+        if len(asked) == 1:
+            d.dismiss()
+        else:
+            d.accept()
+
+    p.on("dialog", answer)
+    recorder.attach(p)
+    watch(p)
+    base.open_app(p, server.url + "/#/keys")
+    p.fill("#api-key", key)
+    p.click("form button[type=submit]")
+    row = p.locator("tr:has([data-testid=key-in-use])")
+    sync_api.expect(row).to_contain_text("doomed")
+    row.get_by_role("button", name="Revoke this key").click()
+    p.wait_for_timeout(300)
+    assert asked and "signed in with it" in asked[0]
+    assert p.locator("[data-testid=key-in-use]").count() == 1  # refused: still there
+    row.get_by_role("button", name="Revoke this key").click()
+    p.wait_for_selector("#api-key")
+    assert p.url.endswith("#/signin")
+    p.context.close()
+
+
+def test_detail_shows_env_masked_and_ports_with_addresses(page: Any, server: ServerProcess) -> None:
+    with server.client() as c:
+        cid = create_cluster(
+            c,
+            env={"HF_TOKEN": "hunter2-secret", "MODE": "train"},
+            ports=[{"internal_port": 8080, "protocol": "http", "visibility": "public"}],
+        )
+        wait_status(c, cid, {"running"})
+    try:
+        page.goto(f"{server.url}/#/clusters/{cid}")
+        env = page.locator("[data-testid=env]")
+        sync_api.expect(env).to_contain_text("MODE = train")
+        sync_api.expect(env).to_contain_text("HF_TOKEN = •••••••• (secret)")
+        assert "hunter2" not in page.content()
+        port = page.locator("[data-testid=ports] [data-port-row='8080']")
+        sync_api.expect(port).to_contain_text("8080/http · public · http")
+        # Utilisation charts: CPU drawn from the samples (taken every 30 s, the page
+        # rereads them as often), GPU says there is no data on a CPU-only cluster.
+        cpu_line = page.locator("[data-chart=CPU] svg polyline")
+        sync_api.expect(cpu_line).to_have_count(1, timeout=70_000)
+        sync_api.expect(page.locator("[data-chart=GPU] figcaption")).to_have_text(
+            "GPU: no GPU data"
+        )
+        page.screenshot(path=str(base.artifacts_dir() / "detail-env-ports.png"), full_page=True)
+    finally:
+        with server.client() as c:
+            terminate(c, cid)

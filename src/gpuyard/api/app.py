@@ -28,7 +28,9 @@ from gpuyard.api import (
 )
 from gpuyard.api import budgets as budgets_api
 from gpuyard.api import cluster_logs as cluster_logs_api
+from gpuyard.api import cluster_metrics as cluster_metrics_api
 from gpuyard.api import console as console_api
+from gpuyard.api import host_images as host_images_api
 from gpuyard.api import hosts as hosts_api
 from gpuyard.api import images as images_api
 from gpuyard.api import me as me_api
@@ -239,6 +241,7 @@ def build_server(
     app.add_middleware(DatabaseOutage)
     app.include_router(clusters.router)
     app.include_router(cluster_logs_api.router)
+    app.include_router(cluster_metrics_api.router)
     app.include_router(catalog.router)
     app.include_router(hosts_api.router)
     app.include_router(billing.router)
@@ -246,6 +249,7 @@ def build_server(
     app.include_router(plans_api.router)
     app.include_router(ssh_keys_api.router)
     app.include_router(images_api.router)
+    app.include_router(host_images_api.router)
     app.include_router(reserved_ips_api.router)
     app.include_router(security_groups_api.router)
     app.include_router(orphans_api.router)

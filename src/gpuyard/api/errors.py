@@ -47,6 +47,19 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     return out or "body"
 
 
+def _reason(err: Any) -> dict[str, Any]:
+    """The machine-readable why of one validation error, for clients that word it
+    themselves (the console: "Image: required"): ``reason`` is pydantic's error type
+    ("missing", "string_too_short", "greater_than_equal", ...) and ``limits`` its
+    plain-valued context ({"min_length": 1}, {"ge": 1}); anything else is left out."""
+    ctx = err.get("ctx") or {}
+    limits = {k: v for k, v in ctx.items() if isinstance(v, (int, float, str, bool))}
+    out: dict[str, Any] = {"reason": str(err.get("type", "invalid"))}
+    if limits and err.get("type") != "value_error":
+        out["limits"] = limits
+    return out
+
+
 def validation_response(exc: RequestValidationError) -> JSONResponse:
     errors = []
     for err in exc.errors():
@@ -63,7 +76,7 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
             named = _NAMED_ERROR.match(str((err.get("ctx") or {}).get("error", "")))
             if named is not None:
                 field, msg = named.group(1), named.group(2)
-        errors.append({"field": field, "message": msg})
+        errors.append({"field": field, "message": msg, **_reason(err)})
     first = errors[0] if errors else {"field": "body", "message": "invalid request"}
     return JSONResponse(
         error_body(

@@ -367,7 +367,7 @@ class AutoTerminator:
         s = self.ctx.settings
         now = self.ctx.clock.now()
         try:
-            uuids_of = self._gpu_uuids(clusters)
+            uuids_of = self.gpu_uuids(clusters)
         except Exception as exc:  # no UUIDs: each cluster reports it below
             log.debug("cannot read GPU UUIDs: %s", exc)
             uuids_of = None
@@ -397,7 +397,7 @@ class AutoTerminator:
             else:
                 self.idle_since.setdefault(cluster.id, now)
 
-    def _gpu_uuids(self, clusters: list[Cluster]) -> dict[str, tuple[str, ...]]:
+    def gpu_uuids(self, clusters: list[Cluster]) -> dict[str, tuple[str, ...]]:
         """The UUIDs of each cluster's GPUs (those known), in GPU index order: one read
         of the hosts' GPUs for the whole sample, not a query per cluster."""
         hosts = {c.host_id for c in clusters if c.host_id is not None and c.gpu_indices}

@@ -35,6 +35,7 @@ from gpuyard.reconciler.budget_watch import BudgetWatch
 from gpuyard.reconciler.driver import ClusterDriver
 from gpuyard.reconciler.orphans import VolumeCollector
 from gpuyard.reconciler.snapshots import SnapshotWorker, repositories_for
+from gpuyard.reconciler.utilization import UtilizationRecorder
 from gpuyard.reconciler.volume_usage import VolumeUsage
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
@@ -169,6 +170,7 @@ class Reconciler:
         self.driver = ClusterDriver(ctx, self.fleet.for_host)
         self.driver.on_restart_due = self._restart_due_at
         self.autoterm = AutoTerminator(ctx, self.fleet.for_host)
+        self.utilization = UtilizationRecorder(ctx, self.fleet.for_host, self.autoterm.gpu_uuids)
         self.budget = BudgetWatch(ctx, dispatch=self._send_webhook)
         # Measured volume usage and network volume removals, per engine.
         self.volume_usage = VolumeUsage(ctx)
@@ -393,6 +395,10 @@ class Reconciler:
                 self.autoterm.run(fence=self.leases.fence(AUTOTERM_DUTY))
             except Exception:  # never let a policy problem stop the lifecycle work
                 log.exception("auto-termination pass failed")
+            try:
+                self.utilization.run()
+            except Exception:  # the charts' history never stops the lifecycle work
+                log.exception("utilisation sample failed")
         if self.leases.holds(BUDGET_DUTY):
             try:
                 self.budget.run()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from gpuyard.core.log_lines import LogLine
 from gpuyard.core.ownership import (
@@ -149,6 +149,17 @@ class LogFollow(Protocol):
 
     def close(self) -> None:
         """End the iteration and release the connection. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class ImageListing(Protocol):
+    """A driver that can say which images its engine holds locally (by name); a
+    driver without the capability simply does not offer it."""
+
+    def local_images(self) -> list[str]:
+        """The names (``repo:tag``) of the images present on the engine, sorted; an
+        untagged image has no name and is left out."""
         ...
 
 

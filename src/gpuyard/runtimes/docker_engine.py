@@ -243,6 +243,12 @@ class DockerEngineRuntime:
         with self._lock:
             self._images_seen[image] = time.monotonic() + IMAGE_PRESENT_TTL_S
 
+    def local_images(self) -> list[str]:
+        with self.engine.errors("listing images"):
+            found = self.engine.api.images()
+        tags = {t for img in found for t in (img.get("RepoTags") or ()) if t and "<none>" not in t}
+        return sorted(tags)
+
     def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
         """Make ``image`` present locally: no-op if it is, else pull it (``on_pull`` is
         called first). A ``localhost/...`` image is never pulled (it is built or loaded

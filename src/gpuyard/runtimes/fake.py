@@ -257,6 +257,10 @@ class FakeRuntime:
     def heartbeat(self, timeout_s: float) -> str | None:
         return self.available()
 
+    def local_images(self) -> list[str]:
+        with self._lock:
+            return sorted(self.images)
+
     def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
         if on_pull is not None and image not in self.images:
             on_pull()

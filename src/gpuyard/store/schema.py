@@ -843,3 +843,20 @@ class ClusterLogArchive(Base):
     line_count: Mapped[int] = mapped_column(Integer, default=0)
     text: Mapped[str] = mapped_column(Text, default="")
     captured_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UtilizationSample(Base):
+    """One reading of a running cluster's CPU, memory and GPU utilisation (percent),
+    for the last hour's charts (reconciler/utilization.py writes them every
+    ``every_s`` and deletes those older than its window). ``gpu_percent`` is NULL when
+    the GPUs cannot be read (none, or no driver): no data, never a made-up zero."""
+
+    __tablename__ = "utilization_samples"
+    __table_args__ = (Index("ix_utilization_samples_cluster_at", "cluster_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(String(14))
+    at: Mapped[datetime] = mapped_column(index=True)
+    cpu_percent: Mapped[float] = mapped_column(Float)
+    memory_percent: Mapped[float] = mapped_column(Float)
+    gpu_percent: Mapped[float | None] = mapped_column(Float)

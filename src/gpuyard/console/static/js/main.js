@@ -34,6 +34,7 @@ const ROUTES = [
 ];
 
 let cleanup = null;
+const AFTER_SIGN_IN = "gpuyard.after-sign-in";
 
 function header() {
   const nav = document.getElementById("nav");
@@ -67,6 +68,8 @@ async function route() {
   }
   const hash = location.hash || "#/clusters";
   if (!session.info && hash !== "#/signin") {
+    // The page asked for is kept, and opened once signed in (a deep link survives).
+    sessionStorage.setItem(AFTER_SIGN_IN, hash);
     location.hash = "#/signin";
     return;
   }
@@ -95,7 +98,9 @@ window.addEventListener("gpuyard:signed-out", () => {
 });
 window.addEventListener("gpuyard:signed-in", () => {
   header();
-  location.hash = "#/clusters";
+  const wanted = sessionStorage.getItem(AFTER_SIGN_IN);
+  sessionStorage.removeItem(AFTER_SIGN_IN);
+  location.hash = wanted && wanted !== "#/signin" ? wanted : "#/clusters";
 });
 
 await load();

@@ -1,42 +1,63 @@
-// A minimal web terminal on GET /v1/clusters/{id}/terminal (WebSocket): binary frames
-// carry the shell's bytes, text frames JSON control. Output goes to a <pre> with ANSI
-// escapes stripped and carriage returns / backspaces applied; input is a line field
-// (Enter sends the line). The CSRF token travels as a subprotocol (a browser cannot
-// set headers on a WebSocket); the session cookie authenticates.
+// The web terminal on GET /v1/clusters/{id}/terminal (WebSocket): xterm.js (vendored
+// at build time, see `make console-assets`) draws the shell, so colours, cursor
+// movement and full-screen programs (top, vim) work. Binary frames carry the shell's
+// bytes both ways; text frames are JSON control: this page sends
+// {"type": "resize", "rows", "cols"} whenever the terminal's box changes size (the
+// fit addon measures it), the server answers {"type": "exit", "code"} at the end.
+// The CSRF token travels as a subprotocol (a browser cannot set headers on a
+// WebSocket); the session cookie authenticates.
 import { csrfToken } from "./api.js";
 import { h } from "./ui.js";
 
-const ANSI = /\x1b\[[0-9;?]*[ -\/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]/g;
-const MAX_CHARS = 200_000;
-
 export function openTerminal(container, clusterId) {
-  const screen = h("pre", { class: "terminal", "data-testid": "terminal-output", tabindex: "0", "aria-label": "Terminal output" });
-  const input = h("input", { class: "terminal-input", "data-testid": "terminal-input", "aria-label": "Terminal input", autocomplete: "off", spellcheck: "false", placeholder: "type a command, Enter to send" });
-  const state = h("small", { class: "muted" }, "connecting…");
-  container.append(screen, input, state);
+  const screen = h("div", { class: "terminal xterm-host", "data-testid": "terminal-output", "aria-label": "Terminal" });
+  const state = h("small", { class: "muted", "data-testid": "terminal-state" }, "connecting…");
+  container.append(screen, state);
+  if (!window.Terminal || !window.FitAddon) {
+    state.textContent = "the terminal's scripts are missing (run make console-assets)";
+    return () => {};
+  }
+  const term = new window.Terminal({
+    cursorBlink: true,
+    convertEol: false,
+    fontFamily: "ui-monospace, SFMono-Regular, Menlo, monospace",
+    fontSize: 14,
+    scrollback: 5000,
+    theme: { background: "#0c0e12", foreground: "#d7dae0" },
+  });
+  const fit = new window.FitAddon.FitAddon();
+  term.loadAddon(fit);
+  term.open(screen);
+  fit.fit();
 
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  const url = `${scheme}//${location.host}/v1/clusters/${encodeURIComponent(clusterId)}/terminal?rows=24&cols=100`;
+  const url = `${scheme}//${location.host}/v1/clusters/${encodeURIComponent(clusterId)}/terminal?rows=${term.rows}&cols=${term.cols}`;
   const ws = new WebSocket(url, ["gpuyard.terminal.v1", "gpuyard.csrf." + csrfToken()]);
   ws.binaryType = "arraybuffer";
-  const decoder = new TextDecoder();
   const encoder = new TextEncoder();
-  let text = "";
 
-  function write(chunk) {
-    for (const ch of chunk.replace(ANSI, "")) {
-      if (ch === "\r") continue;
-      if (ch === "\b") text = text.slice(0, -1);
-      else if (ch !== "\x07") text += ch;
+  const sendSize = () => {
+    if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "resize", rows: term.rows, cols: term.cols }));
+  };
+  term.onResize(sendSize);
+  term.onData((data) => {
+    if (ws.readyState === WebSocket.OPEN) ws.send(encoder.encode(data));
+  });
+  // The box follows the window (and the page's layout): refit, which resizes and so
+  // tells the shell.
+  const observer = new ResizeObserver(() => {
+    try {
+      fit.fit();
+    } catch {
+      /* a box not laid out (hidden) has no size to fit */
     }
-    if (text.length > MAX_CHARS) text = text.slice(-MAX_CHARS);
-    screen.textContent = text;
-    screen.scrollTop = screen.scrollHeight;
-  }
+  });
+  observer.observe(screen);
 
   ws.addEventListener("open", () => {
     state.textContent = "connected";
-    input.focus();
+    sendSize();
+    term.focus();
   });
   ws.addEventListener("message", (ev) => {
     if (typeof ev.data === "string") {
@@ -48,21 +69,15 @@ export function openTerminal(container, clusterId) {
       }
       return;
     }
-    write(decoder.decode(new Uint8Array(ev.data), { stream: true }));
+    term.write(new Uint8Array(ev.data));
   });
   ws.addEventListener("close", (ev) => {
     state.textContent = "closed" + (ev.reason ? ": " + ev.reason : "");
-    input.disabled = true;
+    term.options.disableStdin = true;
   });
-  input.addEventListener("keydown", (ev) => {
-    if (ev.key === "Enter") {
-      ev.preventDefault();
-      if (ws.readyState === WebSocket.OPEN) ws.send(encoder.encode(input.value + "\n"));
-      input.value = "";
-    } else if (ev.key === "c" && ev.ctrlKey) {
-      ev.preventDefault();
-      if (ws.readyState === WebSocket.OPEN) ws.send(encoder.encode("\x03"));
-    }
-  });
-  return () => ws.close();
+  return () => {
+    observer.disconnect();
+    ws.close();
+    term.dispose();
+  };
 }

@@ -62,24 +62,112 @@ export function flash(text, kind = "info") {
   setTimeout(() => item.remove(), 6000);
 }
 
-// Show an ApiError on the form control it names (data-field), else on the form.
-export function showError(form, error) {
-  for (const el of form.querySelectorAll(".field-error")) el.remove();
-  for (const el of form.querySelectorAll("[aria-invalid]")) el.removeAttribute("aria-invalid");
-  const field = error.field;
-  let target = field ? form.querySelector(`[data-field="${CSS.escape(field)}"]`) : null;
-  if (!target && field) {
-    // "ports[2].internal_port" -> the ports editor; "env.X" -> the env editor.
-    const head = field.split(/[.[]/)[0];
-    target = form.querySelector(`[data-field="${CSS.escape(head)}"]`);
+// What one validation error says, in words, from the API's reason and limits
+// (details.errors[i]: {field, message, reason, limits}); the API's message otherwise.
+export function reasonWords(e) {
+  const l = e.limits || {};
+  switch (e.reason) {
+    case "missing":
+      return "required";
+    case "string_too_short":
+      return l.min_length > 1 ? `at least ${l.min_length} characters` : "required";
+    case "string_too_long":
+      return `at most ${l.max_length} characters`;
+    case "too_short":
+      return `at least ${l.min_length} entries`;
+    case "too_long":
+      return `at most ${l.max_length} entries`;
+    case "greater_than_equal":
+      return `at least ${l.ge}`;
+    case "greater_than":
+      return `more than ${l.gt}`;
+    case "less_than_equal":
+      return `at most ${l.le}`;
+    case "less_than":
+      return `less than ${l.lt}`;
+    case "int_parsing":
+    case "int_type":
+    case "int_from_float":
+      return "a whole number";
+    case "float_parsing":
+    case "float_type":
+      return "a number";
+    case "string_pattern_mismatch":
+      return "not in the expected form";
+    case "literal_error":
+    case "enum":
+      return l.expected ? `one of ${l.expected}` : "not one of the choices";
+    case "extra_forbidden":
+      return "not a field this form knows";
+    default:
+      return e.message || "invalid";
   }
-  const message = h("p", { class: "field-error", role: "alert" }, error.message);
-  if (target) {
+}
+
+// The control a field path names in `form` (data-field), or the editor holding it:
+// "ports[2].internal_port" -> the ports editor; "env.X" -> the env editor.
+function controlFor(form, path) {
+  if (!path) return null;
+  const exact = form.querySelector(`[data-field="${CSS.escape(path)}"]`);
+  if (exact) return exact;
+  const head = path.split(/[.[]/)[0];
+  return form.querySelector(`[data-field="${CSS.escape(head)}"]`);
+}
+
+// The words the form shows for a control: its label, its fieldset's legend, or the
+// field path made readable ("gpu_count" -> "Gpu count").
+function labelFor(control, path) {
+  const own = control?.closest("label")?.querySelector(".label")?.textContent || control?.getAttribute("aria-label");
+  const legend = control?.tagName === "FIELDSET" ? control.querySelector("legend")?.textContent : null;
+  const text = own || legend;
+  if (text) return text.trim();
+  const tail = String(path || "").split(".").pop().replace(/\[\d+\]/g, "");
+  return tail.charAt(0).toUpperCase() + tail.slice(1).replace(/_/g, " ");
+}
+
+function errorNote(text) {
+  return h("p", { class: "field-error", role: "alert" }, text);
+}
+
+// Show an ApiError where the user is looking: each field it names gets a line beside
+// that control, in words ("Image: required", built from the API's field and reason);
+// an error about no field (a capacity refusal, a conflict) goes beside `near` (the
+// button pressed; default the form's submit button) and is scrolled into view.
+// The one way every form shows what the API refused.
+export function showError(form, error, near) {
+  clearErrors(form);
+  const listed = Array.isArray(error.details?.errors) && error.details.errors.length ? error.details.errors : null;
+  const items = listed || [{ field: error.field, message: error.message }];
+  let first = null;
+  let unplaced = [];
+  for (const item of items) {
+    const target = controlFor(form, item.field);
+    if (!target) {
+      unplaced.push(item.field && listed ? `${labelFor(null, item.field)}: ${reasonWords(item)}` : error.message);
+      continue;
+    }
+    const words = listed ? `${labelFor(target, item.field)}: ${reasonWords(item)}` : item.message;
     target.setAttribute("aria-invalid", "true");
-    target.closest("label, fieldset, .row")?.append(message) ?? target.after(message);
-    if (typeof target.focus === "function") target.focus();
-  } else {
-    form.prepend(message);
+    const note = errorNote(words);
+    const holder = target.closest("label, fieldset, .row");
+    if (holder) holder.append(note);
+    else target.after(note);
+    first = first || target;
+  }
+  if (unplaced.length) {
+    const hint = error.details?.hint ? " " + error.details.hint : "";
+    const button = near || form.querySelector("[type=submit]");
+    const note = errorNote([...new Set(unplaced)].join("; ") + hint);
+    note.dataset.testid = "form-error";
+    const row = button?.closest(".submit-row, .actions, .row");
+    if (row) row.after(note);
+    else if (button) button.after(note);
+    else form.append(note);
+    note.scrollIntoView({ block: "center" });
+  }
+  if (first) {
+    first.scrollIntoView({ block: "center" });
+    if (typeof first.focus === "function") first.focus({ preventScroll: true });
   }
 }
 

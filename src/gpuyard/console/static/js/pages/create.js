@@ -80,11 +80,13 @@ async function cloneSource(snapshotId) {
 }
 
 export async function render(main, [snapshotId] = []) {
-  const [gpus, volumes, clone] = await Promise.all([
+  const [gpus, volumes, clone, hostImages] = await Promise.all([
     get("/v1/gpu-types").then((a) => a.data.gpu_types),
     // No network volumes to offer (none, or none this key may read) leaves the choice out.
     get("/v1/networkvolumes").then((a) => a.data.network_volumes, () => []),
     snapshotId ? cloneSource(snapshotId) : Promise.resolve(null),
+    // The images already on the hosts: they start without a pull (and work offline).
+    get("/v1/host-images").then((a) => a.data.images.map((i) => i.name), () => []),
   ]);
   const byId = new Map(gpus.map((g) => [g.id, g]));
   const inp = (name, attrs = {}) => h("input", { name, id: "f-" + name, "data-field": name, ...attrs });
@@ -94,7 +96,7 @@ export async function render(main, [snapshotId] = []) {
     h("option", { value: "" }, "No GPU (CPU only)"),
     gpus.map((g) =>
       h("option", { value: g.id, selected: g.available_gpus > 0 && g === gpus.find((x) => x.available_gpus > 0) },
-        `${g.display_name} · ${g.memory_gb} GB · $${g.secure_price}/h (spot from $${g.secure_spot_price}) · ${g.available_gpus} free`),
+        `${g.display_name} · ${g.memory_gb} GB · $${g.secure_price} per GPU-hour (spot from $${g.secure_spot_price}) · ${g.available_gpus} of ${g.total_gpus} free`),
     ),
   );
   const count = inp("gpu_count", { type: "number", min: "0", max: "64", value: "1" });
@@ -107,7 +109,9 @@ export async function render(main, [snapshotId] = []) {
     volumes.map((v) => h("option", { value: v.id }, `${v.name} · ${v.size} GB · ${v.dataCenterId}` +
       (v.attached_cluster_ids.length ? ` · mounted by ${v.attached_cluster_ids.length}` : ""))));
   const mountPath = inp("volume_mount_path", { placeholder: "/workspace" });
-  const image = inp("docker_image", { required: true, placeholder: "docker.io/library/ubuntu:24.04" });
+  const imageList = h("datalist", { id: "host-images", "data-testid": "host-images" }, hostImages.map((n) => h("option", { value: n })));
+  const image = inp("docker_image", { required: true, list: "host-images", autocomplete: "off",
+    placeholder: hostImages.length ? hostImages[0] : "an image on the hosts, or one to pull" });
   const command = inp("docker_args", { placeholder: "optional: the command to run" });
   const name = inp("name", { placeholder: "optional" });
   const spot = h("input", { type: "checkbox", name: "interruptible", id: "f-interruptible", "data-field": "interruptible" });
@@ -138,7 +142,7 @@ export async function render(main, [snapshotId] = []) {
       field("Volume (GB)", volume, "kept while stopped, at the mount path"),
       field("Network volume", networkVolume, "instead of a volume of its own; the cluster runs on its host"),
       field("Mount path", mountPath, "default /workspace"),
-      field("Image", image),
+      field("Image", h("span", {}, image, imageList), hostImages.length ? `${hostImages.length} on the hosts already (no download); type any other to pull it` : "pulled from its registry when not on the host"),
       field("Command", command),
       field("Name", name)),
     env,

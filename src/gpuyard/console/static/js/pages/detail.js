@@ -9,11 +9,21 @@ import { session } from "../session.js";
 import { openTerminal } from "../terminal.js";
 import { newestEvents } from "../events.js";
 import { snapshotsPanel } from "../snapshots.js";
+import { lineChart } from "../charts.js";
 
 const CONFIRM = {
   terminate: "Terminate this cluster? Its volume is deleted.",
   stop: "Stop this cluster? Its volume is kept (and billed at the stopped rate).",
   restart: "Restart this cluster's container?",
+};
+
+// Each action's button in the user's words.
+const ACTION_LABEL = {
+  start: "Start",
+  stop: "Stop",
+  restart: "Restart the container",
+  terminate: "Terminate (deletes the volume)",
+  resume: "Resume",
 };
 
 export function render(main, [id]) {
@@ -29,6 +39,7 @@ export function render(main, [id]) {
   const connect = h("div", { class: "connect" });
   const startResult = h("div", { "data-testid": "start-result" });
   const termBox = h("div", { class: "term-box" });
+  const usage = h("div", { class: "charts", "data-testid": "usage" }, h("p", { class: "muted" }, "loading…"));
   const logs = h("pre", { class: "logs", "data-testid": "logs", tabindex: "0", "aria-label": "Logs" });
   const events = h("ol", { class: "events", "data-testid": "events" });
   const changes = changesForm();
@@ -48,6 +59,7 @@ export function render(main, [id]) {
     h("div", { class: "columns" },
       h("section", { class: "card" }, h("h2", {}, "Details"), facts),
       h("section", { class: "card" }, h("h2", {}, "Cost"), costBox, countdown)),
+    h("section", { class: "card" }, h("h2", {}, "Utilisation, last hour"), usage),
     h("section", { class: "card" }, h("h2", {}, "Connect"), connect, termBox),
     h("section", { class: "card" }, h("h2", {}, "Logs"), logs),
     snaps.card,
@@ -58,15 +70,15 @@ export function render(main, [id]) {
     dl.append(h("dt", {}, term), h("dd", {}, value));
   }
 
-  async function act(action) {
+  async function act(action, button) {
     if (CONFIRM[action] && !window.confirm(CONFIRM[action])) return;
     try {
       if (action === "terminate") await del(`/v1/clusters/${id}`);
       else if (action === "start") showStart((await post(`/v1/clusters/${id}/start`, {})).data);
       else await post(`/v1/clusters/${id}/${action}`);
-      flash(`${action} requested`);
+      flash(`${ACTION_LABEL[action] || action}: requested`);
     } catch (err) {
-      flash(err.message, "error");
+      showError(actions, err, button);
     }
     poller.now();
   }
@@ -131,9 +143,9 @@ export function render(main, [id]) {
     clear(actions);
     if (!session.canWrite) return;
     for (const action of c.actions || []) {
-      actions.append(h("button", { type: "button", class: action === "terminate" ? "danger" : "", "data-action": action, onclick: () => act(action) }, action));
+      actions.append(h("button", { type: "button", class: action === "terminate" ? "danger" : "", "data-action": action, onclick: (ev) => act(action, ev.currentTarget) }, ACTION_LABEL[action] || action));
       if (action === "start") {
-        actions.append(h("button", { type: "button", "data-action": "start-with-changes", onclick: () => changes.open(c) }, "start with changes"));
+        actions.append(h("button", { type: "button", "data-action": "start-with-changes", onclick: () => changes.open(c) }, "Start with other resources"));
       }
     }
   }
@@ -189,6 +201,20 @@ export function render(main, [id]) {
     fact(facts, "Host", c.host ? `${c.host.name} (${c.host.location}), ${c.host_status}` : "—");
     if (c.interruptible) fact(facts, "Spot bid", money(c.bid_per_gpu) + " per GPU-hour");
     if (c.error_message) fact(facts, "Error", c.error_message);
+    // The API masks secret values (names with TOKEN, PASSWORD, KEY ... or marked secret).
+    const env = Object.entries(c.env || {});
+    fact(facts, "Environment", env.length
+      ? h("ul", { class: "plain", "data-testid": "env" }, env.map(([k, v]) =>
+        h("li", {}, h("code", {}, k), " = ", h("code", { class: v === "********" ? "masked" : "" }, v === "********" ? "•••••••• (secret)" : v))))
+      : "none");
+    const ports = (c.network && c.network.ports) || [];
+    fact(facts, "Ports", ports.length
+      ? h("ul", { class: "plain", "data-testid": "ports" }, ports.map((p) => {
+        const url = p.proxy_url || (p.address ? `${p.protocol}://${p.address}` : null);
+        return h("li", { "data-port-row": p.internal_port }, `${p.internal_port}/${p.protocol} · ${p.visibility || "private"} · `,
+          url ? h("code", { class: "url" }, url) : "not published yet");
+      }))
+      : "none");
     clear(costBox);
     fact(costBox, "Rate now", rate(c.cost.hourly_rate));
     fact(costBox, "This run", money(c.cost.accrued_usd.current_run, 4));
@@ -235,6 +261,25 @@ export function render(main, [id]) {
       h("li", { "data-event": e.id }, h("time", { datetime: e.at }, new Date(e.at).toLocaleString()), " ", e.message || `${e.from_status} → ${e.to_status}`)));
     return answer;
   }
+
+  // The utilisation charts: the API's samples of the last hour (taken every 30 s).
+  async function refreshUsage() {
+    try {
+      const m = (await get(`/v1/clusters/${id}/metrics?window=1h`)).data;
+      const end = Date.now();
+      const start = end - m.window_s * 1000;
+      const series = (key) => m.samples.map((s) => ({ t: Date.parse(s.at), v: s[key] }));
+      clear(usage).append(
+        lineChart("GPU", series("gpu_percent"), start, end, m.samples.length ? "no GPU data" : "no data yet"),
+        lineChart("CPU", series("cpu_percent"), start, end),
+        lineChart("Memory", series("memory_percent"), start, end));
+    } catch (err) {
+      clear(usage).append(h("p", { class: "muted" }, `utilisation unavailable: ${err.message}`));
+    }
+  }
+  refreshUsage();
+  const usageTimer = setInterval(refreshUsage, 30_000);
+  cleanups.push(() => clearInterval(usageTimer));
 
   const poller = poll(refresh, 3000);
   snaps.refresh().catch((err) => flash(`snapshots: ${err.message}`, "error"));

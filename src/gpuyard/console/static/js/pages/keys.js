@@ -1,6 +1,9 @@
-// API keys: the caller's keys in the acting account; a new key is shown once.
+// API keys: the caller's keys in the acting account; a new key is shown once. The key
+// this browser signed in with is marked, and revoking it (after a confirmation that
+// says so) signs the browser out.
 import { del, get, post } from "../api.js";
 import { clear, copyText, field, flash, h, showError } from "../ui.js";
+import { session, signOut } from "../session.js";
 
 export async function render(main) {
   const tbody = h("tbody");
@@ -9,7 +12,7 @@ export async function render(main) {
   const scope = h("select", { name: "scope", "data-field": "scope" }, ["read", "write"].map((s) => h("option", { value: s, selected: s === "write" }, s)));
   const form = h("form", { class: "card" }, h("h2", {}, "Create a key"),
     h("div", { class: "grid" }, field("Name", name), field("Scope", scope)),
-    h("button", { type: "submit", class: "primary" }, "Create key"));
+    h("button", { type: "submit", class: "primary" }, "Create the key"));
 
   main.append(
     h("h1", {}, "API keys"),
@@ -22,19 +25,31 @@ export async function render(main) {
 
   async function refresh() {
     const keys = (await get("/v1/api-keys")).data.api_keys;
-    clear(tbody).append(...keys.map((k) => h("tr", {},
-      h("td", {}, k.name), h("td", {}, h("code", {}, k.prefix + "…")), h("td", {}, k.scope),
+    const inUse = session.info ? session.info.key.id : null;
+    clear(tbody).append(...keys.map((k) => h("tr", { "data-key-id": k.id, class: k.id === inUse ? "current" : "" },
+      h("td", {}, k.name, k.id === inUse ? h("span", { class: "badge", "data-testid": "key-in-use" }, "this browser is signed in with this key") : null),
+      h("td", {}, h("code", {}, k.prefix + "…")), h("td", {}, k.scope),
       h("td", {}, k.created_at ? new Date(k.created_at).toLocaleString() : "—"),
-      h("td", {}, h("button", { type: "button", class: "danger", onclick: () => revoke(k) }, "Revoke")))));
+      h("td", {}, h("button", { type: "button", class: "danger", onclick: () => revoke(k) }, "Revoke this key")))));
   }
 
   async function revoke(k) {
-    if (!window.confirm(`Revoke key ${k.name} (${k.prefix}…)? Anything using it stops working.`)) return;
+    const mine = session.info && k.id === session.info.key.id;
+    const question = mine
+      ? `Revoke key ${k.name} (${k.prefix}…)? This browser is signed in with it: you will be signed out, and anything else using it stops working.`
+      : `Revoke key ${k.name} (${k.prefix}…)? Anything using it stops working.`;
+    if (!window.confirm(question)) return;
     try {
       await del(`/v1/api-keys/${k.id}`);
       flash("key revoked");
     } catch (err) {
       flash(err.message, "error");
+      return;
+    }
+    if (mine) {
+      await signOut().catch(() => null);
+      window.dispatchEvent(new CustomEvent("gpuyard:signed-out"));
+      return;
     }
     refresh();
   }

@@ -16,17 +16,25 @@ export async function render(main, [query]) {
     main.append(h("p", { class: "muted" }, "No location has hosts yet."));
     return null;
   }
-  const [plans, images, keys, groups] = await Promise.all([
+  const [plans, images, keys, groups, locations] = await Promise.all([
     get("/v1/plans").then((a) => a.data.plans),
     get("/v1/images").then((a) => a.data.images),
     get("/v1/ssh-keys").then((a) => a.data.ssh_keys),
     get("/v1/security-groups?" + new URLSearchParams({ project_id: scope.project_id })).then((a) => a.data.security_groups, () => []),
+    get("/v1/locations").then((a) => a.data.locations, () => []),
   ]);
+  // Free GPUs of each type in this location, and so how many nodes of a plan fit now.
+  const here = locations.find((l) => l.location === scope.location);
+  const freeGpus = new Map((here ? here.gpu_types : []).map((t) => [t.gpu_type, t.free_gpus]));
+  const nodesFree = (p) => (p.gpus_per_node ? Math.floor((freeGpus.get(p.gpu_type) || 0) / p.gpus_per_node) : null);
+  // The form starts from the first plan that fits (a worker and the controller).
+  const fits = plans.find((p) => nodesFree(p) === null || nodesFree(p) >= 1);
 
   const name = h("input", { id: "t-name", name: "name", "data-field": "name", required: true, placeholder: "llm-train" });
   const plan = h("select", { id: "t-sku_id", name: "sku_id", "data-field": "sku_id", "data-testid": "training-plans" },
-    plans.map((p) => h("option", { value: String(p.sku_id) },
-      `${p.name} · ${p.gpus_per_node ? `${p.gpu_type} × ${p.gpus_per_node}` : "CPU"} · ${p.cpus_per_node} vCPU · ${p.memory_gb_per_node} GB · ${rate(p.price_per_hour)} per node`)));
+    plans.map((p) => h("option", { value: String(p.sku_id), selected: p === fits, dataset: { nodesFree: String(nodesFree(p) ?? "") } },
+      `${p.name} · ${p.gpus_per_node ? `${p.gpu_type} × ${p.gpus_per_node}` : "CPU"} · ${p.cpus_per_node} vCPU · ${p.memory_gb_per_node} GB · ${rate(p.price_per_hour)} per node` +
+      (p.gpus_per_node ? ` · ${freeGpus.get(p.gpu_type) || 0} GPUs free (${nodesFree(p)} nodes)` : ""))));
   const image = h("select", { id: "t-image_version_id", name: "image_version_id", "data-field": "image_version_id" },
     images.map((i) => h("option", { value: String(i.id) }, `${i.name} ${i.version}`)));
   const nodes = h("input", { id: "t-no_of_nodes", name: "no_of_nodes", "data-field": "no_of_nodes", type: "number", min: "1", value: "1" });
@@ -45,7 +53,7 @@ export async function render(main, [query]) {
     plans.length ? null : h("p", { class: "field-error" }, "No plans: this installation has no GPU types with hosts."),
     h("div", { class: "grid" },
       field("Name", name, "lowercase letters, digits and dashes"),
-      field("Plan", plan, "per node"),
+      field("Plan", plan, "per node; GPUs free in this location right now"),
       field("Workers", nodes, "plus one controller (login) node"),
       field("Image", image),
       field("Security group", group)),

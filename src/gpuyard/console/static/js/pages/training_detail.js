@@ -25,6 +25,20 @@ const INPUTS = {
   update_auto_terminate: (o) => [["auto_terminate", policyInputs(o.cluster.auto_terminate)]],
 };
 
+// Each action's button in the user's words (the API's name otherwise, made readable).
+const LABEL = {
+  update_ssh_keys: "Change the SSH keys",
+  update_image: "Change the image",
+  restart_workers: "Restart the workers",
+  restart_cluster: "Restart the whole cluster",
+  scale_cluster: "Add worker nodes",
+  attach_ip: "Attach a reserved IP",
+  detach_ip: "Detach an IP",
+  add_security_group: "Add a security group",
+  remove_security_group: "Remove a security group",
+  update_auto_terminate: "Change auto-termination",
+};
+
 const CONFIRM = {
   restart_workers: "Restart every worker node?",
   restart_cluster: "Restart the whole cluster (controller and workers)?",
@@ -104,14 +118,14 @@ export async function render(main, [id, query]) {
     if (!choices) await loadChoices();
     const inputs = INPUTS[action]({ ...choices, cluster });
     clear(actionForm).append(
-      h("h2", {}, action.replace(/_/g, " ")),
+      h("h2", {}, LABEL[action] || action.replace(/_/g, " ")),
       ...inputs.map(([name, control]) => {
         control.dataset.field = name;
         control.setAttribute("name", name);
         return control.tagName === "FIELDSET" ? control : field(name.replace(/_/g, " "), control);
       }),
       h("div", { class: "actions" },
-        h("button", { type: "submit", class: "primary", "data-testid": "training-action-submit" }, action.replace(/_/g, " ")),
+        h("button", { type: "submit", class: "primary", "data-testid": "training-action-submit" }, LABEL[action] || action.replace(/_/g, " ")),
         h("button", { type: "button", onclick: () => (actionForm.hidden = true) }, "Cancel")));
     actionForm.hidden = false;
     actionForm.onsubmit = async (ev) => {
@@ -147,10 +161,10 @@ export async function render(main, [id, query]) {
     clear(actionBar);
     if (!session.canWrite) return;
     for (const action of c.allowed_actions || []) {
-      actionBar.append(h("button", { type: "button", "data-training-action": action, onclick: () => openAction(action) }, action.replace(/_/g, " ")));
+      actionBar.append(h("button", { type: "button", "data-training-action": action, onclick: () => openAction(action) }, LABEL[action] || action.replace(/_/g, " ")));
     }
     if (!["deleting", "deleted"].includes(c.status)) {
-      actionBar.append(h("button", { type: "button", class: "danger", "data-training-action": "delete", onclick: remove }, "delete"));
+      actionBar.append(h("button", { type: "button", class: "danger", "data-training-action": "delete", onclick: remove }, "Delete the cluster"));
     }
   }
 
