@@ -29,7 +29,8 @@ builds it first), then reload this page. The same pages are in <code>docs/guide/
 
 def install(app: FastAPI, site: Path = SITE) -> None:
     """Serve ``site`` under ``/guide/``; ``/guide`` redirects there. Without a built
-    site (no ``index.html``) every ``/guide`` path answers the not-built page (404: the page is not there)."""
+    site (no ``index.html``) every ``/guide`` path answers the not-built page
+    (404: the page is not there)."""
 
     @app.get("/guide", include_in_schema=False)
     def guide_root() -> RedirectResponse:
