@@ -323,3 +323,22 @@ def test_snapshots_create_list_get_restore_clone_delete(server: LiveServer) -> N
     assert gone.exit_code == 0 and f"deleted snapshot {sid}" in gone.stdout
     missing = run(server, "snapshots", "get", sid)
     assert missing.exit_code == 1 and "SNAPSHOT_NOT_FOUND" in missing.stderr
+
+
+def test_stop_wait_prints_the_stopped_cluster(server: LiveServer) -> None:
+    c = create(server)
+    stopped = ok_json(run(server, "clusters", "stop", c["id"], "--wait", "--json"))
+    assert stopped["id"] == c["id"] and stopped["status"] == "stopped"
+    again = run(server, "clusters", "stop", c["id"], "--wait", "--timeout", "5")
+    assert again.exit_code == 1 and "INVALID_STATE" in again.output
+
+
+def test_start_right_after_stop_waits_through_the_stop(
+    server: LiveServer, runtime: FakeRuntime
+) -> None:
+    c = create(server)
+    runtime.fail_next["stop"] = "engine busy"  # the start surely finds it stopping
+    assert run(server, "clusters", "stop", c["id"]).exit_code == 0
+    started = run(server, "clusters", "start", c["id"], "--wait", "--json", "--timeout", "30")
+    assert started.exit_code == 0, started.output
+    assert json.loads(started.stdout)["status"] == "running"
