@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -337,8 +338,11 @@ def test_start_right_after_stop_waits_through_the_stop(
     server: LiveServer, runtime: FakeRuntime
 ) -> None:
     c = create(server)
-    runtime.fail_next["stop"] = "engine busy"  # the start surely finds it stopping
-    assert run(server, "clusters", "stop", c["id"]).exit_code == 0
+    runtime.stop_gate = held = threading.Event()  # the start surely finds it stopping
+    stop = run(server, "clusters", "stop", c["id"])
+    assert stop.exit_code == 0 and stop.stdout.startswith(f"{c['id']}: stopping"), stop.output
+    threading.Timer(0.5, held.set).start()  # the stop finishes while the start waits
     started = run(server, "clusters", "start", c["id"], "--wait", "--json", "--timeout", "30")
+    held.set()
     assert started.exit_code == 0, started.output
     assert json.loads(started.stdout)["status"] == "running"
