@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuyard.core.errors import InvalidState
+from gpuyard.core.errors import InvalidState, SnapshotNotFound, ValidationFailed
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
@@ -107,3 +107,20 @@ def test_a_pending_start_that_does_not_fit_is_called_off(
     assert got.status == "stopped" and got.desired_status == "stopped"
     assert got.pending_start is None and gpus_held(ctx, cid) == []
     assert any(r.startswith("pending start failed") for r in _reasons(ctx, alice, cid))
+
+
+def test_a_start_while_stopping_with_a_bad_body_is_refused_at_once(
+    ctx: Context, alice: Principal, rec: Reconciler
+) -> None:
+    c = uc.create_cluster(ctx, alice, a6000(1, volume_gb=10))
+    settle(rec, c.id)
+    uc.stop_cluster(ctx, alice, c.id)
+    nowhere = StartCluster.model_validate({"restore_from_snapshot": "snap_none"})
+    with pytest.raises(SnapshotNotFound):
+        uc.start_cluster(ctx, alice, c.id, nowhere)
+    shrink = StartCluster.model_validate({"update_configuration": {"storage_gb": 5}})
+    with pytest.raises(ValidationFailed, match="cannot shrink"):
+        uc.start_cluster(ctx, alice, c.id, shrink)
+    got = uc.get_cluster(ctx, alice, c.id)
+    assert got.status == "stopping" and got.desired_status == "stopped"
+    assert got.pending_start is None

@@ -438,6 +438,13 @@ def start_cluster(
                 require_action(cluster, Action.START)
                 if cluster.status == ClusterStatus.STOPPING.value:
                     # Desired state, not a race: kept and applied once the stop is done.
+                    # The body's own errors answer now; placement waits for the stop.
+                    restorable_for(session, principal, cluster, body)
+                    values, _, _ = start_changes(cluster, body, secret_box(ctx.settings))
+                    if bid_per_gpu is not None:
+                        count = values.get("gpu_count", cluster.gpu_count)
+                        gpu = resolve_gpu_type(session, cluster.gpu_type)
+                        spot_bid(gpu, count, CloudType(cluster.cloud_type), bid_per_gpu)
                     rate = rate_of(session, cluster, ctx, running=True).total
                     defer_start(ctx, session, cluster, body, bid_per_gpu, now)
                     deferred = StartResult(cluster, [], rate, rate, None)
