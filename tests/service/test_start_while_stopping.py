@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
 from gpuyard.core.errors import InvalidState, SnapshotNotFound, ValidationFailed
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
+from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.pending_starts import CALLED_OFF, REQUESTED
 from gpuyard.services.requests import StartCluster
-from gpuyard.store.schema import Cluster
+from gpuyard.store.schema import Cluster, UsageInterval
 from tests.service.test_lifecycle import a6000, gpus_held, settle, status
+
+
+def _gpu_intervals(ctx: Context, cid: str) -> list[tuple[object, object]]:
+    with ctx.read() as s:
+        rows = s.scalars(
+            select(UsageInterval)
+            .where(UsageInterval.cluster_id == cid, UsageInterval.meter == "gpu")
+            .order_by(UsageInterval.started_at, UsageInterval.id)
+        )
+        return [(r.started_at, r.ended_at) for r in rows]
 
 
 def _stopping(ctx: Context, alice: Principal, rec: Reconciler, n: int = 1) -> str:
@@ -29,9 +41,12 @@ def _reasons(ctx: Context, alice: Principal, cid: str) -> list[str]:
 
 
 def test_start_while_stopping_is_recorded_then_made(
-    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime, clock: FakeClock
 ) -> None:
-    cid = _stopping(ctx, alice, rec)
+    c = uc.create_cluster(ctx, alice, a6000(1))
+    settle(rec, c.id)
+    clock.advance(60)
+    cid = uc.stop_cluster(ctx, alice, c.id).id
     body = StartCluster.model_validate(
         {
             "update_configuration": {"memory_gb": 16},
@@ -45,12 +60,19 @@ def test_start_while_stopping_is_recorded_then_made(
         row = s.get(Cluster, cid)
         assert row is not None and row.pending_start is not None
         assert "s3cret" not in row.pending_start  # sealed: it may carry secrets
+    clock.advance(10)
+    rec.driver.drive(cid)  # the stop completes
+    clock.advance(5)  # before the reconciler's next pass makes the start
     assert rec.wait_idle(timeout=10)
     got = uc.get_cluster(ctx, alice, cid)
     assert got.status == "running" and got.pending_start is None and got.memory_gb == 16
     spec = runtime.containers[cid].spec
     assert spec.env["TOKEN"] == "s3cret" and spec.memory_gb == 16
     assert gpus_held(ctx, cid) == [0]
+    # GPU time billed once: the first run's interval closed at the stop, the second
+    # opened at the start: the 5 s stopped between are not billed.
+    (_, e1), (s2, e2) = _gpu_intervals(ctx, cid)
+    assert e1 is not None and e2 is None and e1 < s2  # type: ignore[operator]
 
 
 def test_stop_calls_a_pending_start_off(
