@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -323,3 +324,25 @@ def test_snapshots_create_list_get_restore_clone_delete(server: LiveServer) -> N
     assert gone.exit_code == 0 and f"deleted snapshot {sid}" in gone.stdout
     missing = run(server, "snapshots", "get", sid)
     assert missing.exit_code == 1 and "SNAPSHOT_NOT_FOUND" in missing.stderr
+
+
+def test_stop_wait_prints_the_stopped_cluster(server: LiveServer) -> None:
+    c = create(server)
+    stopped = ok_json(run(server, "clusters", "stop", c["id"], "--wait", "--json"))
+    assert stopped["id"] == c["id"] and stopped["status"] == "stopped"
+    again = run(server, "clusters", "stop", c["id"], "--wait", "--timeout", "5")
+    assert again.exit_code == 1 and "INVALID_STATE" in again.output
+
+
+def test_start_right_after_stop_waits_through_the_stop(
+    server: LiveServer, runtime: FakeRuntime
+) -> None:
+    c = create(server)
+    runtime.stop_gate = held = threading.Event()  # the start surely finds it stopping
+    stop = run(server, "clusters", "stop", c["id"])
+    assert stop.exit_code == 0 and stop.stdout.startswith(f"{c['id']}: stopping"), stop.output
+    threading.Timer(0.5, held.set).start()  # the stop finishes while the start waits
+    started = run(server, "clusters", "start", c["id"], "--wait", "--json", "--timeout", "30")
+    held.set()
+    assert started.exit_code == 0, started.output
+    assert json.loads(started.stdout)["status"] == "running"

@@ -11,7 +11,8 @@ labelled with the server's installation id) and from its database (read-only).
   stopped cluster its volume, a network volume some cluster mounted its engine volume;
 - no leaked GPU: every GPU allocation belongs to a cluster that holds compute (running,
   or on its way) or to a node of a live training cluster;
-- nothing transitional: no cluster pending/starting/stopping/terminating, no snapshot
+- nothing transitional: no cluster pending/starting/stopping/terminating or with a start
+  requested while it stopped still to be made, no snapshot
   ``creating``, no restore ``restoring``, no training cluster creating/scaling/deleting;
 - usage intervals: per cluster and meter none overlaps another and at most one is open;
   a terminated cluster has none open, a stopped one no compute meter open; per cluster
@@ -62,6 +63,9 @@ def _database_violations(db: sqlite3.Connection) -> list[str]:
     for cid, s in status.items():
         if s in TRANSITIONAL:
             found.append(f"cluster {cid} is still {s}")
+    # A start requested while it stopped is still to be made.
+    for (cid,) in _rows(db, "SELECT id FROM clusters WHERE pending_start IS NOT NULL"):
+        found.append(f"cluster {cid} still has a start to make")
     for (sid,) in _rows(db, "SELECT id FROM snapshots WHERE status = 'creating'"):
         found.append(f"snapshot {sid} is still creating")
     for rid, holder in _rows(

@@ -130,6 +130,14 @@ def a_start(run: Run) -> None:
     run.c.post(f"/v1/clusters/{cid}/start")
 
 
+def a_start_while_stopping(run: Run) -> None:
+    # PID 1 without a SIGTERM handler: the stop takes the whole stop timeout, so the
+    # start surely finds the cluster stopping.
+    cid = running(run, docker_args="sleep 3600")
+    run.c.post(f"/v1/clusters/{cid}/stop")
+    run.c.post(f"/v1/clusters/{cid}/start")
+
+
 def a_stop(run: Run) -> None:
     cid = running(run)
     run.c.post(f"/v1/clusters/{cid}/stop")
@@ -224,6 +232,7 @@ CASES = [
     Case("create.after_row", a_create, sampled=True),
     Case("create.idempotent_after_row", a_idempotent_create),
     Case("start.after_request", a_start),
+    Case("start.pending_before_start", a_start_while_stopping),
     Case("start.after_image", a_create),
     Case("start.after_container_create", a_create, sampled=True),
     Case("start.after_create_recorded", a_create),

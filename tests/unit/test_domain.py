@@ -27,6 +27,8 @@ def test_transition_table_is_closed_and_terminal_is_final() -> None:
 def test_actions_per_status() -> None:
     assert allowed_actions(ClusterStatus.RUNNING) == (Action.STOP, Action.RESTART, Action.TERMINATE)
     assert allowed_actions(ClusterStatus.STOPPED) == (Action.START, Action.TERMINATE)
+    # A start while stopping is recorded and made once the stop is done.
+    assert allowed_actions(ClusterStatus.STOPPING) == (Action.START, Action.TERMINATE)
     assert allowed_actions(ClusterStatus.TERMINATED) == ()
 
 

@@ -60,7 +60,8 @@ async def _wait_settled(
     while True:
         generation = notifier.generation()
         d = await run_in_threadpool(_detail, state, principal, cluster_id)
-        if ClusterStatus(d.cluster.status) in SETTLED:
+        # A stopped cluster with a start pending is on its way to running.
+        if ClusterStatus(d.cluster.status) in SETTLED and d.cluster.pending_start is None:
             return d, False
         left = deadline - time.monotonic()
         if left <= 0:

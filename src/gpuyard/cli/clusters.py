@@ -144,7 +144,27 @@ def emit(c: JSON, as_json: bool) -> None:
 def wait_running(client: GpuyardClient, cluster_id: str, timeout_s: float) -> tuple[JSON, bool]:
     """Poll ``GET /v1/clusters/{id}`` every 0.5 s, showing progress on stderr, until the
     cluster is running (returns it and True), settles in error/stopped/terminated (returns
-    it and False) or ``timeout_s`` passes (returns the last view and False)."""
+    it and False) or ``timeout_s`` passes (returns the last view and False). A stopped
+    cluster whose desired status is running (a start requested while it stopped) is
+    still on its way."""
+    return wait_status(client, cluster_id, timeout_s, "running")
+
+
+def _settled_otherwise(c: JSON, target: str) -> bool:
+    """Whether ``c`` rests in a status other than ``target`` (waiting on is futile)."""
+    status = str(c.get("status"))
+    if target == "stopped":
+        return status in {"error", "terminated", "running"}
+    pending_start = status == "stopped" and c.get("desired_status") == "running"
+    return status in FAILED and not pending_start
+
+
+def wait_status(
+    client: GpuyardClient, cluster_id: str, timeout_s: float, target: str
+) -> tuple[JSON, bool]:
+    """Poll until the cluster is ``target`` (running or stopped; returns it and True),
+    rests in another status (see :func:`_settled_otherwise`) or ``timeout_s`` passes
+    (the last view and False), showing progress on stderr."""
     progress = Progress()
     deadline = time.monotonic() + timeout_s
     pct = 0
@@ -154,10 +174,10 @@ def wait_running(client: GpuyardClient, cluster_id: str, timeout_s: float) -> tu
             status = str(c.get("status"))
             sp = c.get("startup_progress") or {}
             pct = int(sp.get("percentage", pct))
-            if status == "running":
-                progress.update(status, 100, "Ready")
+            if status == target:
+                progress.update(status, 100, "Ready" if target == "running" else "Stopped")
                 return c, True
-            if status in FAILED:
+            if _settled_otherwise(c, target):
                 progress.update(status, pct, "failed" if status == "error" else status)
                 return c, False
             progress.update(status, pct, str(sp.get("current_step") or status))
@@ -168,14 +188,21 @@ def wait_running(client: GpuyardClient, cluster_id: str, timeout_s: float) -> tu
         progress.finish()
 
 
-def finish_wait(client: GpuyardClient, cluster_id: str, timeout_s: float, as_json: bool) -> None:
-    """Wait (see :func:`wait_running`), print the cluster, and exit 1 unless running."""
-    c, ok = wait_running(client, cluster_id, timeout_s)
+def finish_wait(
+    client: GpuyardClient,
+    cluster_id: str,
+    timeout_s: float,
+    as_json: bool,
+    target: str = "running",
+) -> None:
+    """Wait (see :func:`wait_status`) until ``target``, print the cluster, and exit 1
+    unless it got there."""
+    c, ok = wait_status(client, cluster_id, timeout_s, target)
     emit(c, as_json)
     if ok:
         return
     status = c.get("status")
-    if status in FAILED:
+    if _settled_otherwise(c, target):
         why = c.get("error_message") or c.get("last_status_change") or "no reason recorded"
         click.echo(f"error: cluster {cluster_id} is {status}: {why}", err=True)
     else:
@@ -554,7 +581,30 @@ def _simple(action: str, help_text: str) -> None:
             click.echo(f"{c['id']}: {c.get('status')} ({c.get('last_status_change') or action})")
 
 
-_simple("stop", "Stop a cluster: GPUs are released, the volume is kept.")
+@clusters.command("stop")
+@click.argument("cluster_id")
+@click.option("--wait", is_flag=True,
+              help="Poll until stopped; exit 1 if it fails or times out.")  # fmt: skip
+@timeout_option
+@api_options
+def stop(
+    cluster_id: str, wait: bool, timeout: float, url: str | None, api_key: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Stop a cluster: GPUs are released, the volume is kept (a start requested while it
+    stops is called off)."""
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        c = client.stop_cluster(cluster_id)
+        if wait:
+            finish_wait(client, cluster_id, timeout, call.as_json, target="stopped")
+            return
+    if call.as_json:
+        print_json(c)
+    else:
+        click.echo(f"{c['id']}: {c.get('status')} ({c.get('last_status_change') or 'stop'})")
+
+
 _simple("restart", "Recreate a running cluster's container (container disk wiped).")
 _simple("terminate", "Terminate a cluster and delete its volume.")
 

@@ -45,7 +45,8 @@ ALLOWED_ACTIONS: dict[ClusterStatus, tuple[Action, ...]] = {
     S.PENDING: (Action.STOP, Action.TERMINATE),
     S.STARTING: (Action.STOP, Action.TERMINATE),
     S.RUNNING: (Action.STOP, Action.RESTART, Action.TERMINATE),
-    S.STOPPING: (Action.TERMINATE,),
+    # A start while stopping is recorded and made once the stop is done.
+    S.STOPPING: (Action.START, Action.TERMINATE),
     S.STOPPED: (Action.START, Action.TERMINATE),
     S.ERROR: (Action.START, Action.STOP, Action.TERMINATE),
     S.TERMINATING: (),

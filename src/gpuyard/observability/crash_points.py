@@ -26,6 +26,8 @@ CRASH_POINTS: dict[str, str] = {
     "no answer sent",
     "start.after_request": "start of a stopped cluster: starting committed (GPUs "
     "claimed), reconciler not yet woken",
+    "start.pending_before_start": "start requested while stopping: the stop is done "
+    "(cluster stopped, desired running), the kept start not yet made",
     "start.after_image": "start: image present, no container yet",
     "start.after_container_create": "start: container created, its id not recorded",
     "start.after_create_recorded": "start: container id recorded, container not started",

@@ -641,6 +641,9 @@ class ClusterDriver:
             stopped_at=self.ctx.clock.now(),
             runtime_handle={},
         )
+        if c.pending_start is not None:
+            # A start was requested while it stopped: the next pass makes it.
+            self.ctx.wake()
 
     def _terminate(self, c: Cluster) -> None:
         try:

@@ -40,11 +40,12 @@ from gpuyard.reconciler.volume_usage import VolumeUsage
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.runtimes.fleet import SHARED_ENGINE, Fleet, HostEngine
-from gpuyard.services.clusters import start_drained
+from gpuyard.services.clusters import start_drained, start_pending
 from gpuyard.services.context import Context
 from gpuyard.services.host_health import record_heartbeat
 from gpuyard.services.idempotency import purge_expired
 from gpuyard.services.moves import COPYING, DRAIN_STOP
+from gpuyard.services.pending_starts import due_pending_starts
 from gpuyard.services.replica import replica_id
 from gpuyard.services.snapshot_work import restore_holders, snapshots_to_take
 from gpuyard.services.training_drain import retry_training_drains
@@ -387,6 +388,11 @@ class Reconciler:
                 del self._restarts_due[cid]
         for cid in due:
             self._submit(cid, self.driver.recover, SLOW, self._host_of(cid))
+        with self.ctx.read() as session:
+            pending = due_pending_starts(session)
+        for cluster_id, host_id in pending:
+            if mine(host_id):
+                self._submit(cluster_id, partial(start_pending, self.ctx), URGENT, host_id)
         self._dispatch_moves(mine)
         self._dispatch_storage(mine)
         if self.leases.holds(AUTOTERM_DUTY):
@@ -880,7 +886,10 @@ class Reconciler:
                 with self.ctx.read() as session:
                     moving = session.scalar(
                         select(Cluster.id)
-                        .where(Cluster.status.in_([s.value for s in IN_MOTION]))
+                        .where(
+                            Cluster.status.in_([s.value for s in IN_MOTION])
+                            | Cluster.pending_start.is_not(None)
+                        )
                         .limit(1)
                     )
                 if moving is None and self.idle():

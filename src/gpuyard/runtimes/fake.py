@@ -115,6 +115,8 @@ class FakeRuntime:
         self.disk_problem: str | None = None
         # When set, pulling an image that is not present waits for this event.
         self.pull_gate: threading.Event | None = None
+        # When set, a stop waits for this event (a container slow to stop).
+        self.stop_gate: threading.Event | None = None
         # Stamps of output lines (resolution: one second, as Podman's).
         self.log_stamps = LogStamps()
         # Host ports other programs hold: ``listening`` the host's probe sees, ``hidden``
@@ -362,6 +364,9 @@ class FakeRuntime:
         return frozenset(p for p in seen if low <= p[0] <= high)
 
     def stop(self, cluster_id: str, timeout_s: int = 10) -> None:
+        gate = self.stop_gate
+        if gate is not None:
+            gate.wait()
         with self._lock:
             self._enter("stop")
             if self._mine(cluster_id) is not None:

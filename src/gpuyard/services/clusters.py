@@ -72,6 +72,7 @@ from gpuyard.services.lifecycle import (
 from gpuyard.services.locations import check_location
 from gpuyard.services.moves import place_for_start
 from gpuyard.services.network_volumes import mount_for_cluster
+from gpuyard.services.pending_starts import call_off, defer_start, has_pending_start, open_start
 from gpuyard.services.placement import assign_ports, claim
 from gpuyard.services.port_rules import check_external_ports, server_ports
 from gpuyard.services.projects import project_for_create
@@ -435,6 +436,26 @@ def start_cluster(
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
                 require_action(cluster, Action.START)
+                if cluster.status == ClusterStatus.STOPPING.value:
+                    # Desired state, not a race: kept and applied once the stop is done.
+                    # The body's own errors answer now; placement waits for the stop.
+                    restorable_for(session, principal, cluster, body)
+                    values, _, _ = start_changes(cluster, body, secret_box(ctx.settings))
+                    if bid_per_gpu is not None:
+                        count = values.get("gpu_count", cluster.gpu_count)
+                        gpu = resolve_gpu_type(session, cluster.gpu_type)
+                        spot_bid(gpu, count, CloudType(cluster.cloud_type), bid_per_gpu)
+                    rate = rate_of(session, cluster, ctx, running=True).total
+                    defer_start(ctx, session, cluster, body, bid_per_gpu, now)
+                    deferred = StartResult(cluster, [], rate, rate, None)
+                else:
+                    deferred = None
+            if deferred is not None:
+                ctx.wake()
+                return deferred
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                require_action(cluster, Action.START)
                 restore = restorable_for(session, principal, cluster, body)
                 # Taken of the volume as it rests, before anything changes it (the
                 # driver starts nothing on the volume until it is done).
@@ -518,6 +539,7 @@ def start_cluster(
                     startup_step=STEP_ALLOCATED,
                     start_initiated_at=now,
                     error_message=None,
+                    pending_start=None,
                     gpu_indices=list(placement.gpu_indices),
                     host_id=placement.host_id,
                     **values,
@@ -588,15 +610,21 @@ def _act(
         try:
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
-                require_action(cluster, action)
-                session.expunge(cluster)
-                cluster.version = transition_cluster(
-                    session, cluster, target, reason, now, desired_status=desired.value, **values
-                )
-                cluster.status = target.value
-                cluster.desired_status = desired.value
-                for column, value in values.items():
-                    setattr(cluster, column, value)
+                if action is Action.STOP and has_pending_start(cluster):
+                    # A stop while a start waits for the stop to finish calls it off.
+                    call_off(session, cluster, now)
+                else:
+                    require_action(cluster, action)
+                    session.expunge(cluster)
+                    cluster.version = transition_cluster(
+                        session, cluster, target, reason, now,
+                        desired_status=desired.value, pending_start=None, **values,
+                    )  # fmt: skip
+                    cluster.status = target.value
+                    cluster.desired_status = desired.value
+                    cluster.pending_start = None
+                    for column, value in values.items():
+                        setattr(cluster, column, value)
         except Conflict:
             continue
         ctx.wake()
@@ -686,6 +714,34 @@ def start_drained(ctx: Context, cluster_id: str) -> str | None:
     except GpuyardError as exc:
         return exc.message
     return None
+
+
+def start_pending(ctx: Context, cluster_id: str) -> None:
+    """Start a stopped cluster whose start was requested while it was stopping, with
+    that request's body, through the normal start (its placement, capacity, spend and
+    admission checks happen now). A start that cannot be made (no capacity, a spent
+    policy, ...) is called off with its reason in the events; the cluster stays
+    stopped. A conflict is left for the next pass."""
+    with ctx.read() as session:
+        principal = owner_principal(session, cluster_id)
+        cluster = session.get(Cluster, cluster_id)
+        if principal is None or cluster is None or cluster.pending_start is None:
+            return
+        if cluster.status != ClusterStatus.STOPPED.value:
+            return
+        stored = cluster.pending_start
+    body, bid = open_start(secret_box(ctx.settings), stored)
+    crash_point("start.pending_before_start")
+    try:
+        start_cluster(ctx, principal, cluster_id, body, bid_per_gpu=bid)
+    except Conflict:
+        return
+    except GpuyardError as exc:
+        with ctx.transaction() as session:
+            row = session.get(Cluster, cluster_id)
+            if row is not None and row.pending_start == stored:
+                call_off(session, row, ctx.clock.now(), f"pending start failed: {exc.message}")
+        ctx.wake()
 
 
 def owner_principal(session: Session, cluster_id: str) -> Principal | None:

@@ -521,6 +521,10 @@ class Cluster(Base):
     # code seen, and the failure times within the restart window (ISO strings).
     restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_exit_code: Mapped[int | None] = mapped_column(Integer)
+    # A start requested while the cluster was stopping (its body as JSON, sealed by the
+    # secret box: it may carry env values); the reconciler applies it once the stop is
+    # done. Set only while desired_status is running and status is stopping or stopped.
+    pending_start: Mapped[str | None] = mapped_column(Text)
     last_restart_at: Mapped[datetime | None] = mapped_column()
     next_restart_at: Mapped[datetime | None] = mapped_column()
     recent_failures: Mapped[list[Any]] = mapped_column(default=list)

@@ -289,7 +289,9 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
         volume_in_gb=c.volume_gb,
         volume_mount_path=c.volume_mount_path,
         cost_per_hr=d.rate.total,  # a spot cluster's GPUs at its bid
-        desired_status=DESIRED_STATUS[status],
+        # A start requested while stopping: RUNNING is what is wanted (status says
+        # where it stands).
+        desired_status=PodStatus.RUNNING if c.pending_start is not None else DESIRED_STATUS[status],
         last_status_change=f"{c.status_reason}: {iso(c.updated_at)}",
         machine_id=str(c.host_id) if c.host_id is not None else None,
         pod_type=PodType.INTERRUPTABLE if interruptible else PodType.RESERVED,
