@@ -59,18 +59,7 @@ def defer_start(
     """Record a start of the stopping ``cluster`` (read at its version; detached
     afterwards with the new values). A second one replaces the first."""
     sealed = seal_start(secret_box(ctx.settings), body, bid_per_gpu)
-    session.expunge(cluster)
-    cluster.version = guarded_update(
-        session,
-        cluster.id,
-        cluster.version,
-        now,
-        desired_status=ClusterStatus.RUNNING.value,
-        pending_start=sealed,
-    )
-    cluster.desired_status = ClusterStatus.RUNNING.value
-    cluster.pending_start = sealed
-    record_event(session, cluster.id, now, "status", REQUESTED)
+    _set_desired(session, cluster, now, ClusterStatus.RUNNING, sealed, REQUESTED)
 
 
 def has_pending_start(cluster: Cluster) -> bool:
@@ -80,18 +69,31 @@ def has_pending_start(cluster: Cluster) -> bool:
 def call_off(session: Session, cluster: Cluster, now: datetime, reason: str = CALLED_OFF) -> None:
     """Back to desired stopped (a stop while the start was pending, a start that
     could not be made); ``cluster`` is read at its version and detached."""
+    _set_desired(session, cluster, now, ClusterStatus.STOPPED, None, reason)
+
+
+def _set_desired(
+    session: Session,
+    cluster: Cluster,
+    now: datetime,
+    desired: ClusterStatus,
+    pending_start: str | None,
+    event: str,
+) -> None:
+    """One guarded write of the desired status and the kept start, with its event;
+    ``cluster`` is detached and given the new values."""
     session.expunge(cluster)
     cluster.version = guarded_update(
         session,
         cluster.id,
         cluster.version,
         now,
-        desired_status=ClusterStatus.STOPPED.value,
-        pending_start=None,
+        desired_status=desired.value,
+        pending_start=pending_start,
     )
-    cluster.desired_status = ClusterStatus.STOPPED.value
-    cluster.pending_start = None
-    record_event(session, cluster.id, now, "status", reason)
+    cluster.desired_status = desired.value
+    cluster.pending_start = pending_start
+    record_event(session, cluster.id, now, "status", event)
 
 
 def due_pending_starts(session: Session) -> list[tuple[str, int | None]]:
