@@ -76,6 +76,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("POST", "/v1/prices/quote"): "any",
     ("GET", "/v1/locations"): "any",
     ("GET", "/v1/plans"): "any",
+    ("GET", "/v1/host-images"): "read",
     ("GET", "/v1/images"): "any",
     ("GET", "/v1/images/{image_version_id}"): "any",
     ("POST", "/v1/images"): "operator",
