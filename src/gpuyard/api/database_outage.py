@@ -58,7 +58,9 @@ class ErrorGuard:
                 raise
 
     async def answer(self, exc: Exception, scope: Scope, receive: Receive, send: Send) -> bool:
-        raise NotImplementedError
+        """Answer ``exc`` and say True, or say False to let it propagate. Each guard
+        answers its own kind of error; this base answers none."""
+        return False
 
 
 class DatabaseOutage(ErrorGuard):
