@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_misses: int = Field(default=3, ge=1)
     heartbeat_timeout_s: float = Field(default=3.0, gt=0)
-    # Several API replicas on one database (services/leases.py): each background duty
+    # Several API replicas on one database (services/installation/leases.py): each background duty
     # is owned by one replica through a lease in the database that lasts this long
     # unless renewed; a dead replica's duties move to another within about this time.
     lease_ttl_s: float = Field(default=15.0, gt=0)
@@ -171,7 +171,7 @@ class Settings(BaseSettings):
     idle_gpu_percent: float = 10.0
     idle_sample_interval_s: float = 15.0
 
-    # Budget webhooks (services/webhooks.py): targets on loopback, link-local, private
+    # Budget webhooks (services/tenancy/webhooks.py): targets on loopback, link-local, private
     # or other non-public addresses are refused unless allowed here (a webhook must
     # not be a way into the operator's network). Each attempt gives up after
     # ``webhook_timeout_s``; after ``webhook_max_attempts`` a delivery is failed.
@@ -205,13 +205,13 @@ class Settings(BaseSettings):
     ssh_max_auth_tries: int = Field(default=6, ge=1)
     ssh_login_timeout_s: float = Field(default=30.0, gt=0)
 
-    # Rate limits (api/rate_limit.py; README "Rate limits"): token buckets per API key
+    # Rate limits (api/http/rate_limit.py; README "Rate limits"): token buckets per API key
     # and per source address (requests a second, burst), and failed API keys per
     # minute per source. 0 turns a limit off. Buckets are per replica: N replicas let
     # up to N times these through. ``trusted_proxies`` (IPs/CIDRs, comma-separated):
     # whose X-Forwarded-For names the source; empty: the peer address, always.
     # How long a GraphQL query's answer is kept for the next identical query of the
-    # same key (api/view_cache.py); any write of this process forgets it at once. Its
+    # same key (api/fast/view_cache.py); any write of this process forgets it at once. Its
     # runtime stats are already up to GPUYARD_GRAPHQL_RUNTIME_STATS_TTL_S old.
     graphql_answer_max_age_s: float = Field(default=1.0, ge=0, le=60)
     rate_limit_per_key: float = Field(default=20.0, ge=0)
@@ -224,7 +224,7 @@ class Settings(BaseSettings):
 
     # Hostile-input limits and the metrics endpoint (README "Security"). A request body
     # larger than max_body_bytes is refused with 413 before it is read or parsed
-    # (api/body_limit.py). /metrics answers an admin-scope API key or metrics_token
+    # (api/http/body_limit.py). /metrics answers an admin-scope API key or metrics_token
     # (Authorization: Bearer); metrics_public opens it to anyone who reaches the port.
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
     metrics_enabled: bool = True

@@ -85,7 +85,7 @@ def test_follow_prints_new_lines_until_terminated(server: LiveServer, runtime: F
     )
     follow.start()
     # The server attaches to the container (a thread named for the cluster, see
-    # api/log_follow.py) only after the stream's first page was read and sent: a line
+    # api/rest/log_follow.py) only after the stream's first page was read and sent: a line
     # written from then on comes after that page, never in it.
     deadline = time.monotonic() + 30
     while not any(t.name == f"logs-{cid}" for t in threading.enumerate()):

@@ -1,4 +1,4 @@
-"""The web console's session (api/console_session.py) over real HTTP: the cookie's
+"""The web console's session (api/console/session.py) over real HTTP: the cookie's
 flags, the CSRF token required with the cookie, sign-out revoking the session, idle
 expiry, wrong keys, and the WebSocket's token and Origin checks."""
 
@@ -16,7 +16,7 @@ from websockets.sync.client import connect as ws_connect
 
 from gpuyard.core.sealed_key import secret_id
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, issue_key
+from gpuyard.services.tenancy.auth import Scope, issue_key
 from gpuyard.store.console_sessions import ConsoleSession
 from gpuyard.store.schema import ApiKey
 from tests.helpers import LiveServer, live_server, make_settings

@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import select
 
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, admin_user, issue_key
+from gpuyard.services.tenancy.auth import Scope, admin_user, issue_key
 from gpuyard.store.schema import Member
 from tests.helpers import LiveServer, live_server, make_settings
 

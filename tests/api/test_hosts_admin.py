@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from gpuyard.api.host_schemas import (
+from gpuyard.api.rest.schemas.hosts import (
     HostDeletedEnvelope,
     HostDrainEnvelope,
     HostEnvelope,
@@ -22,7 +22,7 @@ from gpuyard.api.host_schemas import (
     SshPublicKeyEnvelope,
 )
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import Cluster, Host, HostGpu, VolumeMove
 from tests.helpers import LiveServer, live_server, make_settings, refused, v1_error
 

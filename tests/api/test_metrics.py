@@ -16,8 +16,8 @@ from gpuyard.core.autoterm import Rule
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.reconciler.autoterminate import Fired
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key
 from gpuyard.services.clock import SystemClock
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from tests.helpers import LiveServer, live_server, make_settings
 
 A6000 = "NVIDIA RTX A6000"

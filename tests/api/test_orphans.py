@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from gpuyard.api.orphans import OrphanEnvelope, OrphanListEnvelope
+from gpuyard.api.rest.orphans import OrphanEnvelope, OrphanListEnvelope
 from gpuyard.runtimes.fake import FakeRuntime
 from tests.api.test_cli import run
 from tests.api.test_rest_errors import key_for

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from gpuyard.services import training_stops
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
+from gpuyard.services.training import stops as training_stops
 from gpuyard.store.schema import GpuAllocation, Member, TrainingCluster
 from tests.helpers import LiveServer, live_server, make_settings
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from gpuyard.api.host_schemas import HostDrainEnvelope
+from gpuyard.api.rest.schemas.hosts import HostDrainEnvelope
 from gpuyard.cli.main import cli
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.runtimes.fake import FakeRuntime

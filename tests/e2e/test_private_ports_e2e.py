@@ -283,7 +283,7 @@ def test_no_gpuyard_credential_reaches_the_container_and_sessions_end(
 
 def _add_member(srv: ServerProcess, account_id: int, user_id: int) -> int:
     """Make ``user_id`` a member of ``account_id`` (role member), beside the server."""
-    from gpuyard.services.bootstrap import open_store
+    from gpuyard.services.installation.bootstrap import open_store
     from gpuyard.settings import Settings
 
     engine, sessions = open_store(Settings(home=srv.home))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
 
 
 def create(ctx: Context, rec: Reconciler, who: Principal) -> str:

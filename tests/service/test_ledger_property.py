@@ -17,14 +17,14 @@ from gpuyard.core.models import CloudType
 from gpuyard.core.pricing import hourly_rate
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import metering
-from gpuyard.services.auth import Principal
-from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.billing import metering
+from gpuyard.services.billing.ledger_totals import totals
+from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.ledger_totals import totals
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster
 
 A = "NVIDIA RTX A6000"

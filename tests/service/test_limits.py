@@ -17,9 +17,9 @@ from gpuyard.runtimes.base import ContainerSpec
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Host
 from tests.service.test_lifecycle import a6000
 

@@ -16,9 +16,9 @@ from gpuyard.core.autoterm import Rule
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerState
 from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event
 from tests.service.test_autoterminate import running, terminator
 

@@ -18,11 +18,12 @@ from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
-from gpuyard.services import training, training_reads
-from gpuyard.services.auth import Principal
+from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.training import reads as training_reads
+from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import (
     Account,
     AccountEvent,

@@ -21,11 +21,12 @@ from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.runtimes.host_nodes import HostNodes
-from gpuyard.services import training, training_stops
-from gpuyard.services.auth import Principal
+from gpuyard.services.access.ssh_keys import add_key
+from gpuyard.services.catalog.images import register_image
 from gpuyard.services.context import Context
-from gpuyard.services.images import register_image
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.training import stops as training_stops
+from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import ImageVersion, TrainingCluster
 from tests.helpers import add_host_row
 from tests.service.test_training_operator import KEY, FakeEdge

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services.ssh_keys import parse_public_key
+from gpuyard.services.access.ssh_keys import parse_public_key
 
 needs_keygen = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
 

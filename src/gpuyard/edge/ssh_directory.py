@@ -2,7 +2,7 @@
 host and published SSH port; the public keys that open it now; login events.
 
 A registered key opens a cluster only while the user who registered it may write to
-the cluster's project (services/cluster_access.py: membership, role, project rows, a
+the cluster's project (services/tenancy/cluster_access.py: membership, role, project rows, a
 live API key), and only that project's clusters when the key was registered through
 an API key restricted to one. Nothing is cached: every login, every check of an open
 session and every pass of the ``authorized_keys`` sync reads the store afresh.
@@ -25,8 +25,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.core.ownership import Ownership
-from gpuyard.services.cluster_access import AccessIndex, Need
-from gpuyard.services.lifecycle import record_event
+from gpuyard.services.clusters.lifecycle import record_event
+from gpuyard.services.tenancy.cluster_access import AccessIndex, Need
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Cluster, Host, Project, SshKey
 

@@ -2,7 +2,7 @@
 cluster's container (an exec session, edge/exec_pty.py). Pure asyncio: two pumps on
 the event loop, no threads.
 
-Protocol (``GET /v1/clusters/{id}/terminal``, api/terminal.py):
+Protocol (``GET /v1/clusters/{id}/terminal``, api/console/terminal.py):
 
 - binary frames carry terminal bytes, both ways (keystrokes in, screen output out);
 - text frames carry JSON control messages. From the client:
@@ -55,7 +55,7 @@ _REASON_BYTES = 123
 
 
 class ClientSocket(Protocol):
-    """The browser's side, already accepted (api/terminal.py adapts Starlette's)."""
+    """The browser's side, already accepted (api/console/terminal.py adapts Starlette's)."""
 
     async def receive(self) -> bytes | str | None:
         """The next frame's payload: bytes (binary), str (text); None when the client

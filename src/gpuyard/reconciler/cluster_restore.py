@@ -19,10 +19,10 @@ from gpuyard.core.progress import STEP_RESTORING
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
-from gpuyard.services import snapshot_work as work
-from gpuyard.services import snapshots as svc
-from gpuyard.services.lifecycle import guarded_update, record_event
-from gpuyard.services.placement import release_compute
+from gpuyard.services.capacity.placement import release_compute
+from gpuyard.services.clusters.lifecycle import guarded_update, record_event
+from gpuyard.services.volumes import snapshot_work as work
+from gpuyard.services.volumes import snapshots as svc
 from gpuyard.store.schema import Cluster, VolumeRestore
 
 if TYPE_CHECKING:

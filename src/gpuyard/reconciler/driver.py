@@ -40,10 +40,10 @@ from gpuyard.runtimes.base import (
     Runtime,
 )
 from gpuyard.runtimes.volume_moves import copy_volume_between
-from gpuyard.services.context import Context
-from gpuyard.services.hosts import gpu_uuids
-from gpuyard.services.lifecycle import guarded_update, record_event, transition_cluster
-from gpuyard.services.moves import (
+from gpuyard.services.access.ssh_keys import account_public_keys
+from gpuyard.services.capacity.placement import release_all, release_compute
+from gpuyard.services.clusters.lifecycle import guarded_update, record_event, transition_cluster
+from gpuyard.services.clusters.moves import (
     DONE,
     IN_FLIGHT,
     copies_to_delete,
@@ -53,9 +53,9 @@ from gpuyard.services.moves import (
     pending_move,
     record_progress,
 )
-from gpuyard.services.placement import release_all, release_compute
-from gpuyard.services.secrets import open_env, secret_box
-from gpuyard.services.ssh_keys import account_public_keys
+from gpuyard.services.context import Context
+from gpuyard.services.fleet.hosts import gpu_uuids
+from gpuyard.services.tenancy.secrets import open_env, secret_box
 from gpuyard.store.schema import (
     Cluster,
     Host,
@@ -375,7 +375,7 @@ class ClusterDriver:
     # -- moving between hosts ----------------------------------------------------------
 
     def _move_volume(self, c: Cluster, move: VolumeMove, *, starting: bool) -> bool:
-        """Copy the cluster's volume from its old host to its new one (services/moves.py)
+        """Copy the cluster's volume from its old host to its new one (services/clusters/moves.py)
         and record it. On failure the cluster goes back to its old host, where its data
         still is: a start ends in ``error`` saying why, a resting cluster stays as it
         was. Returns whether the data is on the new host."""

@@ -40,16 +40,16 @@ from gpuyard.reconciler.volume_usage import VolumeUsage
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.runtimes.fleet import SHARED_ENGINE, Fleet, HostEngine
-from gpuyard.services.clusters import start_drained, start_pending
+from gpuyard.services.clusters.moves import COPYING, DRAIN_STOP
+from gpuyard.services.clusters.pending_starts import due_pending_starts
+from gpuyard.services.clusters.use_cases import start_drained, start_pending
 from gpuyard.services.context import Context
-from gpuyard.services.host_health import record_heartbeat
+from gpuyard.services.fleet.health import record_heartbeat
 from gpuyard.services.idempotency import purge_expired
-from gpuyard.services.moves import COPYING, DRAIN_STOP
-from gpuyard.services.pending_starts import due_pending_starts
-from gpuyard.services.replica import replica_id
-from gpuyard.services.snapshot_work import restore_holders, snapshots_to_take
-from gpuyard.services.training_drain import retry_training_drains
-from gpuyard.services.webhooks import deliver as deliver_webhook
+from gpuyard.services.installation.replica import replica_id
+from gpuyard.services.tenancy.webhooks import deliver as deliver_webhook
+from gpuyard.services.training.drain import retry_training_drains
+from gpuyard.services.volumes.snapshot_work import restore_holders, snapshots_to_take
 from gpuyard.store.outage import is_database_unavailable
 from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 
 class Leases(Protocol):
-    """Which duties this replica owns now (services/leases.py LeaseKeeper)."""
+    """Which duties this replica owns now (services/installation/leases.py LeaseKeeper)."""
 
     def holds(self, name: str) -> bool: ...
 

@@ -22,7 +22,7 @@ off never commits a snapshot. Partial packs and stale locks are cleaned when the
 starts (:meth:`SnapshotWorker.recover`), which then moves what earlier versions kept in
 the installation-wide repository into the accounts' own (reconciler/
 snapshot_migration.py). The row a crash left ``creating`` is failed by the next attempt
-to take it (services/snapshot_work.py claim_snapshot).
+to take it (services/volumes/snapshot_work.py claim_snapshot).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from gpuyard.reconciler.snapshot_migration import TAG_PREFIX, migrate_shared_sna
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
 from gpuyard.runtimes.volume_copy import remove_helpers
-from gpuyard.services import snapshot_work as work
-from gpuyard.services import snapshots as svc
 from gpuyard.services.context import Context
+from gpuyard.services.volumes import snapshot_work as work
+from gpuyard.services.volumes import snapshots as svc
 from gpuyard.settings import Settings
 from gpuyard.storage.account_repositories import SnapshotRepositories
 from gpuyard.storage.restic import ResticRepository

@@ -54,11 +54,11 @@ from gpuyard.reconciler.training_recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
-from gpuyard.services.secrets import secret_box
-from gpuyard.services.training import finish_delete
-from gpuyard.services.training_drain import MOVE_NODES
-from gpuyard.services.training_nodes import nodes_of, transition_training
-from gpuyard.services.training_stops import START, STOP, finish_stop
+from gpuyard.services.tenancy.secrets import secret_box
+from gpuyard.services.training.drain import MOVE_NODES
+from gpuyard.services.training.nodes import nodes_of, transition_training
+from gpuyard.services.training.stops import START, STOP, finish_stop
+from gpuyard.services.training.use_cases import finish_delete
 from gpuyard.store.schema import (
     Cluster,
     Host,
@@ -186,7 +186,7 @@ class TrainingOperator:
         self.recovery = NodeRecovery(self)
         self.node_keys = NodeKeys(self)
         # Several replicas: only the holder of the ``training`` lease runs operations
-        # (services/leases.py); None: this process owns them.
+        # (services/installation/leases.py); None: this process owns them.
         self.owns: Callable[[], bool] = lambda: True
 
     # ------------------------------------------------------------ lifecycle

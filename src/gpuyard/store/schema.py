@@ -304,7 +304,7 @@ class Host(Base):
 
 class VolumeMove(Base):
     """A cluster's volume being copied to another host (resume elsewhere, drain). The
-    source host's disk stays counted (services/hosts.py capacities) until it ends."""
+    source host's disk stays counted (services/fleet/hosts.py capacities) until it ends."""
 
     __tablename__ = "volume_moves"
     cluster_id: Mapped[str] = mapped_column(String(14), primary_key=True)
@@ -425,7 +425,7 @@ class VolumeRestore(Base):
 
 class Lease(Base):
     """One background duty's owner among API replicas until ``expires_at``
-    (services/leases.py). ``fence`` grows with every change of holder."""
+    (services/installation/leases.py). ``fence`` grows with every change of holder."""
 
     __tablename__ = "leases"
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
@@ -446,7 +446,7 @@ class Installation(Base):
     # write since seals its own secrets, so the pass (a read of every cluster row,
     # history included) runs once, not at every start.
     secrets_sealed_at: Mapped[datetime | None] = mapped_column()
-    # When this installation was restored from a backup (services/backup.py); None:
+    # When this installation was restored from a backup (services/installation/backup.py); None:
     # never. Volumes of ours that existed by then and the database does not know were
     # made after the backup: quarantined and kept until an admin deletes them.
     restored_at: Mapped[datetime | None] = mapped_column()
@@ -467,7 +467,7 @@ class Cluster(Base):
         # The list's keyset order (newest first, id breaking ties) within a project.
         Index("ix_clusters_project_created", "project_id", "created_at", "id"),
         # The default (live) list's pages and count never touch terminated clusters;
-        # services/cluster_lists.py repeats the predicate word for word (migration 0012).
+        # services/clusters/lists.py repeats the predicate word for word (migration 0012).
         Index(
             "ix_clusters_live_created",
             "project_id",
@@ -535,7 +535,7 @@ class Cluster(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     version: Mapped[int] = mapped_column(Integer, default=1)
-    # The usage ledger's running totals (services/ledger_totals.py keeps them with the
+    # The usage ledger's running totals (services/billing/ledger_totals.py keeps them with the
     # intervals): amounts of closed intervals in micro-USD*s/h, over the lifetime and
     # since ``billed_run_from`` (the current run's start, to the second), and the rate
     # of the open intervals (all opened at ``open_since``). A cluster's cost is these
@@ -613,7 +613,7 @@ class StartupSample(Base):
 class UsageInterval(Base):
     """One meter of one cluster billed at one rate (micro-USD per hour) from
     ``started_at`` to ``ended_at`` (None while open). Opened and closed only by the
-    status funnel (services/lifecycle.py) and at creation; see core/ledger.py."""
+    status funnel (services/clusters/lifecycle.py) and at creation; see core/ledger.py."""
 
     __tablename__ = "usage_intervals"
     __table_args__ = (
@@ -641,7 +641,7 @@ class SshKey(Base):
     fingerprint: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # Who registered it (migration 0017): it opens a cluster only while that user may
-    # write to the cluster's project (services/cluster_access.py). None: nobody's
+    # write to the cluster's project (services/tenancy/cluster_access.py). None: nobody's
     # (a key stored before owners were recorded in an account without an owner).
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"), index=True, default=None)
     # Registered through an API key restricted to one project: it opens only that
@@ -813,7 +813,7 @@ class ProxySession(Base):
     ``cookie_hash``) that opens this port alone until ``expires_at`` — while
     ``revoked_at`` is unset and the API key that asked (``api_key_id``, its name in
     ``key_name``) is live and its user may still change the cluster; the proxy asks the
-    API on every request (services/proxy_access.py)."""
+    API on every request (services/access/proxy_access.py)."""
 
     __tablename__ = "proxy_sessions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
