@@ -29,7 +29,6 @@ from gpuyard.api import clusters as api_clusters
 from gpuyard.api import views
 from gpuyard.api.app import build_server
 from gpuyard.api.envelope import ok
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import cluster_views
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import hash_key, resolve_key
@@ -37,6 +36,7 @@ from gpuyard.services.catalog import to_info
 from gpuyard.services.requests import CreateCluster
 from gpuyard.settings import Settings
 from gpuyard.store.schema import GpuType, Host, PortAllocation
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def timeit(fn: Callable[[], Any], n: int) -> float:

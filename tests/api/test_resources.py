@@ -24,7 +24,6 @@ from pydantic import BaseModel
 from gpuyard.api import resource_schemas as rs
 from gpuyard.cli.main import cli
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE
 from gpuyard.services import reserved_ips as reserved_ips_service
 from gpuyard.services.auth import Scope, create_account, issue_key
@@ -35,6 +34,7 @@ from gpuyard.services.reserved_ips import get_reserved_ip
 from gpuyard.services.security_groups import groups_by_ids
 from gpuyard.services.ssh_keys import keys_by_ids
 from gpuyard.store.schema import Member, ReservedIp, TrainingCluster, utcnow
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 A6000 = "NVIDIA RTX A6000"

@@ -12,7 +12,6 @@ from gpuyard.api.views import cluster_v1
 from gpuyard.core.autoterm import Rule
 from gpuyard.reconciler.autoterminate import AutoTerminator, Fired
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
@@ -20,6 +19,7 @@ from gpuyard.services.cluster_views import load_visible
 from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.store.schema import Cluster, Event
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 # What a pre-bounds server stored, or someone wrote by hand. NaN and undecodable text
 # only fit SQLite's JSON (PostgreSQL's json type refuses them at the write).

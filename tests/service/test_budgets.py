@@ -19,7 +19,6 @@ from sqlalchemy import select
 from gpuyard.core.errors import BudgetExhausted
 from gpuyard.reconciler.budget_watch import BudgetWatch
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import budgets, metering, webhooks
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal
@@ -28,6 +27,7 @@ from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.requests import CreateCluster, StartCluster
 from gpuyard.store.schema import Account, AccountEvent, AuditEvent, WebhookDelivery
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 

@@ -18,7 +18,6 @@ from gpuyard.core.errors import (
 )
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services import network_volumes as nvs
 from gpuyard.services.auth import Principal
@@ -38,6 +37,7 @@ from gpuyard.store.schema import (
     UsageInterval,
     VolumeMove,
 )
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import add_host_row
 
 

@@ -17,8 +17,6 @@ from gpuyard.core.roles import Role
 from gpuyard.core.training import CONTROLLER_VCPUS
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.training import TrainingOperator
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services import network_volumes as nvs
 from gpuyard.services import quotas, training
@@ -38,6 +36,8 @@ from gpuyard.store.schema import (
     Quota,
     Snapshot,
 )
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.conftest import new_principal
 from tests.helpers import make_settings
 from tests.service.test_training_operator import KEY, FakeEdge
