@@ -79,6 +79,11 @@ class ContainerLifecycle(Protocol):
 
     def capabilities(self) -> Capabilities: ...
 
+    def close(self) -> None:
+        """Release what the runtime holds (an SSH tunnel); its engine's objects are
+        left as they are. Idempotent; a no-op where nothing is held."""
+        ...
+
     def available(self) -> str | None:
         """None when the engine answers, else a message saying what to install or start."""
         ...

@@ -677,6 +677,9 @@ class DockerEngineRuntime:
 
     # -- the engine behind it (see Runtime) ------------------------------------------
 
+    def close(self) -> None:
+        """Nothing held beyond the SDK's client, which lives as long as the runtime."""
+
     def volume_io(self) -> VolumeIO:
         """Tar streams through the engine's archive API (runtimes/engine_volumes.py)."""
         return EngineVolumeIO(self.engine, self.name)

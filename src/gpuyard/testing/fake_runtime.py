@@ -503,6 +503,9 @@ class FakeRuntime:
 
     # -- the engine behind it (see Runtime) ------------------------------------------
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     def volume_io(self) -> VolumeIO:
         """Volumes as tar streams of their files (fake_volumes.py)."""
         return FakeVolumeIO(self)

@@ -9,7 +9,7 @@ import contextlib
 import io
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.capabilities import Progress, VolumeIO
@@ -17,14 +17,31 @@ from gpuyard.runtimes.records import Chunk
 
 if TYPE_CHECKING:
     from gpuyard.runtimes.engine import Engine
-    from gpuyard.testing.fake_runtime import FakeRuntime
+
+
+class VolumeStore(Protocol):
+    """What of the in-memory runtime (fake_runtime.py) its volume I/O uses."""
+
+    name: str
+    # Why its engine does not answer; None: it does.
+    unavailable: str | None
+
+    def volume_files(self, name: str) -> dict[str, str]: ...
+
+    def replace_volume_files(self, name: str, files: dict[str, str]) -> None: ...
+
+    def ensure_volume(
+        self, name: str, cluster_id: str | None = None, size_gb: int | None = None
+    ) -> None: ...
+
+    def remove_volume(self, name: str, *, legacy: bool = False) -> None: ...
 
 
 class FakeVolumeIO:
     """The volumes of ``runtime`` as tar streams; every call fails as the runtime's
     engine does while ``runtime.unavailable`` is set."""
 
-    def __init__(self, runtime: FakeRuntime) -> None:
+    def __init__(self, runtime: VolumeStore) -> None:
         self.runtime = runtime
         self.name = runtime.name
 
