@@ -29,7 +29,6 @@ from gpuyard.api.app import build_server
 from gpuyard.api.http.envelope import ok
 from gpuyard.api.rest import clusters as api_clusters
 from gpuyard.api.rest.schemas import cluster_json as views
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.catalog.gpu_types import to_info
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters import views as cluster_views
@@ -37,6 +36,7 @@ from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.tenancy.auth import hash_key, resolve_key
 from gpuyard.settings import Settings
 from gpuyard.store.schema import GpuType, Host, PortAllocation
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def timeit(fn: Callable[[], Any], n: int) -> float:

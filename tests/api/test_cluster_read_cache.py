@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.context import ClusterReader, Context
 from gpuyard.store.schema import Cluster
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 CLUSTER = {

@@ -15,10 +15,10 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from gpuyard.core.sealed_key import secret_id
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.tenancy.auth import Scope, issue_key
 from gpuyard.store.console_sessions import ConsoleSession
 from gpuyard.store.schema import ApiKey
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 PATH = "/v1/console/session"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_accounts import invite_and_accept, new_account
 from tests.helpers import LiveServer, live_server, make_settings
 

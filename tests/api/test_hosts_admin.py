@@ -21,9 +21,9 @@ from gpuyard.api.rest.schemas.hosts import (
     HostListEnvelope,
     SshPublicKeyEnvelope,
 )
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import Cluster, Host, HostGpu, VolumeMove
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings, refused, v1_error
 
 H100 = "NVIDIA H100 80GB HBM3"

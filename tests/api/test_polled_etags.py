@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_orphans import _quarantine
 from tests.api.test_training_api import BASE as TRAINING
 from tests.api.test_training_api import body as training_body

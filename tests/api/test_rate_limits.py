@@ -13,9 +13,9 @@ import httpx
 from fastapi.testclient import TestClient
 
 from gpuyard.api.app import Server, build_server
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import make_settings
 
 OFF = {

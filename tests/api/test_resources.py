@@ -24,7 +24,6 @@ from pydantic import BaseModel
 from gpuyard.api.rest.schemas import resources as rs
 from gpuyard.cli.main import cli
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE
 from gpuyard.services.access import reserved_ips as reserved_ips_service
 from gpuyard.services.access.reserved_ips import get_reserved_ip
@@ -35,6 +34,7 @@ from gpuyard.services.catalog.plans import get_plan
 from gpuyard.services.installation.bootstrap import first_start
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import Member, ReservedIp, TrainingCluster, utcnow
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 A6000 = "NVIDIA RTX A6000"

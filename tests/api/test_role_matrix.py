@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from gpuyard.core.roles import Role
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import ApiKey, Member, User
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 OWNER, ADMIN, MEMBER, BILLING, VIEWER = (

@@ -25,7 +25,7 @@ BASE = "/distributed_jobs_v2/cluster/"
 
 @pytest.fixture
 def tsrv(tmp_path: Path) -> Iterator[LiveServer]:
-    from gpuyard.runtimes.fake import FakeRuntime
+    from gpuyard.testing.fake_runtime import FakeRuntime
 
     settings = make_settings(tmp_path / "home", reserved_ips="127.0.10.0/29")
     with live_server(settings, FakeRuntime()) as server:

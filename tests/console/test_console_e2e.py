@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
+from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from tests.console.conftest import watch
 from tests.e2e.test_server_e2e import ServerProcess, running_server
 from tests.helpers import free_port

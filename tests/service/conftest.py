@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.context import Context
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from gpuyard.core.autoterm import Rule
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.reconciler.autoterminate import AutoTerminator
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import AutoTerminateUpdate, CreateCluster, StartCluster
@@ -17,6 +16,7 @@ from gpuyard.services.clusters.views import load_visible
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import StartupSample
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 

@@ -12,7 +12,6 @@ from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.autoterm import Rule
 from gpuyard.reconciler.autoterminate import AutoTerminator, Fired
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import CreateCluster, StartCluster
@@ -20,6 +19,7 @@ from gpuyard.services.clusters.views import load_visible
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 # What a pre-bounds server stored, or someone wrote by hand. NaN and undecodable text
 # only fit SQLite's JSON (PostgreSQL's json type refuses them at the write).

@@ -19,7 +19,6 @@ from sqlalchemy import select
 from gpuyard.core.errors import BudgetExhausted
 from gpuyard.reconciler.budget_watch import BudgetWatch
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.billing import budgets, metering
 from gpuyard.services.billing.budgets import BudgetChange
 from gpuyard.services.clock import FakeClock
@@ -29,6 +28,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.tenancy import webhooks
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Account, AccountEvent, AuditEvent, WebhookDelivery
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 

@@ -12,7 +12,6 @@ from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.errors import HostUnreachable, InsufficientCapacity
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerState
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
@@ -22,6 +21,7 @@ from gpuyard.services.clusters.requests import StartCluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event, Host, UsageInterval, VolumeMove
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import add_host_row, assert_totals_match_history
 from tests.service.test_lifecycle import a6000, gpus_held
 

@@ -16,7 +16,6 @@ from gpuyard.core.ledger import accrue_totals, boundary, micro, total_amount
 from gpuyard.core.models import CloudType
 from gpuyard.core.pricing import hourly_rate
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.billing import metering
 from gpuyard.services.billing.ledger_totals import totals
 from gpuyard.services.catalog.gpu_types import find_gpu_type
@@ -26,6 +25,7 @@ from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 COMPUTE = {"pending", "starting", "running"}

@@ -18,7 +18,6 @@ from gpuyard.core.errors import (
 )
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.billing.metering import GroupBy, bill
 from gpuyard.services.billing.storage import storage_rate_micro
 from gpuyard.services.clock import FakeClock
@@ -38,6 +37,7 @@ from gpuyard.store.schema import (
     UsageInterval,
     VolumeMove,
 )
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import add_host_row
 
 

@@ -17,8 +17,6 @@ from gpuyard.core.roles import Role
 from gpuyard.core.training import CONTROLLER_VCPUS
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.training import TrainingOperator
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.billing import quotas
 from gpuyard.services.clock import FakeClock
@@ -39,6 +37,8 @@ from gpuyard.store.schema import (
     Quota,
     Snapshot,
 )
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.conftest import new_principal
 from tests.helpers import make_settings
 from tests.service.test_training_operator import KEY, FakeEdge

@@ -20,7 +20,6 @@ from gpuyard.core.errors import (
 )
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.snapshots import snapshot_tag
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.billing.metering import GroupBy, bill
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters import views as cluster_views
@@ -36,6 +35,7 @@ from gpuyard.store.schema import (
     UsageInterval,
     VolumeRestore,
 )
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_lifecycle import a6000, settle
 
 pytestmark = pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed")

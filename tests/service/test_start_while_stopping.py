@@ -7,7 +7,6 @@ from sqlalchemy import select
 
 from gpuyard.core.errors import InvalidState, SnapshotNotFound, ValidationFailed
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.pending_starts import CALLED_OFF, REQUESTED
@@ -15,6 +14,7 @@ from gpuyard.services.clusters.requests import StartCluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, UsageInterval
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_lifecycle import a6000, gpus_held, settle, status
 
 

@@ -16,8 +16,6 @@ from gpuyard.reconciler.autoterminate import AutoTerminator
 from gpuyard.reconciler.slurm_jobs import SQUEUE, SqueueJobs
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
@@ -33,6 +31,8 @@ from gpuyard.store.schema import (
     TrainingCluster,
     WebhookDelivery,
 )
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"

@@ -17,8 +17,6 @@ from gpuyard.core.training import NodeName
 from gpuyard.reconciler.loop import SLOW, Reconciler
 from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.runtimes.host_nodes import HostNodes
 from gpuyard.services.access.ssh_keys import add_key
@@ -28,6 +26,8 @@ from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.training import stops as training_stops
 from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import ImageVersion, TrainingCluster
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import add_host_row
 from tests.service.test_training_operator import KEY, FakeEdge
 from tests.service.test_training_recovery import HeldQueue

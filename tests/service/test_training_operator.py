@@ -21,7 +21,6 @@ from gpuyard.core.errors import (
 )
 from gpuyard.core.training import NodeName
 from gpuyard.reconciler.training import Superseded, TrainingOperator
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.host_edge import ClusterEdge
 from gpuyard.services.access.reserved_ips import allocate_reserved_ip
 from gpuyard.services.access.security_groups import create_group
@@ -46,6 +45,7 @@ from gpuyard.store.schema import (
     TrainingNode,
     UsageInterval,
 )
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
 from tests.helpers import add_host_row
 
 A = "NVIDIA RTX A6000"

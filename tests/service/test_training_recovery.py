@@ -15,7 +15,6 @@ from sqlalchemy import select
 from gpuyard.core.training import NodeName
 from gpuyard.reconciler.training import LANE, TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
@@ -24,6 +23,7 @@ from gpuyard.services.training import nodes as training_nodes
 from gpuyard.services.training import use_cases as training
 from gpuyard.services.training.reads import show_cluster
 from gpuyard.store.schema import Event, ImageVersion, TrainingNode
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
 from tests.service.test_training_operator import KEY, FakeEdge, act, create, status
 
 

@@ -59,9 +59,7 @@ from gpuyard.reconciler.training import TrainingOperator
 from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.engine import Engine
 from gpuyard.runtimes.fleet import Fleet, HostEngine, RuntimeFactory
-from gpuyard.runtimes.inventory import discover_inventory
 from gpuyard.services.access.proxy_routes import proxy_api_secret
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.context import Context
@@ -273,13 +271,9 @@ def build_server(
 
 def _describe_host(ctx: Context, host: HostEngine, runtime: Runtime) -> None:
     """A host that answers (first, or again): keep what its engine says it has."""
-    inventory = getattr(runtime, "inventory", None)
-    engine = getattr(runtime, "engine", None)
-    if callable(inventory):
-        record_inventory(ctx, host.host_id, inventory())
-    elif isinstance(engine, Engine):
-        # This machine: its GPUs and disk were found at start; the engine says the rest.
-        record_inventory(ctx, host.host_id, discover_inventory(engine, None))
+    inventory = runtime.inventory()
+    if inventory is not None:
+        record_inventory(ctx, host.host_id, inventory)
 
 
 def _shared_database(ctx: Context) -> bool:
@@ -360,8 +354,8 @@ def training_operator_factory(
         local = SlurmNodeRuntime(engine_url, policy=engine_policy(settings, engine_url))
 
         def on_engine(runtime: Runtime) -> SlurmNodeRuntime:
-            engine = getattr(runtime, "engine", None)
-            if not isinstance(engine, Engine):
+            engine = runtime.docker_engine()
+            if engine is None:
                 raise TypeError(f"{type(runtime).__name__} has no container engine for nodes")
             return SlurmNodeRuntime(None, engine=engine, image_source=local.engine)
 

@@ -1,4 +1,4 @@
-"""Timestamped output for the fake runtime (runtimes/fake.py).
+"""Timestamped output for the fake runtime (testing/fake_runtime.py).
 
 A fake container's output is a list of strings tests append to; each line is stamped
 the first time anyone reads it, with the wall clock cut to ``resolution_ns`` (one

@@ -1,5 +1,5 @@
 /*
- * gpuyard-web: the test workload of the offline "web" image (runtimes/web_image.py).
+ * gpuyard-web: the test workload of the offline "web" image (devtools/web_image.py).
  *
  * A small HTTP/1.1 server with keep-alive, one forked process per connection:
  *

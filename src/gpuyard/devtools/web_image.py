@@ -38,7 +38,7 @@ RECIPE_LABEL = "gpuyard.web-recipe"
 
 def web_server_source() -> bytes:
     """The C source of ``gpuyard-web``, as shipped in the package."""
-    return resources.files("gpuyard.runtimes").joinpath(SOURCE_NAME).read_bytes()
+    return resources.files("gpuyard.devtools").joinpath(SOURCE_NAME).read_bytes()
 
 
 def recipe_digest() -> str:

@@ -1,8 +1,9 @@
 """An in-memory runtime for unit tests and scale benchmarks.
 
 It follows the :class:`~gpuyard.runtimes.base.Runtime` contracts exactly (idempotent on
-the cluster id, RuntimeFailure on misuse) with every state change immediate, so tests
-need no waiting. Volumes carry a dict of "files" so a test can check that data survives
+the cluster id, RuntimeFailure on misuse; each capability of runtimes/capabilities.py,
+which tests/contract checks beside the real runtime) with every state change immediate,
+so tests need no waiting. Volumes carry a dict of "files" so a test can check that data survives
 stop/start and disappears on terminate; the container disk (``FakeContainer.disk``) is
 dropped with the container, as a real engine does on stop.
 
@@ -24,14 +25,17 @@ from gpuyard.runtimes.base import (
     ContainerSpec,
     ContainerState,
     ContainerStats,
+    ExecEndpoint,
     LogFollow,
     LogLine,
     ManagedContainer,
     ManagedVolume,
     Observed,
     StatsConsumer,
+    VolumeIO,
 )
-from gpuyard.runtimes.fake_logs import FakeLogFollow, LogStamps, select
+from gpuyard.testing.fake_logs import FakeLogFollow, LogStamps, select
+from gpuyard.testing.fake_volumes import FakeVolumeIO
 
 
 @dataclass
@@ -44,7 +48,7 @@ class FakeContainer:
     started_at: str | None = None
     disk: dict[str, str] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
-    # Each line's stamp, given when it is first read (runtimes/fake_logs.py).
+    # Each line's stamp, given when it is first read (testing/fake_logs.py).
     log_stamps: list[int] = field(default_factory=list)
     # The installation id it is labelled with (None: unlabelled, somebody else's).
     owner: str | None = None
@@ -496,3 +500,22 @@ class FakeRuntime:
                 return lines[start:], alive and followed.state is ContainerState.RUNNING
 
         return FakeLogFollow(read if followed is not None else None, since_ns)
+
+    # -- the engine behind it (see Runtime) ------------------------------------------
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def volume_io(self) -> VolumeIO:
+        """Volumes as tar streams of their files (fake_volumes.py)."""
+        return FakeVolumeIO(self)
+
+    def exec_endpoint(self) -> ExecEndpoint:
+        """There is no engine to exec in: RuntimeFailure, as for any runtime without."""
+        raise RuntimeFailure("this cluster's host runtime has no container engine to open a shell")
+
+    def docker_engine(self) -> None:
+        return None
+
+    def inventory(self) -> None:
+        return None
