@@ -194,8 +194,10 @@ class Settings(BaseSettings):
     # own that ``gpuyard serve`` starts unless ``ssh_enabled`` is false or ``ssh_port``
     # is 0. ``ssh_bind``: where it listens (None: ``host``); ``ssh_host``: the host name
     # connection strings name (None: ``public_address``, else the API's connectable
-    # host). A source address with ``ssh_auth_failures_per_minute`` failed logins in
-    # the last minute is refused (any key) until that minute has passed; 0: no limit.
+    # host). Each source address may fail ``ssh_auth_failures_per_minute`` logins, an
+    # allowance that refills at that many a minute (a token bucket, as the API's failed
+    # keys); a source that has spent it is refused (any key) until one failure's worth
+    # has refilled; 0: no limit.
     ssh_enabled: bool = True
     ssh_port: int = Field(default=2222, ge=0, le=65535)
     ssh_bind: str | None = None
