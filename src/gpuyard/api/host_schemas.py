@@ -248,11 +248,11 @@ class HostProxy(StrictOut):
     reason: str | None
 
 
+# A host as answered: these fields, in this order, each the same-named field of
+# services/host_views.py HostView unless api/hosts.py ``host_view`` works it out
+# (tests/unit/test_host_shape.py names what either side has beyond the other). A
+# comment, not a docstring: a docstring would become the schema's OpenAPI description.
 class HostOut(StrictOut):
-    """A host as answered: these fields, in this order, each the same-named field of
-    services/host_views.py HostView unless api/hosts.py ``host_view`` works it out
-    (tests/unit/test_host_shape.py names what either side has beyond the other)."""
-
     id: int
     name: str
     # The machine's stable id (GPUYARD_HOME/host-id, first derived from
