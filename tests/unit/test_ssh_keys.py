@@ -119,7 +119,7 @@ def test_sk_keys_are_accepted() -> None:
     parse_public_key(f"sk-ecdsa-sha2-nistp256@openssh.com {ec_blob}")
     # A point of the right size that is not on the curve is no key.
     off = wire(b"sk-ecdsa-sha2-nistp256@openssh.com", b"nistp256", b"\x04" + b"\x02" * 64, b"ssh:")
-    refused(f"sk-ecdsa-sha2-nistp256@openssh.com {off}", "not on the curve")
+    refused(f"sk-ecdsa-sha2-nistp256@openssh.com {off}", "not on its curve")
     refused(
         "sk-ssh-ed25519@openssh.com " + wire(b"sk-ssh-ed25519@openssh.com", b"\x01" * 32, b""),
         "application is empty",
@@ -178,3 +178,10 @@ def test_malformed_keys_are_refused(text: str, needle: str) -> None:
 @pytest.mark.parametrize("value", [None, 42, ["ssh-ed25519 AAAA"], {"key": "x"}])
 def test_non_strings_are_refused(value: object) -> None:
     refused(value, "must be a string")
+
+
+def test_a_good_ecdsa_key_with_trailing_bytes_says_so() -> None:
+    blob = wire(b"ecdsa-sha2-nistp256", b"nistp256", p256_point(), b"x")
+    refused(f"ecdsa-sha2-nistp256 {blob}", "trailing bytes")
+    good = wire(b"ecdsa-sha2-nistp256", b"nistp256", p256_point())
+    assert parse_public_key(f"ecdsa-sha2-nistp256 {good}")[1].startswith("SHA256:")

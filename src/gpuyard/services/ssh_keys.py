@@ -130,9 +130,10 @@ def _why_refused(key_type: str, blob: bytes) -> str:
         point = fields[1]
         if len(point) != _EC_POINT_BYTES[curve] or point[0] != 0x04:
             return f"the {curve} curve point is malformed"
-        return f"the {curve} curve point is not on the curve"
     if len(fields) > len(wanted):
         return "the key data has trailing bytes"
+    if "ecdsa" in key_type:
+        return "the key's curve point is not on its curve"
     return f"the key data is not a valid {key_type} key"
 
 
