@@ -194,8 +194,10 @@ class Settings(BaseSettings):
     # own that ``gpuyard serve`` starts unless ``ssh_enabled`` is false or ``ssh_port``
     # is 0. ``ssh_bind``: where it listens (None: ``host``); ``ssh_host``: the host name
     # connection strings name (None: ``public_address``, else the API's connectable
-    # host). A source address with ``ssh_auth_failures_per_minute`` failed logins in
-    # the last minute is refused (any key) until that minute has passed; 0: no limit.
+    # host). Each source address may fail ``ssh_auth_failures_per_minute`` logins, an
+    # allowance that refills at that many a minute (a token bucket, as the API's failed
+    # keys); a source that has spent it is refused (any key) until one failure's worth
+    # has refilled; 0: no limit.
     ssh_enabled: bool = True
     ssh_port: int = Field(default=2222, ge=0, le=65535)
     ssh_bind: str | None = None
@@ -214,6 +216,23 @@ class Settings(BaseSettings):
     # same key (api/fast/view_cache.py); any write of this process forgets it at once. Its
     # runtime stats are already up to GPUYARD_GRAPHQL_RUNTIME_STATS_TTL_S old.
     graphql_answer_max_age_s: float = Field(default=1.0, ge=0, le=60)
+    # GraphQL (README "GraphQL"; api/graphql/settings.py): limits against abusive
+    # documents and whether introspection is answered. The defaults admit graphql-core's
+    # standard introspection query (depth 15) and every query RunPod's SDK and the seed
+    # send, with room to spare. ``graphql_document_cache_size``: parsed and validated
+    # documents kept, by query text (LRU). A container's runtime stats (``runtime {
+    # container }``) are read from the engine at most once per
+    # ``graphql_runtime_stats_ttl_s``, however many clients poll; a failed read is
+    # retried after ``graphql_runtime_stats_error_ttl_s`` (at most the former).
+    graphql_introspection: bool = True
+    graphql_max_depth: int = Field(default=15, ge=1, le=100)
+    graphql_max_aliases: int = Field(default=30, ge=0, le=10_000)
+    graphql_max_tokens: int = Field(default=2_000, ge=10, le=1_000_000)
+    graphql_max_batch: int = Field(default=10, ge=1, le=1_000)
+    graphql_max_query_length: int = Field(default=32_768, ge=100, le=10_000_000)
+    graphql_document_cache_size: int = Field(default=512, ge=0, le=100_000)
+    graphql_runtime_stats_ttl_s: float = Field(default=3.0, ge=0, le=60)
+    graphql_runtime_stats_error_ttl_s: float = Field(default=0.5, ge=0, le=60)
     rate_limit_per_key: float = Field(default=20.0, ge=0)
     rate_limit_key_burst: int = Field(default=100, ge=1)
     rate_limit_per_source: float = Field(default=50.0, ge=0)

@@ -256,7 +256,7 @@ def build_server(
     app.include_router(me_api.router)
     # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.
-    app.include_router(graphql_router(), include_in_schema=False)
+    app.include_router(graphql_router(settings), include_in_schema=False)
     app.include_router(training.router)
 
     @app.get("/healthz", tags=["meta"])

@@ -112,7 +112,7 @@ class Limits:
 
     @classmethod
     def from_rows(cls, rows: Iterable[tuple[str, str, int]]) -> Limits:
-        """From ``(resource, gpu_type, limit)`` rows (store/schema.py Quota); rows of
+        """From ``(resource, gpu_type, limit)`` rows (store/schema/tenancy.py Quota); rows of
         resources this version does not know are ignored."""
         values: dict[str, Any] = {}
         by_type: dict[str, int] = {}

@@ -14,13 +14,12 @@ a stored key's blob: comments and options play no part.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import asyncssh
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -68,13 +67,13 @@ class ClusterTarget:
 
 
 def key_blob(public_key: str) -> bytes | None:
-    """The wire-format blob of an OpenSSH public key line (None when malformed)."""
-    parts = public_key.split()
-    if len(parts) < 2:
-        return None
+    """The wire-format blob of an OpenSSH public key line, as asyncssh reads it (the
+    key the client's offer is compared with); None when it is not one."""
     try:
-        return base64.b64decode(parts[1], validate=True)
-    except (binascii.Error, ValueError):
+        return asyncssh.import_public_key(public_key).public_data
+    # asyncssh raises KeyImportError, and ValueError or OverflowError from the
+    # cryptography checks of numbers and points.
+    except (asyncssh.KeyImportError, ValueError, OverflowError):
         return None
 
 

@@ -53,6 +53,7 @@ from gpuyard.core.input_rules import MAX_JSON_DEPTH, json_too_deep
 from gpuyard.core.text import nul_path
 from gpuyard.services.fleet.runtime_stats import RuntimeStatsCache
 from gpuyard.services.tenancy.auth import Principal
+from gpuyard.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -297,10 +298,9 @@ def _subject(key: str | None, principal: Principal, ops: list[Operation], batch:
     return "graphql:" + hashlib.sha256(raw.encode()).hexdigest()
 
 
-def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
-    """The ``/graphql`` route. ``settings`` default to ``GPUYARD_GRAPHQL_*`` variables
-    (read here, when the app is built)."""
-    settings = settings or GraphQLSettings()
+def build_router(app_settings: Settings) -> APIRouter:
+    """The ``/graphql`` route, with the limits of ``app_settings``' ``graphql_*`` fields."""
+    settings = GraphQLSettings.of(app_settings)
     executor = GraphQLExecutor(settings)
     router = APIRouter(tags=["graphql"])
 

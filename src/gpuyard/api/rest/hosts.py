@@ -23,9 +23,11 @@ from gpuyard.api.rest.schemas.hosts import (
     HostDrainEnvelope,
     HostEnvelope,
     HostListEnvelope,
+    HostOut,
+    HostWorkload,
     SshPublicKeyEnvelope,
 )
-from gpuyard.api.rest.schemas.responses import documented
+from gpuyard.api.rest.schemas.responses import StrictOut, documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.engine_address import redacted
 from gpuyard.core.fleet import Reachability
@@ -33,7 +35,7 @@ from gpuyard.core.placement import AllocationRatios, free_resources
 from gpuyard.core.proxy import ProxyStatus
 from gpuyard.services.clusters.moves import drain_host
 from gpuyard.services.fleet import admin as host_admin
-from gpuyard.services.fleet.views import HostView, get_host, list_hosts
+from gpuyard.services.fleet.views import HostView, Workload, get_host, list_hosts
 from gpuyard.services.tenancy.auth import Principal, Scope
 
 router = APIRouter(tags=["hosts"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
@@ -199,9 +201,27 @@ def _resources(gpus: dict[str, int], vcpus: float, memory: float, disk: float) -
     return {"gpus": gpus, "vcpus": vcpus, "memory_gb": memory, "disk_gb": disk}
 
 
+def _fields(model: type[StrictOut]) -> tuple[str, ...]:
+    return tuple(model.model_fields)
+
+
+# The answer's shape is its schema's: a host is answered with exactly HostOut's fields,
+# in their order, each taken from the same-named field of the service's HostView
+# unless it is worked out below (a test holds the two together).
+HOST_FIELDS = _fields(HostOut)
+WORKLOAD_FIELDS = _fields(HostWorkload)
+# Set by the route, not by the view.
+_ROUTE_FIELDS = frozenset({"proxy"})
+
+
+def _workload(w: Workload) -> dict[str, Any]:
+    return {name: getattr(w, name) for name in WORKLOAD_FIELDS}
+
+
 def host_view(h: HostView, local_problem: str | None, ratios: AllocationRatios) -> dict[str, Any]:
-    """One host as the API shows it (api/rest/schemas/hosts.py HostOut). ``local_problem``:
-    what the server's own engine answered just now (used for the local host only)."""
+    """One host as the API shows it: api/rest/schemas/hosts.py HostOut's fields but ``proxy``
+    (the route adds it). ``local_problem``: what the server's own engine answered just
+    now (used for the local host only)."""
     cap = h.capacity
     free = free_resources(cap, ratios)
     total_gpus: dict[str, int] = {}
@@ -217,35 +237,13 @@ def host_view(h: HostView, local_problem: str | None, ratios: AllocationRatios) 
             "reachable": h.reachability is Reachability.REACHABLE,
             "message": h.heartbeat_error,
         }
-    return {
-        "id": h.id,
-        "name": h.name,
-        "machine_id": h.machine_id,
-        "location": h.location,
-        "cloud_type": h.cloud_type,
-        "address": h.address,
+    worked_out: dict[str, Any] = {
         "engine_url": redacted(h.engine_url),
-        "engine_tls_dir": h.engine_tls_dir,
-        "engine_name": h.engine_name,
-        "engine_version": h.engine_version,
         "engine": engine,
-        "is_local": h.is_local,
-        "status": h.status,
         "reachability": h.reachability.value,
-        "healthy": h.healthy,
         "last_heartbeat_at": _iso(h.last_heartbeat_at),
         "unreachable_since": _iso(h.unreachable_since),
-        "missed_heartbeats": h.missed_heartbeats,
-        "heartbeat_error": h.heartbeat_error,
-        "vcpus": h.vcpus,
-        "memory_gb": h.memory_gb,
-        "disk_gb": h.disk_gb,
-        "gpu_source": h.gpu_source,
         "declared": list(h.declared),
-        "enforces_limits": h.enforces_limits,
-        "limits_note": h.limits_note,
-        "enforces_disk": h.enforces_disk,
-        "disk_note": h.disk_note,
         "inventory": h.inventory_sources,
         "gpus": [
             {
@@ -264,17 +262,11 @@ def host_view(h: HostView, local_problem: str | None, ratios: AllocationRatios) 
             ),
             "free": _resources(free["gpus"], free["vcpus"], free["memory_gb"], free["disk_gb"]),
         },
-        "clusters": [
-            {
-                "kind": w.kind,
-                "id": w.id,
-                "name": w.name,
-                "status": w.status,
-                "gpu_count": w.gpu_count,
-                "gpus_held": w.gpus_held,
-                "training_cluster_id": w.training_cluster_id,
-            }
-            for w in h.workloads
-        ],
+        "clusters": [_workload(w) for w in h.workloads],
         "created_at": h.created_at.isoformat(),
+    }
+    return {
+        name: worked_out[name] if name in worked_out else getattr(h, name)
+        for name in HOST_FIELDS
+        if name not in _ROUTE_FIELDS
     }

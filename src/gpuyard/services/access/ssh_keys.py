@@ -8,19 +8,22 @@ projects; removing another user's key takes ``manage_members``.
 
 A key is accepted only if it is a well-formed OpenSSH public key: a supported type,
 a base64 blob that decodes, whose embedded type string equals the declared type and
-whose fields have the sizes that type requires. It is stored normalised as
+that asyncssh imports as a public key of that type (its numbers and curve points
+checked by ``cryptography``), of at least :data:`MIN_RSA_BITS` bits for RSA and with
+an application for a security key. A refused key is answered with what is wrong with
+it (a field truncated, of the wrong size, ...). It is stored normalised as
 ``"type base64 comment"`` with the fingerprint ``ssh-keygen -lf`` prints
-(``SHA256:`` + unpadded base64 of the blob's SHA-256).
+(``SHA256:`` + unpadded base64 of the blob's SHA-256, asyncssh's).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import re
-import struct
 
+import asyncssh
+from asyncssh.packet import PacketDecodeError, SSHPacket
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -37,7 +40,8 @@ MAX_KEY_CHARS = 16 * 1024
 MIN_RSA_BITS = 1024
 MAX_NAME_CHARS = 200
 
-# The curve each ECDSA type names inside its blob, and its uncompressed point size.
+# The curve each ECDSA type names inside its blob, and its uncompressed point size:
+# only to say why asyncssh refused one.
 _EC_POINT_BYTES = {"nistp256": 65, "nistp384": 97, "nistp521": 133}
 _ED25519_BYTES = 32
 
@@ -59,36 +63,6 @@ class SshKeyNotFound(NotFound):
     code = "SSH_KEY_NOT_FOUND"
 
 
-class _Blob:
-    """Reads the SSH wire encoding (RFC 4251 ``string`` / ``mpint``) of a key blob."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def string(self, what: str) -> bytes:
-        if self.pos + 4 > len(self.data):
-            raise ValidationFailed(FIELD, f"the key data is truncated (reading {what})")
-        (n,) = struct.unpack(">I", self.data[self.pos : self.pos + 4])
-        self.pos += 4
-        if self.pos + n > len(self.data):
-            raise ValidationFailed(FIELD, f"the key data is truncated (reading {what})")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def mpint_bits(self, what: str) -> int:
-        """The bit length of a positive mpint."""
-        raw = self.string(what)
-        if not raw or raw[0] & 0x80:
-            raise ValidationFailed(FIELD, f"the key's {what} is not a positive integer")
-        return int.from_bytes(raw, "big").bit_length()
-
-    def end(self) -> None:
-        if self.pos != len(self.data):
-            raise ValidationFailed(FIELD, "the key data has trailing bytes")
-
-
 def _reject_non_public(text: str) -> None:
     """Explain the usual mistakes instead of a bare 'invalid key'."""
     if "PRIVATE KEY" in text:
@@ -107,39 +81,93 @@ def _reject_non_public(text: str) -> None:
         raise ValidationFailed(FIELD, "must be a single OpenSSH public key on one line")
 
 
-def _check_blob(key_type: str, blob: bytes) -> None:
-    b = _Blob(blob)
-    embedded = b.string("the key type")
+def _strings(blob: bytes) -> tuple[list[bytes], bool]:
+    """The blob's SSH wire strings (RFC 4251), read with asyncssh's packet reader, and
+    whether they fill it exactly (False: the last one is cut short)."""
+    packet = SSHPacket(blob)
+    fields: list[bytes] = []
+    while packet:
+        try:
+            fields.append(packet.get_string())
+        except PacketDecodeError:
+            return fields, False
+    return fields, True
+
+
+def _embedded_type(blob: bytes) -> bytes:
+    try:
+        return SSHPacket(blob).get_string()
+    except PacketDecodeError as exc:
+        raise ValidationFailed(FIELD, "the key data is truncated (reading the key type)") from exc
+
+
+def _why_refused(key_type: str, blob: bytes) -> str:
+    """What is wrong with a blob of ``key_type`` that asyncssh refused to import,
+    field by field, in the words users have been told so far."""
+    read, whole = _strings(blob)
+    fields = read[1:]
+    if key_type == "ssh-rsa":
+        wanted = ["public exponent", "modulus"]
+    elif key_type in ("ssh-ed25519", SK_ED25519):
+        wanted = ["the Ed25519 key"]
+    else:
+        wanted = ["the curve name", "the curve point"]
+    if key_type.startswith("sk-"):
+        wanted.append("the security-key application")
+    if not whole or len(fields) < len(wanted):
+        return f"the key data is truncated (reading {wanted[min(len(fields), len(wanted) - 1)]})"
+    if key_type == "ssh-rsa":
+        for what, raw in zip(wanted, fields, strict=False):
+            if not raw or raw[0] & 0x80:
+                return f"the key's {what} is not a positive integer"
+    elif key_type in ("ssh-ed25519", SK_ED25519):
+        if len(fields[0]) != _ED25519_BYTES:
+            return "the Ed25519 key is not 32 bytes"
+    else:
+        curve = key_type.removeprefix("sk-").removeprefix("ecdsa-sha2-").split("@")[0]
+        if fields[0] != curve.encode():
+            return f"the key data does not name the curve {curve!r}"
+        point = fields[1]
+        if len(point) != _EC_POINT_BYTES[curve] or point[0] != 0x04:
+            return f"the {curve} curve point is malformed"
+    if len(fields) > len(wanted):
+        return "the key data has trailing bytes"
+    if "ecdsa" in key_type:
+        return "the key's curve point is not on its curve"
+    return f"the key data is not a valid {key_type} key"
+
+
+def _import(key_type: str, blob: bytes) -> asyncssh.SSHKey:
+    """The public key of ``blob`` as asyncssh reads it, held to the rules asyncssh does
+    not apply itself (RSA size, a security key's application). Raises ValidationFailed
+    saying what is wrong."""
+    embedded = _embedded_type(blob)
     if embedded != key_type.encode():
         shown = embedded.decode("ascii", "replace")[:60]
         raise ValidationFailed(
             FIELD, f"the key data is a {shown!r} key but the line declares {key_type!r}"
         )
+    line = f"{key_type} {base64.b64encode(blob).decode()}"
+    try:
+        key = asyncssh.import_public_key(line)
+    # asyncssh raises KeyImportError, and ValueError or OverflowError from the
+    # cryptography checks of numbers and points.
+    except (asyncssh.KeyImportError, ValueError, OverflowError) as exc:
+        raise ValidationFailed(FIELD, _why_refused(key_type, blob)) from exc
     if key_type == "ssh-rsa":
-        b.mpint_bits("public exponent")
-        bits = b.mpint_bits("modulus")
+        bits = _rsa_bits(key)
         if bits < MIN_RSA_BITS:
             raise ValidationFailed(
                 FIELD, f"RSA keys must have at least {MIN_RSA_BITS} bits (this one has {bits})"
             )
-    elif key_type in ("ssh-ed25519", SK_ED25519):
-        if len(b.string("the Ed25519 key")) != _ED25519_BYTES:
-            raise ValidationFailed(FIELD, "the Ed25519 key is not 32 bytes")
-    else:
-        curve = key_type.removeprefix("sk-").removeprefix("ecdsa-sha2-").split("@")[0]
-        if b.string("the curve name") != curve.encode():
-            raise ValidationFailed(FIELD, f"the key data does not name the curve {curve!r}")
-        point = b.string("the curve point")
-        if len(point) != _EC_POINT_BYTES[curve] or point[0] != 0x04:
-            raise ValidationFailed(FIELD, f"the {curve} curve point is malformed")
-    if key_type.startswith("sk-") and not b.string("the security-key application"):
+    if key_type.startswith("sk-") and not _strings(blob)[0][-1]:
         raise ValidationFailed(FIELD, "the security-key application is empty")
-    b.end()
+    return key
 
 
-def fingerprint(blob: bytes) -> str:
-    """``SHA256:...`` exactly as ``ssh-keygen -lf`` prints it (base64, no padding)."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+def _rsa_bits(key: asyncssh.SSHKey) -> int:
+    """The modulus size of an RSA key asyncssh imported (its cryptography key's)."""
+    return int(getattr(key.pyca_key, "key_size", 0))
 
 
 def parse_public_key(text: object) -> tuple[str, str]:
@@ -176,12 +204,13 @@ def parse_public_key(text: object) -> tuple[str, str]:
         blob = base64.b64decode(data, validate=True)
     except binascii.Error as exc:
         raise ValidationFailed(FIELD, "the key data is not valid base64") from exc
-    _check_blob(key_type, blob)
+    key = _import(key_type, blob)
     comment = parts[2].strip() if len(parts) == 3 else ""
     if any(ord(c) < 32 or ord(c) == 127 for c in comment):
         raise ValidationFailed(FIELD, "the comment contains control characters")
     normalised = f"{key_type} {base64.b64encode(blob).decode()}"
-    return (f"{normalised} {comment}" if comment else normalised), fingerprint(blob)
+    fp = key.get_fingerprint("sha256")
+    return (f"{normalised} {comment}" if comment else normalised), fp
 
 
 def _name(name: object) -> str:

@@ -1,4 +1,4 @@
-"""Quotas of accounts and projects (store/schema.py Quota; core/quotas.py says what
+"""Quotas of accounts and projects (store/schema/tenancy.py Quota; core/quotas.py says what
 they mean): what is in use, the checks of creates, starts and scales, and setting them.
 
 Usage is read from the store in the transaction of the request being checked, after

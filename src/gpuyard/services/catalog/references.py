@@ -21,7 +21,11 @@ from gpuyard.store.schema import GpuType, Host
 
 
 @dataclass(frozen=True)
-class HostView:
+class HostRef:
+    """The few fields of a host that cluster reads show beside each cluster (its name,
+    where it is, whether it answers); the admin's full view of a host is
+    services/fleet/views.py HostView."""
+
     name: str
     location: str
     address: str
@@ -37,7 +41,7 @@ class ReferenceCache:
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
         self._expires = 0.0
-        self._hosts: dict[int, HostView] = {}
+        self._hosts: dict[int, HostRef] = {}
         self._gpus: dict[str, GpuTypeInfo] = {}
 
     def stale(self) -> bool:
@@ -46,14 +50,14 @@ class ReferenceCache:
 
     def get(
         self, db: Session | Connection | None
-    ) -> tuple[dict[int, HostView], dict[str, GpuTypeInfo]]:
+    ) -> tuple[dict[int, HostRef], dict[str, GpuTypeInfo]]:
         """Host views by id and GPU types by id, re-read through ``db`` when older than
         ``ttl_s``; without ``db`` the cached values are returned as they are."""
         with self._lock:
             if time.monotonic() < self._expires or db is None:
                 return self._hosts, self._gpus
         hosts = {
-            r.id: HostView(
+            r.id: HostRef(
                 r.name,
                 r.location,
                 r.address,

@@ -5,7 +5,7 @@ microseconds). Both directions descend so that a backward scan of a
 ``(project_id, created_at, id)`` index yields the order itself: a page reads its
 rows and stops, however many rows lie behind it.
 
-Which index answers (store/schema.py, migration 0012):
+Which index answers (store/schema/clusters.py, migration 0012):
 
 - default list (not terminated): ``ix_clusters_live_created``, partial on
   ``status != 'terminated'`` — terminated clusters are not in it, so neither the page

@@ -112,7 +112,7 @@ def sync_host_gpus(session: Session, host: Host, gpus: Sequence[HostGpuInfo]) ->
     session.flush()
 
 
-# volume_moves whose source copy still exists (store/schema.py VolumeMove): their
+# volume_moves whose source copy still exists (store/schema/volumes.py VolumeMove): their
 # volume stays counted on the source host's disk; done and failed moves are final.
 MOVES_IN_FLIGHT = ("copying", "copied")
 

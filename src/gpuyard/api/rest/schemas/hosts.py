@@ -248,6 +248,10 @@ class HostProxy(StrictOut):
     reason: str | None
 
 
+# A host as answered: these fields, in this order, each the same-named field of
+# services/fleet/views.py HostView unless api/rest/hosts.py ``host_view`` works it out
+# (tests/unit/test_host_shape.py names what either side has beyond the other). A
+# comment, not a docstring: a docstring would become the schema's OpenAPI description.
 class HostOut(StrictOut):
     id: int
     name: str
