@@ -73,6 +73,16 @@ def needs(part: str, problem: str | None, *, how: str) -> pytest.MarkDecorator:
     return getattr(pytest.mark, MARK)(part=part, problem=problem, how=how)
 
 
+def need_tools(*tools: str, how: str) -> None:
+    """:func:`need` for programs on PATH; the part is named by the programs."""
+    need(", ".join(tools), on_path(*tools), how=how)
+
+
+def needs_tools(*tools: str, how: str) -> pytest.MarkDecorator:
+    """:func:`needs` for programs on PATH; the part is named by the programs."""
+    return needs(", ".join(tools), on_path(*tools), how=how)
+
+
 def need_module(name: str, *, how: str) -> ModuleType:
     """The imported module ``name`` (a Python package a test drives); a missing one is
     :func:`missing` (at module level: the module's tests skip, or under CI fail to
