@@ -70,7 +70,8 @@ def need(part: str, problem: str | None, *, how: str) -> None:
 def needs(part: str, problem: str | None, *, how: str) -> pytest.MarkDecorator:
     """A mark with :func:`need`'s rule, checked when the test is set up (before its
     fixtures: a module-scoped fixture that starts the part never runs without it)."""
-    return getattr(pytest.mark, MARK)(part=part, problem=problem, how=how)
+    mark: pytest.MarkDecorator = getattr(pytest.mark, MARK)
+    return mark(part=part, problem=problem, how=how)
 
 
 def need_tools(*tools: str, how: str) -> None:
