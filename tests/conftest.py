@@ -19,7 +19,12 @@ from tests.helpers import make_settings
 
 # The hooks that check the ``needs`` marks: a missing system part skips locally and
 # fails under CI (tests/required_parts.py).
-from tests.required_parts import need, pytest_configure, pytest_runtest_setup  # noqa: F401
+from tests.required_parts import (  # noqa: F401
+    need,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_setup,
+)
 
 PG_URL = os.environ.get("GPUYARD_TEST_POSTGRES_URL", "").strip()
 

@@ -14,9 +14,9 @@ Two forms, one rule:
 
 - :func:`need` in a test or fixture body (or at module level, where only an import needs
   the part): ``need("restic", on_path("restic"), how="apt-get install restic")``;
-- :func:`needs`, a mark for a test, a class or a module's ``pytestmark``, checked before
-  the test's fixtures are set up (this module is a pytest plugin, loaded by
-  ``tests/conftest.py``).
+- :func:`needs`, a mark for a test, a class or a module's ``pytestmark``, applied before
+  the test's fixtures are set up (this module is a pytest plugin, whose hooks
+  ``tests/conftest.py`` takes in).
 
 Each takes the part's problem: ``None`` when the part is there, else why it is not
 (``on_path`` and ``as_root`` return such problems).
@@ -55,6 +55,7 @@ def missing(part: str, problem: str, how: str) -> NoReturn:
     """Stop the current test (or module) for a missing ``part``: a skip, or under
     ``CI=true`` / ``GPUYARD_REQUIRE_REAL=1`` a failure. At module level a failure is a
     collection error of that module."""
+    __tracebackhide__ = True  # reported at the caller's line
     words = describe(part, problem, how)
     if required():
         pytest.fail(f"{words}; CI=true or GPUYARD_REQUIRE_REAL=1 requires it", pytrace=False)
@@ -63,6 +64,7 @@ def missing(part: str, problem: str, how: str) -> NoReturn:
 
 def need(part: str, problem: str | None, *, how: str) -> None:
     """Go on when ``problem`` is None (the part is there); else :func:`missing`."""
+    __tracebackhide__ = True  # reported at the caller's line
     if problem is not None:
         missing(part, problem, how)
 
@@ -76,6 +78,7 @@ def needs(part: str, problem: str | None, *, how: str) -> pytest.MarkDecorator:
 
 def need_tools(*tools: str, how: str) -> None:
     """:func:`need` for programs on PATH; the part is named by the programs."""
+    __tracebackhide__ = True  # reported at the caller's line
     need(", ".join(tools), on_path(*tools), how=how)
 
 
@@ -88,6 +91,7 @@ def need_module(name: str, *, how: str) -> ModuleType:
     """The imported module ``name`` (a Python package a test drives); a missing one is
     :func:`missing` (at module level: the module's tests skip, or under CI fail to
     collect)."""
+    __tracebackhide__ = True  # reported at the caller's line
     try:
         return importlib.import_module(name)
     except ImportError as e:
@@ -123,8 +127,23 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Locally a missing part's mark becomes a skip mark, so the skip is reported at the
+    # test's own line (a skip raised in a set-up hook would name the hook's).
+    if required():
+        return
+    for item in items:
+        for mark in item.iter_markers(name=MARK):  # the closest first
+            part, problem, how = mark.kwargs["part"], mark.kwargs["problem"], mark.kwargs["how"]
+            if problem is not None:
+                item.add_marker(pytest.mark.skip(reason=describe(part, problem, how)))
+                break
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    # Closest mark first (the test's own, then its class's, then the module's).
+    # Under CI a missing part's mark fails the test, before its fixtures are set up.
+    if not required():
+        return
     for mark in item.iter_markers(name=MARK):
         need(mark.kwargs["part"], mark.kwargs["problem"], how=mark.kwargs["how"])
