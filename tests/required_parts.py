@@ -12,8 +12,10 @@ skipping with ``pytest.skip`` and say so.
 
 Two forms, one rule:
 
-- :func:`need` in a test or fixture body (or at module level, where only an import needs
-  the part): ``need("restic", on_path("restic"), how="apt-get install restic")``;
+- :func:`need` in a test or fixture body:
+  ``need("restic", on_path("restic"), how="apt-get install restic")`` (and
+  :func:`need_module` at module level for a Python package the module imports: under CI
+  a missing one is that module's collection error);
 - :func:`needs`, a mark for a test, a class or a module's ``pytestmark``, applied before
   the test's fixtures are set up (this module is a pytest plugin, whose hooks
   ``tests/conftest.py`` takes in).
