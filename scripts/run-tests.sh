@@ -7,11 +7,14 @@
 # takes a flock-locked port block (tests/helpers.port_block), each group starts its own
 # private `podman system service` and labels what it makes with its own installation id.
 # Lines are prefixed with the group's name as they come; each group's summary is
-# printed again at the end. Exits non-zero when either group fails.
+# printed again at the end. Exits non-zero when either group fails, or runs no test
+# (every test skipped, or none collected: scripts/group_ran.py reads its JUnit report),
+# so a CI machine missing a part cannot look green.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTEST="${PYTEST:-.venv/bin/pytest}"
+PYTHON="${PYTHON:-python3}"
 work="$(mktemp -d /tmp/gyt-XXXXXX)"
 
 # Each group's pytest, in the background. A shell without job control starts background
@@ -22,9 +25,9 @@ start_group() {
   local name="$1"
   shift
   # Own temporary roots (short: unix socket paths are limited to 108 bytes); no shared
-  # cache directory between the two processes.
+  # cache directory between the two processes. The JUnit report tells how many ran.
   env --default-signal=INT "$PYTEST" -q -ra --durations=10 -p no:cacheprovider \
-    --basetemp="$work/$name" "$@" >"$work/$name.log" 2>&1 &
+    --basetemp="$work/$name" --junitxml="$work/$name.xml" "$@" >"$work/$name.log" 2>&1 &
 }
 start_group fast tests/unit tests/service tests/api
 fast_pid=$!
@@ -71,6 +74,10 @@ for name in fast e2e; do
     tail -n 40 "$work/$name.log"
   fi
   [ "$rc" = 0 ] || status=1
+  if [ "$rc" = 5 ]; then # pytest's exit code for "no test collected"
+    echo "$name: FAILED, pytest collected no test (exit 5)"
+  fi
+  "$PYTHON" scripts/group_ran.py "$name" "$work/$name.xml" || status=1
 done
 if [ "$status" = 0 ]; then
   rm -rf "$work"

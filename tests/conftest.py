@@ -1,5 +1,5 @@
 """Shared fixtures: databases (SQLite always, PostgreSQL when GPUYARD_TEST_POSTGRES_URL
-is set), a use-case context on them, and principals."""
+is set, required under CI), a use-case context on them, and principals."""
 
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ from gpuyard.services.installation.bootstrap import first_start, open_store, reg
 from gpuyard.services.tenancy.auth import Principal, Scope, create_account, issue_key, resolve_key
 from tests.helpers import make_settings
 
+# The hooks that check the ``needs`` marks: a missing system part skips locally and
+# fails under CI (tests/required_parts.py).
+from tests.required_parts import (  # noqa: F401
+    need,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_setup,
+)
+
 PG_URL = os.environ.get("GPUYARD_TEST_POSTGRES_URL", "").strip()
 
 
@@ -33,14 +42,23 @@ def _pg_database() -> Iterator[str]:
         admin.dispose()
 
 
+def need_postgres() -> None:
+    """The PostgreSQL server the tests make databases on (``GPUYARD_TEST_POSTGRES_URL``)."""
+    need(
+        "postgresql",
+        None if PG_URL else "GPUYARD_TEST_POSTGRES_URL is not set",
+        how="WITH_POSTGRES=1 bash scripts/setup-system.sh; "
+        "export GPUYARD_TEST_POSTGRES_URL=$(bash scripts/test-postgres.sh) (make test does both)",
+    )
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database on each backend."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'test.db'}"
         return
-    if not PG_URL:
-        pytest.skip("GPUYARD_TEST_POSTGRES_URL not set (make test starts PostgreSQL)")
+    need_postgres()
     yield from _pg_database()
 
 

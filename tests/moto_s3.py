@@ -30,7 +30,7 @@ def moto_server_path() -> Path | None:
 @contextmanager
 def moto_s3(log_dir: Path) -> Iterator[str]:
     """Run moto's S3 server; yields its endpoint (``http://127.0.0.1:PORT``). The caller
-    skips first when :func:`moto_server_path` is None."""
+    checks :func:`moto_server_path` first (``need``, tests/required_parts.py)."""
     server = moto_server_path()
     assert server is not None, "moto_server is not installed (pip install 'moto[server]')"
     port = free_port()

@@ -4,7 +4,6 @@ against the same store."""
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from click.testing import CliRunner, Result
 from gpuyard.cli.main import cli
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, free_port, live_server, make_settings
+from tests.required_parts import needs_tools
 
 A6000 = "NVIDIA RTX A6000"
 
@@ -294,7 +294,7 @@ def test_billing_shows_spend_by_group(server: LiveServer) -> None:
     assert cluster["id"]
 
 
-@pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed")
+@needs_tools("restic", how="apt-get install restic")
 def test_snapshots_create_list_get_restore_clone_delete(server: LiveServer) -> None:
     c = create(server, "--volume-gb", "5")
     made = run(server, "snapshots", "create", c["id"], "--name", "nightly")

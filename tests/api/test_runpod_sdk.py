@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import LiveServer
+from tests.required_parts import need_module
 
-runpod = pytest.importorskip("runpod")
+runpod = need_module("runpod", how="pip install runpod (make venv)")
 
 
 @pytest.fixture

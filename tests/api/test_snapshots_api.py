@@ -3,17 +3,16 @@ restic repository): every route, every refusal in the v1 envelope, never a 500."
 
 from __future__ import annotations
 
-import shutil
 import time
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.api.test_rest_errors import err, key_for
 from tests.helpers import LiveServer
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed")
+pytestmark = needs_tools("restic", how="apt-get install restic")
 
 A6000 = "NVIDIA RTX A6000"
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,18 +25,15 @@ from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from tests.console.conftest import watch
 from tests.e2e.test_server_e2e import ServerProcess, running_server
 from tests.helpers import free_port
-
-pytestmark = pytest.mark.e2e
+from tests.required_parts import need_module, needs_tools
 
 CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip(
-        "Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True
-    )
-for tool in ("podman", "caddy"):
-    if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+pytestmark = [
+    pytest.mark.e2e,
+    # Debian's chromium, which Playwright drives (its own browser download is not used).
+    needs_tools(str(CHROMIUM), "podman", "caddy", how="apt-get install chromium podman caddy"),
+]
+sync_api = need_module("playwright.sync_api", how="pip install playwright (make venv)")
 # Assertions wait as long as actions do: a 2-core CI machine also runs the server, the
 # engine and the browser (Playwright's default for expect() is 5 s).
 sync_api.expect.set_options(timeout=30_000)

@@ -19,7 +19,6 @@ Every request the pages made is a public API route, as in test_console_e2e.py.
 from __future__ import annotations
 
 import re
-import shutil
 import sqlite3
 import subprocess
 import time
@@ -35,12 +34,10 @@ from tests.console import test_console_e2e as base
 from tests.console.conftest import watch
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, running_server, wait_status
+from tests.required_parts import need_module, needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("restic") is None:
-    pytest.skip("restic is not installed (apt-get install restic)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+pytestmark = [pytest.mark.e2e, needs_tools("restic", how="apt-get install restic")]
+sync_api = need_module("playwright.sync_api", how="pip install playwright (make venv)")
 
 SLURM_IMAGE = "localhost/gpuyard/slurm-node:latest"
 TRAINING = "/distributed_jobs_v2/cluster/"
@@ -243,8 +240,7 @@ def test_training_pages(page: Any, server: ServerProcess, tmp_path: Path) -> Non
     page.screenshot(path=str(shots / "console-training-create.png"), full_page=True)
 
     slurm = [i for i in images if i["image"] == SLURM_IMAGE]
-    if not slurm:
-        pytest.skip("no Slurm node image registered: the list and form were checked")
+    assert slurm, f"the first start registers the Slurm node image: {images}"
     params = {"project_id": project["id"], "location": "local"}
     with server.client() as c:
         created = c.post(

@@ -27,8 +27,11 @@ from gpuyard.runtimes.engine import vanished_mid_removal
 from gpuyard.runtimes.engine_url import PodmanService
 from gpuyard.runtimes.host_edge import IptablesEdge
 from gpuyard.runtimes.host_firewall import IptablesIsolation
+from tests.required_parts import need
 
 DEV_IMAGE = "localhost/gpuyard/busybox:latest"
+# How to get a Podman that serves the Docker API (tests/required_parts.py names it).
+SERVICE_HOW = "apt-get install podman runc; bash scripts/setup-system.sh (containers.conf)"
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +43,7 @@ def engine_url() -> Iterator[str]:
         url = service.start()
     except RuntimeFailure as e:
         shutil.rmtree(workdir, ignore_errors=True)
-        pytest.skip(f"cannot start podman system service: {e.message}")
+        need("podman system service", f"cannot start it: {e.message}", how=SERVICE_HOW)
     try:
         build_dev_image("podman", DEV_IMAGE)
         yield url

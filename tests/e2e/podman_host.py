@@ -53,6 +53,10 @@ def available() -> str | None:
     return None
 
 
+# How to get what available() asks for (tests/required_parts.py names it in a skip or failure).
+HOSTS_HOW = "run the tests as root after WITH_TEST_HOSTS=1 bash scripts/setup-system.sh"
+
+
 SSHD_CONFIG = """Port 22
 ListenAddress {address}
 HostKey {run}/ssh_host_ed25519_key

@@ -9,7 +9,6 @@ gaps and repeats show as broken sequences."""
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +21,12 @@ import pytest
 from tests.api.sse import Event, events
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import gone, running_server, wait_status
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 TICKER = (
     'sh -c \'trap "echo bye; exit 0" TERM; i=0; '

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -27,14 +26,15 @@ from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
 from gpuyard.runtimes.ssh_tunnel import SshKeys
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.crash_invariants import violations
-from tests.e2e.podman_host import PodmanHost, available
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.e2e.test_server_e2e import ServerProcess, wait_status
 from tests.helpers import free_port
+from tests.required_parts import needs, needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 ALL = os.environ.get("GPUYARD_CRASH_ALL") == "1"
 # A server that reached its point dies at once; one that never does is a broken test.
@@ -389,7 +389,7 @@ MOVE_CASES = [
 ]
 
 
-@pytest.mark.skipif(available() is not None, reason=str(available()))
+@needs("simulated hosts", available(), how=HOSTS_HOW)
 @pytest.mark.parametrize("case", armed(MOVE_CASES))
 def test_move_crash_point_converges(tmp_path: Path, engine_url: str, case: Case) -> None:
     home = tmp_path / "home"

@@ -43,6 +43,7 @@ from gpuyard.store.schema import Cluster, GpuAllocation, Installation, Lease
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.e2e.patroni_cluster import PatroniCluster, unavailable_reason
 from tests.e2e.replica_process import Replica, eventually
+from tests.required_parts import need
 
 pytestmark = pytest.mark.e2e
 
@@ -56,9 +57,11 @@ ANSWER_AGAIN_S = 30.0
 
 @pytest.fixture
 def patroni() -> Iterator[PatroniCluster]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"cannot run a Patroni cluster here: {reason}")
+    need(
+        "a Patroni cluster",
+        unavailable_reason(),
+        how="WITH_POSTGRES=1 bash scripts/setup-system.sh",
+    )
     cluster = PatroniCluster()
     try:
         cluster.start()

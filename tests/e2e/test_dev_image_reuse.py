@@ -3,23 +3,21 @@ recipe (real podman; the test's image has a name of its own and is removed after
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from gpuyard.cli.main import cli
 from gpuyard.runtimes.devimage import BUSYBOX_PATH
+from tests.required_parts import need_tools
 
 
 @pytest.fixture
 def image_name() -> Iterator[str]:
-    if shutil.which("podman") is None or not Path(BUSYBOX_PATH).exists():
-        pytest.skip("needs podman and busybox-static")
+    need_tools("podman", BUSYBOX_PATH, how="apt-get install podman runc busybox-static")
     name = f"localhost/gpuyard-test/reuse-{uuid.uuid4().hex[:8]}:latest"
     yield name
     subprocess.run(["podman", "rmi", "-f", name], capture_output=True, check=False)

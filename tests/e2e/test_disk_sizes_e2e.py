@@ -9,8 +9,6 @@ sizes cannot be enforced here: the refusal is what is tested (docs/decisions.md
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,12 +31,15 @@ from tests.e2e import podman_host
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
 from tests.helpers import free_port
+from tests.required_parts import as_root, first_problem, needs, on_path
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("mkfs.ext4") is None,
-        reason="sized volumes need root and e2fsprogs",
+    # Sized volumes are loop-mounted ext4 images.
+    needs(
+        "root and e2fsprogs",
+        first_problem(as_root(), on_path("mkfs.ext4")),
+        how="run the tests as root; apt-get install e2fsprogs",
     ),
 ]
 
@@ -283,7 +284,7 @@ def test_a_copy_of_a_sized_volume_is_sized_and_identical(
     assert "hello" in out and code != 0 and NO_SPACE in out, out
 
 
-@pytest.mark.skipif(podman_host.available() is not None, reason=str(podman_host.available()))
+@needs("simulated hosts", podman_host.available(), how=podman_host.HOSTS_HOW)
 def test_a_sized_volume_moves_to_a_host_reached_over_ssh(
     sized: tuple[DockerEngineRuntime, Ownership], engine_url: str, tmp_path: Path
 ) -> None:

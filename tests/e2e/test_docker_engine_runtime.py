@@ -40,14 +40,13 @@ from gpuyard.runtimes.engine import EnginePolicy, NotOurs
 from gpuyard.runtimes.engine_url import PodmanService, detect_engine_url
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.helpers import free_port
+from tests.required_parts import need, needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip(
-        "podman is not installed (apt-get install podman): these tests drive real containers",
-        allow_module_level=True,
-    )
+# These tests drive real containers.
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 IMAGE = DEV_IMAGE
 
@@ -225,8 +224,11 @@ def test_limits_and_stats(rt: DockerEngineRuntime, new_cluster: Callable[[], str
     rt.create(make_spec(rt, cid, busy, cpu_cores=0.5, memory_gb=0.125))
     rt.start(cid)
     caps = rt.capabilities()
-    if not (caps.cpu_limits and caps.memory_limits):
-        pytest.skip(f"this engine does not apply limits: {caps}")
+    need(
+        "cgroup CPU and memory limits",
+        None if caps.cpu_limits and caps.memory_limits else f"the engine applies none: {caps}",
+        how="an engine with cgroup controllers (bash scripts/setup-system.sh configures Podman)",
+    )
     first = rt.stats(cid)
     assert first is not None
     time.sleep(1.5)

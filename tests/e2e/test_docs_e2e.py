@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_server_e2e import running_server
+from tests.required_parts import need_tools
 
 pytestmark = pytest.mark.e2e
 
@@ -117,10 +117,9 @@ def test_the_readme_declares_what_this_test_declares() -> None:
 def test_every_block_runs_as_written(
     tmp_path: Path, engine_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if shutil.which("curl") is None:
-        pytest.skip("curl is not installed")
-    if not (ROOT / ".venv" / "bin" / "gpuyard").exists():
-        pytest.skip("the docs name .venv/bin/gpuyard: run `make venv` first")
+    need_tools("curl", how="apt-get install curl")
+    # The docs name .venv/bin/gpuyard.
+    need_tools(str(ROOT / ".venv" / "bin" / "gpuyard"), how="make venv")
     skipped: collections.Counter[str] = collections.Counter()
     ran = 0
     with running_server(tmp_path / "home", engine_url, env=DOCS_ENV) as server:

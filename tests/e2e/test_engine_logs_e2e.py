@@ -7,7 +7,6 @@ Each test acts for an installation of its own and removes only what carries its 
 from __future__ import annotations
 
 import itertools
-import shutil
 import threading
 import time
 import uuid
@@ -20,11 +19,12 @@ from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import ContainerSpec
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 S = 1_000_000_000
 

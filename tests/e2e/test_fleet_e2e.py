@@ -21,10 +21,11 @@ from gpuyard.runtimes.host_runtimes import host_runtime_factory
 from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.runtimes.volume_copy import volume_checksum
 from tests.e2e.conftest import DEV_IMAGE
-from tests.e2e.podman_host import PodmanHost, available
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.helpers import LiveServer, live_server, make_settings
+from tests.required_parts import needs
 
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+pytestmark = needs("simulated hosts", available(), how=HOSTS_HOW)
 
 A6000 = "NVIDIA RTX A6000"
 # Writes a tree into the volume on its first start (a big random file, small files, a

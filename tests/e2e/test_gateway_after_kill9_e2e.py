@@ -8,7 +8,6 @@ traffic to 127.0.0.1 only."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +17,12 @@ import pytest
 from tests.e2e.test_server_e2e import ServerProcess, wait_status
 from tests.e2e.test_ssh_gateway_e2e import keygen, ssh, wait_port
 from tests.helpers import free_port
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
-    pytest.skip("ssh is not installed", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("ssh", "ssh-keygen", how="apt-get install openssh-client"),
+]
 
 
 def gateways_of(home: Path) -> set[int]:

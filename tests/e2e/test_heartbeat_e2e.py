@@ -12,17 +12,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.host_runtimes import host_runtime_factory
 from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.settings import Settings
-from tests.e2e.podman_host import PodmanHost, available
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.helpers import live_server, make_settings
+from tests.required_parts import needs
 
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+pytestmark = needs("simulated hosts", available(), how=HOSTS_HOW)
 
 # The documented bounds are 18 s to unreachable (3 misses x 5 s + a 3 s timeout) and
 # 8 s back; these leave room for a loaded 2-core machine and stay below what the old

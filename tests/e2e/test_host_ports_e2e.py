@@ -15,7 +15,6 @@ other test processes on this machine never publish there.
 
 from __future__ import annotations
 
-import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,11 +26,12 @@ import pytest
 from tests.e2e.test_ownership_e2e import ServerFactory, _servers, cluster, create
 from tests.e2e.test_server_e2e import wait_status
 from tests.helpers import port_block
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 HTTP = [{"internal_port": 8888, "external_port": 0, "protocol": "http"}]
 

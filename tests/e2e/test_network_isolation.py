@@ -7,7 +7,6 @@ Objects are cleaned up by installation label only (tests/e2e/conftest.py).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
@@ -32,14 +31,15 @@ from gpuyard.settings import Settings
 from gpuyard.store.db import WRITE_OPTIONS
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.e2e.test_server_e2e import ServerProcess, container_name, running_server, wait_status
+from tests.required_parts import needs_tools
 
 # Runtimes that keep the host firewall rules, as the server's do.
 FIREWALL = EnginePolicy(manage_host_firewall=True)
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 
 @pytest.fixture

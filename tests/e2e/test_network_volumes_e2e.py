@@ -4,7 +4,6 @@ measured from the engine, and it is deleted only once nothing mounts it."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +17,12 @@ from gpuyard.core.ownership import LABEL_CLUSTER, LABEL_INSTALLATION
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, gone, sh, wait_status
 from tests.helpers import free_port
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 
 @pytest.fixture

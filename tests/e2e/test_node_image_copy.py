@@ -16,9 +16,10 @@ from gpuyard.runtimes.engine import Engine
 from gpuyard.runtimes.node_image_copy import ensure_node_image
 from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 from tests.e2e.conftest import DEV_IMAGE
-from tests.e2e.podman_host import PodmanHost, available
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
+from tests.required_parts import needs
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytestmark = [pytest.mark.e2e, needs("simulated hosts", available(), how=HOSTS_HOW)]
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
 from gpuyard.runtimes.engine import vanished_mid_removal
 from gpuyard.runtimes.engine_url import PodmanService
-from tests.e2e.conftest import DEV_IMAGE
+from tests.e2e.conftest import DEV_IMAGE, SERVICE_HOW
 from tests.e2e.test_server_e2e import (
     ServerProcess,
     container_name,
@@ -46,11 +46,12 @@ from tests.e2e.test_server_e2e import (
     wait_status,
 )
 from tests.helpers import PORT_BLOCK_SIZE, free_port
+from tests.required_parts import need, needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 # The reconciler observes the engine every 5 s (reconciler/loop.py): holding a check
 # this long covers at least two observe passes of every server.
@@ -413,7 +414,7 @@ def private_engine(engine_url: str) -> Iterator[PodmanService]:
         service.start()
     except RuntimeFailure as e:
         shutil.rmtree(workdir, ignore_errors=True)
-        pytest.skip(f"cannot start podman system service: {e.message}")
+        need("podman system service", f"cannot start it: {e.message}", how=SERVICE_HOW)
     try:
         yield service
     finally:

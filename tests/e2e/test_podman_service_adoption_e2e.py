@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpuyard.runtimes.engine_url import PodmanService, ping_unix_socket
+from tests.required_parts import needs_tools
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
 ]
 
 

@@ -13,7 +13,6 @@ removed. Clean-up is by installation label only.
 from __future__ import annotations
 
 import ipaddress
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -34,16 +33,14 @@ from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Member
-from tests.e2e.podman_host import PodmanHost
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost
 from tests.e2e.podman_host import available as hosts_unavailable
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, container_name, running_server, wait_status
 from tests.helpers import free_port
+from tests.required_parts import needs, needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("caddy") is None:
-    pytest.skip("caddy is not installed (apt-get install caddy)", allow_module_level=True)
+pytestmark = [pytest.mark.e2e, needs_tools("caddy", how="apt-get install caddy")]
 
 GET_HEALTHZ = "printf 'GET /healthz HTTP/1.0\\r\\nHost: probe\\r\\n\\r\\n'"
 
@@ -298,7 +295,7 @@ def _add_member(srv: ServerProcess, account_id: int, user_id: int) -> int:
         engine.dispose()
 
 
-@pytest.mark.skipif(hosts_unavailable() is not None, reason=str(hosts_unavailable()))
+@needs("simulated hosts", hosts_unavailable(), how=HOSTS_HOW)
 def test_a_private_port_on_an_ssh_host_is_reached_through_a_forward(
     tmp_path: Path, engine_url: str
 ) -> None:

@@ -10,7 +10,6 @@ terminate, and routes re-created after Caddy is killed and after gpuyard restart
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import threading
@@ -31,11 +30,9 @@ from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.settings import Settings
 from tests.e2e.test_server_e2e import ServerProcess, running_server, wait_status
 from tests.helpers import free_port
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("caddy") is None:
-    pytest.skip("caddy is not installed (apt-get install caddy)", allow_module_level=True)
+pytestmark = [pytest.mark.e2e, needs_tools("caddy", how="apt-get install caddy")]
 
 STREAM_SECONDS = 125  # longer than two minutes: no response-time cut-off anywhere
 

@@ -15,7 +15,6 @@ the installation made is removed by its installation id only.
 from __future__ import annotations
 
 import itertools
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,14 +27,15 @@ from sqlalchemy import Engine, func, select
 from gpuyard.core.ownership import LABEL_INSTALLATION
 from gpuyard.store.db import make_engine
 from gpuyard.store.schema import Cluster, Event, Installation, Lease, UsageInterval
-from tests.conftest import PG_URL, _pg_database
+from tests.conftest import _pg_database, need_postgres
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.e2e.replica_process import Replica, eventually
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 # Short leases keep the test short; the mechanism is the one of the 15 s default.
 LEASE_TTL_S = 6.0
@@ -68,8 +68,7 @@ def engine_duty_holder(db: Engine) -> str | None:
 
 @pytest.fixture
 def database_url() -> Iterator[str]:
-    if not PG_URL:
-        pytest.skip("GPUYARD_TEST_POSTGRES_URL not set (bash scripts/test-postgres.sh)")
+    need_postgres()
     yield from _pg_database()
 
 

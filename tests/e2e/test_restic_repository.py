@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import shutil
 import signal
 import stat
 import tarfile
@@ -22,10 +21,11 @@ import pytest
 from gpuyard.storage.restic import INSTALL_HINT, ResticError, ResticRepository
 from gpuyard.storage.tar_stats import TarCounter, counted
 from tests.moto_s3 import S3_ENV, make_bucket, moto_s3, moto_server_path
+from tests.required_parts import need, needs_tools
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed"),
+    needs_tools("restic", how="apt-get install restic"),
 ]
 
 FILES = 96
@@ -253,8 +253,11 @@ def test_tags_restic_would_split_are_refused(repo: ResticRepository) -> None:
 
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if moto_server_path() is None:
-        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    need(
+        "moto_server",
+        None if moto_server_path() else "moto_server is not installed",
+        how="pip install 'moto[server]' (make venv)",
+    )
     with moto_s3(tmp_path_factory.mktemp("moto")) as endpoint:
         yield endpoint
 

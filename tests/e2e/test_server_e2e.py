@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -29,11 +28,12 @@ from gpuyard.edge.caddy import CaddyProcess
 from gpuyard.runtimes.exec_output import run_keeping_output
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.helpers import PORT_BLOCK_SIZE, free_port, port_block
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 
 class ServerProcess:

@@ -33,17 +33,16 @@ from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image, derive_image
 from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
 from tests.e2e.conftest import purge_installation
+from tests.required_parts import needs_tools
 
 # Runtimes that keep the host firewall rules, as the server's do.
 FIREWALL = EnginePolicy(manage_host_firewall=True)
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip(
-        "podman is not installed (apt-get install podman): these tests drive real containers",
-        allow_module_level=True,
-    )
+# These tests drive real containers.
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 LABEL = "gpuyard.test.training_cluster"
 READY_TIMEOUT_S = 60.0

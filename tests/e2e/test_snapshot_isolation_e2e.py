@@ -13,7 +13,6 @@ and files in B's snapshot (what restic run beside the volume did)."""
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sqlite3
 import subprocess
 import tarfile
@@ -33,11 +32,11 @@ from tests.e2e.conftest import purge_installation
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh
 from tests.e2e.test_snapshots_e2e import create_cluster, take_snapshot, wait_snapshot
+from tests.required_parts import needs_tools
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed"),
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+    needs_tools("restic", "podman", how="apt-get install restic podman runc"),
 ]
 
 # Big enough that the snapshot is still reading it when the swap is made.

@@ -8,7 +8,6 @@ the volume intact and the repository passing ``restic check``."""
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -23,11 +22,9 @@ from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
 from tests.helpers import free_port
 from tests.moto_s3 import S3_ENV, make_bucket, moto_s3, moto_server_path
+from tests.required_parts import needs, needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("restic") is None:
-    pytest.skip("restic is not installed (apt-get install restic)", allow_module_level=True)
+pytestmark = [pytest.mark.e2e, needs_tools("restic", how="apt-get install restic")]
 
 # A tree with every kind of entry a user's volume holds.
 WRITE_TREE = """
@@ -288,7 +285,11 @@ def test_kill9_during_snapshot_and_restore_leaves_everything_intact(
         server.cleanup()
 
 
-@pytest.mark.skipif(moto_server_path() is None, reason="moto_server is not installed")
+@needs(
+    "moto_server",
+    None if moto_server_path() else "moto_server is not installed",
+    how="pip install 'moto[server]' (make venv)",
+)
 def test_snapshots_in_an_s3_bucket(
     tmp_path: Path, engine_url: str, engine: docker.DockerClient
 ) -> None:

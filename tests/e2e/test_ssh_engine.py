@@ -19,9 +19,10 @@ from gpuyard.runtimes.fleet import HostEngine
 from gpuyard.runtimes.host_runtimes import HostEngineRuntime, host_runtime_factory
 from gpuyard.runtimes.ssh_tunnel import SshKeys
 from tests.e2e.conftest import DEV_IMAGE
-from tests.e2e.podman_host import PodmanHost, available
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
+from tests.required_parts import needs
 
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+pytestmark = needs("simulated hosts", available(), how=HOSTS_HOW)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -31,12 +30,12 @@ from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, wait_status
 from tests.helpers import free_port
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-for tool in ("podman", "ssh", "scp", "ssh-keygen"):
-    if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", "ssh", "scp", "ssh-keygen", how="apt-get install podman openssh-client"),
+]
 
 # Start sshd in the Slurm node image (it has openssh-server; host keys are made per
 # container) instead of its node entrypoint.

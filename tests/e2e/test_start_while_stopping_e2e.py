@@ -14,10 +14,11 @@ import pytest
 
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import container_name, running_server, wait_status
+from tests.required_parts import need_module
 
 pytestmark = pytest.mark.e2e
 
-runpod = pytest.importorskip("runpod")
+runpod = need_module("runpod", how="pip install runpod (make venv)")
 
 # PID 1 without a SIGTERM handler ignores it: the engine kills it after the timeout.
 SLOW_TO_STOP = "sleep 3600"

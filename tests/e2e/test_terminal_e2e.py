@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -23,11 +22,12 @@ from websockets.exceptions import ConnectionClosed
 from tests.api.sse import Event, events
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None:
-    pytest.skip("podman is not installed (apt-get install podman)", allow_module_level=True)
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
+]
 
 
 async def read_until(ws: ClientConnection, needle: bytes, timeout_s: float = 15) -> bytes:

@@ -21,7 +21,7 @@ import docker
 import pytest
 
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE
-from tests.e2e.podman_host import available
+from tests.e2e.podman_host import HOSTS_HOW, available
 from tests.e2e.training_fleet import (
     BASE,
     LABEL_TRAINING,
@@ -33,8 +33,9 @@ from tests.e2e.training_fleet import (
     wait,
     wait_running,
 )
+from tests.required_parts import needs
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytestmark = [pytest.mark.e2e, needs("simulated hosts", available(), how=HOSTS_HOW)]
 
 
 def banner(host: str, port: int, inside: list[str] | None = None) -> bool:

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from gpuyard.core.training import node_owner
 from gpuyard.store.schema import Host, UsageInterval
-from tests.e2e.podman_host import PodmanHost, available
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.e2e.training_fleet import (
     BASE,
     create_training,
@@ -30,8 +30,9 @@ from tests.e2e.training_fleet import (
     wait_running,
 )
 from tests.helpers import LiveServer
+from tests.required_parts import needs
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytestmark = [pytest.mark.e2e, needs("simulated hosts", available(), how=HOSTS_HOW)]
 
 
 @pytest.fixture(scope="module")

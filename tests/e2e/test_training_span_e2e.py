@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from gpuyard.store.schema import TrainingNode
 from tests.e2e.conftest import DEV_IMAGE
-from tests.e2e.podman_host import available
+from tests.e2e.podman_host import HOSTS_HOW, available
 from tests.e2e.training_fleet import (
     BASE,
     LABEL_TRAINING,
@@ -35,8 +35,9 @@ from tests.e2e.training_fleet import (
     wait,
     wait_running,
 )
+from tests.required_parts import needs
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytestmark = [pytest.mark.e2e, needs("simulated hosts", available(), how=HOSTS_HOW)]
 
 
 class Span(TrainingFleet):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -28,13 +27,13 @@ from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.restic_dump import dump_as_volume_tar
 from tests.e2e.conftest import purge_installation
 from tests.e2e.test_volume_copy import first_mount, listing, mountpoint
+from tests.required_parts import as_root, needs, needs_tools
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed"),
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-    pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare is not installed"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="writes volumes directly (root)"),
+    needs_tools("restic", "podman", "unshare", how="apt-get install restic podman util-linux"),
+    # Writes volumes directly.
+    needs("root", as_root(), how="run the tests as root"),
 ]
 
 OLD = 978_307_200  # 2001-01-01

@@ -30,10 +30,11 @@ from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.settings import Settings
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.e2e.conftest import DEV_IMAGE
-from tests.e2e.podman_host import PodmanHost, available
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.helpers import live_server, make_settings
+from tests.required_parts import needs
 
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+pytestmark = needs("simulated hosts", available(), how=HOSTS_HOW)
 
 A6000 = "NVIDIA RTX A6000"
 

@@ -27,9 +27,11 @@ from gpuyard.runtimes.volume_copy import (
     volume_manifest,
 )
 from tests.e2e.conftest import purge_installation
-from tests.e2e.podman_host import PodmanHost, available
+from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
+from tests.required_parts import as_root, need, needs
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="writes volumes directly (root)")
+# Writes volumes directly.
+pytestmark = needs("root", as_root(), how="run the tests as root")
 
 OLD = 978_307_200  # 2001-01-01
 
@@ -175,9 +177,7 @@ def test_a_dead_source_engine_is_unreachable_and_the_target_is_untouched(local: 
 
 @pytest.fixture(scope="module")
 def two_hosts() -> Iterator[tuple[PodmanHost, PodmanHost]]:
-    problem = available()
-    if problem:
-        pytest.skip(f"no simulated hosts here: {problem}")
+    need("simulated hosts", available(), how=HOSTS_HOW)
     with PodmanHost() as a, PodmanHost() as b:
         yield a, b
 

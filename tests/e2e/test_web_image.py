@@ -5,7 +5,6 @@ checked through the published port, and a stop that takes well under a second.""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import time
 import uuid
@@ -26,11 +25,15 @@ from gpuyard.devtools.web_image import (
 )
 from tests.e2e.conftest import purge_installation
 from tests.helpers import free_port
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("podman") is None or shutil.which("gcc") is None:
-    pytest.skip("podman and gcc are needed to build and run the web image", allow_module_level=True)
+# The web image is compiled (gcc) and run (podman).
+pytestmark = [
+    pytest.mark.e2e,
+    needs_tools(
+        "podman", "gcc", how="apt-get install podman runc gcc (bash scripts/setup-system.sh)"
+    ),
+]
 
 
 def image_id() -> str:

@@ -10,7 +10,6 @@ import asyncio
 import base64
 import hashlib
 import os
-import shutil
 import signal
 import socket
 import struct
@@ -25,11 +24,10 @@ import websockets
 
 from gpuyard.devtools.web_image import compile_web_server
 from tests.helpers import free_port
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.e2e
-
-if shutil.which("gcc") is None:
-    pytest.skip("gcc is not installed: the web server is compiled", allow_module_level=True)
+# The web server is compiled.
+pytestmark = [pytest.mark.e2e, needs_tools("gcc", how="apt-get install gcc")]
 
 
 @pytest.fixture(scope="module")

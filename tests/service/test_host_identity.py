@@ -167,7 +167,7 @@ def test_a_machine_without_gpus_says_how_to_declare_them(
     ctx: Context, caplog: pytest.LogCaptureFixture
 ) -> None:
     if discover_nvml_gpus():
-        pytest.skip("this machine has GPUs NVML finds")
+        pytest.skip("this machine has GPUs NVML finds: the test is of one without (hardware)")
     bare = dataclasses.replace(ctx, settings=ctx.settings.model_copy(update={"local_gpus": None}))
     with caplog.at_level(logging.WARNING, logger="gpuyard.services.installation.bootstrap"):
         register_local_host(bare, None)  # no NVML here: no GPU found, none declared

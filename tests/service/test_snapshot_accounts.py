@@ -4,11 +4,9 @@ real restic, the in-memory runtime)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from sqlalchemy import update
 
 from gpuyard.reconciler.loop import Reconciler
@@ -21,10 +19,11 @@ from gpuyard.services.volumes import snapshots as svc
 from gpuyard.storage.account_repositories import account_password
 from gpuyard.store.schema import Snapshot
 from gpuyard.testing.fake_runtime import FakeRuntime
+from tests.required_parts import needs_tools
 from tests.service.test_lifecycle import a6000, settle
 from tests.service.test_snapshots import FILES, running_with_files, volume_files
 
-pytestmark = pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed")
+pytestmark = needs_tools("restic", how="apt-get install restic")
 
 
 def opens(repository: str, password_file: Path) -> bool:

@@ -4,7 +4,6 @@ failures that change nothing, deletion, billing."""
 
 from __future__ import annotations
 
-import shutil
 from datetime import timedelta
 
 import pytest
@@ -36,9 +35,10 @@ from gpuyard.store.schema import (
     VolumeRestore,
 )
 from gpuyard.testing.fake_runtime import FakeRuntime
+from tests.required_parts import needs_tools
 from tests.service.test_lifecycle import a6000, settle
 
-pytestmark = pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed")
+pytestmark = needs_tools("restic", how="apt-get install restic")
 
 FILES = {"data/model.bin": "weights" * 1000, "notes.txt": "hello", "deep/a/b/c.txt": "c"}
 

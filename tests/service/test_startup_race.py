@@ -17,15 +17,14 @@ from sqlalchemy import func, select, text
 from gpuyard.core.catalog import SEED_GPU_TYPES
 from gpuyard.store.db import make_engine
 from gpuyard.store.schema import ApiKey, GpuType, Host, Installation, Plan, User
-from tests.conftest import PG_URL, _pg_database
+from tests.conftest import _pg_database, need_postgres
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    if not PG_URL:
-        pytest.skip("GPUYARD_TEST_POSTGRES_URL not set (make test starts PostgreSQL)")
+    need_postgres()
     yield from _pg_database()
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -20,6 +19,7 @@ from gpuyard.runtimes.slurm_config import (
     valid_node_name,
     worker_conf_arg,
 )
+from tests.required_parts import needs_tools
 
 
 def settings(text: str) -> dict[str, str]:
@@ -148,7 +148,7 @@ def test_entrypoint_script_contract() -> None:
         assert needed in script, needed
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+@needs_tools("bash", how="apt-get install bash")
 def test_entrypoint_script_parses() -> None:
     proc = subprocess.run(
         ["bash", "-n"], input=entrypoint_script(), capture_output=True, text=True, check=False

@@ -5,18 +5,13 @@ test_private_ports_e2e.py, through a real sshd.)"""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-
-import pytest
 
 from gpuyard.runtimes.ssh_forwards import SshPortForwards
 from gpuyard.runtimes.ssh_tunnel import SshKeys
+from tests.required_parts import needs_tools
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("ssh") is None or shutil.which("ssh-keygen") is None,
-    reason="OpenSSH client not installed",
-)
+pytestmark = needs_tools("ssh", "ssh-keygen", how="apt-get install openssh-client")
 
 # Nothing listens on port 1 of loopback: every connection is refused at once.
 DEAD = "ssh://root@127.0.0.1:1"

@@ -5,7 +5,6 @@ refused with a message naming ``public_key``."""
 from __future__ import annotations
 
 import base64
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -16,8 +15,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.services.access.ssh_keys import parse_public_key
+from tests.required_parts import needs_tools
 
-needs_keygen = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
+needs_keygen = needs_tools("ssh-keygen", how="apt-get install openssh-client")
 
 
 def keygen(tmp_path: Path, key_type: str, bits: int | None = None) -> Path:

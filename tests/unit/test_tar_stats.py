@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import random
-import shutil
 import subprocess
 import tarfile
 import time
@@ -17,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuyard.storage.tar_stats import TarCounter, counted
+from tests.required_parts import needs_tools
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes = b"", **attrs: object) -> None:
@@ -179,7 +179,7 @@ def test_counted_yields_the_same_chunks() -> None:
     assert counter.file_count == 7  # the files and the hard link
 
 
-@pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar is not installed")
+@needs_tools("tar", how="apt-get install tar (GNU tar)")
 def test_gnu_tar_sparse_and_real_directory(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "sub" / "empty").mkdir(parents=True)

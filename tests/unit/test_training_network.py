@@ -4,8 +4,6 @@ cluster's bridge and one "node" behind it, as two hosts with a node each would b
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +21,7 @@ from gpuyard.runtimes.overlay import (
     vni,
     vxlan_name,
 )
+from tests.required_parts import as_root, first_problem, needs, on_path
 
 
 def test_subnets_come_from_the_pool_never_overlapping_those_in_use() -> None:
@@ -66,9 +65,10 @@ def test_the_script_takes_only_addresses() -> None:
 
 # -- the overlay on real interfaces ----------------------------------------------------
 
-NEEDS = [shutil.which(t) for t in ("ip", "nft", "iptables", "bridge")]
-real = pytest.mark.skipif(
-    os.geteuid() != 0 or None in NEEDS, reason="needs root, ip, nft, iptables and bridge"
+real = needs(
+    "root, ip, nft, iptables and bridge",
+    first_problem(as_root(), on_path("ip", "nft", "iptables", "bridge")),
+    how="run the tests as root; apt-get install iproute2 nftables iptables",
 )
 
 

@@ -19,12 +19,14 @@ from gpuyard.runtimes.volume_images import (
     driver_options,
     parse_usage,
 )
+from tests.required_parts import as_root, first_problem, needs, on_path
 
 MIB = 1024**2
 
-needs_tools = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("mkfs.ext4") is None or shutil.which("resize2fs") is None,
-    reason="needs root and e2fsprogs (mkfs.ext4, resize2fs)",
+needs_tools = needs(
+    "root and e2fsprogs",
+    first_problem(as_root(), on_path("mkfs.ext4", "resize2fs")),
+    how="run the tests as root; apt-get install e2fsprogs",
 )
 
 

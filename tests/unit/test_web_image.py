@@ -11,6 +11,7 @@ from gpuyard.cli.main import cli
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.devtools import web_image
 from gpuyard.runtimes.devimage import SERVE_PORT
+from tests.required_parts import need_tools
 
 
 def test_source_ships_in_the_package() -> None:
@@ -20,8 +21,7 @@ def test_source_ships_in_the_package() -> None:
 
 
 def test_recipe_digest_is_stable_and_covers_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not Path(web_image.BUSYBOX_PATH).exists():
-        pytest.skip("busybox-static is not installed")
+    need_tools(web_image.BUSYBOX_PATH, how="apt-get install busybox-static")
     first = web_image.recipe_digest()
     assert first == web_image.recipe_digest() and len(first) == 16
     monkeypatch.setattr(web_image, "web_server_source", lambda: b"int main(void){return 0;}")
