@@ -17,14 +17,24 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_SIZE
 from gpuyard.runtimes.volume_images import VolumeImages, driver_options
 
-if TYPE_CHECKING:
-    from gpuyard.runtimes.engine import Engine
+
+class EngineAccess(Protocol):
+    """What the disk sizes need of their engine (runtimes/engine.py's ``Engine``)."""
+
+    @property
+    def api(self) -> Any: ...
+
+    def is_podman(self) -> bool: ...
+
+    def errors(self, action: str) -> AbstractContextManager[None]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +73,7 @@ class DiskSizes:
     commands can be run on the engine's host), and what the engine refused.
     ``allow``: the operator allows unenforced sizes. Thread-safe."""
 
-    def __init__(self, engine: Engine, images: VolumeImages | None, allow: bool) -> None:
+    def __init__(self, engine: EngineAccess, images: VolumeImages | None, allow: bool) -> None:
         self.engine = engine
         self.images = images
         self.allow = allow
