@@ -10,15 +10,10 @@ from pathlib import Path
 
 import asyncssh
 
+from gpuyard.services.installation.files import gateway_dir
+
 HOST_KEY = "host_ed25519"
 UPSTREAM_KEY = "upstream_ed25519"
-
-
-def gateway_dir(home: Path) -> Path:
-    path = Path(home) / "ssh-gateway"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
 
 
 def load_or_create_key(path: Path) -> asyncssh.SSHKey:

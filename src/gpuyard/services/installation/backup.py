@@ -36,8 +36,8 @@ from sqlalchemy.engine import make_url
 
 from gpuyard import __version__
 from gpuyard.core.errors import GpuyardError
-from gpuyard.edge.gateway_keys import gateway_dir
 from gpuyard.services.fleet.identity import HOST_ID_FILE
+from gpuyard.services.installation.files import gateway_dir
 from gpuyard.settings import Settings
 from gpuyard.store.db import make_engine, secure_sqlite_files
 from gpuyard.store.migrate import upgrade

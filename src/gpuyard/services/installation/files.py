@@ -26,3 +26,12 @@ def write_once(path: Path, content: bytes) -> None:
             os.link(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def gateway_dir(home: Path) -> Path:
+    """``$GPUYARD_HOME/ssh-gateway`` (made 0700 if missing): the SSH gateway's own keys
+    (edge/gateway_keys.py), which a backup carries (services/installation/backup.py)."""
+    path = Path(home) / "ssh-gateway"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
