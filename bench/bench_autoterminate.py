@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import insert, select
 
 from gpuyard.core.ids import new_cluster_id
-from gpuyard.reconciler.autoterminate import Fired
+from gpuyard.reconciler.duties.autoterminate import Fired
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host

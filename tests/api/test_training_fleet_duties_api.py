@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from gpuyard.api.host_schemas import HostDrainEnvelope
 from gpuyard.cli.main import cli
-from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.fleet import HostEngine

@@ -10,7 +10,7 @@ from sqlalchemy import func, select, text, update
 
 from gpuyard.api.views import cluster_v1
 from gpuyard.core.autoterm import Rule
-from gpuyard.reconciler.autoterminate import AutoTerminator, Fired
+from gpuyard.reconciler.duties.autoterminate import AutoTerminator, Fired
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc

@@ -74,7 +74,7 @@ def test_engine_refusing_the_start(
     runtime = RefusesStart()
     rec = Reconciler(ctx, runtime)
     c = uc.create_cluster(ctx, alice, a6000(1))
-    for _ in range(5):  # past each attempt's back-off (reconciler/start_retries.py)
+    for _ in range(5):  # past each attempt's back-off (reconciler/clusters/start_retries.py)
         rec.driver.drive(c.id)
         clock.advance(5)
     got = uc.get_cluster(ctx, alice, c.id)

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select, update
 
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.orphans import delete_quarantined
+from gpuyard.reconciler.duties.orphans import delete_quarantined
 from gpuyard.runtimes.base import ContainerSpec, ContainerState
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc

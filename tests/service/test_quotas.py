@@ -16,7 +16,7 @@ from gpuyard.core.quotas import GIB, LimitChange
 from gpuyard.core.roles import Role
 from gpuyard.core.training import CONTROLLER_VCPUS
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services import clusters as uc

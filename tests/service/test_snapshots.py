@@ -19,7 +19,7 @@ from gpuyard.core.errors import (
     ValidationFailed,
 )
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.snapshots import snapshot_tag
+from gpuyard.reconciler.clusters.snapshots import snapshot_tag
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import cluster_views
 from gpuyard.services import clusters as uc

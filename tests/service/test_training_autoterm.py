@@ -12,10 +12,10 @@ from sqlalchemy import select
 from gpuyard.core.autoterm import Rule
 from gpuyard.core.errors import InvalidState, ValidationFailed
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.autoterminate import AutoTerminator
-from gpuyard.reconciler.slurm_jobs import SQUEUE, SqueueJobs
-from gpuyard.reconciler.training import TrainingOperator
-from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.duties.autoterminate import AutoTerminator
+from gpuyard.reconciler.training.slurm_jobs import SQUEUE, SqueueJobs
+from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services import training, training_reads

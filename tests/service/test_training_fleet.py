@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from gpuyard.core.training import NodeName
 from gpuyard.reconciler.loop import SLOW, Reconciler
-from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime

@@ -57,12 +57,12 @@ from gpuyard.api.state import AppState
 from gpuyard.core.errors import GpuyardError
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
-from gpuyard.reconciler.autoterminate import Fired
+from gpuyard.reconciler.duties.autoterminate import Fired
 from gpuyard.reconciler.loop import SLOW, TRAINING_DUTY, Reconciler
-from gpuyard.reconciler.proxy_sync import ProxySync
-from gpuyard.reconciler.slurm_jobs import SqueueJobs
-from gpuyard.reconciler.training import TrainingOperator
-from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.duties.proxy_sync import ProxySync
+from gpuyard.reconciler.training.slurm_jobs import SqueueJobs
+from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.engine import Engine
@@ -356,7 +356,7 @@ def training_operator_factory(
     on: this machine's at ``engine_url``, or a fleet host's through that host's runtime
     (its SSH tunnel, TLS and firewall), with the node image copied there from this
     machine's engine when the host lacks it."""
-    from gpuyard.reconciler.training_edge import HostEdge
+    from gpuyard.reconciler.training.edge import HostEdge
     from gpuyard.runtimes.host_nodes import HostNodes
     from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 

@@ -11,7 +11,7 @@ observes the engine, looking only at this installation's objects:
 - a container of ours that no cluster should have is removed once it has been seen
   so for the grace period (``GPUYARD_ORPHAN_CONTAINER_GRACE_S``);
 - a volume of ours the database does not know is quarantined, never deleted on sight
-  (reconciler/orphans.py);
+  (reconciler/duties/orphans.py);
 - GPU rows held by resting clusters are freed.
 """
 
@@ -30,13 +30,13 @@ from sqlalchemy import Select, delete, func, select, true
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.states import HOLDS_COMPUTE, IN_MOTION, MAY_HAVE_CONTAINER, ClusterStatus
-from gpuyard.reconciler.autoterminate import AutoTerminator
-from gpuyard.reconciler.budget_watch import BudgetWatch
-from gpuyard.reconciler.driver import ClusterDriver
-from gpuyard.reconciler.orphans import VolumeCollector
-from gpuyard.reconciler.snapshots import SnapshotWorker, repositories_for
-from gpuyard.reconciler.utilization import UtilizationRecorder
-from gpuyard.reconciler.volume_usage import VolumeUsage
+from gpuyard.reconciler.duties.autoterminate import AutoTerminator
+from gpuyard.reconciler.duties.budgets import BudgetWatch
+from gpuyard.reconciler.clusters.driver import ClusterDriver
+from gpuyard.reconciler.duties.orphans import VolumeCollector
+from gpuyard.reconciler.clusters.snapshots import SnapshotWorker, repositories_for
+from gpuyard.reconciler.duties.utilization import UtilizationRecorder
+from gpuyard.reconciler.duties.volume_usage import VolumeUsage
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.runtimes.fleet import SHARED_ENGINE, Fleet, HostEngine

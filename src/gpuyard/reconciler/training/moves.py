@@ -11,7 +11,7 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.training import NodeName, NodeStatus
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import Snapshot, TrainingOperator
+    from gpuyard.reconciler.training.operator import Snapshot, TrainingOperator
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.training import NodeName
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import NodeRuntime, Snapshot, TrainingOperator
+    from gpuyard.reconciler.training.operator import NodeRuntime, Snapshot, TrainingOperator
 
-# The operator's queue lane (reconciler/training.py LANE; not imported: a cycle).
+# The operator's queue lane (reconciler/training/operator.py LANE; not imported: a cycle).
 LANE = "slow"
 
 log = logging.getLogger(__name__)

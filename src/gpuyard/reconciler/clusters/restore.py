@@ -26,7 +26,7 @@ from gpuyard.services.placement import release_compute
 from gpuyard.store.schema import Cluster, VolumeRestore
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.driver import ClusterDriver
+    from gpuyard.reconciler.clusters.driver import ClusterDriver
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def storage_ready(driver: ClusterDriver, c: Cluster) -> bool:
 
 
 def _restore(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
-    from gpuyard.reconciler.driver import Abandon
+    from gpuyard.reconciler.clusters.driver import Abandon
 
     before = work.before_snapshot_outcome(driver.ctx, restore)
     if before == "pending":

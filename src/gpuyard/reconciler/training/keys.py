@@ -31,7 +31,7 @@ from gpuyard.services.cluster_access import AccessIndex, Need
 from gpuyard.store.schema import SshKey, TrainingCluster, TrainingNode
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import TrainingOperator
+    from gpuyard.reconciler.training.operator import TrainingOperator
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from gpuyard.core.proxy import LOOPBACK, private_on_loopback, proxy_only_ports
 from gpuyard.core.restarts import RestartPolicy, judge_failure
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.observability.crash_points import crash_point
-from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
-from gpuyard.reconciler.log_archive import forget_logs, keep_logs, stop_keeping_logs
-from gpuyard.reconciler.port_moves import MOVES_PER_START, move_off, port_in_use
-from gpuyard.reconciler.snapshots import SnapshotWorker
-from gpuyard.reconciler.start_retries import StartRetries
+from gpuyard.reconciler.clusters.restore import storage_ready, volume_unread
+from gpuyard.reconciler.clusters.log_archive import forget_logs, keep_logs, stop_keeping_logs
+from gpuyard.reconciler.clusters.port_moves import MOVES_PER_START, move_off, port_in_use
+from gpuyard.reconciler.clusters.snapshots import SnapshotWorker
+from gpuyard.reconciler.clusters.start_retries import StartRetries
 from gpuyard.runtimes.base import (
     LABEL_CLUSTER,
     ContainerSpec,
@@ -332,7 +332,7 @@ class ClusterDriver:
     ) -> bool:
         """Ask the host which ports of the range something holds (plus ``also``, those
         the engine found taken) and move the cluster's off them
-        (reconciler/port_moves.py). Returns whether any moved; PortInUse for a port
+        (reconciler/clusters/port_moves.py). Returns whether any moved; PortInUse for a port
         the user chose."""
         if not c.ports:
             return False
@@ -351,7 +351,7 @@ class ClusterDriver:
 
     def _try_again(self, c: Cluster, exc: RuntimeFailure) -> bool:
         """Whether the start gets another attempt after this engine failure
-        (reconciler/start_retries.py); if so, the cluster's events say so (with the
+        (reconciler/clusters/start_retries.py); if so, the cluster's events say so (with the
         engine's words: the user's to read, never the server log's)."""
         attempt = self.start_retries.failed(c.id)
         if attempt is None:

@@ -40,7 +40,7 @@ from gpuyard.services.training_nodes import nodes_of
 from gpuyard.store.schema import TrainingCluster, TrainingNode
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import NodeRuntime, Snapshot, TrainingOperator
+    from gpuyard.reconciler.training.operator import NodeRuntime, Snapshot, TrainingOperator
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ during a create) supersedes the running one between steps.
 
 Between operations the scan observes each running cluster's nodes: a controller or
 worker whose container died is recreated and rejoins Slurm, as a job of the same key
-(reconciler/training_recovery.py).
+(reconciler/training/recovery.py).
 
 All of a cluster's nodes run on the engine of the host it was placed on (the host
 whose capacity they claimed), through that host's runtime (runtimes/host_nodes.py);
 the node image is copied to a host that lacks it before its nodes are created.
 
 The operator also keeps each cluster's network edge in line with the store
-(reconciler/training_edge.py).
+(reconciler/training/edge.py).
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ from gpuyard.core.training import (
     TrainingStatus,
 )
 from gpuyard.observability.crash_points import crash_point
-from gpuyard.reconciler.cluster_nodes import ClusterNodes
-from gpuyard.reconciler.training_edge import ClusterEdges, EdgeOnHost, controller_host
-from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
-from gpuyard.reconciler.training_moves import move_nodes
-from gpuyard.reconciler.training_networks import ClusterNetworks, hosts_file
-from gpuyard.reconciler.training_recovery import NodeRecovery
+from gpuyard.reconciler.training.cluster_nodes import ClusterNodes
+from gpuyard.reconciler.training.edge import ClusterEdges, EdgeOnHost, controller_host
+from gpuyard.reconciler.training.keys import NodeKeys, node_keys_text
+from gpuyard.reconciler.training.moves import move_nodes
+from gpuyard.reconciler.training.networks import ClusterNetworks, hosts_file
+from gpuyard.reconciler.training.recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.services.context import Context
@@ -213,7 +213,7 @@ class TrainingOperator:
 
     def nodes_of(self, snap: Snapshot) -> ClusterNodes:
         """The cluster's nodes over every host they run on: each node on the engine of
-        the host whose capacity it claimed (reconciler/cluster_nodes.py)."""
+        the host whose capacity it claimed (reconciler/training/cluster_nodes.py)."""
         return self.cluster_nodes(snap.cluster, snap.nodes, snap.addresses)
 
     def cluster_nodes(

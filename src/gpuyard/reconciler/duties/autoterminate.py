@@ -10,7 +10,7 @@ utilisation every ``idle_sample_interval_s``; a cluster is idle when its CPU and
 every one of its GPUs are under their thresholds.
 
 Training clusters' policies are enforced by the same watcher: ``training`` (when the
-server runs training clusters, reconciler/training_autoterm.py) runs in each pass,
+server runs training clusters, reconciler/training/autoterm.py) runs in each pass,
 after the clusters, and its deadlines count for the next wake-up; its firings go to
 ``on_fire`` with the cluster's holder id (``tc-<id>``).
 
@@ -43,7 +43,7 @@ from gpuyard.core.autoterm import (
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.models import AutoTerminatePolicy, GpuTypeInfo
 from gpuyard.core.states import ClusterStatus
-from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.cluster_views import cluster_rate
 from gpuyard.services.context import Context
