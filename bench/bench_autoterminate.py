@@ -27,7 +27,7 @@ from sqlalchemy import insert, select
 
 from gpuyard.core.ids import new_cluster_id
 from gpuyard.reconciler.duties.autoterminate import Fired
-from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.context import Context
@@ -98,8 +98,7 @@ def main() -> None:
             lags.append((datetime.now(UTC) - f.deadline).total_seconds())
 
     # No engine observation: the fake runtime has no containers for these rows.
-    rec = Reconciler(ctx, FakeRuntime(), observe_every_s=1e9)
-    rec.autoterm.on_fire = on_fire
+    rec = build_reconciler(ctx, FakeRuntime(), observe_every_s=1e9, on_fire=on_fire)
     ctx.wake = rec.wake
     rec.start()
     rec.wake()

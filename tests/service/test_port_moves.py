@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.clusters.port_moves import port_in_use
+from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services.auth import Principal

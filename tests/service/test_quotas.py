@@ -17,6 +17,7 @@ from gpuyard.core.roles import Role
 from gpuyard.core.training import CONTROLLER_VCPUS
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services import clusters as uc
@@ -82,7 +83,7 @@ def operator(ctx: Context) -> Principal:
 
 @pytest.fixture
 def rec(ctx: Context) -> Reconciler:
-    return Reconciler(ctx, FakeRuntime())
+    return build_reconciler(ctx, FakeRuntime())
 
 
 def gpus(n: int = 1, **kw: object) -> CreateCluster:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.clusters.snapshot_migration import migrate_shared_snapshots
 from gpuyard.reconciler.clusters.snapshots import ARCHIVE_NAME, snapshot_tag
+from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import clusters as uc
 from gpuyard.services import snapshots as svc

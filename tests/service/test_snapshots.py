@@ -18,8 +18,8 @@ from gpuyard.core.errors import (
     SnapshotNotReady,
     ValidationFailed,
 )
-from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.clusters.snapshots import snapshot_tag
+from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import cluster_views
 from gpuyard.services import clusters as uc

@@ -21,6 +21,7 @@ from gpuyard.edge.ssh_directory import EVENT_SSH_LOGIN, SshDirectory
 from gpuyard.edge.ssh_gateway import Gateway
 from gpuyard.edge.ssh_upstream import AUTHORIZED_KEYS_SCRIPT, sync_input
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services import api_keys, members, projects, ssh_keys
 from gpuyard.services import clusters as uc
@@ -102,7 +103,7 @@ def run_gateway(
 
 @pytest.fixture
 def rec(ctx: Context) -> Reconciler:
-    return Reconciler(ctx, FakeRuntime())
+    return build_reconciler(ctx, FakeRuntime())
 
 
 def test_owner_key_logs_in_and_the_login_is_an_event(
@@ -195,7 +196,7 @@ def test_the_account_keys_reach_the_container_env(
     ctx: Context, alice: Principal, tmp_path: Path
 ) -> None:
     runtime = FakeRuntime()
-    rec = Reconciler(ctx, runtime)
+    rec = build_reconciler(ctx, runtime)
     key = register(ctx, alice, "laptop")
     cid = create(ctx, rec, alice)
     env = runtime.containers[cid].spec.env

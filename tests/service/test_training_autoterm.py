@@ -13,9 +13,9 @@ from gpuyard.core.autoterm import Rule
 from gpuyard.core.errors import InvalidState, ValidationFailed
 from gpuyard.core.training import NodeName
 from gpuyard.reconciler.duties.autoterminate import AutoTerminator
-from gpuyard.reconciler.training.slurm_jobs import SQUEUE, SqueueJobs
-from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.training.slurm_jobs import SQUEUE, SqueueJobs
 from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services import training, training_reads
@@ -70,9 +70,12 @@ def queue() -> Queue:
 @pytest.fixture
 def watcher(ctx: Context, queue: Queue) -> AutoTerminator:
     """The clusters' watcher with the training side, as the server builds it."""
-    at = AutoTerminator(ctx, FakeRuntime(), gpu_utilization=lambda uuids: None)
-    at.training = TrainingAutoTerminator(ctx, SqueueJobs(lambda host_id: queue))
-    return at
+    return AutoTerminator(
+        ctx,
+        FakeRuntime(),
+        gpu_utilization=lambda uuids: None,
+        training=TrainingAutoTerminator(ctx, SqueueJobs(lambda host_id: queue)),
+    )
 
 
 @pytest.fixture

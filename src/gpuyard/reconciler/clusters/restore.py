@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
@@ -19,14 +20,14 @@ from gpuyard.core.progress import STEP_RESTORING
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
+from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_of
+from gpuyard.runtimes.base import Runtime
 from gpuyard.services import snapshot_work as work
 from gpuyard.services import snapshots as svc
+from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import guarded_update, record_event
 from gpuyard.services.placement import release_compute
 from gpuyard.store.schema import Cluster, VolumeRestore
-
-if TYPE_CHECKING:
-    from gpuyard.reconciler.clusters.driver import ClusterDriver
 
 log = logging.getLogger(__name__)
 
@@ -34,118 +35,142 @@ log = logging.getLogger(__name__)
 SWAP_ATTEMPTS = 5
 
 
-def volume_unread(driver: ClusterDriver, c: Cluster) -> bool:
-    """Whether no snapshot is reading the cluster's volume now. The start waits until
-    then (the snapshot's end wakes the reconciler): a move or a restore would remove
-    the volume under the reader, and a ``stopped`` snapshot must not see a running
-    container."""
-    return not work.snapshot_reading(driver.ctx, c)
+class RestoreStorage(Protocol):
+    """Where snapshots are restored from (clusters/snapshots.py SnapshotWorker)."""
+
+    def restore_into(
+        self,
+        restore_id: int,
+        holder_id: str,
+        snapshot_id: str,
+        host_id: int,
+        target_volume: str,
+        like_volume: str | None,
+        cluster_id: str | None,
+    ) -> None: ...
 
 
-def storage_ready(driver: ClusterDriver, c: Cluster) -> bool:
-    """Whether the start may go on after its storage steps: a pending restore is done.
-    False: wait, or the start failed (the cluster is in ``error``)."""
-    restore = svc.pending_restore(driver.ctx, c.id)
-    return restore is None or _restore(driver, c, restore)
+class VolumeRestores:
+    """The storage steps of a start, on the engine of the cluster's host
+    (``runtime_of``) with the snapshots of ``storage`` (None: no repository)."""
 
+    def __init__(
+        self,
+        ctx: Context,
+        records: ClusterRecords,
+        runtime_of: Callable[[int | None], Runtime],
+        storage: RestoreStorage | None,
+    ) -> None:
+        self.ctx = ctx
+        self.records = records
+        self.runtime_of = runtime_of
+        self.storage = storage
 
-def _restore(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
-    from gpuyard.reconciler.clusters.driver import Abandon
+    def volume_unread(self, c: Cluster) -> bool:
+        """Whether no snapshot is reading the cluster's volume now. The start waits until
+        then (the snapshot's end wakes the reconciler): a move or a restore would remove
+        the volume under the reader, and a ``stopped`` snapshot must not see a running
+        container."""
+        return not work.snapshot_reading(self.ctx, c)
 
-    before = work.before_snapshot_outcome(driver.ctx, restore)
-    if before == "pending":
-        return False
-    if before is not None:
-        _give_up(
-            driver,
-            c,
-            restore,
-            f"the snapshot taken before the changes failed ({before}); snapshot "
-            f"{restore.snapshot_id} was not restored and the volume is as it was",
-        )
-        return False
-    if driver.storage is None:
-        _give_up(driver, c, restore, "snapshots are not available on this server")
-        return False
-    if c.startup_step < STEP_RESTORING:
-        driver._record(c, startup_step=STEP_RESTORING)
-        crash_point("start.restore.after_restoring_step")
-    old = driver.volume_of(c)
-    try:
-        driver.storage.restore_into(
-            restore.id,
-            c.id,
-            restore.snapshot_id,
-            c.host_id if c.host_id is not None else restore.host_id,
-            restore.target_volume,
-            old,
-            c.id,
-        )
-    except GpuyardError as exc:
-        _give_up(
-            driver,
-            c,
-            restore,
-            f"restoring snapshot {restore.snapshot_id} failed: {exc.message}; "
-            "the volume is as it was before the restore",
-        )
-        return False
-    crash_point("start.restore.after_unpack")
-    if not _swap(driver, c, restore):
-        # Stopped, terminated or moved meanwhile: the restored copy is not used.
-        with contextlib.suppress(GpuyardError):
-            driver.runtime_of(c.host_id).remove_volume(restore.target_volume)
-        raise Abandon()
-    legacy = c.volume_name is not None
-    c.volume_name = restore.target_volume
-    crash_point("start.restore.after_swap")
-    with contextlib.suppress(GpuyardError):
-        # Not there for a clone's first start; one that cannot go now is collected
-        # later as an orphan (quarantined, never deleted on sight).
-        driver.runtime_of(c.host_id).remove_volume(old, legacy=legacy)
-    return True
+    def storage_ready(self, c: Cluster) -> bool:
+        """Whether the start may go on after its storage steps: a pending restore is
+        done. False: wait, or the start failed (the cluster is in ``error``). Raises
+        Abandon when the cluster moved on during the restore."""
+        restore = svc.pending_restore(self.ctx, c.id)
+        return restore is None or self._restore(c, restore)
 
-
-def _swap(driver: ClusterDriver, c: Cluster, restore: VolumeRestore) -> bool:
-    """Make the restored copy the cluster's volume (one guarded update with the end of
-    the restore and an event). A change of the row meanwhile that leaves the start as
-    it was (a policy update, progress) is read again and the swap tried again; False
-    when the start is gone (stopped, terminated, on another host) or the restore was
-    called off."""
-    for _ in range(SWAP_ATTEMPTS):
-        now = driver.ctx.clock.now()
+    def _restore(self, c: Cluster, restore: VolumeRestore) -> bool:
+        before = work.before_snapshot_outcome(self.ctx, restore)
+        if before == "pending":
+            return False
+        if before is not None:
+            self._give_up(
+                c,
+                restore,
+                f"the snapshot taken before the changes failed ({before}); snapshot "
+                f"{restore.snapshot_id} was not restored and the volume is as it was",
+            )
+            return False
+        if self.storage is None:
+            self._give_up(c, restore, "snapshots are not available on this server")
+            return False
+        if c.startup_step < STEP_RESTORING:
+            self.records.record(c, startup_step=STEP_RESTORING)
+            crash_point("start.restore.after_restoring_step")
+        old = volume_of(self.ctx, c)
         try:
-            with driver.ctx.transaction() as session:
-                row = session.get(VolumeRestore, restore.id)
-                if row is None or row.status != RestoreStatus.RESTORING.value:
+            self.storage.restore_into(
+                restore.id,
+                c.id,
+                restore.snapshot_id,
+                c.host_id if c.host_id is not None else restore.host_id,
+                restore.target_volume,
+                old,
+                c.id,
+            )
+        except GpuyardError as exc:
+            self._give_up(
+                c,
+                restore,
+                f"restoring snapshot {restore.snapshot_id} failed: {exc.message}; "
+                "the volume is as it was before the restore",
+            )
+            return False
+        crash_point("start.restore.after_unpack")
+        if not self._swap(c, restore):
+            # Stopped, terminated or moved meanwhile: the restored copy is not used.
+            with contextlib.suppress(GpuyardError):
+                self.runtime_of(c.host_id).remove_volume(restore.target_volume)
+            raise Abandon()
+        legacy = c.volume_name is not None
+        c.volume_name = restore.target_volume
+        crash_point("start.restore.after_swap")
+        with contextlib.suppress(GpuyardError):
+            # Not there for a clone's first start; one that cannot go now is collected
+            # later as an orphan (quarantined, never deleted on sight).
+            self.runtime_of(c.host_id).remove_volume(old, legacy=legacy)
+        return True
+
+    def _swap(self, c: Cluster, restore: VolumeRestore) -> bool:
+        """Make the restored copy the cluster's volume (one guarded update with the end of
+        the restore and an event). A change of the row meanwhile that leaves the start as
+        it was (a policy update, progress) is read again and the swap tried again; False
+        when the start is gone (stopped, terminated, on another host) or the restore was
+        called off."""
+        for _ in range(SWAP_ATTEMPTS):
+            now = self.ctx.clock.now()
+            try:
+                with self.ctx.transaction() as session:
+                    row = session.get(VolumeRestore, restore.id)
+                    if row is None or row.status != RestoreStatus.RESTORING.value:
+                        return False
+                    c.version = guarded_update(
+                        session, c.id, c.version, now, volume_name=restore.target_volume
+                    )
+                    work.finish_restore(self.ctx, restore.id, session=session)
+                    record_event(
+                        session, c.id, now, "snapshot", f"restored snapshot {restore.snapshot_id}"
+                    )
+                return True
+            except Conflict:
+                fresh = self.records.load(c.id)
+                if (
+                    fresh is None
+                    or fresh.status != ClusterStatus.STARTING.value
+                    or fresh.host_id != c.host_id
+                ):
                     return False
-                c.version = guarded_update(
-                    session, c.id, c.version, now, volume_name=restore.target_volume
-                )
-                work.finish_restore(driver.ctx, restore.id, session=session)
-                record_event(
-                    session, c.id, now, "snapshot", f"restored snapshot {restore.snapshot_id}"
-                )
-            return True
-        except Conflict:
-            fresh = driver._load(c.id)
-            if (
-                fresh is None
-                or fresh.status != ClusterStatus.STARTING.value
-                or fresh.host_id != c.host_id
-            ):
-                return False
-            c.version = fresh.version
-    return False
+                c.version = fresh.version
+        return False
 
+    def _give_up(self, c: Cluster, restore: VolumeRestore, message: str) -> None:
+        log.warning("cluster %s: restore of %s failed", c.id, restore.snapshot_id)
 
-def _give_up(driver: ClusterDriver, c: Cluster, restore: VolumeRestore, message: str) -> None:
-    log.warning("cluster %s: restore of %s failed", c.id, restore.snapshot_id)
+        def record(session: Session, cluster_id: str) -> None:
+            work.finish_restore(self.ctx, restore.id, error=message, session=session)
+            release_compute(session, cluster_id)
 
-    def record(session: Session, cluster_id: str) -> None:
-        work.finish_restore(driver.ctx, restore.id, error=message, session=session)
-        release_compute(session, cluster_id)
-
-    driver._transition(
-        c, ClusterStatus.ERROR, f"error: {message}", also=record, error_message=message
-    )
+        self.records.transition(
+            c, ClusterStatus.ERROR, f"error: {message}", also=record, error_message=message
+        )

@@ -141,7 +141,11 @@ class AutoTerminator:
         *,
         gpu_utilization: GpuUtilization = nvml_utilization,
         on_fire: Callable[[Fired], None] | None = None,
+        training: TrainingAutoTerminator | None = None,
     ) -> None:
+        """``on_fire``: told of each cluster a rule terminated or stopped (metrics).
+        ``training``: training clusters' policies (None: this server runs no training
+        clusters)."""
         self.ctx = ctx
         # The engine of a cluster's host (a fleet's lookup), or one for every host.
         if callable(runtime):
@@ -166,8 +170,7 @@ class AutoTerminator:
         self._full_read_at = float("-inf")
         # A deadline came but did not fire (changed meanwhile, or failed): plan again.
         self._retry = False
-        # Training clusters' policies (None: this server runs no training clusters).
-        self.training: TrainingAutoTerminator | None = None
+        self.training = training
 
     # -- public --------------------------------------------------------------------
     def seconds_until_next(self) -> float | None:
