@@ -675,7 +675,7 @@ def test_a_stop_supersedes_a_running_create(
     token = (status(ctx, cid).operation or {})["token"]
     assert training_stops.stop_cluster(ctx, cid, "budget exhausted")
     with pytest.raises(Superseded):
-        operator._check(cid, token)  # the create's job stops at its next step
+        operator.check(cid, token)  # the create's job stops at its next step
     operator.run(cid)
     assert status(ctx, cid).status == "stopped"
     assert nodes.nodes == {} and count(ctx, GpuAllocation) == 0
