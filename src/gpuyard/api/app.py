@@ -88,9 +88,11 @@ if TYPE_CHECKING:
 
 
 # Makes the training operator of a server: (context, the reconciler's work queue, the
-# fleet whose hosts' engines run the nodes, the queue lane of a host's jobs).
+# fleet whose hosts' engines run the nodes, the queue lane of a host's jobs, whether
+# this replica owns the training duty now).
 TrainingOperatorFactory = Callable[
-    [Context, WorkQueue, Fleet, Callable[[int | None], str]], TrainingOperator
+    [Context, WorkQueue, Fleet, Callable[[int | None], str], Callable[[], bool]],
+    TrainingOperator,
 ]
 
 
@@ -145,12 +147,16 @@ def build_server(
     # each cluster's on the lanes of its host's engine, its nodes on that engine.
     lanes = lanes_for(ctx, fleet)
     operator = (
-        training_operator(ctx, lanes.queue, fleet, partial(lanes.lane_of, SLOW))
+        training_operator(
+            ctx,
+            lanes.queue,
+            fleet,
+            partial(lanes.lane_of, SLOW),
+            partial(leases.holds, TRAINING_DUTY) if leases is not None else _owned,
+        )
         if training_operator is not None
         else None
     )
-    if operator is not None and leases is not None:
-        operator.owns = lambda: leases.holds(TRAINING_DUTY)
     metrics = Metrics(ctx)
 
     def count_fired(fired: Fired) -> None:
@@ -298,6 +304,11 @@ def _describe_host(ctx: Context, host: HostEngine, runtime: Runtime) -> None:
         record_inventory(ctx, host.host_id, discover_inventory(engine, None))
 
 
+def _owned() -> bool:
+    """A lone server owns the training duty."""
+    return True
+
+
 def _shared_database(ctx: Context) -> bool:
     """Whether other replicas may share this database (PostgreSQL)."""
     return ctx.settings.effective_database_url.startswith("postgresql")
@@ -370,7 +381,11 @@ def training_operator_factory(
     from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 
     def make(
-        ctx: Context, queue: WorkQueue, fleet: Fleet, lane_of: Callable[[int | None], str]
+        ctx: Context,
+        queue: WorkQueue,
+        fleet: Fleet,
+        lane_of: Callable[[int | None], str],
+        owns: Callable[[], bool],
     ) -> TrainingOperator:
         local = SlurmNodeRuntime(engine_url, policy=engine_policy(settings, engine_url))
 
@@ -398,6 +413,7 @@ def training_operator_factory(
             lifecycle_timeout_s=settings.training_lifecycle_timeout_s,
             bind_address=settings.training_bind_address,
             queue=queue,
+            owns=owns,
         )
         return operator
 

@@ -30,10 +30,7 @@ from gpuyard.reconciler.clusters.port_moves import MOVES_PER_START, move_off, po
 from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_of
 from gpuyard.reconciler.clusters.restore import RestoreStorage, VolumeRestores
 from gpuyard.reconciler.clusters.start_retries import StartRetries
-from gpuyard.runtimes.base import (
-    ContainerState,
-    Runtime,
-)
+from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.runtimes.volume_moves import copy_volume_between
 from gpuyard.services.context import Context
 from gpuyard.services.lifecycle import guarded_update, record_event

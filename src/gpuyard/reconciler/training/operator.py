@@ -97,6 +97,7 @@ class TrainingOperator:
         queue: WorkQueue | None = None,
         hosts: HostNodeRuntimes | None = None,
         lane_of: Callable[[int | None], str] | None = None,
+        owns: Callable[[], bool] | None = None,
     ) -> None:
         """``queue``: the work queue to run jobs on (the server passes the reconciler's,
         which has a ``slow`` lane); None: a private one with ``workers`` threads,
@@ -107,7 +108,9 @@ class TrainingOperator:
         on the engine of the host whose capacity they claimed (None: every cluster's
         nodes run on ``nodes``, the single-engine mode). ``lane_of``: the queue lane of
         a host's jobs (the reconciler's lanes per engine, so a slow or dead host
-        holds up only its own clusters); None: :data:`LANE`."""
+        holds up only its own clusters); None: :data:`LANE`. ``owns``: whether this
+        replica holds the ``training`` lease now (services/leases.py; only its holder
+        runs operations); None: this process owns them."""
         self.ctx = ctx
         self.nodes = nodes
         nodes.bind(ctx.ownership)
@@ -132,9 +135,7 @@ class TrainingOperator:
         self.networks = ClusterNetworks(self)
         self.recovery = NodeRecovery(self)
         self.node_keys = NodeKeys(self)
-        # Several replicas: only the holder of the ``training`` lease runs operations
-        # (services/leases.py); None: this process owns them.
-        self.owns: Callable[[], bool] = lambda: True
+        self.owns: Callable[[], bool] = owns or (lambda: True)
 
     # ------------------------------------------------------------ lifecycle
 
