@@ -20,7 +20,8 @@ from gpuyard.core.errors import (
     InvalidState,
 )
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.training.operator import Superseded, TrainingOperator
+from gpuyard.reconciler.training.nodes import Superseded
+from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.host_edge import ClusterEdge
 from gpuyard.services import (

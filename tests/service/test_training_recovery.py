@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.training.operator import LANE, TrainingOperator
+from gpuyard.reconciler.training.nodes import LANE
+from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.services import training, training_nodes
