@@ -49,6 +49,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy bench
+	$(VENV)/bin/lint-imports
 
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit

@@ -20,8 +20,8 @@ import anyio.to_thread
 import uvicorn
 
 from gpuyard.api.app import build_server
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.settings import Settings
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from _seed_scale import IMAGE, scale_settings
 
 from gpuyard.api.app import build_server
 from gpuyard.runtimes.base import ContainerSpec, ContainerState
-from gpuyard.runtimes.fake import FakeContainer, FakeRuntime
+from gpuyard.testing.fake_runtime import FakeContainer, FakeRuntime
 
 FIRST_FULL_PASS = "first full reconcile pass completed"
 

@@ -42,12 +42,12 @@ from sqlalchemy import Table, insert, select
 from gpuyard.core.ledger import boundary, micro_rates
 from gpuyard.core.models import PortSpec
 from gpuyard.core.states import ClusterStatus
-from gpuyard.services.bootstrap import first_start, open_store, register_local_host
-from gpuyard.services.catalog import find_gpu_type
-from gpuyard.services.cluster_config import HOST_PORT
-from gpuyard.services.cluster_views import cluster_rate
+from gpuyard.services.catalog.gpu_types import find_gpu_type
+from gpuyard.services.clusters.config import HOST_PORT
+from gpuyard.services.clusters.views import cluster_rate
 from gpuyard.services.context import Context
-from gpuyard.services.installation import ensure_installation
+from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.installation.identity import ensure_installation
 from gpuyard.settings import Settings
 from gpuyard.store.schema import (
     Cluster,
@@ -270,7 +270,7 @@ def seed(
         for i, cid in enumerate(live_ids):
             at = live_started(i)
             port = s.port_range_start + i
-            # As services/clusters.py stores them: the spec plus the host port it got.
+            # As services/clusters/use_cases.py stores them: the spec plus the host port it got.
             ports = [{**_HTTP_PORT.model_dump(), HOST_PORT: port}] if with_ports else []
             yield _cluster_row(
                 cid, project, host, f"live-{i}", ports=ports, gpu_indices=[i],

@@ -28,11 +28,11 @@ from sqlalchemy import insert, select
 from gpuyard.core.ids import new_cluster_id
 from gpuyard.reconciler.duties.autoterminate import Fired
 from gpuyard.reconciler.wiring import build_reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.context import Context
+from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Cluster, Project
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def populate(ctx: Context, total: int, firing: int, fire_from: float, fire_span: float) -> None:

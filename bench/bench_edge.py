@@ -4,7 +4,7 @@ for a cluster's SSH port and reserved IPs), and, when the module is still there,
 through the userspace forwarder the API process used to run (net/forwarder.py).
 
 Set-up (root, podman, iptables): a podman network and one container of the offline web
-image (runtimes/web_image.py, ``gpuyard-web`` on port 8888) named
+image (devtools/web_image.py, ``gpuyard-web`` on port 8888) named
 ``gy-bench-edge-<pid>``; the DNAT rules of an installation ``be<pid>`` on 127.0.0.1;
 the forwarder in this process on 127.0.0.1, as it ran in the API.
 
@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuyard.devtools.web_image import WEB_IMAGE, WEB_PORT, build_web_image
 from gpuyard.runtimes.host_edge import ClusterEdge, IptablesEdge
-from gpuyard.runtimes.web_image import WEB_IMAGE, WEB_PORT, build_web_image
 
 GIB = 1 << 30
 

@@ -51,8 +51,8 @@ def serve(home: Path, port: int, clusters: int) -> None:
     import uvicorn
 
     from gpuyard.api.app import build_server
-    from gpuyard.runtimes.fake import FakeRuntime
     from gpuyard.settings import Settings
+    from gpuyard.testing.fake_runtime import FakeRuntime
 
     settings = Settings(
         home=home,

@@ -42,12 +42,12 @@ from sqlalchemy.engine import Engine
 
 from gpuyard.core.ids import new_cluster_id
 from gpuyard.core.models import ResourceRequest
-from gpuyard.services.auth import Principal, Scope, create_account, issue_key, resolve_key
-from gpuyard.services.bootstrap import first_start, open_store
-from gpuyard.services.clusters import create_cluster
+from gpuyard.services.capacity.placement import claim
+from gpuyard.services.clusters.requests import CreateCluster
+from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
-from gpuyard.services.placement import claim
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.installation.bootstrap import first_start, open_store
+from gpuyard.services.tenancy.auth import Principal, Scope, create_account, issue_key, resolve_key
 from gpuyard.settings import Settings
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Cluster, Host, HostGpu

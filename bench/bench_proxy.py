@@ -40,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_seconds, free_port, stop_process, wait_http_ok
 
 from gpuyard.core.proxy import SESSION_COOKIE, ProxyBase, ProxyRoute, Visibility
+from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from gpuyard.edge.caddy import CaddyAdmin, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
-from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
-from gpuyard.services.auth import hash_key
-from gpuyard.services.bootstrap import open_store
+from gpuyard.services.installation.bootstrap import open_store
+from gpuyard.services.tenancy.auth import hash_key
 from gpuyard.settings import Settings
 from gpuyard.store.schema import ApiKey, ProxySession
 

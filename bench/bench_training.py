@@ -69,7 +69,7 @@ from gpuyard.runtimes.host_edge import IptablesEdge
 from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
 from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
-from gpuyard.services.bootstrap import open_store
+from gpuyard.services.installation.bootstrap import open_store
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Project, TrainingCluster
 

@@ -7,7 +7,7 @@ component at a time, on the real app (build_server + FakeRuntime, SQLite in a te
 Each row is the mean microseconds per call of that step alone; "full handler" is the
 sync route body as FastAPI runs it in the threadpool (auth dependency + _detail +
 view + JSONResponse), and "ASGI in-process" is the whole app (middleware, the fast path
-of api/fastpath.py, the read lane hop) without a socket: as served, with every request
+of api/fast/fastpath.py, the read lane hop) without a socket: as served, with every request
 reading (the view cache off), and with every request answered from the view cache.
 """
 
@@ -25,18 +25,18 @@ from typing import Any
 
 from sqlalchemy import select, text
 
-from gpuyard.api import clusters as api_clusters
-from gpuyard.api import views
 from gpuyard.api.app import build_server
-from gpuyard.api.envelope import ok
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import cluster_views
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import hash_key, resolve_key
-from gpuyard.services.catalog import to_info
-from gpuyard.services.requests import CreateCluster
+from gpuyard.api.http.envelope import ok
+from gpuyard.api.rest import clusters as api_clusters
+from gpuyard.api.rest.schemas import cluster_json as views
+from gpuyard.services.catalog.gpu_types import to_info
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters import views as cluster_views
+from gpuyard.services.clusters.requests import CreateCluster
+from gpuyard.services.tenancy.auth import hash_key, resolve_key
 from gpuyard.settings import Settings
 from gpuyard.store.schema import GpuType, Host, PortAllocation
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def timeit(fn: Callable[[], Any], n: int) -> float:
@@ -152,7 +152,7 @@ def main() -> int:
             await run_in_threadpool(lambda: None)
         return (time.perf_counter() - t0) / count * 1e6
 
-    # The view cache (api/view_cache.py) as served, then never answering (every request
+    # The view cache (api/fast/view_cache.py) as served, then never answering (every request
     # reads and renders on the read lane), then always answering (a poll's kept answer).
     views_cache = state.views
     whole = asyncio.run(asgi_loop(n))

@@ -33,8 +33,8 @@ from bench_observe import set_policies
 from gpuyard.observability.metrics import StoreCollector
 from gpuyard.reconciler.duties.drains import restart_drained
 from gpuyard.reconciler.wiring import build_reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.host_health import record_heartbeat
+from gpuyard.services.fleet.health import record_heartbeat
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def timed(label: str, fn: Callable[[], object], reps: int = 3) -> None:

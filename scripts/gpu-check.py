@@ -24,7 +24,7 @@ import threading
 import time
 
 from gpuyard.reconciler.duties.autoterminate import nvml_utilization
-from gpuyard.services.discovery import discover, discover_nvml_gpus
+from gpuyard.services.fleet.discovery import discover, discover_nvml_gpus
 
 PTX = b"""
 .version 7.0

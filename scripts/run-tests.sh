@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test, in two groups run at the same time (`make test` calls this):
 #   fast: unit, service (SQLite and PostgreSQL) and API tests — mostly CPU;
-#   e2e:  end-to-end and browser tests with real containers — mostly waiting on them.
+#   e2e:  end-to-end and browser tests with real containers, and the runtime contract
+#         suite (the in-memory and the Podman runtime alike) — mostly waiting on them.
 # They share no state: each PostgreSQL test makes its own database, each e2e server
 # takes a flock-locked port block (tests/helpers.port_block), each group starts its own
 # private `podman system service` and labels what it makes with its own installation id.
@@ -27,7 +28,7 @@ start_group() {
 }
 start_group fast tests/unit tests/service tests/api
 fast_pid=$!
-start_group e2e tests/e2e tests/console
+start_group e2e tests/e2e tests/contract tests/console
 e2e_pid=$!
 
 # Ctrl-C reaches both groups from the terminal (same process group): wait for their

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from gpuyard.services.auth import Principal, Scope, create_account, issue_key, resolve_key
-from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
+from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.tenancy.auth import Principal, Scope, create_account, issue_key, resolve_key
 from tests.helpers import make_settings
 
 PG_URL = os.environ.get("GPUYARD_TEST_POSTGRES_URL", "").strip()

@@ -22,9 +22,9 @@ from gpuyard.core.fleet import HostStatus
 from gpuyard.core.ledger import accrue_totals
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import RuntimeFactory
+from gpuyard.services.billing.ledger_totals import totals
+from gpuyard.services.billing.metering import accrued
 from gpuyard.services.context import Context
-from gpuyard.services.ledger_totals import totals
-from gpuyard.services.metering import accrued
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Cluster, Host, HostGpu
 
@@ -158,7 +158,7 @@ def account_with_members(
     """A new account owned by ``email``, with one member of each of ``roles`` (each a
     user of their own): its id, its default project's id and write keys by role
     (``owner`` too)."""
-    from gpuyard.services.auth import Scope, create_account, issue_key
+    from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
     from gpuyard.store.schema import Member
 
     keys: dict[str, str] = {}
@@ -269,7 +269,7 @@ def created(srv: LiveServer, c: httpx.Client, body: dict[str, Any]) -> str:
 
 def assert_totals_match_history(ctx: Context, cluster_id: str) -> None:
     """The ledger totals on the cluster row give the cost its whole interval history
-    gives (services/ledger_totals.py keeps them together)."""
+    gives (services/billing/ledger_totals.py keeps them together)."""
     now = ctx.clock.now()
     with ctx.read() as session:
         row = session.get(Cluster, cluster_id)

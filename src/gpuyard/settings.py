@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_misses: int = Field(default=3, ge=1)
     heartbeat_timeout_s: float = Field(default=3.0, gt=0)
-    # Several API replicas on one database (services/leases.py): each background duty
+    # Several API replicas on one database (services/installation/leases.py): each background duty
     # is owned by one replica through a lease in the database that lasts this long
     # unless renewed; a dead replica's duties move to another within about this time.
     lease_ttl_s: float = Field(default=15.0, gt=0)
@@ -171,7 +171,7 @@ class Settings(BaseSettings):
     idle_gpu_percent: float = 10.0
     idle_sample_interval_s: float = 15.0
 
-    # Budget webhooks (services/webhooks.py): targets on loopback, link-local, private
+    # Budget webhooks (services/tenancy/webhooks.py): targets on loopback, link-local, private
     # or other non-public addresses are refused unless allowed here (a webhook must
     # not be a way into the operator's network). Each attempt gives up after
     # ``webhook_timeout_s``; after ``webhook_max_attempts`` a delivery is failed.
@@ -194,8 +194,10 @@ class Settings(BaseSettings):
     # own that ``gpuyard serve`` starts unless ``ssh_enabled`` is false or ``ssh_port``
     # is 0. ``ssh_bind``: where it listens (None: ``host``); ``ssh_host``: the host name
     # connection strings name (None: ``public_address``, else the API's connectable
-    # host). A source address with ``ssh_auth_failures_per_minute`` failed logins in
-    # the last minute is refused (any key) until that minute has passed; 0: no limit.
+    # host). Each source address may fail ``ssh_auth_failures_per_minute`` logins, an
+    # allowance that refills at that many a minute (a token bucket, as the API's failed
+    # keys); a source that has spent it is refused (any key) until one failure's worth
+    # has refilled; 0: no limit.
     ssh_enabled: bool = True
     ssh_port: int = Field(default=2222, ge=0, le=65535)
     ssh_bind: str | None = None
@@ -205,15 +207,32 @@ class Settings(BaseSettings):
     ssh_max_auth_tries: int = Field(default=6, ge=1)
     ssh_login_timeout_s: float = Field(default=30.0, gt=0)
 
-    # Rate limits (api/rate_limit.py; README "Rate limits"): token buckets per API key
+    # Rate limits (api/http/rate_limit.py; README "Rate limits"): token buckets per API key
     # and per source address (requests a second, burst), and failed API keys per
     # minute per source. 0 turns a limit off. Buckets are per replica: N replicas let
     # up to N times these through. ``trusted_proxies`` (IPs/CIDRs, comma-separated):
     # whose X-Forwarded-For names the source; empty: the peer address, always.
     # How long a GraphQL query's answer is kept for the next identical query of the
-    # same key (api/view_cache.py); any write of this process forgets it at once. Its
+    # same key (api/fast/view_cache.py); any write of this process forgets it at once. Its
     # runtime stats are already up to GPUYARD_GRAPHQL_RUNTIME_STATS_TTL_S old.
     graphql_answer_max_age_s: float = Field(default=1.0, ge=0, le=60)
+    # GraphQL (README "GraphQL"; api/graphql/settings.py): limits against abusive
+    # documents and whether introspection is answered. The defaults admit graphql-core's
+    # standard introspection query (depth 15) and every query RunPod's SDK and the seed
+    # send, with room to spare. ``graphql_document_cache_size``: parsed and validated
+    # documents kept, by query text (LRU). A container's runtime stats (``runtime {
+    # container }``) are read from the engine at most once per
+    # ``graphql_runtime_stats_ttl_s``, however many clients poll; a failed read is
+    # retried after ``graphql_runtime_stats_error_ttl_s`` (at most the former).
+    graphql_introspection: bool = True
+    graphql_max_depth: int = Field(default=15, ge=1, le=100)
+    graphql_max_aliases: int = Field(default=30, ge=0, le=10_000)
+    graphql_max_tokens: int = Field(default=2_000, ge=10, le=1_000_000)
+    graphql_max_batch: int = Field(default=10, ge=1, le=1_000)
+    graphql_max_query_length: int = Field(default=32_768, ge=100, le=10_000_000)
+    graphql_document_cache_size: int = Field(default=512, ge=0, le=100_000)
+    graphql_runtime_stats_ttl_s: float = Field(default=3.0, ge=0, le=60)
+    graphql_runtime_stats_error_ttl_s: float = Field(default=0.5, ge=0, le=60)
     rate_limit_per_key: float = Field(default=20.0, ge=0)
     rate_limit_key_burst: int = Field(default=100, ge=1)
     rate_limit_per_source: float = Field(default=50.0, ge=0)
@@ -224,7 +243,7 @@ class Settings(BaseSettings):
 
     # Hostile-input limits and the metrics endpoint (README "Security"). A request body
     # larger than max_body_bytes is refused with 413 before it is read or parsed
-    # (api/body_limit.py). /metrics answers an admin-scope API key or metrics_token
+    # (api/http/body_limit.py). /metrics answers an admin-scope API key or metrics_token
     # (Authorization: Bearer); metrics_public opens it to anyone who reaches the port.
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
     metrics_enabled: bool = True

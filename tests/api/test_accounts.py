@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from gpuyard.api import resource_schemas as rs
-from gpuyard.api import tenancy_schemas as ts
+from gpuyard.api.rest.schemas import resources as rs
+from gpuyard.api.rest.schemas import tenancy as ts
 from gpuyard.store.schema import Cluster
 from tests.api.test_resources import data, err
 from tests.helpers import LiveServer

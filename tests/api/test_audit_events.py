@@ -4,7 +4,7 @@ paging, who may read it, bad parameters 400."""
 
 from __future__ import annotations
 
-from gpuyard.api import tenancy_schemas as ts
+from gpuyard.api.rest.schemas import tenancy as ts
 from tests.api.test_accounts import invite_and_accept, new_account
 from tests.api.test_resources import data, err
 from tests.helpers import LiveServer

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 LIMIT = 4096

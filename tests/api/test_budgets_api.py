@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpuyard.api import budget_schemas as bs
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.api.rest.schemas import budgets as bs
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, account_with_members, live_server, make_settings, v1_error
 from tests.service.test_budgets import Receiver
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from gpuyard.cli.hosts import POLL_S, wait_reachable
 from gpuyard.cli.main import cli
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 

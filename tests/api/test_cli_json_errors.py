@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from gpuyard.cli.main import cli
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, free_port, live_server, make_settings
 
 

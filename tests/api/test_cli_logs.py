@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from gpuyard.cli.main import cli
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 
@@ -85,7 +85,7 @@ def test_follow_prints_new_lines_until_terminated(server: LiveServer, runtime: F
     )
     follow.start()
     # The server attaches to the container (a thread named for the cluster, see
-    # api/log_follow.py) only after the stream's first page was read and sent: a line
+    # api/rest/log_follow.py) only after the stream's first page was read and sent: a line
     # written from then on comes after that page, never in it.
     deadline = time.monotonic() + 30
     while not any(t.name == f"logs-{cid}" for t in threading.enumerate()):

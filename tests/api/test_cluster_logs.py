@@ -13,10 +13,10 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from gpuyard.api.cluster_logs import LogListEnvelope
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
+from gpuyard.api.rest.cluster_logs import LogListEnvelope
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key, resolve_key
 from gpuyard.store.schema import ClusterLogArchive
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.sse import Event, events
 from tests.helpers import LiveServer, created, refused
 

@@ -4,8 +4,8 @@ read; another account's cluster is 404; a bad window is 400 naming it."""
 
 from __future__ import annotations
 
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.store.schema import UtilizationSample
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, account_with_members, created, v1_error
 
 

@@ -1,4 +1,4 @@
-"""GET /v1/clusters/{id} answers from a briefly kept rendering (api/view_cache.py) only
+"""GET /v1/clusters/{id} answers from a briefly kept rendering (api/fast/view_cache.py) only
 while nothing it was made from changed, and never past the caller's rights.
 
 The real app over real HTTP. The cache's age limit is raised for these tests (its
@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.context import ClusterReader, Context
 from gpuyard.store.schema import Cluster
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 CLUSTER = {

@@ -1,4 +1,4 @@
-"""The web console's session (api/console_session.py) over real HTTP: the cookie's
+"""The web console's session (api/console/session.py) over real HTTP: the cookie's
 flags, the CSRF token required with the cookie, sign-out revoking the session, idle
 expiry, wrong keys, and the WebSocket's token and Origin checks."""
 
@@ -15,11 +15,12 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from gpuyard.core.sealed_key import secret_id
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, issue_key
+from gpuyard.services.tenancy.auth import Scope, issue_key
 from gpuyard.store.console_sessions import ConsoleSession
 from gpuyard.store.schema import ApiKey
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
+from tests.unit.test_sealed_key import former_seal
 
 PATH = "/v1/console/session"
 
@@ -173,6 +174,26 @@ def test_an_idle_session_expires(srv: LiveServer) -> None:
         with srv.server.ctx.read() as s:
             seen = s.get(ConsoleSession, secret_id(secret))
             assert seen is not None and seen.last_seen_at > now - timedelta(minutes=5)
+
+
+def test_a_session_sealed_by_the_former_scheme_signs_in_again(srv: LiveServer) -> None:
+    """A row whose key was sealed by the former XOR pad (before an upgrade) opens to no
+    key: the cookie acts as nobody (401, never a 500) until the browser signs in again."""
+    with browser(srv) as c:
+        token = sign_in(c, srv.key)
+        secret = c.cookies["gpuyard_console"]
+        with srv.server.ctx.transaction() as s:
+            s.execute(
+                update(ConsoleSession)
+                .where(ConsoleSession.id == secret_id(secret))
+                .values(sealed_key=former_seal(srv.key, secret))
+            )
+        srv.server.app.state.console_sessions.forget()  # as after the cache's 5 s
+        r = c.get("/v1/me", headers={"X-CSRF-Token": token})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHORIZED"
+        assert c.get(PATH, headers={"X-CSRF-Token": token}).status_code == 401
+        token = sign_in(c, srv.key)
+        assert c.get("/v1/me", headers={"X-CSRF-Token": token}).status_code == 200
 
 
 def test_a_wrong_key_is_refused_and_sets_no_cookie(srv: LiveServer) -> None:

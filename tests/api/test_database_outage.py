@@ -19,7 +19,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 from tests.tcp_gate import TcpGate
 

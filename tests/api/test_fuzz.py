@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, admin_user, issue_key
+from gpuyard.services.tenancy.auth import Scope, admin_user, issue_key
 from gpuyard.store.schema import Member
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]

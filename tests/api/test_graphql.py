@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from tests.helpers import LiveServer
 
 # The seed's --data bodies, byte for byte (ids are replaced where a test needs a real one).

@@ -1,5 +1,5 @@
 """A GraphQL query polled by many clients runs once: its answer is kept in the view
-cache (api/view_cache.py) per key and document, forgotten at any write of the
+cache (api/fast/view_cache.py) per key and document, forgotten at any write of the
 process, and never given to another key or for a mutation. Real HTTP."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_accounts import invite_and_accept, new_account
 from tests.helpers import LiveServer, live_server, make_settings
 

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine, event
 
 from gpuyard.runtimes.base import ContainerStats, StatsConsumer
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 LIST = """

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from tests.helpers import LiveServer, add_host_row
 
 DEPLOYS = {

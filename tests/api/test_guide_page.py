@@ -12,7 +12,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from gpuyard.api import guide_page
+from gpuyard.api.console import guide_page
 from tests.helpers import LiveServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuyard.api.app import build_server
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import make_settings
 
 PRIVATE = ("gpuyard.db", "gpuyard.db-wal", "gpuyard.db-shm", "credentials", "host-id", "secret.key")

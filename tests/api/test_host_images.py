@@ -3,7 +3,7 @@ a tenant's key reads names and host counts only, never whose clusters use them."
 
 from __future__ import annotations
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, account_with_members
 
 

@@ -14,16 +14,16 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from gpuyard.api.host_schemas import (
+from gpuyard.api.rest.schemas.hosts import (
     HostDeletedEnvelope,
     HostDrainEnvelope,
     HostEnvelope,
     HostListEnvelope,
     SshPublicKeyEnvelope,
 )
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import Cluster, Host, HostGpu, VolumeMove
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings, refused, v1_error
 
 H100 = "NVIDIA H100 80GB HBM3"

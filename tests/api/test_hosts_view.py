@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from gpuyard.api.app import build_server
-from gpuyard.api.host_schemas import HostListEnvelope
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.host_identity import HOST_ID_FILE
+from gpuyard.api.rest.schemas.hosts import HostListEnvelope
+from gpuyard.services.fleet.identity import HOST_ID_FILE
 from gpuyard.store.schema import Installation
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 

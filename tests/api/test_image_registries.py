@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings, refused
 
 A6000 = "NVIDIA RTX A6000"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer
 
 A6000 = "NVIDIA RTX A6000"

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from gpuyard.api import tenancy_schemas as ts
-from gpuyard.services.members import hash_token
+from gpuyard.api.rest.schemas import tenancy as ts
+from gpuyard.services.tenancy.members import hash_token
 from gpuyard.store.schema import ApiKey, Invitation
 from tests.api.test_accounts import invite_and_accept, new_account
 from tests.api.test_resources import data, err

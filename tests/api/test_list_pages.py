@@ -12,8 +12,8 @@ import httpx
 from click.testing import CliRunner
 from sqlalchemy import insert
 
-from gpuyard.api import schemas
-from gpuyard.api.snapshots import SnapshotListEnvelope
+from gpuyard.api.rest.schemas import responses as schemas
+from gpuyard.api.rest.snapshots import SnapshotListEnvelope
 from gpuyard.cli.main import cli
 from gpuyard.core.ids import new_snapshot_id
 from gpuyard.store.schema import Event, Project, Snapshot, TrainingCluster

@@ -14,8 +14,8 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from gpuyard.services import members
-from gpuyard.services.auth import resolve_key
+from gpuyard.services.tenancy import members
+from gpuyard.services.tenancy.auth import resolve_key
 from tests.api.sse import events
 from tests.api.test_terminal_api import A6000, FakeShell, eventually, running_cluster, ws_url
 from tests.api.test_terminal_api import shells as shells

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuyard.core.autoterm import Rule
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.reconciler.duties.autoterminate import Fired
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key
 from gpuyard.services.clock import SystemClock
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 A6000 = "NVIDIA RTX A6000"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpuyard.api import network_volumes as api
-from gpuyard.api import schemas
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
+from gpuyard.api.rest import network_volumes as api
+from gpuyard.api.rest.schemas import responses as schemas
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key, resolve_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, refused, v1_error
 
 BODY = {"name": "data", "size": 10, "dataCenterId": "local"}

@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from gpuyard.api.orphans import OrphanEnvelope, OrphanListEnvelope
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.api.rest.orphans import OrphanEnvelope, OrphanListEnvelope
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_cli import run
 from tests.api.test_rest_errors import key_for
 from tests.helpers import LiveServer

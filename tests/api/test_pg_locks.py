@@ -24,8 +24,8 @@ import httpx
 import pytest
 from sqlalchemy import Connection, create_engine, text
 
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, issue_key, resolve_key
+from gpuyard.services.tenancy.auth import Scope, issue_key, resolve_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 # Only for answers that must come while the lock is held: far above any answer of an

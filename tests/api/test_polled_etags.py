@@ -1,5 +1,5 @@
-"""The reads the console polls answer with an ``ETag`` and ``304`` (api/conditional.py,
-api/fastpath.py), over real HTTP: the first answer carries the tag; the same request
+"""The reads the console polls answer with an ``ETag`` and ``304`` (api/http/conditional.py,
+api/fast/fastpath.py), over real HTTP: the first answer carries the tag; the same request
 with ``If-None-Match: <tag>`` is a 304 with the same tag and no body; a change gives a
 new tag and a 200; a tag of something else gives a 200; an error is never a 304.
 
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_orphans import _quarantine
 from tests.api.test_training_api import BASE as TRAINING
 from tests.api.test_training_api import body as training_body
@@ -39,7 +39,7 @@ FOREIGN = '"not-this-one"'
 def quiet(tmp_path: Path, fake_runtime: FakeRuntime) -> Iterator[LiveServer]:
     """A server whose engines are heartbeaten once, at start, and then an hour apart
     (nothing a host shows changes unless the test changes it), and whose rendered
-    cluster answers are kept while nothing is written (api/view_cache.py), so that a
+    cluster answers are kept while nothing is written (api/fast/view_cache.py), so that a
     running cluster's accruing cost does not change its answer between two polls."""
     settings = make_settings(tmp_path / "home", heartbeat_interval_s=3600)
     with live_server(settings, fake_runtime) as server:
@@ -155,7 +155,7 @@ def test_a_cluster_and_its_events_answer_304_until_it_changes(quiet: LiveServer)
         events = f"/v1/clusters/{cid}/events"
         page = {"per_page": "50"}
         # The middleware answers a plain request; one that selects the account takes
-        # the route (api/fastpath.py): both tag alike.
+        # the route (api/fast/fastpath.py): both tag alike.
         routed = {"X-Gpuyard-Account": str(account)}
         etag = settled_etag(c, one)
         assert_not_modified(c, one, etag)

@@ -20,8 +20,8 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select
 
 from gpuyard.cli.main import cli
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.store.schema import Account, Project, Snapshot
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_accounts import invite_and_accept
 from tests.helpers import LiveServer, live_server, make_settings, refused, v1_error
 

@@ -21,9 +21,9 @@ from gpuyard.core.proxy import ProxyBase, ProxyStatus, Visibility
 from gpuyard.edge.caddy import CaddyError
 from gpuyard.edge.caddy_config import ProxyListen
 from gpuyard.reconciler.duties.proxy_sync import ProxySync
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key, resolve_key
-from gpuyard.services.proxy_routes import load_routes
+from gpuyard.services.access.proxy_routes import load_routes
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key, resolve_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_resources import add_member
 from tests.helpers import LiveServer, created, live_server, make_settings
 

@@ -7,9 +7,9 @@ import json
 
 from click.testing import CliRunner, Result
 
-from gpuyard.api import quota_schemas as qs
+from gpuyard.api.rest.schemas import quotas as qs
 from gpuyard.cli.main import cli
-from gpuyard.services.auth import default_project_id
+from gpuyard.services.tenancy.auth import default_project_id
 from gpuyard.store.schema import AuditEvent
 from tests.helpers import LiveServer, account_with_members, v1_error
 

@@ -1,4 +1,4 @@
-"""Rate limits (api/rate_limit.py): per key, per source address and on failed keys, on
+"""Rate limits (api/http/rate_limit.py): per key, per source address and on failed keys, on
 every surface (the GET fast path included), 429 with Retry-After and X-RateLimit-* in
 the surface's envelope. The limiter's clock is a FakeClock: nothing here sleeps."""
 
@@ -13,9 +13,9 @@ import httpx
 from fastapi.testclient import TestClient
 
 from gpuyard.api.app import Server, build_server
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import make_settings
 
 OFF = {

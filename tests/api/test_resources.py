@@ -21,20 +21,20 @@ import pytest
 from click.testing import CliRunner, Result
 from pydantic import BaseModel
 
-from gpuyard.api import resource_schemas as rs
+from gpuyard.api.rest.schemas import resources as rs
 from gpuyard.cli.main import cli
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE
-from gpuyard.services import reserved_ips as reserved_ips_service
-from gpuyard.services.auth import Scope, create_account, issue_key
-from gpuyard.services.bootstrap import first_start
-from gpuyard.services.images import get_image_version
-from gpuyard.services.plans import get_plan
-from gpuyard.services.reserved_ips import get_reserved_ip
-from gpuyard.services.security_groups import groups_by_ids
-from gpuyard.services.ssh_keys import keys_by_ids
+from gpuyard.services.access import reserved_ips as reserved_ips_service
+from gpuyard.services.access.reserved_ips import get_reserved_ip
+from gpuyard.services.access.security_groups import groups_by_ids
+from gpuyard.services.access.ssh_keys import keys_by_ids
+from gpuyard.services.catalog.images import get_image_version
+from gpuyard.services.catalog.plans import get_plan
+from gpuyard.services.installation.bootstrap import first_start
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import Member, ReservedIp, TrainingCluster, utcnow
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 A6000 = "NVIDIA RTX A6000"

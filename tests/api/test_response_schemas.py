@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from gpuyard.api import schemas
+from gpuyard.api.rest.schemas import responses as schemas
 from tests.helpers import LiveServer
 
 

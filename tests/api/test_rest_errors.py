@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from tests.helpers import LiveServer
 
 A6000 = "NVIDIA RTX A6000"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuyard.api import schemas
+from gpuyard.api.rest.schemas import responses as schemas
 from tests.helpers import LiveServer
 
 A = "NVIDIA RTX A6000"

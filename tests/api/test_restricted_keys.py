@@ -9,9 +9,9 @@ from typing import Any
 
 import httpx
 
-from gpuyard.api import resource_schemas as rs
-from gpuyard.api import tenancy_schemas as ts
-from gpuyard.services.cluster_access import Need, key_may_access
+from gpuyard.api.rest.schemas import resources as rs
+from gpuyard.api.rest.schemas import tenancy as ts
+from gpuyard.services.tenancy.cluster_access import Need, key_may_access
 from tests.api.test_accounts import invite_and_accept, new_account
 from tests.api.test_resources import data, err
 from tests.helpers import LiveServer

@@ -5,7 +5,7 @@ method, each role of A gets what its role allows (allowed: never 401/403; refuse
 hears for ids that do not exist (404 where its role may use the route).
 
 The expected outcome of each route is this test's own table (EXPECTED), written from
-the issue's matrix, not read from api/permissions.py: a route nobody classified fails
+the issue's matrix, not read from api/http/permissions.py: a route nobody classified fails
 the test until it is added here.
 """
 
@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from gpuyard.core.roles import Role
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import ApiKey, Member, User
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 OWNER, ADMIN, MEMBER, BILLING, VIEWER = (
@@ -88,7 +88,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("GET", "/v1/projects/{project_id}/members"): "any",
     ("POST", "/v1/projects/{project_id}/members"): "projects",
     ("DELETE", "/v1/projects/{project_id}/members/{member_id}"): "projects",
-    # The accounts part (api/accounts.py, quotas, budgets, audit).
+    # The accounts part (api/rest/accounts.py, quotas, budgets, audit).
     ("POST", "/v1/accounts"): "operator",
     ("GET", "/v1/accounts"): "any",
     ("GET", ACC): "any",

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from gpuyard.core.secret_env import MASK
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer
 
 PASSWORD = "hunter2-rest-password"

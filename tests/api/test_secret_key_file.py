@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.bootstrap import open_store
-from gpuyard.services.secrets import SecretKeyError
+from gpuyard.services.installation.bootstrap import open_store
+from gpuyard.services.tenancy.secrets import SecretKeyError
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import live_server, make_settings
 
 

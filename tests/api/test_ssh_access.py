@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncssh
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
 

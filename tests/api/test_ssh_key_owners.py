@@ -11,8 +11,8 @@ from typing import Any
 import asyncssh
 import pytest
 
-from gpuyard.services import members, projects
-from gpuyard.services.auth import resolve_key
+from gpuyard.services.tenancy import members, projects
+from gpuyard.services.tenancy.auth import resolve_key
 from tests.helpers import LiveServer
 
 

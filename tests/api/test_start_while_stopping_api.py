@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, created
 
 BODY: dict[str, Any] = {"gpu_type": "NVIDIA RTX A6000", "gpu_count": 1, "docker_image": "img"}

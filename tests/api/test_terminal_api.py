@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gpuyard.edge.terminal_bridge import Resize
 from gpuyard.runtimes.base import Runtime
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from tests.helpers import LiveServer
 
 A6000 = "NVIDIA RTX A6000"

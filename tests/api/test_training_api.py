@@ -14,8 +14,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from gpuyard.services import training_stops
-from gpuyard.services.auth import Scope, create_account, issue_key
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
+from gpuyard.services.training import stops as training_stops
 from gpuyard.store.schema import GpuAllocation, Member, TrainingCluster
 from tests.helpers import LiveServer, live_server, make_settings
 
@@ -25,7 +25,7 @@ BASE = "/distributed_jobs_v2/cluster/"
 
 @pytest.fixture
 def tsrv(tmp_path: Path) -> Iterator[LiveServer]:
-    from gpuyard.runtimes.fake import FakeRuntime
+    from gpuyard.testing.fake_runtime import FakeRuntime
 
     settings = make_settings(tmp_path / "home", reserved_ips="127.0.10.0/29")
     with live_server(settings, FakeRuntime()) as server:

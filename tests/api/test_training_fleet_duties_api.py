@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from gpuyard.api.host_schemas import HostDrainEnvelope
+from gpuyard.api.rest.schemas.hosts import HostDrainEnvelope
 from gpuyard.cli.main import cli
 from gpuyard.reconciler.training.operator import TrainingOperator
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.fleet import HostEngine
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_training_api import public_key
 from tests.helpers import LiveServer, add_host_row, live_server, make_settings, v1_error
 from tests.service.test_training_operator import FakeEdge

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
+from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from tests.console.conftest import watch
 from tests.e2e.test_server_e2e import ServerProcess, running_server
 from tests.helpers import free_port
@@ -52,7 +52,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 # Public endpoints the OpenAPI document cannot list: the terminal is a WebSocket
-# (documented in api/terminal.py and the README).
+# (documented in api/console/terminal.py and the README).
 NON_OPENAPI_ROUTES = {("GET", "/v1/clusters/{cluster_id}/terminal")}
 MEMORY_PRICE = 0.01  # USD per GB-hour: a memory change shows in the rate
 START_TIMEOUT_MS = 120_000

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import websockets
 
-from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
+from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, running_server, wait_status
 from tests.e2e.test_ssh_gateway_e2e import keygen, ssh, wait_port

@@ -26,8 +26,8 @@ from gpuyard.runtimes.devimage import SERVE_PORT
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy, NotOurs
 from gpuyard.runtimes.host_firewall import bridge_name
-from gpuyard.services.auth import Scope, create_account, issue_key
-from gpuyard.services.bootstrap import open_store
+from gpuyard.services.installation.bootstrap import open_store
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.settings import Settings
 from gpuyard.store.db import WRITE_OPTIONS
 from tests.e2e.conftest import DEV_IMAGE, purge_installation

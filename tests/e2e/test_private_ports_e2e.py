@@ -27,11 +27,11 @@ import httpx
 import pytest
 
 from gpuyard.core.training import NodeName
+from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.host_firewall import LOOPBACK_GUARD
 from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 from gpuyard.runtimes.ssh_tunnel import SshKeys
-from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Member
 from tests.e2e.podman_host import PodmanHost
@@ -283,7 +283,7 @@ def test_no_gpuyard_credential_reaches_the_container_and_sessions_end(
 
 def _add_member(srv: ServerProcess, account_id: int, user_id: int) -> int:
     """Make ``user_id`` a member of ``account_id`` (role member), beside the server."""
-    from gpuyard.services.bootstrap import open_store
+    from gpuyard.services.installation.bootstrap import open_store
     from gpuyard.settings import Settings
 
     engine, sessions = open_store(Settings(home=srv.home))

@@ -24,10 +24,10 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from gpuyard.edge.caddy import CaddyProcess
-from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image
-from gpuyard.services.auth import Scope, create_account, issue_key
-from gpuyard.services.bootstrap import open_store
+from gpuyard.services.installation.bootstrap import open_store
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.settings import Settings
 from tests.e2e.test_server_e2e import ServerProcess, running_server, wait_status
 from tests.helpers import free_port

@@ -54,7 +54,7 @@ def lease_holders(db: Engine) -> dict[str, str]:
 
 
 def holder_pid(holder: str) -> int:
-    """The pid in a replica id (services/replica.py: ``host:pid:uuid``)."""
+    """The pid in a replica id (services/installation/replica.py: ``host:pid:uuid``)."""
     return int(holder.rsplit(":", 2)[1])
 
 

@@ -24,11 +24,11 @@ from gpuyard.cli.main import cli
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.host_firewall import CommandResult, IptablesIsolation, chain_name
 from gpuyard.runtimes.host_runtimes import host_runtime_factory
 from gpuyard.runtimes.ssh_tunnel import SshKeys
 from gpuyard.settings import Settings
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.podman_host import PodmanHost, available
 from tests.helpers import live_server, make_settings

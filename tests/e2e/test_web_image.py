@@ -17,7 +17,7 @@ import pytest
 import websockets
 
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
-from gpuyard.runtimes.web_image import (
+from gpuyard.devtools.web_image import (
     WEB_IMAGE,
     WEB_PORT,
     build_web_image,

@@ -1,4 +1,4 @@
-"""The web test image's server (runtimes/web_server.c), compiled with gcc and run as a
+"""The web test image's server (devtools/web_server.c), compiled with gcc and run as a
 plain process on a free port: every endpoint, keep-alive, the WebSocket protocol's
 corners (RFC 6455's handshake example, fragments, ping/pong, close codes, unmasked
 frames) and a prompt exit on SIGTERM. The image itself is tested on Podman in
@@ -23,7 +23,7 @@ import httpx
 import pytest
 import websockets
 
-from gpuyard.runtimes.web_image import compile_web_server
+from gpuyard.devtools.web_image import compile_web_server
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e

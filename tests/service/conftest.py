@@ -6,8 +6,8 @@ import pytest
 
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.wiring import build_reconciler
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.services.context import Context
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ clusters of one account share one."""
 from __future__ import annotations
 
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def create(ctx: Context, rec: Reconciler, who: Principal) -> str:

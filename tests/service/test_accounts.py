@@ -10,17 +10,17 @@ import pytest
 from sqlalchemy import select
 
 from gpuyard.core.errors import AccountSuspended, Conflict, Forbidden, ValidationFailed
-from gpuyard.services import accounts, api_keys, members, projects
-from gpuyard.services.admission import refuse_closed_account
-from gpuyard.services.auth import Principal, Scope, admin_user, resolve_key
+from gpuyard.services.billing.admission import refuse_closed_account
+from gpuyard.services.capacity.placement import lock_placement
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.services.placement import lock_placement
+from gpuyard.services.tenancy import accounts, api_keys, members, projects
+from gpuyard.services.tenancy.auth import Principal, Scope, admin_user, resolve_key
 from gpuyard.store.schema import ApiKey, AuditEvent, Member, ProjectMember, Quota
 
 
 def operator(ctx: Context) -> Principal:
-    from gpuyard.services.auth import issue_key
+    from gpuyard.services.tenancy.auth import issue_key
 
     with ctx.transaction() as s:
         user = admin_user(s)

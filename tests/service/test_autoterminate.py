@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from gpuyard.api.views import cluster_v1
+from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.autoterm import Rule
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.reconciler.duties.autoterminate import AutoTerminator
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
-from gpuyard.services.cluster_views import load_visible
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import AutoTerminateUpdate, CreateCluster, StartCluster
+from gpuyard.services.clusters.views import load_visible
 from gpuyard.services.context import Context
-from gpuyard.services.requests import AutoTerminateUpdate, CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import StartupSample
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 

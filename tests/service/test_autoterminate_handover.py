@@ -6,12 +6,12 @@ from __future__ import annotations
 from gpuyard.core.autoterm import Rule
 from gpuyard.reconciler.duties.autoterminate import AutoTerminator
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def running_idle_watched(ctx: Context, p: Principal, rec: Reconciler) -> str:

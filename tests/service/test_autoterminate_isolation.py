@@ -8,18 +8,18 @@ from typing import Any
 
 from sqlalchemy import func, select, text, update
 
-from gpuyard.api.views import cluster_v1
+from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.autoterm import Rule
 from gpuyard.reconciler.duties.autoterminate import AutoTerminator, Fired
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
-from gpuyard.services.cluster_views import load_visible
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
+from gpuyard.services.clusters.views import load_visible
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 # What a pre-bounds server stored, or someone wrote by hand. NaN and undecodable text
 # only fit SQLite's JSON (PostgreSQL's json type refuses them at the write).

@@ -1,4 +1,4 @@
-"""Backup and restore of an installation (services/backup.py, ``gpuyard backup`` and
+"""Backup and restore of an installation (services/installation/backup.py, ``gpuyard backup`` and
 ``gpuyard restore``): the database copied while it is open, with the files of the
 installation's identity, brought back into a new home as the same installation."""
 
@@ -16,11 +16,11 @@ from sqlalchemy import select
 
 from gpuyard.cli.main import cli
 from gpuyard.runtimes.ssh_tunnel import SshKeys
-from gpuyard.services.backup import BackupError, backup, identity_files, restore
-from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.services.installation import ensure_installation
+from gpuyard.services.installation.backup import BackupError, backup, identity_files, restore
+from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.installation.identity import ensure_installation
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Host, Installation
 from tests.conftest import _pg_database

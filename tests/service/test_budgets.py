@@ -19,15 +19,16 @@ from sqlalchemy import select
 from gpuyard.core.errors import BudgetExhausted
 from gpuyard.reconciler.duties.budgets import BudgetWatch
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import budgets, metering, webhooks
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
-from gpuyard.services.budgets import BudgetChange
+from gpuyard.services.billing import budgets, metering
+from gpuyard.services.billing.budgets import BudgetChange
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy import webhooks
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Account, AccountEvent, AuditEvent, WebhookDelivery
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 

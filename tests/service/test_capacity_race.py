@@ -7,10 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import func, select
 
 from gpuyard.core.errors import InsufficientCapacity
-from gpuyard.services.auth import Principal
-from gpuyard.services.clusters import create_cluster
+from gpuyard.services.clusters.requests import CreateCluster
+from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, GpuAllocation
 
 

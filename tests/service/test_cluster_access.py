@@ -1,4 +1,4 @@
-"""services/cluster_access.py on a real store (SQLite and PostgreSQL): whether a user,
+"""services/tenancy/cluster_access.py on a real store (SQLite and PostgreSQL): whether a user,
 or one API key of theirs, may still read or write a project's clusters after each
 change that ends or narrows a membership."""
 
@@ -8,18 +8,18 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpuyard.services import api_keys, members, projects
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal, resolve_key
-from gpuyard.services.cluster_access import (
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster
+from gpuyard.services.context import Context
+from gpuyard.services.tenancy import api_keys, members, projects
+from gpuyard.services.tenancy.auth import Principal, resolve_key
+from gpuyard.services.tenancy.cluster_access import (
     Need,
     key_may_access,
     key_may_access_cluster,
     user_may_access,
     user_may_access_cluster,
 )
-from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster
 
 
 @dataclass
@@ -162,7 +162,7 @@ def test_by_cluster_id(ctx: Context, team: Team) -> None:
 
 
 def test_a_key_pinned_to_a_project_its_member_loses_acts_nowhere(ctx: Context, team: Team) -> None:
-    """The API's principal (services/auth.py) and the gateway's index agree: a key
+    """The API's principal (services/tenancy/auth.py) and the gateway's index agree: a key
     restricted to a project acts there while its user may, and nowhere once a member
     limited to some projects loses it. A member with no project rows (every project)
     and an owner keep their pinned keys."""

@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import Engine, event, insert, text
 from sqlalchemy.engine import Connection
 
-from gpuyard.api.views import cluster_v1
+from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services import cluster_views
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters import views as cluster_views
 from gpuyard.services.context import Context
-from gpuyard.services.projects import create_project
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.tenancy.projects import create_project
 from gpuyard.store.schema import Cluster
 from tests.cluster_rows import T0, cluster_row, first_project, seed_clusters
 

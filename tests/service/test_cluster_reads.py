@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
-from gpuyard.api.views import cluster_v1
+from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.errors import ClusterNotFound
-from gpuyard.services import cluster_views
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters import views as cluster_views
+from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.sqlite_reader import reader_for
 
 

@@ -1,11 +1,12 @@
-"""services/console_sessions.py on each database: opening, finding by the secret,
+"""services/tenancy/console_sessions.py on each database: opening, finding by the secret,
 idle and absolute expiry on the context's clock, revocation."""
 
 from __future__ import annotations
 
-from gpuyard.services.auth import Principal, Scope, issue_key
 from gpuyard.services.clock import FakeClock
-from gpuyard.services.console_sessions import (
+from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal, Scope, issue_key
+from gpuyard.services.tenancy.console_sessions import (
     IDLE_LIMIT,
     MAX_AGE,
     TOUCH_EVERY,
@@ -14,7 +15,6 @@ from gpuyard.services.console_sessions import (
     revoke_session,
     session_count,
 )
-from gpuyard.services.context import Context
 
 
 def _key(ctx: Context, alice: Principal) -> tuple[int, str]:

@@ -10,13 +10,13 @@ from sqlalchemy import select
 
 from gpuyard.core.errors import DiskNotEnforced
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import network_volumes as nvs
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.volumes import network_volumes as nvs
 from gpuyard.store.schema import Host
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_network_volumes import mounting, new_volume, runtime_of, settle
 
 

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import update
 
 from gpuyard.core.errors import PrivatePortsExposed
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Host
 from tests.helpers import add_host_row
 from tests.service.test_lifecycle import a6000

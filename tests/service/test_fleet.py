@@ -8,21 +8,21 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from gpuyard.api.views import cluster_v1
+from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.errors import HostUnreachable, InsufficientCapacity
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerState
-from gpuyard.runtimes.fake import FakeRuntime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
-from gpuyard.services import cluster_views
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters import views as cluster_views
+from gpuyard.services.clusters.moves import drain_host
+from gpuyard.services.clusters.requests import StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.moves import drain_host
-from gpuyard.services.requests import StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event, Host, UsageInterval, VolumeMove
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import add_host_row, assert_totals_match_history
 from tests.service.test_lifecycle import a6000, gpus_held
 

@@ -11,14 +11,14 @@ import pytest
 from sqlalchemy import func, select
 
 from gpuyard.core.models import CloudType, GpuSource
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
-from gpuyard.services.bootstrap import register_local_host
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.context import Context
-from gpuyard.services.discovery import LocalInventory, discover_nvml_gpus, parse_declared_gpus
-from gpuyard.services.host_identity import HOST_ID_FILE, derive_from_machine_id
-from gpuyard.services.hosts import capacities, register_host
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.fleet.discovery import LocalInventory, discover_nvml_gpus, parse_declared_gpus
+from gpuyard.services.fleet.hosts import capacities, register_host
+from gpuyard.services.fleet.identity import HOST_ID_FILE, derive_from_machine_id
+from gpuyard.services.installation.bootstrap import register_local_host
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import GpuAllocation, Host, HostGpu
 
 
@@ -169,10 +169,10 @@ def test_a_machine_without_gpus_says_how_to_declare_them(
     if discover_nvml_gpus():
         pytest.skip("this machine has GPUs NVML finds")
     bare = dataclasses.replace(ctx, settings=ctx.settings.model_copy(update={"local_gpus": None}))
-    with caplog.at_level(logging.WARNING, logger="gpuyard.services.bootstrap"):
+    with caplog.at_level(logging.WARNING, logger="gpuyard.services.installation.bootstrap"):
         register_local_host(bare, None)  # no NVML here: no GPU found, none declared
     assert any("GPUYARD_LOCAL_GPUS" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="gpuyard.services.bootstrap"):
+    with caplog.at_level(logging.WARNING, logger="gpuyard.services.installation.bootstrap"):
         register_local_host(ctx, None)  # declared: nothing to say
     assert not any("GPUYARD_LOCAL_GPUS" in r.getMessage() for r in caplog.records)

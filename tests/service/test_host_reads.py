@@ -15,11 +15,11 @@ from sqlalchemy import Engine, select
 
 from gpuyard.observability.metrics import CLUSTERS, SPEND_RATE, StoreCollector
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
-from gpuyard.services.cluster_views import cluster_rate
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.views import cluster_rate
 from gpuyard.services.context import Context
-from gpuyard.services.host_health import record_heartbeat
+from gpuyard.services.fleet.health import record_heartbeat
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event
 from tests.service.test_lifecycle import a6000, settle
 from tests.service.test_reconciler_history import _history, _history_scans, _statements

@@ -13,13 +13,13 @@ from sqlalchemy import func, select
 
 from gpuyard.core.errors import Forbidden, IdempotencyKeyReused, InsufficientCapacity
 from gpuyard.services import idempotency as idem
-from gpuyard.services import training
-from gpuyard.services.auth import Principal, Scope
+from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clock import FakeClock
-from gpuyard.services.clusters import create_cluster
+from gpuyard.services.clusters.requests import CreateCluster
+from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.tenancy.auth import Principal, Scope
+from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import (
     Cluster,
     GpuAllocation,

@@ -1,4 +1,4 @@
-"""Duty leases (services/leases.py) on SQLite and PostgreSQL: one holder at a time,
+"""Duty leases (services/installation/leases.py) on SQLite and PostgreSQL: one holder at a time,
 races for a free lease have one winner, expiry by the database's clock on PostgreSQL,
 fences that grow with every change of holder, hand-back at shutdown."""
 
@@ -15,7 +15,7 @@ from sqlalchemy import select, text
 
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.services.leases import LeaseKeeper
+from gpuyard.services.installation.leases import LeaseKeeper
 from gpuyard.store.db import make_engine, make_sessionmaker
 from gpuyard.store.schema import Lease
 from tests.helpers import make_settings

@@ -16,16 +16,16 @@ from gpuyard.core.ledger import accrue_totals, boundary, micro, total_amount
 from gpuyard.core.models import CloudType
 from gpuyard.core.pricing import hourly_rate
 from gpuyard.reconciler.wiring import build_reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import metering
-from gpuyard.services.auth import Principal
-from gpuyard.services.catalog import find_gpu_type
+from gpuyard.services.billing import metering
+from gpuyard.services.billing.ledger_totals import totals
+from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.ledger_totals import totals
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 COMPUTE = {"pending", "starting", "running"}

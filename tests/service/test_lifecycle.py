@@ -15,12 +15,12 @@ from gpuyard.core.errors import (
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerState
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import GpuAllocation, PortAllocation, Reservation
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def a6000(n: int = 1, **kw: object) -> CreateCluster:

@@ -16,11 +16,11 @@ from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerSpec
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Host
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_lifecycle import a6000
 
 

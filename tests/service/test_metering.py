@@ -7,15 +7,15 @@ from sqlalchemy import select
 from gpuyard.core.ledger import Accrual, Interval, micro, total_amount
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.wiring import build_reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import metering
-from gpuyard.services.auth import Principal
+from gpuyard.services.billing import metering
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.migrate import downgrade, upgrade
 from gpuyard.store.schema import Cluster, UsageInterval
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import assert_totals_match_history
 
 A = "NVIDIA RTX A6000"

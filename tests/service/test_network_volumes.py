@@ -18,16 +18,15 @@ from gpuyard.core.errors import (
 )
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import network_volumes as nvs
-from gpuyard.services.auth import Principal
+from gpuyard.services.billing.metering import GroupBy, bill
+from gpuyard.services.billing.storage import storage_rate_micro
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.moves import move_resting
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.metering import GroupBy, bill
-from gpuyard.services.moves import move_resting
-from gpuyard.services.requests import CreateCluster, StartCluster
-from gpuyard.services.storage_billing import storage_rate_micro
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.volumes import network_volumes as nvs
 from gpuyard.store.schema import (
     Cluster,
     Host,
@@ -38,6 +37,7 @@ from gpuyard.store.schema import (
     UsageInterval,
     VolumeMove,
 )
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import add_host_row
 
 

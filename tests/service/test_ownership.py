@@ -14,13 +14,13 @@ from gpuyard.reconciler.duties.orphans import delete_quarantined
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerSpec, ContainerState
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
-from gpuyard.services.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
+from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Event, Installation, OrphanVolume
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.conftest import new_principal
 from tests.helpers import make_settings
 from tests.service.test_lifecycle import a6000, settle

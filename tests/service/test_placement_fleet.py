@@ -14,15 +14,15 @@ from sqlalchemy import func, select, update
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.core.fleet import HostStatus, PlacementPolicy
 from gpuyard.core.models import ResourceRequest
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
-from gpuyard.services.catalog import gpu_type_offers
-from gpuyard.services.cluster_views import details
+from gpuyard.services.capacity.placement import claim
+from gpuyard.services.catalog.gpu_types import gpu_type_offers
+from gpuyard.services.catalog.locations import list_locations
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster
+from gpuyard.services.clusters.views import details
 from gpuyard.services.context import Context
-from gpuyard.services.hosts import capacities
-from gpuyard.services.locations import list_locations
-from gpuyard.services.placement import claim
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.fleet.hosts import capacities
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, GpuAllocation, Host, VolumeMove
 from tests.helpers import add_host_row
 
@@ -244,8 +244,8 @@ def test_network_shows_the_clusters_host_address(ctx: Context, alice: Principal)
 
 
 def test_training_cluster_location_skips_hosts_that_take_nothing(ctx: Context) -> None:
-    from gpuyard.services.training_nodes import NodePlan
-    from gpuyard.services.training_placement import location_hosts
+    from gpuyard.services.training.nodes import NodePlan
+    from gpuyard.services.training.placement import location_hosts
 
     close_local_host(ctx)
     add_host_row(ctx, "t-cordoned", 8, location="train", status="cordoned")

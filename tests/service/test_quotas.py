@@ -18,18 +18,17 @@ from gpuyard.core.training import CONTROLLER_VCPUS
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.wiring import build_reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import network_volumes as nvs
-from gpuyard.services import quotas, training
-from gpuyard.services.auth import Principal, Scope, admin_user
-from gpuyard.services.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.access.ssh_keys import add_key
+from gpuyard.services.billing import quotas
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
-from gpuyard.services.snapshots import create_snapshot, delete_snapshot
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.tenancy.auth import Principal, Scope, admin_user
+from gpuyard.services.training import use_cases as training
+from gpuyard.services.volumes import network_volumes as nvs
+from gpuyard.services.volumes.snapshots import create_snapshot, delete_snapshot
 from gpuyard.store.schema import (
     AuditEvent,
     Cluster,
@@ -39,6 +38,8 @@ from gpuyard.store.schema import (
     Quota,
     Snapshot,
 )
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.conftest import new_principal
 from tests.helpers import make_settings
 from tests.service.test_training_operator import KEY, FakeEdge

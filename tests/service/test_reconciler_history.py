@@ -15,11 +15,11 @@ from sqlalchemy import Engine, event, select, update
 
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.wiring import build_reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, GpuAllocation
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_lifecycle import a6000, gpus_held, settle
 
 # A plan step that reads a history table row by row: a SCAN of it, unless the scan

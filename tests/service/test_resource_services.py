@@ -11,13 +11,15 @@ import pytest
 from sqlalchemy import func, select
 
 from gpuyard.core.errors import InvalidState, ValidationFailed
-from gpuyard.services import catalog, projects, training
-from gpuyard.services import security_groups as sg
-from gpuyard.services.auth import Principal
+from gpuyard.services.access import security_groups as sg
+from gpuyard.services.access.ssh_keys import add_key
+from gpuyard.services.catalog import gpu_types as catalog
 from gpuyard.services.context import Context
-from gpuyard.services.projects import ProjectNotFound, ProjectRef
-from gpuyard.services.ssh_keys import add_key
-from gpuyard.services.training_inputs import (
+from gpuyard.services.tenancy import projects
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.tenancy.projects import ProjectNotFound, ProjectRef
+from gpuyard.services.training import use_cases as training
+from gpuyard.services.training.inputs import (
     AddSecurityGroups,
     ClusterSpec,
     CustomPlan,

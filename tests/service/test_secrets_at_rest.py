@@ -13,16 +13,16 @@ from sqlalchemy import select, text, update
 
 from gpuyard.core.secret_env import MASK, is_sealed
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import training
-from gpuyard.services.auth import Principal
-from gpuyard.services.bootstrap import first_start
+from gpuyard.services.access.ssh_keys import add_key
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
-from gpuyard.services.secrets import SecretBox, SecretUnreadable, secret_box
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.installation.bootstrap import first_start
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.tenancy.secrets import SecretBox, SecretUnreadable, secret_box
+from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import Cluster, ImageVersion, Installation, TrainingCluster
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"
 PASSWORD = "hunter2-" + "x" * 8

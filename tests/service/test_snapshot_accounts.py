@@ -14,13 +14,13 @@ from sqlalchemy import update
 from gpuyard.reconciler.clusters.snapshot_migration import migrate_shared_snapshots
 from gpuyard.reconciler.clusters.snapshots import ARCHIVE_NAME, snapshot_tag
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import snapshots as svc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.volumes import snapshots as svc
 from gpuyard.storage.account_repositories import account_password
 from gpuyard.store.schema import Snapshot
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_lifecycle import a6000, settle
 from tests.service.test_snapshots import FILES, running_with_files, volume_files
 

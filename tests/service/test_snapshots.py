@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from gpuyard.api.views import cluster_v1
+from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.errors import (
     InvalidState,
     NetworkVolumeInUse,
@@ -20,15 +20,14 @@ from gpuyard.core.errors import (
 )
 from gpuyard.reconciler.clusters.snapshots import snapshot_tag
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import cluster_views
-from gpuyard.services import clusters as uc
-from gpuyard.services import network_volumes as nvs
-from gpuyard.services import snapshots as svc
-from gpuyard.services.auth import Principal
+from gpuyard.services.billing.metering import GroupBy, bill
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters import views as cluster_views
+from gpuyard.services.clusters.requests import StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.metering import GroupBy, bill
-from gpuyard.services.requests import StartCluster
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.volumes import network_volumes as nvs
+from gpuyard.services.volumes import snapshots as svc
 from gpuyard.store.schema import (
     Cluster,
     NetworkVolume,
@@ -36,6 +35,7 @@ from gpuyard.store.schema import (
     UsageInterval,
     VolumeRestore,
 )
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_lifecycle import a6000, settle
 
 pytestmark = pytest.mark.skipif(shutil.which("restic") is None, reason="restic is not installed")

@@ -9,13 +9,13 @@ from sqlalchemy import select
 
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services import spot
-from gpuyard.services.auth import Principal
+from gpuyard.services.billing import spot
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import GpuAllocation
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"  # the test host has 4, spot floor 0.20 (secure)
 

@@ -22,13 +22,14 @@ from gpuyard.edge.ssh_gateway import Gateway
 from gpuyard.edge.ssh_upstream import AUTHORIZED_KEYS_SCRIPT, sync_input
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.wiring import build_reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import api_keys, members, projects, ssh_keys
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal, resolve_key
+from gpuyard.services.access import ssh_keys
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.tenancy import api_keys, members, projects
+from gpuyard.services.tenancy.auth import Principal, resolve_key
 from gpuyard.store.schema import Event
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def create(ctx: Context, rec: Reconciler, who: Principal) -> str:

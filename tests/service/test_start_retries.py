@@ -8,12 +8,12 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Event
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_lifecycle import a6000, gpus_held, settle, status
 
 

@@ -35,7 +35,7 @@ _START = """
 import json, sys, time
 from pathlib import Path
 from gpuyard.api.app import build_server
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import make_settings
 settings = make_settings(Path(sys.argv[1]), sys.argv[2])
 go = Path(sys.argv[3])

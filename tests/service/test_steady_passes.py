@@ -15,11 +15,11 @@ from sqlalchemy import Engine, event, select, update
 from gpuyard.core.autoterm import Rule
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerState
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services.auth import Principal
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_autoterminate import running, terminator
 
 # The observe pass's comparison reads these columns of every cluster that may have a

@@ -6,12 +6,12 @@ Real database, fake runtime (counts its calls)."""
 from __future__ import annotations
 
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import StartCluster
 from gpuyard.services.context import Context
-from gpuyard.services.requests import StartCluster
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.service.test_lifecycle import a6000, settle
 
 

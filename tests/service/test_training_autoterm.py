@@ -16,13 +16,12 @@ from gpuyard.reconciler.duties.autoterminate import AutoTerminator
 from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.training.slurm_jobs import SQUEUE, SqueueJobs
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
-from gpuyard.services import training, training_reads
-from gpuyard.services.auth import Principal
+from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.training import reads as training_reads
+from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import (
     Account,
     AccountEvent,
@@ -32,6 +31,8 @@ from gpuyard.store.schema import (
     TrainingCluster,
     WebhookDelivery,
 )
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"

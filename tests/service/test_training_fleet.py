@@ -18,16 +18,17 @@ from gpuyard.reconciler.lanes import SLOW
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.runtimes.host_nodes import HostNodes
-from gpuyard.services import training, training_stops
-from gpuyard.services.auth import Principal
+from gpuyard.services.access.ssh_keys import add_key
+from gpuyard.services.catalog.images import register_image
 from gpuyard.services.context import Context
-from gpuyard.services.images import register_image
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.training import stops as training_stops
+from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import ImageVersion, TrainingCluster
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import add_host_row
 from tests.service.test_training_operator import KEY, FakeEdge
 from tests.service.test_training_recovery import HeldQueue

@@ -13,16 +13,17 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gpuyard.api.host_schemas import TrainingDrainOut
+from gpuyard.api.rest.schemas.hosts import TrainingDrainOut
 from gpuyard.core.errors import HostNotEmpty, InsufficientCapacity
 from gpuyard.core.training import cluster_owner, node_owner
-from gpuyard.services import training, training_stops
 from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters.moves import drain_host
 from gpuyard.services.context import Context
-from gpuyard.services.host_admin import cordon, delete_host, uncordon
-from gpuyard.services.moves import drain_host
-from gpuyard.services.training_drain import MOVE_NODES
-from gpuyard.services.training_reads import show_cluster
+from gpuyard.services.fleet.admin import cordon, delete_host, uncordon
+from gpuyard.services.training import stops as training_stops
+from gpuyard.services.training import use_cases as training
+from gpuyard.services.training.drain import MOVE_NODES
+from gpuyard.services.training.reads import show_cluster
 from gpuyard.store.schema import (
     Event,
     GpuAllocation,

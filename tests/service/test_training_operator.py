@@ -22,25 +22,20 @@ from gpuyard.core.errors import (
 from gpuyard.core.training import NodeName
 from gpuyard.reconciler.training.nodes import Superseded
 from gpuyard.reconciler.training.operator import TrainingOperator
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.host_edge import ClusterEdge
-from gpuyard.services import (
-    accounts,
-    budgets,
-    members,
-    quotas,
-    training,
-    training_nodes,
-    training_reads,
-    training_stops,
-)
-from gpuyard.services.auth import Principal, Scope, resolve_key
+from gpuyard.services.access.reserved_ips import allocate_reserved_ip
+from gpuyard.services.access.security_groups import create_group
+from gpuyard.services.access.ssh_keys import add_key
+from gpuyard.services.billing import budgets, quotas
+from gpuyard.services.catalog.images import register_image
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.services.images import register_image
-from gpuyard.services.reserved_ips import allocate_reserved_ip
-from gpuyard.services.security_groups import create_group
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.tenancy import accounts, members
+from gpuyard.services.tenancy.auth import Principal, Scope, resolve_key
+from gpuyard.services.training import nodes as training_nodes
+from gpuyard.services.training import reads as training_reads
+from gpuyard.services.training import stops as training_stops
+from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import (
     GpuAllocation,
     ImageVersion,
@@ -51,6 +46,7 @@ from gpuyard.store.schema import (
     TrainingNode,
     UsageInterval,
 )
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
 from tests.helpers import add_host_row
 
 A = "NVIDIA RTX A6000"

@@ -16,14 +16,15 @@ from gpuyard.core.training import NodeName
 from gpuyard.reconciler.training.nodes import LANE
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
-from gpuyard.services import training, training_nodes
-from gpuyard.services.auth import Principal
+from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
-from gpuyard.services.ssh_keys import add_key
-from gpuyard.services.training_reads import show_cluster
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.training import nodes as training_nodes
+from gpuyard.services.training import use_cases as training
+from gpuyard.services.training.reads import show_cluster
 from gpuyard.store.schema import Event, ImageVersion, TrainingNode
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
 from tests.service.test_training_operator import KEY, FakeEdge, act, create, status
 
 

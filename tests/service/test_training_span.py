@@ -17,16 +17,16 @@ from gpuyard.core.training import NodeName
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.runtimes.host_nodes import HostNodes
-from gpuyard.services import training
-from gpuyard.services.auth import Principal
+from gpuyard.services.access.ssh_keys import add_key
+from gpuyard.services.clusters.moves import drain_host
 from gpuyard.services.context import Context
-from gpuyard.services.moves import drain_host
-from gpuyard.services.ssh_keys import add_key
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import GpuAllocation, Host, ImageVersion, TrainingNode
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import add_host_row
 from tests.service.test_training_operator import KEY, FakeEdge
 

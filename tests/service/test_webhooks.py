@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gpuyard.services import budgets, webhooks
-from gpuyard.services.auth import Principal
-from gpuyard.services.budgets import BudgetChange
+from gpuyard.services.billing import budgets
+from gpuyard.services.billing.budgets import BudgetChange
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy import webhooks
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Account, WebhookDelivery
 
 

@@ -7,7 +7,7 @@ import pytest
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, Ownership
 from gpuyard.runtimes.base import ContainerSpec
-from gpuyard.runtimes.fake import FakeNetwork, FakeRuntime
+from gpuyard.testing.fake_runtime import FakeNetwork, FakeRuntime
 
 OWNER = Ownership("0123abcd-0000-4000-8000-000000000000")
 IMAGE = "localhost/gpuyard/busybox:latest"

@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from gpuyard.api.body_limit import BodyLimit
+from gpuyard.api.http.body_limit import BodyLimit
 
 LIMIT = 1000
 

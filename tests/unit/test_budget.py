@@ -18,7 +18,7 @@ from gpuyard.core.budget import (
     usd_to_micro,
 )
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services.webhooks import Resolver, Target, check_target, sign, verify
+from gpuyard.services.tenancy.webhooks import Resolver, Target, check_target, sign, verify
 
 NOW = datetime(2026, 3, 14, 12, 0, 0, 500_000, tzinfo=UTC)
 

@@ -129,7 +129,7 @@ def test_constants_copied_to_keep_startup_fast_agree() -> None:
     from gpuyard.api.state import KEY_CACHE_TTL_S
     from gpuyard.cli import keys, main
     from gpuyard.runtimes.devimage import DEFAULT_IMAGE
-    from gpuyard.services.auth import Scope
+    from gpuyard.services.tenancy.auth import Scope
 
     assert keys.KEY_CACHE_TTL_S == KEY_CACHE_TTL_S
     assert tuple(s.value for s in Scope) == keys.SCOPES

@@ -11,8 +11,8 @@ from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.core.progress import TOTAL_STEPS, progress_for
 from gpuyard.core.states import TRANSITIONS, Action, ClusterStatus, allowed_actions, can_transition
 from gpuyard.core.text import nul_path
-from gpuyard.services.discovery import parse_declared_gpus
-from gpuyard.services.requests import CreateCluster, StartCluster
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
+from gpuyard.services.fleet.discovery import parse_declared_gpus
 
 
 def test_transition_table_is_closed_and_terminal_is_final() -> None:

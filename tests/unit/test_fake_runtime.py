@@ -14,7 +14,7 @@ from gpuyard.runtimes.base import (
     PortBinding,
     Runtime,
 )
-from gpuyard.runtimes.fake import FakeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 OWNER = Ownership.new()
 

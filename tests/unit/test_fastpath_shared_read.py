@@ -1,4 +1,4 @@
-"""api/fastpath.py: requests for the same cluster and account that miss the view cache
+"""api/fast/fastpath.py: requests for the same cluster and account that miss the view cache
 at once share one read on the lane."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any, cast
 
 import pytest
 
-from gpuyard.api.fastpath import _shared_read
+from gpuyard.api.fast.fastpath import _shared_read
+from gpuyard.api.fast.view_cache import Rendered
 from gpuyard.api.state import AppState
-from gpuyard.api.view_cache import Rendered
 from gpuyard.core.errors import ClusterNotFound
 
 ANSWER = Rendered(project_id=1, data=b"{}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.services.host_identity import (
+from gpuyard.services.fleet.identity import (
     HOST_ID_FILE,
     HostIdentityError,
     derive_from_machine_id,

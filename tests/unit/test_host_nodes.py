@@ -9,11 +9,11 @@ from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.engine import Engine, EnginePolicy
-from gpuyard.runtimes.fake import FakeRuntime
-from gpuyard.runtimes.fake_nodes import FakeNodeRuntime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.runtimes.host_nodes import HostNodes
 from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
+from gpuyard.testing.fake_nodes import FakeNodeRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 LOCAL, REMOTE = 1, 2
 

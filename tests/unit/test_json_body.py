@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 import gpuyard.api
-from gpuyard.api.json_body import OFF_LOOP_BYTES, OffLoopJsonRequest, OffLoopJsonRoute, loads
+from gpuyard.api.http.json_body import OFF_LOOP_BYTES, OffLoopJsonRequest, OffLoopJsonRoute, loads
 
 
 class Recorder:

@@ -40,3 +40,24 @@ def test_runtimes_import_only_core() -> None:
         if m.startswith("gpuyard.") and not m.startswith(("gpuyard.core", "gpuyard.runtimes"))
     }
     assert not bad
+
+
+def test_production_code_never_imports_the_test_stand_ins() -> None:
+    """gpuyard.testing (the fakes) serves tests and benchmarks only; the development
+    tools (gpuyard.devtools) only the CLI's development command."""
+    for package in (p.name for p in SRC.iterdir() if p.is_dir() and p.name != "testing"):
+        assert not {(f, m) for f, m in imports_of(package) if m.startswith("gpuyard.testing")}
+    for package in (p.name for p in SRC.iterdir() if p.is_dir()):
+        if package in ("devtools", "cli"):
+            continue
+        assert not {(f, m) for f, m in imports_of(package) if m.startswith("gpuyard.devtools")}
+
+
+def test_the_stand_ins_import_only_core_and_runtimes() -> None:
+    bad = {
+        (f, m)
+        for f, m in imports_of("testing")
+        if m.startswith("gpuyard.")
+        and not m.startswith(("gpuyard.core", "gpuyard.runtimes", "gpuyard.testing"))
+    }
+    assert not bad

@@ -1,5 +1,5 @@
 """Timestamped lines, the log cursor and resuming after it (core/log_lines.py), and the
-fake runtime's stamps (runtimes/fake_logs.py)."""
+fake runtime's stamps (testing/fake_logs.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from gpuyard.core.log_lines import (
     parse_timestamped,
     rfc3339,
 )
-from gpuyard.runtimes.fake_logs import FakeLogFollow, LogStamps, select
+from gpuyard.testing.fake_logs import FakeLogFollow, LogStamps, select
 
 S = 1_000_000_000
 T0 = 1_767_225_600 * S  # 2026-01-01T00:00:00Z

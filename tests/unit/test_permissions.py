@@ -1,11 +1,11 @@
-"""The route → permission table (api/permissions.py) and what each role may do
+"""The route → permission table (api/http/permissions.py) and what each role may do
 through it (core/roles.py): the table's classes, read by method and path template."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuyard.api.permissions import route_permission
+from gpuyard.api.http.permissions import route_permission
 from gpuyard.core.roles import ROLE_PERMISSIONS, Permission, Role
 
 P = Permission

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from gpuyard.api.state import PrincipalCache
-from gpuyard.services.auth import Principal, Scope
+from gpuyard.services.tenancy.auth import Principal, Scope
 
 P = Principal(key_id=1, user_id=1, account_id=1, scope=Scope.WRITE, default_project_id=1)
 

@@ -211,7 +211,7 @@ def test_open_link_tokens_never_reach_the_log() -> None:
 
 
 def test_the_proxy_vouches_for_its_clients_address() -> None:
-    from gpuyard.api.rate_limit import _source
+    from gpuyard.api.http.rate_limit import _source
 
     def scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
         return {"client": ("127.0.0.1", 5000), "headers": list(headers)}
@@ -225,7 +225,7 @@ def test_the_proxy_vouches_for_its_clients_address() -> None:
 
 
 def test_session_answers_are_kept_for_their_ttl_and_bounded() -> None:
-    from gpuyard.services.proxy_access import SessionChecks
+    from gpuyard.services.access.proxy_access import SessionChecks
 
     now = [100.0]
     checks = SessionChecks(ttl_s=2.0, max_entries=2, clock=lambda: now[0])

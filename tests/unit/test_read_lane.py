@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpuyard.api.read_lane import ReadLane
+from gpuyard.api.fast.read_lane import ReadLane
 
 
 def test_runs_off_the_loop_thread_and_returns_the_result() -> None:

@@ -1,11 +1,11 @@
-"""Replica ids (services/replica.py): unique per call, readable, fit leases.holder."""
+"""Replica ids (services/installation/replica.py): unique per call, readable, fit leases.holder."""
 
 from __future__ import annotations
 
 import os
 import socket
 
-from gpuyard.services.replica import replica_id
+from gpuyard.services.installation.replica import replica_id
 
 
 def test_replica_ids_are_unique_and_name_the_host_and_process() -> None:

@@ -1,5 +1,5 @@
 """Roles and permissions (core/roles.py) and how a principal combines them with its
-key's scope (services/auth.py)."""
+key's scope (services/tenancy/auth.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpuyard.core.roles import (
     parse_role,
     role_allows,
 )
-from gpuyard.services.auth import Principal, Scope
+from gpuyard.services.tenancy.auth import Principal, Scope
 
 
 def principal(role: Role, scope: Scope = Scope.WRITE, operator: bool = False) -> Principal:

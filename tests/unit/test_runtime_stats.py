@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.services.runtime_stats import SharedTtlCache, StatsKey
+from gpuyard.services.fleet.runtime_stats import SharedTtlCache, StatsKey
 
 WAIT_S = 10.0
 

@@ -35,7 +35,7 @@ class Clock:
         return self.t
 
 
-def test_limiter_blocks_after_the_limit_until_the_window_passes() -> None:
+def test_limiter_blocks_after_the_limit_until_a_failure_has_refilled() -> None:
     clock = Clock()
     limiter = FailureLimiter(3, 60.0, clock=clock)
     for _ in range(2):
@@ -46,9 +46,18 @@ def test_limiter_blocks_after_the_limit_until_the_window_passes() -> None:
     assert limiter.blocked("10.0.0.1")
     # Other sources are not affected.
     assert not limiter.blocked("10.0.0.2")
-    # Blocked until the oldest counted failure is a minute old.
-    assert 57.0 < limiter.blocked_for("10.0.0.1") <= 58.0
-    clock.t += 58.01
+    # The allowance refills at 3 a minute (one every 20 s); 0.1 of it refilled in the
+    # 2 s the failures took, so one more try comes 18 s later, and only one.
+    assert 17.9 < limiter.blocked_for("10.0.0.1") <= 18.0
+    clock.t += 18.01
+    assert not limiter.blocked("10.0.0.1")
+    limiter.failed("10.0.0.1")
+    assert limiter.blocked("10.0.0.1")
+    # A minute unused makes the allowance whole: the source is forgotten.
+    clock.t += 61
+    assert not limiter.blocked("10.0.0.1")
+    for _ in range(2):
+        limiter.failed("10.0.0.1")
     assert not limiter.blocked("10.0.0.1")
 
 

@@ -11,9 +11,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services.ssh_keys import parse_public_key
+from gpuyard.services.access.ssh_keys import parse_public_key
 
 needs_keygen = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
 
@@ -41,6 +43,12 @@ def keygen_fingerprint(pub: Path) -> str:
 def wire(*fields: bytes) -> str:
     """Base64 of SSH wire-format strings."""
     return base64.b64encode(b"".join(struct.pack(">I", len(f)) + f for f in fields)).decode()
+
+
+def p256_point() -> bytes:
+    """A point of P-256 (uncompressed), as a security key's public key holds."""
+    public = ec.generate_private_key(ec.SECP256R1()).public_key()
+    return public.public_bytes(Encoding.X962, PublicFormat.UncompressedPoint)
 
 
 def refused(text: object, needle: str) -> ValidationFailed:
@@ -106,9 +114,12 @@ def test_sk_keys_are_accepted() -> None:
     normalised, fp = parse_public_key(f"sk-ssh-ed25519@openssh.com {ed} yubikey")
     assert normalised == f"sk-ssh-ed25519@openssh.com {ed} yubikey"
     assert fp.startswith("SHA256:")
-    point = b"\x04" + b"\x02" * 64
-    ec = wire(b"sk-ecdsa-sha2-nistp256@openssh.com", b"nistp256", point, b"ssh:")
-    parse_public_key(f"sk-ecdsa-sha2-nistp256@openssh.com {ec}")
+    point = p256_point()
+    ec_blob = wire(b"sk-ecdsa-sha2-nistp256@openssh.com", b"nistp256", point, b"ssh:")
+    parse_public_key(f"sk-ecdsa-sha2-nistp256@openssh.com {ec_blob}")
+    # A point of the right size that is not on the curve is no key.
+    off = wire(b"sk-ecdsa-sha2-nistp256@openssh.com", b"nistp256", b"\x04" + b"\x02" * 64, b"ssh:")
+    refused(f"sk-ecdsa-sha2-nistp256@openssh.com {off}", "not on its curve")
     refused(
         "sk-ssh-ed25519@openssh.com " + wire(b"sk-ssh-ed25519@openssh.com", b"\x01" * 32, b""),
         "application is empty",
@@ -167,3 +178,10 @@ def test_malformed_keys_are_refused(text: str, needle: str) -> None:
 @pytest.mark.parametrize("value", [None, 42, ["ssh-ed25519 AAAA"], {"key": "x"}])
 def test_non_strings_are_refused(value: object) -> None:
     refused(value, "must be a string")
+
+
+def test_a_good_ecdsa_key_with_trailing_bytes_says_so() -> None:
+    blob = wire(b"ecdsa-sha2-nistp256", b"nistp256", p256_point(), b"x")
+    refused(f"ecdsa-sha2-nistp256 {blob}", "trailing bytes")
+    good = wire(b"ecdsa-sha2-nistp256", b"nistp256", p256_point())
+    assert parse_public_key(f"ecdsa-sha2-nistp256 {good}")[1].startswith("SHA256:")

@@ -9,8 +9,8 @@ import pytest
 
 from gpuyard.core.autoterm import read_policy, shown_policy
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services.autoterm_policy import merge_policy
-from gpuyard.services.requests import AutoTerminateUpdate
+from gpuyard.services.clusters.autoterm_policy import merge_policy
+from gpuyard.services.clusters.requests import AutoTerminateUpdate
 
 
 def test_read_policy_says_why_a_stored_policy_is_not_enforced() -> None:

@@ -15,7 +15,11 @@ import pytest
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.edge import terminal_bridge as tb
 from gpuyard.edge.exec_pty import ContainerNotRunning, ExecError
-from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine
+from gpuyard.runtimes.exec_endpoint import engine_exec_endpoint
+from gpuyard.runtimes.host_runtimes import HostEngineRuntime
+from gpuyard.testing.fake_runtime import FakeRuntime
 
 
 def test_parse_control() -> None:
@@ -158,32 +162,36 @@ class Tunnel:
 
 
 @dataclass
-class FakeRuntime:
-    engine: Any
-    tunnel: Any = None
+class Tls:
+    cert: tuple[str, str] | None = None
+    ca_cert: str | None = None
+    verify: bool = False
 
 
 def test_exec_targets() -> None:
-    target = tb.exec_target(FakeRuntime(Engine("unix:///run/podman/podman.sock")), "c1")
+    local = DockerEngineRuntime("unix:///run/podman/podman.sock")
+    target = tb.exec_target(local, "c1")
     assert target == tb.ExecTarget("unix:///run/podman/podman.sock", None, "c1")
     # An SSH host: the tunnel's socket (started when down).
-    target = tb.exec_target(FakeRuntime(Engine("unix:///stale.sock"), Tunnel()), "c2")
-    assert target.engine_url == "unix:///tmp/tunnel.sock"
+    remote = HostEngineRuntime(
+        "unix:///stale.sock",
+        5.0,
+        policy=DEFAULT_POLICY,
+        tunnel=Tunnel(),  # type: ignore[arg-type]
+    )
+    assert tb.exec_target(remote, "c2").engine_url == "unix:///tmp/tunnel.sock"
     # A TCP engine with TLS client material (verification off here: no CA file).
-    engine = Engine("https://10.0.0.5:2376")
-
-    @dataclass
-    class Tls:
-        cert: tuple[str, str] | None = None
-        ca_cert: str | None = None
-        verify: bool = False
-
-    engine.tls = Tls()
-    target = tb.exec_target(FakeRuntime(engine), "c3")
+    tcp = HostEngineRuntime("tcp://10.0.0.5:2376", 5.0, policy=DEFAULT_POLICY, tls=Tls())
+    target = tb.exec_target(tcp, "c3")
     assert target.engine_url == "https://10.0.0.5:2376"
     assert isinstance(target.ssl, ssl.SSLContext) and target.ssl.verify_mode == ssl.CERT_NONE
+    # The same for an engine's own URL written as https.
+    engine = Engine("https://10.0.0.5:2376")
+    engine.tls = Tls()
+    assert engine_exec_endpoint(engine).url == "https://10.0.0.5:2376"
+    # A runtime with no engine to exec in says so.
     with pytest.raises(RuntimeFailure):
-        tb.exec_target(object(), "c4")
+        tb.exec_target(FakeRuntime(), "c4")
 
 
 class ScriptedExec:

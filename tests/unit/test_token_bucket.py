@@ -104,7 +104,7 @@ def test_a_rate_must_be_positive_and_finite(per_second: float, burst: int) -> No
 
 
 def test_ipv6_sources_count_by_their_64() -> None:
-    from gpuyard.api.rate_limit import source_of
+    from gpuyard.api.http.rate_limit import source_of
 
     assert source_of("2001:db8:1:2::1") == source_of("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
     assert source_of("2001:db8:1:3::1") != source_of("2001:db8:1:2::1")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services.training_inputs import (
+from gpuyard.services.training.inputs import (
     CREATE_FIELDS,
     AddSecurityGroups,
     AttachIp,

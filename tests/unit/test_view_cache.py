@@ -1,4 +1,4 @@
-"""api/view_cache.py: when a kept cluster answer may be used again."""
+"""api/fast/view_cache.py: when a kept cluster answer may be used again."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.orm import sessionmaker
 
-from gpuyard.api.view_cache import Rendered, Stamp, ViewCache
+from gpuyard.api.fast.view_cache import Rendered, Stamp, ViewCache
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import IdleSince
 

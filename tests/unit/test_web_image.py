@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from gpuyard.cli.main import cli
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.runtimes import web_image
+from gpuyard.devtools import web_image
 from gpuyard.runtimes.devimage import SERVE_PORT
 
 

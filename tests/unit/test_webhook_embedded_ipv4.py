@@ -1,5 +1,5 @@
 """Webhook targets given as IPv6 addresses that embed an IPv4 address are judged by
-the embedded address (core/embedded_ipv4.py, services/webhooks.py)."""
+the embedded address (core/embedded_ipv4.py, services/tenancy/webhooks.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from gpuyard.core.embedded_ipv4 import embedded_ipv4
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services.webhooks import check_target
+from gpuyard.services.tenancy.webhooks import check_target
 
 
 def _teredo(server: str, client: str) -> str:

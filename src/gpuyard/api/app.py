@@ -14,46 +14,40 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gpuyard import __version__
-from gpuyard.api import accounts as accounts_api
-from gpuyard.api import audit as audit_api
-from gpuyard.api import (
-    billing,
-    catalog,
-    clusters,
-    docs_page,
-    errors,
-    guide_page,
-    method_not_allowed,
-    training,
-)
-from gpuyard.api import budgets as budgets_api
-from gpuyard.api import cluster_logs as cluster_logs_api
-from gpuyard.api import cluster_metrics as cluster_metrics_api
-from gpuyard.api import console as console_api
-from gpuyard.api import host_images as host_images_api
-from gpuyard.api import hosts as hosts_api
-from gpuyard.api import images as images_api
-from gpuyard.api import me as me_api
-from gpuyard.api import metrics as metrics_api
-from gpuyard.api import network_volumes as network_volumes_api
-from gpuyard.api import orphans as orphans_api
-from gpuyard.api import plans as plans_api
-from gpuyard.api import projects as projects_api
-from gpuyard.api import proxy as proxy_api
-from gpuyard.api import quotas as quotas_api
-from gpuyard.api import reserved_ips as reserved_ips_api
-from gpuyard.api import security_groups as security_groups_api
-from gpuyard.api import snapshots as snapshots_api
-from gpuyard.api import ssh_keys as ssh_keys_api
-from gpuyard.api import terminal as terminal_api
-from gpuyard.api.body_limit import BodyLimit
-from gpuyard.api.database_outage import DatabaseOutage
-from gpuyard.api.fastpath import ClusterReadFastPath
+from gpuyard.api.console import docs_page, guide_page
+from gpuyard.api.console import page as console_api
+from gpuyard.api.console import terminal as terminal_api
+from gpuyard.api.fast.fastpath import ClusterReadFastPath
 from gpuyard.api.graphql import build_router as graphql_router
-from gpuyard.api.nul_guard import NulGuard
-from gpuyard.api.rate_limit import RateLimit, RateLimiter, RateLimits, seconds_of
-from gpuyard.api.request_ids import RequestIds
+from gpuyard.api.http import errors, method_not_allowed
+from gpuyard.api.http import metrics as metrics_api
+from gpuyard.api.http.body_limit import BodyLimit
+from gpuyard.api.http.database_outage import DatabaseOutage
+from gpuyard.api.http.nul_guard import NulGuard
+from gpuyard.api.http.rate_limit import RateLimit, RateLimiter, RateLimits, seconds_of
+from gpuyard.api.http.request_ids import RequestIds
+from gpuyard.api.rest import accounts as accounts_api
+from gpuyard.api.rest import audit as audit_api
+from gpuyard.api.rest import billing, catalog, clusters
+from gpuyard.api.rest import budgets as budgets_api
+from gpuyard.api.rest import cluster_logs as cluster_logs_api
+from gpuyard.api.rest import cluster_metrics as cluster_metrics_api
+from gpuyard.api.rest import host_images as host_images_api
+from gpuyard.api.rest import hosts as hosts_api
+from gpuyard.api.rest import images as images_api
+from gpuyard.api.rest import me as me_api
+from gpuyard.api.rest import network_volumes as network_volumes_api
+from gpuyard.api.rest import orphans as orphans_api
+from gpuyard.api.rest import plans as plans_api
+from gpuyard.api.rest import projects as projects_api
+from gpuyard.api.rest import proxy as proxy_api
+from gpuyard.api.rest import quotas as quotas_api
+from gpuyard.api.rest import reserved_ips as reserved_ips_api
+from gpuyard.api.rest import security_groups as security_groups_api
+from gpuyard.api.rest import snapshots as snapshots_api
+from gpuyard.api.rest import ssh_keys as ssh_keys_api
 from gpuyard.api.state import AppState
+from gpuyard.api.training import routes as training
 from gpuyard.core.errors import GpuyardError
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
@@ -69,17 +63,15 @@ from gpuyard.reconciler.training.slurm_jobs import SqueueJobs
 from gpuyard.reconciler.wiring import build_reconciler, lanes_for
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.engine import Engine
 from gpuyard.runtimes.fleet import Fleet, HostEngine, RuntimeFactory
-from gpuyard.runtimes.inventory import discover_inventory
-from gpuyard.services.auth import IssuedKey
-from gpuyard.services.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.access.proxy_routes import proxy_api_secret
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.context import Context
-from gpuyard.services.host_health import record_inventory
-from gpuyard.services.installation import ensure_installation
-from gpuyard.services.leases import LeaseKeeper
-from gpuyard.services.proxy_routes import proxy_api_secret
+from gpuyard.services.fleet.health import record_inventory
+from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.installation.identity import ensure_installation
+from gpuyard.services.installation.leases import LeaseKeeper
+from gpuyard.services.tenancy.auth import IssuedKey
 from gpuyard.settings import Settings
 from gpuyard.store.sqlite_reader import reader_for
 
@@ -219,7 +211,7 @@ def build_server(
         version=__version__,
         description="Self-hostable GPU cloud: clusters on real containers (REST v1/v2, GraphQL).",
         lifespan=lifespan,
-        docs_url=None,  # served from the bundled Swagger UI (api/docs_page.py)
+        docs_url=None,  # served from the bundled Swagger UI (api/console/docs_page.py)
         redoc_url=None,
     )
     docs_page.install(app)
@@ -280,7 +272,7 @@ def build_server(
     app.include_router(me_api.router)
     # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.
-    app.include_router(graphql_router(), include_in_schema=False)
+    app.include_router(graphql_router(settings), include_in_schema=False)
     app.include_router(training.router)
 
     @app.get("/healthz", tags=["meta"])
@@ -295,13 +287,9 @@ def build_server(
 
 def _describe_host(ctx: Context, host: HostEngine, runtime: Runtime) -> None:
     """A host that answers (first, or again): keep what its engine says it has."""
-    inventory = getattr(runtime, "inventory", None)
-    engine = getattr(runtime, "engine", None)
-    if callable(inventory):
-        record_inventory(ctx, host.host_id, inventory())
-    elif isinstance(engine, Engine):
-        # This machine: its GPUs and disk were found at start; the engine says the rest.
-        record_inventory(ctx, host.host_id, discover_inventory(engine, None))
+    inventory = runtime.inventory()
+    if inventory is not None:
+        record_inventory(ctx, host.host_id, inventory)
 
 
 def _owned() -> bool:
@@ -390,8 +378,8 @@ def training_operator_factory(
         local = SlurmNodeRuntime(engine_url, policy=engine_policy(settings, engine_url))
 
         def on_engine(runtime: Runtime) -> SlurmNodeRuntime:
-            engine = getattr(runtime, "engine", None)
-            if not isinstance(engine, Engine):
+            engine = runtime.docker_engine()
+            if engine is None:
                 raise TypeError(f"{type(runtime).__name__} has no container engine for nodes")
             return SlurmNodeRuntime(None, engine=engine, image_source=local.engine)
 

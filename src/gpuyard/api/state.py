@@ -13,15 +13,15 @@ from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
-from gpuyard.api.permissions import route_permission
-from gpuyard.api.read_lane import ReadLane
-from gpuyard.api.view_cache import DEFAULT_MAX_AGE_S, ViewCache
+from gpuyard.api.fast.read_lane import ReadLane
+from gpuyard.api.fast.view_cache import DEFAULT_MAX_AGE_S, ViewCache
+from gpuyard.api.http.permissions import route_permission
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
 from gpuyard.core.roles import Permission
 from gpuyard.runtimes.base import Runtime
-from gpuyard.services.auth import AccountSelection, Principal, hash_key, resolve_key
+from gpuyard.services.access.proxy_access import SessionChecks
 from gpuyard.services.context import Context
-from gpuyard.services.proxy_access import SessionChecks
+from gpuyard.services.tenancy.auth import AccountSelection, Principal, hash_key, resolve_key
 
 # Revocation through another process (the CLI) takes effect within this many seconds.
 KEY_CACHE_TTL_S = 5.0
@@ -79,7 +79,7 @@ class AppState:
     ctx: Context
     runtime: Runtime
     keys: PrincipalCache = field(default_factory=PrincipalCache)
-    # The proxy's session checks, kept a few seconds (services/proxy_access.py).
+    # The proxy's session checks, kept a few seconds (services/access/proxy_access.py).
     proxy_sessions: SessionChecks = field(default_factory=SessionChecks)
     # The training operator, when training clusters are served by real nodes.
     training: PartitionReader | None = None
@@ -88,7 +88,7 @@ class AppState:
     # The engine of a host (None: this machine's): the reconciler's fleet when set.
     host_runtime: Callable[[int | None], Runtime] | None = None
     # Recently rendered GET /v1/clusters/{id} and list answers, and GraphQL query
-    # answers (api/view_cache.py), on the context's clock, forgotten at every commit on
+    # answers (api/fast/view_cache.py), on the context's clock, forgotten at every commit on
     # the store's engine.
     views: ViewCache = field(init=False)
     queries: ViewCache = field(init=False)
@@ -202,7 +202,7 @@ async def request_principal(request: Request) -> Principal:
 
 async def current_principal(request: Request) -> Principal:
     """The caller, checked against what the matched route needs of its role
-    (api/permissions.py). Raises Unauthorized / Forbidden / ValidationFailed."""
+    (api/http/permissions.py). Raises Unauthorized / Forbidden / ValidationFailed."""
     principal = await request_principal(request)
     route = request.scope.get("route")
     path = getattr(route, "path_format", None) or request.url.path

@@ -1,5 +1,5 @@
 """``gpuyard backup`` and ``gpuyard restore``: run on the server's machine, with the
-server's GPUYARD_* settings (services/backup.py)."""
+server's GPUYARD_* settings (services/installation/backup.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def backup(path: Path) -> None:
     the database (a consistent copy) with the secret key, the snapshot password, the
     SSH keys and known hosts, the credentials and the host id. Snapshot data is not in
     it (back the restic repository up with restic)."""
-    from gpuyard.services.backup import backup as make_backup
+    from gpuyard.services.installation.backup import backup as make_backup
     from gpuyard.settings import Settings
 
     done = make_backup(Settings(), path)
@@ -32,7 +32,7 @@ def restore(path: Path) -> None:
     empty database). Start `gpuyard serve` next: it adopts the backup's clusters on
     their hosts; containers made after the backup are stopped and kept, their volumes
     quarantined (`gpuyard orphans`). Nothing on any host is deleted."""
-    from gpuyard.services.backup import restore as bring_back
+    from gpuyard.services.installation.backup import restore as bring_back
     from gpuyard.settings import Settings
 
     settings = Settings()

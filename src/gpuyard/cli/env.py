@@ -19,7 +19,7 @@ from gpuyard.cli.config import credentials_path, read_credentials
 @click.command("env")
 def env() -> None:
     """Print `export GPUYARD_URL=... GPUYARD_API_KEY=...` for this GPUYARD_HOME."""
-    from gpuyard.services.bootstrap import client_url
+    from gpuyard.services.installation.bootstrap import client_url
     from gpuyard.settings import Settings
 
     path = credentials_path()

@@ -29,7 +29,7 @@ def store_transaction() -> Iterator[Session]:
     """One write transaction on the store named by ``Settings()`` (migrated first);
     commits on success, rolls back on error, and disposes the engine."""
     # Imported here so HTTP commands start without loading SQLAlchemy and the services.
-    from gpuyard.services.bootstrap import open_store
+    from gpuyard.services.installation.bootstrap import open_store
     from gpuyard.settings import Settings
     from gpuyard.store.db import WRITE_OPTIONS
 
@@ -65,8 +65,8 @@ def create(name: str, scope: str) -> None:
     from sqlalchemy import select
 
     from gpuyard.core.errors import NotFound
-    from gpuyard.services.audit import record_audit
-    from gpuyard.services.auth import Scope, admin_user, issue_key
+    from gpuyard.services.tenancy.audit import record_audit
+    from gpuyard.services.tenancy.auth import Scope, admin_user, issue_key
     from gpuyard.store.schema import Member, utcnow
 
     with store_transaction() as session:
@@ -101,7 +101,7 @@ def create(name: str, scope: str) -> None:
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
     """Every key: id, visible prefix, name, scope, created and revoked times."""
-    from gpuyard.services.auth import list_keys
+    from gpuyard.services.tenancy.auth import list_keys
 
     with store_transaction() as session:
         rows = [
@@ -135,8 +135,8 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 def revoke(id_or_prefix: str) -> None:
     """Revoke a key by its id or its visible prefix (e.g. gy_AbCdEfG). Revoking a
     revoked key is allowed and keeps it revoked."""
-    from gpuyard.services.audit import record_audit
-    from gpuyard.services.auth import revoke_key
+    from gpuyard.services.tenancy.audit import record_audit
+    from gpuyard.services.tenancy.auth import revoke_key
     from gpuyard.store.schema import utcnow
 
     with store_transaction() as session:

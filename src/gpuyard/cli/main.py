@@ -105,7 +105,7 @@ def dev_image(
     if slurm and web:
         raise click.UsageError("--slurm and --web build different images: pick one")
     if web:
-        from gpuyard.runtimes.web_image import WEB_IMAGE, build_web_image, web_image_current
+        from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image, web_image_current
 
         name = name or WEB_IMAGE
         current = not force and web_image_current(name, runtime_cli)

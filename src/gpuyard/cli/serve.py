@@ -25,8 +25,8 @@ from gpuyard.runtimes.engine_url import (
     default_service_socket,
     detect_engine_url,
 )
-from gpuyard.services.auth import IssuedKey
-from gpuyard.services.secrets import SecretKeyError
+from gpuyard.services.tenancy.auth import IssuedKey
+from gpuyard.services.tenancy.secrets import SecretKeyError
 from gpuyard.settings import Settings
 
 log = logging.getLogger("gpuyard.serve")

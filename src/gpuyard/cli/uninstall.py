@@ -1,6 +1,6 @@
 """``gpuyard uninstall``: remove this installation from every host it knows. Run on the
 server's machine, with the server's GPUYARD_* settings, while the server is stopped
-(services/uninstall.py does the work)."""
+(services/installation/uninstall.py does the work)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpuyard.cli.output import human_bytes, print_table
 if TYPE_CHECKING:
     from gpuyard.core.ownership import Ownership
     from gpuyard.runtimes.engine import Engine, EngineVolume
-    from gpuyard.services.uninstall import HostRemoval
+    from gpuyard.services.installation.uninstall import HostRemoval
 
 
 @click.command("uninstall")
@@ -47,7 +47,11 @@ def uninstall(
     from gpuyard.runtimes.engine_url import detect_engine_url, is_local_engine
     from gpuyard.runtimes.fleet import HostEngine
     from gpuyard.runtimes.host_runtimes import HostEngineRuntime, host_runtime_factory
-    from gpuyard.services.uninstall import installation_of, owned_volumes, uninstall_hosts
+    from gpuyard.services.installation.uninstall import (
+        installation_of,
+        owned_volumes,
+        uninstall_hosts,
+    )
     from gpuyard.settings import Settings
 
     settings = Settings()

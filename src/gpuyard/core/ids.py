@@ -14,7 +14,7 @@ def new_cluster_id() -> str:
     return "".join(secrets.choice(_ALPHABET) for _ in range(14))
 
 
-# The id of the request being served (set by api/request_ids.py): every envelope and
+# The id of the request being served (set by api/http/request_ids.py): every envelope and
 # audit event of one request carries the same id.
 _CURRENT_REQUEST_ID: ContextVar[str | None] = ContextVar("gpuyard_request_id", default=None)
 

@@ -77,7 +77,7 @@ class PortSpec(StrictModel):
     protocol: Literal["http", "tcp", "udp"] = "tcp"
     # Who may pass the HTTP proxy to an http port: the owner only, or anybody.
     visibility: Literal["private", "public"] = "private"
-    # Input is held to NAME_PATTERN by the request models (services/requests.py), not
+    # Input is held to NAME_PATTERN by the request models (services/clusters/requests.py), not
     # here: ports stored before that rule must still load.
     description: str = Field(
         default="", max_length=200, json_schema_extra={"pattern": NAME_PATTERN}

@@ -1,6 +1,6 @@
 """Pure placement: choose a host and GPU indices for a resource request.
 
-No I/O. The caller (services/placement.py) loads the candidate hosts' capacities inside
+No I/O. The caller (services/capacity/placement.py) loads the candidate hosts' capacities inside
 a serialised transaction and inserts the allocation rows; the database's unique key on
 ``(host_id, gpu_index)`` remains the last word if two placements ever race.
 

@@ -1,6 +1,6 @@
 """Quotas of accounts and projects: their limits, what is in use, and the check.
 
-Pure: the store reads usage and limits (services/quotas.py); this module says what
+Pure: the store reads usage and limits (services/billing/quotas.py); this module says what
 they mean. A limit is set per account (every project together) or per project, on
 
 - ``gpus``: GPUs held, of every type together, or of one type (``gpus_by_type``);
@@ -112,7 +112,7 @@ class Limits:
 
     @classmethod
     def from_rows(cls, rows: Iterable[tuple[str, str, int]]) -> Limits:
-        """From ``(resource, gpu_type, limit)`` rows (store/schema.py Quota); rows of
+        """From ``(resource, gpu_type, limit)`` rows (store/schema/tenancy.py Quota); rows of
         resources this version does not know are ignored."""
         values: dict[str, Any] = {}
         by_type: dict[str, int] = {}

@@ -3,7 +3,7 @@
 A value is secret when its name contains one of :data:`SECRET_NAME_PARTS` (any case:
 ``DB_PASSWORD``, ``hf_token``, ``AWS_SECRET_ACCESS_KEY``, ``SSH_PRIVATE``), or when
 the user marked it ``secret: true``. Secret values are stored encrypted, as
-``gysec:v1:<token>`` (:data:`SEALED_PREFIX`; services/secrets.py seals and opens
+``gysec:v1:<token>`` (:data:`SEALED_PREFIX`; services/tenancy/secrets.py seals and opens
 them), and every API answer shows them as :data:`MASK`. A stored value carries its
 own secrecy: whatever its name, a sealed value stays secret, so an explicit
 ``secret: true`` needs no column of its own.

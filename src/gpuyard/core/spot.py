@@ -4,7 +4,7 @@ A request carries a bid per GPU (None: on-demand, which outbids every spot bid).
 Only interruptible holders bidding strictly less than the request can be evicted;
 an equal bid never preempts. On each host, victims are taken lowest bid first until
 the request fits; among hosts the one needing the fewest evictions wins (then the
-lowest total bid evicted). No I/O: services/spot.py loads and applies.
+lowest total bid evicted). No I/O: services/billing/spot.py loads and applies.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Cluster statuses, the allowed-transition table and the actions a user may take.
 
-``transition_cluster`` (services/lifecycle.py) is the only writer of a status and
+``transition_cluster`` (services/clusters/lifecycle.py) is the only writer of a status and
 checks every change against :data:`TRANSITIONS`.
 """
 

@@ -2,7 +2,7 @@
 host and published SSH port; the public keys that open it now; login events.
 
 A registered key opens a cluster only while the user who registered it may write to
-the cluster's project (services/cluster_access.py: membership, role, project rows, a
+the cluster's project (services/tenancy/cluster_access.py: membership, role, project rows, a
 live API key), and only that project's clusters when the key was registered through
 an API key restricted to one. Nothing is cached: every login, every check of an open
 session and every pass of the ``authorized_keys`` sync reads the store afresh.
@@ -14,19 +14,18 @@ a stored key's blob: comments and options play no part.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import asyncssh
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.core.ownership import Ownership
-from gpuyard.services.cluster_access import AccessIndex, Need
-from gpuyard.services.lifecycle import record_event
+from gpuyard.services.clusters.lifecycle import record_event
+from gpuyard.services.tenancy.cluster_access import AccessIndex, Need
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Cluster, Host, Project, SshKey
 
@@ -68,13 +67,13 @@ class ClusterTarget:
 
 
 def key_blob(public_key: str) -> bytes | None:
-    """The wire-format blob of an OpenSSH public key line (None when malformed)."""
-    parts = public_key.split()
-    if len(parts) < 2:
-        return None
+    """The wire-format blob of an OpenSSH public key line, as asyncssh reads it (the
+    key the client's offer is compared with); None when it is not one."""
     try:
-        return base64.b64decode(parts[1], validate=True)
-    except (binascii.Error, ValueError):
+        return asyncssh.import_public_key(public_key).public_data
+    # asyncssh raises KeyImportError, and ValueError or OverflowError from the
+    # cryptography checks of numbers and points.
+    except (asyncssh.KeyImportError, ValueError, OverflowError):
         return None
 
 

@@ -16,8 +16,8 @@ key deleted) is disconnected at the next check, every ``session_check_s``. Then:
 Refusals: an unknown cluster and a key that is not the owner's look the same (a
 banner naming the key's fingerprint; nothing says whether the cluster exists). The
 owner's key on a cluster that is not running gets a banner saying its status. A
-source address with too many failed logins in the last minute is refused whatever
-it offers (edge/auth_limiter.py). Every login is an ``ssh_login`` event on the
+source address that has spent its allowance of failed logins is refused whatever it
+offers (edge/auth_limiter.py). Every login is an ``ssh_login`` event on the
 cluster naming the key (name, fingerprint) and the source; keys never reach logs.
 """
 

@@ -2,7 +2,7 @@
 cluster's container (an exec session, edge/exec_pty.py). Pure asyncio: two pumps on
 the event loop, no threads.
 
-Protocol (``GET /v1/clusters/{id}/terminal``, api/terminal.py):
+Protocol (``GET /v1/clusters/{id}/terminal``, api/console/terminal.py):
 
 - binary frames carry terminal bytes, both ways (keystrokes in, screen output out);
 - text frames carry JSON control messages. From the client:
@@ -23,16 +23,14 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuyard.core.errors import RuntimeFailure
 from gpuyard.edge.exec_pty import ExecSession
 from gpuyard.edge.hang_up import HANGUP_RETRY_S, hang_up
-from gpuyard.runtimes.engine import Engine
+from gpuyard.runtimes.capabilities import ExecAccess
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +53,7 @@ _REASON_BYTES = 123
 
 
 class ClientSocket(Protocol):
-    """The browser's side, already accepted (api/terminal.py adapts Starlette's)."""
+    """The browser's side, already accepted (api/console/terminal.py adapts Starlette's)."""
 
     async def receive(self) -> bytes | str | None:
         """The next frame's payload: bytes (binary), str (text); None when the client
@@ -213,34 +211,12 @@ class ExecTarget:
     container: str
 
 
-def exec_target(runtime: object, container: str) -> ExecTarget:
-    """The engine behind ``runtime`` (a host's Docker-engine runtime, runtimes/) and
+def exec_target(runtime: ExecAccess, container: str) -> ExecTarget:
+    """The exec endpoint of ``runtime``'s engine (runtimes/capabilities.py) and
     ``container`` on it. Blocking (an SSH host's tunnel is started if it is down): call
     it in a thread. Raises RuntimeFailure when the runtime has no engine to exec in."""
-    engine = getattr(runtime, "engine", None)
-    if not isinstance(engine, Engine):
-        raise RuntimeFailure("this cluster's host runtime has no container engine to open a shell")
-    tunnel = getattr(runtime, "tunnel", None)
-    url = engine.base_url
-    if tunnel is not None and callable(getattr(tunnel, "url", None)):
-        url = str(tunnel.url())
-    if not url:
-        # The SDK's default, which the runtime's own client uses too.
-        url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    context: ssl.SSLContext | None = None
-    tls = engine.tls
-    if tls:
-        ca = getattr(tls, "ca_cert", None)
-        context = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
-        cert = getattr(tls, "cert", None)
-        if cert:
-            context.load_cert_chain(cert[0], cert[1])
-        if getattr(tls, "verify", True) is False:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-    if url.startswith("tcp://") and context is not None:
-        url = "https://" + url[len("tcp://") :]
-    return ExecTarget(url, context, container)
+    endpoint = runtime.exec_endpoint()
+    return ExecTarget(endpoint.url, endpoint.ssl, container)
 
 
 # The shell reports its pid (its session id: the engine makes a tty exec a session

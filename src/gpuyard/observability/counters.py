@@ -2,8 +2,9 @@
 
 Each server has its own registry (several servers may share a test process), so a
 counter is looked up from the server's :class:`~gpuyard.services.context.Context`
-instead of being a module global. Where no server bound counters to the context (unit
-tests of a service alone), recording is a no-op.
+instead of being a module global. The context is only a key (its identity, never
+read), so this module needs nothing of the services. Where no server bound counters
+to the context (unit tests of a service alone), recording is a no-op.
 
     from gpuyard.observability.counters import record_auto_termination
     record_auto_termination(ctx, "cost_limit")   # gpuyard_auto_terminations_total{rule=}
@@ -13,14 +14,10 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
 from gpuyard.core.autoterm import Rule
-
-if TYPE_CHECKING:
-    from gpuyard.services.context import Context
 
 AUTO_TERMINATIONS = "gpuyard_auto_terminations_total"
 
@@ -46,7 +43,7 @@ _lock = threading.Lock()
 _bound: dict[int, EventCounters] = {}
 
 
-def bind(ctx: Context, counters: EventCounters) -> None:
+def bind(ctx: object, counters: EventCounters) -> None:
     """Make ``counters`` the ones recorded through ``ctx`` (for as long as it lives)."""
     key = id(ctx)
     with _lock:
@@ -59,13 +56,13 @@ def _unbind(key: int) -> None:
         _bound.pop(key, None)
 
 
-def counters_for(ctx: Context | None) -> EventCounters | None:
+def counters_for(ctx: object | None) -> EventCounters | None:
     if ctx is None:
         return None
     return _bound.get(id(ctx))
 
 
-def record_auto_termination(ctx: Context | None, rule: str) -> None:
+def record_auto_termination(ctx: object | None, rule: str) -> None:
     """Count one cluster stopped/terminated by auto-termination ``rule`` (a
     :class:`~gpuyard.core.autoterm.Rule` or its value: ``max_runtime``, ``cost_limit``,
     ``idle``). Safe from any thread; a no-op when ``ctx`` has no metrics."""

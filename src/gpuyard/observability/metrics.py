@@ -2,7 +2,7 @@
 
 - Store state is read at scrape time (:class:`StoreCollector`): a few queries per
   scrape, nothing kept up to date on the request or reconcile paths.
-- API latency is observed by the ASGI middleware in ``api/metrics.py``.
+- API latency is observed by the ASGI middleware in ``api/http/metrics.py``.
 - The reconciler reports each loop pass through its ``on_pass`` hook.
 - Event counters live in ``counters.py``.
 """
@@ -25,9 +25,9 @@ from sqlalchemy import func, select
 from gpuyard.core.placement import AllocationRatios, free_resources
 from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.counters import EventCounters, bind
-from gpuyard.services.cluster_views import cluster_rate
+from gpuyard.services.clusters.views import cluster_rate
 from gpuyard.services.context import Context
-from gpuyard.services.hosts import capacities
+from gpuyard.services.fleet.hosts import capacities
 from gpuyard.store.schema import Cluster
 
 log = logging.getLogger(__name__)

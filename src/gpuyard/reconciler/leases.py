@@ -14,7 +14,7 @@ BUDGET_DUTY = "budget"
 
 
 class Leases(Protocol):
-    """Which duties this replica owns now (services/leases.py LeaseKeeper)."""
+    """Which duties this replica owns now (services/installation/leases.py LeaseKeeper)."""
 
     def holds(self, name: str) -> bool: ...
 

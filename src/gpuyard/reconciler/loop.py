@@ -39,15 +39,16 @@ from gpuyard.reconciler.leases import AUTOTERM_DUTY, BUDGET_DUTY, MAINTENANCE_DU
 from gpuyard.reconciler.restarts import RestartSchedule
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.fleet import Fleet
-from gpuyard.services.clusters import start_pending
+from gpuyard.services.clusters.moves import COPYING
+from gpuyard.services.clusters.pending_starts import due_pending_starts
+from gpuyard.services.clusters.use_cases import start_pending
 from gpuyard.services.context import Context
-from gpuyard.services.moves import COPYING
-from gpuyard.services.pending_starts import due_pending_starts
-from gpuyard.services.snapshot_work import restore_holders, snapshots_to_take
+from gpuyard.services.volumes.snapshot_work import restore_holders, snapshots_to_take
 from gpuyard.store.outage import is_database_unavailable
 from gpuyard.store.schema import Cluster, VolumeMove
 
 log = logging.getLogger(__name__)
+
 
 # Statuses whose work must never wait behind slow work.
 _URGENT_STATUSES = {ClusterStatus.STOPPING.value, ClusterStatus.TERMINATING.value}

@@ -28,7 +28,7 @@ from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import Fleet
 from gpuyard.services.context import Context
-from gpuyard.services.replica import replica_id
+from gpuyard.services.installation.replica import replica_id
 
 
 def fleet_of(runtime: Runtime | Fleet) -> Fleet:

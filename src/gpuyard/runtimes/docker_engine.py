@@ -52,16 +52,21 @@ from gpuyard.runtimes.base import (
     ContainerSpec,
     ContainerState,
     ContainerStats,
+    ExecEndpoint,
     LogFollow,
     LogLine,
     ManagedContainer,
     ManagedVolume,
     Observed,
     StatsConsumer,
+    VolumeIO,
 )
 from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
+from gpuyard.runtimes.engine_volumes import EngineVolumeIO
+from gpuyard.runtimes.exec_endpoint import engine_exec_endpoint
 from gpuyard.runtimes.host_firewall import Runner
 from gpuyard.runtimes.host_ports import ports_in_use
+from gpuyard.runtimes.inventory import EngineInventory, discover_inventory
 from gpuyard.runtimes.volume_images import VolumeImages
 
 log = logging.getLogger(__name__)
@@ -669,6 +674,27 @@ class DockerEngineRuntime:
     def follow_log(self, cluster_id: str, *, since_ns: int | None = None) -> LogFollow:
         """Output as it is written (see Runtime.follow_log; runtimes/engine_logs.py)."""
         return engine_logs.EngineLogFollow(self.engine, self._name(cluster_id), since_ns)
+
+    # -- the engine behind it (see Runtime) ------------------------------------------
+
+    def close(self) -> None:
+        """Nothing held beyond the SDK's client, which lives as long as the runtime."""
+
+    def volume_io(self) -> VolumeIO:
+        """Tar streams through the engine's archive API (runtimes/engine_volumes.py)."""
+        return EngineVolumeIO(self.engine, self.name)
+
+    def exec_endpoint(self) -> ExecEndpoint:
+        """The engine's own URL and TLS context (runtimes/exec_endpoint.py)."""
+        return engine_exec_endpoint(self.engine)
+
+    def docker_engine(self) -> Engine:
+        return self.engine
+
+    def inventory(self) -> EngineInventory:
+        """What this machine has, as far as the engine says (no host commands: this
+        machine's GPUs and disk are found at start)."""
+        return discover_inventory(self.engine, None)
 
 
 def _split_image(image: str) -> tuple[str, str | None]:

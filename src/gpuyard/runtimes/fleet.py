@@ -138,10 +138,8 @@ class Fleet:
 
 
 def _close(runtime: Runtime) -> None:
-    """Release what a runtime holds (an SSH tunnel, a client), when it can."""
-    close = getattr(runtime, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception:  # closing is best effort; the process may be going anyway
-            log.exception("closing a host runtime failed")
+    """Release what a runtime holds (an SSH tunnel, a client)."""
+    try:
+        runtime.close()
+    except Exception:  # closing is best effort; the process may be going anyway
+        log.exception("closing a host runtime failed")

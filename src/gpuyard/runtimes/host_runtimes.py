@@ -17,9 +17,11 @@ from gpuyard.core.engine_address import parse_engine_url
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy
+from gpuyard.runtimes.exec_endpoint import engine_exec_endpoint
 from gpuyard.runtimes.fleet import HostEngine, RuntimeFactory
 from gpuyard.runtimes.host_firewall import Runner, subprocess_runner
 from gpuyard.runtimes.inventory import EngineInventory, discover_inventory
+from gpuyard.runtimes.records import ExecEndpoint
 from gpuyard.runtimes.ssh_tunnel import SshKeys, SshRunner, SshSocketTunnel
 from gpuyard.runtimes.volume_images import DEFAULT_DIRECTORY, VolumeImages
 
@@ -82,6 +84,11 @@ class HostEngineRuntime(DockerEngineRuntime):
             self._failed_pings = 0
             self.tunnel.close()
         return problem
+
+    def exec_endpoint(self) -> ExecEndpoint:
+        """Through the SSH tunnel's socket when there is one (started if it is down)."""
+        tunnel_url = self.tunnel.url() if self.tunnel is not None else None
+        return engine_exec_endpoint(self.engine, tunnel_url)
 
     def inventory(self) -> EngineInventory:
         """What the host has (runtimes/inventory.py)."""

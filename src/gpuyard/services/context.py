@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.core.ownership import Ownership
 from gpuyard.core.proxy import ProxyStatus
+from gpuyard.services.catalog.references import ReferenceCache
 from gpuyard.services.clock import Clock, SystemClock
-from gpuyard.services.references import ReferenceCache
 from gpuyard.settings import Settings
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Cluster
@@ -57,7 +57,7 @@ class ClusterReader(Protocol):
 
 class IdleSince(dict[str, datetime]):
     """Since when each running cluster has been seen idle, with a ``version`` that
-    every change moves: kept views compare it (api/view_cache.py marks) instead of
+    every change moves: kept views compare it (api/fast/view_cache.py marks) instead of
     walking the whole map on each request."""
 
     version: int = 0
@@ -113,7 +113,7 @@ class Context:
     # The ``(port, transport)`` pairs of the port range something on host ``host_id``
     # holds now, apart from cluster ``cluster_id``'s own container
     # (Runtime.host_ports_in_use); build_server asks the host's runtime. Asked for a
-    # port the user chose (services/placement.py assign_ports).
+    # port the user chose (services/capacity/placement.py assign_ports).
     ports_held: Callable[[int, str], frozenset[tuple[int, str]]] = lambda _host_id, _cluster_id: (
         frozenset()
     )

@@ -36,8 +36,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import IdempotencyKeyReused, ValidationFailed
-from gpuyard.services.auth import Principal
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import IdempotencyKey
 
 HEADER = "Idempotency-Key"

@@ -1,7 +1,7 @@
 """The ``console_sessions`` table (migration 0013): signed-in web console sessions.
 
-Kept out of store/schema.py's long list on purpose: only the console's session code
-reads or writes it. It shares schema.py's declarative base, so it is one metadata.
+Kept out of the store/schema package on purpose: only the console's session code
+reads or writes it. It shares the schema's declarative base, so it is one metadata.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The GraphQL API of seed 001 and RunPod's names, at ``/graphql`` (Strawberry).
 
-Modules: ``settings`` (``GPUYARD_GRAPHQL_*``), ``context`` (per-request caches and
-the caller), ``inputs`` / ``types`` (the schema's shapes), ``queries`` /
-``mutations`` (root fields over the cluster use cases), ``spot`` (adapter to the spot
-market), ``errors`` (``extensions.code``, masking), ``limits`` (depth, aliases,
-tokens, document cache), ``endpoint`` (HTTP, auth, batching).
+Modules: ``settings`` (the ``graphql_*`` fields of ``Settings``), ``context``
+(per-request caches and the caller), ``inputs`` / ``types`` (the schema's shapes),
+``queries`` / ``mutations`` (root fields over the cluster use cases), ``spot``
+(adapter to the spot market), ``errors`` (``extensions.code``, masking), ``limits``
+(depth, aliases, tokens, document cache), ``endpoint`` (HTTP, auth, batching).
 """
 
 from gpuyard.api.graphql.endpoint import build_router

@@ -1,5 +1,5 @@
 """What each GraphQL field needs of the acting membership's role (core/roles.py): the
-GraphQL half of api/permissions.py.
+GraphQL half of api/http/permissions.py.
 
 - queries read resources (READ_RESOURCES): ``cluster``, ``pod``, ``myself { clusters
   pods networkVolumes }``;

@@ -20,12 +20,12 @@ from gpuyard.api.graphql.loaders import Loaders
 from gpuyard.api.state import AppState
 from gpuyard.core.models import HostCapacity
 from gpuyard.runtimes.base import ContainerStats
-from gpuyard.services import cluster_views
-from gpuyard.services import clusters as uc
-from gpuyard.services.auth import Principal
+from gpuyard.services.billing.spot import Market, load_market
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters import views as cluster_views
 from gpuyard.services.context import Context
-from gpuyard.services.runtime_stats import RuntimeStatsCache, StatsKey
-from gpuyard.services.spot import Market, load_market
+from gpuyard.services.fleet.runtime_stats import RuntimeStatsCache, StatsKey
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import HostGpu
 
 # RunPod answers every pod of the user at once; this bounds one answer.

@@ -38,21 +38,22 @@ from fastapi.responses import Response
 from graphql import DocumentNode, ExecutionResult, OperationType, execute, get_operation_ast
 from starlette.concurrency import run_in_threadpool
 
-from gpuyard.api.fastpath import list_marks, shared
+from gpuyard.api.fast.fastpath import list_marks, shared
+from gpuyard.api.fast.view_cache import Rendered
 from gpuyard.api.graphql.context import GpuUuidCache, GqlContext
 from gpuyard.api.graphql.errors import format_error, request_error
 from gpuyard.api.graphql.limits import DocumentCache
 from gpuyard.api.graphql.schema import SCHEMA
 from gpuyard.api.graphql.settings import GraphQLSettings
-from gpuyard.api.idempotency import IdempotencyKeyHeader
-from gpuyard.api.json_body import OFF_LOOP_BYTES
+from gpuyard.api.http.idempotency import IdempotencyKeyHeader
+from gpuyard.api.http.json_body import OFF_LOOP_BYTES
 from gpuyard.api.state import AppState, app_state, key_from_request, selection_from
-from gpuyard.api.view_cache import Rendered
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.input_rules import MAX_JSON_DEPTH, json_too_deep
 from gpuyard.core.text import nul_path
-from gpuyard.services.auth import Principal
-from gpuyard.services.runtime_stats import RuntimeStatsCache
+from gpuyard.services.fleet.runtime_stats import RuntimeStatsCache
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def parse_json(text: bytes | str, what: str) -> Any:
 
 
 async def parse_json_off_loop(text: bytes | str, what: str) -> Any:
-    """:func:`parse_json`, on a worker thread when ``text`` is large (api/json_body.py's
+    """:func:`parse_json`, on a worker thread when ``text`` is large (api/http/json_body.py's
     rule: the depth scan and the parse would otherwise hold the event loop)."""
     if len(text) <= OFF_LOOP_BYTES:
         return parse_json(text, what)
@@ -233,7 +234,7 @@ class GraphQLExecutor:
 
     def reads_only(self, ops: list[Operation]) -> bool:
         """Whether every operation is a valid query (no mutation): its answer may be
-        kept and given again (api/view_cache.py)."""
+        kept and given again (api/fast/view_cache.py)."""
         for op in ops:
             document = self.documents.prepare(op.query).document
             operation = None if document is None else get_operation_ast(document, op.operation_name)
@@ -297,10 +298,9 @@ def _subject(key: str | None, principal: Principal, ops: list[Operation], batch:
     return "graphql:" + hashlib.sha256(raw.encode()).hexdigest()
 
 
-def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
-    """The ``/graphql`` route. ``settings`` default to ``GPUYARD_GRAPHQL_*`` variables
-    (read here, when the app is built)."""
-    settings = settings or GraphQLSettings()
+def build_router(app_settings: Settings) -> APIRouter:
+    """The ``/graphql`` route, with the limits of ``app_settings``' ``graphql_*`` fields."""
+    settings = GraphQLSettings.of(app_settings)
     executor = GraphQLExecutor(settings)
     router = APIRouter(tags=["graphql"])
 
@@ -324,7 +324,7 @@ def build_router(settings: GraphQLSettings | None = None) -> APIRouter:
             return _json(request_error(code, exc.message), exc.status)
         post = request.method == "POST"
         # A query polled by many clients is run once: its answer is kept like a REST
-        # page (api/view_cache.py), per key, selection and document. Only answers of
+        # page (api/fast/view_cache.py), per key, selection and document. Only answers of
         # queries without errors are kept; a mutation is never shared.
         subject = _subject(key_from_request(request), principal, ops, batch)
         marks = list_marks(state.ctx)

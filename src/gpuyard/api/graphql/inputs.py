@@ -22,7 +22,7 @@ from gpuyard.api.graphql.errors import from_pydantic
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.input_rules import MAX_ENV_VARS
 from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec
-from gpuyard.services.requests import CreateCluster
+from gpuyard.services.clusters.requests import CreateCluster
 
 
 @strawberry.enum(name="CloudTypeEnum")

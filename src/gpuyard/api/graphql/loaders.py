@@ -29,10 +29,10 @@ from strawberry.dataloader import DataLoader
 from gpuyard.api.state import AppState
 from gpuyard.core.errors import ClusterNotFound, GpuyardError
 from gpuyard.runtimes.base import ContainerStats
-from gpuyard.services import cluster_views
-from gpuyard.services.auth import Principal
-from gpuyard.services.cluster_views import ClusterDetails
-from gpuyard.services.runtime_stats import RuntimeStatsCache, StatsKey
+from gpuyard.services.clusters import views as cluster_views
+from gpuyard.services.clusters.views import ClusterDetails
+from gpuyard.services.fleet.runtime_stats import RuntimeStatsCache, StatsKey
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Project
 
 Stats = ContainerStats | None

@@ -35,11 +35,11 @@ from gpuyard.api.graphql.queries import one_pod, user_of
 from gpuyard.api.graphql.types import Info, Pod, User
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.core.roles import Permission
-from gpuyard.services import clusters as uc
 from gpuyard.services import idempotency as idem
-from gpuyard.services import spot
-from gpuyard.services.requests import ConfigurationUpdate, StartCluster
-from gpuyard.services.ssh_keys import registering_project, replace_keys_from_text
+from gpuyard.services.access.ssh_keys import registering_project, replace_keys_from_text
+from gpuyard.services.billing import spot
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import ConfigurationUpdate, StartCluster
 
 MAX_GPUS = 64
 
@@ -201,7 +201,7 @@ class Mutation:
         gctx = info.context
         if input.pub_key is not None:
             # The account's SSH keys log into every cluster of it: a change to the
-            # clusters' access, as POST /v1/ssh-keys (api/permissions.py).
+            # clusters' access, as POST /v1/ssh-keys (api/http/permissions.py).
             require(gctx, Permission.WRITE_RESOURCES)
             with gctx.ctx.transaction() as session:
                 # RunPod's pubKey is the caller's own: other members' keys stay.

@@ -12,8 +12,8 @@ from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.inputs import ClusterFilter, GpuTypeFilter, PodFilter
 from gpuyard.api.graphql.types import GpuType, Info, Pod, User, gpu_type_from, pod_from
 from gpuyard.core.roles import Permission
-from gpuyard.services.catalog import find_gpu_type, list_gpu_types
-from gpuyard.services.ssh_keys import account_public_keys
+from gpuyard.services.access.ssh_keys import account_public_keys
+from gpuyard.services.catalog.gpu_types import find_gpu_type, list_gpu_types
 
 
 def one_pod(info: Info, cluster_id: str) -> Pod:

@@ -1,34 +1,50 @@
-"""Settings of the GraphQL surface, read from ``GPUYARD_GRAPHQL_*`` variables.
+"""The GraphQL surface's knobs, taken from :class:`gpuyard.settings.Settings`.
 
-Kept apart from :class:`gpuyard.settings.Settings` so the surface owns its knobs; like
-it, nothing is read at import time (:func:`gpuyard.api.graphql.build_router` builds one).
+The values are ``Settings``' ``graphql_*`` fields (``GPUYARD_GRAPHQL_*`` variables);
+this view only names them as the surface uses them, so the limits and the executor
+depend on nothing else of the settings.
 """
 
 from __future__ import annotations
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from dataclasses import dataclass
+
+from gpuyard.settings import Settings
 
 
-class GraphQLSettings(BaseSettings):
+@dataclass(frozen=True, slots=True)
+class GraphQLSettings:
     """Limits against abusive documents and whether introspection is answered.
 
-    The defaults admit graphql-core's standard introspection query (depth 15) and every query
-    RunPod's SDK and the seed send, with room to spare.
+    The defaults (those of ``Settings``) admit graphql-core's standard introspection query
+    (depth 15) and every query RunPod's SDK and the seed send, with room to spare.
     """
 
-    model_config = SettingsConfigDict(env_prefix="GPUYARD_GRAPHQL_", extra="ignore")
-
     introspection: bool = True
-    max_depth: int = Field(default=15, ge=1, le=100)
-    max_aliases: int = Field(default=30, ge=0, le=10_000)
-    max_tokens: int = Field(default=2_000, ge=10, le=1_000_000)
-    max_batch: int = Field(default=10, ge=1, le=1_000)
-    max_query_length: int = Field(default=32_768, ge=100, le=10_000_000)
+    max_depth: int = 15
+    max_aliases: int = 30
+    max_tokens: int = 2_000
+    max_batch: int = 10
+    max_query_length: int = 32_768
     # Parsed and validated documents kept, by query text (LRU).
-    document_cache_size: int = Field(default=512, ge=0, le=100_000)
+    document_cache_size: int = 512
     # A container's runtime stats (``runtime { container }``) are read from the engine at
     # most once per this many seconds, however many clients poll; a failed read is
     # retried after runtime_stats_error_ttl_s (at most the former).
-    runtime_stats_ttl_s: float = Field(default=3.0, ge=0, le=60)
-    runtime_stats_error_ttl_s: float = Field(default=0.5, ge=0, le=60)
+    runtime_stats_ttl_s: float = 3.0
+    runtime_stats_error_ttl_s: float = 0.5
+
+    @classmethod
+    def of(cls, settings: Settings) -> GraphQLSettings:
+        """The GraphQL knobs of ``settings`` (already validated there)."""
+        return cls(
+            introspection=settings.graphql_introspection,
+            max_depth=settings.graphql_max_depth,
+            max_aliases=settings.graphql_max_aliases,
+            max_tokens=settings.graphql_max_tokens,
+            max_batch=settings.graphql_max_batch,
+            max_query_length=settings.graphql_max_query_length,
+            document_cache_size=settings.graphql_document_cache_size,
+            runtime_stats_ttl_s=settings.graphql_runtime_stats_ttl_s,
+            runtime_stats_error_ttl_s=settings.graphql_runtime_stats_error_ttl_s,
+        )

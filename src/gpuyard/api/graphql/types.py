@@ -25,16 +25,16 @@ from strawberry.types.nodes import Selection
 from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.context import GqlContext
 from gpuyard.api.graphql.inputs import GpuLowestPriceInput
-from gpuyard.api.views import iso, proxy_url
+from gpuyard.api.rest.schemas.cluster_json import iso, proxy_url
 from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity
 from gpuyard.core.roles import Permission
 from gpuyard.core.secret_env import masked_env
 from gpuyard.core.states import ClusterStatus, allowed_actions
 from gpuyard.runtimes.base import ContainerStats
-from gpuyard.services import spot
-from gpuyard.services.cluster_views import ClusterDetails
-from gpuyard.services.network_volumes import list_network_volumes
-from gpuyard.services.runtime_stats import StatsKey
+from gpuyard.services.billing import spot
+from gpuyard.services.clusters.views import ClusterDetails
+from gpuyard.services.fleet.runtime_stats import StatsKey
+from gpuyard.services.volumes.network_volumes import list_network_volumes
 
 Info = strawberry.Info[GqlContext, None]
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
 from gpuyard.reconciler.clusters.records import ClusterRecords
 from gpuyard.runtimes.base import ContainerState, Runtime
+from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import record_event
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.proxy import LOOPBACK, private_on_loopback, proxy_only_ports
 from gpuyard.reconciler.clusters.records import volume_of
 from gpuyard.runtimes.base import LABEL_CLUSTER, ContainerSpec, PortBinding, Runtime
+from gpuyard.services.access.ssh_keys import account_public_keys
 from gpuyard.services.context import Context
-from gpuyard.services.hosts import gpu_uuids
-from gpuyard.services.secrets import open_env, secret_box
-from gpuyard.services.ssh_keys import account_public_keys
+from gpuyard.services.fleet.hosts import gpu_uuids
+from gpuyard.services.tenancy.secrets import open_env, secret_box
 from gpuyard.store.schema import Cluster, Host, NetworkVolume, PortAllocation, Project
 
 

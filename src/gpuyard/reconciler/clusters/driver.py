@@ -32,9 +32,9 @@ from gpuyard.reconciler.clusters.restore import RestoreStorage, VolumeRestores
 from gpuyard.reconciler.clusters.start_retries import StartRetries
 from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.runtimes.volume_moves import copy_volume_between
-from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import guarded_update, record_event
-from gpuyard.services.moves import (
+from gpuyard.services.capacity.placement import release_all, release_compute
+from gpuyard.services.clusters.lifecycle import guarded_update, record_event
+from gpuyard.services.clusters.moves import (
     DONE,
     IN_FLIGHT,
     copies_to_delete,
@@ -44,7 +44,7 @@ from gpuyard.services.moves import (
     pending_move,
     record_progress,
 )
-from gpuyard.services.placement import release_all, release_compute
+from gpuyard.services.context import Context
 from gpuyard.store.schema import (
     Cluster,
     StartupSample,
@@ -284,7 +284,7 @@ class ClusterDriver:
     # -- moving between hosts ----------------------------------------------------------
 
     def _move_volume(self, c: Cluster, move: VolumeMove, *, starting: bool) -> bool:
-        """Copy the cluster's volume from its old host to its new one (services/moves.py)
+        """Copy the cluster's volume from its old host to its new one (services/clusters/moves.py)
         and record it. On failure the cluster goes back to its old host, where its data
         still is: a start ends in ``error`` saying why, a resting cluster stays as it
         was. Returns whether the data is on the new host."""

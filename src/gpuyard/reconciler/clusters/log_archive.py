@@ -2,7 +2,7 @@
 
 Stop removes the container (docs/decisions.md), and a start or restart replaces it;
 the driver calls :func:`keep_logs` first, so a stopped or errored cluster's logs stay
-readable (services/cluster_logs.py) until it is terminated, when :func:`forget_logs`
+readable (services/clusters/logs.py) until it is terminated, when :func:`forget_logs`
 drops them. Each archive holds the last :data:`MAX_TAIL` lines of one container, in
 the engine's timestamped format; a cluster keeps its last :data:`MAX_ARCHIVES`.
 

@@ -28,11 +28,11 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import InsufficientCapacity, PortInUse
 from gpuyard.core.models import PortSpec
-from gpuyard.services.cluster_config import HOST_PORT, ports_of
+from gpuyard.services.access.port_rules import server_ports
+from gpuyard.services.capacity.placement import lock_placement
+from gpuyard.services.clusters.config import HOST_PORT, ports_of
+from gpuyard.services.clusters.lifecycle import guarded_update, record_event
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import guarded_update, record_event
-from gpuyard.services.placement import lock_placement
-from gpuyard.services.port_rules import server_ports
 from gpuyard.store.schema import Cluster, PortAllocation
 
 HostPort = tuple[int, str]

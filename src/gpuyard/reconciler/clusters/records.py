@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict
 from gpuyard.core.states import ClusterStatus
+from gpuyard.services.clusters.lifecycle import guarded_update, record_event, transition_cluster
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import guarded_update, record_event, transition_cluster
 from gpuyard.store.schema import Cluster
 
 

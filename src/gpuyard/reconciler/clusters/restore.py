@@ -22,11 +22,11 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_of
 from gpuyard.runtimes.base import Runtime
-from gpuyard.services import snapshot_work as work
-from gpuyard.services import snapshots as svc
+from gpuyard.services.capacity.placement import release_compute
+from gpuyard.services.clusters.lifecycle import guarded_update, record_event
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import guarded_update, record_event
-from gpuyard.services.placement import release_compute
+from gpuyard.services.volumes import snapshot_work as work
+from gpuyard.services.volumes import snapshots as svc
 from gpuyard.store.schema import Cluster, VolumeRestore
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ import logging
 from itertools import groupby
 
 from gpuyard.core.errors import GpuyardError
-from gpuyard.services import snapshot_work as work
 from gpuyard.services.context import Context
+from gpuyard.services.volumes import snapshot_work as work
 from gpuyard.storage.account_repositories import SnapshotRepositories
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ off never commits a snapshot. Partial packs and stale locks are cleaned when the
 starts (:meth:`SnapshotWorker.recover`), which then moves what earlier versions kept in
 the installation-wide repository into the accounts' own (reconciler/
 snapshot_migration.py). The row a crash left ``creating`` is failed by the next attempt
-to take it (services/snapshot_work.py claim_snapshot).
+to take it (services/volumes/snapshot_work.py claim_snapshot).
 """
 
 from __future__ import annotations
@@ -41,11 +41,10 @@ from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.clusters.snapshot_migration import TAG_PREFIX, migrate_shared_snapshots
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.volume_archive import engine_of, read_volume, write_volume
-from gpuyard.runtimes.volume_copy import remove_helpers
-from gpuyard.services import snapshot_work as work
-from gpuyard.services import snapshots as svc
+from gpuyard.runtimes.volume_archive import read_volume, remove_volume_readers, write_volume
 from gpuyard.services.context import Context
+from gpuyard.services.volumes import snapshot_work as work
+from gpuyard.services.volumes import snapshots as svc
 from gpuyard.settings import Settings
 from gpuyard.storage.account_repositories import SnapshotRepositories
 from gpuyard.storage.restic import ResticRepository
@@ -62,8 +61,6 @@ ARCHIVE_NAME = "volume.tar"
 PROGRESS_EVERY_S = 1.0
 # How long storage work waits for the start-up recovery of the repositories.
 RECOVERY_WAIT_S = 600.0
-# The helpers of earlier versions that ran restic beside a volume: removed on sight.
-LEGACY_ROLE_RESTIC = "restic"
 
 
 def repositories_for(settings: Settings) -> SnapshotRepositories:
@@ -207,10 +204,7 @@ class SnapshotWorker:
         if host_id is None or volume is None:
             return
         with contextlib.suppress(GpuyardError):
-            engine = engine_of(self.runtime_of(host_id))
-            if engine is not None:
-                remove_helpers(engine, volume, role=LEGACY_ROLE_RESTIC)
-                remove_helpers(engine, volume)  # a tar stream's reader
+            remove_volume_readers(self.runtime_of(host_id), volume)
 
     @staticmethod
     def _metered(

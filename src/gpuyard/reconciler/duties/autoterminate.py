@@ -45,9 +45,9 @@ from gpuyard.core.models import AutoTerminatePolicy, GpuTypeInfo
 from gpuyard.core.states import ClusterStatus
 from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.base import Runtime
-from gpuyard.services.cluster_views import cluster_rate
+from gpuyard.services.clusters.lifecycle import record_event, transition_cluster
+from gpuyard.services.clusters.views import cluster_rate
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import record_event, transition_cluster
 from gpuyard.store.schema import Cluster, Event, HostGpu
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ class AutoTerminator:
         (or suppresses) an idleness sample; by default one is taken when due.
 
         ``fence``: the fence of the auto-termination lease this run is done under
-        (services/leases.py), when replicas share the duty. A fence other than the last
+        (services/installation/leases.py), when replicas share the duty. A fence other than the last
         run's means another replica held the duty in between and may have seen the
         clusters busy: the idle windows sampled before are dropped and start again, so
         a handover can delay an idle stop, never bring one forward."""

@@ -3,7 +3,7 @@ the webhooks of account events.
 
 Spend grows linearly between changes of an account's open usage intervals, so each
 account's next crossing (alert, exhaustion, or a new month for a postpaid budget) is a
-deadline computed from its spend rate (services/budgets.py ``check_account``). The
+deadline computed from its spend rate (services/billing/budgets.py ``check_account``). The
 reconciler sleeps no longer than until the earliest deadline (``seconds_until_next``),
 so a stop fires within about a second of the crossing, not on a polling interval.
 
@@ -27,9 +27,9 @@ from datetime import datetime
 from sqlalchemy import func, or_, select
 
 from gpuyard.core.budget import PREPAID, first_due
-from gpuyard.services import webhooks
-from gpuyard.services.budgets import Check, check_account
+from gpuyard.services.billing.budgets import Check, check_account
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy import webhooks
 from gpuyard.store.schema import Account, AccountCredit, Project, UsageInterval
 
 log = logging.getLogger(__name__)

@@ -12,10 +12,10 @@ from sqlalchemy import select
 
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.states import ClusterStatus
-from gpuyard.services.clusters import start_drained
+from gpuyard.services.clusters.moves import DRAIN_STOP
+from gpuyard.services.clusters.use_cases import start_drained
 from gpuyard.services.context import Context
-from gpuyard.services.moves import DRAIN_STOP
-from gpuyard.services.training_drain import retry_training_drains
+from gpuyard.services.training.drain import retry_training_drains
 from gpuyard.store.schema import Cluster, Host
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Heartbeats: each engine is pinged with a short timeout and what it said is recorded
-for its hosts (services/host_health.py counts the misses). A host that answers for the
+for its hosts (services/fleet/health.py counts the misses). A host that answers for the
 first time here, or again after it did not, is described (its inventory read) on the
 engine's urgent lane, never on the heartbeat's."""
 
@@ -13,7 +13,7 @@ from gpuyard.reconciler.hosts import HostDirectory
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import HostEngine
 from gpuyard.services.context import Context
-from gpuyard.services.host_health import record_heartbeat
+from gpuyard.services.fleet.health import record_heartbeat
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from sqlalchemy import select
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.runtimes.base import ManagedVolume, Runtime
+from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import record_event
-from gpuyard.services.orphans import delete_quarantined, known_volume_names
+from gpuyard.services.fleet.orphans import delete_quarantined, known_volume_names
 from gpuyard.store.schema import Installation, OrphanVolume
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from gpuyard.edge.caddy import CaddyAdmin, CaddyError, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
 from gpuyard.runtimes.ssh_forwards import SshPortForwards
 from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.services.access.proxy_routes import load_routes, proxy_api_secret, proxy_base
 from gpuyard.services.context import Context
-from gpuyard.services.proxy_routes import load_routes, proxy_api_secret, proxy_base
 from gpuyard.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.context import Context
-from gpuyard.services.network_volumes import finish_deletions
+from gpuyard.services.volumes.network_volumes import finish_deletions
 from gpuyard.store.schema import Cluster, NetworkVolume
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuyard.reconciler.lanes import WEBHOOKS, Dispatcher
 from gpuyard.services.context import Context
-from gpuyard.services.webhooks import deliver
+from gpuyard.services.tenancy.webhooks import deliver
 
 
 class WebhookSender:

@@ -2,7 +2,7 @@
 
 Run by the clusters' watcher (reconciler/duties/autoterminate.py ``AutoTerminator.training``)
 in the same pass, under the same duty (one replica at a time): each running training
-cluster with a policy gets its deadlines (services/training_autoterm.py, the clusters'
+cluster with a policy gets its deadlines (services/training/autoterm.py, the clusters'
 rules), and a due one stops the cluster (its Slurm state kept, as a control-plane stop)
 or deletes it, with an event on the cluster and an account event that goes to the
 account's webhook.
@@ -32,12 +32,12 @@ from gpuyard.core.autoterm import Deadline, Rule, read_policy_as
 from gpuyard.core.models import TrainingAutoTerminatePolicy
 from gpuyard.core.training import NodeName, NodeRole, TrainingStatus
 from gpuyard.reconciler.training.slurm_jobs import SlurmJobs
-from gpuyard.services import training_autoterm as autoterm
-from gpuyard.services.budgets import TRAINING_AUTO_TERMINATED, record_account_event
+from gpuyard.services.billing.budgets import TRAINING_AUTO_TERMINATED, record_account_event
+from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context
-from gpuyard.services.lifecycle import record_event
-from gpuyard.services.training import begin_delete
-from gpuyard.services.training_stops import begin_stop
+from gpuyard.services.training import autoterm
+from gpuyard.services.training.stops import begin_stop
+from gpuyard.services.training.use_cases import begin_delete
 from gpuyard.store.schema import Account, Event, TrainingCluster, TrainingNode
 
 log = logging.getLogger(__name__)

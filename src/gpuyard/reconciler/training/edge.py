@@ -26,7 +26,7 @@ from gpuyard.core.training import NodeName, NodeRole, TrainingStatus
 from gpuyard.runtimes.host_edge import ClusterEdge
 from gpuyard.runtimes.host_firewall import bridge_name
 from gpuyard.services.context import Context
-from gpuyard.services.training import SSH_PORT
+from gpuyard.services.training.use_cases import SSH_PORT
 from gpuyard.store.schema import (
     Host,
     ReservedIp,

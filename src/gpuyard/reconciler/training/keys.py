@@ -5,7 +5,7 @@ The cluster's SSH port is forwarded straight to the controller's sshd
 nodes' ``authorized_keys`` must themselves hold only the keys that open the cluster
 now. A key the cluster names (``ssh_key_ids``) is installed while it is a key of the
 cluster's account whose user may write to the cluster's project
-(services/cluster_access.py; only its own project for a key registered through a
+(services/tenancy/cluster_access.py; only its own project for a key registered through a
 project-restricted API key). A key with no user opens nothing.
 
 :class:`NodeKeys` keeps running nodes in line: the operator's scan asks
@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.training import TrainingStatus
-from gpuyard.services.cluster_access import AccessIndex, Need
+from gpuyard.services.tenancy.cluster_access import AccessIndex, Need
 from gpuyard.store.schema import SshKey, TrainingCluster, TrainingNode
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""A drain's ``move_nodes`` operation, carried out on the nodes (services/training_drain.py
+"""A drain's ``move_nodes`` operation, carried out on the nodes (services/training/drain.py
 records it): each moved worker leaves the host it was on and is created again, same
 name and address, on the host it now holds its place on."""
 

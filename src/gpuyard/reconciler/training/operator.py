@@ -61,11 +61,11 @@ from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
 from gpuyard.runtimes.slurm_nodes import NodeSpec
 from gpuyard.services.context import Context
-from gpuyard.services.secrets import secret_box
-from gpuyard.services.training import finish_delete
-from gpuyard.services.training_drain import MOVE_NODES
-from gpuyard.services.training_nodes import nodes_of, transition_training
-from gpuyard.services.training_stops import START, STOP, finish_stop
+from gpuyard.services.tenancy.secrets import secret_box
+from gpuyard.services.training.drain import MOVE_NODES
+from gpuyard.services.training.nodes import nodes_of, transition_training
+from gpuyard.services.training.stops import START, STOP, finish_stop
+from gpuyard.services.training.use_cases import finish_delete
 from gpuyard.store.schema import (
     Cluster,
     Host,

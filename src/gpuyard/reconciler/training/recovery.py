@@ -36,8 +36,8 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.restarts import RestartPolicy
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus, cluster_owner
 from gpuyard.reconciler.training import slurm_control
-from gpuyard.services.lifecycle import record_event
-from gpuyard.services.training_nodes import nodes_of
+from gpuyard.services.clusters.lifecycle import record_event
+from gpuyard.services.training.nodes import nodes_of
 from gpuyard.store.schema import TrainingCluster, TrainingNode
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """access: proxy sessions and archived cluster logs
 
 ``proxy_sessions`` are the ``open`` links of private http ports and the cookies they
-become (see store/schema.py ProxySession). ``cluster_log_archives`` keeps the output of
+become (see store/schema/clusters.py ProxySession). ``cluster_log_archives`` keeps the output of
 containers that are gone, so logs of stopped and errored clusters stay readable.
 
 Revision ID: 0009

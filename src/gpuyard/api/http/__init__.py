@@ -1,0 +1,3 @@
+"""HTTP plumbing every surface shares: envelopes, errors, middlewares, rate limits,
+permissions, pagination.
+"""

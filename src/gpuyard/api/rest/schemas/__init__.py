@@ -1,0 +1,1 @@
+"""OpenAPI models and JSON shapes of the REST routes."""

@@ -1,0 +1,1 @@
+"""Seed 002's training-cluster API: routes and their OpenAPI."""

@@ -1,0 +1,1 @@
+"""Capacity: claiming and releasing GPUs, vCPUs and memory on hosts, and choosing the host."""

@@ -1,0 +1,1 @@
+"""The catalog: GPU types, node plans, node images and locations that users choose from."""

@@ -1,0 +1,811 @@
+"""Cluster use cases: create, start, stop, restart, terminate, read (the changes a
+start may make are validated in services/clusters/config.py).
+
+Each records intent in one transaction (placement included), then wakes the
+reconciler, which does the runtime work (DESIGN.md rule 1). None of them calls a
+runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuyard.core import cursors
+from gpuyard.core.autoterm import Rule, deadlines, read_policy_as
+from gpuyard.core.errors import (
+    ClusterNotFound,
+    Conflict,
+    DiskNotEnforced,
+    GpuyardError,
+    InvalidState,
+    LimitsNotEnforced,
+    PrivatePortsExposed,
+    ValidationFailed,
+)
+from gpuyard.core.ids import new_cluster_id
+from gpuyard.core.image_refs import check_image
+from gpuyard.core.models import (
+    AnyAutoTerminatePolicy,
+    AutoTerminatePolicy,
+    CloudType,
+    GpuTypeInfo,
+    ResourceRequest,
+)
+from gpuyard.core.pricing import RateParts, spot_floor
+from gpuyard.core.progress import STEP_ALLOCATED
+from gpuyard.core.proxy import private_on_loopback, proxy_only_ports
+from gpuyard.core.states import (
+    REQUIRED_STATUS,
+    SUGGESTIONS,
+    Action,
+    ClusterStatus,
+    allowed_actions,
+)
+from gpuyard.observability.crash_points import crash_point
+from gpuyard.services.access.port_rules import check_external_ports, server_ports
+from gpuyard.services.billing.admission import admit
+from gpuyard.services.capacity.placement import assign_ports, claim
+from gpuyard.services.catalog.gpu_types import find_gpu_type
+from gpuyard.services.catalog.locations import check_location
+from gpuyard.services.clusters.autoterm_policy import merge_policy
+from gpuyard.services.clusters.config import ports_json, ports_of, start_changes, with_host_ports
+from gpuyard.services.clusters.event_pages import EventPage, check_cursor, read_page
+from gpuyard.services.clusters.lifecycle import (
+    guarded_update,
+    meter_status,
+    record_event,
+    transition_cluster,
+)
+
+# The cluster list lives in its own module; callers know it by this one's name.
+from gpuyard.services.clusters.lists import ClusterPage as ClusterPage
+from gpuyard.services.clusters.lists import list_clusters as list_clusters
+from gpuyard.services.clusters.moves import place_for_start
+from gpuyard.services.clusters.pending_starts import (
+    call_off,
+    defer_start,
+    has_pending_start,
+    open_start,
+)
+from gpuyard.services.clusters.requests import AutoTerminateUpdate, CreateCluster, StartCluster
+from gpuyard.services.clusters.snapshot_sources import check_fits, clone_source, restorable_for
+from gpuyard.services.clusters.views import cluster_rate, estimated_startup_seconds
+from gpuyard.services.context import Context
+from gpuyard.services.idempotency import Claim
+from gpuyard.services.tenancy.auth import Principal, Scope
+from gpuyard.services.tenancy.projects import project_for_create
+from gpuyard.services.tenancy.secrets import seal_env, secret_box
+from gpuyard.services.volumes.network_volumes import mount_for_cluster
+from gpuyard.services.volumes.snapshots import (
+    add_restore,
+    add_snapshot,
+    cluster_source,
+    refuse_while_restoring,
+    restore_target,
+)
+from gpuyard.store.schema import Cluster, Event, Host, Project, Snapshot
+
+MAX_CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class StartResult:
+    cluster: Cluster
+    configuration_updates_applied: list[str]
+    previous_rate: float
+    new_rate: float
+    rate_change_reason: str | None
+    # The snapshot taken before the changes (``snapshot_before_changes``).
+    snapshot_before_changes: Snapshot | None = None
+
+
+def resolve_gpu_type(session: Session, name: str | None, field: str = "gpu_type") -> GpuTypeInfo:
+    if not name:
+        raise ValidationFailed(field, "a GPU type is required when gpu_count > 0")
+    info = find_gpu_type(session, name)
+    if info is None:
+        raise ValidationFailed(field, f"unknown GPU type {name!r}; see GET /v1/gpu-types")
+    return info
+
+
+def rate_of(
+    session: Session, c: Cluster, ctx: Context, *, running: bool | None = None
+) -> RateParts:
+    gpu = find_gpu_type(session, c.gpu_type) if c.gpu_type else None
+    return cluster_rate(c, gpu, ctx.settings.prices, running)
+
+
+def request_of(c: Cluster, cloud_type: CloudType = CloudType.ALL) -> ResourceRequest:
+    """What the cluster asks of a host (its container disk; the volume is sized apart)."""
+    return ResourceRequest(
+        gpu_type=c.gpu_type,
+        gpu_count=c.gpu_count,
+        vcpus=c.cpu_cores,
+        memory_gb=c.memory_gb,
+        disk_gb=c.container_disk_gb,
+        cloud_type=cloud_type,
+    )
+
+
+def load_cluster(session: Session, principal: Principal, cluster_id: str) -> Cluster:
+    """The caller's cluster; another account's id, and a cluster of a project the
+    caller may not use (``principal.project_ids``), are indistinguishable from none."""
+    cluster = session.scalar(
+        select(Cluster)
+        .join(Project, Project.id == Cluster.project_id)
+        .where(Cluster.id == cluster_id, Project.account_id == principal.account_id)
+    )
+    if cluster is None or not principal.may_use_project(cluster.project_id):
+        raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
+    return cluster
+
+
+def require_action(cluster: Cluster, action: Action) -> None:
+    status = ClusterStatus(cluster.status)
+    allowed = allowed_actions(status)
+    if action not in allowed:
+        raise InvalidState(
+            f"Cannot {action.value} a cluster that is {status.value}",
+            {
+                "current_status": status.value,
+                "required_status": REQUIRED_STATUS[action],
+                "allowed_actions": [a.value for a in allowed],
+                "suggestion": SUGGESTIONS[action],
+            },
+        )
+
+
+def spot_bid(gpu: GpuTypeInfo, gpu_count: int, cloud_type: CloudType, bid: float) -> float:
+    """``bid`` (USD per GPU-hour, rounded to cents) if it meets the GPU type's spot
+    floor; raises ValidationFailed naming ``bid_per_gpu`` otherwise."""
+    if gpu_count < 1:
+        raise ValidationFailed("bid_per_gpu", "a spot cluster needs at least one GPU")
+    floor = spot_floor(gpu, cloud_type)
+    bid = round(bid, 2)
+    if bid < floor:
+        raise ValidationFailed(
+            "bid_per_gpu",
+            f"bid {bid:.2f} USD/GPU-hour is below the spot floor {floor:.2f} for {gpu.id}",
+            {"minimum": floor},
+        )
+    return bid
+
+
+def checked_bid(
+    gpu: GpuTypeInfo | None, gpu_count: int, cloud_type: CloudType, body: CreateCluster
+) -> float:
+    if gpu is None or body.bid_per_gpu is None:
+        raise ValidationFailed("bid_per_gpu", "an interruptible cluster needs a GPU type and a bid")
+    return spot_bid(gpu, gpu_count, cloud_type, body.bid_per_gpu)
+
+
+def refuse_spent_policy(
+    session: Session,
+    policy_json: dict[str, Any],
+    hourly_rate: float,
+    now: datetime,
+    model: type[AnyAutoTerminatePolicy] = AutoTerminatePolicy,
+) -> None:
+    """Refuse a start whose auto-termination limit would be reached before the cluster
+    is even running (its cost or runtime limit is used up by the measured startup
+    time): starting it would only bill for a start that is stopped at once. ``model``:
+    the kind of policy stored (a cluster's, or a training cluster's)."""
+    policy = read_policy_as(policy_json, model).policy
+    if policy is None:
+        return
+    startup = timedelta(seconds=estimated_startup_seconds(session) or 0.0)
+    plan = deadlines(policy, run_started_at=now, hourly_rate=hourly_rate, idle_since=None)
+    if plan and plan[0].at <= now + startup:
+        first = plan[0]
+        limit = (
+            f"cost limit {policy.cost_limit_usd:.2f} USD at {hourly_rate:.4f} USD/h"
+            if first.rule == Rule.COST_LIMIT
+            else f"max runtime {policy.max_runtime_hours:g} h"
+        )
+        raise ValidationFailed(
+            "auto_terminate",
+            f"the {limit} would be reached before the cluster is running "
+            f"(starting takes about {startup.total_seconds():.0f} s); raise the limit",
+            {"rule": first.rule.value, "startup_seconds": startup.total_seconds()},
+        )
+
+
+def refuse_unenforced_limits(session: Session, ctx: Context, host_id: int) -> None:
+    """Raise LimitsNotEnforced when ``host_id``'s engine cannot apply CPU/memory limits
+    and the operator has not allowed that (GPUYARD_ALLOW_UNENFORCED_LIMITS)."""
+    host = session.get(Host, host_id)
+    if host is None or host.enforces_limits or ctx.settings.allow_unenforced_limits:
+        return
+    raise LimitsNotEnforced(
+        f"host {host.name}'s container engine cannot enforce CPU/memory limits "
+        f"({host.limits_note or 'refused by the engine'}); the operator can fix its cgroup "
+        "setup or allow running without limits (GPUYARD_ALLOW_UNENFORCED_LIMITS=true)",
+        {"host_id": host_id, "enforces_limits": False},
+    )
+
+
+def refuse_unenforced_disk(session: Session, ctx: Context, host_id: int) -> None:
+    """Raise DiskNotEnforced when ``host_id`` cannot enforce volume or container disk
+    sizes and the operator has not allowed that (GPUYARD_ALLOW_UNENFORCED_DISK)."""
+    host = session.get(Host, host_id)
+    if host is None or host.enforces_disk or ctx.settings.allow_unenforced_disk:
+        return
+    raise DiskNotEnforced(
+        f"host {host.name} cannot enforce disk sizes ({host.disk_note or 'not known'}); "
+        'the operator can give it what docs/decisions.md "Disk sizes" lists, or allow '
+        "unenforced sizes (GPUYARD_ALLOW_UNENFORCED_DISK=true)",
+        {"host_id": host_id, "enforces_disk": False},
+    )
+
+
+def refuse_exposed_private_ports(
+    session: Session, ctx: Context, host_id: int, ports: list[dict[str, Any]]
+) -> None:
+    """Raise PrivatePortsExposed when ``ports`` hold a private http port and
+    ``host_id``'s engine cannot keep it private (a ``tcp://`` engine: the proxy has no
+    way to a port on that host's loopback, so it would be published on the host's
+    addresses, core/proxy.py ``private_on_loopback``), unless the operator has allowed
+    that (GPUYARD_ALLOW_EXPOSED_PRIVATE_PORTS)."""
+    host = session.get(Host, host_id)
+    if host is None or ctx.settings.allow_exposed_private_ports:
+        return
+    private = proxy_only_ports(ports)
+    if not private or private_on_loopback(host.is_local, host.engine_url):
+        return
+    raise PrivatePortsExposed(
+        f"host {host.name} is reached over tcp://, so its private http ports "
+        f"({', '.join(str(p) for p in sorted(private))}) would answer on its addresses "
+        "without the proxy's checks; declare them public, or the operator can add the "
+        "host over ssh:// or allow it (GPUYARD_ALLOW_EXPOSED_PRIVATE_PORTS=true)",
+        {"host_id": host_id, "ports": sorted(private)},
+    )
+
+
+def create_cluster(
+    ctx: Context,
+    principal: Principal,
+    body: CreateCluster,
+    *,
+    idempotency: Claim | None = None,
+    location: str | None = None,
+) -> Cluster:
+    """Validate, place and record a new cluster in ``starting``. Nothing is stored when
+    placement fails (InsufficientCapacity). With ``idempotency`` its key is stored in
+    the same transaction, before placement (see services/idempotency.py). ``location``
+    pins it to the hosts of that location (GraphQL ``dataCenterId``); a location no
+    host has is a ValidationFailed on ``location``."""
+    principal.require_write()
+    # The engine connects to the registry an image names: only allowed registries.
+    check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
+    check_external_ports(body.ports, ctx.settings, "ports")
+    now = ctx.clock.now()
+    gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
+    with ctx.transaction() as session:
+        project_id = project_for_create(session, principal, body.project_id)
+        if location is not None:
+            check_location(session, location)
+        needs_gpu = gpu_count > 0 or body.gpu_type
+        gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
+        bid = checked_bid(gpu, gpu_count, body.cloud_type, body) if body.spot else None
+        clone = clone_source(session, principal, body)
+        # A clone's volume is at least its snapshot's source volume.
+        volume_gb = max(body.volume_gb, clone.volume_gb) if clone else body.volume_gb
+        if clone is not None:
+            check_fits(clone, volume_gb, field="snapshot_id")
+        # A network volume is mounted instead of a volume of its own (none is made,
+        # reserved or billed: volume_gb is ignored); the cluster goes to its host.
+        mounted = (
+            mount_for_cluster(
+                session,
+                principal,
+                body.network_volume_id,
+                location,
+                project_id if body.project_id is not None else None,
+            )
+            if body.network_volume_id
+            else None
+        )
+        if mounted is not None:
+            # A cluster lives in its network volume's project (named, or taken from it).
+            project_id = mounted.project_id
+            refuse_while_restoring(session, mounted.id)
+            volume_gb = 0
+        cluster_id = new_cluster_id()
+        cluster = Cluster(
+            id=cluster_id,
+            project_id=project_id,
+            name=body.name or f"cluster-{cluster_id[:6]}",
+            image=body.docker_image,
+            docker_args=body.docker_args,
+            env=seal_env(secret_box(ctx.settings), body.env, body.secret_env),
+            ports=ports_json(body.ports),
+            gpu_type=gpu.id if gpu else None,
+            gpu_count=gpu_count,
+            cpu_cores=body.cpu_cores,
+            memory_gb=body.memory_gb,
+            container_disk_gb=body.container_disk_gb,
+            volume_gb=volume_gb,
+            volume_mount_path=body.volume_mount_path,
+            network_volume_id=mounted.id if mounted is not None else None,
+            cloud_type=body.cloud_type.value,
+            interruptible=bid is not None,
+            bid_per_gpu=bid,
+            auto_terminate=body.auto_terminate.model_dump() if body.auto_terminate else {},
+            desired_status=ClusterStatus.RUNNING.value,
+            status=ClusterStatus.STARTING.value,
+            status_reason="created",
+            startup_step=STEP_ALLOCATED,
+            start_initiated_at=now,
+            created_at=now,
+            updated_at=now,
+            version=1,
+        )
+        session.add(cluster)
+        session.flush()
+        if idempotency is not None:
+            idempotency.record(session, cluster_id, now)
+        placement = claim(
+            session,
+            cluster_id=cluster_id,
+            request=replace(request_of(cluster, body.cloud_type), location=location),
+            volume_gb=volume_gb,
+            ratios=ctx.settings.allocation_ratios,
+            now=now,
+            bid=bid,
+            policy=ctx.settings.placement_policy,
+            host_id=mounted.host_id if mounted is not None else None,
+            not_enough_message=(
+                f"not enough free resources on network volume {mounted.id}'s host"
+                if mounted is not None
+                else None
+            ),
+        )
+        assigned = assign_ports(
+            session,
+            cluster_id=cluster_id,
+            host_id=placement.host_id,
+            ports=tuple(body.ports),
+            port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+            reserved=server_ports(ctx.settings),
+            held=partial(ctx.ports_held, placement.host_id, cluster_id),
+        )
+        refuse_unenforced_limits(session, ctx, placement.host_id)
+        refuse_unenforced_disk(session, ctx, placement.host_id)
+        cluster.ports = with_host_ports(tuple(body.ports), assigned)
+        refuse_exposed_private_ports(session, ctx, placement.host_id, cluster.ports)
+        cluster.host_id = placement.host_id
+        cluster.gpu_indices = list(placement.gpu_indices)
+        session.flush()
+        admit(session, principal.account_id, project_id, cluster_id)
+        refuse_spent_policy(
+            session, cluster.auto_terminate, rate_of(session, cluster, ctx, running=True).total, now
+        )
+        record_event(
+            session, cluster_id, now, "status", "created", None, ClusterStatus.STARTING.value
+        )
+        if clone is not None:
+            # Its volume is made from the snapshot before its container starts.
+            add_restore(
+                session,
+                cluster_id,
+                clone,
+                placement.host_id,
+                restore_target(ctx.ownership.prefix, cluster_id),
+                now,
+            )
+            record_event(session, cluster_id, now, "snapshot", f"cloned from snapshot {clone.id}")
+        meter_status(session, cluster, ClusterStatus.STARTING, now)
+    crash_point("create.idempotent_after_row" if idempotency else "create.after_row")
+    ctx.wake()
+    return cluster
+
+
+def start_cluster(
+    ctx: Context,
+    principal: Principal,
+    cluster_id: str,
+    body: StartCluster,
+    *,
+    bid_per_gpu: float | None = None,
+) -> StartResult:
+    """Start a stopped (or failed) cluster on its host, applying the body's changes.
+    With ``bid_per_gpu`` it resumes as spot (interruptible at that bid); without, a
+    spot cluster resumes on-demand.
+
+    When the cluster's host cannot take it (full, cordoned, draining, unreachable) and
+    ``body.allow_move``, it starts on another host and its volume is copied there first
+    (services/clusters/moves.py).
+
+    Raises InvalidState (not stopped), SnapshotNotFound, ValidationFailed,
+    InsufficientCapacity ("not enough free GPUs on the host machine") or HostUnreachable
+    (its volume is on a host that does not answer); in every error case nothing stored
+    changes.
+    """
+    principal.require_write()
+    upd = body.update_configuration
+    if upd is not None and upd.docker_image is not None:
+        field = "update_configuration.docker_image"
+        check_image(upd.docker_image, ctx.settings.registry_policy, field)
+    if body.port_mapping_updates:
+        check_external_ports(body.port_mapping_updates, ctx.settings, "port_mapping_updates")
+    for _ in range(MAX_CONFLICT_RETRIES):
+        now = ctx.clock.now()
+        try:
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                require_action(cluster, Action.START)
+                if cluster.status == ClusterStatus.STOPPING.value:
+                    # Desired state, not a race: kept and applied once the stop is done.
+                    # The body's own errors answer now; placement waits for the stop.
+                    restorable_for(session, principal, cluster, body)
+                    values, _, _ = start_changes(cluster, body, secret_box(ctx.settings))
+                    if bid_per_gpu is not None:
+                        count = values.get("gpu_count", cluster.gpu_count)
+                        gpu = resolve_gpu_type(session, cluster.gpu_type)
+                        spot_bid(gpu, count, CloudType(cluster.cloud_type), bid_per_gpu)
+                    rate = rate_of(session, cluster, ctx, running=True).total
+                    defer_start(ctx, session, cluster, body, bid_per_gpu, now)
+                    deferred = StartResult(cluster, [], rate, rate, None)
+                else:
+                    deferred = None
+            if deferred is not None:
+                ctx.wake()
+                return deferred
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                require_action(cluster, Action.START)
+                restore = restorable_for(session, principal, cluster, body)
+                # Taken of the volume as it rests, before anything changes it (the
+                # driver starts nothing on the volume until it is done).
+                before = (
+                    add_snapshot(
+                        session,
+                        principal.account_id,
+                        cluster_source(ctx, session, cluster),
+                        f"before-start-{now.strftime('%Y%m%d-%H%M%S')}",
+                        "taken by a start with snapshot_before_changes",
+                        now,
+                    )
+                    if body.snapshot_before_changes
+                    else None
+                )
+                # Detached: proposed changes must reach the row only through the funnel.
+                session.expunge(cluster)
+                previous = rate_of(session, cluster, ctx, running=True).total
+                values, applied, reasons = start_changes(cluster, body, secret_box(ctx.settings))
+                if bid_per_gpu is not None:
+                    gpu = resolve_gpu_type(session, cluster.gpu_type)
+                    count = values.get("gpu_count", cluster.gpu_count)
+                    bid = spot_bid(gpu, count, CloudType(cluster.cloud_type), bid_per_gpu)
+                    values.update(interruptible=True, bid_per_gpu=bid)
+                    applied.append(f"bid_per_gpu: {bid:.2f}")
+                    reasons.append("Spot bid")
+                elif cluster.interruptible:
+                    # A plain resume is on-demand: the cluster is no longer preemptible.
+                    values.update(interruptible=False, bid_per_gpu=None)
+                    applied.append("interruptible: true -> false")
+                    reasons.append("On-demand resume")
+                for column, value in values.items():
+                    setattr(cluster, column, value)
+                gpu_count = cluster.gpu_count
+                # On its own host; else (full, cordoned, unreachable) on another one,
+                # its volume moved there, unless the body says not to.
+                placement = place_for_start(
+                    session,
+                    ctx,
+                    cluster,
+                    now,
+                    allow_move=body.allow_move,
+                    not_enough_message="not enough free GPUs on the host machine"
+                    if gpu_count
+                    else "not enough free resources on the host machine",
+                    bid=cluster.bid_per_gpu if cluster.interruptible else None,
+                )
+                if cluster.network_volume_id is not None:
+                    # Checked under the placement lock, which its restore takes too.
+                    refuse_while_restoring(session, cluster.network_volume_id)
+                if restore is not None:
+                    check_fits(restore, values.get("volume_gb", cluster.volume_gb))
+                    add_restore(
+                        session,
+                        cluster.id,
+                        restore,
+                        placement.host_id,
+                        restore_target(ctx.ownership.prefix, cluster.id),
+                        now,
+                        after_snapshot_id=before.id if before is not None else None,
+                    )
+                    applied.append(f"restore_from_snapshot: {restore.id} ({restore.name})")
+                specs = ports_of(cluster)
+                assigned = assign_ports(
+                    session,
+                    cluster_id=cluster.id,
+                    host_id=placement.host_id,
+                    ports=specs,
+                    port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+                    reserved=server_ports(ctx.settings),
+                    held=partial(ctx.ports_held, placement.host_id, cluster.id),
+                )
+                values["ports"] = cluster.ports = with_host_ports(specs, assigned)
+                version = transition_cluster(
+                    session,
+                    cluster,
+                    ClusterStatus.STARTING,
+                    "start requested" + (f" ({'; '.join(applied)})" if applied else ""),
+                    now,
+                    desired_status=ClusterStatus.RUNNING.value,
+                    startup_step=STEP_ALLOCATED,
+                    start_initiated_at=now,
+                    error_message=None,
+                    pending_start=None,
+                    gpu_indices=list(placement.gpu_indices),
+                    host_id=placement.host_id,
+                    **values,
+                )
+                cluster.status = ClusterStatus.STARTING.value
+                cluster.version = version
+                cluster.startup_step = STEP_ALLOCATED
+                cluster.start_initiated_at = now
+                cluster.error_message = None
+                cluster.gpu_indices = list(placement.gpu_indices)
+                cluster.host_id = placement.host_id
+                new = rate_of(session, cluster, ctx, running=True).total
+                refuse_spent_policy(session, cluster.auto_terminate, new, now)
+                admit(session, principal.account_id, cluster.project_id, cluster.id)
+        except Conflict:
+            continue
+        crash_point("start.after_request")
+        ctx.wake()
+        reason = ", ".join(reasons) if reasons and new != previous else None
+        return StartResult(cluster, applied, previous, new, reason, before)
+    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
+
+
+def update_auto_terminate(
+    ctx: Context, principal: Principal, cluster_id: str, update: AutoTerminateUpdate
+) -> Cluster:
+    """Change a cluster's auto-termination policy in any status but terminated. On a
+    running cluster it applies to the current run at once: a limit the run has
+    already passed fires on the reconciler's next pass."""
+    principal.require_write()
+    for _ in range(MAX_CONFLICT_RETRIES):
+        now = ctx.clock.now()
+        try:
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                if cluster.status in (ClusterStatus.TERMINATING, ClusterStatus.TERMINATED):
+                    require_action(cluster, Action.TERMINATE)  # raises INVALID_STATE
+                session.expunge(cluster)
+                policy = merge_policy(cluster.auto_terminate, update)
+                cluster.version = guarded_update(
+                    session, cluster.id, cluster.version, now, auto_terminate=policy
+                )
+                cluster.auto_terminate = policy
+                record_event(
+                    session, cluster.id, now, "auto_terminate",
+                    "policy updated: " + ", ".join(sorted(update.model_fields_set)),
+                )  # fmt: skip
+        except Conflict:
+            continue
+        ctx.wake()
+        return cluster
+    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
+
+
+def _act(
+    ctx: Context,
+    principal: Principal,
+    cluster_id: str,
+    action: Action,
+    target: ClusterStatus,
+    reason: str,
+    desired: ClusterStatus,
+    **values: Any,
+) -> Cluster:
+    principal.require_write()
+    for _ in range(MAX_CONFLICT_RETRIES):
+        now = ctx.clock.now()
+        try:
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                if action is Action.STOP and has_pending_start(cluster):
+                    # A stop while a start waits for the stop to finish calls it off.
+                    call_off(session, cluster, now)
+                else:
+                    require_action(cluster, action)
+                    session.expunge(cluster)
+                    cluster.version = transition_cluster(
+                        session, cluster, target, reason, now,
+                        desired_status=desired.value, pending_start=None, **values,
+                    )  # fmt: skip
+                    cluster.status = target.value
+                    cluster.desired_status = desired.value
+                    cluster.pending_start = None
+                    for column, value in values.items():
+                        setattr(cluster, column, value)
+        except Conflict:
+            continue
+        ctx.wake()
+        return cluster
+    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
+
+
+def stop_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    stopping = _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.STOP,
+        ClusterStatus.STOPPING,
+        "stop requested",
+        ClusterStatus.STOPPED,
+    )
+    crash_point("stop.after_request")
+    return stopping
+
+
+def restart_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    """Recreate the container in place (container disk wiped, volume and GPUs kept)."""
+    return _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.RESTART,
+        ClusterStatus.STARTING,
+        "restart requested",
+        ClusterStatus.RUNNING,
+        startup_step=STEP_ALLOCATED,
+        start_initiated_at=ctx.clock.now(),
+    )
+
+
+def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    terminating = _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.TERMINATE,
+        ClusterStatus.TERMINATING,
+        "terminate requested",
+        ClusterStatus.TERMINATED,
+    )
+    crash_point("terminate.after_request")
+    return terminating
+
+
+def request_drain_stop(ctx: Context, cluster_id: str, reason: str) -> None:
+    """Stop a cluster because its host drains (the reconciler starts it again on
+    another host once it has stopped: ``restart_drained``)."""
+    control_plane_stop(ctx, cluster_id, reason)
+
+
+def control_plane_stop(ctx: Context, cluster_id: str, reason: str) -> None:
+    """Stop a cluster for the control plane's own reason (a drain, a suspension, a
+    spent budget), named in its events; its volume is kept. A cluster that is no
+    longer running (stopping already, stopped, terminated) is left as it is."""
+    with ctx.read() as session:
+        principal = owner_principal(session, cluster_id)
+    if principal is None:
+        return
+    # InvalidState: it moved on meanwhile (stopping already, terminated).
+    with contextlib.suppress(InvalidState):
+        _act(
+            ctx,
+            principal,
+            cluster_id,
+            Action.STOP,
+            ClusterStatus.STOPPING,
+            reason,
+            ClusterStatus.STOPPED,
+        )
+
+
+def start_drained(ctx: Context, cluster_id: str) -> str | None:
+    """Start a cluster a drain stopped, on another host. Returns why it cannot (it
+    stays stopped, its volume where it is), or None."""
+    with ctx.read() as session:
+        principal = owner_principal(session, cluster_id)
+    if principal is None:
+        return None
+    try:
+        start_cluster(ctx, principal, cluster_id, StartCluster())
+    except GpuyardError as exc:
+        return exc.message
+    return None
+
+
+def start_pending(ctx: Context, cluster_id: str) -> None:
+    """Start a stopped cluster whose start was requested while it was stopping, with
+    that request's body, through the normal start (its placement, capacity, spend and
+    admission checks happen now). A start that cannot be made (no capacity, a spent
+    policy, ...) is called off with its reason in the events; the cluster stays
+    stopped. A conflict is left for the next pass."""
+    with ctx.read() as session:
+        principal = owner_principal(session, cluster_id)
+        cluster = session.get(Cluster, cluster_id)
+        if principal is None or cluster is None or cluster.pending_start is None:
+            return
+        if cluster.status != ClusterStatus.STOPPED.value:
+            return
+        stored = cluster.pending_start
+    body, bid = open_start(secret_box(ctx.settings), stored)
+    crash_point("start.pending_before_start")
+    try:
+        start_cluster(ctx, principal, cluster_id, body, bid_per_gpu=bid)
+    except Conflict:
+        return
+    except GpuyardError as exc:
+        with ctx.transaction() as session:
+            row = session.get(Cluster, cluster_id)
+            if row is not None and row.pending_start == stored:
+                call_off(session, row, ctx.clock.now(), f"pending start failed: {exc.message}")
+        ctx.wake()
+
+
+def owner_principal(session: Session, cluster_id: str) -> Principal | None:
+    """Acting for the cluster's account (the control plane's own moves)."""
+    row = session.execute(
+        select(Project.account_id, Project.id)
+        .join(Cluster, Cluster.project_id == Project.id)
+        .where(Cluster.id == cluster_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    return Principal(
+        key_id=0, user_id=0, account_id=row[0], scope=Scope.WRITE, default_project_id=row[1]
+    )
+
+
+def get_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    with ctx.read() as session:
+        return load_cluster(session, principal, cluster_id)
+
+
+EVENTS_LIST = "cluster_events"
+
+
+def list_events(ctx: Context, principal: Principal, cluster_id: str) -> list[Event]:
+    """Every event of the cluster, oldest first (``event_page`` pages them)."""
+    with ctx.read() as session:
+        load_cluster(session, principal, cluster_id)
+        return list(
+            session.scalars(select(Event).where(Event.cluster_id == cluster_id).order_by(Event.id))
+        )
+
+
+def event_page(
+    ctx: Context,
+    principal: Principal,
+    cluster_id: str,
+    *,
+    page: int = 1,
+    per_page: int = 50,
+    cursor: str | None = None,
+) -> EventPage:
+    """The cluster's events, oldest first (by id, through the ``cluster_id`` index).
+    With ``cursor`` (an earlier page's ``next_cursor`` for this cluster), the events
+    after that page; else ``page`` by offset. Raises ClusterNotFound for a cluster the
+    caller may not see, ValidationFailed naming ``cursor`` for a bad one."""
+    bound: dict[str, cursors.FilterValue] = {
+        "account": principal.account_id,
+        "cluster": cluster_id,
+    }
+    after_id = check_cursor(EVENTS_LIST, bound, page, cursor)
+    with ctx.read() as session:
+        load_cluster(session, principal, cluster_id)
+        return read_page(
+            session,
+            cluster_id,
+            EVENTS_LIST,
+            bound,
+            after_id=after_id,
+            page=page,
+            per_page=per_page,
+        )

@@ -1,0 +1,3 @@
+"""The fleet: hosts as registered, discovered, administered, watched by heartbeats, and
+their quarantined leftovers.
+"""
