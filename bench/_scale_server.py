@@ -55,7 +55,8 @@ def main() -> None:
     ap.add_argument("--running-file", type=Path, default=None)
     args = ap.parse_args()
     logging.basicConfig(format="%(created).6f %(name)s %(levelname)s %(message)s")
-    logging.getLogger("gpuyard.reconciler.loop").setLevel(logging.INFO)
+    for name in ("gpuyard.reconciler.loop", "gpuyard.reconciler.duties.engine_checks"):
+        logging.getLogger(name).setLevel(logging.INFO)
     settings = scale_settings(args.home, args.database_url, args.live, port=args.port)
     runtime = FakeRuntime()
     server = build_server(settings, runtime)

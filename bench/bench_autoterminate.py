@@ -26,8 +26,8 @@ from typing import Any
 from sqlalchemy import insert, select
 
 from gpuyard.core.ids import new_cluster_id
-from gpuyard.reconciler.autoterminate import Fired
-from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.duties.autoterminate import Fired
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.context import Context
 from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
 from gpuyard.settings import Settings
@@ -98,8 +98,7 @@ def main() -> None:
             lags.append((datetime.now(UTC) - f.deadline).total_seconds())
 
     # No engine observation: the fake runtime has no containers for these rows.
-    rec = Reconciler(ctx, FakeRuntime(), observe_every_s=1e9)
-    rec.autoterm.on_fire = on_fire
+    rec = build_reconciler(ctx, FakeRuntime(), observe_every_s=1e9, on_fire=on_fire)
     ctx.wake = rec.wake
     rec.start()
     rec.wake()

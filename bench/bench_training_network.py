@@ -4,7 +4,7 @@ hosts' own network, and ``srun`` across hosts vs on one host, in one run.
 Set-up: two simulated hosts (tests/e2e/podman_host.py: each its own network namespace
 behind a veth pair, its own Podman service and storage), the Slurm node image loaded
 into both, and one training cluster driven through the same runtime the operator uses
-(reconciler/cluster_nodes.py over runtimes/slurm_nodes.py, host commands run in each
+(reconciler/training/cluster_nodes.py over runtimes/slurm_nodes.py, host commands run in each
 host's namespace as they would over SSH): the controller and workers 1 and 3 on host A,
 worker 2 on host B, one subnet, the overlay joining the two copies of the network.
 
@@ -45,7 +45,7 @@ from tests.e2e.podman_host import PodmanHost, available
 
 from gpuyard.core import training_network
 from gpuyard.core.ownership import Ownership
-from gpuyard.reconciler.cluster_nodes import ClusterNodes
+from gpuyard.reconciler.training.cluster_nodes import ClusterNodes
 from gpuyard.runtimes import slurm_config
 from gpuyard.runtimes.engine import Engine, EnginePolicy
 from gpuyard.runtimes.engine_url import PodmanService

@@ -31,7 +31,8 @@ from _seed_scale import prepare_home, seed
 from bench_observe import set_policies
 
 from gpuyard.observability.metrics import StoreCollector
-from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.duties.drains import restart_drained
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.fleet.health import record_heartbeat
 from gpuyard.testing.fake_runtime import FakeRuntime
 
@@ -57,29 +58,29 @@ def main() -> None:
     done = seed(ctx, terminated=args.terminated, intervals=args.terminated * 5, live=args.live)
     set_policies(ctx, done.live_ids)
     runtime = FakeRuntime()
-    rec = Reconciler(ctx, runtime)
+    rec = build_reconciler(ctx, runtime)
     adopt_running(runtime, done.live_ids)
     print(f"{args.live} running clusters ({args.terminated} terminated) seeded "
           f"in {done.seconds:.1f} s")  # fmt: skip
-    engines = rec._engines()
+    engines = rec.hosts.engines()
     key, host_ids = engines[0]
     rec.run_pass(observe=False)  # the first pass reads every policy once
     rec.queue.close(wait=True)  # nothing queued runs: each piece is timed alone
 
     collector = StoreCollector(ctx)
-    scan_runtime = rec._engine_runtime(host_ids)
+    scan_runtime = rec.hosts.runtime_of(host_ids)
     timed("dispatch + auto-termination pass", lambda: rec.run_pass(observe=False))
     timed("auto-termination with idle sample", lambda: rec.autoterm.run(sample=True))
     timed("observe_engine", lambda: rec.observe_engine(key, host_ids))
-    timed("volume scan", lambda: rec._scan_engine_volumes(scan_runtime, host_ids))
-    timed("resting-GPU sweep", rec._free_resting_gpus)
+    timed("volume scan", lambda: rec.volume_scans.scan_engine(scan_runtime, host_ids))
+    timed("resting-GPU sweep", rec.duties.resting_gpus.free)
     timed(
         "heartbeat",
         lambda: record_heartbeat(ctx, host_ids, None, misses_allowed=3),
     )
 
     def moves() -> None:
-        rec._restart_drained(host_ids)
+        restart_drained(ctx, host_ids)
         rec.driver.delete_old_copies(list(host_ids))
 
     timed("restart drained + old copies", moves)
@@ -90,7 +91,7 @@ def main() -> None:
     prof.enable()
     for _ in range(args.passes):
         rec.run_pass(observe=False)
-        rec._free_resting_gpus()
+        rec.duties.resting_gpus.free()
         rec.observe_engine(key, host_ids)
         record_heartbeat(ctx, host_ids, None, misses_allowed=3)
     prof.disable()

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from gpuyard.reconciler.autoterminate import nvml_utilization
+from gpuyard.reconciler.duties.autoterminate import nvml_utilization
 from gpuyard.services.fleet.discovery import discover, discover_nvml_gpus
 
 PTX = b"""

@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     price_snapshot_gb_month: float = Field(default=0.05, ge=0)
     price_network_volume_gb_month: float = Field(default=0.07, ge=0)
     # How often each host's volumes are measured (the engine's disk-usage report) for
-    # clusters' and network volumes' ``used_bytes`` (reconciler/volume_usage.py).
+    # clusters' and network volumes' ``used_bytes`` (reconciler/duties/volume_usage.py).
     volume_usage_interval_s: float = Field(default=60.0, gt=0)
 
     # Auto-termination: a cluster is idle while its CPU and every GPU stay under these.

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuyard.core.autoterm import Rule
 from gpuyard.observability.counters import record_auto_termination
-from gpuyard.reconciler.autoterminate import Fired
+from gpuyard.reconciler.duties.autoterminate import Fired
 from gpuyard.services.clock import SystemClock
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.testing.fake_runtime import FakeRuntime

@@ -20,7 +20,7 @@ import pytest
 from gpuyard.core.proxy import ProxyBase, ProxyStatus, Visibility
 from gpuyard.edge.caddy import CaddyError
 from gpuyard.edge.caddy_config import ProxyListen
-from gpuyard.reconciler.proxy_sync import ProxySync
+from gpuyard.reconciler.duties.proxy_sync import ProxySync
 from gpuyard.services.access.proxy_routes import load_routes
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key, resolve_key
 from gpuyard.testing.fake_runtime import FakeRuntime

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from gpuyard.api.rest.schemas.hosts import HostDrainEnvelope
 from gpuyard.cli.main import cli
-from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.runtimes.fleet import HostEngine
 from gpuyard.testing.fake_nodes import FakeNodeRuntime
 from gpuyard.testing.fake_runtime import FakeRuntime
@@ -46,8 +46,8 @@ def srv(tmp_path: Path, engines: Engines) -> Iterator[LiveServer]:
     """Heartbeats only when the test says; training clusters built on fake nodes."""
     settings = make_settings(tmp_path / "home", heartbeat_interval_s=3600)
 
-    def operator(ctx: Any, queue: Any, fleet: Any, lane_of: Any) -> TrainingOperator:
-        return TrainingOperator(ctx, FakeNodeRuntime(), FakeEdge(), queue=queue)
+    def operator(ctx: Any, queue: Any, fleet: Any, lane_of: Any, owns: Any) -> TrainingOperator:
+        return TrainingOperator(ctx, FakeNodeRuntime(), FakeEdge(), queue=queue, owns=owns)
 
     with live_server(
         settings, FakeRuntime(), host_runtimes=engines.make, training_operator=operator

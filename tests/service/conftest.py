@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.context import Context
 from gpuyard.testing.fake_runtime import FakeRuntime
 
@@ -16,4 +17,4 @@ def runtime() -> FakeRuntime:
 
 @pytest.fixture
 def rec(ctx: Context, runtime: FakeRuntime) -> Reconciler:
-    return Reconciler(ctx, runtime)
+    return build_reconciler(ctx, runtime)

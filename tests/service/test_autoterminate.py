@@ -7,7 +7,7 @@ import pytest
 from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.autoterm import Rule
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.reconciler.autoterminate import AutoTerminator
+from gpuyard.reconciler.duties.autoterminate import AutoTerminator
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc

@@ -4,7 +4,7 @@ hold of the duty's lease are not trusted after another replica held it."""
 from __future__ import annotations
 
 from gpuyard.core.autoterm import Rule
-from gpuyard.reconciler.autoterminate import AutoTerminator
+from gpuyard.reconciler.duties.autoterminate import AutoTerminator
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc

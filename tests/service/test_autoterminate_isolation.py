@@ -10,7 +10,7 @@ from sqlalchemy import func, select, text, update
 
 from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.autoterm import Rule
-from gpuyard.reconciler.autoterminate import AutoTerminator, Fired
+from gpuyard.reconciler.duties.autoterminate import AutoTerminator, Fired
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc

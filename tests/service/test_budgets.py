@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from gpuyard.core.errors import BudgetExhausted
-from gpuyard.reconciler.budget_watch import BudgetWatch
+from gpuyard.reconciler.duties.budgets import BudgetWatch
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.services.billing import budgets, metering
 from gpuyard.services.billing.budgets import BudgetChange

@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerState
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
@@ -48,7 +49,7 @@ def test_exit_during_startup(
     ctx: Context, alice: Principal, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="gpuyard")
-    rec = Reconciler(ctx, DiesAtStart())
+    rec = build_reconciler(ctx, DiesAtStart())
     c = uc.create_cluster(ctx, alice, a6000(1))
     settle(rec, c.id)
     got = uc.get_cluster(ctx, alice, c.id)
@@ -72,9 +73,9 @@ def test_engine_refusing_the_start(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="gpuyard")
     runtime = RefusesStart()
-    rec = Reconciler(ctx, runtime)
+    rec = build_reconciler(ctx, runtime)
     c = uc.create_cluster(ctx, alice, a6000(1))
-    for _ in range(5):  # past each attempt's back-off (reconciler/start_retries.py)
+    for _ in range(5):  # past each attempt's back-off (reconciler/clusters/start_retries.py)
         rec.driver.drive(c.id)
         clock.advance(5)
     got = uc.get_cluster(ctx, alice, c.id)

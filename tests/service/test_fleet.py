@@ -11,6 +11,7 @@ from sqlalchemy import select
 from gpuyard.api.rest.schemas.cluster_json import cluster_v1
 from gpuyard.core.errors import HostUnreachable, InsufficientCapacity
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerState
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.services.clock import FakeClock
@@ -51,7 +52,7 @@ def engines() -> Engines:
 
 @pytest.fixture
 def fleet_rec(ctx: Context, engines: Engines) -> Reconciler:
-    return Reconciler(ctx, Fleet(engines.local, engines.make))
+    return build_reconciler(ctx, Fleet(engines.local, engines.make))
 
 
 def settle(rec: Reconciler, cid: str) -> None:

@@ -15,7 +15,7 @@ from gpuyard.core.errors import GpuyardError
 from gpuyard.core.ledger import accrue_totals, boundary, micro, total_amount
 from gpuyard.core.models import CloudType
 from gpuyard.core.pricing import hourly_rate
-from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.billing import metering
 from gpuyard.services.billing.ledger_totals import totals
 from gpuyard.services.catalog.gpu_types import find_gpu_type
@@ -73,7 +73,7 @@ def test_billed_equals_the_integral(
     ctx: Context, alice: Principal, clock: FakeClock, steps: list[tuple[str, int]]
 ) -> None:
     runtime = FakeRuntime()
-    rec = Reconciler(ctx, runtime)
+    rec = build_reconciler(ctx, runtime)
     # Per cluster: (status, gpu count, rate, since) of the segment now open, and the sum.
     seen: dict[str, tuple[str, int, int, datetime]] = {}
     integral: dict[str, int] = {}
@@ -114,7 +114,7 @@ def test_billed_equals_the_integral(
                 for cid in ids:
                     rec.driver.drive(cid)
             elif op == "crash":
-                rec = Reconciler(ctx, FakeRuntime())  # a new process: nothing in memory
+                rec = build_reconciler(ctx, FakeRuntime())  # a new process: nothing in memory
             elif op == "advance":
                 clock.advance(arg / 1000)
         except GpuyardError:

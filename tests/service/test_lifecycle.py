@@ -13,6 +13,7 @@ from gpuyard.core.errors import (
     ValidationFailed,
 )
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerState
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import CreateCluster, StartCluster
@@ -222,8 +223,10 @@ def test_resume_after_crash_mid_start(ctx: Context, alice: Principal, runtime: F
     c = uc.create_cluster(ctx, alice, a6000(1))
     # A first reconciler "crashes" right after creating the container.
     runtime.ensure_image("img")
-    runtime.create(Reconciler(ctx, runtime).driver._spec(uc.get_cluster(ctx, alice, c.id)))
-    fresh = Reconciler(ctx, runtime)
+    runtime.create(
+        build_reconciler(ctx, runtime).driver.specs.build(uc.get_cluster(ctx, alice, c.id))
+    )
+    fresh = build_reconciler(ctx, runtime)
     assert fresh.wait_idle(timeout=10)
     fresh.stop()
     assert status(ctx, alice, c.id) == "running"

@@ -6,6 +6,7 @@ from sqlalchemy import select
 
 from gpuyard.core.ledger import Accrual, Interval, micro, total_amount
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.billing import metering
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
@@ -160,12 +161,12 @@ def test_a_crash_leaves_open_intervals_running_and_never_doubles(
 ) -> None:
     cid = create(ctx, alice)
     full = running_rate(ctx, cid)
-    Reconciler(ctx, runtime).driver.drive(cid)
+    build_reconciler(ctx, runtime).driver.drive(cid)
     clock.advance(1234.7)
     # The server dies; a new process (new reconciler and driver) carries on.
-    settle(Reconciler(ctx, runtime), cid)
+    settle(build_reconciler(ctx, runtime), cid)
     clock.advance(1000)
-    settle(Reconciler(ctx, runtime), cid)
+    settle(build_reconciler(ctx, runtime), cid)
     open_ = [iv for iv in intervals(ctx, cid) if iv.ended_at is None]
     assert len(open_) == len({iv.meter for iv in open_})  # one open interval per meter
     assert accrued(ctx, cid).lifetime_micro == full * 2234 // 3600
@@ -219,7 +220,7 @@ def test_migration_0011_backfills_the_totals_from_history(
 ) -> None:
     """A database with history from before the running totals gets them from its
     intervals when it upgrades: the cost it shows does not change."""
-    rec = Reconciler(ctx, FakeRuntime())
+    rec = build_reconciler(ctx, FakeRuntime())
     ids = [create(ctx, alice), create(ctx, alice, gpu_count=2)]
     for cid in ids:
         settle(rec, cid)

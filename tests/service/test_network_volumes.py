@@ -425,7 +425,7 @@ def test_usage_is_measured_per_host(
 
 
 def test_usage_pass_is_due_once_per_interval(ctx: Context) -> None:
-    from gpuyard.reconciler.volume_usage import VolumeUsage
+    from gpuyard.reconciler.duties.volume_usage import VolumeUsage
 
     duty = VolumeUsage(ctx)
     assert duty.due("a") and not duty.due("a") and duty.due("b")

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
+from gpuyard.reconciler.duties.orphans import delete_quarantined
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.orphans import delete_quarantined
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerSpec, ContainerState
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
@@ -69,7 +70,7 @@ def test_two_installations_never_touch_each_other(
 ) -> None:
     assert ctx.ownership != other.ownership
     other_rt = runtime.sharing_engine()
-    other_rec = Reconciler(other, other_rt)
+    other_rec = build_reconciler(other, other_rt)
     carol = new_principal(other, "carol@example.com")
     mine = uc.create_cluster(ctx, alice, a6000(1, volume_gb=5))
     theirs = uc.create_cluster(other, carol, a6000(1, volume_gb=5))

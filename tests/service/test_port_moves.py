@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from gpuyard.reconciler.clusters.port_moves import port_in_use
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.port_moves import port_in_use
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context

@@ -16,7 +16,8 @@ from gpuyard.core.quotas import GIB, LimitChange
 from gpuyard.core.roles import Role
 from gpuyard.core.training import CONTROLLER_VCPUS
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.billing import quotas
 from gpuyard.services.clock import FakeClock
@@ -83,7 +84,7 @@ def operator(ctx: Context) -> Principal:
 
 @pytest.fixture
 def rec(ctx: Context) -> Reconciler:
-    return Reconciler(ctx, FakeRuntime())
+    return build_reconciler(ctx, FakeRuntime())
 
 
 def gpus(n: int = 1, **kw: object) -> CreateCluster:

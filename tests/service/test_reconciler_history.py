@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Engine, event, select, update
 
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
@@ -120,10 +121,10 @@ def test_resting_gpus_are_freed_and_other_holders_left(
 
 
 def test_a_full_pass_is_counted_once_every_engine_was_observed(
-    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+    ctx: Context, alice: Principal, runtime: FakeRuntime
 ) -> None:
     counted: list[int] = []
-    rec.on_full_pass = lambda: counted.append(rec.full_passes)
+    rec = build_reconciler(ctx, runtime, on_full_pass=lambda: counted.append(rec.full_passes))
     rec.run_pass(observe=True)
     assert rec.wait_idle(10)
     assert counted == [1]

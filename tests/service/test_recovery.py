@@ -11,6 +11,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerState
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
@@ -159,7 +160,7 @@ def test_a_stop_is_not_queued_behind_a_hanging_pull(
     ctx: Context, alice: Principal, runtime: FakeRuntime
 ) -> None:
     ctx.settings.reconcile_workers = 1  # one worker per lane: lanes, not luck
-    rec = Reconciler(ctx, runtime)
+    rec = build_reconciler(ctx, runtime)
     b = uc.create_cluster(ctx, alice, a6000(1))
     settle(rec, b.id)
     assert uc.get_cluster(ctx, alice, b.id).status == "running"

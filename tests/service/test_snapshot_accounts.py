@@ -9,9 +9,9 @@ from pathlib import Path
 
 from sqlalchemy import update
 
+from gpuyard.reconciler.clusters.snapshot_migration import migrate_shared_snapshots
+from gpuyard.reconciler.clusters.snapshots import ARCHIVE_NAME, snapshot_tag
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.snapshot_migration import migrate_shared_snapshots
-from gpuyard.reconciler.snapshots import ARCHIVE_NAME, snapshot_tag
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal

@@ -17,8 +17,8 @@ from gpuyard.core.errors import (
     SnapshotNotReady,
     ValidationFailed,
 )
+from gpuyard.reconciler.clusters.snapshots import snapshot_tag
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.snapshots import snapshot_tag
 from gpuyard.services.billing.metering import GroupBy, bill
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters import views as cluster_views

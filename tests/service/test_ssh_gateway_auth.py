@@ -21,6 +21,7 @@ from gpuyard.edge.ssh_directory import EVENT_SSH_LOGIN, SshDirectory
 from gpuyard.edge.ssh_gateway import Gateway
 from gpuyard.edge.ssh_upstream import AUTHORIZED_KEYS_SCRIPT, sync_input
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.access import ssh_keys
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import CreateCluster
@@ -103,7 +104,7 @@ def run_gateway(
 
 @pytest.fixture
 def rec(ctx: Context) -> Reconciler:
-    return Reconciler(ctx, FakeRuntime())
+    return build_reconciler(ctx, FakeRuntime())
 
 
 def test_owner_key_logs_in_and_the_login_is_an_event(
@@ -196,7 +197,7 @@ def test_the_account_keys_reach_the_container_env(
     ctx: Context, alice: Principal, tmp_path: Path
 ) -> None:
     runtime = FakeRuntime()
-    rec = Reconciler(ctx, runtime)
+    rec = build_reconciler(ctx, runtime)
     key = register(ctx, alice, "laptop")
     cid = create(ctx, rec, alice)
     env = runtime.containers[cid].spec.env

@@ -7,6 +7,7 @@ from sqlalchemy import select
 
 from gpuyard.core.errors import InvalidState, SnapshotNotFound, ValidationFailed
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.pending_starts import CALLED_OFF, REQUESTED
@@ -108,7 +109,7 @@ def test_a_stopped_cluster_with_a_pending_start_is_started_after_a_crash(
     uc.start_cluster(ctx, alice, cid, StartCluster())
     rec.driver.drive(cid)  # the stop completes; the process "crashes" before the start
     assert status(ctx, alice, cid) == "stopped"
-    fresh = Reconciler(ctx, runtime)
+    fresh = build_reconciler(ctx, runtime)
     try:
         assert fresh.wait_idle(timeout=10)
     finally:

@@ -12,10 +12,10 @@ from sqlalchemy import select
 from gpuyard.core.autoterm import Rule
 from gpuyard.core.errors import InvalidState, ValidationFailed
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.autoterminate import AutoTerminator
-from gpuyard.reconciler.slurm_jobs import SQUEUE, SqueueJobs
-from gpuyard.reconciler.training import TrainingOperator
-from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.duties.autoterminate import AutoTerminator
+from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.training.slurm_jobs import SQUEUE, SqueueJobs
 from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
@@ -71,9 +71,12 @@ def queue() -> Queue:
 @pytest.fixture
 def watcher(ctx: Context, queue: Queue) -> AutoTerminator:
     """The clusters' watcher with the training side, as the server builds it."""
-    at = AutoTerminator(ctx, FakeRuntime(), gpu_utilization=lambda uuids: None)
-    at.training = TrainingAutoTerminator(ctx, SqueueJobs(lambda host_id: queue))
-    return at
+    return AutoTerminator(
+        ctx,
+        FakeRuntime(),
+        gpu_utilization=lambda uuids: None,
+        training=TrainingAutoTerminator(ctx, SqueueJobs(lambda host_id: queue)),
+    )
 
 
 @pytest.fixture

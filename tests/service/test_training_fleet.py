@@ -14,8 +14,9 @@ import pytest
 from sqlalchemy import select
 
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.loop import SLOW, Reconciler
-from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.lanes import SLOW
+from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.runtimes.host_nodes import HostNodes
@@ -62,7 +63,7 @@ class World:
         self.alice = alice
         self.h2 = add_host_row(ctx, "h2", 4, location="lab")
         self.engines: dict[int, FakeRuntime] = {}
-        self.reconciler = Reconciler(ctx, Fleet(FakeRuntime(), self._engine))
+        self.reconciler = build_reconciler(ctx, Fleet(FakeRuntime(), self._engine))
         self.local_nodes = FakeNodeRuntime()
         self.remote_nodes: dict[int, RemoteNodes] = {}
         self.made_from: list[Runtime] = []

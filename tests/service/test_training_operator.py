@@ -20,7 +20,8 @@ from gpuyard.core.errors import (
     InvalidState,
 )
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.training import Superseded, TrainingOperator
+from gpuyard.reconciler.training.nodes import Superseded
+from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.runtimes.host_edge import ClusterEdge
 from gpuyard.services.access.reserved_ips import allocate_reserved_ip
 from gpuyard.services.access.security_groups import create_group
@@ -671,7 +672,7 @@ def test_a_stop_supersedes_a_running_create(
     token = (status(ctx, cid).operation or {})["token"]
     assert training_stops.stop_cluster(ctx, cid, "budget exhausted")
     with pytest.raises(Superseded):
-        operator._check(cid, token)  # the create's job stops at its next step
+        operator.check(cid, token)  # the create's job stops at its next step
     operator.run(cid)
     assert status(ctx, cid).status == "stopped"
     assert nodes.nodes == {} and count(ctx, GpuAllocation) == 0

@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.training import LANE, TrainingOperator
+from gpuyard.reconciler.training.nodes import LANE
+from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clock import FakeClock

@@ -14,8 +14,8 @@ from sqlalchemy import func, select
 from gpuyard.core.errors import InsufficientCapacity
 from gpuyard.core.fleet import PlacementPolicy
 from gpuyard.core.training import NodeName
-from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.training import TrainingOperator
+from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
 from gpuyard.runtimes.host_nodes import HostNodes
@@ -43,7 +43,7 @@ class Span:
         self.nodes: dict[int, FakeNodeRuntime] = {}
         self.every: list[FakeNodeRuntime] = []
         self.local = FakeNodeRuntime()
-        self.reconciler = Reconciler(ctx, Fleet(FakeRuntime(), self._engine))
+        self.reconciler = build_reconciler(ctx, Fleet(FakeRuntime(), self._engine))
         host_nodes = HostNodes(self.reconciler.fleet, self.local, self._nodes)
         self.operator = TrainingOperator(
             ctx, self.local, FakeEdge(), drain_timeout_s=0, hosts=host_nodes

@@ -1,11 +1,11 @@
 """Which quarantined volumes a restored installation keeps until an admin deletes them
-(reconciler/orphans.py made_before): those that existed when it was restored."""
+(reconciler/duties/orphans.py made_before): those that existed when it was restored."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from gpuyard.reconciler.orphans import engine_time, made_before
+from gpuyard.reconciler.duties.orphans import engine_time, made_before
 from gpuyard.runtimes.base import ManagedVolume
 
 RESTORED = datetime(2026, 11, 27, 12, 0, 0)  # naive UTC, as SQLite hands it back

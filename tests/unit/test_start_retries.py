@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuyard.reconciler.start_retries import StartRetries
+from gpuyard.reconciler.clusters.start_retries import StartRetries
 
 
 def test_attempts_back_off_then_give_up() -> None:

@@ -51,12 +51,16 @@ from gpuyard.api.training import routes as training
 from gpuyard.core.errors import GpuyardError
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.observability.metrics import Metrics
-from gpuyard.reconciler.autoterminate import Fired
-from gpuyard.reconciler.loop import SLOW, TRAINING_DUTY, Reconciler
-from gpuyard.reconciler.proxy_sync import ProxySync
-from gpuyard.reconciler.slurm_jobs import SqueueJobs
-from gpuyard.reconciler.training import TrainingOperator
-from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.duties.autoterminate import Fired
+from gpuyard.reconciler.duties.proxy_sync import ProxySync
+from gpuyard.reconciler.lanes import SLOW
+from gpuyard.reconciler.leases import TRAINING_DUTY
+from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.training.edge import HostEdge
+from gpuyard.reconciler.training.operator import TrainingOperator
+from gpuyard.reconciler.training.slurm_jobs import SqueueJobs
+from gpuyard.reconciler.wiring import build_reconciler, lanes_for
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import Fleet, HostEngine, RuntimeFactory
@@ -76,9 +80,11 @@ if TYPE_CHECKING:
 
 
 # Makes the training operator of a server: (context, the reconciler's work queue, the
-# fleet whose hosts' engines run the nodes, the queue lane of a host's jobs).
+# fleet whose hosts' engines run the nodes, the queue lane of a host's jobs, whether
+# this replica owns the training duty now).
 TrainingOperatorFactory = Callable[
-    [Context, WorkQueue, Fleet, Callable[[int | None], str]], TrainingOperator
+    [Context, WorkQueue, Fleet, Callable[[int | None], str], Callable[[], bool]],
+    TrainingOperator,
 ]
 
 
@@ -129,25 +135,46 @@ def build_server(
     # Several replicas share a PostgreSQL database: each duty has one owner at a time.
     # SQLite serves one process, which owns everything.
     leases = LeaseKeeper.for_replica(ctx) if _shared_database(ctx) else None
-    reconciler = Reconciler(ctx, fleet, host_id=host_id, leases=leases)
-    reconciler.on_host_answered = partial(_describe_host, ctx)
-    ctx.wake = reconciler.wake
-    ctx.ports_held = partial(_ports_held, fleet, settings)
     # Training operations and node recoveries run on the reconciler's one work queue,
     # each cluster's on the lanes of its host's engine, its nodes on that engine.
+    lanes = lanes_for(ctx, fleet)
     operator = (
-        training_operator(ctx, reconciler.queue, fleet, partial(reconciler.lane_of, SLOW))
+        training_operator(
+            ctx,
+            lanes.queue,
+            fleet,
+            partial(lanes.lane_of, SLOW),
+            partial(leases.holds, TRAINING_DUTY) if leases is not None else _owned,
+        )
         if training_operator is not None
         else None
     )
+    metrics = Metrics(ctx)
+
+    def count_fired(fired: Fired) -> None:
+        record_auto_termination(ctx, fired.rule)
+
+    reconciler = build_reconciler(
+        ctx,
+        fleet,
+        host_id=host_id,
+        leases=leases,
+        dispatcher=lanes,
+        # Training clusters' auto-termination: the clusters' watcher, Slurm's queue
+        # read on each controller's host.
+        training=TrainingAutoTerminator(ctx, SqueueJobs(operator.on_host))
+        if operator is not None
+        else None,
+        on_fire=count_fired,
+        on_pass=metrics.observe_pass,
+        on_full_pass=metrics.count_full_pass,
+        on_host_answered=partial(_describe_host, ctx),
+    )
+    ctx.wake = reconciler.wake
+    ctx.ports_held = partial(_ports_held, fleet, settings)
     if operator is not None:
         ctx.training_wake = operator.wake
         ctx.training_edge = operator.sync_edge
-        # Training clusters' auto-termination: the clusters' watcher, Slurm's queue
-        # read on each controller's host.
-        reconciler.autoterm.training = TrainingAutoTerminator(ctx, SqueueJobs(operator.on_host))
-        if leases is not None:
-            operator.owns = lambda: leases.holds(TRAINING_DUTY)
 
     proxy_sync = proxy(ctx) if proxy is not None else None
 
@@ -216,18 +243,7 @@ def build_server(
             proxy_secret=proxy_api_secret(settings) if proxy_sync is not None else None,
         )
     # Metrics: added last, so its latency middleware is outermost and times the fast path.
-    metrics = Metrics(ctx)
     metrics_api.install(app, metrics, settings)
-    reconciler.on_pass = metrics.observe_pass
-    reconciler.on_full_pass = metrics.count_full_pass
-    fired_hook = reconciler.autoterm.on_fire
-
-    def count_fired(fired: Fired) -> None:
-        record_auto_termination(ctx, fired.rule)
-        if fired_hook is not None:
-            fired_hook(fired)
-
-    reconciler.autoterm.on_fire = count_fired
     console_api.install(app)  # the web console, its sign-in and session cookie
     # Outermost: a database outage (a failover) raised ahead of routing is a 503 too.
     app.add_middleware(DatabaseOutage)
@@ -274,6 +290,11 @@ def _describe_host(ctx: Context, host: HostEngine, runtime: Runtime) -> None:
     inventory = runtime.inventory()
     if inventory is not None:
         record_inventory(ctx, host.host_id, inventory)
+
+
+def _owned() -> bool:
+    """A lone server owns the training duty."""
+    return True
 
 
 def _shared_database(ctx: Context) -> bool:
@@ -344,12 +365,15 @@ def training_operator_factory(
     on: this machine's at ``engine_url``, or a fleet host's through that host's runtime
     (its SSH tunnel, TLS and firewall), with the node image copied there from this
     machine's engine when the host lacks it."""
-    from gpuyard.reconciler.training_edge import HostEdge
     from gpuyard.runtimes.host_nodes import HostNodes
     from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
 
     def make(
-        ctx: Context, queue: WorkQueue, fleet: Fleet, lane_of: Callable[[int | None], str]
+        ctx: Context,
+        queue: WorkQueue,
+        fleet: Fleet,
+        lane_of: Callable[[int | None], str],
+        owns: Callable[[], bool],
     ) -> TrainingOperator:
         local = SlurmNodeRuntime(engine_url, policy=engine_policy(settings, engine_url))
 
@@ -377,6 +401,7 @@ def training_operator_factory(
             lifecycle_timeout_s=settings.training_lifecycle_timeout_s,
             bind_address=settings.training_bind_address,
             queue=queue,
+            owns=owns,
         )
         return operator
 

@@ -67,7 +67,7 @@ class PrincipalCache:
 
 
 class PartitionReader(Protocol):
-    """Slurm's view of a training cluster's nodes (reconciler/training.py)."""
+    """Slurm's view of a training cluster's nodes (reconciler/training/operator.py)."""
 
     def partition_state(
         self, cluster_id: int, max_age_s: float = 2.0

@@ -3,7 +3,7 @@
 Pure integers where money is concerned: amounts are micro-USD, spend rates micro-USD
 per hour (the usage ledger's units, core/ledger.py). A deadline is the first whole
 second at which the ledger's spend reaches a threshold at the current rate; the
-reconciler sleeps until the earliest one (reconciler/budget_watch.py), so a stop fires
+reconciler sleeps until the earliest one (reconciler/duties/budgets.py), so a stop fires
 within about a second of the crossing instead of on a polling interval.
 
 Two kinds of account:

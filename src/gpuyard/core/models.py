@@ -143,7 +143,7 @@ class PolicyRules(StrictModel):
 
 
 class AutoTerminatePolicy(PolicyRules):
-    """When a cluster should stop itself (enforced by reconciler/autoterminate.py);
+    """When a cluster should stop itself (enforced by reconciler/duties/autoterminate.py);
     ``action`` is ``stop`` or ``terminate`` (null is refused, not read as the default)."""
 
     action: AutoTerminateAction = "stop"
@@ -151,7 +151,7 @@ class AutoTerminatePolicy(PolicyRules):
 
 class TrainingAutoTerminatePolicy(PolicyRules):
     """When a training cluster should stop itself (the same watcher,
-    reconciler/training_autoterm.py); ``action`` is ``stop`` or ``delete``. Idle means
+    reconciler/training/autoterm.py); ``action`` is ``stop`` or ``delete``. Idle means
     no running or pending Slurm job."""
 
     action: TrainingAutoTerminateAction = "stop"

@@ -12,7 +12,7 @@ gpuyard may hold it. Two answers are joined:
 
 The answer is a snapshot, never a promise: a program may bind a port a moment later.
 The start path therefore also moves on when the engine still meets "address already
-in use" (reconciler/port_moves.py). Failures to ask give an empty answer, never an
+in use" (reconciler/clusters/port_moves.py). Failures to ask give an empty answer, never an
 error: the start's own collision handling is the backstop.
 """
 

@@ -102,7 +102,7 @@ class Context:
     # the idle window starts again, which only ever delays a stop.
     idle_since: IdleSince = field(default_factory=lambda: IdleSince())
     # The same for running training clusters (by id): since when no Slurm job ran or
-    # waited (reconciler/training_autoterm.py keeps it; training views read it).
+    # waited (reconciler/training/autoterm.py keeps it; training views read it).
     training_idle_since: dict[int, datetime] = field(default_factory=dict)
     # Optional accelerated read of one visible cluster row (store/sqlite_reader.py).
     cluster_reader: ClusterReader | None = None

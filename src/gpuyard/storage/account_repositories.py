@@ -11,7 +11,7 @@ account-<id>.password``) only because restic reads passwords from files; the sec
 itself is never given to restic for an account's repository.
 
 The installation-wide repository (``shared``) is kept for what earlier versions stored
-in it: reconciler/snapshot_migration.py moves those snapshots into their accounts'
+in it: reconciler/clusters/snapshot_migration.py moves those snapshots into their accounts'
 repositories, then nothing new is written there.
 """
 

@@ -1,6 +1,6 @@
 """``GET /v1/clusters/{id}/metrics?window=1h``: the cluster's CPU, memory and GPU
 utilisation (percent) over the window, oldest first, as the reconciler sampled them
-(reconciler/utilization.py; an hour is kept). ``gpu_percent`` is null where the GPUs
+(reconciler/duties/utilization.py; an hour is kept). ``gpu_percent`` is null where the GPUs
 could not be read (a machine without GPUs): no data, not zero. Reads only; another
 account's cluster is ``404 CLUSTER_NOT_FOUND``; a window that is not 1-60 minutes
 (``5m``, ``30m``, ``1h``) is ``400 VALIDATION_ERROR`` naming ``window``."""

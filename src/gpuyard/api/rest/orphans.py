@@ -1,5 +1,5 @@
 """``/v1/orphans`` (admin): engine objects of this installation that the database does
-not know. Volumes are quarantined here, never deleted on sight (reconciler/orphans.py);
+not know. Volumes are quarantined here, never deleted on sight (reconciler/duties/orphans.py);
 an admin lists them and deletes one now, or lets the retention pass."""
 
 from __future__ import annotations

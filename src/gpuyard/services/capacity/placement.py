@@ -355,7 +355,7 @@ def assign_ports(
     own) is never assigned. ``held`` asks the host which ports something else holds
     there (Context.ports_held); it is asked only for a port the user chose, which
     then answers 409 PORT_IN_USE at once. A port gpuyard chooses is checked against
-    the host when the cluster starts (reconciler/port_moves.py), outside this
+    the host when the cluster starts (reconciler/clusters/port_moves.py), outside this
     transaction.
     """
     held_now: frozenset[tuple[int, str]] | None = None

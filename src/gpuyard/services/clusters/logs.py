@@ -1,7 +1,7 @@
 """A cluster's logs: its containers' output merged with gpuyard's own events.
 
 ``container`` lines come from the cluster's live container (through its host's
-runtime) and from the archives of its earlier containers (reconciler/log_archive.py);
+runtime) and from the archives of its earlier containers (reconciler/clusters/log_archive.py);
 ``system`` lines are its events (status changes, restarts, snapshots, moves...). Each
 entry carries the stream's cursor after it (core/log_lines.py), its SSE event id.
 

@@ -3,7 +3,7 @@ uncordon it, delete it once nothing is left on it, and the installation's SSH ke
 install on hosts reached over ``ssh://``.
 
 A host added here is ``active`` but not ``healthy`` until its first heartbeat answers
-(reconciler/loop.py): nothing is placed on it before that. What the operator declares
+(reconciler/duties/heartbeats.py): nothing is placed on it before that. What the operator declares
 (vCPUs, memory, disk, GPUs) is kept and marked ``declared``; every other figure is
 discovered through the engine after the first answer. Writes that change where
 placement may land take the placement lock first, so a create running alongside sees

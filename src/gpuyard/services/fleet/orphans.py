@@ -1,6 +1,6 @@
 """Quarantined volumes (``orphan_volumes``): what the store knows, listing for admins,
 and deletion (by an admin, or by the reconciler once the retention has passed).
-See reconciler/orphans.py for how volumes get here."""
+See reconciler/duties/orphans.py for how volumes get here."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def delete_quarantined(ctx: Context, runtime: Runtime, row: OrphanVolume, why: s
     """Delete a quarantined volume on the engine, then mark its row. Returns False
     (and leaves the row) when the engine refuses, e.g. the volume is in use. A volume
     the database has come to know meanwhile is released, not deleted. The stopped
-    container of a cluster the database has never known (reconciler/driver.py
+    container of a cluster the database has never known (reconciler/clusters/driver.py
     collect_container keeps it) goes first: it holds the volume."""
     if row.name in known_volume_names(ctx):
         with ctx.transaction() as session:

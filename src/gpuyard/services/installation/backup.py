@@ -13,7 +13,7 @@ A restore writes all of it into an empty home (and an empty database): the next
 ``gpuyard serve`` is the same installation. It deletes nothing on any engine: clusters
 of the backup find their containers and volumes there and are adopted; what was made
 after the backup is unknown to the restored database, so its containers are stopped
-and kept and its volumes quarantined, both left to an admin (reconciler/orphans.py).
+and kept and its volumes quarantined, both left to an admin (reconciler/duties/orphans.py).
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def restore(settings: Settings, archive: Path, *, now: datetime | None = None) -
     overwritten). Files are written owner-only. The database is brought to this
     version's schema and remembers the restore (``installation.restored_at``, ``now``):
     volumes of ours found then that it does not know are kept until an admin deletes
-    them (reconciler/orphans.py)."""
+    them (reconciler/duties/orphans.py)."""
     archive = Path(archive)
     manifest = read_manifest(archive)
     url = settings.effective_database_url

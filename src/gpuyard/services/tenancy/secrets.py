@@ -7,8 +7,8 @@ first start and never rotated by gpuyard. Losing it makes the sealed values
 unreadable: a cluster whose env cannot be opened fails its start with
 :class:`SecretUnreadable` naming the file, nothing else breaks.
 
-Values are opened only where a container is built (reconciler/driver.py) or a node's
-files are written (reconciler/training.py); API answers show masks
+Values are opened only where a container is built (reconciler/clusters/driver.py) or a node's
+files are written (reconciler/training/operator.py); API answers show masks
 (core/secret_env.py). A stored value without the prefix is plaintext from before
 this module and is read as is; it is sealed on the row's next env write, and at
 start by :func:`seal_stored_secrets`.

@@ -6,7 +6,7 @@ countdown).
 The rules and their bounds are the clusters' (core/models.py ``PolicyRules``,
 core/autoterm.py): a training cluster's policy differs only in its ``action``
 (``stop`` or ``delete``), and idle means no running or pending Slurm job. The watcher
-that fires them is reconciler/training_autoterm.py, run by the clusters' one.
+that fires them is reconciler/training/autoterm.py, run by the clusters' one.
 
 A run begins at the create or at the start of a stopped cluster (``run_started_at``),
 as its billing does. Its nodes may be added while it runs (``scale_cluster``), so its

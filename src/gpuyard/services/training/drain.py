@@ -12,7 +12,7 @@ host, where it rejoins Slurm (the controller and its state volume are untouched,
 the queue and the jobs on other nodes are kept).
 
 What cannot move is answered per node with the reason, and tried again on every scan
-while the host drains (reconciler/loop.py): a controller never moves (its Slurm state
+while the host drains (reconciler/duties/drains.py): a controller never moves (its Slurm state
 volume lives on its host); a cluster busy with an operation, stopping, or in
 ``error`` waits; a host that does not answer keeps its nodes (their containers may
 still run there, so their GPUs are not given to anyone else); and a node no other

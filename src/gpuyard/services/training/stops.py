@@ -2,7 +2,7 @@
 
 An account that is suspended or whose money ran out has its training clusters stopped
 as its other clusters are: at the stop every node's meter closes (billing ends then)
-and the cluster goes ``stopping``; the operator (reconciler/training.py) removes the
+and the cluster goes ``stopping``; the operator (reconciler/training/operator.py) removes the
 node containers and only then (:func:`finish_stop`) releases their capacity (GPUs,
 vCPUs, memory) and marks it ``stopped``: a GPU is never handed to another cluster while
 a node container may still use it. The Slurm state volume (the job queue), the private

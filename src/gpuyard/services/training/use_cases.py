@@ -3,7 +3,7 @@
 Every request is validated completely before anything is written, and every write
 happens in one transaction: a create or ``scale_cluster`` that cannot get all its GPUs
 changes nothing. Work on the nodes (containers, Slurm) is left to the training
-operator (reconciler/training.py) through ``operation``; the network edge (reserved
+operator (reconciler/training/operator.py) through ``operation``; the network edge (reserved
 IPs, security groups) changes at once and the edge is re-synced.
 """
 

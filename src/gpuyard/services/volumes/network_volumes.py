@@ -7,7 +7,7 @@ A network volume is an engine volume on one host of a data centre (a host
   id (claimed like a cluster's, services/capacity/placement.py, so two creates racing for the
   last disk of a host cannot both commit); growing it claims the difference there.
 - **The engine volume** (``Ownership.network_volume``) is made by the reconciler when
-  the first cluster mounting it starts (reconciler/driver.py), with our labels; a
+  the first cluster mounting it starts (reconciler/clusters/driver.py), with our labels; a
   volume never mounted has none yet.
 - **Billing.** From creation to deletion, per second, by size (``network_volume``
   meter, the volume's id as holder, services/billing/storage.py); a size change
@@ -15,7 +15,7 @@ A network volume is an engine volume on one host of a data centre (a host
 - **Deletion** is refused while a cluster that is not terminated mounts it or while
   snapshots of it exist. It is recorded first (``deleted_at``; billing ends), then the
   engine volume is removed and the disk released; when the host does not answer, the
-  reconciler's volume duty finishes it (reconciler/volume_usage.py), and until then the
+  reconciler's volume duty finishes it (reconciler/duties/volume_usage.py), and until then the
   orphan collector counts the engine volume as known.
 """
 

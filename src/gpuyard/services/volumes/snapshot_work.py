@@ -1,5 +1,5 @@
 """The snapshot worker's bookkeeping: what the reconciler's storage work
-(reconciler/snapshots.py, reconciler/cluster_restore.py) reads and records in the
+(reconciler/clusters/snapshots.py, reconciler/clusters/restore.py) reads and records in the
 database around restic's runs — claiming a snapshot to take, its progress, its outcome
 and billing, restores' progress and outcomes, and data still to forget.
 

@@ -2,7 +2,7 @@
 one into a volume.
 
 The API records intent (a ``creating`` row, a ``restoring`` row) and returns; the
-reconciler's storage work (reconciler/snapshots.py) reads the volume through the
+reconciler's storage work (reconciler/clusters/snapshots.py) reads the volume through the
 engine and keeps the data in the restic repository, recording its progress and
 outcome through services/volumes/snapshot_work.py. Snapshots belong to their source's project:
 another account's snapshot id, and one of a project the caller may not use (a key or

@@ -209,7 +209,7 @@ class ClusterLogArchive(Base):
 
 class UtilizationSample(Base):
     """One reading of a running cluster's CPU, memory and GPU utilisation (percent),
-    for the last hour's charts (reconciler/utilization.py writes them every
+    for the last hour's charts (reconciler/duties/utilization.py writes them every
     ``every_s`` and deletes those older than its window). ``gpu_percent`` is NULL when
     the GPUs cannot be read (none, or no driver): no data, never a made-up zero."""
 

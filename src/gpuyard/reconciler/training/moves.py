@@ -9,14 +9,17 @@ from typing import TYPE_CHECKING
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.training import NodeName, NodeStatus
+from gpuyard.reconciler.training import slurm_control
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import Snapshot, TrainingOperator
+    from gpuyard.reconciler.training.networks import ClusterNetworks
+    from gpuyard.reconciler.training.nodes import Snapshot
+    from gpuyard.reconciler.training.steps import OperatorSteps
 
 log = logging.getLogger(__name__)
 
 
-def move_nodes(op: TrainingOperator, snap: Snapshot, token: str) -> bool:
+def move_nodes(op: OperatorSteps, networks: ClusterNetworks, snap: Snapshot, token: str) -> bool:
     """Carry out a drain's ``move_nodes``: each moved worker's old container is
     removed from the host it left, then the worker is created, same name and
     address, on the host it now holds its place on, joins the cluster's network
@@ -30,7 +33,7 @@ def move_nodes(op: TrainingOperator, snap: Snapshot, token: str) -> bool:
     nodes = op.nodes_of(snap)
     names = NodeName(snap.cluster.id, snap.cluster.name_prefix)
     for node in chosen:
-        op._check(snap.cluster.id, token)
+        op.check(snap.cluster.id, token)
         old = left.get(node.id)
         if old is not None and old != node.host_id:
             try:
@@ -39,20 +42,20 @@ def move_nodes(op: TrainingOperator, snap: Snapshot, token: str) -> bool:
                 log.warning("training node %s: not removed from host %s yet: %s",
                             node.name, old, exc.message)  # fmt: skip
                 return False
-    op._ship_images(nodes, snap, token, {n.image_version_id for n in chosen})
+    op.ship_images(nodes, snap, token, {n.image_version_id for n in chosen})
     nodes.ensure_network(names.network)
-    before = op._slurmd_started(nodes, names.controller)
+    before = slurm_control.slurmd_started(nodes, names.controller)
     for node in chosen:
-        op._check(snap.cluster.id, token)
-        op._wait_gpus_free(node, snap.cluster.id, token)
-        container = op._create(snap, node, node.image_version_id)
-        op._set_nodes([node.id], NodeStatus.REPLACING, container_id=container)
+        op.check(snap.cluster.id, token)
+        op.wait_gpus_free(node, snap.cluster.id, token)
+        container = op.create(snap, node, node.image_version_id)
+        op.set_nodes([node.id], NodeStatus.REPLACING, container_id=container)
     workers = [n.name for n in chosen]
-    op._wait_reregistered(nodes, names.controller, workers, before)
-    op._readdress(nodes, snap)
+    slurm_control.wait_reregistered(nodes, names.controller, workers, before, op.ready_timeout_s)
+    op.readdress(nodes, snap)
     for name in workers:
-        op._resume(nodes, names.controller, name)
-    op.networks.publish_hosts(nodes, snap)
+        slurm_control.resume(nodes, names.controller, name, op.ready_timeout_s)
+    networks.publish_hosts(nodes, snap)
     nodes.wait_slurm_ready(names.controller, workers, op.ready_timeout_s)
-    op._set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
+    op.set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
     return True

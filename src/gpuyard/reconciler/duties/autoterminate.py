@@ -10,7 +10,7 @@ utilisation every ``idle_sample_interval_s``; a cluster is idle when its CPU and
 every one of its GPUs are under their thresholds.
 
 Training clusters' policies are enforced by the same watcher: ``training`` (when the
-server runs training clusters, reconciler/training_autoterm.py) runs in each pass,
+server runs training clusters, reconciler/training/autoterm.py) runs in each pass,
 after the clusters, and its deadlines count for the next wake-up; its firings go to
 ``on_fire`` with the cluster's holder id (``tc-<id>``).
 
@@ -43,7 +43,7 @@ from gpuyard.core.autoterm import (
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.models import AutoTerminatePolicy, GpuTypeInfo
 from gpuyard.core.states import ClusterStatus
-from gpuyard.reconciler.training_autoterm import TrainingAutoTerminator
+from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.clusters.lifecycle import record_event, transition_cluster
 from gpuyard.services.clusters.views import cluster_rate
@@ -141,7 +141,11 @@ class AutoTerminator:
         *,
         gpu_utilization: GpuUtilization = nvml_utilization,
         on_fire: Callable[[Fired], None] | None = None,
+        training: TrainingAutoTerminator | None = None,
     ) -> None:
+        """``on_fire``: told of each cluster a rule terminated or stopped (metrics).
+        ``training``: training clusters' policies (None: this server runs no training
+        clusters)."""
         self.ctx = ctx
         # The engine of a cluster's host (a fleet's lookup), or one for every host.
         if callable(runtime):
@@ -166,8 +170,7 @@ class AutoTerminator:
         self._full_read_at = float("-inf")
         # A deadline came but did not fire (changed meanwhile, or failed): plan again.
         self._retry = False
-        # Training clusters' policies (None: this server runs no training clusters).
-        self.training: TrainingAutoTerminator | None = None
+        self.training = training
 
     # -- public --------------------------------------------------------------------
     def seconds_until_next(self) -> float | None:

@@ -1,6 +1,6 @@
 """Enforcement of training clusters' auto-termination policies.
 
-Run by the clusters' watcher (reconciler/autoterminate.py ``AutoTerminator.training``)
+Run by the clusters' watcher (reconciler/duties/autoterminate.py ``AutoTerminator.training``)
 in the same pass, under the same duty (one replica at a time): each running training
 cluster with a policy gets its deadlines (services/training/autoterm.py, the clusters'
 rules), and a due one stops the cluster (its Slurm state kept, as a control-plane stop)
@@ -8,7 +8,7 @@ or deletes it, with an event on the cluster and an account event that goes to th
 account's webhook.
 
 Idleness is sampled every ``idle_sample_interval_s`` from Slurm's queue on the
-controller (reconciler/slurm_jobs.py): a cluster is idle while no job runs or waits.
+controller (reconciler/training/slurm_jobs.py): a cluster is idle while no job runs or waits.
 Its idle clock starts at the later of the moment it entered ``running`` and the last
 sample that saw a job (and never before this watcher began under its current fence:
 after a restart or a handover the window starts again, which delays a stop and never
@@ -31,7 +31,7 @@ from gpuyard.core import training as domain
 from gpuyard.core.autoterm import Deadline, Rule, read_policy_as
 from gpuyard.core.models import TrainingAutoTerminatePolicy
 from gpuyard.core.training import NodeName, NodeRole, TrainingStatus
-from gpuyard.reconciler.slurm_jobs import SlurmJobs
+from gpuyard.reconciler.training.slurm_jobs import SlurmJobs
 from gpuyard.services.billing.budgets import TRAINING_AUTO_TERMINATED, record_account_event
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context

@@ -13,7 +13,7 @@ Crash-safe and idempotent: a copy made before a crash is skipped by the next
 it still names its old data, and the shared repository is swept by what the rows say,
 so a run cut off at any point is finished by the next start. Deleted and failed rows
 still naming data in the shared repository are forgotten there by the usual
-maintenance pass (reconciler/snapshots.py ``forget_unwanted``).
+maintenance pass (reconciler/clusters/snapshots.py ``forget_unwanted``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from gpuyard.services.tenancy.cluster_access import AccessIndex, Need
 from gpuyard.store.schema import SshKey, TrainingCluster, TrainingNode
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import TrainingOperator
+    from gpuyard.reconciler.training.steps import OperatorSteps
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class NodeKeys:
     pass that brings running nodes in line. Nothing is known after a restart, so the
     first pass installs once into every running node."""
 
-    def __init__(self, op: TrainingOperator) -> None:
+    def __init__(self, op: OperatorSteps) -> None:
         self.op = op
         self._installed: dict[int, dict[str, str]] = {}
         self._lock = threading.Lock()
@@ -125,7 +125,7 @@ class NodeKeys:
         node not running, or whose install fails, is tried again at the next pass
         (a recreated node gets the keys in its files; a restarted one the ones last
         installed)."""
-        snap = self.op._snapshot(cluster_id)
+        snap = self.op.snapshot(cluster_id)
         if snap is None or snap.operation is not None:
             return
         if snap.cluster.status != TrainingStatus.RUNNING:

@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.training import NodeName
+from gpuyard.reconciler.training.nodes import LANE
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import NodeRuntime, Snapshot, TrainingOperator
-
-# The operator's queue lane (reconciler/training.py LANE; not imported: a cycle).
-LANE = "slow"
+    from gpuyard.reconciler.training.nodes import NodeRuntime, Snapshot
+    from gpuyard.reconciler.training.steps import OperatorSteps
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +28,7 @@ def hosts_file(snap: Snapshot) -> dict[str, str]:
 class ClusterNetworks:
     """Of the training operator ``op``."""
 
-    def __init__(self, op: TrainingOperator, heal_every_s: float = 60.0) -> None:
+    def __init__(self, op: OperatorSteps, heal_every_s: float = 60.0) -> None:
         self.op = op
         self.heal_every_s = heal_every_s
         # When each cluster's overlay was last re-applied (time.monotonic()).
@@ -59,7 +58,7 @@ class ClusterNetworks:
 
     def heal(self, cluster_id: int) -> None:
         """Re-apply the overlay of a running cluster that spans hosts (idempotent)."""
-        snap = self.op._snapshot(cluster_id)
+        snap = self.op.snapshot(cluster_id)
         if snap is None or snap.operation is not None:
             return
         nodes = self.op.nodes_of(snap)

@@ -11,14 +11,14 @@ during a create) supersedes the running one between steps.
 
 Between operations the scan observes each running cluster's nodes: a controller or
 worker whose container died is recreated and rejoins Slurm, as a job of the same key
-(reconciler/training_recovery.py).
+(reconciler/training/recovery.py).
 
 All of a cluster's nodes run on the engine of the host it was placed on (the host
 whose capacity they claimed), through that host's runtime (runtimes/host_nodes.py);
 the node image is copied to a host that lacks it before its nodes are created.
 
 The operator also keeps each cluster's network edge in line with the store
-(reconciler/training_edge.py).
+(reconciler/training/edge.py).
 """
 
 from __future__ import annotations
@@ -28,13 +28,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any
 
 from sqlalchemy import distinct, func, select
 
 from gpuyard.core.errors import GpuyardError
-from gpuyard.core.ownership import Ownership
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import (
     LIFECYCLE_LOG,
@@ -45,14 +43,23 @@ from gpuyard.core.training import (
     TrainingStatus,
 )
 from gpuyard.observability.crash_points import crash_point
-from gpuyard.reconciler.cluster_nodes import ClusterNodes
-from gpuyard.reconciler.training_edge import ClusterEdges, EdgeOnHost, controller_host
-from gpuyard.reconciler.training_keys import NodeKeys, node_keys_text
-from gpuyard.reconciler.training_moves import move_nodes
-from gpuyard.reconciler.training_networks import ClusterNetworks, hosts_file
-from gpuyard.reconciler.training_recovery import NodeRecovery
+from gpuyard.reconciler.training import slurm_control
+from gpuyard.reconciler.training.cluster_nodes import ClusterNodes
+from gpuyard.reconciler.training.edge import ClusterEdges, EdgeOnHost, controller_host
+from gpuyard.reconciler.training.keys import NodeKeys, node_keys_text
+from gpuyard.reconciler.training.moves import move_nodes
+from gpuyard.reconciler.training.networks import ClusterNetworks, hosts_file
+from gpuyard.reconciler.training.nodes import (
+    LANE,
+    HostNodeRuntimes,
+    NodeRuntime,
+    Snapshot,
+    Superseded,
+)
+from gpuyard.reconciler.training.recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes import slurm_config
+from gpuyard.runtimes.slurm_nodes import NodeSpec
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.secrets import secret_box
 from gpuyard.services.training.drain import MOVE_NODES
@@ -67,71 +74,11 @@ from gpuyard.store.schema import (
     TrainingNode,
 )
 
-if TYPE_CHECKING:
-    from gpuyard.runtimes.overlay import OverlaySpec
-    from gpuyard.runtimes.slurm_nodes import NodeSpec
-
 log = logging.getLogger(__name__)
 
 LABEL_TRAINING = "gpuyard.training_cluster_id"
 LABEL_ROLE = "gpuyard.role"
 LABEL_NODE = "gpuyard.node"
-# Slurm's drain reason for a worker update_image is replacing.
-DRAIN_REASON = "update_image"
-# The work queue lane of operations and recoveries: the reconciler's slow lane (they
-# wait on Slurm, drains and lifecycle scripts; stops never queue behind them).
-LANE = "slow"
-
-
-class NodeRuntime(Protocol):
-    """What the operator needs of runtimes/slurm_nodes.SlurmNodeRuntime."""
-
-    def bind(self, owner: Ownership) -> None: ...
-    def ensure_network(self, name: str, subnet: str | None = None) -> None: ...
-    def remove_network(self, name: str) -> None: ...
-    def attach_overlay(self, spec: OverlaySpec) -> None: ...
-    def detach_overlay(self, network: str) -> None: ...
-    def set_hosts(self, name: str, entries: Mapping[str, str]) -> None: ...
-    def create_node(self, spec: NodeSpec, files: dict[str, tuple[bytes, int]]) -> str: ...
-    def install_authorized_keys(self, name: str, keys_text: str) -> None: ...
-    def exec(self, name: str, argv: list[str], timeout_s: float = 30) -> tuple[int, str]: ...
-    def restart_node(self, name: str) -> None: ...
-    def remove_node(self, name: str) -> None: ...
-    def node_state(self, name: str) -> Literal["missing", "created", "running", "exited"]: ...
-    def node_address(self, name: str, network: str) -> str | None: ...
-    def list_nodes(self, label: str, value: str) -> list[str]: ...
-    def wait_slurm_ready(
-        self, controller: str, expected_nodes: list[str], timeout_s: float
-    ) -> None: ...
-    def sinfo(self, controller: str) -> list[tuple[str, str]]: ...
-    def lifecycle_result(self, name: str) -> int | None: ...
-    def remove_volume(self, name: str) -> None: ...
-    def ensure_image(self, image: str, progress: Callable[[str], None] | None = None) -> bool: ...
-
-
-class HostNodeRuntimes(Protocol):
-    """What the operator needs of runtimes/host_nodes.HostNodes: the node runtime on
-    the engine of a host (None: a cluster with no host recorded, which runs here)."""
-
-    def bind(self, owner: Ownership) -> None: ...
-    def on_host(self, host_id: int | None) -> NodeRuntime: ...
-
-
-class Superseded(Exception):
-    """A newer operation replaced the one being run."""
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One read of a cluster, what its nodes need, and its operation."""
-
-    cluster: TrainingCluster
-    nodes: list[TrainingNode]
-    images: dict[int, str]
-    keys_text: str
-    operation: dict[str, Any] | None
-    # Each of its hosts' address as the other hosts reach it (for the overlay).
-    addresses: dict[int, str]
 
 
 class TrainingOperator:
@@ -150,6 +97,7 @@ class TrainingOperator:
         queue: WorkQueue | None = None,
         hosts: HostNodeRuntimes | None = None,
         lane_of: Callable[[int | None], str] | None = None,
+        owns: Callable[[], bool] | None = None,
     ) -> None:
         """``queue``: the work queue to run jobs on (the server passes the reconciler's,
         which has a ``slow`` lane); None: a private one with ``workers`` threads,
@@ -160,7 +108,9 @@ class TrainingOperator:
         on the engine of the host whose capacity they claimed (None: every cluster's
         nodes run on ``nodes``, the single-engine mode). ``lane_of``: the queue lane of
         a host's jobs (the reconciler's lanes per engine, so a slow or dead host
-        holds up only its own clusters); None: :data:`LANE`."""
+        holds up only its own clusters); None: :data:`LANE`. ``owns``: whether this
+        replica holds the ``training`` lease now (services/leases.py; only its holder
+        runs operations); None: this process owns them."""
         self.ctx = ctx
         self.nodes = nodes
         nodes.bind(ctx.ownership)
@@ -185,9 +135,7 @@ class TrainingOperator:
         self.networks = ClusterNetworks(self)
         self.recovery = NodeRecovery(self)
         self.node_keys = NodeKeys(self)
-        # Several replicas: only the holder of the ``training`` lease runs operations
-        # (services/installation/leases.py); None: this process owns them.
-        self.owns: Callable[[], bool] = lambda: True
+        self.owns: Callable[[], bool] = owns or (lambda: True)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -213,7 +161,7 @@ class TrainingOperator:
 
     def nodes_of(self, snap: Snapshot) -> ClusterNodes:
         """The cluster's nodes over every host they run on: each node on the engine of
-        the host whose capacity it claimed (reconciler/cluster_nodes.py)."""
+        the host whose capacity it claimed (reconciler/training/cluster_nodes.py)."""
         return self.cluster_nodes(snap.cluster, snap.nodes, snap.addresses)
 
     def cluster_nodes(
@@ -313,7 +261,7 @@ class TrainingOperator:
 
     # ------------------------------------------------------------ reading
 
-    def _snapshot(self, cluster_id: int) -> Snapshot | None:
+    def snapshot(self, cluster_id: int) -> Snapshot | None:
         with self.ctx.read() as session:
             cluster = session.get(TrainingCluster, cluster_id)
             if cluster is None or cluster.deleted_at is not None:
@@ -333,7 +281,7 @@ class TrainingOperator:
             session.expunge_all()
         return Snapshot(cluster, nodes, images, keys_text, cluster.operation, addresses)
 
-    def _check(self, cluster_id: int, token: str | None) -> None:
+    def check(self, cluster_id: int, token: str | None) -> None:
         """Raise Superseded unless operation ``token`` is still the recorded one
         (``None``: unless no operation is recorded, for a recovery), or when stopping."""
         if self._stop.is_set():
@@ -364,7 +312,7 @@ class TrainingOperator:
 
     def _run_once(self, cluster_id: int) -> bool:
         """Run the recorded operation; False when there is none (or no cluster)."""
-        snap = self._snapshot(cluster_id)
+        snap = self.snapshot(cluster_id)
         if snap is None or snap.operation is None:
             return False
         action = snap.operation.get("action")
@@ -403,7 +351,7 @@ class TrainingOperator:
             if action in ("create", "scale_cluster", START):
                 self._build(snap, token)
             elif action == MOVE_NODES:
-                if not move_nodes(self, snap, token):
+                if not move_nodes(self, self.networks, snap, token):
                     return True  # a host the nodes left does not answer: the scan retries
             elif action == "restart_workers":
                 self._restart(snap, token, controller=False)
@@ -412,7 +360,7 @@ class TrainingOperator:
             elif action == "update_ssh_keys":
                 nodes = self.nodes_of(snap)
                 for node in snap.nodes:
-                    self._check(cluster_id, token)
+                    self.check(cluster_id, token)
                     nodes.install_authorized_keys(node.name, snap.keys_text)
             elif action == "update_image":
                 self._roll_image(snap, token)
@@ -420,7 +368,7 @@ class TrainingOperator:
                 raise GpuyardError(f"unknown operation {action!r}")
             # Nodes whose container is new run the lifecycle script once: the
             # operation is done when it has finished on each of them.
-            failed = self._await_lifecycle(self.nodes_of(snap), cluster_id, token)
+            failed = self.await_lifecycle(self.nodes_of(snap), cluster_id, token)
             self._finish(cluster_id, token, None, failed)
         except Superseded:
             self.wake(cluster_id)
@@ -463,7 +411,7 @@ class TrainingOperator:
                 )
             transition_training(session, cluster, TrainingStatus.RUNNING, reason, now)
 
-    def _set_nodes(self, ids: Sequence[int], status: NodeStatus, **values: Any) -> None:
+    def set_nodes(self, ids: Sequence[int], status: NodeStatus, **values: Any) -> None:
         with self.ctx.transaction() as session:
             for node_id in ids:
                 node = session.get(TrainingNode, node_id)
@@ -492,8 +440,6 @@ class TrainingOperator:
         return files
 
     def _spec(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> NodeSpec:
-        from gpuyard.runtimes.slurm_nodes import NodeSpec
-
         c = snap.cluster
         names = NodeName(c.id, c.name_prefix)
         controller = node.role == NodeRole.CONTROLLER
@@ -516,7 +462,7 @@ class TrainingOperator:
             hosts=hosts_file(snap),
         )
 
-    def _create(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> str:
+    def create(self, snap: Snapshot, node: TrainingNode, image_version_id: int) -> str:
         """Create the node's container; a new container runs the cluster's lifecycle
         script once, so the store marks it running (awaited by _await_lifecycle)."""
         container = self.nodes_of(snap).create_node(
@@ -531,7 +477,7 @@ class TrainingOperator:
                 row.lifecycle_exit_code = None
         return container
 
-    def _await_lifecycle(self, nodes: NodeRuntime, cluster_id: int, token: str | None) -> list[str]:
+    def await_lifecycle(self, nodes: NodeRuntime, cluster_id: int, token: str | None) -> list[str]:
         """Wait until the lifecycle script has finished on every node the store shows
         it running on (bounded by ``lifecycle_timeout_s`` from now) and record each
         result. Returns the nodes where it failed or timed out, one phrase each.
@@ -555,7 +501,7 @@ class TrainingOperator:
         failed: list[str] = []
         deadline = time.monotonic() + self.lifecycle_timeout_s
         while pending:
-            self._check(cluster_id, token)
+            self.check(cluster_id, token)
             for node_id, name in list(pending.items()):
                 code = nodes.lifecycle_result(name)
                 if code is None:
@@ -599,11 +545,11 @@ class TrainingOperator:
         nodes = self.nodes_of(snap)
         c = snap.cluster
         names = NodeName(c.id, c.name_prefix)
-        self._ship_images(nodes, snap, token, {n.image_version_id for n in snap.nodes})
+        self.ship_images(nodes, snap, token, {n.image_version_id for n in snap.nodes})
         nodes.ensure_network(names.network)
         ordered = sorted(snap.nodes, key=lambda n: n.role != NodeRole.CONTROLLER)
         for node in ordered:
-            self._check(c.id, token)
+            self.check(c.id, token)
             state = nodes.node_state(node.name)
             if node.status == NodeStatus.RUNNING and state == "running":
                 continue
@@ -612,18 +558,18 @@ class TrainingOperator:
                 # A new cluster starts with an empty Slurm state, whatever an earlier
                 # install with the same ids left behind.
                 nodes.remove_volume(names.state_volume)
-            self._wait_gpus_free(node, c.id, token)
-            container = self._create(snap, node, node.image_version_id)
-            self._set_nodes([node.id], NodeStatus.CREATING, container_id=container)
+            self.wait_gpus_free(node, c.id, token)
+            container = self.create(snap, node, node.image_version_id)
+            self.set_nodes([node.id], NodeStatus.CREATING, container_id=container)
         self.networks.publish_hosts(nodes, snap)
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
         # An update_image that a stop cut short may have left workers drained in the
         # kept Slurm state: a build ends with none of ours.
-        self._resume_our_drains(nodes, names.controller)
-        self._set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
+        slurm_control.resume_our_drains(nodes, names.controller)
+        self.set_nodes([n.id for n in snap.nodes], NodeStatus.RUNNING)
 
-    def _ship_images(
+    def ship_images(
         self, nodes: NodeRuntime, snap: Snapshot, token: str, image_version_ids: set[int]
     ) -> None:
         """Copy the node images the cluster's host lacks (once per host and image
@@ -632,12 +578,12 @@ class TrainingOperator:
         c = snap.cluster
         copied = False
         for image in sorted({snap.images[i] for i in image_version_ids}):
-            self._check(c.id, token)
+            self.check(c.id, token)
             copied |= nodes.ensure_image(image, lambda text: self._set_reason(c.id, token, text))
         if copied:
             self._set_reason(c.id, token, c.status_reason)
 
-    def _wait_gpus_free(self, node: TrainingNode, cluster_id: int, token: str) -> None:
+    def wait_gpus_free(self, node: TrainingNode, cluster_id: int, token: str) -> None:
         """A spot cluster preempted for this node may still be stopping on its GPUs:
         wait until it has stopped, so no GPU is ever shared."""
         if not node.gpu_indices or node.host_id is None:
@@ -654,7 +600,7 @@ class TrainingOperator:
                 )
                 if not any(mine & set(indices) for indices in leaving):
                     return
-            self._check(cluster_id, token)
+            self.check(cluster_id, token)
             time.sleep(0.5)
         raise GpuyardError(f"GPUs {sorted(mine)} are still held by a stopping cluster")
 
@@ -663,108 +609,27 @@ class TrainingOperator:
         names = NodeName(snap.cluster.id, snap.cluster.name_prefix)
         workers = [n for n in snap.nodes if n.role == NodeRole.WORKER]
         chosen = [n for n in snap.nodes if controller or n.role == NodeRole.WORKER]
-        self._set_nodes([n.id for n in chosen], NodeStatus.RESTARTING)
+        self.set_nodes([n.id for n in chosen], NodeStatus.RESTARTING)
         # Also for workers only: one moved to another host (a drain) needs the network there.
         nodes.ensure_network(names.network)
-        before = self._slurmd_started(nodes, names.controller)
+        before = slurm_control.slurmd_started(nodes, names.controller)
         for node in sorted(chosen, key=lambda n: n.role != NodeRole.CONTROLLER):
-            self._check(snap.cluster.id, token)
+            self.check(snap.cluster.id, token)
             if nodes.node_state(node.name) == "missing":
-                self._create(snap, node, node.image_version_id)
+                self.create(snap, node, node.image_version_id)
             else:
                 nodes.restart_node(node.name)
                 # A node an interrupted update_ssh_keys missed gets the keys now.
                 nodes.install_authorized_keys(node.name, snap.keys_text)
         self.networks.publish_hosts(nodes, snap)
-        self._wait_reregistered(nodes, names.controller, [n.name for n in workers], before)
-        self._resume_our_drains(nodes, names.controller)
-        nodes.wait_slurm_ready(names.controller, [n.name for n in workers], self.ready_timeout_s)
-        self._set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
-
-    def _slurm_nodes(self, nodes: NodeRuntime, controller: str) -> dict[str, dict[str, str]]:
-        """Each node's ``scontrol show node`` fields (first word of each value) as the
-        controller knows them ({} when it does not answer)."""
-        try:
-            code, out = nodes.exec(controller, ["scontrol", "show", "node", "-o"], 15)
-        except GpuyardError:
-            return {}
-        if code != 0:
-            return {}
-        found: dict[str, dict[str, str]] = {}
-        for line in out.splitlines():
-            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-            if "NodeName" in fields:
-                found[fields["NodeName"]] = fields
-        return found
-
-    def _slurmd_started(self, nodes: NodeRuntime, controller: str) -> dict[str, str]:
-        """Each node's ``SlurmdStartTime`` as the controller knows it."""
-        return {
-            name: fields["SlurmdStartTime"]
-            for name, fields in self._slurm_nodes(nodes, controller).items()
-            if "SlurmdStartTime" in fields
-        }
-
-    def _resume_our_drains(self, nodes: NodeRuntime, controller: str) -> None:
-        """Resume workers still drained by an update_image that did not finish (a
-        restart is how a cluster in ``error`` is recovered, a start how a stopped one
-        comes back); drains a user made with their own reason stay."""
-        for name, fields in self._slurm_nodes(nodes, controller).items():
-            if "DRAIN" in fields.get("State", "") and fields.get("Reason") == DRAIN_REASON:
-                # Best effort: the cluster runs either way, and a user can resume it.
-                try:
-                    code, out = self._scontrol(
-                        nodes, controller, "update", f"nodename={name}", "state=resume"
-                    )
-                except GpuyardError as exc:
-                    code, out = -1, exc.message
-                if code != 0:
-                    log.warning("could not resume drained worker %s: %s", name, out[-300:])
-
-    def _wait_reregistered(
-        self, nodes: NodeRuntime, controller: str, workers: list[str], before: dict[str, str]
-    ) -> None:
-        """Until every restarted worker's slurmd has registered anew: right after a
-        container restart Slurm still shows the old slurmd's state as idle."""
-        deadline = time.monotonic() + self.ready_timeout_s
-        pending = [w for w in workers if w in before]
-        while pending and time.monotonic() < deadline:
-            now = self._slurmd_started(nodes, controller)
-            pending = [w for w in pending if now.get(w, before[w]) == before[w]]
-            if pending:
-                time.sleep(0.5)
-
-    def _scontrol(self, nodes: NodeRuntime, controller: str, *args: str) -> tuple[int, str]:
-        return nodes.exec(controller, ["scontrol", *args], 30)
-
-    def _drain(self, nodes: NodeRuntime, controller: str, node: str) -> None:
-        """Drain ``node`` and wait (bounded) until its jobs are done."""
-        self._scontrol(
-            nodes, controller, "update", f"nodename={node}", "state=drain", f"reason={DRAIN_REASON}"
+        slurm_control.wait_reregistered(
+            nodes, names.controller, [n.name for n in workers], before, self.ready_timeout_s
         )
-        deadline = time.monotonic() + self.drain_timeout_s
-        while time.monotonic() < deadline:
-            states = dict(nodes.sinfo(controller))
-            state = states.get(node, "")
-            if not state or state.startswith("drained") or "down" in state:
-                return
-            time.sleep(1.0)
+        slurm_control.resume_our_drains(nodes, names.controller)
+        nodes.wait_slurm_ready(names.controller, [n.name for n in workers], self.ready_timeout_s)
+        self.set_nodes([n.id for n in chosen], NodeStatus.RUNNING)
 
-    def _resume(self, nodes: NodeRuntime, controller: str, node: str) -> None:
-        """Return a replaced worker to service: once its new slurmd has registered
-        (it is still marked drained), resume it. Bounded by the ready timeout."""
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            state = dict(nodes.sinfo(controller)).get(node, "")
-            if state and not state.endswith("*") and "drain" not in state and "down" not in state:
-                return
-            if state and not state.endswith("*"):
-                self._scontrol(nodes, controller, "update", f"nodename={node}", "state=resume")
-            if time.monotonic() > deadline:
-                return  # wait_slurm_ready reports what Slurm shows
-            time.sleep(0.5)
-
-    def _readdress(self, nodes: NodeRuntime, snap: Snapshot) -> None:
+    def readdress(self, nodes: NodeRuntime, snap: Snapshot) -> None:
         """Tell a replaced controller where each worker is now. Slurm keeps a dynamic
         node's address from the state file, which may predate the worker's own
         re-registration (workers were replaced before the controller)."""
@@ -774,7 +639,7 @@ class TrainingOperator:
                 continue
             address = nodes.node_address(node.name, names.network)
             if address:
-                self._scontrol(
+                slurm_control.scontrol(
                     nodes,
                     names.controller,
                     "update",
@@ -792,28 +657,28 @@ class TrainingOperator:
         workers = [n.name for n in snap.nodes if n.role == NodeRole.WORKER]
         ordered = sorted(snap.nodes, key=lambda n: n.role == NodeRole.CONTROLLER)
         if any(n.image_version_id != c.image_version_id for n in ordered):
-            self._ship_images(nodes, snap, token, {c.image_version_id})
+            self.ship_images(nodes, snap, token, {c.image_version_id})
         for node in ordered:
             if node.image_version_id == c.image_version_id:
                 continue
-            self._check(c.id, token)
-            self._set_nodes([node.id], NodeStatus.REPLACING)
+            self.check(c.id, token)
+            self.set_nodes([node.id], NodeStatus.REPLACING)
             worker = node.role == NodeRole.WORKER
             if worker:
-                self._drain(nodes, names.controller, node.name)
+                slurm_control.drain(nodes, names.controller, node.name, self.drain_timeout_s)
             nodes.remove_node(node.name)
-            container = self._create(snap, node, c.image_version_id)
+            container = self.create(snap, node, c.image_version_id)
             if worker:
-                self._resume(nodes, names.controller, node.name)
+                slurm_control.resume(nodes, names.controller, node.name, self.ready_timeout_s)
             nodes.wait_slurm_ready(names.controller, workers, self.ready_timeout_s)
-            self._set_nodes(
+            self.set_nodes(
                 [node.id],
                 NodeStatus.RUNNING,
                 image_version_id=c.image_version_id,
                 container_id=container,
             )
             if not worker:
-                self._readdress(nodes, snap)
+                self.readdress(nodes, snap)
                 self.sync_edge(c.id)  # the controller's address may have changed
 
     def _halt(self, snap: Snapshot, token: str) -> None:
@@ -822,7 +687,7 @@ class TrainingOperator:
         the start; a lifecycle script cut short is not awaited."""
         nodes = self.nodes_of(snap)
         for name in self._containers_of(nodes, snap):
-            self._check(snap.cluster.id, token)
+            self.check(snap.cluster.id, token)
             nodes.remove_node(name)
 
     def _containers_of(self, nodes: NodeRuntime, snap: Snapshot) -> set[str]:

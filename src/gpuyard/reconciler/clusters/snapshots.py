@@ -39,7 +39,7 @@ from typing import Any
 from gpuyard.core.errors import GpuyardError, RuntimeFailure
 from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.observability.crash_points import crash_point
-from gpuyard.reconciler.snapshot_migration import TAG_PREFIX, migrate_shared_snapshots
+from gpuyard.reconciler.clusters.snapshot_migration import TAG_PREFIX, migrate_shared_snapshots
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.volume_archive import read_volume, remove_volume_readers, write_volume
 from gpuyard.services.context import Context

@@ -19,7 +19,7 @@ from gpuyard.core import training_network
 from gpuyard.runtimes.overlay import OverlaySpec
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import NodeRuntime
+    from gpuyard.reconciler.training.nodes import NodeRuntime
 
 log = logging.getLogger(__name__)
 

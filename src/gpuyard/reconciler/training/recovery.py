@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.restarts import RestartPolicy
 from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus, cluster_owner
+from gpuyard.reconciler.training import slurm_control
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.training.nodes import nodes_of
 from gpuyard.store.schema import TrainingCluster, TrainingNode
 
 if TYPE_CHECKING:
-    from gpuyard.reconciler.training import NodeRuntime, Snapshot, TrainingOperator
+    from gpuyard.reconciler.training.nodes import NodeRuntime, Snapshot
+    from gpuyard.reconciler.training.steps import OperatorSteps
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class NodeRecovery:
     """Brings back the dead nodes of one operator's running clusters. Thread-safe;
     :meth:`run` must only be called as the cluster's job (one at a time per cluster)."""
 
-    def __init__(self, operator: TrainingOperator) -> None:
+    def __init__(self, operator: OperatorSteps) -> None:
         self.op = operator
         s = operator.ctx.settings
         self.policy = RestartPolicy(
@@ -144,7 +146,7 @@ class NodeRecovery:
         is running with no operation recorded. Raises Superseded (from the operator's
         step check) when an operation was requested meanwhile; other failures are
         recorded on the nodes and events and retried after their back-off."""
-        snap = self.op._snapshot(cluster_id)
+        snap = self.op.snapshot(cluster_id)
         if snap is None or snap.operation is not None:
             return
         if snap.cluster.status != TrainingStatus.RUNNING:
@@ -156,7 +158,7 @@ class NodeRecovery:
         names = NodeName(snap.cluster.id, snap.cluster.name_prefix)
         confirmed = self._still_serving(runtime, names.controller, suspects)
         if confirmed:
-            self.op._set_nodes([n.id for n in confirmed], NodeStatus.RUNNING)
+            self.op.set_nodes([n.id for n in confirmed], NodeStatus.RUNNING)
         now = self.op.ctx.clock.now()
         due = [
             (n, state)
@@ -166,14 +168,14 @@ class NodeRecovery:
         if not due:
             return
         due.sort(key=lambda pair: pair[0].role != NodeRole.CONTROLLER)
-        self.op._check(cluster_id, None)
+        self.op.check(cluster_id, None)
         controller_due = any(n.role == NodeRole.CONTROLLER for n, _ in due)
-        before = {} if controller_due else self.op._slurmd_started(runtime, names.controller)
+        before = {} if controller_due else slurm_control.slurmd_started(runtime, names.controller)
         runtime.ensure_network(names.network)
         revived: list[TrainingNode] = []
         failed: list[str] = []
         for node, state in due:
-            self.op._check(cluster_id, None)
+            self.op.check(cluster_id, None)
             if self._recreate(snap, node, state, now):
                 revived.append(node)
             else:
@@ -217,15 +219,13 @@ class NodeRecovery:
             what = "it did not rejoin Slurm after it was recreated"
         message = f"{node.role} {node.name}: {what}; recreating it (restart {number})"
         self._event(cluster_id, message)
-        self.op._set_nodes([node.id], NodeStatus.RESTARTING)
+        self.op.set_nodes([node.id], NodeStatus.RESTARTING)
         try:
-            container = self.op._create(snap, node, node.image_version_id)
+            container = self.op.create(snap, node, node.image_version_id)
         except GpuyardError as exc:
             self._failed(cluster_id, [node], f"recreating it failed: {exc.message}")
             return False
-        self.op._set_nodes(
-            [node.id], NodeStatus.RESTARTING, container_id=container, restarts=number
-        )
+        self.op.set_nodes([node.id], NodeStatus.RESTARTING, container_id=container, restarts=number)
         log.info("training cluster %s: recreated %s (restart %d)", cluster_id, node.name, number)
         return True
 
@@ -250,28 +250,30 @@ class NodeRecovery:
                 # that is up must be usable again, at its current address.
                 expected = [w for w in workers if w not in failed]
                 runtime.wait_slurm_ready(names.controller, expected, self.op.ready_timeout_s)
-                self.op._readdress(runtime, snap)
+                self.op.readdress(runtime, snap)
                 self.op.sync_edge(c.id)
             else:
                 # Right after the container is replaced Slurm may still show the old
                 # slurmd's state: wait for the new one's registration first.
-                self.op._wait_reregistered(runtime, names.controller, new_workers, before)
+                slurm_control.wait_reregistered(
+                    runtime, names.controller, new_workers, before, self.op.ready_timeout_s
+                )
                 runtime.wait_slurm_ready(names.controller, new_workers, self.op.ready_timeout_s)
         except GpuyardError as exc:
             self._failed(c.id, revived, f"did not rejoin Slurm: {exc.message}")
             return
-        self.op._set_nodes([n.id for n in revived], NodeStatus.RUNNING)
+        self.op.set_nodes([n.id for n in revived], NodeStatus.RUNNING)
         self._event(
             c.id,
             "back in Slurm: " + ", ".join(f"{n.name} (restart {n.restarts + 1})" for n in revived),
         )
-        lifecycle = self.op._await_lifecycle(runtime, c.id, None)
+        lifecycle = self.op.await_lifecycle(runtime, c.id, None)
         if lifecycle:
             self._event(c.id, f"the lifecycle script failed on {', '.join(lifecycle)}")
 
     def _failed(self, cluster_id: int, nodes: list[TrainingNode], why: str) -> None:
         now = self.op.ctx.clock.now()
-        self.op._set_nodes([n.id for n in nodes], NodeStatus.ERROR)
+        self.op.set_nodes([n.id for n in nodes], NodeStatus.ERROR)
         for node in nodes:
             wait = (self.due_at(node.id, now) - now).total_seconds()
             self._event(cluster_id, f"{node.name}: {why}; next attempt in {wait:g} s")

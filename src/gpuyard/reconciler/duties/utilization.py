@@ -14,7 +14,7 @@ from datetime import timedelta
 from sqlalchemy import delete, select
 
 from gpuyard.core.states import ClusterStatus
-from gpuyard.reconciler.autoterminate import nvml_utilization
+from gpuyard.reconciler.duties.autoterminate import nvml_utilization
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.context import Context
 from gpuyard.store.schema import Cluster, UtilizationSample

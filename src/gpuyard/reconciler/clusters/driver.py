@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shlex
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -21,28 +20,20 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError, RuntimeFailure
 from gpuyard.core.image_refs import check_image
-from gpuyard.core.ownership import legacy_container_name
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
-from gpuyard.core.proxy import LOOPBACK, private_on_loopback, proxy_only_ports
 from gpuyard.core.restarts import RestartPolicy, judge_failure
-from gpuyard.core.states import MAY_HAVE_CONTAINER, ClusterStatus
+from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
-from gpuyard.reconciler.cluster_restore import storage_ready, volume_unread
-from gpuyard.reconciler.log_archive import forget_logs, keep_logs, stop_keeping_logs
-from gpuyard.reconciler.port_moves import MOVES_PER_START, move_off, port_in_use
-from gpuyard.reconciler.snapshots import SnapshotWorker
-from gpuyard.reconciler.start_retries import StartRetries
-from gpuyard.runtimes.base import (
-    LABEL_CLUSTER,
-    ContainerSpec,
-    ContainerState,
-    PortBinding,
-    Runtime,
-)
+from gpuyard.reconciler.clusters.container_spec import ContainerSpecs
+from gpuyard.reconciler.clusters.log_archive import forget_logs, keep_logs, stop_keeping_logs
+from gpuyard.reconciler.clusters.port_moves import MOVES_PER_START, move_off, port_in_use
+from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_of
+from gpuyard.reconciler.clusters.restore import RestoreStorage, VolumeRestores
+from gpuyard.reconciler.clusters.start_retries import StartRetries
+from gpuyard.runtimes.base import ContainerState, Runtime
 from gpuyard.runtimes.volume_moves import copy_volume_between
-from gpuyard.services.access.ssh_keys import account_public_keys
 from gpuyard.services.capacity.placement import release_all, release_compute
-from gpuyard.services.clusters.lifecycle import guarded_update, record_event, transition_cluster
+from gpuyard.services.clusters.lifecycle import guarded_update, record_event
 from gpuyard.services.clusters.moves import (
     DONE,
     IN_FLIGHT,
@@ -54,14 +45,8 @@ from gpuyard.services.clusters.moves import (
     record_progress,
 )
 from gpuyard.services.context import Context
-from gpuyard.services.fleet.hosts import gpu_uuids
-from gpuyard.services.tenancy.secrets import open_env, secret_box
 from gpuyard.store.schema import (
     Cluster,
-    Host,
-    NetworkVolume,
-    PortAllocation,
-    Project,
     StartupSample,
     VolumeMove,
 )
@@ -83,10 +68,6 @@ def _parse_times(values: list[Any]) -> list[datetime]:
     return out
 
 
-class Abandon(Exception):
-    """The cluster moved on under us; stop this step quietly."""
-
-
 RuntimeOf = Callable[[int | None], Runtime]
 
 
@@ -98,14 +79,23 @@ class ClusterDriver:
         self,
         ctx: Context,
         runtime_of: RuntimeOf | Runtime,
+        *,
+        storage: RestoreStorage | None = None,
+        on_restart_due: Callable[[str, datetime], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ):
+        """``storage``: restores snapshots into volumes (None: no repository).
+        ``on_restart_due``: told when a cluster's next restart attempt is due (the
+        reconciler looks then)."""
         self.ctx = ctx
         if callable(runtime_of):
             self.runtime_of: RuntimeOf = runtime_of
         else:
             single = runtime_of
             self.runtime_of = lambda _host_id: single
+        self.records = ClusterRecords(ctx)
+        self.specs = ContainerSpecs(ctx, self.runtime_of)
+        self.restores = VolumeRestores(ctx, self.records, self.runtime_of, storage)
         self.sleep = sleep
         s = ctx.settings
         self.restart_policy = RestartPolicy(
@@ -114,96 +104,13 @@ class ClusterDriver:
             limit=s.restart_limit,
             window_s=s.restart_window_s,
         )
-        # Restores snapshots into volumes (set by the reconciler; None: no repository).
-        self.storage: SnapshotWorker | None = None
-        # Told when a cluster's next restart attempt is due (the reconciler looks then).
-        self.on_restart_due: Callable[[str, datetime], None] = lambda _cid, _at: None
+        self.on_restart_due = on_restart_due or (lambda _cid, _at: None)
         # Starts whose engine steps failed, and when each may try again.
         self.start_retries = StartRetries(ctx.clock.now)
 
     def volume_of(self, c: Cluster) -> str:
-        """The cluster's engine volume: its stored name (clusters older than
-        installation ids) or this installation's name for it."""
-        return c.volume_name or self.ctx.ownership.volume(c.id)
-
-    def _mounted_volume(self, c: Cluster) -> str | None:
-        """The engine volume the container mounts: its network volume's when it names
-        one (made here with our labels if missing: the first cluster to start with it
-        makes it; idempotent, so several clusters may share it), else its own (None:
-        it has none). Raises RuntimeFailure when the network volume is gone."""
-        if c.network_volume_id is None:
-            return self.volume_of(c) if c.volume_gb > 0 else None
-        name, size_gb = self._network_volume(c)
-        self.runtime_of(c.host_id).ensure_volume(name, c.network_volume_id, size_gb)
-        return name
-
-    def _network_volume(self, c: Cluster) -> tuple[str, int]:
-        """The engine volume and size (GB) of ``c``'s network volume. Raises
-        RuntimeFailure when it is gone."""
-        with self.ctx.read() as session:
-            nv = session.get(NetworkVolume, c.network_volume_id)
-            if nv is not None and nv.deleted_at is None:
-                return nv.volume_name, nv.size_gb
-        raise RuntimeFailure(
-            f"network volume {c.network_volume_id} no longer exists",
-            {"network_volume_id": c.network_volume_id},
-        )
-
-    def _volume_gb(self, c: Cluster) -> int:
-        """The size the container's volume is held to: its network volume's, or its own."""
-        if c.network_volume_id is None:
-            return c.volume_gb
-        return self._network_volume(c)[1]
-
-    # -- helpers -------------------------------------------------------------
-    def _load(self, cluster_id: str) -> Cluster | None:
-        with self.ctx.read() as session:
-            return session.get(Cluster, cluster_id)
-
-    def _event(self, cluster_id: str, type_: str, message: str) -> None:
-        """One event on the cluster (a system line of its logs), in its own transaction."""
-        with self.ctx.transaction() as session:
-            record_event(session, cluster_id, self.ctx.clock.now(), type_, message)
-
-    def _record(self, cluster: Cluster, *, restart_event: str | None = None, **values: Any) -> None:
-        """Apply ``values`` with a guarded update (Abandon if the row moved on), with a
-        ``restart`` event in the same transaction when given."""
-        now = self.ctx.clock.now()
-        try:
-            with self.ctx.transaction() as session:
-                cluster.version = guarded_update(
-                    session, cluster.id, cluster.version, now, **values
-                )
-                if restart_event is not None:
-                    record_event(session, cluster.id, now, "restart", restart_event)
-        except Conflict as exc:
-            raise Abandon() from exc
-        for k, v in values.items():
-            setattr(cluster, k, v)
-        if restart_event is not None:
-            self.ctx.notifier.notify()
-
-    def _transition(
-        self,
-        cluster: Cluster,
-        target: ClusterStatus,
-        reason: str,
-        also: Callable[[Session, str], None] | None = None,
-        **values: Any,
-    ) -> None:
-        """Transition through the funnel; ``also`` runs in the same transaction."""
-        try:
-            with self.ctx.transaction() as session:
-                if also is not None:
-                    also(session, cluster.id)
-                cluster.version = transition_cluster(
-                    session, cluster, target, reason, self.ctx.clock.now(), **values
-                )
-                cluster.status = target.value
-        except Conflict as exc:
-            raise Abandon() from exc
-        finally:
-            self.ctx.notifier.notify()
+        """The cluster's engine volume (records.volume_of)."""
+        return volume_of(self.ctx, c)
 
     def _fail(
         self,
@@ -231,7 +138,7 @@ class ClusterDriver:
             # It may still run on its GPUs: keep them, retry on the next pass.
             log.warning("cannot stop failed cluster %s, will retry: %s", cluster.id, exc.message)
             raise Abandon() from exc
-        self._transition(
+        self.records.transition(
             cluster,
             ClusterStatus.ERROR,
             f"error: {message}",
@@ -243,7 +150,7 @@ class ClusterDriver:
     def drive(self, cluster_id: str) -> None:
         """Advance one cluster as far as it goes now. Never raises for a cluster-level
         failure: those end in status ``error`` with a message."""
-        cluster = self._load(cluster_id)
+        cluster = self.records.load(cluster_id)
         if cluster is None:
             return
         status = ClusterStatus(cluster.status)
@@ -264,19 +171,19 @@ class ClusterDriver:
     # -- phases --------------------------------------------------------------
     def _start(self, c: Cluster) -> None:
         if c.status == ClusterStatus.PENDING:
-            self._transition(c, ClusterStatus.STARTING, "starting")
+            self.records.transition(c, ClusterStatus.STARTING, "starting")
         if not self.start_retries.due(c.id):
             return  # an engine step failed a moment ago: a later pass tries again
         if self._gpus_still_in_use(c):
             # A preempted cluster is still stopping on our GPUs: start once it has
             # stopped (its job wakes the reconciler), so no GPU is ever shared.
             return
-        if not volume_unread(self, c):
+        if not self.restores.volume_unread(c):
             return
         move = pending_move(self.ctx, c.id)
         if move is not None and not self._move_volume(c, move, starting=True):
             return
-        if not storage_ready(self, c):
+        if not self.restores.storage_ready(c):
             return
         engine_steps = False
         try:
@@ -315,14 +222,16 @@ class ClusterDriver:
 
     def _create_and_start(self, c: Cluster) -> None:
         """Create the cluster's container from its current spec and start it."""
-        spec = self._spec(c)
+        spec = self.specs.build(c)
         # Container creation always repeats: it replaces any container left over
         # from an interrupted attempt or the previous run (restart).
         if (c.runtime_handle or {}).get("container_id"):
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
         container_id = self.runtime_of(c.host_id).create(spec)
         crash_point("start.after_container_create")
-        self._record(c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id})
+        self.records.record(
+            c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
+        )
         crash_point("start.after_create_recorded")
         self.runtime_of(c.host_id).start(c.id)
         crash_point("start.after_container_start")
@@ -332,7 +241,7 @@ class ClusterDriver:
     ) -> bool:
         """Ask the host which ports of the range something holds (plus ``also``, those
         the engine found taken) and move the cluster's off them
-        (reconciler/port_moves.py). Returns whether any moved; PortInUse for a port
+        (reconciler/clusters/port_moves.py). Returns whether any moved; PortInUse for a port
         the user chose."""
         if not c.ports:
             return False
@@ -351,7 +260,7 @@ class ClusterDriver:
 
     def _try_again(self, c: Cluster, exc: RuntimeFailure) -> bool:
         """Whether the start gets another attempt after this engine failure
-        (reconciler/start_retries.py); if so, the cluster's events say so (with the
+        (reconciler/clusters/start_retries.py); if so, the cluster's events say so (with the
         engine's words: the user's to read, never the server log's)."""
         attempt = self.start_retries.failed(c.id)
         if attempt is None:
@@ -434,7 +343,7 @@ class ClusterDriver:
             release_compute(session, cluster_id)
 
         if starting:
-            self._transition(
+            self.records.transition(
                 c,
                 ClusterStatus.ERROR,
                 f"error: {message}",
@@ -455,7 +364,7 @@ class ClusterDriver:
     def move_resting(self, cluster_id: str) -> None:
         """Carry out the volume move of a stopped cluster (a drain), then delete the old
         copy: nothing runs on either copy."""
-        c = self._load(cluster_id)
+        c = self.records.load(cluster_id)
         move = pending_move(self.ctx, cluster_id)
         if c is None or move is None:
             return
@@ -530,95 +439,13 @@ class ClusterDriver:
                 seconds = max(0.0, (now - started).total_seconds())
                 session.add(StartupSample(seconds=seconds, created_at=now))
 
-        self._transition(
+        self.records.transition(
             c,
             ClusterStatus.RUNNING,
             "running",
             also=record_sample,
             startup_step=STEP_READY,
             started_at=now,
-        )
-
-    def _spec(self, c: Cluster) -> ContainerSpec:
-        with self.ctx.read() as session:
-            allocations = list(
-                session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == c.id))
-            )
-            uuids = gpu_uuids(session, c.host_id, list(c.gpu_indices)) if c.host_id else ()
-            hosts, _ = self.ctx.references.get(session)
-            host = hosts.get(c.host_id) if c.host_id is not None else None
-            engine_url = (
-                session.scalar(select(Host.engine_url).where(Host.id == c.host_id))
-                if host is not None and not host.is_local
-                else None
-            )
-            # The container joins its account's private network: no route to the
-            # clusters of other accounts.
-            account_id = session.scalar(
-                select(Project.account_id).where(Project.id == c.project_id)
-            )
-            # Only the keys whose users may write to this project now: a removed
-            # member's key is not baked into a new container's environment.
-            public_keys = (
-                account_public_keys(session, account_id, project_id=c.project_id)
-                if account_id
-                else ""
-            )
-        if account_id is None:
-            # Never the engine's shared default network.
-            raise RuntimeFailure(f"cluster {c.id} has no account to place its network in")
-        # Secret values are opened here only, for the engine (SecretUnreadable fails the
-        # start with a message naming the key file).
-        env = open_env(secret_box(self.ctx.settings), c.env)
-        indices = ",".join(str(i) for i in c.gpu_indices)
-        if uuids:
-            # Real GPUs are handed over as devices; inside they are numbered from 0.
-            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(uuids)))
-        else:
-            env["NVIDIA_VISIBLE_DEVICES"] = indices or "void"
-            env["CUDA_VISIBLE_DEVICES"] = indices
-        env["GPUYARD_CLUSTER_ID"] = c.id
-        if public_keys:
-            # RunPod's convention: images' start scripts put these in authorized_keys.
-            env.setdefault("PUBLIC_KEY", public_keys)
-        # A private http port is published on the host's loopback only: the proxy is
-        # all that may reach it (this machine's loopback, or an ssh:// host's through
-        # a forward; docs/decisions.md "Private ports").
-        on_loopback = host is None or private_on_loopback(host.is_local, engine_url)
-        loopback = proxy_only_ports(c.ports or []) if on_loopback else frozenset()
-        try:
-            command = tuple(shlex.split(c.docker_args)) if c.docker_args.strip() else None
-        except ValueError as exc:
-            raise GpuyardError(f"docker_args cannot be parsed: {exc}") from exc
-        return ContainerSpec(
-            cluster_id=c.id,
-            image=c.image,
-            command=command,
-            env=env,
-            ports=tuple(
-                PortBinding(
-                    a.internal_port,
-                    a.port,
-                    "udp" if a.protocol == "udp" else "tcp",
-                    host_ip=LOOPBACK
-                    if a.internal_port in loopback and a.protocol != "udp"
-                    else None,
-                )
-                for a in allocations
-            ),
-            volume_name=self._mounted_volume(c),
-            volume_mount_path=c.volume_mount_path,
-            volume_gb=self._volume_gb(c),
-            container_disk_gb=c.container_disk_gb,
-            cpu_cores=float(c.cpu_cores),
-            memory_gb=float(c.memory_gb),
-            gpu_indices=tuple(c.gpu_indices),
-            gpu_uuids=uuids,
-            labels={LABEL_CLUSTER: c.id},
-            # A cluster older than installation ids may still run its old container.
-            replaces=legacy_container_name(c.id) if c.volume_name is not None else None,
-            account_id=account_id,
         )
 
     def _stop(self, c: Cluster) -> None:
@@ -632,7 +459,7 @@ class ClusterDriver:
             log.warning("stop of %s failed, will retry: %s", c.id, exc.message)
             raise Abandon() from exc
         crash_point("stop.after_container_stop")
-        self._transition(
+        self.records.transition(
             c,
             ClusterStatus.STOPPED,
             # Keep why it stopped ("stop requested", "preempted by ...") visible.
@@ -661,7 +488,7 @@ class ClusterDriver:
             raise Abandon() from exc
         crash_point("terminate.after_volume_remove")
         forget_logs(self.ctx, c.id)
-        self._transition(
+        self.records.transition(
             c,
             ClusterStatus.TERMINATED,
             "terminated",
@@ -692,7 +519,7 @@ class ClusterDriver:
         back-off, counting restarts; after the policy's limit of failures within its
         window it goes to ``error`` (exit code and last log lines kept). Its GPUs stay
         claimed throughout: the status stays ``running``."""
-        c = self._load(cluster_id)
+        c = self.records.load(cluster_id)
         if c is None or c.status != ClusterStatus.RUNNING:
             return
         seen = self.runtime_of(c.host_id).observe(cluster_id)
@@ -738,7 +565,7 @@ class ClusterDriver:
             self._fail(c, f"{message}{tail}", summary=summary)
             return
         delay = (verdict.retry_at - now).total_seconds()
-        self._record(
+        self.records.record(
             c,
             restart_event=f"{what}; restarting in {delay:g} s",
             recent_failures=[t.isoformat() for t in verdict.failures],
@@ -766,11 +593,11 @@ class ClusterDriver:
 
         def pulling() -> None:
             began.append(time.monotonic())
-            self._event(c.id, "pull", f"pulling image {c.image}")
+            self.records.event(c.id, "pull", f"pulling image {c.image}")
 
         self.runtime_of(c.host_id).ensure_image(c.image, on_pull=pulling)
         if began:
-            self._event(
+            self.records.event(
                 c.id, "pull", f"pulled image {c.image} in {time.monotonic() - began[0]:.1f} s"
             )
 
@@ -781,17 +608,17 @@ class ClusterDriver:
             # A port gpuyard chose may have been taken while the container was down.
             self._move_off_taken_ports(c)
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
-            container_id = self.runtime_of(c.host_id).create(self._spec(c))
+            container_id = self.runtime_of(c.host_id).create(self.specs.build(c))
             self.runtime_of(c.host_id).start(c.id)
         except GpuyardError as exc:
             # Counted as one more failure on the next look. The engine's words stay with
             # the cluster (its events), out of the server log.
-            self._record(
+            self.records.record(
                 c, next_restart_at=None, restart_event=f"restart {number} failed: {exc.message}"
             )
             log.warning("restart %d of cluster %s failed (%s)", number, c.id, exc.code)
             return
-        self._record(
+        self.records.record(
             c,
             restart_event=f"restarted (restart {number}; last exit code {c.last_exit_code})",
             restarts=number,
@@ -799,62 +626,3 @@ class ClusterDriver:
             next_restart_at=None,
             runtime_handle={"container_id": container_id},
         )
-
-    # -- collection ------------------------------------------------------------------
-
-    def _quarantine_container(self, cluster_id: str, on_host: int | None) -> None:
-        """Stop (never remove) a running container of ours whose cluster the database
-        does not know; one already stopped is left as it is."""
-        runtime = self.runtime_of(on_host if on_host is not None else None)
-        if runtime.observe(cluster_id).state != ContainerState.RUNNING:
-            return
-        log.warning(
-            "stopping (not removing) container of cluster %s: the database does not know "
-            "it (restored from an older backup?)",
-            cluster_id,
-        )
-        runtime.halt(cluster_id, timeout_s=self.ctx.settings.stop_timeout_s)
-        with self.ctx.transaction() as session:
-            record_event(
-                session,
-                cluster_id,
-                self.ctx.clock.now(),
-                "quarantined",
-                "stopped (and kept, with its disk and volume) a container of this "
-                "installation that no cluster in the database knows; its volume is "
-                "listed in the orphans",
-            )
-
-    def collect_container(self, cluster_id: str, on_host: int | None = None) -> None:
-        """Remove the container of ours that a cluster should not have (the reconciler
-        calls this only after the grace period), and say so in the cluster's events.
-        ``on_host``: the host whose engine holds it (None: the one engine of every
-        host); a cluster that now lives on another host (it moved) should not have it
-        here. The container of a cluster the database has never known (one made after
-        the backup it was restored from) is quarantined instead: stopped, so its GPUs
-        are not used twice, and kept with its disk and volume for an admin."""
-        c = self._load(cluster_id)
-        here = on_host is None or (c is not None and c.host_id == on_host)
-        if c is not None and here and ClusterStatus(c.status) in MAY_HAVE_CONTAINER:
-            return
-        if c is None:
-            self._quarantine_container(cluster_id, on_host)
-            return
-        log.info("removing container of cluster %s: no cluster of ours should have it", cluster_id)
-        runtime = self.runtime_of(on_host if on_host is not None else None)
-        runtime.stop(cluster_id, timeout_s=self.ctx.settings.stop_timeout_s)
-        with self.ctx.transaction() as session:
-            record_event(
-                session,
-                cluster_id,
-                self.ctx.clock.now(),
-                "collected",
-                "removed a container of this installation that "
-                + (
-                    "no cluster in the database knows"
-                    if c is None
-                    else f"a {c.status} cluster should not have"
-                    if here
-                    else f"was left on host {on_host} (the cluster runs on host {c.host_id})"
-                ),
-            )
