@@ -109,7 +109,7 @@ class TrainingOperator:
         nodes run on ``nodes``, the single-engine mode). ``lane_of``: the queue lane of
         a host's jobs (the reconciler's lanes per engine, so a slow or dead host
         holds up only its own clusters); None: :data:`LANE`. ``owns``: whether this
-        replica holds the ``training`` lease now (services/leases.py; only its holder
+        replica holds the ``training`` lease now (services/installation/leases.py; only its holder
         runs operations); None: this process owns them."""
         self.ctx = ctx
         self.nodes = nodes
