@@ -1,7 +1,7 @@
 """All configuration in one object, read from ``GPUYARD_*`` environment variables.
 
 Nothing reads the environment at import time: ``Settings()`` is built by the entry
-point and passed down (``create_app(settings)``).
+point and passed down (``create_app(settings)``, api/engine_server.py).
 """
 
 from __future__ import annotations

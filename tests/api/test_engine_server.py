@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuyard.api.app import engine_server
+from gpuyard.api.engine_server import engine_server
 from gpuyard.runtimes.fleet import HostEngine
 from gpuyard.runtimes.host_runtimes import HostEngineRuntime
 from tests.helpers import make_settings

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.api.app import training_operator_factory
+from gpuyard.api.engine_server import training_operator_factory
 from gpuyard.runtimes.docker_engine import DockerEngineRuntime
 from gpuyard.runtimes.engine import EnginePolicy
 from gpuyard.runtimes.host_runtimes import host_runtime_factory

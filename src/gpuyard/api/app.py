@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -57,7 +56,6 @@ from gpuyard.reconciler.lanes import SLOW
 from gpuyard.reconciler.leases import TRAINING_DUTY
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
-from gpuyard.reconciler.training.edge import HostEdge
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.training.slurm_jobs import SqueueJobs
 from gpuyard.reconciler.wiring import build_reconciler, lanes_for
@@ -74,10 +72,6 @@ from gpuyard.services.installation.leases import LeaseKeeper
 from gpuyard.services.tenancy.auth import IssuedKey
 from gpuyard.settings import Settings
 from gpuyard.store.sqlite_reader import reader_for
-
-if TYPE_CHECKING:
-    from gpuyard.runtimes.engine import EnginePolicy
-
 
 # Makes the training operator of a server: (context, the reconciler's work queue, the
 # fleet whose hosts' engines run the nodes, the queue lane of a host's jobs, whether
@@ -300,112 +294,6 @@ def _owned() -> bool:
 def _shared_database(ctx: Context) -> bool:
     """Whether other replicas may share this database (PostgreSQL)."""
     return ctx.settings.effective_database_url.startswith("postgresql")
-
-
-def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
-    """The ASGI app for ``settings`` (uvicorn factory use)."""
-    if runtime is None:
-        from gpuyard.runtimes.engine_url import detect_engine_url
-
-        return engine_server(settings, detect_engine_url(settings.engine_url)).app
-    return build_server(settings, runtime).app
-
-
-def engine_server(settings: Settings, url: str | None) -> Server:
-    """The server on real engines: this machine's at ``url``, every added host's from
-    its engine URL (ssh://, tcp://, unix://), training clusters on real Slurm nodes."""
-    from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-    from gpuyard.runtimes.engine_url import is_local_engine
-    from gpuyard.runtimes.host_firewall import subprocess_runner
-    from gpuyard.runtimes.host_runtimes import host_runtime_factory
-    from gpuyard.runtimes.volume_images import VolumeImages
-
-    policy = engine_policy(settings, url)
-    operator = training_operator_factory(settings, url) if settings.training_enabled else None
-    # Sized volumes' images are made by this machine's shell when the engine is here.
-    local = is_local_engine(url) and bool(settings.volume_image_dir)
-    images = VolumeImages(subprocess_runner, settings.volume_image_dir) if local else None
-    return build_server(
-        settings,
-        DockerEngineRuntime(url, policy=policy, volume_images=images),
-        engine_url=url,
-        training_operator=operator,
-        host_runtimes=host_runtime_factory(
-            settings.home,
-            policy,
-            settings.remote_engine_timeout_s,
-            volume_image_dir=settings.volume_image_dir,
-        ),
-        proxy=partial(ProxySync.from_settings, settings=settings)
-        if settings.proxy_enabled
-        else None,
-    )
-
-
-def engine_policy(settings: Settings, engine_url: str | None) -> EnginePolicy:
-    """The engine policy of a server on ``engine_url``: the operator's settings, and the
-    host firewall managed when the engine is on this machine."""
-    from gpuyard.runtimes.engine import EnginePolicy
-    from gpuyard.runtimes.engine_url import is_local_engine
-
-    return EnginePolicy(
-        allow_unenforced_limits=settings.allow_unenforced_limits,
-        manage_host_firewall=is_local_engine(engine_url),
-        allow_unisolated_networks=settings.allow_unisolated_networks,
-        allow_unenforced_disk=settings.allow_unenforced_disk,
-    )
-
-
-def training_operator_factory(
-    settings: Settings, engine_url: str | None
-) -> TrainingOperatorFactory:
-    """Training clusters on real Slurm nodes, reached over SSH through DNAT rules on
-    the host each controller runs on (runtimes/host_edge.py): no user traffic passes
-    through this process. A cluster's nodes run on the engine of the host it was placed
-    on: this machine's at ``engine_url``, or a fleet host's through that host's runtime
-    (its SSH tunnel, TLS and firewall), with the node image copied there from this
-    machine's engine when the host lacks it."""
-    from gpuyard.runtimes.host_nodes import HostNodes
-    from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
-
-    def make(
-        ctx: Context,
-        queue: WorkQueue,
-        fleet: Fleet,
-        lane_of: Callable[[int | None], str],
-        owns: Callable[[], bool],
-    ) -> TrainingOperator:
-        local = SlurmNodeRuntime(engine_url, policy=engine_policy(settings, engine_url))
-
-        def on_engine(runtime: Runtime) -> SlurmNodeRuntime:
-            engine = runtime.docker_engine()
-            if engine is None:
-                raise TypeError(f"{type(runtime).__name__} has no container engine for nodes")
-            return SlurmNodeRuntime(None, engine=engine, image_source=local.engine)
-
-        hosts = HostNodes(fleet, local, on_engine)
-
-        def edge_on(host_id: int | None) -> HostEdge | None:
-            # The rules go where the controller's engine is, through the runner of that
-            # host's isolation chain (this machine's shell, or the host's SSH).
-            return hosts.on_host(host_id).engine.host_edge()
-
-        operator = TrainingOperator(
-            ctx,
-            local,
-            edge_on,
-            hosts=hosts,
-            lane_of=lane_of,
-            ready_timeout_s=settings.training_ready_timeout_s,
-            drain_timeout_s=settings.training_drain_timeout_s,
-            lifecycle_timeout_s=settings.training_lifecycle_timeout_s,
-            bind_address=settings.training_bind_address,
-            queue=queue,
-            owns=owns,
-        )
-        return operator
-
-    return make
 
 
 def _ports_held(

@@ -15,7 +15,7 @@ from urllib.parse import unquote_plus
 
 import click
 
-from gpuyard.api.app import engine_server
+from gpuyard.api.engine_server import engine_server
 from gpuyard.api.state import KEY_QUERY_PARAMS
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.edge.ssh_service import GatewaySupervisor, start_ssh_gateway
