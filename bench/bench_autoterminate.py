@@ -99,7 +99,6 @@ def main() -> None:
 
     # No engine observation: the fake runtime has no containers for these rows.
     rec = build_reconciler(ctx, FakeRuntime(), observe_every_s=1e9, on_fire=on_fire)
-    ctx.wake = rec.wake
     rec.start()
     rec.wake()
     time.sleep(5.0)  # first pass reads every cluster once

@@ -49,7 +49,7 @@ class EdgeRecorder:
 @pytest.fixture
 def edge(ctx: Context) -> EdgeRecorder:
     recorder = EdgeRecorder(ctx)
-    ctx.training_edge = recorder
+    ctx.training_edge.answer(recorder)
     return recorder
 
 

@@ -114,18 +114,19 @@ def build_server(
     engine, sessions = open_store(settings)
     with sessions.begin() as session:
         ownership = ensure_installation(session)
+    # Every host added through the API gets its own runtime; this machine's is
+    # ``runtime``. Binding ties them to this installation: they see only our objects.
+    fleet = Fleet(runtime, host_runtimes)
     ctx = Context(
         sessions=sessions,
         settings=settings,
         ownership=ownership,
         clock=clock or SystemClock(),
         cluster_reader=reader_for(settings.effective_database_url),
+        ports_held=partial(_ports_held, fleet, settings),
     )
     admin_key = first_start(ctx)
     host_id = register_local_host(ctx, engine_url)
-    # Every host added through the API gets its own runtime; this machine's is
-    # ``runtime``. Binding ties them to this installation: they see only our objects.
-    fleet = Fleet(runtime, host_runtimes)
     # Several replicas share a PostgreSQL database: each duty has one owner at a time.
     # SQLite serves one process, which owns everything.
     leases = LeaseKeeper.for_replica(ctx) if _shared_database(ctx) else None
@@ -164,11 +165,9 @@ def build_server(
         on_full_pass=metrics.count_full_pass,
         on_host_answered=partial(_describe_host, ctx),
     )
-    ctx.wake = reconciler.wake
-    ctx.ports_held = partial(_ports_held, fleet, settings)
     if operator is not None:
-        ctx.training_wake = operator.wake
-        ctx.training_edge = operator.sync_edge
+        ctx.training_wake.answer(operator.wake)
+        ctx.training_edge.answer(operator.sync_edge)
 
     proxy_sync = proxy(ctx) if proxy is not None else None
 

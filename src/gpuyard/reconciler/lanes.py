@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.fleet import SHARED_ENGINE
+from gpuyard.services.signals import WorkSignal
 
 log = logging.getLogger(__name__)
 
@@ -33,30 +33,24 @@ WEBHOOK_WORKERS = 4
 
 
 class Wakeup:
-    """When the loop should look again (``wake``) and whether it is stopping. Lag is
-    measured from the first wake since the loop last looked."""
+    """When the loop should look again (``wake``, or its context's use cases ringing the
+    shared :class:`WorkSignal`) and whether it is stopping."""
 
-    def __init__(self) -> None:
-        self._event = threading.Event()
+    def __init__(self, signal: WorkSignal | None = None) -> None:
+        self.signal = signal or WorkSignal()
         self.stopping = threading.Event()
-        self._woken_at: float | None = None
 
     def wake(self) -> None:
-        if self._woken_at is None:
-            self._woken_at = time.monotonic()
-        self._event.set()
+        self.signal.wake()
 
     def stop(self) -> None:
         self.stopping.set()
-        self._event.set()
+        self.signal.wake()
 
     def wait(self, timeout_s: float) -> float | None:
         """Sleep until woken or ``timeout_s`` passed; when the first wake came (None:
         not woken)."""
-        self._event.wait(timeout_s)
-        self._event.clear()
-        woken_at, self._woken_at = self._woken_at, None
-        return woken_at
+        return self.signal.wait(timeout_s)
 
 
 class Dispatcher:
@@ -76,10 +70,13 @@ class Dispatcher:
         self.wakeup = wakeup
 
     @classmethod
-    def create(cls, workers: int, key_of: Callable[[int], str]) -> Dispatcher:
+    def create(
+        cls, workers: int, key_of: Callable[[int], str], signal: WorkSignal | None = None
+    ) -> Dispatcher:
         """A dispatcher on a new queue (``workers`` threads per engine lane, at least
-        two) whose finished jobs wake the loop."""
-        wakeup = Wakeup()
+        two) whose finished jobs wake the loop; ``signal``: what else wakes it (a
+        context's use cases; None: only the loop's own)."""
+        wakeup = Wakeup(signal)
         workers = max(2, workers)
         queue = WorkQueue(
             {

@@ -38,8 +38,9 @@ def fleet_of(runtime: Runtime | Fleet) -> Fleet:
 
 def lanes_for(ctx: Context, fleet: Fleet) -> Dispatcher:
     """The reconciler's work queue and lanes on ``fleet``'s engines, for a server that
-    runs other work on them (the training operator) before the reconciler is built."""
-    return Dispatcher.create(ctx.settings.reconcile_workers, fleet.key_of)
+    runs other work on them (the training operator) before the reconciler is built. The
+    context's use cases wake it (``ctx.wake``)."""
+    return Dispatcher.create(ctx.settings.reconcile_workers, fleet.key_of, ctx.work)
 
 
 def build_reconciler(

@@ -17,6 +17,7 @@ from gpuyard.core.ownership import Ownership
 from gpuyard.core.proxy import ProxyStatus
 from gpuyard.services.catalog.references import ReferenceCache
 from gpuyard.services.clock import Clock, SystemClock
+from gpuyard.services.signals import Doorbell, WorkSignal
 from gpuyard.settings import Settings
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Cluster
@@ -93,8 +94,9 @@ class Context:
     # Whose engine objects are ours (DESIGN.md rule 8). build_server sets the stored
     # installation's; the default (a fresh identity) suits tests of one store.
     ownership: Ownership = field(default_factory=Ownership.new)
-    # Called after a commit that gives the reconciler work (DESIGN.md rule 1).
-    wake: Callable[[], None] = lambda: None
+    # Rung after a commit that gives the reconciler work (DESIGN.md rule 1; ``wake``);
+    # the reconciler's lanes wait on it (services/signals.py).
+    work: WorkSignal = field(default_factory=WorkSignal)
     notifier: StatusNotifier = field(default_factory=StatusNotifier)
     references: ReferenceCache = field(default_factory=ReferenceCache)
     # Since when each running cluster has been seen idle (auto-termination keeps it;
@@ -107,18 +109,23 @@ class Context:
     # Optional accelerated read of one visible cluster row (store/sqlite_reader.py).
     cluster_reader: ClusterReader | None = None
     # Training clusters: hand an operation to the operator, re-sync a cluster's network
-    # edge (host rules for its SSH port and reserved IPs) after a change.
-    training_wake: Callable[[int], None] = lambda _cluster_id: None
-    training_edge: Callable[[int], None] = lambda _cluster_id: None
+    # edge (host rules for its SSH port and reserved IPs) after a change. The server's
+    # training operator answers both (services/signals.py).
+    training_wake: Doorbell[int] = field(default_factory=Doorbell)
+    training_edge: Doorbell[int] = field(default_factory=Doorbell)
     # The ``(port, transport)`` pairs of the port range something on host ``host_id``
     # holds now, apart from cluster ``cluster_id``'s own container
-    # (Runtime.host_ports_in_use); build_server asks the host's runtime. Asked for a
+    # (Runtime.host_ports_in_use); build_server gives one that asks the host's runtime. Asked for a
     # port the user chose (services/capacity/placement.py assign_ports).
     ports_held: Callable[[int, str], frozenset[tuple[int, str]]] = lambda _host_id, _cluster_id: (
         frozenset()
     )
     # Whether this process's HTTP proxy serves (views show proxy URLs only then).
     proxy: ProxyStatus = field(default_factory=lambda: ProxyStatus(enabled=False))
+
+    def wake(self) -> None:
+        """After a commit that gives the reconciler work: it looks again now."""
+        self.work.wake()
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
