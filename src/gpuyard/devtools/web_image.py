@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.runtimes.devimage import BUSYBOX_PATH, busybox_rootfs
+from gpuyard.runtimes.devimage import BUSYBOX_PATH, busybox_rootfs, import_rootfs
 
 WEB_IMAGE = "localhost/gpuyard/web:latest"
 WEB_PORT = 8888
@@ -150,29 +150,9 @@ def build_web_image(
     rootfs = busybox_rootfs(
         {WEB_BINARY.lstrip("/"): (binary, 0o755)}, dirs=("www", "workspace"), mtime=0
     )
-    cmd = [
-        cli,
-        "import",
-        "--change",
-        f'CMD ["{WEB_BINARY}"]',
-        "--change",
-        f"EXPOSE {WEB_PORT}",
-        "--change",
-        "ENV PATH=/usr/local/bin:/usr/bin:/bin",
-        "--change",
-        "WORKDIR /",
-        "--change",
-        f"LABEL {RECIPE_LABEL}={digest}",
-        "-",
-        name,
-    ]
-    try:
-        proc = subprocess.run(cmd, input=rootfs, capture_output=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RuntimeFailure(f"importing {name} failed: {e}") from e
-    if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip()
-        raise RuntimeFailure(f"importing {name} failed: {err[-500:]}")
+    import_rootfs(
+        cli, name, rootfs, command=WEB_BINARY, port=WEB_PORT, label=(RECIPE_LABEL, digest)
+    )
     if old_id and old_id != _inspect(cli, name, "{{.Id}}"):
         subprocess.run([cli, "rmi", old_id], capture_output=True, timeout=60, check=False)
     return name

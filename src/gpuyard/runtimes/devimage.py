@@ -17,6 +17,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 from gpuyard.core.errors import RuntimeFailure
 
@@ -174,27 +175,44 @@ def build_dev_image(
     digest = _digest(data)
     if not force and _recipe_of(cli, name) == digest:
         return name
+    return import_rootfs(
+        cli,
+        name,
+        data,
+        command="/usr/local/bin/gpuyard-serve",
+        port=SERVE_PORT,
+        label=(RECIPE_LABEL, digest),
+    )
+
+
+def import_rootfs(
+    cli: str, name: str, rootfs: bytes, *, command: str, port: int, label: tuple[str, str]
+) -> str:
+    """Import the tar ``rootfs`` as image ``name`` through the engine CLI ``cli``: its
+    command ``command``, port ``port`` exposed, and ``label`` (name, value: the
+    recipe's digest, which a later build compares to reuse the image). Returns
+    ``name``; raises :class:`RuntimeFailure` when the import fails."""
     cmd = [
         cli,
         "import",
         "--change",
-        'CMD ["/usr/local/bin/gpuyard-serve"]',
+        f'CMD ["{command}"]',
         "--change",
-        f"EXPOSE {SERVE_PORT}",
+        f"EXPOSE {port}",
         "--change",
         "ENV PATH=/usr/local/bin:/usr/bin:/bin",
         "--change",
         "WORKDIR /",
         "--change",
-        f"LABEL {RECIPE_LABEL}={digest}",
+        f"LABEL {label[0]}={label[1]}",
         "-",
         name,
     ]
     try:
-        proc = subprocess.run(cmd, input=data, capture_output=True, timeout=120, check=False)
+        proc = subprocess.run(cmd, input=rootfs, capture_output=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise RuntimeFailure(f"{runtime_cli} import of {name} failed: {e}") from e
+        raise RuntimeFailure(f"{Path(cli).name} import of {name} failed: {e}") from e
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip()
-        raise RuntimeFailure(f"{runtime_cli} import of {name} failed: {err[-500:]}")
+        raise RuntimeFailure(f"{Path(cli).name} import of {name} failed: {err[-500:]}")
     return name
