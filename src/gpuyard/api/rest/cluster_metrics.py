@@ -19,7 +19,7 @@ from gpuyard.api.http.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.rest.schemas.cluster_json import iso
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services.clusters.use_cases import load_cluster
+from gpuyard.services.clusters.cluster_rows import load_cluster
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import UtilizationSample
 

@@ -36,7 +36,7 @@ from gpuyard.core.proxy import (
 from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER, UNAVAILABLE_PATH
 from gpuyard.services.access import proxy_access
 from gpuyard.services.access.proxy_routes import proxy_base
-from gpuyard.services.clusters.use_cases import owner_principal
+from gpuyard.services.clusters.cluster_rows import owner_principal
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import AccountSelection, Principal
 

@@ -35,8 +35,8 @@ from gpuyard.core.errors import ClusterNotFound, Forbidden, NotFound, ProxyUnava
 from gpuyard.core.proxy import ProxyBase, parse_host
 from gpuyard.core.roles import Permission
 from gpuyard.core.states import ClusterStatus
+from gpuyard.services.clusters.cluster_rows import load_cluster
 from gpuyard.services.clusters.lifecycle import record_event
-from gpuyard.services.clusters.use_cases import load_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import AccountSelection, Principal, resolve_key_id
 from gpuyard.store.schema import ApiKey, Cluster, Project, ProxySession

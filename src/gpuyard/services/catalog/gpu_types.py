@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -11,11 +10,10 @@ from sqlalchemy.orm import Session
 from gpuyard.core.catalog import SEED_GPU_TYPES
 from gpuyard.core.models import GpuTypeInfo
 from gpuyard.core.placement import free_resources
+from gpuyard.services.catalog.gpu_type_rows import to_info
+from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import capacities
 from gpuyard.store.schema import GpuType
-
-if TYPE_CHECKING:  # context.py imports this module (through references.py)
-    from gpuyard.services.context import Context
 
 
 def seed_catalog(session: Session) -> None:
@@ -35,19 +33,6 @@ def seed_catalog(session: Session) -> None:
                     community_spot_price=g.community_spot_price,
                 )
             )
-
-
-def to_info(row: GpuType) -> GpuTypeInfo:
-    return GpuTypeInfo(
-        id=row.id,
-        display_name=row.display_name,
-        manufacturer=row.manufacturer,
-        memory_gb=row.memory_gb,
-        secure_price=row.secure_price,
-        community_price=row.community_price,
-        secure_spot_price=row.secure_spot_price,
-        community_spot_price=row.community_spot_price,
-    )
 
 
 def list_gpu_types(session: Session) -> list[GpuTypeInfo]:

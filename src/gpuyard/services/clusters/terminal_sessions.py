@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
+from gpuyard.services.clusters.cluster_rows import load_cluster
 from gpuyard.services.clusters.lifecycle import record_event
-from gpuyard.services.clusters.use_cases import load_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import ApiKey

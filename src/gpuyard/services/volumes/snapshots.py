@@ -39,6 +39,7 @@ from gpuyard.services.billing.admission import refuse_closed_account
 from gpuyard.services.billing.quotas import check_storage
 from gpuyard.services.billing.storage import stop_storage_billing
 from gpuyard.services.capacity.placement import lock_placement
+from gpuyard.services.clusters.cluster_rows import load_cluster
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.clusters.moves import COPYING
 from gpuyard.services.context import Context
@@ -390,8 +391,6 @@ def create_snapshot(
     ctx: Context, principal: Principal, cluster_id: str, name: str, description: str
 ) -> Snapshot:
     """Snapshot ``cluster_id``'s volume. Raises ClusterNotFound, InvalidState."""
-    from gpuyard.services.clusters.use_cases import load_cluster
-
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:

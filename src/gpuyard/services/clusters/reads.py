@@ -1,0 +1,61 @@
+"""Reading one cluster and its event log for the caller (ClusterNotFound for a
+cluster it may not see)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from gpuyard.core import cursors
+from gpuyard.services.clusters.cluster_rows import load_cluster
+from gpuyard.services.clusters.event_pages import EventPage, check_cursor, read_page
+from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.store.schema import Cluster, Event
+
+
+def get_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    with ctx.read() as session:
+        return load_cluster(session, principal, cluster_id)
+
+
+EVENTS_LIST = "cluster_events"
+
+
+def list_events(ctx: Context, principal: Principal, cluster_id: str) -> list[Event]:
+    """Every event of the cluster, oldest first (``event_page`` pages them)."""
+    with ctx.read() as session:
+        load_cluster(session, principal, cluster_id)
+        return list(
+            session.scalars(select(Event).where(Event.cluster_id == cluster_id).order_by(Event.id))
+        )
+
+
+def event_page(
+    ctx: Context,
+    principal: Principal,
+    cluster_id: str,
+    *,
+    page: int = 1,
+    per_page: int = 50,
+    cursor: str | None = None,
+) -> EventPage:
+    """The cluster's events, oldest first (by id, through the ``cluster_id`` index).
+    With ``cursor`` (an earlier page's ``next_cursor`` for this cluster), the events
+    after that page; else ``page`` by offset. Raises ClusterNotFound for a cluster the
+    caller may not see, ValidationFailed naming ``cursor`` for a bad one."""
+    bound: dict[str, cursors.FilterValue] = {
+        "account": principal.account_id,
+        "cluster": cluster_id,
+    }
+    after_id = check_cursor(EVENTS_LIST, bound, page, cursor)
+    with ctx.read() as session:
+        load_cluster(session, principal, cluster_id)
+        return read_page(
+            session,
+            cluster_id,
+            EVENTS_LIST,
+            bound,
+            after_id=after_id,
+            page=page,
+            per_page=per_page,
+        )
