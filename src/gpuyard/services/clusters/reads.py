@@ -1,7 +1,9 @@
-"""Reading one cluster and its event log for the caller (ClusterNotFound for a
-cluster it may not see)."""
+"""Reading one cluster, its event log and its utilisation samples for the caller
+(ClusterNotFound for a cluster it may not see)."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from sqlalchemy import select
 
@@ -10,7 +12,7 @@ from gpuyard.services.clusters.cluster_rows import load_cluster
 from gpuyard.services.clusters.event_pages import EventPage, check_cursor, read_page
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
-from gpuyard.store.schema import Cluster, Event
+from gpuyard.store.schema import Cluster, Event, UtilizationSample
 
 
 def get_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
@@ -58,4 +60,21 @@ def event_page(
             after_id=after_id,
             page=page,
             per_page=per_page,
+        )
+
+
+def utilization_samples(
+    ctx: Context, principal: Principal, cluster_id: str, span: timedelta
+) -> list[UtilizationSample]:
+    """The cluster's utilisation samples of the last ``span``, oldest first (the
+    reconciler keeps an hour: reconciler/utilization.py)."""
+    since = ctx.clock.now() - span
+    with ctx.read() as session:
+        load_cluster(session, principal, cluster_id)
+        return list(
+            session.scalars(
+                select(UtilizationSample)
+                .where(UtilizationSample.cluster_id == cluster_id, UtilizationSample.at >= since)
+                .order_by(UtilizationSample.at, UtilizationSample.id)
+            )
         )

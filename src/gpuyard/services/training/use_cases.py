@@ -123,9 +123,10 @@ def load_cluster(
     *,
     for_update: bool = False,
 ) -> TrainingCluster:
-    """The live cluster of the scope's project and location, else 404 (another
-    account's cluster is indistinguishable from a missing one). ``for_update`` locks
-    the row (PostgreSQL) so concurrent actions and deletes apply one after another."""
+    """The live cluster of the scope's project and location, inside the caller's
+    session, else 404 (another account's cluster is indistinguishable from a missing
+    one). ``for_update`` locks the row (PostgreSQL) so concurrent actions and deletes
+    apply one after another."""
     account_id, project_id = _visible(session, principal, scope)
     return owned_row(
         session,

@@ -86,8 +86,9 @@ def _visible(principal: Principal) -> Select[Snapshot]:
 
 
 def load_snapshot(session: Session, principal: Principal, snapshot_id: str) -> Snapshot:
-    """The caller's snapshot (not deleted); SnapshotNotFound otherwise, the same for
-    another account's or an unusable project's id as for none."""
+    """The caller's snapshot (not deleted), inside the caller's session;
+    SnapshotNotFound otherwise, the same for another account's or an unusable
+    project's id as for none."""
     snap = session.scalar(_visible(principal).where(Snapshot.id == snapshot_id))
     if snap is None:
         raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found", {"snapshot_id": snapshot_id})
