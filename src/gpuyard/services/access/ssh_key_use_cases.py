@@ -17,6 +17,7 @@ from gpuyard.core.errors import Forbidden
 from gpuyard.core.roles import Permission, Role, can_manage_keys_of
 from gpuyard.services.access.ssh_keys import (
     SshKeyNotFound,
+    account_public_keys,
     add_key,
     registering_project,
     replace_keys_from_text,
@@ -104,6 +105,19 @@ def delete_ssh_key(ctx: Context, principal: Principal, active_iam: int | None, k
             _require_may_manage(session, principal, row)
         session.delete(row)
         session.flush()
+
+
+def own_public_keys(ctx: Context, principal: Principal) -> str:
+    """The caller's keys in its account as ``authorized_keys`` text (RunPod's
+    ``myself { pubKey }``; a key restricted to a project: the caller's keys of that
+    project, the ones ``replace_own_keys`` replaces). Empty when there are none."""
+    with ctx.read() as session:
+        return account_public_keys(
+            session,
+            principal.account_id,
+            user_id=principal.user_id,
+            key_project_id=principal.key_project_id,
+        )
 
 
 def replace_own_keys(ctx: Context, principal: Principal, text: object) -> list[SshKey]:

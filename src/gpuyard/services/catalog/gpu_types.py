@@ -51,6 +51,17 @@ def find_gpu_type(session: Session, name: str) -> GpuTypeInfo | None:
     return to_info(row) if row else None
 
 
+def catalog_types(ctx: Context, names: list[str] | None = None) -> list[GpuTypeInfo]:
+    """The whole catalog by id (``names`` None), or the types ``names`` name (as
+    ``find_gpu_type`` finds them, each once, in the order first named; unknown names
+    give nothing). Anybody with a key."""
+    with ctx.read() as session:
+        if names is None:
+            return list_gpu_types(session)
+        found = [find_gpu_type(session, n) for n in names]
+        return list({g.id: g for g in found if g is not None}.values())
+
+
 @dataclass(frozen=True)
 class GpuTypeOffer:
     """A catalog entry with how many GPUs of the type the hosts have in all, and how
