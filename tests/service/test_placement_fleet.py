@@ -219,10 +219,7 @@ def test_catalog_and_locations_sum_the_hosts_that_take_placements(
     uc.create_cluster(ctx, alice, one_gpu("a"), location="lab")
     offers = {o.info.id: o for o in gpu_type_offers(ctx)}
     assert (offers[A6000].total_gpus, offers[A6000].available_gpus) == (10, 9)
-    with ctx.read() as s:
-        locations = {
-            loc["location"]: loc for loc in list_locations(s, ctx.settings.allocation_ratios)
-        }
+    locations = {loc["location"]: loc for loc in list_locations(ctx)}
     lab = locations["lab"]
     assert (lab["hosts"], lab["healthy_hosts"]) == (4, 3)
     assert lab["gpu_types"] == [{"gpu_type": A6000, "total_gpus": 6, "free_gpus": 5}]

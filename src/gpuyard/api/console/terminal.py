@@ -25,11 +25,9 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
@@ -55,12 +53,13 @@ from gpuyard.edge.terminal_bridge import (
     run_bridge,
 )
 from gpuyard.runtimes.base import Runtime
-from gpuyard.services.clusters.lifecycle import record_event
-from gpuyard.services.clusters.use_cases import load_cluster
-from gpuyard.services.context import Context
+from gpuyard.services.clusters.terminal_sessions import (
+    TerminalTarget,
+    record_terminal_event,
+    terminal_target,
+)
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.cluster_access import Need
-from gpuyard.store.schema import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,6 @@ router = APIRouter(tags=["clusters"])
 PATH = "/v1/clusters/{cluster_id}/terminal"
 SUBPROTOCOL = "gpuyard.terminal.v1"
 KEY_SUBPROTOCOL = "gpuyard.key."
-EVENT_TERMINAL = "terminal"
 
 # Opens the shell of a container on a host's runtime; ``app.state.terminal_opener``
 # replaces it (tests: a fake process instead of an engine).
@@ -80,35 +78,6 @@ async def open_exec_shell(runtime: Runtime, container: str, size: Resize) -> Ter
     """A login shell with a PTY in ``container`` on ``runtime``'s engine."""
     target = await asyncio.to_thread(exec_target, runtime, container)
     return await open_shell(target, size)
-
-
-@dataclass(frozen=True)
-class TerminalTarget:
-    cluster_id: str
-    status: str
-    host_id: int | None
-    container: str
-    key_name: str
-
-
-def _target(ctx: Context, principal: Principal, cluster_id: str) -> TerminalTarget:
-    """The caller's cluster (ClusterNotFound for anyone else's) and the key's name."""
-    with ctx.read() as session:
-        cluster = load_cluster(session, principal, cluster_id)
-        name = session.scalar(select(ApiKey.name).where(ApiKey.id == principal.key_id))
-        container = (cluster.runtime_handle or {}).get("container_id")
-        return TerminalTarget(
-            cluster_id=cluster.id,
-            status=cluster.status,
-            host_id=cluster.host_id,
-            container=str(container) if container else ctx.ownership.container(cluster.id),
-            key_name=name or f"#{principal.key_id}",
-        )
-
-
-def _record(ctx: Context, cluster_id: str, message: str) -> None:
-    with ctx.transaction() as session:
-        record_event(session, cluster_id, ctx.clock.now(), EVENT_TERMINAL, message)
 
 
 def offered_subprotocols(websocket: WebSocket) -> list[str]:
@@ -206,8 +175,7 @@ async def _admit(
             if locked is not None:
                 return _refusal(websocket, locked)
             raise
-        principal.require_write()
-        target = await state.reads.run(_target, state.ctx, principal, cluster_id)
+        target = await state.reads.run(terminal_target, state.ctx, principal, cluster_id)
     except GpuyardError as exc:
         return error_response(exc)
     return target, size, principal
@@ -256,7 +224,7 @@ async def terminal(websocket: WebSocket, cluster_id: str) -> None:
     source = websocket.client.host if websocket.client else "unknown"
     try:
         await run_in_threadpool(
-            _record,
+            record_terminal_event,
             state.ctx,
             target.cluster_id,
             f"web terminal opened with API key {target.key_name!r} from {source}",
@@ -272,7 +240,9 @@ async def terminal(websocket: WebSocket, cluster_id: str) -> None:
         how = "the client left"
     else:
         how = f"the shell exited with code {result.exit_code}"
-    await run_in_threadpool(_record, state.ctx, target.cluster_id, f"web terminal closed: {how}")
+    await run_in_threadpool(
+        record_terminal_event, state.ctx, target.cluster_id, f"web terminal closed: {how}"
+    )
 
 
 @router.get(PATH, include_in_schema=False)
@@ -280,9 +250,8 @@ def terminal_over_http(
     cluster_id: str, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """A plain GET: the same checks, then 426 (this endpoint speaks WebSocket only)."""
-    principal.require_write()
     requested_size(request.query_params.get)
-    _target(app_state(request).ctx, principal, cluster_id)
+    terminal_target(app_state(request).ctx, principal, cluster_id)
     return JSONResponse(
         error_body(
             "UPGRADE_REQUIRED",

@@ -93,8 +93,7 @@ class GqlContext:
         them (a ``cluster(input)`` of a listed id reads nothing more)."""
         if self._clusters is None:
             page = uc.list_clusters(self.ctx, self.principal, per_page=MAX_LISTED)
-            with self.ctx.read() as session:
-                self._clusters = cluster_views.details(self.ctx, page.clusters, session)
+            self._clusters = cluster_views.details(self.ctx, page.clusters)
             self.loaders.details.prime_many({d.cluster.id: d for d in self._clusters})
         return self._clusters
 

@@ -20,55 +20,23 @@ only, so the read stalls nothing else.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from concurrent.futures import Future
 
-from sqlalchemy import select
 from strawberry.dataloader import DataLoader
 
 from gpuyard.api.state import AppState
 from gpuyard.core.errors import ClusterNotFound, GpuyardError
 from gpuyard.runtimes.base import ContainerStats
-from gpuyard.services.clusters import views as cluster_views
+from gpuyard.services.clusters.reads import visible_details
 from gpuyard.services.clusters.views import ClusterDetails
 from gpuyard.services.fleet.runtime_stats import RuntimeStatsCache, StatsKey
 from gpuyard.services.tenancy.auth import Principal
-from gpuyard.store.schema import Cluster, Project
 
 Stats = ContainerStats | None
 
 
 def _not_found(cluster_id: str) -> ClusterNotFound:
     return ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-
-
-def visible_details(
-    state: AppState, principal: Principal, cluster_ids: Sequence[str]
-) -> dict[str, ClusterDetails]:
-    """The details of those of ``cluster_ids`` the caller may see (its account, its
-    projects; terminated ones included), by id: one query for the clusters plus
-    cluster_views.details' few. A single id takes the single-cluster read path."""
-    ctx = state.ctx
-    if len(cluster_ids) == 1:
-        try:
-            d = cluster_views.load_visible(
-                ctx, principal.account_id, cluster_ids[0], principal.project_ids
-            )
-        except ClusterNotFound:
-            return {}
-        return {d.cluster.id: d}
-    q = (
-        select(*Cluster.__table__.columns)
-        .join(Project, Project.id == Cluster.project_id)
-        .where(Cluster.id.in_(sorted(set(cluster_ids))), Project.account_id == principal.account_id)
-    )
-    if principal.project_ids is not None:
-        q = q.where(Cluster.project_id.in_(sorted(principal.project_ids)))
-    with ctx.read() as session:
-        # Plain rows carry the Cluster's column names (as services.clusters' list).
-        rows: list[Cluster] = list(session.execute(q))  # type: ignore[arg-type]
-        found = cluster_views.details(ctx, rows, session)
-    return {d.cluster.id: d for d in found}
 
 
 class Loaders:
@@ -82,7 +50,7 @@ class Loaders:
         self.stats: DataLoader[StatsKey, Stats] = DataLoader(load_fn=self._load_stats)
 
     async def _load_details(self, ids: list[str]) -> list[ClusterDetails | BaseException]:
-        found = visible_details(self._state, self._principal, ids)
+        found = visible_details(self._state.ctx, self._principal, ids)
         return [found.get(i) or _not_found(i) for i in ids]
 
     def _fetch_stats(self, key: StatsKey) -> Stats:

@@ -36,7 +36,7 @@ from gpuyard.api.graphql.types import Info, Pod, User
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.core.roles import Permission
 from gpuyard.services import idempotency as idem
-from gpuyard.services.access.ssh_keys import registering_project, replace_keys_from_text
+from gpuyard.services.access.ssh_key_use_cases import replace_own_keys
 from gpuyard.services.billing import spot
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import ConfigurationUpdate, StartCluster
@@ -203,13 +203,6 @@ class Mutation:
             # The account's SSH keys log into every cluster of it: a change to the
             # clusters' access, as POST /v1/ssh-keys (api/http/permissions.py).
             require(gctx, Permission.WRITE_RESOURCES)
-            with gctx.ctx.transaction() as session:
-                # RunPod's pubKey is the caller's own: other members' keys stay.
-                replace_keys_from_text(
-                    session,
-                    gctx.principal.account_id,
-                    input.pub_key,
-                    user_id=gctx.principal.user_id,
-                    project_id=registering_project(session, gctx.principal),
-                )
+            # RunPod's pubKey is the caller's own: other members' keys stay.
+            replace_own_keys(gctx.ctx, gctx.principal, input.pub_key)
         return user_of(info)

@@ -12,8 +12,8 @@ from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.inputs import ClusterFilter, GpuTypeFilter, PodFilter
 from gpuyard.api.graphql.types import GpuType, Info, Pod, User, gpu_type_from, pod_from
 from gpuyard.core.roles import Permission
-from gpuyard.services.access.ssh_keys import account_public_keys
-from gpuyard.services.catalog.gpu_types import find_gpu_type, list_gpu_types
+from gpuyard.services.access.ssh_key_use_cases import own_public_keys
+from gpuyard.services.catalog.gpu_types import catalog_types
 
 
 def one_pod(info: Info, cluster_id: str) -> Pod:
@@ -38,13 +38,7 @@ def user_of(info: Info) -> User:
     """The caller, with their SSH keys in the account as RunPod's ``pubKey`` (a key
     restricted to a project: their keys of that project, the ones it may replace)."""
     principal = info.context.principal
-    with info.context.ctx.read() as session:
-        keys = account_public_keys(
-            session,
-            principal.account_id,
-            user_id=principal.user_id,
-            key_project_id=principal.key_project_id,
-        )
+    keys = own_public_keys(info.context.ctx, principal)
     return User(id=str(principal.user_id), pub_key=keys or None)
 
 
@@ -70,10 +64,6 @@ class Query:
         ctx = info.context
         hosts = list(ctx.capacities().values())
         names = [n for n in [input.id, *(input.ids or [])] if n] if input else []
-        with ctx.ctx.read() as session:
-            if input is not None and (input.id is not None or input.ids is not None):
-                found = [find_gpu_type(session, n) for n in names]
-                types = list({g.id: g for g in found if g is not None}.values())
-            else:
-                types = list_gpu_types(session)
+        named = input is not None and (input.id is not None or input.ids is not None)
+        types = catalog_types(ctx.ctx, names if named else None)
         return [gpu_type_from(g, hosts) for g in types]

@@ -10,23 +10,14 @@ import asyncio
 import logging
 
 from gpuyard.api.state import AppState
-from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
-from gpuyard.services.tenancy.cluster_access import Need, key_may_access_cluster
+from gpuyard.services.tenancy.cluster_access import Need, key_still_may_access
 
 log = logging.getLogger(__name__)
 
 # How often an open stream asks; a removed member's stream ends within about this.
 ACCESS_CHECK_S = 2.0
 ACCESS_ENDED_REASON = "access ended: this API key may no longer use the cluster"
-
-
-def still_allowed(ctx: Context, principal: Principal, cluster_id: str, need: Need) -> bool:
-    """Whether ``principal``'s key may still ``need`` cluster ``cluster_id`` (blocking)."""
-    with ctx.read() as session:
-        return key_may_access_cluster(
-            session, principal.key_id, principal.account_id, cluster_id, need
-        )
 
 
 async def access_ended(
@@ -42,7 +33,9 @@ async def access_ended(
     while True:
         await asyncio.sleep(interval_s)
         try:
-            allowed = await state.reads.run(still_allowed, state.ctx, principal, cluster_id, need)
+            allowed = await state.reads.run(
+                key_still_may_access, state.ctx, principal, cluster_id, need
+            )
         except Exception:
             log.warning("checking the access of a stream on %s failed", cluster_id, exc_info=True)
             continue

@@ -3,8 +3,7 @@ operator), newest first, filtered by time, actor and action, paged by ``before_i
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
@@ -15,38 +14,13 @@ from gpuyard.api.http.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.rest.schemas import tenancy as ts
 from gpuyard.api.rest.schemas.responses import documented
 from gpuyard.api.state import app_state, request_principal
-from gpuyard.core.errors import ValidationFailed
-from gpuyard.core.roles import Permission
 from gpuyard.services.clusters.requests import MAX_ID
-from gpuyard.services.context import Context
-from gpuyard.services.tenancy.audit import AuditQuery, audit_view, list_audit
+from gpuyard.services.tenancy.audit_trail import audit_page
 from gpuyard.services.tenancy.auth import Principal
 
 router = APIRouter(tags=["audit"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
 MAX_LIMIT = 500
-
-
-def parse_time(field: str, value: str | None) -> datetime | None:
-    """An ISO 8601 date or datetime (naive means UTC), None when absent; else
-    ValidationFailed(field)."""
-    if value is None or value == "":
-        return None
-    try:
-        t = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace(" ", "+"))
-    except ValueError as exc:
-        raise ValidationFailed(
-            field, f"{value[:60]!r} is not an ISO 8601 date or datetime (2025-01-31T12:00:00Z)"
-        ) from exc
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
-
-
-def _events(ctx: Context, account_id: int, q: AuditQuery) -> dict[str, Any]:
-    with ctx.read() as session:
-        rows = list_audit(session, account_id, q)
-        events = [audit_view(e) for e in rows]
-    more = len(rows) == q.limit
-    return {"events": events, "next_before_id": rows[-1].id if more and rows else None}
 
 
 @router.get("/v1/audit-events", responses=documented(ts.AuditEventListEnvelope))
@@ -68,13 +42,14 @@ def audit_events(
     """The acting account's audit events (READ_AUDIT: owners, admins, the operator),
     newest first. ``from``/``to``: ISO 8601, ``[from, to)``. Page on with
     ``before_id`` = the answer's ``next_before_id`` (null on the last page)."""
-    principal.require_permission(Permission.READ_AUDIT)
-    q = AuditQuery(
-        from_=parse_time("from", from_),
-        to=parse_time("to", to),
-        actor=actor.strip() if actor else None,
-        action=action.strip() if action else None,
+    page = audit_page(
+        app_state(request).ctx,
+        principal,
+        from_text=from_,
+        to_text=to,
+        actor=actor,
+        action=action,
         limit=limit,
         before_id=before_id,
     )
-    return ok(_events(app_state(request).ctx, principal.account_id, q))
+    return ok(page)

@@ -18,6 +18,7 @@ from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.input_rules import parse_id
 from gpuyard.core.ledger import METERS, MICRO
 from gpuyard.services.billing import metering
+from gpuyard.services.billing.bills import caller_bill
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 
@@ -73,18 +74,7 @@ def billing_data(
     project_id = parse_project(project)
     if end < start:
         raise ValidationFailed("to", "must not be before 'from'")
-    with ctx.read() as session:
-        # A key or member restricted to some projects sees only their bill.
-        bill = metering.bill(
-            session,
-            principal.account_id,
-            project_id,
-            start,
-            end,
-            grouping,
-            now,
-            projects=principal.project_ids,
-        )
+    bill = caller_bill(ctx, principal, project_id, start, end, grouping, now)
     totals = metering.meter_totals(bill.lines)
     return {
         "from": iso(bill.from_),

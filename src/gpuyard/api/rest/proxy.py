@@ -36,8 +36,6 @@ from gpuyard.core.proxy import (
 from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER, UNAVAILABLE_PATH
 from gpuyard.services.access import proxy_access
 from gpuyard.services.access.proxy_routes import proxy_base
-from gpuyard.services.clusters.use_cases import owner_principal
-from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import AccountSelection, Principal
 
 router = APIRouter(tags=["access"], responses=ERROR_RESPONSES)
@@ -169,13 +167,6 @@ async def revoke_port_sessions(
     return ok({"revoked": count})
 
 
-def _owner(ctx: Context, cluster_id: str) -> tuple[int, int] | None:
-    """The account and project of cluster ``cluster_id``; None when there is none."""
-    with ctx.read() as session:
-        owner = owner_principal(session, cluster_id)
-    return None if owner is None else (owner.account_id, owner.default_project_id)
-
-
 _NOT_YOURS = ("No such cluster port", "No cluster port of yours is at this address.")
 
 
@@ -211,7 +202,11 @@ async def authorize(request: Request) -> Response:
             "key or membership is gone). Open the port again with a new link.",
         )
     target = parse_host(host, state.ctx.settings.proxy_domain)
-    owner = None if target is None else await run_in_threadpool(_owner, state.ctx, target[0])
+    owner = (
+        None
+        if target is None
+        else await run_in_threadpool(proxy_access.cluster_owner, state.ctx, target[0])
+    )
     # The key acts for the cluster's account: a member of it through another home
     # account passes; a key that may not act for it (no membership, restricted to
     # another account) hears what a stranger hears.

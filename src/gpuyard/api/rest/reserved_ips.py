@@ -10,7 +10,7 @@ from gpuyard.api.http.envelope import ok
 from gpuyard.api.http.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.http.path_ids import IdPath
 from gpuyard.api.rest.schemas import resources as rs
-from gpuyard.api.rest.schemas.resource_params import project_of, query_id, scope_of
+from gpuyard.api.rest.schemas.resource_params import project_ref, query_id
 from gpuyard.api.rest.schemas.responses import documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.errors import ValidationFailed
@@ -23,10 +23,8 @@ router = APIRouter(tags=["reserved-ips"], responses=ERROR_RESPONSES)
 @router.get("/v1/reserved-ips", responses=documented(rs.ReservedIpListEnvelope))
 def list_ips(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
     """The project's reserved IPs (``project_id``; default: the default project)."""
-    with app_state(request).ctx.read() as session:
-        project = project_of(session, principal, request)
-        rows = reserved_ips.list_reserved_ips(session, project.id)
-        return ok({"reserved_ips": [reserved_ips.reserved_ip_view(r) for r in rows]})
+    rows = reserved_ips.list_reserved_ips(app_state(request).ctx, principal, project_ref(request))
+    return ok({"reserved_ips": [reserved_ips.reserved_ip_view(r) for r in rows]})
 
 
 @router.post("/v1/reserved-ips", status_code=201, responses=documented(rs.ReservedIpEnvelope, 201))
@@ -35,7 +33,6 @@ async def allocate_ip(
 ) -> JSONResponse:
     """Reserve the lowest free address of the pool for the project. No pool, or
     every address taken: 409 INSUFFICIENT_CAPACITY."""
-    principal.require_write()
     # The project comes from the query string; a body (say {"project_id": 3}) would
     # otherwise be ignored silently and the address land in the default project.
     if (await request.body()).strip() not in (b"", b"{}", b"null"):
@@ -58,11 +55,9 @@ async def allocate_ip(
 def get_ip(
     reserved_ip_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    wanted = reserved_ip_id
-    with app_state(request).ctx.read() as session:
-        scope = scope_of(session, principal, request)
-        row = reserved_ips.find_reserved_ip(session, scope, wanted)
-        return ok(reserved_ips.reserved_ip_view(row))
+    ctx = app_state(request).ctx
+    row = reserved_ips.show_reserved_ip(ctx, principal, reserved_ip_id, project_ref(request))
+    return ok(reserved_ips.reserved_ip_view(row))
 
 
 @router.delete("/v1/reserved-ips/{reserved_ip_id}", responses=documented(rs.DeletedEnvelope))
@@ -71,9 +66,6 @@ def release_ip(
 ) -> JSONResponse:
     """Release an address back to the pool; one attached to a training cluster is
     409 INVALID_STATE (detach it first)."""
-    principal.require_write()
-    wanted = reserved_ip_id
-    with app_state(request).ctx.transaction() as session:
-        scope = scope_of(session, principal, request)
-        reserved_ips.release_reserved_ip(session, scope, wanted)
-    return ok({"id": wanted, "deleted": True})
+    ctx = app_state(request).ctx
+    reserved_ips.release_reserved_ip(ctx, principal, reserved_ip_id, project_ref(request))
+    return ok({"id": reserved_ip_id, "deleted": True})

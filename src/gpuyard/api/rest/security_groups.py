@@ -44,7 +44,6 @@ def create_group(
 ) -> JSONResponse:
     """Create a group. Rules only allow: ``protocol`` tcp|udp|all to ``port_range``
     ("22" or "8000-9000") from ``source_cidr``; no rules denies everything."""
-    principal.require_write()
     row = sg.create_project_group(
         app_state(request).ctx,
         principal,
@@ -78,7 +77,6 @@ def replace_group(
 ) -> JSONResponse:
     """Replace the name, description (absent: empty) and rules. Training clusters that
     attach the group enforce the new rules from then on."""
-    principal.require_write()
     wanted = security_group_id
     row = sg.update_group(
         app_state(request).ctx,
@@ -97,7 +95,6 @@ def delete_group(
     security_group_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """Delete a group; one attached to a live training cluster is 409 INVALID_STATE."""
-    principal.require_write()
     wanted = security_group_id
     sg.remove_group(app_state(request).ctx, principal, wanted, project_ref(request))
     return ok({"id": wanted, "deleted": True})

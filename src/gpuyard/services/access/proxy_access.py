@@ -35,8 +35,8 @@ from gpuyard.core.errors import ClusterNotFound, Forbidden, NotFound, ProxyUnava
 from gpuyard.core.proxy import ProxyBase, parse_host
 from gpuyard.core.roles import Permission
 from gpuyard.core.states import ClusterStatus
+from gpuyard.services.clusters.cluster_rows import load_cluster, owner_principal
 from gpuyard.services.clusters.lifecycle import record_event
-from gpuyard.services.clusters.use_cases import load_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import AccountSelection, Principal, resolve_key_id
 from gpuyard.store.schema import ApiKey, Cluster, Project, ProxySession
@@ -327,3 +327,11 @@ def unavailable_reason(ctx: Context, host: str) -> str | None:
     if status == ClusterStatus.RUNNING:
         return f"Cluster {cluster_id} is running, but nothing answers on port {port} yet."
     return f"Cluster {cluster_id} is {status}: port {port} answers once it runs again."
+
+
+def cluster_owner(ctx: Context, cluster_id: str) -> tuple[int, int] | None:
+    """The account and project of cluster ``cluster_id`` (the account a key at the
+    proxy acts for); None when there is none."""
+    with ctx.read() as session:
+        owner = owner_principal(session, cluster_id)
+    return None if owner is None else (owner.account_id, owner.default_project_id)

@@ -22,11 +22,18 @@ from gpuyard.core.errors import (
     ValidationFailed,
 )
 from gpuyard.core.ippool import parse_pool
-from gpuyard.services.access.resource_util import in_id_range, iso, one_id
+from gpuyard.services.access.resource_util import iso, one_id
 from gpuyard.services.billing.admission import refuse_closed_account
 from gpuyard.services.context import Context
+from gpuyard.services.owned_rows import owned_row
 from gpuyard.services.tenancy.auth import Principal
-from gpuyard.services.tenancy.projects import ResourceScope, resolve_project
+from gpuyard.services.tenancy.projects import (
+    ProjectRef,
+    ResourceScope,
+    project_of_ref,
+    resolve_project,
+    resource_scope,
+)
 from gpuyard.store.schema import ReservedIp
 
 # Each retry follows a commit by another allocation, so the pool drains meanwhile;
@@ -68,7 +75,8 @@ def allocate_reserved_ip(
     (one the caller may use). Raises ProjectNotFound / Forbidden, AccountSuspended
     (403) or BudgetExhausted (402) for an account that takes no new billed resources,
     InsufficientCapacity (no pool, or exhausted), or Conflict when it kept losing
-    races (practically never)."""
+    races (practically never). Needs the write permission (Forbidden)."""
+    principal.require_write()
     for _ in range(MAX_ATTEMPTS):
         try:
             with ctx.transaction() as session:
@@ -89,40 +97,29 @@ def allocate_reserved_ip(
     raise Conflict("could not reserve an address: too many concurrent allocations; retry")
 
 
-def list_reserved_ips(session: Session, project_id: int) -> list[ReservedIp]:
-    return list(
-        session.scalars(
-            select(ReservedIp).where(ReservedIp.project_id == project_id).order_by(ReservedIp.id)
-        )
-    )
-
-
-def _load(session: Session, reserved_ip_id: int, for_update: bool) -> ReservedIp | None:
-    """The row (fresh and locked until commit when ``for_update``, on PostgreSQL: an
-    attach and a release of one address then apply one after the other)."""
-    if not in_id_range(reserved_ip_id):
-        return None
-    return session.get(
-        ReservedIp, reserved_ip_id, with_for_update=for_update, populate_existing=for_update
-    )
-
-
-def find_reserved_ip(
+def _find(
     session: Session,
     scope: ResourceScope,
     reserved_ip_id: int,
     *,
-    for_update: bool = False,
+    lock: bool = False,
 ) -> ReservedIp:
     """One reserved IP in ``scope`` (its account; the project it names, if any; a
-    project the caller may use), by a path id. Raises ReservedIpNotFound, also for
-    another account's or another project's."""
-    row = _load(session, reserved_ip_id, for_update)
-    if row is None or row.account_id != scope.account_id or not scope.covers(row.project_id):
-        raise ReservedIpNotFound(
+    project the caller may use), by a path id; ``lock`` reads it fresh and locked
+    until commit (PostgreSQL: an attach and a release of one address then apply one
+    after the other). Raises ReservedIpNotFound, also for another account's or
+    another project's."""
+    return owned_row(
+        session,
+        ReservedIp,
+        reserved_ip_id,
+        scope.account_id,
+        lambda: ReservedIpNotFound(
             f"reserved IP {reserved_ip_id} not found", {"reserved_ip_id": reserved_ip_id}
-        )
-    return row
+        ),
+        visible=lambda row: scope.covers(row.project_id),
+        lock=lock,
+    )
 
 
 def get_reserved_ip(
@@ -134,39 +131,68 @@ def get_reserved_ip(
     project_id: int | None = None,
     for_update: bool = False,
 ) -> ReservedIp:
-    """The reserved IP a request body names (of project ``project_id`` when given).
-    Raises ValidationFailed(field, ...) for a missing, non-integer or unknown id, and
-    in the same words for another account's or (``project_id``) another project's: the
-    answer never tells that such an address exists."""
+    """The reserved IP a request body names (of project ``project_id`` when given),
+    inside the caller's transaction. Raises ValidationFailed(field, ...) for a
+    missing, non-integer or unknown id, and in the same words for another account's
+    or (``project_id``) another project's: the answer never tells that such an
+    address exists."""
     if reserved_ip_id is None:
         raise ValidationFailed(field, "is required")
     wanted = one_id(reserved_ip_id, field, "reserved IP")
-    row = _load(session, wanted, for_update)
-    if (
-        row is None
-        or row.account_id != account_id
-        or (project_id is not None and row.project_id != project_id)
-    ):
-        where = f" in project {project_id}" if project_id is not None else ""
-        raise ValidationFailed(
+    where = f" in project {project_id}" if project_id is not None else ""
+    return owned_row(
+        session,
+        ReservedIp,
+        wanted,
+        account_id,
+        lambda: ValidationFailed(
             field, f"reserved IP {wanted} not found{where}", {"reserved_ip_id": wanted}
-        )
-    return row
+        ),
+        visible=lambda row: project_id is None or row.project_id == project_id,
+        lock=for_update,
+    )
 
 
-def release_reserved_ip(session: Session, scope: ResourceScope, reserved_ip_id: int) -> ReservedIp:
-    """Return an address to the pool. Raises ReservedIpNotFound, or InvalidState while
-    a training cluster has it attached."""
-    row = find_reserved_ip(session, scope, reserved_ip_id, for_update=True)
-    if row.training_cluster_id is not None:
-        raise InvalidState(
-            f"reserved IP {row.address} is attached to training cluster "
-            f"{row.training_cluster_id}; detach it first (action detach_ip)",
-            {"reserved_ip_id": row.id, "training_cluster_id": row.training_cluster_id},
+def list_reserved_ips(ctx: Context, principal: Principal, ref: ProjectRef) -> list[ReservedIp]:
+    """The reserved IPs of ``ref``'s project (default: the acting account's default
+    project), oldest first. Raises ValidationFailed, ProjectNotFound or Forbidden."""
+    with ctx.read() as session:
+        project = project_of_ref(session, principal, ref)
+        return list(
+            session.scalars(
+                select(ReservedIp)
+                .where(ReservedIp.project_id == project.id)
+                .order_by(ReservedIp.id)
+            )
         )
-    session.delete(row)
-    session.flush()
-    return row
+
+
+def show_reserved_ip(
+    ctx: Context, principal: Principal, reserved_ip_id: int, ref: ProjectRef
+) -> ReservedIp:
+    """One reserved IP of the acting account (and of ``ref.project_id`` when given).
+    Raises ReservedIpNotFound, ProjectNotFound / Forbidden."""
+    with ctx.read() as session:
+        return _find(session, resource_scope(session, principal, ref), reserved_ip_id)
+
+
+def release_reserved_ip(
+    ctx: Context, principal: Principal, reserved_ip_id: int, ref: ProjectRef
+) -> None:
+    """Return an address of the acting account (and of ``ref.project_id`` when given)
+    to the pool. Needs the write permission. Raises Forbidden, ReservedIpNotFound,
+    ProjectNotFound, or InvalidState while a training cluster has it attached."""
+    principal.require_write()
+    with ctx.transaction() as session:
+        row = _find(session, resource_scope(session, principal, ref), reserved_ip_id, lock=True)
+        if row.training_cluster_id is not None:
+            raise InvalidState(
+                f"reserved IP {row.address} is attached to training cluster "
+                f"{row.training_cluster_id}; detach it first (action detach_ip)",
+                {"reserved_ip_id": row.id, "training_cluster_id": row.training_cluster_id},
+            )
+        session.delete(row)
+        session.flush()
 
 
 def reserved_ip_view(row: ReservedIp) -> dict[str, Any]:

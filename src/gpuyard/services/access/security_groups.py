@@ -1,9 +1,10 @@
 """Security groups of a project: named lists of inbound rules (core/secgroups.py)
 that training clusters attach. Rules are stored in their canonical form.
 
-The session-level functions work inside a caller's transaction (the training
-service attaches groups in its own); the ``ctx`` use cases at the end open their own
-and re-sync the network edge of attached clusters after a commit."""
+The session-level functions run inside the caller's transaction (the training
+service attaches groups in its own); the ``ctx`` use cases at the end open their own,
+check the caller's permission, and re-sync the network edge of attached clusters
+after a commit."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gpuyard.core.errors import InvalidState, NotFound, ValidationFailed
 from gpuyard.core.secgroups import parse_rules, rule_to_dict
 from gpuyard.services.access.resource_util import id_list, in_id_range, iso
 from gpuyard.services.context import Context
+from gpuyard.services.owned_rows import owned_row
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import (
     ProjectRef,
@@ -69,7 +71,8 @@ def create_group(
     description: object,
     rules: object,
 ) -> SecurityGroup:
-    """A new group of ``project_id``. Raises ValidationFailed naming the field."""
+    """A new group of ``project_id``, inside the caller's transaction. Raises
+    ValidationFailed naming the field."""
     row = SecurityGroup(
         account_id=account_id,
         project_id=project_id,
@@ -82,7 +85,7 @@ def create_group(
     return row
 
 
-def replace_group(
+def _replace(
     session: Session, row: SecurityGroup, name: object, description: object, rules: object
 ) -> SecurityGroup:
     """Replace a group's name, description (absent: empty) and rules. Clusters that
@@ -93,7 +96,7 @@ def replace_group(
     return row
 
 
-def list_groups(session: Session, project_id: int) -> list[SecurityGroup]:
+def _list(session: Session, project_id: int) -> list[SecurityGroup]:
     return list(
         session.scalars(
             select(SecurityGroup)
@@ -103,28 +106,27 @@ def list_groups(session: Session, project_id: int) -> list[SecurityGroup]:
     )
 
 
-def find_group(
+def _find(
     session: Session,
     scope: ResourceScope,
     group_id: int,
     *,
-    for_update: bool = False,
+    lock: bool = False,
 ) -> SecurityGroup:
     """One group in ``scope`` (its account; the project it names, if any; a project
-    the caller may use), by a path id; ``for_update`` locks it (PostgreSQL). Raises
+    the caller may use), by a path id; ``lock`` locks it (PostgreSQL). Raises
     SecurityGroupNotFound, also for another account's or project's."""
-    row = (
-        session.get(
-            SecurityGroup, group_id, with_for_update=for_update, populate_existing=for_update
-        )
-        if in_id_range(group_id)
-        else None
-    )
-    if row is None or row.account_id != scope.account_id or not scope.covers(row.project_id):
-        raise SecurityGroupNotFound(
+    return owned_row(
+        session,
+        SecurityGroup,
+        group_id,
+        scope.account_id,
+        lambda: SecurityGroupNotFound(
             f"security group {group_id} not found", {"security_group_id": group_id}
-        )
-    return row
+        ),
+        visible=lambda row: scope.covers(row.project_id),
+        lock=lock,
+    )
 
 
 def attached_clusters(session: Session, group: SecurityGroup) -> list[int]:
@@ -140,11 +142,11 @@ def attached_clusters(session: Session, group: SecurityGroup) -> list[int]:
     return [cid for cid, ids in rows if group.id in (ids or [])]
 
 
-def delete_group(session: Session, scope: ResourceScope, group_id: int) -> SecurityGroup:
+def _delete(session: Session, scope: ResourceScope, group_id: int) -> SecurityGroup:
     """Delete a group. Raises SecurityGroupNotFound, or InvalidState while a training
     cluster attaches it. The row is locked first, as attaching locks it, so a delete
     and an attach of one group apply one after the other."""
-    row = find_group(session, scope, group_id, for_update=True)
+    row = _find(session, scope, group_id, lock=True)
     clusters = attached_clusters(session, row)
     if clusters:
         raise InvalidState(
@@ -165,7 +167,7 @@ def groups_by_ids(
     ``account_id``'s groups), in the given order, duplicates dropped. Raises
     ValidationFailed(field, ...) for anything else; another account's group reads as
     unknown. The rows are locked (PostgreSQL) so none is deleted before the caller
-    commits its attachment (see delete_group)."""
+    commits its attachment (see _delete)."""
     wanted = id_list(ids, field, "security group")
     rows = {
         r.id: r
@@ -207,7 +209,7 @@ def list_project_groups(ctx: Context, principal: Principal, ref: ProjectRef) -> 
     """The groups of ``ref``'s project (default: the acting account's default
     project), oldest first. Raises ProjectNotFound / Forbidden."""
     with ctx.read() as session:
-        return list_groups(session, project_of_ref(session, principal, ref).id)
+        return _list(session, project_of_ref(session, principal, ref).id)
 
 
 def create_project_group(
@@ -218,8 +220,9 @@ def create_project_group(
     description: object,
     rules: object,
 ) -> SecurityGroup:
-    """A new group of ``ref``'s project. Raises ProjectNotFound / Forbidden, or
-    ValidationFailed naming the field. The caller checks the write scope."""
+    """A new group of ``ref``'s project. Needs the write permission. Raises
+    ProjectNotFound / Forbidden, or ValidationFailed naming the field."""
+    principal.require_write()
     with ctx.transaction() as session:
         project = project_of_ref(session, principal, ref)
         return create_group(session, project.account_id, project.id, name, description, rules)
@@ -230,7 +233,7 @@ def show_group(ctx: Context, principal: Principal, group_id: int, ref: ProjectRe
     Raises SecurityGroupNotFound, ProjectNotFound / Forbidden."""
     with ctx.read() as session:
         scope = resource_scope(session, principal, ref)
-        return find_group(session, scope, group_id)
+        return _find(session, scope, group_id)
 
 
 def update_group(
@@ -245,12 +248,13 @@ def update_group(
     """Replace a group's name, description (absent: empty) and rules, then re-sync
     the network edge of every live training cluster that attaches it (after the
     commit: the edge is a runtime call), so they enforce the new rules at once.
-    Raises as show_group, or ValidationFailed naming the field. The caller checks
-    the write scope."""
+    Needs the write permission. Raises as show_group, Forbidden, or ValidationFailed
+    naming the field."""
+    principal.require_write()
     with ctx.transaction() as session:
         scope = resource_scope(session, principal, ref)
-        row = find_group(session, scope, group_id)
-        replace_group(session, row, name, description, rules)
+        row = _find(session, scope, group_id)
+        _replace(session, row, name, description, rules)
         attached = attached_clusters(session, row)
     for cluster_id in attached:
         ctx.training_edge(cluster_id)
@@ -258,8 +262,9 @@ def update_group(
 
 
 def remove_group(ctx: Context, principal: Principal, group_id: int, ref: ProjectRef) -> None:
-    """Delete a group (see delete_group: 409 while a training cluster attaches it).
-    Raises as show_group, or InvalidState. The caller checks the write scope."""
+    """Delete a group (see _delete: 409 while a training cluster attaches it).
+    Needs the write permission. Raises as show_group, Forbidden, or InvalidState."""
+    principal.require_write()
     with ctx.transaction() as session:
         scope = resource_scope(session, principal, ref)
-        delete_group(session, scope, group_id)
+        _delete(session, scope, group_id)

@@ -27,12 +27,11 @@ from asyncssh.packet import PacketDecodeError, SSHPacket
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
-from gpuyard.core.roles import Permission, Role, can_manage_keys_of
+from gpuyard.core.errors import NotFound, ValidationFailed
 from gpuyard.services.access.resource_util import id_list, in_id_range, iso
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.cluster_access import AccessIndex, Need
-from gpuyard.store.schema import ApiKey, Member, SshKey
+from gpuyard.store.schema import ApiKey, SshKey
 
 FIELD = "public_key"
 # An RSA key of 16384 bits is ~2.8 KB of base64; anything far larger is not a key.
@@ -245,86 +244,6 @@ def add_key(
     session.add(row)
     session.flush()
     return row
-
-
-def _visible(row: SshKey, principal: Principal | None) -> bool:
-    """Whether ``principal`` (None: no limit) sees ``row`` of its account: an API key
-    restricted to a project only that project's keys (its user's others are beyond
-    it); else every key when it acts in every project, else its own user's keys and
-    those of its projects."""
-    if principal is not None and principal.key_project_id is not None:
-        return row.project_id == principal.key_project_id
-    if principal is None or principal.project_ids is None:
-        return True
-    return row.user_id == principal.user_id or (
-        row.project_id is not None and row.project_id in principal.project_ids
-    )
-
-
-def list_keys(
-    session: Session, account_id: int, principal: Principal | None = None
-) -> list[SshKey]:
-    """The account's keys that ``principal`` sees (None: all), oldest first."""
-    rows = session.scalars(
-        select(SshKey).where(SshKey.account_id == account_id).order_by(SshKey.id)
-    )
-    return [r for r in rows if _visible(r, principal)]
-
-
-def get_key(
-    session: Session, account_id: int, key_id: int, principal: Principal | None = None
-) -> SshKey:
-    """One key of ``account_id`` that ``principal`` sees. Raises SshKeyNotFound (also
-    for another account's, or one it does not see)."""
-    row = session.get(SshKey, key_id) if in_id_range(key_id) else None
-    if row is None or row.account_id != account_id or not _visible(row, principal):
-        raise SshKeyNotFound(f"SSH key {key_id} not found", {"ssh_key_id": key_id})
-    return row
-
-
-def delete_key(
-    session: Session, account_id: int, key_id: int, principal: Principal | None = None
-) -> SshKey:
-    """Delete one key: ``principal``'s own, or anyone's it sees with
-    ``manage_members`` and a role that may manage the keys of its user's role (an
-    admin never removes an owner's: core/roles.py ``can_manage_keys_of``). The gateway
-    and the clusters' sshd stop taking it within seconds; training clusters that
-    already authorised it keep it until their keys are next updated (their nodes hold
-    copies, not references). Raises SshKeyNotFound, Forbidden."""
-    row = get_key(session, account_id, key_id, principal)
-    if principal is not None and row.user_id != principal.user_id:
-        principal.require_permission(Permission.MANAGE_MEMBERS)
-        _require_may_manage(session, principal, row)
-    session.delete(row)
-    session.flush()
-    return row
-
-
-def _holder_role(session: Session, row: SshKey) -> Role | None:
-    """The role of the key's user in the key's account; None for a key of nobody.
-    A user with no membership there (the operator, or a member since removed)
-    counts as an owner, as services/tenancy/api_keys.py decides for API keys."""
-    if row.user_id is None:
-        return None
-    role = session.scalar(
-        select(Member.role).where(
-            Member.account_id == row.account_id, Member.user_id == row.user_id
-        )
-    )
-    return Role(role) if role is not None else Role.OWNER
-
-
-def _require_may_manage(session: Session, principal: Principal, row: SshKey) -> None:
-    """Another user's key: only a role that may take its holder's role away. Raises
-    Forbidden naming both roles."""
-    if principal.operator:
-        return
-    holder = _holder_role(session, row)
-    if holder is not None and not can_manage_keys_of(principal.role, holder):
-        raise Forbidden(
-            f"the role '{principal.role}' may not remove the SSH keys of '{holder}' members",
-            {"role": principal.role.value, "target_role": holder.value, "ssh_key_id": row.id},
-        )
 
 
 def keys_by_ids(

@@ -48,10 +48,10 @@ from gpuyard.core.quotas import (
 from gpuyard.core.roles import Permission
 from gpuyard.core.snapshots import SnapshotStatus
 from gpuyard.core.states import HOLDS_COMPUTE, ClusterStatus
-from gpuyard.services.access.resource_util import in_id_range
 from gpuyard.services.capacity.placement import lock_placement
 from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.context import Context
+from gpuyard.services.owned_rows import owned_row
 from gpuyard.services.tenancy.audit import record_audit
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import ProjectNotFound
@@ -365,10 +365,13 @@ def check_training(session: Session, account_id: int, project_id: int, node_ids:
 
 
 def _project_of(session: Session, account_id: int, project_id: int) -> Project:
-    project = session.get(Project, project_id) if in_id_range(project_id) else None
-    if project is None or project.account_id != account_id:
-        raise ProjectNotFound(f"project {project_id} not found", {"project_id": project_id})
-    return project
+    return owned_row(
+        session,
+        Project,
+        project_id,
+        account_id,
+        lambda: ProjectNotFound(f"project {project_id} not found", {"project_id": project_id}),
+    )
 
 
 def scope_view(session: Session, account_id: int, project_id: int | None) -> dict[str, Any]:

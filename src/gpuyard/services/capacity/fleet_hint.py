@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 from gpuyard.core.fleet import HostStatus, PlacementPolicy
 from gpuyard.core.models import CloudType, HostCapacity, ResourceRequest
 from gpuyard.core.placement import AllocationRatios, free_resources
-from gpuyard.services.fleet.hosts import MOVES_IN_FLIGHT
+from gpuyard.services.fleet.hosts import MOVES_IN_FLIGHT, capacities
 from gpuyard.store.schema import GpuAllocation, Host, HostGpu, Reservation, VolumeMove
 
 MAX_AGE = timedelta(seconds=10)
@@ -113,8 +113,6 @@ class FleetHint:
         with self.lock:
             dirty, self.dirty = list(self.dirty), set()
         if dirty:
-            from gpuyard.services.fleet.hosts import capacities
-
             self.update(capacities(session, dirty), ratios)
 
     def update(self, hosts: Iterable[HostCapacity], ratios: AllocationRatios) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -11,11 +10,10 @@ from sqlalchemy.orm import Session
 from gpuyard.core.catalog import SEED_GPU_TYPES
 from gpuyard.core.models import GpuTypeInfo
 from gpuyard.core.placement import free_resources
+from gpuyard.services.catalog.gpu_type_rows import to_info
+from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import capacities
 from gpuyard.store.schema import GpuType
-
-if TYPE_CHECKING:  # context.py imports this module (through references.py)
-    from gpuyard.services.context import Context
 
 
 def seed_catalog(session: Session) -> None:
@@ -37,19 +35,6 @@ def seed_catalog(session: Session) -> None:
             )
 
 
-def to_info(row: GpuType) -> GpuTypeInfo:
-    return GpuTypeInfo(
-        id=row.id,
-        display_name=row.display_name,
-        manufacturer=row.manufacturer,
-        memory_gb=row.memory_gb,
-        secure_price=row.secure_price,
-        community_price=row.community_price,
-        secure_spot_price=row.secure_spot_price,
-        community_spot_price=row.community_spot_price,
-    )
-
-
 def list_gpu_types(session: Session) -> list[GpuTypeInfo]:
     return [to_info(r) for r in session.scalars(select(GpuType).order_by(GpuType.id))]
 
@@ -64,6 +49,17 @@ def find_gpu_type(session: Session, name: str) -> GpuTypeInfo | None:
                 row = candidate
                 break
     return to_info(row) if row else None
+
+
+def catalog_types(ctx: Context, names: list[str] | None = None) -> list[GpuTypeInfo]:
+    """The whole catalog by id (``names`` None), or the types ``names`` name (as
+    ``find_gpu_type`` finds them, each once, in the order first named; unknown names
+    give nothing). Anybody with a key."""
+    with ctx.read() as session:
+        if names is None:
+            return list_gpu_types(session)
+        found = [find_gpu_type(session, n) for n in names]
+        return list({g.id: g for g in found if g is not None}.values())
 
 
 @dataclass(frozen=True)

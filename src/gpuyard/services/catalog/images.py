@@ -13,6 +13,8 @@ from gpuyard.core.errors import GpuyardError, NotFound, ValidationFailed
 from gpuyard.core.image_refs import DEFAULT_ALLOWED_REGISTRIES, RegistryPolicy, check_image
 from gpuyard.runtimes.slurm_image import SLURM_IMAGE
 from gpuyard.services.access.resource_util import in_id_range, iso, one_id
+from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal, Scope
 from gpuyard.store.schema import ImageVersion
 
 # The default image is the one runtimes/slurm_image.py builds (SLURM_IMAGE).
@@ -58,8 +60,9 @@ def register_image(
     registries: RegistryPolicy = DEFAULT_POLICY,
 ) -> ImageVersion:
     """Register an image version whose registry ``registries`` allows (the operator's
-    GPUYARD_ALLOWED_REGISTRIES at the API). Raises ValidationFailed naming the field, or
-    ImageExists (409) when ``image`` is already registered."""
+    GPUYARD_ALLOWED_REGISTRIES at the API), inside the caller's transaction. Raises
+    ValidationFailed naming the field, or ImageExists (409) when ``image`` is already
+    registered."""
     clean_name = _text("name", name, 200)
     clean_version = _text("version", version, 100)
     clean_image = _text("image", image, 512)
@@ -111,18 +114,45 @@ def ensure_default_image(session: Session) -> ImageVersion:
         return row
 
 
-def list_images(session: Session) -> list[ImageVersion]:
-    return list(session.scalars(select(ImageVersion).order_by(ImageVersion.id)))
+def list_images(ctx: Context) -> list[ImageVersion]:
+    """Every registered image version, oldest first (anybody with a key)."""
+    with ctx.read() as session:
+        return list(session.scalars(select(ImageVersion).order_by(ImageVersion.id)))
 
 
-def find_image(session: Session, image_version_id: int) -> ImageVersion:
+def show_image(ctx: Context, image_version_id: int) -> ImageVersion:
     """One image version by id (a path parameter). Raises ImageNotFound."""
-    row = session.get(ImageVersion, image_version_id) if in_id_range(image_version_id) else None
-    if row is None:
-        raise ImageNotFound(
-            f"image version {image_version_id} not found", {"image_version_id": image_version_id}
+    with ctx.read() as session:
+        row = session.get(ImageVersion, image_version_id) if in_id_range(image_version_id) else None
+        if row is None:
+            raise ImageNotFound(
+                f"image version {image_version_id} not found",
+                {"image_version_id": image_version_id},
+            )
+        return row
+
+
+def add_image_version(
+    ctx: Context,
+    principal: Principal,
+    name: object,
+    version: object,
+    image: object,
+    description: object = None,
+) -> ImageVersion:
+    """Register an image version from a registry the operator's
+    GPUYARD_ALLOWED_REGISTRIES allows. Needs the admin scope (the operator). Raises
+    Forbidden, ValidationFailed naming the field, or ImageExists (409)."""
+    principal.require(Scope.ADMIN)
+    with ctx.transaction() as session:
+        return register_image(
+            session,
+            name,
+            version,
+            image,
+            description,
+            registries=ctx.settings.registry_policy,
         )
-    return row
 
 
 def get_image_version(

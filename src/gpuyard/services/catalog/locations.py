@@ -9,14 +9,21 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.placement import AllocationRatios, free_resources
+from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import capacities
 from gpuyard.store.schema import Host
 
 
-def list_locations(session: Session, ratios: AllocationRatios) -> list[dict[str, Any]]:
+def list_locations(ctx: Context) -> list[dict[str, Any]]:
     """Every location that has a host, by name: how many hosts (and healthy ones) and,
     per GPU type, the GPUs of its hosts that take placements (active and healthy: a
-    cordoned, draining or unreachable host offers nothing) and how many are free."""
+    cordoned, draining or unreachable host offers nothing) and how many are free
+    under the installation's allocation ratios (anybody with a key)."""
+    with ctx.read() as session:
+        return _locations(session, ctx.settings.allocation_ratios)
+
+
+def _locations(session: Session, ratios: AllocationRatios) -> list[dict[str, Any]]:
     counts = session.execute(
         select(
             Host.location,

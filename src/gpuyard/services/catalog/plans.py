@@ -18,6 +18,7 @@ from gpuyard.core.models import CloudType, GpuTypeInfo
 from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.services.access.resource_util import in_id_range, one_id
 from gpuyard.services.catalog.gpu_types import list_gpu_types
+from gpuyard.services.context import Context
 from gpuyard.store.schema import Plan
 
 GPUS_PER_NODE = (1, 2, 4, 8)
@@ -86,14 +87,16 @@ def plan_view(plan: Plan, price: float) -> dict[str, Any]:
     }
 
 
-def list_plans(session: Session, prices: Prices) -> list[dict[str, Any]]:
-    """Every plan whose GPU type is in the catalog, by ``sku_id``, with its price."""
-    gpus = {g.id: g for g in list_gpu_types(session)}
-    return [
-        plan_view(p, plan_price(p, gpus[p.gpu_type], prices))
-        for p in session.scalars(select(Plan).order_by(Plan.id))
-        if p.gpu_type in gpus
-    ]
+def list_plans(ctx: Context) -> list[dict[str, Any]]:
+    """Every plan whose GPU type is in the catalog, by ``sku_id``, with its price at
+    the installation's prices (anybody with a key)."""
+    with ctx.read() as session:
+        gpus = {g.id: g for g in list_gpu_types(session)}
+        return [
+            plan_view(p, plan_price(p, gpus[p.gpu_type], ctx.settings.prices))
+            for p in session.scalars(select(Plan).order_by(Plan.id))
+            if p.gpu_type in gpus
+        ]
 
 
 def get_plan(session: Session, sku_id: int) -> Plan:

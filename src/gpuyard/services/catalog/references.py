@@ -16,7 +16,7 @@ from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.models import GpuTypeInfo
-from gpuyard.services.catalog.gpu_types import to_info
+from gpuyard.services.catalog.gpu_type_rows import to_info
 from gpuyard.store.schema import GpuType, Host
 
 

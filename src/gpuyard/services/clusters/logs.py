@@ -34,7 +34,7 @@ from gpuyard.core.log_lines import (
 )
 from gpuyard.core.states import ClusterStatus
 from gpuyard.runtimes.base import ContainerState, Runtime
-from gpuyard.services.clusters.use_cases import load_cluster
+from gpuyard.services.clusters.cluster_rows import load_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, ClusterLogArchive, Event

@@ -21,17 +21,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import HostNotFound, HostUnreachable, InsufficientCapacity
 from gpuyard.core.fleet import HostStatus
-from gpuyard.core.models import Placement
+from gpuyard.core.models import CloudType, Placement, ResourceRequest
 from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.capacity.placement import claim, lock_placement
+from gpuyard.services.clusters.actions import request_drain_stop
+from gpuyard.services.clusters.cluster_rows import request_of
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context
 from gpuyard.services.training.drain import TrainingDrain, drain_training_nodes
@@ -132,8 +133,6 @@ def _claim(
     bid: float | None,
     exclude: frozenset[int] = frozenset(),
 ) -> Placement:
-    from gpuyard.services.clusters.use_cases import request_of  # the use case module imports this
-
     return claim(
         session,
         cluster_id=cluster.id,
@@ -303,8 +302,6 @@ def drain_host(ctx: Context, host_id: int) -> DrainReport:
     their volume moved. Clusters that cannot move are listed with the reason. Its
     training workers are recreated on other hosts of their location, and the nodes
     that cannot move are listed with the reason (services/training/drain.py)."""
-    from gpuyard.services.clusters.use_cases import request_drain_stop  # avoids an import cycle
-
     now = ctx.clock.now()
     with ctx.transaction() as session:
         lock_placement(session)  # a create alongside sees the host before or after
@@ -379,10 +376,8 @@ def move_resting(ctx: Context, cluster_id: str, reason: str, now: datetime) -> s
     return None
 
 
-def _volume_only(cluster: Cluster) -> Any:
+def _volume_only(cluster: Cluster) -> ResourceRequest:
     """A request for the volume's disk only (a stopped cluster holds no compute)."""
-    from gpuyard.core.models import CloudType, ResourceRequest
-
     return ResourceRequest(
         gpu_type=None,
         gpu_count=0,

@@ -1,5 +1,7 @@
-"""Cluster use cases: create, start, stop, restart, terminate, read (the changes a
-start may make are validated in services/clusters/config.py).
+"""Cluster use cases: create and start here (the changes a start may make are
+validated in services/clusters/config.py); stop, restart and terminate in
+services/clusters/actions.py, reads in services/clusters/reads.py and the list in
+services/clusters/lists.py, all known by this module's names too.
 
 Each records intent in one transaction (placement included), then wakes the
 reconciler, which does the runtime work (DESIGN.md rule 1). None of them calls a
@@ -8,23 +10,18 @@ runtime.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import cursors
 from gpuyard.core.autoterm import Rule, deadlines, read_policy_as
 from gpuyard.core.errors import (
-    ClusterNotFound,
     Conflict,
     DiskNotEnforced,
     GpuyardError,
-    InvalidState,
     LimitsNotEnforced,
     PrivatePortsExposed,
     ValidationFailed,
@@ -36,17 +33,13 @@ from gpuyard.core.models import (
     AutoTerminatePolicy,
     CloudType,
     GpuTypeInfo,
-    ResourceRequest,
 )
 from gpuyard.core.pricing import RateParts, spot_floor
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.proxy import private_on_loopback, proxy_only_ports
 from gpuyard.core.states import (
-    REQUIRED_STATUS,
-    SUGGESTIONS,
     Action,
     ClusterStatus,
-    allowed_actions,
 )
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.access.port_rules import check_external_ports, server_ports
@@ -54,32 +47,46 @@ from gpuyard.services.billing.admission import admit
 from gpuyard.services.capacity.placement import assign_ports, claim
 from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.catalog.locations import check_location
+
+# The room's other use cases live in their own modules; callers know them by this
+# one's names too.
+from gpuyard.services.clusters.actions import control_plane_stop as control_plane_stop
+from gpuyard.services.clusters.actions import request_drain_stop as request_drain_stop
+from gpuyard.services.clusters.actions import restart_cluster as restart_cluster
+from gpuyard.services.clusters.actions import stop_cluster as stop_cluster
+from gpuyard.services.clusters.actions import terminate_cluster as terminate_cluster
 from gpuyard.services.clusters.autoterm_policy import merge_policy
+from gpuyard.services.clusters.cluster_rows import (
+    MAX_CONFLICT_RETRIES,
+    require_action,
+)
+from gpuyard.services.clusters.cluster_rows import load_cluster as load_cluster
+from gpuyard.services.clusters.cluster_rows import owner_principal as owner_principal
+from gpuyard.services.clusters.cluster_rows import request_of as request_of
 from gpuyard.services.clusters.config import ports_json, ports_of, start_changes, with_host_ports
-from gpuyard.services.clusters.event_pages import EventPage, check_cursor, read_page
 from gpuyard.services.clusters.lifecycle import (
     guarded_update,
     meter_status,
     record_event,
     transition_cluster,
 )
-
-# The cluster list lives in its own module; callers know it by this one's name.
 from gpuyard.services.clusters.lists import ClusterPage as ClusterPage
 from gpuyard.services.clusters.lists import list_clusters as list_clusters
 from gpuyard.services.clusters.moves import place_for_start
 from gpuyard.services.clusters.pending_starts import (
     call_off,
     defer_start,
-    has_pending_start,
     open_start,
 )
+from gpuyard.services.clusters.reads import event_page as event_page
+from gpuyard.services.clusters.reads import get_cluster as get_cluster
+from gpuyard.services.clusters.reads import list_events as list_events
 from gpuyard.services.clusters.requests import AutoTerminateUpdate, CreateCluster, StartCluster
 from gpuyard.services.clusters.snapshot_sources import check_fits, clone_source, restorable_for
 from gpuyard.services.clusters.views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
 from gpuyard.services.idempotency import Claim
-from gpuyard.services.tenancy.auth import Principal, Scope
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
 from gpuyard.services.volumes.network_volumes import mount_for_cluster
@@ -90,9 +97,7 @@ from gpuyard.services.volumes.snapshots import (
     refuse_while_restoring,
     restore_target,
 )
-from gpuyard.store.schema import Cluster, Event, Host, Project, Snapshot
-
-MAX_CONFLICT_RETRIES = 5
+from gpuyard.store.schema import Cluster, Host, Snapshot
 
 
 @dataclass(frozen=True)
@@ -120,46 +125,6 @@ def rate_of(
 ) -> RateParts:
     gpu = find_gpu_type(session, c.gpu_type) if c.gpu_type else None
     return cluster_rate(c, gpu, ctx.settings.prices, running)
-
-
-def request_of(c: Cluster, cloud_type: CloudType = CloudType.ALL) -> ResourceRequest:
-    """What the cluster asks of a host (its container disk; the volume is sized apart)."""
-    return ResourceRequest(
-        gpu_type=c.gpu_type,
-        gpu_count=c.gpu_count,
-        vcpus=c.cpu_cores,
-        memory_gb=c.memory_gb,
-        disk_gb=c.container_disk_gb,
-        cloud_type=cloud_type,
-    )
-
-
-def load_cluster(session: Session, principal: Principal, cluster_id: str) -> Cluster:
-    """The caller's cluster; another account's id, and a cluster of a project the
-    caller may not use (``principal.project_ids``), are indistinguishable from none."""
-    cluster = session.scalar(
-        select(Cluster)
-        .join(Project, Project.id == Cluster.project_id)
-        .where(Cluster.id == cluster_id, Project.account_id == principal.account_id)
-    )
-    if cluster is None or not principal.may_use_project(cluster.project_id):
-        raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
-    return cluster
-
-
-def require_action(cluster: Cluster, action: Action) -> None:
-    status = ClusterStatus(cluster.status)
-    allowed = allowed_actions(status)
-    if action not in allowed:
-        raise InvalidState(
-            f"Cannot {action.value} a cluster that is {status.value}",
-            {
-                "current_status": status.value,
-                "required_status": REQUIRED_STATUS[action],
-                "allowed_actions": [a.value for a in allowed],
-                "suggestion": SUGGESTIONS[action],
-            },
-        )
 
 
 def spot_bid(gpu: GpuTypeInfo, gpu_count: int, cloud_type: CloudType, bid: float) -> float:
@@ -599,114 +564,6 @@ def update_auto_terminate(
     raise Conflict(f"cluster {cluster_id} keeps changing; retry")
 
 
-def _act(
-    ctx: Context,
-    principal: Principal,
-    cluster_id: str,
-    action: Action,
-    target: ClusterStatus,
-    reason: str,
-    desired: ClusterStatus,
-    **values: Any,
-) -> Cluster:
-    principal.require_write()
-    for _ in range(MAX_CONFLICT_RETRIES):
-        now = ctx.clock.now()
-        try:
-            with ctx.transaction() as session:
-                cluster = load_cluster(session, principal, cluster_id)
-                if action is Action.STOP and has_pending_start(cluster):
-                    # A stop while a start waits for the stop to finish calls it off.
-                    call_off(session, cluster, now)
-                else:
-                    require_action(cluster, action)
-                    session.expunge(cluster)
-                    cluster.version = transition_cluster(
-                        session, cluster, target, reason, now,
-                        desired_status=desired.value, pending_start=None, **values,
-                    )  # fmt: skip
-                    cluster.status = target.value
-                    cluster.desired_status = desired.value
-                    cluster.pending_start = None
-                    for column, value in values.items():
-                        setattr(cluster, column, value)
-        except Conflict:
-            continue
-        ctx.wake()
-        return cluster
-    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
-
-
-def stop_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
-    stopping = _act(
-        ctx,
-        principal,
-        cluster_id,
-        Action.STOP,
-        ClusterStatus.STOPPING,
-        "stop requested",
-        ClusterStatus.STOPPED,
-    )
-    crash_point("stop.after_request")
-    return stopping
-
-
-def restart_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
-    """Recreate the container in place (container disk wiped, volume and GPUs kept)."""
-    return _act(
-        ctx,
-        principal,
-        cluster_id,
-        Action.RESTART,
-        ClusterStatus.STARTING,
-        "restart requested",
-        ClusterStatus.RUNNING,
-        startup_step=STEP_ALLOCATED,
-        start_initiated_at=ctx.clock.now(),
-    )
-
-
-def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
-    terminating = _act(
-        ctx,
-        principal,
-        cluster_id,
-        Action.TERMINATE,
-        ClusterStatus.TERMINATING,
-        "terminate requested",
-        ClusterStatus.TERMINATED,
-    )
-    crash_point("terminate.after_request")
-    return terminating
-
-
-def request_drain_stop(ctx: Context, cluster_id: str, reason: str) -> None:
-    """Stop a cluster because its host drains (the reconciler starts it again on
-    another host once it has stopped: ``restart_drained``)."""
-    control_plane_stop(ctx, cluster_id, reason)
-
-
-def control_plane_stop(ctx: Context, cluster_id: str, reason: str) -> None:
-    """Stop a cluster for the control plane's own reason (a drain, a suspension, a
-    spent budget), named in its events; its volume is kept. A cluster that is no
-    longer running (stopping already, stopped, terminated) is left as it is."""
-    with ctx.read() as session:
-        principal = owner_principal(session, cluster_id)
-    if principal is None:
-        return
-    # InvalidState: it moved on meanwhile (stopping already, terminated).
-    with contextlib.suppress(InvalidState):
-        _act(
-            ctx,
-            principal,
-            cluster_id,
-            Action.STOP,
-            ClusterStatus.STOPPING,
-            reason,
-            ClusterStatus.STOPPED,
-        )
-
-
 def start_drained(ctx: Context, cluster_id: str) -> str | None:
     """Start a cluster a drain stopped, on another host. Returns why it cannot (it
     stays stopped, its volume where it is), or None."""
@@ -747,65 +604,3 @@ def start_pending(ctx: Context, cluster_id: str) -> None:
             if row is not None and row.pending_start == stored:
                 call_off(session, row, ctx.clock.now(), f"pending start failed: {exc.message}")
         ctx.wake()
-
-
-def owner_principal(session: Session, cluster_id: str) -> Principal | None:
-    """Acting for the cluster's account (the control plane's own moves)."""
-    row = session.execute(
-        select(Project.account_id, Project.id)
-        .join(Cluster, Cluster.project_id == Project.id)
-        .where(Cluster.id == cluster_id)
-    ).one_or_none()
-    if row is None:
-        return None
-    return Principal(
-        key_id=0, user_id=0, account_id=row[0], scope=Scope.WRITE, default_project_id=row[1]
-    )
-
-
-def get_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
-    with ctx.read() as session:
-        return load_cluster(session, principal, cluster_id)
-
-
-EVENTS_LIST = "cluster_events"
-
-
-def list_events(ctx: Context, principal: Principal, cluster_id: str) -> list[Event]:
-    """Every event of the cluster, oldest first (``event_page`` pages them)."""
-    with ctx.read() as session:
-        load_cluster(session, principal, cluster_id)
-        return list(
-            session.scalars(select(Event).where(Event.cluster_id == cluster_id).order_by(Event.id))
-        )
-
-
-def event_page(
-    ctx: Context,
-    principal: Principal,
-    cluster_id: str,
-    *,
-    page: int = 1,
-    per_page: int = 50,
-    cursor: str | None = None,
-) -> EventPage:
-    """The cluster's events, oldest first (by id, through the ``cluster_id`` index).
-    With ``cursor`` (an earlier page's ``next_cursor`` for this cluster), the events
-    after that page; else ``page`` by offset. Raises ClusterNotFound for a cluster the
-    caller may not see, ValidationFailed naming ``cursor`` for a bad one."""
-    bound: dict[str, cursors.FilterValue] = {
-        "account": principal.account_id,
-        "cluster": cluster_id,
-    }
-    after_id = check_cursor(EVENTS_LIST, bound, page, cursor)
-    with ctx.read() as session:
-        load_cluster(session, principal, cluster_id)
-        return read_page(
-            session,
-            cluster_id,
-            EVENTS_LIST,
-            bound,
-            after_id=after_id,
-            page=page,
-            per_page=per_page,
-        )

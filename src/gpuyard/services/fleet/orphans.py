@@ -17,6 +17,7 @@ from gpuyard.core.training import NodeName
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal, Scope
 from gpuyard.services.volumes.network_volumes import known_engine_names
 from gpuyard.store.schema import Cluster, Host, OrphanVolume, TrainingCluster, VolumeRestore
 
@@ -54,9 +55,13 @@ def known_volume_names(ctx: Context) -> set[str]:
     return names
 
 
-def list_orphans(ctx: Context, *, include_done: bool = False) -> list[dict[str, Any]]:
+def list_orphans(
+    ctx: Context, principal: Principal, *, include_done: bool = False
+) -> list[dict[str, Any]]:
     """Quarantined volumes, oldest first (with ``include_done`` also those deleted or
-    released), as plain dicts for every surface."""
+    released), as plain dicts for every surface. The operator's (admin scope, else
+    Forbidden)."""
+    principal.require(Scope.ADMIN)
     with ctx.read() as session:
         q = select(OrphanVolume, Host.name).join(
             Host, Host.id == OrphanVolume.host_id, isouter=True
@@ -85,11 +90,16 @@ def _view(o: OrphanVolume, host: str | None) -> dict[str, Any]:
 
 
 def delete_orphan(
-    ctx: Context, runtime_of: Callable[[int | None], Runtime], orphan_id: int
+    ctx: Context,
+    principal: Principal,
+    runtime_of: Callable[[int | None], Runtime],
+    orphan_id: int,
 ) -> dict[str, Any]:
-    """Delete a quarantined volume now (admin). Raises NotFound for an unknown or
-    already finished id, Conflict when the engine refuses (e.g. in use) or the store
-    knows the volume again (it is released instead)."""
+    """Delete a quarantined volume now (the operator's: admin scope, else Forbidden).
+    Raises NotFound for an unknown or already finished id, Conflict when the engine
+    refuses (e.g. in use) or the store knows the volume again (it is released
+    instead)."""
+    principal.require(Scope.ADMIN)
     with ctx.read() as session:
         row = session.get(OrphanVolume, orphan_id)
         if row is None or row.deleted_at is not None:

@@ -15,7 +15,7 @@ from gpuyard.core import training as training_domain
 from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.capacity.placement import lock_placement
-from gpuyard.services.clusters.use_cases import control_plane_stop
+from gpuyard.services.clusters.actions import control_plane_stop
 from gpuyard.services.context import Context
 from gpuyard.services.training.stops import holding_clusters, stop_cluster
 from gpuyard.store.schema import Cluster, Project

@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
 from gpuyard.core.roles import Permission, Role, can_manage_keys_of
-from gpuyard.services.access.resource_util import in_id_range, iso
+from gpuyard.services.access.resource_util import iso
 from gpuyard.services.context import Context
+from gpuyard.services.owned_rows import owned_row
 from gpuyard.services.tenancy.accounts import clean_name, key_view
 from gpuyard.services.tenancy.audit import record_audit
 from gpuyard.services.tenancy.auth import Principal, Scope, issue_key
@@ -99,13 +100,15 @@ def create_key(
         if caller is not None and caller.restricted:
             restricted = True
         if project_id is not None:
-            project = session.get(Project, project_id) if in_id_range(project_id) else None
-            if (
-                project is None
-                or project.account_id != principal.account_id
-                or not principal.may_use_project(project_id)
-            ):
-                raise ProjectNotFound(f"project {project_id} not found", {"project_id": project_id})
+            asked = project_id
+            owned_row(
+                session,
+                Project,
+                asked,
+                principal.account_id,
+                lambda: ProjectNotFound(f"project {asked} not found", {"project_id": asked}),
+                visible=lambda row: principal.may_use_project(row.id),
+            )
         issued = issue_key(
             session,
             user_id=principal.user_id,
@@ -187,14 +190,14 @@ def revoke_key(ctx: Context, principal: Principal, key_id: int) -> dict[str, Any
     not manage)."""
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        row = session.get(ApiKey, key_id) if in_id_range(key_id) else None
-        visible = (
-            row is not None
-            and row.account_id == principal.account_id
-            and (_own(principal, row) or principal.allows(Permission.MANAGE_MEMBERS))
+        row = owned_row(
+            session,
+            ApiKey,
+            key_id,
+            principal.account_id,
+            lambda: ApiKeyNotFound(f"API key {key_id} not found", {"key_id": key_id}),
+            visible=lambda key: _own(principal, key) or principal.allows(Permission.MANAGE_MEMBERS),
         )
-        if row is None or not visible:
-            raise ApiKeyNotFound(f"API key {key_id} not found", {"key_id": key_id})
         _may_revoke(session, principal, row)
         if row.revoked_at is None:
             row.revoked_at = now

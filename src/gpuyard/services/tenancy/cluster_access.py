@@ -34,6 +34,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.roles import Permission, Role, role_allows
+from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import ApiKey, Cluster, Member, Project, ProjectMember, User
 
 
@@ -242,3 +244,12 @@ def user_may_access_cluster(
     if project_id is None:
         return False
     return user_may_access(session, user_id, int(project_id), need)
+
+
+def key_still_may_access(ctx: Context, principal: Principal, cluster_id: str, need: Need) -> bool:
+    """Whether ``principal``'s key may still ``need`` cluster ``cluster_id`` now (a
+    stream opened with it re-asks while it is open: api/http/access_watch.py)."""
+    with ctx.read() as session:
+        return key_may_access_cluster(
+            session, principal.key_id, principal.account_id, cluster_id, need
+        )

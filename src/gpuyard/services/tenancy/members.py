@@ -24,6 +24,7 @@ from gpuyard.core.errors import Conflict, Forbidden, NotFound, Unauthorized, Val
 from gpuyard.core.roles import Permission, Role, can_grant, parse_role
 from gpuyard.services.access.resource_util import in_id_range, iso
 from gpuyard.services.context import Context
+from gpuyard.services.owned_rows import owned_row
 from gpuyard.services.tenancy.accounts import clean_name, key_view, normalize_email
 from gpuyard.services.tenancy.audit import record_audit
 from gpuyard.services.tenancy.auth import Principal, Scope, issue_key
@@ -190,11 +191,16 @@ def revoke_invitation(
     unknown, accepted or other account's one; revoking a revoked one is a no-op."""
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        inv = session.get(Invitation, invitation_id) if in_id_range(invitation_id) else None
-        if inv is None or inv.account_id != account_id or inv.accepted_at is not None:
-            raise InvitationNotFound(
+        inv = owned_row(
+            session,
+            Invitation,
+            invitation_id,
+            account_id,
+            lambda: InvitationNotFound(
                 f"invitation {invitation_id} not found", {"invitation_id": invitation_id}
-            )
+            ),
+            visible=lambda row: row.accepted_at is None,
+        )
         if inv.revoked_at is None:
             inv.revoked_at = now
             record_audit(
@@ -362,10 +368,15 @@ def list_members(ctx: Context, account_id: int) -> list[dict[str, Any]]:
 
 
 def load_member(session: Session, account_id: int, member_id: int) -> Member:
-    member = session.get(Member, member_id) if in_id_range(member_id) else None
-    if member is None or member.account_id != account_id:
-        raise MemberNotFound(f"member {member_id} not found", {"member_id": member_id})
-    return member
+    """One member of ``account_id``, inside the caller's session. Raises
+    MemberNotFound, also for another account's."""
+    return owned_row(
+        session,
+        Member,
+        member_id,
+        account_id,
+        lambda: MemberNotFound(f"member {member_id} not found", {"member_id": member_id}),
+    )
 
 
 def _owners(session: Session, account_id: int) -> int:

@@ -15,10 +15,12 @@ from sqlalchemy import ColumnElement, delete, select, true, update
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from gpuyard.core.errors import Conflict, Forbidden, GpuyardError, NotFound, ValidationFailed
+from gpuyard.core.roles import Permission
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import TrainingStatus
 from gpuyard.services.access.resource_util import in_id_range
 from gpuyard.services.context import Context
+from gpuyard.services.owned_rows import owned_row
 from gpuyard.services.tenancy.audit import record_audit
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import (
@@ -131,22 +133,33 @@ def resolve_project(
     # The principal's project restriction is of its acting account (api/state.py
     # resolves active_iam into it; a service caller may name another).
     restricted = account_id == principal.account_id and principal.project_ids is not None
-    if project_id is None and restricted:
+
+    def missing() -> ProjectNotFound:
+        return ProjectNotFound(f"project {project_id} not found", {"project_id": project_id})
+
+    if project_id is not None:
+        return owned_row(
+            session,
+            Project,
+            project_id,
+            account_id,
+            missing,
+            visible=lambda p: not restricted or principal.may_use_project(p.id),
+        )
+    if restricted:
         project = session.get(Project, principal.default_project_id)
-    elif project_id is None:
+    else:
         project = session.scalar(
             select(Project)
             .where(Project.account_id == account_id)
             .order_by(Project.is_default.desc(), Project.id)
         )
-    else:
-        project = session.get(Project, project_id) if in_id_range(project_id) else None
     if (
         project is None
         or project.account_id != account_id
         or (restricted and not principal.may_use_project(project.id))
     ):
-        raise ProjectNotFound(f"project {project_id} not found", {"project_id": project_id})
+        raise missing()
     return project
 
 
@@ -196,8 +209,8 @@ def create_project(
     ctx: Context, principal: Principal, active_iam: int | None, name: str
 ) -> Project:
     """A new, non-default project of the acting account. Raises Forbidden, or
-    ValidationFailed("name") for a blank or over-long name. The caller checks the
-    write scope."""
+    ValidationFailed("name") for a blank or over-long name. Needs ``manage_projects``."""
+    principal.require_permission(Permission.MANAGE_PROJECTS)
     with ctx.transaction() as session:
         account_id = acting_account(session, principal, active_iam)
         name = name.strip()
@@ -229,18 +242,20 @@ class ProjectNotEmpty(GpuyardError):
 
 def _own_project(session: Session, principal: Principal, project_id: int) -> Project:
     """A project of the acting account the caller may act in, else ProjectNotFound."""
-    project = session.get(Project, project_id) if in_id_range(project_id) else None
-    if (
-        project is None
-        or project.account_id != principal.account_id
-        or not principal.may_use_project(project_id)
-    ):
-        raise ProjectNotFound(f"project {project_id} not found", {"project_id": project_id})
-    return project
+    return owned_row(
+        session,
+        Project,
+        project_id,
+        principal.account_id,
+        lambda: ProjectNotFound(f"project {project_id} not found", {"project_id": project_id}),
+        visible=lambda p: principal.may_use_project(p.id),
+    )
 
 
 def rename_project(ctx: Context, principal: Principal, project_id: int, name: str) -> Project:
-    """Rename a project of the acting account. Raises ProjectNotFound, ValidationFailed."""
+    """Rename a project of the acting account. Needs ``manage_projects``. Raises
+    Forbidden, ProjectNotFound, ValidationFailed."""
+    principal.require_permission(Permission.MANAGE_PROJECTS)
     name = name.strip()
     if not name or len(name) > 200:
         raise ValidationFailed("name", "must be 1 to 200 characters")
@@ -328,7 +343,9 @@ def delete_project(ctx: Context, principal: Principal, project_id: int) -> None:
     once held (terminated clusters, deleted volumes and snapshots) move to the
     account's default project (usage records keep the project they were billed to);
     revoked keys restricted to it lose the restriction's project. Raises
-    ProjectNotFound, Conflict (the default project), ProjectNotEmpty."""
+    ProjectNotFound, Conflict (the default project), ProjectNotEmpty. Needs
+    ``manage_projects`` (Forbidden)."""
+    principal.require_permission(Permission.MANAGE_PROJECTS)
     with ctx.transaction() as session:
         project = _own_project(session, principal, project_id)
         if project.is_default:
@@ -396,12 +413,17 @@ def add_project_member(
 ) -> tuple[ProjectMember, Member, User]:
     """Give a membership of the account this project (a member or viewer with at least
     one project acts only in those). Raises ProjectNotFound, NotFound (member),
-    Conflict (already given)."""
+    Conflict (already given). Needs ``manage_projects`` (Forbidden)."""
+    principal.require_permission(Permission.MANAGE_PROJECTS)
     with ctx.transaction() as session:
         project = _own_project(session, principal, project_id)
-        member = session.get(Member, member_id) if in_id_range(member_id) else None
-        if member is None or member.account_id != project.account_id:
-            raise NotFound(f"member {member_id} not found", {"member_id": member_id})
+        member = owned_row(
+            session,
+            Member,
+            member_id,
+            project.account_id,
+            lambda: NotFound(f"member {member_id} not found", {"member_id": member_id}),
+        )
         exists = session.scalar(
             select(ProjectMember.id).where(
                 ProjectMember.project_id == project_id, ProjectMember.member_id == member_id
@@ -434,7 +456,8 @@ def remove_project_member(
     ctx: Context, principal: Principal, project_id: int, member_id: int
 ) -> None:
     """Take this project from a membership. Raises ProjectNotFound, NotFound (the
-    membership does not have it)."""
+    membership does not have it). Needs ``manage_projects`` (Forbidden)."""
+    principal.require_permission(Permission.MANAGE_PROJECTS)
     with ctx.transaction() as session:
         project = _own_project(session, principal, project_id)
         row = (

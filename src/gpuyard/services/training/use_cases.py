@@ -26,7 +26,6 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training import NodeRole, TrainingStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.access.reserved_ips import get_reserved_ip
-from gpuyard.services.access.resource_util import in_id_range
 from gpuyard.services.access.security_groups import groups_by_ids
 from gpuyard.services.access.ssh_keys import keys_by_ids
 from gpuyard.services.billing.admission import refuse_closed_account
@@ -39,6 +38,7 @@ from gpuyard.services.clusters.event_pages import EventPage, check_cursor, read_
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context
 from gpuyard.services.idempotency import Claim
+from gpuyard.services.owned_rows import owned_row
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import acting_account, resolve_project
 from gpuyard.services.tenancy.secrets import secret_box
@@ -123,28 +123,28 @@ def load_cluster(
     *,
     for_update: bool = False,
 ) -> TrainingCluster:
-    """The live cluster of the scope's project and location, else 404 (another
-    account's cluster is indistinguishable from a missing one). ``for_update`` locks
-    the row (PostgreSQL) so concurrent actions and deletes apply one after another."""
+    """The live cluster of the scope's project and location, inside the caller's
+    session, else 404 (another account's cluster is indistinguishable from a missing
+    one). ``for_update`` locks the row (PostgreSQL) so concurrent actions and deletes
+    apply one after another."""
     account_id, project_id = _visible(session, principal, scope)
-    row = (
-        session.get(TrainingCluster, cluster_id, with_for_update=for_update)
-        if in_id_range(cluster_id)
-        else None
-    )
-    if (
-        row is None
-        or row.deleted_at is not None
-        or row.account_id != account_id
-        or row.project_id != project_id
-        or row.location != scope.location
-    ):
-        raise TrainingClusterNotFound(
+    return owned_row(
+        session,
+        TrainingCluster,
+        cluster_id,
+        account_id,
+        lambda: TrainingClusterNotFound(
             f"training cluster {cluster_id} not found in project {scope.project_id} at "
             f"location {scope.location!r}",
             {"cluster_id": cluster_id},
-        )
-    return row
+        ),
+        visible=lambda row: (
+            row.deleted_at is None
+            and row.project_id == project_id
+            and row.location == scope.location
+        ),
+        lock=for_update,
+    )
 
 
 def _listed(account_id: int, project_id: int, location: str) -> ColumnElement[bool]:

@@ -144,10 +144,10 @@ def _view(nv: NetworkVolume, attached: Iterable[str]) -> NetworkVolumeView:
 
 
 def load_network_volume(session: Session, principal: Principal, volume_id: str) -> NetworkVolume:
-    """The caller's live network volume: of the acting account, in a project the
-    caller may use. Another account's id, another project's (for a key or member
-    restricted to some projects), a deleted volume and an unknown id are all
-    NetworkVolumeNotFound."""
+    """The caller's live network volume, inside the caller's session: of the acting
+    account, in a project the caller may use. Another account's id, another
+    project's (for a key or member restricted to some projects), a deleted volume and
+    an unknown id are all NetworkVolumeNotFound."""
     nv = session.scalar(
         select(NetworkVolume).where(
             NetworkVolume.id == volume_id,

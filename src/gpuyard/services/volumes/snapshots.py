@@ -39,6 +39,7 @@ from gpuyard.services.billing.admission import refuse_closed_account
 from gpuyard.services.billing.quotas import check_storage
 from gpuyard.services.billing.storage import stop_storage_billing
 from gpuyard.services.capacity.placement import lock_placement
+from gpuyard.services.clusters.cluster_rows import load_cluster
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.clusters.moves import COPYING
 from gpuyard.services.context import Context
@@ -85,8 +86,9 @@ def _visible(principal: Principal) -> Select[Snapshot]:
 
 
 def load_snapshot(session: Session, principal: Principal, snapshot_id: str) -> Snapshot:
-    """The caller's snapshot (not deleted); SnapshotNotFound otherwise, the same for
-    another account's or an unusable project's id as for none."""
+    """The caller's snapshot (not deleted), inside the caller's session;
+    SnapshotNotFound otherwise, the same for another account's or an unusable
+    project's id as for none."""
     snap = session.scalar(_visible(principal).where(Snapshot.id == snapshot_id))
     if snap is None:
         raise SnapshotNotFound(f"snapshot {snapshot_id!r} not found", {"snapshot_id": snapshot_id})
@@ -390,8 +392,6 @@ def create_snapshot(
     ctx: Context, principal: Principal, cluster_id: str, name: str, description: str
 ) -> Snapshot:
     """Snapshot ``cluster_id``'s volume. Raises ClusterNotFound, InvalidState."""
-    from gpuyard.services.clusters.use_cases import load_cluster
-
     principal.require_write()
     now = ctx.clock.now()
     with ctx.transaction() as session:

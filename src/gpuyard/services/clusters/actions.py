@@ -1,0 +1,133 @@
+"""Stop, restart and terminate: a user's (``stop_cluster`` ...) or the control
+plane's own (``control_plane_stop``: a drain, a suspension, a spent budget). Each
+records the transition in one transaction and wakes the reconciler, which does the
+runtime work (DESIGN.md rule 1)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from gpuyard.core.errors import Conflict, InvalidState
+from gpuyard.core.progress import STEP_ALLOCATED
+from gpuyard.core.states import Action, ClusterStatus
+from gpuyard.observability.crash_points import crash_point
+from gpuyard.services.clusters.cluster_rows import (
+    MAX_CONFLICT_RETRIES,
+    load_cluster,
+    owner_principal,
+    require_action,
+)
+from gpuyard.services.clusters.lifecycle import transition_cluster
+from gpuyard.services.clusters.pending_starts import call_off, has_pending_start
+from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal
+from gpuyard.store.schema import Cluster
+
+
+def _act(
+    ctx: Context,
+    principal: Principal,
+    cluster_id: str,
+    action: Action,
+    target: ClusterStatus,
+    reason: str,
+    desired: ClusterStatus,
+    **values: Any,
+) -> Cluster:
+    principal.require_write()
+    for _ in range(MAX_CONFLICT_RETRIES):
+        now = ctx.clock.now()
+        try:
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                if action is Action.STOP and has_pending_start(cluster):
+                    # A stop while a start waits for the stop to finish calls it off.
+                    call_off(session, cluster, now)
+                else:
+                    require_action(cluster, action)
+                    session.expunge(cluster)
+                    cluster.version = transition_cluster(
+                        session, cluster, target, reason, now,
+                        desired_status=desired.value, pending_start=None, **values,
+                    )  # fmt: skip
+                    cluster.status = target.value
+                    cluster.desired_status = desired.value
+                    cluster.pending_start = None
+                    for column, value in values.items():
+                        setattr(cluster, column, value)
+        except Conflict:
+            continue
+        ctx.wake()
+        return cluster
+    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
+
+
+def stop_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    stopping = _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.STOP,
+        ClusterStatus.STOPPING,
+        "stop requested",
+        ClusterStatus.STOPPED,
+    )
+    crash_point("stop.after_request")
+    return stopping
+
+
+def restart_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    """Recreate the container in place (container disk wiped, volume and GPUs kept)."""
+    return _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.RESTART,
+        ClusterStatus.STARTING,
+        "restart requested",
+        ClusterStatus.RUNNING,
+        startup_step=STEP_ALLOCATED,
+        start_initiated_at=ctx.clock.now(),
+    )
+
+
+def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
+    terminating = _act(
+        ctx,
+        principal,
+        cluster_id,
+        Action.TERMINATE,
+        ClusterStatus.TERMINATING,
+        "terminate requested",
+        ClusterStatus.TERMINATED,
+    )
+    crash_point("terminate.after_request")
+    return terminating
+
+
+def request_drain_stop(ctx: Context, cluster_id: str, reason: str) -> None:
+    """Stop a cluster because its host drains (the reconciler starts it again on
+    another host once it has stopped: ``restart_drained``)."""
+    control_plane_stop(ctx, cluster_id, reason)
+
+
+def control_plane_stop(ctx: Context, cluster_id: str, reason: str) -> None:
+    """Stop a cluster for the control plane's own reason (a drain, a suspension, a
+    spent budget), named in its events; its volume is kept. A cluster that is no
+    longer running (stopping already, stopped, terminated) is left as it is."""
+    with ctx.read() as session:
+        principal = owner_principal(session, cluster_id)
+    if principal is None:
+        return
+    # InvalidState: it moved on meanwhile (stopping already, terminated).
+    with contextlib.suppress(InvalidState):
+        _act(
+            ctx,
+            principal,
+            cluster_id,
+            Action.STOP,
+            ClusterStatus.STOPPING,
+            reason,
+            ClusterStatus.STOPPED,
+        )
