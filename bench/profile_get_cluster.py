@@ -29,7 +29,7 @@ from gpuyard.api.app import build_server
 from gpuyard.api.http.envelope import ok
 from gpuyard.api.rest import clusters as api_clusters
 from gpuyard.api.rest.schemas import cluster_json as views
-from gpuyard.services.catalog.gpu_types import to_info
+from gpuyard.services.catalog.gpu_type_rows import to_info
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters import views as cluster_views
 from gpuyard.services.clusters.requests import CreateCluster
