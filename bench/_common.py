@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from gpuyard.runtimes.engine_url import terminate_process
+from gpuyard.runtimes.engines.url import terminate_process
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

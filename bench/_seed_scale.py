@@ -8,7 +8,7 @@ transaction), into a store that ``prepare_home`` migrated and bootstrapped:
   -> terminated) and its closed usage intervals: ``intervals // terminated`` of them
   in runs of five (gpu, compute, container_disk and volume while running, then the
   volume alone while stopped). The ledger totals on each row (``billed_closed``,
-  ``billed_run_closed``, ``billed_run_from``; nothing open) are the sums core/ledger.py
+  ``billed_run_closed``, ``billed_run_from``; nothing open) are the sums core/billing/ledger.py
   gives for those intervals.
 - ``live`` running clusters on the local host, left as a create followed by a start
   would leave them: the GPU allocation (one GPU each), the reservation, an http port
@@ -39,7 +39,7 @@ from typing import Any
 
 from sqlalchemy import Table, insert, select
 
-from gpuyard.core.ledger import boundary, micro_rates
+from gpuyard.core.billing.ledger import boundary, micro_rates
 from gpuyard.core.models import PortSpec
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.catalog.gpu_types import find_gpu_type

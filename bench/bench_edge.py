@@ -1,5 +1,5 @@
 """The training edge's data path: a container's port reached straight at its address,
-through the host's DNAT rules (runtimes/host_edge.py, what ``gpuyard serve`` sets up
+through the host's DNAT rules (runtimes/hosts/edge.py, what ``gpuyard serve`` sets up
 for a cluster's SSH port and reserved IPs), and, when the module is still there,
 through the userspace forwarder the API process used to run (net/forwarder.py).
 
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuyard.devtools.web_image import WEB_IMAGE, WEB_PORT, build_web_image
-from gpuyard.runtimes.host_edge import ClusterEdge, IptablesEdge
+from gpuyard.runtimes.hosts.edge import ClusterEdge, IptablesEdge
 
 GIB = 1 << 30
 

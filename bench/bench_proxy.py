@@ -39,7 +39,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_seconds, free_port, stop_process, wait_http_ok
 
-from gpuyard.core.proxy import SESSION_COOKIE, ProxyBase, ProxyRoute, Visibility
+from gpuyard.core.network.proxy import SESSION_COOKIE, ProxyBase, ProxyRoute, Visibility
 from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from gpuyard.edge.caddy import CaddyAdmin, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import median
 
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.engine import Engine
-from gpuyard.runtimes.engine_url import PodmanService
-from gpuyard.runtimes.volume_copy import fill_volume, volume_labels, volume_tar_stream
+from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.engines.url import PodmanService
+from gpuyard.runtimes.volumes.copy import fill_volume, volume_labels, volume_tar_stream
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.tar_stats import TarCounter, counted
 

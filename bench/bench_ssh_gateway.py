@@ -52,8 +52,8 @@ from _common import (
 )
 from tests.e2e.conftest import purge_installation
 
-from gpuyard.runtimes.engine_url import PodmanService
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
+from gpuyard.runtimes.engines.url import PodmanService
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image
 
 MIB = 1 << 20
 SSHD_ARGS = "sh -c 'mkdir -p /run/sshd && ssh-keygen -A >/dev/null && exec /usr/sbin/sshd -D -e'"

@@ -55,8 +55,8 @@ from _common import (
     tail,
 )
 
-from gpuyard.runtimes.devimage import build_dev_image
-from gpuyard.runtimes.engine_url import PodmanService
+from gpuyard.runtimes.engines.devimage import build_dev_image
+from gpuyard.runtimes.engines.url import PodmanService
 
 GOAL = 1.3
 POLL_S = 0.010

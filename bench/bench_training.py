@@ -21,7 +21,7 @@ flipping every round:
    one more worker, then wait_slurm_ready for all three.
 3. ``srun -N2 hostname`` round trip on the gpuyard cluster (``--srun-reps`` per round,
    the three paths rotated): ``ssh -p PORT root@127.0.0.1`` through the host's DNAT
-   rules (runtimes/host_edge.py; port from the cluster's ``ssh`` block), ``ssh``
+   rules (runtimes/hosts/edge.py; port from the cluster's ``ssh`` block), ``ssh``
    straight to the controller container's address, and ``podman exec CONTROLLER srun``.
 
 Then both clusters are removed (not in the ratios; shown for reference): gpuyard
@@ -62,13 +62,13 @@ from _common import free_port, installation_label, median, start_server, stop_pr
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.ownership import Ownership
-from gpuyard.core.training import NodeName, TrainingStatus
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.engine_url import PodmanService
-from gpuyard.runtimes.host_edge import IptablesEdge
-from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
-from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
+from gpuyard.core.training.clusters import NodeName, TrainingStatus
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.url import PodmanService
+from gpuyard.runtimes.hosts.edge import IptablesEdge
+from gpuyard.runtimes.slurm.config import gres_conf, slurm_conf
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image
+from gpuyard.runtimes.slurm.nodes import NodeSpec, SlurmNodeRuntime
 from gpuyard.services.installation.bootstrap import open_store
 from gpuyard.settings import Settings
 from gpuyard.store.schema import Project, TrainingCluster
@@ -396,8 +396,8 @@ def engine_sweep(url: str, rt: SlurmNodeRuntime, cluster_ids: list[int]) -> None
         print(f"cleanup: {e}", file=sys.stderr)
     finally:
         engine.close()
-    # The installation's host firewall chain (runtimes/host_firewall.py) and its
-    # training clusters' SSH rules (runtimes/host_edge.py).
+    # The installation's host firewall chain (runtimes/hosts/firewall.py) and its
+    # training clusters' SSH rules (runtimes/hosts/edge.py).
     if rt.engine.firewall is not None:
         rt.engine.firewall.remove()
     try:

@@ -4,7 +4,7 @@ hosts' own network, and ``srun`` across hosts vs on one host, in one run.
 Set-up: two simulated hosts (tests/e2e/podman_host.py: each its own network namespace
 behind a veth pair, its own Podman service and storage), the Slurm node image loaded
 into both, and one training cluster driven through the same runtime the operator uses
-(reconciler/training/cluster_nodes.py over runtimes/slurm_nodes.py, host commands run in each
+(reconciler/training/cluster_nodes.py over runtimes/slurm/nodes.py, host commands run in each
 host's namespace as they would over SSH): the controller and workers 1 and 3 on host A,
 worker 2 on host B, one subnet, the overlay joining the two copies of the network.
 
@@ -43,15 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import median
 from tests.e2e.podman_host import PodmanHost, available
 
-from gpuyard.core import training_network
 from gpuyard.core.ownership import Ownership
+from gpuyard.core.training import network as training_network
 from gpuyard.reconciler.training.cluster_nodes import ClusterNodes
-from gpuyard.runtimes import slurm_config
-from gpuyard.runtimes.engine import Engine, EnginePolicy
-from gpuyard.runtimes.engine_url import PodmanService
-from gpuyard.runtimes.host_firewall import CommandResult, Runner
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
-from gpuyard.runtimes.slurm_nodes import NodeRole, NodeSpec, SlurmNodeRuntime
+from gpuyard.runtimes.engines.engine import Engine, EnginePolicy
+from gpuyard.runtimes.engines.url import PodmanService
+from gpuyard.runtimes.hosts.firewall import CommandResult, Runner
+from gpuyard.runtimes.slurm import config as slurm_config
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image
+from gpuyard.runtimes.slurm.nodes import NodeRole, NodeSpec, SlurmNodeRuntime
 
 MIB = 1 << 20
 PORT = 5201

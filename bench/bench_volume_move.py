@@ -42,8 +42,8 @@ from _common import median
 from tests.e2e.podman_host import PodmanHost, available
 
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.engine import Engine
-from gpuyard.runtimes.volume_copy import copy_volume, volume_checksum
+from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.volumes.copy import copy_volume, volume_checksum
 
 MIB = 1 << 20
 

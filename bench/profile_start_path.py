@@ -26,9 +26,9 @@ from _common import DEV_IMAGE, median
 
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import ContainerSpec, PortBinding
-from gpuyard.runtimes.devimage import build_dev_image
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine_url import PodmanService
+from gpuyard.runtimes.engines.devimage import build_dev_image
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.engines.url import PodmanService
 
 
 def main() -> int:

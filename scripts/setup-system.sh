@@ -8,7 +8,7 @@ set -euo pipefail
 want=(podman runc busybox-static debootstrap openssh-client restic zstd caddy)
 # Sized volumes: an ext4 image per volume, loop-mounted (docs/decisions.md "Disk sizes").
 want+=(e2fsprogs util-linux)
-# Training clusters that span hosts: the VXLAN overlay and its guards (runtimes/overlay.py)
+# Training clusters that span hosts: the VXLAN overlay and its guards (runtimes/slurm/overlay.py)
 # use ip/bridge, iptables and nft on every host, this one included.
 want+=(iproute2 iptables nftables)
 # PostgreSQL for the tests; Patroni and etcd for the failover test

@@ -18,8 +18,8 @@ import httpx
 import uvicorn
 
 from gpuyard.api.app import Server, TrainingOperatorFactory, build_server
+from gpuyard.core.billing.ledger import accrue_totals
 from gpuyard.core.fleet import HostStatus
-from gpuyard.core.ledger import accrue_totals
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import RuntimeFactory
 from gpuyard.services.billing.ledger_totals import totals

@@ -11,12 +11,12 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuyard.core.billing.pricing import Prices
 from gpuyard.core.fleet import PlacementPolicy
 from gpuyard.core.image_refs import DEFAULT_ALLOWED_REGISTRIES, RegistryPolicy
-from gpuyard.core.ippool import parse_pool
+from gpuyard.core.network.ippool import parse_pool
 from gpuyard.core.placement import AllocationRatios
-from gpuyard.core.pricing import Prices
-from gpuyard.core.training_network import check_pool
+from gpuyard.core.training.network import check_pool
 
 
 class Settings(BaseSettings):
@@ -38,11 +38,11 @@ class Settings(BaseSettings):
     local_location: str = "local"
     # Address users reach published ports on (shown in connection strings).
     public_address: str | None = None
-    # The pool projects reserve public IPs from (core/ippool.py): a CIDR such as
+    # The pool projects reserve public IPs from (core/network/ippool.py): a CIDR such as
     # 127.0.10.0/28 or comma-separated addresses and CIDRs. None: no reserved IPs.
     reserved_ips: str | None = None
     # The pool training clusters' own networks (a /24 each) come from; the same subnet
-    # is used on every host a cluster's nodes run on (core/training_network.py). None:
+    # is used on every host a cluster's nodes run on (core/training/network.py). None:
     # a /16 of 10.192.0.0/10 chosen by the installation's id.
     training_subnets: str | None = None
 
@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     allow_exposed_private_ports: bool = False
     volume_image_dir: str = "/var/lib/gpuyard/volume-images"
     # Each account's clusters share a network closed to other accounts by host firewall
-    # rules (runtimes/host_firewall.py; root needed on Podman). True: run without them, letting
+    # rules (runtimes/hosts/firewall.py; root needed on Podman). True: run without them, letting
     # clusters of different accounts reach each other (single-tenant installations).
     allow_unisolated_networks: bool = False
     # How long an Idempotency-Key is remembered.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpuyard.api.engine_server import engine_server
 from gpuyard.runtimes.fleet import HostEngine
-from gpuyard.runtimes.host_runtimes import HostEngineRuntime
+from gpuyard.runtimes.hosts.runtimes import HostEngineRuntime
 from tests.helpers import make_settings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from tests.helpers import live_server, make_settings
 
 

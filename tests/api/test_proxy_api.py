@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from gpuyard.core.proxy import ProxyBase, ProxyStatus, Visibility
+from gpuyard.core.network.proxy import ProxyBase, ProxyStatus, Visibility
 from gpuyard.edge.caddy import CaddyError
 from gpuyard.edge.caddy_config import ProxyListen
 from gpuyard.reconciler.duties.proxy_sync import ProxySync

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from gpuyard.api.rest.schemas import resources as rs
 from gpuyard.cli.main import cli
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE
 from gpuyard.services.access import reserved_ips as reserved_ips_service
 from gpuyard.services.access.reserved_ips import get_reserved_ip
 from gpuyard.services.access.security_groups import groups_by_ids

@@ -20,7 +20,7 @@ import pytest
 
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import ContainerSpec, Runtime
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.e2e.conftest import DEV_IMAGE, engine_url, purge_installation
 

@@ -17,8 +17,8 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.base import ContainerState
-from gpuyard.runtimes.volume_archive import read_volume, write_volume
-from gpuyard.runtimes.volume_moves import copy_volume_between
+from gpuyard.runtimes.volumes.archive import read_volume, write_volume
+from gpuyard.runtimes.volumes.moves import copy_volume_between
 from tests.contract.conftest import DEV_IMAGE, SHARED_LINE, Kit
 
 T = TypeVar("T")

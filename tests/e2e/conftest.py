@@ -22,11 +22,11 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
-from gpuyard.runtimes.devimage import build_dev_image
-from gpuyard.runtimes.engine import vanished_mid_removal
-from gpuyard.runtimes.engine_url import PodmanService
-from gpuyard.runtimes.host_edge import IptablesEdge
-from gpuyard.runtimes.host_firewall import IptablesIsolation
+from gpuyard.runtimes.engines.devimage import build_dev_image
+from gpuyard.runtimes.engines.engine import vanished_mid_removal
+from gpuyard.runtimes.engines.url import PodmanService
+from gpuyard.runtimes.hosts.edge import IptablesEdge
+from gpuyard.runtimes.hosts.firewall import IptablesIsolation
 from tests.required_parts import need
 
 DEV_IMAGE = "localhost/gpuyard/busybox:latest"
@@ -88,7 +88,7 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
                 with contextlib.suppress(docker.errors.NotFound):
                     volume.remove(force=True)
                 removed.append(volume.name)
-                # A sized volume's image (runtimes/volume_images.py), which the engine
+                # A sized volume's image (runtimes/volumes/images.py), which the engine
                 # does not remove with the volume: named after it, on this machine.
                 device = (volume.attrs.get("Options") or {}).get("device") or ""
                 if Path(device).name == f"{volume.name}.img":
@@ -100,8 +100,8 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
                 removed.append(network.name)
     finally:
         client.close()
-    # The installation's host firewall chain (runtimes/host_firewall.py), if it made one,
-    # and its training clusters' SSH rules (runtimes/host_edge.py), which a killed
+    # The installation's host firewall chain (runtimes/hosts/firewall.py), if it made one,
+    # and its training clusters' SSH rules (runtimes/hosts/edge.py), which a killed
     # server leaves in place by design.
     IptablesIsolation(installation_id[:8]).remove()
     IptablesEdge(installation_id[:8]).uninstall()

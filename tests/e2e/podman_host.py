@@ -25,7 +25,7 @@ from pathlib import Path
 
 import docker
 
-from gpuyard.runtimes.engine_url import ping_unix_socket, terminate_process
+from gpuyard.runtimes.engines.url import ping_unix_socket, terminate_process
 
 PORT = 2375
 CONF = """[containers]

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from gpuyard.observability.crash_points import CRASH_POINTS, ENV_VAR
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.crash_invariants import violations
 from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuyard.cli.main import cli
-from gpuyard.runtimes.devimage import BUSYBOX_PATH
+from gpuyard.runtimes.engines.devimage import BUSYBOX_PATH
 from tests.required_parts import need_tools
 
 

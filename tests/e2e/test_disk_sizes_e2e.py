@@ -19,14 +19,14 @@ import httpx
 import pytest
 
 from gpuyard.core.ownership import LABEL_SIZE, Ownership
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.runtimes.fleet import HostEngine
-from gpuyard.runtimes.host_firewall import subprocess_runner
-from gpuyard.runtimes.host_runtimes import HostEngineRuntime, host_runtime_factory
-from gpuyard.runtimes.ssh_tunnel import SshKeys
-from gpuyard.runtimes.volume_copy import copy_volume, volume_checksum
-from gpuyard.runtimes.volume_images import VolumeImages
+from gpuyard.runtimes.hosts.firewall import subprocess_runner
+from gpuyard.runtimes.hosts.runtimes import HostEngineRuntime, host_runtime_factory
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
+from gpuyard.runtimes.volumes.copy import copy_volume, volume_checksum
+from gpuyard.runtimes.volumes.images import VolumeImages
 from tests.e2e import podman_host
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status

@@ -34,10 +34,10 @@ from gpuyard.runtimes.base import (
     PortBinding,
     Runtime,
 )
-from gpuyard.runtimes.devimage import SERVE_PORT
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy, NotOurs
-from gpuyard.runtimes.engine_url import PodmanService, detect_engine_url
+from gpuyard.runtimes.engines.devimage import SERVE_PORT
+from gpuyard.runtimes.engines.engine import EnginePolicy, NotOurs
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.engines.url import PodmanService, detect_engine_url
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.helpers import free_port
 from tests.required_parts import need, needs_tools

@@ -1,4 +1,4 @@
-"""DockerEngineRuntime's timestamped logs against real Podman (runtimes/engine_logs.py):
+"""DockerEngineRuntime's timestamped logs against real Podman (runtimes/engines/logs.py):
 tails widened to a whole stamp, heads read without the rest, ``since``, and a follow
 that yields new lines and ends at once when closed from another thread.
 
@@ -17,7 +17,7 @@ import pytest
 from gpuyard.core.log_lines import LogLine
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import ContainerSpec
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.required_parts import needs_tools
 

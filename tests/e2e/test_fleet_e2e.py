@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import Engine, EnginePolicy
-from gpuyard.runtimes.host_runtimes import host_runtime_factory
-from gpuyard.runtimes.ssh_tunnel import SshKeys
-from gpuyard.runtimes.volume_copy import volume_checksum
+from gpuyard.runtimes.engines.engine import Engine, EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.hosts.runtimes import host_runtime_factory
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
+from gpuyard.runtimes.volumes.copy import volume_checksum
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.helpers import LiveServer, live_server, make_settings

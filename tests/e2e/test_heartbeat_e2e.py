@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.host_runtimes import host_runtime_factory
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.hosts.runtimes import host_runtime_factory
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from gpuyard.settings import Settings
 from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.helpers import live_server, make_settings

@@ -1,6 +1,6 @@
 """A real Podman pull from a registry address the operator allowed but that is not a
 registry: a closed port, a port that closes at once and an HTTP server all end in the
-same fixed message, without the engine's network detail (runtimes/pull_errors.py).
+same fixed message, without the engine's network detail (runtimes/engines/pull_errors.py).
 
 Everything listens on 127.0.0.1 in this process; no registry is reached.
 """
@@ -19,8 +19,8 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.pull_errors import NOT_FOUND, UNREACHABLE
+from gpuyard.runtimes.engines.pull_errors import NOT_FOUND, UNREACHABLE
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from tests.e2e.test_server_e2e import ServerProcess, wait_status
 from tests.helpers import free_port
 

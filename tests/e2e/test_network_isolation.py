@@ -21,10 +21,10 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, Ownership
-from gpuyard.runtimes.devimage import SERVE_PORT
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy, NotOurs
-from gpuyard.runtimes.host_firewall import bridge_name
+from gpuyard.runtimes.engines.devimage import SERVE_PORT
+from gpuyard.runtimes.engines.engine import EnginePolicy, NotOurs
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.hosts.firewall import bridge_name
 from gpuyard.services.installation.bootstrap import open_store
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.settings import Settings

@@ -12,9 +12,9 @@ import docker
 import pytest
 
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.engine import Engine
-from gpuyard.runtimes.node_image_copy import ensure_node_image
-from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
+from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.slurm.node_image_copy import ensure_node_image
+from gpuyard.runtimes.slurm.nodes import SlurmNodeRuntime
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.required_parts import needs

@@ -34,8 +34,8 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
-from gpuyard.runtimes.engine import vanished_mid_removal
-from gpuyard.runtimes.engine_url import PodmanService
+from gpuyard.runtimes.engines.engine import vanished_mid_removal
+from gpuyard.runtimes.engines.url import PodmanService
 from tests.e2e.conftest import DEV_IMAGE, SERVICE_HOW
 from tests.e2e.test_server_e2e import (
     ServerProcess,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.runtimes.engine_url import PodmanService, ping_unix_socket
+from gpuyard.runtimes.engines.url import PodmanService, ping_unix_socket
 from tests.required_parts import needs_tools
 
 pytestmark = [

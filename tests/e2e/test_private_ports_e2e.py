@@ -25,12 +25,12 @@ import docker
 import httpx
 import pytest
 
-from gpuyard.core.training import NodeName
+from gpuyard.core.training.clusters import NodeName
 from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.host_firewall import LOOPBACK_GUARD
-from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.hosts.firewall import LOOPBACK_GUARD
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
+from gpuyard.runtimes.slurm.nodes import SlurmNodeRuntime
 from gpuyard.store.db import WRITE_OPTIONS
 from gpuyard.store.schema import Member
 from tests.e2e.podman_host import HOSTS_HOW, PodmanHost

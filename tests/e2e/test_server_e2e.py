@@ -25,7 +25,7 @@ import pytest
 
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
 from gpuyard.edge.caddy import CaddyProcess
-from gpuyard.runtimes.exec_output import run_keeping_output
+from gpuyard.runtimes.engines.exec_output import run_keeping_output
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.helpers import PORT_BLOCK_SIZE, free_port, port_block
 from tests.required_parts import needs_tools
@@ -209,7 +209,7 @@ def sh(
 def sh_in(container: Any, command: str) -> tuple[int, str]:
     """Run ``command`` in ``container``: (exit code, output). The command must be safe
     to repeat: it is run again when the engine lost its output
-    (runtimes/exec_output.py)."""
+    (runtimes/engines/exec_output.py)."""
 
     def once(argv: list[str]) -> tuple[int, str]:
         code, out = container.exec_run(argv)

@@ -27,11 +27,11 @@ import docker
 import pytest
 
 from gpuyard.core.ownership import Ownership
-from gpuyard.core.training import LIFECYCLE_RC
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.slurm_config import gres_conf, slurm_conf
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image, derive_image
-from gpuyard.runtimes.slurm_nodes import NodeSpec, SlurmNodeRuntime
+from gpuyard.core.training.clusters import LIFECYCLE_RC
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.slurm.config import gres_conf, slurm_conf
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image, derive_image
+from gpuyard.runtimes.slurm.nodes import NodeSpec, SlurmNodeRuntime
 from tests.e2e.conftest import purge_installation
 from tests.required_parts import needs_tools
 

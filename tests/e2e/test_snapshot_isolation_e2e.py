@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.engine import Engine
-from gpuyard.runtimes.volume_copy import LABEL_HELPER_VOLUME, volume_tar_stream
+from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.volumes.copy import LABEL_HELPER_VOLUME, volume_tar_stream
 from tests.e2e.conftest import purge_installation
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh

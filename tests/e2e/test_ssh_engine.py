@@ -14,10 +14,10 @@ import pytest
 
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import ContainerSpec, ContainerState
-from gpuyard.runtimes.engine import EnginePolicy
+from gpuyard.runtimes.engines.engine import EnginePolicy
 from gpuyard.runtimes.fleet import HostEngine
-from gpuyard.runtimes.host_runtimes import HostEngineRuntime, host_runtime_factory
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.hosts.runtimes import HostEngineRuntime, host_runtime_factory
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.required_parts import needs

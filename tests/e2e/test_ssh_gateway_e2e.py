@@ -25,7 +25,7 @@ import asyncssh
 import httpx
 import pytest
 
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, wait_status

@@ -14,7 +14,7 @@ import docker
 import httpx
 import pytest
 
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess
 from tests.e2e.test_training_e2e import BASE, Ssh, slurm_images  # noqa: F401 (fixture)
 from tests.helpers import free_port

@@ -1,6 +1,6 @@
 """A training cluster end to end: the real server (``gpuyard serve``), real Podman node
 containers running real Slurm (slurmctld, slurmd, munge, sshd), reached over SSH with
-the user's key through the host's DNAT rules (runtimes/host_edge.py). Every seed 002
+the user's key through the host's DNAT rules (runtimes/hosts/edge.py). Every seed 002
 action is checked by its observable effect, and a worker killed under a running job
 comes back.
 
@@ -21,7 +21,7 @@ import docker
 import httpx
 import pytest
 
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image, derive_image
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image, derive_image
 from tests.e2e.test_server_e2e import ServerProcess
 from tests.helpers import free_port
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess
 from tests.e2e.test_training_e2e import (
     BASE,

@@ -6,7 +6,7 @@ through its engine, and Slurm schedules a job on the host's worker.
 
 Slurm is driven here through the host's engine (``srun`` in the controller); the
 cluster's SSH port answers on the host's address and an attached reserved IP on the
-host itself, both served by DNAT rules in the host's kernel (runtimes/host_edge.py).
+host itself, both served by DNAT rules in the host's kernel (runtimes/hosts/edge.py).
 Root, podman and sshd needed; builds the Slurm node image when this machine's engine
 lacks it."""
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE
 from tests.e2e.podman_host import HOSTS_HOW, available
 from tests.e2e.training_fleet import (
     BASE,

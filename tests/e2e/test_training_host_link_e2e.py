@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from gpuyard.core.training import node_owner
+from gpuyard.core.training.clusters import node_owner
 from gpuyard.store.schema import Host, UsageInterval
 from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.e2e.training_fleet import (

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from gpuyard.core.ownership import LABEL_CLUSTER, Ownership
-from gpuyard.runtimes.engine import Engine
-from gpuyard.runtimes.volume_copy import fill_volume, volume_checksum
+from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.volumes.copy import fill_volume, volume_checksum
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.restic_dump import dump_as_volume_tar
 from tests.e2e.conftest import purge_installation

@@ -22,11 +22,11 @@ from click.testing import CliRunner, Result
 
 from gpuyard.cli.main import cli
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.host_firewall import CommandResult, IptablesIsolation, chain_name
-from gpuyard.runtimes.host_runtimes import host_runtime_factory
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.hosts.firewall import CommandResult, IptablesIsolation, chain_name
+from gpuyard.runtimes.hosts.runtimes import host_runtime_factory
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from gpuyard.settings import Settings
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.e2e.conftest import DEV_IMAGE

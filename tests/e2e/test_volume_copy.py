@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpuyard.core.ownership import LABEL_CLUSTER, Ownership
-from gpuyard.runtimes.engine import Engine
-from gpuyard.runtimes.volume_copy import (
+from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.volumes.copy import (
     LABEL_ROLE,
     ROLE_VOLUME_COPY,
     SourceUnreachable,

@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from gpuyard.api.engine_server import training_operator_factory
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.host_runtimes import host_runtime_factory
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE, build_slurm_image
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.hosts.runtimes import host_runtime_factory
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image
 from tests.e2e.conftest import purge_installation
 from tests.e2e.podman_host import PodmanHost
 from tests.helpers import LiveServer, live_server, make_settings

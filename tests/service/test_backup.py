@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from gpuyard.cli.main import cli
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.installation.backup import BackupError, backup, identity_files, restore

@@ -11,10 +11,10 @@ from datetime import datetime
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuyard.core.billing.ledger import accrue_totals, boundary, micro, total_amount
+from gpuyard.core.billing.pricing import hourly_rate
 from gpuyard.core.errors import GpuyardError
-from gpuyard.core.ledger import accrue_totals, boundary, micro, total_amount
 from gpuyard.core.models import CloudType
-from gpuyard.core.pricing import hourly_rate
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.billing import metering
 from gpuyard.services.billing.ledger_totals import totals

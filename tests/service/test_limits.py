@@ -14,8 +14,8 @@ from gpuyard.core.errors import LimitsNotEnforced, RuntimeFailure
 from gpuyard.core.ownership import Ownership
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.base import ContainerSpec
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal

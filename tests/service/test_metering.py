@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from gpuyard.core.ledger import Accrual, Interval, micro, total_amount
+from gpuyard.core.billing.ledger import Accrual, Interval, micro, total_amount
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.billing import metering

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
+from gpuyard.core.billing.quotas import GIB, LimitChange
 from gpuyard.core.errors import Forbidden, QuotaExceeded, ValidationFailed
-from gpuyard.core.quotas import GIB, LimitChange
 from gpuyard.core.roles import Role
-from gpuyard.core.training import CONTROLLER_VCPUS
+from gpuyard.core.training.clusters import CONTROLLER_VCPUS
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.wiring import build_reconciler

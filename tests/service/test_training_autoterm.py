@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from gpuyard.core.autoterm import Rule
 from gpuyard.core.errors import InvalidState, ValidationFailed
-from gpuyard.core.training import NodeName
+from gpuyard.core.training.clusters import NodeName
 from gpuyard.reconciler.duties.autoterminate import AutoTerminator
 from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.reconciler.training.operator import TrainingOperator

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gpuyard.core.training import NodeName
+from gpuyard.core.training.clusters import NodeName
 from gpuyard.reconciler.lanes import SLOW
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
-from gpuyard.runtimes.host_nodes import HostNodes
+from gpuyard.runtimes.slurm.host_nodes import HostNodes
 from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.catalog.images import register_image
 from gpuyard.services.context import Context

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from gpuyard.api.rest.schemas.hosts import TrainingDrainOut
 from gpuyard.core.errors import HostNotEmpty, InsufficientCapacity
-from gpuyard.core.training import cluster_owner, node_owner
+from gpuyard.core.training.clusters import cluster_owner, node_owner
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters.moves import drain_host
 from gpuyard.services.context import Context

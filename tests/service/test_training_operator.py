@@ -19,10 +19,10 @@ from gpuyard.core.errors import (
     InsufficientCapacity,
     InvalidState,
 )
-from gpuyard.core.training import NodeName
+from gpuyard.core.training.clusters import NodeName
 from gpuyard.reconciler.training.nodes import Superseded
 from gpuyard.reconciler.training.operator import TrainingOperator
-from gpuyard.runtimes.host_edge import ClusterEdge
+from gpuyard.runtimes.hosts.edge import ClusterEdge
 from gpuyard.services.access.reserved_ips import allocate_reserved_ip
 from gpuyard.services.access.security_groups import create_group
 from gpuyard.services.access.ssh_keys import add_key
@@ -55,7 +55,7 @@ KEY2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIiFnWfuFP/oHj4/cPWrNG4LfEHgYgkI5Gca
 
 
 class FakeEdge:
-    """The hosts' rules (runtimes/host_edge.py) in memory: every host's edge is this
+    """The hosts' rules (runtimes/hosts/edge.py) in memory: every host's edge is this
     one; ``listeners`` shows what they let through: address -> (target, acl)."""
 
     def __init__(self) -> None:

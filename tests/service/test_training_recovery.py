@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gpuyard.core.training import NodeName
+from gpuyard.core.training.clusters import NodeName
 from gpuyard.reconciler.training.nodes import LANE
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue

@@ -13,12 +13,12 @@ from sqlalchemy import func, select
 
 from gpuyard.core.errors import InsufficientCapacity
 from gpuyard.core.fleet import PlacementPolicy
-from gpuyard.core.training import NodeName
+from gpuyard.core.training.clusters import NodeName
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import Fleet, HostEngine
-from gpuyard.runtimes.host_nodes import HostNodes
+from gpuyard.runtimes.slurm.host_nodes import HostNodes
 from gpuyard.services.access.ssh_keys import add_key
 from gpuyard.services.clusters.moves import drain_host
 from gpuyard.services.context import Context

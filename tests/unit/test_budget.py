@@ -1,4 +1,4 @@
-"""Budget arithmetic (core/budget.py) and webhook target checks and signatures."""
+"""Budget arithmetic (core/billing/budget.py) and webhook target checks and signatures."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpuyard.core.budget import (
+from gpuyard.core.billing.budget import (
     POSTPAID,
     PREPAID,
     Standing,

@@ -128,7 +128,7 @@ def test_resolve_target_order(tmp_path: Path) -> None:
 def test_constants_copied_to_keep_startup_fast_agree() -> None:
     from gpuyard.api.state import KEY_CACHE_TTL_S
     from gpuyard.cli import keys, main
-    from gpuyard.runtimes.devimage import DEFAULT_IMAGE
+    from gpuyard.runtimes.engines.devimage import DEFAULT_IMAGE
     from gpuyard.services.tenancy.auth import Scope
 
     assert keys.KEY_CACHE_TTL_S == KEY_CACHE_TTL_S

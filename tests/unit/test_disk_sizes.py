@@ -1,7 +1,7 @@
 """Disk sizes never silently disappear: a sized volume is made as a loop-mounted image,
 a container disk gets the engine's size option, and where either cannot be enforced
 the runtime refuses with a clear error unless the operator allowed it (runtimes/
-engine.py, runtimes/docker_engine.py; a stand-in engine and host)."""
+engine.py, runtimes/engines/runtime.py; a stand-in engine and host)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_SIZE, Ownership
 from gpuyard.runtimes.base import GIB, ContainerSpec
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.host_firewall import CommandResult
-from gpuyard.runtimes.volume_images import MOUNT_OPTIONS, VolumeImages
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.hosts.firewall import CommandResult
+from gpuyard.runtimes.volumes.images import MOUNT_OPTIONS, VolumeImages
 
 IMAGES = "/srv/gy-images"
 XFS_ONLY = "storage option overlay.size and overlay.inodes only supported for backingFS XFS"

@@ -3,14 +3,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gpuyard.core import training as training_rules
+from gpuyard.core.billing.pricing import Prices, hourly_rate
 from gpuyard.core.catalog import SEED_GPU_TYPES
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.models import CloudType, PortSpec
-from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.core.progress import TOTAL_STEPS, progress_for
 from gpuyard.core.states import TRANSITIONS, Action, ClusterStatus, allowed_actions, can_transition
 from gpuyard.core.text import nul_path
+from gpuyard.core.training import clusters as training_rules
 from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.fleet.discovery import parse_declared_gpus
 

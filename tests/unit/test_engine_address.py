@@ -1,12 +1,12 @@
-"""Engine URLs of added hosts (core/engine_address.py): the three accepted forms, what
+"""Engine URLs of added hosts (core/network/engine_address.py): the three accepted forms, what
 each refuses, one key per engine however it is spelled, and no credentials shown."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuyard.core.engine_address import EngineAddress, parse_engine_url, redacted
 from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.network.engine_address import EngineAddress, parse_engine_url, redacted
 
 
 @pytest.mark.parametrize(

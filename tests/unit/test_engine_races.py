@@ -1,4 +1,4 @@
-"""How the engine's answers to racing callers are read (runtimes/engine.py)."""
+"""How the engine's answers to racing callers are read (runtimes/engines/engine.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import requests
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.engine import Engine, lost_creation_race, vanished_mid_removal
+from gpuyard.runtimes.engines.engine import Engine, lost_creation_race, vanished_mid_removal
 
 
 def api_error(status: int, explanation: str) -> docker.errors.APIError:

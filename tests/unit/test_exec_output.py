@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from gpuyard.runtimes.exec_output import marked, run_keeping_output, unmarked
+from gpuyard.runtimes.engines.exec_output import marked, run_keeping_output, unmarked
 
 
 def local(argv: list[str]) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""The training edge's host rules (runtimes/host_edge.py) against an in-memory iptables:
+"""The training edge's host rules (runtimes/hosts/edge.py) against an in-memory iptables:
 what each cluster's chains hold, where the jumps go, and that nothing of anybody else
 is touched."""
 
@@ -10,14 +10,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from gpuyard.core.secgroups import allowed_sources, allows, parse_rules
-from gpuyard.runtimes.host_edge import (
+from gpuyard.core.network.secgroups import allowed_sources, allows, parse_rules
+from gpuyard.runtimes.hosts.edge import (
     ClusterEdge,
     EdgeUnavailable,
     IptablesEdge,
     restore_script,
 )
-from gpuyard.runtimes.host_firewall import CommandResult
+from gpuyard.runtimes.hosts.firewall import CommandResult
 
 BUILTINS = {
     "nat": ("PREROUTING", "OUTPUT", "POSTROUTING"),

@@ -1,5 +1,5 @@
-"""The node runtime of each host of a fleet (runtimes/host_nodes.py) and a node runtime
-made on a host's engine (runtimes/slurm_nodes.py): no engine is contacted."""
+"""The node runtime of each host of a fleet (runtimes/slurm/host_nodes.py) and a node runtime
+made on a host's engine (runtimes/slurm/nodes.py): no engine is contacted."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.engine import Engine, EnginePolicy
+from gpuyard.runtimes.engines.engine import Engine, EnginePolicy
 from gpuyard.runtimes.fleet import Fleet, HostEngine
-from gpuyard.runtimes.host_nodes import HostNodes
-from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
+from gpuyard.runtimes.slurm.host_nodes import HostNodes
+from gpuyard.runtimes.slurm.nodes import SlurmNodeRuntime
 from gpuyard.testing.fake_nodes import FakeNodeRuntime
 from gpuyard.testing.fake_runtime import FakeRuntime
 

@@ -1,9 +1,9 @@
-"""What the host says holds a port (runtimes/host_ports.py): ``ss`` listings and the
+"""What the host says holds a port (runtimes/hosts/ports.py): ``ss`` listings and the
 engine's list of containers, read into (port, transport) pairs."""
 
 from __future__ import annotations
 
-from gpuyard.runtimes.host_ports import listening_ports, published_ports
+from gpuyard.runtimes.hosts.ports import listening_ports, published_ports
 
 SS_TCP = """\
 LISTEN 0      4096         0.0.0.0:20000      0.0.0.0:*

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gpuyard.core.ippool import MAX_POOL_SIZE, parse_pool
+from gpuyard.core.network.ippool import MAX_POOL_SIZE, parse_pool
 from tests.helpers import make_settings
 
 

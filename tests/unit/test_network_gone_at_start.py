@@ -1,6 +1,6 @@
 """An account network removed between a container's create and its start (Podman
 checks a network's users and removes it without holding off a create in between) is
-made again with the container, so the start succeeds (runtimes/docker_engine.py).
+made again with the container, so the start succeeds (runtimes/engines/runtime.py).
 
 A stand-in engine (the SDK client's calls, answered from dicts) makes the race
 happen on cue; tests/e2e/test_network_isolation.py shows the real engine's half: a
@@ -16,8 +16,8 @@ import pytest
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.base import ContainerSpec
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from tests.unit.test_engine_races import api_error
 
 

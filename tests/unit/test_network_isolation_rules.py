@@ -1,11 +1,11 @@
-"""The host rules that keep account networks apart (runtimes/host_firewall.py), against a fake
+"""The host rules that keep account networks apart (runtimes/hosts/firewall.py), against a fake
 iptables that keeps its chains in memory."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuyard.runtimes.host_firewall import (
+from gpuyard.runtimes.hosts.firewall import (
     LOOPBACK_GUARD,
     CommandResult,
     IptablesIsolation,

@@ -1,4 +1,4 @@
-"""Copying the node image to a host (runtimes/node_image_copy.py) against stand-in
+"""Copying the node image to a host (runtimes/slurm/node_image_copy.py) against stand-in
 engines: once per host and image version, a stale version replaced, a clear error when
 no engine has the image, progress told. The real save and load run in
 tests/e2e/test_node_image_copy.py."""
@@ -12,8 +12,8 @@ import docker.errors
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.runtimes.engine import Engine
-from gpuyard.runtimes.node_image_copy import ensure_node_image, forget_node_image
+from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.slurm.node_image_copy import ensure_node_image, forget_node_image
 
 IMAGE = "localhost/gpuyard/slurm-node:latest"
 

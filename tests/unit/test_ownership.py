@@ -13,8 +13,8 @@ from gpuyard.core.ownership import (
     legacy_container_name,
 )
 from gpuyard.core.restarts import RestartPolicy, judge_failure
-from gpuyard.core.training import NodeName
-from gpuyard.runtimes.engine import Engine
+from gpuyard.core.training.clusters import NodeName
+from gpuyard.runtimes.engines.engine import Engine
 
 OWNER = Ownership("1a2b3c4d-0000-4000-8000-000000000001")
 OTHER = Ownership("9f8e7d6c-0000-4000-8000-000000000002")

@@ -1,4 +1,4 @@
-"""Proxy addresses (core/proxy.py) and the Caddy configuration made of routes
+"""Proxy addresses (core/network/proxy.py) and the Caddy configuration made of routes
 (edge/caddy_config.py): pure functions, no Caddy."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuyard.core.proxy import (
+from gpuyard.core.network.proxy import (
     ProxyBase,
     ProxyRoute,
     ProxyStatus,

@@ -1,4 +1,4 @@
-"""Pull errors reach users as fixed messages (runtimes/pull_errors.py): whatever the
+"""Pull errors reach users as fixed messages (runtimes/engines/pull_errors.py): whatever the
 engine says about the address it dialled and how the connection ended, a closed, an
 open and an HTTP port read the same."""
 
@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.runtimes import pull_errors
-from gpuyard.runtimes.pull_errors import FAILED, NOT_FOUND, UNREACHABLE, USER_MESSAGES
+from gpuyard.runtimes.engines import pull_errors
+from gpuyard.runtimes.engines.pull_errors import FAILED, NOT_FOUND, UNREACHABLE, USER_MESSAGES
 
 # What Podman 4.3 and Docker say when the registry host:port is closed, open but not a
 # registry, an HTTP server, slow, or unknown.

@@ -1,10 +1,10 @@
-"""core/quotas.py: limits, usage arithmetic and the check."""
+"""core/billing/quotas.py: limits, usage arithmetic and the check."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuyard.core.quotas import (
+from gpuyard.core.billing.quotas import (
     GIB,
     KEEP,
     MAX_LIMIT,

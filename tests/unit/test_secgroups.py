@@ -5,7 +5,7 @@ import ipaddress
 import pytest
 
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.core.secgroups import Rule, allows, parse_rules, rule_to_dict
+from gpuyard.core.network.secgroups import Rule, allows, parse_rules, rule_to_dict
 
 
 def rule(

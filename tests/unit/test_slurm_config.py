@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from gpuyard.core.training import LIFECYCLE_LOG, LIFECYCLE_RC
-from gpuyard.runtimes.slurm_config import (
+from gpuyard.core.training.clusters import LIFECYCLE_LOG, LIFECYCLE_RC
+from gpuyard.runtimes.slurm.config import (
     CONFIG_DIR,
     GPU_DEVICE_DIR,
     PARTITION,

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
+from gpuyard.core.billing.spot import Holder, minimum_bid, plan
 from gpuyard.core.models import CloudType, HostCapacity, HostGpu, ResourceRequest
 from gpuyard.core.placement import AllocationRatios
-from gpuyard.core.spot import Holder, minimum_bid, plan
 
 A = "NVIDIA RTX A6000"
 R = AllocationRatios()

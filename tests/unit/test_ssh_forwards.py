@@ -1,4 +1,4 @@
-"""Forwards to ssh:// hosts' loopback ports (runtimes/ssh_forwards.py) when the host
+"""Forwards to ssh:// hosts' loopback ports (runtimes/hosts/ssh_forwards.py) when the host
 cannot be reached: the proxy's sync pass gets the socket's address at once, and a dead
 host is not dialled again on every pass. (A reachable host: tests/e2e/
 test_private_ports_e2e.py, through a real sshd.)"""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuyard.runtimes.ssh_forwards import SshPortForwards
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.hosts.ssh_forwards import SshPortForwards
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from tests.required_parts import needs_tools
 
 pytestmark = needs_tools("ssh", "ssh-keygen", how="apt-get install openssh-client")

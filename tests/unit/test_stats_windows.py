@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 
 SECOND = 1_000_000_000
 

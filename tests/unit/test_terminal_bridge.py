@@ -15,10 +15,10 @@ import pytest
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.edge import terminal_bridge as tb
 from gpuyard.edge.exec_pty import ContainerNotRunning, ExecError
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import DEFAULT_POLICY, Engine
-from gpuyard.runtimes.exec_endpoint import engine_exec_endpoint
-from gpuyard.runtimes.host_runtimes import HostEngineRuntime
+from gpuyard.runtimes.engines.engine import DEFAULT_POLICY, Engine
+from gpuyard.runtimes.engines.exec_endpoint import engine_exec_endpoint
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.hosts.runtimes import HostEngineRuntime
 from gpuyard.testing.fake_runtime import FakeRuntime
 
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpuyard.core import training_network as tn
-from gpuyard.runtimes.host_firewall import bridge_name
-from gpuyard.runtimes.overlay import (
+from gpuyard.core.training import network as tn
+from gpuyard.runtimes.hosts.firewall import bridge_name
+from gpuyard.runtimes.slurm.overlay import (
     OverlaySpec,
     attach_script,
     detach_script,

@@ -13,9 +13,9 @@ import requests
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.engine import Engine
-from gpuyard.runtimes.helper_image import helper_tag, imported_id
-from gpuyard.runtimes.volume_copy import (
+from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.engines.helper_image import helper_tag, imported_id
+from gpuyard.runtimes.volumes.copy import (
     ProgressMeter,
     RootMeta,
     SourceUnreachable,

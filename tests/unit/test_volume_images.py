@@ -1,4 +1,4 @@
-"""Sized volumes' image files (runtimes/volume_images.py), made with this machine's own
+"""Sized volumes' image files (runtimes/volumes/images.py), made with this machine's own
 tools in a temporary folder: made at their size, grown, never shrunk, measured by the
 blocks they hold, removed; and a host without the tools says what is missing."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.runtimes.host_firewall import CommandResult, subprocess_runner
-from gpuyard.runtimes.volume_images import (
+from gpuyard.runtimes.hosts.firewall import CommandResult, subprocess_runner
+from gpuyard.runtimes.volumes.images import (
     MOUNT_OPTIONS,
     VolumeImages,
     driver_options,

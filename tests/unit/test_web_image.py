@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from gpuyard.cli.main import cli
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.devtools import web_image
-from gpuyard.runtimes.devimage import SERVE_PORT
+from gpuyard.runtimes.engines.devimage import SERVE_PORT
 from tests.required_parts import need_tools
 
 

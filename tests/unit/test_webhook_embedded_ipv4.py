@@ -1,5 +1,5 @@
 """Webhook targets given as IPv6 addresses that embed an IPv4 address are judged by
-the embedded address (core/embedded_ipv4.py, services/tenancy/webhooks.py)."""
+the embedded address (core/network/embedded_ipv4.py, services/tenancy/webhooks.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 
-from gpuyard.core.embedded_ipv4 import embedded_ipv4
 from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.network.embedded_ipv4 import embedded_ipv4
 from gpuyard.services.tenancy.webhooks import check_target
 
 

@@ -18,15 +18,15 @@ from gpuyard.reconciler.training.edge import HostEdge
 from gpuyard.reconciler.training.operator import TrainingOperator
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.docker_engine import DockerEngineRuntime
-from gpuyard.runtimes.engine import EnginePolicy
-from gpuyard.runtimes.engine_url import detect_engine_url, is_local_engine
+from gpuyard.runtimes.engines.engine import EnginePolicy
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.engines.url import detect_engine_url, is_local_engine
 from gpuyard.runtimes.fleet import Fleet
-from gpuyard.runtimes.host_firewall import subprocess_runner
-from gpuyard.runtimes.host_nodes import HostNodes
-from gpuyard.runtimes.host_runtimes import host_runtime_factory
-from gpuyard.runtimes.slurm_nodes import SlurmNodeRuntime
-from gpuyard.runtimes.volume_images import VolumeImages
+from gpuyard.runtimes.hosts.firewall import subprocess_runner
+from gpuyard.runtimes.hosts.runtimes import host_runtime_factory
+from gpuyard.runtimes.slurm.host_nodes import HostNodes
+from gpuyard.runtimes.slurm.nodes import SlurmNodeRuntime
+from gpuyard.runtimes.volumes.images import VolumeImages
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
 
@@ -80,7 +80,7 @@ def training_operator_factory(
     settings: Settings, engine_url: str | None
 ) -> TrainingOperatorFactory:
     """Training clusters on real Slurm nodes, reached over SSH through DNAT rules on
-    the host each controller runs on (runtimes/host_edge.py): no user traffic passes
+    the host each controller runs on (runtimes/hosts/edge.py): no user traffic passes
     through this process. A cluster's nodes run on the engine of the host it was placed
     on: this machine's at ``engine_url``, or a fleet host's through that host's runtime
     (its SSH tunnel, TLS and firewall), with the node image copied there from this

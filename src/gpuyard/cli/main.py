@@ -25,7 +25,7 @@ from gpuyard.cli.snapshots import snapshots
 from gpuyard.cli.training import training
 from gpuyard.cli.uninstall import uninstall
 
-# gpuyard.runtimes.devimage.DEFAULT_IMAGE (test_cli asserts they agree); not imported so
+# gpuyard.runtimes.engines.devimage.DEFAULT_IMAGE (test_cli asserts they agree); not imported so
 # the CLI starts fast.
 DEV_IMAGE = "localhost/gpuyard/busybox:latest"
 
@@ -113,7 +113,7 @@ def dev_image(
         click.echo(build_web_image(runtime_cli, name, force=force))
         return
     if slurm:
-        from gpuyard.runtimes.slurm_image import (
+        from gpuyard.runtimes.slurm.image import (
             SLURM_IMAGE,
             build_slurm_image,
             slurm_image_current,
@@ -124,7 +124,7 @@ def dev_image(
         _say_build(name, current, f"debootstrap and {runtime_cli} import")
         click.echo(build_slurm_image(runtime_cli, name, force=force))
         return
-    from gpuyard.runtimes.devimage import build_dev_image, dev_image_current
+    from gpuyard.runtimes.engines.devimage import build_dev_image, dev_image_current
 
     name = name or DEV_IMAGE
     current = not force and dev_image_current(runtime_cli, name)

@@ -19,7 +19,7 @@ from gpuyard.api.engine_server import engine_server
 from gpuyard.api.state import KEY_QUERY_PARAMS
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.edge.ssh_service import GatewaySupervisor, start_ssh_gateway
-from gpuyard.runtimes.engine_url import (
+from gpuyard.runtimes.engines.url import (
     ROOT_PODMAN_SOCKET,
     PodmanService,
     default_service_socket,

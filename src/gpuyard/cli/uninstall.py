@@ -16,7 +16,7 @@ from gpuyard.cli.output import human_bytes, print_table
 
 if TYPE_CHECKING:
     from gpuyard.core.ownership import Ownership
-    from gpuyard.runtimes.engine import Engine, EngineVolume
+    from gpuyard.runtimes.engines.engine import Engine, EngineVolume
     from gpuyard.services.installation.uninstall import HostRemoval
 
 
@@ -43,10 +43,10 @@ def uninstall(
     from gpuyard.cli.serve import connectable_url
     from gpuyard.core.errors import RuntimeFailure
     from gpuyard.edge.caddy import CaddyProcess
-    from gpuyard.runtimes.engine import Engine, EnginePolicy
-    from gpuyard.runtimes.engine_url import detect_engine_url, is_local_engine
+    from gpuyard.runtimes.engines.engine import Engine, EnginePolicy
+    from gpuyard.runtimes.engines.url import detect_engine_url, is_local_engine
     from gpuyard.runtimes.fleet import HostEngine
-    from gpuyard.runtimes.host_runtimes import HostEngineRuntime, host_runtime_factory
+    from gpuyard.runtimes.hosts.runtimes import HostEngineRuntime, host_runtime_factory
     from gpuyard.services.installation.uninstall import (
         installation_of,
         owned_volumes,

@@ -20,7 +20,7 @@ LABEL_CLUSTER = "gpuyard.cluster_id"
 # On an account network: the account whose clusters it connects.
 LABEL_ACCOUNT = "gpuyard.account_id"
 # On a volume: its size in bytes when it was made, which the engine enforces
-# (runtimes/volume_images.py). A copy or restore that makes a volume again carries it.
+# (runtimes/volumes/images.py). A copy or restore that makes a volume again carries it.
 LABEL_SIZE = "gpuyard.size_bytes"
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

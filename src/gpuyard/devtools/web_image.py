@@ -1,4 +1,4 @@
-"""Build the offline "web" test image: the busybox rootfs of runtimes/devimage.py plus
+"""Build the offline "web" test image: the busybox rootfs of runtimes/engines/devimage.py plus
 ``gpuyard-web``, a small static HTTP/1.1 + WebSocket server compiled here from
 ``web_server.c`` (shipped in this package) with ``gcc -O2 -static``.
 
@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.runtimes.devimage import BUSYBOX_PATH, busybox_rootfs, import_rootfs
+from gpuyard.runtimes.engines.devimage import BUSYBOX_PATH, busybox_rootfs, import_rootfs
 
 WEB_IMAGE = "localhost/gpuyard/web:latest"
 WEB_PORT = 8888

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuyard.core.proxy import (
+from gpuyard.core.network.proxy import (
     KEY_PREFIXES,
     OPEN_PATH,
     SESSION_COOKIE,

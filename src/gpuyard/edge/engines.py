@@ -5,7 +5,7 @@
 - ``unix://``: as is; ``tcp://`` with TLS material in the host's ``engine_tls_dir``:
   ``https://`` with that client certificate (loopback without it: plain);
 - ``ssh://``: the host's engine socket forwarded over SSH, as the server does
-  (runtimes/ssh_tunnel.py), through a tunnel of the gateway's own (its own local
+  (runtimes/hosts/ssh_tunnel.py), through a tunnel of the gateway's own (its own local
   socket directory, so it never disturbs the server's).
 """
 
@@ -15,10 +15,10 @@ import asyncio
 import ssl
 from pathlib import Path
 
-from gpuyard.core.engine_address import parse_engine_url
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.network.engine_address import parse_engine_url
 from gpuyard.edge.ssh_directory import ClusterTarget
-from gpuyard.runtimes.ssh_tunnel import SshKeys, SshSocketTunnel
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys, SshSocketTunnel
 
 
 class EngineLocator:

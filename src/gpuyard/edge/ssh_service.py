@@ -38,7 +38,7 @@ from gpuyard.edge.engines import EngineLocator
 from gpuyard.edge.gateway_keys import host_key, upstream_key
 from gpuyard.edge.ssh_directory import SshDirectory
 from gpuyard.edge.ssh_gateway import Gateway, keys_digest
-from gpuyard.runtimes.engine_url import detect_engine_url, terminate_process
+from gpuyard.runtimes.engines.url import detect_engine_url, terminate_process
 from gpuyard.settings import Settings
 from gpuyard.store.db import make_engine, make_sessionmaker
 from gpuyard.store.schema import Installation

@@ -48,8 +48,8 @@ from gpuyard.runtimes.records import (
 )
 
 if TYPE_CHECKING:
-    from gpuyard.runtimes.engine import Engine
-    from gpuyard.runtimes.inventory import EngineInventory
+    from gpuyard.runtimes.engines.engine import Engine
+    from gpuyard.runtimes.engines.inventory import EngineInventory
 
 __all__ = [
     "GIB",
@@ -98,6 +98,6 @@ class Runtime(ContainerLifecycle, ContainerLogs, ExecAccess, Protocol):
 
     def inventory(self) -> EngineInventory | None:
         """What the engine's host has (CPUs, memory, disk, GPUs, engine version:
-        runtimes/inventory.py); None where the runtime cannot say. Raises
+        runtimes/engines/inventory.py); None where the runtime cannot say. Raises
         RuntimeFailure when the engine does not answer."""
         ...

@@ -11,7 +11,7 @@ that a caller asks for what it needs and never for a driver's class:
 - :class:`ImageListing`: the images an engine holds (not every driver offers it).
 
 :class:`gpuyard.runtimes.base.Runtime` is the sum a driver implements; the real driver
-(runtimes/docker_engine.py) and the in-memory one (gpuyard.testing) answer each of
+(runtimes/engines/runtime.py) and the in-memory one (gpuyard.testing) answer each of
 them alike, which tests/contract checks on both.
 
 Contracts shared by all methods: idempotent on the cluster id; quick (nothing waits
@@ -40,7 +40,7 @@ from gpuyard.runtimes.records import (
 )
 
 if TYPE_CHECKING:
-    from gpuyard.runtimes.engine import Engine
+    from gpuyard.runtimes.engines.engine import Engine
 
 # Called with the running byte count of a copy or a write.
 Progress = Callable[[int], None]
@@ -118,7 +118,7 @@ class ContainerLifecycle(Protocol):
     def host_ports_in_use(self, low: int, high: int, cluster_id: str) -> frozenset[tuple[int, str]]:
         """The ``(port, transport)`` pairs in ``low..high`` that something on the host
         holds now: other containers (any installation's) and any process
-        (runtimes/host_ports.py); the cluster's own container is not counted.
+        (runtimes/hosts/ports.py); the cluster's own container is not counted.
         Best effort: never raises; an answer that cannot be had is empty."""
         ...
 
@@ -269,7 +269,7 @@ class VolumeIO(Protocol):
     ) -> int:
         """The target side of :meth:`copy_to` from a Docker-API engine (of the runtime
         named ``source_name``): ``source``'s ``source_volume`` copied here as ``volume``
-        (runtimes/volume_copy.py). Raises RuntimeFailure where this engine cannot
+        (runtimes/volumes/copy.py). Raises RuntimeFailure where this engine cannot
         receive it."""
         ...
 

@@ -13,8 +13,8 @@ from typing import Protocol
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpuyard.core.network.proxy import ProxyStatus
 from gpuyard.core.ownership import Ownership
-from gpuyard.core.proxy import ProxyStatus
 from gpuyard.services.catalog.references import ReferenceCache
 from gpuyard.services.clock import Clock, SystemClock
 from gpuyard.services.signals import Doorbell, WorkSignal

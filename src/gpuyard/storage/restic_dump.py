@@ -1,6 +1,6 @@
 """A ``tree`` snapshot (the volume's files under ``/data``, taken by restic beside the
 volume in earlier versions) read back as the tar stream a volume's helper makes
-(runtimes/volume_copy.py ``volume_tar_stream``), restored through the engine's archive
+(runtimes/volumes/copy.py ``volume_tar_stream``), restored through the engine's archive
 upload: restic runs here, on the control plane, and never where a volume is mounted.
 
 ``restic dump ID /data`` (restic 0.14) names entries ``data/...`` with no entry for the
@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.runtimes.volume_copy import MOUNT
+from gpuyard.runtimes.volumes.copy import MOUNT
 from gpuyard.storage.restic import ResticRepository, check_id
 
 _TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)")
@@ -41,10 +41,10 @@ def dump_as_volume_tar(
     repository: ResticRepository, restic_id: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE
 ) -> Iterator[Iterator[bytes]]:
     """Snapshot ``restic_id`` (a ``tree``: the volume's files under ``/data``) as the tar stream
-    :func:`~gpuyard.runtimes.volume_copy.volume_tar_stream` makes of a volume: entries
+    :func:`~gpuyard.runtimes.volumes.copy.volume_tar_stream` makes of a volume: entries
     named ``./...``, the root first as ``.`` with the volume root's owner, mode and
     mtime, hard links as links, FIFOs and device nodes as such; for
-    :func:`~gpuyard.runtimes.volume_copy.fill_volume` on an engine where no helper can
+    :func:`~gpuyard.runtimes.volumes.copy.fill_volume` on an engine where no helper can
     run. Chunks of about ``chunk_size`` bytes; no file is held whole.
 
     ``restic dump`` gives the entries and contents; ``restic find --long``, run beside

@@ -4,7 +4,7 @@ It records what a real runtime would do (containers with their image, files and
 restart counts; networks; volumes) and answers ``sinfo`` with every running worker
 idle. ``fail_create`` makes the next creates of the named nodes fail; :meth:`kill`
 makes a node die as a container does (exited, or gone); ``unreachable`` makes every
-call fail as an engine that does not answer. The real thing is runtimes/slurm_nodes.py,
+call fail as an engine that does not answer. The real thing is runtimes/slurm/nodes.py,
 tested end to end on Podman.
 """
 
@@ -34,7 +34,7 @@ class FakeNode:
 class FakeNodeRuntime:
     nodes: dict[str, FakeNode] = field(default_factory=dict)
     networks: set[str] = field(default_factory=set)
-    # Network -> its subnet, and -> this host's part of its overlay (runtimes/overlay.py).
+    # Network -> its subnet, and -> this host's part of its overlay (runtimes/slurm/overlay.py).
     subnets: dict[str, str] = field(default_factory=dict)
     overlays: dict[str, Any] = field(default_factory=dict)
     # The node runtimes of the other hosts of a fleet: their workers register with a

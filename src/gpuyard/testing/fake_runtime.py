@@ -73,7 +73,7 @@ class FakeVolume:
 
 def _grow(volume: FakeVolume, size_gb: int) -> None:
     """As a real engine does: a sized volume grows (never shrinks); one made unsized
-    stays so (runtimes/engine.py Engine.ensure_volume)."""
+    stays so (runtimes/engines/engine.py Engine.ensure_volume)."""
     if volume.size_gb > 0:
         volume.size_gb = max(volume.size_gb, size_gb)
 

@@ -16,7 +16,7 @@ from gpuyard.runtimes.capabilities import Progress, VolumeIO
 from gpuyard.runtimes.records import Chunk
 
 if TYPE_CHECKING:
-    from gpuyard.runtimes.engine import Engine
+    from gpuyard.runtimes.engines.engine import Engine
 
 
 class VolumeStore(Protocol):

@@ -49,7 +49,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuyard.api.http.surface_errors import surface_error
 from gpuyard.api.state import key_from
-from gpuyard.core.proxy import presented_key
+from gpuyard.core.network.proxy import presented_key
 from gpuyard.core.token_bucket import BucketTable, Decision, Rate
 from gpuyard.edge.caddy_config import AUTHORIZE_PATH
 from gpuyard.services.clock import Clock
@@ -165,7 +165,7 @@ def _presented_key(scope: Scope) -> str | None:
     """The key exactly as api/state.py reads it for the routed surfaces: its
     ``key_from`` on the Authorization header, else on the query string parsed by
     Starlette's own ``QueryParams`` (so a repeated parameter resolves the same way).
-    For the proxy's key check, the key as that route reads it (core/proxy.py
+    For the proxy's key check, the key as that route reads it (core/network/proxy.py
     ``presented_key``: ``X-Gpuyard-Api-Key`` too), so a wrong key sent through the
     proxy counts, and a locked-out source is refused there as everywhere."""
     authorization = None

@@ -14,9 +14,9 @@ from gpuyard.api.rest.schemas import responses as schemas
 from gpuyard.api.rest.schemas.cluster_json import iso
 from gpuyard.api.rest.schemas.responses import documented
 from gpuyard.api.state import app_state, current_principal
+from gpuyard.core.billing.ledger import METERS, MICRO
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.input_rules import parse_id
-from gpuyard.core.ledger import METERS, MICRO
 from gpuyard.services.billing import metering
 from gpuyard.services.billing.bills import caller_bill
 from gpuyard.services.context import Context

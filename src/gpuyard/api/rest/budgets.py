@@ -25,7 +25,7 @@ from gpuyard.api.rest.schemas import budgets as bs
 from gpuyard.api.rest.schemas.resource_params import query_id
 from gpuyard.api.rest.schemas.responses import documented
 from gpuyard.api.state import account_principal, app_state
-from gpuyard.core.budget import micro_to_usd
+from gpuyard.core.billing.budget import micro_to_usd
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.roles import Permission
 from gpuyard.services.access.resource_util import iso

@@ -9,7 +9,7 @@ from gpuyard.api.http.envelope import ok
 from gpuyard.api.http.json_body import OffLoopJsonRoute
 from gpuyard.api.http.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.state import app_state, current_principal
-from gpuyard.core.pricing import RateParts
+from gpuyard.core.billing.pricing import RateParts
 from gpuyard.services.billing.quotes import QuoteRequest, quote
 from gpuyard.services.catalog.gpu_types import gpu_type_offers
 from gpuyard.services.tenancy.auth import Principal

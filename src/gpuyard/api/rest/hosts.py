@@ -29,10 +29,10 @@ from gpuyard.api.rest.schemas.hosts import (
 )
 from gpuyard.api.rest.schemas.responses import StrictOut, documented
 from gpuyard.api.state import app_state, current_principal
-from gpuyard.core.engine_address import redacted
 from gpuyard.core.fleet import Reachability
+from gpuyard.core.network.engine_address import redacted
+from gpuyard.core.network.proxy import ProxyStatus
 from gpuyard.core.placement import AllocationRatios, free_resources
-from gpuyard.core.proxy import ProxyStatus
 from gpuyard.services.clusters.moves import drain_host
 from gpuyard.services.fleet import admin as host_admin
 from gpuyard.services.fleet.views import HostView, Workload, get_host, list_hosts

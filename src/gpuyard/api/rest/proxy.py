@@ -26,7 +26,7 @@ from gpuyard.api.rest.schemas.cluster_json import iso
 from gpuyard.api.rest.schemas.responses import Meta, documented
 from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.errors import Forbidden, NotFound, Unauthorized
-from gpuyard.core.proxy import (
+from gpuyard.core.network.proxy import (
     SESSION_COOKIE,
     page_html,
     parse_host,

@@ -23,7 +23,7 @@ router = APIRouter(
 
 
 def _rules(body: rs.SecurityGroupIn) -> list[dict[str, object]]:
-    # Back to plain JSON values: core/secgroups.py validates and names the fields.
+    # Back to plain JSON values: core/network/secgroups.py validates and names the fields.
     return [r.model_dump() for r in body.rules]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from gpuyard.api.http.openapi_responses import training_error_responses
-from gpuyard.core import training as domain
 from gpuyard.core.cursors import MAX_CURSOR_CHARS
 from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN
 from gpuyard.core.models import (
@@ -23,7 +22,8 @@ from gpuyard.core.models import (
     MAX_RUNTIME_HOURS_MAX,
     TrainingAutoTerminateAction,
 )
-from gpuyard.core.training import REQUIRED_FIELDS, Action
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import REQUIRED_FIELDS, Action
 from gpuyard.services.access.resource_util import MAX_IDS
 from gpuyard.services.clusters.requests import MAX_ID
 from gpuyard.services.training.inputs import MAX_NAME_CHARS, MAX_SCRIPT_BYTES

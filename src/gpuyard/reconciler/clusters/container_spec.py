@@ -9,8 +9,8 @@ from collections.abc import Callable
 from sqlalchemy import select
 
 from gpuyard.core.errors import GpuyardError, RuntimeFailure
+from gpuyard.core.network.proxy import LOOPBACK, private_on_loopback, proxy_only_ports
 from gpuyard.core.ownership import legacy_container_name
-from gpuyard.core.proxy import LOOPBACK, private_on_loopback, proxy_only_ports
 from gpuyard.reconciler.clusters.records import volume_of
 from gpuyard.runtimes.base import LABEL_CLUSTER, ContainerSpec, PortBinding, Runtime
 from gpuyard.services.access.ssh_keys import account_public_keys

@@ -31,7 +31,7 @@ from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_
 from gpuyard.reconciler.clusters.restore import RestoreStorage, VolumeRestores
 from gpuyard.reconciler.clusters.start_retries import StartRetries
 from gpuyard.runtimes.base import ContainerState, Runtime
-from gpuyard.runtimes.volume_moves import copy_volume_between
+from gpuyard.runtimes.volumes.moves import copy_volume_between
 from gpuyard.services.capacity.placement import release_all, release_compute
 from gpuyard.services.clusters.lifecycle import guarded_update, record_event
 from gpuyard.services.clusters.moves import (

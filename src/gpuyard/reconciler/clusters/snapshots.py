@@ -3,10 +3,10 @@
 Each account's snapshots live in its own restic repository with its own password
 (storage/account_repositories.py). restic runs only here, on the control plane, and
 never where a volume is mounted: a volume is read through a short-lived helper
-container of ours (runtimes/volume_copy.py) that mounts that volume alone, read-only,
+container of ours (runtimes/volumes/copy.py) that mounts that volume alone, read-only,
 in its own PID namespace with no network, and runs ``tar c`` (symlinks stored as
 symlinks, never followed). The stream is read through the engine's API
-(runtimes/volume_archive.py), counted as it passes (storage/tar_stats.py) and piped into
+(runtimes/volumes/archive.py), counted as it passes (storage/tar_stats.py) and piped into
 ``restic backup --stdin`` chunk by chunk, never whole in memory; content-defined
 chunking stores only what changed since the account's earlier snapshots. Nothing a
 tenant writes into a volume can make restic open a path: restic sees only a stream.
@@ -41,7 +41,7 @@ from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.clusters.snapshot_migration import TAG_PREFIX, migrate_shared_snapshots
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.volume_archive import read_volume, remove_volume_readers, write_volume
+from gpuyard.runtimes.volumes.archive import read_volume, remove_volume_readers, write_volume
 from gpuyard.services.context import Context
 from gpuyard.services.volumes import snapshot_work as work
 from gpuyard.services.volumes import snapshots as svc
@@ -240,7 +240,7 @@ class SnapshotWorker:
             account_id = snap.account_id if snap is not None else 0
             shared = snap is not None and snap.repository is None
             # The size the restored volume is held to: its holder's (sized volumes,
-            # runtimes/volume_images.py).
+            # runtimes/volumes/images.py).
             holder_gb = _holder_size(session.get(Cluster, holder_id)) or _holder_size(
                 session.get(NetworkVolume, holder_id)
             )

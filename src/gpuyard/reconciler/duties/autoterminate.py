@@ -31,7 +31,6 @@ from typing import cast
 
 from sqlalchemy import Connection, Select, func, select
 
-from gpuyard.core import training as training_domain
 from gpuyard.core.autoterm import (
     Deadline,
     Rule,
@@ -43,6 +42,7 @@ from gpuyard.core.autoterm import (
 from gpuyard.core.errors import Conflict, GpuyardError
 from gpuyard.core.models import AutoTerminatePolicy, GpuTypeInfo
 from gpuyard.core.states import ClusterStatus
+from gpuyard.core.training import clusters as training_domain
 from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.clusters.lifecycle import record_event, transition_cluster

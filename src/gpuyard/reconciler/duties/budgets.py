@@ -26,7 +26,7 @@ from datetime import datetime
 
 from sqlalchemy import func, or_, select
 
-from gpuyard.core.budget import PREPAID, first_due
+from gpuyard.core.billing.budget import PREPAID, first_due
 from gpuyard.services.billing.budgets import Check, check_account
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy import webhooks

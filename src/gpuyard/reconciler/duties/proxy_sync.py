@@ -18,11 +18,11 @@ import threading
 import time
 from typing import Any
 
-from gpuyard.core.proxy import ProxyBase, ProxyStatus
+from gpuyard.core.network.proxy import ProxyBase, ProxyStatus
 from gpuyard.edge.caddy import CaddyAdmin, CaddyError, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
-from gpuyard.runtimes.ssh_forwards import SshPortForwards
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.hosts.ssh_forwards import SshPortForwards
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from gpuyard.services.access.proxy_routes import load_routes, proxy_api_secret, proxy_base
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings

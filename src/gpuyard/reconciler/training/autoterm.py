@@ -27,10 +27,10 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as domain
 from gpuyard.core.autoterm import Deadline, Rule, read_policy_as
 from gpuyard.core.models import TrainingAutoTerminatePolicy
-from gpuyard.core.training import NodeName, NodeRole, TrainingStatus
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import NodeName, NodeRole, TrainingStatus
 from gpuyard.reconciler.training.slurm_jobs import SlurmJobs
 from gpuyard.services.billing.budgets import TRAINING_AUTO_TERMINATED, record_account_event
 from gpuyard.services.clusters.lifecycle import record_event

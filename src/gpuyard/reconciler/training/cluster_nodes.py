@@ -3,9 +3,9 @@
 A cluster's nodes may run on several hosts (each on the host whose GPUs, vCPUs and
 memory it claimed: ``TrainingNode.host_id``). :class:`ClusterNodes` is the node runtime
 the training operator drives a cluster through: every call about a node goes to the
-engine of the node's host (runtimes/host_nodes.py), Slurm questions and the state volume
+engine of the node's host (runtimes/slurm/host_nodes.py), Slurm questions and the state volume
 to the controller's, and the network is made on every host the cluster uses, each copy
-joined to the others by the overlay (runtimes/overlay.py) once the cluster spans more
+joined to the others by the overlay (runtimes/slurm/overlay.py) once the cluster spans more
 than one host.
 """
 
@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from gpuyard.core import training_network
-from gpuyard.runtimes.overlay import OverlaySpec
+from gpuyard.core.training import network as training_network
+from gpuyard.runtimes.slurm.overlay import OverlaySpec
 
 if TYPE_CHECKING:
     from gpuyard.reconciler.training.nodes import NodeRuntime

@@ -1,6 +1,6 @@
 """A training cluster's network edge: its SSH port and reserved IPs reach the
 controller's sshd, filtered by the cluster's security groups, by rules in the kernel of
-the host the controller runs on (runtimes/host_edge.py). No user traffic passes through
+the host the controller runs on (runtimes/hosts/edge.py). No user traffic passes through
 this process: a session outlives the API process, even a ``kill -9``.
 
 The store says what the edge should be; :meth:`ClusterEdges.sync` makes the host's
@@ -21,10 +21,10 @@ from typing import Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import secgroups
-from gpuyard.core.training import NodeName, NodeRole, TrainingStatus
-from gpuyard.runtimes.host_edge import ClusterEdge
-from gpuyard.runtimes.host_firewall import bridge_name
+from gpuyard.core.network import secgroups
+from gpuyard.core.training.clusters import NodeName, NodeRole, TrainingStatus
+from gpuyard.runtimes.hosts.edge import ClusterEdge
+from gpuyard.runtimes.hosts.firewall import bridge_name
 from gpuyard.services.context import Context
 from gpuyard.services.training.use_cases import SSH_PORT
 from gpuyard.store.schema import (

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.training import TrainingStatus
+from gpuyard.core.training.clusters import TrainingStatus
 from gpuyard.services.tenancy.cluster_access import AccessIndex, Need
 from gpuyard.store.schema import SshKey, TrainingCluster, TrainingNode
 

@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from gpuyard.core.errors import GpuyardError
-from gpuyard.core.training import NodeName, NodeStatus
+from gpuyard.core.training.clusters import NodeName, NodeStatus
 from gpuyard.reconciler.training import slurm_control
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The network side of a training cluster's nodes, apart from creating them: every node's
 /etc/hosts block naming all the cluster's nodes, and the overlay between the hosts of a
-cluster that spans several, re-applied now and then (runtimes/overlay.py)."""
+cluster that spans several, re-applied now and then (runtimes/slurm/overlay.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuyard.core.errors import GpuyardError
-from gpuyard.core.training import NodeName
+from gpuyard.core.training.clusters import NodeName
 from gpuyard.reconciler.training.nodes import LANE
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class ClusterNetworks:
 
     def heal_soon(self, cluster_id: int, host_id: int | None) -> None:
         """Every ``heal_every_s``, queue re-applying the cluster's overlay on each of its
-        hosts (runtimes/overlay.py): a host's bridge is made anew when its last node
+        hosts (runtimes/slurm/overlay.py): a host's bridge is made anew when its last node
         container was replaced, and a host rebooted loses the interface and rules."""
         now = time.monotonic()
         if now - self._checked.get(cluster_id, float("-inf")) < self.heal_every_s:

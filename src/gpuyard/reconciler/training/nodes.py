@@ -12,8 +12,8 @@ from gpuyard.core.ownership import Ownership
 from gpuyard.store.schema import TrainingCluster, TrainingNode
 
 if TYPE_CHECKING:
-    from gpuyard.runtimes.overlay import OverlaySpec
-    from gpuyard.runtimes.slurm_nodes import NodeSpec
+    from gpuyard.runtimes.slurm.nodes import NodeSpec
+    from gpuyard.runtimes.slurm.overlay import OverlaySpec
 
 # The work queue lane of operations and recoveries: the reconciler's slow lane (they
 # wait on Slurm, drains and lifecycle scripts; stops never queue behind them).

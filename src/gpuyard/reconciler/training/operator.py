@@ -14,7 +14,7 @@ worker whose container died is recreated and rejoins Slurm, as a job of the same
 (reconciler/training/recovery.py).
 
 All of a cluster's nodes run on the engine of the host it was placed on (the host
-whose capacity they claimed), through that host's runtime (runtimes/host_nodes.py);
+whose capacity they claimed), through that host's runtime (runtimes/slurm/host_nodes.py);
 the node image is copied to a host that lacks it before its nodes are created.
 
 The operator also keeps each cluster's network edge in line with the store
@@ -34,7 +34,7 @@ from sqlalchemy import distinct, func, select
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import (
+from gpuyard.core.training.clusters import (
     LIFECYCLE_LOG,
     LifecycleStatus,
     NodeName,
@@ -58,8 +58,8 @@ from gpuyard.reconciler.training.nodes import (
 )
 from gpuyard.reconciler.training.recovery import NodeRecovery
 from gpuyard.reconciler.workqueue import WorkQueue
-from gpuyard.runtimes import slurm_config
-from gpuyard.runtimes.slurm_nodes import NodeSpec
+from gpuyard.runtimes.slurm import config as slurm_config
+from gpuyard.runtimes.slurm.nodes import NodeSpec
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.secrets import secret_box
 from gpuyard.services.training.drain import MOVE_NODES
@@ -573,7 +573,7 @@ class TrainingOperator:
         self, nodes: NodeRuntime, snap: Snapshot, token: str, image_version_ids: set[int]
     ) -> None:
         """Copy the node images the cluster's host lacks (once per host and image
-        version, runtimes/node_image_copy.py), saying how far each copy is in the
+        version, runtimes/slurm/node_image_copy.py), saying how far each copy is in the
         cluster's status reason, which is given back afterwards."""
         c = snap.cluster
         copied = False

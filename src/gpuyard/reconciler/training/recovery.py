@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.restarts import RestartPolicy
-from gpuyard.core.training import NodeName, NodeRole, NodeStatus, TrainingStatus, cluster_owner
+from gpuyard.core.training.clusters import (
+    NodeName,
+    NodeRole,
+    NodeStatus,
+    TrainingStatus,
+    cluster_owner,
+)
 from gpuyard.reconciler.training import slurm_control
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.training.nodes import nodes_of

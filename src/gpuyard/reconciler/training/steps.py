@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from gpuyard.core.training import NodeStatus
+from gpuyard.core.training.clusters import NodeStatus
 from gpuyard.reconciler.training.cluster_nodes import ClusterNodes
 from gpuyard.reconciler.training.nodes import NodeRuntime, Snapshot
 from gpuyard.reconciler.workqueue import WorkQueue

@@ -32,7 +32,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import ClusterNotFound, Forbidden, NotFound, ProxyUnavailable, Unauthorized
-from gpuyard.core.proxy import ProxyBase, parse_host
+from gpuyard.core.network.proxy import ProxyBase, parse_host
 from gpuyard.core.roles import Permission
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.clusters.cluster_rows import load_cluster, owner_principal

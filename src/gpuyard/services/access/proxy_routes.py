@@ -14,7 +14,7 @@ from typing import Protocol
 
 from sqlalchemy import select
 
-from gpuyard.core.proxy import (
+from gpuyard.core.network.proxy import (
     LOOPBACK,
     ProxyBase,
     ProxyRoute,
@@ -41,7 +41,7 @@ _SHOWN = (
 
 class Forwards(Protocol):
     """Reaches ``127.0.0.1:port`` of an ssh:// host from this machine
-    (runtimes/ssh_forwards.py SshPortForwards)."""
+    (runtimes/hosts/ssh_forwards.py SshPortForwards)."""
 
     def upstream(self, url: str, port: int) -> str: ...
 

@@ -1,4 +1,4 @@
-"""Reserved public IPs: addresses of the admin's pool (core/ippool.py) held by a
+"""Reserved public IPs: addresses of the admin's pool (core/network/ippool.py) held by a
 project until released; a training cluster may attach one (``attach_ip``).
 
 Allocation hands out the lowest free address. Two concurrent allocations can never
@@ -21,7 +21,7 @@ from gpuyard.core.errors import (
     NotFound,
     ValidationFailed,
 )
-from gpuyard.core.ippool import parse_pool
+from gpuyard.core.network.ippool import parse_pool
 from gpuyard.services.access.resource_util import iso, one_id
 from gpuyard.services.billing.admission import refuse_closed_account
 from gpuyard.services.context import Context

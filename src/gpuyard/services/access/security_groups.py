@@ -1,4 +1,4 @@
-"""Security groups of a project: named lists of inbound rules (core/secgroups.py)
+"""Security groups of a project: named lists of inbound rules (core/network/secgroups.py)
 that training clusters attach. Rules are stored in their canonical form.
 
 The session-level functions run inside the caller's transaction (the training
@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import InvalidState, NotFound, ValidationFailed
-from gpuyard.core.secgroups import parse_rules, rule_to_dict
+from gpuyard.core.network.secgroups import parse_rules, rule_to_dict
 from gpuyard.services.access.resource_util import id_list, in_id_range, iso
 from gpuyard.services.context import Context
 from gpuyard.services.owned_rows import owned_row

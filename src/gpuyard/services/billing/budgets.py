@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpuyard.core.budget import (
+from gpuyard.core.billing.budget import (
     BILLING_MODES,
     POSTPAID,
     PREPAID,
@@ -36,8 +36,8 @@ from gpuyard.core.budget import (
     month_start,
     next_month_start,
 )
+from gpuyard.core.billing.ledger import SECONDS_PER_HOUR
 from gpuyard.core.errors import Forbidden, NotFound, ValidationFailed
-from gpuyard.core.ledger import SECONDS_PER_HOUR
 from gpuyard.services.billing import metering
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy import webhooks
@@ -108,7 +108,7 @@ def spend_window(account: Account, now: datetime) -> datetime:
 
 
 def standing(session: Session, account: Account, now: datetime) -> Standing:
-    """The account's money at ``now`` (core/budget.py)."""
+    """The account's money at ``now`` (core/billing/budget.py)."""
     since = spend_window(account, now)
     spent = metering.bill(
         session, account.id, None, since, now, metering.GroupBy.CLUSTER, now

@@ -2,7 +2,7 @@
 
 A cluster's cost is read on every GET and list; re-reading its whole interval history
 each time would make the present pay for the past. So every change to a cluster's
-intervals also moves its totals (the ``billed_*``/``open_*`` columns, core/ledger.py
+intervals also moves its totals (the ``billed_*``/``open_*`` columns, core/billing/ledger.py
 ``LedgerTotals``) in the same transaction: closed amounts are added once, when their
 interval closes, and a view adds only the open interval (``accrue_totals``).
 """
@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from gpuyard.core.ledger import Interval, LedgerTotals, amount, totals_of
+from gpuyard.core.billing.ledger import Interval, LedgerTotals, amount, totals_of
 from gpuyard.store.schema import Cluster, UsageInterval
 
 _OPEN = select(UsageInterval.rate_micro, UsageInterval.started_at).where(

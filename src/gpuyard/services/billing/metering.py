@@ -2,7 +2,7 @@
 
 The ledger is written only by the status funnel (services/clusters/lifecycle.py,
 ``meter_status``); everything here reads it. Amounts are exact integers (see
-core/ledger.py) and are converted to micro-USD once per figure shown.
+core/billing/ledger.py) and are converted to micro-USD once per figure shown.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import NotFound
-from gpuyard.core.ledger import (
+from gpuyard.core.billing.ledger import (
     METERS,
     Accrual,
     Interval,
@@ -28,6 +27,7 @@ from gpuyard.core.ledger import (
     seconds,
     to_micro_usd,
 )
+from gpuyard.core.errors import NotFound
 from gpuyard.store.schema import Cluster, NetworkVolume, Project, Snapshot, UsageInterval
 
 _COLUMNS = (

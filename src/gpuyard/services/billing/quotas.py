@@ -1,4 +1,4 @@
-"""Quotas of accounts and projects (store/schema/tenancy.py Quota; core/quotas.py says what
+"""Quotas of accounts and projects (store/schema/tenancy.py Quota; core/billing/quotas.py says what
 they mean): what is in use, the checks of creates, starts and scales, and setting them.
 
 Usage is read from the store in the transaction of the request being checked, after
@@ -31,9 +31,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as training_domain
-from gpuyard.core.errors import Forbidden, NotFound, QuotaExceeded, ValidationFailed
-from gpuyard.core.quotas import (
+from gpuyard.core.billing.quotas import (
     GIB,
     Breach,
     LimitChange,
@@ -45,9 +43,11 @@ from gpuyard.core.quotas import (
     first_breach,
     gb_of,
 )
+from gpuyard.core.errors import Forbidden, NotFound, QuotaExceeded, ValidationFailed
 from gpuyard.core.roles import Permission
 from gpuyard.core.snapshots import SnapshotStatus
 from gpuyard.core.states import HOLDS_COMPUTE, ClusterStatus
+from gpuyard.core.training import clusters as training_domain
 from gpuyard.services.capacity.placement import lock_placement
 from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.context import Context

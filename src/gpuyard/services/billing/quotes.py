@@ -1,6 +1,6 @@
 """What a cluster would cost before it is made: the create form's estimate.
 
-The same arithmetic the ledger bills by (core/pricing.py ``hourly_rate``), on the
+The same arithmetic the ledger bills by (core/billing/pricing.py ``hourly_rate``), on the
 sizing fields of a create request, so an estimate never disagrees with the bill.
 """
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuyard.core.billing.pricing import RateParts, hourly_rate, spot_floor
 from gpuyard.core.models import CloudType
-from gpuyard.core.pricing import RateParts, hourly_rate, spot_floor
 from gpuyard.services.clusters.use_cases import resolve_gpu_type, spot_bid
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuyard.core import spot
+from gpuyard.core.billing import spot
+from gpuyard.core.billing.pricing import gpu_price, spot_floor
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity, ResourceRequest
-from gpuyard.core.pricing import gpu_price, spot_floor
 from gpuyard.services.capacity.placement import load_holders
 from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.clusters.requests import StartCluster

@@ -1,6 +1,6 @@
 """The ledger for storage that outlives clusters: snapshots and network volumes.
 
-Each is billed per second like a cluster's meters (core/ledger.py), with its own id as
+Each is billed per second like a cluster's meters (core/billing/ledger.py), with its own id as
 the holder of its usage intervals and a meter of its own (``snapshot``,
 ``network_volume``), at a rate per GB-month from the settings.
 """
@@ -12,8 +12,8 @@ from datetime import datetime
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
-from gpuyard.core.ledger import boundary, micro
-from gpuyard.core.pricing import HOURS_PER_MONTH
+from gpuyard.core.billing.ledger import boundary, micro
+from gpuyard.core.billing.pricing import HOURS_PER_MONTH
 from gpuyard.store.schema import UsageInterval
 
 GB = 1_000_000_000

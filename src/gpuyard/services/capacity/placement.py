@@ -14,7 +14,7 @@ from datetime import datetime
 from sqlalchemy import delete, event, select, update
 from sqlalchemy.orm import Session
 
-from gpuyard.core import spot
+from gpuyard.core.billing import spot
 from gpuyard.core.errors import InsufficientCapacity, PortInUse, ValidationFailed
 from gpuyard.core.fleet import PlacementPolicy, takes_placements
 from gpuyard.core.models import CloudType, HostCapacity, Placement, PortSpec, ResourceRequest

@@ -11,13 +11,13 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import GpuyardError, NotFound, ValidationFailed
 from gpuyard.core.image_refs import DEFAULT_ALLOWED_REGISTRIES, RegistryPolicy, check_image
-from gpuyard.runtimes.slurm_image import SLURM_IMAGE
+from gpuyard.runtimes.slurm.image import SLURM_IMAGE
 from gpuyard.services.access.resource_util import in_id_range, iso, one_id
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal, Scope
 from gpuyard.store.schema import ImageVersion
 
-# The default image is the one runtimes/slurm_image.py builds (SLURM_IMAGE).
+# The default image is the one runtimes/slurm/image.py builds (SLURM_IMAGE).
 SLURM_IMAGE_NAME = "slurm-node"
 SLURM_IMAGE_VERSION = "22.05-bookworm"
 SLURM_IMAGE_DESCRIPTION = "Slurm 22.05 on Debian bookworm: slurmctld, slurmd, munge and sshd"

@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpuyard.core.billing.pricing import Prices, hourly_rate
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.models import CloudType, GpuTypeInfo
-from gpuyard.core.pricing import Prices, hourly_rate
 from gpuyard.services.access.resource_util import in_id_range, one_id
 from gpuyard.services.catalog.gpu_types import list_gpu_types
 from gpuyard.services.context import Context

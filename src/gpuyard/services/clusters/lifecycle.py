@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session
 
+from gpuyard.core.billing.ledger import boundary, micro_rates
+from gpuyard.core.billing.pricing import Prices
 from gpuyard.core.errors import Conflict, GpuyardError
-from gpuyard.core.ledger import boundary, micro_rates
-from gpuyard.core.pricing import Prices
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus, can_transition
 from gpuyard.services.billing.ledger_totals import open_intervals, record_close_and_open

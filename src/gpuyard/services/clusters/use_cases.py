@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from gpuyard.core.autoterm import Rule, deadlines, read_policy_as
+from gpuyard.core.billing.pricing import RateParts, spot_floor
 from gpuyard.core.errors import (
     Conflict,
     DiskNotEnforced,
@@ -34,9 +35,8 @@ from gpuyard.core.models import (
     CloudType,
     GpuTypeInfo,
 )
-from gpuyard.core.pricing import RateParts, spot_floor
+from gpuyard.core.network.proxy import private_on_loopback, proxy_only_ports
 from gpuyard.core.progress import STEP_ALLOCATED
-from gpuyard.core.proxy import private_on_loopback, proxy_only_ports
 from gpuyard.core.states import (
     Action,
     ClusterStatus,
@@ -216,7 +216,7 @@ def refuse_exposed_private_ports(
     """Raise PrivatePortsExposed when ``ports`` hold a private http port and
     ``host_id``'s engine cannot keep it private (a ``tcp://`` engine: the proxy has no
     way to a port on that host's loopback, so it would be published on the host's
-    addresses, core/proxy.py ``private_on_loopback``), unless the operator has allowed
+    addresses, core/network/proxy.py ``private_on_loopback``), unless the operator has allowed
     that (GPUYARD_ALLOW_EXPOSED_PRIVATE_PORTS)."""
     host = session.get(Host, host_id)
     if host is None or ctx.settings.allow_exposed_private_ports:

@@ -11,11 +11,11 @@ from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.autoterm import Deadline, deadlines, read_policy, run_started_at
+from gpuyard.core.billing.ledger import Accrual, accrue_totals
+from gpuyard.core.billing.pricing import Prices, RateParts, hourly_rate
 from gpuyard.core.errors import ClusterNotFound
-from gpuyard.core.ledger import Accrual, accrue_totals
 from gpuyard.core.models import CloudType, GpuTypeInfo
-from gpuyard.core.pricing import Prices, RateParts, hourly_rate
-from gpuyard.core.proxy import ProxyBase
+from gpuyard.core.network.proxy import ProxyBase
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.access.proxy_routes import proxy_base

@@ -21,7 +21,6 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpuyard.core.engine_address import EngineAddress, check_host_name, parse_engine_url
 from gpuyard.core.errors import (
     HostExists,
     HostNotEmpty,
@@ -32,8 +31,9 @@ from gpuyard.core.errors import (
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.models import CloudType, GpuSource
 from gpuyard.core.models import HostGpu as HostGpuInfo
+from gpuyard.core.network.engine_address import EngineAddress, check_host_name, parse_engine_url
 from gpuyard.core.states import ClusterStatus
-from gpuyard.runtimes.ssh_tunnel import SshKeys
+from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from gpuyard.services.capacity.placement import lock_placement
 from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import sync_host_gpus
@@ -411,5 +411,5 @@ def delete_host(ctx: Context, host_id: int) -> dict[str, Any]:
 
 def ssh_public_key(home: Path) -> str:
     """The installation's SSH public key (one OpenSSH line) for hosts' authorized_keys,
-    made on first use (runtimes/ssh_tunnel.py SshKeys)."""
+    made on first use (runtimes/hosts/ssh_tunnel.py SshKeys)."""
     return SshKeys(home).public_key()

@@ -17,11 +17,11 @@ from datetime import datetime
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpuyard.core.ledger import boundary
+from gpuyard.core.billing.ledger import boundary
 from gpuyard.core.models import GpuSource
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import cluster_owner, node_owner
-from gpuyard.runtimes.inventory import EngineInventory
+from gpuyard.core.training.clusters import cluster_owner, node_owner
+from gpuyard.runtimes.engines.inventory import EngineInventory
 from gpuyard.services.billing.ledger_totals import rebuild
 from gpuyard.services.clusters.lifecycle import meter_status, record_event
 from gpuyard.services.context import Context

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from gpuyard.core.errors import Conflict, GpuyardError, NotFound
 from gpuyard.core.snapshots import RestoreStatus
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeName
+from gpuyard.core.training.clusters import NodeName
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context

@@ -19,7 +19,7 @@ from gpuyard.core.errors import HostNotFound
 from gpuyard.core.fleet import Reachability
 from gpuyard.core.models import HostCapacity
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import node_owner
+from gpuyard.core.training.clusters import node_owner
 from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import capacities
 from gpuyard.store.schema import (
@@ -36,7 +36,7 @@ INVENTORY_FIELDS = ("vcpus", "memory_gb", "disk_gb", "gpus")
 # Moves whose source copy still exists: its volume stays counted on the old host's
 # disk until the move ends (services/clusters/moves.py IN_FLIGHT).
 MOVES_IN_FLIGHT = ("copying", "copied")
-# Holder ids of training nodes' claims start so (core/training.py node_owner).
+# Holder ids of training nodes' claims start so (core/training/clusters.py node_owner).
 _TRAINING_HOLDER = node_owner(0).removesuffix("0")
 
 

@@ -24,10 +24,10 @@ from sqlalchemy import inspect, select
 
 from gpuyard.core.errors import GpuyardError
 from gpuyard.core.ownership import Ownership
-from gpuyard.runtimes.engine import Engine, EngineVolume
-from gpuyard.runtimes.host_edge import EdgeUnavailable, installation_chains
-from gpuyard.runtimes.host_firewall import IptablesIsolation, IsolationUnavailable
-from gpuyard.runtimes.overlay import detach_script, run_script
+from gpuyard.runtimes.engines.engine import Engine, EngineVolume
+from gpuyard.runtimes.hosts.edge import EdgeUnavailable, installation_chains
+from gpuyard.runtimes.hosts.firewall import IptablesIsolation, IsolationUnavailable
+from gpuyard.runtimes.slurm.overlay import detach_script, run_script
 from gpuyard.store.db import make_engine
 from gpuyard.store.schema import Host, Installation
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as training_domain
 from gpuyard.core.states import ClusterStatus
+from gpuyard.core.training import clusters as training_domain
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.capacity.placement import lock_placement
 from gpuyard.services.clusters.actions import control_plane_stop

@@ -17,7 +17,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from gpuyard.core.errors import Conflict, Forbidden, GpuyardError, NotFound, ValidationFailed
 from gpuyard.core.roles import Permission
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import TrainingStatus
+from gpuyard.core.training.clusters import TrainingStatus
 from gpuyard.services.access.resource_util import in_id_range
 from gpuyard.services.context import Context
 from gpuyard.services.owned_rows import owned_row

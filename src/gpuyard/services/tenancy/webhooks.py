@@ -38,8 +38,8 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.embedded_ipv4 import embedded_ipv4
 from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.network.embedded_ipv4 import embedded_ipv4
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.secrets import SecretUnreadable, secret_box
 from gpuyard.store.schema import Account, AccountEvent, WebhookDelivery
@@ -67,7 +67,7 @@ def resolve(host: str, port: int) -> list[str]:
 def _refused_kind(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     """Why an address may not be a webhook target, as "a <kind> address" (None: it is
     public). An IPv6 address that embeds IPv4 addresses (6to4, Teredo, NAT64,
-    IPv4-mapped, -translated and -compatible: core/embedded_ipv4.py) is judged by
+    IPv4-mapped, -translated and -compatible: core/network/embedded_ipv4.py) is judged by
     them: packets to it reach them."""
     if isinstance(addr, ipaddress.IPv6Address):
         if addr.is_loopback or addr.is_unspecified:

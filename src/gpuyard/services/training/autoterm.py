@@ -23,11 +23,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as domain
 from gpuyard.core.autoterm import Deadline, deadlines, read_policy_as, shown_policy
-from gpuyard.core.ledger import MICRO, accrue
+from gpuyard.core.billing.ledger import MICRO, accrue
 from gpuyard.core.models import TrainingAutoTerminatePolicy
-from gpuyard.core.training import TrainingStatus
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import TrainingStatus
 from gpuyard.services.billing.metering import load_intervals
 from gpuyard.services.clusters.autoterm_policy import merge_policy
 from gpuyard.services.clusters.lifecycle import record_event

@@ -31,11 +31,11 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as domain
 from gpuyard.core.errors import InsufficientCapacity
 from gpuyard.core.fleet import HostStatus
 from gpuyard.core.models import ResourceRequest
-from gpuyard.core.training import NodeRole, NodeStatus, TrainingStatus
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import NodeRole, NodeStatus, TrainingStatus
 from gpuyard.services.capacity.candidates import candidate_hosts
 from gpuyard.services.capacity.placement import claim, lock_placement
 from gpuyard.services.clusters.lifecycle import record_event

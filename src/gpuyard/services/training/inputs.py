@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gpuyard.core import training as domain
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.input_rules import check_name
 from gpuyard.core.models import TrainingAutoTerminatePolicy
-from gpuyard.core.training import Action
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import Action
 from gpuyard.services.access.resource_util import id_list, one_id
 from gpuyard.services.clusters.autoterm_policy import merge_policy, parse_update
 from gpuyard.services.clusters.requests import TrainingAutoTerminateUpdate
@@ -260,7 +260,7 @@ def _remove_group_id(raw: object) -> int:
 
 def parse_action_request(body: Mapping[str, object]) -> ActionRequest:
     """One of seed 002's actions: ``action`` known, its required fields present and no
-    others (core/training.py), then each field well-formed. Raises ValidationFailed
+    others (core/training/clusters.py), then each field well-formed. Raises ValidationFailed
     naming the field."""
     action = domain.parse_action(dict(body))
     domain.require_fields(action, dict(body))

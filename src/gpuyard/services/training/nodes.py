@@ -17,10 +17,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as domain
 from gpuyard.core.models import CloudType, ResourceRequest
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeRole, TrainingStatus
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import NodeRole, TrainingStatus
 from gpuyard.services.clusters.lifecycle import IllegalTransition, meter_status, record_event
 from gpuyard.store.schema import TrainingCluster, TrainingNode
 

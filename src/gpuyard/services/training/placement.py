@@ -7,8 +7,8 @@ none can, or under ``spread``, its nodes are placed across the location's hosts,
 on a host with room for it: ``binpack`` fills one host before the next (nodes stay
 together where they can), ``spread`` puts each node on the host holding the fewest of
 the cluster's nodes. Nodes on several hosts share one network through an overlay
-between the hosts (runtimes/overlay.py), so a cluster that spans hosts has a subnet of
-its own (core/training_network.py) and each node a fixed address in it.
+between the hosts (runtimes/slurm/overlay.py), so a cluster that spans hosts has a subnet of
+its own (core/training/network.py) and each node a fixed address in it.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as domain
-from gpuyard.core import training_network
 from gpuyard.core.errors import InsufficientCapacity
 from gpuyard.core.fleet import HostStatus, PlacementPolicy
 from gpuyard.core.models import PortSpec, ResourceRequest
 from gpuyard.core.placement import free_resources
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeName, NodeRole, NodeStatus
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training import network as training_network
+from gpuyard.core.training.clusters import NodeName, NodeRole, NodeStatus
 from gpuyard.services.access.port_rules import server_ports
 from gpuyard.services.capacity.candidates import candidate_hosts
 from gpuyard.services.capacity.placement import assign_ports, claim

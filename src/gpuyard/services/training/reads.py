@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from gpuyard.core import cursors
-from gpuyard.core.training import TrainingStatus
+from gpuyard.core.training.clusters import TrainingStatus
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.training.autoterm import policy_view

@@ -19,10 +19,10 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as domain
 from gpuyard.core.errors import InsufficientCapacity
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeRole, NodeStatus, TrainingStatus
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import NodeRole, NodeStatus, TrainingStatus
 from gpuyard.services.billing.admission import refuse_closed_account
 from gpuyard.services.billing.quotas import check_training
 from gpuyard.services.capacity.placement import claim, lock_placement, release_all

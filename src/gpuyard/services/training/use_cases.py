@@ -20,10 +20,10 @@ from sqlalchemy import ColumnElement, and_, func, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core import cursors
-from gpuyard.core import training as domain
 from gpuyard.core.errors import NotFound, ValidationFailed
 from gpuyard.core.states import ClusterStatus
-from gpuyard.core.training import NodeRole, TrainingStatus
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import NodeRole, TrainingStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.access.reserved_ips import get_reserved_ip
 from gpuyard.services.access.security_groups import groups_by_ids

@@ -8,10 +8,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core import training as domain
+from gpuyard.core.billing.pricing import Prices, hourly_rate
 from gpuyard.core.models import CloudType
-from gpuyard.core.pricing import Prices, hourly_rate
-from gpuyard.core.training import LIFECYCLE_LOG, NodeName, NodeRole, TrainingStatus
+from gpuyard.core.training import clusters as domain
+from gpuyard.core.training.clusters import LIFECYCLE_LOG, NodeName, NodeRole, TrainingStatus
 from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.training.nodes import nodes_of
 from gpuyard.store.schema import Host, ImageVersion, ReservedIp, SecurityGroup, TrainingCluster
@@ -81,7 +81,7 @@ def cluster_view(
     )
     rates = node_rates(session, cluster, prices)
     workers = [n for n in nodes if n.role == NodeRole.WORKER]
-    # SSH is served by the host the controller runs on (runtimes/host_edge.py): its
+    # SSH is served by the host the controller runs on (runtimes/hosts/edge.py): its
     # address; this machine's is the public address when one is set.
     controller = next((n for n in nodes if n.role == NodeRole.CONTROLLER), None)
     host_id = controller.host_id if controller and controller.host_id else cluster.host_id

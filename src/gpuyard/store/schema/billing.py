@@ -72,7 +72,7 @@ class WebhookDelivery(Base):
 class UsageInterval(Base):
     """One meter of one cluster billed at one rate (micro-USD per hour) from
     ``started_at`` to ``ended_at`` (None while open). Opened and closed only by the
-    status funnel (services/clusters/lifecycle.py) and at creation; see core/ledger.py."""
+    status funnel (services/clusters/lifecycle.py) and at creation; see core/billing/ledger.py."""
 
     __tablename__ = "usage_intervals"
     __table_args__ = (

@@ -116,7 +116,7 @@ class GpuAllocation(Base):
     __tablename__ = "gpu_allocations"
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
     gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    # The holder: a cluster id, or a training node's owner id (core/training.py).
+    # The holder: a cluster id, or a training node's owner id (core/training/clusters.py).
     cluster_id: Mapped[str] = mapped_column(String(14), index=True)
 
 
@@ -125,7 +125,7 @@ class Reservation(Base):
     the volume stays reserved until terminate."""
 
     __tablename__ = "reservations"
-    # The holder: a cluster id, or a training node's owner id (core/training.py).
+    # The holder: a cluster id, or a training node's owner id (core/training/clusters.py).
     cluster_id: Mapped[str] = mapped_column(String(14), primary_key=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), index=True)
     vcpus: Mapped[int] = mapped_column(Integer)
@@ -139,7 +139,7 @@ class PortAllocation(Base):
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
     port: Mapped[int] = mapped_column(Integer, primary_key=True)
     protocol: Mapped[str] = mapped_column(String(4), primary_key=True)
-    # The holder: a cluster id, or a training cluster's owner id (core/training.py).
+    # The holder: a cluster id, or a training cluster's owner id (core/training/clusters.py).
     cluster_id: Mapped[str] = mapped_column(String(14), index=True)
     internal_port: Mapped[int] = mapped_column(Integer)
 

@@ -56,7 +56,7 @@ class Host(Base):
     enforces_limits: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     limits_note: Mapped[str | None] = mapped_column(Text)
     # False when volume or container disk sizes are not enforced there; ``disk_note``
-    # says why (runtimes/engine.py Engine.disk_problem).
+    # says why (runtimes/engines/engine.py Engine.disk_problem).
     enforces_disk: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     disk_note: Mapped[str | None] = mapped_column(Text)
     # The operator's word (core/fleet.py HostStatus): active, cordoned (no new

@@ -30,7 +30,7 @@ class ReservedIp(Base):
 
 
 class SecurityGroup(Base):
-    """Inbound rules (core/secgroups.py); enforced for clusters that attach them."""
+    """Inbound rules (core/network/secgroups.py); enforced for clusters that attach them."""
 
     __tablename__ = "security_groups"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

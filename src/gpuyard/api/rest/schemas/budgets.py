@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from gpuyard.api.rest.schemas.responses import Meta, StrictIn, StrictOut
-from gpuyard.core.budget import MAX_USD, usd_to_micro
+from gpuyard.core.billing.budget import MAX_USD, usd_to_micro
 from gpuyard.core.input_rules import TEXT_PATTERN, check_text
 
 Usd = Annotated[

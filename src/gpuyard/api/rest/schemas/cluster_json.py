@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from gpuyard.core.autoterm import shown_policy
-from gpuyard.core.ledger import MICRO
+from gpuyard.core.billing.ledger import MICRO
 from gpuyard.core.progress import progress_for
 from gpuyard.core.secret_env import masked_env
 from gpuyard.core.snapshots import percentage as snapshot_percentage

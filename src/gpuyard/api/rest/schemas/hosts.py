@@ -16,9 +16,9 @@ from pydantic import (
 )
 
 from gpuyard.api.rest.schemas.responses import Meta, StrictIn, StrictOut
-from gpuyard.core.engine_address import ENGINE_URL_PATTERN, MAX_ENGINE_URL_CHARS
 from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN, check_name
 from gpuyard.core.models import CloudType, whole_floats_as_ints
+from gpuyard.core.network.engine_address import ENGINE_URL_PATTERN, MAX_ENGINE_URL_CHARS
 from gpuyard.core.text import refuse_nul
 from gpuyard.services.fleet.admin import MAX_HOST_GPUS, GpuCount, NewHost
 

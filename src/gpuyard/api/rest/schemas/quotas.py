@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, create_model, model_validator
 
 from gpuyard.api.rest.schemas.responses import Meta, StrictOut
-from gpuyard.core.quotas import KEEP, MAX_LIMIT, LimitChange
+from gpuyard.core.billing.quotas import KEEP, MAX_LIMIT, LimitChange
 from gpuyard.core.text import refuse_nul
 
 # A limit: a whole number from 0 (nothing allowed) to MAX_LIMIT; null removes it.

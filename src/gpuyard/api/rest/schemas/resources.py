@@ -73,7 +73,7 @@ class RegisterImage(StrictIn):
 
 class RuleIn(StrictIn):
     protocol: Literal["tcp", "udp", "all"]
-    # "22" or "8000-9000" (an integer is taken as a single port); core/secgroups.py
+    # "22" or "8000-9000" (an integer is taken as a single port); core/network/secgroups.py
     # validates it, so its errors name the field exactly (a union here would not).
     port_range: Annotated[
         Any,

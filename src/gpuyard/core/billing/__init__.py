@@ -1,0 +1,3 @@
+"""Money arithmetic: prices, the usage ledger, budgets and balances, quotas, the spot
+market.
+"""

@@ -1,0 +1,1 @@
+"""Training clusters' domain: their states, actions and nodes, and their networks."""

@@ -1,0 +1,196 @@
+"""Sized volumes: one ext4 file system in a sparse image file per volume, on the
+engine's host, loop-mounted by the engine.
+
+Why: an engine's plain named volume is a directory on the host's shared disk with no
+size, so one tenant could fill the disk for everybody. Here each sized volume is an
+image file of exactly its size; the engine's ``local`` volume driver mounts it (Podman
+runs ``mount -t ext4 -o loop,... IMAGE`` at each container start that needs it, so a
+reboot or an engine restart changes nothing), and a write past the size fails inside
+the container with ENOSPC. Sparse files in it cost only the blocks they use, and
+``discard`` gives deleted files' blocks back to the host.
+
+The image files are made, grown, measured and removed by commands run on the engine's
+host (this machine's shell for a local engine, SSH for a remote one: runtimes/
+ssh_tunnel.py ``SshRunner``), through an injected runner, so the logic is tested
+without a host. Docker's ``local`` driver mounts with mount(2), which cannot attach a
+loop device: sized volumes are a Podman feature (see :func:`driver_options`).
+
+What the host needs: e2fsprogs (``mkfs.ext4``, ``e2fsck``, ``resize2fs``, ``debugfs``), util-linux
+(``losetup``), coreutils, a rootful Podman, and root for the commands (loop devices).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Mapping
+
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.runtimes.hosts.firewall import Runner
+
+DEFAULT_DIRECTORY = "/var/lib/gpuyard/volume-images"
+FS_TYPE = "ext4"
+# discard: deleted files' blocks go back to the host (the image stays sparse);
+# noinit_itable: the image is a fresh sparse file whose unwritten parts read as zeros
+# already, so the kernel's background zeroing of inode tables would only allocate
+# host blocks for nothing. nodev, nosuid: a tenant's file system holds no device node
+# or set-id program the host honours (as the engine mounts its own volumes).
+MOUNT_OPTIONS = "loop,discard,noinit_itable,nodev,nosuid"
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
+
+# Checks the host can make and mount images. Prints what is missing, exits non-zero.
+_PROBE = r"""
+umask 077
+dir=$1
+for tool in mkfs.ext4 e2fsck resize2fs debugfs losetup truncate stat; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "$tool is not installed"; exit 3; }
+done
+[ "$(id -u)" = 0 ] || { echo "host commands do not run as root (loop devices need it)"; exit 3; }
+mkdir -p "$dir" && chmod 700 "$dir" && [ -w "$dir" ] || { echo "cannot write $dir"; exit 3; }
+"""
+
+# Makes image $1 of $2 bytes if it is missing, else grows it to $2 bytes if smaller
+# (never shrinks). A new file system has no lost+found: a volume starts empty, as an
+# engine's plain volume does (a copy or restore then matches its source entry for
+# entry). A new image is made under a temporary name and renamed, so a
+# half-made one is never used. A grow marks the image ($1.grow) until its file system
+# has grown too: online when its loop device is attached (the volume is mounted),
+# else checked and resized offline; a grow that failed (an online resize needs
+# CAP_SYS_RESOURCE) is tried again by the next call.
+_ENSURE = r"""
+set -e
+umask 077
+img=$1; size=$2
+if [ ! -e "$img" ]; then
+  mkdir -p "$(dirname "$img")"
+  tmp="$img.new.$$"
+  truncate -s "$size" "$tmp"
+  mkfs.ext4 -q -F -b 4096 -m 0 -E lazy_itable_init=1,lazy_journal_init=1,nodiscard "$tmp" \
+    && debugfs -w -R "rmdir lost+found" "$tmp" >/dev/null 2>&1 \
+    || { rm -f "$tmp"; exit 1; }
+  mv -n "$tmp" "$img"
+  rm -f "$tmp"
+fi
+# Only root reads a tenant's raw file system (images made before this were 0644).
+chmod 600 "$img"
+if [ "$(stat -c %s "$img")" -lt "$size" ]; then
+  touch "$img.grow"
+  truncate -s "$size" "$img"
+fi
+if [ -e "$img.grow" ]; then
+  dev=$(losetup -n -O NAME -j "$img" | head -n 1)
+  if [ -n "$dev" ]; then
+    losetup -c "$dev"
+    resize2fs "$dev" >/dev/null 2>&1 || resize2fs "$dev"
+  else
+    lost=$(debugfs -R "stat /lost+found" "$img" 2>/dev/null | grep -c Inode: || true)
+    e2fsck -f -p "$img" >/dev/null 2>&1 || e2fsck -f -p "$img"
+    resize2fs "$img" >/dev/null 2>&1 || resize2fs "$img"
+    # e2fsck made it again; the volume had none (see the make above).
+    [ "$lost" != 0 ] || debugfs -w -R "rmdir lost+found" "$img" >/dev/null 2>&1 || true
+  fi
+  rm -f "$img.grow"
+fi
+"""
+
+# Prints "<allocated bytes> <path>" per existing image: blocks, not apparent length.
+_USAGE = r"""
+for img in "$@"; do
+  [ -e "$img" ] && stat -c '%b %B %n' "$img"
+done
+exit 0
+"""
+
+
+def driver_options(image: str) -> dict[str, str]:
+    """The ``local`` volume driver options that mount ``image`` (Podman)."""
+    return {"type": FS_TYPE, "device": image, "o": MOUNT_OPTIONS}
+
+
+class VolumeImages:
+    """The image files of sized volumes in ``directory`` on one engine's host, made
+    through ``runner``. Thread-safe; every method but :meth:`problem` may raise
+    RuntimeFailure with the host's own words."""
+
+    def __init__(self, runner: Runner, directory: str = DEFAULT_DIRECTORY) -> None:
+        self.run = runner
+        self.directory = directory.rstrip("/") or "/"
+        self._lock = threading.Lock()
+        self._checked = False
+        self._problem: str | None = None
+
+    def path(self, volume: str) -> str:
+        """The image file of volume ``volume``."""
+        if not _SAFE_NAME.match(volume):
+            raise RuntimeFailure(f"volume name {volume!r} cannot name an image file")
+        return f"{self.directory}/{volume}.img"
+
+    def owns(self, device: str | None) -> bool:
+        """Whether ``device`` (a volume's ``device`` option) is one of our images."""
+        return bool(device) and str(device).startswith(self.directory + "/")
+
+    def problem(self) -> str | None:
+        """Why images cannot be made on this host (None: they can). Asked once; the
+        answer is kept (a host's tools do not change under a running server), except
+        that a host that did not answer is asked again next time."""
+        with self._lock:
+            if self._checked:
+                return self._problem
+        done = self.run(["sh", "-c", _PROBE, "sh", self.directory])
+        problem = None if done.returncode == 0 else (done.output.strip() or "probe failed")
+        with self._lock:
+            # 255: ssh could not reach the host; that says nothing about the host.
+            if done.returncode != 255:
+                self._checked, self._problem = True, problem
+        return problem
+
+    def ensure(self, volume: str, size_bytes: int) -> str:
+        """Make volume ``volume``'s image of ``size_bytes`` bytes, or grow it to that
+        size (never shrink it). Idempotent. Returns the image's path."""
+        if size_bytes <= 0:
+            raise RuntimeFailure(f"volume {volume} needs a positive size, not {size_bytes}")
+        image = self.path(volume)
+        self._check(
+            ["sh", "-c", _ENSURE, "sh", image, str(size_bytes)],
+            f"preparing the image of volume {volume}",
+        )
+        return image
+
+    def remove(self, volume: str) -> None:
+        """Delete volume ``volume``'s image (the engine's volume is removed first, so
+        nothing mounts it). Idempotent."""
+        image = self.path(volume)
+        self._check(["rm", "-f", "--", image, f"{image}.grow"], f"removing the image of {volume}")
+
+    def usage(self, volumes: Iterable[str]) -> dict[str, int]:
+        """Bytes of the host's disk each volume's image uses (its allocated blocks:
+        sparse files and the unwritten rest of the image cost nothing), by volume name;
+        a volume without an image is left out."""
+        by_path = {self.path(v): v for v in volumes}
+        if not by_path:
+            return {}
+        done = self._check(["sh", "-c", _USAGE, "sh", *by_path], "measuring volume images")
+        return parse_usage(done, by_path)
+
+    def _check(self, argv: list[str], action: str) -> str:
+        done = self.run(argv)
+        if done.returncode != 0:
+            raise RuntimeFailure(
+                f"{action} failed on the engine's host: {done.output.strip()[-500:]}",
+                {"action": action},
+            )
+        return done.output
+
+
+def parse_usage(output: str, by_path: Mapping[str, str]) -> dict[str, int]:
+    """``stat -c '%b %B %n'`` lines -> bytes by volume name (unknown paths ignored)."""
+    out: dict[str, int] = {}
+    for line in output.splitlines():
+        parts = line.strip().split(" ", 2)
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        volume = by_path.get(parts[2])
+        if volume is not None:
+            out[volume] = int(parts[0]) * int(parts[1])
+    return out
