@@ -3,6 +3,7 @@ is set, required under CI), a use-case context on them, and principals."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from collections.abc import Iterator
@@ -95,3 +96,10 @@ def alice(ctx: Context) -> Principal:
 @pytest.fixture
 def bob(ctx: Context) -> Principal:
     return new_principal(ctx, "bob@example.com")
+
+
+def new_operator(ctx: Context) -> Principal:
+    """The installation's operator (an admin key of the operator's account): who manages
+    the fleet (hosts, drains)."""
+    principal = new_principal(ctx, "operator@example.com", Scope.ADMIN)
+    return dataclasses.replace(principal, operator=True)

@@ -23,6 +23,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event, Host, UsageInterval, VolumeMove
 from gpuyard.testing.fake_runtime import FakeRuntime
+from tests.conftest import new_operator
 from tests.helpers import add_host_row, assert_totals_match_history
 from tests.service.test_lifecycle import a6000, gpus_held
 
@@ -235,7 +236,7 @@ def test_drain_moves_running_and_stopped_clusters_away(
     uc.stop_cluster(ctx, alice, resting.id)
     settle(fleet_rec, resting.id)
 
-    report = drain_host(ctx, h2)
+    report = drain_host(ctx, new_operator(ctx), h2)
     assert report.stopping == [running.id] and report.moving == [resting.id]
     assert report.cannot_move == []
     for _ in range(5):

@@ -29,6 +29,7 @@ from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import ImageVersion, TrainingCluster
 from gpuyard.testing.fake_nodes import FakeNodeRuntime
 from gpuyard.testing.fake_runtime import FakeRuntime
+from tests.conftest import new_operator
 from tests.helpers import add_host_row
 from tests.service.test_training_operator import KEY, FakeEdge
 from tests.service.test_training_recovery import HeldQueue
@@ -61,6 +62,7 @@ class World:
     def __init__(self, ctx: Context, alice: Principal) -> None:
         self.ctx = ctx
         self.alice = alice
+        self.admin = new_operator(ctx)
         self.h2 = add_host_row(ctx, "h2", 4, location="lab")
         self.engines: dict[int, FakeRuntime] = {}
         self.reconciler = build_reconciler(ctx, Fleet(FakeRuntime(), self._engine))

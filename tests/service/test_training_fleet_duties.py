@@ -143,8 +143,8 @@ def test_a_moved_worker_pauses_with_its_own_host_while_the_others_bill_on(
     cid = world.create(workers=2)
     world.running(cid)
     h3 = add_host_row(world.ctx, "h3", 1)  # room for one worker
-    drain_host(world.ctx, world.h2)
-    uncordon(world.ctx, world.h2)
+    drain_host(world.ctx, world.admin, world.h2)
+    uncordon(world.ctx, world.admin, world.h2)
     found = nodes(world.ctx, cid)
     moved, kept = found["worker-1"], found["worker-2"]
     assert (moved.host_id, kept.host_id) == (h3, world.h2)
@@ -161,12 +161,12 @@ def test_a_moved_worker_pauses_with_its_own_host_while_the_others_bill_on(
 
 def test_cordon_keeps_new_nodes_off_a_host(world: World) -> None:
     h3 = add_host_row(world.ctx, "h3", 4)
-    cordon(world.ctx, world.h2)
+    cordon(world.ctx, world.admin, world.h2)
     cid = world.create(workers=2)
     assert {n.host_id for n in nodes(world.ctx, cid).values()} == {h3}
     world.running(cid)
 
-    cordon(world.ctx, h3)
+    cordon(world.ctx, world.admin, h3)
     with pytest.raises(InsufficientCapacity):
         world.act(cid, action="scale_cluster", additional_nodes=1)
     assert len(nodes(world.ctx, cid)) == 3  # nothing was added
@@ -180,7 +180,7 @@ def test_drain_moves_the_workers_claims_to_another_host_and_the_controller_stays
     h3 = add_host_row(world.ctx, "h3", 4)
     before = nodes(world.ctx, cid)
 
-    report = drain_host(world.ctx, world.h2)
+    report = drain_host(world.ctx, world.admin, world.h2)
     w1, w2, ctl = before["worker-1"], before["worker-2"], before["controller"]
     moving = [(m.node_id, m.name, m.to_host_id) for m in report.training.moving]
     assert moving == [(w1.id, w1.name, h3), (w2.id, w2.name, h3)]
@@ -223,7 +223,7 @@ def test_drain_moves_the_workers_claims_to_another_host_and_the_controller_stays
     assert open_meters(world.ctx, node_owner(w1.id))
 
     # Again: the workers are gone from the host; only the controller stays.
-    again = drain_host(world.ctx, world.h2)
+    again = drain_host(world.ctx, world.admin, world.h2)
     assert again.training.moving == []
     assert [n.node_id for n in again.training.cannot_move] == [ctl.id]
 
@@ -233,7 +233,7 @@ def test_what_cannot_move_says_why_and_moves_once_it_can(world: World) -> None:
     world.running(cid)
     h3 = add_host_row(world.ctx, "h3", 4, status="cordoned")
 
-    report = drain_host(world.ctx, world.h2)
+    report = drain_host(world.ctx, world.admin, world.h2)
     assert report.training.moving == []
     why = {short(n.name): n.reason for n in report.training.cannot_move}
     assert "no other host of location 'lab' has room" in why["worker-1"]
@@ -241,7 +241,7 @@ def test_what_cannot_move_says_why_and_moves_once_it_can(world: World) -> None:
     assert world.row(cid).status == "running"  # nothing recorded
 
     # Room appears: the next scan of the draining host's engine moves them.
-    uncordon(world.ctx, h3)
+    uncordon(world.ctx, world.admin, h3)
     world.reconciler.heartbeat_now()
     found = nodes(world.ctx, cid)
     assert found["worker-1"].host_id == h3 and found["worker-2"].host_id == h3
@@ -252,7 +252,7 @@ def test_one_worker_moves_when_only_one_fits(world: World) -> None:
     cid = world.create(workers=2)
     world.running(cid)
     add_host_row(world.ctx, "h3", 1)
-    report = drain_host(world.ctx, world.h2)
+    report = drain_host(world.ctx, world.admin, world.h2)
     assert [short(m.name) for m in report.training.moving] == ["worker-1"]
     stays = {short(n.name): n.reason for n in report.training.cannot_move}
     assert set(stays) == {"worker-2", "controller"}
@@ -263,7 +263,7 @@ def test_one_worker_moves_when_only_one_fits(world: World) -> None:
         assert reservation is not None and reservation.host_id == world.h2
         assert w2.status == "running" and w2.host_id == world.h2
     # The cluster now runs the move: the rest waits for it, and says so.
-    again = drain_host(world.ctx, world.h2)
+    again = drain_host(world.ctx, world.admin, world.h2)
     stays = {short(n.name): n.reason for n in again.training.cannot_move}
     assert "restarting (move_nodes)" in stays["worker-2"]
 
@@ -274,7 +274,7 @@ def test_workers_on_a_host_that_does_not_answer_stay(world: World, clock: FakeCl
     add_host_row(world.ctx, "h3", 4)
     world.reconciler.heartbeat_now()
     lose(world, world.h2, clock)
-    report = drain_host(world.ctx, world.h2)
+    report = drain_host(world.ctx, world.admin, world.h2)
     assert report.training.moving == []
     [why] = [n.reason for n in report.training.cannot_move if n.role == "worker"]
     assert "does not answer" in why
@@ -288,7 +288,7 @@ def test_a_stopped_clusters_workers_are_pointed_at_another_host(world: World) ->
     world.operator.run(cid)
     assert world.row(cid).status == "stopped"
     h3 = add_host_row(world.ctx, "h3", 4)
-    report = drain_host(world.ctx, world.h2)
+    report = drain_host(world.ctx, world.admin, world.h2)
     assert [(short(m.name), m.to_host_id) for m in report.training.moving] == [("worker-1", h3)]
     # It holds nothing, and nothing is claimed for it until the cluster starts.
     found = nodes(world.ctx, cid)["worker-1"]
@@ -303,7 +303,7 @@ def test_a_busy_cluster_waits_for_its_operation(world: World) -> None:
     world.running(cid)
     add_host_row(world.ctx, "h3", 4)
     world.act(cid, action="restart_workers")
-    report = drain_host(world.ctx, world.h2)
+    report = drain_host(world.ctx, world.admin, world.h2)
     [why] = [n.reason for n in report.training.cannot_move if n.role == "worker"]
     assert "restarting (restart_workers)" in why
     world.running(cid)  # the restart ends; the next scan moves the worker
@@ -319,7 +319,7 @@ def test_a_host_with_training_nodes_is_not_deleted_and_names_them(world: World) 
     world.running(cid)
     found = nodes(world.ctx, cid)
     with pytest.raises(HostNotEmpty) as refused:
-        delete_host(world.ctx, world.h2)
+        delete_host(world.ctx, world.admin, world.h2)
     details = refused.value.details
     assert details is not None
     listed = details["left"]["training_nodes"]
@@ -336,4 +336,4 @@ def test_a_host_with_training_nodes_is_not_deleted_and_names_them(world: World) 
 
     training.delete_cluster(world.ctx, world.alice, world.scope, cid)
     world.operator.run(cid)
-    assert delete_host(world.ctx, world.h2)["deleted"] is True
+    assert delete_host(world.ctx, world.admin, world.h2)["deleted"] is True

@@ -27,6 +27,7 @@ from gpuyard.services.training import use_cases as training
 from gpuyard.store.schema import GpuAllocation, Host, ImageVersion, TrainingNode
 from gpuyard.testing.fake_nodes import FakeNodeRuntime
 from gpuyard.testing.fake_runtime import FakeRuntime
+from tests.conftest import new_operator
 from tests.helpers import add_host_row
 from tests.service.test_training_operator import KEY, FakeEdge
 
@@ -38,6 +39,7 @@ class Span:
 
     def __init__(self, ctx: Context, alice: Principal, hosts: int = 3) -> None:
         self.ctx, self.alice = ctx, alice
+        self.admin = new_operator(ctx)
         self.hosts = [add_host_row(ctx, f"h{i}", 2) for i in range(1, hosts + 1)]
         self.engines: dict[int, FakeRuntime] = {}
         self.nodes: dict[int, FakeNodeRuntime] = {}
@@ -208,7 +210,7 @@ def test_a_drained_hosts_worker_is_recreated_on_another_host_same_name_and_addre
     others = {n: span.nodes[h].nodes[n] for n, h in span.placement(cid).items() if n != worker}
     fourth = span.add_host("h4")
 
-    report = drain_host(span.ctx, left)
+    report = drain_host(span.ctx, span.admin, left)
     assert [m.name for m in report.training.moving] == [worker]
     assert span.placement(cid)[worker] == fourth
     span.run(cid)
@@ -231,7 +233,7 @@ def test_a_cluster_from_before_spanning_stays_on_its_host(span: Span) -> None:
         row.subnet = None
     host = span.placement(cid)[NodeName(cid, span.ctx.ownership.training_prefix(cid)).worker(1)]
     assert host is not None
-    report = drain_host(span.ctx, host)
+    report = drain_host(span.ctx, span.admin, host)
     assert report.training.moving == []
     assert ["made before training clusters spanned hosts" in s.reason
             for s in report.training.cannot_move if s.role == "worker"] == [True]  # fmt: skip

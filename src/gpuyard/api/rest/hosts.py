@@ -36,7 +36,7 @@ from gpuyard.core.placement import AllocationRatios, free_resources
 from gpuyard.services.clusters.moves import drain_host
 from gpuyard.services.fleet import admin as host_admin
 from gpuyard.services.fleet.views import HostView, Workload, get_host, list_hosts
-from gpuyard.services.tenancy.auth import Principal, Scope
+from gpuyard.services.tenancy.auth import Principal
 
 router = APIRouter(tags=["hosts"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
@@ -81,9 +81,8 @@ def hosts(request: Request, principal: Principal = Depends(current_principal)) -
     Polled (the console's hosts page): the answer's ``ETag`` is its data's digest, and
     ``If-None-Match`` with it answers 304 with no body while nothing shown changed
     (api/http/conditional.py)."""
-    principal.require(Scope.ADMIN)
     state = app_state(request)
-    overview = list_hosts(state.ctx)
+    overview = list_hosts(state.ctx, principal)
     # The server's own engine is asked now, outside any transaction; others' state is
     # their last heartbeat.
     local_problem = state.runtime.available() if any(h.is_local for h in overview.hosts) else None
@@ -110,8 +109,7 @@ def add_host(
     loopback). It takes placements once its first heartbeat answers; what is not
     declared is discovered then. 409 HOST_EXISTS for a name or engine already
     registered (admin)."""
-    principal.require(Scope.ADMIN)
-    view = host_admin.add_host(app_state(request).ctx, body.spec())
+    view = host_admin.add_host(app_state(request).ctx, principal, body.spec())
     return ok(_render(request, view), status_code=201)
 
 
@@ -119,9 +117,7 @@ def add_host(
 def ssh_key(request: Request, principal: Principal = Depends(current_principal)) -> JSONResponse:
     """The installation's SSH public key: add it to ``~/.ssh/authorized_keys`` of the
     user named in a host's ``ssh://`` engine URL (admin)."""
-    principal.require(Scope.ADMIN)
-    home = app_state(request).ctx.settings.home
-    return ok({"public_key": host_admin.ssh_public_key(home)})
+    return ok({"public_key": host_admin.installation_ssh_key(app_state(request).ctx, principal)})
 
 
 @router.get(ONE, responses=documented(HostEnvelope))
@@ -129,8 +125,7 @@ def get_one(
     host_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """One host, as in the list (admin). 404 HOST_NOT_FOUND."""
-    principal.require(Scope.ADMIN)
-    return ok(_render(request, get_host(app_state(request).ctx, host_id)))
+    return ok(_render(request, get_host(app_state(request).ctx, principal, host_id)))
 
 
 @router.post(ONE + "/cordon", responses=documented(HostEnvelope))
@@ -139,8 +134,7 @@ def cordon(
 ) -> JSONResponse:
     """Place nothing new on the host; what runs there stays (admin). Idempotent; a
     draining host stays draining."""
-    principal.require(Scope.ADMIN)
-    return ok(_render(request, host_admin.cordon(app_state(request).ctx, host_id)))
+    return ok(_render(request, host_admin.cordon(app_state(request).ctx, principal, host_id)))
 
 
 @router.post(ONE + "/uncordon", responses=documented(HostEnvelope))
@@ -148,8 +142,7 @@ def uncordon(
     host_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
     """Take placements on the host again; ends a drain too (admin). Idempotent."""
-    principal.require(Scope.ADMIN)
-    return ok(_render(request, host_admin.uncordon(app_state(request).ctx, host_id)))
+    return ok(_render(request, host_admin.uncordon(app_state(request).ctx, principal, host_id)))
 
 
 @router.post(ONE + "/drain", responses=documented(HostDrainEnvelope))
@@ -162,12 +155,11 @@ def drain(
     (``drain.training_nodes.moving``); ``drain.cannot_move`` and
     ``drain.training_nodes.cannot_move`` list what has nowhere to go yet and why
     (retried while the host drains). Idempotent."""
-    principal.require(Scope.ADMIN)
     ctx = app_state(request).ctx
-    report = drain_host(ctx, host_id)
+    report = drain_host(ctx, principal, host_id)
     return ok(
         {
-            "host": _render(request, get_host(ctx, host_id)),
+            "host": _render(request, get_host(ctx, principal, host_id)),
             "drain": {
                 "stopping": report.stopping,
                 "moving": report.moving,
@@ -189,8 +181,7 @@ def delete(
     ``details.left`` (clusters, training clusters and nodes, reservations, GPU and port
     allocations, volume moves, quarantined volumes); 409 LOCAL_HOST for a machine a
     server runs on."""
-    principal.require(Scope.ADMIN)
-    return ok(host_admin.delete_host(app_state(request).ctx, host_id))
+    return ok(host_admin.delete_host(app_state(request).ctx, principal, host_id))
 
 
 def _iso(value: Any) -> str | None:

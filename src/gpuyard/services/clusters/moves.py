@@ -35,6 +35,7 @@ from gpuyard.services.clusters.actions import request_drain_stop
 from gpuyard.services.clusters.cluster_rows import request_of
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.auth import Principal, Scope
 from gpuyard.services.training.drain import TrainingDrain, drain_training_nodes
 from gpuyard.store.schema import Cluster, Host, Reservation, VolumeMove
 
@@ -296,12 +297,13 @@ class DrainReport:
     training: TrainingDrain = field(default_factory=TrainingDrain)
 
 
-def drain_host(ctx: Context, host_id: int) -> DrainReport:
-    """Cordon the host and send its clusters away: running ones are stopped (then
+def drain_host(ctx: Context, principal: Principal, host_id: int) -> DrainReport:
+    """(Admin.) Cordon the host and send its clusters away: running ones are stopped (then
     started on another host by the reconciler: ``restart_drained``), stopped ones have
     their volume moved. Clusters that cannot move are listed with the reason. Its
     training workers are recreated on other hosts of their location, and the nodes
     that cannot move are listed with the reason (services/training/drain.py)."""
+    principal.require(Scope.ADMIN)
     now = ctx.clock.now()
     with ctx.transaction() as session:
         lock_placement(session)  # a create alongside sees the host before or after

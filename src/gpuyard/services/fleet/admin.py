@@ -38,6 +38,7 @@ from gpuyard.services.capacity.placement import lock_placement
 from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import sync_host_gpus
 from gpuyard.services.fleet.views import MOVES_IN_FLIGHT, HostView, view_of
+from gpuyard.services.tenancy.auth import Principal, Scope
 from gpuyard.store.schema import (
     Cluster,
     GpuAllocation,
@@ -158,12 +159,13 @@ def _default_address(session: Session, engine: EngineAddress) -> str:
     return local or "127.0.0.1"
 
 
-def add_host(ctx: Context, spec: NewHost) -> HostView:
-    """Register a host (``active``, not healthy until its first heartbeat) with its
+def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
+    """(Admin.) Register a host (``active``, not healthy until its first heartbeat) with its
     declared inventory, and wake the reconciler so it is reached at once.
 
     Raises ValidationFailed (the engine URL, TLS directory, address or a GPU type),
     HostExists (its name or engine is taken)."""
+    principal.require(Scope.ADMIN)
     engine = parse_engine_url(spec.engine_url)
     tls_dir = check_tls_dir(engine, spec.engine_tls_dir)
     if spec.address is not None:
@@ -241,9 +243,10 @@ def _set_status(ctx: Context, host_id: int, decide: Callable[[HostStatus], HostS
     return view
 
 
-def cordon(ctx: Context, host_id: int) -> HostView:
-    """Take no new placements on the host (what runs there stays). Idempotent; a
+def cordon(ctx: Context, principal: Principal, host_id: int) -> HostView:
+    """(Admin.) Take no new placements on the host (what runs there stays). Idempotent; a
     draining host stays draining (it is cordoned already). Raises HostNotFound."""
+    principal.require(Scope.ADMIN)
     return _set_status(
         ctx,
         host_id,
@@ -251,9 +254,10 @@ def cordon(ctx: Context, host_id: int) -> HostView:
     )
 
 
-def uncordon(ctx: Context, host_id: int) -> HostView:
-    """Take placements again; ends a drain too (clusters already moved stay where
+def uncordon(ctx: Context, principal: Principal, host_id: int) -> HostView:
+    """(Admin.) Take placements again; ends a drain too (clusters already moved stay where
     they are). Idempotent. Raises HostNotFound."""
+    principal.require(Scope.ADMIN)
     return _set_status(ctx, host_id, lambda _now: HostStatus.ACTIVE)
 
 
@@ -362,13 +366,14 @@ def _describe(left: dict[str, list[Any]]) -> str:
     return "; ".join(parts)
 
 
-def delete_host(ctx: Context, host_id: int) -> dict[str, Any]:
-    """Remove a host that holds nothing: no live cluster or training cluster, no
+def delete_host(ctx: Context, principal: Principal, host_id: int) -> dict[str, Any]:
+    """(Admin.) Remove a host that holds nothing: no live cluster or training cluster, no
     reservation, GPU or port allocation, no volume move from or to it and no
     quarantined volume. Its GPU rows go with it; what only remembers it (terminated
     clusters, deleted training clusters, finished moves) forgets it. Raises
     HostNotFound, LocalHostProtected (the server's own machine) or HostNotEmpty
     (``details.left`` lists what is left)."""
+    principal.require(Scope.ADMIN)
     with ctx.transaction() as session:
         # No placement can land on it between the check and the delete.
         lock_placement(session)
@@ -407,6 +412,12 @@ def delete_host(ctx: Context, host_id: int) -> dict[str, Any]:
         session.delete(host)
     ctx.wake()
     return {"id": host_id, "name": name, "deleted": True}
+
+
+def installation_ssh_key(ctx: Context, principal: Principal) -> str:
+    """(Admin.) The installation's SSH public key, for a host's ``authorized_keys``."""
+    principal.require(Scope.ADMIN)
+    return ssh_public_key(ctx.settings.home)
 
 
 def ssh_public_key(home: Path) -> str:

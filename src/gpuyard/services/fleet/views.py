@@ -22,6 +22,7 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training.clusters import node_owner
 from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import capacities
+from gpuyard.services.tenancy.auth import Principal, Scope
 from gpuyard.store.schema import (
     Cluster,
     GpuAllocation,
@@ -117,17 +118,19 @@ def reachability(host: Host) -> Reachability:
     return Reachability.REACHABLE if host.healthy else Reachability.UNREACHABLE
 
 
-def list_hosts(ctx: Context) -> HostsOverview:
-    """Every host, oldest first, and this installation's id. One read transaction; no
+def list_hosts(ctx: Context, principal: Principal) -> HostsOverview:
+    """(Admin.) Every host, oldest first, and this installation's id. One read transaction; no
     engine or network call."""
+    principal.require(Scope.ADMIN)
     with ctx.read() as session:
         hosts = list(session.scalars(select(Host).order_by(Host.id)))
         views = _views(session, hosts)
     return HostsOverview(installation_id=ctx.ownership.installation_id, hosts=tuple(views))
 
 
-def get_host(ctx: Context, host_id: int) -> HostView:
-    """One host. Raises HostNotFound."""
+def get_host(ctx: Context, principal: Principal, host_id: int) -> HostView:
+    """(Admin.) One host. Raises HostNotFound."""
+    principal.require(Scope.ADMIN)
     with ctx.read() as session:
         return view_of(session, host_id)
 
