@@ -45,11 +45,14 @@ run: venv system docs
 	$(VENV)/bin/gpuyard serve
 
 lint: venv
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy bench
 	$(VENV)/bin/lint-imports
+	@# No import circle (type-only imports too), no function-level import of gpuyard
+	@# outside the CLI, no source file over 800 lines, no folder of more than 25 modules.
+	$(PY) scripts/architecture_report.py --check > /dev/null || $(PY) scripts/architecture_report.py --check
 
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit

@@ -11,7 +11,8 @@ Prints, for ``src/gpuyard``:
 ``--check`` exits 1 when there is a circle, a function-level import of a gpuyard
 module outside ``gpuyard.cli`` (the command line imports the server's parts when a
 command needs them, so that ``gpuyard --help`` stays fast; the circle count still
-sees those imports), or a source file over 800 lines; ``make lint`` runs it that way.
+sees those imports), a source file over 800 lines, or a folder of more than 25
+modules; ``make lint`` runs it that way.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = "gpuyard"
 MAX_LINES = 800
+MAX_MODULES = 25
 
 
 def module_name(path: Path) -> str:
@@ -182,6 +184,11 @@ def main() -> int:
     big_folder = max(folders, key=lambda f: len(folders[f]))
     big_file = max(sizes, key=lambda f: sizes[f])
     over = [f"{p.relative_to(ROOT)} ({n} lines)" for p, n in sizes.items() if n > MAX_LINES]
+    crowded = [
+        f"{f.relative_to(ROOT)} ({len(n) - (f / '__init__.py').exists()} modules)"
+        for f, n in folders.items()
+        if len(n) - (f / "__init__.py").exists() > MAX_MODULES
+    ]
     print(f"import circles: {len(found_circles)}")
     for component in found_circles:
         print("  " + " <-> ".join(component))
@@ -200,7 +207,10 @@ def main() -> int:
     for line in over:
         print("  " + line)
     hidden = [line for line in nested if not line.startswith(f"{PACKAGE}/cli/")]
-    if args.check and (found_circles or typed_circles or hidden or over):
+    print(f"folders of more than {MAX_MODULES} modules: {len(crowded)}")
+    for line in crowded:
+        print("  " + line)
+    if args.check and (found_circles or typed_circles or hidden or over or crowded):
         return 1
     return 0
 
