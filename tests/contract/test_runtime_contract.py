@@ -17,7 +17,6 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.base import ContainerState
-from gpuyard.runtimes.volumes.archive import read_volume, write_volume
 from gpuyard.runtimes.volumes.moves import copy_volume_between
 from tests.contract.conftest import DEV_IMAGE, SHARED_LINE, Kit
 
@@ -63,7 +62,7 @@ def files_in(data: bytes) -> dict[str, bytes]:
 
 
 def read_files(kit: Kit, volume: str) -> dict[str, bytes]:
-    with read_volume(kit.runtime, volume) as chunks:
+    with kit.runtime.volume_io().read(volume) as chunks:
         return files_in(b"".join(bytes(c) for c in chunks))
 
 
@@ -116,24 +115,26 @@ def test_a_volume_written_as_a_tar_reads_back(kit: Kit) -> None:
     cid = kit.cluster_id()
     volume = kit.owner.volume(cid)
     stream = tar_of({"hello.txt": b"hello volume\n", "data/n.txt": b"42\n"})
-    written = write_volume(kit.runtime, volume, cid, [stream[:700], stream[700:]])
+    written = kit.runtime.volume_io().write(volume, cid, [stream[:700], stream[700:]])
     assert written == len(stream)
     assert volume in {v.name for v in kit.runtime.list_volumes()}
     assert read_files(kit, volume) == {"hello.txt": b"hello volume\n", "data/n.txt": b"42\n"}
     # Written again: made anew, nothing of the first content left.
-    write_volume(kit.runtime, volume, cid, [tar_of({"other.txt": b"x\n"})])
+    kit.runtime.volume_io().write(volume, cid, [tar_of({"other.txt": b"x\n"})])
     assert read_files(kit, volume) == {"other.txt": b"x\n"}
     kit.runtime.volume_io().remove_readers(volume)  # nothing left: a no-op
 
 
 def test_reading_a_missing_volume_fails(kit: Kit) -> None:
-    with pytest.raises(RuntimeFailure), read_volume(kit.runtime, kit.owner.volume("nosuch")):
+    with pytest.raises(RuntimeFailure), kit.runtime.volume_io().read(kit.owner.volume("nosuch")):
         pass
 
 
 def test_a_volume_copies_to_another_name(kit: Kit) -> None:
     source, target = kit.cluster_id(), kit.cluster_id()
-    write_volume(kit.runtime, kit.owner.volume(source), source, [tar_of({"a.txt": b"copied\n"})])
+    kit.runtime.volume_io().write(
+        kit.owner.volume(source), source, [tar_of({"a.txt": b"copied\n"})]
+    )
     copied = copy_volume_between(
         kit.runtime, kit.owner.volume(source), kit.runtime, kit.owner.volume(target), target
     )

@@ -740,9 +740,9 @@ def test_suspension_and_a_spent_budget_stop_training_clusters_and_refuse_new_one
         rate = budgets.spend_rate_micro(s, alice.account_id)
     assert rate > 0
     budgets.add_credit(ctx, op, alice.account_id, rate // 60 + 1, "a minute")
-    assert budgets.check_account(ctx, alice.account_id).stopped == []
+    assert budgets.enforce_budget(ctx, alice.account_id).stopped == []
     clock.advance(61)
-    check = budgets.check_account(ctx, alice.account_id)
+    check = budgets.enforce_budget(ctx, alice.account_id)
     assert check.exhausted and check.stopped == [f"tc-{cid}"]
     assert "budget exhausted" in status(ctx, cid).status_reason
     operator.run(cid)

@@ -51,7 +51,7 @@ _FREE_STATUSES = (ClusterStatus.TERMINATED.value,)
 # Every other status, spelled out: an IN list reads the status index, where NOT IN
 # would walk every terminated cluster.
 _BILLED_STATUSES = tuple(s.value for s in ClusterStatus if s.value not in _FREE_STATUSES)
-# What a cluster's rate depends on (services/cluster_views.cluster_rate).
+# What a cluster's rate depends on (services/clusters/views.cluster_rate).
 _RATE_COLUMNS = (
     Cluster.status,
     Cluster.gpu_type,

@@ -39,6 +39,7 @@ from gpuyard.runtimes.records import (
     ContainerSpec,
     ContainerState,
     ContainerStats,
+    EngineInventory,
     ExecEndpoint,
     ManagedContainer,
     ManagedVolume,
@@ -49,7 +50,6 @@ from gpuyard.runtimes.records import (
 
 if TYPE_CHECKING:
     from gpuyard.runtimes.engines.engine import Engine
-    from gpuyard.runtimes.engines.inventory import EngineInventory
 
 __all__ = [
     "GIB",

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
+from gpuyard.core.models import HostGpu
+
 GIB = 1024**3
 
 # Who reads a container's CPU%: each has its own sampling window (see Runtime.stats).
@@ -131,3 +133,18 @@ class ExecEndpoint:
 
     url: str
     ssl: ssl.SSLContext | None
+
+
+@dataclass(frozen=True)
+class EngineInventory:
+    """What a host has, as its engine (and the host itself) answered
+    (runtimes/engines/inventory.py asks)."""
+
+    engine_name: str  # "podman" or "docker"
+    engine_version: str
+    vcpus: int | None
+    memory_gb: int | None
+    # Size of the filesystem holding the engine's storage; None: not asked (no runner).
+    disk_gb: int | None
+    # None: not known (no runner to ask); empty: asked, none found.
+    gpus: tuple[HostGpu, ...] | None

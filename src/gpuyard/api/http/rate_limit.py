@@ -51,7 +51,7 @@ from gpuyard.api.http.surface_errors import surface_error
 from gpuyard.api.state import key_from
 from gpuyard.core.network.proxy import presented_key
 from gpuyard.core.token_bucket import BucketTable, Decision, Rate
-from gpuyard.edge.caddy_config import AUTHORIZE_PATH
+from gpuyard.edge.caddy_config import AUTHORIZE_PATH, PROXY_HEADER
 from gpuyard.services.clock import Clock
 from gpuyard.settings import Settings
 
@@ -209,6 +209,11 @@ def source_of(address: str) -> str:
     return str(ip)
 
 
+# The header Caddy sets on every request it makes to the API (edge/caddy_config.py),
+# as ASGI gives header names: lower case bytes.
+_PROXY_HEADER = PROXY_HEADER.lower().encode()
+
+
 def _source(scope: Scope, proxy_secret: bytes | None = None) -> str:
     # The peer address as the server gives it; uvicorn substitutes X-Forwarded-For only
     # for the proxies GPUYARD_TRUSTED_PROXIES lists (cli/serve.py). A request the HTTP
@@ -218,7 +223,7 @@ def _source(scope: Scope, proxy_secret: bytes | None = None) -> str:
     if proxy_secret is not None:
         vouched = forwarded = None
         for name, value in scope["headers"]:
-            if name == b"x-gpuyard-proxy":
+            if name == _PROXY_HEADER:
                 vouched = value
             elif name == b"x-forwarded-for":
                 forwarded = value

@@ -178,6 +178,11 @@ class ProxyStatus:
         with self._lock:
             self.ready, self.reason = ready, reason
 
+    def enable(self) -> None:
+        """This process runs a proxy: its state is now the proxy's last sync."""
+        with self._lock:
+            self.enabled = True
+
     def problem(self) -> str | None:
         """None while serving, else why proxy URLs are null."""
         with self._lock:

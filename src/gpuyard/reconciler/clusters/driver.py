@@ -183,7 +183,7 @@ class ClusterDriver:
         move = pending_move(self.ctx, c.id)
         if move is not None and not self._move_volume(c, move, starting=True):
             return
-        if not self.restores.storage_ready(c):
+        if not self.restores.finish_pending_restore(c):
             return
         engine_steps = False
         try:

@@ -73,7 +73,7 @@ class VolumeRestores:
         container."""
         return not work.snapshot_reading(self.ctx, c)
 
-    def storage_ready(self, c: Cluster) -> bool:
+    def finish_pending_restore(self, c: Cluster) -> bool:
         """Whether the start may go on after its storage steps: a pending restore is
         done. False: wait, or the start failed (the cluster is in ``error``). Raises
         Abandon when the cluster moved on during the restore."""

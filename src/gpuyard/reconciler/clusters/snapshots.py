@@ -5,8 +5,9 @@ Each account's snapshots live in its own restic repository with its own password
 never where a volume is mounted: a volume is read through a short-lived helper
 container of ours (runtimes/volumes/copy.py) that mounts that volume alone, read-only,
 in its own PID namespace with no network, and runs ``tar c`` (symlinks stored as
-symlinks, never followed). The stream is read through the engine's API
-(runtimes/volumes/archive.py), counted as it passes (storage/tar_stats.py) and piped into
+symlinks, never followed). The stream is read through the engine's API (the
+runtime's VolumeIO, runtimes/capabilities.py), counted as it passes
+(storage/tar_stats.py) and piped into
 ``restic backup --stdin`` chunk by chunk, never whole in memory; content-defined
 chunking stores only what changed since the account's earlier snapshots. Nothing a
 tenant writes into a volume can make restic open a path: restic sees only a stream.
@@ -41,7 +42,6 @@ from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.clusters.snapshot_migration import TAG_PREFIX, migrate_shared_snapshots
 from gpuyard.runtimes.base import Runtime
-from gpuyard.runtimes.volumes.archive import read_volume, remove_volume_readers, write_volume
 from gpuyard.services.context import Context
 from gpuyard.services.volumes import snapshot_work as work
 from gpuyard.services.volumes import snapshots as svc
@@ -181,7 +181,7 @@ class SnapshotWorker:
         counter = TarCounter()
         repository = self._repository(snap.account_id)
         repository.ensure()
-        with read_volume(runtime, snap.volume_name) as chunks:
+        with runtime.volume_io().read(snap.volume_name) as chunks:
             result = repository.backup_stream(
                 self._metered(counted(chunks, counter), beat),
                 filename=ARCHIVE_NAME,
@@ -204,7 +204,7 @@ class SnapshotWorker:
         if host_id is None or volume is None:
             return
         with contextlib.suppress(GpuyardError):
-            remove_volume_readers(self.runtime_of(host_id), volume)
+            self.runtime_of(host_id).volume_io().remove_readers(volume)
 
     @staticmethod
     def _metered(
@@ -298,8 +298,7 @@ class SnapshotWorker:
             else repository.dump_stream(restic_id, ARCHIVE_NAME)
         )
         with source as chunks:
-            write_volume(
-                runtime,
+            runtime.volume_io().write(
                 target_volume,
                 cluster_id,
                 chunks,

@@ -3,7 +3,7 @@ the webhooks of account events.
 
 Spend grows linearly between changes of an account's open usage intervals, so each
 account's next crossing (alert, exhaustion, or a new month for a postpaid budget) is a
-deadline computed from its spend rate (services/billing/budgets.py ``check_account``). The
+deadline computed from its spend rate (services/billing/budgets.py ``enforce_budget``). The
 reconciler sleeps no longer than until the earliest deadline (``seconds_until_next``),
 so a stop fires within about a second of the crossing, not on a polling interval.
 
@@ -27,7 +27,7 @@ from datetime import datetime
 from sqlalchemy import func, or_, select
 
 from gpuyard.core.billing.budget import PREPAID, first_due
-from gpuyard.services.billing.budgets import Check, check_account
+from gpuyard.services.billing.budgets import Check, enforce_budget
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy import webhooks
 from gpuyard.store.schema import Account, AccountCredit, Project, UsageInterval
@@ -78,7 +78,7 @@ class BudgetWatch:
             if plan is not None and plan.fingerprint == fingerprint and not due:
                 continue
             try:
-                check = check_account(self.ctx, account_id)
+                check = enforce_budget(self.ctx, account_id)
             except Exception:  # this account's trouble is its own; retried next pass
                 log.exception("budget check of account %s failed", account_id)
                 self._plans.pop(account_id, None)

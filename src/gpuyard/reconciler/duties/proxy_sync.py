@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from gpuyard.core.network.proxy import ProxyBase, ProxyStatus
+from gpuyard.core.network.proxy import ProxyBase
 from gpuyard.edge.caddy import CaddyAdmin, CaddyError, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
 from gpuyard.runtimes.hosts.ssh_forwards import SshPortForwards
@@ -54,7 +54,8 @@ class ProxySync:
         # How private ports of ssh:// hosts are reached (None: at the host's address).
         self.forwards = forwards
         # Views of this process read it: proxy URLs show while the proxy serves.
-        self.status = ctx.proxy = ProxyStatus(enabled=True)
+        self.status = ctx.proxy
+        self.status.enable()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -1,7 +1,7 @@
 """Which SSH keys a training cluster's nodes hold, and keeping them so.
 
 The cluster's SSH port is forwarded straight to the controller's sshd
-(training_edge.py), so the gateway's per-login check never sees those logins: the
+(reconciler/training/edge.py), so the gateway's per-login check never sees those logins: the
 nodes' ``authorized_keys`` must themselves hold only the keys that open the cluster
 now. A key the cluster names (``ssh_key_ids``) is installed while it is a key of the
 cluster's account whose user may write to the cluster's project

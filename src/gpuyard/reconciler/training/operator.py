@@ -190,7 +190,7 @@ class TrainingOperator:
         that failed, e.g. the engine did not answer: heal it; remove rules nothing
         should have any more); and hand each running
         cluster with a dead node, or whose nodes' SSH keys are no longer the ones
-        that open it (training_keys.py), to the queue, where it is brought back in
+        that open it (reconciler/training/keys.py), to the queue, where it is brought back in
         line."""
         with self.ctx.read() as session:
             rows = session.execute(
@@ -272,7 +272,7 @@ class TrainingOperator:
                 i.id: i.image
                 for i in session.scalars(select(ImageVersion).where(ImageVersion.id.in_(image_ids)))
             }
-            # Only the keys that open the cluster now (training_keys.py).
+            # Only the keys that open the cluster now (reconciler/training/keys.py).
             keys_text = node_keys_text(session, [cluster])[cluster.id]
             host_ids = {n.host_id for n in nodes if n.host_id is not None}
             addresses = dict(

@@ -1,7 +1,7 @@
 """One way to reach a container engine: the Docker Engine API through the ``docker`` SDK,
 restricted to one installation's objects.
 
-Both the cluster runtime (docker_engine.py) and the Slurm node runtime (slurm_nodes.py)
+Both the cluster runtime (engines/runtime.py) and the Slurm node runtime (slurm/nodes.py)
 work through an :class:`Engine`. It owns the SDK client, the translation of every
 engine and transport error to :class:`RuntimeFailure`, the ownership labels, and the
 operations that touch objects by name (remove a container, a volume, a network; list

@@ -4,27 +4,15 @@ version. Nothing is installed on the host; ``nvidia-smi`` is used where it exist
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.models import HostGpu
 from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.hosts.firewall import Runner
+from gpuyard.runtimes.records import EngineInventory
 
 GIB = 1024**3
-
-
-@dataclass(frozen=True)
-class EngineInventory:
-    engine_name: str  # "podman" or "docker"
-    engine_version: str
-    vcpus: int | None
-    memory_gb: int | None
-    # Size of the filesystem holding the engine's storage; None: not asked (no runner).
-    disk_gb: int | None
-    # None: not known (no runner to ask); empty: asked, none found.
-    gpus: tuple[HostGpu, ...] | None
 
 
 def discover_inventory(engine: Engine, runner: Runner | None) -> EngineInventory:

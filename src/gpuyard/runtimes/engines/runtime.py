@@ -64,10 +64,11 @@ from gpuyard.runtimes.engines import logs as engine_logs
 from gpuyard.runtimes.engines import pull_errors
 from gpuyard.runtimes.engines.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
 from gpuyard.runtimes.engines.exec_endpoint import engine_exec_endpoint
-from gpuyard.runtimes.engines.inventory import EngineInventory, discover_inventory
+from gpuyard.runtimes.engines.inventory import discover_inventory
 from gpuyard.runtimes.engines.volumes import EngineVolumeIO
 from gpuyard.runtimes.hosts.firewall import Runner
 from gpuyard.runtimes.hosts.ports import ports_in_use
+from gpuyard.runtimes.records import EngineInventory
 from gpuyard.runtimes.volumes.images import VolumeImages
 
 log = logging.getLogger(__name__)

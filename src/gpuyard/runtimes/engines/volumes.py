@@ -83,7 +83,7 @@ class EngineVolumeIO:
         cluster_id: str,
         on_progress: Progress | None = None,
     ) -> int:
-        # The labels are the source volume's (volume_copy.py), which name the cluster.
+        # The labels are the source volume's (runtimes/volumes/copy.py), which name the cluster.
         result = copy_volume(source, source_volume, self.engine, volume, on_progress=on_progress)
         return int(result.bytes_copied)
 

@@ -17,12 +17,12 @@ from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.network.engine_address import parse_engine_url
 from gpuyard.runtimes.engines.engine import EnginePolicy
 from gpuyard.runtimes.engines.exec_endpoint import engine_exec_endpoint
-from gpuyard.runtimes.engines.inventory import EngineInventory, discover_inventory
+from gpuyard.runtimes.engines.inventory import discover_inventory
 from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.runtimes.fleet import HostEngine, RuntimeFactory
 from gpuyard.runtimes.hosts.firewall import Runner, subprocess_runner
 from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys, SshRunner, SshSocketTunnel
-from gpuyard.runtimes.records import ExecEndpoint
+from gpuyard.runtimes.records import EngineInventory, ExecEndpoint
 from gpuyard.runtimes.volumes.images import DEFAULT_DIRECTORY, VolumeImages
 
 # Failed pings in a row through a running SSH tunnel before it is started afresh.

@@ -640,7 +640,7 @@ def fill_volume(
 
 def _hold_mounted(engine: Engine, volume: str) -> str | None:
     """For a volume the engine mounts from a device (a sized one, runtimes/
-    volume_images.py): a running helper that keeps it mounted, so an archive upload to
+    volumes/images.py): a running helper that keeps it mounted, so an archive upload to
     a stopped container lands in its file system (Podman 4.3 does not mount such a
     volume for the upload: the files would go to the empty mount point on the host's
     disk, unlimited and hidden once mounted). Returns its name; None: not needed."""

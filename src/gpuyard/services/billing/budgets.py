@@ -5,7 +5,7 @@ postpaid account's spend is its bill over the current UTC month, a prepaid accou
 balance is the sum of its credits less its bill since it became prepaid. The spend
 rate is the sum of its open usage intervals' rates (micro-USD per hour).
 
-``check_account`` is what the budget watch (reconciler/duties/budgets.py) runs at each
+``enforce_budget`` is what the budget watch (reconciler/duties/budgets.py) runs at each
 deadline: alerts (an account event, once per period, and a webhook), and at 100 % the
 account is marked exhausted (new work answers 402 BUDGET_EXHAUSTED, see
 services/billing/admission.py) and its running clusters are stopped, volumes kept, with the
@@ -208,7 +208,7 @@ class Check:
     stopped: list[str] = field(default_factory=list)
 
 
-def check_account(ctx: Context, account_id: int) -> Check:
+def enforce_budget(ctx: Context, account_id: int) -> Check:
     """Bring the account's alert and exhaustion up to date at ``ctx.clock.now()``:
     record due alerts, mark a spent account exhausted and stop its running clusters
     (or lift the mark when money is left again). Returns when to check next: the

@@ -72,7 +72,7 @@ def utilization_samples(
     ctx: Context, principal: Principal, cluster_id: str, span: timedelta
 ) -> list[UtilizationSample]:
     """The cluster's utilisation samples of the last ``span``, oldest first (the
-    reconciler keeps an hour: reconciler/utilization.py)."""
+    reconciler keeps an hour: reconciler/duties/utilization.py)."""
     since = ctx.clock.now() - span
     with ctx.read() as session:
         load_cluster(session, principal, cluster_id)

@@ -56,7 +56,6 @@ from gpuyard.store.schema import (
 
 # Docker's names for the TLS client material of a tcp:// engine (DOCKER_CERT_PATH).
 TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
-# Where the installation's SSH key lives under GPUYARD_HOME (runtimes/ssh_transport.py).
 MAX_HOST_GPUS = 64
 
 

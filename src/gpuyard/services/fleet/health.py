@@ -21,7 +21,7 @@ from gpuyard.core.billing.ledger import boundary
 from gpuyard.core.models import GpuSource
 from gpuyard.core.states import ClusterStatus
 from gpuyard.core.training.clusters import cluster_owner, node_owner
-from gpuyard.runtimes.engines.inventory import EngineInventory
+from gpuyard.runtimes.records import EngineInventory
 from gpuyard.services.billing.ledger_totals import rebuild
 from gpuyard.services.clusters.lifecycle import meter_status, record_event
 from gpuyard.services.context import Context
@@ -131,7 +131,7 @@ def pause_billing(session: Session, cluster_ids: Sequence[int | str], since: dat
     training nodes' ``tn-`` ids) from ``since`` (truncated to the second) on:
     intervals that began since then are dropped, those running past it end there.
     The status funnel opens no new ones while the host is away
-    (services/lifecycle.billing_paused)."""
+    (services/clusters/lifecycle.billing_paused)."""
     if not cluster_ids:
         return
     at = boundary(since)

@@ -17,7 +17,8 @@ from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.capacity.placement import lock_placement
 from gpuyard.services.clusters.actions import control_plane_stop
 from gpuyard.services.context import Context
-from gpuyard.services.training.stops import holding_clusters, stop_cluster
+from gpuyard.services.training.stops import holding_clusters
+from gpuyard.services.training.stops import stop_cluster as stop_training_cluster
 from gpuyard.store.schema import Cluster, Project
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def stop_work(ctx: Context, account_id: int, work: RunningWork, reason: str) -> 
             log.exception("account %s: cannot stop cluster %s", account_id, cluster_id)
     for training_id in work.training:
         try:
-            if stop_cluster(ctx, training_id, reason):
+            if stop_training_cluster(ctx, training_id, reason):
                 stopped.append(training_domain.cluster_owner(training_id))
         except Exception:
             log.exception("account %s: cannot stop training cluster %s", account_id, training_id)

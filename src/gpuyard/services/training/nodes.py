@@ -87,7 +87,7 @@ def meter_node(
     intervals: a node is billed like an on-demand cluster of its size while it holds
     its place, from placement to a stop or the deletion (a node holds no volume, so a
     stopped one bills nothing). Like a cluster's, its meter opens nothing while its own
-    host is unreachable (services/lifecycle.billing_paused)."""
+    host is unreachable (services/clusters/lifecycle.billing_paused)."""
     worker = node.role == NodeRole.WORKER
     as_cluster = SimpleNamespace(
         id=domain.node_owner(node.id),

@@ -292,7 +292,7 @@ def update_network_volume(
     a suspended account, or one whose budget or balance is spent, is refused
     (AccountSuspended 403, BudgetExhausted 402); a rename is not. With ``runtime_of``
     the engine volume is then grown on its host (its enforced size, runtimes/
-    volume_images.py); where the host does not answer, the next start of a cluster
+    runtimes/volumes/images.py); where the host does not answer, the next start of a cluster
     that mounts it grows it."""
     principal.require_write()
     now = ctx.clock.now()
