@@ -8,6 +8,11 @@ them), and every API answer shows them as :data:`MASK`. A stored value carries i
 own secrecy: whatever its name, a sealed value stays secret, so an explicit
 ``secret: true`` needs no column of its own.
 
+A value that refers to an account secret (``{{ RUNPOD_SECRET_name }}``,
+core/secret_refs.py) is not secret by its name: the reference is stored and shown as
+written (the secret's value is put in only when a container starts). Marked
+``secret: true``, it is sealed and masked like any other value.
+
 Pure: no I/O, no cryptography.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuyard.core.models import ENV_NAME, MAX_ENV_VALUE
+from gpuyard.core.secret_refs import holds_reference
 
 # Name fragments that make a value secret. Wider than the obvious four on purpose:
 # masking a harmless value costs a user one look at their own config, showing a
@@ -50,9 +56,15 @@ def is_sealed(value: str) -> bool:
     return value.startswith(SEALED_PREFIX)
 
 
+def is_secret_by_name(name: str, value: str) -> bool:
+    """True when ``name`` makes ``value`` secret: a secret-looking name, unless the
+    value refers to an account secret (the reference is no secret)."""
+    return is_secret_name(name) and not holds_reference(value)
+
+
 def is_secret(name: str, stored: str) -> bool:
     """True when the stored value of ``name`` must never be shown."""
-    return is_sealed(stored) or is_secret_name(name)
+    return is_sealed(stored) or is_secret_by_name(name, stored)
 
 
 def masked_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """The container a cluster's start creates: its image, command, environment (GPUs,
-keys, opened secrets), ports, volume and limits, read from the store."""
+keys, opened secrets and the account secrets it refers to), ports, volume and limits,
+read from the store."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gpuyard.runtimes.base import LABEL_CLUSTER, ContainerSpec, PortBinding, Run
 from gpuyard.services.access.ssh_keys import account_public_keys
 from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import gpu_uuids
+from gpuyard.services.tenancy.account_secrets import resolved_env
 from gpuyard.services.tenancy.secrets import open_env, secret_box
 from gpuyard.store.schema import Cluster, Host, NetworkVolume, PortAllocation, Project
 
@@ -59,7 +61,8 @@ class ContainerSpecs:
 
     def build(self, c: Cluster) -> ContainerSpec:
         """The container spec of ``c`` now. Raises RuntimeFailure (no account, a
-        network volume gone), SecretUnreadable or GpuyardError (docker_args)."""
+        network volume gone, a referred secret gone), SecretUnreadable or GpuyardError
+        (docker_args)."""
         with self.ctx.read() as session:
             allocations = list(
                 session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == c.id))
@@ -90,6 +93,9 @@ class ContainerSpecs:
         # Secret values are opened here only, for the engine (SecretUnreadable fails the
         # start with a message naming the key file).
         env = open_env(secret_box(self.ctx.settings), c.env)
+        # References to the account's secrets ({{ RUNPOD_SECRET_name }}) get their
+        # values now, read and opened outside any transaction, for the engine only.
+        env = resolved_env(self.ctx, account_id, env)
         indices = ",".join(str(i) for i in c.gpu_indices)
         if uuids:
             # Real GPUs are handed over as devices; inside they are numbered from 0.

@@ -86,6 +86,7 @@ from gpuyard.services.clusters.snapshot_sources import check_fits, clone_source,
 from gpuyard.services.clusters.views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
 from gpuyard.services.idempotency import Claim
+from gpuyard.services.tenancy.account_secrets import check_cluster_references, check_references
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
@@ -254,6 +255,7 @@ def create_cluster(
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
     with ctx.transaction() as session:
         project_id = project_for_create(session, principal, body.project_id)
+        check_references(session, principal.account_id, body.env.values(), "env")
         if location is not None:
             check_location(session, location)
         needs_gpu = gpu_count > 0 or body.gpu_type
@@ -372,6 +374,16 @@ def create_cluster(
     return cluster
 
 
+def _check_secret_refs(
+    ctx: Context, session: Session, cluster: Cluster, values: dict[str, Any]
+) -> None:
+    """Refuse a start whose env (as the start leaves it) refers to secrets the
+    cluster's account does not have. Raises ValidationFailed."""
+    env = values.get("env", cluster.env)
+    field = "environment_updates" if "env" in values else "env"
+    check_cluster_references(session, secret_box(ctx.settings), cluster.project_id, env, field)
+
+
 def start_cluster(
     ctx: Context,
     principal: Principal,
@@ -411,6 +423,7 @@ def start_cluster(
                     # The body's own errors answer now; placement waits for the stop.
                     restorable_for(session, principal, cluster, body)
                     values, _, _ = start_changes(cluster, body, secret_box(ctx.settings))
+                    _check_secret_refs(ctx, session, cluster, values)
                     if bid_per_gpu is not None:
                         count = values.get("gpu_count", cluster.gpu_count)
                         gpu = resolve_gpu_type(session, cluster.gpu_type)
@@ -445,6 +458,7 @@ def start_cluster(
                 session.expunge(cluster)
                 previous = rate_of(session, cluster, ctx, running=True).total
                 values, applied, reasons = start_changes(cluster, body, secret_box(ctx.settings))
+                _check_secret_refs(ctx, session, cluster, values)
                 if bid_per_gpu is not None:
                     gpu = resolve_gpu_type(session, cluster.gpu_type)
                     count = values.get("gpu_count", cluster.gpu_count)

@@ -30,11 +30,11 @@ from sqlalchemy import Text, cast, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import GpuyardError
-from gpuyard.core.secret_env import MASK, SEALED_PREFIX, is_sealed, is_secret, is_secret_name
+from gpuyard.core.secret_env import MASK, SEALED_PREFIX, is_sealed, is_secret, is_secret_by_name
 from gpuyard.services.context import Context
 from gpuyard.services.installation.files import write_once
 from gpuyard.settings import Settings
-from gpuyard.store.schema import Cluster, TrainingCluster
+from gpuyard.store.schema import AccountSecret, Cluster, TrainingCluster
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +71,15 @@ def load_or_create_key(path: Path) -> bytes:
 
 
 def holds_sealed_secrets(session: Session) -> bool:
-    """Whether the store holds any sealed value (env or munge key): then a missing key
-    file is a lost key, not a first start."""
+    """Whether the store holds any sealed value (env, munge key or account secret):
+    then a missing key file is a lost key, not a first start."""
     pattern = f"%{SEALED_PREFIX}%"
     env = session.scalar(select(Cluster.id).where(cast(Cluster.env, Text).like(pattern)).limit(1))
     munge = session.scalar(
         select(TrainingCluster.id).where(TrainingCluster.munge_key.like(pattern)).limit(1)
     )
-    return env is not None or munge is not None
+    account = session.scalar(select(AccountSecret.id).limit(1))
+    return env is not None or munge is not None or account is not None
 
 
 def missing_key_error(path: Path) -> SecretKeyError:
@@ -142,7 +143,7 @@ def secret_box(settings: Settings) -> SecretBox:
 def _seal_value(box: SecretBox, name: str, value: str, secret: bool) -> str:
     # A plaintext that looks sealed is sealed too, so "stored value has the prefix"
     # always means "encrypted by us" and a user cannot have us "open" a value.
-    if secret or is_secret_name(name) or is_sealed(value):
+    if secret or is_secret_by_name(name, value) or is_sealed(value):
         return box.seal(value)
     return value
 
@@ -156,9 +157,10 @@ def seal_env(
 
 def reseal_env(box: SecretBox, stored: Mapping[str, str]) -> dict[str, str]:
     """``stored`` with every plaintext value that is secret by name sealed (rows
-    written before encryption existed)."""
+    written before encryption existed); references to account secrets stay as they
+    are."""
     return {
-        name: box.seal(value) if is_secret_name(name) and not is_sealed(value) else value
+        name: box.seal(value) if is_secret_by_name(name, value) and not is_sealed(value) else value
         for name, value in stored.items()
     }
 

@@ -39,6 +39,7 @@ from gpuyard.store.schema.fleet import (
 from gpuyard.store.schema.networking import ReservedIp, SecurityGroup
 from gpuyard.store.schema.tenancy import (
     Account,
+    AccountSecret,
     ApiKey,
     AuditEvent,
     IdempotencyKey,
@@ -63,6 +64,7 @@ __all__ = [
     "Account",
     "AccountCredit",
     "AccountEvent",
+    "AccountSecret",
     "ApiKey",
     "AuditEvent",
     "Base",

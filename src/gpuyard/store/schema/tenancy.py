@@ -187,6 +187,22 @@ class SshKey(Base):
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)
 
 
+class AccountSecret(Base):
+    """A named secret of an account (RunPod's secrets), referenced from clusters' env
+    as ``{{ RUNPOD_SECRET_name }}`` (core/secret_refs.py). ``value`` is sealed
+    (services/tenancy/secrets.py) and never answered."""
+
+    __tablename__ = "account_secrets"
+    __table_args__ = (UniqueConstraint("account_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    description: Mapped[str] = mapped_column(Text, default="")
+    value: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class IdempotencyKey(Base):
     """A create request's ``Idempotency-Key``: a retry with the same key and body
     answers the resource the first request made; keys expire (``expires_at``)."""
