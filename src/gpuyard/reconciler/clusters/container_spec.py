@@ -61,8 +61,8 @@ class ContainerSpecs:
 
     def build(self, c: Cluster) -> ContainerSpec:
         """The container spec of ``c`` now. Raises RuntimeFailure (no account, a
-        network volume gone, a referred secret gone), SecretUnreadable or GpuyardError
-        (docker_args)."""
+        network volume gone), SecretMissing (a secret the env refers to is gone),
+        SecretUnreadable or GpuyardError (docker_args)."""
         with self.ctx.read() as session:
             allocations = list(
                 session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == c.id))

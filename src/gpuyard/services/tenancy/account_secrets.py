@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import GpuyardError, NotFound, RuntimeFailure, ValidationFailed
+from gpuyard.core.errors import GpuyardError, NotFound, ValidationFailed
 from gpuyard.core.input_rules import check_text
 from gpuyard.core.models import MAX_ENV_VALUE
 from gpuyard.core.secret_refs import (
@@ -40,6 +40,14 @@ from gpuyard.store.schema import AccountSecret, Project
 
 class SecretNotFound(NotFound):
     code = "SECRET_NOT_FOUND"
+
+
+class SecretMissing(GpuyardError):
+    """A start's env refers to a secret its account no longer has (the start fails
+    with this message; it is no engine failure, so it is not tried again)."""
+
+    code = "SECRET_MISSING"
+    http_status = 409
 
 
 class SecretExists(GpuyardError):
@@ -274,13 +282,13 @@ def opened_secrets(ctx: Context, account_id: int, names: Iterable[str]) -> dict[
 
 def resolved_env(ctx: Context, account_id: int, env: Mapping[str, str]) -> dict[str, str]:
     """``env`` (plaintext) with its references replaced by ``account_id``'s secrets.
-    Raises RuntimeFailure naming a secret the account no longer has, SecretUnreadable."""
+    Raises SecretMissing naming a secret the account no longer has, SecretUnreadable."""
     secrets = opened_secrets(ctx, account_id, referenced_names(env.values()))
     try:
         return resolve_env(env, secrets)
     except KeyError as exc:
         name = str(exc.args[0])
-        raise RuntimeFailure(
+        raise SecretMissing(
             f"the environment refers to the secret {name!r}, which this account no "
             "longer has: create it again (POST /v1/secrets) or change the environment",
             {"missing_secret": name},
