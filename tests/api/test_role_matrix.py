@@ -59,6 +59,9 @@ _RESOURCES = (
     # The account's SSH keys log into every cluster of it (the gateway, PUBLIC_KEY):
     # adding one is a change to the clusters, not a key of one's own.
     "/v1/ssh-keys",
+    # Account secrets: their names are read like resources; a change changes what the
+    # account's clusters start with.
+    "/v1/secrets",
     "/v1/clusters",
     "/v2/clusters",
     "/v1/networkvolumes",
@@ -239,6 +242,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             volume = data(c.post("/v1/networkvolumes", json=nv))
             ip = data(c.post("/v1/reserved-ips"))
             group = data(c.post("/v1/security-groups", json={"name": "g", "rules": []}))
+            secret = data(c.post("/v1/secrets", json={"name": "s", "value": "v"}))
         real = {
             "account_id": a.account_id,
             "project_id": a.project_id,
@@ -248,6 +252,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "network_volume_id": volume["id"],
             "reserved_ip_id": ip["id"],
             "security_group_id": group["id"],
+            "secret_id": secret["id"],
             "member_id": a.members[VIEWER],
             "port": 8888,
         }

@@ -5,6 +5,7 @@ a start whose secret went away fails with an event naming it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -79,10 +80,21 @@ def test_crud_seals_the_value_and_answers_never_hold_it(ctx: Context, alice: Pri
     assert VALUE not in str(trail) and NEW_VALUE not in str(trail)
 
 
-def test_a_read_key_may_not_change_secrets(ctx: Context, alice: Principal) -> None:
+def test_a_read_key_or_a_project_key_may_not_change_secrets(ctx: Context, alice: Principal) -> None:
+    row = secrets.create_secret(ctx, alice, "token", VALUE)
     reader = new_principal(ctx, "reader@example.com", Scope.READ)
     with pytest.raises(Forbidden):
-        secrets.create_secret(ctx, reader, "token", VALUE)
+        secrets.create_secret(ctx, reader, "other", VALUE)
+    # A key restricted to a project: secrets are the whole account's.
+    restricted = replace(alice, key_project_id=alice.default_project_id)
+    for call in (
+        lambda: secrets.create_secret(ctx, restricted, "other", VALUE),
+        lambda: secrets.update_secret(ctx, restricted, row.id, "changed"),
+        lambda: secrets.delete_secret(ctx, restricted, row.id),
+    ):
+        with pytest.raises(Forbidden, match="restricted to project"):
+            call()
+    assert [r.name for r in secrets.list_secrets(ctx, restricted)] == ["token"]
 
 
 def test_another_accounts_secrets_are_not_found_and_do_not_resolve(

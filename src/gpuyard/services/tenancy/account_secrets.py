@@ -3,7 +3,9 @@ clusters' environment refers to as ``{{ RUNPOD_SECRET_name }}`` (core/secret_ref
 
 Each use case opens its own transaction and checks what the caller may do: any member
 who may read the account's resources sees the secrets' names and descriptions, one
-who may write creates, changes and deletes them. A secret's value is never answered,
+who may write creates, changes and deletes them, with a key that is not restricted to
+a project (a secret is the whole account's: every project's clusters may refer to
+it). A secret's value is never answered,
 logged, audited or put in an event: it is sealed with the installation's key
 (services/tenancy/secrets.py) on the way in and opened only by
 :func:`opened_secrets`, which the reconciler calls outside any transaction when it
@@ -135,9 +137,11 @@ def create_secret(
     ctx: Context, principal: Principal, name: object, value: object, description: object = ""
 ) -> AccountSecret:
     """Store a new secret of the acting account, its value sealed. Needs the write
-    permission. Raises Forbidden, ValidationFailed ("name", "value", "description"),
+    permission and an unrestricted key. Raises Forbidden, ValidationFailed ("name",
+    "value", "description"),
     SecretExists."""
     principal.require_write()
+    principal.require_unrestricted("account secrets")
     checked = _checked_name(name)
     plain = _checked_value(value)
     text = _checked_description(description)
@@ -183,6 +187,7 @@ def update_secret(
     refer to it get the new value at their next start. Needs the write permission.
     Raises Forbidden, SecretNotFound, ValidationFailed."""
     principal.require_write()
+    principal.require_unrestricted("account secrets")
     sealed = None if value is None else secret_box(ctx.settings).seal(_checked_value(value))
     text = None if description is None else _checked_description(description)
     now = ctx.clock.now()
@@ -202,6 +207,7 @@ def delete_secret(ctx: Context, principal: Principal, secret_id: int) -> None:
     """Delete a secret. A cluster that still refers to it fails its next start with an
     error naming it. Needs the write permission. Raises Forbidden, SecretNotFound."""
     principal.require_write()
+    principal.require_unrestricted("account secrets")
     now = ctx.clock.now()
     with ctx.transaction() as session:
         row = _find(session, principal.account_id, secret_id, lock=True)
