@@ -2,17 +2,21 @@
 container gets the value; no answer (REST v1 and v2, GraphQL, events, audit trail,
 the secrets' own routes) and no log line of gpuyard's ever holds it. Another account
 neither sees the secret nor resolves its name. RunPod's SDK creates a pod whose env
-refers to a secret."""
+refers to a secret; ``gpuyard secrets`` reads values from stdin or a file."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner, Result
 
 from gpuyard.api.rest.schemas import secrets as schemas
+from gpuyard.cli.main import cli
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer
@@ -170,3 +174,35 @@ def test_runpod_sdk_creates_a_pod_whose_env_refers_to_a_secret(
     assert srv.server.reconciler.wait_idle(10)
     assert fake_runtime.containers[pod["id"]].spec.env["X"] == VALUE
     assert VALUE not in str(runpod.get_pod(pod["id"]))
+
+
+def test_cli_secrets_read_the_value_from_stdin_and_never_print_it(
+    srv: LiveServer, fake_runtime: FakeRuntime, tmp_path: Path
+) -> None:
+    env = {"GPUYARD_URL": srv.url, "GPUYARD_API_KEY": srv.key}
+    env["GPUYARD_HOME"] = str(srv.server.ctx.settings.home)
+
+    def run(*args: str, stdin: str | None = None) -> Result:
+        result = CliRunner().invoke(cli, list(args), env=env, input=stdin)
+        assert result.exit_code == 0, result.output
+        assert VALUE not in result.output
+        return result
+
+    created = run("secrets", "create", "token", "--description", "hub", stdin=VALUE + "\n")
+    assert REF in created.output
+    listed = json.loads(run("--json", "secrets", "list").stdout)["secrets"]
+    assert [(s["name"], s["description"]) for s in listed] == [("token", "hub")]
+    sid = str(listed[0]["id"])
+    value_file = tmp_path / "value"
+    value_file.write_text("from-a-file")
+    run("secrets", "update", sid, "--value-file", str(value_file))
+    run("secrets", "update", sid, "--description", "renamed")
+    with srv.client() as c:
+        body = {"docker_image": "img", "gpu_count": 0, "env": {"X": REF}}
+        cid = data(c.post("/v1/clusters", json=body), 201)["id"]
+        assert srv.server.reconciler.wait_idle(10)
+        assert fake_runtime.containers[cid].spec.env["X"] == "from-a-file"
+        assert data(c.get(f"/v1/secrets/{sid}"))["description"] == "renamed"
+        assert c.delete(f"/v1/clusters/{cid}").status_code == 200
+    run("secrets", "delete", sid)
+    assert json.loads(run("--json", "secrets", "list").stdout)["secrets"] == []

@@ -21,6 +21,7 @@ from gpuyard.cli.keys import keys
 from gpuyard.cli.orphans import orphans
 from gpuyard.cli.quotas import quotas
 from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS
+from gpuyard.cli.secrets import secrets
 from gpuyard.cli.snapshots import snapshots
 from gpuyard.cli.training import training
 from gpuyard.cli.uninstall import uninstall
@@ -154,6 +155,7 @@ for command in RESOURCE_COMMANDS:
     cli.add_command(command)
 cli.add_command(training)
 cli.add_command(quotas)
+cli.add_command(secrets)
 cli.add_command(accounts)
 cli.add_command(invitations)
 cli.add_command(backup)
