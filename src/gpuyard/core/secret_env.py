@@ -101,7 +101,10 @@ def env_map_json_schema(*, nullable: bool = False) -> dict[str, object]:
             'Environment variables: "NAME": "value", or "NAME": {"value": "...", '
             '"secret": true} to store the value encrypted and show it masked. Names with '
             "PASSWORD, PASSWD, PASSPHRASE, TOKEN, SECRET, KEY, CREDENTIAL or PRIVATE are "
-            f'secret without the flag. Sending back the mask "{MASK}" keeps a secret.'
+            f'secret without the flag. Sending back the mask "{MASK}" keeps a secret. A '
+            "value may refer to an account secret (/v1/secrets) as "
+            "{{ RUNPOD_SECRET_name }}: stored and shown as written, the secret's value "
+            "put in when the container starts."
         ),
         "propertyNames": {"pattern": ENV_NAME.pattern},
         "additionalProperties": {"anyOf": values},
