@@ -158,7 +158,8 @@ def test_graphql_pod_with_a_missing_secret_is_refused_naming_it(srv: LiveServer)
         'env: [{key: "X", value: "{{ RUNPOD_SECRET_nothere }}"}]}) { id } }'
     )
     assert body.get("errors"), body
-    assert "nothere" in str(body["errors"])
+    ext = body["errors"][0]["extensions"]
+    assert ext["code"] == "VALIDATION_ERROR" and ext["details"]["missing_secrets"] == ["nothere"]
 
 
 def test_runpod_sdk_creates_a_pod_whose_env_refers_to_a_secret(
