@@ -8,6 +8,7 @@ import * as clusters from "./pages/clusters.js";
 import * as create from "./pages/create.js";
 import * as detail from "./pages/detail.js";
 import * as keys from "./pages/keys.js";
+import * as secrets from "./pages/secrets.js";
 import * as billing from "./pages/billing.js";
 import * as training from "./pages/training.js";
 import * as trainingCreate from "./pages/training_create.js";
@@ -22,6 +23,7 @@ const ROUTES = [
   [/^#\/clusters\/new\/clone\/([A-Za-z0-9_-]+)$/, create],
   [/^#\/clusters\/([A-Za-z0-9_-]+)$/, detail],
   [/^#\/keys$/, keys],
+  [/^#\/secrets$/, secrets],
   [/^#\/billing$/, billing],
   [/^#\/clusters$/, clusters],
   // The training pages carry their scope (project_id, location) as a query.
