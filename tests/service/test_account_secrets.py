@@ -166,6 +166,19 @@ def test_missing_secrets_are_refused_at_create_and_start(
     assert uc.get_cluster(ctx, alice, c.id).status == "stopped"
 
 
+def test_a_restart_without_its_secret_is_refused_and_the_container_kept(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
+    row = secrets.create_secret(ctx, alice, "token", VALUE)
+    c = uc.create_cluster(ctx, alice, body(env={"X": REF}))
+    settle(rec, c.id)
+    secrets.delete_secret(ctx, alice, row.id)
+    with pytest.raises(ValidationFailed, match="token"):
+        uc.restart_cluster(ctx, alice, c.id)
+    assert uc.get_cluster(ctx, alice, c.id).status == "running"
+    assert runtime.containers[c.id].spec.env["X"] == VALUE
+
+
 def test_a_secret_deleted_before_the_start_fails_it_with_an_event(
     ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
 ) -> None:

@@ -21,7 +21,9 @@ from gpuyard.services.clusters.cluster_rows import (
 from gpuyard.services.clusters.lifecycle import transition_cluster
 from gpuyard.services.clusters.pending_starts import call_off, has_pending_start
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.account_secrets import check_cluster_references
 from gpuyard.services.tenancy.auth import Principal
+from gpuyard.services.tenancy.secrets import secret_box
 from gpuyard.store.schema import Cluster
 
 
@@ -46,6 +48,13 @@ def _act(
                     call_off(session, cluster, now)
                 else:
                     require_action(cluster, action)
+                    if action is Action.RESTART:
+                        # A restart recreates the container: its secrets must exist
+                        # (refused now, the running container kept, rather than failed).
+                        box = secret_box(ctx.settings)
+                        check_cluster_references(
+                            session, box, cluster.project_id, cluster.env, "env"
+                        )
                     session.expunge(cluster)
                     cluster.version = transition_cluster(
                         session, cluster, target, reason, now,
@@ -78,7 +87,9 @@ def stop_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster
 
 
 def restart_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cluster:
-    """Recreate the container in place (container disk wiped, volume and GPUs kept)."""
+    """Recreate the container in place (container disk wiped, volume and GPUs kept).
+    Raises ValidationFailed (and the container keeps running) when its env refers to
+    a secret the account no longer has."""
     return _act(
         ctx,
         principal,
