@@ -65,6 +65,7 @@ _RESOURCES = (
     "/v1/snapshots",
     "/v1/reserved-ips",
     "/v1/security-groups",
+    "/v1/templates",
     "/distributed_jobs_v2/cluster",
 )
 ACC = "/v1/accounts/{account_id}"
@@ -239,6 +240,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             volume = data(c.post("/v1/networkvolumes", json=nv))
             ip = data(c.post("/v1/reserved-ips"))
             group = data(c.post("/v1/security-groups", json={"name": "g", "rules": []}))
+            template = data(c.post("/v1/templates", json={"name": "t", "docker_image": "img"}))
         real = {
             "account_id": a.account_id,
             "project_id": a.project_id,
@@ -248,6 +250,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "network_volume_id": volume["id"],
             "reserved_ip_id": ip["id"],
             "security_group_id": group["id"],
+            "template_id": template["id"],
             "member_id": a.members[VIEWER],
             "port": 8888,
         }

@@ -19,6 +19,7 @@ from gpuyard.store.schema.billing import (
 from gpuyard.store.schema.clusters import (
     Cluster,
     ClusterLogArchive,
+    ClusterTemplate,
     Event,
     GpuAllocation,
     PortAllocation,
@@ -67,6 +68,7 @@ __all__ = [
     "AuditEvent",
     "Base",
     "Cluster",
+    "ClusterTemplate",
     "ClusterLogArchive",
     "Event",
     "GpuAllocation",
