@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from gpuyard.api.rest.schemas import templates as schemas
 from gpuyard.core.secret_env import MASK
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from tests.helpers import LiveServer
@@ -52,8 +53,11 @@ def error(r: httpx.Response, status: int) -> dict[str, Any]:
 
 def test_rest_create_list_get_patch_delete(srv: LiveServer) -> None:
     with srv.client() as c:
-        made = ok(c.post("/v1/templates", json=TEMPLATE), 201)
+        created = c.post("/v1/templates", json=TEMPLATE)
+        schemas.TemplateEnvelope.model_validate(created.json())
+        made = ok(created, 201)
         tid = made["id"]
+        schemas.TemplateListEnvelope.model_validate(c.get("/v1/templates").json())
         assert made["env"] == {"MODE": "dev", "HF_TOKEN": MASK, "OTHER": MASK}
         assert made["is_public"] is False and made["readme"] == "# Jupyter"
         assert made["ports"][0]["internal_port"] == 8888
@@ -72,7 +76,9 @@ def test_rest_create_list_get_patch_delete(srv: LiveServer) -> None:
         assert changed["env"] == {"MODE": "prod", "HF_TOKEN": MASK}
         assert changed["readme"] == "new" and changed["docker_image"] == TEMPLATE["docker_image"]
 
-        assert ok(c.delete(f"/v1/templates/{tid}")) == {"id": tid, "deleted": True}
+        deleted = c.delete(f"/v1/templates/{tid}")
+        schemas.TemplateDeletedEnvelope.model_validate(deleted.json())
+        assert ok(deleted) == {"id": tid, "deleted": True}
         assert error(c.get(f"/v1/templates/{tid}"), 404)["code"] == "TEMPLATE_NOT_FOUND"
 
 
@@ -186,7 +192,8 @@ def test_graphql_save_update_list_delete_and_deploy(srv: LiveServer) -> None:
     assert saved["env"] == [{"key": "A", "value": "1"}, {"key": "DB_PASSWORD", "value": MASK}]
     assert saved["isPublic"] is False and saved["containerRegistryAuthId"] is None
     updated = srv.graphql(
-        f'mutation {{ saveTemplate(input: {{id: "{tid}", readme: "new"}}) {{ id readme imageName }} }}'
+        f'mutation {{ saveTemplate(input: {{id: "{tid}", readme: "new"}}) '
+        "{ id readme imageName } }"
     )["data"]["saveTemplate"]
     assert updated == {"id": tid, "readme": "new", "imageName": "img:2"}
     listed = srv.graphql("{ myself { podTemplates { id name } } }")["data"]["myself"]

@@ -107,8 +107,9 @@ class CreateCluster(_MarksSecrets):
         max_length=MAX_MOUNT_PATH_CHARS,
         json_schema_extra={"pattern": MOUNT_PATH_PATTERN},
     )
-    # Required unless template_id names a template (whose image it then is).
-    docker_image: str = Field(default="", max_length=512)
+    # Required unless template_id names a template (whose image it then is): the
+    # default is not validated, an empty string sent is refused.
+    docker_image: str = Field(default="", min_length=1, max_length=512)
     docker_args: str = Field(default="", max_length=8192)
     # A value may be {"value": ..., "secret": true}: see _secret_marks.
     env: Annotated[dict[str, str], WithJsonSchema(env_map_json_schema())] = Field(

@@ -1,5 +1,6 @@
-"""Clusters, the templates they may be created from, and the capacity they claim (GPUs, reservations, ports), their events,
-start-up samples, log archives, utilization samples and proxy sessions."""
+"""Clusters and the capacity they claim (GPUs, reservations, ports), their events,
+start-up samples, log archives, utilization samples and proxy sessions; the templates
+clusters may be created from."""
 
 from __future__ import annotations
 
