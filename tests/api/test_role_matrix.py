@@ -408,12 +408,19 @@ def test_graphql_fields_answer_each_role_as_the_matrix_says(world: World) -> Non
         ("read", "{ myself { clusters { id } } }", {}),
         ("read", "{ myself { pods { id } } }", {}),
         ("read", "{ myself { networkVolumes { id } } }", {}),
+        ("read", "{ myself { podTemplates { id } } }", {}),
         ("read", POD, {"id": cid}),
         ("read", "query($id: String!) { cluster(input: {clusterId: $id}) { id } }", {"id": cid}),
         ("billing", "{ myself { currentSpendPerHr } }", {}),
         ("write", STOP, {"id": "nocluster0000"}),
         ("write", 'mutation { podTerminate(input: {podId: "nocluster0000"}) }', {}),
         ("write", 'mutation { podResume(input: {podId: "nocluster0000"}) { id } }', {}),
+        ("write", 'mutation { deleteTemplate(templateName: "no such template") }', {}),
+        (
+            "write",
+            'mutation { saveTemplate(input: {id: "notemplate", readme: "x"}) { id } }',
+            {},
+        ),
         # pubKey replaces the account's SSH keys: a change to its clusters' access.
         ("write", settings, {"k": keys_text}),
     ]
