@@ -131,7 +131,7 @@ def test_rest_cluster_from_a_template(srv: LiveServer) -> None:
             ),
             201,
         )
-        assert cluster["docker_image"] == TEMPLATE["docker_image"]
+        assert cluster["docker_image"] == TEMPLATE["docker_image"] and cluster["template_id"] == tid
         assert cluster["volume_mount_path"] == "/data" and cluster["container_disk_gb"] == 15
         assert cluster["env"] == {"MODE": "prod", "HF_TOKEN": MASK, "OTHER": MASK}
         assert srv.server.reconciler.wait_idle(10)
