@@ -5,6 +5,8 @@ create with ``template_id`` takes what it leaves out from the template."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -17,7 +19,7 @@ from gpuyard.services.clusters.template_inputs import CreateTemplate, UpdateTemp
 from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal, Scope
-from gpuyard.services.tenancy.projects import ProjectRef
+from gpuyard.services.tenancy.projects import ProjectRef, create_project
 from gpuyard.store.schema import Cluster, ClusterTemplate
 from tests.conftest import new_principal
 
@@ -189,3 +191,26 @@ def test_a_cluster_without_image_or_template_is_refused(ctx: Context, alice: Pri
         create_cluster(ctx, alice, CreateCluster())
     with pytest.raises(ValidationFailed, match="template_id"):
         create_cluster(ctx, alice, CreateCluster(template_id="nothing"))
+
+
+def test_a_key_restricted_to_a_project_sees_only_its_templates(
+    ctx: Context, alice: Principal
+) -> None:
+    shared = tpl.create_template(ctx, alice, HERE, body(name="default-project"))
+    other = create_project(ctx, alice, None, "other")
+    theirs = tpl.create_template(ctx, alice, ProjectRef(other.id), body(name="other-project"))
+    pinned = dataclasses.replace(
+        alice, project_ids=frozenset({other.id}), default_project_id=other.id
+    )
+    assert [t.id for t in tpl.all_templates(ctx, pinned)] == [theirs.id]
+    assert [t.id for t in tpl.template_page(ctx, pinned, HERE).templates] == [theirs.id]
+    with pytest.raises(tpl.TemplateNotFound):
+        tpl.show_template(ctx, pinned, HERE, shared.id)
+    with pytest.raises(tpl.TemplateNotFound):
+        tpl.delete_template_named(ctx, pinned, "default-project")
+    with pytest.raises(ValidationFailed, match="template_id"):
+        create_cluster(ctx, pinned, CreateCluster(template_id=shared.id))
+    # The owner's list names a project: only that project's.
+    only = tpl.template_page(ctx, alice, ProjectRef(other.id)).templates
+    assert [t.id for t in only] == [theirs.id]
+    assert tpl.template_page(ctx, alice, HERE).total == 2
