@@ -19,6 +19,8 @@ from sqlalchemy.orm import Session
 from gpuyard.core import cursors
 from gpuyard.core.errors import GpuyardError, NotFound, ValidationFailed
 from gpuyard.core.ids import new_template_id
+from gpuyard.core.image_refs import check_image
+from gpuyard.core.input_rules import MAX_ENV_VARS
 from gpuyard.core.models import PortSpec
 from gpuyard.core.secret_env import masked_env
 from gpuyard.services.access.resource_util import iso
@@ -151,6 +153,8 @@ def create_template(
     """A new template of ``ref``'s project (default: the default project). Needs the
     write permission. Raises ProjectNotFound / Forbidden, TemplateExists (409)."""
     principal.require_write()
+    # The image a cluster would pull: only from registries the operator allows.
+    check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
     box = secret_box(ctx.settings)
     now = ctx.clock.now()
     with ctx.transaction() as session:
@@ -247,6 +251,8 @@ def update_template(
     it keep what they were made with. Needs the write permission. Raises as
     show_template, Forbidden, TemplateExists (409)."""
     principal.require_write()
+    if body.docker_image is not None:
+        check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
     box = secret_box(ctx.settings)
     with ctx.transaction() as session:
         row = _find(session, resource_scope(session, principal, ref), template_id)
@@ -333,6 +339,16 @@ def with_template(body: CreateCluster, template: ClusterTemplate) -> CreateClust
     return body.model_copy(update=fill)
 
 
-def template_env(template: ClusterTemplate | None) -> dict[str, str]:
-    """The env a template gives a new cluster, as stored (secret values sealed)."""
-    return dict(template.env) if template is not None else {}
+def merged_env(template: ClusterTemplate | None, stored: dict[str, str]) -> dict[str, str]:
+    """A new cluster's stored env: the template's (its secret values sealed already)
+    with the request's ``stored`` (sealed by the caller) over it. Raises
+    ValidationFailed on ``env`` when the two hold more variables than a cluster may."""
+    if template is None:
+        return stored
+    env = {**template.env, **stored}
+    if len(env) > MAX_ENV_VARS:
+        raise ValidationFailed(
+            "env",
+            f"{len(env)} environment variables with the template's; at most {MAX_ENV_VARS}",
+        )
+    return env

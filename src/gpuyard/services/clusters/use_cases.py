@@ -83,7 +83,7 @@ from gpuyard.services.clusters.reads import get_cluster as get_cluster
 from gpuyard.services.clusters.reads import list_events as list_events
 from gpuyard.services.clusters.requests import AutoTerminateUpdate, CreateCluster, StartCluster
 from gpuyard.services.clusters.snapshot_sources import check_fits, clone_source, restorable_for
-from gpuyard.services.clusters.templates import template_env, template_for_create, with_template
+from gpuyard.services.clusters.templates import merged_env, template_for_create, with_template
 from gpuyard.services.clusters.views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
 from gpuyard.services.idempotency import Claim
@@ -297,10 +297,7 @@ def create_cluster(
             name=body.name or f"cluster-{cluster_id[:6]}",
             image=body.docker_image,
             docker_args=body.docker_args,
-            env={
-                **template_env(template),
-                **seal_env(secret_box(ctx.settings), body.env, body.secret_env),
-            },
+            env=merged_env(template, seal_env(secret_box(ctx.settings), body.env, body.secret_env)),
             template_id=template.id if template is not None else None,
             ports=ports_json(body.ports),
             gpu_type=gpu.id if gpu else None,
