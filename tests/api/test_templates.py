@@ -112,10 +112,16 @@ def test_rest_bad_input_is_a_clear_error(srv: LiveServer) -> None:
             {"name": "x", "docker_image": "img", "env": {"A": 1}},
             {"name": "x", "docker_image": "img", "nope": 1},
             {"name": "x\u202e", "docker_image": "img"},
+            # Only registries the operator allows, as on a cluster create.
+            {"name": "x", "docker_image": "evil.example.com/x"},
+            {"name": "x", "docker_image": "127.0.0.1:8765/x"},
         ):
             r = c.post("/v1/templates", json=body)
             assert r.status_code == 400, (body, r.text)
             assert r.json()["error"]["code"] == "VALIDATION_ERROR"
+        dup_id = ok(c.get("/v1/templates"))["templates"][0]["id"]
+        moved = c.patch(f"/v1/templates/{dup_id}", json={"docker_image": "10.0.0.5/x"})
+        assert error(moved, 400)["details"]["field"] == "docker_image"
         long_id = "x" * 300
         assert c.get(f"/v1/templates/{long_id}").status_code in (400, 404)
         assert error(c.patch("/v1/templates/nothing", json={}), 404)["code"] == "TEMPLATE_NOT_FOUND"
