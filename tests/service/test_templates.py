@@ -20,6 +20,7 @@ from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal, Scope
 from gpuyard.services.tenancy.projects import ProjectRef, create_project
+from gpuyard.services.tenancy.secrets import holds_sealed_secrets
 from gpuyard.store.schema import Cluster, ClusterTemplate
 from tests.conftest import new_principal
 
@@ -214,3 +215,14 @@ def test_a_key_restricted_to_a_project_sees_only_its_templates(
     only = tpl.template_page(ctx, alice, ProjectRef(other.id)).templates
     assert [t.id for t in only] == [theirs.id]
     assert tpl.template_page(ctx, alice, HERE).total == 2
+
+
+def test_a_templates_sealed_secret_counts_as_a_stored_secret(
+    ctx: Context, alice: Principal
+) -> None:
+    """A missing key file is then a lost key (start-up refuses), not a first start."""
+    with ctx.read() as s:
+        assert not holds_sealed_secrets(s)
+    tpl.create_template(ctx, alice, HERE, body(env={"HF_TOKEN": "hf_x"}))
+    with ctx.read() as s:
+        assert holds_sealed_secrets(s)
