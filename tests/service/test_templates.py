@@ -19,7 +19,12 @@ from gpuyard.services.clusters.template_inputs import CreateTemplate, UpdateTemp
 from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal, Scope
-from gpuyard.services.tenancy.projects import ProjectRef, create_project
+from gpuyard.services.tenancy.projects import (
+    ProjectNotEmpty,
+    ProjectRef,
+    create_project,
+    delete_project,
+)
 from gpuyard.services.tenancy.secrets import holds_sealed_secrets
 from gpuyard.store.schema import Cluster, ClusterTemplate
 from tests.conftest import new_principal
@@ -226,3 +231,13 @@ def test_a_templates_sealed_secret_counts_as_a_stored_secret(
     tpl.create_template(ctx, alice, HERE, body(env={"HF_TOKEN": "hf_x"}))
     with ctx.read() as s:
         assert holds_sealed_secrets(s)
+
+
+def test_a_project_holding_a_template_is_not_deleted(ctx: Context, alice: Principal) -> None:
+    other = create_project(ctx, alice, None, "holds-one")
+    row = tpl.create_template(ctx, alice, ProjectRef(other.id), body())
+    with pytest.raises(ProjectNotEmpty) as refused:
+        delete_project(ctx, alice, other.id)
+    assert refused.value.details["left"] == {"templates": [row.id]}
+    tpl.delete_template(ctx, alice, HERE, row.id)
+    delete_project(ctx, alice, other.id)
