@@ -68,6 +68,7 @@ _RESOURCES = (
     "/v1/snapshots",
     "/v1/reserved-ips",
     "/v1/security-groups",
+    "/v1/templates",
     "/distributed_jobs_v2/cluster",
 )
 ACC = "/v1/accounts/{account_id}"
@@ -243,6 +244,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             ip = data(c.post("/v1/reserved-ips"))
             group = data(c.post("/v1/security-groups", json={"name": "g", "rules": []}))
             secret = data(c.post("/v1/secrets", json={"name": "s", "value": "v"}))
+            template = data(c.post("/v1/templates", json={"name": "t", "docker_image": "img"}))
         real = {
             "account_id": a.account_id,
             "project_id": a.project_id,
@@ -253,6 +255,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "reserved_ip_id": ip["id"],
             "security_group_id": group["id"],
             "secret_id": secret["id"],
+            "template_id": template["id"],
             "member_id": a.members[VIEWER],
             "port": 8888,
         }
@@ -410,12 +413,19 @@ def test_graphql_fields_answer_each_role_as_the_matrix_says(world: World) -> Non
         ("read", "{ myself { clusters { id } } }", {}),
         ("read", "{ myself { pods { id } } }", {}),
         ("read", "{ myself { networkVolumes { id } } }", {}),
+        ("read", "{ myself { podTemplates { id } } }", {}),
         ("read", POD, {"id": cid}),
         ("read", "query($id: String!) { cluster(input: {clusterId: $id}) { id } }", {"id": cid}),
         ("billing", "{ myself { currentSpendPerHr } }", {}),
         ("write", STOP, {"id": "nocluster0000"}),
         ("write", 'mutation { podTerminate(input: {podId: "nocluster0000"}) }', {}),
         ("write", 'mutation { podResume(input: {podId: "nocluster0000"}) { id } }', {}),
+        ("write", 'mutation { deleteTemplate(templateName: "no such template") }', {}),
+        (
+            "write",
+            'mutation { saveTemplate(input: {id: "notemplate", readme: "x"}) { id } }',
+            {},
+        ),
         # pubKey replaces the account's SSH keys: a change to its clusters' access.
         ("write", settings, {"k": keys_text}),
     ]

@@ -79,3 +79,37 @@ def test_sdk_errors(srv: LiveServer, sdk: Any, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(runpod, "api_key", "gy_not_a_key")
     with pytest.raises(error.AuthenticationError):
         sdk.get_pods()
+
+
+def test_sdk_templates(srv: LiveServer, sdk: Any) -> None:
+    """runpod.create_template (``saveTemplate``), then runpod.create_pod with its id:
+    the pod takes the template's image, args and ports; what create_pod sends wins."""
+    template = sdk.create_template(
+        "sdk-template",
+        "runpod/pytorch:2.1",
+        docker_start_cmd="sleep infinity",
+        container_disk_in_gb=12,
+        volume_in_gb=4,
+        ports="8888/http,22/tcp",
+        env={"MODE": "dev", "HF_TOKEN": "hf_x"},
+    )
+    tid = template["id"]
+    assert template["name"] == "sdk-template" and template["isServerless"] is False
+    assert template["imageName"] == "runpod/pytorch:2.1" and template["volumeInGb"] == 4
+    assert template["env"] == [
+        {"key": "MODE", "value": "dev"},
+        {"key": "HF_TOKEN", "value": "********"},
+    ]
+
+    pod = sdk.create_pod("from-template", "", "NVIDIA RTX A6000", template_id=tid)
+    assert pod["imageName"] == "runpod/pytorch:2.1"
+    assert sorted(pod["env"]) == ["HF_TOKEN=********", "MODE=dev"]
+    assert srv.server.reconciler.wait_idle(10)
+    mine = sdk.get_pod(pod["id"])
+    assert mine["ports"] == "8888/http,22/tcp" and mine["dockerArgs"] == "sleep infinity"
+    # create_pod always sends volumeMountPath: the request's wins; the volumeInGb 0 it
+    # sends counts as left out.
+    assert mine["volumeMountPath"] == "/runpod-volume" and mine["containerDiskInGb"] == 12
+    assert mine["volumeInGb"] == 4
+    with pytest.raises(sdk.error.QueryError, match="templateId"):
+        sdk.create_pod("nope", "", "NVIDIA RTX A6000", template_id="nosuchtemplate")

@@ -46,6 +46,7 @@ from gpuyard.api.rest import secrets as secrets_api
 from gpuyard.api.rest import security_groups as security_groups_api
 from gpuyard.api.rest import snapshots as snapshots_api
 from gpuyard.api.rest import ssh_keys as ssh_keys_api
+from gpuyard.api.rest import templates as templates_api
 from gpuyard.api.state import AppState
 from gpuyard.api.training import routes as training
 from gpuyard.core.errors import GpuyardError
@@ -255,6 +256,7 @@ def build_server(
     app.include_router(host_images_api.router)
     app.include_router(reserved_ips_api.router)
     app.include_router(security_groups_api.router)
+    app.include_router(templates_api.router)
     app.include_router(orphans_api.router)
     app.include_router(snapshots_api.router)
     app.include_router(network_volumes_api.router)

@@ -42,3 +42,8 @@ def new_snapshot_id() -> str:
 def new_network_volume_id() -> str:
     """A 10-character lowercase id, as RunPod network volume ids are."""
     return "".join(secrets.choice(_ALPHABET) for _ in range(10))
+
+
+def new_template_id() -> str:
+    """A 10-character lowercase id, as RunPod template ids are."""
+    return "".join(secrets.choice(_ALPHABET) for _ in range(10))

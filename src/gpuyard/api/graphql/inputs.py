@@ -3,9 +3,9 @@ their translation into the cluster use cases' validated bodies.
 
 Every field of RunPod's deploy inputs is accepted. Those that apply take effect (see
 :func:`create_bodies`); the others are accepted and ignored, as docs/decisions.md
-lists. Inputs that would change *what data* a cluster starts on (a template without
-``imageName``) are refused rather than ignored; ``networkVolumeId`` mounts that network
-volume at ``volumeMountPath``.
+lists. ``templateId`` names a template of the account (``saveTemplate``): it fills
+what the input leaves out (empty strings and zero sizes count as left out);
+``networkVolumeId`` mounts that network volume at ``volumeMountPath``.
 """
 
 from __future__ import annotations
@@ -216,7 +216,13 @@ GRAPHQL_NAMES = {
     "bid_per_gpu": "bidPerGpu",
     "location": "dataCenterId",
     "network_volume_id": "networkVolumeId",
+    "template_id": "templateId",
 }
+
+# RunPod's public templates (``runpod-ubuntu``, which runpod-python names for every CPU
+# pod, ``runpod-torch``, ...): never one of ours (our ids have no hyphen), so with an
+# imageName they ask for nothing more and are ignored.
+RUNPOD_TEMPLATE_PREFIX = "runpod-"
 
 _PORT = re.compile(r"^\s*(\d{1,5})\s*(?:/\s*(http|tcp|udp)\s*)?$", re.IGNORECASE)
 # RunPod CPU instance ids: cpu3c-2-4 = flavour, vCPUs, memory GB.
@@ -275,8 +281,11 @@ def create_bodies(
     a volume of its own; the cluster goes to the network volume's host).
     Raises ValidationFailed.
     """
-    if not data.image_name:
-        raise ValidationFailed("input.imageName", "required (templates are not supported)")
+    template_id = data.template_id or None
+    if template_id and template_id.startswith(RUNPOD_TEMPLATE_PREFIX) and data.image_name:
+        template_id = None
+    if not data.image_name and template_id is None:
+        raise ValidationFailed("input.imageName", "required (or a templateId)")
     vcpus, memory = data.min_vcpu_count, data.min_memory_in_gb
     if data.instance_id and (m := _INSTANCE.match(data.instance_id)):
         vcpus = vcpus or int(m.group(1))
@@ -293,21 +302,28 @@ def create_bodies(
         auto = _deadline(data.terminate_after, "input.terminateAfter", now, "terminate")
     base: dict[str, Any] = {
         "name": data.name or "",
-        "docker_image": data.image_name,
-        "docker_args": data.docker_args or "",
         "env": {
             e.key: {"value": e.value, "secret": True} if e.secret else e.value
             for e in data.env or []
             if e is not None
         },
-        "ports": parse_ports(data.ports, data.port),
-        "volume_mount_path": data.volume_mount_path or "/workspace",
-        "volume_gb": data.volume_in_gb or 0,
         # "" as absent, like dataCenterId.
         "network_volume_id": data.network_volume_id or None,
         "cloud_type": CloudType(data.cloud_type.value) if data.cloud_type else CloudType.ALL,
         "auto_terminate": auto,
     }
+    # Only what was given (a template fills the rest; without one, the defaults are
+    # the create body's own).
+    ports = parse_ports(data.ports, data.port)
+    given = {
+        "docker_image": data.image_name,
+        "docker_args": data.docker_args,
+        "ports": ports,
+        "volume_mount_path": data.volume_mount_path,
+        "volume_gb": data.volume_in_gb,
+        "template_id": template_id,
+    }
+    base.update({k: v for k, v in given.items() if v})
     if vcpus:
         base["cpu_cores"] = vcpus
     if memory:

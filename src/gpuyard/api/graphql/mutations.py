@@ -32,6 +32,12 @@ from gpuyard.api.graphql.inputs import (
     create_bodies,
 )
 from gpuyard.api.graphql.queries import one_pod, user_of
+from gpuyard.api.graphql.templates import (
+    PodTemplate,
+    SaveTemplateInput,
+    delete_template,
+    save_template,
+)
 from gpuyard.api.graphql.types import Info, Pod, User
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.core.roles import Permission
@@ -206,3 +212,14 @@ class Mutation:
             # RunPod's pubKey is the caller's own: other members' keys stay.
             replace_own_keys(gctx.ctx, gctx.principal, input.pub_key)
         return user_of(info)
+
+    @strawberry.mutation(
+        description="Save a pod template: create one, or update input.id's with the "
+        "fields given (the same templates as /v1/templates)."
+    )
+    def save_template(self, info: Info, input: SaveTemplateInput) -> PodTemplate:
+        return save_template(info.context, input)
+
+    @strawberry.mutation(description="Delete the account's template of that name. Returns null.")
+    def delete_template(self, info: Info, template_name: str) -> None:
+        delete_template(info.context, template_name)

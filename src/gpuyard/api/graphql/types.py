@@ -25,6 +25,7 @@ from strawberry.types.nodes import Selection
 from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.context import GqlContext
 from gpuyard.api.graphql.inputs import GpuLowestPriceInput
+from gpuyard.api.graphql.templates import PodTemplate, pod_templates
 from gpuyard.api.rest.schemas.cluster_json import iso, proxy_url
 from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity
 from gpuyard.core.roles import Permission
@@ -215,6 +216,9 @@ class Pod:
     network_volume: NetworkVolume | None = strawberry.field(
         description="The network volume mounted at volumeMountPath (null: its own volume)"
     )
+    template_id: str | None = strawberry.field(
+        description="The template it was created from (null: none)"
+    )
     _runtime: strawberry.Private[PodRuntime | None]
 
     @strawberry.field(description="Null unless running.")
@@ -307,6 +311,7 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
         created_at=iso(c.created_at),
         machine=machine,
         network_volume=_network_volume(d),
+        template_id=c.template_id,
         _runtime=runtime,
     )
 
@@ -411,6 +416,10 @@ class User:
             NetworkVolume(id=v.id, name=v.name, size=v.size_gb, data_center_id=v.location)
             for v in list_network_volumes(gctx.ctx, gctx.principal)
         ]
+
+    @strawberry.field(description="The account's pod templates, oldest first.")
+    def pod_templates(self, info: Info) -> list[PodTemplate]:
+        return pod_templates(info.context)
 
     @strawberry.field(description="The account's clusters (not terminated), newest first.")
     async def clusters(self, info: Info) -> list[Pod]:

@@ -107,7 +107,9 @@ class CreateCluster(_MarksSecrets):
         max_length=MAX_MOUNT_PATH_CHARS,
         json_schema_extra={"pattern": MOUNT_PATH_PATTERN},
     )
-    docker_image: str = Field(min_length=1, max_length=512)
+    # Required unless template_id names a template (whose image it then is): the
+    # default is not validated, an empty string sent is refused.
+    docker_image: str = Field(default="", min_length=1, max_length=512)
     docker_args: str = Field(default="", max_length=8192)
     # A value may be {"value": ..., "secret": true}: see _secret_marks.
     env: Annotated[dict[str, str], WithJsonSchema(env_map_json_schema())] = Field(
@@ -125,6 +127,9 @@ class CreateCluster(_MarksSecrets):
     # Mount this network volume at volume_mount_path instead of a volume of its own
     # (the cluster is placed on the network volume's host).
     network_volume_id: str | None = Field(default=None, min_length=1, max_length=100)
+    # A template of the account (services/clusters/templates.py): it fills what this
+    # request leaves out (image, docker args, env, ports, disk sizes, mount path).
+    template_id: str | None = Field(default=None, min_length=1, max_length=20)
 
     @property
     def spot(self) -> bool:

@@ -83,6 +83,7 @@ from gpuyard.services.clusters.reads import get_cluster as get_cluster
 from gpuyard.services.clusters.reads import list_events as list_events
 from gpuyard.services.clusters.requests import AutoTerminateUpdate, CreateCluster, StartCluster
 from gpuyard.services.clusters.snapshot_sources import check_fits, clone_source, restorable_for
+from gpuyard.services.clusters.templates import merged_env, template_for_create, with_template
 from gpuyard.services.clusters.views import cluster_rate, estimated_startup_seconds
 from gpuyard.services.context import Context
 from gpuyard.services.idempotency import Claim
@@ -98,7 +99,7 @@ from gpuyard.services.volumes.snapshots import (
     refuse_while_restoring,
     restore_target,
 )
-from gpuyard.store.schema import Cluster, Host, Snapshot
+from gpuyard.store.schema import Cluster, Host, Project, Snapshot
 
 
 @dataclass(frozen=True)
@@ -248,13 +249,20 @@ def create_cluster(
     pins it to the hosts of that location (GraphQL ``dataCenterId``); a location no
     host has is a ValidationFailed on ``location``."""
     principal.require_write()
-    # The engine connects to the registry an image names: only allowed registries.
-    check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
-    check_external_ports(body.ports, ctx.settings, "ports")
+    if not body.docker_image and body.template_id is None:
+        raise ValidationFailed("docker_image", "is required (or a template_id)")
     now = ctx.clock.now()
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
     with ctx.transaction() as session:
         project_id = project_for_create(session, principal, body.project_id)
+        template = None
+        if body.template_id is not None:
+            account_id = session.get_one(Project, project_id).account_id
+            template = template_for_create(session, principal, account_id, body.template_id)
+            body = with_template(body, template)
+        # The engine connects to the registry an image names: only allowed registries.
+        check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
+        check_external_ports(body.ports, ctx.settings, "ports")
         check_references(session, principal.account_id, body.env.values(), "env")
         if location is not None:
             check_location(session, location)
@@ -291,7 +299,8 @@ def create_cluster(
             name=body.name or f"cluster-{cluster_id[:6]}",
             image=body.docker_image,
             docker_args=body.docker_args,
-            env=seal_env(secret_box(ctx.settings), body.env, body.secret_env),
+            env=merged_env(template, seal_env(secret_box(ctx.settings), body.env, body.secret_env)),
+            template_id=template.id if template is not None else None,
             ports=ports_json(body.ports),
             gpu_type=gpu.id if gpu else None,
             gpu_count=gpu_count,

@@ -26,6 +26,7 @@ from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import (
     ApiKey,
     Cluster,
+    ClusterTemplate,
     Member,
     NetworkVolume,
     Project,
@@ -280,7 +281,7 @@ def rename_project(ctx: Context, principal: Principal, project_id: int, name: st
 def project_contents(session: Session, project_id: int) -> dict[str, list[str]]:
     """What keeps a project from being deleted, by kind: clusters not terminated,
     network volumes and snapshots not deleted, training clusters not deleted,
-    reserved IPs, security groups and live keys restricted to it."""
+    reserved IPs, security groups, templates and live keys restricted to it."""
     found: dict[str, list[str]] = {}
 
     def add(kind: str, ids: Iterable[object]) -> None:
@@ -328,6 +329,10 @@ def project_contents(session: Session, project_id: int) -> dict[str, list[str]]:
     add(
         "security_groups",
         session.scalars(select(SecurityGroup.id).where(SecurityGroup.project_id == project_id)),
+    )
+    add(
+        "templates",
+        session.scalars(select(ClusterTemplate.id).where(ClusterTemplate.project_id == project_id)),
     )
     add(
         "api_keys",

@@ -34,7 +34,7 @@ from gpuyard.core.secret_env import MASK, SEALED_PREFIX, is_sealed, is_secret, i
 from gpuyard.services.context import Context
 from gpuyard.services.installation.files import write_once
 from gpuyard.settings import Settings
-from gpuyard.store.schema import AccountSecret, Cluster, TrainingCluster
+from gpuyard.store.schema import AccountSecret, Cluster, ClusterTemplate, TrainingCluster
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +71,19 @@ def load_or_create_key(path: Path) -> bytes:
 
 
 def holds_sealed_secrets(session: Session) -> bool:
-    """Whether the store holds any sealed value (env, munge key or account secret):
-    then a missing key file is a lost key, not a first start."""
+    """Whether the store holds any sealed value (a cluster's or a template's env, a
+    munge key, an account secret): then a missing key file is a lost key, not a first
+    start."""
     pattern = f"%{SEALED_PREFIX}%"
     env = session.scalar(select(Cluster.id).where(cast(Cluster.env, Text).like(pattern)).limit(1))
+    template = session.scalar(
+        select(ClusterTemplate.id).where(cast(ClusterTemplate.env, Text).like(pattern)).limit(1)
+    )
     munge = session.scalar(
         select(TrainingCluster.id).where(TrainingCluster.munge_key.like(pattern)).limit(1)
     )
     account = session.scalar(select(AccountSecret.id).limit(1))
-    return env is not None or munge is not None or account is not None
+    return env is not None or template is not None or munge is not None or account is not None
 
 
 def missing_key_error(path: Path) -> SecretKeyError:

@@ -19,6 +19,7 @@ from gpuyard.store.schema.billing import (
 from gpuyard.store.schema.clusters import (
     Cluster,
     ClusterLogArchive,
+    ClusterTemplate,
     Event,
     GpuAllocation,
     PortAllocation,
@@ -70,6 +71,7 @@ __all__ = [
     "Base",
     "Cluster",
     "ClusterLogArchive",
+    "ClusterTemplate",
     "Event",
     "GpuAllocation",
     "GpuType",

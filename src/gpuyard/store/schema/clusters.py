@@ -1,5 +1,6 @@
 """Clusters and the capacity they claim (GPUs, reservations, ports), their events,
-start-up samples, log archives, utilization samples and proxy sessions."""
+start-up samples, log archives, utilization samples and proxy sessions; the templates
+clusters may be created from."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    UniqueConstraint,
     false,
     text,
 )
@@ -88,6 +90,9 @@ class Cluster(Base):
     # secret box: it may carry env values); the reconciler applies it once the stop is
     # done. Set only while desired_status is running and status is stopping or stopped.
     pending_start: Mapped[str | None] = mapped_column(Text)
+    # The template it was created from (services/clusters/templates.py); kept as the
+    # id only, so a cluster still names it after the template is deleted.
+    template_id: Mapped[str | None] = mapped_column(String(20))
     last_restart_at: Mapped[datetime | None] = mapped_column()
     next_restart_at: Mapped[datetime | None] = mapped_column()
     recent_failures: Mapped[list[Any]] = mapped_column(default=list)
@@ -222,3 +227,33 @@ class UtilizationSample(Base):
     cpu_percent: Mapped[float] = mapped_column(Float)
     memory_percent: Mapped[float] = mapped_column(Float)
     gpu_percent: Mapped[float | None] = mapped_column(Float)
+
+
+class ClusterTemplate(Base):
+    """A saved configuration new clusters may be created from (RunPod's pod template):
+    image, env (secret values sealed as a cluster's are), ports, disk sizes, mount
+    path, docker args and a readme. Private to its account; names are unique there."""
+
+    __tablename__ = "cluster_templates"
+    __table_args__ = (
+        UniqueConstraint("account_id", "name", name="uq_cluster_templates_account_name"),
+        # The list's keyset order (oldest first, id breaking ties) within an account.
+        Index("ix_cluster_templates_account_created", "account_id", "created_at", "id"),
+    )
+    id: Mapped[str] = mapped_column(String(20), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    image: Mapped[str] = mapped_column(String(512))
+    env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    ports: Mapped[list[Any]] = mapped_column(default=list)
+    container_disk_gb: Mapped[int] = mapped_column(Integer, default=10)
+    volume_gb: Mapped[int] = mapped_column(Integer, default=0)
+    volume_mount_path: Mapped[str] = mapped_column(String(512), default="/workspace")
+    docker_args: Mapped[str] = mapped_column(Text, default="")
+    start_script: Mapped[str] = mapped_column(Text, default="")
+    readme: Mapped[str] = mapped_column(Text, default="")
+    # A registry credential's id, kept opaque (None: the image's registry needs none).
+    container_registry_auth_id: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -178,6 +178,7 @@ class Cluster(StrictOut):
     last_exit: LastExit | None
     docker_image: str
     docker_args: str
+    template_id: str | None = Field(description="The template it was created from (null: none)")
     gpu_type: str | None
     gpu_display_name: str | None
     gpu_count: int
