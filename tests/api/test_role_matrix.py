@@ -92,7 +92,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("GET", "/v1/projects/{project_id}/members"): "any",
     ("POST", "/v1/projects/{project_id}/members"): "projects",
     ("DELETE", "/v1/projects/{project_id}/members/{member_id}"): "projects",
-    # The accounts part (api/rest/accounts.py, quotas, budgets, audit).
+    # The accounts part (api/rest/tenancy/accounts.py, quotas, budgets, audit).
     ("POST", "/v1/accounts"): "operator",
     ("GET", "/v1/accounts"): "any",
     ("GET", ACC): "any",

@@ -25,28 +25,29 @@ from gpuyard.api.http.database_outage import DatabaseOutage
 from gpuyard.api.http.nul_guard import NulGuard
 from gpuyard.api.http.rate_limit import RateLimit, RateLimiter, RateLimits, seconds_of
 from gpuyard.api.http.request_ids import RequestIds
-from gpuyard.api.rest import accounts as accounts_api
-from gpuyard.api.rest import audit as audit_api
-from gpuyard.api.rest import billing, catalog, clusters
-from gpuyard.api.rest import budgets as budgets_api
+from gpuyard.api.rest import catalog, clusters
 from gpuyard.api.rest import cluster_logs as cluster_logs_api
 from gpuyard.api.rest import cluster_metrics as cluster_metrics_api
 from gpuyard.api.rest import host_images as host_images_api
 from gpuyard.api.rest import hosts as hosts_api
 from gpuyard.api.rest import images as images_api
-from gpuyard.api.rest import me as me_api
 from gpuyard.api.rest import network_volumes as network_volumes_api
 from gpuyard.api.rest import orphans as orphans_api
 from gpuyard.api.rest import plans as plans_api
-from gpuyard.api.rest import projects as projects_api
 from gpuyard.api.rest import proxy as proxy_api
-from gpuyard.api.rest import quotas as quotas_api
 from gpuyard.api.rest import reserved_ips as reserved_ips_api
-from gpuyard.api.rest import secrets as secrets_api
 from gpuyard.api.rest import security_groups as security_groups_api
 from gpuyard.api.rest import snapshots as snapshots_api
 from gpuyard.api.rest import ssh_keys as ssh_keys_api
 from gpuyard.api.rest import templates as templates_api
+from gpuyard.api.rest.tenancy import accounts as accounts_api
+from gpuyard.api.rest.tenancy import audit as audit_api
+from gpuyard.api.rest.tenancy import billing
+from gpuyard.api.rest.tenancy import budgets as budgets_api
+from gpuyard.api.rest.tenancy import me as me_api
+from gpuyard.api.rest.tenancy import projects as projects_api
+from gpuyard.api.rest.tenancy import quotas as quotas_api
+from gpuyard.api.rest.tenancy import secrets as secrets_api
 from gpuyard.api.state import AppState
 from gpuyard.api.training import routes as training
 from gpuyard.core.errors import GpuyardError

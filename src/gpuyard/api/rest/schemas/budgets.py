@@ -1,4 +1,4 @@
-"""OpenAPI models of the budget routes (api/rest/budgets.py): request bodies and responses.
+"""OpenAPI models of the budget routes (api/rest/tenancy/budgets.py): request bodies and responses.
 
 Money is shown twice: in USD (a float, for people) and in integer micro-USD (exact,
 for programs that add figures up).

@@ -1,0 +1,3 @@
+"""REST routes of tenancy and money: accounts, members and keys of the caller (me),
+projects, quotas, budgets, billing, account secrets and the audit trail.
+"""
