@@ -59,6 +59,9 @@ _RESOURCES = (
     # The account's SSH keys log into every cluster of it (the gateway, PUBLIC_KEY):
     # adding one is a change to the clusters, not a key of one's own.
     "/v1/ssh-keys",
+    # Registry credentials pull the account's images: reading the list is reading
+    # resources, changing them a change to what its clusters run.
+    "/v1/registry-auths",
     "/v1/clusters",
     "/v2/clusters",
     "/v1/networkvolumes",
@@ -235,6 +238,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             snapshot = data(c.post(f"/v1/clusters/{cluster['id']}/snapshots", json={}), 202)
             ssh = {"name": "k", "public_key": public_key(tmp)}
             ssh_key = data(c.post("/v1/ssh-keys", json=ssh))
+            auth = {"name": "reg", "username": "u", "password": "p"}
+            registry_auth = data(c.post("/v1/registry-auths", json=auth))
             nv = {"name": "nv", "size": 10, "dataCenterId": "local"}
             volume = data(c.post("/v1/networkvolumes", json=nv))
             ip = data(c.post("/v1/reserved-ips"))
@@ -245,6 +250,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "cluster_id": cluster["id"],
             "snapshot_id": snapshot["id"],
             "ssh_key_id": ssh_key["id"],
+            "registry_auth_id": registry_auth["id"],
             "network_volume_id": volume["id"],
             "reserved_ip_id": ip["id"],
             "security_group_id": group["id"],

@@ -44,6 +44,7 @@ from gpuyard.api.rest import quotas as quotas_api
 from gpuyard.api.rest import reserved_ips as reserved_ips_api
 from gpuyard.api.rest import security_groups as security_groups_api
 from gpuyard.api.rest import snapshots as snapshots_api
+from gpuyard.api.rest import registry_auths as registry_auths_api
 from gpuyard.api.rest import ssh_keys as ssh_keys_api
 from gpuyard.api.state import AppState
 from gpuyard.api.training import routes as training
@@ -249,6 +250,7 @@ def build_server(
     app.include_router(projects_api.router)
     app.include_router(plans_api.router)
     app.include_router(ssh_keys_api.router)
+    app.include_router(registry_auths_api.router)
     app.include_router(images_api.router)
     app.include_router(host_images_api.router)
     app.include_router(reserved_ips_api.router)

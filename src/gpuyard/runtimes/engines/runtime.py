@@ -68,7 +68,7 @@ from gpuyard.runtimes.engines.inventory import discover_inventory
 from gpuyard.runtimes.engines.volumes import EngineVolumeIO
 from gpuyard.runtimes.hosts.firewall import Runner
 from gpuyard.runtimes.hosts.ports import ports_in_use
-from gpuyard.runtimes.records import EngineInventory
+from gpuyard.runtimes.records import EngineInventory, RegistryCredentials
 from gpuyard.runtimes.volumes.images import VolumeImages
 
 log = logging.getLogger(__name__)
@@ -256,9 +256,14 @@ class DockerEngineRuntime:
         tags = {t for img in found for t in (img.get("RepoTags") or ()) if t and "<none>" not in t}
         return sorted(tags)
 
-    def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
+    def ensure_image(
+        self,
+        image: str,
+        on_pull: Callable[[], None] | None = None,
+        credentials: RegistryCredentials | None = None,
+    ) -> None:
         """Make ``image`` present locally: no-op if it is, else pull it (``on_pull`` is
-        called first). A ``localhost/...`` image is never pulled (it is built or loaded
+        called first), with ``credentials`` as the engine's ``auth_config``. A ``localhost/...`` image is never pulled (it is built or loaded
         on the host).
 
         Raises :class:`RuntimeFailure` when it is absent and cannot be pulled. Its
@@ -279,7 +284,7 @@ class DockerEngineRuntime:
                 pass
         if on_pull is not None:
             on_pull()
-        problem, detail = self._pull(image)
+        problem, detail = self._pull(image, credentials)
         if problem is None:
             with self.engine.errors(f"inspecting image {image}"):
                 try:
@@ -297,7 +302,9 @@ class DockerEngineRuntime:
             {"image": image, "reason": problem},
         )
 
-    def _pull(self, image: str) -> tuple[str | None, str]:
+    def _pull(
+        self, image: str, credentials: RegistryCredentials | None = None
+    ) -> tuple[str | None, str]:
         """Pull ``image``: (None, "") when the engine reported success, else (the
         fixed user message, the engine's own text for the debug log)."""
         try:
@@ -311,7 +318,11 @@ class DockerEngineRuntime:
         detail = ""
         try:
             with self.engine.errors(f"pulling image {image}"):
-                for event in self.engine.api.pull(repo, tag=tag, stream=True, decode=True):
+                auth = credentials.auth_config() if credentials is not None else None
+                events = self.engine.api.pull(
+                    repo, tag=tag, stream=True, decode=True, auth_config=auth
+                )
+                for event in events:
                     if isinstance(event, dict) and event.get("error"):
                         detail = str(event["error"])
                         problem = pull_errors.user_message(detail)

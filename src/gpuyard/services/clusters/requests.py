@@ -125,6 +125,8 @@ class CreateCluster(_MarksSecrets):
     # Mount this network volume at volume_mount_path instead of a volume of its own
     # (the cluster is placed on the network volume's host).
     network_volume_id: str | None = Field(default=None, min_length=1, max_length=100)
+    # The account's registry credentials (/v1/registry-auths) the image is pulled with.
+    registry_auth_id: int | None = Field(default=None, ge=1, le=MAX_ID, strict=True)
 
     @property
     def spot(self) -> bool:

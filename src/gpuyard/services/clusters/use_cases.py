@@ -88,6 +88,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.idempotency import Claim
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
+from gpuyard.services.tenancy.registry_auths import find_registry_auth
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
 from gpuyard.services.volumes.network_volumes import mount_for_cluster
 from gpuyard.services.volumes.snapshots import (
@@ -254,6 +255,9 @@ def create_cluster(
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
     with ctx.transaction() as session:
         project_id = project_for_create(session, principal, body.project_id)
+        if body.registry_auth_id is not None:
+            # Another account's credentials read as unknown (404).
+            find_registry_auth(session, principal.account_id, body.registry_auth_id)
         if location is not None:
             check_location(session, location)
         needs_gpu = gpu_count > 0 or body.gpu_type
@@ -299,6 +303,7 @@ def create_cluster(
             volume_gb=volume_gb,
             volume_mount_path=body.volume_mount_path,
             network_volume_id=mounted.id if mounted is not None else None,
+            registry_auth_id=body.registry_auth_id,
             cloud_type=body.cloud_type.value,
             interruptible=bid is not None,
             bid_per_gpu=bid,

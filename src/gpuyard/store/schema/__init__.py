@@ -47,6 +47,7 @@ from gpuyard.store.schema.tenancy import (
     Project,
     ProjectMember,
     Quota,
+    RegistryAuth,
     SshKey,
     User,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "ReservedIp",
     "SecurityGroup",
     "Snapshot",
+    "RegistryAuth",
     "SshKey",
     "StartupSample",
     "TrainingCluster",

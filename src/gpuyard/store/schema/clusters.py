@@ -88,6 +88,10 @@ class Cluster(Base):
     # secret box: it may carry env values); the reconciler applies it once the stop is
     # done. Set only while desired_status is running and status is stopping or stopped.
     pending_start: Mapped[str | None] = mapped_column(Text)
+    # The account's registry credentials its image is pulled with (migration 0026);
+    # None: an anonymous pull. Deleting the credentials leaves the id dangling: the
+    # next pull is anonymous and a registry that needs them refuses it.
+    registry_auth_id: Mapped[int | None] = mapped_column(Integer, default=None)
     last_restart_at: Mapped[datetime | None] = mapped_column()
     next_restart_at: Mapped[datetime | None] = mapped_column()
     recent_failures: Mapped[list[Any]] = mapped_column(default=list)

@@ -1,5 +1,5 @@
 """Tenancy: accounts, their users, members, projects, API keys, invitations, quotas, SSH
-keys, the audit trail and remembered Idempotency-Keys."""
+keys, registry credentials, the audit trail and remembered Idempotency-Keys."""
 
 from __future__ import annotations
 
@@ -185,6 +185,21 @@ class SshKey(Base):
     # Registered through an API key restricted to one project: it opens only that
     # project's clusters.
     project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), default=None)
+
+
+class RegistryAuth(Base):
+    """Credentials for a private container registry, used when a cluster's image is
+    pulled. ``password`` is sealed with the installation's secret box
+    (services/tenancy/secrets.py) and never answered."""
+
+    __tablename__ = "registry_auths"
+    __table_args__ = (UniqueConstraint("account_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    username: Mapped[str] = mapped_column(String(500))
+    password: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class IdempotencyKey(Base):
