@@ -419,6 +419,13 @@ def test_graphql_fields_answer_each_role_as_the_matrix_says(world: World) -> Non
         ("write", 'mutation { podResume(input: {podId: "nocluster0000"}) { id } }', {}),
         # pubKey replaces the account's SSH keys: a change to its clusters' access.
         ("write", settings, {"k": keys_text}),
+        # Registry credentials decide what the account's clusters pull.
+        ("write", 'mutation { deleteRegistryAuth(registryAuthId: "999999") }', {}),
+        (
+            "write",
+            'mutation { saveRegistryAuth(input: {name: "", username: "u", password: "p"}) { id } }',
+            {},
+        ),
     ]
     wrong = []
     for klass, query, variables in checks:

@@ -152,3 +152,20 @@ def test_deleted_credentials_make_the_pull_anonymous(ctx: Context, alice: Princi
     ra.delete_registry_auth(ctx, alice, None, auth.id)
     assert ra.pull_credentials(ctx, c.project_id, auth.id) is None
     assert ra.pull_credentials(ctx, c.project_id, None) is None
+
+
+def test_a_private_image_on_the_host_is_not_another_accounts(
+    ctx: Context, alice: Principal, bob: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
+    runtime.private_images[IMAGE] = RegistryCredentials("robot", PASSWORD)
+    auth = ra.create_registry_auth(ctx, alice, None, "private", "robot", PASSWORD)
+    mine = uc.create_cluster(ctx, alice, body(registry_auth_id=auth.id))
+    settle(rec, mine.id)
+    assert IMAGE in runtime.images
+    theirs = uc.create_cluster(ctx, bob, body())
+    settle(rec, theirs.id)
+    with ctx.read() as s:
+        row = s.get(Cluster, theirs.id)
+        assert row is not None and row.status == "error"
+        assert CREDENTIALS_NEEDED in (row.status_reason or "")
+    assert runtime.pull_credentials[-1] == (IMAGE, None)

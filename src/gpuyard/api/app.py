@@ -41,10 +41,10 @@ from gpuyard.api.rest import plans as plans_api
 from gpuyard.api.rest import projects as projects_api
 from gpuyard.api.rest import proxy as proxy_api
 from gpuyard.api.rest import quotas as quotas_api
+from gpuyard.api.rest import registry_auths as registry_auths_api
 from gpuyard.api.rest import reserved_ips as reserved_ips_api
 from gpuyard.api.rest import security_groups as security_groups_api
 from gpuyard.api.rest import snapshots as snapshots_api
-from gpuyard.api.rest import registry_auths as registry_auths_api
 from gpuyard.api.rest import ssh_keys as ssh_keys_api
 from gpuyard.api.state import AppState
 from gpuyard.api.training import routes as training

@@ -99,10 +99,14 @@ class ContainerLifecycle(Protocol):
         image: str,
         on_pull: Callable[[], None] | None = None,
         credentials: RegistryCredentials | None = None,
+        fresh: bool = False,
     ) -> None:
         """Make ``image`` present locally, pulling it if needed (with ``credentials``
         when given: a private registry's); ``on_pull`` is called just before a pull
-        begins (never when the image is already there)."""
+        begins (never when the image is already there). With ``fresh`` it is pulled
+        even when present, so the registry decides again whether these credentials
+        (or none) may have it: a private image one account pulled is not another's
+        because it is on the host."""
         ...
 
     def ensure_volume(

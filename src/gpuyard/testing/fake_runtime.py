@@ -278,8 +278,9 @@ class FakeRuntime:
         image: str,
         on_pull: Callable[[], None] | None = None,
         credentials: RegistryCredentials | None = None,
+        fresh: bool = False,
     ) -> None:
-        if on_pull is not None and image not in self.images:
+        if on_pull is not None and (fresh or image not in self.images):
             on_pull()
         gate = self.pull_gate
         if gate is not None and image not in self.images:
@@ -287,13 +288,13 @@ class FakeRuntime:
             gate.wait()
         with self._lock:
             self._enter("ensure_image")
-            if image not in self.images:
+            missing = fresh or image not in self.images
+            if missing:
                 self.pull_credentials.append((image, credentials))
             reason = self.fail_images.get(image)
             needed = self.private_images.get(image)
-            if reason is None and image not in self.images and needed is not None:
-                if credentials != needed:
-                    reason = CREDENTIALS_NEEDED
+            if reason is None and missing and needed is not None and credentials != needed:
+                reason = CREDENTIALS_NEEDED
             if reason is None and image not in self.images and not self.pullable:
                 reason = "pull access denied (fake runtime: pulling disabled)"
             if reason is not None:

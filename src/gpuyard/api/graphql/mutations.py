@@ -28,20 +28,24 @@ from gpuyard.api.graphql.inputs import (
     PodResumeInput,
     PodStopInput,
     PodTerminateInput,
+    SaveRegistryAuthInput,
     UpdateUserSettingsInput,
     create_bodies,
 )
 from gpuyard.api.graphql.queries import one_pod, user_of
-from gpuyard.api.graphql.types import Info, Pod, User
+from gpuyard.api.graphql.types import ContainerRegistryAuth, Info, Pod, User
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.core.input_rules import parse_id
 from gpuyard.core.roles import Permission
 from gpuyard.services import idempotency as idem
 from gpuyard.services.access.ssh_key_use_cases import replace_own_keys
 from gpuyard.services.billing import spot
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import ConfigurationUpdate, StartCluster
+from gpuyard.services.tenancy import registry_auths
 
 MAX_GPUS = 64
+_REGISTRY_AUTH_FIELDS = {"name": "name", "username": "username", "password": "password"}
 
 
 def deploy(
@@ -206,3 +210,29 @@ class Mutation:
             # RunPod's pubKey is the caller's own: other members' keys stay.
             replace_own_keys(gctx.ctx, gctx.principal, input.pub_key)
         return user_of(info)
+
+    @strawberry.mutation(
+        description="Store private registry credentials (the same as POST /v1/registry-auths); "
+        "name them on a deploy as containerRegistryAuthId."
+    )
+    def save_registry_auth(self, info: Info, input: SaveRegistryAuthInput) -> ContainerRegistryAuth:
+        gctx = info.context
+        require(gctx, Permission.WRITE_RESOURCES)
+        try:
+            row = registry_auths.create_registry_auth(
+                gctx.ctx, gctx.principal, None, input.name, input.username, input.password
+            )
+        except ValidationFailed as exc:
+            raise renamed(exc, _REGISTRY_AUTH_FIELDS) from exc
+        return ContainerRegistryAuth(id=str(row.id), name=row.name)
+
+    @strawberry.mutation(
+        description="Delete registry credentials; clusters that name them pull anonymously."
+    )
+    def delete_registry_auth(self, info: Info, registry_auth_id: str) -> bool:
+        gctx = info.context
+        require(gctx, Permission.WRITE_RESOURCES)
+        auth_id = parse_id("registryAuthId", registry_auth_id, required=True)
+        assert auth_id is not None
+        registry_auths.delete_registry_auth(gctx.ctx, gctx.principal, None, auth_id)
+        return True

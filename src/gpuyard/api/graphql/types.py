@@ -180,6 +180,14 @@ class Machine:
         )
 
 
+@strawberry.type(name="ContainerRegistryAuth")
+class ContainerRegistryAuth:
+    """Private registry credentials: RunPod answers their id and name only."""
+
+    id: str
+    name: str
+
+
 @strawberry.type(name="Pod", description="A cluster (RunPod's pod), as the caller may see it.")
 class Pod:
     id: str
@@ -214,6 +222,9 @@ class Pod:
     machine: Machine | None
     network_volume: NetworkVolume | None = strawberry.field(
         description="The network volume mounted at volumeMountPath (null: its own volume)"
+    )
+    container_registry_auth_id: str | None = strawberry.field(
+        description="The registry credentials its image is pulled with (null: none)"
     )
     _runtime: strawberry.Private[PodRuntime | None]
 
@@ -307,6 +318,9 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
         created_at=iso(c.created_at),
         machine=machine,
         network_volume=_network_volume(d),
+        container_registry_auth_id=(
+            str(c.registry_auth_id) if c.registry_auth_id is not None else None
+        ),
         _runtime=runtime,
     )
 

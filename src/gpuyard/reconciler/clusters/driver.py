@@ -45,7 +45,7 @@ from gpuyard.services.clusters.moves import (
     record_progress,
 )
 from gpuyard.services.context import Context
-from gpuyard.services.tenancy.registry_auths import pull_credentials
+from gpuyard.services.tenancy.registry_auths import is_private_image, pull_credentials
 from gpuyard.store.schema import (
     Cluster,
     StartupSample,
@@ -599,7 +599,13 @@ class ClusterDriver:
 
         # Opened here, outside any transaction, and handed to the engine only.
         credentials = pull_credentials(self.ctx, c.project_id, c.registry_auth_id)
-        self.runtime_of(c.host_id).ensure_image(c.image, on_pull=pulling, credentials=credentials)
+        # A private image (one any cluster pulls with credentials) is asked of its
+        # registry at every start, with this cluster's credentials or none: being on
+        # the host from another account's pull gives it to nobody.
+        fresh = credentials is not None or is_private_image(self.ctx, c.image)
+        self.runtime_of(c.host_id).ensure_image(
+            c.image, on_pull=pulling, credentials=credentials, fresh=fresh
+        )
         if began:
             self.records.event(
                 c.id, "pull", f"pulled image {c.image} in {time.monotonic() - began[0]:.1f} s"

@@ -261,27 +261,30 @@ class DockerEngineRuntime:
         image: str,
         on_pull: Callable[[], None] | None = None,
         credentials: RegistryCredentials | None = None,
+        fresh: bool = False,
     ) -> None:
-        """Make ``image`` present locally: no-op if it is, else pull it (``on_pull`` is
-        called first), with ``credentials`` as the engine's ``auth_config``. A ``localhost/...`` image is never pulled (it is built or loaded
-        on the host).
+        """Make ``image`` present locally: no-op if it is (unless ``fresh``: then the
+        registry is asked again), else pull it (``on_pull`` is called first), with
+        ``credentials`` as the engine's ``auth_config``. A
+        ``localhost/...`` image is never pulled (it is built or loaded on the host).
 
         Raises :class:`RuntimeFailure` when it is absent and cannot be pulled. Its
         message gives the reason as one of runtimes/engines/pull_errors.py's fixed messages,
         never the engine's text, which names addresses and tells closed, open and HTTP
         ports apart; that text is logged at debug level only.
         """
-        with self._lock:
-            if self._images_seen.get(image, 0.0) > time.monotonic():
-                return
         api = self.engine.api
-        with self.engine.errors(f"inspecting image {image}"):
-            try:
-                api.inspect_image(image)
-                self._saw_image(image)
-                return
-            except docker.errors.ImageNotFound:
-                pass
+        if not fresh:
+            with self._lock:
+                if self._images_seen.get(image, 0.0) > time.monotonic():
+                    return
+            with self.engine.errors(f"inspecting image {image}"):
+                try:
+                    api.inspect_image(image)
+                    self._saw_image(image)
+                    return
+                except docker.errors.ImageNotFound:
+                    pass
         if on_pull is not None:
             on_pull()
         problem, detail = self._pull(image, credentials)

@@ -26,7 +26,7 @@ from gpuyard.services.tenancy.audit import record_audit
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import acting_account
 from gpuyard.services.tenancy.secrets import secret_box
-from gpuyard.store.schema import Project, RegistryAuth
+from gpuyard.store.schema import Cluster, Project, RegistryAuth
 
 MAX_NAME_CHARS = 200
 MAX_USERNAME_CHARS = 500
@@ -190,3 +190,16 @@ def pull_credentials(
     if found is None:
         return None
     return RegistryCredentials(found.username, secret_box(ctx.settings).open(found.password))
+
+
+def is_private_image(ctx: Context, image: str) -> bool:
+    """Whether any cluster names ``image`` with registry credentials: then every start
+    of it asks the registry again (runtimes' ``ensure_image(fresh=True)``), so a copy
+    on the host from one account's pull is never another's without credentials."""
+    with ctx.read() as session:
+        found = session.scalar(
+            select(Cluster.id)
+            .where(Cluster.image == image, Cluster.registry_auth_id.is_not(None))
+            .limit(1)
+        )
+    return found is not None
