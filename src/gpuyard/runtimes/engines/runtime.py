@@ -274,6 +274,11 @@ class DockerEngineRuntime:
         ports apart; that text is logged at debug level only.
         """
         api = self.engine.api
+        try:
+            # A localhost/ image is never pulled: there is no registry to ask again.
+            fresh = fresh and not parse_image_ref(image).local_only
+        except ValueError:
+            pass
         if not fresh:
             with self._lock:
                 if self._images_seen.get(image, 0.0) > time.monotonic():
