@@ -20,8 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.engines.pull_errors import CREDENTIALS_NEEDED
+from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.runtimes.engines.url import PodmanService
+from gpuyard.runtimes.records import RegistryCredentials
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, wait_status
 from tests.helpers import free_port
@@ -163,3 +166,9 @@ def run_the_three_clusters(c: httpx.Client, image: str) -> None:
     assert CREDENTIALS_NEEDED in refused["error_message"]
     for cid in (bare.json()["data"]["id"], good.json()["data"]["id"], again.json()["data"]["id"]):
         c.delete(f"/v1/clusters/{cid}")
+
+
+def test_credentials_on_a_local_image_ask_no_registry(engine_url: str) -> None:
+    """A localhost/ image is never pulled, with credentials or without."""
+    rt = DockerEngineRuntime(engine_url, timeout_s=60, owner=Ownership.new())
+    rt.ensure_image(DEV_IMAGE, credentials=RegistryCredentials(USER, PASSWORD), fresh=True)

@@ -28,6 +28,7 @@ demand), so clusters of different accounts have no route to each other.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -274,11 +275,9 @@ class DockerEngineRuntime:
         ports apart; that text is logged at debug level only.
         """
         api = self.engine.api
-        try:
-            # A localhost/ image is never pulled: there is no registry to ask again.
+        # A localhost/ image is never pulled: there is no registry to ask again.
+        with contextlib.suppress(ValueError):
             fresh = fresh and not parse_image_ref(image).local_only
-        except ValueError:
-            pass
         if not fresh:
             with self._lock:
                 if self._images_seen.get(image, 0.0) > time.monotonic():
