@@ -143,6 +143,7 @@ def test_graphql_save_deploy_and_delete(srv: LiveServer, fake_runtime: FakeRunti
     with srv.client() as c:
         got = c.get(f"/v1/clusters/{pod['id']}").json()["data"]
         assert got["status"] == "running", got
+        assert got["registry_auth_id"] == int(auth["id"])
     assert (IMAGE, RegistryCredentials("bot", PASSWORD)) in fake_runtime.pull_credentials
     # Without credentials the pull fails with the fixed message, though the image is
     # on the host from the pull with them: the registry is asked again.

@@ -183,6 +183,7 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "last_exit": last_exit(c),
         "docker_image": c.image,
         "docker_args": c.docker_args,
+        "registry_auth_id": c.registry_auth_id,
         "gpu_type": c.gpu_type,
         "gpu_display_name": d.gpu_display_name,
         "gpu_count": c.gpu_count,

@@ -178,6 +178,9 @@ class Cluster(StrictOut):
     last_exit: LastExit | None
     docker_image: str
     docker_args: str
+    registry_auth_id: int | None = Field(
+        description="The registry credentials its image is pulled with (null: none)"
+    )
     gpu_type: str | None
     gpu_display_name: str | None
     gpu_count: int
