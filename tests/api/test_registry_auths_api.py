@@ -4,10 +4,13 @@ password in no answer, another account's credentials unknown to it."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from gpuyard.cli.main import cli
 from gpuyard.runtimes.engines.pull_errors import CREDENTIALS_NEEDED
 from gpuyard.runtimes.records import RegistryCredentials
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
@@ -174,5 +177,37 @@ def test_the_runpod_sdk_creates_and_deletes_them(
     saved = runpod.create_container_registry_auth("sdk", "bot", PASSWORD)
     assert saved["name"] == "sdk" and set(saved) == {"id", "name"}
     runpod.delete_container_registry_auth(saved["id"])
+    with srv.client() as c:
+        assert c.get("/v1/registry-auths").json()["data"]["registry_auths"] == []
+
+
+def test_cli_registry_auths(srv: LiveServer, fake_runtime: FakeRuntime) -> None:
+    env = {
+        "GPUYARD_URL": srv.url,
+        "GPUYARD_API_KEY": srv.key,
+        "GPUYARD_HOME": str(srv.server.ctx.settings.home),
+    }
+    runner = CliRunner()
+    made = runner.invoke(
+        cli,
+        ["registry-auths", "create", "cli", "--username", "bot", "--password-stdin", "--json"],
+        input=PASSWORD + "\n",
+        env=env,
+    )
+    assert made.exit_code == 0, made.output
+    auth = json.loads(made.stdout)
+    assert PASSWORD not in made.output
+    table = runner.invoke(cli, ["registry-auths", "list"], env=env)
+    assert table.exit_code == 0 and "cli" in table.stdout and PASSWORD not in table.stdout
+    fake_runtime.private_images[IMAGE] = RegistryCredentials("bot", PASSWORD)
+    created = runner.invoke(
+        cli,
+        ["clusters", "create", "--image", IMAGE, "--registry-auth", str(auth["id"]), "--json"],
+        env=env,
+    )
+    assert created.exit_code == 0, created.output
+    assert json.loads(created.stdout)["registry_auth_id"] == auth["id"]
+    gone = runner.invoke(cli, ["registry-auths", "delete", str(auth["id"])], env=env)
+    assert gone.exit_code == 0, gone.output
     with srv.client() as c:
         assert c.get("/v1/registry-auths").json()["data"]["registry_auths"] == []
