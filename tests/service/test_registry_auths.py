@@ -169,3 +169,10 @@ def test_a_private_image_on_the_host_is_not_another_accounts(
         assert row is not None and row.status == "error"
         assert CREDENTIALS_NEEDED in (row.status_reason or "")
     assert runtime.pull_credentials[-1] == (IMAGE, None)
+
+
+def test_ids_of_deleted_credentials_are_not_reused(ctx: Context, alice: Principal) -> None:
+    first = ra.create_registry_auth(ctx, alice, None, "a", "u", "p")
+    ra.delete_registry_auth(ctx, alice, None, first.id)
+    second = ra.create_registry_auth(ctx, alice, None, "b", "u", "p")
+    assert second.id > first.id

@@ -193,7 +193,9 @@ class RegistryAuth(Base):
     (services/tenancy/secrets.py) and never answered."""
 
     __tablename__ = "registry_auths"
-    __table_args__ = (UniqueConstraint("account_id", "name"),)
+    # Ids are never reused (SQLite would reuse the highest after a delete): a cluster
+    # naming deleted credentials never gets newer ones.
+    __table_args__ = (UniqueConstraint("account_id", "name"), {"sqlite_autoincrement": True})
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))

@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("password", sa.Text(), nullable=False),
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.UniqueConstraint("account_id", "name"),
+        sqlite_autoincrement=True,
     )
     op.create_index("ix_registry_auths_account_id", "registry_auths", ["account_id"])
     with op.batch_alter_table("clusters") as batch:
