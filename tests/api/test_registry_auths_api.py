@@ -176,6 +176,14 @@ def test_the_runpod_sdk_creates_and_deletes_them(
     monkeypatch.setattr(runpod, "api_key", srv.key)
     saved = runpod.create_container_registry_auth("sdk", "bot", PASSWORD)
     assert saved["name"] == "sdk" and set(saved) == {"id", "name"}
+    updated = runpod.update_container_registry_auth(saved["id"], "bot2", "new-" + PASSWORD)
+    assert updated == {"id": saved["id"], "name": "sdk"}
+    # Another account's update is the same not-found as an unknown id.
+    update = (
+        'mutation { updateRegistryAuth(input: {id: "%s", username: "x", password: "y"}) { id } }'
+    )
+    theirs = gql(srv, update.replace("%s", saved["id"]), key=other_key(srv))
+    assert theirs["errors"][0]["extensions"]["code"] == "REGISTRY_AUTH_NOT_FOUND"
     runpod.delete_container_registry_auth(saved["id"])
     with srv.client() as c:
         assert c.get("/v1/registry-auths").json()["data"]["registry_auths"] == []

@@ -423,6 +423,12 @@ def test_graphql_fields_answer_each_role_as_the_matrix_says(world: World) -> Non
         ("write", 'mutation { deleteRegistryAuth(registryAuthId: "999999") }', {}),
         (
             "write",
+            'mutation { updateRegistryAuth(input: {id: "999999", username: "u", password: "p"}) '
+            "{ id } }",
+            {},
+        ),
+        (
+            "write",
             'mutation { saveRegistryAuth(input: {name: "", username: "u", password: "p"}) { id } }',
             {},
         ),

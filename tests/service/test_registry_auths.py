@@ -176,3 +176,19 @@ def test_ids_of_deleted_credentials_are_not_reused(ctx: Context, alice: Principa
     ra.delete_registry_auth(ctx, alice, None, first.id)
     second = ra.create_registry_auth(ctx, alice, None, "b", "u", "p")
     assert second.id > first.id
+
+
+def test_update_replaces_the_credentials_of_the_own_account_only(
+    ctx: Context, alice: Principal, bob: Principal
+) -> None:
+    auth = ra.create_registry_auth(ctx, alice, None, "upd", "robot", PASSWORD)
+    c = uc.create_cluster(ctx, alice, body(registry_auth_id=auth.id))
+    with pytest.raises(ra.RegistryAuthNotFound):
+        ra.update_registry_auth(ctx, bob, None, auth.id, "x", "y")
+    ra.update_registry_auth(ctx, alice, None, auth.id, "robot2", "new-" + PASSWORD)
+    assert ra.pull_credentials(ctx, c.project_id, auth.id) == RegistryCredentials(
+        "robot2", "new-" + PASSWORD
+    )
+    with ctx.read() as s:
+        stored = s.get(RegistryAuth, auth.id)
+        assert stored is not None and is_sealed(stored.password)

@@ -347,6 +347,13 @@ class SaveRegistryAuthInput:
     password: str = strawberry.field(description="Sealed at rest; never answered")
 
 
+@strawberry.input(name="UpdateRegistryAuthInput")
+class UpdateRegistryAuthInput:
+    id: str
+    username: str
+    password: str = strawberry.field(description="Sealed at rest; never answered")
+
+
 @strawberry.input(name="UpdateUserSettingsInput")
 class UpdateUserSettingsInput:
     pub_key: str | None = strawberry.field(

@@ -29,6 +29,7 @@ from gpuyard.api.graphql.inputs import (
     PodStopInput,
     PodTerminateInput,
     SaveRegistryAuthInput,
+    UpdateRegistryAuthInput,
     UpdateUserSettingsInput,
     create_bodies,
 )
@@ -221,6 +222,25 @@ class Mutation:
         try:
             row = registry_auths.create_registry_auth(
                 gctx.ctx, gctx.principal, None, input.name, input.username, input.password
+            )
+        except ValidationFailed as exc:
+            raise renamed(exc, _REGISTRY_AUTH_FIELDS) from exc
+        return ContainerRegistryAuth(id=str(row.id), name=row.name)
+
+    @strawberry.mutation(
+        description="Replace the username and password of registry credentials (the name "
+        "stays); the next pull of each cluster naming them uses the new ones."
+    )
+    def update_registry_auth(
+        self, info: Info, input: UpdateRegistryAuthInput
+    ) -> ContainerRegistryAuth:
+        gctx = info.context
+        require(gctx, Permission.WRITE_RESOURCES)
+        auth_id = parse_id("input.id", input.id, required=True)
+        assert auth_id is not None
+        try:
+            row = registry_auths.update_registry_auth(
+                gctx.ctx, gctx.principal, None, auth_id, input.username, input.password
             )
         except ValidationFailed as exc:
             raise renamed(exc, _REGISTRY_AUTH_FIELDS) from exc

@@ -147,6 +147,43 @@ def create_registry_auth(
         raise taken from exc
 
 
+def update_registry_auth(
+    ctx: Context,
+    principal: Principal,
+    active_iam: int | None,
+    auth_id: int,
+    username: object,
+    password: object,
+) -> RegistryAuth:
+    """Replace the username and password of credentials of the acting account (the
+    name stays); the next pull of each cluster naming them uses the new ones. Needs
+    the write permission. Raises Forbidden, RegistryAuthNotFound,
+    ValidationFailed("username" | "password")."""
+    principal.require_write()
+    clean_user = _text("username", username, MAX_USERNAME_CHARS, strip=True)
+    clean_password = _text("password", password, MAX_PASSWORD_CHARS, strip=False)
+    sealed = secret_box(ctx.settings).seal(clean_password)
+    with ctx.transaction() as session:
+        account_id = acting_account(session, principal, active_iam)
+        row = owned_row(
+            session, RegistryAuth, auth_id, account_id, lambda: _missing(auth_id), lock=True
+        )
+        row.username = clean_user
+        row.password = sealed
+        record_audit(
+            session,
+            principal,
+            account_id=account_id,
+            action="registry_auth.update",
+            target_type="registry_auth",
+            target_id=row.id,
+            detail={"name": row.name},
+            now=ctx.clock.now(),
+        )
+        session.flush()
+        return row
+
+
 def delete_registry_auth(
     ctx: Context, principal: Principal, active_iam: int | None, auth_id: int
 ) -> None:
