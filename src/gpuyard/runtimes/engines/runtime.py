@@ -302,6 +302,13 @@ class DockerEngineRuntime:
                     problem = pull_errors.FAILED
                     detail = "the engine reported success but the image is still missing"
         log.debug("image %s could not be pulled: %s", image, detail)
+        if fresh:
+            # A private image: its registry decides at every start, whatever the host has.
+            raise RuntimeFailure(
+                f"image {image} could not be pulled: {problem}. Check the registry name "
+                "and credentials.",
+                {"image": image, "reason": problem},
+            )
         raise RuntimeFailure(
             f"image {image} is not present on the engine and could not be pulled: "
             f"{problem}. Pull or build it on the host, or check the registry name "
