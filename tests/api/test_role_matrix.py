@@ -62,6 +62,9 @@ _RESOURCES = (
     # Account secrets: their names are read like resources; a change changes what the
     # account's clusters start with.
     "/v1/secrets",
+    # Registry credentials pull the account's images: reading the list is reading
+    # resources, changing them a change to what its clusters run.
+    "/v1/registry-auths",
     "/v1/clusters",
     "/v2/clusters",
     "/v1/networkvolumes",
@@ -239,6 +242,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             snapshot = data(c.post(f"/v1/clusters/{cluster['id']}/snapshots", json={}), 202)
             ssh = {"name": "k", "public_key": public_key(tmp)}
             ssh_key = data(c.post("/v1/ssh-keys", json=ssh))
+            auth = {"name": "reg", "username": "u", "password": "p"}
+            registry_auth = data(c.post("/v1/registry-auths", json=auth))
             nv = {"name": "nv", "size": 10, "dataCenterId": "local"}
             volume = data(c.post("/v1/networkvolumes", json=nv))
             ip = data(c.post("/v1/reserved-ips"))
@@ -251,6 +256,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "cluster_id": cluster["id"],
             "snapshot_id": snapshot["id"],
             "ssh_key_id": ssh_key["id"],
+            "registry_auth_id": registry_auth["id"],
             "network_volume_id": volume["id"],
             "reserved_ip_id": ip["id"],
             "security_group_id": group["id"],
@@ -428,6 +434,19 @@ def test_graphql_fields_answer_each_role_as_the_matrix_says(world: World) -> Non
         ),
         # pubKey replaces the account's SSH keys: a change to its clusters' access.
         ("write", settings, {"k": keys_text}),
+        # Registry credentials decide what the account's clusters pull.
+        ("write", 'mutation { deleteRegistryAuth(registryAuthId: "999999") }', {}),
+        (
+            "write",
+            'mutation { updateRegistryAuth(input: {id: "999999", username: "u", password: "p"}) '
+            "{ id } }",
+            {},
+        ),
+        (
+            "write",
+            'mutation { saveRegistryAuth(input: {name: "", username: "u", password: "p"}) { id } }',
+            {},
+        ),
     ]
     wrong = []
     for klass, query, variables in checks:

@@ -43,8 +43,16 @@ NOT_FOUND_TEXTS = [
     "pull access denied for nosuch, repository does not exist or may require "
     "'docker login': denied: requested access to the resource is denied",
     "reading manifest v9 in ghcr.io/org/img: manifest unknown",
-    "unauthorized: authentication required",
     "name unknown: repository name not known to registry",
+]
+# The registry asked for credentials, or refused the ones given.
+CREDENTIALS_TEXTS = [
+    "unauthorized: authentication required",
+    "initializing source docker://127.0.0.1:5000/busybox:latest: reading manifest latest "
+    "in 127.0.0.1:5000/busybox: authentication required",
+    'Head "http://127.0.0.1:5000/v2/busybox/manifests/latest": unauthorized: '
+    "authentication required",
+    "unauthorized: incorrect username or password",
 ]
 # Any address, port or engine wording in a message would tell ports apart again.
 LEAKS = re.compile(r"\d+\.\d+\.\d+\.\d+|:\d{2,5}\b|dial|refused|tls|http|eof", re.IGNORECASE)
@@ -58,6 +66,12 @@ def test_connection_level_failures_all_read_registry_unreachable(text: str) -> N
 @pytest.mark.parametrize("text", NOT_FOUND_TEXTS)
 def test_registry_answers_read_not_found_or_denied(text: str) -> None:
     assert pull_errors.user_message(text) == NOT_FOUND
+
+
+@pytest.mark.parametrize("text", CREDENTIALS_TEXTS)
+def test_a_registry_asking_for_credentials_reads_credentials_needed(text: str) -> None:
+    assert pull_errors.user_message(text) == pull_errors.CREDENTIALS_NEEDED
+    assert "registry_auth_id" in pull_errors.CREDENTIALS_NEEDED
 
 
 def test_anything_else_reads_image_pull_failed() -> None:

@@ -47,6 +47,7 @@ from gpuyard.api.rest.tenancy import budgets as budgets_api
 from gpuyard.api.rest.tenancy import me as me_api
 from gpuyard.api.rest.tenancy import projects as projects_api
 from gpuyard.api.rest.tenancy import quotas as quotas_api
+from gpuyard.api.rest.tenancy import registry_auths as registry_auths_api
 from gpuyard.api.rest.tenancy import secrets as secrets_api
 from gpuyard.api.state import AppState
 from gpuyard.api.training import routes as training
@@ -253,6 +254,7 @@ def build_server(
     app.include_router(plans_api.router)
     app.include_router(ssh_keys_api.router)
     app.include_router(secrets_api.router)
+    app.include_router(registry_auths_api.router)
     app.include_router(images_api.router)
     app.include_router(host_images_api.router)
     app.include_router(reserved_ips_api.router)

@@ -291,6 +291,26 @@ class GpuyardClient:
             "DELETE", f"/v1/ssh-keys/{key_id}", params=self._scope(None, active_iam)
         )
 
+    def list_registry_auths(self, *, active_iam: int | None = None) -> JSON:
+        """``GET /v1/registry-auths``: ``{"registry_auths": [...]}`` (id and name)."""
+        return self.request("GET", "/v1/registry-auths", params=self._scope(None, active_iam))
+
+    def create_registry_auth(
+        self, name: str, username: str, password: str, *, active_iam: int | None = None
+    ) -> JSON:
+        """``POST /v1/registry-auths``. The password is sent once, never answered."""
+        return self.request(
+            "POST",
+            "/v1/registry-auths",
+            json={"name": name, "username": username, "password": password},
+            params=self._scope(None, active_iam),
+        )
+
+    def delete_registry_auth(self, auth_id: int, *, active_iam: int | None = None) -> JSON:
+        return self.request(
+            "DELETE", f"/v1/registry-auths/{auth_id}", params=self._scope(None, active_iam)
+        )
+
     def list_images(self) -> JSON:
         """``GET /v1/images``: ``{"images": [...]}``."""
         return self.request("GET", "/v1/images")

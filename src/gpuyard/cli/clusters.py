@@ -292,6 +292,8 @@ def clusters() -> None:
               help="A clone: the volume starts with this snapshot's data.")  # fmt: skip
 @click.option("--network-volume", "network_volume_id", default=None, metavar="ID",
               help="Mount this network volume at the mount path instead of a volume.")  # fmt: skip
+@click.option("--registry-auth", "registry_auth_id", type=int, default=None, metavar="ID",
+              help="Pull the image with these registry credentials (registry-auths).")  # fmt: skip
 @wait_option
 @timeout_option
 @api_options
@@ -313,6 +315,7 @@ def create(
     bid: float | None,
     snapshot_id: str | None,
     network_volume_id: str | None,
+    registry_auth_id: int | None,
     wait: bool,
     timeout: float,
     url: str | None,
@@ -336,6 +339,7 @@ def create(
         "interruptible": True if bid is not None else None,
         "snapshot_id": snapshot_id,
         "network_volume_id": network_volume_id,
+        "registry_auth_id": registry_auth_id,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if env:

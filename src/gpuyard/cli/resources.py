@@ -1,4 +1,4 @@
-"""What training clusters use: ``gpuyard projects``, ``ssh-keys``, ``images``,
+"""What clusters use: ``gpuyard projects``, ``ssh-keys``, ``registry-auths``, ``images``,
 ``plans``, ``locations``, ``reserved-ips`` and ``security-groups``.
 
 Like the other HTTP commands these import only the client (no server modules), so
@@ -8,6 +8,7 @@ the CLI starts fast; the server validates everything and its errors are shown as
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -196,6 +197,75 @@ def ssh_keys_delete(
     with call.client as client:
         data = client.delete_ssh_key(str(key_id), active_iam=active_iam)
     _done(data, call.as_json, f"SSH key {key_id} deleted")
+
+
+# -- registry credentials -------------------------------------------------------------
+
+
+@click.group("registry-auths")
+def registry_auths() -> None:
+    """Private registry credentials clusters pull their images with."""
+
+
+@registry_auths.command("list")
+@click.option("--active-iam", type=int, default=None, help="Act for another account.")
+@api_options
+def registry_auths_list(
+    active_iam: int | None, url: str | None, api_key: str | None, as_json: bool
+) -> None:
+    """List registry credentials (id and name: the password is never shown)."""
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        data = client.list_registry_auths(active_iam=active_iam)
+    if call.as_json:
+        print_json(data)
+        return
+    rows = [[a["id"], a["name"], a["created_at"]] for a in data["registry_auths"]]
+    print_table(["ID", "NAME", "CREATED"], rows, "no registry credentials")
+
+
+@registry_auths.command("create")
+@click.argument("name")
+@click.option("--username", required=True, help="The registry's user name.")
+@click.option(
+    "--password-stdin",
+    is_flag=True,
+    help="Read the password (or token) from standard input instead of a prompt.",
+)
+@click.option("--active-iam", type=int, default=None, help="Act for another account.")
+@api_options
+def registry_auths_create(
+    name: str,
+    username: str,
+    password_stdin: bool,
+    active_iam: int | None,
+    url: str | None,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Store credentials; name them on a cluster with registry_auth_id."""
+    if password_stdin:
+        password = sys.stdin.read().rstrip("\r\n")
+    else:
+        password = click.prompt("Password", hide_input=True)
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        data = client.create_registry_auth(name, username, password, active_iam=active_iam)
+    _done(data, call.as_json, f"registry auth {data['id']} ({data['name']})")
+
+
+@registry_auths.command("delete")
+@click.argument("auth_id", metavar="ID", type=int)
+@click.option("--active-iam", type=int, default=None, help="Act for another account.")
+@api_options
+def registry_auths_delete(
+    auth_id: int, active_iam: int | None, url: str | None, api_key: str | None, as_json: bool
+) -> None:
+    """Delete registry credentials."""
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        data = client.delete_registry_auth(auth_id, active_iam=active_iam)
+    _done(data, call.as_json, f"registry auth {auth_id} deleted")
 
 
 # -- images -------------------------------------------------------------------------
@@ -416,6 +486,7 @@ def security_groups_delete(
 COMMANDS = (
     projects,
     ssh_keys,
+    registry_auths,
     images,
     plans,
     locations,

@@ -36,6 +36,7 @@ from gpuyard.runtimes.records import (
     ManagedContainer,
     ManagedVolume,
     Observed,
+    RegistryCredentials,
     StatsConsumer,
 )
 
@@ -93,9 +94,19 @@ class ContainerLifecycle(Protocol):
         engine's timeout for other operations: a hung engine is a miss, not a wait."""
         ...
 
-    def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
-        """Make ``image`` present locally, pulling it if needed; ``on_pull`` is called
-        just before a pull begins (never when the image is already there)."""
+    def ensure_image(
+        self,
+        image: str,
+        on_pull: Callable[[], None] | None = None,
+        credentials: RegistryCredentials | None = None,
+        fresh: bool = False,
+    ) -> None:
+        """Make ``image`` present locally, pulling it if needed (with ``credentials``
+        when given: a private registry's); ``on_pull`` is called just before a pull
+        begins (never when the image is already there). With ``fresh`` it is pulled
+        even when present, so the registry decides again whether these credentials
+        (or none) may have it: a private image one account pulled is not another's
+        because it is on the host."""
         ...
 
     def ensure_volume(

@@ -17,6 +17,20 @@ from gpuyard.core.models import HostGpu
 
 GIB = 1024**3
 
+
+@dataclass(frozen=True)
+class RegistryCredentials:
+    """A private registry's username and password for one pull (the Docker Engine
+    API's ``auth_config``). Opened from the sealed value just before the pull; its repr
+    hides the password, so a log line or traceback never shows it."""
+
+    username: str
+    password: str = field(repr=False)
+
+    def auth_config(self) -> dict[str, str]:
+        return {"username": self.username, "password": self.password}
+
+
 # Who reads a container's CPU%: each has its own sampling window (see Runtime.stats).
 StatsConsumer = Literal["view", "idle"]
 

@@ -34,6 +34,8 @@ from gpuyard.runtimes.base import (
     StatsConsumer,
     VolumeIO,
 )
+from gpuyard.runtimes.engines.pull_errors import CREDENTIALS_NEEDED
+from gpuyard.runtimes.records import RegistryCredentials
 from gpuyard.testing.fake_logs import FakeLogFollow, LogStamps, select
 from gpuyard.testing.fake_volumes import FakeVolumeIO
 
@@ -104,6 +106,10 @@ class FakeRuntime:
         self.images: set[str] = set(images or ())
         self.pullable = pullable
         self.fail_images: dict[str, str] = {}
+        # Images of a private registry: pulled only with these credentials.
+        self.private_images: dict[str, RegistryCredentials] = {}
+        # The credentials each pull was given (None: anonymous), in order.
+        self.pull_credentials: list[tuple[str, RegistryCredentials | None]] = []
         self.fail_next: dict[str, str] = {}
         self.unavailable: str | None = None
         self.real_gpus = real_gpus
@@ -267,8 +273,14 @@ class FakeRuntime:
         with self._lock:
             return sorted(self.images)
 
-    def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
-        if on_pull is not None and image not in self.images:
+    def ensure_image(
+        self,
+        image: str,
+        on_pull: Callable[[], None] | None = None,
+        credentials: RegistryCredentials | None = None,
+        fresh: bool = False,
+    ) -> None:
+        if on_pull is not None and (fresh or image not in self.images):
             on_pull()
         gate = self.pull_gate
         if gate is not None and image not in self.images:
@@ -276,7 +288,13 @@ class FakeRuntime:
             gate.wait()
         with self._lock:
             self._enter("ensure_image")
+            missing = fresh or image not in self.images
+            if missing:
+                self.pull_credentials.append((image, credentials))
             reason = self.fail_images.get(image)
+            needed = self.private_images.get(image)
+            if reason is None and missing and needed is not None and credentials != needed:
+                reason = CREDENTIALS_NEEDED
             if reason is None and image not in self.images and not self.pullable:
                 reason = "pull access denied (fake runtime: pulling disabled)"
             if reason is not None:

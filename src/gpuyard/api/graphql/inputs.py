@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from gpuyard.api.graphql.errors import from_pydantic
 from gpuyard.core.errors import ValidationFailed
-from gpuyard.core.input_rules import MAX_ENV_VARS
+from gpuyard.core.input_rules import MAX_ENV_VARS, parse_id
 from gpuyard.core.models import AutoTerminatePolicy, CloudType, PortSpec
 from gpuyard.services.clusters.requests import CreateCluster
 
@@ -217,6 +217,7 @@ GRAPHQL_NAMES = {
     "location": "dataCenterId",
     "network_volume_id": "networkVolumeId",
     "template_id": "templateId",
+    "registry_auth_id": "containerRegistryAuthId",
 }
 
 # RunPod's public templates (``runpod-ubuntu``, which runpod-python names for every CPU
@@ -278,7 +279,8 @@ def create_bodies(
     CPU ``instanceId`` like ``cpu3c-2-4`` gives them when absent), gpuCount,
     cloudType, stopAfter / terminateAfter (auto-terminate after that time), bidPerGpu
     (interruptible at that bid), networkVolumeId (mounted at volumeMountPath instead of
-    a volume of its own; the cluster goes to the network volume's host).
+    a volume of its own; the cluster goes to the network volume's host),
+    containerRegistryAuthId (the image is pulled with those registry credentials).
     Raises ValidationFailed.
     """
     template_id = data.template_id or None
@@ -309,6 +311,10 @@ def create_bodies(
         },
         # "" as absent, like dataCenterId.
         "network_volume_id": data.network_volume_id or None,
+        # The account's registry credentials (saveRegistryAuth's id); "" as absent.
+        "registry_auth_id": parse_id(
+            "input.containerRegistryAuthId", data.container_registry_auth_id
+        ),
         "cloud_type": CloudType(data.cloud_type.value) if data.cloud_type else CloudType.ALL,
         "auto_terminate": auto,
     }
@@ -348,6 +354,20 @@ def create_bodies(
         return [CreateCluster(**base, gpu_type=name, gpu_count=gpu_count) for name in candidates]
     except ValidationError as exc:
         raise from_pydantic(exc, GRAPHQL_NAMES) from exc
+
+
+@strawberry.input(name="SaveRegistryAuthInput")
+class SaveRegistryAuthInput:
+    name: str = strawberry.field(description="Unique in the account")
+    username: str
+    password: str = strawberry.field(description="Sealed at rest; never answered")
+
+
+@strawberry.input(name="UpdateRegistryAuthInput")
+class UpdateRegistryAuthInput:
+    id: str
+    username: str
+    password: str = strawberry.field(description="Sealed at rest; never answered")
 
 
 @strawberry.input(name="UpdateUserSettingsInput")

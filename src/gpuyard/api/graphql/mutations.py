@@ -28,6 +28,8 @@ from gpuyard.api.graphql.inputs import (
     PodResumeInput,
     PodStopInput,
     PodTerminateInput,
+    SaveRegistryAuthInput,
+    UpdateRegistryAuthInput,
     UpdateUserSettingsInput,
     create_bodies,
 )
@@ -38,16 +40,19 @@ from gpuyard.api.graphql.templates import (
     delete_template,
     save_template,
 )
-from gpuyard.api.graphql.types import Info, Pod, User
+from gpuyard.api.graphql.types import ContainerRegistryAuth, Info, Pod, User
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.core.input_rules import parse_id
 from gpuyard.core.roles import Permission
 from gpuyard.services import idempotency as idem
 from gpuyard.services.access.ssh_key_use_cases import replace_own_keys
 from gpuyard.services.billing import spot
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import ConfigurationUpdate, StartCluster
+from gpuyard.services.tenancy import registry_auths
 
 MAX_GPUS = 64
+_REGISTRY_AUTH_FIELDS = {"name": "name", "username": "username", "password": "password"}
 
 
 def deploy(
@@ -223,3 +228,48 @@ class Mutation:
     @strawberry.mutation(description="Delete the account's template of that name. Returns null.")
     def delete_template(self, info: Info, template_name: str) -> None:
         delete_template(info.context, template_name)
+
+    @strawberry.mutation(
+        description="Store private registry credentials (the same as POST /v1/registry-auths); "
+        "name them on a deploy as containerRegistryAuthId."
+    )
+    def save_registry_auth(self, info: Info, input: SaveRegistryAuthInput) -> ContainerRegistryAuth:
+        gctx = info.context
+        require(gctx, Permission.WRITE_RESOURCES)
+        try:
+            row = registry_auths.create_registry_auth(
+                gctx.ctx, gctx.principal, None, input.name, input.username, input.password
+            )
+        except ValidationFailed as exc:
+            raise renamed(exc, _REGISTRY_AUTH_FIELDS) from exc
+        return ContainerRegistryAuth(id=str(row.id), name=row.name)
+
+    @strawberry.mutation(
+        description="Replace the username and password of registry credentials (the name "
+        "stays); the next pull of each cluster naming them uses the new ones."
+    )
+    def update_registry_auth(
+        self, info: Info, input: UpdateRegistryAuthInput
+    ) -> ContainerRegistryAuth:
+        gctx = info.context
+        require(gctx, Permission.WRITE_RESOURCES)
+        auth_id = parse_id("input.id", input.id, required=True)
+        assert auth_id is not None
+        try:
+            row = registry_auths.update_registry_auth(
+                gctx.ctx, gctx.principal, None, auth_id, input.username, input.password
+            )
+        except ValidationFailed as exc:
+            raise renamed(exc, _REGISTRY_AUTH_FIELDS) from exc
+        return ContainerRegistryAuth(id=str(row.id), name=row.name)
+
+    @strawberry.mutation(
+        description="Delete registry credentials; clusters that name them pull anonymously."
+    )
+    def delete_registry_auth(self, info: Info, registry_auth_id: str) -> bool:
+        gctx = info.context
+        require(gctx, Permission.WRITE_RESOURCES)
+        auth_id = parse_id("registryAuthId", registry_auth_id, required=True)
+        assert auth_id is not None
+        registry_auths.delete_registry_auth(gctx.ctx, gctx.principal, None, auth_id)
+        return True

@@ -181,6 +181,14 @@ class Machine:
         )
 
 
+@strawberry.type(name="ContainerRegistryAuth")
+class ContainerRegistryAuth:
+    """Private registry credentials: RunPod answers their id and name only."""
+
+    id: str
+    name: str
+
+
 @strawberry.type(name="Pod", description="A cluster (RunPod's pod), as the caller may see it.")
 class Pod:
     id: str
@@ -218,6 +226,9 @@ class Pod:
     )
     template_id: str | None = strawberry.field(
         description="The template it was created from (null: none)"
+    )
+    container_registry_auth_id: str | None = strawberry.field(
+        description="The registry credentials its image is pulled with (null: none)"
     )
     _runtime: strawberry.Private[PodRuntime | None]
 
@@ -312,6 +323,9 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
         machine=machine,
         network_volume=_network_volume(d),
         template_id=c.template_id,
+        container_registry_auth_id=(
+            str(c.registry_auth_id) if c.registry_auth_id is not None else None
+        ),
         _runtime=runtime,
     )
 

@@ -45,6 +45,7 @@ from gpuyard.services.clusters.moves import (
     record_progress,
 )
 from gpuyard.services.context import Context
+from gpuyard.services.tenancy.registry_auths import is_private_image, pull_credentials
 from gpuyard.store.schema import (
     Cluster,
     StartupSample,
@@ -587,7 +588,8 @@ class ClusterDriver:
         """Pull the cluster's image if needed, once its registry is allowed: a cluster
         stored before the allow-list (or before the operator narrowed it) must not make
         the engine connect where the API would now refuse. Raises ValidationFailed
-        naming the registry, or RuntimeFailure from the pull."""
+        naming the registry, RuntimeFailure from the pull, SecretUnreadable (the
+        credentials' password cannot be opened)."""
         check_image(c.image, self.ctx.settings.registry_policy, "docker_image")
         began: list[float] = []
 
@@ -595,7 +597,15 @@ class ClusterDriver:
             began.append(time.monotonic())
             self.records.event(c.id, "pull", f"pulling image {c.image}")
 
-        self.runtime_of(c.host_id).ensure_image(c.image, on_pull=pulling)
+        # Opened here, outside any transaction, and handed to the engine only.
+        credentials = pull_credentials(self.ctx, c.project_id, c.registry_auth_id)
+        # A private image (one any cluster pulls with credentials) is asked of its
+        # registry at every start, with this cluster's credentials or none: being on
+        # the host from another account's pull gives it to nobody.
+        fresh = credentials is not None or is_private_image(self.ctx, c.image)
+        self.runtime_of(c.host_id).ensure_image(
+            c.image, on_pull=pulling, credentials=credentials, fresh=fresh
+        )
         if began:
             self.records.event(
                 c.id, "pull", f"pulled image {c.image} in {time.monotonic() - began[0]:.1f} s"

@@ -17,9 +17,13 @@ import re
 import docker.errors
 
 NOT_FOUND = "image not found or access denied"
+CREDENTIALS_NEEDED = (
+    "the registry denied the pull: this image needs registry credentials "
+    "(registry_auth_id) or the ones given were not accepted"
+)
 UNREACHABLE = "registry unreachable"
 FAILED = "image pull failed"
-USER_MESSAGES = (NOT_FOUND, UNREACHABLE, FAILED)
+USER_MESSAGES = (NOT_FOUND, CREDENTIALS_NEEDED, UNREACHABLE, FAILED)
 
 # Checked first: the engine never got a registry's answer about the image. Podman says
 # "pinging container registry HOST: ..." for anything that fails at the /v2/ probe,
@@ -31,6 +35,12 @@ _UNREACHABLE = re.compile(
     r"server gave http response|\beof\b|network is unreachable|no route to host|"
     r"invalid status code from registry|proxyconnect|bad gateway|service unavailable|"
     r"gateway timeout|too many redirects|broken pipe|error parsing http",
+    re.IGNORECASE,
+)
+# A registry answered and asked for credentials (or refused the ones given).
+_CREDENTIALS = re.compile(
+    r"unauthorized|authentication required|incorrect username or password|"
+    r"invalid username/password|\b401\b",
     re.IGNORECASE,
 )
 # A registry answered: the image is not there, or not for these credentials.
@@ -48,7 +58,9 @@ def user_message(engine_text: str, status_code: int | None = None) -> str:
     engine's API answer, when there was one). Always one of :data:`USER_MESSAGES`."""
     if _UNREACHABLE.search(engine_text):
         return UNREACHABLE
-    if status_code in (401, 403, 404) or _NOT_FOUND.search(engine_text):
+    if status_code == 401 or _CREDENTIALS.search(engine_text):
+        return CREDENTIALS_NEEDED
+    if status_code in (403, 404) or _NOT_FOUND.search(engine_text):
         return NOT_FOUND
     return FAILED
 

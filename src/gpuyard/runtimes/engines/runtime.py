@@ -28,6 +28,7 @@ demand), so clusters of different accounts have no route to each other.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -68,7 +69,7 @@ from gpuyard.runtimes.engines.inventory import discover_inventory
 from gpuyard.runtimes.engines.volumes import EngineVolumeIO
 from gpuyard.runtimes.hosts.firewall import Runner
 from gpuyard.runtimes.hosts.ports import ports_in_use
-from gpuyard.runtimes.records import EngineInventory
+from gpuyard.runtimes.records import EngineInventory, RegistryCredentials
 from gpuyard.runtimes.volumes.images import VolumeImages
 
 log = logging.getLogger(__name__)
@@ -256,30 +257,41 @@ class DockerEngineRuntime:
         tags = {t for img in found for t in (img.get("RepoTags") or ()) if t and "<none>" not in t}
         return sorted(tags)
 
-    def ensure_image(self, image: str, on_pull: Callable[[], None] | None = None) -> None:
-        """Make ``image`` present locally: no-op if it is, else pull it (``on_pull`` is
-        called first). A ``localhost/...`` image is never pulled (it is built or loaded
-        on the host).
+    def ensure_image(
+        self,
+        image: str,
+        on_pull: Callable[[], None] | None = None,
+        credentials: RegistryCredentials | None = None,
+        fresh: bool = False,
+    ) -> None:
+        """Make ``image`` present locally: no-op if it is (unless ``fresh``: then the
+        registry is asked again), else pull it (``on_pull`` is called first), with
+        ``credentials`` as the engine's ``auth_config``. A
+        ``localhost/...`` image is never pulled (it is built or loaded on the host).
 
         Raises :class:`RuntimeFailure` when it is absent and cannot be pulled. Its
         message gives the reason as one of runtimes/engines/pull_errors.py's fixed messages,
         never the engine's text, which names addresses and tells closed, open and HTTP
         ports apart; that text is logged at debug level only.
         """
-        with self._lock:
-            if self._images_seen.get(image, 0.0) > time.monotonic():
-                return
         api = self.engine.api
-        with self.engine.errors(f"inspecting image {image}"):
-            try:
-                api.inspect_image(image)
-                self._saw_image(image)
-                return
-            except docker.errors.ImageNotFound:
-                pass
+        # A localhost/ image is never pulled: there is no registry to ask again.
+        with contextlib.suppress(ValueError):
+            fresh = fresh and not parse_image_ref(image).local_only
+        if not fresh:
+            with self._lock:
+                if self._images_seen.get(image, 0.0) > time.monotonic():
+                    return
+            with self.engine.errors(f"inspecting image {image}"):
+                try:
+                    api.inspect_image(image)
+                    self._saw_image(image)
+                    return
+                except docker.errors.ImageNotFound:
+                    pass
         if on_pull is not None:
             on_pull()
-        problem, detail = self._pull(image)
+        problem, detail = self._pull(image, credentials)
         if problem is None:
             with self.engine.errors(f"inspecting image {image}"):
                 try:
@@ -290,6 +302,13 @@ class DockerEngineRuntime:
                     problem = pull_errors.FAILED
                     detail = "the engine reported success but the image is still missing"
         log.debug("image %s could not be pulled: %s", image, detail)
+        if fresh:
+            # A private image: its registry decides at every start, whatever the host has.
+            raise RuntimeFailure(
+                f"image {image} could not be pulled: {problem}. Check the registry name "
+                "and credentials.",
+                {"image": image, "reason": problem},
+            )
         raise RuntimeFailure(
             f"image {image} is not present on the engine and could not be pulled: "
             f"{problem}. Pull or build it on the host, or check the registry name "
@@ -297,7 +316,9 @@ class DockerEngineRuntime:
             {"image": image, "reason": problem},
         )
 
-    def _pull(self, image: str) -> tuple[str | None, str]:
+    def _pull(
+        self, image: str, credentials: RegistryCredentials | None = None
+    ) -> tuple[str | None, str]:
         """Pull ``image``: (None, "") when the engine reported success, else (the
         fixed user message, the engine's own text for the debug log)."""
         try:
@@ -311,7 +332,11 @@ class DockerEngineRuntime:
         detail = ""
         try:
             with self.engine.errors(f"pulling image {image}"):
-                for event in self.engine.api.pull(repo, tag=tag, stream=True, decode=True):
+                auth = credentials.auth_config() if credentials is not None else None
+                events = self.engine.api.pull(
+                    repo, tag=tag, stream=True, decode=True, auth_config=auth
+                )
+                for event in events:
                     if isinstance(event, dict) and event.get("error"):
                         detail = str(event["error"])
                         problem = pull_errors.user_message(detail)

@@ -130,6 +130,8 @@ class CreateCluster(_MarksSecrets):
     # A template of the account (services/clusters/templates.py): it fills what this
     # request leaves out (image, docker args, env, ports, disk sizes, mount path).
     template_id: str | None = Field(default=None, min_length=1, max_length=20)
+    # The account's registry credentials (/v1/registry-auths) the image is pulled with.
+    registry_auth_id: int | None = Field(default=None, ge=1, le=MAX_ID, strict=True)
 
     @property
     def spot(self) -> bool:

@@ -90,6 +90,7 @@ from gpuyard.services.idempotency import Claim
 from gpuyard.services.tenancy.account_secrets import check_cluster_references, check_references
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
+from gpuyard.services.tenancy.registry_auths import find_registry_auth
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
 from gpuyard.services.volumes.network_volumes import mount_for_cluster
 from gpuyard.services.volumes.snapshots import (
@@ -264,6 +265,9 @@ def create_cluster(
         check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
         check_external_ports(body.ports, ctx.settings, "ports")
         check_references(session, principal.account_id, body.env.values(), "env")
+        if body.registry_auth_id is not None:
+            # Another account's credentials read as unknown (404).
+            find_registry_auth(session, principal.account_id, body.registry_auth_id)
         if location is not None:
             check_location(session, location)
         needs_gpu = gpu_count > 0 or body.gpu_type
@@ -310,6 +314,7 @@ def create_cluster(
             volume_gb=volume_gb,
             volume_mount_path=body.volume_mount_path,
             network_volume_id=mounted.id if mounted is not None else None,
+            registry_auth_id=body.registry_auth_id,
             cloud_type=body.cloud_type.value,
             interruptible=bid is not None,
             bid_per_gpu=bid,

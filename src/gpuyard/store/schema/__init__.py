@@ -49,6 +49,7 @@ from gpuyard.store.schema.tenancy import (
     Project,
     ProjectMember,
     Quota,
+    RegistryAuth,
     SshKey,
     User,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "ProjectMember",
     "ProxySession",
     "Quota",
+    "RegistryAuth",
     "Reservation",
     "ReservedIp",
     "SecurityGroup",

@@ -93,6 +93,10 @@ class Cluster(Base):
     # The template it was created from (services/clusters/templates.py); kept as the
     # id only, so a cluster still names it after the template is deleted.
     template_id: Mapped[str | None] = mapped_column(String(20))
+    # The account's registry credentials its image is pulled with (migration 0026);
+    # None: an anonymous pull. Deleting the credentials leaves the id dangling: the
+    # next pull is anonymous and a registry that needs them refuses it.
+    registry_auth_id: Mapped[int | None] = mapped_column(Integer, default=None)
     last_restart_at: Mapped[datetime | None] = mapped_column()
     next_restart_at: Mapped[datetime | None] = mapped_column()
     recent_failures: Mapped[list[Any]] = mapped_column(default=list)

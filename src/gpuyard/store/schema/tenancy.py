@@ -1,5 +1,5 @@
 """Tenancy: accounts, their users, members, projects, API keys, invitations, quotas, SSH
-keys, the audit trail and remembered Idempotency-Keys."""
+keys, registry credentials, the audit trail and remembered Idempotency-Keys."""
 
 from __future__ import annotations
 
@@ -201,6 +201,23 @@ class AccountSecret(Base):
     value: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RegistryAuth(Base):
+    """Credentials for a private container registry, used when a cluster's image is
+    pulled. ``password`` is sealed with the installation's secret box
+    (services/tenancy/secrets.py) and never answered."""
+
+    __tablename__ = "registry_auths"
+    # Ids are never reused (SQLite would reuse the highest after a delete): a cluster
+    # naming deleted credentials never gets newer ones.
+    __table_args__ = (UniqueConstraint("account_id", "name"), {"sqlite_autoincrement": True})
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    username: Mapped[str] = mapped_column(String(500))
+    password: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class IdempotencyKey(Base):

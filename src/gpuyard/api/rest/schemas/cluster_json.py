@@ -184,6 +184,7 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "docker_image": c.image,
         "docker_args": c.docker_args,
         "template_id": c.template_id,
+        "registry_auth_id": c.registry_auth_id,
         "gpu_type": c.gpu_type,
         "gpu_display_name": d.gpu_display_name,
         "gpu_count": c.gpu_count,

@@ -60,6 +60,15 @@ class AddSshKey(StrictIn):
     _name = field_validator("name")(check_name)
 
 
+class CreateRegistryAuth(StrictIn):
+    name: Name
+    username: Annotated[StrictStr, Field(min_length=1, max_length=500)]
+    # Sealed at rest and never answered.
+    password: Annotated[StrictStr, Field(min_length=1, max_length=8192)]
+
+    _name = field_validator("name")(check_name)
+
+
 class RegisterImage(StrictIn):
     name: Name
     version: Version
@@ -193,6 +202,16 @@ class ProjectList(StrictOut):
     projects: list[Project]
 
 
+class RegistryAuth(StrictOut):
+    id: int
+    name: str
+    created_at: str | None
+
+
+class RegistryAuthList(StrictOut):
+    registry_auths: list[RegistryAuth]
+
+
 class LocationList(StrictOut):
     locations: list[Location]
 
@@ -223,6 +242,8 @@ LocationListEnvelope = _envelope("LocationListEnvelope", LocationList)
 PlanListEnvelope = _envelope("PlanListEnvelope", PlanList)
 SshKeyEnvelope = _envelope("SshKeyEnvelope", SshKey)
 SshKeyListEnvelope = _envelope("SshKeyListEnvelope", SshKeyList)
+RegistryAuthEnvelope = _envelope("RegistryAuthEnvelope", RegistryAuth)
+RegistryAuthListEnvelope = _envelope("RegistryAuthListEnvelope", RegistryAuthList)
 ImageEnvelope = _envelope("ImageEnvelope", ImageVersion)
 ImageListEnvelope = _envelope("ImageListEnvelope", ImageList)
 ReservedIpEnvelope = _envelope("ReservedIpEnvelope", ReservedIp)

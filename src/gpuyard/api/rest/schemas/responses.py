@@ -179,6 +179,9 @@ class Cluster(StrictOut):
     docker_image: str
     docker_args: str
     template_id: str | None = Field(description="The template it was created from (null: none)")
+    registry_auth_id: int | None = Field(
+        description="The registry credentials its image is pulled with (null: none)"
+    )
     gpu_type: str | None
     gpu_display_name: str | None
     gpu_count: int

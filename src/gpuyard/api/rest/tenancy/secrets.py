@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from gpuyard.api.http.envelope import ok
+from gpuyard.api.http.json_body import OffLoopJsonRoute
 from gpuyard.api.http.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.http.path_ids import IdPath
 from gpuyard.api.rest.schemas import resources as rs
@@ -17,7 +18,7 @@ from gpuyard.api.state import app_state, current_principal
 from gpuyard.services.tenancy import account_secrets as secrets
 from gpuyard.services.tenancy.auth import Principal
 
-router = APIRouter(tags=["secrets"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["secrets"], responses=ERROR_RESPONSES, route_class=OffLoopJsonRoute)
 
 
 @router.get("/v1/secrets", responses=documented(ss.SecretListEnvelope))

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0027"
-down_revision = "0025"
+down_revision = "0026"
 branch_labels = None
 depends_on = None
 
