@@ -49,6 +49,7 @@ from gpuyard.api.rest.tenancy import projects as projects_api
 from gpuyard.api.rest.tenancy import quotas as quotas_api
 from gpuyard.api.rest.tenancy import registry_auths as registry_auths_api
 from gpuyard.api.rest.tenancy import secrets as secrets_api
+from gpuyard.api.runpod_v2 import build_router as runpod_v2_router
 from gpuyard.api.state import AppState
 from gpuyard.api.training import routes as training
 from gpuyard.core.errors import GpuyardError
@@ -274,6 +275,7 @@ def build_server(
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.
     app.include_router(graphql_router(settings), include_in_schema=False)
     app.include_router(training.router)
+    app.include_router(runpod_v2_router())
 
     @app.get("/healthz", tags=["meta"])
     async def healthz() -> JSONResponse:

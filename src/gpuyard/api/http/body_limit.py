@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuyard.api.http.surface_errors import surface_error
+from gpuyard.api.http.surface_errors import surface_error, surface_media_type
 
 CODE = "PAYLOAD_TOO_LARGE"
 
@@ -99,9 +99,10 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
-        body = json.dumps(too_large_body(scope.get("path", ""), self.max_bytes)).encode()
+        path = scope.get("path", "")
+        body = json.dumps(too_large_body(path, self.max_bytes)).encode()
         headers = [
-            (b"content-type", b"application/json"),
+            (b"content-type", surface_media_type(path).encode()),
             (b"content-length", b"%d" % len(body)),
             (b"connection", b"close"),
         ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuyard.api.http.surface_errors import surface_error
+from gpuyard.api.http.surface_errors import surface_error, surface_media_type
 from gpuyard.store.outage import is_database_unavailable, unavailable
 
 # A failover takes about the leader key's time to live (Patroni's ttl, 30 s by
@@ -28,6 +28,7 @@ def outage_answer(path: str, exc: BaseException) -> JSONResponse:
         surface_error(path, err.http_status, err.code, err.message, err.details),
         status_code=err.http_status,
         headers={"Retry-After": str(RETRY_AFTER_S)},
+        media_type=surface_media_type(path),
     )
 
 

@@ -1,4 +1,7 @@
-"""Exception handlers: every failure leaves in the v1 envelope, never as a trace."""
+"""Exception handlers: every failure leaves in its surface's envelope, never as a trace.
+
+The REST v1 envelope everywhere, except on RunPod's REST v2 (``/runpod/v2``), which
+answers RFC 9457 problem details (api/http/problems.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from gpuyard.api.http.database_outage import ErrorGuard, outage_answer
 from gpuyard.api.http.envelope import error_body, error_response
+from gpuyard.api.http.problems import detail_errors, is_runpod_v2, problem_response
 from gpuyard.core.errors import GpuyardError
 from gpuyard.store.outage import is_database_unavailable
 
@@ -60,7 +64,8 @@ def _reason(err: Any) -> dict[str, Any]:
     return out
 
 
-def validation_response(exc: RequestValidationError) -> JSONResponse:
+def validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    """Each failing field of ``exc``: ``{field, message, reason[, limits]}``."""
     errors = []
     for err in exc.errors():
         loc = err.get("loc", ())
@@ -77,6 +82,11 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
             if named is not None:
                 field, msg = named.group(1), named.group(2)
         errors.append({"field": field, "message": msg, **_reason(err)})
+    return errors
+
+
+def validation_response(exc: RequestValidationError) -> JSONResponse:
+    errors = validation_errors(exc)
     first = errors[0] if errors else {"field": "body", "message": "invalid request"}
     return JSONResponse(
         error_body(
@@ -99,12 +109,23 @@ class UnexpectedErrors(ErrorGuard):
             await outage_answer(scope.get("path", ""), exc)(scope, receive, send)
             return True
         log.exception("unhandled error")
-        response = JSONResponse(
-            error_body("INTERNAL_ERROR", "internal error; see the server log"),
-            status_code=500,
-        )
-        await response(scope, receive, send)
+        await _internal_error(scope.get("path", ""))(scope, receive, send)
         return True
+
+
+def _internal_error(path: str) -> JSONResponse:
+    message = "internal error; see the server log"
+    if is_runpod_v2(path):
+        return problem_response(500, "INTERNAL_ERROR", message)
+    return JSONResponse(error_body("INTERNAL_ERROR", message), status_code=500)
+
+
+def _problem_of_validation(exc: RequestValidationError) -> JSONResponse:
+    """v2: a body that is not JSON is 400; JSON that breaks the schema is 422."""
+    errors = validation_errors(exc)
+    listed = [f"{e['field']}: {e['message']}" for e in errors]
+    status = 400 if any(e.get("reason") == "json_invalid" for e in errors) else 422
+    return problem_response(status, "VALIDATION_ERROR", listed[0] if listed else "invalid", listed)
 
 
 def install(app: FastAPI) -> None:
@@ -113,23 +134,29 @@ def install(app: FastAPI) -> None:
     app.add_middleware(UnexpectedErrors)
 
     @app.exception_handler(GpuyardError)
-    async def _domain(_: Request, exc: GpuyardError) -> JSONResponse:
+    async def _domain(request: Request, exc: GpuyardError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("%s: %s", exc.code, exc.message)
+        if is_runpod_v2(request.url.path):
+            headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+            errors = detail_errors(exc.details)
+            return problem_response(exc.http_status, exc.code, exc.message, errors, headers)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if is_runpod_v2(request.url.path):
+            return _problem_of_validation(exc)
         return validation_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
+        if is_runpod_v2(request.url.path):
+            return problem_response(exc.status_code, code, str(exc.detail))
         return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return JSONResponse(
-            error_body("INTERNAL_ERROR", "internal error; see the server log"), status_code=500
-        )
+        return _internal_error(request.url.path)

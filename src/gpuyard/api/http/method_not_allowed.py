@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
-from gpuyard.api.http.surface_errors import surface_error
+from gpuyard.api.http.surface_errors import surface_error, surface_media_type
 
 # The methods a route here may serve, in the order ``Allow`` lists them.
 _ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -37,7 +37,12 @@ def answer(request: Request) -> JSONResponse:
     allowed = allowed_methods(request.app.router.routes, request.scope)
     message = f"{request.method} is not allowed here; allowed: {', '.join(allowed) or 'none'}"
     body = surface_error(request.url.path, 405, "METHOD_NOT_ALLOWED", message, {"allowed": allowed})
-    return JSONResponse(body, status_code=405, headers={"Allow": ", ".join(allowed)})
+    return JSONResponse(
+        body,
+        status_code=405,
+        headers={"Allow": ", ".join(allowed)},
+        media_type=surface_media_type(request.url.path),
+    )
 
 
 def install(app: FastAPI) -> None:

@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpuyard.api.http.surface_errors import surface_error
+from gpuyard.api.http.surface_errors import surface_error, surface_media_type
 from gpuyard.core.text import NUL
 
 
@@ -45,7 +45,11 @@ class NulGuard:
         if field is None:
             await self.app(scope, receive, send)
             return
-        body = json.dumps(_answer(scope.get("path", ""), field)).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        path = scope.get("path", "")
+        body = json.dumps(_answer(path, field)).encode()
+        headers = [
+            (b"content-type", surface_media_type(path).encode()),
+            (b"content-length", b"%d" % len(body)),
+        ]
         await send({"type": "http.response.start", "status": 400, "headers": headers})
         await send({"type": "http.response.body", "body": body})

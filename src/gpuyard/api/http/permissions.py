@@ -28,6 +28,8 @@ _OWN_CHECKS = (
     "/v1/invitations",
     "/v1/audit-events",
     "/v1/me",
+    # RunPod v2's catalog (GPU types, data centers): anybody with a key, as /v1's.
+    "/runpod/v2/catalog",
 )
 # Routes that need no key at all, or resolve and check the principal themselves
 # (GraphQL per field: api/graphql/access.py; the metrics scrape: the operator).

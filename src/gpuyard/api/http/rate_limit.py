@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuyard.api.http.surface_errors import surface_error
+from gpuyard.api.http.surface_errors import surface_error, surface_media_type
 from gpuyard.api.state import key_from
 from gpuyard.core.network.proxy import presented_key
 from gpuyard.core.token_bucket import BucketTable, Decision, Rate
@@ -310,7 +310,7 @@ class RateLimit:
         retry_after = max(1, math.ceil(verdict.decision.retry_after_s))
         body = json.dumps(refusal_body(path, verdict, retry_after)).encode()
         headers = [
-            (b"content-type", b"application/json"),
+            (b"content-type", surface_media_type(path).encode()),
             (b"content-length", b"%d" % len(body)),
             (b"retry-after", b"%d" % retry_after),
             *headers_of(verdict.decision),
