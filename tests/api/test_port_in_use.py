@@ -29,6 +29,16 @@ def live(tmp_path: Path, runtime: FakeRuntime) -> Iterator[LiveServer]:
         yield srv
 
 
+def chosen_port(srv: LiveServer, offset: int) -> int:
+    """A host port of the range a user may choose: ``offset`` into it, stepping past the
+    server's own port (which the tests' servers also take from the range's numbers)."""
+    settings = srv.server.ctx.settings
+    port = settings.port_range_start + offset
+    while port in (settings.port, settings.port - 1):
+        port += 2
+    return port
+
+
 def create(c: httpx.Client, external_port: int) -> httpx.Response:
     return c.post(
         "/v1/clusters",
@@ -51,7 +61,7 @@ def assert_port_in_use(r: httpx.Response, port: int) -> None:
 def test_a_chosen_port_a_process_holds_answers_409_at_once(
     live: LiveServer, runtime: FakeRuntime
 ) -> None:
-    port = live.server.ctx.settings.port_range_start + 5
+    port = chosen_port(live, 5)
     runtime.listening.add((port, "tcp"))
     with live.client() as c:
         assert_port_in_use(create(c, port), port)
@@ -70,7 +80,7 @@ def test_a_chosen_port_a_process_holds_answers_409_at_once(
 
 
 def test_a_chosen_port_another_cluster_holds_answers_port_in_use(live: LiveServer) -> None:
-    port = live.server.ctx.settings.port_range_start + 9
+    port = chosen_port(live, 9)
     with live.client() as c:
         assert create(c, port).status_code == 201
         assert_port_in_use(create(c, port), port)
