@@ -162,3 +162,26 @@ def test_registry_credentials_and_templates_pages(browser: Any, server: ServerPr
     ]
     assert not unknown, unknown
     context.close()
+
+
+def test_a_read_key_gets_the_lists_only(browser: Any, server: ServerProcess) -> None:
+    with server.client() as c:
+        auth = c.post("/v1/registry-auths", json={"name": "ro", "username": "u", "password": "p"})
+        assert auth.status_code == 201, auth.text
+        made = c.post("/v1/templates", json={"name": "ro-template", "docker_image": IMAGE})
+        assert made.status_code == 201, made.text
+    recorder = base.Recorder(server.url)
+    viewer = base.new_page(browser, server, recorder)
+    base.sign_in(viewer, base.read_key(server))
+    viewer.goto(f"{server.url}/#/templates")
+    viewer.wait_for_selector("[data-testid=templates] td:has-text('ro-template')")
+    assert viewer.locator("[data-testid=template-form]").count() == 0
+    assert viewer.locator("[data-testid=templates] button").count() == 0
+    viewer.goto(f"{server.url}/#/registry-auths")
+    viewer.wait_for_selector("[data-testid=registry-auths] td:has-text('ro')")
+    assert viewer.locator("[data-testid=registry-auth-form]").count() == 0
+    assert viewer.locator("[data-testid=registry-auths] button").count() == 0
+    viewer.context.close()
+    with server.client() as c:
+        c.delete(f"/v1/templates/{made.json()['data']['id']}")
+        c.delete(f"/v1/registry-auths/{auth.json()['data']['id']}")

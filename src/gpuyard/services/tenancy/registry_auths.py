@@ -10,9 +10,9 @@ answer, log line, event or audit detail holds it: views carry id, name and creat
 time. A cluster names its credentials by id (``registry_auth_id``), a template as
 ``container_registry_auth_id``; another account's id reads as unknown.
 
-Credentials that a template or a live (not terminated) cluster still names are not
-deleted: the delete answers 409 REGISTRY_AUTH_IN_USE naming them, so no cluster
-silently loses the credentials its image needs at its next start.
+Credentials that a template or a live (not terminating or terminated) cluster still
+names are not deleted: the delete answers 409 REGISTRY_AUTH_IN_USE naming them, so no
+cluster or template silently loses the credentials its image needs.
 """
 
 from __future__ import annotations
@@ -264,6 +264,10 @@ def update_registry_auth(
         raise taken from exc
 
 
+# A cluster in these never pulls again (a terminate is never undone).
+_GONE = (ClusterStatus.TERMINATING.value, ClusterStatus.TERMINATED.value)
+
+
 def _users(session: Session, account_id: int, auth_id: int) -> tuple[list[str], list[str]]:
     """The account's templates and live clusters that name credentials ``auth_id``."""
     templates = list(
@@ -284,7 +288,7 @@ def _users(session: Session, account_id: int, auth_id: int) -> tuple[list[str], 
             .where(
                 Project.account_id == account_id,
                 Cluster.registry_auth_id == auth_id,
-                Cluster.status != ClusterStatus.TERMINATED.value,
+                Cluster.status.not_in(_GONE),
             )
             .order_by(Cluster.id)
             .limit(MAX_NAMED)
@@ -297,8 +301,8 @@ def delete_registry_auth(
     ctx: Context, principal: Principal, active_iam: int | None, auth_id: int
 ) -> None:
     """Delete credentials of the acting account. Refused while a template or a live
-    (not terminated) cluster of the account names them: change or delete those first
-    (terminated clusters keep the id; a start never comes). Needs the write permission.
+    (not terminating or terminated) cluster of the account names them: change or
+    delete those first (terminated clusters keep the id; a start never comes). Needs the write permission.
     Raises Forbidden, RegistryAuthNotFound, RegistryAuthInUse (409)."""
     principal.require_write()
     with ctx.transaction() as session:

@@ -1,7 +1,9 @@
 // Registry credentials: the account's private registry logins (/v1/registry-auths)
 // that clusters and templates pull their images with. A password goes to the server
-// in a password input and is never shown again (no answer holds one).
+// in a password input and is never shown again (no answer holds one). A key that may
+// not change them (a read key, a viewer) gets the list only.
 import { del, get, patch, post } from "../api.js";
+import { session } from "../session.js";
 import { clear, field, flash, h, showError } from "../ui.js";
 
 export async function render(main) {
@@ -16,7 +18,7 @@ export async function render(main) {
 
   main.append(
     h("h1", {}, "Registry credentials"),
-    form,
+    session.canWrite ? form : null,
     h("div", { class: "table-wrap" }, h("table", { class: "list", "data-testid": "registry-auths" },
       h("thead", {}, h("tr", {}, ["ID", "Name", "Created", ""].map((t) => h("th", { scope: "col" }, t)))),
       tbody)),
@@ -57,9 +59,9 @@ export async function render(main) {
         h("td", {}, String(a.id)),
         h("td", {}, a.name),
         h("td", {}, a.created_at ? new Date(a.created_at).toLocaleString() : "—"),
-        h("td", {},
+        h("td", {}, session.canWrite ? [
           h("button", { type: "button", onclick: () => { if (!tr.nextSibling?.classList?.contains("edit-row")) tr.after(changeRow(a)); } }, "Update password"),
-          h("button", { type: "button", class: "danger", onclick: () => remove(a) }, "Delete")));
+          h("button", { type: "button", class: "danger", onclick: () => remove(a) }, "Delete")] : null));
       return tr;
     }));
   }

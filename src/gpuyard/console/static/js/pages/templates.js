@@ -1,8 +1,10 @@
 // Templates: the account's saved cluster configurations (/v1/templates). A cluster
 // created from one takes what its create leaves out. Secret env values are stored
 // sealed and only ever come back masked; sending the mask back keeps the value, so
-// editing a template never needs (or shows) its secrets.
+// editing a template never needs (or shows) its secrets. A key that may not change
+// them (a read key, a viewer) gets the list only.
 import { del, get, patch, post } from "../api.js";
+import { session } from "../session.js";
 import { clear, clearErrors, field, flash, h, showError } from "../ui.js";
 
 const MASK = "********";
@@ -63,7 +65,7 @@ export async function render(main) {
   main.append(
     h("h1", {}, "Templates"),
     h("p", { class: "muted" }, "Saved configurations: a cluster created from a template takes what its create leaves out."),
-    form,
+    session.canWrite ? form : null,
     h("div", { class: "table-wrap" }, h("table", { class: "list", "data-testid": "templates" },
       h("thead", {}, h("tr", {}, ["Name", "Image", "Environment", "Ports", "Registry", ""].map((t) => h("th", { scope: "col" }, t)))),
       tbody)),
@@ -118,10 +120,10 @@ export async function render(main) {
       h("td", {}, Object.entries(t.env || {}).map(([k, v]) => `${k}=${v}`).join(" ") || "—"),
       h("td", {}, portsText(t.ports) || "—"),
       h("td", {}, t.container_registry_auth_id || "—"),
-      h("td", {},
+      h("td", {}, session.canWrite ? [
         h("a", { href: `#/clusters/new?template=${encodeURIComponent(t.id)}` }, "Create a cluster"), " ",
         h("button", { type: "button", onclick: () => edit(t) }, "Edit"),
-        h("button", { type: "button", class: "danger", onclick: () => remove(t) }, "Delete")))));
+        h("button", { type: "button", class: "danger", onclick: () => remove(t) }, "Delete")] : null))));
   }
 
   async function remove(t) {
@@ -174,5 +176,5 @@ export async function render(main) {
       showError(form, err);
     }
   });
-  await Promise.all([loadAuths(""), refresh()]);
+  await Promise.all([session.canWrite ? loadAuths("") : null, refresh()]);
 }
