@@ -302,8 +302,9 @@ def delete_registry_auth(
 ) -> None:
     """Delete credentials of the acting account. Refused while a template or a live
     (not terminating or terminated) cluster of the account names them: change or
-    delete those first (terminated clusters keep the id; a start never comes). Needs the write permission.
-    Raises Forbidden, RegistryAuthNotFound, RegistryAuthInUse (409)."""
+    delete those first (terminated clusters keep the id; a start never comes). Needs
+    the write permission. Raises Forbidden, RegistryAuthNotFound, RegistryAuthInUse
+    (409)."""
     principal.require_write()
     with ctx.transaction() as session:
         account_id = acting_account(session, principal, active_iam)
