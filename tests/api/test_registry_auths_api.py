@@ -1,6 +1,7 @@
-"""Registry credentials over real HTTP: REST ``/v1/registry-auths`` and GraphQL's
-``saveRegistryAuth`` / ``deleteRegistryAuth`` / ``containerRegistryAuthId``; the
-password in no answer, another account's credentials unknown to it."""
+"""Registry credentials over real HTTP: REST ``/v1/registry-auths`` (create, list,
+update, delete) and GraphQL's ``saveRegistryAuth`` / ``updateRegistryAuth`` /
+``deleteRegistryAuth`` / ``containerRegistryAuthId``; the password in no answer,
+another account's credentials unknown to it, credentials in use not deleted."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from gpuyard.api.rest.schemas import resources as rs
 from gpuyard.cli.main import cli
 from gpuyard.runtimes.engines.pull_errors import CREDENTIALS_NEEDED
 from gpuyard.runtimes.records import RegistryCredentials
@@ -117,9 +119,26 @@ def test_another_account_cannot_use_list_or_delete_them(
         assert r.json()["error"]["code"] == unknown.json()["error"]["code"]
         body = {"docker_image": IMAGE, "gpu_count": 0, "registry_auth_id": mine["id"]}
         r = c.post("/v1/clusters", json=body)
-        assert r.status_code == 404 and r.json()["error"]["code"] == "REGISTRY_AUTH_NOT_FOUND"
+        none = c.post("/v1/clusters", json={**body, "registry_auth_id": 999_999})
+        assert r.status_code == none.status_code == 400
+        assert r.json()["error"]["code"] == "VALIDATION_ERROR"
+        assert r.json()["error"]["details"]["field"] == "registry_auth_id"
+        assert r.json()["error"]["message"].replace(str(mine["id"]), "N") == none.json()["error"][
+            "message"
+        ].replace("999999", "N")
+        r = c.patch(f"/v1/registry-auths/{mine['id']}", json={"password": "stolen"})
+        unknown = c.patch("/v1/registry-auths/999999", json={"password": "stolen"})
+        assert r.status_code == unknown.status_code == 404
+        assert r.json()["error"]["code"] == unknown.json()["error"]["code"]
+        template = {"name": "t", "docker_image": IMAGE, "container_registry_auth_id": mine["id"]}
+        r = c.post(
+            "/v1/templates", json={**template, "container_registry_auth_id": str(mine["id"])}
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["details"]["field"] == "container_registry_auth_id"
     body = gql(srv, deploy_query(IMAGE, mine["id"]), key=other)
-    assert body["errors"][0]["extensions"]["code"] == "REGISTRY_AUTH_NOT_FOUND"
+    assert body["errors"][0]["extensions"]["code"] == "VALIDATION_ERROR"
+    assert "containerRegistryAuthId" in str(body["errors"][0])
     body = gql(srv, f'mutation {{ deleteRegistryAuth(registryAuthId: "{mine["id"]}") }}', other)
     assert body["errors"][0]["extensions"]["code"] == "REGISTRY_AUTH_NOT_FOUND"
     with srv.client() as c:
@@ -158,7 +177,15 @@ def test_graphql_save_deploy_and_delete(srv: LiveServer, fake_runtime: FakeRunti
         failed = c.get(f"/v1/clusters/{bare['id']}").json()["data"]
         assert failed["status"] == "error"
         assert CREDENTIALS_NEEDED in str(failed)
-    body = gql(srv, f'mutation {{ deleteRegistryAuth(registryAuthId: "{auth["id"]}") }}')
+    delete = f'mutation {{ deleteRegistryAuth(registryAuthId: "{auth["id"]}") }}'
+    # Refused while the running pod names them.
+    body = gql(srv, delete)
+    assert body["errors"][0]["extensions"]["code"] == "REGISTRY_AUTH_IN_USE", body
+    assert pod["id"] in body["errors"][0]["message"]
+    with srv.client() as c:
+        assert c.delete(f"/v1/clusters/{pod['id']}").status_code in (200, 202)
+    assert srv.server.reconciler.wait_idle(10)
+    body = gql(srv, delete)
     assert body == {"data": {"deleteRegistryAuth": True}}
     body = gql(srv, 'mutation { deleteRegistryAuth(registryAuthId: "nope") }')
     assert body["errors"][0]["extensions"]["code"] == "VALIDATION_ERROR"
@@ -215,7 +242,86 @@ def test_cli_registry_auths(srv: LiveServer, fake_runtime: FakeRuntime) -> None:
     )
     assert created.exit_code == 0, created.output
     assert json.loads(created.stdout)["registry_auth_id"] == auth["id"]
+    cid = json.loads(created.stdout)["id"]
+    busy = runner.invoke(cli, ["registry-auths", "delete", str(auth["id"])], env=env)
+    assert busy.exit_code != 0 and "REGISTRY_AUTH_IN_USE" in busy.output and cid in busy.output
+    changed = runner.invoke(
+        cli,
+        ["registry-auths", "update", str(auth["id"]), "--name", "cli2", "--password-stdin"],
+        input="new-" + PASSWORD + "\n",
+        env=env,
+    )
+    assert changed.exit_code == 0, changed.output
+    assert "cli2" in changed.stdout and PASSWORD not in changed.output
+    assert runner.invoke(cli, ["clusters", "terminate", cid], env=env).exit_code == 0
+    assert srv.server.reconciler.wait_idle(10)
     gone = runner.invoke(cli, ["registry-auths", "delete", str(auth["id"])], env=env)
     assert gone.exit_code == 0, gone.output
     with srv.client() as c:
         assert c.get("/v1/registry-auths").json()["data"]["registry_auths"] == []
+
+
+def test_rest_update_changes_fields_sent_and_never_answers_the_password(
+    srv: LiveServer, fake_runtime: FakeRuntime
+) -> None:
+    fake_runtime.private_images[IMAGE] = RegistryCredentials("bot2", "new-" + PASSWORD)
+    with srv.client() as c:
+        made = c.post("/v1/registry-auths", json={"name": "a", "username": "bot", "password": "x"})
+        auth = made.json()["data"]
+        c.post("/v1/registry-auths", json={"name": "taken", "username": "u", "password": "p"})
+        r = c.patch(
+            f"/v1/registry-auths/{auth['id']}",
+            json={"username": "bot2", "password": "new-" + PASSWORD},
+        )
+        assert r.status_code == 200, r.text
+        rs.RegistryAuthEnvelope.model_validate(r.json())
+        assert r.json()["data"] == auth and PASSWORD not in r.text
+        r = c.patch(f"/v1/registry-auths/{auth['id']}", json={"name": "renamed"})
+        assert r.status_code == 200 and r.json()["data"]["name"] == "renamed"
+        for bad, field in (
+            ({}, "username"),
+            ({"password": ""}, "password"),
+            ({"name": " "}, "name"),
+            ({"username": 5}, "username"),
+            ({"secret": "x"}, "secret"),
+        ):
+            r = c.patch(f"/v1/registry-auths/{auth['id']}", json=bad)
+            assert r.status_code in (400, 422), (bad, r.text)
+            assert r.json()["error"]["code"] == "VALIDATION_ERROR", (bad, r.text)
+            assert field in r.text, (bad, r.text)
+        r = c.patch(f"/v1/registry-auths/{auth['id']}", json={"name": "taken"})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "REGISTRY_AUTH_EXISTS"
+        # The next pull uses what was stored last.
+        body = {"docker_image": IMAGE, "gpu_count": 0, "registry_auth_id": auth["id"]}
+        cid = c.post("/v1/clusters", json=body).json()["data"]["id"]
+        assert srv.server.reconciler.wait_idle(10)
+        assert c.get(f"/v1/clusters/{cid}").json()["data"]["status"] == "running"
+    assert (IMAGE, RegistryCredentials("bot2", "new-" + PASSWORD)) in fake_runtime.pull_credentials
+
+
+def test_in_use_credentials_are_not_deleted(srv: LiveServer, fake_runtime: FakeRuntime) -> None:
+    """Templates and live clusters that name credentials keep them from being deleted
+    (409 naming them); a terminated cluster does not."""
+    fake_runtime.private_images[IMAGE] = RegistryCredentials("bot", PASSWORD)
+    with srv.client() as c:
+        made = c.post(
+            "/v1/registry-auths", json={"name": "a", "username": "bot", "password": PASSWORD}
+        )
+        aid = made.json()["data"]["id"]
+        t = {"name": "t", "docker_image": IMAGE, "container_registry_auth_id": str(aid)}
+        tid = c.post("/v1/templates", json=t).json()["data"]["id"]
+        cluster = {"docker_image": IMAGE, "gpu_count": 0, "registry_auth_id": aid}
+        cid = c.post("/v1/clusters", json=cluster).json()["data"]["id"]
+        assert srv.server.reconciler.wait_idle(10)
+        r = c.delete(f"/v1/registry-auths/{aid}")
+        assert r.status_code == 409, r.text
+        err = r.json()["error"]
+        assert err["code"] == "REGISTRY_AUTH_IN_USE"
+        assert err["details"]["template_ids"] == [tid] and err["details"]["cluster_ids"] == [cid]
+        assert c.patch(f"/v1/templates/{tid}", json={"container_registry_auth_id": None}).is_success
+        r = c.delete(f"/v1/registry-auths/{aid}")
+        assert r.status_code == 409 and r.json()["error"]["details"]["template_ids"] == []
+        assert c.delete(f"/v1/clusters/{cid}").is_success
+        assert srv.server.reconciler.wait_idle(10)
+        r = c.delete(f"/v1/registry-auths/{aid}")
+        assert r.status_code == 200, r.text

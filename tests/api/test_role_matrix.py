@@ -108,6 +108,8 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("DELETE", ACC + "/invitations/{invitation_id}"): "members",
     ("POST", "/v1/invitations/{token}/accept"): PUBLIC,
     ("GET", "/v1/me"): "any",
+    # Registry credentials: a change changes what the account's clusters pull with.
+    ("PATCH", "/v1/registry-auths/{registry_auth_id}"): "write",
     # The web console's sign-in: the key is in the body (checked there), the session
     # is the cookie's; no role question.
     ("POST", "/v1/console/session"): PUBLIC,

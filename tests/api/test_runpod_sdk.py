@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from gpuyard.runtimes.records import RegistryCredentials
+from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer
 from tests.required_parts import need_module
 
@@ -113,3 +116,73 @@ def test_sdk_templates(srv: LiveServer, sdk: Any) -> None:
     assert mine["volumeInGb"] == 4
     with pytest.raises(sdk.error.QueryError, match="templateId"):
         sdk.create_pod("nope", "", "NVIDIA RTX A6000", template_id="nosuchtemplate")
+
+
+def _other_key(srv: LiveServer) -> str:
+    with srv.server.ctx.transaction() as session:
+        user, account, _ = create_account(session, email="sdk-b@example.com", name="sdk-b")
+        return issue_key(
+            session, user_id=user.id, account_id=account.id, name="b", scope=Scope.WRITE
+        ).key
+
+
+def test_sdk_registry_auths_and_a_template_that_names_them(
+    srv: LiveServer, sdk: Any, fake_runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """create/update/delete_container_registry_auth, create_template with
+    registry_auth_id and is_serverless, create_pod from that template: each checked
+    through /v1; another account's key can neither update nor delete them."""
+    image = "ghcr.io/acme/private:2"
+    saved = sdk.create_container_registry_auth("sdk-ghcr", "bot", "first-token")
+    assert set(saved) == {"id", "name"} and saved["name"] == "sdk-ghcr"
+    updated = sdk.update_container_registry_auth(saved["id"], "bot2", "second-token")
+    assert updated == saved
+    with srv.client() as c:
+        listed = c.get("/v1/registry-auths").json()["data"]["registry_auths"]
+        assert [(str(a["id"]), a["name"]) for a in listed] == [(saved["id"], "sdk-ghcr")]
+        assert "token" not in str(listed)
+
+    template = sdk.create_template(
+        "private-template", image, ports="8888/http", registry_auth_id=saved["id"]
+    )
+    assert template["isServerless"] is False
+    serverless = sdk.create_template("worker", image, is_serverless=True)
+    assert serverless["isServerless"] is True and serverless["volumeInGb"] == 0
+    with srv.client() as c:
+        got = c.get(f"/v1/templates/{template['id']}").json()["data"]
+        assert got["container_registry_auth_id"] == saved["id"] and got["is_serverless"] is False
+        worker = c.get(f"/v1/templates/{serverless['id']}").json()["data"]
+        assert worker["is_serverless"] is True
+
+    # The pod from the template is pulled with the updated credentials.
+    fake_runtime.private_images[image] = RegistryCredentials("bot2", "second-token")
+    pod = sdk.create_pod("private-pod", "", "NVIDIA RTX A6000", template_id=template["id"])
+    assert pod["imageName"] == image
+    assert srv.server.reconciler.wait_idle(10)
+    with srv.client() as c:
+        cluster = c.get(f"/v1/clusters/{pod['id']}").json()["data"]
+        assert cluster["registry_auth_id"] == int(saved["id"]) and cluster["status"] == "running"
+    assert (image, RegistryCredentials("bot2", "second-token")) in fake_runtime.pull_credentials
+
+    # Another account's key: the same not-found as an id of nothing.
+    monkeypatch.setattr(runpod, "api_key", _other_key(srv))
+    for call in (
+        lambda: sdk.update_container_registry_auth(saved["id"], "x", "y"),
+        lambda: sdk.delete_container_registry_auth(saved["id"]),
+    ):
+        with pytest.raises(sdk.error.QueryError, match="not found"):
+            call()
+    with pytest.raises(sdk.error.QueryError, match="containerRegistryAuthId"):
+        sdk.create_template("theirs", image, registry_auth_id=saved["id"])
+    monkeypatch.setattr(runpod, "api_key", srv.key)
+
+    # In use by the template and the pod: refused, naming them; then deleted.
+    with pytest.raises(sdk.error.QueryError, match=template["id"]):
+        sdk.delete_container_registry_auth(saved["id"])
+    sdk.terminate_pod(pod["id"])
+    assert srv.server.reconciler.wait_idle(10)
+    gone = srv.graphql('mutation { deleteTemplate(templateName: "private-template") }')
+    assert "errors" not in gone, gone
+    assert sdk.delete_container_registry_auth(saved["id"]) is True
+    with srv.client() as c:
+        assert c.get("/v1/registry-auths").json()["data"]["registry_auths"] == []

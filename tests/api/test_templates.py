@@ -5,6 +5,7 @@ account's attempts at a template's ids, names and reads."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import httpx
 from gpuyard.api.rest.schemas import templates as schemas
 from gpuyard.core.secret_env import MASK
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
+from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer
 
 A6000 = "NVIDIA RTX A6000"
@@ -238,3 +240,80 @@ def test_graphql_save_update_list_delete_and_deploy(srv: LiveServer) -> None:
         "deleteTemplate": None
     }
     assert srv.graphql("{ myself { podTemplates { id } } }")["data"]["myself"]["podTemplates"] == []
+
+
+def test_registry_credentials_are_checked_and_inherited(srv: LiveServer) -> None:
+    """A template's container_registry_auth_id must be the account's (checked at each
+    save); a cluster made from it is pulled with them unless its create names its
+    own (null: none)."""
+    with srv.client() as c:
+        auth = ok(
+            c.post("/v1/registry-auths", json={"name": "r", "username": "u", "password": "p"}),
+            201,
+        )
+        other_auth = ok(
+            c.post("/v1/registry-auths", json={"name": "r2", "username": "u", "password": "p"}),
+            201,
+        )
+        for bad in ("999999", "abc", "-1", "1.0"):
+            r = c.post("/v1/templates", json={**TEMPLATE, "container_registry_auth_id": bad})
+            err = error(r, 400)
+            assert err["code"] == "VALIDATION_ERROR", bad
+            assert err["details"]["field"] == "container_registry_auth_id", bad
+        body = {**TEMPLATE, "container_registry_auth_id": str(auth["id"])}
+        made = ok(c.post("/v1/templates", json=body), 201)
+        assert made["container_registry_auth_id"] == str(auth["id"])
+        tid = made["id"]
+        bad_patch = c.patch(f"/v1/templates/{tid}", json={"container_registry_auth_id": "999999"})
+        assert error(bad_patch, 400)["details"]["field"] == "container_registry_auth_id"
+
+        inherited = ok(c.post("/v1/clusters", json={"template_id": tid, "gpu_count": 0}), 201)
+        assert inherited["registry_auth_id"] == auth["id"]
+        own = {"template_id": tid, "gpu_count": 0, "registry_auth_id": other_auth["id"]}
+        assert ok(c.post("/v1/clusters", json=own), 201)["registry_auth_id"] == other_auth["id"]
+        none = {"template_id": tid, "gpu_count": 0, "registry_auth_id": None}
+        assert ok(c.post("/v1/clusters", json=none), 201)["registry_auth_id"] is None
+        # GraphQL's deploy without containerRegistryAuthId ("" as absent) inherits too.
+        deploy = srv.graphql(
+            "mutation($t: String!) { podFindAndDeployOnDemand(input: {templateId: $t, gpuCount: 0,"
+            ' containerRegistryAuthId: ""}) { id containerRegistryAuthId } }',
+            {"t": tid},
+        )
+        assert deploy["data"]["podFindAndDeployOnDemand"]["containerRegistryAuthId"] == str(
+            auth["id"]
+        ), deploy
+        cleared = ok(c.patch(f"/v1/templates/{tid}", json={"container_registry_auth_id": None}))
+        assert cleared["container_registry_auth_id"] is None
+        plain = ok(c.post("/v1/clusters", json={"template_id": tid, "gpu_count": 0}), 201)
+        assert plain["registry_auth_id"] is None
+
+
+def test_start_script_is_the_command_without_docker_args(
+    srv: LiveServer, fake_runtime: FakeRuntime
+) -> None:
+    script = "#!/bin/sh\necho 'ready' > /tmp/ready\nexec sleep infinity\n"
+    with srv.client() as c:
+        body = {**TEMPLATE, "name": "scripted", "docker_args": "", "start_script": script}
+        tid = ok(c.post("/v1/templates", json=body), 201)["id"]
+        cluster = ok(c.post("/v1/clusters", json={"template_id": tid, "gpu_count": 0}), 201)
+        assert cluster["docker_args"] == shlex.join(["/bin/sh", "-c", script])
+        assert srv.server.reconciler.wait_idle(10)
+        spec = fake_runtime.containers[cluster["id"]].spec
+        assert spec.command == ("/bin/sh", "-c", script)
+        # Docker args of the create (or of the template) win; the script is not run.
+        own = {"template_id": tid, "gpu_count": 0, "docker_args": "sleep 5"}
+        assert ok(c.post("/v1/clusters", json=own), 201)["docker_args"] == "sleep 5"
+        ok(c.patch(f"/v1/templates/{tid}", json={"docker_args": "python serve.py"}))
+        args = ok(c.post("/v1/clusters", json={"template_id": tid, "gpu_count": 0}), 201)
+        assert args["docker_args"] == "python serve.py"
+
+
+def test_is_serverless_is_stored_and_answered(srv: LiveServer) -> None:
+    with srv.client() as c:
+        made = ok(c.post("/v1/templates", json={**TEMPLATE, "is_serverless": True}), 201)
+        assert made["is_serverless"] is True
+        schemas.TemplateEnvelope.model_validate(c.get(f"/v1/templates/{made['id']}").json())
+        changed = ok(c.patch(f"/v1/templates/{made['id']}", json={"is_serverless": False}))
+        assert changed["is_serverless"] is False
+        bad = c.post("/v1/templates", json={**TEMPLATE, "name": "n", "is_serverless": "yes"})
+        assert error(bad, 400)["code"] == "VALIDATION_ERROR"

@@ -16,6 +16,7 @@ from gpuyard.reconciler.loop import Reconciler
 from gpuyard.runtimes.engines.pull_errors import CREDENTIALS_NEEDED
 from gpuyard.runtimes.records import RegistryCredentials
 from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.actions import terminate_cluster
 from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy import registry_auths as ra
@@ -105,8 +106,14 @@ def test_another_account_can_neither_use_nor_delete_them(
     assert missing.value.message.replace(str(row.id), "N") == unknown.value.message.replace(
         "999999", "N"
     )
-    with pytest.raises(ra.RegistryAuthNotFound):
+    with pytest.raises(ValidationFailed) as theirs:
         uc.create_cluster(ctx, bob, body(registry_auth_id=row.id))
+    with pytest.raises(ValidationFailed) as nothing:
+        uc.create_cluster(ctx, bob, body(registry_auth_id=999_999))
+    assert theirs.value.field == nothing.value.field == "registry_auth_id"
+    assert theirs.value.message.replace(str(row.id), "N") == nothing.value.message.replace(
+        "999999", "N"
+    )
     assert ra.list_registry_auths(ctx, bob, None) == []
     assert [r.id for r in ra.list_registry_auths(ctx, alice, None)] == [row.id]
     # Out-of-range ids read as unknown, never a database error.
@@ -145,10 +152,17 @@ def test_the_pull_gets_the_credentials_and_fails_clearly_without(
     assert PASSWORD not in events
 
 
-def test_deleted_credentials_make_the_pull_anonymous(ctx: Context, alice: Principal) -> None:
+def test_credentials_in_use_are_kept_and_deleted_ones_pull_anonymously(
+    ctx: Context, alice: Principal, rec: Reconciler
+) -> None:
     auth = ra.create_registry_auth(ctx, alice, None, "gone", "robot", PASSWORD)
     c = uc.create_cluster(ctx, alice, body(registry_auth_id=auth.id))
     assert ra.pull_credentials(ctx, c.project_id, auth.id) == RegistryCredentials("robot", PASSWORD)
+    with pytest.raises(ra.RegistryAuthInUse) as refused:
+        ra.delete_registry_auth(ctx, alice, None, auth.id)
+    assert refused.value.details["cluster_ids"] == [c.id]
+    terminate_cluster(ctx, alice, c.id)
+    settle(rec, c.id)
     ra.delete_registry_auth(ctx, alice, None, auth.id)
     assert ra.pull_credentials(ctx, c.project_id, auth.id) is None
     assert ra.pull_credentials(ctx, c.project_id, None) is None

@@ -306,6 +306,17 @@ class GpuyardClient:
             params=self._scope(None, active_iam),
         )
 
+    def update_registry_auth(
+        self, auth_id: int, changes: JSON, *, active_iam: int | None = None
+    ) -> JSON:
+        """``PATCH /v1/registry-auths/{id}`` with ``username``, ``password``, ``name``."""
+        return self.request(
+            "PATCH",
+            f"/v1/registry-auths/{auth_id}",
+            json=changes,
+            params=self._scope(None, active_iam),
+        )
+
     def delete_registry_auth(self, auth_id: int, *, active_iam: int | None = None) -> JSON:
         return self.request(
             "DELETE", f"/v1/registry-auths/{auth_id}", params=self._scope(None, active_iam)

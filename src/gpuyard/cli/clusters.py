@@ -267,7 +267,9 @@ def clusters() -> None:
     help="Persistent volume in GB (0: none).",
 )
 @click.option("--volume-mount-path", default=None, help="Default /workspace.")
-@click.option("--image", required=True, help="Container image.")
+@click.option("--image", default=None, help="Container image (required without --template).")
+@click.option("--template", "template_id", default=None, metavar="ID",
+              help="Start from this template (templates); the other options win.")  # fmt: skip
 @click.option("--args", "docker_args", default=None, help="Command override.")
 @env_option
 @port_option
@@ -306,7 +308,8 @@ def create(
     container_disk_gb: int | None,
     volume_gb: int | None,
     volume_mount_path: str | None,
-    image: str,
+    image: str | None,
+    template_id: str | None,
     docker_args: str | None,
     env: tuple[str, ...],
     ports: tuple[str, ...],
@@ -323,8 +326,12 @@ def create(
     as_json: bool,
 ) -> None:
     """Create a cluster (placed at once, started by the server)."""
-    body: JSON = {"name": name, "docker_image": image}
+    if image is None and template_id is None:
+        raise click.UsageError("give --image or --template")
+    body: JSON = {"name": name}
     optional: dict[str, Any] = {
+        "docker_image": image,
+        "template_id": template_id,
         "gpu_type": gpu_type,
         "gpu_count": gpu_count,
         "cpu_cores": cpu_cores,

@@ -254,6 +254,48 @@ def registry_auths_create(
     _done(data, call.as_json, f"registry auth {data['id']} ({data['name']})")
 
 
+@registry_auths.command("update")
+@click.argument("auth_id", metavar="ID", type=int)
+@click.option("--name", default=None, help="A new name.")
+@click.option("--username", default=None, help="A new user name.")
+@click.option(
+    "--password", "new_password", is_flag=True, help="Set a new password (hidden prompt)."
+)
+@click.option(
+    "--password-stdin", is_flag=True, help="Read a new password (or token) from standard input."
+)
+@click.option("--active-iam", type=int, default=None, help="Act for another account.")
+@api_options
+def registry_auths_update(
+    auth_id: int,
+    name: str | None,
+    username: str | None,
+    new_password: bool,
+    password_stdin: bool,
+    active_iam: int | None,
+    url: str | None,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Change credentials' name, username or password; clusters naming them pull with
+    the new ones from their next start."""
+    changes: JSON = {}
+    if name is not None:
+        changes["name"] = name
+    if username is not None:
+        changes["username"] = username
+    if password_stdin:
+        changes["password"] = sys.stdin.read().rstrip("\r\n")
+    elif new_password:
+        changes["password"] = click.prompt("Password", hide_input=True)
+    if not changes:
+        raise click.UsageError("give --name, --username, --password or --password-stdin")
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        data = client.update_registry_auth(auth_id, changes, active_iam=active_iam)
+    _done(data, call.as_json, f"registry auth {data['id']} ({data['name']}) updated")
+
+
 @registry_auths.command("delete")
 @click.argument("auth_id", metavar="ID", type=int)
 @click.option("--active-iam", type=int, default=None, help="Act for another account.")
@@ -261,7 +303,8 @@ def registry_auths_create(
 def registry_auths_delete(
     auth_id: int, active_iam: int | None, url: str | None, api_key: str | None, as_json: bool
 ) -> None:
-    """Delete registry credentials."""
+    """Delete registry credentials (refused while a template or a live cluster names
+    them)."""
     call = make_call(url, api_key, as_json)
     with call.client as client:
         data = client.delete_registry_auth(auth_id, active_iam=active_iam)

@@ -311,10 +311,6 @@ def create_bodies(
         },
         # "" as absent, like dataCenterId.
         "network_volume_id": data.network_volume_id or None,
-        # The account's registry credentials (saveRegistryAuth's id); "" as absent.
-        "registry_auth_id": parse_id(
-            "input.containerRegistryAuthId", data.container_registry_auth_id
-        ),
         "cloud_type": CloudType(data.cloud_type.value) if data.cloud_type else CloudType.ALL,
         "auto_terminate": auto,
     }
@@ -330,6 +326,11 @@ def create_bodies(
         "template_id": template_id,
     }
     base.update({k: v for k, v in given.items() if v})
+    # The account's registry credentials (saveRegistryAuth's id); "" as absent, so a
+    # template's credentials apply when none are given.
+    auth_id = parse_id("input.containerRegistryAuthId", data.container_registry_auth_id)
+    if auth_id is not None:
+        base["registry_auth_id"] = auth_id
     if vcpus:
         base["cpu_cores"] = vcpus
     if memory:

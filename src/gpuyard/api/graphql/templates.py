@@ -39,6 +39,7 @@ TEMPLATE_NAMES = {
     "readme": "readme",
     "container_registry_auth_id": "containerRegistryAuthId",
     "is_public": "isPublic",
+    "is_serverless": "isServerless",
 }
 
 
@@ -62,7 +63,7 @@ class PodTemplate:
     env: list[EnvironmentVariable]
     readme: str
     is_public: bool = strawberry.field(description="Always false: templates are private")
-    is_serverless: bool = strawberry.field(description="Always false: pods only")
+    is_serverless: bool = strawberry.field(description="A template for serverless endpoints")
     container_registry_auth_id: str | None
 
 
@@ -80,7 +81,9 @@ class SaveTemplateInput:
     env: list[EnvironmentVariableInput | None] | None = None
     readme: str | None = None
     is_public: bool | None = strawberry.field(default=None, description="Only false")
-    is_serverless: bool | None = strawberry.field(default=None, description="Only false")
+    is_serverless: bool | None = strawberry.field(
+        default=None, description="A template for serverless endpoints (stored)"
+    )
     container_registry_auth_id: str | None = None
     start_ssh: bool | None = None
     start_jupyter: bool | None = None
@@ -100,7 +103,7 @@ def template_of(row: ClusterTemplate) -> PodTemplate:
         env=[EnvironmentVariable(key=k, value=v) for k, v in masked_env(row.env).items()],
         readme=row.readme,
         is_public=False,
-        is_serverless=False,
+        is_serverless=row.is_serverless,
         container_registry_auth_id=row.container_registry_auth_id,
     )
 
@@ -114,8 +117,6 @@ def pod_templates(gctx: GqlContext) -> list[PodTemplate]:
 def _fields(data: SaveTemplateInput) -> dict[str, Any]:
     """The use-case body of ``data``: only the fields given ("" as absent for the
     registry credential, as runpod-python sends it)."""
-    if data.is_serverless:
-        raise ValidationFailed("input.isServerless", "serverless templates are not offered")
     given: dict[str, Any] = {
         "name": data.name,
         "docker_image": data.image_name,
@@ -127,6 +128,7 @@ def _fields(data: SaveTemplateInput) -> dict[str, Any]:
         "readme": data.readme,
         "container_registry_auth_id": data.container_registry_auth_id or None,
         "is_public": data.is_public,
+        "is_serverless": data.is_serverless,
     }
     fields = {k: v for k, v in given.items() if v is not None}
     if data.ports is not None:

@@ -1,7 +1,9 @@
 """Validated inputs of the template use cases (services/clusters/templates.py); the
 REST API uses them as bodies. A template holds what a cluster create would: image,
 env (a value may be marked ``{"value": ..., "secret": true}``), ports, disk sizes,
-mount path, docker args, plus a start script and a readme."""
+mount path, docker args, plus a start script (run as the command when there are no
+docker args), a readme, registry credentials (one of the account's, by id) and RunPod's
+serverless flag."""
 
 from __future__ import annotations
 
@@ -94,6 +96,8 @@ class CreateTemplate(_MarksSecrets):
     )
     # Only false: templates are never shared with other accounts.
     is_public: bool = Field(default=False, strict=True)
+    # RunPod's isServerless: a template for serverless endpoints (stored, answered).
+    is_serverless: bool = Field(default=False, strict=True)
 
     _v_name = field_validator("name")(_name)
     _v_env = field_validator("env")(_env)
@@ -134,6 +138,7 @@ class UpdateTemplate(_MarksSecrets):
         default=None, min_length=1, max_length=MAX_REGISTRY_AUTH_ID_CHARS
     )
     is_public: bool | None = Field(default=None, strict=True)
+    is_serverless: bool | None = Field(default=None, strict=True)
 
     _v_name = field_validator("name")(_name)
     _v_env = field_validator("env")(_env)

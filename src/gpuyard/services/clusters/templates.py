@@ -4,11 +4,22 @@ account ever sees it (no public templates), and its name is unique there. Secret
 values are sealed as a cluster's are (services/tenancy/secrets.py) and every answer
 shows them masked.
 
+A template's ``container_registry_auth_id`` must be one of the account's registry
+credentials (checked at each save); a cluster created from the template is pulled
+with them unless its create names its own ``registry_auth_id`` (null: none).
+
+A template's ``start_script`` is what a cluster made from it runs when neither the
+create nor the template gives docker args: ``/bin/sh -c <script>`` becomes the
+cluster's command (stored as its ``docker_args``, so reads show what runs). With
+docker args the script is kept on the template only (RunPod's templates carry the
+field without documenting a use; gpuyard gives it this one).
+
 The ``ctx`` use cases open their own transaction and check the caller's permission;
 ``template_for_create`` and ``with_template`` run inside a cluster create's."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +46,7 @@ from gpuyard.services.tenancy.projects import (
     project_of_ref,
     resource_scope,
 )
+from gpuyard.services.tenancy.registry_auths import checked_auth_id
 from gpuyard.services.tenancy.secrets import seal_env, secret_box, update_env
 from gpuyard.store.schema import ClusterTemplate
 
@@ -83,6 +95,7 @@ def template_view(row: ClusterTemplate) -> dict[str, Any]:
         "readme": row.readme,
         "container_registry_auth_id": row.container_registry_auth_id,
         "is_public": False,
+        "is_serverless": row.is_serverless,
         "created_at": iso(row.created_at),
         "updated_at": iso(row.updated_at),
     }
@@ -144,6 +157,14 @@ def _flush_named(session: Session, row: ClusterTemplate) -> None:
         raise
 
 
+def _auth_id(session: Session, account_id: int, auth_id: str | None) -> str | None:
+    """A template's registry credentials, checked: one of ``account_id``'s (its id as
+    text), or None. Raises ValidationFailed naming ``container_registry_auth_id``."""
+    if auth_id is None:
+        return None
+    return str(checked_auth_id(session, account_id, auth_id, "container_registry_auth_id"))
+
+
 # ---------------------------------------------------------------- use cases
 
 
@@ -174,7 +195,10 @@ def create_template(
             docker_args=body.docker_args,
             start_script=body.start_script,
             readme=body.readme,
-            container_registry_auth_id=body.container_registry_auth_id,
+            container_registry_auth_id=_auth_id(
+                session, project.account_id, body.container_registry_auth_id
+            ),
+            is_serverless=body.is_serverless,
             created_at=now,
             updated_at=now,
         )
@@ -275,7 +299,11 @@ def update_template(
         if body.volume_mount_path is not None:
             row.volume_mount_path = body.volume_mount_path
         if "container_registry_auth_id" in sent:
-            row.container_registry_auth_id = body.container_registry_auth_id
+            row.container_registry_auth_id = _auth_id(
+                session, row.account_id, body.container_registry_auth_id
+            )
+        if body.is_serverless is not None:
+            row.is_serverless = body.is_serverless
         row.updated_at = ctx.clock.now()
         try:
             with session.begin_nested():
@@ -328,15 +356,30 @@ _FILLED = ("docker_args", "container_disk_gb", "volume_gb", "volume_mount_path")
 
 def with_template(body: CreateCluster, template: ClusterTemplate) -> CreateCluster:
     """``body`` with what it left out taken from ``template`` (image, docker args,
-    ports, disk sizes, mount path); what the request sent wins. Env is merged by the
-    caller (the template's values are stored sealed already: ``template_env``)."""
+    ports, disk sizes, mount path, registry credentials); what the request sent wins.
+    With no docker args from either, the template's start script is the command
+    (``/bin/sh -c``). Env is merged by the caller (the template's values are stored
+    sealed already: ``template_env``)."""
     sent = body.model_fields_set
     fill: dict[str, Any] = {f: getattr(template, f) for f in _FILLED if f not in sent}
     if not body.docker_image:
         fill["docker_image"] = template.image
     if "ports" not in sent:
         fill["ports"] = [PortSpec.model_validate(p) for p in template.ports]
+    if "registry_auth_id" not in sent and template.container_registry_auth_id:
+        # Checked by the create (with the other references): a stored id that is no
+        # longer the account's is refused there, not dropped.
+        auth = template.container_registry_auth_id
+        fill["registry_auth_id"] = int(auth) if auth.isdigit() else auth
+    args = fill.get("docker_args", body.docker_args)
+    if not args.strip() and template.start_script.strip():
+        fill["docker_args"] = start_command(template.start_script)
     return body.model_copy(update=fill)
+
+
+def start_command(script: str) -> str:
+    """The docker args that run ``script`` with the image's shell."""
+    return shlex.join(["/bin/sh", "-c", script])
 
 
 def merged_env(template: ClusterTemplate | None, stored: dict[str, str]) -> dict[str, str]:

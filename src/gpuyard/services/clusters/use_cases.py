@@ -90,7 +90,7 @@ from gpuyard.services.idempotency import Claim
 from gpuyard.services.tenancy.account_secrets import check_cluster_references, check_references
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
-from gpuyard.services.tenancy.registry_auths import find_registry_auth
+from gpuyard.services.tenancy.registry_auths import checked_auth_id
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
 from gpuyard.services.volumes.network_volumes import mount_for_cluster
 from gpuyard.services.volumes.snapshots import (
@@ -257,17 +257,26 @@ def create_cluster(
     with ctx.transaction() as session:
         project_id = project_for_create(session, principal, body.project_id)
         template = None
+        # Credentials given by the create are named as its own field; a template's as
+        # the template.
+        auth_field = "registry_auth_id"
         if body.template_id is not None:
             account_id = session.get_one(Project, project_id).account_id
             template = template_for_create(session, principal, account_id, body.template_id)
+            if "registry_auth_id" not in body.model_fields_set:
+                auth_field = "template_id"
             body = with_template(body, template)
         # The engine connects to the registry an image names: only allowed registries.
         check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
         check_external_ports(body.ports, ctx.settings, "ports")
         check_references(session, principal.account_id, body.env.values(), "env")
+        registry_auth_id = None
         if body.registry_auth_id is not None:
-            # Another account's credentials read as unknown (404).
-            find_registry_auth(session, principal.account_id, body.registry_auth_id)
+            # One of the new cluster's account's; another account's reads as unknown.
+            account_id = session.get_one(Project, project_id).account_id
+            registry_auth_id = checked_auth_id(
+                session, account_id, body.registry_auth_id, auth_field
+            )
         if location is not None:
             check_location(session, location)
         needs_gpu = gpu_count > 0 or body.gpu_type
@@ -314,7 +323,7 @@ def create_cluster(
             volume_gb=volume_gb,
             volume_mount_path=body.volume_mount_path,
             network_volume_id=mounted.id if mounted is not None else None,
-            registry_auth_id=body.registry_auth_id,
+            registry_auth_id=registry_auth_id,
             cloud_type=body.cloud_type.value,
             interruptible=bid is not None,
             bid_per_gpu=bid,

@@ -259,5 +259,8 @@ class ClusterTemplate(Base):
     readme: Mapped[str] = mapped_column(Text, default="")
     # A registry credential's id, kept opaque (None: the image's registry needs none).
     container_registry_auth_id: Mapped[str | None] = mapped_column(String(100))
+    # RunPod's isServerless: a template meant for serverless endpoints (stored and
+    # answered; clusters may be created from either kind).
+    is_serverless: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

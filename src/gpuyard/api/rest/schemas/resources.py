@@ -69,6 +69,14 @@ class CreateRegistryAuth(StrictIn):
     _name = field_validator("name")(check_name)
 
 
+class UpdateRegistryAuth(StrictIn):
+    """The fields sent change (at least one); the password is sealed, never answered."""
+
+    name: Name | None = None
+    username: Annotated[StrictStr, Field(min_length=1, max_length=500)] | None = None
+    password: Annotated[StrictStr, Field(min_length=1, max_length=8192)] | None = None
+
+
 class RegisterImage(StrictIn):
     name: Name
     version: Version

@@ -26,6 +26,7 @@ class Template(StrictOut):
     readme: str
     container_registry_auth_id: str | None
     is_public: Literal[False]
+    is_serverless: bool
     created_at: str | None
     updated_at: str | None
 

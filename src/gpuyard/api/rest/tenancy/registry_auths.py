@@ -45,11 +45,36 @@ def create_auth(
     return ok(auths.registry_auth_view(row), status_code=201)
 
 
+@router.patch(
+    "/v1/registry-auths/{registry_auth_id}", responses=documented(rs.RegistryAuthEnvelope)
+)
+def update_auth(
+    registry_auth_id: IdPath,
+    body: rs.UpdateRegistryAuth,
+    request: Request,
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """Change credentials' ``username``, ``password`` or ``name`` (the fields sent, at
+    least one). Each cluster naming them pulls with the new ones from its next start."""
+    active_iam = query_id(request, "active_iam")
+    row = auths.update_registry_auth(
+        app_state(request).ctx,
+        principal,
+        active_iam,
+        registry_auth_id,
+        body.username,
+        body.password,
+        name=body.name,
+    )
+    return ok(auths.registry_auth_view(row))
+
+
 @router.delete("/v1/registry-auths/{registry_auth_id}", responses=documented(rs.DeletedEnvelope))
 def delete_auth(
     registry_auth_id: IdPath, request: Request, principal: Principal = Depends(current_principal)
 ) -> JSONResponse:
-    """Delete credentials. Clusters that name them pull anonymously from then on."""
+    """Delete credentials. Refused (409 REGISTRY_AUTH_IN_USE, naming them) while a
+    template or a cluster that is not terminated names them."""
     active_iam = query_id(request, "active_iam")
     auths.delete_registry_auth(app_state(request).ctx, principal, active_iam, registry_auth_id)
     return ok({"id": registry_auth_id, "deleted": True})

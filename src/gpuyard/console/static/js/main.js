@@ -9,6 +9,8 @@ import * as create from "./pages/create.js";
 import * as detail from "./pages/detail.js";
 import * as keys from "./pages/keys.js";
 import * as secrets from "./pages/secrets.js";
+import * as templates from "./pages/templates.js";
+import * as registryAuths from "./pages/registry_auths.js";
 import * as billing from "./pages/billing.js";
 import * as training from "./pages/training.js";
 import * as trainingCreate from "./pages/training_create.js";
@@ -20,10 +22,13 @@ import * as accounts from "./pages/accounts.js";
 const ROUTES = [
   [/^#\/signin$/, signin],
   [/^#\/clusters\/new$/, create],
+  [/^#\/clusters\/new\?template=([A-Za-z0-9_-]+)$/, { render: (main, [id]) => create.render(main, [], { templateId: id }) }],
   [/^#\/clusters\/new\/clone\/([A-Za-z0-9_-]+)$/, create],
   [/^#\/clusters\/([A-Za-z0-9_-]+)$/, detail],
   [/^#\/keys$/, keys],
   [/^#\/secrets$/, secrets],
+  [/^#\/templates$/, templates],
+  [/^#\/registry-auths$/, registryAuths],
   [/^#\/billing$/, billing],
   [/^#\/clusters$/, clusters],
   // The training pages carry their scope (project_id, location) as a query.

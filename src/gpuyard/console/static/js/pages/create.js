@@ -6,6 +6,9 @@
 // the account's network volumes (the cluster then goes to that volume's host). Opened
 // as #/clusters/new/clone/SNAPSHOT it clones: the new volume starts with the
 // snapshot's data (`snapshot_id`), and the form starts from the source cluster's shape.
+// A template (picked, or opened as #/clusters/new?template=ID) fills the form; the
+// server takes what the form leaves empty (env, ports, registry credentials, start
+// script) from it.
 import { get, post } from "../api.js";
 import { clearErrors, field, h, rate, showError } from "../ui.js";
 
@@ -79,14 +82,15 @@ async function cloneSource(snapshotId) {
   return { snap, source };
 }
 
-export async function render(main, [snapshotId] = []) {
-  const [gpus, volumes, clone, hostImages] = await Promise.all([
+export async function render(main, [snapshotId] = [], opts = {}) {
+  const [gpus, volumes, clone, hostImages, templates] = await Promise.all([
     get("/v1/gpu-types").then((a) => a.data.gpu_types),
     // No network volumes to offer (none, or none this key may read) leaves the choice out.
     get("/v1/networkvolumes").then((a) => a.data.network_volumes, () => []),
     snapshotId ? cloneSource(snapshotId) : Promise.resolve(null),
     // The images already on the hosts: they start without a pull (and work offline).
     get("/v1/host-images").then((a) => a.data.images.map((i) => i.name), () => []),
+    snapshotId ? Promise.resolve([]) : get("/v1/templates?per_page=200").then((a) => a.data.templates, () => []),
   ]);
   const byId = new Map(gpus.map((g) => [g.id, g]));
   const inp = (name, attrs = {}) => h("input", { name, id: "f-" + name, "data-field": name, ...attrs });
@@ -123,6 +127,9 @@ export async function render(main, [snapshotId] = []) {
     h("option", { value: "stop" }, "stop"), h("option", { value: "terminate" }, "terminate"));
   const env = envEditor();
   const ports = portsEditor();
+  const template = h("select", { name: "template_id", id: "f-template_id", "data-field": "template_id" },
+    h("option", { value: "" }, "None"),
+    templates.map((t) => h("option", { value: t.id }, `${t.name} · ${t.docker_image}`)));
   const estimate = h("output", { class: "estimate", "data-testid": "estimate", "aria-live": "polite" });
   const submit = h("button", { type: "submit", class: "primary", "data-testid": "create-submit" }, "Create cluster");
 
@@ -133,6 +140,7 @@ export async function render(main, [snapshotId] = []) {
     clone ? h("p", { class: "card notice", "data-testid": "clone-of" },
       `The new cluster's volume starts with snapshot ${clone.snap.name || clone.snap.id} (${clone.snap.id}, ${clone.snap.volume_gb} GB)` +
       (clone.source ? `, taken of ${clone.source.name}.` : ".")) : null,
+    templates.length ? field("Template", template, "fills the form; its env, ports and registry credentials apply when left empty here") : null,
     h("div", { class: "grid" },
       field("GPU type", gpu, "price per GPU-hour, spot floor, free right now"),
       field("GPU count", count),
@@ -179,6 +187,12 @@ export async function render(main, [snapshotId] = []) {
     }
     if (mountPath.value.trim()) b.volume_mount_path = mountPath.value.trim();
     if (clone) b.snapshot_id = clone.snap.id;
+    if (template.value) {
+      b.template_id = template.value;
+      // Left empty here: the template's.
+      if (!Object.keys(b.env).length) delete b.env;
+      if (!b.ports.length) delete b.ports;
+    }
     if (command.value.trim()) b.docker_args = command.value.trim();
     if (spot.checked) {
       b.interruptible = true;
@@ -232,6 +246,20 @@ export async function render(main, [snapshotId] = []) {
       if (c.volume_mount_path) mountPath.value = c.volume_mount_path;
       name.value = `${c.name}-clone`;
     }
+  }
+  function applyTemplate() {
+    const t = templates.find((x) => x.id === template.value);
+    if (!t) return;
+    image.value = t.docker_image;
+    command.value = t.docker_args || "";
+    disk.value = String(t.container_disk_gb);
+    volume.value = String(t.volume_gb);
+    mountPath.value = t.volume_mount_path || "";
+  }
+  template.addEventListener("change", applyTemplate);
+  if (opts.templateId) {
+    template.value = opts.templateId;
+    applyTemplate();
   }
   networkVolume.addEventListener("change", () => {
     volume.disabled = !!networkVolume.value;
