@@ -22,11 +22,11 @@ the document's minimum, 1. ``PATCH`` renames; ``DELETE`` tears it down (204).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from gpuyard.api.runpod_v2.common import (
     Unprocessable,
@@ -89,9 +89,17 @@ class Mounts(V2Body):
     network: list[NetworkMount] | None = Field(default=None, max_length=1)
 
 
+# RunPod's other types are taken (and refused with a problem saying why), but the
+# document gpuyard serves names only the one it serves.
+ClusterType = Annotated[
+    Literal["APPLICATION", "TRAINING", "SLURM", "RAY"],
+    WithJsonSchema({"type": "string", "enum": ["SLURM"], "description": "SLURM only"}),
+]
+
+
 class CreateClusterRequest(V2Body):
     name: str = Field(min_length=1, max_length=100)
-    type: Literal["APPLICATION", "TRAINING", "SLURM", "RAY"]
+    type: ClusterType
     compute: ClusterCompute
     image: str | None = Field(default=None, min_length=1, max_length=512)
     args: str | None = None
@@ -100,8 +108,8 @@ class CreateClusterRequest(V2Body):
     ports: list[str] | None = None
     dataCenterIds: list[str] | None = Field(default=None, max_length=50)
     mounts: Mounts | None = None
-    startJupyter: bool | None = None
-    startSsh: bool | None = None
+    startJupyter: bool | None = Field(default=None, strict=True)
+    startSsh: bool | None = Field(default=None, strict=True)
 
 
 class UpdateClusterRequest(V2Body):

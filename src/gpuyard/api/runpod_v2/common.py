@@ -144,7 +144,7 @@ def parse_port(text: str) -> PortSpec:
         raise ValueError(f"{text[:40]!r} is not PORT/http, PORT/tcp or PORT/udp")
     if not number.isascii() or not number.isdigit() or not 1 <= int(number) <= 65535:
         raise ValueError(f"{text[:40]!r}: the port must be 1 to 65535")
-    return PortSpec(internal_port=int(number), protocol=protocol)  # type: ignore[arg-type]
+    return PortSpec(internal_port=int(number), protocol=protocol)
 
 
 def port_text(port: Mapping[str, Any]) -> str:

@@ -12,7 +12,7 @@ from typing import Literal
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gpuyard.api.runpod_v2.common import (
     V2Body,
@@ -47,6 +47,12 @@ class UpdateNetworkVolumeRequest(V2Body):
     size: int | None = Field(
         default=None, ge=MIN_GB, le=MAX_GB, strict=True, description="GB; only grows"
     )
+
+    @model_validator(mode="after")
+    def _something(self) -> UpdateNetworkVolumeRequest:
+        if not self.model_fields_set:
+            raise ValueError("send name and/or size")
+        return self
 
 
 def volume_view(v: nvs.NetworkVolumeView) -> dict[str, object]:

@@ -14,7 +14,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, WithJsonSchema
 
 from gpuyard.api.runpod_v2.common import V2Body, answer, documented, v2_router
 from gpuyard.api.state import app_state, current_principal
@@ -36,7 +36,11 @@ def _one_key(line: str) -> str:
         raise ValueError(exc.message.removeprefix(f"{exc.field}: ")) from None
 
 
-PublicKey = Annotated[str, AfterValidator(_one_key)]
+# RunPod's pattern of a key line; what it admits is then parsed (_one_key).
+KEY_PATTERN = r"^(ssh|ecdsa|sk)-[^\s]+ [^\s]+([ \t][^\n\r]*)?$"
+PublicKey = Annotated[
+    str, AfterValidator(_one_key), WithJsonSchema({"type": "string", "pattern": KEY_PATTERN})
+]
 
 
 class UpdateSshKeysRequest(V2Body):

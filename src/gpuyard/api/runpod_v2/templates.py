@@ -88,16 +88,18 @@ class _TemplateFields(V2Body):
     disk: int | None = Field(default=None, ge=1, le=65536, strict=True)
     env: dict[str, str] | None = None
     ports: list[str] | None = Field(default=None, max_length=64)
-    registry: str | None = Field(default=None, max_length=100)
+    registry: str | None = Field(default=None, min_length=1, max_length=100)
     mounts: TemplateMounts | None = None
     allowedCudaVersions: list[str] | None = None
     category: Literal["NVIDIA"] | None = Field(
         default=None, description="NVIDIA only: gpuyard's GPU types"
     )
-    public: bool | None = Field(default=None, description="Only false")
-    serverless: bool | None = Field(default=None, description="Only false")
-    startJupyter: bool | None = Field(default=None, description="Accepted, ignored")
-    startSsh: bool | None = Field(default=None, description="Accepted, ignored: always SSH")
+    public: bool | None = Field(default=None, strict=True, description="Only false")
+    serverless: bool | None = Field(default=None, strict=True, description="Only false")
+    startJupyter: bool | None = Field(default=None, strict=True, description="Accepted, ignored")
+    startSsh: bool | None = Field(
+        default=None, strict=True, description="Accepted, ignored: always SSH"
+    )
 
     _v_ports = field_validator("ports")(_ports)
     _v_cuda = field_validator("allowedCudaVersions")(_no_cuda)
@@ -129,7 +131,7 @@ class _TemplateFields(V2Body):
 
 class CreateTemplateRequest(_TemplateFields):
     name: str = Field(min_length=1, max_length=200)
-    image: str = Field(min_length=1, max_length=512)  # type: ignore[assignment]
+    image: str = Field(min_length=1, max_length=512)
 
 
 class UpdateTemplateRequest(_TemplateFields):
