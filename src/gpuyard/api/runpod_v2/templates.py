@@ -15,11 +15,11 @@ server); both are accepted and ignored on input.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, field_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from gpuyard.api.runpod_v2.common import (
     V2Body,
@@ -82,6 +82,13 @@ def _not_true(what: str) -> Any:
     return check
 
 
+# What gpuyard's templates never are (public, serverless): taken, refused when true
+# with a problem saying why; the document says false.
+OnlyFalse = Annotated[
+    bool | None, WithJsonSchema({"anyOf": [{"type": "boolean", "enum": [False]}, {"type": "null"}]})
+]
+
+
 class _TemplateFields(V2Body):
     image: str | None = Field(default=None, min_length=1, max_length=512)
     args: str | None = Field(default=None, max_length=8192)
@@ -90,12 +97,14 @@ class _TemplateFields(V2Body):
     ports: list[str] | None = Field(default=None, max_length=64)
     registry: str | None = Field(default=None, min_length=1, max_length=100)
     mounts: TemplateMounts | None = None
-    allowedCudaVersions: list[str] | None = None
+    allowedCudaVersions: list[str] | None = Field(
+        default=None, json_schema_extra={"maxItems": 0}, description="Only empty"
+    )
     category: Literal["NVIDIA"] | None = Field(
         default=None, description="NVIDIA only: gpuyard's GPU types"
     )
-    public: bool | None = Field(default=None, strict=True, description="Only false")
-    serverless: bool | None = Field(default=None, strict=True, description="Only false")
+    public: OnlyFalse = Field(default=None, strict=True, description="Only false")
+    serverless: OnlyFalse = Field(default=None, strict=True, description="Only false")
     startJupyter: bool | None = Field(default=None, strict=True, description="Accepted, ignored")
     startSsh: bool | None = Field(
         default=None, strict=True, description="Accepted, ignored: always SSH"
