@@ -75,6 +75,16 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     ("PATCH", "/v1/networkvolumes/{network_volume_id}"): frozenset({"size"}),
     # since is a time (a pattern cannot rule out 2026-02-30), cursors are parsed.
     ("GET", "/v1/clusters/{cluster_id}/logs"): frozenset({"since", "after", "Last-Event-ID"}),
+    # RunPod v2 (/runpod/v2) answers such refusals as problems, 400 or, where RunPod's
+    # document says so, 422: an OpenSSH key's text is parsed (each ``keys[i]``).
+    ("PUT", "/runpod/v2/account/ssh-keys"): frozenset({"keys"}),
+    ("POST", "/runpod/v2/network-volumes"): frozenset({"dataCenter", "name"}),
+    ("PATCH", "/runpod/v2/network-volumes/{id}"): frozenset({"size"}),
+    ("POST", "/runpod/v2/clusters"): frozenset(
+        {"keys", "compute", "dataCenterIds", "image", "name"}
+    ),
+    ("POST", "/runpod/v2/templates"): frozenset({"image", "ports", "env", "mounts", "name"}),
+    ("PATCH", "/runpod/v2/templates/{id}"): frozenset({"image", "ports", "env", "mounts", "name"}),
     # Location, image, keys, plan, GPU type and group must exist in the installation.
     ("POST", "/distributed_jobs_v2/cluster/"): frozenset(
         {
@@ -90,8 +100,17 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
 _ROOT = re.compile(r"[^.\[]+")
 
 
+def _problem(body: Any) -> bool:
+    """Whether ``body`` is RFC 9457 problem details (RunPod v2's errors)."""
+    return isinstance(body, dict) and "type" in body and isinstance(body.get("errors"), list)
+
+
 def _field(body: Any) -> str | None:
-    """The field a 400 names, in the v1 envelope or seed 002's."""
+    """The field a 400 names, in the v1 envelope, seed 002's or a problem (its first
+    ``errors`` entry, ``"field: message"`` or the bare field)."""
+    if _problem(body):
+        first = body["errors"][0] if body["errors"] else None
+        return first.split(":", 1)[0] if isinstance(first, str) else None
     if not isinstance(body, dict):
         return None
     error = body.get("error") if "error" in body else body.get("errors")
@@ -104,7 +123,9 @@ def _field(body: Any) -> str | None:
 
 
 def _code(body: Any) -> str | None:
-    """The error code of a v1 or seed 002 error body."""
+    """The error code of a v1, seed 002 or problem error body."""
+    if _problem(body):
+        return body["code"] if isinstance(body.get("code"), str) else None
     if not isinstance(body, dict):
         return None
     error = body.get("error") if "error" in body else body.get("errors")
@@ -120,12 +141,13 @@ def rejection_names_a_semantic_field(ctx: Any, response: Response, case: Case) -
     meta = case.meta
     if meta is None or not meta.generation.mode.is_positive:
         return
-    if response.status_code == 422:
+    v2_refusal = response.status_code == 422 and case.path.startswith("/runpod/v2/")
+    if response.status_code == 422 and not v2_refusal:
         code = _code(response.json())
         if code != "IDEMPOTENCY_KEY_REUSED":
             raise AssertionError(f"schema-valid request answered 422 {code}")
         return
-    if response.status_code != 400:
+    if response.status_code != 400 and not v2_refusal:
         return
     allowed = SEMANTIC_FIELDS.get((case.method.upper(), case.path))
     if allowed is None:

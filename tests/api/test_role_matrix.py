@@ -73,6 +73,12 @@ _RESOURCES = (
     "/v1/security-groups",
     "/v1/templates",
     "/distributed_jobs_v2/cluster",
+    # RunPod's REST v2 (/runpod/v2): the same resources under RunPod's names.
+    "/runpod/v2/templates",
+    "/runpod/v2/registries",
+    "/runpod/v2/network-volumes",
+    "/runpod/v2/account/ssh-keys",
+    "/runpod/v2/clusters",
 )
 ACC = "/v1/accounts/{account_id}"
 EXPECTED: dict[tuple[str, str], str] = {
@@ -83,6 +89,10 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("POST", "/v1/prices/quote"): "any",
     ("GET", "/v1/locations"): "any",
     ("GET", "/v1/plans"): "any",
+    ("GET", "/runpod/v2/catalog/gpus"): "any",
+    ("GET", "/runpod/v2/catalog/gpus/{id}"): "any",
+    ("GET", "/runpod/v2/catalog/datacenters"): "any",
+    ("GET", "/runpod/v2/catalog/datacenters/{id}"): "any",
     ("GET", "/v1/host-images"): "read",
     ("GET", "/v1/images"): "any",
     ("GET", "/v1/images/{image_version_id}"): "any",
@@ -266,6 +276,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "template_id": template["id"],
             "member_id": a.members[VIEWER],
             "port": 8888,
+            # RunPod v2's ``{id}``, by resource (api/runpod_v2/).
+            "v2:templates": template["id"],
+            "v2:registries": str(registry_auth["id"]),
+            "v2:network-volumes": volume["id"],
         }
         try:
             yield World(srv, a, b, real)
@@ -287,10 +301,16 @@ def fill(path: str, ids: dict[str, Any]) -> str:
     return _PARAM.sub(lambda m: str(ids.get(m.group(1), MISSING.get(m.group(1), 999_999))), path)
 
 
+_V2 = re.compile(r"^/runpod/v2/([^/]+)/\{id\}")
+
+
 def call(
     srv: LiveServer, key: str, method: str, path: str, ids: dict[str, Any], account_id: int
 ) -> httpx.Response:
     params: dict[str, Any] = {}
+    v2 = _V2.match(path)
+    if v2 is not None and f"v2:{v2.group(1)}" in ids:
+        ids = {**ids, "id": ids[f"v2:{v2.group(1)}"]}
     if path.startswith("/distributed_jobs_v2"):
         params = {"project_id": ids.get("project_id", 999_999), "location": "local"}
     url = fill(path, ids)
@@ -316,6 +336,8 @@ def code(r: httpx.Response) -> str | None:
         return None
     if not isinstance(body, dict):
         return None
+    if isinstance(body.get("code"), str) and "type" in body:  # RFC 9457 (RunPod v2)
+        return str(body["code"])
     error = body.get("error") or body.get("errors")  # v1 envelope, seed 002's
     return error.get("code") if isinstance(error, dict) else None
 

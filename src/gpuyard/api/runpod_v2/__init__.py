@@ -13,9 +13,21 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gpuyard.api.http.problems import RUNPOD_V2_PREFIX
+from gpuyard.api.runpod_v2.catalog import router as catalog_router
+from gpuyard.api.runpod_v2.clusters import router as clusters_router
+from gpuyard.api.runpod_v2.network_volumes import router as network_volumes_router
+from gpuyard.api.runpod_v2.registries import router as registries_router
+from gpuyard.api.runpod_v2.ssh_keys import router as ssh_keys_router
+from gpuyard.api.runpod_v2.templates import router as templates_router
 
 
 def build_router() -> APIRouter:
     """Every v2 route, under ``RUNPOD_V2_PREFIX``."""
     router = APIRouter(prefix=RUNPOD_V2_PREFIX)
+    router.include_router(templates_router)
+    router.include_router(registries_router)
+    router.include_router(network_volumes_router)
+    router.include_router(ssh_keys_router)
+    router.include_router(catalog_router)
+    router.include_router(clusters_router)
     return router
