@@ -180,6 +180,10 @@ def test_registries_crud_and_the_password_is_never_answered(srv: LiveServer) -> 
             "/v2/registries",
         )
         assert any(e.startswith("password") for e in p["errors"])
+        # Kept while the template names it; deleted once nothing does.
+        p = refused(c.delete(f"{V2}/registries/{reg['id']}"), 409, "DELETE", "/v2/registries/{id}")
+        assert p["code"] == "REGISTRY_AUTH_IN_USE" and t["id"] in p["detail"]
+        assert c.delete(f"{V2}/templates/{t['id']}").status_code == 204
         assert c.delete(f"{V2}/registries/{reg['id']}").status_code == 204
         for bad in (reg["id"], "abc", "0", "99999999999999999999999"):
             refused(c.get(f"{V2}/registries/{bad}"), 404, "GET", "/v2/registries/{id}")

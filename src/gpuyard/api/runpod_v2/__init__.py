@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpuyard.api.http.problems import RUNPOD_V2_PREFIX
 from gpuyard.api.runpod_v2.catalog import router as catalog_router
 from gpuyard.api.runpod_v2.clusters import router as clusters_router
 from gpuyard.api.runpod_v2.network_volumes import router as network_volumes_router
@@ -22,8 +21,9 @@ from gpuyard.api.runpod_v2.templates import router as templates_router
 
 
 def build_router() -> APIRouter:
-    """Every v2 route, under ``RUNPOD_V2_PREFIX``."""
-    router = APIRouter(prefix=RUNPOD_V2_PREFIX)
+    """Every v2 route; each module's router carries ``RUNPOD_V2_PREFIX`` itself
+    (common.py ``v2_router``)."""
+    router = APIRouter()
     router.include_router(templates_router)
     router.include_router(registries_router)
     router.include_router(network_volumes_router)

@@ -34,7 +34,7 @@ from gpuyard.api.runpod_v2.common import (
     query_list,
     v2_router,
 )
-from gpuyard.api.state import app_state, request_principal
+from gpuyard.api.state import app_state, current_principal
 from gpuyard.core.errors import NotFound, ValidationFailed
 from gpuyard.core.models import GpuTypeInfo
 from gpuyard.services.catalog.stock import FleetStock, HostStock, availability, placeable
@@ -42,10 +42,8 @@ from gpuyard.services.catalog.stock import fleet_stock as read_stock
 from gpuyard.services.tenancy.auth import Principal
 
 router = v2_router()
-# Anybody with a key, whatever its role (as /v1/gpu-types): the routes take the caller
-# without a role check (api/state.py ``request_principal``). A route of a router
-# included in the v2 router has a template relative to it (``/catalog/gpus``), which
-# api/http/permissions.py's prefixes do not see.
+# Anybody with a key, whatever its role (as /v1/gpu-types): api/http/permissions.py
+# lists ``/runpod/v2/catalog`` among the prefixes that need no role.
 
 PRODUCTS = ("POD", "CLUSTER", "SERVERLESS")
 CLOUDS = ("SECURE", "COMMUNITY")
@@ -187,7 +185,7 @@ def _find_gpu(stock: FleetStock, gpu_id: str) -> GpuTypeInfo:
 @router.get("/catalog/gpus", responses=documented("ListGpuTypesResponse: {gpus}"))
 def list_gpus(
     request: Request,
-    principal: Principal = Depends(request_principal),
+    principal: Principal = Depends(current_principal),
     query: GpuQuery = Depends(),
 ) -> JSONResponse:
     """Every GPU type of the catalog, by id, with prices (and availability on ask)."""
@@ -199,7 +197,7 @@ def list_gpus(
 def get_gpu(
     id: str,
     request: Request,
-    principal: Principal = Depends(request_principal),
+    principal: Principal = Depends(current_principal),
     query: GpuQuery = Depends(),
 ) -> JSONResponse:
     """One GPU type, by id (or, case-insensitively, its display name)."""
@@ -249,7 +247,7 @@ def data_center_view(
 @router.get("/catalog/datacenters", responses=documented("ListDataCentersResponse"))
 def list_data_centers(
     request: Request,
-    principal: Principal = Depends(request_principal),
+    principal: Principal = Depends(current_principal),
     include: DataCenterInclude = Depends(),
     regions: str | None = Query(default=None, description="DataCenterRegion values (OR)"),
     networkVolumeTypes: str | None = Query(default=None, description="Volume types (AND)"),
@@ -275,7 +273,7 @@ def list_data_centers(
 def get_data_center(
     id: str,
     request: Request,
-    principal: Principal = Depends(request_principal),
+    principal: Principal = Depends(current_principal),
     include: DataCenterInclude = Depends(),
 ) -> JSONResponse:
     stock = read_stock(app_state(request).ctx)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from gpuyard.api.http.json_body import OffLoopJsonRoute
-from gpuyard.api.http.problems import PROBLEM_MEDIA_TYPE
+from gpuyard.api.http.problems import RUNPOD_V2_PREFIX, PROBLEM_MEDIA_TYPE
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.models import PortSpec
 from gpuyard.core.text import nul_path
@@ -60,8 +60,18 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def v2_router() -> APIRouter:
-    """A router of v2 routes (paths after ``/runpod/v2``), documented under TAG."""
-    return APIRouter(tags=[TAG], responses=PROBLEM_RESPONSES, route_class=OffLoopJsonRoute)
+    """A router of v2 routes (paths after ``/runpod/v2``), documented under TAG.
+
+    The prefix is the router's own, not that of a router it is included in: a route's
+    template (``route.path_format``, which the role check in api/state.py reads) then
+    is the whole path, ``/runpod/v2/pods/{id}``; a prefix given at inclusion would leave
+    it relative to that router."""
+    return APIRouter(
+        prefix=RUNPOD_V2_PREFIX,
+        tags=[TAG],
+        responses=PROBLEM_RESPONSES,
+        route_class=OffLoopJsonRoute,
+    )
 
 
 def answer(body: Any, status: int = 200) -> JSONResponse:
