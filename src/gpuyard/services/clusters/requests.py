@@ -122,6 +122,10 @@ class CreateCluster(_MarksSecrets):
     )
     # Place only on hosts whose CUDA driver version is at least this ("12.4").
     min_cuda_version: str | None = Field(default=None, max_length=16, pattern=CUDA_VERSION_PATTERN)
+    # And (when given) only on hosts whose CUDA driver version is one of these.
+    allowed_cuda_versions: (
+        list[Annotated[str, Field(max_length=16, pattern=CUDA_VERSION_PATTERN)]] | None
+    ) = Field(default=None, max_length=32)
     # A value may be {"value": ..., "secret": true}: see _secret_marks.
     env: Annotated[dict[str, str], WithJsonSchema(env_map_json_schema())] = Field(
         default_factory=dict

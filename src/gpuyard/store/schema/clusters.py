@@ -51,6 +51,13 @@ class Cluster(Base):
     name: Mapped[str] = mapped_column(String(200))
     image: Mapped[str] = mapped_column(String(512))
     docker_args: Mapped[str] = mapped_column(Text, default="")
+    # The container's ENTRYPOINT (migration 0028); None: the image's own, []: none.
+    docker_entrypoint: Mapped[list[Any] | None] = mapped_column(default=None)
+    # Placed only on hosts whose CUDA driver version is at least this (migration 0028),
+    # at create and at every move to another host.
+    min_cuda_version: Mapped[str | None] = mapped_column(String(16), default=None)
+    # And (when not None) only on hosts with one of these versions.
+    allowed_cuda_versions: Mapped[list[Any] | None] = mapped_column(default=None)
     env: Mapped[dict[str, Any]] = mapped_column(default=dict)
     ports: Mapped[list[Any]] = mapped_column(default=list)
     gpu_type: Mapped[str | None] = mapped_column(String(100))
