@@ -69,7 +69,7 @@ MAX_ENTRYPOINT_ITEMS = 64
 MAX_ENTRYPOINT_CHARS = 4096
 MAX_ENTRYPOINT_TOTAL_CHARS = 8192
 # A CUDA driver version as NVML and RunPod write it: "12", "12.4", "12.10".
-CUDA_VERSION_PATTERN = r"^\d+(\.\d+)?$"
+CUDA_VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
 
 
 def check_entrypoint(entrypoint: list[str]) -> list[str]:

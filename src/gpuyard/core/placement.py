@@ -19,6 +19,7 @@ Ties go to the lowest host id: the same state always gives the same answer.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,15 +37,17 @@ class AllocationRatios:
     disk: float = 1.0
 
 
+# core/input_rules.py CUDA_VERSION_PATTERN, in groups.
+_VERSION = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
+
+
 def cuda_version_key(version: str | None) -> tuple[int, int] | None:
     """``"12.4"`` as ``(12, 4)`` for comparing (``"12.10"`` is above ``"12.4"``;
     ``"12"`` is ``(12, 0)``); None when ``version`` is None or not a version."""
-    if version is None:
+    found = _VERSION.fullmatch(version.strip()) if version is not None else None
+    if found is None:
         return None
-    major, _, minor = version.strip().partition(".")
-    if not major.isdigit() or not (minor == "" or minor.isdigit()):
-        return None
-    return int(major), int(minor or 0)
+    return int(found.group(1)), int(found.group(2) or 0)
 
 
 def cuda_from_nvml(version: int) -> str:
@@ -107,9 +110,7 @@ def why_not(host: HostCapacity, req: ResourceRequest, ratios: AllocationRatios) 
     if req.location is not None and host.location != req.location:
         return f"the host is in location {host.location!r}"
     if not cuda_satisfies(host.cuda_version, req.min_cuda_version, req.allowed_cuda_versions):
-        if host.cuda_version is None:
-            return f"the host's CUDA driver version is unknown (asked: {cuda_wanted(req)})"
-        return f"the host's CUDA driver version is {host.cuda_version} (asked: {cuda_wanted(req)})"
+        return f"the host's CUDA driver version is {host.cuda_version or 'unknown'}"
     free = free_resources(host, ratios)
     if req.gpu_count and free["gpus"].get(req.gpu_type or "", 0) < req.gpu_count:
         return f"not enough free {req.gpu_type} GPUs"
@@ -196,6 +197,8 @@ def insufficient(
     if not message and no_cuda:
         message = f"No host has a CUDA driver version {cuda} for {what}"
         message += f": {'; '.join(reasons)}" if reasons else ""
+    if not message and cuda is not None:
+        what += f" on a CUDA driver version {cuda}"
     if not message:
         message = f"No host has free capacity for {what}"
         message += f": {'; '.join(reasons)}" if reasons else ": no host matches"

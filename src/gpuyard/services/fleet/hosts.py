@@ -140,6 +140,7 @@ def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[
         Host.location,
         Host.status,
         Host.healthy,
+        Host.cuda_version,
     )
     if host_ids is None:
         q = q.where(Host.healthy.is_(True), Host.status == HostStatus.ACTIVE.value)
