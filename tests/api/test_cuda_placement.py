@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from click.testing import CliRunner
 
+from gpuyard.cli.main import cli
 from tests.api.test_graphql import codes, gql
 from tests.helpers import LiveServer, account_with_members, add_host_row, created, v1_error
 
@@ -159,3 +161,27 @@ def test_the_host_version_is_the_operators_alone(srv: LiveServer) -> None:
         # null: back to what is discovered (unknown for a declared host).
         view = declare_cuda(srv, new, None)
         assert view["cuda_version"] is None and "cuda_version" not in view["declared"]
+
+
+def test_the_cli_declares_a_version_and_asks_for_a_minimum(srv: LiveServer) -> None:
+    _, new = fleet(srv)
+    env = {
+        "GPUYARD_URL": srv.url,
+        "GPUYARD_API_KEY": srv.key,
+        "GPUYARD_HOME": str(srv.server.ctx.settings.home),
+    }
+    done = CliRunner().invoke(cli, ["hosts", "set-cuda", str(new), "12.8"], env=env)
+    assert done.exit_code == 0, done.output
+    assert f"host {new}: CUDA driver version 12.8" in done.output
+    done = CliRunner().invoke(cli, ["hosts", "get", str(new)], env=env)
+    assert "12.8" in done.output
+    args = ["clusters", "create", "--image", "x", "--gpu-type", A6000, "--min-cuda-version",
+            "12.7", "--entrypoint", '["/bin/sh", "-c"]', "--args", "sleep 9", "--json"]  # fmt: skip
+    done = CliRunner().invoke(cli, args, env=env)
+    assert done.exit_code == 0, done.output
+    with srv.client() as c:
+        cluster = c.get("/v1/clusters").json()["data"]["clusters"][0]
+    assert cluster["host"]["id"] == new
+    assert cluster["docker_entrypoint"] == ["/bin/sh", "-c"]
+    bad = CliRunner().invoke(cli, [*args[:-5], "--entrypoint", "/bin/sh"], env=env)
+    assert bad.exit_code != 0 and "JSON list" in bad.output
