@@ -101,7 +101,9 @@ def cuda_versions(session: Session, req: ResourceRequest) -> list[str] | None:
         select(Host.cuda_version).where(Host.cuda_version.is_not(None)).distinct()
     )
     return sorted(
-        v for v in known if cuda_satisfies(v, req.min_cuda_version, req.allowed_cuda_versions)
+        v
+        for v in known
+        if v is not None and cuda_satisfies(v, req.min_cuda_version, req.allowed_cuda_versions)
     )
 
 
