@@ -92,3 +92,26 @@ def test_the_command_after_a_shell_is_one_argument() -> None:
     assert container_command((), "sleep 1") == ("sleep", "1")
     assert CreateCluster(docker_image="x", docker_entrypoint=[]).docker_entrypoint == []
     assert CreateCluster(docker_image="x").docker_entrypoint is None
+
+
+def test_a_template_carries_an_entrypoint(srv: LiveServer, fake_runtime: FakeRuntime) -> None:
+    with srv.client() as c:
+        r = c.post(
+            "/v1/templates",
+            json={"name": "shell", "docker_image": "x", "docker_entrypoint": SHELL,
+                  "docker_args": SCRIPT},
+        )  # fmt: skip
+        assert r.status_code == 201, r.text
+        template = r.json()["data"]
+        assert template["docker_entrypoint"] == SHELL
+        made = created(srv, c, {"template_id": template["id"], "cpu_cores": 1, "memory_gb": 1})
+        assert c.get(f"/v1/clusters/{made}").json()["data"]["docker_entrypoint"] == SHELL
+        assert fake_runtime.containers[made].spec.command == (SCRIPT,)
+        # What the create sends wins; [] is sent, not left out.
+        own = created(srv, c, body(template_id=template["id"], docker_entrypoint=[]))
+        assert c.get(f"/v1/clusters/{own}").json()["data"]["docker_entrypoint"] == []
+        r = c.patch(f"/v1/templates/{template['id']}", json={"docker_entrypoint": None})
+        assert r.status_code == 200, r.text
+        assert r.json()["data"]["docker_entrypoint"] is None
+        r = c.patch(f"/v1/templates/{template['id']}", json={"docker_entrypoint": ["a\u0000"]})
+        v1_error(r, 400, "VALIDATION_ERROR")

@@ -74,6 +74,9 @@ def template_view(row: ClusterTemplate) -> dict[str, Any]:
         "project_id": row.project_id,
         "docker_image": row.image,
         "docker_args": row.docker_args,
+        "docker_entrypoint": (
+            list(row.docker_entrypoint) if row.docker_entrypoint is not None else None
+        ),
         "start_script": row.start_script,
         "env": masked_env(row.env),
         "ports": list(row.ports),
@@ -172,6 +175,7 @@ def create_template(
             volume_gb=body.volume_gb,
             volume_mount_path=body.volume_mount_path,
             docker_args=body.docker_args,
+            docker_entrypoint=body.docker_entrypoint,
             start_script=body.start_script,
             readme=body.readme,
             container_registry_auth_id=body.container_registry_auth_id,
@@ -276,6 +280,8 @@ def update_template(
             row.volume_mount_path = body.volume_mount_path
         if "container_registry_auth_id" in sent:
             row.container_registry_auth_id = body.container_registry_auth_id
+        if "docker_entrypoint" in sent:
+            row.docker_entrypoint = body.docker_entrypoint
         row.updated_at = ctx.clock.now()
         try:
             with session.begin_nested():
@@ -327,8 +333,8 @@ _FILLED = ("docker_args", "container_disk_gb", "volume_gb", "volume_mount_path")
 
 
 def with_template(body: CreateCluster, template: ClusterTemplate) -> CreateCluster:
-    """``body`` with what it left out taken from ``template`` (image, docker args,
-    ports, disk sizes, mount path); what the request sent wins. Env is merged by the
+    """``body`` with what it left out taken from ``template`` (image, docker args and
+    entrypoint, ports, disk sizes, mount path); what the request sent wins. Env is merged by the
     caller (the template's values are stored sealed already: ``template_env``)."""
     sent = body.model_fields_set
     fill: dict[str, Any] = {f: getattr(template, f) for f in _FILLED if f not in sent}
@@ -336,6 +342,8 @@ def with_template(body: CreateCluster, template: ClusterTemplate) -> CreateClust
         fill["docker_image"] = template.image
     if "ports" not in sent:
         fill["ports"] = [PortSpec.model_validate(p) for p in template.ports]
+    if "docker_entrypoint" not in sent and template.docker_entrypoint is not None:
+        fill["docker_entrypoint"] = list(template.docker_entrypoint)
     return body.model_copy(update=fill)
 
 

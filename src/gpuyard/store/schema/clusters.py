@@ -262,6 +262,8 @@ class ClusterTemplate(Base):
     volume_gb: Mapped[int] = mapped_column(Integer, default=0)
     volume_mount_path: Mapped[str] = mapped_column(String(512), default="/workspace")
     docker_args: Mapped[str] = mapped_column(Text, default="")
+    # The ENTRYPOINT its clusters get (migration 0028); None: the image's own.
+    docker_entrypoint: Mapped[list[Any] | None] = mapped_column(default=None)
     start_script: Mapped[str] = mapped_column(Text, default="")
     readme: Mapped[str] = mapped_column(Text, default="")
     # A registry credential's id, kept opaque (None: the image's registry needs none).

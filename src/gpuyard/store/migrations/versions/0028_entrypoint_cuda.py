@@ -1,6 +1,7 @@
 """a cluster's ENTRYPOINT and CUDA versions (``clusters.docker_entrypoint``,
 ``clusters.min_cuda_version``, ``clusters.allowed_cuda_versions``) and a host's CUDA
-driver version (``hosts.cuda_version``).
+driver version (``hosts.cuda_version``); a template's ENTRYPOINT
+(``cluster_templates.docker_entrypoint``).
 
 Revision ID: 0028
 Revises: 0027
@@ -24,9 +25,13 @@ def upgrade() -> None:
         batch.add_column(sa.Column("allowed_cuda_versions", sa.JSON(), nullable=True))
     with op.batch_alter_table("hosts") as batch:
         batch.add_column(sa.Column("cuda_version", sa.String(16), nullable=True))
+    with op.batch_alter_table("cluster_templates") as batch:
+        batch.add_column(sa.Column("docker_entrypoint", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("cluster_templates") as batch:
+        batch.drop_column("docker_entrypoint")
     with op.batch_alter_table("hosts") as batch:
         batch.drop_column("cuda_version")
     with op.batch_alter_table("clusters") as batch:
