@@ -185,3 +185,21 @@ def test_the_cli_declares_a_version_and_asks_for_a_minimum(srv: LiveServer) -> N
     assert cluster["docker_entrypoint"] == ["/bin/sh", "-c"]
     bad = CliRunner().invoke(cli, [*args[:-5], "--entrypoint", "/bin/sh"], env=env)
     assert bad.exit_code != 0 and "JSON list" in bad.output
+
+
+def test_a_host_whose_driver_fell_below_the_minimum_says_so(srv: LiveServer) -> None:
+    old, new = fleet(srv)
+    with srv.client() as c:
+        cid = created(srv, c, body(min_cuda_version="12.4"))
+        assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
+        assert srv.server.reconciler.wait_idle(10)
+        declare_cuda(srv, new, "12.3")  # an older driver installed meanwhile
+        r = c.post(f"/v1/clusters/{cid}/start", json={"allow_move": False})
+        err = v1_error(r, 409, "INSUFFICIENT_CAPACITY")
+        assert "CUDA driver version at least 12.4 (min_cuda_version)" in err["message"]
+        assert c.get(f"/v1/clusters/{cid}").json()["data"]["status"] == "stopped"
+        declare_cuda(srv, old, "12.4")
+        r = c.post(f"/v1/clusters/{cid}/start", json={})
+        assert r.status_code == 200, r.text
+        assert srv.server.reconciler.wait_idle(10)
+        assert c.get(f"/v1/clusters/{cid}").json()["data"]["host"]["id"] == old

@@ -18,7 +18,7 @@ from gpuyard.core.billing import spot
 from gpuyard.core.errors import InsufficientCapacity, PortInUse, ValidationFailed
 from gpuyard.core.fleet import PlacementPolicy, takes_placements
 from gpuyard.core.models import CloudType, HostCapacity, Placement, PortSpec, ResourceRequest
-from gpuyard.core.placement import AllocationRatios, insufficient, place
+from gpuyard.core.placement import AllocationRatios, cuda_satisfies, insufficient, place
 from gpuyard.core.states import HOLDS_COMPUTE, ClusterStatus
 from gpuyard.services.capacity.candidates import (
     CANDIDATES,
@@ -127,7 +127,14 @@ def claim(
             shown = (
                 hosts if pinned else nearest_hosts(session, sized, ratios, exclude=exclude_hosts)
             )
-            raise insufficient(shown, sized, ratios, not_enough_message) from exc
+            # The caller's words are about free resources: a host whose CUDA version
+            # falls short gets placement's own, which say so.
+            cuda_ok = all(
+                cuda_satisfies(h.cuda_version, sized.min_cuda_version, sized.allowed_cuda_versions)
+                for h in shown
+            )
+            message = not_enough_message if cuda_ok else None
+            raise insufficient(shown, sized, ratios, message) from exc
         preempt(session, room.victims, by=cluster_id, bid=bid, now=now)
         placement = room.placement
     for index in placement.gpu_indices:
