@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     local_vcpus: int | None = None
     local_memory_gb: int | None = None
     local_disk_gb: int | None = None
+    # The local machine's CUDA driver version ("12.4") where NVML cannot tell it (GPUs
+    # declared with local_gpus); NVML's own answer wins where it has one.
+    local_cuda_version: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)?$")
     local_cloud_type: str = "SECURE"
     local_location: str = "local"
     # Address users reach published ports on (shown in connection strings).

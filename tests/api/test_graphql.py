@@ -221,6 +221,10 @@ def test_runpod_names_on_the_same_schema(srv: LiveServer) -> None:
         "gpuDisplayName gpuTypeId gpuAvailable location maintenanceStart maintenanceEnd "
         "maintenanceNote gpuSource } } }"
     )
+    # allowedCudaVersions is honoured: the machine's GPUs are declared, so is its version.
+    with srv.client() as c:
+        local = next(h for h in c.get("/v1/hosts").json()["data"]["hosts"] if h["is_local"])
+        assert c.patch(f"/v1/hosts/{local['id']}", json={"cuda_version": "12.1"}).is_success
     pod = gql(srv, q)["data"]["podFindAndDeployOnDemand"]
     assert pod["podType"] == "RESERVED" and pod["gpuCount"] == 1
     assert pod["vcpuCount"] == 3 and pod["memoryInGb"] == 6

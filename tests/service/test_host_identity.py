@@ -11,10 +11,16 @@ import pytest
 from sqlalchemy import func, select
 
 from gpuyard.core.models import CloudType, GpuSource
+from gpuyard.core.placement import cuda_version_key
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.context import Context
-from gpuyard.services.fleet.discovery import LocalInventory, discover_nvml_gpus, parse_declared_gpus
+from gpuyard.services.fleet.discovery import (
+    LocalInventory,
+    discover_nvml_cuda,
+    discover_nvml_gpus,
+    parse_declared_gpus,
+)
 from gpuyard.services.fleet.hosts import capacities, register_host
 from gpuyard.services.fleet.identity import HOST_ID_FILE, derive_from_machine_id
 from gpuyard.services.installation.bootstrap import register_local_host
@@ -176,3 +182,25 @@ def test_a_machine_without_gpus_says_how_to_declare_them(
     with caplog.at_level(logging.WARNING, logger="gpuyard.services.installation.bootstrap"):
         register_local_host(ctx, None)  # declared: nothing to say
     assert not any("GPUYARD_LOCAL_GPUS" in r.getMessage() for r in caplog.records)
+
+
+def test_a_declared_local_cuda_version_is_kept(ctx: Context) -> None:
+    # Declared GPUs: NVML is not asked; the setting is the version.
+    declared = dataclasses.replace(
+        ctx, settings=ctx.settings.model_copy(update={"local_cuda_version": "12.4"})
+    )
+    register_local_host(declared, None)
+    assert [h.cuda_version for h in host_rows(ctx) if h.is_local] == ["12.4"]
+    # A start that knows none keeps what was set (by the setting or PATCH /v1/hosts).
+    register_local_host(ctx, None)
+    assert [h.cuda_version for h in host_rows(ctx) if h.is_local] == ["12.4"]
+
+
+def test_the_local_cuda_version_is_nvmls_where_it_sees_gpus(ctx: Context) -> None:
+    found = discover_nvml_cuda()
+    if found is None:
+        pytest.skip("no NVML driver here: the discovered version is hardware's to test")
+    assert cuda_version_key(found) is not None, found
+    bare = dataclasses.replace(ctx, settings=ctx.settings.model_copy(update={"local_gpus": None}))
+    register_local_host(bare, None)
+    assert [h.cuda_version for h in host_rows(ctx) if h.is_local] == [found]

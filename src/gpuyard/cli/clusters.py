@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -103,7 +104,9 @@ def show_cluster(c: JSON) -> None:
         ),
         ("error", c.get("error_message")),
         ("image", c.get("docker_image")),
+        ("entrypoint", _shown_entrypoint(c.get("docker_entrypoint"))),
         ("args", c.get("docker_args") or None),
+        ("min cuda", c.get("min_cuda_version")),
         ("gpus", _gpus(c)),
         ("cpu", f"{c.get('cpu_cores')} vCPU"),
         ("memory", f"{c.get('memory_gb')} GB"),
@@ -246,6 +249,26 @@ def clusters() -> None:
     """Create, list, inspect, start, stop and terminate clusters."""
 
 
+def _entrypoint(value: str | None) -> list[str] | None:
+    """``--entrypoint``'s JSON list of strings (None: not given)."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed):
+        raise click.BadParameter('a JSON list of strings, e.g. \'["/bin/sh", "-c"]\'')
+    return parsed
+
+
+def _shown_entrypoint(value: Any) -> str | None:
+    """A cluster's entrypoint for the key/value block (None: the image's own)."""
+    if value is None:
+        return None
+    return json.dumps(value) if value else "[] (none)"
+
+
 @clusters.command("create")
 @click.option("--name", default="", help="Display name.")
 @click.option("--gpu-type", default=None, help='GPU type id, e.g. "NVIDIA RTX A6000".')
@@ -271,6 +294,10 @@ def clusters() -> None:
 @click.option("--template", "template_id", default=None, metavar="ID",
               help="Start from this template (templates); the other options win.")  # fmt: skip
 @click.option("--args", "docker_args", default=None, help="Command override.")
+@click.option("--entrypoint", "entrypoint", default=None, metavar="JSON",
+              help="ENTRYPOINT override: a JSON list of strings ([]: none).")  # fmt: skip
+@click.option("--min-cuda-version", default=None, metavar="X.Y",
+              help="Only hosts whose CUDA driver version is at least this.")  # fmt: skip
 @env_option
 @port_option
 @click.option(
@@ -311,6 +338,8 @@ def create(
     image: str | None,
     template_id: str | None,
     docker_args: str | None,
+    entrypoint: str | None,
+    min_cuda_version: str | None,
     env: tuple[str, ...],
     ports: tuple[str, ...],
     cloud_type: str | None,
@@ -340,6 +369,8 @@ def create(
         "volume_gb": volume_gb,
         "volume_mount_path": volume_mount_path,
         "docker_args": docker_args,
+        "docker_entrypoint": _entrypoint(entrypoint),
+        "min_cuda_version": min_cuda_version,
         "cloud_type": cloud_type.upper() if cloud_type else None,
         "project_id": project_id,
         "bid_per_gpu": bid,

@@ -137,6 +137,7 @@ def _describe(host: JSON) -> str:
             ("vcpus", f"{_free_of(host, 'vcpus')} free ({inv.get('vcpus')})"),
             ("memory", f"{_free_of(host, 'memory_gb', ' GB')} free ({inv.get('memory_gb')})"),
             ("disk", f"{_free_of(host, 'disk_gb', ' GB')} free ({inv.get('disk_gb')})"),
+            ("cuda", host.get("cuda_version") or "unknown"),
             ("limits", limits_cell(host)),
         ]
     )
@@ -217,6 +218,8 @@ def wait_reachable(
 @click.option("--vcpus", type=click.IntRange(min=1), default=None, help="Declared vCPUs.")
 @click.option("--memory-gb", type=click.IntRange(min=1), default=None, help="Declared memory.")
 @click.option("--disk-gb", type=click.IntRange(min=1), default=None, help="Declared disk.")
+@click.option("--cuda-version", default=None, metavar="X.Y",
+              help="Declared CUDA driver version (default: discovered by nvidia-smi).")  # fmt: skip
 @click.option(
     "--tls-dir",
     default=None,
@@ -246,6 +249,7 @@ def add(
     vcpus: int | None,
     memory_gb: int | None,
     disk_gb: int | None,
+    cuda_version: str | None,
     tls_dir: str | None,
     wait: bool,
     wait_timeout: float,
@@ -264,6 +268,7 @@ def add(
         "vcpus": vcpus,
         "memory_gb": memory_gb,
         "disk_gb": disk_gb,
+        "cuda_version": cuda_version,
         "engine_tls_dir": tls_dir,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
@@ -290,6 +295,26 @@ def add(
             err=True,
         )
         raise SystemExit(1)
+
+
+@hosts.command("set-cuda")
+@click.argument("host_id", type=click.IntRange(min=1))
+@click.argument("version", metavar="X.Y|none")
+@api_options
+def set_cuda(
+    host_id: int, version: str, url: str | None, api_key: str | None, as_json: bool
+) -> None:
+    """Declare host HOST_ID's CUDA driver version (clusters' min_cuda_version is
+    compared with it), for hosts whose GPUs nvidia-smi cannot see; `none`: back to
+    what is discovered."""
+    declared = None if version.lower() == "none" else version
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        host = client.update_host(host_id, {"cuda_version": declared})
+    if call.as_json:
+        print_json(host)
+        return
+    click.echo(f"host {host_id}: CUDA driver version {host.get('cuda_version') or 'unknown'}")
 
 
 @hosts.command("get")

@@ -62,6 +62,28 @@ def check_env_limits(env: Mapping[str, str | None]) -> None:
         )
 
 
+# -- entrypoint and CUDA versions -----------------------------------------------------
+
+# A container's ENTRYPOINT as a list of arguments: as bounded as docker_args (8 KiB).
+MAX_ENTRYPOINT_ITEMS = 64
+MAX_ENTRYPOINT_CHARS = 4096
+MAX_ENTRYPOINT_TOTAL_CHARS = 8192
+# A CUDA driver version as NVML and RunPod write it: "12", "12.4", "12.10".
+CUDA_VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+
+
+def check_entrypoint(entrypoint: list[str]) -> list[str]:
+    """``entrypoint`` unchanged, or ValueError when it has more than
+    :data:`MAX_ENTRYPOINT_ITEMS` items or more than :data:`MAX_ENTRYPOINT_TOTAL_CHARS`
+    characters in all. An empty list is allowed (it clears the image's ENTRYPOINT)."""
+    if len(entrypoint) > MAX_ENTRYPOINT_ITEMS:
+        raise ValueError(f"{len(entrypoint)} items; at most {MAX_ENTRYPOINT_ITEMS}")
+    total = sum(len(item) for item in entrypoint)
+    if total > MAX_ENTRYPOINT_TOTAL_CHARS:
+        raise ValueError(f"{total} characters in all; at most {MAX_ENTRYPOINT_TOTAL_CHARS}")
+    return entrypoint
+
+
 # -- names and display text ------------------------------------------------------------
 
 # Characters that can make shown text lie about itself: bidirectional overrides,

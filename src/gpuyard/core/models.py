@@ -207,6 +207,8 @@ class HostCapacity:
     # Whether new clusters may land here (core/fleet.py takes_placements: active and
     # healthy). A host that does not is never chosen, whatever it has free.
     takes_placements: bool = True
+    # Its CUDA driver version ("12.4"); None: unknown, which meets no CUDA minimum.
+    cuda_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,10 @@ class ResourceRequest:
     cloud_type: CloudType = CloudType.ALL
     # The host's location (data centre) the request is pinned to; None: anywhere.
     location: str | None = None
+    # The host's CUDA driver version must be at least this ("12.4"; None: any) and,
+    # when given, one of these (core/placement.py ``cuda_satisfies``).
+    min_cuda_version: str | None = None
+    allowed_cuda_versions: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ a serialised transaction and inserts the allocation rows; the database's unique 
 ``(host_id, gpu_index)`` remains the last word if two placements ever race.
 
 Filters: the host takes placements (active and healthy), the cloud type and location
-asked for, and free GPUs of the type, vCPUs, memory and disk. Scores (``policy_key``):
+asked for, the CUDA driver version asked for (at least ``min_cuda_version`` and, when
+given, one of ``allowed_cuda_versions``; a host whose version is unknown meets neither),
+and free GPUs of the type, vCPUs, memory and disk. Scores (``policy_key``):
 
 - ``binpack`` (best fit): the host left with the fewest free GPUs of the type, then the
   least free vCPUs, so large hosts stay whole for large requests;
@@ -17,6 +19,7 @@ Ties go to the lowest host id: the same state always gives the same answer.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,51 @@ class AllocationRatios:
     vcpu: float = 1.0
     memory: float = 1.0
     disk: float = 1.0
+
+
+# core/input_rules.py CUDA_VERSION_PATTERN, in groups.
+_VERSION = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
+
+
+def cuda_version_key(version: str | None) -> tuple[int, int] | None:
+    """``"12.4"`` as ``(12, 4)`` for comparing (``"12.10"`` is above ``"12.4"``;
+    ``"12"`` is ``(12, 0)``); None when ``version`` is None or not a version."""
+    found = _VERSION.fullmatch(version.strip()) if version is not None else None
+    if found is None:
+        return None
+    return int(found.group(1)), int(found.group(2) or 0)
+
+
+def cuda_from_nvml(version: int) -> str:
+    """NVML's ``nvmlSystemGetCudaDriverVersion`` (``12040``) as ``"12.4"``."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def cuda_satisfies(
+    version: str | None, minimum: str | None, allowed: tuple[str, ...] | None = None
+) -> bool:
+    """Whether a host with CUDA driver ``version`` meets ``minimum`` (None: any) and is
+    one of ``allowed`` (None: any). An unknown version meets no constraint."""
+    if minimum is None and allowed is None:
+        return True
+    key = cuda_version_key(version)
+    if key is None:
+        return False
+    wanted = cuda_version_key(minimum)
+    if minimum is not None and (wanted is None or key < wanted):
+        return False
+    return allowed is None or key in {cuda_version_key(v) for v in allowed}
+
+
+def cuda_wanted(req: ResourceRequest) -> str | None:
+    """The request's CUDA constraint in words (None: it has none)."""
+    parts = []
+    if req.min_cuda_version is not None:
+        parts.append(f"at least {req.min_cuda_version} (min_cuda_version)")
+    if req.allowed_cuda_versions is not None:
+        shown = ", ".join(req.allowed_cuda_versions) or "none"
+        parts.append(f"one of {shown} (allowed_cuda_versions)")
+    return " and ".join(parts) or None
 
 
 def free_resources(host: HostCapacity, ratios: AllocationRatios) -> dict[str, Any]:
@@ -61,6 +109,8 @@ def why_not(host: HostCapacity, req: ResourceRequest, ratios: AllocationRatios) 
         return f"the host is {host.cloud_type.value} cloud"
     if req.location is not None and host.location != req.location:
         return f"the host is in location {host.location!r}"
+    if not cuda_satisfies(host.cuda_version, req.min_cuda_version, req.allowed_cuda_versions):
+        return f"the host's CUDA driver version is {host.cuda_version or 'unknown'}"
     free = free_resources(host, ratios)
     if req.gpu_count and free["gpus"].get(req.gpu_type or "", 0) < req.gpu_count:
         return f"not enough free {req.gpu_type} GPUs"
@@ -121,7 +171,7 @@ def insufficient(
     ratios: AllocationRatios,
     message: str | None = None,
 ) -> InsufficientCapacity:
-    asked = {
+    asked: dict[str, Any] = {
         "gpu_type": req.gpu_type,
         "gpu_count": req.gpu_count,
         "cpu_cores": req.vcpus,
@@ -130,19 +180,44 @@ def insufficient(
         "cloud_type": req.cloud_type.value,
         "location": req.location,
     }
+    if req.min_cuda_version is not None:
+        asked["min_cuda_version"] = req.min_cuda_version
+    if req.allowed_cuda_versions is not None:
+        asked["allowed_cuda_versions"] = list(req.allowed_cuda_versions)
     what = f"{req.gpu_count} x {req.gpu_type}, " if req.gpu_count else ""
     what += f"{req.vcpus:g} vCPUs and {req.memory_gb:g} GB of memory"
+    cuda = cuda_wanted(req)
     # What stood in the way on each host, once each: the resource that is short.
     reasons = sorted({why for why in (why_not(h, req, ratios) for h in hosts) if why})
+    # No host (of those shown) has the CUDA version asked for: that is the news.
+    no_cuda = cuda is not None and not any(
+        cuda_satisfies(h.cuda_version, req.min_cuda_version, req.allowed_cuda_versions)
+        for h in hosts
+    )
+    if not message and no_cuda:
+        message = f"No host has a CUDA driver version {cuda} for {what}"
+        message += f": {'; '.join(reasons)}" if reasons else ""
+    if not message and cuda is not None:
+        what += f" on a CUDA driver version {cuda}"
     if not message:
         message = f"No host has free capacity for {what}"
         message += f": {'; '.join(reasons)}" if reasons else ": no host matches"
     details: dict[str, Any] = {
         "requested": asked,
         "available": [
-            {**free_resources(h, ratios), "why_not": why_not(h, req, ratios)} for h in hosts
+            {
+                **free_resources(h, ratios),
+                "cuda_version": h.cuda_version,
+                "why_not": why_not(h, req, ratios),
+            }
+            for h in hosts
         ],
     }
+    if no_cuda:
+        details["hint"] = (
+            f"no host has a CUDA driver version {cuda}: ask for a lower one, or the "
+            "operator can declare a host's cuda_version where NVML cannot tell it"
+        )
     if req.gpu_count and not any(g.gpu_type == req.gpu_type for h in hosts for g in h.gpus):
         # Not busy: absent. Say what would make it exist (a machine without GPUs).
         hint = (

@@ -85,6 +85,9 @@ class ContainerSpec:
     # The container disk (the writable layer) in GiB, enforced where the engine can
     # (0: the engine's default, unlimited).
     container_disk_gb: int = 0
+    # The ENTRYPOINT in place of the image's (None: the image's own; (): none at all,
+    # so ``command`` is run as it is).
+    entrypoint: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -162,3 +165,5 @@ class EngineInventory:
     disk_gb: int | None
     # None: not known (no runner to ask); empty: asked, none found.
     gpus: tuple[HostGpu, ...] | None
+    # The CUDA driver version nvidia-smi reports ("12.4"); None: not known.
+    cuda_version: str | None = None

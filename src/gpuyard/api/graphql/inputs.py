@@ -218,6 +218,8 @@ GRAPHQL_NAMES = {
     "network_volume_id": "networkVolumeId",
     "template_id": "templateId",
     "registry_auth_id": "containerRegistryAuthId",
+    "min_cuda_version": "minCudaVersion",
+    "allowed_cuda_versions": "allowedCudaVersions",
 }
 
 # RunPod's public templates (``runpod-ubuntu``, which runpod-python names for every CPU
@@ -280,7 +282,9 @@ def create_bodies(
     cloudType, stopAfter / terminateAfter (auto-terminate after that time), bidPerGpu
     (interruptible at that bid), networkVolumeId (mounted at volumeMountPath instead of
     a volume of its own; the cluster goes to the network volume's host),
-    containerRegistryAuthId (the image is pulled with those registry credentials).
+    containerRegistryAuthId (the image is pulled with those registry credentials),
+    minCudaVersion / allowedCudaVersions (only hosts whose CUDA driver version is at
+    least that / one of those; "" and [] as absent).
     Raises ValidationFailed.
     """
     template_id = data.template_id or None
@@ -313,6 +317,10 @@ def create_bodies(
         "network_volume_id": data.network_volume_id or None,
         "cloud_type": CloudType(data.cloud_type.value) if data.cloud_type else CloudType.ALL,
         "auto_terminate": auto,
+        # RunPod's CUDA filters; "" and [] as absent.
+        "min_cuda_version": data.min_cuda_version or None,
+        "allowed_cuda_versions": [v for v in data.allowed_cuda_versions or [] if v is not None]
+        or None,
     }
     # Only what was given (a template fills the rest; without one, the defaults are
     # the create body's own).

@@ -195,6 +195,12 @@ class Pod:
     name: str
     image_name: str
     docker_args: str
+    docker_entrypoint: list[str] | None = strawberry.field(
+        description="The ENTRYPOINT in place of the image's (null: the image's own; []: none)"
+    )
+    min_cuda_version: str | None = strawberry.field(
+        description="Placed only on hosts whose CUDA driver version is at least this"
+    )
     docker_id: str | None
     env: list[str] = strawberry.field(
         description='"KEY=value" strings, as RunPod shows them; secret values as "KEY=********"'
@@ -295,6 +301,8 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
         name=c.name,
         image_name=c.image,
         docker_args=c.docker_args,
+        docker_entrypoint=(list(c.docker_entrypoint) if c.docker_entrypoint is not None else None),
+        min_cuda_version=c.min_cuda_version,
         docker_id=(c.runtime_handle or {}).get("container_id"),
         env=[f"{k}={v}" for k, v in masked_env(c.env).items()],
         gpu_count=c.gpu_count,

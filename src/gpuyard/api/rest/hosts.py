@@ -26,6 +26,7 @@ from gpuyard.api.rest.schemas.hosts import (
     HostOut,
     HostWorkload,
     SshPublicKeyEnvelope,
+    UpdateHostIn,
 )
 from gpuyard.api.rest.schemas.responses import StrictOut, documented
 from gpuyard.api.state import app_state, current_principal
@@ -126,6 +127,24 @@ def get_one(
 ) -> JSONResponse:
     """One host, as in the list (admin). 404 HOST_NOT_FOUND."""
     return ok(_render(request, get_host(app_state(request).ctx, principal, host_id)))
+
+
+@router.patch(ONE, responses=documented(HostEnvelope))
+def update_one(
+    host_id: IdPath,
+    body: UpdateHostIn,
+    request: Request,
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """Change a host: ``cuda_version``, its CUDA driver version where NVML cannot tell
+    it (declared GPUs; null: back to what is discovered). Only the fields sent apply
+    (admin). 404 HOST_NOT_FOUND."""
+    ctx = app_state(request).ctx
+    if "cuda_version" in body.model_fields_set:
+        view = host_admin.set_cuda_version(ctx, principal, host_id, body.cuda_version)
+    else:
+        view = get_host(ctx, principal, host_id)
+    return ok(_render(request, view))
 
 
 @router.post(ONE + "/cordon", responses=documented(HostEnvelope))

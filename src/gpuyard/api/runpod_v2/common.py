@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from gpuyard.api.http.json_body import OffLoopJsonRoute
-from gpuyard.api.http.problems import RUNPOD_V2_PREFIX, PROBLEM_MEDIA_TYPE
+from gpuyard.api.http.problems import PROBLEM_MEDIA_TYPE, RUNPOD_V2_PREFIX
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.models import PortSpec
 from gpuyard.core.text import nul_path

@@ -22,6 +22,25 @@ from gpuyard.services.tenancy.secrets import open_env, secret_box
 from gpuyard.store.schema import Cluster, Host, NetworkVolume, PortAllocation, Project
 
 
+def container_command(
+    entrypoint: tuple[str, ...] | None, docker_args: str
+) -> tuple[str, ...] | None:
+    """The container's command (CMD) from ``docker_args`` (None: the image's own).
+    The text is split as a shell would split words (``shlex``), except after an
+    ENTRYPOINT that ends in a shell's ``-c`` (``["/bin/sh", "-c"]``): that shell reads
+    its script from the one argument after ``-c``, so the whole text is that argument
+    (``echo hi; sleep 600`` runs both). Raises GpuyardError when the text cannot be
+    split (an unclosed quote)."""
+    if not docker_args.strip():
+        return None
+    if entrypoint and entrypoint[-1] == "-c":
+        return (docker_args,)
+    try:
+        return tuple(shlex.split(docker_args))
+    except ValueError as exc:
+        raise GpuyardError(f"docker_args cannot be parsed: {exc}") from exc
+
+
 class ContainerSpecs:
     """Builds clusters' container specs; network volumes are made on the engine of the
     cluster's host (``runtime_of``) when missing."""
@@ -113,14 +132,13 @@ class ContainerSpecs:
         # a forward; docs/decisions.md "Private ports").
         on_loopback = host is None or private_on_loopback(host.is_local, engine_url)
         loopback = proxy_only_ports(c.ports or []) if on_loopback else frozenset()
-        try:
-            command = tuple(shlex.split(c.docker_args)) if c.docker_args.strip() else None
-        except ValueError as exc:
-            raise GpuyardError(f"docker_args cannot be parsed: {exc}") from exc
+        entrypoint = tuple(c.docker_entrypoint) if c.docker_entrypoint is not None else None
+        command = container_command(entrypoint, c.docker_args)
         return ContainerSpec(
             cluster_id=c.id,
             image=c.image,
             command=command,
+            entrypoint=entrypoint,
             env=env,
             ports=tuple(
                 PortBinding(

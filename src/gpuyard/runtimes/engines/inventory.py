@@ -4,6 +4,7 @@ version. Nothing is installed on the host; ``nvidia-smi`` is used where it exist
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpuyard.core.errors import RuntimeFailure
@@ -30,12 +31,13 @@ def discover_inventory(engine: Engine, runner: Runner | None) -> EngineInventory
     )
     vcpus = int(info["NCPU"]) if info.get("NCPU") else None
     memory_gb = int(info["MemTotal"]) // GIB if info.get("MemTotal") else None
-    disk_gb = gpus = None
+    disk_gb = gpus = cuda = None
     if runner is not None:
         root = str(info.get("DockerRootDir") or "/var/lib")
         disk_gb = _disk_gb(runner, root)
         gpus = _gpus(runner)
-    return EngineInventory(name, engine_version[:100], vcpus, memory_gb, disk_gb, gpus)
+        cuda = _cuda_version(runner) if gpus else None
+    return EngineInventory(name, engine_version[:100], vcpus, memory_gb, disk_gb, gpus, cuda)
 
 
 def _disk_gb(runner: Runner, path: str) -> int | None:
@@ -57,6 +59,21 @@ def _gpus(runner: Runner) -> tuple[HostGpu, ...]:
     if done.returncode != 0:
         return ()
     return parse_nvidia_smi(done.output)
+
+
+def _cuda_version(runner: Runner) -> str | None:
+    """The CUDA driver version ``nvidia-smi -q`` reports; None when it does not."""
+    done = runner(["nvidia-smi", "-q"])
+    return parse_cuda_version(done.output) if done.returncode == 0 else None
+
+
+_CUDA_LINE = re.compile(r"^\s*CUDA Version\s*:\s*(\d+(?:\.\d+)?)\s*$", re.MULTILINE)
+
+
+def parse_cuda_version(output: str) -> str | None:
+    """``CUDA Version : 12.4`` in ``nvidia-smi -q`` output as ``"12.4"``."""
+    found = _CUDA_LINE.search(output)
+    return found.group(1) if found else None
 
 
 def parse_nvidia_smi(output: str) -> tuple[HostGpu, ...]:

@@ -486,6 +486,10 @@ class DockerEngineRuntime:
             kwargs["network"] = self.engine.owner.account_network(spec.account_id)
         if spec.command:
             kwargs["command"] = list(spec.command)
+        if spec.entrypoint is not None:
+            # An empty ENTRYPOINT is sent as [""]: Docker and Podman both read that as
+            # "none" (Podman 4.3 reads [] as "the image's own").
+            kwargs["entrypoint"] = list(spec.entrypoint) or [""]
         if spec.volume_name:
             kwargs["volumes"] = {spec.volume_name: {"bind": spec.volume_mount_path, "mode": "rw"}}
         if self.engine.apply_limits and spec.cpu_cores > 0:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.fleet import HostStatus, PlacementPolicy
 from gpuyard.core.models import CloudType, HostCapacity, ResourceRequest
-from gpuyard.core.placement import AllocationRatios
+from gpuyard.core.placement import AllocationRatios, cuda_satisfies
 from gpuyard.services.fleet.hosts import MOVES_IN_FLIGHT, capacities
 from gpuyard.store.schema import GpuAllocation, Host, HostGpu, Reservation, VolumeMove
 
@@ -86,10 +86,39 @@ def _free_figures(ratios: AllocationRatios, gpu_type: str | None) -> dict[str, C
     return figures
 
 
-def placeable(q: Select[int], req: ResourceRequest, exclude: Collection[int]) -> Select[int]:
+def asks_cuda(req: ResourceRequest) -> bool:
+    """Whether ``req`` asks for a CUDA driver version."""
+    return req.min_cuda_version is not None or req.allowed_cuda_versions is not None
+
+
+def cuda_versions(session: Session, req: ResourceRequest) -> list[str] | None:
+    """The CUDA driver versions hosts have that meet ``req``'s (core/placement.py
+    ``cuda_satisfies``; None: it asks for none). The comparison is numeric ("12.10" is
+    above "12.4"), so the database is given the few distinct versions that qualify."""
+    if not asks_cuda(req):
+        return None
+    known = session.scalars(
+        select(Host.cuda_version).where(Host.cuda_version.is_not(None)).distinct()
+    )
+    return sorted(
+        v
+        for v in known
+        if v is not None and cuda_satisfies(v, req.min_cuda_version, req.allowed_cuda_versions)
+    )
+
+
+def placeable(
+    q: Select[int],
+    req: ResourceRequest,
+    exclude: Collection[int],
+    cuda: Collection[str] | None = None,
+) -> Select[int]:
     """``q`` narrowed to hosts that take placements in the request's cloud type and
-    location, less ``exclude``."""
+    location, less ``exclude``, and (``cuda`` not None) whose CUDA driver version is
+    one of ``cuda`` (:func:`cuda_versions`)."""
     q = q.where(Host.healthy.is_(True), Host.status == HostStatus.ACTIVE.value)
+    if cuda is not None:
+        q = q.where(Host.cuda_version.in_(list(cuda)))
     if req.cloud_type != CloudType.ALL:
         q = q.where(Host.cloud_type == req.cloud_type.value)
     if req.location is not None:
@@ -106,11 +135,13 @@ def candidate_query(
     *,
     exclude: Collection[int] = (),
     limit: int = CANDIDATES,
+    cuda: Collection[str] | None = None,
 ) -> Select[int]:
-    """The ids of the hosts ``req`` may land on with enough free, best first."""
+    """The ids of the hosts ``req`` may land on with enough free, best first; with
+    ``cuda``, only hosts with one of those CUDA driver versions (:func:`cuda_versions`)."""
     gpu_type = req.gpu_type if req.gpu_count else None
     free = _free_figures(ratios, gpu_type)
-    q = placeable(select(Host.id), req, exclude)
+    q = placeable(select(Host.id), req, exclude, cuda)
     if gpu_type is not None:
         q = q.where(free["gpus"] >= req.gpu_count)
     q = q.where(
@@ -138,7 +169,10 @@ def candidate_hosts(
 ) -> list[HostCapacity]:
     """At most ``limit`` hosts ``req`` fits on, best first under ``policy``, with their
     exact capacities. Empty when no host can take it as things stand."""
-    ids = list(session.scalars(candidate_query(req, ratios, policy, exclude=exclude, limit=limit)))
+    q = candidate_query(
+        req, ratios, policy, exclude=exclude, limit=limit, cuda=cuda_versions(session, req)
+    )
+    ids = list(session.scalars(q))
     return capacities(session, ids) if ids else []
 
 
@@ -152,7 +186,8 @@ def nearest_hosts(
 ) -> list[HostCapacity]:
     """For an error's ``available``: up to ``limit`` hosts that take placements in the
     request's cloud type and location, most free GPUs of the type (else vCPUs) first,
-    whether or not the request fits there (a full fleet shows a sample, not all)."""
+    whether or not the request fits there (a full fleet shows a sample, not all) and
+    whatever their CUDA driver version (the error says which falls short)."""
     gpu_type = req.gpu_type if req.gpu_count else None
     free = _free_figures(ratios, gpu_type)
     most = free["gpus"] if gpu_type is not None else free["vcpus"]

@@ -18,11 +18,13 @@ from gpuyard.core.billing import spot
 from gpuyard.core.errors import InsufficientCapacity, PortInUse, ValidationFailed
 from gpuyard.core.fleet import PlacementPolicy, takes_placements
 from gpuyard.core.models import CloudType, HostCapacity, Placement, PortSpec, ResourceRequest
-from gpuyard.core.placement import AllocationRatios, insufficient, place
+from gpuyard.core.placement import AllocationRatios, cuda_satisfies, insufficient, place
 from gpuyard.core.states import HOLDS_COMPUTE, ClusterStatus
 from gpuyard.services.capacity.candidates import (
     CANDIDATES,
+    asks_cuda,
     candidate_hosts,
+    cuda_versions,
     nearest_hosts,
     placeable,
 )
@@ -104,6 +106,9 @@ def claim(
         # A pinned host was chosen before (its cloud type and location included).
         cloud_type=CloudType.ALL if pinned else request.cloud_type,
         location=None if pinned else request.location,
+        # Kept for a pinned host too: its driver may have changed since.
+        min_cuda_version=request.min_cuda_version,
+        allowed_cuda_versions=request.allowed_cuda_versions,
     )
     if host_id is not None:
         if host_id in exclude_hosts:
@@ -122,7 +127,14 @@ def claim(
             shown = (
                 hosts if pinned else nearest_hosts(session, sized, ratios, exclude=exclude_hosts)
             )
-            raise insufficient(shown, sized, ratios, not_enough_message) from exc
+            # The caller's words are about free resources: a host whose CUDA version
+            # falls short gets placement's own, which say so.
+            cuda_ok = all(
+                cuda_satisfies(h.cuda_version, sized.min_cuda_version, sized.allowed_cuda_versions)
+                for h in shown
+            )
+            message = not_enough_message if cuda_ok else None
+            raise insufficient(shown, sized, ratios, message) from exc
         preempt(session, room.victims, by=cluster_id, bid=bid, now=now)
         placement = room.placement
     for index in placement.gpu_indices:
@@ -161,8 +173,9 @@ def _candidates(
     """A few hosts ``req`` fits on, best first under ``policy``, with exact figures:
     the hint's best until they read back exact (services/capacity/fleet_hint.py), else the
     database's candidate query."""
-    if session.in_nested_transaction():
-        # A savepoint may roll back without the hint hearing of it: no hint here.
+    if session.in_nested_transaction() or asks_cuda(req):
+        # A savepoint may roll back without the hint hearing of it: no hint here. The
+        # hint knows no CUDA versions: the database filters on them.
         return candidate_hosts(session, req, ratios, policy, exclude=exclude)
     hint.refresh(session, ratios, now)
     for _ in range(4):
@@ -232,7 +245,8 @@ def _spot_pool(
     )
     if bid is not None:
         outbid = outbid.where(Cluster.bid_per_gpu < bid)
-    q = placeable(select(Host.id), req, exclude).where(Host.id.in_(outbid))
+    q = placeable(select(Host.id), req, exclude, cuda_versions(session, req))
+    q = q.where(Host.id.in_(outbid))
     ids = list(session.scalars(q.order_by(Host.id)))
     return capacities(session, ids) if ids else []
 

@@ -5,6 +5,8 @@ Everything here runs inside the caller's session."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -34,7 +36,18 @@ def request_of(c: Cluster, cloud_type: CloudType = CloudType.ALL) -> ResourceReq
         memory_gb=c.memory_gb,
         disk_gb=c.container_disk_gb,
         cloud_type=cloud_type,
+        **cuda_of(c),
     )
+
+
+def cuda_of(c: Cluster) -> dict[str, Any]:
+    """The cluster's CUDA constraints as ResourceRequest fields: every placement of it
+    (create, a start on another host, a stopped volume's move) honours them."""
+    allowed = c.allowed_cuda_versions
+    return {
+        "min_cuda_version": c.min_cuda_version,
+        "allowed_cuda_versions": tuple(allowed) if allowed is not None else None,
+    }
 
 
 def load_cluster(session: Session, principal: Principal, cluster_id: str) -> Cluster:

@@ -32,7 +32,7 @@ from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.capacity.placement import claim, lock_placement
 from gpuyard.services.clusters.actions import request_drain_stop
-from gpuyard.services.clusters.cluster_rows import request_of
+from gpuyard.services.clusters.cluster_rows import cuda_of, request_of
 from gpuyard.services.clusters.lifecycle import record_event
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal, Scope
@@ -387,4 +387,6 @@ def _volume_only(cluster: Cluster) -> ResourceRequest:
         memory_gb=0,
         disk_gb=0,
         cloud_type=CloudType.ALL,
+        # It starts where its volume goes.
+        **cuda_of(cluster),
     )

@@ -16,10 +16,14 @@ from pydantic import (
 )
 
 from gpuyard.core.input_rules import (
+    CUDA_VERSION_PATTERN,
     MAX_DB_ID,
+    MAX_ENTRYPOINT_CHARS,
+    MAX_ENTRYPOINT_ITEMS,
     MAX_MOUNT_PATH_CHARS,
     MOUNT_PATH_PATTERN,
     NAME_PATTERN,
+    check_entrypoint,
     check_env_limits,
     check_mount_path,
     check_name,
@@ -111,6 +115,17 @@ class CreateCluster(_MarksSecrets):
     # default is not validated, an empty string sent is refused.
     docker_image: str = Field(default="", min_length=1, max_length=512)
     docker_args: str = Field(default="", max_length=8192)
+    # Replaces the image's ENTRYPOINT (None: the image's own; [] clears it, as the
+    # Docker Engine API's ``Entrypoint`` does). docker_args is its command.
+    docker_entrypoint: list[Annotated[str, Field(max_length=MAX_ENTRYPOINT_CHARS)]] | None = Field(
+        default=None, max_length=MAX_ENTRYPOINT_ITEMS
+    )
+    # Place only on hosts whose CUDA driver version is at least this ("12.4").
+    min_cuda_version: str | None = Field(default=None, max_length=16, pattern=CUDA_VERSION_PATTERN)
+    # And (when given) only on hosts whose CUDA driver version is one of these.
+    allowed_cuda_versions: (
+        list[Annotated[str, Field(max_length=16, pattern=CUDA_VERSION_PATTERN)]] | None
+    ) = Field(default=None, max_length=32)
     # A value may be {"value": ..., "secret": true}: see _secret_marks.
     env: Annotated[dict[str, str], WithJsonSchema(env_map_json_schema())] = Field(
         default_factory=dict
@@ -142,6 +157,11 @@ class CreateCluster(_MarksSecrets):
     def _env(cls, env: dict[str, str]) -> dict[str, str]:
         check_env_limits(env)
         return validate_env(env)
+
+    @field_validator("docker_entrypoint")
+    @classmethod
+    def _entrypoint(cls, entrypoint: list[str] | None) -> list[str] | None:
+        return None if entrypoint is None else check_entrypoint(entrypoint)
 
     # -- input rules (core/input_rules.py): names, mount path, port labels --
     @field_validator("name")

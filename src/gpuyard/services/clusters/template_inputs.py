@@ -12,9 +12,12 @@ from typing import Annotated, ClassVar
 from pydantic import Field, WithJsonSchema, field_validator
 
 from gpuyard.core.input_rules import (
+    MAX_ENTRYPOINT_CHARS,
+    MAX_ENTRYPOINT_ITEMS,
     MAX_MOUNT_PATH_CHARS,
     MOUNT_PATH_PATTERN,
     REQUIRED_NAME_PATTERN,
+    check_entrypoint,
     check_env_limits,
     check_mount_path,
     check_name,
@@ -60,6 +63,10 @@ def _mount(path: str | None) -> str | None:
     return None if path is None else check_mount_path(path)
 
 
+def _entrypoint(entrypoint: list[str] | None) -> list[str] | None:
+    return None if entrypoint is None else check_entrypoint(entrypoint)
+
+
 def _ports(ports: list[PortSpec] | None) -> list[PortSpec] | None:
     return None if ports is None else check_port_labels(ports)
 
@@ -77,6 +84,10 @@ class CreateTemplate(_MarksSecrets):
     )
     docker_image: str = Field(min_length=1, max_length=512)
     docker_args: str = Field(default="", max_length=8192)
+    # The ENTRYPOINT its clusters get (None: the image's own; []: none).
+    docker_entrypoint: list[Annotated[str, Field(max_length=MAX_ENTRYPOINT_CHARS)]] | None = Field(
+        default=None, max_length=MAX_ENTRYPOINT_ITEMS
+    )
     start_script: str = Field(default="", max_length=MAX_START_SCRIPT_CHARS)
     env: Annotated[dict[str, str], WithJsonSchema(env_map_json_schema())] = Field(
         default_factory=dict
@@ -105,6 +116,7 @@ class CreateTemplate(_MarksSecrets):
     _v_mount = field_validator("volume_mount_path")(_mount)
     _v_ports = field_validator("ports")(_ports)
     _v_public = field_validator("is_public")(_public)
+    _v_entrypoint = field_validator("docker_entrypoint")(_entrypoint)
 
 
 class UpdateTemplate(_MarksSecrets):
@@ -123,6 +135,10 @@ class UpdateTemplate(_MarksSecrets):
     )
     docker_image: str | None = Field(default=None, min_length=1, max_length=512)
     docker_args: str | None = Field(default=None, max_length=8192)
+    # Sent as null: back to the image's own.
+    docker_entrypoint: list[Annotated[str, Field(max_length=MAX_ENTRYPOINT_CHARS)]] | None = Field(
+        default=None, max_length=MAX_ENTRYPOINT_ITEMS
+    )
     start_script: str | None = Field(default=None, max_length=MAX_START_SCRIPT_CHARS)
     env: Annotated[dict[str, str] | None, WithJsonSchema(env_map_json_schema())] = None
     ports: list[PortSpec] | None = Field(default=None, max_length=64)
@@ -146,3 +162,4 @@ class UpdateTemplate(_MarksSecrets):
     _v_mount = field_validator("volume_mount_path")(_mount)
     _v_ports = field_validator("ports")(_ports)
     _v_public = field_validator("is_public")(_public)
+    _v_entrypoint = field_validator("docker_entrypoint")(_entrypoint)

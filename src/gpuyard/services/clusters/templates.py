@@ -86,6 +86,9 @@ def template_view(row: ClusterTemplate) -> dict[str, Any]:
         "project_id": row.project_id,
         "docker_image": row.image,
         "docker_args": row.docker_args,
+        "docker_entrypoint": (
+            list(row.docker_entrypoint) if row.docker_entrypoint is not None else None
+        ),
         "start_script": row.start_script,
         "env": masked_env(row.env),
         "ports": list(row.ports),
@@ -193,6 +196,7 @@ def create_template(
             volume_gb=body.volume_gb,
             volume_mount_path=body.volume_mount_path,
             docker_args=body.docker_args,
+            docker_entrypoint=body.docker_entrypoint,
             start_script=body.start_script,
             readme=body.readme,
             container_registry_auth_id=_auth_id(
@@ -304,6 +308,8 @@ def update_template(
             )
         if body.is_serverless is not None:
             row.is_serverless = body.is_serverless
+        if "docker_entrypoint" in sent:
+            row.docker_entrypoint = body.docker_entrypoint
         row.updated_at = ctx.clock.now()
         try:
             with session.begin_nested():
@@ -355,11 +361,11 @@ _FILLED = ("docker_args", "container_disk_gb", "volume_gb", "volume_mount_path")
 
 
 def with_template(body: CreateCluster, template: ClusterTemplate) -> CreateCluster:
-    """``body`` with what it left out taken from ``template`` (image, docker args,
-    ports, disk sizes, mount path, registry credentials); what the request sent wins.
-    With no docker args from either, the template's start script is the command
-    (``/bin/sh -c``). Env is merged by the caller (the template's values are stored
-    sealed already: ``template_env``)."""
+    """``body`` with what it left out taken from ``template`` (image, docker args and
+    entrypoint, ports, disk sizes, mount path, registry credentials); what the request
+    sent wins. With no docker args from either, the template's start script is the
+    command (``/bin/sh -c``). Env is merged by the caller (the template's values are
+    stored sealed already: ``template_env``)."""
     sent = body.model_fields_set
     fill: dict[str, Any] = {f: getattr(template, f) for f in _FILLED if f not in sent}
     if not body.docker_image:
@@ -374,6 +380,8 @@ def with_template(body: CreateCluster, template: ClusterTemplate) -> CreateClust
     args = fill.get("docker_args", body.docker_args)
     if not args.strip() and template.start_script.strip():
         fill["docker_args"] = start_command(template.start_script)
+    if "docker_entrypoint" not in sent and template.docker_entrypoint is not None:
+        fill["docker_entrypoint"] = list(template.docker_entrypoint)
     return body.model_copy(update=fill)
 
 

@@ -80,6 +80,8 @@ class NewHost:
     memory_gb: int | None = None
     disk_gb: int | None = None
     engine_tls_dir: str | None = None
+    # Declared where NVML/nvidia-smi cannot tell it; None: discovered.
+    cuda_version: str | None = None
 
 
 def check_tls_dir(engine: EngineAddress, tls_dir: str | None) -> str | None:
@@ -176,6 +178,7 @@ def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
             ("memory_gb", spec.memory_gb),
             ("disk_gb", spec.disk_gb),
             ("gpus", spec.gpus),
+            ("cuda_version", spec.cuda_version),
         )
         if value is not None
     ]
@@ -207,6 +210,7 @@ def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
             disk_gb=spec.disk_gb or 0,
             gpu_source=(GpuSource.DECLARED if gpus is not None else GpuSource.NVML).value,
             declared=declared,
+            cuda_version=spec.cuda_version,
             healthy=False,
             status=HostStatus.ACTIVE.value,
             is_local=False,
@@ -238,6 +242,32 @@ def _set_status(ctx: Context, host_id: int, decide: Callable[[HostStatus], HostS
             host.updated_at = utcnow()
             session.flush()
         view = view_of(session, host_id)
+    ctx.wake()
+    return view
+
+
+def set_cuda_version(
+    ctx: Context, principal: Principal, host_id: int, cuda_version: str | None
+) -> HostView:
+    """(Admin.) Declare the host's CUDA driver version (placement compares clusters'
+    ``min_cuda_version`` with it), for hosts whose GPUs are declared; None: back to
+    what is discovered (NVML, nvidia-smi), unknown until then. The version's form is
+    the caller's to check (``^\\d+(\\.\\d+)?$``). Raises HostNotFound."""
+    principal.require(Scope.ADMIN)
+    with ctx.transaction() as session:
+        lock_placement(session)
+        host = session.get(Host, host_id)
+        if host is None:
+            raise HostNotFound(f"host {host_id} not found", {"host_id": host_id})
+        declared = [f for f in host.declared or () if f != "cuda_version"]
+        if cuda_version is not None:
+            declared.append("cuda_version")
+        host.declared = declared
+        host.cuda_version = cuda_version
+        host.updated_at = utcnow()
+        session.flush()
+        view = view_of(session, host_id)
+    ctx.references.invalidate()
     ctx.wake()
     return view
 

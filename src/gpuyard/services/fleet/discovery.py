@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.models import GpuSource, HostGpu
+from gpuyard.core.placement import cuda_from_nvml
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class LocalInventory:
     gpus: tuple[HostGpu, ...]
     gpu_source: GpuSource
     declared: tuple[str, ...]
+    # The CUDA driver version (NVML's, else the declared one); None: unknown.
+    cuda_version: str | None = None
 
 
 def parse_declared_gpus(spec: str) -> tuple[HostGpu, ...]:
@@ -60,6 +63,22 @@ def discover_nvml_gpus() -> tuple[HostGpu, ...]:
         pynvml.nvmlShutdown()
 
 
+def discover_nvml_cuda() -> str | None:
+    """The CUDA driver version NVML reports ("12.4"); None when there is no driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no library: no version to tell
+        return None
+    try:
+        return cuda_from_nvml(int(pynvml.nvmlSystemGetCudaDriverVersion()))
+    except Exception:  # an old driver without the call
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def _memory_gb() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -77,7 +96,10 @@ def discover(
     memory_gb: int | None,
     disk_gb: int | None,
     disk_path: Path,
+    cuda_version: str | None = None,
 ) -> LocalInventory:
+    """What the machine has, the declared figures winning. The CUDA driver version is
+    NVML's where it sees GPUs, else ``cuda_version`` (the operator's word)."""
     declared: list[str] = []
     if declared_gpus is not None:
         gpus, source = parse_declared_gpus(declared_gpus), GpuSource.DECLARED
@@ -97,4 +119,5 @@ def discover(
         gpus=gpus,
         gpu_source=source,
         declared=tuple(declared),
+        cuda_version=(discover_nvml_cuda() if source is GpuSource.NVML else None) or cuda_version,
     )

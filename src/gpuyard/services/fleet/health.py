@@ -171,5 +171,7 @@ def record_inventory(ctx: Context, host_id: int, found: EngineInventory) -> None
                 setattr(host, field, value)
         if found.gpus is not None and host.gpu_source != GpuSource.DECLARED.value:
             sync_host_gpus(session, host, found.gpus)
+        if found.cuda_version is not None and "cuda_version" not in declared:
+            host.cuda_version = found.cuda_version
     # Placement and views read hosts through caches; they should see this now.
     ctx.references.invalidate()

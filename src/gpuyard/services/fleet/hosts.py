@@ -78,6 +78,9 @@ def register_host(
     host.disk_gb = inventory.disk_gb
     host.gpu_source = inventory.gpu_source.value
     host.declared = list(inventory.declared)
+    if inventory.cuda_version is not None:
+        # Unknown at this start: what the operator set last (PATCH /v1/hosts) stays.
+        host.cuda_version = inventory.cuda_version
     host.healthy = True
     host.is_local = True
     host.updated_at = utcnow()
@@ -137,6 +140,7 @@ def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[
         Host.location,
         Host.status,
         Host.healthy,
+        Host.cuda_version,
     )
     if host_ids is None:
         q = q.where(Host.healthy.is_(True), Host.status == HostStatus.ACTIVE.value)
@@ -205,6 +209,7 @@ def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[
                 used_gpu_indices=frozenset(used_gpus[h.id]),
                 location=h.location,
                 takes_placements=takes_placements(h.status, h.healthy),
+                cuda_version=h.cuda_version,
             )
         )
     return out
@@ -229,6 +234,7 @@ _FEW_HOSTS = select(
     Host.location,
     Host.status,
     Host.healthy,
+    Host.cuda_version,
     _used(Reservation.vcpus, Host.id).label("used_vcpus"),
     _used(Reservation.memory_gb, Host.id).label("used_memory_gb"),
     _used(Reservation.container_disk_gb + Reservation.volume_gb, Host.id).label("used_disk_gb"),
@@ -282,6 +288,7 @@ def _few_capacities(session: Session, host_ids: list[int]) -> list[HostCapacity]
             used_gpu_indices=frozenset(held[h.id]),
             location=h.location,
             takes_placements=takes_placements(h.status, h.healthy),
+            cuda_version=h.cuda_version,
         )
         for h in (rows[i] for i in host_ids if i in rows)
     ]

@@ -91,6 +91,8 @@ class HostView:
     # False when the host cannot enforce volume or container disk sizes; the note says why.
     enforces_disk: bool
     disk_note: str | None
+    # The CUDA driver version (NVML's or nvidia-smi's, else the operator's); None: unknown.
+    cuda_version: str | None
     capacity: HostCapacity
     workloads: tuple[Workload, ...]
     created_at: datetime
@@ -181,6 +183,7 @@ def _views(session: Session, hosts: Sequence[Host]) -> list[HostView]:
                 limits_note=h.limits_note,
                 enforces_disk=h.enforces_disk,
                 disk_note=h.disk_note,
+                cuda_version=h.cuda_version,
                 capacity=caps[h.id],
                 workloads=tuple(loads.get(h.id, ())),
                 created_at=h.created_at,

@@ -148,6 +148,7 @@ def register_local_host(
         memory_gb=s.local_memory_gb,
         disk_gb=s.local_disk_gb,
         disk_path=s.home,
+        cuda_version=s.local_cuda_version,
     )
     if not inventory.gpus and s.local_gpus is None:
         log.warning(

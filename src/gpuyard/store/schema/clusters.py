@@ -51,6 +51,13 @@ class Cluster(Base):
     name: Mapped[str] = mapped_column(String(200))
     image: Mapped[str] = mapped_column(String(512))
     docker_args: Mapped[str] = mapped_column(Text, default="")
+    # The container's ENTRYPOINT (migration 0029); None: the image's own, []: none.
+    docker_entrypoint: Mapped[list[Any] | None] = mapped_column(default=None)
+    # Placed only on hosts whose CUDA driver version is at least this (migration 0029),
+    # at create and at every move to another host.
+    min_cuda_version: Mapped[str | None] = mapped_column(String(16), default=None)
+    # And (when not None) only on hosts with one of these versions.
+    allowed_cuda_versions: Mapped[list[Any] | None] = mapped_column(default=None)
     env: Mapped[dict[str, Any]] = mapped_column(default=dict)
     ports: Mapped[list[Any]] = mapped_column(default=list)
     gpu_type: Mapped[str | None] = mapped_column(String(100))
@@ -255,6 +262,8 @@ class ClusterTemplate(Base):
     volume_gb: Mapped[int] = mapped_column(Integer, default=0)
     volume_mount_path: Mapped[str] = mapped_column(String(512), default="/workspace")
     docker_args: Mapped[str] = mapped_column(Text, default="")
+    # The ENTRYPOINT its clusters get (migration 0029); None: the image's own.
+    docker_entrypoint: Mapped[list[Any] | None] = mapped_column(default=None)
     start_script: Mapped[str] = mapped_column(Text, default="")
     readme: Mapped[str] = mapped_column(Text, default="")
     # A registry credential's id, kept opaque (None: the image's registry needs none).

@@ -46,6 +46,9 @@ class Host(Base):
     memory_gb: Mapped[int] = mapped_column(Integer)
     disk_gb: Mapped[int] = mapped_column(Integer)
     gpu_source: Mapped[str] = mapped_column(String(20))
+    # The CUDA driver version ("12.4"): NVML's where it sees the GPUs, else the
+    # operator's word (migration 0029); None: unknown (meets no minimum).
+    cuda_version: Mapped[str | None] = mapped_column(String(16), default=None)
     # Which of vcpus/memory_gb/disk_gb were declared rather than discovered.
     declared: Mapped[list[Any]] = mapped_column(default=list)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)

@@ -183,6 +183,13 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "last_exit": last_exit(c),
         "docker_image": c.image,
         "docker_args": c.docker_args,
+        "docker_entrypoint": (
+            list(c.docker_entrypoint) if c.docker_entrypoint is not None else None
+        ),
+        "min_cuda_version": c.min_cuda_version,
+        "allowed_cuda_versions": (
+            list(c.allowed_cuda_versions) if c.allowed_cuda_versions is not None else None
+        ),
         "template_id": c.template_id,
         "registry_auth_id": c.registry_auth_id,
         "gpu_type": c.gpu_type,

@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from gpuyard.api.rest.schemas.responses import Meta, StrictIn, StrictOut
-from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN, check_name
+from gpuyard.core.input_rules import CUDA_VERSION_PATTERN, REQUIRED_NAME_PATTERN, check_name
 from gpuyard.core.models import CloudType, whole_floats_as_ints
 from gpuyard.core.network.engine_address import ENGINE_URL_PATTERN, MAX_ENGINE_URL_CHARS
 from gpuyard.core.text import refuse_nul
@@ -142,6 +142,11 @@ class AddHostIn(_In):
     vcpus: int | None = Field(default=None, ge=1, le=65536, strict=True)
     memory_gb: int | None = Field(default=None, ge=1, le=16 * 1024 * 1024, strict=True)
     disk_gb: int | None = Field(default=None, ge=1, le=1024 * 1024 * 1024, strict=True)
+    # The CUDA driver version ("12.4") where NVML cannot tell it (declared GPUs);
+    # discovered otherwise.
+    cuda_version: Annotated[
+        StrictStr | None, Field(max_length=16, pattern=CUDA_VERSION_PATTERN)
+    ] = None
     # For tcp:// engines: a directory on the server's machine holding ca.pem, cert.pem
     # and key.pem (needed unless the engine is on loopback).
     engine_tls_dir: Annotated[
@@ -178,7 +183,18 @@ class AddHostIn(_In):
             memory_gb=self.memory_gb,
             disk_gb=self.disk_gb,
             engine_tls_dir=self.engine_tls_dir,
+            cuda_version=self.cuda_version,
         )
+
+
+class UpdateHostIn(_In):
+    """Changes to a host: only the fields sent apply."""
+
+    # The CUDA driver version ("12.4") the operator declares; null: back to what is
+    # discovered (unknown until then).
+    cuda_version: Annotated[
+        StrictStr | None, Field(max_length=16, pattern=CUDA_VERSION_PATTERN)
+    ] = None
 
 
 # -- answers ------------------------------------------------------------------------------
@@ -298,6 +314,10 @@ class HostOut(StrictOut):
     # them would not fail); ``disk_note`` says why.
     enforces_disk: bool
     disk_note: str | None
+    # The CUDA driver version clusters' min_cuda_version is compared with: NVML's (or
+    # nvidia-smi's on another host), else what the operator declared; null: unknown,
+    # which meets no minimum.
+    cuda_version: str | None
     # Where each inventory figure came from.
     inventory: InventorySources
     gpus: list[HostGpuOut]

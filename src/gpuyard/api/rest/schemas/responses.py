@@ -178,6 +178,15 @@ class Cluster(StrictOut):
     last_exit: LastExit | None
     docker_image: str
     docker_args: str
+    docker_entrypoint: list[str] | None = Field(
+        description="The ENTRYPOINT in place of the image's (null: the image's own; []: none)"
+    )
+    min_cuda_version: str | None = Field(
+        description="Placed only on hosts whose CUDA driver version is at least this"
+    )
+    allowed_cuda_versions: list[str] | None = Field(
+        description="Placed only on hosts whose CUDA driver version is one of these"
+    )
     template_id: str | None = Field(description="The template it was created from (null: none)")
     registry_auth_id: int | None = Field(
         description="The registry credentials its image is pulled with (null: none)"

@@ -16,6 +16,8 @@ class Template(StrictOut):
     project_id: int
     docker_image: str
     docker_args: str
+    # The ENTRYPOINT its clusters get (null: the image's own; []: none).
+    docker_entrypoint: list[str] | None
     start_script: str
     # Secret values show as the mask; sending the mask back keeps them.
     env: dict[str, str]
