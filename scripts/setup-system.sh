@@ -17,6 +17,9 @@ want+=(iproute2 iptables nftables)
 # Simulated fleet hosts for tests and benchmarks: an sshd in each host's namespace
 # (never started as a service here), ip for the namespaces, socat for bench_volume_move.
 [ "${WITH_TEST_HOSTS:-0}" = 1 ] && want+=(openssh-server iproute2 socat)
+# A private registry on loopback for the pull-with-credentials tests (docker-registry,
+# htpasswd from apache2-utils); rsync for SkyPilot's client in its end-to-end test.
+[ "${WITH_TEST_HOSTS:-0}" = 1 ] && want+=(docker-registry apache2-utils rsync)
 # Benchmarks: wrk drives the HTTP proxy benchmark.
 [ "${WITH_BENCH:-0}" = 1 ] && want+=(wrk)
 # The web console's browser tests: Playwright drives Debian's chromium (its own browser
