@@ -199,6 +199,10 @@ class GpuyardClient:
         """``GET /v1/hosts/{id}`` (admin)."""
         return self.request("GET", f"/v1/hosts/{host_id}")
 
+    def update_host(self, host_id: int, body: JSON) -> JSON:
+        """``PATCH /v1/hosts/{id}`` (admin): the host with its new settings."""
+        return self.request("PATCH", f"/v1/hosts/{host_id}", json=body)
+
     def cordon_host(self, host_id: int) -> JSON:
         """``POST /v1/hosts/{id}/cordon`` (admin)."""
         return self.request("POST", f"/v1/hosts/{host_id}/cordon")

@@ -26,6 +26,7 @@ from gpuyard.api.rest.schemas.hosts import (
     HostOut,
     HostWorkload,
     SshPublicKeyEnvelope,
+    UpdateHostIn,
 )
 from gpuyard.api.rest.schemas.responses import StrictOut, documented
 from gpuyard.api.state import app_state, current_principal
@@ -126,6 +127,21 @@ def get_one(
 ) -> JSONResponse:
     """One host, as in the list (admin). 404 HOST_NOT_FOUND."""
     return ok(_render(request, get_host(app_state(request).ctx, principal, host_id)))
+
+
+@router.patch(ONE, responses=documented(HostEnvelope))
+def update(
+    host_id: IdPath,
+    body: UpdateHostIn,
+    request: Request,
+    principal: Principal = Depends(current_principal),
+) -> JSONResponse:
+    """Change a host's settings (admin): ``client_address``, where clients reach its
+    published ports when not at its ``address`` (a NAT's outside address, a DNS name;
+    pods' public SSH entries show it), null for its own address. Fields left out stay
+    as they are. 404 HOST_NOT_FOUND."""
+    view = host_admin.update_host(app_state(request).ctx, principal, host_id, body.changes())
+    return ok(_render(request, view))
 
 
 @router.post(ONE + "/cordon", responses=documented(HostEnvelope))

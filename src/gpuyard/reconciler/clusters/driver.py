@@ -440,6 +440,8 @@ class ClusterDriver:
                 seconds = max(0.0, (now - started).total_seconds())
                 session.add(StartupSample(seconds=seconds, created_at=now))
 
+        # Where containers of its network reach it (RunPod's internal port address).
+        handle = {**(c.runtime_handle or {}), "address": seen.address}
         self.records.transition(
             c,
             ClusterStatus.RUNNING,
@@ -447,6 +449,7 @@ class ClusterDriver:
             also=record_sample,
             startup_step=STEP_READY,
             started_at=now,
+            runtime_handle=handle,
         )
 
     def _stop(self, c: Cluster) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,8 @@ class NewHost:
     name: str
     engine_url: str
     address: str | None = None
+    # Where clients reach its published ports when not at ``address``.
+    client_address: str | None = None
     location: str | None = None
     cloud_type: CloudType = CloudType.SECURE
     gpus: tuple[GpuCount, ...] | None = None
@@ -169,6 +172,8 @@ def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
     tls_dir = check_tls_dir(engine, spec.engine_tls_dir)
     if spec.address is not None:
         check_host_name(spec.address, "address")
+    if spec.client_address is not None:
+        check_host_name(spec.client_address, "client_address")
     declared = [
         f
         for f, value in (
@@ -200,6 +205,7 @@ def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
             location=spec.location or ctx.settings.local_location,
             cloud_type=spec.cloud_type.value,
             address=spec.address or _default_address(session, engine),
+            client_address=spec.client_address,
             engine_url=spec.engine_url,
             engine_tls_dir=tls_dir,
             vcpus=spec.vcpus or 0,
@@ -222,6 +228,46 @@ def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
             sync_host_gpus(session, host, gpus)
         view = view_of(session, host.id)
     ctx.wake()
+    return view
+
+
+class Unchanged(Enum):
+    """A setting left as it is (None means "unset" for optional settings)."""
+
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = Unchanged.UNCHANGED
+
+
+@dataclass(frozen=True)
+class HostChanges:
+    """Settings of a host to change; :data:`UNCHANGED` leaves one as it is."""
+
+    # Where clients reach its published ports (an IP or DNS name); None: at its address.
+    client_address: str | Unchanged | None = UNCHANGED
+
+
+def update_host(ctx: Context, principal: Principal, host_id: int, changes: HostChanges) -> HostView:
+    """(Admin.) Change a host's settings: ``client_address``, the address clients reach
+    its published ports at (what pods' public SSH entries show), None for the host's
+    own address. Raises HostNotFound, ValidationFailed(``client_address``) for what is
+    not an IP address or DNS name."""
+    principal.require(Scope.ADMIN)
+    client_address = changes.client_address
+    if isinstance(client_address, str):
+        check_host_name(client_address, "client_address")
+    with ctx.transaction() as session:
+        host = session.get(Host, host_id)
+        if host is None:
+            raise HostNotFound(f"host {host_id} not found", {"host_id": host_id})
+        if not isinstance(client_address, Unchanged) and host.client_address != client_address:
+            host.client_address = client_address
+            host.updated_at = utcnow()
+            session.flush()
+        view = view_of(session, host_id)
+    # Cluster reads show hosts from a brief cache: the new address is shown at once.
+    ctx.references.invalidate()
     return view
 
 

@@ -20,7 +20,13 @@ from gpuyard.core.input_rules import REQUIRED_NAME_PATTERN, check_name
 from gpuyard.core.models import CloudType, whole_floats_as_ints
 from gpuyard.core.network.engine_address import ENGINE_URL_PATTERN, MAX_ENGINE_URL_CHARS
 from gpuyard.core.text import refuse_nul
-from gpuyard.services.fleet.admin import MAX_HOST_GPUS, GpuCount, NewHost
+from gpuyard.services.fleet.admin import (
+    MAX_HOST_GPUS,
+    UNCHANGED,
+    GpuCount,
+    HostChanges,
+    NewHost,
+)
 
 
 class _In(StrictIn):
@@ -132,6 +138,12 @@ class AddHostIn(_In):
         StrictStr | None,
         Field(max_length=253, json_schema_extra={"pattern": r"^[A-Za-z0-9.:-]+$"}),
     ] = None
+    # Where clients reach its published ports when not at ``address`` (a DNS name or
+    # IP address); default: at ``address``.
+    client_address: Annotated[
+        StrictStr | None,
+        Field(max_length=253, json_schema_extra={"pattern": r"^[A-Za-z0-9.:-]+$"}),
+    ] = None
     # Default: the server's own location (GPUYARD_LOCAL_LOCATION).
     location: Annotated[
         StrictStr | None,
@@ -171,6 +183,7 @@ class AddHostIn(_In):
             name=self.name,
             engine_url=self.engine_url,
             address=self.address,
+            client_address=self.client_address,
             location=self.location,
             cloud_type=CloudType(self.cloud_type.upper()),
             gpus=self.gpus,
@@ -178,6 +191,24 @@ class AddHostIn(_In):
             memory_gb=self.memory_gb,
             disk_gb=self.disk_gb,
             engine_tls_dir=self.engine_tls_dir,
+        )
+
+
+class UpdateHostIn(_In):
+    """Settings of a host; a field left out stays as it is."""
+
+    # Where clients reach its published ports (a DNS name or IP address); null: at
+    # the host's ``address``.
+    client_address: Annotated[
+        StrictStr | None,
+        Field(max_length=253, json_schema_extra={"pattern": r"^[A-Za-z0-9.:-]+$"}),
+    ] = None
+
+    def changes(self) -> HostChanges:
+        """The use case's input: only the fields sent."""
+        sent = self.model_fields_set
+        return HostChanges(
+            client_address=self.client_address if "client_address" in sent else UNCHANGED,
         )
 
 
@@ -262,6 +293,9 @@ class HostOut(StrictOut):
     location: str
     cloud_type: str
     address: str
+    # Where clients reach its published ports (what pods' public SSH entries show)
+    # when not at ``address``: a NAT's outside address, a DNS name. Null: at ``address``.
+    client_address: str | None
     # Never carries credentials (a password or query is cut off).
     engine_url: str | None
     # For a tcp:// engine: where its TLS client certificates are on the server.
