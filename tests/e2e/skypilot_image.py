@@ -19,12 +19,15 @@ Everything is kept under the repository's ignored ``.venv-skypilot`` and
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -76,8 +79,22 @@ def _run(cmd: list[str], what: str, timeout_s: float, stdin: IO[bytes] | None = 
     return str(proc.stdout.decode(errors="replace"))
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One builder at a time (two test runs of this checkout share the cache)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def sky_bin() -> Path:
     """SkyPilot's ``sky``, installed into :data:`VENV` on first use."""
+    with _locked():
+        return _sky_bin()
+
+
+def _sky_bin() -> Path:
     sky = VENV / "bin" / "sky"
     stamp = VENV / f".skypilot-{SKYPILOT_VERSION}"
     if sky.exists() and stamp.exists():
@@ -181,9 +198,14 @@ def _customize(root: Path, wheel_dir: Path) -> None:
 
 
 def build_image() -> str:
-    """The pod image's name, built when the engine does not have it yet (about five
-    minutes: debootstrap, then the wheels installed into the rootfs). Needs root,
-    debootstrap, podman and Debian's mirror. Raises BuildFailed."""
+    """The pod image's name, built when the engine does not have it yet (about three
+    minutes: the wheels, debootstrap, then the wheels installed into the rootfs). Needs
+    root, debootstrap, podman, PyPI and Debian's mirror. Raises BuildFailed."""
+    with _locked():
+        return _build_image()
+
+
+def _build_image() -> str:
     wheel_dir = wheels()
     name = image_tag(wheel_dir)
     if _exists(name):
