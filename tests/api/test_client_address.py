@@ -15,7 +15,7 @@ from tests.helpers import LiveServer, account_with_members, v1_error
 
 DEPLOY = (
     'mutation { podFindAndDeployOnDemand(input: {gpuTypeId: "NVIDIA RTX A6000", '
-    'gpuCount: 1, imageName: "busybox", ports: "22/tcp,8265/http"}) { id } }'
+    'gpuCount: 1, imageName: "busybox", ports: "22/tcp,8265/http,9000/tcp"}) { id } }'
 )
 PODS = (
     "query { myself { pods { id desiredStatus runtime { ports { ip isIpPublic privatePort "
@@ -63,6 +63,8 @@ def test_the_ssh_port_is_public_at_the_client_address(srv: LiveServer) -> None:
     # Loopback, yet public: clients connect only to an entry that says so.
     assert ssh["isIpPublic"] is True and ssh["ip"] == "127.0.0.2" and ssh["type"] == "tcp"
     assert ssh["publicPort"] and ssh["publicPort"] != 22
+    # Any published tcp port: where clients reach it.
+    assert ports[9000]["isIpPublic"] is True and ports[9000]["ip"] == "127.0.0.2"
     # The http port: at the container's own address, not public (the proxy's).
     assert http["isIpPublic"] is False and http["type"] == "http"
     assert http["ip"] and http["ip"] not in ("127.0.0.1", "127.0.0.2")

@@ -14,7 +14,6 @@ request, GPU UUIDs through the app's cache.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Awaitable, Iterable
 from datetime import datetime
 from enum import Enum
@@ -237,26 +236,13 @@ class Pod:
         return self._runtime
 
 
-def _is_public(address: str | None) -> bool:
-    if not address:
-        return False
-    try:
-        return ipaddress.ip_address(address).is_global
-    except ValueError:
-        return address != "localhost"
-
-
-SSH_PORT = 22
-
-
 def runtime_ports(d: ClusterDetails) -> list[RuntimePort]:
-    """A running cluster's ports as RunPod lists them: a published tcp port at the
-    address clients reach the host at (its ``client_address``), public when that
-    address is, and always for SSH (private port 22), which clients such as SkyPilot
-    connect to only when it says ``isIpPublic: true``; an http port at the container's
-    own address on its network, ``isIpPublic: false`` (reached through the HTTP
-    proxy, ``proxyUrl``)."""
-    public = _is_public(d.client_address)
+    """A running cluster's ports as RunPod lists them: a published tcp or udp port at
+    the address clients reach the host at (its ``client_address``), ``isIpPublic:
+    true`` even when that address is private or loopback (it is where clients reach
+    the port; clients such as SkyPilot connect to SSH only through such an entry); an
+    http port at the container's own address on its network, ``isIpPublic: false``
+    (reached through the HTTP proxy, ``proxyUrl``)."""
     internal = (d.cluster.runtime_handle or {}).get("address")
     out = []
     for p in d.ports:
@@ -275,8 +261,7 @@ def runtime_ports(d: ClusterDetails) -> list[RuntimePort]:
         out.append(
             RuntimePort(
                 ip=d.client_address,
-                is_ip_public=public
-                or (p.internal_port == SSH_PORT and d.client_address is not None),
+                is_ip_public=d.client_address is not None and p.external_port > 0,
                 private_port=p.internal_port,
                 public_port=p.external_port or None,
                 type=p.protocol,
