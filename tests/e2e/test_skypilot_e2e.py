@@ -13,6 +13,7 @@ api stop``). One test function: it is the slowest of the suite (minutes).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -37,6 +38,7 @@ GPU_TYPE = "NVIDIA RTX A6000"
 # The data centre the pod is asked for: the local host's location.
 ZONE = "GY-LOCAL-1"
 REGION = "US"
+PORTS_QUERY = "query { myself { pods { runtime { ports { ip isIpPublic privatePort type } } } } }"
 GPU_QUERY = """query { gpuTypes(input: {id: "%s"}) { id displayName manufacturer memoryInGb
   securePrice secureSpotPrice lowestPrice(input: {gpuCount: 1}) {
     minVcpu minMemory maxUnreservedGpuCount compliance } } }"""
@@ -222,6 +224,14 @@ def test_skypilot_launches_execs_and_downs_a_pod(
             # SkyPilot names its pod after the cluster's name on the cloud, plus -head.
             assert cluster["name"].startswith(name) and cluster["name"].endswith("-head"), cluster
             assert cluster["status"] == "running" and cluster["gpu_count"] == 1, cluster
+            # What SkyPilot connected through: SSH public on loopback, the http ports at
+            # the container's own address on its network.
+            pods = c.post("/graphql", json={"query": PORTS_QUERY}).json()["data"]["myself"]
+            [ports] = [p["runtime"]["ports"] for p in pods["pods"]]
+            ssh = [p for p in ports if p["privatePort"] == 22]
+            assert [(p["ip"], p["isIpPublic"]) for p in ssh] == [("127.0.0.1", True)], ports
+            internal = {p["ip"] for p in ports if p["type"] == "http"}
+            assert len(internal) == 1 and ipaddress.ip_address(internal.pop()).is_private, ports
 
             again = sky("exec", name, "echo again", timeout=600)
             assert again.returncode == 0, sky.why("sky exec failed")
