@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -122,7 +123,10 @@ class Sky:
             "SKYPILOT_API_SERVER_LOCAL_PORT": str(free_port()),
             "SKYPILOT_DISABLE_USAGE_COLLECTION": "1",
             "SKYPILOT_DEBUG": "0",
+            # Its temporary files under the test's own folder.
+            "TMPDIR": str(home / "tmp"),
         }
+        (home / "tmp").mkdir(parents=True, exist_ok=True)
         self.transcript: list[str] = []
 
     def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -256,3 +260,7 @@ def test_skypilot_launches_execs_and_downs_a_pod(
             while live_clusters(c) and time.monotonic() < deadline:
                 time.sleep(1)
             sky("api", "stop", timeout=120)
+            # SSH's control sockets, which SkyPilot keeps in /tmp by its user's hash.
+            user_hash = home / ".sky" / "user_hash"
+            if user_hash.exists():
+                shutil.rmtree(f"/tmp/sky_ssh_{user_hash.read_text().strip()}", ignore_errors=True)
