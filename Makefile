@@ -4,7 +4,7 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-crash lint unit system venv bench clean docs console-assets
+.PHONY: run test test-crash lint unit system venv bench clean docs console-assets skypilot
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -69,6 +69,11 @@ test: venv docs
 # there with SIGKILL, started again, and checked to converge. `make test` runs a sample.
 test-crash: venv
 	GPUYARD_CRASH_ALL=1 $(VENV)/bin/pytest -q -ra -p no:cacheprovider tests/e2e/test_crash_points_e2e.py
+
+# SkyPilot's client (.venv-skypilot) and its pod image, built offline for
+# tests/e2e/test_skypilot_e2e.py (which builds them itself when missing).
+skypilot: venv
+	$(PY) -m tests.e2e.skypilot_image
 
 bench: venv system
 	$(PY) bench/bench_start_latency.py

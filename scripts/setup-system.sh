@@ -11,6 +11,8 @@ want+=(e2fsprogs util-linux)
 # Training clusters that span hosts: the VXLAN overlay and its guards (runtimes/slurm/overlay.py)
 # use ip/bridge, iptables and nft on every host, this one included.
 want+=(iproute2 iptables nftables)
+# SkyPilot's client (tests/e2e/test_skypilot_e2e.py) copies files to its pods with rsync.
+want+=(rsync)
 # PostgreSQL for the tests; Patroni and etcd for the failover test
 # (tests/e2e/test_database_failover.py starts its own, by hand, on loopback).
 [ "${WITH_POSTGRES:-0}" = 1 ] && want+=(postgresql patroni etcd-server)

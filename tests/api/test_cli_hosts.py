@@ -186,3 +186,17 @@ def test_wait_stops_at_its_deadline_and_once_the_inventory_is_in() -> None:
     now[0] = 0.0
     host, ok = wait_reachable(lambda: never, 3, sleep=sleep, clock=lambda: now[0])
     assert not ok and now[0] == pytest.approx(3.0)
+
+
+def test_hosts_set_changes_the_client_address(srv: LiveServer) -> None:
+    host_id = str(json.loads(run(srv, "hosts", "--json").stdout)["hosts"][0]["id"])
+    result = run(srv, "hosts", "set", host_id, "--client-address", "gpu1.example.org")
+    assert result.exit_code == 0, result.output
+    assert "clients reach it at gpu1.example.org" in result.stdout
+    shown = run(srv, "hosts", "get", host_id)
+    assert "client address" in shown.stdout and "gpu1.example.org" in shown.stdout
+    bad = run(srv, "hosts", "set", host_id, "--client-address", "not an address")
+    assert bad.exit_code != 0 and "client_address" in bad.output
+    back = run(srv, "hosts", "set", host_id, "--client-address", "", "--json")
+    assert back.exit_code == 0 and json.loads(back.stdout)["client_address"] is None
+    assert run(srv, "hosts", "set", host_id).exit_code != 0  # nothing to change

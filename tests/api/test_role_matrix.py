@@ -169,6 +169,7 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", ACC + "/credits"): {"amount": 1, "note": "top-up"},
     ("POST", "/v1/images"): {"name": "i", "version": "9", "image": "docker.io/library/ubuntu:2"},
     ("POST", "/v1/hosts"): {"name": "h9", "engine_url": "tcp://203.0.113.9:2375"},
+    ("PATCH", "/v1/hosts/{host_id}"): {"client_address": "203.0.113.7"},
 }
 # Real ids a refused role names, where the table's default would be one it may touch
 # anyway (a member may remove their own membership): another member's.

@@ -8,13 +8,14 @@ import pytest
 from sqlalchemy import select
 
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.core.models import CloudType
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.services.billing import spot
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
-from gpuyard.store.schema import GpuAllocation
+from gpuyard.store.schema import GpuAllocation, Host
 from gpuyard.testing.fake_runtime import FakeRuntime
 
 A = "NVIDIA RTX A6000"  # the test host has 4, spot floor 0.20 (secure)
@@ -145,3 +146,28 @@ def test_winner_waits_until_the_preempted_container_is_gone(
     rec.driver.drive(boss.id)
     assert low.id not in runtime.containers
     assert uc.get_cluster(ctx, alice, boss.id).status == "running"
+
+
+def test_lowest_price_capacity_fields(ctx: Context, alice: Principal, rec: Reconciler) -> None:
+    """What RunPod catalog fetchers read: the default size on a host it fits on, the
+    free GPUs of the best such host, and the fleet's count of the type."""
+    free = spot.lowest_price(ctx, A, 2)
+    assert (free.min_vcpu, free.min_memory_gb) == (spot.DEFAULT_VCPUS, spot.DEFAULT_MEMORY_GB)
+    assert free.max_unreserved_gpu_count == 4
+    assert (free.total_count, free.rented_count) == (4, 0)
+    settle(rec, uc.create_cluster(ctx, alice, spot_body(3, None)).id)
+    held = spot.lowest_price(ctx, A, 2)
+    assert held.min_vcpu is None and held.max_unreserved_gpu_count == 0
+    assert (held.total_count, held.rented_count) == (4, 3)
+    one = spot.lowest_price(ctx, A, 1)
+    assert one.min_vcpu == spot.DEFAULT_VCPUS and one.max_unreserved_gpu_count == 1
+    # Another cloud type's hosts are not counted.
+    community = spot.lowest_price(ctx, A, 1, CloudType.COMMUNITY)
+    assert community.total_count == 0 and community.min_vcpu is None
+    # A cordoned host takes no cluster: nothing qualifies.
+    with ctx.transaction() as s:
+        for host in s.scalars(select(Host)):
+            host.status = "cordoned"
+    cordoned = spot.lowest_price(ctx, A, 1)
+    assert cordoned.min_vcpu is None and cordoned.max_unreserved_gpu_count == 0
+    assert cordoned.total_count == 0

@@ -130,6 +130,7 @@ def _describe(host: JSON) -> str:
             ("last heartbeat", _ago(host.get("last_heartbeat_at"))),
             ("engine", _engine_cell(host)),
             ("address", host.get("address")),
+            ("client address", host.get("client_address") or "(its address)"),
             ("location", host.get("location")),
             ("cloud", host.get("cloud_type")),
             ("local", host.get("is_local")),
@@ -203,6 +204,11 @@ def wait_reachable(
     default=None,
     help="Where users reach published ports (default: the engine URL's host).",
 )
+@click.option(
+    "--client-address",
+    default=None,
+    help="Where clients reach published ports when not at --address (IP or DNS name).",
+)
 @click.option("--location", default=None, help="Location / data centre (default: the server's).")
 @click.option(
     "--cloud-type",
@@ -243,6 +249,7 @@ def add(
     name: str,
     engine_url: str,
     address: str | None,
+    client_address: str | None,
     location: str | None,
     cloud_type: str | None,
     gpus: str | None,
@@ -262,6 +269,7 @@ def add(
     body: dict[str, Any] = {"name": name, "engine_url": engine_url}
     optional = {
         "address": address,
+        "client_address": client_address,
         "location": location,
         "cloud_type": cloud_type.lower() if cloud_type else None,
         "gpus": gpus,
@@ -329,6 +337,33 @@ def get(host_id: int, url: str | None, api_key: str | None, as_json: bool) -> No
         print_json(host)
         return
     click.echo(_describe(host))
+
+
+@hosts.command("set")
+@click.argument("host_id", type=click.IntRange(min=1))
+@click.option(
+    "--client-address",
+    default=None,
+    help="Where clients reach the host's published ports (IP or DNS name); '' for its own address.",
+)
+@api_options
+def set_settings(
+    host_id: int, client_address: str | None, url: str | None, api_key: str | None, as_json: bool
+) -> None:
+    """Change a host's settings; what is not given stays as it is."""
+    body: dict[str, Any] = {}
+    if client_address is not None:
+        body["client_address"] = client_address or None
+    if not body:
+        raise click.UsageError("nothing to change: give --client-address")
+    call = make_call(url, api_key, as_json)
+    with call.client as client:
+        host = client.update_host(host_id, body)
+    if call.as_json:
+        print_json(host)
+        return
+    shown = host.get("client_address") or f"its address ({host.get('address')})"
+    click.echo(f"host {host['id']} ({host.get('name')}): clients reach it at {shown}")
 
 
 def _status_command(name: str, verb: str, doc: str) -> click.Command:

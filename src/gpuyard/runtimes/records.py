@@ -97,6 +97,9 @@ class Observed:
     exit_code: int | None = None
     error: str | None = None
     started_at: str | None = None
+    # The container's address on its network (where other containers there reach
+    # it); None when the engine does not say.
+    address: str | None = None
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ class FakeContainer:
     log_stamps: list[int] = field(default_factory=list)
     # The installation id it is labelled with (None: unlabelled, somebody else's).
     owner: str | None = None
+    # Its address on its network (what an engine's inspect answers).
+    address: str | None = None
 
 
 @dataclass
@@ -344,7 +346,12 @@ class FakeRuntime:
             self._seq += 1
             cid = f"fake{self._seq:060d}"
             # Replacing drops the old container and its disk, as a real engine does.
-            self.containers[spec.cluster_id] = FakeContainer(id=cid, spec=spec, owner=owner)
+            self.containers[spec.cluster_id] = FakeContainer(
+                id=cid,
+                spec=spec,
+                owner=owner,
+                address=f"10.88.{self._seq // 250 % 250}.{self._seq % 250 + 2}",
+            )
             return cid
 
     def start(self, cluster_id: str) -> None:
@@ -429,6 +436,7 @@ class FakeRuntime:
                 exit_code=c.exit_code,
                 error=c.error,
                 started_at=c.started_at,
+                address=c.address,
             )
 
     def list_managed(self) -> list[ManagedContainer]:

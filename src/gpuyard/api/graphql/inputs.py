@@ -195,6 +195,9 @@ class GpuLowestPriceInput:
     cuda_version: str | None = None
     allowed_cuda_versions: list[str | None] | None = None
     global_network: bool | None = None
+    # Accepted as RunPod's clients send them; no host has a known certification.
+    compliance: list[str | None] | None = None
+    include_ai_api: bool | None = None
 
 
 # CreateCluster's fields by the GraphQL input fields that set them (for error paths).

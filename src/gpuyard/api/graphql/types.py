@@ -14,7 +14,6 @@ request, GPU UUIDs through the app's cache.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Awaitable, Iterable
 from datetime import datetime
 from enum import Enum
@@ -243,13 +242,38 @@ class Pod:
         return self._runtime
 
 
-def _is_public(address: str | None) -> bool:
-    if not address:
-        return False
-    try:
-        return ipaddress.ip_address(address).is_global
-    except ValueError:
-        return address != "localhost"
+def runtime_ports(d: ClusterDetails) -> list[RuntimePort]:
+    """A running cluster's ports as RunPod lists them: a published tcp or udp port at
+    the address clients reach the host at (its ``client_address``), ``isIpPublic:
+    true`` even when that address is private or loopback (it is where clients reach
+    the port; clients such as SkyPilot connect to SSH only through such an entry); an
+    http port at the container's own address on its network, ``isIpPublic: false``
+    (reached through the HTTP proxy, ``proxyUrl``)."""
+    internal = (d.cluster.runtime_handle or {}).get("address")
+    out = []
+    for p in d.ports:
+        if p.protocol == "http":
+            out.append(
+                RuntimePort(
+                    ip=internal,
+                    is_ip_public=False,
+                    private_port=p.internal_port,
+                    public_port=p.external_port or None,
+                    type=p.protocol,
+                    proxy_url=proxy_url(d, p.internal_port),
+                )
+            )
+            continue
+        out.append(
+            RuntimePort(
+                ip=d.client_address,
+                is_ip_public=d.client_address is not None and p.external_port > 0,
+                private_port=p.internal_port,
+                public_port=p.external_port or None,
+                type=p.protocol,
+            )
+        )
+    return out
 
 
 def pod_from(d: ClusterDetails, now: datetime) -> Pod:
@@ -277,20 +301,9 @@ def pod_from(d: ClusterDetails, now: datetime) -> Pod:
             _host_id=c.host_id,
         )
     if running:
-        public = _is_public(d.host_address)
         runtime = PodRuntime(
             uptime_in_seconds=uptime,
-            ports=[
-                RuntimePort(
-                    ip=d.host_address,
-                    is_ip_public=public,
-                    private_port=p.internal_port,
-                    public_port=p.external_port or None,
-                    type=p.protocol,
-                    proxy_url=proxy_url(d, p.internal_port) if p.protocol == "http" else None,
-                )
-                for p in d.ports
-            ],
+            ports=runtime_ports(d),
             _cluster_id=c.id,
             _host_id=c.host_id,
             _gpu_indices=tuple(c.gpu_indices),
@@ -347,11 +360,37 @@ def _network_volume(d: ClusterDetails) -> NetworkVolume | None:
 
 @strawberry.type
 class LowestPrice:
+    gpu_name: str | None = strawberry.field(description="The GPU type's display name")
+    gpu_type_id: str | None
     minimum_bid_price: float | None = strawberry.field(
         description="The bid that would win gpuCount GPUs now; null when none can"
     )
     uninterruptable_price: float | None
+    min_memory: int | None = strawberry.field(
+        description="GB of memory a cluster of gpuCount GPUs gets by default on a host "
+        "it fits on now; null when none has room"
+    )
+    min_vcpu: int | None = strawberry.field(
+        description="vCPUs a cluster of gpuCount GPUs gets by default on a host it fits "
+        "on now; null when none has room"
+    )
+    rental_percentage: float | None = strawberry.field(
+        description="rentedCount / totalCount (0 to 1); null without GPUs of the type"
+    )
+    rented_count: int = strawberry.field(description="GPUs of the type held now")
+    total_count: int = strawberry.field(description="GPUs of the type on hosts taking clusters")
     stock_status: str | None = strawberry.field(description="High, Medium, Low or null")
+    min_download: int | None = strawberry.field(description="Not measured: null")
+    min_disk: int | None = strawberry.field(description="The minDisk asked (null: none)")
+    min_upload: int | None = strawberry.field(description="Not measured: null")
+    country_code: str | None = strawberry.field(description="The countryCode asked")
+    support_public_ip: bool | None = strawberry.field(description="Not known: null")
+    compliance: list[str] = strawberry.field(
+        description="Compliance certifications of the hosts: none known (empty)"
+    )
+    max_unreserved_gpu_count: int = strawberry.field(
+        description="Free GPUs of the type on the best host a cluster of gpuCount fits on"
+    )
     available_gpu_counts: list[int]
 
 
@@ -383,10 +422,25 @@ class GpuType:
         )
         gctx = info.context
         view = spot.lowest_price(gctx.ctx, self._info, count, cloud, market=gctx.market())
+        total = view.total_count
         return LowestPrice(
+            gpu_name=self.display_name,
+            gpu_type_id=self.id,
             minimum_bid_price=view.minimum_bid_price,
             uninterruptable_price=view.uninterruptable_price,
+            min_memory=view.min_memory_gb,
+            min_vcpu=view.min_vcpu,
+            rental_percentage=round(view.rented_count / total, 4) if total else None,
+            rented_count=view.rented_count,
+            total_count=total,
             stock_status=view.stock_status,
+            min_download=None,
+            min_disk=input.min_disk if input is not None else None,
+            min_upload=None,
+            country_code=input.country_code if input is not None else None,
+            support_public_ip=None,
+            compliance=[],
+            max_unreserved_gpu_count=view.max_unreserved_gpu_count,
             available_gpu_counts=list(view.available_gpu_counts),
         )
 
@@ -443,7 +497,9 @@ class User:
     def pod_templates(self, info: Info) -> list[PodTemplate]:
         return pod_templates(info.context)
 
-    @strawberry.field(description="The account's clusters (not terminated), newest first.")
+    @strawberry.field(
+        description="The account's clusters (not terminated or being terminated), newest first."
+    )
     async def clusters(self, info: Info) -> list[Pod]:
         return await listed_pods(info)
 
@@ -459,13 +515,18 @@ class User:
 
 
 async def listed_pods(info: Info) -> list[Pod]:
-    """The caller's clusters as pods. When the selection asks for container stats, every
-    running pod's are fetched first, in one batch (the stats loader: concurrent engine
-    calls through the shared cache), so no pod waits on its own."""
+    """The caller's clusters as pods (not those being terminated). When the selection
+    asks for container stats, every running pod's are fetched first, in one batch (the
+    stats loader: concurrent engine calls through the shared cache), so no pod waits on
+    its own."""
     require(info.context, Permission.READ_RESOURCES)
     gctx = info.context
     now = gctx.ctx.clock.now()
-    pods = [pod_from(d, now) for d in gctx.clusters()]
+    # A terminated pod leaves RunPod's list at once: one being terminated is not
+    # listed either (clients such as SkyPilot know no status for it).
+    pods = [
+        pod_from(d, now) for d in gctx.clusters() if d.cluster.status != ClusterStatus.TERMINATING
+    ]
     if _selects(info.selected_fields, "container"):
         await gctx.prefetch_stats([p._runtime._stats_key for p in pods if p._runtime])
     return pods

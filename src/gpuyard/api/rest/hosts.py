@@ -136,14 +136,12 @@ def update_one(
     request: Request,
     principal: Principal = Depends(current_principal),
 ) -> JSONResponse:
-    """Change a host: ``cuda_version``, its CUDA driver version where NVML cannot tell
-    it (declared GPUs; null: back to what is discovered). Only the fields sent apply
-    (admin). 404 HOST_NOT_FOUND."""
-    ctx = app_state(request).ctx
-    if "cuda_version" in body.model_fields_set:
-        view = host_admin.set_cuda_version(ctx, principal, host_id, body.cuda_version)
-    else:
-        view = get_host(ctx, principal, host_id)
+    """Change a host's settings (admin); fields left out stay as they are:
+    ``client_address``, where clients reach its published ports when not at its
+    ``address`` (a NAT's outside address, a DNS name; pods' public SSH entries show it),
+    null for its own address; ``cuda_version``, its CUDA driver version where NVML
+    cannot tell it (declared GPUs), null for what is discovered. 404 HOST_NOT_FOUND."""
+    view = host_admin.update_host(app_state(request).ctx, principal, host_id, body.changes())
     return ok(_render(request, view))
 
 

@@ -440,6 +440,8 @@ class ClusterDriver:
                 seconds = max(0.0, (now - started).total_seconds())
                 session.add(StartupSample(seconds=seconds, created_at=now))
 
+        # Where containers of its network reach it (RunPod's internal port address).
+        handle = {**(c.runtime_handle or {}), "address": seen.address}
         self.records.transition(
             c,
             ClusterStatus.RUNNING,
@@ -447,6 +449,7 @@ class ClusterDriver:
             also=record_sample,
             startup_step=STEP_READY,
             started_at=now,
+            runtime_handle=handle,
         )
 
     def _stop(self, c: Cluster) -> None:
@@ -620,6 +623,8 @@ class ClusterDriver:
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
             container_id = self.runtime_of(c.host_id).create(self.specs.build(c))
             self.runtime_of(c.host_id).start(c.id)
+            # A new container: a new address on its network.
+            address = self.runtime_of(c.host_id).observe(c.id).address
         except GpuyardError as exc:
             # Counted as one more failure on the next look. The engine's words stay with
             # the cluster (its events), out of the server log.
@@ -634,5 +639,5 @@ class ClusterDriver:
             restarts=number,
             last_restart_at=now,
             next_restart_at=None,
-            runtime_handle={"container_id": container_id},
+            runtime_handle={"container_id": container_id, "address": address},
         )

@@ -592,6 +592,7 @@ class DockerEngineRuntime:
             exit_code=int(exit_code) if exit_code is not None else None,
             error=str(error) if error else None,
             started_at=started_at,
+            address=_network_address(info),
         )
 
     def list_managed(self) -> list[ManagedContainer]:
@@ -739,3 +740,14 @@ def _split_image(image: str) -> tuple[str, str | None]:
     if colon > slash:
         return image[:colon], image[colon + 1 :]
     return image, "latest"
+
+
+def _network_address(info: dict[str, Any]) -> str | None:
+    """The container's IP address on its (first) network, from an inspect answer."""
+    settings = info.get("NetworkSettings") or {}
+    for network in (settings.get("Networks") or {}).values():
+        address = (network or {}).get("IPAddress")
+        if address:
+            return str(address)
+    address = settings.get("IPAddress")
+    return str(address) if address else None

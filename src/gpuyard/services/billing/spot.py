@@ -8,9 +8,10 @@ from gpuyard.core.billing import spot
 from gpuyard.core.billing.pricing import gpu_price, spot_floor
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity, ResourceRequest
+from gpuyard.core.placement import fits, free_resources
 from gpuyard.services.capacity.placement import load_holders
 from gpuyard.services.catalog.gpu_types import find_gpu_type
-from gpuyard.services.clusters.requests import StartCluster
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.clusters.use_cases import StartResult, start_cluster
 from gpuyard.services.context import Context
 from gpuyard.services.fleet.hosts import capacities
@@ -20,12 +21,27 @@ from gpuyard.services.tenancy.auth import Principal
 OFFERED_COUNTS = (1, 2, 4, 8)
 
 
+# What a cluster gets unless it asks for more (the create body's defaults).
+DEFAULT_VCPUS: int = CreateCluster.model_fields["cpu_cores"].default
+DEFAULT_MEMORY_GB: int = CreateCluster.model_fields["memory_gb"].default
+
+
 @dataclass(frozen=True)
 class LowestPrice:
     minimum_bid_price: float | None
     uninterruptable_price: float
     stock_status: str | None
     available_gpu_counts: list[int]
+    # What a cluster of gpu_count GPUs gets by default on a host it fits on now;
+    # None when none does.
+    min_vcpu: int | None = None
+    min_memory_gb: int | None = None
+    # Free GPUs of the type on the host with the most (of the hosts it fits on).
+    max_unreserved_gpu_count: int = 0
+    # GPUs of the type on hosts that take clusters (of the cloud type), and how many
+    # of them are held.
+    total_count: int = 0
+    rented_count: int = 0
 
 
 def bid_resume_cluster(
@@ -85,6 +101,24 @@ def lowest_price(
         gpu_type=gpu.id, gpu_count=gpu_count, vcpus=1, memory_gb=1, disk_gb=0, cloud_type=cloud_type
     )
     free = spot.free_gpu_counts(market.hosts, gpu.id, ratios)
+    offered = [
+        h
+        for h in market.hosts
+        if h.takes_placements and (cloud_type == CloudType.ALL or h.cloud_type == cloud_type)
+    ]
+    default = ResourceRequest(
+        gpu_type=gpu.id,
+        gpu_count=gpu_count,
+        vcpus=DEFAULT_VCPUS,
+        memory_gb=DEFAULT_MEMORY_GB,
+        disk_gb=0,
+        cloud_type=cloud_type,
+    )
+    qualifying = [h for h in offered if fits(h, default, ratios)]
+    of_type = [g for h in offered for g in h.gpus if g.gpu_type == gpu.id]
+    held = sum(
+        1 for h in offered for g in h.gpus if g.gpu_type == gpu.id and g.index in h.used_gpu_indices
+    )
     return LowestPrice(
         minimum_bid_price=spot.minimum_bid(
             market.hosts, market.holders, request, spot_floor(gpu, cloud_type), ratios
@@ -92,6 +126,13 @@ def lowest_price(
         uninterruptable_price=gpu_price(gpu, cloud_type),
         stock_status=_stock(free),
         available_gpu_counts=[n for n in OFFERED_COUNTS if n <= free],
+        min_vcpu=DEFAULT_VCPUS if qualifying else None,
+        min_memory_gb=DEFAULT_MEMORY_GB if qualifying else None,
+        max_unreserved_gpu_count=max(
+            (free_resources(h, ratios)["gpus"].get(gpu.id, 0) for h in qualifying), default=0
+        ),
+        total_count=len(of_type),
+        rented_count=held,
     )
 
 

@@ -34,6 +34,9 @@ class HostRef:
     reachable: bool = True
     status: str = "active"
     is_local: bool = True
+    # Where clients reach its published ports when not at ``address`` (operator's
+    # setting); None: at ``address``.
+    client_address: str | None = None
 
 
 class ReferenceCache:
@@ -65,6 +68,7 @@ class ReferenceCache:
                 r.unreachable_since is None,
                 r.status,
                 r.is_local,
+                r.client_address,
             )
             for r in db.execute(
                 select(
@@ -76,6 +80,7 @@ class ReferenceCache:
                     Host.unreachable_since,
                     Host.status,
                     Host.is_local,
+                    Host.client_address,
                 )
             )
         }

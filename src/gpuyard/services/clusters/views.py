@@ -54,6 +54,9 @@ class ClusterDetails:
     host_name: str | None
     host_location: str | None
     host_address: str | None
+    # What clients reach the host's published ports at: the host's ``client_address``
+    # when the operator set one, else ``host_address``.
+    client_address: str | None
     gpu_source: str | None
     gpu_display_name: str | None
     ports: tuple[AssignedPort, ...]
@@ -211,6 +214,11 @@ def details(
     for c in clusters:
         host = hosts.get(c.host_id) if c.host_id is not None else None
         gpu = gpus.get(c.gpu_type) if c.gpu_type else None
+        host_address = (
+            host.address
+            if host and not host.is_local
+            else ctx.settings.public_address or (host.address if host else None)
+        )
         eta = None
         if startup is not None and c.start_initiated_at and c.status in _STARTING:
             eta = c.start_initiated_at + timedelta(seconds=startup)
@@ -221,11 +229,8 @@ def details(
                 host_location=host.location if host else None,
                 # A remote host is reached at its own address; this machine at the
                 # operator's public address when set.
-                host_address=(
-                    host.address
-                    if host and not host.is_local
-                    else ctx.settings.public_address or (host.address if host else None)
-                ),
+                host_address=host_address,
+                client_address=(host.client_address if host else None) or host_address,
                 gpu_source=host.gpu_source if host else None,
                 gpu_display_name=gpu.display_name if gpu else None,
                 ports=tuple(

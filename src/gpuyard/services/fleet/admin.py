@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,8 @@ class NewHost:
     name: str
     engine_url: str
     address: str | None = None
+    # Where clients reach its published ports when not at ``address``.
+    client_address: str | None = None
     location: str | None = None
     cloud_type: CloudType = CloudType.SECURE
     gpus: tuple[GpuCount, ...] | None = None
@@ -171,6 +174,8 @@ def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
     tls_dir = check_tls_dir(engine, spec.engine_tls_dir)
     if spec.address is not None:
         check_host_name(spec.address, "address")
+    if spec.client_address is not None:
+        check_host_name(spec.client_address, "client_address")
     declared = [
         f
         for f, value in (
@@ -203,6 +208,7 @@ def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
             location=spec.location or ctx.settings.local_location,
             cloud_type=spec.cloud_type.value,
             address=spec.address or _default_address(session, engine),
+            client_address=spec.client_address,
             engine_url=spec.engine_url,
             engine_tls_dir=tls_dir,
             vcpus=spec.vcpus or 0,
@@ -229,6 +235,70 @@ def add_host(ctx: Context, principal: Principal, spec: NewHost) -> HostView:
     return view
 
 
+class Unchanged(Enum):
+    """A setting left as it is (None means "unset" for optional settings)."""
+
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = Unchanged.UNCHANGED
+
+
+@dataclass(frozen=True)
+class HostChanges:
+    """Settings of a host to change; :data:`UNCHANGED` leaves one as it is."""
+
+    # Where clients reach its published ports (an IP or DNS name); None: at its address.
+    client_address: str | Unchanged | None = UNCHANGED
+    # The CUDA driver version the operator declares ("12.4", its form checked by the
+    # caller); None: back to what is discovered (NVML, nvidia-smi), unknown until then.
+    cuda_version: str | Unchanged | None = UNCHANGED
+
+
+def update_host(ctx: Context, principal: Principal, host_id: int, changes: HostChanges) -> HostView:
+    """(Admin.) Change a host's settings, in one transaction: ``client_address``, the
+    address clients reach its published ports at (what pods' public SSH entries show),
+    None for the host's own address; ``cuda_version``, which placement compares with
+    clusters' ``min_cuda_version``. Raises HostNotFound, ValidationFailed
+    (``client_address``) for what is not an IP address or DNS name."""
+    principal.require(Scope.ADMIN)
+    client_address, cuda_version = changes.client_address, changes.cuda_version
+    if isinstance(client_address, str):
+        check_host_name(client_address, "client_address")
+    with ctx.transaction() as session:
+        lock_placement(session)
+        host = session.get(Host, host_id)
+        if host is None:
+            raise HostNotFound(f"host {host_id} not found", {"host_id": host_id})
+        changed = False
+        if not isinstance(client_address, Unchanged) and host.client_address != client_address:
+            host.client_address = client_address
+            changed = True
+        if not isinstance(cuda_version, Unchanged):
+            declared = [f for f in host.declared or () if f != "cuda_version"]
+            if cuda_version is not None:
+                declared.append("cuda_version")
+            host.declared = declared
+            host.cuda_version = cuda_version
+            changed = True
+        if changed:
+            host.updated_at = utcnow()
+            session.flush()
+        view = view_of(session, host_id)
+    # Cluster reads show hosts from a brief cache: the new settings are shown at once.
+    ctx.references.invalidate()
+    if not isinstance(cuda_version, Unchanged):
+        ctx.wake()  # clusters waiting for a host of that version may be placed now
+    return view
+
+
+def set_cuda_version(
+    ctx: Context, principal: Principal, host_id: int, cuda_version: str | None
+) -> HostView:
+    """(Admin.) :func:`update_host` of the CUDA version alone."""
+    return update_host(ctx, principal, host_id, HostChanges(cuda_version=cuda_version))
+
+
 def _set_status(ctx: Context, host_id: int, decide: Callable[[HostStatus], HostStatus]) -> HostView:
     """Set the host's status to ``decide(current)``. Raises HostNotFound."""
     with ctx.transaction() as session:
@@ -242,32 +312,6 @@ def _set_status(ctx: Context, host_id: int, decide: Callable[[HostStatus], HostS
             host.updated_at = utcnow()
             session.flush()
         view = view_of(session, host_id)
-    ctx.wake()
-    return view
-
-
-def set_cuda_version(
-    ctx: Context, principal: Principal, host_id: int, cuda_version: str | None
-) -> HostView:
-    """(Admin.) Declare the host's CUDA driver version (placement compares clusters'
-    ``min_cuda_version`` with it), for hosts whose GPUs are declared; None: back to
-    what is discovered (NVML, nvidia-smi), unknown until then. The version's form is
-    the caller's to check (``^\\d+(\\.\\d+)?$``). Raises HostNotFound."""
-    principal.require(Scope.ADMIN)
-    with ctx.transaction() as session:
-        lock_placement(session)
-        host = session.get(Host, host_id)
-        if host is None:
-            raise HostNotFound(f"host {host_id} not found", {"host_id": host_id})
-        declared = [f for f in host.declared or () if f != "cuda_version"]
-        if cuda_version is not None:
-            declared.append("cuda_version")
-        host.declared = declared
-        host.cuda_version = cuda_version
-        host.updated_at = utcnow()
-        session.flush()
-        view = view_of(session, host_id)
-    ctx.references.invalidate()
     ctx.wake()
     return view
 

@@ -66,6 +66,8 @@ class HostView:
     location: str
     cloud_type: str
     address: str
+    # Where clients reach its published ports when not at ``address``; None: there.
+    client_address: str | None
     engine_url: str | None
     engine_tls_dir: str | None
     engine_name: str | None
@@ -162,6 +164,7 @@ def _views(session: Session, hosts: Sequence[Host]) -> list[HostView]:
                 location=h.location,
                 cloud_type=h.cloud_type,
                 address=h.address,
+                client_address=h.client_address,
                 engine_url=h.engine_url,
                 engine_tls_dir=h.engine_tls_dir,
                 engine_name=h.engine_name,

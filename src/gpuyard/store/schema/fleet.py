@@ -41,6 +41,9 @@ class Host(Base):
     location: Mapped[str] = mapped_column(String(100))
     cloud_type: Mapped[str] = mapped_column(String(20))
     address: Mapped[str] = mapped_column(String(200))
+    # Where clients reach the host's published ports when not at ``address`` (a NAT's
+    # outside address, a DNS name); None: at ``address``. Set by the operator.
+    client_address: Mapped[str | None] = mapped_column(String(253))
     engine_url: Mapped[str | None] = mapped_column(String(500))
     vcpus: Mapped[int] = mapped_column(Integer)
     memory_gb: Mapped[int] = mapped_column(Integer)

@@ -20,7 +20,13 @@ from gpuyard.core.input_rules import CUDA_VERSION_PATTERN, REQUIRED_NAME_PATTERN
 from gpuyard.core.models import CloudType, whole_floats_as_ints
 from gpuyard.core.network.engine_address import ENGINE_URL_PATTERN, MAX_ENGINE_URL_CHARS
 from gpuyard.core.text import refuse_nul
-from gpuyard.services.fleet.admin import MAX_HOST_GPUS, GpuCount, NewHost
+from gpuyard.services.fleet.admin import (
+    MAX_HOST_GPUS,
+    UNCHANGED,
+    GpuCount,
+    HostChanges,
+    NewHost,
+)
 
 
 class _In(StrictIn):
@@ -132,6 +138,12 @@ class AddHostIn(_In):
         StrictStr | None,
         Field(max_length=253, json_schema_extra={"pattern": r"^[A-Za-z0-9.:-]+$"}),
     ] = None
+    # Where clients reach its published ports when not at ``address`` (a DNS name or
+    # IP address); default: at ``address``.
+    client_address: Annotated[
+        StrictStr | None,
+        Field(max_length=253, json_schema_extra={"pattern": r"^[A-Za-z0-9.:-]+$"}),
+    ] = None
     # Default: the server's own location (GPUYARD_LOCAL_LOCATION).
     location: Annotated[
         StrictStr | None,
@@ -176,6 +188,7 @@ class AddHostIn(_In):
             name=self.name,
             engine_url=self.engine_url,
             address=self.address,
+            client_address=self.client_address,
             location=self.location,
             cloud_type=CloudType(self.cloud_type.upper()),
             gpus=self.gpus,
@@ -188,13 +201,28 @@ class AddHostIn(_In):
 
 
 class UpdateHostIn(_In):
-    """Changes to a host: only the fields sent apply."""
+    """Settings of a host; a field left out stays as it is."""
 
     # The CUDA driver version ("12.4") the operator declares; null: back to what is
     # discovered (unknown until then).
     cuda_version: Annotated[
         StrictStr | None, Field(max_length=16, pattern=CUDA_VERSION_PATTERN)
     ] = None
+
+    # Where clients reach its published ports (a DNS name or IP address); null: at
+    # the host's ``address``.
+    client_address: Annotated[
+        StrictStr | None,
+        Field(max_length=253, json_schema_extra={"pattern": r"^[A-Za-z0-9.:-]+$"}),
+    ] = None
+
+    def changes(self) -> HostChanges:
+        """The use case's input: only the fields sent."""
+        sent = self.model_fields_set
+        return HostChanges(
+            client_address=self.client_address if "client_address" in sent else UNCHANGED,
+            cuda_version=self.cuda_version if "cuda_version" in sent else UNCHANGED,
+        )
 
 
 # -- answers ------------------------------------------------------------------------------
@@ -278,6 +306,9 @@ class HostOut(StrictOut):
     location: str
     cloud_type: str
     address: str
+    # Where clients reach its published ports (what pods' public SSH entries show)
+    # when not at ``address``: a NAT's outside address, a DNS name. Null: at ``address``.
+    client_address: str | None
     # Never carries credentials (a password or query is cut off).
     engine_url: str | None
     # For a tcp:// engine: where its TLS client certificates are on the server.
