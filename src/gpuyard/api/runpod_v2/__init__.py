@@ -13,9 +13,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gpuyard.api.http.problems import RUNPOD_V2_PREFIX
+from gpuyard.api.runpod_v2 import pods
 
 
 def build_router() -> APIRouter:
     """Every v2 route, under ``RUNPOD_V2_PREFIX``."""
     router = APIRouter(prefix=RUNPOD_V2_PREFIX)
+    router.include_router(pods.router)
     return router
