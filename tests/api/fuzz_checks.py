@@ -75,6 +75,35 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     ("PATCH", "/v1/networkvolumes/{network_volume_id}"): frozenset({"size"}),
     # since is a time (a pattern cannot rule out 2026-02-30), cursors are parsed.
     ("GET", "/v1/clusters/{cluster_id}/logs"): frozenset({"since", "after", "Last-Event-ID"}),
+    # RunPod v2's create (api/runpod_v2/pod_requests.py): the catalog's GPU types, the
+    # installation's locations, network volumes, templates and registry credentials;
+    # the host port range and registry allow-list settings; env names and commands
+    # parsed; rules across fields (gpu or cpu, one volume, args or cmd, one bid); and
+    # INSUFFICIENT_CAPACITY, which RunPod answers with a 400 naming gpu/dataCenterIds.
+    ("POST", "/runpod/v2/pods"): frozenset(
+        {
+            "gpu",
+            "cpu",
+            "image",
+            "ports",
+            "env",
+            "dataCenterIds",
+            "mounts",
+            "templateId",
+            "registry",
+            "interruptible",
+            "bid",
+            "bidPerGpu",
+            "cmd",
+            "args",
+            "entrypoint",
+            "globalNetworking",
+        }
+    ),
+    # A cursor is parsed and bound to its filters (and needs a limit).
+    ("GET", "/runpod/v2/pods"): frozenset({"cursor"}),
+    # since is a time; Last-Event-ID a cursor or a time.
+    ("GET", "/runpod/v2/pods/{pod_id}/logs"): frozenset({"since", "Last-Event-ID"}),
     # Location, image, keys, plan, GPU type and group must exist in the installation.
     ("POST", "/distributed_jobs_v2/cluster/"): frozenset(
         {
@@ -91,9 +120,13 @@ _ROOT = re.compile(r"[^.\[]+")
 
 
 def _field(body: Any) -> str | None:
-    """The field a 400 names, in the v1 envelope or seed 002's."""
+    """The field a 400 names, in the v1 envelope, seed 002's or an RFC 9457 problem
+    (/runpod/v2: ``errors`` as ``"field: message"``)."""
     if not isinstance(body, dict):
         return None
+    if isinstance(body.get("code"), str) and isinstance(body.get("errors"), list):
+        listed = body["errors"]
+        return str(listed[0]).split(": ", 1)[0] if listed else None
     error = body.get("error") if "error" in body else body.get("errors")
     if not isinstance(error, dict):
         return None
@@ -104,9 +137,11 @@ def _field(body: Any) -> str | None:
 
 
 def _code(body: Any) -> str | None:
-    """The error code of a v1 or seed 002 error body."""
+    """The error code of a v1, seed 002 or RFC 9457 problem body."""
     if not isinstance(body, dict):
         return None
+    if isinstance(body.get("code"), str):
+        return str(body["code"])
     error = body.get("error") if "error" in body else body.get("errors")
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, str) else None

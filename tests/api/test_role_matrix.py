@@ -73,6 +73,8 @@ _RESOURCES = (
     "/v1/security-groups",
     "/v1/templates",
     "/distributed_jobs_v2/cluster",
+    # RunPod's REST v2 pods: gpuyard's clusters under RunPod's v2 paths.
+    "/runpod/v2/pods",
 )
 ACC = "/v1/accounts/{account_id}"
 EXPECTED: dict[tuple[str, str], str] = {
@@ -184,7 +186,12 @@ class World:
 
 
 # Ids of nothing, by path parameter name (the default: an integer id).
-MISSING: dict[str, Any] = {"cluster_id": "nocluster0000", "token": "gyi_nothing", "port": 8888}
+MISSING: dict[str, Any] = {
+    "cluster_id": "nocluster0000",
+    "pod_id": "nocluster0000",
+    "token": "gyi_nothing",
+    "port": 8888,
+}
 
 
 def seed_tenant(srv: LiveServer, name: str) -> Tenant:
@@ -254,6 +261,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "account_id": a.account_id,
             "project_id": a.project_id,
             "cluster_id": cluster["id"],
+            "pod_id": cluster["id"],
             "snapshot_id": snapshot["id"],
             "ssh_key_id": ssh_key["id"],
             "registry_auth_id": registry_auth["id"],
@@ -291,6 +299,8 @@ def call(
     params: dict[str, Any] = {}
     if path.startswith("/distributed_jobs_v2"):
         params = {"project_id": ids.get("project_id", 999_999), "location": "local"}
+    if path.endswith("/pods/{pod_id}/logs"):
+        params = {"follow": "false"}  # the stream ends with what is there now
     url = fill(path, ids)
     body = BODIES.get((method, path), {}) if method in ("POST", "PUT", "PATCH") else None
     return _client(srv, key).request(method, url, params=params, json=body)
@@ -314,6 +324,8 @@ def code(r: httpx.Response) -> str | None:
         return None
     if not isinstance(body, dict):
         return None
+    if isinstance(body.get("code"), str):  # RFC 9457 problem details (/runpod/v2)
+        return str(body["code"])
     error = body.get("error") or body.get("errors")  # v1 envelope, seed 002's
     return error.get("code") if isinstance(error, dict) else None
 

@@ -83,7 +83,9 @@ def _place(
         except ValidationFailed as exc:
             raise renamed(exc) from None
     assert last is not None
-    raise NoCapacity(last.message, last.details) from None
+    # Named as a field: RunPod's clients read a 400 as "try the next candidate".
+    field = "dataCenterIds" if where else "gpu"
+    raise NoCapacity(last.message, {**last.details, "field": field}) from None
 
 
 @router.post("/pods", status_code=201, responses=problem_docs(Pod, 201, "The created pod"))
