@@ -433,3 +433,38 @@ def test_the_routes_are_in_openapi_with_problem_errors(srv: LiveServer) -> None:
         assert op["tags"] == ["runpod-v2"]
         for status in ("400", "401", "404"):
             assert PROBLEM_MEDIA_TYPE in op["responses"][status]["content"], (method, path)
+
+
+def test_a_template_fills_what_the_create_leaves_out(srv: LiveServer) -> None:
+    with srv.client() as c:
+        body = {"name": "t", "docker_image": "tpl-img", "env": {"FROM": "template"}}
+        r = c.post("/v1/templates", json=body)
+        assert r.status_code == 201, r.text
+        tid = r.json()["data"]["id"]
+        pod = created(srv, c, {"name": "from-t", "templateId": tid, "gpu": {"id": GPU}})
+        assert pod["image"] == "tpl-img" and pod["template"] == tid
+        assert pod["env"] == {"FROM": "template"}
+        settle(srv)
+        listed = c.get(f"{V2}/pods", params={"templateId": tid}).json()["pods"]
+        assert [p["id"] for p in listed] == [pod["id"]]
+        r = c.post(f"{V2}/pods", json={"name": "x", "templateId": "nosuchtpl", "gpu": {"id": GPU}})
+        # gpuyard's answer for an unknown template is a 400 naming the field.
+        body = v2_problem(r, 400, "VALIDATION_ERROR", "/v2/pods", "POST")
+        assert body["errors"] == ["templateId"]
+
+
+def test_a_starting_pods_container_settings_wait(
+    srv: LiveServer, fake_runtime: FakeRuntime
+) -> None:
+    with srv.client() as c:
+        pod_id = created(srv, c)["id"]
+        # Before the reconciler's pass it is still starting: the change is refused whole.
+        r = c.patch(f"{V2}/pods/{pod_id}", json={"name": "n2", "image": "img2"})
+        if get(c, pod_id)["status"] in ("PROVISIONING", "STARTING") and r.status_code == 409:
+            v2_problem(r, 409, "INVALID_STATE", "/v2/pods/{id}", "PATCH")
+            assert get(c, pod_id)["name"] == "trainer"
+        settle(srv)
+        r = c.patch(f"{V2}/pods/{pod_id}", json={"image": "img2"})
+        assert r.status_code == 200, r.text
+        settle(srv)
+        assert get(c, pod_id)["image"] == "img2"

@@ -8,6 +8,7 @@ pod reads as one that does not exist (404 ``CLUSTER_NOT_FOUND``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -304,6 +305,11 @@ async def pod_logs(
     state = app_state(request)
     ctx, runtime_of = state.ctx, state.runtime_of
     resume, since_ns = _resume(last_event_id, since, datetime_ns(ctx.clock.now()))
+    kind: log_reads.Source | None = None
+    if source == "container":
+        kind = "container"
+    elif source == "system":
+        kind = "system"
     if resume is not None:
         page = await run_in_threadpool(
             log_reads.read_after, ctx, principal, runtime_of, pod_id, resume, limit=MAX_TAIL
@@ -312,12 +318,12 @@ async def pod_logs(
             return Response(status_code=204)
     else:
         count = MAX_TAIL if since_ns else tail
+        # With a source, the tail counts that source's entries: read all, keep its last.
+        read = MAX_TAIL if kind is not None else count
         page = await run_in_threadpool(
-            log_reads.read_tail, ctx, principal, runtime_of, pod_id, tail=count, since_ns=since_ns
+            log_reads.read_tail, ctx, principal, runtime_of, pod_id, tail=read, since_ns=since_ns
         )
-    kind: log_reads.Source | None = None
-    if source == "container":
-        kind = "container"
-    elif source == "system":
-        kind = "system"
+        if kind is not None:
+            kept = [e for e in page.entries if e.source == kind]
+            page = replace(page, entries=kept[-count:] if count else [])
     return log_follow.respond(state, principal, pod_id, page, source=kind, follow=follow)
