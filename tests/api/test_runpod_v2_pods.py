@@ -6,6 +6,7 @@ problems for bad input, another account's key and a missing key."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -456,14 +457,21 @@ def test_a_template_fills_what_the_create_leaves_out(srv: LiveServer) -> None:
 def test_a_starting_pods_container_settings_wait(
     srv: LiveServer, fake_runtime: FakeRuntime
 ) -> None:
+    gate = threading.Event()
+    fake_runtime.pull_gate = gate  # the image's pull waits: the pod stays starting
     with srv.client() as c:
-        pod_id = created(srv, c)["id"]
-        # Before the reconciler's pass it is still starting: the change is refused whole.
+        pod_id = created(srv, c, {**BODY, "image": "slow-img"})["id"]
+        assert get(c, pod_id)["status"] in ("PROVISIONING", "STARTING")
         r = c.patch(f"{V2}/pods/{pod_id}", json={"name": "n2", "image": "img2"})
-        if get(c, pod_id)["status"] in ("PROVISIONING", "STARTING") and r.status_code == 409:
-            v2_problem(r, 409, "INVALID_STATE", "/v2/pods/{id}", "PATCH")
-            assert get(c, pod_id)["name"] == "trainer"
+        body = v2_problem(r, 409, "INVALID_STATE", "/v2/pods/{id}", "PATCH")
+        assert "starting" in body["detail"]
+        # Refused whole: not even the name changed. A name alone changes at once.
+        assert get(c, pod_id)["name"] == "trainer"
+        r = c.patch(f"{V2}/pods/{pod_id}", json={"name": "n2"})
+        assert r.status_code == 200 and r.json()["name"] == "n2", r.text
+        gate.set()
         settle(srv)
+        assert get(c, pod_id)["status"] == "RUNNING"
         r = c.patch(f"{V2}/pods/{pod_id}", json={"image": "img2"})
         assert r.status_code == 200, r.text
         settle(srv)
