@@ -154,7 +154,7 @@ def test_network_volume_spot_and_args() -> None:
                 "mounts": {"persistent": {"size": 10, "path": "/a"}},
             },
             "mounts.persistent",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_rules_across_fields_name_the_pods_field(fields: dict[str, Any], field: str) -> None:
