@@ -85,6 +85,35 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     ),
     ("POST", "/runpod/v2/templates"): frozenset({"image", "ports", "env", "mounts", "name"}),
     ("PATCH", "/runpod/v2/templates/{id}"): frozenset({"image", "ports", "env", "mounts", "name"}),
+    # RunPod v2's create (api/runpod_v2/pod_requests.py): the catalog's GPU types, the
+    # installation's locations, network volumes, templates and registry credentials;
+    # the host port range and registry allow-list settings; env names and commands
+    # parsed; rules across fields (gpu or cpu, one volume, args or cmd, one bid); and
+    # INSUFFICIENT_CAPACITY, which RunPod answers with a 400 naming gpu/dataCenterIds.
+    ("POST", "/runpod/v2/pods"): frozenset(
+        {
+            "gpu",
+            "cpu",
+            "image",
+            "ports",
+            "env",
+            "dataCenterIds",
+            "mounts",
+            "templateId",
+            "registry",
+            "interruptible",
+            "bid",
+            "bidPerGpu",
+            "cmd",
+            "args",
+            "entrypoint",
+            "globalNetworking",
+        }
+    ),
+    # A cursor is parsed and bound to its filters (and needs a limit).
+    ("GET", "/runpod/v2/pods"): frozenset({"cursor"}),
+    # since is a time; Last-Event-ID a cursor or a time.
+    ("GET", "/runpod/v2/pods/{pod_id}/logs"): frozenset({"since", "Last-Event-ID"}),
     # Location, image, keys, plan, GPU type and group must exist in the installation.
     ("POST", "/distributed_jobs_v2/cluster/"): frozenset(
         {
@@ -128,6 +157,8 @@ def _code(body: Any) -> str | None:
         return body["code"] if isinstance(body.get("code"), str) else None
     if not isinstance(body, dict):
         return None
+    if isinstance(body.get("code"), str):
+        return str(body["code"])
     error = body.get("error") if "error" in body else body.get("errors")
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, str) else None

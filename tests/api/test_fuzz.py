@@ -106,6 +106,22 @@ def test_rest_matches_its_openapi_document(fuzz_srv: LiveServer, tmp_path: Path)
     )
 
 
+def test_runpod_v2_matches_its_openapi_document(fuzz_srv: LiveServer, tmp_path: Path) -> None:
+    """RunPod's REST v2 routes (/runpod/v2) on their own, with a key of their own: the
+    whole-document run may revoke its key part-way (``DELETE /v1/api-keys/{key_id}``),
+    after which its later operations hear only 401s. Every check, every phase; errors
+    are RFC 9457 problems (tests/api/fuzz_checks.py reads their fields)."""
+    schemathesis(
+        fuzz_srv,
+        tmp_path,
+        f"{fuzz_srv.url}/openapi.json",
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--include-path-regex",
+        "^/runpod/v2/",
+    )
+
+
 def test_graphql_matches_its_schema(fuzz_srv: LiveServer, tmp_path: Path) -> None:
     """Every query and mutation of the introspected schema. Schemathesis reads any
     resolver error as a server failure; its two checks that do so are replaced by

@@ -74,6 +74,7 @@ _RESOURCES = (
     "/v1/templates",
     "/distributed_jobs_v2/cluster",
     # RunPod's REST v2 (/runpod/v2): the same resources under RunPod's names.
+    "/runpod/v2/pods",
     "/runpod/v2/templates",
     "/runpod/v2/registries",
     "/runpod/v2/network-volumes",
@@ -197,7 +198,12 @@ class World:
 
 
 # Ids of nothing, by path parameter name (the default: an integer id).
-MISSING: dict[str, Any] = {"cluster_id": "nocluster0000", "token": "gyi_nothing", "port": 8888}
+MISSING: dict[str, Any] = {
+    "cluster_id": "nocluster0000",
+    "pod_id": "nocluster0000",
+    "token": "gyi_nothing",
+    "port": 8888,
+}
 
 
 def seed_tenant(srv: LiveServer, name: str) -> Tenant:
@@ -267,6 +273,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "account_id": a.account_id,
             "project_id": a.project_id,
             "cluster_id": cluster["id"],
+            "pod_id": cluster["id"],
             "snapshot_id": snapshot["id"],
             "ssh_key_id": ssh_key["id"],
             "registry_auth_id": registry_auth["id"],
@@ -314,6 +321,8 @@ def call(
         ids = {**ids, "id": ids[f"v2:{v2.group(1)}"]}
     if path.startswith("/distributed_jobs_v2"):
         params = {"project_id": ids.get("project_id", 999_999), "location": "local"}
+    if path.endswith("/pods/{pod_id}/logs"):
+        params = {"follow": "false"}  # the stream ends with what is there now
     url = fill(path, ids)
     body = BODIES.get((method, path), {}) if method in ("POST", "PUT", "PATCH") else None
     return _client(srv, key).request(method, url, params=params, json=body)

@@ -14,9 +14,11 @@ from sqlalchemy import Engine, event, insert, text
 from sqlalchemy.engine import Connection
 
 from gpuyard.api.rest.schemas.cluster_json import cluster_v1
-from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.errors import InvalidState, ValidationFailed
+from gpuyard.core.states import ClusterStatus
 from gpuyard.services.clusters import use_cases as uc
 from gpuyard.services.clusters import views as cluster_views
+from gpuyard.services.clusters.lists import ClusterFilters
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import create_project
@@ -198,3 +200,49 @@ def test_live_pages_and_counts_read_the_live_index(ctx: Context, alice: Principa
         assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan
     with ctx.read() as session:
         assert session.execute(text("SELECT count(*) FROM clusters")).scalar() == 360
+
+
+def test_filters_narrow_the_walk_and_bind_the_cursor(ctx: Context, alice: Principal) -> None:
+    """RunPod v2's list filters (services/clusters/lists.py ``ClusterFilters``): each
+    one narrows the pages, a cursor walk under them gives each match once, and a
+    cursor made under some filters is refused under others."""
+    pid = project_of(ctx, alice)
+    running = seed(ctx, pid, 9, "running")
+    stopped = seed(ctx, pid, 4, "stopped", start=T0 + timedelta(seconds=20))
+    gone = seed(ctx, pid, 3, "terminated", start=T0 + timedelta(seconds=40))
+    with ctx.transaction() as session:
+        session.get_one(Cluster, running[2]).image = "other"
+        session.get_one(Cluster, running[4]).name = "special"
+    exited = ClusterFilters(statuses=(ClusterStatus.STOPPING, ClusterStatus.STOPPED))
+    assert walk(ctx, alice, 3, filters=exited) == list(reversed(stopped))
+    assert uc.list_clusters(ctx, alice, per_page=2, filters=exited).total == 4
+    ended = ClusterFilters(statuses=(ClusterStatus.TERMINATING, ClusterStatus.TERMINATED))
+    assert walk(ctx, alice, 2, filters=ended) == list(reversed(gone))
+    assert walk(ctx, alice, 2, filters=ClusterFilters(image="other")) == [running[2]]
+    assert walk(ctx, alice, 2, filters=ClusterFilters(name="special")) == [running[4]]
+    # Clusters on no host are in no location.
+    assert walk(ctx, alice, 2, filters=ClusterFilters(location="local")) == []
+    assert walk(ctx, alice, 2, filters=ClusterFilters(gpu_type="NVIDIA RTX A6000")) == []
+    cursor = uc.list_clusters(ctx, alice, per_page=2, filters=exited).next_cursor
+    assert cursor is not None
+    with pytest.raises(ValidationFailed) as caught:
+        uc.list_clusters(ctx, alice, per_page=2, cursor=cursor)
+    assert caught.value.field == "cursor"
+
+
+def test_rename_changes_only_the_name(ctx: Context, alice: Principal) -> None:
+    pid = project_of(ctx, alice)
+    (cid,) = seed(ctx, pid, 1, "running")
+    (ended,) = seed(ctx, pid, 1, "terminated")
+    before = uc.get_cluster(ctx, alice, cid)
+    renamed = uc.rename_cluster(ctx, alice, cid, "new name")
+    after = uc.get_cluster(ctx, alice, cid)
+    assert renamed.name == after.name == "new name"
+    assert (after.status, after.image) == (before.status, before.image)
+    assert after.version == before.version + 1
+    assert any(e.type == "renamed" for e in uc.list_events(ctx, alice, cid))
+    for bad in ("", "x" * 201, "tab\u0007bell"):
+        with pytest.raises(ValidationFailed):
+            uc.rename_cluster(ctx, alice, cid, bad)
+    with pytest.raises(InvalidState):
+        uc.rename_cluster(ctx, alice, ended, "late")

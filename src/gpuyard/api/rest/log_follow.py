@@ -135,10 +135,21 @@ def _sse(entry: svc.LogEntry) -> ServerSentEvent:
 class _Stream:
     """The state of one follow: the cursor and what the last read said."""
 
-    def __init__(self, state: AppState, principal: Principal, cluster_id: str) -> None:
+    def __init__(
+        self,
+        state: AppState,
+        principal: Principal,
+        cluster_id: str,
+        source: svc.Source | None = None,
+        follow: bool = True,
+    ) -> None:
         self.state = state
         self.principal = principal
         self.cluster_id = cluster_id
+        # Only this source's entries are sent (None: both); ``follow``: go on after the
+        # first page (else the stream ends with it).
+        self.source = source
+        self.keep_following = follow
         # Set when the server shuts down: the stream then ends cleanly (the client
         # reconnects with Last-Event-ID to whichever server answers next).
         self.shutdown = anyio.Event()
@@ -217,6 +228,11 @@ class _Stream:
         await access_ended(self.state, self.principal, self.cluster_id, Need.READ)
         self.revoked = True
 
+    def _kept(self, event: ServerSentEvent) -> bool:
+        if self.source is None or event.event is not None or not isinstance(event.data, str):
+            return True
+        return bool(json.loads(event.data).get("source") == self.source)
+
     async def run(self, first: svc.LogPage) -> AsyncIterator[ServerSentEvent]:
         watch = asyncio.create_task(self._watch())
         inner = self._run(first)
@@ -224,7 +240,8 @@ class _Stream:
             async for event in inner:
                 if self.revoked:
                     break
-                yield event
+                if self._kept(event):
+                    yield event
             if self.revoked:
                 yield ServerSentEvent(data='{"status":"access_ended"}', event="end", sep=SEP)
         finally:
@@ -234,6 +251,8 @@ class _Stream:
     async def _run(self, first: svc.LogPage) -> AsyncGenerator[ServerSentEvent, None]:
         for event in self.take(first):
             yield event
+        if not self.keep_following:
+            return
         try:
             while not self.stopped():
                 page = self.page
@@ -257,11 +276,18 @@ class _Stream:
 
 
 def respond(
-    state: AppState, principal: Principal, cluster_id: str, first: svc.LogPage
+    state: AppState,
+    principal: Principal,
+    cluster_id: str,
+    first: svc.LogPage,
+    *,
+    source: svc.Source | None = None,
+    follow: bool = True,
 ) -> EventSourceResponse:
     """The SSE answer that starts with ``first`` (already read: a missing cluster has
-    answered 404 before any stream begins)."""
-    stream = _Stream(state, principal, cluster_id)
+    answered 404 before any stream begins). ``source``: only that source's entries;
+    ``follow=False``: only ``first``'s, then the stream ends."""
+    stream = _Stream(state, principal, cluster_id, source, follow)
     return EventSourceResponse(
         stream.run(first),
         shutdown_event=stream.shutdown,

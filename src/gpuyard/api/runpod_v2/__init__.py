@@ -15,6 +15,7 @@ from fastapi import APIRouter
 from gpuyard.api.runpod_v2.catalog import router as catalog_router
 from gpuyard.api.runpod_v2.clusters import router as clusters_router
 from gpuyard.api.runpod_v2.network_volumes import router as network_volumes_router
+from gpuyard.api.runpod_v2.pods import router as pods_router
 from gpuyard.api.runpod_v2.registries import router as registries_router
 from gpuyard.api.runpod_v2.ssh_keys import router as ssh_keys_router
 from gpuyard.api.runpod_v2.templates import router as templates_router
@@ -24,6 +25,7 @@ def build_router() -> APIRouter:
     """Every v2 route; each module's router carries ``RUNPOD_V2_PREFIX`` itself
     (common.py ``v2_router``)."""
     router = APIRouter()
+    router.include_router(pods_router)
     router.include_router(templates_router)
     router.include_router(registries_router)
     router.include_router(network_volumes_router)

@@ -48,7 +48,9 @@ _WHY: dict[int, str] = {
     401: "UNAUTHORIZED: missing or invalid API key",
     403: "FORBIDDEN: the key or the member's role may not do this",
     404: "NOT_FOUND: no such resource in the acting account",
-    409: "a name already taken, a resource still in use, INSUFFICIENT_CAPACITY",
+    405: "METHOD_NOT_ALLOWED (with `Allow`)",
+    409: "INVALID_STATE (not possible in the resource's status now), a name already "
+    "taken, a resource still in use, INSUFFICIENT_CAPACITY",
     413: "PAYLOAD_TOO_LARGE",
     422: "VALIDATION_ERROR: the body breaks the schema; ``errors`` names each field",
     429: "RATE_LIMITED (see Retry-After)",
@@ -57,6 +59,11 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"description": why, "content": {PROBLEM_MEDIA_TYPE: {"schema": _PROBLEM_SCHEMA}}}
     for status, why in _WHY.items()
 }
+
+
+def answer_docs(model: type[BaseModel], status: int, description: str) -> dict[int | str, Any]:
+    """A route's successful answer of ``status`` with ``model``'s JSON, for OpenAPI."""
+    return {status: {"model": model, "description": description}}
 
 
 def v2_router() -> APIRouter:

@@ -1,14 +1,16 @@
 """Stop, restart and terminate: a user's (``stop_cluster`` ...) or the control
 plane's own (``control_plane_stop``: a drain, a suspension, a spent budget). Each
 records the transition in one transaction and wakes the reconciler, which does the
-runtime work (DESIGN.md rule 1)."""
+runtime work (DESIGN.md rule 1). And the one change that needs no start: a new name
+(``rename_cluster``)."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any
 
-from gpuyard.core.errors import Conflict, InvalidState
+from gpuyard.core.errors import Conflict, InvalidState, ValidationFailed
+from gpuyard.core.input_rules import check_name
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import Action, ClusterStatus
 from gpuyard.observability.crash_points import crash_point
@@ -18,7 +20,7 @@ from gpuyard.services.clusters.cluster_rows import (
     owner_principal,
     require_action,
 )
-from gpuyard.services.clusters.lifecycle import transition_cluster
+from gpuyard.services.clusters.lifecycle import guarded_update, record_event, transition_cluster
 from gpuyard.services.clusters.pending_starts import call_off, has_pending_start
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.account_secrets import check_cluster_references
@@ -115,6 +117,44 @@ def terminate_cluster(ctx: Context, principal: Principal, cluster_id: str) -> Cl
     )
     crash_point("terminate.after_request")
     return terminating
+
+
+# A create's bound (services/clusters/requests.py ``CreateCluster.name``).
+MAX_NAME_CHARS = 200
+
+
+def rename_cluster(ctx: Context, principal: Principal, cluster_id: str, name: str) -> Cluster:
+    """Give the cluster a new name (the input rules of a create's name), in any status
+    but terminated; its container is untouched. Raises ValidationFailed on ``name``,
+    InvalidState once it is terminating or terminated."""
+    principal.require_write()
+    try:
+        name = check_name(name)
+    except ValueError as exc:
+        raise ValidationFailed("name", str(exc)) from None
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise ValidationFailed("name", f"must be 1 to {MAX_NAME_CHARS} characters")
+    for _ in range(MAX_CONFLICT_RETRIES):
+        now = ctx.clock.now()
+        try:
+            with ctx.transaction() as session:
+                cluster = load_cluster(session, principal, cluster_id)
+                if cluster.status in (ClusterStatus.TERMINATING, ClusterStatus.TERMINATED):
+                    require_action(cluster, Action.TERMINATE)  # raises INVALID_STATE
+                if cluster.name == name:
+                    return cluster
+                session.expunge(cluster)
+                old = cluster.name
+                cluster.version = guarded_update(
+                    session, cluster.id, cluster.version, now, name=name
+                )
+                cluster.name = name
+                record_event(session, cluster.id, now, "renamed", f"renamed from {old!r}")
+        except Conflict:
+            continue
+        ctx.wake()
+        return cluster
+    raise Conflict(f"cluster {cluster_id} keeps changing; retry")
 
 
 def request_drain_stop(ctx: Context, cluster_id: str, reason: str) -> None:

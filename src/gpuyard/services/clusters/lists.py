@@ -34,7 +34,7 @@ from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
-from gpuyard.store.schema import Cluster, Project
+from gpuyard.store.schema import Cluster, Host, Project
 
 LIST_NAME = "clusters"
 KEY_SHAPE: cursors.KeyShape = ("time", "str")
@@ -60,7 +60,57 @@ class ClusterPage:
     next_cursor: str | None = None
 
 
-def _status_filter(status: str | None) -> ColumnElement[bool]:
+@dataclass(frozen=True)
+class ClusterFilters:
+    """Narrowing filters of the list (RunPod v2's ``GET /v2/pods``): each given one
+    must hold. ``statuses`` replaces ``status`` (any of them); the others are exact."""
+
+    name: str | None = None
+    statuses: tuple[ClusterStatus, ...] | None = None
+    gpu_type: str | None = None
+    location: str | None = None
+    template_id: str | None = None
+    network_volume_id: str | None = None
+    image: str | None = None
+
+    def bound(self) -> dict[str, cursors.FilterValue]:
+        """What a cursor made under these filters is bound to (none: nothing)."""
+        out: dict[str, cursors.FilterValue] = {
+            "name": self.name,
+            "statuses": ",".join(sorted(s.value for s in self.statuses))
+            if self.statuses is not None
+            else None,
+            "gpu_type": self.gpu_type,
+            "location": self.location,
+            "template_id": self.template_id,
+            "network_volume_id": self.network_volume_id,
+            "image": self.image,
+        }
+        return {f"x_{k}": v for k, v in out.items() if v is not None}
+
+    def conditions(self) -> list[ColumnElement[bool]]:
+        conds: list[ColumnElement[bool]] = []
+        if self.name is not None:
+            conds.append(Cluster.name == self.name)
+        if self.gpu_type is not None:
+            conds.append(Cluster.gpu_type == self.gpu_type)
+        if self.location is not None:
+            here = select(Host.id).where(Host.location == self.location)
+            conds.append(Cluster.host_id.in_(here.scalar_subquery()))
+        if self.template_id is not None:
+            conds.append(Cluster.template_id == self.template_id)
+        if self.network_volume_id is not None:
+            conds.append(Cluster.network_volume_id == self.network_volume_id)
+        if self.image is not None:
+            conds.append(Cluster.image == self.image)
+        return conds
+
+
+def _status_filter(
+    status: str | None, statuses: tuple[ClusterStatus, ...] | None = None
+) -> ColumnElement[bool]:
+    if statuses is not None:
+        return Cluster.status.in_(sorted(s.value for s in statuses))
     if not status:
         return LIVE
     try:
@@ -156,6 +206,7 @@ def list_clusters(
     page: int = 1,
     per_page: int = 50,
     cursor: str | None = None,
+    filters: ClusterFilters | None = None,
 ) -> ClusterPage:
     """The account's clusters, newest first; terminated ones only when asked for
     (``status=terminated``). A caller restricted to some projects sees only theirs
@@ -164,11 +215,15 @@ def list_clusters(
     With ``cursor`` (a ``next_cursor`` of an earlier page with the same filters) the
     page is the ``per_page`` rows after that cursor's row: stable while clusters are
     created (they sort before it). Without, ``page`` pages by offset (the seed's
-    clients). Raises ValidationFailed naming ``status`` or ``cursor``."""
+    clients). ``filters`` narrow it further (their ``statuses`` may name terminated).
+    Raises ValidationFailed naming ``status`` or ``cursor``."""
     cursor = cursor or None
     cursors.check_page(page, cursor)
-    status_cond = _status_filter(status)
+    statuses = filters.statuses if filters is not None else None
+    status_cond = _status_filter(status, statuses)
     bound = _filters(principal, project_id, status, search)
+    if filters is not None:
+        bound.update(filters.bound())
     after = cursors.decode(cursor, LIST_NAME, bound, KEY_SHAPE) if cursor else None
     offset = 0 if after is not None else (page - 1) * per_page
     with ctx.read() as session:
@@ -176,10 +231,13 @@ def list_clusters(
         if not projects:
             return ClusterPage([], 0, page, per_page)
         conds = _where(projects, status_cond, search)
+        if filters is not None:
+            conds += filters.conditions()
         # The live count names the live statuses too: without statistics, SQLite would
         # rather count through the (project, status) index from the project's first
         # entry, terminated ones included; with them, it reads only live ranges.
-        counted = [*conds, Cluster.status.in_(LIVE_STATUSES)] if not status else conds
+        explicit = status or statuses is not None
+        counted = [*conds, Cluster.status.in_(LIVE_STATUSES)] if not explicit else conds
         total = session.scalar(select(func.count()).select_from(Cluster).where(*counted)) or 0
         # One row more than the page tells whether a next page exists.
         rows = list(session.execute(_rows(projects, conds, after, per_page + 1, offset)))

@@ -51,6 +51,7 @@ from gpuyard.services.catalog.locations import check_location
 # The room's other use cases live in their own modules; callers know them by this
 # one's names too.
 from gpuyard.services.clusters.actions import control_plane_stop as control_plane_stop
+from gpuyard.services.clusters.actions import rename_cluster as rename_cluster
 from gpuyard.services.clusters.actions import request_drain_stop as request_drain_stop
 from gpuyard.services.clusters.actions import restart_cluster as restart_cluster
 from gpuyard.services.clusters.actions import stop_cluster as stop_cluster
