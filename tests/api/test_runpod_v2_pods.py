@@ -476,3 +476,20 @@ def test_a_starting_pods_container_settings_wait(
         assert r.status_code == 200, r.text
         settle(srv)
         assert get(c, pod_id)["image"] == "img2"
+
+
+def test_entrypoint_cmd_and_cuda_versions_reach_the_cluster(srv: LiveServer) -> None:
+    """What REST-v2 clients send beyond the document is honoured, not dropped: the
+    entrypoint and command run as given, and CUDA versions constrain placement."""
+    with srv.client() as c:
+        body = {**BODY, "entrypoint": ["/bin/sh", "-c"], "cmd": ["echo hi; sleep 600"]}
+        pod = created(srv, c, body)
+        cluster = c.get(f"/v1/clusters/{pod['id']}").json()["data"]
+        assert cluster["docker_entrypoint"] == ["/bin/sh", "-c"]
+        assert cluster["docker_args"] == "'echo hi; sleep 600'"
+        # This server's host declares no CUDA version: a minimum cannot be met, and the
+        # refusal says which field asked for it.
+        too_new = {**BODY, "name": "cuda", "gpu": {"id": GPU, "minCudaVersion": "13.0"}}
+        r = c.post(f"{V2}/pods", json=too_new)
+        body_ = v2_problem(r, 400, "INSUFFICIENT_CAPACITY", "/v2/pods", "POST")
+        assert "min_cuda_version" in body_["detail"] or "minCudaVersion" in body_["detail"]

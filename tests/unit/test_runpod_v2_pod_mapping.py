@@ -9,14 +9,12 @@ from typing import Any
 import pytest
 
 from gpuyard.api.runpod_v2.pod_requests import (
-    CreateInputs,
     command_text,
     cpu_memory_gb,
     create_cluster_input,
     create_inputs,
     pod_field,
     port_specs,
-    with_service_extensions,
 )
 from gpuyard.api.runpod_v2.pod_schemas import CreatePodRequest
 from gpuyard.api.runpod_v2.pod_views import (
@@ -27,7 +25,6 @@ from gpuyard.api.runpod_v2.pod_views import (
 )
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.states import ClusterStatus
-from gpuyard.services.clusters.requests import CreateCluster
 from tests.contract.runpod_v2 import document
 
 S = ClusterStatus
@@ -188,21 +185,13 @@ def test_start_jupyter_sets_a_password_unless_given() -> None:
     assert kept.values["env"] == {"JUPYTER_PASSWORD": "mine"}
 
 
-def test_entrypoint_and_cuda_pass_only_where_the_input_has_them() -> None:
+def test_entrypoint_and_cuda_versions_reach_the_cluster_input() -> None:
     inputs = create_inputs(
         body(entrypoint="/bin/sh -c", gpu={"id": "G", "allowedCudaVersions": ["12.4", "11.8"]})
     )
-    assert inputs.entrypoint == ["/bin/sh", "-c"]
-    assert inputs.min_cuda_version == "11.8"
-    fields = CreateCluster.model_fields
-    if "docker_entrypoint" in fields:
-        assert with_service_extensions(inputs)["docker_entrypoint"] == ["/bin/sh", "-c"]
-    else:
-        with pytest.raises(ValidationFailed) as caught:
-            with_service_extensions(inputs)
-        assert caught.value.field == "entrypoint"
-    plain = CreateInputs({"name": "p"}, (), None, "12.4")
-    values = with_service_extensions(plain)
-    assert values.get("min_cuda_version") == ("12.4" if "min_cuda_version" in fields else None)
+    made = create_cluster_input(inputs)
+    assert made.docker_entrypoint == ["/bin/sh", "-c"]
+    assert made.allowed_cuda_versions == ["12.4", "11.8"]
+    assert made.min_cuda_version is None
     minimum = create_inputs(body(gpu={"id": "G", "minCudaVersion": "12.1"}))
-    assert minimum.min_cuda_version == "12.1"
+    assert create_cluster_input(minimum).min_cuda_version == "12.1"

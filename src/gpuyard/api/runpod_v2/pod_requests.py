@@ -46,6 +46,7 @@ POD_FIELDS: dict[str, str] = {
     "location": "dataCenterIds",
     "docker_entrypoint": "entrypoint",
     "min_cuda_version": "gpu.minCudaVersion",
+    "allowed_cuda_versions": "gpu.allowedCudaVersions",
     "environment_updates": "env",
     "update_configuration": "image",
 }
@@ -138,13 +139,11 @@ def registry_id(value: str | None) -> int | None:
 
 @dataclass(frozen=True)
 class CreateInputs:
-    """What a create asks of gpuyard: ``CreateCluster``'s fields, the locations to
-    try in order (empty: anywhere), and what only newer inputs may carry."""
+    """What a create asks of gpuyard: ``CreateCluster``'s fields and the locations to
+    try in order (empty: anywhere)."""
 
     values: dict[str, Any]
     locations: tuple[str, ...]
-    entrypoint: list[str] | None = None
-    min_cuda_version: str | None = None
 
 
 def _mounts(body: CreatePodRequest, values: dict[str, Any]) -> None:
@@ -178,18 +177,16 @@ def _compute(body: CreatePodRequest, values: dict[str, Any]) -> None:
         values["memory_gb"] = cpu_memory_gb(body.cpu.id, body.cpu.vcpuCount)
 
 
-def _min_cuda(body: CreatePodRequest) -> str | None:
-    """The CUDA version the host must have at least: ``minCudaVersion``, else the
-    lowest of ``allowedCudaVersions``."""
+def _cuda(body: CreatePodRequest, values: dict[str, Any]) -> None:
+    """The host's CUDA driver version rules: at least ``minCudaVersion``, one of
+    ``allowedCudaVersions`` (placement checks both, services/capacity)."""
     gpu = body.gpu
     if gpu is None:
-        return None
+        return
     if gpu.minCudaVersion is not None:
-        return gpu.minCudaVersion
-    allowed = gpu.allowedCudaVersions or []
-    if not allowed:
-        return None
-    return min(allowed, key=lambda v: tuple(int(x) for x in v.split(".")))
+        values["min_cuda_version"] = gpu.minCudaVersion
+    if gpu.allowedCudaVersions:
+        values["allowed_cuda_versions"] = list(gpu.allowedCudaVersions)
 
 
 def create_inputs(body: CreatePodRequest) -> CreateInputs:
@@ -233,35 +230,19 @@ def create_inputs(body: CreatePodRequest) -> CreateInputs:
         values["bid_per_gpu"] = bid
     if body.interruptible:
         values["interruptible"] = True
-    entrypoint = command_list(body.entrypoint, "entrypoint") if body.entrypoint else None
+    if body.entrypoint:
+        values["docker_entrypoint"] = command_list(body.entrypoint, "entrypoint")
+    _cuda(body, values)
     # startSsh needs nothing: every start hands the account's SSH keys to the container
     # as PUBLIC_KEY (and the gateway takes them).
     locations = tuple(dict.fromkeys(loc for loc in body.dataCenterIds or [] if loc))
-    return CreateInputs(values, locations, entrypoint, _min_cuda(body))
-
-
-def with_service_extensions(inputs: CreateInputs) -> dict[str, Any]:
-    """``inputs.values`` plus what only newer versions of ``CreateCluster`` take:
-    ``docker_entrypoint`` and ``min_cuda_version``, each passed only when the input
-    has that field. An entrypoint it cannot take is refused (the container would run
-    something else); a CUDA minimum it cannot take is dropped (placement then does
-    not know hosts' CUDA versions either). The one place that knows."""
-    fields = CreateCluster.model_fields
-    values = dict(inputs.values)
-    if inputs.entrypoint is not None:
-        if "docker_entrypoint" not in fields:
-            raise ValidationFailed("entrypoint", "this server cannot set a container's entrypoint")
-        values["docker_entrypoint"] = inputs.entrypoint
-    if inputs.min_cuda_version is not None and "min_cuda_version" in fields:
-        values["min_cuda_version"] = inputs.min_cuda_version
-    return values
+    return CreateInputs(values, locations)
 
 
 def create_cluster_input(inputs: CreateInputs) -> CreateCluster:
     """``CreateCluster`` of ``inputs``; its refusals name the pod's fields."""
-    values = with_service_extensions(inputs)
     try:
-        return CreateCluster.model_validate(values)
+        return CreateCluster.model_validate(inputs.values)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first.get("loc", ())) or "body"

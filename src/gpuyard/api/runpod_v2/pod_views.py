@@ -57,11 +57,8 @@ def pod_actions(status: ClusterStatus) -> list[str]:
 
 def reachable_address(view: ClusterDetails) -> str | None:
     """The address clients reach the pod's published ports at: the host's client
-    address when the view carries one, else its address. The one place that says so."""
-    client = getattr(view, "client_address", None)
-    if isinstance(client, str) and client:
-        return client
-    return view.host_address
+    address (its ``address`` unless the operator set one). The one place that says so."""
+    return view.client_address or view.host_address
 
 
 def _port_text(p: AssignedPort) -> str:
