@@ -50,6 +50,7 @@ from gpuyard.api.rest.tenancy import quotas as quotas_api
 from gpuyard.api.rest.tenancy import registry_auths as registry_auths_api
 from gpuyard.api.rest.tenancy import secrets as secrets_api
 from gpuyard.api.runpod_v2 import build_router as runpod_v2_router
+from gpuyard.api.runpod_v2.fast_reads import FAST_READS
 from gpuyard.api.state import AppState
 from gpuyard.api.training import routes as training
 from gpuyard.core.errors import GpuyardError
@@ -224,7 +225,7 @@ def build_server(
     method_not_allowed.install(app)
     # Inside the fast path (which records nothing): one id per routed request.
     app.add_middleware(RequestIds)
-    app.add_middleware(ClusterReadFastPath)
+    app.add_middleware(ClusterReadFastPath, more=FAST_READS)
     # Ahead of the fast path and routing: no NUL in a path or query reaches a query.
     app.add_middleware(NulGuard)
     # Ahead of routing and every body read: an oversize body is refused unread (413).

@@ -12,6 +12,9 @@ is checked on the loop; a miss is read in a worker thread (api/state.py). The re
 reads nothing and is answered on the loop, its envelope (a request id of its own)
 built around the kept bytes.
 
+``GET /runpod/v2/pods/{id}`` (RunPod v2's poll of one pod) is answered the same way,
+its body RunPod's ``Pod`` and its errors RFC 9457 problems (a ``Surface``).
+
 ``GET /v1/clusters`` is answered here only from a page the routed endpoint rendered
 and kept for the same query and caller scope (``list_subject``); anything else (a
 miss, a bad key, a refused permission) goes to the route.
@@ -29,6 +32,8 @@ import logging
 import re
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, unquote, urlencode
 
@@ -55,7 +60,6 @@ from gpuyard.store.outage import is_database_unavailable
 
 log = logging.getLogger(__name__)
 _PATH = re.compile(r"/v1/clusters/([^/]+)")
-_LIST_PATH = "/v1/clusters"
 
 
 def dumps(body: Any) -> bytes:
@@ -70,14 +74,20 @@ def _marks(ctx: Context, cluster_id: str) -> tuple[object, ...]:
     return (ctx.idle_since.get(cluster_id), ctx.proxy.problem())
 
 
-def _render(ctx: Context, cache: ViewCache, account_id: int, cluster_id: str) -> Rendered:
-    # Rendering runs here too: one hand-off to the lane per request costs less than
-    # handing the details back to the loop to render (bench/bench_get_cluster.py).
-    stamp, marks = cache.stamp(), _marks(ctx, cluster_id)
-    details = cluster_views.load_visible(ctx, account_id, cluster_id)
-    rendered = Rendered(details.cluster.project_id, dumps(views.cluster_v1(details)))
-    cache.put(cluster_id, account_id, marks, rendered, stamp)
-    return rendered
+@dataclass(frozen=True)
+class Surface:
+    """How one API answers a cluster read: the view cache's subject prefix, the
+    ``data`` of a cluster, the whole body around it, and an error's body and type."""
+
+    prefix: str
+    render: Callable[[cluster_views.ClusterDetails, datetime], Any]
+    wrap: Callable[[bytes], bytes]
+    error: Callable[[GpuyardError], bytes]
+    error_type: bytes
+
+
+def _v1_error(exc: GpuyardError) -> bytes:
+    return dumps(error_body(exc.code, exc.message, exc.details))
 
 
 def ok_bytes(data: bytes) -> bytes:
@@ -87,6 +97,23 @@ def ok_bytes(data: bytes) -> bytes:
         data,
         new_request_id().encode(),
     )
+
+
+# REST v1's ``{success, data, meta}`` envelope.
+V1 = Surface("", lambda d, _now: views.cluster_v1(d), ok_bytes, _v1_error, b"application/json")
+
+
+def _render(
+    ctx: Context, cache: ViewCache, account_id: int, cluster_id: str, surface: Surface = V1
+) -> Rendered:
+    # Rendering runs here too: one hand-off to the lane per request costs less than
+    # handing the details back to the loop to render (bench/bench_get_cluster.py).
+    stamp, marks = cache.stamp(), _marks(ctx, cluster_id)
+    details = cluster_views.load_visible(ctx, account_id, cluster_id)
+    data = dumps(surface.render(details, ctx.clock.now()))
+    rendered = Rendered(details.cluster.project_id, data)
+    cache.put(surface.prefix + cluster_id, account_id, marks, rendered, stamp)
+    return rendered
 
 
 # Reads in flight on each event loop, by what they render: when a kept answer ages out
@@ -116,11 +143,13 @@ async def shared(key: Hashable, read: Callable[[], Awaitable[Rendered]]) -> Rend
     return await asyncio.shield(flight)
 
 
-async def _shared_read(state: AppState, account_id: int, cluster_id: str) -> Rendered:
+async def _shared_read(
+    state: AppState, account_id: int, cluster_id: str, surface: Surface = V1
+) -> Rendered:
     """One cluster's rendered answer, read on the lane and shared (``shared``)."""
     return await shared(
-        (cluster_id, account_id),
-        lambda: state.reads.run(_render, state.ctx, state.views, account_id, cluster_id),
+        (surface.prefix + cluster_id, account_id),
+        lambda: state.reads.run(_render, state.ctx, state.views, account_id, cluster_id, surface),
     )
 
 
@@ -131,6 +160,7 @@ async def answer(
     cluster_id: str,
     selecting: HTTPConnection | None = None,
     if_none_match: str | None = None,
+    surface: Surface = V1,
 ) -> tuple[int, bytes, str | None]:
     """Status, JSON body and ``ETag`` of ``GET /v1/clusters/{id}``, errors in the v1
     envelope (and without an ETag: an error is never 304). The ETag is the digest of
@@ -143,29 +173,29 @@ async def answer(
         principal = await state.principal(key_from(authorization, query), selection)
         principal.require_permission(Permission.READ_RESOURCES)
         ctx, cache = state.ctx, state.views
-        rendered = cache.get(cluster_id, principal.account_id, _marks(ctx, cluster_id))
+        subject = surface.prefix + cluster_id
+        rendered = cache.get(subject, principal.account_id, _marks(ctx, cluster_id))
         if rendered is None:
-            rendered = await _shared_read(state, principal.account_id, cluster_id)
+            rendered = await _shared_read(state, principal.account_id, cluster_id, surface)
         if not principal.may_use_project(rendered.project_id):
             raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
         etag = etag_of(rendered.data)
         if not_modified(if_none_match, etag):
             return 304, b"", etag
-        return 200, ok_bytes(rendered.data), etag
+        return 200, surface.wrap(rendered.data), etag
     except GpuyardError as exc:
-        return exc.http_status, dumps(error_body(exc.code, exc.message, exc.details)), None
+        return exc.http_status, surface.error(exc), None
     except Exception as exc:
         if is_database_unavailable(exc):
             raise  # 503 with Retry-After (api/http/database_outage.py)
         log.exception("unhandled error reading cluster %s", cluster_id)
-        body = dumps(error_body("INTERNAL_ERROR", "internal error; see the server log"))
-        return 500, body, None
+        return 500, surface.error(GpuyardError("internal error; see the server log")), None
 
 
 # -- GET /v1/clusters: a page kept in the view cache -------------------------------
 
 
-def list_subject(principal: Principal, query: list[tuple[str, str]]) -> str:
+def list_subject(principal: Principal, query: list[tuple[str, str]], prefix: str = "") -> str:
     """The view cache's name for a page of the cluster list: the request's query as
     sent (minus a key given as a parameter) and the caller's project scope; the account
     is the cache key's other half. The route keeps a page under this name only after
@@ -177,7 +207,7 @@ def list_subject(principal: Principal, query: list[tuple[str, str]]) -> str:
         key=lambda pair: pair[0],
     )
     scope = "all" if principal.project_ids is None else sorted(principal.project_ids)
-    return f"list?{urlencode(shown)}&scope={scope}"
+    return f"{prefix}list?{urlencode(shown)}&scope={scope}"
 
 
 def list_marks(ctx: Context) -> tuple[object, ...]:
@@ -200,7 +230,9 @@ def not_modified(if_none_match: str | None, etag: str) -> bool:
     return etag in tags or "*" in tags
 
 
-async def _kept_list(state: AppState, authorization: str | None, raw_query: str) -> Rendered | None:
+async def _kept_list(
+    state: AppState, authorization: str | None, raw_query: str, surface: Surface
+) -> Rendered | None:
     """The answer to a list request from a kept page, else None: the route answers
     (a miss, or any error: bad key, no permission)."""
     query = parse_qsl(raw_query, keep_blank_values=True)
@@ -212,7 +244,7 @@ async def _kept_list(state: AppState, authorization: str | None, raw_query: str)
         return None
     if not principal.allows(Permission.READ_RESOURCES):
         return None
-    subject = list_subject(principal, query)
+    subject = list_subject(principal, query, surface.prefix)
     return state.views.get(subject, principal.account_id, list_marks(state.ctx))
 
 
@@ -222,17 +254,28 @@ def _selects_account(scope: Scope) -> bool:
 
 
 class ClusterReadFastPath:
-    def __init__(self, app: ASGIApp) -> None:
+    """``more``: other surfaces' reads of one cluster, by the pattern of their path
+    (its one group the cluster id) and the path of their list (whose route keeps its
+    pages under ``list_subject`` with the surface's prefix)."""
+
+    def __init__(
+        self, app: ASGIApp, more: tuple[tuple[re.Pattern[str], str, Surface], ...] = ()
+    ) -> None:
         self.app = app
+        self.reads = ((_PATH, V1), *((pattern, surface) for pattern, _, surface in more))
+        self.lists = {"/v1/clusters": V1, **{path: surface for _, path, surface in more}}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = (
-            _PATH.fullmatch(scope["path"])
-            if scope["type"] == "http" and scope["method"] == "GET"
-            else None
-        )
         get = scope["type"] == "http" and scope["method"] == "GET"
-        listing = get and match is None and scope["path"] == _LIST_PATH
+        match, surface = None, V1
+        for pattern, read in self.reads if get else ():
+            match = pattern.fullmatch(scope["path"])
+            if match is not None:
+                surface = read
+                break
+        listing = get and match is None and scope["path"] in self.lists
+        if listing:
+            surface = self.lists[scope["path"]]
         query = scope.get("query_string", b"") if match is not None or listing else b""
         params = parse_qs(query.decode("latin-1")) if query else {}
         # A request that selects an account takes the full route (api/state.py).
@@ -246,7 +289,9 @@ class ClusterReadFastPath:
             elif name == b"if-none-match":
                 if_none_match = value.decode("latin-1")
         if listing:
-            kept = await _kept_list(scope["app"].state.gpuyard, authorization, query.decode())
+            kept = await _kept_list(
+                scope["app"].state.gpuyard, authorization, query.decode(), surface
+            )
             if kept is None:
                 await self.app(scope, receive, send)
                 return
@@ -254,7 +299,7 @@ class ClusterReadFastPath:
             if not_modified(if_none_match, etag):
                 await _send(send, 304, b"", etag)
             else:
-                await _send(send, 200, ok_bytes(kept.data), etag)
+                await _send(send, 200, surface.wrap(kept.data), etag)
             return
         assert match is not None
         status, body, tag = await answer(
@@ -263,13 +308,16 @@ class ClusterReadFastPath:
             lambda name: (params.get(name) or [None])[0],
             unquote(match.group(1)),
             if_none_match=if_none_match,
+            surface=surface,
         )
-        await _send(send, status, body, tag)
+        await _send(send, status, body, tag, surface.error_type if status >= 400 else None)
 
 
-async def _send(send: Send, status: int, body: bytes, etag: str | None = None) -> None:
+async def _send(
+    send: Send, status: int, body: bytes, etag: str | None = None, media: bytes | None = None
+) -> None:
     headers = [
-        (b"content-type", b"application/json"),
+        (b"content-type", media or b"application/json"),
         (b"content-length", str(len(body)).encode()),
     ]
     if etag is not None:

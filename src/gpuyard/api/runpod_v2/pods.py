@@ -15,9 +15,12 @@ from fastapi import Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from gpuyard.api.fast import fastpath
+from gpuyard.api.fast.view_cache import Rendered
 from gpuyard.api.rest import log_follow
 from gpuyard.api.runpod_v2 import pod_updates
 from gpuyard.api.runpod_v2.common import answer_docs, v2_router
+from gpuyard.api.runpod_v2.fast_reads import POD_READS
 from gpuyard.api.runpod_v2.pod_requests import create_cluster_input, create_inputs, renamed
 from gpuyard.api.runpod_v2.pod_schemas import (
     CreatePodRequest,
@@ -114,7 +117,7 @@ def _statuses(status: str | None) -> tuple[ClusterStatus, ...] | None:
 
 
 @router.get("/pods", responses=answer_docs(ListPodsResponse, 200, "The account's pods"))
-def list_pods(
+async def list_pods(
     request: Request,
     principal: Principal = Depends(current_principal),
     name: str | None = Query(default=None, max_length=200, description="Exactly this name"),
@@ -155,7 +158,34 @@ def list_pods(
         network_volume_id=networkVolumeId,
         image=imageName,
     )
-    ctx, now = state.ctx, state.ctx.clock.now()
+    subject = fastpath.list_subject(principal, request.query_params.multi_items(), POD_READS.prefix)
+    marks = fastpath.list_marks(state.ctx)
+    rendered = state.views.get(subject, principal.account_id, marks)
+    if rendered is None:
+        # Polls that miss at once share one read; the page is kept for the next ones,
+        # which api/fast/fastpath.py answers without routing.
+        rendered = await fastpath.shared(
+            (subject, principal.account_id),
+            lambda: run_in_threadpool(
+                _render_list, state, principal, filters, limit, cursor, subject, marks
+            ),
+        )
+    return Response(rendered.data, media_type="application/json")
+
+
+def _render_list(
+    state: AppState,
+    principal: Principal,
+    filters: ClusterFilters,
+    limit: int | None,
+    cursor: str | None,
+    subject: str,
+    marks: tuple[object, ...],
+) -> Rendered:
+    """Read and render the pods a list asks for (a worker thread), kept in the view
+    cache under ``subject``."""
+    ctx, cache = state.ctx, state.views
+    stamp, now = cache.stamp(), ctx.clock.now()
     size = limit or WHOLE_LIST_PAGE
     pods: list[dict[str, Any]] = []
     while True:
@@ -167,7 +197,9 @@ def list_pods(
     answer: dict[str, Any] = {"pods": pods}
     if limit is not None:
         answer["nextCursor"] = cursor
-    return JSONResponse(answer)
+    rendered = Rendered(0, fastpath.dumps(answer))
+    cache.put(subject, principal.account_id, marks, rendered, stamp)
+    return rendered
 
 
 @router.get(POD_PATH, responses=answer_docs(Pod, 200, "The pod"))
