@@ -132,7 +132,7 @@ async def list_pods(
     includeClusterPods: bool = Query(default=False),
     limit: int | None = Query(default=None, ge=1, le=500),
     cursor: str | None = Query(default=None, max_length=512),
-) -> JSONResponse:
+) -> Response:
     """The account's pods, newest first: like RunPod, every pod (all of them at once)
     but terminated ones, unless ``status=TERMINATED``.
 
