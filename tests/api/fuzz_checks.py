@@ -78,13 +78,19 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     # RunPod v2 (/runpod/v2) answers such refusals as problems, 400 or, where RunPod's
     # document says so, 422: an OpenSSH key's text is parsed (each ``keys[i]``).
     ("PUT", "/runpod/v2/account/ssh-keys"): frozenset({"keys"}),
-    ("POST", "/runpod/v2/network-volumes"): frozenset({"dataCenter", "name"}),
-    ("PATCH", "/runpod/v2/network-volumes/{id}"): frozenset({"size"}),
+    # The account's quota and the host's disk decide a size; an empty PATCH changes nothing.
+    ("POST", "/runpod/v2/network-volumes"): frozenset({"dataCenter", "name", "size"}),
+    ("PATCH", "/runpod/v2/network-volumes/{id}"): frozenset({"size", "body"}),
     ("POST", "/runpod/v2/clusters"): frozenset(
         {"keys", "compute", "dataCenterIds", "image", "name"}
     ),
-    ("POST", "/runpod/v2/templates"): frozenset({"image", "ports", "env", "mounts", "name"}),
-    ("PATCH", "/runpod/v2/templates/{id}"): frozenset({"image", "ports", "env", "mounts", "name"}),
+    # ``registry`` must be one of the account's registry credentials.
+    ("POST", "/runpod/v2/templates"): frozenset(
+        {"image", "ports", "env", "mounts", "name", "registry"}
+    ),
+    ("PATCH", "/runpod/v2/templates/{id}"): frozenset(
+        {"image", "ports", "env", "mounts", "name", "registry"}
+    ),
     # RunPod v2's create (api/runpod_v2/pod_requests.py): the catalog's GPU types, the
     # installation's locations, network volumes, templates and registry credentials;
     # the host port range and registry allow-list settings; env names and commands

@@ -159,8 +159,15 @@ def templates_get(template_id: str, url: str | None, api_key: str | None, as_jso
 @_ENV
 @_SECRET_ENV
 @_PORT
-@click.option("--container-disk-gb", type=click.IntRange(min=1), default=None)
-@click.option("--volume-gb", type=click.IntRange(min=0), default=None)
+@click.option(
+    "--container-disk-gb",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Container disk of its clusters (GB).",
+)
+@click.option(
+    "--volume-gb", type=click.IntRange(min=0), default=None, help="Their volume (GB; 0: none)."
+)
 @click.option("--volume-mount-path", default=None, help="Default /workspace.")
 @click.option("--registry-auth", "registry_auth", type=int, default=None, metavar="ID",
               help="Pull the image with these registry credentials (registry-auths).")  # fmt: skip
@@ -225,9 +232,14 @@ def templates_create(
 @_ENV
 @_SECRET_ENV
 @_PORT
-@click.option("--container-disk-gb", type=click.IntRange(min=1), default=None)
-@click.option("--volume-gb", type=click.IntRange(min=0), default=None)
-@click.option("--volume-mount-path", default=None)
+@click.option(
+    "--container-disk-gb",
+    type=click.IntRange(min=1),
+    default=None,
+    help="New container disk of its clusters (GB).",
+)
+@click.option("--volume-gb", type=click.IntRange(min=0), default=None, help="New volume size (GB).")
+@click.option("--volume-mount-path", default=None, help="New volume mount path.")
 @click.option("--registry-auth", "registry_auth", type=int, default=None, metavar="ID",
               help="Pull the image with these registry credentials.")  # fmt: skip
 @click.option("--no-registry-auth", is_flag=True, help="Pull without registry credentials.")

@@ -32,8 +32,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table("cluster_templates") as batch:
         batch.drop_column("docker_entrypoint")
-    with op.batch_alter_table("hosts") as batch:
-        batch.drop_column("cuda_version")
+    # A plain DROP COLUMN: a batch would copy ``hosts``, which clusters' foreign keys
+    # refuse while clusters name a host (as 0018).
+    op.drop_column("hosts", "cuda_version")
     with op.batch_alter_table("clusters") as batch:
         batch.drop_column("allowed_cuda_versions")
         batch.drop_column("min_cuda_version")
