@@ -84,12 +84,13 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     ("POST", "/runpod/v2/clusters"): frozenset(
         {"keys", "compute", "dataCenterIds", "image", "name"}
     ),
-    # ``registry`` must be one of the account's registry credentials.
+    # ``registry`` must be one of the account's registry credentials; ``disk`` is checked
+    # again with the stored template's volume when the change is applied.
     ("POST", "/runpod/v2/templates"): frozenset(
-        {"image", "ports", "env", "mounts", "name", "registry"}
+        {"image", "ports", "env", "mounts", "name", "registry", "disk"}
     ),
     ("PATCH", "/runpod/v2/templates/{id}"): frozenset(
-        {"image", "ports", "env", "mounts", "name", "registry"}
+        {"image", "ports", "env", "mounts", "name", "registry", "disk"}
     ),
     # RunPod v2's create (api/runpod_v2/pod_requests.py): the catalog's GPU types, the
     # installation's locations, network volumes, templates and registry credentials;
