@@ -12,7 +12,7 @@ from typing import Literal
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from gpuyard.api.runpod_v2.common import (
     V2Body,
@@ -43,6 +43,9 @@ class CreateNetworkVolumeRequest(V2Body):
 
 
 class UpdateNetworkVolumeRequest(V2Body):
+    # An empty change is refused: the document's schema says so too.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
     name: str | None = Field(default=None, min_length=1, max_length=200)
     size: int | None = Field(
         default=None, ge=MIN_GB, le=MAX_GB, strict=True, description="GB; only grows"

@@ -54,7 +54,12 @@ NAMES = {
 
 class PersistentMount(V2Body):
     size: int = Field(ge=0, le=1048576, strict=True, description="The volume, in GB")
-    path: str = Field(min_length=1, max_length=255, description="Where it is mounted")
+    path: str = Field(
+        min_length=1,
+        max_length=255,
+        description="Where it is mounted (absolute)",
+        json_schema_extra={"pattern": "^/"},
+    )
 
 
 class TemplateMounts(V2Body):
