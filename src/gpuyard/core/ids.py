@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import string
+import uuid
 from contextvars import ContextVar, Token
 
 _ALPHABET = string.ascii_lowercase + string.digits
@@ -47,3 +49,41 @@ def new_network_volume_id() -> str:
 def new_template_id() -> str:
     """A 10-character lowercase id, as RunPod template ids are."""
     return "".join(secrets.choice(_ALPHABET) for _ in range(10))
+
+
+def new_endpoint_id() -> str:
+    """A 14-character lowercase id with at least one digit, as RunPod endpoint ids are;
+    the digit keeps it apart from every collection name under ``/runpod/v2`` (``pods``,
+    ``templates``, ``workers``, …), which the job routes share a prefix with."""
+    while True:
+        candidate = "".join(secrets.choice(_ALPHABET) for _ in range(14))
+        if any(ch.isdigit() for ch in candidate):
+            return candidate
+
+
+def is_endpoint_id(text: str) -> bool:
+    """Whether ``text`` has the shape of an endpoint id (never a collection's name)."""
+    return (
+        len(text) == 14 and all(ch in _ALPHABET for ch in text) and any(ch.isdigit() for ch in text)
+    )
+
+
+def new_job_id() -> str:
+    """A serverless job's id: a UUID with a ``-u1`` suffix, the shape RunPod answers."""
+    return f"{uuid.uuid4()}-u1"
+
+
+def new_worker_id() -> str:
+    """A serverless worker's id (its ``RUNPOD_POD_ID``): ``wk`` and 12 lowercase characters."""
+    return "wk" + "".join(secrets.choice(_ALPHABET) for _ in range(12))
+
+
+def new_worker_key() -> str:
+    """A worker's secret (its ``RUNPOD_AI_API_KEY``); stored only as its SHA-256
+    (``worker_key_hash``)."""
+    return "gyw_" + secrets.token_urlsafe(32)
+
+
+def worker_key_hash(key: str) -> str:
+    """The hex SHA-256 a worker's key is stored and looked up by."""
+    return hashlib.sha256(key.encode()).hexdigest()

@@ -38,6 +38,12 @@ from gpuyard.store.schema.fleet import (
     PlacementLock,
 )
 from gpuyard.store.schema.networking import ReservedIp, SecurityGroup
+from gpuyard.store.schema.serverless import (
+    ServerlessEndpoint,
+    ServerlessJob,
+    ServerlessJobChunk,
+    ServerlessWorker,
+)
 from gpuyard.store.schema.tenancy import (
     Account,
     AccountSecret,
@@ -97,6 +103,10 @@ __all__ = [
     "Reservation",
     "ReservedIp",
     "SecurityGroup",
+    "ServerlessEndpoint",
+    "ServerlessJob",
+    "ServerlessJobChunk",
+    "ServerlessWorker",
     "Snapshot",
     "SshKey",
     "StartupSample",

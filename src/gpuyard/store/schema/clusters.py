@@ -104,6 +104,9 @@ class Cluster(Base):
     # None: an anonymous pull. Deleting the credentials leaves the id dangling: the
     # next pull is anonymous and a registry that needs them refuses it.
     registry_auth_id: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The serverless endpoint this cluster is a worker of (migration 0031); None: a
+    # cluster of its own. Workers are started and stopped by the endpoint's scaler.
+    serverless_endpoint_id: Mapped[str | None] = mapped_column(String(14), default=None)
     last_restart_at: Mapped[datetime | None] = mapped_column()
     next_restart_at: Mapped[datetime | None] = mapped_column()
     recent_failures: Mapped[list[Any]] = mapped_column(default=list)

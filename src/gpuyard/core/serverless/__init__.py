@@ -1,0 +1,2 @@
+"""Serverless endpoints, pure: job states (``jobs``) and how many workers an endpoint
+wants (``scaling``)."""
