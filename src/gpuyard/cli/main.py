@@ -4,6 +4,7 @@ machine (``serve``, ``keys``, ``dev-image``); the HTTP commands live beside it."
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import click
 
@@ -93,19 +94,50 @@ def ssh_gateway() -> None:
     is_flag=True,
     help="Build the web test image instead (HTTP/WebSocket test server on 8888; needs gcc).",
 )
+@click.option(
+    "--serverless",
+    is_flag=True,
+    help="Build the serverless worker test image instead (Python and runpod-python; "
+    "HANDLER=echo|stream|slow|async|concurrent).",
+)
+@click.option(
+    "--wheel-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="With --serverless: the wheel cache [default: .cache/serverless-wheels].",
+)
 @click.option("--force", is_flag=True, help="Rebuild even if an image from this recipe exists.")
 def dev_image(
-    runtime_cli: str | None, name: str | None, slurm: bool, web: bool, force: bool
+    runtime_cli: str | None,
+    name: str | None,
+    slurm: bool,
+    web: bool,
+    serverless: bool,
+    wheel_dir: Path | None,
+    force: bool,
 ) -> None:
     """Build the offline busybox development image (or, with --slurm, the Slurm node
-    image; with --web, the web test image); prints its name as the last line.
+    image; with --web, the web test image; with --serverless, the serverless worker
+    image); prints its name as the last line.
 
     An image already built from the same recipe is reused (said on stderr) unless
     --force is given."""
     if runtime_cli is None:
         runtime_cli = "podman" if shutil.which("podman") else "docker"
-    if slurm and web:
-        raise click.UsageError("--slurm and --web build different images: pick one")
+    if sum((slurm, web, serverless)) > 1:
+        raise click.UsageError("--slurm, --web and --serverless build different images: pick one")
+    if serverless:
+        from gpuyard.devtools.serverless_image import (
+            SERVERLESS_IMAGE,
+            build_serverless_image,
+            serverless_image_current,
+        )
+
+        name = name or SERVERLESS_IMAGE
+        current = not force and serverless_image_current(name, runtime_cli, wheel_dir)
+        _say_build(name, current, f"the wheel cache and {runtime_cli} import")
+        click.echo(build_serverless_image(runtime_cli, name, force=force, wheel_dir=wheel_dir))
+        return
     if web:
         from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image, web_image_current
 

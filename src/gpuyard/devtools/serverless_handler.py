@@ -166,7 +166,9 @@ def call_handler(handler: Callable[[Job], Any], job: Job) -> Any:
     return result
 
 
-def make_http_server(handler: Callable[[Job], Any], port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+def make_http_server(
+    handler: Callable[[Job], Any], port: int, host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
     """An HTTP/1.1 server (keep-alive, a thread per connection) answering ``POST /`` with
     the handler's output for ``{"input": ...}`` and ``GET /health``; not yet serving."""
 

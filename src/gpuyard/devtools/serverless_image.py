@@ -50,7 +50,7 @@ SITE_DIR = "/opt/runpod/site"
 # for one (the conventional value; any port works).
 DIRECT_HTTP_PORT = 8080
 # Bump when the rootfs layout, the exclusions or the import's --change lines change.
-RECIPE_REVISION = 1
+RECIPE_REVISION = 2
 RECIPE_LABEL = "gpuyard.serverless-recipe"
 # Written into the wheel directory once ``pip wheel`` has fetched the whole set.
 COMPLETE_MARKER = ".complete"
@@ -248,7 +248,9 @@ def stdlib_files(python: HostPython) -> Iterator[Path]:
     for root, dirs, files in os.walk(python.stdlib):
         here = Path(root)
         if here == python.stdlib:
-            dirs[:] = [d for d in dirs if d not in _STDLIB_SKIP_DIRS and not d.startswith("config-")]
+            dirs[:] = [
+                d for d in dirs if d not in _STDLIB_SKIP_DIRS and not d.startswith("config-")
+            ]
         dirs.sort()
         for name in sorted(files):
             if ".opt-1." in name or ".opt-2." in name:
@@ -304,7 +306,9 @@ def write_rootfs(out: Path, python: HostPython, site: Path) -> None:
         )
     )
     extensions = [p for p in _tree(site) if ".so" in p.name]
-    extensions += [p for p in _tree(python.dynload) if p.suffix == ".so"]
+    extensions += [
+        p for p in _tree(python.dynload) if p.suffix == ".so" and not _DYNLOAD_SKIP.match(p.name)
+    ]
     libraries = shared_libraries([python.executable, *extensions], inside=site)
     with tarfile.open(out, "a") as tar:
         seen = {m.name for m in tar.getmembers()}
