@@ -83,8 +83,11 @@ def wanted_by_scaler(policy: ScalingPolicy, queue: QueueState, current: int, now
     if policy.scaler_type is ScalerType.REQUEST_COUNT:
         return math.ceil((queue.in_queue + queue.in_progress) / value)
     # QUEUE_DELAY: jobs waiting too long add one worker; any queued job keeps at least one.
+    # With nothing queued the scaler wants none: decide() keeps the busy workers, and the
+    # idle ones go once their idle timeout has passed (holding every worker while one job
+    # still runs would keep idle workers, and their cost, for as long as jobs trickle in).
     if queue.oldest_queued_at is None:
-        return current if queue.in_progress else 0
+        return 0
     waited = (now - queue.oldest_queued_at).total_seconds()
     floor = max(current, 1)
     return floor + 1 if waited > value and current > 0 else floor
