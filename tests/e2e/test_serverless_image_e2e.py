@@ -186,11 +186,14 @@ class FakeJobApi:
 
             def _send(self, status: int, body: Any = None) -> None:
                 data = b"" if body is None else json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # a stopped worker's long poll
 
             def do_GET(self) -> None:
                 url = urlparse(self.path)
