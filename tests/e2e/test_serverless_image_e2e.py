@@ -21,7 +21,9 @@ from urllib.parse import parse_qs, urlparse
 import docker
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from gpuyard.cli.main import cli
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
 from gpuyard.devtools.serverless_image import (
     DIRECT_HTTP_PORT,
@@ -100,6 +102,13 @@ def test_build_is_cached_by_recipe(serverless_image: str) -> None:
     assert build_serverless_image("podman") == SERVERLESS_IMAGE
     assert image_id() == before  # the same image: nothing was installed or imported again
     assert time.monotonic() - t0 < 10
+
+
+def test_cli_builds_it_and_says_when_it_reused_it(serverless_image: str) -> None:
+    result = CliRunner().invoke(cli, ["dev-image", "--serverless", "--runtime", "podman"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == SERVERLESS_IMAGE
+    assert "already present, reused" in result.output
 
 
 @pytest.mark.parametrize(
