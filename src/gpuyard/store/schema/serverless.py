@@ -113,6 +113,9 @@ class ServerlessJob(Base):
     completed_at: Mapped[datetime | None] = mapped_column()
     # When its result is forgotten (30 minutes after the end for /run, as RunPod).
     expires_at: Mapped[datetime | None] = mapped_column()
+    # When its worker was told to stop it (the stop channel answers a cancelled or timed
+    # out job once); None: not yet, or it never needed stopping.
+    stop_sent_at: Mapped[datetime | None] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
