@@ -366,15 +366,14 @@ def endpoint_health(ctx: Context, principal: Principal, endpoint_id: str) -> Hea
     workers: ready and holding no job is idle; ready and busy, or starting, running."""
     with ctx.read() as session:
         endpoint = visible_endpoint(session, principal, endpoint_id)
-        counts = dict(
-            session.execute(
+        counts: dict[str, int] = {
+            status: int(count)
+            for status, count in session.execute(
                 select(ServerlessJob.status, func.count())
                 .where(ServerlessJob.endpoint_id == endpoint.id)
                 .group_by(ServerlessJob.status)
             )
-            .tuples()
-            .all()
-        )
+        }
         retried = session.scalar(
             select(func.count()).where(
                 ServerlessJob.endpoint_id == endpoint.id, ServerlessJob.retried > 0
