@@ -68,7 +68,7 @@ def test_32_concurrent_takers_never_take_a_job_twice(
                     return
                 with lock:
                     taken.extend((job_id, worker_id) for job_id in ids)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=taker, args=(w,)) for w in workers]
