@@ -4,19 +4,25 @@ clock, and a restart on the same database leaving every job finished or queued."
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from gpuyard.core.errors import Forbidden, InvalidState, NotFound, Unauthorized
 from gpuyard.core.serverless.jobs import FINAL_STATUSES, JobStatus
+from gpuyard.services.billing import budgets
+from gpuyard.services.billing.budgets import BudgetChange
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.installation.bootstrap import open_store
 from gpuyard.services.serverless import jobs, worker_calls
 from gpuyard.services.serverless.queue import give_back_jobs, queue_state, take_jobs
 from gpuyard.services.serverless.sweep import sweep
+from gpuyard.services.tenancy import webhooks
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Account
 from gpuyard.store.schema.serverless import ServerlessJob, ServerlessWorker
@@ -308,3 +314,53 @@ def test_a_restart_on_the_same_database_loses_no_job(
         assert [statuses[j] for j in taken[1:]] == ["IN_QUEUE", "IN_QUEUE"]
     finally:
         engine.dispose()
+
+
+def test_completion_webhook_is_signed_and_retried(
+    ctx: Context, alice: Principal, clock: FakeClock
+) -> None:
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            self.send_response(500 if len(received) == 1 else 204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/done"
+    try:
+        ctx.settings = ctx.settings.model_copy(update={"webhook_allow_private": True})
+        view = budgets.update_budget(
+            ctx,
+            dataclasses.replace(alice, operator=True),
+            alice.account_id,
+            BudgetChange(fields=frozenset({"webhook_url"}), webhook_url=url + "/account"),
+        )
+        secret = view.webhook_secret
+        assert secret is not None
+        endpoint_id = _endpoint(ctx, alice)
+        request = jobs.JobRequest(input_json="1", webhook=url)
+        job_id = jobs.submit_job(ctx, alice, endpoint_id, request, False).id
+        worker_id, key = make_worker(ctx, endpoint_id, created_at=clock.now(), status="ready")
+        ref = worker_calls.authenticate_worker(ctx, key, endpoint_id, worker_id)
+        worker_calls.take(ctx, ref, 1)
+        worker_calls.job_done(ctx, ref, job_id, {"output": {"ok": True}})
+        assert webhooks.deliver_due(ctx) == 0  # the receiver failed the first attempt
+        clock.advance(webhooks.BACKOFF_S[0] + 1)
+        assert webhooks.deliver_due(ctx) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(received) == 2
+    headers, raw = received[-1]
+    assert headers["x-gpuyard-event"] == "serverless.job"
+    assert webhooks.verify(secret, raw, headers["x-gpuyard-signature"])
+    body = json.loads(raw)
+    assert (body["id"], body["status"], body["output"]) == (job_id, "COMPLETED", {"ok": True})

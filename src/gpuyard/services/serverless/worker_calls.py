@@ -92,10 +92,12 @@ def ping(ctx: Context, worker: WorkerRef) -> None:
             return
         row.last_ping_at = now
         row.updated_at = now
-        if row.status == "starting":
+        became_ready = row.status == "starting"
+        if became_ready:
             row.status = "ready"
             row.last_busy_at = row.last_busy_at or now
-    ctx.wake()
+    if became_ready:
+        ctx.wake()  # the scaler counts it as ready now
 
 
 def _held(session: Session, worker: WorkerRef, job_id: str) -> ServerlessJob:
