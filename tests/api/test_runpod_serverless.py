@@ -253,7 +253,7 @@ def test_bad_bodies_are_problems_not_500s(world: World) -> None:
         assert c.get(f"{world.srv.url}/runpod/v2/templates").status_code == 200
 
 
-JOB_ROUTES = [
+JOB_ROUTES: list[tuple[str, str, dict[str, object] | None]] = [
     ("POST", "run", {"input": {}}),
     ("POST", "runsync", {"input": {}}),
     ("GET", "status/{job}", None),
