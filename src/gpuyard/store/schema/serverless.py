@@ -135,8 +135,9 @@ class ServerlessWorker(Base):
     """One worker of an endpoint: a cluster running the endpoint's image with RunPod's
     worker environment. ``id`` is what the worker calls itself (``RUNPOD_POD_ID``);
     ``key_hash`` the SHA-256 of its ``RUNPOD_AI_API_KEY``, which takes and answers jobs of
-    this endpoint only. ``status``: starting, ready (taking jobs), stopping, stopped
-    (flashboot: container kept), gone."""
+    this endpoint only. ``status``: starting, ready (taking jobs), recycle (to be stopped
+    and replaced: it went silent, or still runs a cancelled or timed-out job), stopping,
+    stopped (flashboot: container kept), gone."""
 
     __tablename__ = "serverless_workers"
     __table_args__ = (
