@@ -75,6 +75,18 @@ def take(ctx: Context, worker: WorkerRef, max_jobs: int) -> list[dict[str, Any]]
     """Up to ``max_jobs`` jobs handed to the worker now (``[]``: none queued, or the
     worker no longer takes jobs), each as the SDK reads it: ``{id, input}``."""
     now = ctx.clock.now()
+    with ctx.read() as session:
+        # A poll of an empty queue takes no write lock (SQLite has one for the database).
+        waiting = session.scalar(
+            select(ServerlessJob.id)
+            .where(
+                ServerlessJob.endpoint_id == worker.endpoint_id,
+                ServerlessJob.status == JobStatus.IN_QUEUE.value,
+            )
+            .limit(1)
+        )
+    if waiting is None:
+        return []
     with ctx.transaction() as session:
         row = session.get(ServerlessWorker, worker.id, populate_existing=True)
         if row is None:
