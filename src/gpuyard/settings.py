@@ -253,6 +253,18 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = None
     metrics_public: bool = False
 
+    # Serverless endpoints' queue (README "Serverless endpoints"). A worker that has not
+    # pinged for serverless_worker_ping_timeout_s (counted from its start, with
+    # serverless_worker_start_grace_s before its first ping) is replaced and its jobs
+    # go back to the queue, at most serverless_job_max_retries times; a worker's
+    # job-take waits up to serverless_job_take_wait_s for a job before answering 204;
+    # a finished job's result is kept serverless_result_ttl_s.
+    serverless_worker_ping_timeout_s: int = Field(default=30, ge=1, le=3600)
+    serverless_worker_start_grace_s: int = Field(default=300, ge=1, le=86400)
+    serverless_job_max_retries: int = Field(default=3, ge=0, le=100)
+    serverless_job_take_wait_s: float = Field(default=20.0, ge=0, le=120)
+    serverless_result_ttl_s: int = Field(default=1800, ge=1, le=7 * 86400)
+
     @field_validator("reserved_ips")
     @classmethod
     def _reserved_ips(cls, value: str | None) -> str | None:

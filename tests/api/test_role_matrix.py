@@ -80,6 +80,9 @@ _RESOURCES = (
     "/runpod/v2/network-volumes",
     "/runpod/v2/account/ssh-keys",
     "/runpod/v2/clusters",
+    # RunPod's serverless job API: reading a job or the health is a read; running,
+    # cancelling, retrying and purging are changes.
+    "/runpod/v2/{endpoint_id}",
 )
 ACC = "/v1/accounts/{account_id}"
 EXPECTED: dict[tuple[str, str], str] = {

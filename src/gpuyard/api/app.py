@@ -51,6 +51,8 @@ from gpuyard.api.rest.tenancy import registry_auths as registry_auths_api
 from gpuyard.api.rest.tenancy import secrets as secrets_api
 from gpuyard.api.runpod_v2 import build_router as runpod_v2_router
 from gpuyard.api.runpod_v2.fast_reads import FAST_READS
+from gpuyard.api.runpod_v2.serverless_jobs import body_limit as job_body_limit
+from gpuyard.api.runpod_v2.serverless_workers import body_limit as worker_body_limit
 from gpuyard.api.state import AppState
 from gpuyard.api.training import routes as training
 from gpuyard.core.errors import GpuyardError
@@ -94,6 +96,11 @@ class Server:
     ctx: Context
     reconciler: Reconciler
     admin_key: IssuedKey | None
+
+
+def serverless_body_limit(method: str, path: str) -> int | None:
+    """The larger body limits of serverless jobs' inputs and workers' results."""
+    return job_body_limit(method, path) or worker_body_limit(method, path)
 
 
 def build_server(
@@ -229,7 +236,9 @@ def build_server(
     # Ahead of the fast path and routing: no NUL in a path or query reaches a query.
     app.add_middleware(NulGuard)
     # Ahead of routing and every body read: an oversize body is refused unread (413).
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, path_limits=serverless_body_limit
+    )
     # Ahead of everything that does work (the fast path, body reads, routing); its
     # buckets' clock is monotonic time unless a test injects one.
     limits = RateLimits.from_settings(settings)

@@ -29,11 +29,25 @@ class StatusNotifier:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._generation = 0
+        self._listeners: set[Callable[[], None]] = set()
 
     def notify(self) -> None:
         with self._cond:
             self._generation += 1
             self._cond.notify_all()
+            listeners = tuple(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (quick, never raising: an event loop's
+        ``call_soon_threadsafe``) at every :meth:`notify` until :meth:`unlisten`."""
+        with self._cond:
+            self._listeners.add(listener)
+
+    def unlisten(self, listener: Callable[[], None]) -> None:
+        with self._cond:
+            self._listeners.discard(listener)
 
     def generation(self) -> int:
         with self._cond:
@@ -98,6 +112,9 @@ class Context:
     # the reconciler's lanes wait on it (services/signals.py).
     work: WorkSignal = field(default_factory=WorkSignal)
     notifier: StatusNotifier = field(default_factory=StatusNotifier)
+    # Rung when a serverless job is queued or moves (services/serverless/): a worker's
+    # job-take and a runsync wait on it instead of polling the store.
+    jobs_notifier: StatusNotifier = field(default_factory=StatusNotifier)
     references: ReferenceCache = field(default_factory=ReferenceCache)
     # Since when each running cluster has been seen idle (auto-termination keeps it;
     # cluster views read it to show the next deadline). In memory: after a restart

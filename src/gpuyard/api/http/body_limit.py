@@ -20,6 +20,7 @@ requests that carry no body.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -54,20 +55,34 @@ def _framing(scope: Scope) -> tuple[int | None, bool]:
     return length, must_count
 
 
-class BodyLimit:
-    """ASGI middleware enforcing ``max_bytes`` on every HTTP request body."""
+# A route's own limit: ``(method, path) -> bytes``, or None for the default.
+PathLimits = Callable[[str, str], int | None]
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+
+def _no_path_limits(_method: str, _path: str) -> int | None:
+    return None
+
+
+class BodyLimit:
+    """ASGI middleware enforcing ``max_bytes`` on every HTTP request body, or the
+    larger limit ``path_limits`` gives a route (a serverless job's input, a worker's
+    result)."""
+
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, path_limits: PathLimits = _no_path_limits
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = path_limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits(scope.get("method", ""), scope.get("path", "")) or self.max_bytes
         length, must_count = _framing(scope)
-        if length is not None and length > self.max_bytes:
-            await self._refuse(scope, send)
+        if length is not None and length > limit:
+            await self._refuse(scope, send, limit)
             return
         if not must_count:
             await self.app(scope, receive, send)
@@ -80,8 +95,8 @@ class BodyLimit:
                 return  # the client went away before its body was complete
             body: bytes = message.get("body", b"")
             size += len(body)
-            if size > self.max_bytes:
-                await self._refuse(scope, send)
+            if size > limit:
+                await self._refuse(scope, send, limit)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -98,9 +113,9 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, send: Send) -> None:
+    async def _refuse(self, scope: Scope, send: Send, limit: int) -> None:
         path = scope.get("path", "")
-        body = json.dumps(too_large_body(path, self.max_bytes)).encode()
+        body = json.dumps(too_large_body(path, limit)).encode()
         headers = [
             (b"content-type", surface_media_type(path).encode()),
             (b"content-length", b"%d" % len(body)),

@@ -17,14 +17,19 @@ from gpuyard.api.runpod_v2.clusters import router as clusters_router
 from gpuyard.api.runpod_v2.network_volumes import router as network_volumes_router
 from gpuyard.api.runpod_v2.pods import router as pods_router
 from gpuyard.api.runpod_v2.registries import router as registries_router
+from gpuyard.api.runpod_v2.serverless_jobs import router as serverless_jobs_router
+from gpuyard.api.runpod_v2.serverless_workers import router as serverless_workers_router
 from gpuyard.api.runpod_v2.ssh_keys import router as ssh_keys_router
 from gpuyard.api.runpod_v2.templates import router as templates_router
 
 
 def build_router() -> APIRouter:
     """Every v2 route; each module's router carries ``RUNPOD_V2_PREFIX`` itself
-    (common.py ``v2_router``)."""
+    (common.py ``v2_router``). Serverless workers' routes come first and the job
+    routes (``/{endpoint_id}/...``) last, after every collection's: an endpoint id is
+    never a collection's name."""
     router = APIRouter()
+    router.include_router(serverless_workers_router)
     router.include_router(pods_router)
     router.include_router(templates_router)
     router.include_router(registries_router)
@@ -32,4 +37,5 @@ def build_router() -> APIRouter:
     router.include_router(ssh_keys_router)
     router.include_router(catalog_router)
     router.include_router(clusters_router)
+    router.include_router(serverless_jobs_router)
     return router

@@ -54,6 +54,10 @@ FAILED = "failed"
 BACKOFF_S = (10, 30, 120, 600, 3600, 3 * 3600, 6 * 3600)
 MAX_URL_LENGTH = 2000
 SIGNATURE_HEADER = "X-Gpuyard-Signature"
+# The event id of a serverless job's completion delivery (services/serverless/webhooks.py):
+# it goes to the URL the job named (the row's), not the account's webhook.
+JOB_EVENT_ID = 0
+JOB_EVENT_KIND = "serverless.job"
 
 Resolver = Callable[[str, int], list[str]]
 
@@ -262,8 +266,9 @@ def _prepare(ctx: Context, delivery_id: int) -> _Attempt | None:
         if row is None or row.status != PENDING or row.next_attempt_at > ctx.clock.now():
             return None
         account = session.get(Account, row.account_id)
-        kind = json.loads(row.body).get("type", "")
-        url = account.webhook_url if account is not None else None
+        job = row.event_id == JOB_EVENT_ID
+        kind = JOB_EVENT_KIND if job else json.loads(row.body).get("type", "")
+        url = row.url if job else (account.webhook_url if account is not None else None)
         stored = account.webhook_secret if account is not None else None
         secret = None
         if stored:

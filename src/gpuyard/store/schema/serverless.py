@@ -113,6 +113,9 @@ class ServerlessJob(Base):
     completed_at: Mapped[datetime | None] = mapped_column()
     # When its result is forgotten (30 minutes after the end for /run, as RunPod).
     expires_at: Mapped[datetime | None] = mapped_column()
+    # When its worker was told to stop it (the stop channel answers a cancelled or timed
+    # out job once); None: not yet, or it never needed stopping.
+    stop_sent_at: Mapped[datetime | None] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -132,8 +135,9 @@ class ServerlessWorker(Base):
     """One worker of an endpoint: a cluster running the endpoint's image with RunPod's
     worker environment. ``id`` is what the worker calls itself (``RUNPOD_POD_ID``);
     ``key_hash`` the SHA-256 of its ``RUNPOD_AI_API_KEY``, which takes and answers jobs of
-    this endpoint only. ``status``: starting, ready (taking jobs), stopping, stopped
-    (flashboot: container kept), gone."""
+    this endpoint only. ``status``: starting, ready (taking jobs), recycle (to be stopped
+    and replaced: it went silent, or still runs a cancelled or timed-out job), stopping,
+    stopped (flashboot: container kept), gone."""
 
     __tablename__ = "serverless_workers"
     __table_args__ = (
