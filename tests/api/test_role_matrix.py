@@ -459,6 +459,13 @@ def test_graphql_fields_answer_each_role_as_the_matrix_says(world: World) -> Non
         ("read", "{ myself { pods { id } } }", {}),
         ("read", "{ myself { networkVolumes { id } } }", {}),
         ("read", "{ myself { podTemplates { id } } }", {}),
+        ("read", "{ myself { endpoints { id } } }", {}),
+        ("write", 'mutation { deleteEndpoint(id: "noendpoint0001") }', {}),
+        (
+            "write",
+            'mutation { saveEndpoint(input: {id: "noendpoint0001", workersMax: 1}) { id } }',
+            {},
+        ),
         ("read", POD, {"id": cid}),
         ("read", "query($id: String!) { cluster(input: {clusterId: $id}) { id } }", {"id": cid}),
         ("billing", "{ myself { currentSpendPerHr } }", {}),
