@@ -12,9 +12,9 @@ from sqlalchemy import event, select
 from gpuyard.core.errors import Forbidden, NetworkVolumeNotFound, ValidationFailed
 from gpuyard.core.ids import is_endpoint_id, new_worker_id
 from gpuyard.core.secret_env import MASK, is_sealed
+from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import templates as tpl
 from gpuyard.services.clusters.template_inputs import CreateTemplate
-from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.serverless import endpoints as eps
 from gpuyard.services.serverless.endpoint_inputs import CreateEndpoint, UpdateEndpoint
