@@ -6,6 +6,8 @@ read, change, delete nor use an endpoint, and cannot lend its template or volume
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from sqlalchemy import event, select
 
@@ -308,3 +310,26 @@ def test_pages_and_counts_in_one_statement(
     assert [e.row.id for e in eps.all_endpoints(ctx, alice)] == ids
     with ctx.read() as s:
         assert s.scalar(select(ServerlessEndpoint.id).where(ServerlessEndpoint.id == ids[0]))
+
+
+def test_concurrent_creates_of_one_name(ctx: Context, alice: Principal) -> None:
+    """Creates of one name at once: exactly one endpoint, every other create a clean
+    ENDPOINT_EXISTS (the unique key decides; no aborted transaction, no 500)."""
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def create() -> None:
+        barrier.wait()
+        try:
+            eps.create_endpoint(ctx, alice, HERE, body(name="race"))
+            outcomes.append("made")
+        except eps.EndpointExists:
+            outcomes.append("exists")
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["exists"] * 7 + ["made"]
+    assert [e.row.name for e in eps.all_endpoints(ctx, alice)] == ["race"]

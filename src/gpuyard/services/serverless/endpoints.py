@@ -126,12 +126,15 @@ def _find(
     return row
 
 
-def live_endpoint(session: Session, principal: Principal, endpoint_id: str) -> ServerlessEndpoint:
-    """The caller's live endpoint ``endpoint_id`` (of its account, in a project it may
-    use), for the job API. Raises EndpointNotFound otherwise, whatever the reason. Runs
-    inside the caller's transaction."""
-    allowed = principal.project_ids
-    return _find(session, ResourceScope(principal.account_id, None, allowed), endpoint_id)
+def live_endpoint(
+    session: Session, principal: Principal, endpoint_id: str, ref: ProjectRef | None = None
+) -> ServerlessEndpoint:
+    """The caller's live endpoint ``endpoint_id`` (of the acting account, in a project
+    it may use; ``ref``: the request's project and ``active_iam``), for the job API.
+    Raises EndpointNotFound otherwise, whatever the reason (a deleting endpoint takes
+    no jobs). Runs inside the caller's transaction."""
+    scope = resource_scope(session, principal, ref or ProjectRef())
+    return _find(session, scope, endpoint_id)
 
 
 def _refuse_taken(session: Session, account_id: int, name: str, own_id: str | None) -> None:
