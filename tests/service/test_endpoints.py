@@ -299,9 +299,9 @@ def test_pages_and_counts_in_one_statement(
     counted = [s for s in statements if "serverless_workers" in s]
     assert len(counted) == 1, statements
     assert [e.row.id for e in first.endpoints] == ids[:3] and first.total == 5
-    busy = first.endpoints[0].counts
-    assert busy.workers == {"running": 1, "idle": 2, "starting": 1}
-    assert busy.jobs == {"inQueue": 2, "inProgress": 1}
+    counts = first.endpoints[0].counts
+    assert counts.workers == {"running": 1, "idle": 2, "starting": 1}
+    assert counts.jobs == {"inQueue": 2, "inProgress": 1}
     assert first.next_cursor is not None
     second = eps.endpoint_page(ctx, alice, HERE, per_page=3, cursor=first.next_cursor)
     assert [e.row.id for e in second.endpoints] == ids[3:] and second.next_cursor is None
