@@ -236,6 +236,8 @@ class Settings(BaseSettings):
     graphql_document_cache_size: int = Field(default=512, ge=0, le=100_000)
     graphql_runtime_stats_ttl_s: float = Field(default=3.0, ge=0, le=60)
     graphql_runtime_stats_error_ttl_s: float = Field(default=0.5, ge=0, le=60)
+    # The most workers one serverless endpoint may ask for (its ``workers_max``).
+    serverless_max_workers: int = Field(default=100, ge=1, le=10_000)
     rate_limit_per_key: float = Field(default=20.0, ge=0)
     rate_limit_key_burst: int = Field(default=100, ge=1)
     rate_limit_per_source: float = Field(default=50.0, ge=0)

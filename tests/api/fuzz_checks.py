@@ -119,6 +119,31 @@ SEMANTIC_FIELDS: dict[tuple[str, str], frozenset[str]] = {
     ),
     # A cursor is parsed and bound to its filters (and needs a limit).
     ("GET", "/runpod/v2/pods"): frozenset({"cursor"}),
+    # Serverless endpoints: an image or a template (the account's), GPU types of the
+    # catalog, known locations, the account's network volume, the workers cap setting
+    # and workers_max >= workers_min (a rule across fields); mount paths as clusters'.
+    ("POST", "/v1/endpoints"): frozenset(
+        {
+            "image",
+            "template_id",
+            "gpu_type_ids",
+            "workers_max",
+            "locations",
+            "network_volume_id",
+            "volume_mount_path",
+        }
+    ),
+    ("PATCH", "/v1/endpoints/{endpoint_id}"): frozenset(
+        {
+            "image",
+            "template_id",
+            "gpu_type_ids",
+            "workers_max",
+            "locations",
+            "network_volume_id",
+            "volume_mount_path",
+        }
+    ),
     # since is a time; Last-Event-ID a cursor or a time.
     ("GET", "/runpod/v2/pods/{pod_id}/logs"): frozenset({"since", "Last-Event-ID"}),
     # Location, image, keys, plan, GPU type and group must exist in the installation.

@@ -72,6 +72,8 @@ _RESOURCES = (
     "/v1/reserved-ips",
     "/v1/security-groups",
     "/v1/templates",
+    # Serverless endpoints: their workers are the account's clusters.
+    "/v1/endpoints",
     "/distributed_jobs_v2/cluster",
     # RunPod's REST v2 (/runpod/v2): the same resources under RunPod's names.
     "/runpod/v2/pods",
@@ -272,6 +274,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             group = data(c.post("/v1/security-groups", json={"name": "g", "rules": []}))
             secret = data(c.post("/v1/secrets", json={"name": "s", "value": "v"}))
             template = data(c.post("/v1/templates", json={"name": "t", "docker_image": "img"}))
+            endpoint_body = {"name": "e", "image": "img", "gpu_type_ids": ["NVIDIA RTX A6000"]}
+            endpoint = data(c.post("/v1/endpoints", json=endpoint_body))
         real = {
             "account_id": a.account_id,
             "project_id": a.project_id,
@@ -285,6 +289,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "security_group_id": group["id"],
             "secret_id": secret["id"],
             "template_id": template["id"],
+            "endpoint_id": endpoint["id"],
             "member_id": a.members[VIEWER],
             "port": 8888,
             # RunPod v2's ``{id}``, by resource (api/runpod_v2/).
@@ -457,6 +462,13 @@ def test_graphql_fields_answer_each_role_as_the_matrix_says(world: World) -> Non
         ("read", "{ myself { pods { id } } }", {}),
         ("read", "{ myself { networkVolumes { id } } }", {}),
         ("read", "{ myself { podTemplates { id } } }", {}),
+        ("read", "{ myself { endpoints { id } } }", {}),
+        ("write", 'mutation { deleteEndpoint(id: "noendpoint0001") }', {}),
+        (
+            "write",
+            'mutation { saveEndpoint(input: {id: "noendpoint0001", workersMax: 1}) { id } }',
+            {},
+        ),
         ("read", POD, {"id": cid}),
         ("read", "query($id: String!) { cluster(input: {clusterId: $id}) { id } }", {"id": cid}),
         ("billing", "{ myself { currentSpendPerHr } }", {}),

@@ -28,6 +28,7 @@ from gpuyard.api.http.request_ids import RequestIds
 from gpuyard.api.rest import catalog, clusters
 from gpuyard.api.rest import cluster_logs as cluster_logs_api
 from gpuyard.api.rest import cluster_metrics as cluster_metrics_api
+from gpuyard.api.rest import endpoints as endpoints_api
 from gpuyard.api.rest import host_images as host_images_api
 from gpuyard.api.rest import hosts as hosts_api
 from gpuyard.api.rest import images as images_api
@@ -271,6 +272,7 @@ def build_server(
     app.include_router(reserved_ips_api.router)
     app.include_router(security_groups_api.router)
     app.include_router(templates_api.router)
+    app.include_router(endpoints_api.router)
     app.include_router(orphans_api.router)
     app.include_router(snapshots_api.router)
     app.include_router(network_volumes_api.router)

@@ -23,6 +23,7 @@ from gpuyard.cli.orphans import orphans
 from gpuyard.cli.quotas import quotas
 from gpuyard.cli.resources import COMMANDS as RESOURCE_COMMANDS
 from gpuyard.cli.secrets import secrets
+from gpuyard.cli.serverless import endpoints, jobs
 from gpuyard.cli.snapshots import snapshots
 from gpuyard.cli.templates import templates
 from gpuyard.cli.training import training
@@ -190,6 +191,8 @@ cli.add_command(training)
 cli.add_command(quotas)
 cli.add_command(secrets)
 cli.add_command(templates)
+cli.add_command(endpoints)
+cli.add_command(jobs)
 cli.add_command(accounts)
 cli.add_command(invitations)
 cli.add_command(backup)

@@ -2,13 +2,13 @@
 GraphQL half of api/http/permissions.py.
 
 - queries read resources (READ_RESOURCES): ``cluster``, ``pod``, ``myself { clusters
-  pods networkVolumes podTemplates }``;
+  pods networkVolumes podTemplates endpoints }``;
 - the spend of the account (``myself { currentSpendPerHr }``) is billing
   (READ_BILLING);
 - the caller itself (``myself { id pubKey }``) and the GPU catalog (``gpuTypes``) need
   only a valid key, as the REST catalog does;
-- mutations change resources (WRITE_RESOURCES), ``saveTemplate`` and
-  ``deleteTemplate`` too, and ``updateUserSettings``: its
+- mutations change resources (WRITE_RESOURCES), ``saveTemplate``,
+  ``deleteTemplate``, ``saveEndpoint`` and ``deleteEndpoint`` too, and ``updateUserSettings``: its
   ``pubKey`` replaces the account's SSH keys, which log into every cluster of the
   account (as ``POST /v1/ssh-keys``).
 

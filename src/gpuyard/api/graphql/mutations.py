@@ -34,6 +34,14 @@ from gpuyard.api.graphql.inputs import (
     create_bodies,
 )
 from gpuyard.api.graphql.queries import one_pod, user_of
+from gpuyard.api.graphql.serverless import (
+    Endpoint,
+    EndpointInput,
+    UpdateEndpointTemplateInput,
+    delete_endpoint,
+    save_endpoint,
+    update_endpoint_template,
+)
 from gpuyard.api.graphql.templates import (
     PodTemplate,
     SaveTemplateInput,
@@ -228,6 +236,23 @@ class Mutation:
     @strawberry.mutation(description="Delete the account's template of that name. Returns null.")
     def delete_template(self, info: Info, template_name: str) -> None:
         delete_template(info.context, template_name)
+
+    @strawberry.mutation(
+        description="Save a serverless endpoint: create one, or update input.id's with the "
+        "fields given (the same endpoints as /v1/endpoints)."
+    )
+    def save_endpoint(self, info: Info, input: EndpointInput) -> Endpoint:
+        return save_endpoint(info.context, input)
+
+    @strawberry.mutation(description="Point an endpoint's new workers at another template.")
+    def update_endpoint_template(self, info: Info, input: UpdateEndpointTemplateInput) -> Endpoint:
+        return update_endpoint_template(info.context, input)
+
+    @strawberry.mutation(
+        description="Delete a serverless endpoint (its workers drain and stop). Returns null."
+    )
+    def delete_endpoint(self, info: Info, id: str) -> None:
+        delete_endpoint(info.context, id)
 
     @strawberry.mutation(
         description="Store private registry credentials (the same as POST /v1/registry-auths); "

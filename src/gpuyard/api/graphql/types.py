@@ -24,6 +24,7 @@ from strawberry.types.nodes import Selection
 from gpuyard.api.graphql.access import require
 from gpuyard.api.graphql.context import GqlContext
 from gpuyard.api.graphql.inputs import GpuLowestPriceInput
+from gpuyard.api.graphql.serverless import Endpoint, ServerlessDiscount, my_endpoints
 from gpuyard.api.graphql.templates import PodTemplate, pod_templates
 from gpuyard.api.rest.schemas.cluster_json import iso, proxy_url
 from gpuyard.core.models import CloudType, GpuTypeInfo, HostCapacity
@@ -496,6 +497,14 @@ class User:
     @strawberry.field(description="The account's pod templates, oldest first.")
     def pod_templates(self, info: Info) -> list[PodTemplate]:
         return pod_templates(info.context)
+
+    @strawberry.field(description="The account's serverless endpoints, oldest first.")
+    def endpoints(self, info: Info) -> list[Endpoint]:
+        return my_endpoints(info.context)
+
+    @strawberry.field(description="RunPod's serverless discount: none is offered (null).")
+    def serverless_discount(self) -> ServerlessDiscount | None:
+        return None
 
     @strawberry.field(
         description="The account's clusters (not terminated or being terminated), newest first."

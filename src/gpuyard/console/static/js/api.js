@@ -40,6 +40,8 @@ async function failure(response) {
   } catch {
     body = null;
   }
+  // RFC 9457 problem details (RunPod's REST v2 and job API under /runpod/v2).
+  if (body && typeof body.code === "string" && "title" in body) return new ApiError(response.status, body.code, body.detail || body.title, body);
   const err = body && (body.error || (Array.isArray(body.errors) && body.errors[0]));
   if (err && err.code) return new ApiError(response.status, err.code, err.message, err.details);
   // The training API's envelope (seed 002): {code, data, errors: {code, details, field}, message}.
@@ -66,7 +68,8 @@ async function send(path, init) {
   }
 }
 
-// Request `path` (starting /v1/... or the training API's /distributed_jobs_v2/...).
+// Request `path` (starting /v1/..., the training API's /distributed_jobs_v2/... or
+// RunPod's /runpod/v2/...).
 // Answers {data, meta, pagination, status, etag} (`pagination`: the training list's,
 // outside its data); with
 // opts.etag a 304 answers {notModified: true}. Throws ApiError. A 401 also tells
@@ -92,6 +95,8 @@ export async function api(method, path, body, opts = {}) {
   }
   const json = await response.json();
   return {
+    // `body`: the whole answer, for APIs without the envelope (RunPod's job API).
+    body: json,
     data: json.data,
     meta: json.meta || {},
     pagination: json.pagination || null,

@@ -10,6 +10,8 @@ import * as detail from "./pages/detail.js";
 import * as keys from "./pages/keys.js";
 import * as secrets from "./pages/secrets.js";
 import * as templates from "./pages/templates.js";
+import * as endpoints from "./pages/endpoints.js";
+import * as endpointDetail from "./pages/endpoint_detail.js";
 import * as registryAuths from "./pages/registry_auths.js";
 import * as billing from "./pages/billing.js";
 import * as training from "./pages/training.js";
@@ -28,6 +30,8 @@ const ROUTES = [
   [/^#\/keys$/, keys],
   [/^#\/secrets$/, secrets],
   [/^#\/templates$/, templates],
+  [/^#\/endpoints$/, endpoints],
+  [/^#\/endpoints\/([a-z0-9]+)$/, endpointDetail],
   [/^#\/registry-auths$/, registryAuths],
   [/^#\/billing$/, billing],
   [/^#\/clusters$/, clusters],
