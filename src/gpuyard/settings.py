@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     local_location: str = "local"
     # Address users reach published ports on (shown in connection strings).
     public_address: str | None = None
+    # Where serverless workers' containers reach this server (RunPod's RUNPOD_WEBHOOK_*
+    # URLs point below it), e.g. http://10.0.0.5:8000. None: derived
+    # (services/serverless/callback.py): the public address when the server listens on
+    # every address, else the local Podman bridge's gateway.
+    serverless_callback_url: str | None = None
+    # The local Podman bridge network's gateway: the host as its containers see it.
+    serverless_bridge_gateway: str = "10.88.0.1"
     # The pool projects reserve public IPs from (core/network/ippool.py): a CIDR such as
     # 127.0.10.0/28 or comma-separated addresses and CIDRs. None: no reserved IPs.
     reserved_ips: str | None = None
