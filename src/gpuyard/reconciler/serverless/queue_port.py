@@ -25,16 +25,15 @@ class TableQueue:
         """How many jobs wait and run, and since when the oldest waits. Runs inside the
         caller's session."""
         del now
-        rows = dict(
-            session.execute(
-                select(ServerlessJob.status, func.count())
-                .where(
-                    ServerlessJob.endpoint_id == endpoint_id,
-                    ServerlessJob.status.in_([JobStatus.IN_QUEUE, JobStatus.IN_PROGRESS]),
-                )
-                .group_by(ServerlessJob.status)
-            ).tuples()
+        counts = session.execute(
+            select(ServerlessJob.status, func.count())
+            .where(
+                ServerlessJob.endpoint_id == endpoint_id,
+                ServerlessJob.status.in_([JobStatus.IN_QUEUE, JobStatus.IN_PROGRESS]),
+            )
+            .group_by(ServerlessJob.status)
         )
+        rows = {status: int(n) for status, n in counts}
         oldest = session.scalar(
             select(func.min(ServerlessJob.queued_at)).where(
                 ServerlessJob.endpoint_id == endpoint_id,
