@@ -43,11 +43,12 @@ class Settings(BaseSettings):
     public_address: str | None = None
     # Where serverless workers' containers reach this server (RunPod's RUNPOD_WEBHOOK_*
     # URLs point below it), e.g. http://10.0.0.5:8000. None: derived
-    # (services/serverless/callback.py): the public address when the server listens on
-    # every address, else the local Podman bridge's gateway.
+    # (services/serverless/callback.py; docs/decisions.md "Where serverless workers
+    # reach the server").
     serverless_callback_url: str | None = None
-    # The local Podman bridge network's gateway: the host as its containers see it.
-    serverless_bridge_gateway: str = "10.88.0.1"
+    # With the server on loopback only: the port of the second listener (every
+    # address, worker keys only) that workers' containers call. None: port + 1.
+    serverless_worker_port: int | None = Field(default=None, ge=1, le=65535)
     # The pool projects reserve public IPs from (core/network/ippool.py): a CIDR such as
     # 127.0.10.0/28 or comma-separated addresses and CIDRs. None: no reserved IPs.
     reserved_ips: str | None = None

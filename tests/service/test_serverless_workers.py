@@ -124,9 +124,7 @@ def cluster(ctx: Context, cid: str | None) -> Cluster:
 
 def set_worker(ctx: Context, wid: str, **values: Any) -> None:
     with ctx.transaction() as session:
-        session.execute(
-            update(ServerlessWorker).where(ServerlessWorker.id == wid).values(**values)
-        )
+        session.execute(update(ServerlessWorker).where(ServerlessWorker.id == wid).values(**values))
 
 
 def ready(ctx: Context, wid: str) -> None:
@@ -495,9 +493,7 @@ def test_a_deleted_endpoint_drains_then_every_worker_is_terminated(
     assert {w.id: w.status for w in workers(ctx, eid)} == {w1: "ready", w2: "stopped"}
     with ctx.transaction() as session:
         session.execute(
-            update(ServerlessEndpoint)
-            .where(ServerlessEndpoint.id == eid)
-            .values(status="deleting")
+            update(ServerlessEndpoint).where(ServerlessEndpoint.id == eid).values(status="deleting")
         )
     scale(ctx, rec)
     assert endpoint_row(ctx, eid).status == "deleting"  # a job still runs

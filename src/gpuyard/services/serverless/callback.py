@@ -5,13 +5,14 @@ RunPod worker environment (``RUNPOD_WEBHOOK_*``) points below.
 address they all reach). Otherwise derived from where the server listens:
 
 - on every address (``GPUYARD_HOST=0.0.0.0`` or ``::``): the public address
-  (``GPUYARD_PUBLIC_ADDRESS``) when one is set, else the local Podman bridge's gateway
-  (``GPUYARD_SERVERLESS_BRIDGE_GATEWAY``, 10.88.0.1), which a container on the local
-  engine reaches the host at;
+  (``GPUYARD_PUBLIC_ADDRESS``) when one is set, else ``host.containers.internal``,
+  which Podman resolves in every container to its own network's gateway: the host;
 - on one address that is not loopback: that address;
-- on loopback only: the bridge's gateway, where ``gpuyard serve`` opens a second
-  listener for the serverless worker routes only (docs/decisions.md "Where serverless
-  workers reach the server").
+- on loopback only: ``host.containers.internal`` at the worker listener's port
+  (``GPUYARD_SERVERLESS_WORKER_PORT``, default the server's port + 1), which ``gpuyard
+  serve`` opens on every address for requests carrying a worker key only
+  (api/http/worker_listener.py; docs/decisions.md "Where serverless workers reach the
+  server").
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import ipaddress
 
 from gpuyard.settings import Settings
 
+# What Podman names the host in every container's /etc/hosts (its network's gateway).
+HOST_FROM_CONTAINER = "host.containers.internal"
 _WILDCARDS = ("", "0.0.0.0", "::")
 
 
@@ -38,19 +41,24 @@ def _url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+def worker_port(settings: Settings) -> int:
+    """The worker listener's port (used when the server listens on loopback only)."""
+    return settings.serverless_worker_port or settings.port + 1
+
+
+def needs_worker_listener(settings: Settings) -> bool:
+    """Whether workers are told the worker listener's port: the server listens on
+    loopback only and no callback URL is set."""
+    return not settings.serverless_callback_url and _is_loopback(settings.host.strip())
+
+
 def callback_base_url(settings: Settings) -> str:
     """The base URL (no trailing slash) workers' containers call this server at."""
     if settings.serverless_callback_url:
         return settings.serverless_callback_url.rstrip("/")
     host = settings.host.strip()
     if host in _WILDCARDS:
-        return _url(settings.public_address or settings.serverless_bridge_gateway, settings.port)
+        return _url(settings.public_address or HOST_FROM_CONTAINER, settings.port)
     if _is_loopback(host):
-        return _url(settings.serverless_bridge_gateway, settings.port)
+        return _url(HOST_FROM_CONTAINER, worker_port(settings))
     return _url(host, settings.port)
-
-
-def needs_bridge_listener(settings: Settings) -> bool:
-    """Whether the server listens on loopback only and workers are told the bridge's
-    gateway: then it must also listen there (for the worker routes)."""
-    return not settings.serverless_callback_url and _is_loopback(settings.host.strip())
