@@ -46,8 +46,9 @@ class Settings(BaseSettings):
     # (services/serverless/callback.py; docs/decisions.md "Where serverless workers
     # reach the server").
     serverless_callback_url: str | None = None
-    # With the server on loopback only: the port of the second listener (every
-    # address, worker keys only) that workers' containers call. None: port + 1.
+    # The port of a second listener on every address that serves serverless workers'
+    # requests only (worker keys), for a server on loopback only. None: no such
+    # listener (workers then need GPUYARD_HOST or the callback URL).
     serverless_worker_port: int | None = Field(default=None, ge=1, le=65535)
     # The pool projects reserve public IPs from (core/network/ippool.py): a CIDR such as
     # 127.0.10.0/28 or comma-separated addresses and CIDRs. None: no reserved IPs.

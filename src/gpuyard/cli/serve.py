@@ -27,7 +27,7 @@ from gpuyard.runtimes.engines.url import (
     default_service_socket,
     detect_engine_url,
 )
-from gpuyard.services.serverless.callback import needs_worker_listener, worker_port
+from gpuyard.services.serverless.callback import unreachable_warning, worker_port
 from gpuyard.services.tenancy.auth import IssuedKey
 from gpuyard.services.tenancy.secrets import SecretKeyError
 from gpuyard.settings import Settings
@@ -195,17 +195,18 @@ def find_engine(settings: Settings) -> tuple[str | None, PodmanService | None]:
 
 def _worker_socket(port: int) -> list[socket.socket]:
     """The serverless worker listener's socket on every address (its gate lets only
-    workers' requests through, api/http/worker_listener.py); none, with a log line,
-    when the port is taken: workers then cannot reach this server until it is freed
-    or GPUYARD_SERVERLESS_WORKER_PORT names another."""
+    workers' requests through, api/http/worker_listener.py). Raises ClickException
+    when the port is taken."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("0.0.0.0", port))
     except OSError as exc:
         sock.close()
-        log.error("serverless worker listener: cannot listen on port %s: %s", port, exc)
-        return []
+        raise click.ClickException(
+            f"cannot listen for serverless workers on port {port} "
+            f"(GPUYARD_SERVERLESS_WORKER_PORT): {exc}"
+        ) from exc
     sock.set_inheritable(True)
     log.info("serverless workers reach this server on port %s (worker keys only)", port)
     return [sock]
@@ -237,7 +238,10 @@ def run_server(host: str | None, port: int | None) -> None:
         log.info("gpuyard listening on %s (home %s)", connectable_url(settings), settings.home)
         # X-Forwarded-For names the client (rate limits, logs) only behind a listed proxy.
         proxies = settings.trusted_proxies.strip()
-        listener = worker_port(settings) if needs_worker_listener(settings) else None
+        listener = worker_port(settings)
+        warning = unreachable_warning(settings)
+        if warning is not None:
+            log.warning("serverless endpoints: %s", warning)
         config = uvicorn.Config(
             WorkerListenerGate(server.app, listener) if listener else server.app,
             host=settings.host,

@@ -4,15 +4,18 @@ RunPod worker environment (``RUNPOD_WEBHOOK_*``) points below.
 ``GPUYARD_SERVERLESS_CALLBACK_URL`` when set (a fleet with remote hosts names an
 address they all reach). Otherwise derived from where the server listens:
 
+- on loopback only with ``GPUYARD_SERVERLESS_WORKER_PORT`` set:
+  ``host.containers.internal`` (Podman names the host so in every container: its own
+  network's gateway) at that port, where ``gpuyard serve`` opens a second listener on
+  every address for requests carrying a worker key only (api/http/worker_listener.py);
 - on every address (``GPUYARD_HOST=0.0.0.0`` or ``::``): the public address
-  (``GPUYARD_PUBLIC_ADDRESS``) when one is set, else ``host.containers.internal``,
-  which Podman resolves in every container to its own network's gateway: the host;
+  (``GPUYARD_PUBLIC_ADDRESS``) when one is set, else ``host.containers.internal``;
 - on one address that is not loopback: that address;
-- on loopback only: ``host.containers.internal`` at the worker listener's port
-  (``GPUYARD_SERVERLESS_WORKER_PORT``, default the server's port + 1), which ``gpuyard
-  serve`` opens on every address for requests carrying a worker key only
-  (api/http/worker_listener.py; docs/decisions.md "Where serverless workers reach the
-  server").
+- on loopback only without a worker port: ``host.containers.internal`` at the API's
+  port, which containers cannot reach (``gpuyard serve`` says so at start:
+  :func:`unreachable_warning`).
+
+docs/decisions.md "Where serverless workers reach the server" says why.
 """
 
 from __future__ import annotations
@@ -41,15 +44,26 @@ def _url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def worker_port(settings: Settings) -> int:
-    """The worker listener's port (used when the server listens on loopback only)."""
-    return settings.serverless_worker_port or settings.port + 1
+def worker_port(settings: Settings) -> int | None:
+    """The port of the worker listener ``gpuyard serve`` opens on every address, or
+    None: it opens none (the server does not listen on loopback only, a callback URL is
+    set, or no worker port is)."""
+    if settings.serverless_callback_url or not _is_loopback(settings.host.strip()):
+        return None
+    return settings.serverless_worker_port
 
 
-def needs_worker_listener(settings: Settings) -> bool:
-    """Whether workers are told the worker listener's port: the server listens on
-    loopback only and no callback URL is set."""
-    return not settings.serverless_callback_url and _is_loopback(settings.host.strip())
+def unreachable_warning(settings: Settings) -> str | None:
+    """Why workers' containers cannot reach this server as configured, or None."""
+    if settings.serverless_callback_url or not _is_loopback(settings.host.strip()):
+        return None
+    if settings.serverless_worker_port:
+        return None
+    return (
+        "the API listens on loopback only, so serverless workers' containers cannot reach "
+        "it: set GPUYARD_SERVERLESS_WORKER_PORT (a listener for workers only), "
+        "GPUYARD_HOST=0.0.0.0, or GPUYARD_SERVERLESS_CALLBACK_URL"
+    )
 
 
 def callback_base_url(settings: Settings) -> str:
@@ -60,5 +74,5 @@ def callback_base_url(settings: Settings) -> str:
     if host in _WILDCARDS:
         return _url(settings.public_address or HOST_FROM_CONTAINER, settings.port)
     if _is_loopback(host):
-        return _url(HOST_FROM_CONTAINER, worker_port(settings))
+        return _url(HOST_FROM_CONTAINER, settings.serverless_worker_port or settings.port)
     return _url(host, settings.port)
