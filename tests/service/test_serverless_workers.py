@@ -22,11 +22,13 @@ from gpuyard.core.ids import new_endpoint_id, new_job_id
 from gpuyard.core.serverless.jobs import JobStatus
 from gpuyard.core.states import IN_MOTION
 from gpuyard.reconciler.loop import Reconciler
+from gpuyard.reconciler.serverless.queue_port import TableQueue
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.billing import budgets, metering, quotas
 from gpuyard.services.billing.budgets import BudgetChange
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
-from gpuyard.services.clusters.requests import StartCluster
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, ServerlessEndpoint, ServerlessJob, ServerlessWorker
@@ -513,7 +515,7 @@ def test_worker_clusters_are_not_the_users_and_another_account_sees_none(
     ctx: Context, alice: Principal, bob: Principal, rec: Reconciler, clock: FakeClock
 ) -> None:
     own = uc.create_cluster(
-        ctx, alice, uc.CreateCluster.model_validate({"docker_image": "img", "name": "mine"})
+        ctx, alice, CreateCluster.model_validate({"docker_image": "img", "name": "mine"})
     )
     eid = endpoint(ctx, alice, scaler_type="REQUEST_COUNT", scaler_value=1)
     enqueue(ctx, alice, eid, 1)
@@ -567,3 +569,44 @@ def test_workers_are_billed_under_the_endpoints_name(
     [line] = bill.lines
     assert line.key == eid and line.label == "echo"
     assert line.gpu_seconds == 2 * 3600 and line.micro > 0
+
+
+# -- the queue's side is injected ------------------------------------------------------
+class LostPings(TableQueue):
+    """The queue's sweep as the scaler sees it: workers named in ``lost`` are to be
+    replaced (their pings stopped)."""
+
+    def __init__(self) -> None:
+        self.lost: set[str] = set()
+        self.sweeps = 0
+
+    def sweep(self, ctx: Context, now: Any) -> None:
+        self.sweeps += 1
+        with ctx.transaction() as session:
+            for wid in self.lost:
+                session.execute(
+                    update(ServerlessWorker)
+                    .where(ServerlessWorker.id == wid, ServerlessWorker.status == "ready")
+                    .values(status="recycle")
+                )
+
+
+def test_a_worker_the_sweep_recycles_gives_its_job_back_and_is_replaced(
+    ctx: Context, alice: Principal, runtime: FakeRuntime, clock: FakeClock
+) -> None:
+    queue = LostPings()
+    rec = build_reconciler(ctx, runtime, serverless_queue=queue)
+    eid = endpoint(ctx, alice, scaler_type="REQUEST_COUNT", scaler_value=1)
+    [j] = enqueue(ctx, alice, eid, 1)
+    scale(ctx, rec)
+    [w] = all_ready(ctx, eid)
+    take(ctx, w, j)
+    queue.lost.add(w)
+    clock.advance(30)
+    scale(ctx, rec)
+    assert queue.sweeps == 2
+    assert job(ctx, j).status == JobStatus.IN_QUEUE and job(ctx, j).retried == 1
+    old, new = workers(ctx, eid)
+    assert old.id == w and old.status == "gone"
+    assert cluster(ctx, old.cluster_id).status == "terminated"
+    assert new.status == "starting"
