@@ -41,6 +41,15 @@ class Settings(BaseSettings):
     local_location: str = "local"
     # Address users reach published ports on (shown in connection strings).
     public_address: str | None = None
+    # Where serverless workers' containers reach this server (RunPod's RUNPOD_WEBHOOK_*
+    # URLs point below it), e.g. http://10.0.0.5:8000. None: derived
+    # (services/serverless/callback.py; docs/decisions.md "Where serverless workers
+    # reach the server").
+    serverless_callback_url: str | None = None
+    # The port of a second listener on every address that serves serverless workers'
+    # requests only (worker keys), for a server on loopback only. None: no such
+    # listener (workers then need GPUYARD_HOST or the callback URL).
+    serverless_worker_port: int | None = Field(default=None, ge=1, le=65535)
     # The pool projects reserve public IPs from (core/network/ippool.py): a CIDR such as
     # 127.0.10.0/28 or comma-separated addresses and CIDRs. None: no reserved IPs.
     reserved_ips: str | None = None

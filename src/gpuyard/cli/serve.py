@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -16,6 +17,7 @@ from urllib.parse import unquote_plus
 import click
 
 from gpuyard.api.engine_server import engine_server
+from gpuyard.api.http.worker_listener import WorkerListenerGate
 from gpuyard.api.state import KEY_QUERY_PARAMS
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.edge.ssh_service import GatewaySupervisor, start_ssh_gateway
@@ -25,6 +27,7 @@ from gpuyard.runtimes.engines.url import (
     default_service_socket,
     detect_engine_url,
 )
+from gpuyard.services.serverless.callback import unreachable_warning, worker_port
 from gpuyard.services.tenancy.auth import IssuedKey
 from gpuyard.services.tenancy.secrets import SecretKeyError
 from gpuyard.settings import Settings
@@ -190,6 +193,25 @@ def find_engine(settings: Settings) -> tuple[str | None, PodmanService | None]:
     return None, None
 
 
+def _worker_socket(port: int) -> list[socket.socket]:
+    """The serverless worker listener's socket on every address (its gate lets only
+    workers' requests through, api/http/worker_listener.py). Raises ClickException
+    when the port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(
+            f"cannot listen for serverless workers on port {port} "
+            f"(GPUYARD_SERVERLESS_WORKER_PORT): {exc}"
+        ) from exc
+    sock.set_inheritable(True)
+    log.info("serverless workers reach this server on port %s (worker keys only)", port)
+    return [sock]
+
+
 def run_server(host: str | None, port: int | None) -> None:
     """Run until Ctrl-C or SIGTERM; a Podman service started here is always stopped."""
     import uvicorn  # heavy; only the server needs it
@@ -216,14 +238,25 @@ def run_server(host: str | None, port: int | None) -> None:
         log.info("gpuyard listening on %s (home %s)", connectable_url(settings), settings.home)
         # X-Forwarded-For names the client (rate limits, logs) only behind a listed proxy.
         proxies = settings.trusted_proxies.strip()
-        uvicorn.run(
-            server.app,
+        listener = worker_port(settings)
+        warning = unreachable_warning(settings)
+        if warning is not None:
+            log.warning("serverless endpoints: %s", warning)
+        config = uvicorn.Config(
+            WorkerListenerGate(server.app, listener) if listener else server.app,
             host=settings.host,
             port=settings.port,
             log_config=None,
             proxy_headers=bool(proxies),
             forwarded_allow_ips=proxies or None,
         )
+        uv = uvicorn.Server(config)
+        if listener is None:
+            uv.run()
+        else:
+            uv.run(sockets=[config.bind_socket(), *_worker_socket(listener)])
+        if not uv.started:
+            sys.exit(3)
     except KeyboardInterrupt:
         log.info("interrupted; shutting down")
     except SecretKeyError as e:

@@ -83,6 +83,14 @@ class InvalidState(GpuyardError):
     http_status = 409
 
 
+class WorkerCluster(GpuyardError):
+    """The cluster is a worker of a serverless endpoint: its scaler starts and stops
+    it, the user does not (the endpoint's own settings and DELETE do)."""
+
+    code = "SERVERLESS_WORKER"
+    http_status = 409
+
+
 class InsufficientCapacity(GpuyardError):
     code = "INSUFFICIENT_CAPACITY"
     http_status = 409

@@ -87,3 +87,8 @@ def new_worker_key() -> str:
 def worker_key_hash(key: str) -> str:
     """The hex SHA-256 a worker's key is stored and looked up by."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def is_worker_key(text: str) -> bool:
+    """Whether ``text`` has the shape of a worker's key (never an API key's)."""
+    return text.startswith("gyw_") and len(text) >= 40

@@ -11,6 +11,8 @@ MAINTENANCE_DUTY = "maintenance"
 TRAINING_DUTY = "training"
 # Budget alerts, stops at a spent budget, and webhook deliveries.
 BUDGET_DUTY = "budget"
+# Serverless endpoints' scalers: starting and stopping their workers.
+SERVERLESS_DUTY = "serverless"
 
 
 class Leases(Protocol):

@@ -5,7 +5,8 @@ At most one job runs per cluster at a time (in this process), so a start, a stop
 and a collection of the same cluster never interleave; slow and urgent work run in
 separate lanes of each engine (reconciler/lanes.py). A pass dispatches the clusters in
 motion, due restarts, pending starts, volume moves and storage work, runs the duties
-that are not per host (auto-termination, utilisation, budgets) and, when due, queues
+that are not per host (auto-termination, utilisation, budgets, serverless endpoints'
+scalers) and, when due, queues
 the engine checks (duties/engine_checks.py: heartbeats, observation, volume scans).
 
 Its collaborators are built in one place, reconciler/wiring.py.
@@ -35,8 +36,15 @@ from gpuyard.reconciler.duties.volume_scans import VolumeScans
 from gpuyard.reconciler.duties.volume_usage import VolumeUsage
 from gpuyard.reconciler.hosts import HostDirectory
 from gpuyard.reconciler.lanes import SLOW, STORAGE, URGENT, Dispatcher
-from gpuyard.reconciler.leases import AUTOTERM_DUTY, BUDGET_DUTY, MAINTENANCE_DUTY, Leases
+from gpuyard.reconciler.leases import (
+    AUTOTERM_DUTY,
+    BUDGET_DUTY,
+    MAINTENANCE_DUTY,
+    SERVERLESS_DUTY,
+    Leases,
+)
 from gpuyard.reconciler.restarts import RestartSchedule
+from gpuyard.reconciler.serverless.scaler import ServerlessScaler
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.fleet import Fleet
 from gpuyard.services.clusters.moves import COPYING
@@ -66,6 +74,7 @@ class Duties:
     resting_gpus: RestingGpus
     observation: Observation
     checks: EngineChecks
+    serverless: ServerlessScaler
 
 
 class Reconciler:
@@ -106,6 +115,7 @@ class Reconciler:
         self.autoterm = duties.autoterm
         self.utilization = duties.utilization
         self.budget = duties.budget
+        self.serverless = duties.serverless
         self.volume_usage = duties.volume_usage
         self.volume_scans = duties.volume_scans
         self.checks = duties.checks
@@ -161,6 +171,7 @@ class Reconciler:
                     self.autoterm.seconds_until_next(),
                     self.restarts.seconds_until_next(),
                     self.budget.seconds_until_next(),
+                    self.serverless.seconds_until_next(),
                     self._heartbeat_in(),
                 )
                 if d is not None
@@ -238,6 +249,11 @@ class Reconciler:
                 self.budget.run()
             except Exception:  # a budget problem never stops the lifecycle work
                 log.exception("budget watch pass failed")
+        if self.leases.holds(SERVERLESS_DUTY):
+            try:
+                self.serverless.run()
+            except Exception:  # an endpoint's scaling never stops the lifecycle work
+                log.exception("serverless scaler pass failed")
         if observe is False:
             return
         if time.monotonic() - self._last_heartbeat >= self.heartbeat_every_s or observe:

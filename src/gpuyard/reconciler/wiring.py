@@ -24,11 +24,15 @@ from gpuyard.reconciler.lanes import Dispatcher
 from gpuyard.reconciler.leases import AllMine, Leases
 from gpuyard.reconciler.loop import Duties, Reconciler
 from gpuyard.reconciler.restarts import RestartSchedule
+from gpuyard.reconciler.serverless.ports import QueuePort
+from gpuyard.reconciler.serverless.queue_port import TableQueue
+from gpuyard.reconciler.serverless.scaler import ServerlessScaler
 from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import Fleet
 from gpuyard.services.context import Context
 from gpuyard.services.installation.replica import replica_id
+from gpuyard.services.serverless.callback import callback_base_url
 
 
 def fleet_of(runtime: Runtime | Fleet) -> Fleet:
@@ -57,6 +61,7 @@ def build_reconciler(
     on_pass: Callable[[float, float], None] | None = None,
     on_full_pass: Callable[[], None] | None = None,
     on_host_answered: HostAnswered | None = None,
+    serverless_queue: QueuePort | None = None,
 ) -> Reconciler:
     """The reconciler of every host of ``runtime`` (a Fleet, or one runtime serving
     every host), bound to this installation.
@@ -66,7 +71,9 @@ def build_reconciler(
     :func:`lanes_for` (None: new ones). ``training``: training clusters'
     auto-termination. Hooks: ``on_fire`` (a rule fired), ``on_pass`` (lag and duration
     of each loop pass), ``on_full_pass`` (every engine observed), ``on_host_answered``
-    (a host answers for the first time or again)."""
+    (a host answers for the first time or again). ``serverless_queue``: the job queue
+    the serverless scaler reads and gives lost workers' jobs back to (None: its tables
+    read directly, reconciler/serverless/queue_port.py)."""
     fleet = fleet_of(runtime)
     hosts = HostDirectory(ctx, fleet, host_id)
     fleet.set_hosts(hosts.host_engine)
@@ -111,6 +118,9 @@ def build_reconciler(
         resting_gpus=resting_gpus,
         observation=observation,
         checks=checks,
+        serverless=ServerlessScaler(
+            ctx, serverless_queue or TableQueue(), base_url=callback_base_url(ctx.settings)
+        ),
     )
     return Reconciler(
         ctx,

@@ -28,7 +28,14 @@ from gpuyard.core.billing.ledger import (
     to_micro_usd,
 )
 from gpuyard.core.errors import NotFound
-from gpuyard.store.schema import Cluster, NetworkVolume, Project, Snapshot, UsageInterval
+from gpuyard.store.schema import (
+    Cluster,
+    NetworkVolume,
+    Project,
+    ServerlessEndpoint,
+    Snapshot,
+    UsageInterval,
+)
 
 _COLUMNS = (
     UsageInterval.cluster_id,
@@ -161,7 +168,8 @@ def bill(
 ) -> Bill:
     """What the account (or one of its projects) was billed in ``[from_, to)``, each
     interval clipped to that window (and open ones to ``now``), grouped by cluster,
-    GPU type or UTC day; lines sorted by key. ``projects``: only these projects'
+    GPU type or UTC day; lines sorted by key. By cluster, a serverless endpoint's
+    workers are one line: the endpoint's id and name. ``projects``: only these projects'
     (a caller restricted to some, ``Principal.project_ids``; None: all). Raises
     NotFound for a project of another account or outside ``projects``."""
     if project_id is not None:
@@ -173,10 +181,14 @@ def bill(
         # A holder is a cluster, a network volume or a snapshot (each named in a bill).
         select(
             *_COLUMNS,
-            func.coalesce(Cluster.name, NetworkVolume.name, Snapshot.name).label("name"),
+            func.coalesce(
+                ServerlessEndpoint.name, Cluster.name, NetworkVolume.name, Snapshot.name
+            ).label("name"),
+            ServerlessEndpoint.id.label("endpoint_id"),
         )
         .join(Project, Project.id == UsageInterval.project_id)
         .outerjoin(Cluster, Cluster.id == UsageInterval.cluster_id)
+        .outerjoin(ServerlessEndpoint, ServerlessEndpoint.id == Cluster.serverless_endpoint_id)
         .outerjoin(NetworkVolume, NetworkVolume.id == UsageInterval.cluster_id)
         .outerjoin(Snapshot, Snapshot.id == UsageInterval.cluster_id)
         .where(
@@ -203,7 +215,7 @@ def bill(
     for row in session.execute(q):
         iv = _interval(row)
         if group_by == GroupBy.CLUSTER:
-            add(iv.cluster_id, row.name, iv, lo, hi)
+            add(row.endpoint_id or iv.cluster_id, row.name, iv, lo, hi)
         elif group_by == GroupBy.GPU_TYPE:
             add(iv.gpu_type or "none", None, iv, lo, hi)
         else:

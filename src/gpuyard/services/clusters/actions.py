@@ -15,9 +15,11 @@ from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import Action, ClusterStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.clusters.cluster_rows import (
+    ANY_ENDPOINT,
     MAX_CONFLICT_RETRIES,
     load_cluster,
     owner_principal,
+    refuse_worker,
     require_action,
 )
 from gpuyard.services.clusters.lifecycle import guarded_update, record_event, transition_cluster
@@ -37,6 +39,8 @@ def _act(
     target: ClusterStatus,
     reason: str,
     desired: ClusterStatus,
+    *,
+    acting_for: str | None = None,
     **values: Any,
 ) -> Cluster:
     principal.require_write()
@@ -45,6 +49,7 @@ def _act(
         try:
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
+                refuse_worker(cluster, acting_for)
                 if action is Action.STOP and has_pending_start(cluster):
                     # A stop while a start waits for the stop to finish calls it off.
                     call_off(session, cluster, now)
@@ -139,6 +144,7 @@ def rename_cluster(ctx: Context, principal: Principal, cluster_id: str, name: st
         try:
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
+                refuse_worker(cluster)
                 if cluster.status in (ClusterStatus.TERMINATING, ClusterStatus.TERMINATED):
                     require_action(cluster, Action.TERMINATE)  # raises INVALID_STATE
                 if cluster.name == name:
@@ -181,4 +187,36 @@ def control_plane_stop(ctx: Context, cluster_id: str, reason: str) -> None:
             ClusterStatus.STOPPING,
             reason,
             ClusterStatus.STOPPED,
+            acting_for=ANY_ENDPOINT,
         )
+
+
+def endpoint_stop(ctx: Context, cluster_id: str, endpoint_id: str, reason: str) -> bool:
+    """Stop a worker cluster of ``endpoint_id`` for its scaler (flashboot: the container
+    and volume are kept for a fast start). Returns False when it was not running (it
+    moved on meanwhile, or is no cluster of the endpoint's account)."""
+    return _endpoint_act(ctx, cluster_id, endpoint_id, Action.STOP, reason)
+
+
+def endpoint_terminate(ctx: Context, cluster_id: str, endpoint_id: str, reason: str) -> bool:
+    """Terminate a worker cluster of ``endpoint_id`` for its scaler. Returns False when
+    it could not be (terminated already, or no cluster of the endpoint's account)."""
+    return _endpoint_act(ctx, cluster_id, endpoint_id, Action.TERMINATE, reason)
+
+
+def _endpoint_act(
+    ctx: Context, cluster_id: str, endpoint_id: str, action: Action, reason: str
+) -> bool:
+    with ctx.read() as session:
+        principal = owner_principal(session, cluster_id)
+    if principal is None:
+        return False
+    if action is Action.STOP:
+        target, desired = ClusterStatus.STOPPING, ClusterStatus.STOPPED
+    else:
+        target, desired = ClusterStatus.TERMINATING, ClusterStatus.TERMINATED
+    try:
+        _act(ctx, principal, cluster_id, action, target, reason, desired, acting_for=endpoint_id)
+    except InvalidState:
+        return False
+    return True

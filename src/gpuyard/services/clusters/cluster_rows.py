@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import ClusterNotFound, InvalidState
+from gpuyard.core.errors import ClusterNotFound, InvalidState, WorkerCluster
 from gpuyard.core.models import CloudType, ResourceRequest
 from gpuyard.core.states import (
     REQUIRED_STATUS,
@@ -25,6 +25,10 @@ from gpuyard.store.schema import Cluster, Project
 # How often a use case retries a transaction that lost a race on the cluster's row
 # (its version moved meanwhile) before answering Conflict.
 MAX_CONFLICT_RETRIES = 5
+
+# Acting for whichever endpoint a worker cluster belongs to (the control plane's own
+# stops: a suspension, a spent budget, a drain).
+ANY_ENDPOINT = "*"
 
 
 def request_of(c: Cluster, cloud_type: CloudType = CloudType.ALL) -> ResourceRequest:
@@ -61,6 +65,20 @@ def load_cluster(session: Session, principal: Principal, cluster_id: str) -> Clu
     if cluster is None or not principal.may_use_project(cluster.project_id):
         raise ClusterNotFound(f"cluster {cluster_id!r} not found", {"cluster_id": cluster_id})
     return cluster
+
+
+def refuse_worker(cluster: Cluster, acting_for: str | None = None) -> None:
+    """Raise WorkerCluster (409) when ``cluster`` is a worker of a serverless endpoint
+    and the caller does not act for that endpoint (``acting_for``: the endpoint's id,
+    :data:`ANY_ENDPOINT` for the control plane's own stops, None for a user)."""
+    endpoint_id = cluster.serverless_endpoint_id
+    if endpoint_id is None or acting_for in (ANY_ENDPOINT, endpoint_id):
+        return
+    raise WorkerCluster(
+        f"this cluster is a worker of endpoint {endpoint_id}: its endpoint's scaler starts "
+        "and stops it (change or delete the endpoint instead)",
+        {"cluster_id": cluster.id, "endpoint_id": endpoint_id},
+    )
 
 
 def require_action(cluster: Cluster, action: Action) -> None:

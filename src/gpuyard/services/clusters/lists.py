@@ -152,6 +152,8 @@ def _where(
     conds: list[ColumnElement[bool]] = [
         Cluster.project_id == projects[0] if one else Cluster.project_id.in_(projects),
         status,
+        # A serverless endpoint's workers are the endpoint's, not the user's pods.
+        Cluster.serverless_endpoint_id.is_(None),
     ]
     if search:
         like = f"%{search.lower()}%"
@@ -209,8 +211,9 @@ def list_clusters(
     filters: ClusterFilters | None = None,
 ) -> ClusterPage:
     """The account's clusters, newest first; terminated ones only when asked for
-    (``status=terminated``). A caller restricted to some projects sees only theirs
-    (another ``project_id`` lists nothing).
+    (``status=terminated``); never a serverless endpoint's workers. A caller
+    restricted to some projects sees only theirs (another ``project_id`` lists
+    nothing).
 
     With ``cursor`` (a ``next_cursor`` of an earlier page with the same filters) the
     page is the ``per_page`` rows after that cursor's row: stable while clusters are

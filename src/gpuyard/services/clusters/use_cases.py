@@ -10,6 +10,7 @@ runtime.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -59,6 +60,7 @@ from gpuyard.services.clusters.actions import terminate_cluster as terminate_clu
 from gpuyard.services.clusters.autoterm_policy import merge_policy
 from gpuyard.services.clusters.cluster_rows import (
     MAX_CONFLICT_RETRIES,
+    refuse_worker,
     require_action,
 )
 from gpuyard.services.clusters.cluster_rows import load_cluster as load_cluster
@@ -244,12 +246,21 @@ def create_cluster(
     *,
     idempotency: Claim | None = None,
     location: str | None = None,
+    serverless_endpoint_id: str | None = None,
+    sealed_env: Mapping[str, str] | None = None,
+    record_with: Callable[[Session, Cluster], None] | None = None,
 ) -> Cluster:
     """Validate, place and record a new cluster in ``starting``. Nothing is stored when
     placement fails (InsufficientCapacity). With ``idempotency`` its key is stored in
     the same transaction, before placement (see services/idempotency.py). ``location``
     pins it to the hosts of that location (GraphQL ``dataCenterId``); a location no
-    host has is a ValidationFailed on ``location``."""
+    host has is a ValidationFailed on ``location``.
+
+    A serverless endpoint's scaler creates its workers here: ``serverless_endpoint_id``
+    marks the cluster as that endpoint's (left out of the user's lists, refused to the
+    user's actions), ``sealed_env`` is env as stored (sealed already: the endpoint's),
+    laid under the body's, and ``record_with`` records the worker's own row in the
+    same transaction, after placement and admission."""
     principal.require_write()
     if not body.docker_image and body.template_id is None:
         raise ValidationFailed("docker_image", "is required (or a template_id)")
@@ -307,6 +318,7 @@ def create_cluster(
             refuse_while_restoring(session, mounted.id)
             volume_gb = 0
         cluster_id = new_cluster_id()
+        own_env = seal_env(secret_box(ctx.settings), body.env, body.secret_env)
         cluster = Cluster(
             id=cluster_id,
             project_id=project_id,
@@ -316,7 +328,7 @@ def create_cluster(
             docker_entrypoint=body.docker_entrypoint,
             min_cuda_version=body.min_cuda_version,
             allowed_cuda_versions=body.allowed_cuda_versions,
-            env=merged_env(template, seal_env(secret_box(ctx.settings), body.env, body.secret_env)),
+            env={**(sealed_env or {}), **merged_env(template, own_env)},
             template_id=template.id if template is not None else None,
             ports=ports_json(body.ports),
             gpu_type=gpu.id if gpu else None,
@@ -328,6 +340,7 @@ def create_cluster(
             volume_mount_path=body.volume_mount_path,
             network_volume_id=mounted.id if mounted is not None else None,
             registry_auth_id=registry_auth_id,
+            serverless_endpoint_id=serverless_endpoint_id,
             cloud_type=body.cloud_type.value,
             interruptible=bid is not None,
             bid_per_gpu=bid,
@@ -396,6 +409,8 @@ def create_cluster(
             )
             record_event(session, cluster_id, now, "snapshot", f"cloned from snapshot {clone.id}")
         meter_status(session, cluster, ClusterStatus.STARTING, now)
+        if record_with is not None:
+            record_with(session, cluster)
     crash_point("create.idempotent_after_row" if idempotency else "create.after_row")
     ctx.wake()
     return cluster
@@ -418,6 +433,7 @@ def start_cluster(
     body: StartCluster,
     *,
     bid_per_gpu: float | None = None,
+    acting_for: str | None = None,
 ) -> StartResult:
     """Start a stopped (or failed) cluster on its host, applying the body's changes.
     With ``bid_per_gpu`` it resumes as spot (interruptible at that bid); without, a
@@ -430,7 +446,8 @@ def start_cluster(
     Raises InvalidState (not stopped), SnapshotNotFound, ValidationFailed,
     InsufficientCapacity ("not enough free GPUs on the host machine") or HostUnreachable
     (its volume is on a host that does not answer); in every error case nothing stored
-    changes.
+    changes. A serverless worker's cluster is started by its endpoint's scaler only
+    (``acting_for``: the endpoint's id); anyone else is refused with WorkerCluster.
     """
     principal.require_write()
     upd = body.update_configuration
@@ -444,6 +461,7 @@ def start_cluster(
         try:
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
+                refuse_worker(cluster, acting_for)
                 require_action(cluster, Action.START)
                 if cluster.status == ClusterStatus.STOPPING.value:
                     # Desired state, not a race: kept and applied once the stop is done.
@@ -586,6 +604,7 @@ def update_auto_terminate(
         try:
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
+                refuse_worker(cluster)
                 if cluster.status in (ClusterStatus.TERMINATING, ClusterStatus.TERMINATED):
                     require_action(cluster, Action.TERMINATE)  # raises INVALID_STATE
                 session.expunge(cluster)

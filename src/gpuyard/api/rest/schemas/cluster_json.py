@@ -176,7 +176,8 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         "project_id": c.project_id,
         "status": status.value,
         "desired_status": c.desired_status,
-        "actions": [a.value for a in allowed_actions(status)],
+        # A serverless worker is its endpoint's scaler's to start and stop.
+        "actions": ([] if c.serverless_endpoint_id else [a.value for a in allowed_actions(status)]),
         "last_status_change": c.status_reason,
         "error_message": c.error_message,
         "restarts": c.restarts,
@@ -192,6 +193,7 @@ def cluster_v1(d: ClusterDetails) -> dict[str, Any]:
         ),
         "template_id": c.template_id,
         "registry_auth_id": c.registry_auth_id,
+        "serverless_endpoint_id": c.serverless_endpoint_id,
         "gpu_type": c.gpu_type,
         "gpu_display_name": d.gpu_display_name,
         "gpu_count": c.gpu_count,

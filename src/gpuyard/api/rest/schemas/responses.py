@@ -191,6 +191,10 @@ class Cluster(StrictOut):
     registry_auth_id: int | None = Field(
         description="The registry credentials its image is pulled with (null: none)"
     )
+    serverless_endpoint_id: str | None = Field(
+        description="The serverless endpoint it is a worker of (null: a cluster of its own); "
+        "a worker is started and stopped by its endpoint, not by the user"
+    )
     gpu_type: str | None
     gpu_display_name: str | None
     gpu_count: int
