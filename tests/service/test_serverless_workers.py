@@ -22,7 +22,7 @@ from gpuyard.core.ids import new_endpoint_id, new_job_id
 from gpuyard.core.serverless.jobs import JobStatus
 from gpuyard.core.states import IN_MOTION
 from gpuyard.reconciler.loop import Reconciler
-from gpuyard.reconciler.serverless.queue_port import TableQueue
+from gpuyard.reconciler.serverless.queue_port import ServiceQueue
 from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.services.billing import budgets, metering, quotas
 from gpuyard.services.billing.budgets import BudgetChange
@@ -287,8 +287,10 @@ def test_a_busy_worker_is_never_stopped(
     scale(ctx, rec)
     [w] = all_ready(ctx, eid)
     take(ctx, w, j)
-    clock.advance(600)
-    scale(ctx, rec)
+    for _ in range(6):  # two minutes of a long job, the worker pinging as it runs
+        clock.advance(20)
+        set_worker(ctx, w, last_ping_at=clock.now())
+        scale(ctx, rec)
     assert [x.status for x in workers(ctx, eid)] == ["ready"]
 
 
@@ -572,11 +574,12 @@ def test_workers_are_billed_under_the_endpoints_name(
 
 
 # -- the queue's side is injected ------------------------------------------------------
-class LostPings(TableQueue):
+class LostPings(ServiceQueue):
     """The queue's sweep as the scaler sees it: workers named in ``lost`` are to be
     replaced (their pings stopped)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
         self.lost: set[str] = set()
         self.sweeps = 0
 
@@ -594,7 +597,7 @@ class LostPings(TableQueue):
 def test_a_worker_the_sweep_recycles_gives_its_job_back_and_is_replaced(
     ctx: Context, alice: Principal, runtime: FakeRuntime, clock: FakeClock
 ) -> None:
-    queue = LostPings()
+    queue = LostPings(ctx.settings)
     rec = build_reconciler(ctx, runtime, serverless_queue=queue)
     eid = endpoint(ctx, alice, scaler_type="REQUEST_COUNT", scaler_value=1)
     [j] = enqueue(ctx, alice, eid, 1)

@@ -25,7 +25,7 @@ from gpuyard.reconciler.leases import AllMine, Leases
 from gpuyard.reconciler.loop import Duties, Reconciler
 from gpuyard.reconciler.restarts import RestartSchedule
 from gpuyard.reconciler.serverless.ports import QueuePort
-from gpuyard.reconciler.serverless.queue_port import TableQueue
+from gpuyard.reconciler.serverless.queue_port import ServiceQueue
 from gpuyard.reconciler.serverless.scaler import ServerlessScaler
 from gpuyard.reconciler.training.autoterm import TrainingAutoTerminator
 from gpuyard.runtimes.base import Runtime
@@ -72,8 +72,8 @@ def build_reconciler(
     auto-termination. Hooks: ``on_fire`` (a rule fired), ``on_pass`` (lag and duration
     of each loop pass), ``on_full_pass`` (every engine observed), ``on_host_answered``
     (a host answers for the first time or again). ``serverless_queue``: the job queue
-    the serverless scaler reads and gives lost workers' jobs back to (None: its tables
-    read directly, reconciler/serverless/queue_port.py)."""
+    the serverless scaler reads and gives lost workers' jobs back to (None: the queue's
+    own use cases, reconciler/serverless/queue_port.py)."""
     fleet = fleet_of(runtime)
     hosts = HostDirectory(ctx, fleet, host_id)
     fleet.set_hosts(hosts.host_engine)
@@ -119,7 +119,9 @@ def build_reconciler(
         observation=observation,
         checks=checks,
         serverless=ServerlessScaler(
-            ctx, serverless_queue or TableQueue(), base_url=callback_base_url(ctx.settings)
+            ctx,
+            serverless_queue or ServiceQueue(ctx.settings),
+            base_url=callback_base_url(ctx.settings),
         ),
     )
     return Reconciler(

@@ -1,6 +1,6 @@
-"""What the serverless scaler asks of the job queue, as a protocol: the queue's slice
-serves it (its functions bound in reconciler/wiring.py); ``queue_port.TableQueue`` is
-a plain implementation over the queue's tables."""
+"""What the serverless scaler asks of the job queue, as a protocol:
+``queue_port.ServiceQueue`` serves it with the queue's use cases (services/serverless);
+tests may give their own."""
 
 from __future__ import annotations
 

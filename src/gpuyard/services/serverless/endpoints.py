@@ -108,10 +108,16 @@ def _missing(endpoint_id: str) -> EndpointNotFound:
 
 
 def _find(
-    session: Session, scope: ResourceScope, endpoint_id: str, *, lock: bool = False
+    session: Session,
+    scope: ResourceScope,
+    endpoint_id: str,
+    *,
+    lock: bool = False,
+    draining_ok: bool = False,
 ) -> ServerlessEndpoint:
-    """One live endpoint in ``scope``. Raises EndpointNotFound, the same for an unknown
-    id, a deleted endpoint and another account's (or another project's)."""
+    """One live endpoint in ``scope`` (``draining_ok``: or one being deleted, whose jobs
+    still run). Raises EndpointNotFound, the same for an unknown id, a deleted endpoint
+    and another account's (or another project's)."""
     if not endpoint_id or len(endpoint_id) > MAX_ENDPOINT_ID_CHARS:
         raise _missing(endpoint_id[:MAX_ENDPOINT_ID_CHARS])
     q = select(ServerlessEndpoint).where(
@@ -121,20 +127,28 @@ def _find(
     if lock:
         q = q.with_for_update()
     row = session.scalar(q)
-    if row is None or row.status in GONE or not scope.covers(row.project_id):
+    if row is None or not scope.covers(row.project_id):
+        raise _missing(endpoint_id)
+    if row.status == "deleted" or (row.status in GONE and not draining_ok):
         raise _missing(endpoint_id)
     return row
 
 
 def live_endpoint(
-    session: Session, principal: Principal, endpoint_id: str, ref: ProjectRef | None = None
+    session: Session,
+    principal: Principal,
+    endpoint_id: str,
+    ref: ProjectRef | None = None,
+    *,
+    draining_ok: bool = False,
 ) -> ServerlessEndpoint:
     """The caller's live endpoint ``endpoint_id`` (of the acting account, in a project
-    it may use; ``ref``: the request's project and ``active_iam``), for the job API.
-    Raises EndpointNotFound otherwise, whatever the reason (a deleting endpoint takes
-    no jobs). Runs inside the caller's transaction."""
+    it may use; ``ref``: the request's project and ``active_iam``), for the job API;
+    ``draining_ok``: one being deleted too (its jobs may still be read, cancelled and
+    purged; it takes no new ones). Raises EndpointNotFound otherwise, whatever the
+    reason. Runs inside the caller's transaction."""
     scope = resource_scope(session, principal, ref or ProjectRef())
-    return _find(session, scope, endpoint_id)
+    return _find(session, scope, endpoint_id, draining_ok=draining_ok)
 
 
 def _refuse_taken(session: Session, account_id: int, name: str, own_id: str | None) -> None:

@@ -19,10 +19,11 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import InvalidState, NotFound, ValidationFailed
-from gpuyard.core.ids import is_endpoint_id, new_job_id
+from gpuyard.core.ids import new_job_id
 from gpuyard.core.serverless.jobs import JobStatus, delay_time_ms, execution_time_ms
 from gpuyard.services.billing.admission import refuse_closed_account
 from gpuyard.services.context import Context
+from gpuyard.services.serverless.endpoints import live_endpoint
 from gpuyard.services.serverless.queue import end_job, release_worker_slot
 from gpuyard.services.serverless.webhooks import enqueue_job_webhook
 from gpuyard.services.tenancy.auth import Principal
@@ -144,27 +145,6 @@ class Health:
 # ----------------------------------------------------------------- finders
 
 
-def _missing_endpoint(endpoint_id: str) -> NotFound:
-    return NotFound(f"endpoint {endpoint_id[:40]!r} not found", {"endpoint_id": endpoint_id[:40]})
-
-
-def visible_endpoint(
-    session: Session, principal: Principal, endpoint_id: str, *, active: bool = False
-) -> ServerlessEndpoint:
-    """The caller's endpoint ``endpoint_id`` (``active``: and taking jobs), else
-    NotFound, the same for another account's endpoint, a project the caller may not
-    see, and an id of no endpoint's shape. Runs inside the caller's transaction."""
-    row = session.get(ServerlessEndpoint, endpoint_id) if is_endpoint_id(endpoint_id) else None
-    if (
-        row is None
-        or row.account_id != principal.account_id
-        or (principal.project_ids is not None and row.project_id not in principal.project_ids)
-        or (active and row.status != "active")
-    ):
-        raise _missing_endpoint(endpoint_id)
-    return row
-
-
 def _job(
     session: Session, endpoint: ServerlessEndpoint, job_id: str, *, lock: bool = False
 ) -> ServerlessJob:
@@ -216,7 +196,7 @@ def submit_job(
     del sync
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        endpoint = visible_endpoint(session, principal, endpoint_id, active=True)
+        endpoint = live_endpoint(session, principal, endpoint_id)
         refuse_closed_account(session, endpoint.account_id)
         timeout = (
             body.execution_timeout_ms
@@ -251,7 +231,7 @@ def submit_job(
 def job_status(ctx: Context, principal: Principal, endpoint_id: str, job_id: str) -> JobView:
     """The job's status answer (its output once it completed)."""
     with ctx.read() as session:
-        endpoint = visible_endpoint(session, principal, endpoint_id)
+        endpoint = live_endpoint(session, principal, endpoint_id, draining_ok=True)
         return job_view(_job(session, endpoint, job_id), ctx.clock.now())
 
 
@@ -262,7 +242,7 @@ def read_stream(
     ``/stream``: each chunk is answered once)."""
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        endpoint = visible_endpoint(session, principal, endpoint_id)
+        endpoint = live_endpoint(session, principal, endpoint_id, draining_ok=True)
         job = _job(session, endpoint, job_id, lock=True)
         chunks = session.scalars(
             select(ServerlessJobChunk)
@@ -287,7 +267,7 @@ def cancel_job(ctx: Context, principal: Principal, endpoint_id: str, job_id: str
     answered as it is."""
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        endpoint = visible_endpoint(session, principal, endpoint_id)
+        endpoint = live_endpoint(session, principal, endpoint_id, draining_ok=True)
         job = _job(session, endpoint, job_id, lock=True)
         if job.status == JobStatus.IN_PROGRESS:
             release_worker_slot(session, job.worker_id, now)
@@ -306,7 +286,7 @@ def retry_job(ctx: Context, principal: Principal, endpoint_id: str, job_id: str)
     Any other status is 409 INVALID_STATE."""
     now = ctx.clock.now()
     with ctx.transaction() as session:
-        endpoint = visible_endpoint(session, principal, endpoint_id, active=True)
+        endpoint = live_endpoint(session, principal, endpoint_id)
         refuse_closed_account(session, endpoint.account_id)
         job = _job(session, endpoint, job_id, lock=True)
         retriable = (JobStatus.FAILED, JobStatus.TIMED_OUT, JobStatus.CANCELLED)
@@ -340,7 +320,7 @@ def purge_queue(ctx: Context, principal: Principal, endpoint_id: str) -> PurgeRe
     now = ctx.clock.now()
     keep = ctx.settings.serverless_result_ttl_s
     with ctx.transaction() as session:
-        endpoint = visible_endpoint(session, principal, endpoint_id)
+        endpoint = live_endpoint(session, principal, endpoint_id, draining_ok=True)
         result = session.execute(
             update(ServerlessJob)
             .where(
@@ -365,7 +345,7 @@ def endpoint_health(ctx: Context, principal: Principal, endpoint_id: str) -> Hea
     """The endpoint's job counts (finished ones while their results are kept) and its
     workers: ready and holding no job is idle; ready and busy, or starting, running."""
     with ctx.read() as session:
-        endpoint = visible_endpoint(session, principal, endpoint_id)
+        endpoint = live_endpoint(session, principal, endpoint_id, draining_ok=True)
         counts: dict[str, int] = {
             status: int(count)
             for status, count in session.execute(
