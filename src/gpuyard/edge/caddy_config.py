@@ -1,30 +1,38 @@
-"""The whole Caddy configuration (JSON) for a set of proxy routes.
+"""The whole Caddy configuration (JSON) of the HTTP proxy.
 
-gpuyard owns the Caddy instance it configures: every sync loads this document with
-``POST /load``, so a Caddy that restarted empty, or was changed by hand, converges to
-it. Pure: no I/O.
+gpuyard owns the Caddy instance it configures: a sync loads this document with
+``POST /load`` when Caddy serves another one, so a Caddy that restarted empty, or was
+changed by hand, converges to it. Pure: no I/O.
 
-Per cluster port, in order (first match wins):
+The document names no cluster: it depends only on where the proxy listens, its domain,
+its certificate, the API's address and the resolver's. Caddy 2.6 ends every upgraded
+connection (WebSockets) and in-flight response of the old configuration when it loads
+one, so creating, terminating or moving a cluster, or changing its ports, must not
+load anything. Each request finds its cluster port at request time instead: Caddy's
+dynamic upstreams look up the host's first label ``{cluster_id}-{port}`` as an SRV name
+in the zone of gpuyard's resolver (``edge/proxy_resolver.py``, a process of its own
+reading the route table the proxy-sync duty writes), answers kept :data:`REFRESH`.
+
+For a host ``{label}.{domain}``, in order (first match wins):
 
 1. the ``open`` link path goes to the API, which swaps its one-time token for a
    session cookie on this host (the cookie is then host-only: it opens this port only);
-2. a public port is forwarded;
-3. a private port: a request with no session cookie and no gpuyard API key
+2. a request with no session cookie and no gpuyard API key
    (``Authorization: Bearer gy_…``, ``Authorization: gy_…`` or ``X-Gpuyard-Api-Key``)
-   answers 401 with a page saying how to get in; any other is checked by the API
-   (Caddy's forward_auth, on every request: the API matches the cookie by its exact
-   name, and keeps answers for a few seconds), and forwarded when the API lets it
-   through.
+   is forwarded to ``SRV {label}.public.Z``, which exists only for a public port; for a
+   private port (or none) there is no upstream, and the API's page answers: 401 saying
+   how to get in (private), 404 (no such port);
+3. any other request is checked by the API (Caddy's forward_auth, on every request: a
+   public port passes; a private one needs the session cookie, matched by its exact
+   name, or the owner's key; answers kept a few seconds), and forwarded to
+   ``SRV {label}.any.Z`` when the API lets it through.
 
 Whatever the visibility, what reaches a container carries no gpuyard credential:
 ``X-Gpuyard-Api-Key``, an ``Authorization`` holding a gpuyard key and the session
 cookie are removed (the application's own Authorization and cookies pass).
 
 A container that does not answer (stopped, starting) gets the API's page naming the
-cluster's status (502). A host of the proxy domain with no route answers 404. The
-configuration depends only on which clusters exist and where their ports are: a
-stop, a start or an open link changes nothing in it. That matters because Caddy 2.6
-ends in-flight proxied responses and WebSockets whenever it loads a configuration.
+cluster's status (502). A host outside the proxy domain answers 404.
 
 Responses stream both ways (Caddy passes a response of unknown length, chunked or
 server-sent events, on as it comes; one of known length in large writes), WebSockets
@@ -43,16 +51,24 @@ from gpuyard.core.network.proxy import (
     OPEN_PATH,
     SESSION_COOKIE,
     ProxyBase,
-    ProxyRoute,
-    Visibility,
     page_html,
 )
+from gpuyard.edge.proxy_resolver import ZONE
 
 SERVER_NAME = "gpuyard"
 KEY_HEADER = "X-Gpuyard-Api-Key"
 PROXY_HEADER = "X-Gpuyard-Proxy"
 AUTHORIZE_PATH = "/v1/proxy/authorize"
 UNAVAILABLE_PATH = "/v1/proxy/unavailable"
+# Told to the status page: which step failed (``anonymous``: a request with no
+# credential; ``checked``: one the API let through) and how (503: no upstream, the
+# name did not resolve; 502: the upstream did not answer).
+STAGE_HEADER = "X-Gpuyard-Proxy-Stage"
+ERROR_HEADER = "X-Gpuyard-Proxy-Error"
+_STAGE_VAR = "gpuyard_stage"
+# How long Caddy keeps a lookup: a terminated cluster's port, or one made private,
+# stops answering this long after the route table lost it (at most).
+REFRESH = "1s"
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,8 @@ class ProxyListen:
     # Sent to the API with every request Caddy makes to it (PROXY_HEADER), so the API
     # may take the client's address from X-Forwarded-For for those requests alone.
     api_secret: str = ""
+    # The proxy resolver's UDP address (edge/proxy_resolver.py).
+    resolver: str = "127.0.0.1:53"
 
 
 def page(status: int, title: str, text: str) -> dict[str, Any]:
@@ -93,13 +111,24 @@ _COOKIE_STRIP: list[dict[str, str]] = [
 ]
 
 
-def _forward(upstream: str) -> dict[str, Any]:
-    """To the container, with no gpuyard credential: never the proxy's header (only
-    the API may see it), the key header or the session cookie. A gpuyard key in
-    Authorization was taken out before (:data:`_DROP_KEY_AUTHORIZATION`)."""
+def _forward(listen: ProxyListen, base: ProxyBase, kind: str) -> dict[str, Any]:
+    """To the container the resolver names for this host's label (``kind``: ``public``
+    or ``any``), with no gpuyard credential: never the proxy's header (only the API may
+    see it), the key header or the session cookie. A gpuyard key in Authorization was
+    taken out before (:data:`_DROP_KEY_AUTHORIZATION`)."""
+    # Caddy 2.6 dials a resolver over TCP unless the address names udp.
+    resolver = {"addresses": [f"udp/{listen.resolver}"]}
     return {
         "handler": "reverse_proxy",
-        "upstreams": [{"dial": upstream}],
+        "dynamic_upstreams": {
+            "source": "srv",
+            "name": f"{{http.request.host.labels.{_label_index(base)}}}.{kind}.{ZONE}.",
+            "refresh": REFRESH,
+            "resolver": resolver,
+            "dial_timeout": "1s",
+        },
+        # The SRV target is a name of the resolver's zone too (never an address).
+        "transport": {"protocol": "http", "resolver": resolver},
         "headers": {
             "request": {
                 "delete": [PROXY_HEADER, KEY_HEADER],
@@ -107,6 +136,16 @@ def _forward(upstream: str) -> dict[str, Any]:
             }
         },
     }
+
+
+def _label_index(base: ProxyBase) -> int:
+    """Caddy counts a host's labels from the right, from 0: the cluster port's label
+    comes right after the domain's."""
+    return len(base.domain.strip(".").split("."))
+
+
+def _stage(name: str) -> dict[str, Any]:
+    return {"handler": "vars", _STAGE_VAR: name}
 
 
 def _to_api(listen: ProxyListen) -> dict[str, Any]:
@@ -186,31 +225,23 @@ _DROP_KEY_AUTHORIZATION: dict[str, Any] = {
 }
 
 
-def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]:
-    open_path = OPEN_PATH.format(cluster_id=route.cluster_id, port=route.internal_port)
-    routes: list[dict[str, Any]] = [{"match": [{"path": [open_path]}], "handle": [_to_api(listen)]}]
-    if route.visibility is not Visibility.PUBLIC:
-        routes.append(
-            {
-                "match": [{"not": _MAY_PASS}],
-                "handle": [
-                    page(
-                        401,
-                        "Sign-in required",
-                        f"Port {route.internal_port} of cluster {route.cluster_id} is "
-                        "private. Open it with a link from `gpuyard clusters open` (or the "
-                        "API's /ports/{port}/open), or send your API key in the "
-                        "Authorization header.",
-                    )
-                ],
-                "terminal": True,
-            }
-        )
-        # The API decides (a session cookie, or the owner's key); a refusal is its page.
-        routes.append({"handle": [_authorize(listen)]})
-    routes.append(_DROP_KEY_AUTHORIZATION)
-    routes.append({"handle": [_forward(route.upstream)]})
-    return routes
+def _cluster_routes(base: ProxyBase, listen: ProxyListen) -> list[dict[str, Any]]:
+    open_path = OPEN_PATH.format(cluster_id="*", port="*")
+    return [
+        {"match": [{"path": [open_path]}], "handle": [_to_api(listen)], "terminal": True},
+        # No credential: only a public port has an upstream; the others get the API's
+        # page (401 for a private port, 404 for none).
+        {
+            "match": [{"not": _MAY_PASS}],
+            "handle": [_stage("anonymous"), _forward(listen, base, "public")],
+            "terminal": True,
+        },
+        # The API decides (a public port passes; a session cookie, or the owner's key);
+        # a refusal is its page.
+        {"handle": [_authorize(listen)]},
+        _DROP_KEY_AUTHORIZATION,
+        {"handle": [_stage("checked"), _forward(listen, base, "any")], "terminal": True},
+    ]
 
 
 def _error_page(listen: ProxyListen) -> dict[str, Any]:
@@ -223,7 +254,11 @@ def _error_page(listen: ProxyListen) -> dict[str, Any]:
         "headers": {
             "request": {
                 "delete": ["Authorization", KEY_HEADER, "Cookie"],
-                "set": {PROXY_HEADER: [listen.api_secret]},
+                "set": {
+                    PROXY_HEADER: [listen.api_secret],
+                    STAGE_HEADER: [f"{{http.vars.{_STAGE_VAR}}}"],
+                    ERROR_HEADER: ["{http.error.status_code}"],
+                },
             }
         },
     }
@@ -254,18 +289,15 @@ _LOGGING: dict[str, Any] = {
 }
 
 
-def caddy_config(routes: list[ProxyRoute], base: ProxyBase, listen: ProxyListen) -> dict[str, Any]:
+def caddy_config(base: ProxyBase, listen: ProxyListen) -> dict[str, Any]:
     """The full configuration: admin on ``listen.admin`` (never persisted to disk), one
-    HTTP server with a route per cluster port and 404 for every other host."""
+    HTTP server routing every host of ``base.domain`` per request, 404 for the rest."""
     server_routes: list[dict[str, Any]] = [
         {
-            "match": [{"host": [base.host(r.cluster_id, r.internal_port)]}],
-            "handle": [{"handler": "subroute", "routes": _port_routes(r, listen)}],
+            "match": [{"host": [f"*.{base.domain}"]}],
+            "handle": [{"handler": "subroute", "routes": _cluster_routes(base, listen)}],
             "terminal": True,
-        }
-        for r in sorted(routes, key=lambda r: (r.cluster_id, r.internal_port))
-    ]
-    server_routes.append(
+        },
         {
             "handle": [
                 page(
@@ -276,8 +308,8 @@ def caddy_config(routes: list[ProxyRoute], base: ProxyBase, listen: ProxyListen)
                 )
             ],
             "terminal": True,
-        }
-    )
+        },
+    ]
     server: dict[str, Any] = {
         "listen": [f"{listen.bind}:{listen.port}"],
         "routes": server_routes,
