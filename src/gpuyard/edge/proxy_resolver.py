@@ -367,11 +367,9 @@ class ResolverProcess:
         else:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
+                if self.pid() is None:  # gone (a zombie has no command line either)
                     break
-                time.sleep(0.05)
+                time.sleep(0.02)
             else:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

@@ -11,7 +11,9 @@
   :class:`SessionChecks` keeps answers for a few seconds.
 - :func:`revoke_sessions` ends every session of a port (the owner, a write key).
 - :func:`authorize` answers the proxy's per-request check of an API key: the key's
-  account must own the cluster (another account's cluster is "not found").
+  account must own the cluster (another account's cluster is "not found");
+  :func:`is_public_port` lets any request to a public port through.
+- :func:`unavailable_page` says why a request reached no container (401, 404, 502).
 
 Issuing and redeeming a link, and revoking sessions, are events on the cluster naming
 the API key.
@@ -32,7 +34,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import ClusterNotFound, Forbidden, NotFound, ProxyUnavailable, Unauthorized
-from gpuyard.core.network.proxy import ProxyBase, parse_host
+from gpuyard.core.network.proxy import ProxyBase, Visibility, parse_host
 from gpuyard.core.roles import Permission
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.clusters.cluster_rows import load_cluster, owner_principal
@@ -312,21 +314,75 @@ def authorize(ctx: Context, principal: Principal, host: str) -> tuple[str, int]:
     return cluster_id, port
 
 
-def unavailable_reason(ctx: Context, host: str) -> str | None:
-    """Why the container behind proxy host ``host`` did not answer, for the page the
-    proxy shows: the cluster's status when it is not running; None when the address
-    names no live cluster."""
+@dataclass(frozen=True)
+class Unavailable:
+    """The page the proxy shows when a request found no container to go to."""
+
+    status: int
+    title: str
+    text: str
+
+
+_NO_PORT = Unavailable(404, "No such cluster port", "No live cluster port is at this address.")
+
+
+def unavailable_page(ctx: Context, host: str, *, anonymous: bool) -> Unavailable:
+    """Why the request to proxy host ``host`` reached no container, for the page the
+    proxy shows: 404 when the address names no http port of a live cluster; 401 for a
+    private port asked without a credential (``anonymous``: only public ports have an
+    upstream then); else 502 naming the cluster's status (a stopped or starting
+    container, nothing listening yet). Reads only."""
     target = parse_host(host, ctx.settings.proxy_domain)
     if target is None:
-        return None
+        return _NO_PORT
     cluster_id, port = target
     with ctx.connect() as conn:
-        status = conn.scalar(select(Cluster.status).where(Cluster.id == cluster_id))
-    if status is None or status in (ClusterStatus.TERMINATED, ClusterStatus.TERMINATING):
-        return None
-    if status == ClusterStatus.RUNNING:
-        return f"Cluster {cluster_id} is running, but nothing answers on port {port} yet."
-    return f"Cluster {cluster_id} is {status}: port {port} answers once it runs again."
+        row = conn.execute(
+            select(Cluster.status, Cluster.ports).where(Cluster.id == cluster_id)
+        ).first()
+    if row is None or row.status in (ClusterStatus.TERMINATED, ClusterStatus.TERMINATING):
+        return _NO_PORT
+    declared = [
+        p
+        for p in row.ports or []
+        if p.get("protocol") == "http" and int(p["internal_port"]) == port
+    ]
+    if not declared:
+        return _NO_PORT
+    if anonymous and declared[0].get("visibility", Visibility.PRIVATE) != Visibility.PUBLIC:
+        return Unavailable(
+            401,
+            "Sign-in required",
+            f"Port {port} of cluster {cluster_id} is private. Open it with a link from "
+            "`gpuyard clusters open` (or the API's /ports/{port}/open), or send your API "
+            "key in the Authorization header.",
+        )
+    if row.status == ClusterStatus.RUNNING:
+        text = f"Cluster {cluster_id} is running, but nothing answers on port {port} yet."
+    else:
+        text = f"Cluster {cluster_id} is {row.status}: port {port} answers once it runs again."
+    return Unavailable(502, "Cluster not answering", text)
+
+
+def is_public_port(ctx: Context, host: str) -> bool:
+    """Whether proxy host ``host`` names a public http port of a live cluster (which
+    anybody may pass, whatever credential the request carries). Reads only."""
+    target = parse_host(host, ctx.settings.proxy_domain)
+    if target is None:
+        return False
+    cluster_id, port = target
+    with ctx.connect() as conn:
+        ports = conn.scalar(
+            select(Cluster.ports).where(
+                Cluster.id == cluster_id, Cluster.status != ClusterStatus.TERMINATED
+            )
+        )
+    return any(
+        p.get("protocol") == "http"
+        and int(p["internal_port"]) == port
+        and p.get("visibility") == Visibility.PUBLIC
+        for p in ports or []
+    )
 
 
 def cluster_owner(ctx: Context, cluster_id: str) -> tuple[int, int] | None:
