@@ -253,7 +253,9 @@ def _error_page(listen: ProxyListen) -> dict[str, Any]:
         "rewrite": {"method": "GET", "uri": UNAVAILABLE_PATH},
         "headers": {
             "request": {
-                "delete": ["Authorization", KEY_HEADER, "Cookie"],
+                # A WebSocket handshake's page is a plain GET too: passed on as an
+                # upgrade, the API would refuse it as a WebSocket of its own (403).
+                "delete": ["Authorization", KEY_HEADER, "Cookie", *_UPGRADE_HEADERS],
                 "set": {
                     PROXY_HEADER: [listen.api_secret],
                     STAGE_HEADER: [f"{{http.vars.{_STAGE_VAR}}}"],
