@@ -28,6 +28,7 @@ from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.core.errors import Forbidden, NotFound, Unauthorized
 from gpuyard.core.network.proxy import (
     SESSION_COOKIE,
+    Visibility,
     page_html,
     parse_host,
     presented_key,
@@ -188,25 +189,29 @@ async def authorize(request: Request) -> Response:
     """The proxy's check of a request that carries a credential (forward_auth): 200
     lets it through; the 401/403/404 pages are what the browser then shows.
 
-    A public port lets every request through. Else a session cookie (named exactly
-    ``gy_proxy``) passes while its session is live (services/access/proxy_access.py
-    session_allows; answers kept a few seconds). Else an API key: it acts for the
-    cluster's account (its user must be a member of it) and needs WRITE_RESOURCES
-    there (a private port is often a notebook, which runs code: as much as the
-    terminal); a cluster of a project the key may not use is 404. A wrong key answers
-    401, which the rate limiter counts as a failed key of the client's address
-    (api/http/rate_limit.py reads the same key as :func:`presented_key`). The proxy
-    sends a WebSocket handshake's check as a plain GET, so the key passes a WebSocket
-    exactly as it passes any other request."""
+    A public port lets every request through; an address of no live port is 404.
+    Else a session cookie (named exactly ``gy_proxy``) passes while its session is live
+    (services/access/proxy_access.py session_allows; answers kept a few seconds).
+    Else an API key: it acts for the cluster's account (its user must be a member of
+    it) and needs WRITE_RESOURCES there (a private port is often a notebook, which runs
+    code: as much as the terminal); a cluster of a project the key may not use is 404.
+    A wrong key answers 401, which the rate limiter counts as a failed key of the
+    client's address (api/http/rate_limit.py reads the same key as
+    :func:`presented_key`). The proxy sends a WebSocket handshake's check as a plain
+    GET, so the key passes a WebSocket exactly as it passes any other request."""
     state = app_state(request)
     host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
     refusal = await _check(request, state, host)
     if refusal is None:
         return _passed()
-    # A public port passes whatever the request carries (asked only on refusal, so a
-    # private port's check costs no extra read).
-    if await run_in_threadpool(proxy_access.is_public_port, state.ctx, host):
+    # A public port passes whatever the request carries, and an address of no port is
+    # 404 whatever it carries (asked only on refusal: a private port's pass costs no
+    # extra read).
+    visibility = await run_in_threadpool(proxy_access.port_visibility, state.ctx, host)
+    if visibility is Visibility.PUBLIC:
         return _passed()
+    if visibility is None:
+        return _page(404, "No such cluster port", "No live cluster port is at this address.")
     return refusal
 
 

@@ -12,7 +12,7 @@
 - :func:`revoke_sessions` ends every session of a port (the owner, a write key).
 - :func:`authorize` answers the proxy's per-request check of an API key: the key's
   account must own the cluster (another account's cluster is "not found");
-  :func:`is_public_port` lets any request to a public port through.
+  :func:`port_visibility` tells a public port (anybody passes) from none.
 - :func:`unavailable_page` says why a request reached no container (401, 404, 502).
 
 Issuing and redeeming a link, and revoking sessions, are events on the cluster naming
@@ -364,12 +364,12 @@ def unavailable_page(ctx: Context, host: str, *, anonymous: bool) -> Unavailable
     return Unavailable(502, "Cluster not answering", text)
 
 
-def is_public_port(ctx: Context, host: str) -> bool:
-    """Whether proxy host ``host`` names a public http port of a live cluster (which
-    anybody may pass, whatever credential the request carries). Reads only."""
+def port_visibility(ctx: Context, host: str) -> Visibility | None:
+    """The visibility of the http port proxy host ``host`` names, on a live cluster;
+    None when it names none. Reads only."""
     target = parse_host(host, ctx.settings.proxy_domain)
     if target is None:
-        return False
+        return None
     cluster_id, port = target
     with ctx.connect() as conn:
         ports = conn.scalar(
@@ -377,12 +377,10 @@ def is_public_port(ctx: Context, host: str) -> bool:
                 Cluster.id == cluster_id, Cluster.status != ClusterStatus.TERMINATED
             )
         )
-    return any(
-        p.get("protocol") == "http"
-        and int(p["internal_port"]) == port
-        and p.get("visibility") == Visibility.PUBLIC
-        for p in ports or []
-    )
+    for p in ports or []:
+        if p.get("protocol") == "http" and int(p["internal_port"]) == port:
+            return Visibility(p.get("visibility", Visibility.PRIVATE))
+    return None
 
 
 def cluster_owner(ctx: Context, cluster_id: str) -> tuple[int, int] | None:
