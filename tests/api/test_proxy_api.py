@@ -364,22 +364,13 @@ def test_the_status_page(proxied: LiveServer) -> None:
     with proxied.client() as c:
         cid = created(proxied, c, BODY)
 
-        def page(host: str, stage: str = "checked") -> httpx.Response:
-            return httpx.get(
-                f"{proxied.url}/v1/proxy/unavailable",
-                headers={"Host": host, "X-Gpuyard-Proxy-Stage": stage},
-            )
+        def page(host: str) -> httpx.Response:
+            return httpx.get(f"{proxied.url}/v1/proxy/unavailable", headers={"Host": host})
 
         r = page(f"{cid}-8888.proxy.localhost:8080")
         assert r.status_code == 502 and "running, but nothing answers" in r.text
         expected(proxied, 502)
-        # Asked with no credential, a private port has no upstream: how to sign in.
-        r = page(f"{cid}-8888.proxy.localhost:8080", "anonymous")
-        assert r.status_code == 401 and "private" in r.text and "Authorization" in r.text
-        r = page(f"{cid}-7860.proxy.localhost:8080", "anonymous")
-        assert r.status_code == 502
-        expected(proxied, 502)
-        assert page(f"{cid}-22.proxy.localhost", "anonymous").status_code == 404
+        assert page(f"{cid}-22.proxy.localhost").status_code == 404  # not an http port
         assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
         assert proxied.server.reconciler.wait_idle(10)
         r = page(f"{cid}-8888.proxy.localhost:8080")
@@ -388,7 +379,7 @@ def test_the_status_page(proxied: LiveServer) -> None:
         assert page("nothing.proxy.localhost").status_code == 404
         assert c.delete(f"/v1/clusters/{cid}").status_code == 200
         assert proxied.server.reconciler.wait_idle(10)
-        assert page(f"{cid}-8888.proxy.localhost:8080", "anonymous").status_code == 404
+        assert page(f"{cid}-8888.proxy.localhost:8080").status_code == 404
 
 
 class FakeCaddy:
@@ -413,6 +404,7 @@ class FakeResolver:
 
     def __init__(self, table: Path) -> None:
         self.table = table
+        self.markers = table.parent / "routes"
         self.port = 5300
 
     def ensure(self) -> int:
@@ -441,11 +433,14 @@ def test_sync_writes_routes_and_loads_only_settings(srv: LiveServer, tmp_path: P
         table = parse_table(resolver.table.read_bytes())
         assert set(table) == {f"{cid}-8888", f"{cid}-7860"}
         assert table[f"{cid}-7860"].public and not table[f"{cid}-8888"].public
+        assert (resolver.markers / "public" / f"{cid}-7860").exists()
+        assert (resolver.markers / "private" / f"{cid}-8888").exists()
         assert cid not in json.dumps(caddy.config)
         assert c.delete(f"/v1/clusters/{cid}").status_code == 200
         assert srv.server.reconciler.wait_idle(10)
     assert sync.sync(check_caddy=False) and caddy.loads == 1
     assert parse_table(resolver.table.read_bytes()) == {}
+    assert not list((resolver.markers / "private").iterdir())
     caddy.config = None  # Caddy restarted empty
     # A pass woken by a change asks Caddy nothing ...
     assert sync.sync(check_caddy=False) and caddy.loads == 1

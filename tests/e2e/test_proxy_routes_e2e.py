@@ -74,7 +74,7 @@ def resolves(server: ServerProcess, url: str) -> bool:
     port = resolver.port()
     assert port is not None
     label = urlsplit(url).hostname.split(".")[0]  # type: ignore[union-attr]
-    q = dns.message.make_query(f"{label}.any.{ZONE}", "SRV")
+    q = dns.message.make_query(f"{label}.port.{ZONE}", "SRV")
     return bool(dns.query.udp(q, "127.0.0.1", port=port, timeout=2).answer)
 
 

@@ -94,13 +94,13 @@ _MAY_PASS = [
 ]
 
 
-def _forward(kind: str, label: int = 2) -> dict[str, Any]:
+def _forward(label: int = 2) -> dict[str, Any]:
     resolver = {"addresses": ["udp/127.0.0.1:5300"]}
     return {
         "handler": "reverse_proxy",
         "dynamic_upstreams": {
             "source": "srv",
-            "name": f"{{http.request.host.labels.{label}}}.{kind}.gpuyard-routes.internal.",
+            "name": f"{{http.request.host.labels.{label}}}.port.gpuyard-routes.internal.",
             "refresh": "1s",
             "resolver": resolver,
             "dial_timeout": "1s",
@@ -110,27 +110,38 @@ def _forward(kind: str, label: int = 2) -> dict[str, Any]:
     }
 
 
-def test_each_request_finds_its_port_through_the_resolver() -> None:
+def _marker(kind: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "file": {
+                "root": "/home/caddy/routes",
+                "try_files": [f"/{kind}/{{http.request.host.labels.2}}"],
+            }
+        }
+    ]
+
+
+def test_each_request_finds_its_port_in_the_route_table() -> None:
     listen = ProxyListen(
-        "127.0.0.1",
-        8080,
-        "127.0.0.1:8000",
-        "unix//s",
-        api_secret="vouch",
-        resolver="127.0.0.1:5300",
-    )
-    opened, anonymous, check, drop_auth, checked = _cluster_routes(caddy_config(BASE, listen))
+        "127.0.0.1", 8080, "127.0.0.1:8000", "unix//s", api_secret="vouch",
+        resolver="127.0.0.1:5300", markers="/home/caddy/routes",
+    )  # fmt: skip
+    opened, public, private, forwarded, nothing = _cluster_routes(caddy_config(BASE, listen))
     # Any proxy host's open link goes to the API (which takes it only on its own host).
     assert opened["match"] == [{"path": ["/v1/clusters/*/ports/*/open"]}]
     assert opened["handle"][0]["upstreams"] == [{"dial": "127.0.0.1:8000"}]
     assert opened["handle"][0]["headers"]["request"]["set"] == {"X-Gpuyard-Proxy": ["vouch"]}
-    # No cookie of that name and no key: only a public port's name resolves.
-    assert anonymous["match"] == [{"not": _MAY_PASS}] and anonymous["terminal"] is True
-    assert anonymous["handle"] == [
-        {"handler": "vars", "gpuyard_stage": "anonymous"},
-        _forward("public"),
-    ]
-    # Everything else: the API decides (no secret is in the configuration) ...
+    # A public port (its marker file): forwarded to anybody, without gpuyard credentials,
+    # to the upstream the resolver names.
+    assert public["match"] == _marker("public") and public["terminal"] is True
+    assert public["handle"][0]["routes"] == [_DROP_GY_AUTHORIZATION, {"handle": [_forward()]}]
+    # A private port: no cookie of that name and no key is the proxy's own 401 ...
+    assert private["match"] == _marker("private") and private["terminal"] is True
+    refusal, check, drop_auth, forward = private["handle"][0]["routes"]
+    assert refusal["match"] == [{"not": _MAY_PASS}]
+    assert refusal["handle"][0]["status_code"] == 401 and refusal["terminal"] is True
+    assert "{http.request.host.labels.2} is private" in refusal["handle"][0]["body"]
+    # ... everything else: the API decides (no secret is in the configuration) ...
     assert "match" not in check
     asked = check["handle"][0]
     assert asked["rewrite"] == {"method": "GET", "uri": "/v1/proxy/authorize"}
@@ -139,15 +150,31 @@ def test_each_request_finds_its_port_through_the_resolver() -> None:
     assert "Upgrade" in asked["headers"]["request"]["delete"]
     # ... and what reaches the container carries no key and no session cookie.
     assert drop_auth == _DROP_GY_AUTHORIZATION
-    assert checked["handle"] == [{"handler": "vars", "gpuyard_stage": "checked"}, _forward("any")]
+    assert forward == {"handle": [_forward()]}
+    # A private port of an ssh:// host: the same checks, then its forward's socket
+    # (the marker links to it), as Caddy dials it.
+    assert forwarded["match"] == _marker("forward")
+    checks = forwarded["handle"][0]["routes"]
+    assert checks[:3] == [refusal, check, drop_auth]
+    assert checks[3]["handle"] == [
+        {
+            "handler": "reverse_proxy",
+            "upstreams": [{"dial": "unix//home/caddy/routes/forward/{http.request.host.labels.2}"}],
+            "headers": {"request": _NO_CREDENTIALS},
+        }
+    ]
+    # No marker: no such port.
+    assert nothing["handle"][0]["status_code"] == 404
 
 
 def test_the_host_label_is_counted_from_the_domain() -> None:
     config = caddy_config(ProxyBase("https", "gpu.example.com", 443), LISTEN)
     first = config["apps"]["http"]["servers"]["gpuyard"]["routes"][0]
     assert first["match"] == [{"host": ["*.gpu.example.com"]}]
-    name = first["handle"][0]["routes"][1]["handle"][1]["dynamic_upstreams"]["name"]
-    assert name == "{http.request.host.labels.3}.public.gpuyard-routes.internal."
+    public = first["handle"][0]["routes"][1]
+    assert public["match"][0]["file"]["try_files"] == ["/public/{http.request.host.labels.3}"]
+    name = public["handle"][0]["routes"][1]["handle"][0]["dynamic_upstreams"]["name"]
+    assert name == "{http.request.host.labels.3}.port.gpuyard-routes.internal."
 
 
 def test_the_configuration_depends_only_on_the_proxy_settings() -> None:
@@ -196,10 +223,7 @@ def test_everything_else_is_404_and_errors_go_to_the_status_page() -> None:
     assert server["routes"][-1]["handle"][0]["status_code"] == 404
     error = server["errors"]["routes"][0]["handle"][0]
     assert error["rewrite"]["uri"] == "/v1/proxy/unavailable"
-    # The page is told which step failed, and credentials never go along.
-    assert error["headers"]["request"]["set"]["X-Gpuyard-Proxy-Stage"] == [
-        "{http.vars.gpuyard_stage}"
-    ]
+    # Credentials never go along.
     assert set(error["headers"]["request"]["delete"]) >= {
         "Authorization",
         "X-Gpuyard-Api-Key",

@@ -5,27 +5,30 @@ gpuyard owns the Caddy instance it configures: a sync loads this document with
 changed by hand, converges to it. Pure: no I/O.
 
 The document names no cluster: it depends only on where the proxy listens, its domain,
-its certificate, the API's address and the resolver's. Caddy 2.6 ends every upgraded
-connection (WebSockets) and in-flight response of the old configuration when it loads
-one, so creating, terminating or moving a cluster, or changing its ports, must not
-load anything. Each request finds its cluster port at request time instead: Caddy's
-dynamic upstreams look up the host's first label ``{cluster_id}-{port}`` as an SRV name
-in the zone of gpuyard's resolver (``edge/proxy_resolver.py``, a process of its own
-reading the route table the proxy-sync duty writes), answers kept :data:`REFRESH`.
+its certificate, the API's address, the resolver's and the route table's folder. Caddy
+2.6 ends every upgraded connection (WebSockets) and in-flight response of the old
+configuration when it loads one, so creating, terminating or moving a cluster, or
+changing its ports, must not load anything. Each request finds its cluster port at
+request time instead, by the host's first label ``{cluster_id}-{port}``: its
+visibility from the route table's marker files (Caddy's ``file`` matcher, a ``stat``
+per request), its upstream from Caddy's dynamic upstreams, an SRV lookup of
+``{label}.port.Z`` in the zone of gpuyard's resolver (``edge/proxy_resolver.py``, a
+process of its own reading the route table the proxy-sync duty writes; answers kept
+:data:`REFRESH`). See ``edge/route_table.py``.
 
 For a host ``{label}.{domain}``, in order (first match wins):
 
 1. the ``open`` link path goes to the API, which swaps its one-time token for a
-   session cookie on this host (the cookie is then host-only: it opens this port only);
-2. a request with no session cookie and no gpuyard API key
+   session cookie on this host (the cookie is then host-only: it opens this port only;
+   the API takes a token only on its own port's host);
+2. a public port is forwarded;
+3. a private port: a request with no session cookie and no gpuyard API key
    (``Authorization: Bearer gy_…``, ``Authorization: gy_…`` or ``X-Gpuyard-Api-Key``)
-   is forwarded to ``SRV {label}.public.Z``, which exists only for a public port; for a
-   private port (or none) there is no upstream, and the API's page answers: 401 saying
-   how to get in (private), 404 (no such port);
-3. any other request is checked by the API (Caddy's forward_auth, on every request: a
-   public port passes; a private one needs the session cookie, matched by its exact
-   name, or the owner's key; answers kept a few seconds), and forwarded to
-   ``SRV {label}.any.Z`` when the API lets it through.
+   answers 401 with a page saying how to get in; any other is checked by the API
+   (Caddy's forward_auth, on every request: the API matches the cookie by its exact
+   name, and keeps answers for a few seconds), and forwarded when the API lets it
+   through;
+4. anything else (no such port) answers 404.
 
 Whatever the visibility, what reaches a container carries no gpuyard credential:
 ``X-Gpuyard-Api-Key``, an ``Authorization`` holding a gpuyard key and the session
@@ -60,12 +63,6 @@ KEY_HEADER = "X-Gpuyard-Api-Key"
 PROXY_HEADER = "X-Gpuyard-Proxy"
 AUTHORIZE_PATH = "/v1/proxy/authorize"
 UNAVAILABLE_PATH = "/v1/proxy/unavailable"
-# Told to the status page: which step failed (``anonymous``: a request with no
-# credential; ``checked``: one the API let through) and how (503: no upstream, the
-# name did not resolve; 502: the upstream did not answer).
-STAGE_HEADER = "X-Gpuyard-Proxy-Stage"
-ERROR_HEADER = "X-Gpuyard-Proxy-Error"
-_STAGE_VAR = "gpuyard_stage"
 # How long Caddy keeps a lookup: a terminated cluster's port, or one made private,
 # stops answering this long after the route table lost it (at most).
 REFRESH = "1s"
@@ -86,6 +83,8 @@ class ProxyListen:
     api_secret: str = ""
     # The proxy resolver's UDP address (edge/proxy_resolver.py).
     resolver: str = "127.0.0.1:53"
+    # Where the route table's marker files are (edge/route_table.py publish).
+    markers: str = "/nonexistent"
 
 
 def page(status: int, title: str, text: str) -> dict[str, Any]:
@@ -111,41 +110,56 @@ _COOKIE_STRIP: list[dict[str, str]] = [
 ]
 
 
-def _forward(listen: ProxyListen, base: ProxyBase, kind: str) -> dict[str, Any]:
-    """To the container the resolver names for this host's label (``kind``: ``public``
-    or ``any``), with no gpuyard credential: never the proxy's header (only the API may
-    see it), the key header or the session cookie. A gpuyard key in Authorization was
-    taken out before (:data:`_DROP_KEY_AUTHORIZATION`)."""
+_NO_GPUYARD_CREDENTIALS: dict[str, Any] = {
+    "request": {
+        "delete": [PROXY_HEADER, KEY_HEADER],
+        "replace": {"Cookie": _COOKIE_STRIP},
+    }
+}
+
+
+def _forward(listen: ProxyListen, base: ProxyBase) -> dict[str, Any]:
+    """To the container the resolver names for this host's label, with no gpuyard
+    credential: never the proxy's header (only the API may see it), the key header or
+    the session cookie. A gpuyard key in Authorization was taken out before
+    (:data:`_DROP_KEY_AUTHORIZATION`)."""
     # Caddy 2.6 dials a resolver over TCP unless the address names udp.
     resolver = {"addresses": [f"udp/{listen.resolver}"]}
     return {
         "handler": "reverse_proxy",
         "dynamic_upstreams": {
             "source": "srv",
-            "name": f"{{http.request.host.labels.{_label_index(base)}}}.{kind}.{ZONE}.",
+            "name": f"{_label(base)}.port.{ZONE}.",
             "refresh": REFRESH,
             "resolver": resolver,
             "dial_timeout": "1s",
         },
         # The SRV target is a name of the resolver's zone too (never an address).
         "transport": {"protocol": "http", "resolver": resolver},
-        "headers": {
-            "request": {
-                "delete": [PROXY_HEADER, KEY_HEADER],
-                "replace": {"Cookie": _COOKIE_STRIP},
-            }
-        },
+        "headers": _NO_GPUYARD_CREDENTIALS,
     }
 
 
-def _label_index(base: ProxyBase) -> int:
-    """Caddy counts a host's labels from the right, from 0: the cluster port's label
-    comes right after the domain's."""
-    return len(base.domain.strip(".").split("."))
+def _forward_socket(listen: ProxyListen, base: ProxyBase) -> dict[str, Any]:
+    """As :func:`_forward`, to the SSH forward's unix socket the host's marker links
+    to (Caddy expands the placeholder per request)."""
+    return {
+        "handler": "reverse_proxy",
+        "upstreams": [{"dial": f"unix/{listen.markers}/forward/{_label(base)}"}],
+        "headers": _NO_GPUYARD_CREDENTIALS,
+    }
 
 
-def _stage(name: str) -> dict[str, Any]:
-    return {"handler": "vars", _STAGE_VAR: name}
+def _label(base: ProxyBase) -> str:
+    """The placeholder of the host's cluster port label (``{cluster_id}-{port}``):
+    Caddy counts a host's labels from the right, from 0, and it comes right after the
+    domain's."""
+    return f"{{http.request.host.labels.{len(base.domain.strip('.').split('.'))}}}"
+
+
+def _marked(listen: ProxyListen, base: ProxyBase, kind: str) -> dict[str, Any]:
+    """Matches a host whose port has a marker file of ``kind`` (``public``, ``private``)."""
+    return {"file": {"root": listen.markers, "try_files": [f"/{kind}/{_label(base)}"]}}
 
 
 def _to_api(listen: ProxyListen) -> dict[str, Any]:
@@ -225,22 +239,62 @@ _DROP_KEY_AUTHORIZATION: dict[str, Any] = {
 }
 
 
-def _cluster_routes(base: ProxyBase, listen: ProxyListen) -> list[dict[str, Any]]:
-    open_path = OPEN_PATH.format(cluster_id="*", port="*")
+_NO_PORT = page(
+    404,
+    "No such cluster port",
+    "This address names no cluster port: the cluster was terminated, never existed, "
+    "or does not declare this port as http.",
+)
+
+
+def _private(listen: ProxyListen, base: ProxyBase, forward: dict[str, Any]) -> list[dict[str, Any]]:
+    """A private port's routes: the proxy's 401 without a credential, else the API's
+    check, then ``forward``."""
     return [
-        {"match": [{"path": [open_path]}], "handle": [_to_api(listen)], "terminal": True},
-        # No credential: only a public port has an upstream; the others get the API's
-        # page (401 for a private port, 404 for none).
         {
             "match": [{"not": _MAY_PASS}],
-            "handle": [_stage("anonymous"), _forward(listen, base, "public")],
+            "handle": [
+                page(
+                    401,
+                    "Sign-in required",
+                    f"Port {_label(base)} is private. Open it with a link from "
+                    "`gpuyard clusters open` (or the API's /ports/{port}/open), or send "
+                    "your API key in the Authorization header.",
+                )
+            ],
             "terminal": True,
         },
-        # The API decides (a public port passes; a session cookie, or the owner's key);
-        # a refusal is its page.
+        # The API decides (a session cookie, or the owner's key); a refusal is its page.
         {"handle": [_authorize(listen)]},
         _DROP_KEY_AUTHORIZATION,
-        {"handle": [_stage("checked"), _forward(listen, base, "any")], "terminal": True},
+        forward,
+    ]
+
+
+def _cluster_routes(base: ProxyBase, listen: ProxyListen) -> list[dict[str, Any]]:
+    open_path = OPEN_PATH.format(cluster_id="*", port="*")
+    forward = {"handle": [_forward(listen, base)]}
+    public = [_DROP_KEY_AUTHORIZATION, forward]
+
+    socket = {"handle": [_forward_socket(listen, base)]}
+    return [
+        {"match": [{"path": [open_path]}], "handle": [_to_api(listen)], "terminal": True},
+        {
+            "match": [_marked(listen, base, "public")],
+            "handle": [{"handler": "subroute", "routes": public}],
+            "terminal": True,
+        },
+        {
+            "match": [_marked(listen, base, "private")],
+            "handle": [{"handler": "subroute", "routes": _private(listen, base, forward)}],
+            "terminal": True,
+        },
+        {
+            "match": [_marked(listen, base, "forward")],
+            "handle": [{"handler": "subroute", "routes": _private(listen, base, socket)}],
+            "terminal": True,
+        },
+        {"handle": [_NO_PORT], "terminal": True},
     ]
 
 
@@ -256,11 +310,7 @@ def _error_page(listen: ProxyListen) -> dict[str, Any]:
                 # A WebSocket handshake's page is a plain GET too: passed on as an
                 # upgrade, the API would refuse it as a WebSocket of its own (403).
                 "delete": ["Authorization", KEY_HEADER, "Cookie", *_UPGRADE_HEADERS],
-                "set": {
-                    PROXY_HEADER: [listen.api_secret],
-                    STAGE_HEADER: [f"{{http.vars.{_STAGE_VAR}}}"],
-                    ERROR_HEADER: ["{http.error.status_code}"],
-                },
+                "set": {PROXY_HEADER: [listen.api_secret]},
             }
         },
     }
@@ -300,17 +350,7 @@ def caddy_config(base: ProxyBase, listen: ProxyListen) -> dict[str, Any]:
             "handle": [{"handler": "subroute", "routes": _cluster_routes(base, listen)}],
             "terminal": True,
         },
-        {
-            "handle": [
-                page(
-                    404,
-                    "No such cluster port",
-                    "This address names no cluster port: the cluster was terminated, "
-                    "never existed, or does not declare this port as http.",
-                )
-            ],
-            "terminal": True,
-        },
+        {"handle": [_NO_PORT], "terminal": True},
     ]
     server: dict[str, Any] = {
         "listen": [f"{listen.bind}:{listen.port}"],

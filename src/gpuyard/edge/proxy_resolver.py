@@ -9,10 +9,10 @@ Caddy's configuration names no cluster (``edge/caddy_config.py``): it looks up, 
 each request's host label ``{cluster_id}-{port}``, these names of the resolver's zone
 ``Z`` (docs/decisions.md "The proxy routes per request"):
 
-- ``SRV {label}.public.Z``: exists only for a public port (anybody may pass);
-- ``SRV {label}.any.Z``: every port (asked only once the API let the request through);
-- ``A``/``AAAA {label}.addr.Z``: the upstream's address, the target of both SRV answers
-  (an SRV target must be a name, never an address literal).
+- ``SRV {label}.port.Z``: the port's upstream port, for every route of the table
+  (who may pass was decided before, by the table's marker files);
+- ``A``/``AAAA {label}.addr.Z``: the upstream's address, the SRV answer's target (an
+  SRV target must be a name, never an address literal).
 
 Anything else is NXDOMAIN (a name of the zone with no record of the asked type:
 an empty answer). Answers carry a TTL of 1 s; Caddy keeps them for its ``refresh``.
@@ -135,12 +135,11 @@ def respond(q: Question, zone: str, lookup: Lookup, address_of: AddressOf) -> by
         return answer(q, RCODE_NXDOMAIN, [])
     label, kind = parts
     route = lookup(label)
-    if route is None or kind not in ("public", "any", "addr"):
-        return answer(q, RCODE_NXDOMAIN, [])
-    if kind == "public" and not route.public:
+    # A forward's unix socket is dialled by Caddy itself (edge/route_table.py).
+    if route is None or route.socket or kind not in ("port", "addr"):
         return answer(q, RCODE_NXDOMAIN, [])
     records: list[bytes] = []
-    if kind in ("public", "any") and q.qtype == TYPE_SRV:
+    if kind == "port" and q.qtype == TYPE_SRV:
         target = encode_name(f"{label}.addr.{zone}")
         records.append(_record(TYPE_SRV, struct.pack("!HHH", 0, 0, route.port) + target))
     elif kind == "addr" and q.qtype in (TYPE_A, TYPE_AAAA):
@@ -281,15 +280,16 @@ def probe(port: int, zone: str = ZONE, timeout_s: float = 0.5) -> bool:
 
 
 class ResolverProcess:
-    """The resolver gpuyard runs beside its Caddy, in ``directory`` (the route table,
-    the port file, its pidfile and log). Like Caddy it runs in a session of its own,
-    so a restart of gpuyard leaves it (and the proxy) serving; the next gpuyard finds
-    it by its port file and a probe."""
+    """The resolver gpuyard runs beside its Caddy, in ``directory`` (the route table
+    and its marker files, the port file, its pidfile and log). Like Caddy it runs in a
+    session of its own, so a restart of gpuyard leaves it (and the proxy) serving; the
+    next gpuyard finds it by its port file and a probe."""
 
     def __init__(self, directory: Path, zone: str = ZONE) -> None:
         self.directory = directory
         self.zone = zone
         self.table = directory / "routes.json"
+        self.markers = directory / "routes"  # Caddy's marker files (edge/route_table.py)
         self.port_file = directory / "resolver.port"
         self.pidfile = directory / "resolver.pid"
         self._proc: subprocess.Popen[bytes] | None = None

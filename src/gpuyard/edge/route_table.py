@@ -1,10 +1,21 @@
 """The HTTP proxy's route table: which cluster ports exist, who may reach them without
-asking the API, and where they are. Written by the proxy-sync duty, read by the proxy's
-resolver process (``edge/proxy_resolver.py``), which is how Caddy finds an upstream
-for each request without ever loading a new configuration.
+asking the API, and where they are. Written by the proxy-sync duty; read per request,
+which is how Caddy routes without ever loading a new configuration:
 
-The file is JSON, replaced atomically (written beside it, then renamed), so a reader
-sees either the old table or the new one, never half of one. It holds no secret: a
+- the table file (JSON), by the proxy's resolver (``edge/proxy_resolver.py``), which
+  tells Caddy where a port is. It is replaced atomically (written beside it, then
+  renamed), so a reader sees either the old table or the new one, never half of one;
+- marker files ``{markers}/public/{label}`` and ``{markers}/private/{label}`` (empty),
+  which Caddy's ``file`` matcher looks for to know a port's visibility (a ``stat`` per
+  request, nothing cached), and ``{markers}/forward/{label}``: a symbolic link to the
+  unix socket of an SSH forward (a private port of an ``ssh://`` host,
+  runtimes/hosts/ssh_forwards.py), which Caddy both matches and dials (no DNS answer
+  can name a unix socket).
+
+:func:`publish` orders the writes so that no request is let through unchecked that
+the store says is private: stale markers go first, then the table is replaced, then
+new markers appear (a port made private loses its public marker before anything else;
+a new port is in the table before its marker names it). Nothing here is a secret: a
 route is a host name's label, a visibility and a ``host:port``.
 """
 
@@ -12,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,14 +41,20 @@ class TableRoute:
     public: bool
     host: str
     port: int
+    # The unix socket of an SSH forward (then host and port are unused).
+    socket: str = ""
 
 
 def table_routes(routes: Iterable[ProxyRoute]) -> dict[str, TableRoute]:
     """The table's rows for ``routes``, by label."""
     out: dict[str, TableRoute] = {}
     for r in routes:
-        host, _, port = r.upstream.rpartition(":")
         label = f"{r.cluster_id}-{r.internal_port}"
+        if r.upstream.startswith("unix/"):
+            socket = r.upstream[len("unix/") :]
+            out[label] = TableRoute(label, r.visibility is Visibility.PUBLIC, "", 0, socket)
+            continue
+        host, _, port = r.upstream.rpartition(":")
         out[label] = TableRoute(
             label=label,
             public=r.visibility is Visibility.PUBLIC,
@@ -53,7 +70,7 @@ def render(routes: Mapping[str, TableRoute]) -> bytes:
     body = {
         "version": TABLE_VERSION,
         "routes": {
-            label: {"public": r.public, "host": r.host, "port": r.port}
+            label: {"public": r.public, "host": r.host, "port": r.port, "socket": r.socket}
             for label, r in sorted(routes.items())
         },
     }
@@ -77,6 +94,64 @@ def write_table(path: Path, routes: Mapping[str, TableRoute]) -> bool:
     return True
 
 
+MARKER_KINDS = ("public", "private", "forward")
+
+
+def _kind(route: TableRoute) -> str:
+    if route.socket:
+        return "forward"
+    return "public" if route.public else "private"
+
+
+def _marker_target(route: TableRoute) -> str:
+    """What the marker is: empty, or the socket a forward's link points at."""
+    return route.socket
+
+
+def _present(marker: Path) -> str | None:
+    """What marker ``marker`` is now (None: none): a link's target, else empty."""
+    if marker.is_symlink():
+        return str(marker.readlink())
+    return "" if marker.exists() else None
+
+
+def publish(
+    table: Path,
+    markers: Path,
+    routes: Mapping[str, TableRoute],
+    write: Callable[[Path, Mapping[str, TableRoute]], bool] | None = None,
+) -> bool:
+    """Make the table at ``table`` and the marker files under ``markers`` say
+    ``routes``, in the order the module docstring gives; True when anything changed.
+    ``write`` replaces the table (default :func:`write_table`)."""
+    wanted = {
+        kind: {label: _marker_target(r) for label, r in routes.items() if _kind(r) == kind}
+        for kind in MARKER_KINDS
+    }
+    changed = False
+    for kind in MARKER_KINDS:
+        folder = markers / kind
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for marker in list(folder.iterdir()):
+            if marker.name.startswith("."):
+                continue
+            if wanted[kind].get(marker.name) != _present(marker):
+                marker.unlink(missing_ok=True)
+                changed = True
+    changed = (write or write_table)(table, routes) or changed
+    for kind in MARKER_KINDS:
+        for label, target in wanted[kind].items():
+            marker = markers / kind / label
+            if _present(marker) is not None:
+                continue
+            if target:
+                marker.symlink_to(target)
+            else:
+                marker.touch()
+            changed = True
+    return changed
+
+
 def parse_table(data: bytes) -> dict[str, TableRoute]:
     """The routes of a table file's bytes; raises ValueError when it is not one."""
     body = json.loads(data)
@@ -89,5 +164,6 @@ def parse_table(data: bytes) -> dict[str, TableRoute]:
             public=bool(r["public"]),
             host=str(r["host"]),
             port=int(r["port"]),
+            socket=str(r.get("socket") or ""),
         )
     return out

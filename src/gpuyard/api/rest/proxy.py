@@ -34,12 +34,7 @@ from gpuyard.core.network.proxy import (
     presented_key,
     session_cookies,
 )
-from gpuyard.edge.caddy_config import (
-    AUTHORIZE_PATH,
-    KEY_HEADER,
-    STAGE_HEADER,
-    UNAVAILABLE_PATH,
-)
+from gpuyard.edge.caddy_config import AUTHORIZE_PATH, KEY_HEADER, UNAVAILABLE_PATH
 from gpuyard.services.access import proxy_access
 from gpuyard.services.access.proxy_routes import proxy_base
 from gpuyard.services.tenancy.auth import AccountSelection, Principal
@@ -186,10 +181,11 @@ _NOT_YOURS = ("No such cluster port", "No cluster port of yours is at this addre
 
 @router.get(AUTHORIZE_PATH, include_in_schema=False)
 async def authorize(request: Request) -> Response:
-    """The proxy's check of a request that carries a credential (forward_auth): 200
-    lets it through; the 401/403/404 pages are what the browser then shows.
+    """The proxy's check of a request to a private port that carries a credential
+    (forward_auth): 200 lets it through; the 401/403/404 pages are what the browser then shows.
 
-    A public port lets every request through; an address of no live port is 404.
+    A public port (made so since the proxy looked) lets every request through; an
+    address of no live port is 404.
     Else a session cookie (named exactly ``gy_proxy``) passes while its session is live
     (services/access/proxy_access.py session_allows; answers kept a few seconds).
     Else an API key: it acts for the cluster's account (its user must be a member of
@@ -273,14 +269,10 @@ async def _check(request: Request, state: AppState, host: str) -> Response | Non
 
 @router.get(UNAVAILABLE_PATH, include_in_schema=False)
 async def unavailable(request: Request) -> Response:
-    """The page the proxy shows when a request reached no container: 401 for a private
-    port asked without a credential, 404 when the address names no live cluster port,
-    else 502 naming the cluster's status (services/access/proxy_access.py
-    unavailable_page)."""
+    """The page the proxy shows when a container does not answer: 404 when the address
+    names no live cluster port, else 502 naming the cluster's status
+    (services/access/proxy_access.py unavailable_page)."""
     state = app_state(request)
     host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
-    anonymous = request.headers.get(STAGE_HEADER) == "anonymous"
-    verdict = await run_in_threadpool(
-        proxy_access.unavailable_page, state.ctx, host, anonymous=anonymous
-    )
+    verdict = await run_in_threadpool(proxy_access.unavailable_page, state.ctx, host)
     return _page(verdict.status, verdict.title, verdict.text)

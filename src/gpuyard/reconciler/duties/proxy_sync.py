@@ -2,17 +2,18 @@
 describes.
 
 Level-based like the rest of the reconciler: each pass computes every route from the
-store and replaces the route table the resolver reads when it changed
-(``edge/route_table.py``; Caddy looks each request's cluster port up there, see
-``edge/caddy_config.py``), makes sure the resolver answers, then reads Caddy's running
-configuration and loads the desired one when they differ. That configuration names no
-cluster, so it changes only with the proxy's own settings (or the resolver's port):
-creating, terminating, moving a cluster or changing its ports writes the table and
-loads nothing, which would cut every WebSocket Caddy carries. A route appears or goes
-within one pass of a status change (the pass is woken by every recorded status change)
-and Caddy's lookup refresh (``caddy_config.REFRESH``). A Caddy restarted (empty) or
-edited by hand converges on the next periodic pass; a Caddy or resolver started by
-gpuyard that died is started again. Nothing here sits in the path of user traffic.
+store and publishes the route table when it changed (``edge/route_table.py``: the file
+the resolver reads, and the marker files Caddy's matcher looks for; Caddy looks each
+request's cluster port up there, see ``edge/caddy_config.py``), makes sure the
+resolver answers, then reads Caddy's running configuration and loads the desired one
+when they differ. That configuration names no cluster, so it changes only with the
+proxy's own settings (or the resolver's port): creating, terminating, moving a cluster
+or changing its ports writes the table and loads nothing (a load would cut every
+WebSocket Caddy carries). A port's visibility follows within one pass of a change (the
+pass is woken by every recorded status change); its upstream within that and Caddy's
+lookup refresh (``caddy_config.REFRESH``). A Caddy restarted (empty) or edited by hand
+converges on the next periodic pass; a Caddy or resolver started by gpuyard that died
+is started again. Nothing here sits in the path of user traffic.
 
 Each API process configures the Caddy of its own machine with every route (replicas
 each serve the whole proxy domain).
@@ -31,7 +32,7 @@ from gpuyard.core.network.proxy import ProxyBase
 from gpuyard.edge.caddy import CaddyAdmin, CaddyError, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
 from gpuyard.edge.proxy_resolver import ResolverProcess
-from gpuyard.edge.route_table import table_routes, write_table
+from gpuyard.edge.route_table import publish, table_routes
 from gpuyard.runtimes.hosts.ssh_forwards import SshPortForwards
 from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from gpuyard.services.access.proxy_routes import load_routes, proxy_api_secret, proxy_base
@@ -46,9 +47,10 @@ _MIN_GAP_S = 0.2
 
 class Resolver(Protocol):
     """The proxy's resolver (edge/proxy_resolver.py ResolverProcess): the table it
-    reads, and its port once it answers."""
+    reads, the marker files' folder beside it, and its port once it answers."""
 
     table: Path
+    markers: Path
 
     def ensure(self) -> int: ...
 
@@ -105,12 +107,17 @@ class ProxySync:
         return cls(ctx, CaddyAdmin(address), listen, proxy_base(settings), process, forwards)
 
     def desired(self, resolver_port: int) -> dict[str, Any]:
-        listen = replace(self.listen, resolver=f"127.0.0.1:{resolver_port}")
+        listen = replace(
+            self.listen,
+            resolver=f"127.0.0.1:{resolver_port}",
+            markers=str(self.resolver.markers),
+        )
         return caddy_config(self.base, listen)
 
     def write_routes(self) -> bool:
-        """The route table from the store, replaced when it changed (True then)."""
-        return write_table(self.resolver.table, table_routes(load_routes(self.ctx, self.forwards)))
+        """The route table from the store, published when it changed (True then)."""
+        routes = table_routes(load_routes(self.ctx, self.forwards))
+        return publish(self.resolver.table, self.resolver.markers, routes)
 
     def sync(self, *, check_caddy: bool = True) -> bool:
         """One pass; True when the proxy serves the desired routes afterwards.

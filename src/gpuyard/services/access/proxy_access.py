@@ -13,7 +13,7 @@
 - :func:`authorize` answers the proxy's per-request check of an API key: the key's
   account must own the cluster (another account's cluster is "not found");
   :func:`port_visibility` tells a public port (anybody passes) from none.
-- :func:`unavailable_page` says why a request reached no container (401, 404, 502).
+- :func:`unavailable_page` says why a request reached no container (404, 502).
 
 Issuing and redeeming a link, and revoking sessions, are events on the cluster naming
 the API key.
@@ -326,12 +326,11 @@ class Unavailable:
 _NO_PORT = Unavailable(404, "No such cluster port", "No live cluster port is at this address.")
 
 
-def unavailable_page(ctx: Context, host: str, *, anonymous: bool) -> Unavailable:
+def unavailable_page(ctx: Context, host: str) -> Unavailable:
     """Why the request to proxy host ``host`` reached no container, for the page the
-    proxy shows: 404 when the address names no http port of a live cluster; 401 for a
-    private port asked without a credential (``anonymous``: only public ports have an
-    upstream then); else 502 naming the cluster's status (a stopped or starting
-    container, nothing listening yet). Reads only."""
+    proxy shows: 404 when the address names no http port of a live cluster; else 502
+    naming the cluster's status (a stopped or starting container, nothing listening
+    yet). Reads only."""
     target = parse_host(host, ctx.settings.proxy_domain)
     if target is None:
         return _NO_PORT
@@ -349,14 +348,6 @@ def unavailable_page(ctx: Context, host: str, *, anonymous: bool) -> Unavailable
     ]
     if not declared:
         return _NO_PORT
-    if anonymous and declared[0].get("visibility", Visibility.PRIVATE) != Visibility.PUBLIC:
-        return Unavailable(
-            401,
-            "Sign-in required",
-            f"Port {port} of cluster {cluster_id} is private. Open it with a link from "
-            "`gpuyard clusters open` (or the API's /ports/{port}/open), or send your API "
-            "key in the Authorization header.",
-        )
     if row.status == ClusterStatus.RUNNING:
         text = f"Cluster {cluster_id} is running, but nothing answers on port {port} yet."
     else:
