@@ -4,9 +4,9 @@ One container of the offline web image (``gpuyard dev-image --web``) publishes p
 8888 on loopback. A Caddy started the way gpuyard starts it (edge/caddy.py) is loaded
 with the configuration gpuyard generates (edge/caddy_config.py), which names no
 cluster: each request's port is looked up in gpuyard's resolver (edge/proxy_resolver.py,
-its own process, started as gpuyard starts it), whose route table holds that port
-twice, once as a public port and once as a private port opened by a session cookie
-(the browser's path). The private port's every request is checked by the real API (the gpuyard app on
+its own process, started as gpuyard starts it) and its visibility in the route table's
+marker files; the table holds that port twice, once as a public port and once as a
+private port opened by a session cookie (the browser's path). The private port's every request is checked by the real API (the gpuyard app on
 its fake runtime, bench/_gpuyard_fake_server.py, with a cluster and a session made
 for it), as in production. ``wrk`` then fetches ``/bytes/1048576`` with 32 keep-alive
 connections from:
@@ -46,7 +46,7 @@ from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from gpuyard.edge.caddy import CaddyAdmin, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
 from gpuyard.edge.proxy_resolver import ResolverProcess
-from gpuyard.edge.route_table import table_routes, write_table
+from gpuyard.edge.route_table import publish, table_routes
 from gpuyard.services.installation.bootstrap import open_store
 from gpuyard.services.tenancy.auth import hash_key
 from gpuyard.settings import Settings
@@ -157,10 +157,10 @@ def main() -> None:
             ProxyRoute(PUBLIC_ID, 8888, Visibility.PUBLIC, upstream),
             ProxyRoute(private_id, 8888, Visibility.PRIVATE, upstream),
         ]
-        write_table(resolver.table, table_routes(routes))
+        publish(resolver.table, resolver.markers, table_routes(routes))
         listen = ProxyListen(
             "127.0.0.1", port, f"127.0.0.1:{api_port}", caddy.admin_address,
-            resolver=f"127.0.0.1:{resolver.ensure()}",
+            resolver=f"127.0.0.1:{resolver.ensure()}", markers=str(resolver.markers),
         )  # fmt: skip
         admin.load(caddy_config(base, listen))
         direct = f"http://127.0.0.1:{published}{PATH}"
