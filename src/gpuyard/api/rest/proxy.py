@@ -184,8 +184,7 @@ async def authorize(request: Request) -> Response:
     """The proxy's check of a request to a private port that carries a credential
     (forward_auth): 200 lets it through; the 401/403/404 pages are what the browser then shows.
 
-    A public port (made so since the proxy looked) lets every request through; an
-    address of no live port is 404.
+    A public port (made so since the proxy looked) lets every request through.
     Else a session cookie (named exactly ``gy_proxy``) passes while its session is live
     (services/access/proxy_access.py session_allows; answers kept a few seconds).
     Else an API key: it acts for the cluster's account (its user must be a member of
@@ -200,14 +199,12 @@ async def authorize(request: Request) -> Response:
     refusal = await _check(request, state, host)
     if refusal is None:
         return _passed()
-    # A public port passes whatever the request carries, and an address of no port is
-    # 404 whatever it carries (asked only on refusal: a private port's pass costs no
-    # extra read).
+    # A port made public since the proxy looked passes whatever the request carries
+    # (asked only on refusal: a private port's pass costs no extra read). Every other
+    # refusal stands as it is: a wrong key's 401 is what the rate limiter counts.
     visibility = await run_in_threadpool(proxy_access.port_visibility, state.ctx, host)
     if visibility is Visibility.PUBLIC:
         return _passed()
-    if visibility is None:
-        return _page(404, "No such cluster port", "No live cluster port is at this address.")
     return refusal
 
 
