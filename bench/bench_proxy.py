@@ -2,9 +2,11 @@
 
 One container of the offline web image (``gpuyard dev-image --web``) publishes port
 8888 on loopback. A Caddy started the way gpuyard starts it (edge/caddy.py) is loaded
-with the configuration gpuyard generates (edge/caddy_config.py) for that port, once as
-a public port and once as a private port opened by a session cookie (the browser's
-path). The private port's every request is checked by the real API (the gpuyard app on
+with the configuration gpuyard generates (edge/caddy_config.py), which names no
+cluster: each request's port is looked up in gpuyard's resolver (edge/proxy_resolver.py,
+its own process, started as gpuyard starts it) and its visibility in the route table's
+marker files; the table holds that port twice, once as a public port and once as a
+private port opened by a session cookie (the browser's path). The private port's every request is checked by the real API (the gpuyard app on
 its fake runtime, bench/_gpuyard_fake_server.py, with a cluster and a session made
 for it), as in production. ``wrk`` then fetches ``/bytes/1048576`` with 32 keep-alive
 connections from:
@@ -43,6 +45,8 @@ from gpuyard.core.network.proxy import SESSION_COOKIE, ProxyBase, ProxyRoute, Vi
 from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from gpuyard.edge.caddy import CaddyAdmin, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
+from gpuyard.edge.proxy_resolver import ResolverProcess
+from gpuyard.edge.route_table import publish, table_routes
 from gpuyard.services.installation.bootstrap import open_store
 from gpuyard.services.tenancy.auth import hash_key
 from gpuyard.settings import Settings
@@ -140,6 +144,7 @@ def main() -> None:
     )  # fmt: skip
     caddy = CaddyProcess(work / "caddy")
     admin = CaddyAdmin(caddy.admin_address)
+    resolver = ResolverProcess(work / "caddy")
     api: subprocess.Popen[bytes] | None = None
     try:
         api_port, home = free_port(), work / "home"
@@ -152,8 +157,12 @@ def main() -> None:
             ProxyRoute(PUBLIC_ID, 8888, Visibility.PUBLIC, upstream),
             ProxyRoute(private_id, 8888, Visibility.PRIVATE, upstream),
         ]
-        listen = ProxyListen("127.0.0.1", port, f"127.0.0.1:{api_port}", caddy.admin_address)
-        admin.load(caddy_config(routes, base, listen))
+        publish(resolver.table, resolver.markers, table_routes(routes))
+        listen = ProxyListen(
+            "127.0.0.1", port, f"127.0.0.1:{api_port}", caddy.admin_address,
+            resolver=f"127.0.0.1:{resolver.ensure()}", markers=str(resolver.markers),
+        )  # fmt: skip
+        admin.load(caddy_config(base, listen))
         direct = f"http://127.0.0.1:{published}{PATH}"
         proxied = f"http://127.0.0.1:{port}{PATH}"
         targets = {
@@ -214,6 +223,7 @@ def main() -> None:
     finally:
         stop_process(api)
         caddy.stop()
+        resolver.stop()
         admin.close()
         subprocess.run(["podman", "rm", "-f", container], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)

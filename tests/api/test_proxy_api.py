@@ -20,6 +20,7 @@ import pytest
 from gpuyard.core.network.proxy import ProxyBase, ProxyStatus, Visibility
 from gpuyard.edge.caddy import CaddyError
 from gpuyard.edge.caddy_config import ProxyListen
+from gpuyard.edge.route_table import parse_table
 from gpuyard.reconciler.duties.proxy_sync import ProxySync
 from gpuyard.services.access.proxy_routes import load_routes
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key, resolve_key
@@ -47,9 +48,9 @@ def proxied(srv: LiveServer) -> LiveServer:
     return srv
 
 
-def other_key(srv: LiveServer) -> str:
+def other_key(srv: LiveServer, email: str = "other@example.com") -> str:
     with srv.server.ctx.transaction() as session:
-        user, account, _ = create_account(session, email="other@example.com", name="o")
+        user, account, _ = create_account(session, email=email, name="o")
         return issue_key(
             session, user_id=user.id, account_id=account.id, name="o", scope=Scope.WRITE
         ).key
@@ -163,6 +164,12 @@ def test_open_link_works_once(proxied: LiveServer) -> None:
         # A link of one port opens no other.
         other = c.get(f"/v1/clusters/{cid}/ports/8888/open").json()["data"]["url"]
         assert proxy_get(proxied, other.replace("/ports/8888/", "/ports/7860/")).status_code == 403
+        # Every proxy host routes the open path to the API: a link followed on another
+        # port's host sets no cookie there, and stays unused.
+        elsewhere = other.replace(f"{cid}-8888.", f"{cid}-7860.")
+        refused = proxy_get(proxied, elsewhere)
+        assert refused.status_code == 403 and "set-cookie" not in refused.headers
+        assert proxy_get(proxied, other).status_code == 302
         events = c.get(f"/v1/clusters/{cid}/events").json()["data"]["events"]
         access = [e["message"] for e in events if e["type"] == "access"]
         assert any("issued to API key" in m for m in access)
@@ -340,6 +347,15 @@ def test_the_proxy_key_check(proxied: LiveServer) -> None:
     assert check({}) == 401
     assert check({"Authorization": f"Bearer {proxied.key}"}, f"{cid}-22.proxy.localhost") == 404
     assert check({"Authorization": f"Bearer {proxied.key}"}, "elsewhere.example.com") == 404
+    # A public port lets anybody through, whatever the request carries.
+    public = f"{cid}-7860.proxy.localhost:8080"
+    for headers in (
+        {},
+        {"Authorization": f"Bearer {other_key(proxied, 'third@example.com')}"},
+        {"Authorization": "Bearer gy_wrong"},
+        {"Cookie": "gy_proxy=stale"},
+    ):
+        assert check(headers, public) == 200, headers
 
 
 def test_the_status_page(proxied: LiveServer) -> None:
@@ -352,12 +368,16 @@ def test_the_status_page(proxied: LiveServer) -> None:
         r = page(f"{cid}-8888.proxy.localhost:8080")
         assert r.status_code == 502 and "running, but nothing answers" in r.text
         expected(proxied, 502)
+        assert page(f"{cid}-22.proxy.localhost").status_code == 404  # not an http port
         assert c.post(f"/v1/clusters/{cid}/stop").status_code == 200
         assert proxied.server.reconciler.wait_idle(10)
         r = page(f"{cid}-8888.proxy.localhost:8080")
         assert r.status_code == 502 and f"Cluster {cid} is stopped" in r.text
         expected(proxied, 502)
         assert page("nothing.proxy.localhost").status_code == 404
+        assert c.delete(f"/v1/clusters/{cid}").status_code == 200
+        assert proxied.server.reconciler.wait_idle(10)
+        assert page(f"{cid}-8888.proxy.localhost:8080").status_code == 404
 
 
 class FakeCaddy:
@@ -377,29 +397,63 @@ class FakeCaddy:
         self.config, self.loads = config, self.loads + 1
 
 
-def test_sync_loads_only_what_changed(srv: LiveServer) -> None:
+class FakeResolver:
+    """The proxy's resolver: its table, and the port it answers on."""
+
+    def __init__(self, table: Path) -> None:
+        self.table = table
+        self.markers = table.parent / "routes"
+        self.port = 5300
+
+    def ensure(self) -> int:
+        return self.port
+
+    def stop(self) -> None:
+        pass
+
+
+def test_sync_writes_routes_and_loads_only_settings(srv: LiveServer, tmp_path: Path) -> None:
     caddy = FakeCaddy()
+    resolver = FakeResolver(tmp_path / "routes.json")
     admin = SimpleNamespace(config=caddy.current, load=caddy.load, close=lambda: None)
     listen = ProxyListen("127.0.0.1", 8080, "127.0.0.1:8000", "unix//x")
-    sync = ProxySync(srv.server.ctx, admin, listen, ProxyBase("http", "proxy.localhost", 8080))  # type: ignore[arg-type]
+    base = ProxyBase("http", "proxy.localhost", 8080)
+    sync = ProxySync(srv.server.ctx, admin, listen, base, resolver=resolver)  # type: ignore[arg-type]
     assert srv.server.ctx.proxy.problem() is not None
     assert sync.sync() and caddy.loads == 1
     assert srv.server.ctx.proxy.problem() is None
+    assert parse_table(resolver.table.read_bytes()) == {}
     assert sync.sync() and caddy.loads == 1  # nothing changed: nothing loaded
     with srv.client() as c:
         cid = created(srv, c, BODY)
-    assert sync.sync() and caddy.loads == 2
-    assert f"{cid}-8888.proxy.localhost" in json.dumps(caddy.config)
+        # A new cluster's ports reach the resolver's table; Caddy loads nothing.
+        assert sync.sync(check_caddy=False) and sync.sync() and caddy.loads == 1
+        table = parse_table(resolver.table.read_bytes())
+        assert set(table) == {f"{cid}-8888", f"{cid}-7860"}
+        assert table[f"{cid}-7860"].public and not table[f"{cid}-8888"].public
+        assert (resolver.markers / "public" / f"{cid}-7860").exists()
+        assert (resolver.markers / "private" / f"{cid}-8888").exists()
+        assert cid not in json.dumps(caddy.config)
+        assert c.delete(f"/v1/clusters/{cid}").status_code == 200
+        assert srv.server.reconciler.wait_idle(10)
+    assert sync.sync(check_caddy=False) and caddy.loads == 1
+    assert parse_table(resolver.table.read_bytes()) == {}
+    assert not list((resolver.markers / "private").iterdir())
     caddy.config = None  # Caddy restarted empty
-    # A pass woken by a change that alters no route asks Caddy nothing ...
-    assert sync.sync(check_caddy=False) and caddy.loads == 2
+    # A pass woken by a change asks Caddy nothing ...
+    assert sync.sync(check_caddy=False) and caddy.loads == 1
     # ... the periodic pass finds the empty Caddy and loads it again.
-    assert sync.sync() and caddy.loads == 3
+    assert sync.sync() and caddy.loads == 2
+    # A resolver started again on another port: Caddy is told where it is.
+    resolver.port = 5301
+    assert sync.sync(check_caddy=False) and caddy.loads == 3
+    assert "udp/127.0.0.1:5301" in json.dumps(caddy.config)
     caddy.refuse = "listen tcp 127.0.0.1:8080: bind: address already in use"
     caddy.config = None
     assert not sync.sync()
     assert srv.server.ctx.proxy.problem() == caddy.refuse
     with srv.client() as c:
+        cid = created(srv, c, BODY)
         assert c.get(f"/v1/clusters/{cid}").json()["data"]["network"]["proxy_url"] is None
 
 

@@ -25,6 +25,7 @@ import pytest
 
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
 from gpuyard.edge.caddy import CaddyProcess
+from gpuyard.edge.proxy_resolver import ResolverProcess
 from gpuyard.runtimes.engines.exec_output import run_keeping_output
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
 from tests.helpers import PORT_BLOCK_SIZE, free_port, port_block
@@ -117,8 +118,10 @@ class ServerProcess:
         """Stop the server, then remove what its installations left on the engine
         (a test that failed half-way leaves containers and volumes behind)."""
         self.stop()
-        # A Caddy this server started outlives a kill -9 of the server (by design).
+        # A Caddy this server started outlives a kill -9 of the server (by design), and
+        # so does the resolver it routes by.
         CaddyProcess(self.home / "caddy").stop()
+        ResolverProcess(self.home / "caddy").stop()
         for installation_id in sorted(self.installations):
             purge_installation(self.engine_url, installation_id)
 

@@ -1,5 +1,5 @@
-"""Proxy addresses (core/network/proxy.py) and the Caddy configuration made of routes
-(edge/caddy_config.py): pure functions, no Caddy."""
+"""Proxy addresses (core/network/proxy.py) and the Caddy configuration
+(edge/caddy_config.py), which names no cluster: pure functions, no Caddy."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import pytest
 
 from gpuyard.core.network.proxy import (
     ProxyBase,
-    ProxyRoute,
     ProxyStatus,
-    Visibility,
     parse_host,
     presented_key,
     proxy_only_ports,
@@ -23,11 +21,9 @@ from gpuyard.edge.caddy_config import ProxyListen, caddy_config
 
 CID = "k3v9x0a1b2c3d4"
 BASE = ProxyBase("http", "proxy.localhost", 8080)
-LISTEN = ProxyListen("127.0.0.1", 8080, "127.0.0.1:8000", "unix//run/caddy.sock")
-
-
-def route(visibility: Visibility, port: int = 8888, cid: str = CID) -> ProxyRoute:
-    return ProxyRoute(cid, port, visibility, "127.0.0.1:20001")
+LISTEN = ProxyListen(
+    "127.0.0.1", 8080, "127.0.0.1:8000", "unix//run/caddy.sock", resolver="127.0.0.1:5300"
+)
 
 
 @pytest.mark.parametrize(
@@ -70,12 +66,11 @@ def test_status_says_why_until_ready() -> None:
     assert "disabled" in (ProxyStatus(enabled=False).problem() or "")
 
 
-def _host_routes(config: dict[str, Any], host: str) -> list[dict[str, Any]]:
-    for r in config["apps"]["http"]["servers"]["gpuyard"]["routes"]:
-        if r.get("match") == [{"host": [host]}]:
-            subroutes: list[dict[str, Any]] = r["handle"][0]["routes"]
-            return subroutes
-    raise AssertionError(f"no route for {host}")
+def _cluster_routes(config: dict[str, Any]) -> list[dict[str, Any]]:
+    first = config["apps"]["http"]["servers"]["gpuyard"]["routes"][0]
+    assert first["match"] == [{"host": ["*.proxy.localhost"]}]
+    subroutes: list[dict[str, Any]] = first["handle"][0]["routes"]
+    return subroutes
 
 
 _NO_CREDENTIALS = {
@@ -92,50 +87,104 @@ _DROP_GY_AUTHORIZATION = {
     "match": [{"header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}}],
     "handle": [{"handler": "headers", "request": {"delete": ["Authorization"]}}],
 }
+_MAY_PASS = [
+    {"header": {"Cookie": ["*gy_proxy=*"]}},
+    {"header": {"X-Gpuyard-Api-Key": ["*"]}},
+    {"header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}},
+]
 
 
-def test_public_port_is_forwarded_to_anybody_without_gpuyard_credentials() -> None:
-    config = caddy_config([route(Visibility.PUBLIC)], BASE, LISTEN)
-    routes = _host_routes(config, f"{CID}-8888.proxy.localhost")
-    assert routes[0]["match"] == [{"path": [f"/v1/clusters/{CID}/ports/8888/open"]}]
-    assert routes[0]["handle"][0]["upstreams"] == [{"dial": "127.0.0.1:8000"}]
-    assert routes[1] == _DROP_GY_AUTHORIZATION
-    assert routes[2] == {
-        "handle": [
-            {
-                "handler": "reverse_proxy",
-                "upstreams": [{"dial": "127.0.0.1:20001"}],
-                "headers": {"request": _NO_CREDENTIALS},
-            }
-        ]
+def _forward(label: int = 2) -> dict[str, Any]:
+    resolver = {"addresses": ["udp/127.0.0.1:5300"]}
+    return {
+        "handler": "reverse_proxy",
+        "dynamic_upstreams": {
+            "source": "srv",
+            "name": f"{{http.request.host.labels.{label}}}.port.gpuyard-routes.internal.",
+            "refresh": "1s",
+            "resolver": resolver,
+            "dial_timeout": "1s",
+        },
+        "transport": {"protocol": "http", "resolver": resolver},
+        "headers": {"request": _NO_CREDENTIALS},
     }
 
 
-def test_private_port_is_checked_by_the_api_on_every_request() -> None:
-    listen = ProxyListen("127.0.0.1", 8080, "127.0.0.1:8000", "unix//s", api_secret="vouch")
-    config = caddy_config([route(Visibility.PRIVATE)], BASE, listen)
-    opened, refusal, check, drop_auth, forward = _host_routes(config, f"{CID}-8888.proxy.localhost")
-    assert opened["handle"][0]["headers"]["request"]["set"] == {"X-Gpuyard-Proxy": ["vouch"]}
-    # No cookie of that name and no key: the proxy's own 401, the API is not asked.
-    assert refusal["match"] == [
+def _marker(kind: str) -> list[dict[str, Any]]:
+    return [
         {
-            "not": [
-                {"header": {"Cookie": ["*gy_proxy=*"]}},
-                {"header": {"X-Gpuyard-Api-Key": ["*"]}},
-                {"header": {"Authorization": ["Bearer gy_*", "bearer gy_*", "gy_*"]}},
-            ]
+            "file": {
+                "root": "/home/caddy/routes",
+                "try_files": [f"/{kind}/{{http.request.host.labels.2}}"],
+            }
         }
     ]
+
+
+def test_each_request_finds_its_port_in_the_route_table() -> None:
+    listen = ProxyListen(
+        "127.0.0.1", 8080, "127.0.0.1:8000", "unix//s", api_secret="vouch",
+        resolver="127.0.0.1:5300", markers="/home/caddy/routes",
+    )  # fmt: skip
+    opened, public, private, forwarded, nothing = _cluster_routes(caddy_config(BASE, listen))
+    # Any proxy host's open link goes to the API (which takes it only on its own host).
+    assert opened["match"] == [{"path": ["/v1/clusters/*/ports/*/open"]}]
+    assert opened["handle"][0]["upstreams"] == [{"dial": "127.0.0.1:8000"}]
+    assert opened["handle"][0]["headers"]["request"]["set"] == {"X-Gpuyard-Proxy": ["vouch"]}
+    # A public port (its marker file): forwarded to anybody, without gpuyard credentials,
+    # to the upstream the resolver names.
+    assert public["match"] == _marker("public") and public["terminal"] is True
+    assert public["handle"][0]["routes"] == [_DROP_GY_AUTHORIZATION, {"handle": [_forward()]}]
+    # A private port: no cookie of that name and no key is the proxy's own 401 ...
+    assert private["match"] == _marker("private") and private["terminal"] is True
+    refusal, check, drop_auth, forward = private["handle"][0]["routes"]
+    assert refusal["match"] == [{"not": _MAY_PASS}]
     assert refusal["handle"][0]["status_code"] == 401 and refusal["terminal"] is True
-    # Everything else: the API decides (no secret is in the configuration).
+    assert "{http.request.host.labels.2} is private" in refusal["handle"][0]["body"]
+    # ... everything else: the API decides (no secret is in the configuration) ...
     assert "match" not in check
     asked = check["handle"][0]
     assert asked["rewrite"] == {"method": "GET", "uri": "/v1/proxy/authorize"}
     assert asked["headers"]["request"]["set"]["Expect"] == ["100-continue"]
     assert asked["headers"]["request"]["set"]["X-Gpuyard-Proxy"] == ["vouch"]
-    # What reaches the container carries no key and no session cookie.
+    assert "Upgrade" in asked["headers"]["request"]["delete"]
+    # ... and what reaches the container carries no key and no session cookie.
     assert drop_auth == _DROP_GY_AUTHORIZATION
-    assert forward["handle"][0]["headers"] == {"request": _NO_CREDENTIALS}
+    assert forward == {"handle": [_forward()]}
+    # A private port of an ssh:// host: the same checks, then its forward's socket
+    # (the marker links to it), as Caddy dials it.
+    assert forwarded["match"] == _marker("forward")
+    checks = forwarded["handle"][0]["routes"]
+    assert checks[:3] == [refusal, check, drop_auth]
+    assert checks[3]["handle"] == [
+        {
+            "handler": "reverse_proxy",
+            "upstreams": [{"dial": "unix//home/caddy/routes/forward/{http.request.host.labels.2}"}],
+            "headers": {"request": _NO_CREDENTIALS},
+        }
+    ]
+    # No marker: no such port.
+    assert nothing["handle"][0]["status_code"] == 404
+
+
+def test_the_host_label_is_counted_from_the_domain() -> None:
+    config = caddy_config(ProxyBase("https", "gpu.example.com", 443), LISTEN)
+    first = config["apps"]["http"]["servers"]["gpuyard"]["routes"][0]
+    assert first["match"] == [{"host": ["*.gpu.example.com"]}]
+    public = first["handle"][0]["routes"][1]
+    assert public["match"][0]["file"]["try_files"] == ["/public/{http.request.host.labels.3}"]
+    name = public["handle"][0]["routes"][1]["handle"][0]["dynamic_upstreams"]["name"]
+    assert name == "{http.request.host.labels.3}.port.gpuyard-routes.internal."
+
+
+def test_the_configuration_depends_only_on_the_proxy_settings() -> None:
+    one = json.dumps(caddy_config(BASE, LISTEN), sort_keys=True)
+    assert one == json.dumps(caddy_config(BASE, LISTEN), sort_keys=True)
+    assert CID not in one
+    other = ProxyListen(
+        "127.0.0.1", 8080, "127.0.0.1:8000", "unix//run/caddy.sock", resolver="127.0.0.1:5301"
+    )
+    assert json.dumps(caddy_config(BASE, other), sort_keys=True) != one
 
 
 def test_the_session_cookie_is_matched_by_its_exact_name() -> None:
@@ -167,18 +216,27 @@ def test_only_private_http_ports_are_kept_off_the_hosts_addresses() -> None:
 
 
 def test_everything_else_is_404_and_errors_go_to_the_status_page() -> None:
-    config = caddy_config([], BASE, LISTEN)
+    config = caddy_config(BASE, LISTEN)
     server = config["apps"]["http"]["servers"]["gpuyard"]
     assert server["listen"] == ["127.0.0.1:8080"]
     assert server["protocols"] == ["h1", "h2", "h2c"]
     assert server["routes"][-1]["handle"][0]["status_code"] == 404
     error = server["errors"]["routes"][0]["handle"][0]
     assert error["rewrite"]["uri"] == "/v1/proxy/unavailable"
+    # Credentials never go along.
+    assert set(error["headers"]["request"]["delete"]) >= {
+        "Authorization",
+        "X-Gpuyard-Api-Key",
+        "Cookie",
+        # A WebSocket's page is a plain GET (as an upgrade, the API would answer 403).
+        "Connection",
+        "Upgrade",
+    }
     assert config["admin"] == {"listen": "unix//run/caddy.sock", "config": {"persist": False}}
 
 
 def test_logs_lose_secrets() -> None:
-    fields = caddy_config([], BASE, LISTEN)["logging"]["logs"]["default"]["encoder"]["fields"]
+    fields = caddy_config(BASE, LISTEN)["logging"]["logs"]["default"]["encoder"]["fields"]
     deleted = {a["parameter"] for a in fields["request>uri"]["actions"]}
     assert deleted == {"token", "api_key", "apikey"}
     for header in ("Authorization", "Cookie", "X-Gpuyard-Api-Key"):
@@ -189,18 +247,11 @@ def test_tls_when_a_certificate_is_given() -> None:
     listen = ProxyListen(
         "0.0.0.0", 443, "127.0.0.1:8000", "unix//s", Path("/c.pem"), Path("/k.pem")
     )
-    config = caddy_config([], ProxyBase("https", "gpu.example.com", 443), listen)
+    config = caddy_config(ProxyBase("https", "gpu.example.com", 443), listen)
     assert config["apps"]["tls"]["certificates"]["load_files"] == [
         {"certificate": "/c.pem", "key": "/k.pem"}
     ]
     assert config["apps"]["http"]["servers"]["gpuyard"]["tls_connection_policies"] == [{}]
-
-
-def test_config_is_stable_and_sorted() -> None:
-    a = [route(Visibility.PUBLIC, 1, "b" * 14), route(Visibility.PRIVATE, 2, "a" * 14)]
-    one = caddy_config(a, BASE, LISTEN)
-    two = caddy_config(list(reversed(a)), BASE, LISTEN)
-    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
 
 
 def test_open_link_tokens_never_reach_the_log() -> None:

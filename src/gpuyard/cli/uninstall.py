@@ -43,6 +43,7 @@ def uninstall(
     from gpuyard.cli.serve import connectable_url
     from gpuyard.core.errors import RuntimeFailure
     from gpuyard.edge.caddy import CaddyProcess
+    from gpuyard.edge.proxy_resolver import ResolverProcess
     from gpuyard.runtimes.engines.engine import Engine, EnginePolicy
     from gpuyard.runtimes.engines.url import detect_engine_url, is_local_engine
     from gpuyard.runtimes.fleet import HostEngine
@@ -104,8 +105,10 @@ def uninstall(
     finally:
         for close in closers:
             close()
-    # The proxy this installation started is kept across server restarts: stop it.
+    # The proxy this installation started is kept across server restarts: stop it, and
+    # the resolver it routes by.
     CaddyProcess(settings.home / "caddy").stop()
+    ResolverProcess(settings.home / "caddy").stop()
     failed = [r for r in removed if r.error]
     if purge_home and not failed:
         shutil.rmtree(settings.home, ignore_errors=True)

@@ -1,30 +1,41 @@
-"""The whole Caddy configuration (JSON) for a set of proxy routes.
+"""The whole Caddy configuration (JSON) of the HTTP proxy.
 
-gpuyard owns the Caddy instance it configures: every sync loads this document with
-``POST /load``, so a Caddy that restarted empty, or was changed by hand, converges to
-it. Pure: no I/O.
+gpuyard owns the Caddy instance it configures: a sync loads this document with
+``POST /load`` when Caddy serves another one, so a Caddy that restarted empty, or was
+changed by hand, converges to it. Pure: no I/O.
 
-Per cluster port, in order (first match wins):
+The document names no cluster: it depends only on where the proxy listens, its domain,
+its certificate, the API's address, the resolver's and the route table's folder. Caddy
+2.6 ends every upgraded connection (WebSockets) and in-flight response of the old
+configuration when it loads one, so creating, terminating or moving a cluster, or
+changing its ports, must not load anything. Each request finds its cluster port at
+request time instead, by the host's first label ``{cluster_id}-{port}``: its
+visibility from the route table's marker files (Caddy's ``file`` matcher, a ``stat``
+per request), its upstream from Caddy's dynamic upstreams, an SRV lookup of
+``{label}.port.Z`` in the zone of gpuyard's resolver (``edge/proxy_resolver.py``, a
+process of its own reading the route table the proxy-sync duty writes; answers kept
+:data:`REFRESH`). See ``edge/route_table.py``.
+
+For a host ``{label}.{domain}``, in order (first match wins):
 
 1. the ``open`` link path goes to the API, which swaps its one-time token for a
-   session cookie on this host (the cookie is then host-only: it opens this port only);
+   session cookie on this host (the cookie is then host-only: it opens this port only;
+   the API takes a token only on its own port's host);
 2. a public port is forwarded;
 3. a private port: a request with no session cookie and no gpuyard API key
    (``Authorization: Bearer gy_…``, ``Authorization: gy_…`` or ``X-Gpuyard-Api-Key``)
    answers 401 with a page saying how to get in; any other is checked by the API
    (Caddy's forward_auth, on every request: the API matches the cookie by its exact
    name, and keeps answers for a few seconds), and forwarded when the API lets it
-   through.
+   through;
+4. anything else (no such port) answers 404.
 
 Whatever the visibility, what reaches a container carries no gpuyard credential:
 ``X-Gpuyard-Api-Key``, an ``Authorization`` holding a gpuyard key and the session
 cookie are removed (the application's own Authorization and cookies pass).
 
 A container that does not answer (stopped, starting) gets the API's page naming the
-cluster's status (502). A host of the proxy domain with no route answers 404. The
-configuration depends only on which clusters exist and where their ports are: a
-stop, a start or an open link changes nothing in it. That matters because Caddy 2.6
-ends in-flight proxied responses and WebSockets whenever it loads a configuration.
+cluster's status (502). A host outside the proxy domain answers 404.
 
 Responses stream both ways (Caddy passes a response of unknown length, chunked or
 server-sent events, on as it comes; one of known length in large writes), WebSockets
@@ -43,16 +54,18 @@ from gpuyard.core.network.proxy import (
     OPEN_PATH,
     SESSION_COOKIE,
     ProxyBase,
-    ProxyRoute,
-    Visibility,
     page_html,
 )
+from gpuyard.edge.proxy_resolver import ZONE
 
 SERVER_NAME = "gpuyard"
 KEY_HEADER = "X-Gpuyard-Api-Key"
 PROXY_HEADER = "X-Gpuyard-Proxy"
 AUTHORIZE_PATH = "/v1/proxy/authorize"
 UNAVAILABLE_PATH = "/v1/proxy/unavailable"
+# How long Caddy keeps a lookup: a terminated cluster's port, or one made private,
+# stops answering this long after the route table lost it (at most).
+REFRESH = "1s"
 
 
 @dataclass(frozen=True)
@@ -68,6 +81,10 @@ class ProxyListen:
     # Sent to the API with every request Caddy makes to it (PROXY_HEADER), so the API
     # may take the client's address from X-Forwarded-For for those requests alone.
     api_secret: str = ""
+    # The proxy resolver's UDP address (edge/proxy_resolver.py).
+    resolver: str = "127.0.0.1:53"
+    # Where the route table's marker files are (edge/route_table.py publish).
+    markers: str = "/nonexistent"
 
 
 def page(status: int, title: str, text: str) -> dict[str, Any]:
@@ -93,20 +110,56 @@ _COOKIE_STRIP: list[dict[str, str]] = [
 ]
 
 
-def _forward(upstream: str) -> dict[str, Any]:
-    """To the container, with no gpuyard credential: never the proxy's header (only
-    the API may see it), the key header or the session cookie. A gpuyard key in
-    Authorization was taken out before (:data:`_DROP_KEY_AUTHORIZATION`)."""
+_NO_GPUYARD_CREDENTIALS: dict[str, Any] = {
+    "request": {
+        "delete": [PROXY_HEADER, KEY_HEADER],
+        "replace": {"Cookie": _COOKIE_STRIP},
+    }
+}
+
+
+def _forward(listen: ProxyListen, base: ProxyBase) -> dict[str, Any]:
+    """To the container the resolver names for this host's label, with no gpuyard
+    credential: never the proxy's header (only the API may see it), the key header or
+    the session cookie. A gpuyard key in Authorization was taken out before
+    (:data:`_DROP_KEY_AUTHORIZATION`)."""
+    # Caddy 2.6 dials a resolver over TCP unless the address names udp.
+    resolver = {"addresses": [f"udp/{listen.resolver}"]}
     return {
         "handler": "reverse_proxy",
-        "upstreams": [{"dial": upstream}],
-        "headers": {
-            "request": {
-                "delete": [PROXY_HEADER, KEY_HEADER],
-                "replace": {"Cookie": _COOKIE_STRIP},
-            }
+        "dynamic_upstreams": {
+            "source": "srv",
+            "name": f"{_label(base)}.port.{ZONE}.",
+            "refresh": REFRESH,
+            "resolver": resolver,
+            "dial_timeout": "1s",
         },
+        # The SRV target is a name of the resolver's zone too (never an address).
+        "transport": {"protocol": "http", "resolver": resolver},
+        "headers": _NO_GPUYARD_CREDENTIALS,
     }
+
+
+def _forward_socket(listen: ProxyListen, base: ProxyBase) -> dict[str, Any]:
+    """As :func:`_forward`, to the SSH forward's unix socket the host's marker links
+    to (Caddy expands the placeholder per request)."""
+    return {
+        "handler": "reverse_proxy",
+        "upstreams": [{"dial": f"unix/{listen.markers}/forward/{_label(base)}"}],
+        "headers": _NO_GPUYARD_CREDENTIALS,
+    }
+
+
+def _label(base: ProxyBase) -> str:
+    """The placeholder of the host's cluster port label (``{cluster_id}-{port}``):
+    Caddy counts a host's labels from the right, from 0, and it comes right after the
+    domain's."""
+    return f"{{http.request.host.labels.{len(base.domain.strip('.').split('.'))}}}"
+
+
+def _marked(listen: ProxyListen, base: ProxyBase, kind: str) -> dict[str, Any]:
+    """Matches a host whose port has a marker file of ``kind`` (``public``, ``private``)."""
+    return {"file": {"root": listen.markers, "try_files": [f"/{kind}/{_label(base)}"]}}
 
 
 def _to_api(listen: ProxyListen) -> dict[str, Any]:
@@ -186,31 +239,63 @@ _DROP_KEY_AUTHORIZATION: dict[str, Any] = {
 }
 
 
-def _port_routes(route: ProxyRoute, listen: ProxyListen) -> list[dict[str, Any]]:
-    open_path = OPEN_PATH.format(cluster_id=route.cluster_id, port=route.internal_port)
-    routes: list[dict[str, Any]] = [{"match": [{"path": [open_path]}], "handle": [_to_api(listen)]}]
-    if route.visibility is not Visibility.PUBLIC:
-        routes.append(
-            {
-                "match": [{"not": _MAY_PASS}],
-                "handle": [
-                    page(
-                        401,
-                        "Sign-in required",
-                        f"Port {route.internal_port} of cluster {route.cluster_id} is "
-                        "private. Open it with a link from `gpuyard clusters open` (or the "
-                        "API's /ports/{port}/open), or send your API key in the "
-                        "Authorization header.",
-                    )
-                ],
-                "terminal": True,
-            }
-        )
+_NO_PORT = page(
+    404,
+    "No such cluster port",
+    "This address names no cluster port: the cluster was terminated, never existed, "
+    "or does not declare this port as http.",
+)
+
+
+def _private(listen: ProxyListen, base: ProxyBase, forward: dict[str, Any]) -> list[dict[str, Any]]:
+    """A private port's routes: the proxy's 401 without a credential, else the API's
+    check, then ``forward``."""
+    return [
+        {
+            "match": [{"not": _MAY_PASS}],
+            "handle": [
+                page(
+                    401,
+                    "Sign-in required",
+                    f"Port {_label(base)} is private. Open it with a link from "
+                    "`gpuyard clusters open` (or the API's /ports/{port}/open), or send "
+                    "your API key in the Authorization header.",
+                )
+            ],
+            "terminal": True,
+        },
         # The API decides (a session cookie, or the owner's key); a refusal is its page.
-        routes.append({"handle": [_authorize(listen)]})
-    routes.append(_DROP_KEY_AUTHORIZATION)
-    routes.append({"handle": [_forward(route.upstream)]})
-    return routes
+        {"handle": [_authorize(listen)]},
+        _DROP_KEY_AUTHORIZATION,
+        forward,
+    ]
+
+
+def _cluster_routes(base: ProxyBase, listen: ProxyListen) -> list[dict[str, Any]]:
+    open_path = OPEN_PATH.format(cluster_id="*", port="*")
+    forward = {"handle": [_forward(listen, base)]}
+    public = [_DROP_KEY_AUTHORIZATION, forward]
+
+    socket = {"handle": [_forward_socket(listen, base)]}
+    return [
+        {"match": [{"path": [open_path]}], "handle": [_to_api(listen)], "terminal": True},
+        {
+            "match": [_marked(listen, base, "public")],
+            "handle": [{"handler": "subroute", "routes": public}],
+            "terminal": True,
+        },
+        {
+            "match": [_marked(listen, base, "private")],
+            "handle": [{"handler": "subroute", "routes": _private(listen, base, forward)}],
+            "terminal": True,
+        },
+        {
+            "match": [_marked(listen, base, "forward")],
+            "handle": [{"handler": "subroute", "routes": _private(listen, base, socket)}],
+            "terminal": True,
+        },
+        {"handle": [_NO_PORT], "terminal": True},
+    ]
 
 
 def _error_page(listen: ProxyListen) -> dict[str, Any]:
@@ -222,7 +307,9 @@ def _error_page(listen: ProxyListen) -> dict[str, Any]:
         "rewrite": {"method": "GET", "uri": UNAVAILABLE_PATH},
         "headers": {
             "request": {
-                "delete": ["Authorization", KEY_HEADER, "Cookie"],
+                # A WebSocket handshake's page is a plain GET too: passed on as an
+                # upgrade, the API would refuse it as a WebSocket of its own (403).
+                "delete": ["Authorization", KEY_HEADER, "Cookie", *_UPGRADE_HEADERS],
                 "set": {PROXY_HEADER: [listen.api_secret]},
             }
         },
@@ -254,30 +341,17 @@ _LOGGING: dict[str, Any] = {
 }
 
 
-def caddy_config(routes: list[ProxyRoute], base: ProxyBase, listen: ProxyListen) -> dict[str, Any]:
+def caddy_config(base: ProxyBase, listen: ProxyListen) -> dict[str, Any]:
     """The full configuration: admin on ``listen.admin`` (never persisted to disk), one
-    HTTP server with a route per cluster port and 404 for every other host."""
+    HTTP server routing every host of ``base.domain`` per request, 404 for the rest."""
     server_routes: list[dict[str, Any]] = [
         {
-            "match": [{"host": [base.host(r.cluster_id, r.internal_port)]}],
-            "handle": [{"handler": "subroute", "routes": _port_routes(r, listen)}],
+            "match": [{"host": [f"*.{base.domain}"]}],
+            "handle": [{"handler": "subroute", "routes": _cluster_routes(base, listen)}],
             "terminal": True,
-        }
-        for r in sorted(routes, key=lambda r: (r.cluster_id, r.internal_port))
+        },
+        {"handle": [_NO_PORT], "terminal": True},
     ]
-    server_routes.append(
-        {
-            "handle": [
-                page(
-                    404,
-                    "No such cluster port",
-                    "This address names no cluster port: the cluster was terminated, "
-                    "never existed, or does not declare this port as http.",
-                )
-            ],
-            "terminal": True,
-        }
-    )
     server: dict[str, Any] = {
         "listen": [f"{listen.bind}:{listen.port}"],
         "routes": server_routes,

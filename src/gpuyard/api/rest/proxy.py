@@ -24,10 +24,11 @@ from gpuyard.api.http.envelope import ErrorEnvelope, ok
 from gpuyard.api.http.openapi_responses import ERROR_RESPONSES
 from gpuyard.api.rest.schemas.cluster_json import iso
 from gpuyard.api.rest.schemas.responses import Meta, documented
-from gpuyard.api.state import app_state, current_principal
+from gpuyard.api.state import AppState, app_state, current_principal
 from gpuyard.core.errors import Forbidden, NotFound, Unauthorized
 from gpuyard.core.network.proxy import (
     SESSION_COOKIE,
+    Visibility,
     page_html,
     parse_host,
     presented_key,
@@ -90,8 +91,16 @@ async def open_port(
     scope), or, followed with its ``token`` through the proxy, the cookie it grants."""
     state = app_state(request)
     if token is not None:
-        grant = await run_in_threadpool(
-            proxy_access.redeem_link, state.ctx, cluster_id, port, token
+        # Through the proxy, a link opens only the port whose host it is on (every
+        # proxy host routes this path here): the cookie is set on that host alone.
+        host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
+        target = parse_host(host, state.ctx.settings.proxy_domain)
+        grant = (
+            None
+            if target is not None and target != (cluster_id, port)
+            else await run_in_threadpool(
+                proxy_access.redeem_link, state.ctx, cluster_id, port, token
+            )
         )
         if grant is None:
             return _page(
@@ -172,18 +181,40 @@ _NOT_YOURS = ("No such cluster port", "No cluster port of yours is at this addre
 
 @router.get(AUTHORIZE_PATH, include_in_schema=False)
 async def authorize(request: Request) -> Response:
-    """The proxy's check of a request to a private port (forward_auth): 200 lets it
-    through; the 401/403/404 pages are what the browser then shows.
+    """The proxy's check of a request to a private port that carries a credential
+    (forward_auth): 200 lets it through; the 401/403/404 pages are what the browser then shows.
 
-    A session cookie (named exactly ``gy_proxy``) passes while its session is live
-    (services/access/proxy_access.py session_allows; answers kept a few seconds). Else an API
-    key: it acts for the cluster's account (its user must be a member of it) and needs
-    WRITE_RESOURCES there (a private port is often a notebook, which runs code: as
-    much as the terminal); a cluster of a project the key may not use is 404. A wrong
-    key answers 401, which the rate limiter counts as a failed key of the client's
-    address (api/http/rate_limit.py reads the same key as :func:`presented_key`)."""
+    A public port (made so since the proxy looked) lets every request through.
+    Else a session cookie (named exactly ``gy_proxy``) passes while its session is live
+    (services/access/proxy_access.py session_allows; answers kept a few seconds).
+    Else an API key: it acts for the cluster's account (its user must be a member of
+    it) and needs WRITE_RESOURCES there (a private port is often a notebook, which runs
+    code: as much as the terminal); a cluster of a project the key may not use is 404.
+    A wrong key answers 401, which the rate limiter counts as a failed key of the
+    client's address (api/http/rate_limit.py reads the same key as
+    :func:`presented_key`). The proxy sends a WebSocket handshake's check as a plain
+    GET, so the key passes a WebSocket exactly as it passes any other request."""
     state = app_state(request)
     host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
+    refusal = await _check(request, state, host)
+    if refusal is None:
+        return _passed()
+    # A port made public since the proxy looked passes whatever the request carries
+    # (asked only on refusal: a private port's pass costs no extra read). Every other
+    # refusal stands as it is: a wrong key's 401 is what the rate limiter counts.
+    visibility = await run_in_threadpool(proxy_access.port_visibility, state.ctx, host)
+    if visibility is Visibility.PUBLIC:
+        return _passed()
+    return refusal
+
+
+def _passed() -> Response:
+    return Response(status_code=200, headers={"Cache-Control": "no-store"})
+
+
+async def _check(request: Request, state: AppState, host: str) -> Response | None:
+    """None when the request's cookie or key opens the private port ``host`` names;
+    else the page refusing it."""
     cookies = session_cookies(request.headers.getlist("cookie"))
     if cookies:
         checks = state.proxy_sessions
@@ -192,7 +223,7 @@ async def authorize(request: Request) -> Response:
             allowed = await run_in_threadpool(proxy_access.session_allows, state.ctx, host, cookies)
             checks.store(host, cookies, allowed)
         if allowed:
-            return Response(status_code=200, headers={"Cache-Control": "no-store"})
+            return None
     key = presented_key(request.headers.get(KEY_HEADER), request.headers.get("authorization"))
     if key is None:
         return _page(
@@ -230,16 +261,15 @@ async def authorize(request: Request) -> Response:
             "A private port needs a key with write scope, of a member whose role may "
             "change clusters (not viewer or billing).",
         )
-    return Response(status_code=200, headers={"Cache-Control": "no-store"})
+    return None
 
 
 @router.get(UNAVAILABLE_PATH, include_in_schema=False)
 async def unavailable(request: Request) -> Response:
-    """The page the proxy shows when a container does not answer: what the cluster's
-    status is (502), or 404 when the address names no live cluster."""
+    """The page the proxy shows when a container does not answer: 404 when the address
+    names no live cluster port, else 502 naming the cluster's status
+    (services/access/proxy_access.py unavailable_page)."""
     state = app_state(request)
     host = request.headers.get("x-forwarded-host") or request.headers.get("host") or ""
-    reason = await run_in_threadpool(proxy_access.unavailable_reason, state.ctx, host)
-    if reason is None:
-        return _page(404, "No such cluster port", "No live cluster port is at this address.")
-    return _page(502, "Cluster not answering", reason)
+    verdict = await run_in_threadpool(proxy_access.unavailable_page, state.ctx, host)
+    return _page(verdict.status, verdict.title, verdict.text)

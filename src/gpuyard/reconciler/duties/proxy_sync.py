@@ -1,11 +1,19 @@
-"""Keeps the HTTP proxy (Caddy) serving exactly the routes the store describes.
+"""Keeps the HTTP proxy (Caddy and its resolver) serving exactly the routes the store
+describes.
 
-Level-based like the rest of the reconciler: each pass computes the whole desired
-configuration from the store, reads Caddy's running configuration and loads the
-desired one when they differ. So a route appears or goes within one pass of a status
-change (the pass is woken by every recorded status change), and a Caddy that was
-restarted (empty) or edited by hand converges on the next pass. A Caddy started by
-gpuyard that died is started again. Nothing here sits in the path of user traffic.
+Level-based like the rest of the reconciler: each pass computes every route from the
+store and publishes the route table when it changed (``edge/route_table.py``: the file
+the resolver reads, and the marker files Caddy's matcher looks for; Caddy looks each
+request's cluster port up there, see ``edge/caddy_config.py``), makes sure the
+resolver answers, then reads Caddy's running configuration and loads the desired one
+when they differ. That configuration names no cluster, so it changes only with the
+proxy's own settings (or the resolver's port): creating, terminating, moving a cluster
+or changing its ports writes the table and loads nothing (a load would cut every
+WebSocket Caddy carries). A port's visibility follows within one pass of a change (the
+pass is woken by every recorded status change); its upstream within that and Caddy's
+lookup refresh (``caddy_config.REFRESH``). A Caddy restarted (empty) or edited by hand
+converges on the next periodic pass; a Caddy or resolver started by gpuyard that died
+is started again. Nothing here sits in the path of user traffic.
 
 Each API process configures the Caddy of its own machine with every route (replicas
 each serve the whole proxy domain).
@@ -16,11 +24,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
 
 from gpuyard.core.network.proxy import ProxyBase
 from gpuyard.edge.caddy import CaddyAdmin, CaddyError, CaddyProcess
 from gpuyard.edge.caddy_config import ProxyListen, caddy_config
+from gpuyard.edge.proxy_resolver import ResolverProcess
+from gpuyard.edge.route_table import publish, table_routes
 from gpuyard.runtimes.hosts.ssh_forwards import SshPortForwards
 from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from gpuyard.services.access.proxy_routes import load_routes, proxy_api_secret, proxy_base
@@ -33,9 +45,22 @@ log = logging.getLogger(__name__)
 _MIN_GAP_S = 0.2
 
 
+class Resolver(Protocol):
+    """The proxy's resolver (edge/proxy_resolver.py ResolverProcess): the table it
+    reads, the marker files' folder beside it, and its port once it answers."""
+
+    table: Path
+    markers: Path
+
+    def ensure(self) -> int: ...
+
+    def stop(self) -> None: ...
+
+
 class ProxySync:
-    """One Caddy, kept in step with the store. ``process`` is None for a Caddy the
-    operator runs (``GPUYARD_CADDY_ADMIN``): it is configured, never started or stopped."""
+    """One Caddy and its resolver, kept in step with the store. ``process`` is None
+    for a Caddy the operator runs (``GPUYARD_CADDY_ADMIN``, on this machine): it is
+    configured, never started or stopped."""
 
     def __init__(
         self,
@@ -45,8 +70,10 @@ class ProxySync:
         base: ProxyBase,
         process: CaddyProcess | None = None,
         forwards: SshPortForwards | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         self.ctx = ctx
+        self.resolver: Resolver = resolver or ResolverProcess(ctx.settings.home / "caddy")
         self.admin = admin
         self.listen = listen
         self.base = base
@@ -79,19 +106,34 @@ class ProxySync:
         forwards = SshPortForwards(SshKeys(settings.home), settings.home / "ssh" / "fwd")
         return cls(ctx, CaddyAdmin(address), listen, proxy_base(settings), process, forwards)
 
-    def desired(self) -> dict[str, Any]:
-        return caddy_config(load_routes(self.ctx, self.forwards), self.base, self.listen)
+    def desired(self, resolver_port: int) -> dict[str, Any]:
+        listen = replace(
+            self.listen,
+            resolver=f"127.0.0.1:{resolver_port}",
+            markers=str(self.resolver.markers),
+        )
+        return caddy_config(self.base, listen)
+
+    def write_routes(self) -> bool:
+        """The route table from the store, published when it changed (True then)."""
+        routes = table_routes(load_routes(self.ctx, self.forwards))
+        return publish(self.resolver.table, self.resolver.markers, routes)
 
     def sync(self, *, check_caddy: bool = True) -> bool:
-        """One pass; True when the proxy serves the desired configuration afterwards.
+        """One pass; True when the proxy serves the desired routes afterwards.
         ``check_caddy`` False (a pass woken by a status change): Caddy is asked nothing
-        when the desired configuration is the one last loaded into it, so the many
-        changes that alter no route cost one query and no admin call; the periodic
-        pass always reads Caddy's configuration (a restarted Caddy is empty).
+        when the desired configuration is the one last loaded into it, so a change
+        costs one query, a table write when it alters a route, and no admin call; the
+        periodic pass always reads Caddy's configuration (a restarted Caddy is empty).
         Never raises: a failure is recorded in ``status`` (and logged when it changes)."""
         with self._lock:
             try:
-                desired = self.desired()
+                self.write_routes()
+                try:
+                    port = self.resolver.ensure()
+                except RuntimeError as e:
+                    raise CaddyError(str(e)) from e
+                desired = self.desired(port)
                 if not check_caddy and desired == self._loaded and self.status.ready:
                     return True
                 if self.process is not None:
@@ -144,6 +186,7 @@ class ProxySync:
             self._thread.join(timeout=10)
         if stop_caddy and self.process is not None:
             self.process.stop()
+            self.resolver.stop()  # an operator's Caddy keeps its resolver, and serves
         if self.forwards is not None:
             self.forwards.close()
         self.admin.close()

@@ -11,7 +11,9 @@
   :class:`SessionChecks` keeps answers for a few seconds.
 - :func:`revoke_sessions` ends every session of a port (the owner, a write key).
 - :func:`authorize` answers the proxy's per-request check of an API key: the key's
-  account must own the cluster (another account's cluster is "not found").
+  account must own the cluster (another account's cluster is "not found");
+  :func:`port_visibility` tells a public port (anybody passes) from none.
+- :func:`unavailable_page` says why a request reached no container (404, 502).
 
 Issuing and redeeming a link, and revoking sessions, are events on the cluster naming
 the API key.
@@ -32,7 +34,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import ClusterNotFound, Forbidden, NotFound, ProxyUnavailable, Unauthorized
-from gpuyard.core.network.proxy import ProxyBase, parse_host
+from gpuyard.core.network.proxy import ProxyBase, Visibility, parse_host
 from gpuyard.core.roles import Permission
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.clusters.cluster_rows import load_cluster, owner_principal
@@ -312,21 +314,64 @@ def authorize(ctx: Context, principal: Principal, host: str) -> tuple[str, int]:
     return cluster_id, port
 
 
-def unavailable_reason(ctx: Context, host: str) -> str | None:
-    """Why the container behind proxy host ``host`` did not answer, for the page the
-    proxy shows: the cluster's status when it is not running; None when the address
-    names no live cluster."""
+@dataclass(frozen=True)
+class Unavailable:
+    """The page the proxy shows when a request found no container to go to."""
+
+    status: int
+    title: str
+    text: str
+
+
+_NO_PORT = Unavailable(404, "No such cluster port", "No live cluster port is at this address.")
+
+
+def unavailable_page(ctx: Context, host: str) -> Unavailable:
+    """Why the request to proxy host ``host`` reached no container, for the page the
+    proxy shows: 404 when the address names no http port of a live cluster; else 502
+    naming the cluster's status (a stopped or starting container, nothing listening
+    yet). Reads only."""
+    target = parse_host(host, ctx.settings.proxy_domain)
+    if target is None:
+        return _NO_PORT
+    cluster_id, port = target
+    with ctx.connect() as conn:
+        row = conn.execute(
+            select(Cluster.status, Cluster.ports).where(Cluster.id == cluster_id)
+        ).first()
+    if row is None or row.status in (ClusterStatus.TERMINATED, ClusterStatus.TERMINATING):
+        return _NO_PORT
+    declared = [
+        p
+        for p in row.ports or []
+        if p.get("protocol") == "http" and int(p["internal_port"]) == port
+    ]
+    if not declared:
+        return _NO_PORT
+    if row.status == ClusterStatus.RUNNING:
+        text = f"Cluster {cluster_id} is running, but nothing answers on port {port} yet."
+    else:
+        text = f"Cluster {cluster_id} is {row.status}: port {port} answers once it runs again."
+    return Unavailable(502, "Cluster not answering", text)
+
+
+def port_visibility(ctx: Context, host: str) -> Visibility | None:
+    """The visibility of the http port proxy host ``host`` names, on a live cluster;
+    None when it names none. Reads only."""
     target = parse_host(host, ctx.settings.proxy_domain)
     if target is None:
         return None
     cluster_id, port = target
     with ctx.connect() as conn:
-        status = conn.scalar(select(Cluster.status).where(Cluster.id == cluster_id))
-    if status is None or status in (ClusterStatus.TERMINATED, ClusterStatus.TERMINATING):
-        return None
-    if status == ClusterStatus.RUNNING:
-        return f"Cluster {cluster_id} is running, but nothing answers on port {port} yet."
-    return f"Cluster {cluster_id} is {status}: port {port} answers once it runs again."
+        ports = conn.scalar(
+            select(Cluster.ports).where(
+                Cluster.id == cluster_id, Cluster.status != ClusterStatus.TERMINATED
+            )
+        )
+    for p in ports or []:
+        if p.get("protocol") == "http" and int(p["internal_port"]) == port:
+            return Visibility(p.get("visibility", Visibility.PRIVATE))
+    return None
 
 
 def cluster_owner(ctx: Context, cluster_id: str) -> tuple[int, int] | None:
