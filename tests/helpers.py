@@ -193,13 +193,20 @@ def live_server(
     host_runtimes: RuntimeFactory | None = None,
     training_operator: TrainingOperatorFactory | None = None,
     allowed_5xx: frozenset[int] = frozenset(),
+    run_reconciler: bool = True,
 ) -> Iterator[LiveServer]:
     """Run the real app under uvicorn on a free port in a background thread
     (``host_runtimes``: how hosts added through the API are reached;
-    ``training_operator``: what builds training clusters, none without). On exit,
-    asserts it answered no 5xx but those in ``allowed_5xx``."""
+    ``training_operator``: what builds training clusters, none without;
+    ``run_reconciler``: False for a server with no background work, whose test makes
+    the rows the background would). On exit, asserts it answered no 5xx but those in
+    ``allowed_5xx``."""
     server = build_server(
-        settings, runtime, host_runtimes=host_runtimes, training_operator=training_operator
+        settings,
+        runtime,
+        host_runtimes=host_runtimes,
+        training_operator=training_operator,
+        run_reconciler=run_reconciler,
     )
     assert server.admin_key is not None
     recorder = StatusRecorder(server.app)

@@ -107,7 +107,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         rate_limit_per_source=0,
         rate_limit_auth_failures_per_minute=0,
     )
-    with live_server(settings, FakeRuntime()) as srv:
+    # The job API and the worker protocol on their own: the workers are processes this
+    # test starts and registers, so no scaler runs to replace them with clusters (the
+    # scaler is tested in tests/service/test_serverless_workers.py and end to end).
+    with live_server(settings, FakeRuntime(), run_reconciler=False) as srv:
         a, b = _tenant(srv, "a"), _tenant(srv, "b")
         ctx = srv.server.ctx
         endpoints = {kind: make_endpoint(ctx, a.account_id, a.project_id) for kind in HANDLERS}
