@@ -200,8 +200,8 @@ class WorkerSteps:
         return None
 
     def _resume(self, endpoint: ServerlessEndpoint, w: WatchedWorker) -> bool:
-        """Start a kept worker's stopped cluster where it is (its container and volume
-        are there). False when its host cannot take it now."""
+        """Start a kept worker's stopped cluster where it is (its host, volume and image
+        are there; its container is made again). False when its host cannot take it."""
         if w.cluster_id is None:
             return False
         with self.ctx.read() as session:

@@ -5,7 +5,7 @@ row says what the scaler and the job routes may do with it.
 Statuses: ``starting`` (its cluster is on its way up, it takes no job yet), ``ready``
 (set by its first ping or take), ``recycle`` (its container must be replaced: set by
 the queue's sweep), ``stopping`` (the scaler asked its cluster to stop or terminate),
-``stopped`` (flashboot: its cluster is stopped, its container kept for a fast start)
+``stopped`` (flashboot: its cluster is stopped and kept on its host with its volume and image, for a fast start)
 and ``gone`` (its cluster is terminated or being terminated; its key takes nothing).
 
 Every function here runs inside the caller's transaction; a status change is a
@@ -135,7 +135,7 @@ def mark_stopping(session: Session, worker_id: str, now: datetime) -> bool:
 
 
 def mark_stopped(session: Session, worker_id: str, now: datetime) -> bool:
-    """Its cluster has stopped, its container kept (flashboot). Runs inside the
+    """Its cluster has stopped and is kept (flashboot). Runs inside the
     caller's transaction."""
     return set_status(session, worker_id, STOPPED, now, expected=(STOPPING, STARTING, READY))
 

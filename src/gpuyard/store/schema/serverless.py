@@ -137,7 +137,7 @@ class ServerlessWorker(Base):
     ``key_hash`` the SHA-256 of its ``RUNPOD_AI_API_KEY``, which takes and answers jobs of
     this endpoint only. ``status``: starting, ready (taking jobs), recycle (to be stopped
     and replaced: it went silent, or still runs a cancelled or timed-out job), stopping,
-    stopped (flashboot: container kept), gone."""
+    stopped (flashboot: its cluster kept on its host), gone."""
 
     __tablename__ = "serverless_workers"
     __table_args__ = (

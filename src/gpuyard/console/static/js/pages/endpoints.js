@@ -51,7 +51,7 @@ export async function render(main) {
       field("GPU types", gpus), field("GPUs per worker", gpuCount),
       field("Workers min", wmin, "0: scale to zero"), field("Workers max", wmax),
       field("Idle timeout (s)", idle), field("Scaler", scaler), field("Scaler value", scalerValue),
-      field("FlashBoot", flashboot, "keep stopped workers' containers for fast starts")),
+      field("FlashBoot", flashboot, "keep idle workers stopped on their host for fast starts")),
     field("Environment", env, "KEY=VALUE, one a line"),
     field("Secret environment", secretEnv, "KEY=VALUE, stored sealed and shown masked"),
     h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Create the endpoint")));
