@@ -158,7 +158,7 @@ def endpoints_get(endpoint_id: str, url: str | None, api_key: str | None, as_jso
 @click.option("--location", "locations", multiple=True, metavar="ID",
               help="Place workers only here (repeatable; default anywhere).")  # fmt: skip
 @click.option("--flashboot", is_flag=True, default=False,
-              help="Keep idle workers stopped on their host (volume, image) for fast starts.")  # fmt: skip
+              help="Keep idle workers stopped on their host for fast starts.")  # fmt: skip
 @click.option("--cpu-cores", type=click.IntRange(min=1), default=None, help="Default 2.")
 @click.option("--memory-gb", type=click.IntRange(min=1), default=None, help="Default 4.")
 @click.option("--container-disk-gb", type=click.IntRange(min=1), default=None, help="Default 10.")

@@ -5,8 +5,9 @@ row says what the scaler and the job routes may do with it.
 Statuses: ``starting`` (its cluster is on its way up, it takes no job yet), ``ready``
 (set by its first ping or take), ``recycle`` (its container must be replaced: set by
 the queue's sweep), ``stopping`` (the scaler asked its cluster to stop or terminate),
-``stopped`` (flashboot: its cluster is stopped and kept on its host with its volume and image, for a fast start)
-and ``gone`` (its cluster is terminated or being terminated; its key takes nothing).
+``stopped`` (flashboot: its cluster is stopped and kept on its host with its volume
+and image, for a fast start) and ``gone`` (its cluster is terminated or being
+terminated; its key takes nothing).
 
 Every function here runs inside the caller's transaction; a status change is a
 guarded update (``WHERE status IN (...)``) so that a worker that took a job meanwhile
