@@ -236,11 +236,34 @@ class Gpuyard:
         return data
 
     def wait_workers(self, endpoint_id: str, want: Callable[[int], bool], timeout_s: float) -> None:
+        """Until ``want(number of workers)`` holds, counting every worker the endpoint
+        has (starting ones too, so that "zero" means none at all); a capacity problem
+        on the endpoint (no worker can start) ends the wait at once."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            r = self.c.get(f"/v1/endpoints/{endpoint_id}")
+            r.raise_for_status()
+            data = r.json()["data"]
+            workers: dict[str, int] = data["workers"]
+            if want(sum(workers.values())):
+                return
+            if data.get("capacity_problem"):
+                raise RuntimeError(f"endpoint {endpoint_id}: {data['capacity_problem']}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"endpoint {endpoint_id}: workers {workers} after {timeout_s} s")
+            time.sleep(0.1)
+
+    def wait_ready(self, endpoint_id: str, count: int, timeout_s: float) -> None:
+        """Until ``count`` workers are ready and idle (``health``)."""
         deadline = time.monotonic() + timeout_s
         while True:
             workers = self.health(endpoint_id)["workers"]
-            if want(int(workers.get("idle", 0)) + int(workers.get("running", 0))):
+            if int(workers.get("idle", 0)) >= count:
                 return
+            r = self.c.get(f"/v1/endpoints/{endpoint_id}")
+            r.raise_for_status()
+            if problem := r.json()["data"].get("capacity_problem"):
+                raise RuntimeError(f"endpoint {endpoint_id}: {problem}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"endpoint {endpoint_id}: workers {workers} after {timeout_s} s")
             time.sleep(0.1)
@@ -355,6 +378,12 @@ def main() -> int:
             "GPUYARD_LOCAL_DISK_GB": "2000",
             "GPUYARD_RATE_LIMIT_PER_KEY": "1e9",
             "GPUYARD_RATE_LIMIT_PER_SOURCE": "1e9",
+            # The API listens on loopback: workers' containers reach it on a second
+            # listener that takes worker keys only (services/serverless/callback.py).
+            "GPUYARD_SERVERLESS_WORKER_PORT": str(free_port()),
+            # Engine storage that cannot enforce container disk sizes (ext4 without
+            # project quotas, as on most development machines) still runs the workers.
+            "GPUYARD_ALLOW_UNENFORCED_DISK": "true",
         }
         for item in args.server_env:
             k, _, v = item.partition("=")
@@ -365,7 +394,7 @@ def main() -> int:
         # (a) and (b): 4 warm workers.
         warm = gy.create_endpoint(f"{PREFIX}-warm", WORKERS, WORKERS, flashboot=False)
         endpoints.append(warm)
-        gy.wait_workers(warm, lambda n: n >= WORKERS, timeout_s=180)
+        gy.wait_ready(warm, WORKERS, timeout_s=180)
         with httpx.Client(base_url=base, timeout=180) as c:
             for _ in range(WORKERS * 3):
                 gy.runsync(c, warm)  # every worker has taken a job: warm

@@ -11,6 +11,7 @@ server's installation id after the module (ServerProcess.cleanup).
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -20,10 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import runpod
 
-from gpuyard.devtools.serverless_image import build_serverless_image
+from gpuyard.devtools.serverless_image import SERVERLESS_IMAGE, build_serverless_image
 from tests.e2e.test_server_e2e import ServerProcess, running_server
 from tests.helpers import free_port
 from tests.required_parts import needs_tools
@@ -85,7 +87,7 @@ def deploy(name: str, handler: str, **endpoint: Any) -> runpod.Endpoint:
     of the serverless image, REQUEST_COUNT 1 and a 2 s idle timeout unless told."""
     template = runpod.create_template(
         name=f"{name}-template",
-        image_name=build_serverless_image("podman"),
+        image_name=SERVERLESS_IMAGE,
         env={"HANDLER": handler},
         is_serverless=True,
     )
@@ -159,6 +161,31 @@ def job_worker_container(server: ServerProcess, job_id: str) -> tuple[str, str]:
         db.close()
     assert row is not None and row[1], f"job {job_id} has no worker with a cluster"
     return str(row[0]), server.installation.container(str(row[1]))
+
+
+def worker_containers(server: ServerProcess, endpoint_id: str) -> list[str]:
+    """The container names of ``endpoint_id``'s workers, from the server's database."""
+    db = sqlite3.connect(f"file:{server.db_path}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = db.execute(
+            "SELECT cluster_id FROM serverless_workers"
+            " WHERE endpoint_id = ? AND cluster_id IS NOT NULL",
+            (endpoint_id,),
+        ).fetchall()
+    finally:
+        db.close()
+    return [server.installation.container(str(r[0])) for r in rows]
+
+
+def container_env(name: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["podman", "inspect", "--format", "{{json .Config.Env}}", name],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    pairs: list[str] = json.loads(out.stdout)
+    return dict(p.split("=", 1) for p in pairs)
 
 
 def test_sdk_deploys_and_run_sync_run_status_output(sdk: ServerProcess) -> None:
@@ -263,3 +290,40 @@ def test_kill_9_of_the_server_loses_no_queued_job(
                 os.environ.pop("RUNPOD_API_BASE_URL", None)
             else:
                 os.environ["RUNPOD_API_BASE_URL"] = saved[2]
+
+
+def test_a_workers_key_answers_for_its_own_endpoint_only(sdk: ServerProcess) -> None:
+    ep = deploy("e2e-keys", "echo", workers_min=1)
+    other = deploy("e2e-other", "echo", workers_max=0)
+    wait_for("a ready worker", lambda: ep.health()["workers"]["idle"] == 1, timeout=120)
+    (name,) = worker_containers(sdk, ep.endpoint_id)
+    env = container_env(name)
+    key, worker_id = env["RUNPOD_AI_API_KEY"], env["RUNPOD_POD_ID"]
+    assert env["RUNPOD_ENDPOINT_ID"] == ep.endpoint_id and key != sdk.key
+    queued = other.run({"not": "yours"})
+    workers = f"{sdk.url}/runpod/v2/workers"
+    with httpx.Client(timeout=30) as c:
+        for path in (
+            f"{workers}/{other.endpoint_id}/job-take/{worker_id}",
+            f"{workers}/{other.endpoint_id}/job-take-batch/{worker_id}?batch_size=4",
+            f"{workers}/{ep.endpoint_id}/job-take/not-{worker_id}",
+        ):
+            r = c.get(path, headers={"Authorization": key})
+            assert r.status_code in (401, 403, 404), (path, r.status_code, r.text)
+        r = c.post(
+            f"{workers}/{other.endpoint_id}/job-done/{worker_id}/{queued.job_id}",
+            headers={"Authorization": key},
+            json={"output": "forged"},
+        )
+        assert r.status_code in (401, 403, 404), r.text
+        # A worker key is no API key: neither the user API nor the job API take it.
+        bearer = {"Authorization": f"Bearer {key}"}
+        assert c.get(f"{sdk.url}/v1/endpoints", headers=bearer).status_code == 401
+        r = c.post(f"{sdk.url}/runpod/v2/{ep.endpoint_id}/run", headers=bearer,
+                   json={"input": {}})  # fmt: skip
+        assert r.status_code == 401, r.text
+        # And an account's API key is no worker key.
+        r = c.get(f"{workers}/{other.endpoint_id}/job-take/{worker_id}",
+                  headers={"Authorization": sdk.key})  # fmt: skip
+        assert r.status_code == 401, r.text
+    assert job_state(sdk, other.endpoint_id, queued.job_id)["status"] == "IN_QUEUE"
