@@ -47,7 +47,6 @@ def server_env() -> dict[str, str]:
         "GPUYARD_SERVERLESS_JOB_TAKE_WAIT_S": "2",
         "GPUYARD_SERVERLESS_WORKER_PING_TIMEOUT_S": "15",
         "GPUYARD_SERVERLESS_WORKER_START_GRACE_S": "60",
-        "GPUYARD_STOP_TIMEOUT_S": "2",
     }
 
 
@@ -218,8 +217,10 @@ def test_cancel_and_execution_timeout_stop_the_job_on_the_worker(sdk: ServerProc
     timed = ep.run({"input": {"seconds": 60}, "policy": {"executionTimeout": 2000}})
     state = wait_job(sdk, ep.endpoint_id, timed.job_id, FINAL, timeout=45)
     assert state["status"] == "TIMED_OUT", state
+    # Both 60 s jobs were stopped on the one worker: it is free long before either
+    # would have ended.
     quick = ep.run({"seconds": 0.1})
-    assert quick.output(timeout=45)["slept"] == 0.1
+    assert quick.output(timeout=30)["slept"] == 0.1
 
 
 def test_twenty_jobs_scale_up_to_workers_max_then_to_zero(sdk: ServerProcess) -> None:
