@@ -10,10 +10,15 @@ GPUYARD_HOME temp, GPUYARD_ENGINE_URL = that socket, 8 GPUs declared).
     ``POST /runpod/v2/{endpoint}/runsync {"input": ...}`` of the echo handler through an
     endpoint with 4 warm workers vs ``POST /`` straight to the same handler in one of
     those worker containers (its DIRECT_HTTP_PORT, at the container's address).
-    Reported: p50 and p99 of each, and gpuyard's added time (goal: p50 <= 10 ms added).
+    Reported: p50 and p99 of each, and gpuyard's added time (goal: p50 <= 10 ms added),
+    split by the job's own ``delayTime`` (queued until a worker took it: mostly the
+    worker's own pause, below) and ``executionTime`` (taken until its result).
 (b) Throughput: ``--clients`` threads send echo jobs for ``--seconds`` through runsync
     (4 warm workers, one job at a time each) vs the same threads calling the 4 worker
-    containers' handlers directly, round robin (goal >= 0.5x).
+    containers' handlers directly, round robin (goal >= 0.5x). The unmodified runpod
+    worker (1.12, concurrency 1) sleeps 1 s in its take loop once its concurrency is
+    full (``JobScaler.get_jobs``), so it takes at most about one job a second: 4 warm
+    workers bound this side near 4 jobs/s, whatever the server does.
 (c) Cold start: an endpoint with workers_min 0 and no worker running, one runsync until
     its result, vs ``podman run -d -p ... IMAGE`` until the handler answers its first
     request (goal <= 1.2x); and the same with ``flashboot`` (the scaled-down worker's
@@ -23,8 +28,10 @@ GPUYARD_HOME temp, GPUYARD_ENGINE_URL = that socket, 8 GPUs declared).
 ``--baseline-only`` runs the bare parts alone (podman run until the handler answers, the
 direct call's p50/p99, the direct jobs/s through 4 containers), with no server: useful
 before the endpoint API exists, and to see the machine's own numbers.
-``--server-env KEY=VALUE`` (repeatable) adds settings to the server's environment (for
-example where workers reach it).
+``--server-env KEY=VALUE`` (repeatable) adds settings to the server's environment. By
+default workers reach the loopback-only API on a worker listener of a free port
+(``GPUYARD_SERVERLESS_WORKER_PORT``), and container disk sizes need not be enforced
+(``GPUYARD_ALLOW_UNENFORCED_DISK``: engine storage on ext4 cannot).
 
     .venv/bin/python bench/bench_serverless.py [--baseline-only] [--requests 300]
         [--seconds 8] [--clients 8] [--cold-runs 3] [--server-env KEY=VALUE]
@@ -236,11 +243,34 @@ class Gpuyard:
         return data
 
     def wait_workers(self, endpoint_id: str, want: Callable[[int], bool], timeout_s: float) -> None:
+        """Until ``want(number of workers)`` holds, counting every worker the endpoint
+        has (starting ones too, so that "zero" means none at all); a capacity problem
+        on the endpoint (no worker can start) ends the wait at once."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            r = self.c.get(f"/v1/endpoints/{endpoint_id}")
+            r.raise_for_status()
+            data = r.json()["data"]
+            workers: dict[str, int] = data["workers"]
+            if want(sum(workers.values())):
+                return
+            if data.get("capacity_problem"):
+                raise RuntimeError(f"endpoint {endpoint_id}: {data['capacity_problem']}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"endpoint {endpoint_id}: workers {workers} after {timeout_s} s")
+            time.sleep(0.1)
+
+    def wait_ready(self, endpoint_id: str, count: int, timeout_s: float) -> None:
+        """Until ``count`` workers are ready and idle (``health``)."""
         deadline = time.monotonic() + timeout_s
         while True:
             workers = self.health(endpoint_id)["workers"]
-            if want(int(workers.get("idle", 0)) + int(workers.get("running", 0))):
+            if int(workers.get("idle", 0)) >= count:
                 return
+            r = self.c.get(f"/v1/endpoints/{endpoint_id}")
+            r.raise_for_status()
+            if problem := r.json()["data"].get("capacity_problem"):
+                raise RuntimeError(f"endpoint {endpoint_id}: {problem}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"endpoint {endpoint_id}: workers {workers} after {timeout_s} s")
             time.sleep(0.1)
@@ -355,6 +385,12 @@ def main() -> int:
             "GPUYARD_LOCAL_DISK_GB": "2000",
             "GPUYARD_RATE_LIMIT_PER_KEY": "1e9",
             "GPUYARD_RATE_LIMIT_PER_SOURCE": "1e9",
+            # The API listens on loopback: workers' containers reach it on a second
+            # listener that takes worker keys only (services/serverless/callback.py).
+            "GPUYARD_SERVERLESS_WORKER_PORT": str(free_port()),
+            # Engine storage that cannot enforce container disk sizes (ext4 without
+            # project quotas, as on most development machines) still runs the workers.
+            "GPUYARD_ALLOW_UNENFORCED_DISK": "true",
         }
         for item in args.server_env:
             k, _, v = item.partition("=")
@@ -365,7 +401,7 @@ def main() -> int:
         # (a) and (b): 4 warm workers.
         warm = gy.create_endpoint(f"{PREFIX}-warm", WORKERS, WORKERS, flashboot=False)
         endpoints.append(warm)
-        gy.wait_workers(warm, lambda n: n >= WORKERS, timeout_s=180)
+        gy.wait_ready(warm, WORKERS, timeout_s=180)
         with httpx.Client(base_url=base, timeout=180) as c:
             for _ in range(WORKERS * 3):
                 gy.runsync(c, warm)  # every worker has taken a job: warm
@@ -373,14 +409,20 @@ def main() -> int:
         for u in urls:
             wait_answers(u)
         gy_lat: list[float] = []
+        # RunPod's own times of each job: delayTime (queued until a worker took it) and
+        # executionTime (taken until its result came back), seconds.
+        gy_delay: list[float] = []
+        gy_exec: list[float] = []
         direct_lat: list[float] = []
         with httpx.Client(base_url=base, timeout=180) as c, httpx.Client(timeout=10) as d:
             for i in range(args.requests):
 
                 def gy_one() -> None:
                     t = time.perf_counter()
-                    gy.runsync(c, warm)
+                    job = gy.runsync(c, warm)
                     gy_lat.append(time.perf_counter() - t)
+                    gy_delay.append(float(job.get("delayTime", 0)) / 1000)
+                    gy_exec.append(float(job.get("executionTime", 0)) / 1000)
 
                 def direct_one() -> None:
                     t = time.perf_counter()
@@ -421,6 +463,10 @@ def main() -> int:
         print()
         print(f"{'ms':<52} {'p50':>9} {'p99':>9} {'min':>8} {'max':>8}")
         print(stats("gpuyard runsync, echo, 4 warm workers", gy_lat))
+        print(stats("  of which delayTime (queued until a worker took it)", gy_delay))
+        print(stats("  of which executionTime (taken until its result)", gy_exec))
+        rest = [t - d - e for t, d, e in zip(gy_lat, gy_delay, gy_exec, strict=True)]
+        print(stats("  the rest (the API, the hand-off, the answer)", rest))
         print(stats("direct POST / to the same workers' handler", direct_lat))
         print(stats("gpuyard cold start: 0 workers -> first result", cold[False]))
         print(stats("gpuyard cold start with flashboot", cold[True]))
