@@ -207,13 +207,18 @@ class Addresses:
 
 
 def serve(sock: socket.socket, zone: str, table: TableFile) -> None:
-    """Answer queries on ``sock`` until the process is told to stop."""
+    """Answer queries on ``sock`` until the process is told to stop, or the socket is
+    closed (a test's resolver in a thread: its end is no error)."""
     addresses = Addresses()
     while True:
         try:
             data, peer = sock.recvfrom(_MAX_QUERY)
         except InterruptedError:
             continue
+        except OSError:
+            if sock.fileno() == -1:
+                return
+            raise
         try:
             q = parse_query(data)
         except DnsFormatError:
