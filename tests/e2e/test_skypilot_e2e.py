@@ -186,6 +186,9 @@ def server_env() -> dict[str, str]:
     }
 
 
+# The first run builds SkyPilot's venv and the pod image (debootstrap) in its setup,
+# four minutes and more on a loaded 2-core machine, before sky's own launch.
+@pytest.mark.timeout(1200)
 def test_skypilot_launches_execs_and_downs_a_pod(
     tmp_path: Path, engine_url: str, skypilot: tuple[Path, str], server_env: dict[str, str]
 ) -> None:
