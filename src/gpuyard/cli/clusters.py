@@ -33,6 +33,15 @@ def parse_env(values: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
+def env_with_secrets(plain: tuple[str, ...], secret: tuple[str, ...]) -> dict[str, object]:
+    """``--env`` and ``--secret-env`` as one env object: secret values sent marked secret
+    (stored sealed, shown masked)."""
+    env: dict[str, object] = dict(parse_env(plain))
+    for key, value in parse_env(secret).items():
+        env[key] = {"value": value, "secret": True}
+    return env
+
+
 def parse_port(spec: str) -> JSON:
     """INTERNAL[:EXTERNAL][/PROTO[,public]] into a PortSpec body; EXTERNAL 0 or absent
     asks the server to assign one, PROTO is tcp (default), udp or http; ``,public``

@@ -110,3 +110,26 @@ def _in_words(e: ApiError | ServerUnreachable | GpuyardError) -> str:
             "at it"
         )
     return f"error: {e.code}: {e.message}"
+
+
+PROJECT_OPTION = click.option(
+    "--project-id", type=int, default=None, help="Project (default: the default project)."
+)
+
+
+def every_page(
+    client: GpuyardClient, path: str, key: str, project_id: int | None, per_page: int = 200
+) -> list[Any]:
+    """Every row of a cursor-paged ``/v1`` list (``key`` names the rows in ``data``),
+    following ``pagination.next_cursor``; ``project_id``: one project's only."""
+    out: list[Any] = []
+    params: dict[str, str | int] = {"per_page": per_page}
+    if project_id is not None:
+        params["project_id"] = project_id
+    while True:
+        data = client.request("GET", path, params=params)
+        out.extend(data[key])
+        cursor = data["pagination"].get("next_cursor")
+        if not cursor:
+            return out
+        params["cursor"] = cursor

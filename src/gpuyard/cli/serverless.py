@@ -13,21 +13,13 @@ from typing import Any
 import click
 
 from gpuyard.cli.client import JSON, GpuyardClient
-from gpuyard.cli.clusters import parse_env
-from gpuyard.cli.common import api_options, make_call
+from gpuyard.cli.clusters import env_with_secrets
+from gpuyard.cli.common import PROJECT_OPTION, api_options, every_page, make_call
 from gpuyard.cli.output import key_values, print_json, print_table
 
-PAGE = 200
 # RunPod's final job states: polling stops at any of them.
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 JOBS = "/runpod/v2"
-
-
-def _env(plain: tuple[str, ...], secret: tuple[str, ...]) -> JSON:
-    env: JSON = dict(parse_env(plain))
-    for key, value in parse_env(secret).items():
-        env[key] = {"value": value, "secret": True}
-    return env
 
 
 def _counts(e: JSON) -> str:
@@ -67,33 +59,13 @@ def _show(e: JSON) -> None:
     click.echo(text)
 
 
-def _all(client: GpuyardClient, project_id: int | None) -> list[JSON]:
-    """Every endpoint, following the pages' cursors."""
-    out: list[JSON] = []
-    params: dict[str, str | int] = {"per_page": PAGE}
-    if project_id is not None:
-        params["project_id"] = project_id
-    while True:
-        data = client.request("GET", "/v1/endpoints", params=params)
-        out.extend(data["endpoints"])
-        cursor = data["pagination"].get("next_cursor")
-        if not cursor:
-            return out
-        params["cursor"] = cursor
-
-
-_PROJECT = click.option(
-    "--project-id", type=int, default=None, help="Project (default: the default project)."
-)
-
-
 @click.group("endpoints")
 def endpoints() -> None:
     """Serverless endpoints: an image whose workers scale with its job queue."""
 
 
 @endpoints.command("list")
-@_PROJECT
+@PROJECT_OPTION
 @api_options
 def endpoints_list(
     project_id: int | None, url: str | None, api_key: str | None, as_json: bool
@@ -101,7 +73,7 @@ def endpoints_list(
     """List the account's endpoints with their workers and queue now."""
     call = make_call(url, api_key, as_json)
     with call.client as client:
-        rows = _all(client, project_id)
+        rows = every_page(client, "/v1/endpoints", "endpoints", project_id)
     if call.as_json:
         print_json({"endpoints": rows})
         return
@@ -163,7 +135,7 @@ def endpoints_get(endpoint_id: str, url: str | None, api_key: str | None, as_jso
 @click.option("--memory-gb", type=click.IntRange(min=1), default=None, help="Default 4.")
 @click.option("--container-disk-gb", type=click.IntRange(min=1), default=None, help="Default 10.")
 @click.option("--volume-gb", type=click.IntRange(min=0), default=None, help="Default 0.")
-@_PROJECT
+@PROJECT_OPTION
 @api_options
 def endpoints_create(
     name: str,
@@ -193,7 +165,7 @@ def endpoints_create(
     if gpu_types:
         body["gpu_type_ids"] = list(gpu_types)
     if env or secret_env:
-        body["env"] = _env(env, secret_env)
+        body["env"] = env_with_secrets(env, secret_env)
     if locations:
         body["locations"] = list(locations)
     if flashboot:

@@ -10,19 +10,10 @@ from typing import Any
 
 import click
 
-from gpuyard.cli.client import JSON, GpuyardClient
-from gpuyard.cli.clusters import parse_env, parse_port
-from gpuyard.cli.common import api_options, make_call
+from gpuyard.cli.client import JSON
+from gpuyard.cli.clusters import env_with_secrets, parse_port
+from gpuyard.cli.common import PROJECT_OPTION, api_options, every_page, make_call
 from gpuyard.cli.output import key_values, print_json, print_table
-
-PAGE = 200
-
-
-def _env(plain: tuple[str, ...], secret: tuple[str, ...]) -> JSON:
-    env: JSON = dict(parse_env(plain))
-    for key, value in parse_env(secret).items():
-        env[key] = {"value": value, "secret": True}
-    return env
 
 
 def _read(path: Path | None) -> str | None:
@@ -64,24 +55,6 @@ def _show(t: JSON) -> None:
     click.echo(text)
 
 
-def _all(client: GpuyardClient, project_id: int | None) -> list[JSON]:
-    """Every template, following the pages' cursors."""
-    out: list[JSON] = []
-    params: dict[str, str | int] = {"per_page": PAGE}
-    if project_id is not None:
-        params["project_id"] = project_id
-    while True:
-        data = client.request("GET", "/v1/templates", params=params)
-        out.extend(data["templates"])
-        cursor = data["pagination"].get("next_cursor")
-        if not cursor:
-            return out
-        params["cursor"] = cursor
-
-
-_PROJECT = click.option(
-    "--project-id", type=int, default=None, help="Project (default: the default project)."
-)
 _SECRET_ENV = click.option(
     "--secret-env",
     multiple=True,
@@ -119,7 +92,7 @@ def templates() -> None:
 
 
 @templates.command("list")
-@_PROJECT
+@PROJECT_OPTION
 @api_options
 def templates_list(
     project_id: int | None, url: str | None, api_key: str | None, as_json: bool
@@ -127,7 +100,7 @@ def templates_list(
     """List the account's templates."""
     call = make_call(url, api_key, as_json)
     with call.client as client:
-        rows = _all(client, project_id)
+        rows = every_page(client, "/v1/templates", "templates", project_id)
     if call.as_json:
         print_json({"templates": rows})
         return
@@ -174,7 +147,7 @@ def templates_get(template_id: str, url: str | None, api_key: str | None, as_jso
 @_SCRIPT
 @_README
 @click.option("--serverless", is_flag=True, default=False, help="Mark it a serverless template.")
-@_PROJECT
+@PROJECT_OPTION
 @api_options
 def templates_create(
     name: str,
@@ -211,7 +184,7 @@ def templates_create(
         }
     )
     if env or secret_env:
-        body["env"] = _env(env, secret_env)
+        body["env"] = env_with_secrets(env, secret_env)
     if ports:
         body["ports"] = [parse_port(p) for p in ports]
     params: dict[str, str | int] = {} if project_id is None else {"project_id": project_id}
@@ -286,7 +259,7 @@ def templates_update(
     if no_registry_auth:
         body["container_registry_auth_id"] = None
     if env or secret_env:
-        body["env"] = _env(env, secret_env)
+        body["env"] = env_with_secrets(env, secret_env)
     if ports:
         body["ports"] = [parse_port(p) for p in ports]
     if not body:
