@@ -22,7 +22,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event
 from gpuyard.testing.fake_runtime import FakeRuntime
-from tests.service.test_lifecycle import a6000, settle
+from tests.service.test_lifecycle import a6000, gpus_held, settle
 
 SECRET = "hunter2-db-password"
 
@@ -129,3 +129,31 @@ def test_giving_up_after_restarts_and_a_failed_restart(
     assert f"restart 1 of cluster {c.id} failed (RUNTIME_ERROR)" in log
     assert f"cluster {c.id} failed: container exited (code 7); gave up after" in log
     assert SECRET not in log
+
+
+class ReplacedOnceAtStart(FakeRuntime):
+    """The first container is removed right after it starts, as when another replica
+    that took the host's lease re-makes it: observed as missing, never as exited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replaced = False
+
+    def start(self, cluster_id: str) -> None:
+        super().start(cluster_id)
+        if not self.replaced:
+            self.replaced = True
+            del self.containers[cluster_id]
+
+
+def test_a_container_removed_while_starting_is_started_again(
+    ctx: Context, alice: Principal
+) -> None:
+    runtime = ReplacedOnceAtStart()
+    rec = build_reconciler(ctx, runtime)
+    c = uc.create_cluster(ctx, alice, a6000(1))
+    settle(rec, c.id)
+    got = uc.get_cluster(ctx, alice, c.id)
+    assert runtime.replaced and got.status == "running", got.error_message
+    assert runtime.observe(c.id).state == ContainerState.RUNNING
+    assert gpus_held(ctx, c.id) == [0]

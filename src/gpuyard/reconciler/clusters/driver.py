@@ -416,12 +416,16 @@ class ClusterDriver:
             seen = self.runtime_of(c.host_id).observe(c.id)
             if seen.state == ContainerState.RUNNING:
                 break
-            if seen.state in (ContainerState.EXITED, ContainerState.MISSING):
-                tail = (
-                    self.runtime_of(c.host_id).logs(c.id, tail=5).strip()
-                    if seen.state == ContainerState.EXITED
-                    else ""
-                )
+            if seen.state == ContainerState.MISSING:
+                # Removed under us, not exited: the container this step made was replaced
+                # (another replica took the host's lease while this one waited on a
+                # slow engine and re-made it) or removed by hand. Neither is the
+                # image's failure; the next pass, by whoever holds the host, starts
+                # the cluster again from its row.
+                log.warning("cluster %s: container vanished while starting", c.id)
+                raise Abandon()
+            if seen.state == ContainerState.EXITED:
+                tail = self.runtime_of(c.host_id).logs(c.id, tail=5).strip()
                 detail = f"; last output: {tail[-300:]}" if tail else ""
                 exited = f"container exited with code {seen.exit_code} during startup"
                 self._fail(c, f"{exited}{detail}", summary=exited)
