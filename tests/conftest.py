@@ -16,7 +16,9 @@ from gpuyard.services.clock import FakeClock
 from gpuyard.services.context import Context
 from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
 from gpuyard.services.tenancy.auth import Principal, Scope, create_account, issue_key, resolve_key
-from tests.helpers import make_settings
+from gpuyard.store.db import make_engine
+from gpuyard.store.migrate import upgrade
+from tests.helpers import FRESH_INSTALLATION_ID, make_settings, migrated_sqlite
 
 # The hooks that check the ``needs`` marks: a missing system part skips locally and
 # fails under CI (tests/required_parts.py).
@@ -30,13 +32,20 @@ from tests.required_parts import (  # noqa: F401
 PG_URL = os.environ.get("GPUYARD_TEST_POSTGRES_URL", "").strip()
 
 
-def _pg_database() -> Iterator[str]:
+def _pg_url(name: str) -> str:
+    return PG_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def _pg_database(template: str | None = None) -> Iterator[str]:
+    """A new database on the test server (a copy of ``template`` when given, else
+    empty), dropped afterwards."""
     admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
     name = "gy_" + uuid.uuid4().hex[:12]
+    copy_of = f' TEMPLATE "{template}"' if template else ""
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"{copy_of}'))
     try:
-        yield PG_URL.rsplit("/", 1)[0] + "/" + name
+        yield _pg_url(name)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -63,15 +72,53 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     yield from _pg_database()
 
 
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    """The name of a PostgreSQL database migrated once per test session, which
+    ``migrated_database_url`` copies (CREATE DATABASE ... TEMPLATE, which needs no other
+    connection to it: nothing but that copy ever connects after the migration)."""
+    need_postgres()
+    for url in _pg_database():
+        engine = make_engine(url)
+        try:
+            upgrade(engine)
+        finally:
+            engine.dispose()
+        yield url.rsplit("/", 1)[1]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def migrated_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new database on each backend with the schema at the latest migration, as a
+    first migration leaves it (its own installation id, no other row added): a copy of
+    one migrated per session."""
+    if request.param == "sqlite":
+        path = tmp_path / "test.db"
+        migrated_sqlite(path)
+        yield f"sqlite:///{path}"
+        return
+    need_postgres()
+    template: str = request.getfixturevalue("pg_template")
+    for url in _pg_database(template):
+        engine = create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text(FRESH_INSTALLATION_ID), {"uuid": str(uuid.uuid4())})
+        finally:
+            engine.dispose()
+        yield url
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 
 
 @pytest.fixture
-def ctx(database_url: str, tmp_path: Path, clock: FakeClock) -> Iterator[Context]:
-    """A migrated, seeded store with one declared host: 4 x A6000 + 4 x 4090."""
-    settings = make_settings(tmp_path / "home", database_url)
+def ctx(migrated_database_url: str, tmp_path: Path, clock: FakeClock) -> Iterator[Context]:
+    """A migrated, seeded store with one declared host: 4 x A6000 + 4 x 4090 (the
+    migrations ran once per session: ``migrated_database_url``)."""
+    settings = make_settings(tmp_path / "home", migrated_database_url)
     engine, sessions = open_store(settings)
     context = Context(sessions=sessions, settings=settings, clock=clock)
     first_start(context)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import random
+import shutil
 import socket
+import sqlite3
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +31,8 @@ from gpuyard.services.billing.ledger_totals import totals
 from gpuyard.services.billing.metering import accrued
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
+from gpuyard.store.db import make_engine
+from gpuyard.store.migrate import upgrade
 from gpuyard.store.schema import Cluster, Host, HostGpu
 
 # Ports for test servers (their own listeners, and the host ports their clusters
@@ -94,6 +101,62 @@ def make_settings(home: Path, database_url: str | None = None, **overrides: obje
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+# A SQLite database migrated once per test process; tests get copies of it (copying a
+# file takes well under a millisecond, running every migration 0.2-0.5 s).
+_sqlite_template: list[Path] = []
+_sqlite_template_lock = threading.Lock()
+
+# What a fresh migration leaves in the installation table, set again on each copy: a
+# copy of the template must not share its installation id (engine objects are labelled
+# with it) with the template's other copies.
+FRESH_INSTALLATION_ID = "UPDATE installation SET uuid = :uuid, created_at = CURRENT_TIMESTAMP"
+
+
+def _migrated_sqlite_template() -> Path:
+    """The process's migrated SQLite file (made on first use, removed at exit). Its
+    write-ahead log is folded into the file, so the file alone is the database."""
+    with _sqlite_template_lock:
+        if not _sqlite_template:
+            folder = Path(tempfile.mkdtemp(prefix="gy-tmpl-"))
+            atexit.register(shutil.rmtree, folder, True)
+            path = folder / "template.db"
+            engine = make_engine(f"sqlite:///{path}")
+            try:
+                upgrade(engine)
+            finally:
+                engine.dispose()
+            with sqlite3.connect(path) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.close()
+            _sqlite_template.append(path)
+        return _sqlite_template[0]
+
+
+def migrated_sqlite(path: Path) -> None:
+    """Make ``path`` (which must not exist) a SQLite database at the latest migration,
+    as a first migration leaves it, with its own installation id: a copy of a file
+    migrated once per process. Opening it (open_store) finds the schema at head."""
+    if path.exists():
+        raise FileExistsError(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    shutil.copyfile(_migrated_sqlite_template(), path)
+    os.chmod(path, 0o600)
+    with sqlite3.connect(path) as conn:
+        conn.execute(FRESH_INSTALLATION_ID.replace(":uuid", "?"), (str(uuid.uuid4()),))
+    conn.close()
+
+
+def premigrate(settings: Settings) -> None:
+    """Give a server about to start in a new home (its SQLite database in the home, not
+    made yet) a migrated copy of the process's template database, so its start skips
+    running the migrations. Anything else (a database URL, an existing file) is left
+    for the start to migrate."""
+    if settings.database_url is None:
+        path = settings.home / "gpuyard.db"
+        if not path.exists():
+            migrated_sqlite(path)
 
 
 class StatusRecorder:
@@ -200,7 +263,9 @@ def live_server(
     ``training_operator``: what builds training clusters, none without;
     ``run_reconciler``: False for a server with no background work, whose test makes
     the rows the background would). On exit, asserts it answered no 5xx but those in
-    ``allowed_5xx``."""
+    ``allowed_5xx``. A new home gets a migrated copy of a template database
+    (``premigrate``)."""
+    premigrate(settings)
     server = build_server(
         settings,
         runtime,
