@@ -175,6 +175,9 @@ def main() -> int:
             "GPUYARD_LOCAL_VCPUS": "64",
             "GPUYARD_LOCAL_MEMORY_GB": "512",
             "GPUYARD_LOCAL_DISK_GB": "2000",
+            # This host's storage cannot cap container disks (no XFS project quotas);
+            # the bare runs set no cap either.
+            "GPUYARD_ALLOW_UNENFORCED_DISK": "true",
             # Polling every 10 ms is past the default per-key limit: limits on, never reached.
             "GPUYARD_RATE_LIMIT_PER_KEY": "1e9",
             "GPUYARD_RATE_LIMIT_PER_SOURCE": "1e9",
