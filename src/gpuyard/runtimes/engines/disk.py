@@ -200,6 +200,13 @@ class DiskSizes:
         with self._lock:
             self._sized[key] = size
 
+    def made(self, name: str, info: Mapping[str, Any], size: int) -> None:
+        """Our volume ``name`` (the engine's answer to its create, ``info``) was just
+        made with an image of ``size`` bytes: the next start need not grow it."""
+        if self.owns(info):
+            with self._lock:
+                self._sized[(name, str(info.get("CreatedAt") or ""))] = size
+
     def removed(self, name: str, info: Mapping[str, Any]) -> None:
         """After our volume ``name`` (inspect data ``info``) was removed: its image."""
         if self.images is not None and self.owns(info):
