@@ -174,7 +174,7 @@ def profile_driver(url: str, runs: int, database_url: str, home: Path) -> None:
     calls: list[tuple[str, float, float]] = []
     policy = EnginePolicy(manage_host_firewall=True, allow_unenforced_disk=True)
     inner = DockerEngineRuntime(url, policy=policy)
-    rec = build_reconciler(ctx, Timed(inner, calls))  # type: ignore[arg-type]
+    rec = build_reconciler(ctx, Timed(inner, calls))
     phases: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     body = CreateCluster.model_validate(
         {"gpu_type": "NVIDIA RTX A6000", "gpu_count": 1, "docker_image": DEV_IMAGE,

@@ -31,7 +31,7 @@ def test_listening_ports_of_every_address_form() -> None:
 
 
 def test_published_ports_skip_the_cluster_being_started() -> None:
-    containers = [
+    containers: list[dict[str, object]] = [
         {"Names": ["/other-install-abc"], "Ports": [{"PublicPort": 20000, "Type": "tcp"}]},
         {"Names": ["/mine"], "Ports": [{"PublicPort": 20001, "Type": "tcp"}]},
         {"Names": ["/udp"], "Ports": [{"PublicPort": 20002, "Type": "udp"}, {"PrivatePort": 80}]},
