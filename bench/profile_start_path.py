@@ -1,10 +1,17 @@
-"""Diagnostic companion of bench_start_latency.py: the engine calls gpuyard's reconciler
-makes for one create->running (ClusterDriver._start), timed one by one through
-DockerEngineRuntime against a private podman service, next to a bare
-``podman run -d``. Shows how much of gpuyard's start time is engine round trips and
-how much is gpuyard's own bookkeeping (DB transactions, wake-up, HTTP).
+"""Diagnostic companion of bench_start_latency.py, in two parts against a private
+podman service:
 
-    .venv/bin/python bench/profile_start_path.py [--runs 10]
+1. the engine calls gpuyard's reconciler makes for one create->running
+   (ClusterDriver._start), timed one by one through DockerEngineRuntime, next to a bare
+   ``podman run -d``;
+2. create->running and stopped->running through the real use cases and
+   ``ClusterDriver.drive`` in this process (a real store: SQLite, or PostgreSQL with
+   ``--database-url``), every runtime call timed, so what is left is gpuyard's own
+   bookkeeping between engine calls (transactions, reads, building the spec). The HTTP
+   request and the reconciler's wake-up are not in it (bench_start_latency.py has
+   those).
+
+    .venv/bin/python bench/profile_start_path.py [--runs 10] [--database-url URL]
 """
 
 from __future__ import annotations
@@ -25,16 +32,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEV_IMAGE, median
 
 from gpuyard.core.ownership import Ownership
+from gpuyard.reconciler.wiring import build_reconciler
 from gpuyard.runtimes.base import ContainerSpec, PortBinding
 from gpuyard.runtimes.engines.devimage import build_dev_image
+from gpuyard.runtimes.engines.engine import EnginePolicy
 from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.runtimes.engines.url import PodmanService
+from gpuyard.services.clusters import use_cases as uc
+from gpuyard.services.clusters.requests import CreateCluster, StartCluster
+from gpuyard.services.context import Context
+from gpuyard.services.installation.bootstrap import first_start, open_store, register_local_host
+from gpuyard.services.tenancy.auth import (
+    Principal,
+    Scope,
+    create_account,
+    issue_key,
+    resolve_key,
+)
+from gpuyard.settings import Settings
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
-    runs = ap.parse_args().runs
+    ap.add_argument("--database-url", default=None, help="the store (default: SQLite, temp)")
+    ap.add_argument("--driver-only", action="store_true", help="skip part 1")
+    args = ap.parse_args()
+    runs = args.runs
     work = Path(tempfile.mkdtemp(prefix="gy-prof-"))
     service = PodmanService(work / "podman.sock")
     url = service.start()
@@ -53,7 +77,7 @@ def main() -> int:
             times[label].append(time.perf_counter() - t0)
             return out
 
-        for i in range(-1, runs):  # run -1 is a warm-up
+        for i in range(-1, runs if not args.driver_only else -1):  # run -1: a warm-up
             cid = f"gyprof{i + 1:02d}xx"
             vol = owner.volume(cid)
             spec = ContainerSpec(
@@ -100,10 +124,122 @@ def main() -> int:
         print(f"engine calls of one gpuyard start vs bare, median of {runs} (ms):")
         for label in sorted(times):
             print(f"  {label:<50} {median(times[label]) * 1000:>7.1f}")
+        db = args.database_url or f"sqlite:///{work / 'profile.db'}"
+        profile_driver(url, runs, db, work / "home")
         return 0
     finally:
         service.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+# -- gpuyard's own steps: the reconciler's driver in this process ---------------------
+
+
+class Timed:
+    """A runtime whose every call is timed (name, start, end), forwarding to ``inner``."""
+
+    def __init__(self, inner: Any, calls: list[tuple[str, float, float]]) -> None:
+        self._inner = inner
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        if not callable(target) or name.startswith("__"):
+            return target
+        calls = self._calls
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return target(*a, **k)
+            finally:
+                calls.append((name, t0, time.perf_counter()))
+
+        return timed
+
+
+def profile_driver(url: str, runs: int, database_url: str, home: Path) -> None:
+    """create->running and stopped->running through ClusterDriver.drive with a real
+    store and the real engine: per step, the engine calls (timed one by one) and the
+    rest (gpuyard's bookkeeping: transactions, reads, spec building)."""
+    settings = Settings(
+        home=home, database_url=database_url, local_gpus="NVIDIA RTX A6000:8",
+        local_vcpus=64, local_memory_gb=512, local_disk_gb=2000, allow_unenforced_disk=True,
+    )  # fmt: skip
+    engine, sessions = open_store(settings)
+    ctx = Context(sessions=sessions, settings=settings)
+    first_start(ctx)
+    register_local_host(ctx, None)
+    principal = bench_principal(ctx)
+    calls: list[tuple[str, float, float]] = []
+    policy = EnginePolicy(manage_host_firewall=True, allow_unenforced_disk=True)
+    inner = DockerEngineRuntime(url, policy=policy)
+    rec = build_reconciler(ctx, Timed(inner, calls))
+    phases: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    body = CreateCluster.model_validate(
+        {"gpu_type": "NVIDIA RTX A6000", "gpu_count": 1, "docker_image": DEV_IMAGE,
+         "volume_gb": 1, "ports": [{"internal_port": 8888, "external_port": 0,
+                                     "protocol": "http"}]}
+    )  # fmt: skip
+
+    def drive_until(cid: str, want: str, phase: str, t_request: float) -> None:
+        calls.clear()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            rec.driver.drive(cid)
+            if uc.get_cluster(ctx, principal, cid).status == want:
+                break
+        t1 = time.perf_counter()
+        per = phases[phase]
+        engine_s = 0.0
+        for name, a, b in calls:
+            per[f"engine {name}"].append(b - a)
+            engine_s += b - a
+        per["= use case (API transaction)"].append(t0 - t_request)
+        per["= drive: engine calls"].append(engine_s)
+        per["= drive: gpuyard's own (store, specs)"].append(t1 - t0 - engine_s)
+        per["= total"].append(t1 - t_request)
+
+    try:
+        cids: list[str] = []
+        for i in range(-1, runs):
+            t = time.perf_counter()
+            c = uc.create_cluster(ctx, principal, body)
+            drive_until(c.id, "running", "create->running", t)
+            uc.stop_cluster(ctx, principal, c.id)
+            for _ in range(5):
+                rec.driver.drive(c.id)
+            t = time.perf_counter()
+            uc.start_cluster(ctx, principal, c.id, StartCluster())
+            drive_until(c.id, "running", "stopped->running", t)
+            uc.terminate_cluster(ctx, principal, c.id)
+            for _ in range(5):
+                rec.driver.drive(c.id)
+            cids.append(c.id)
+            if i < 0:
+                phases.clear()
+        for phase, per in phases.items():
+            print(f"\n{phase} through ClusterDriver.drive, median of {runs} (ms; one call's "
+                  f"median times how often it ran per start):")  # fmt: skip
+            for label in sorted(per):
+                xs = per[label]
+                n = len(xs) / runs
+                extra = f"  x{n:.1f}" if label.startswith("engine") else ""
+                print(f"  {label:<50} {median(xs) * 1000:>7.1f}{extra}")
+    finally:
+        subprocess.run(["podman", "--url", url, "rm", "-f", "--filter",
+                        f"label={ctx.ownership.label_filter()}"], capture_output=True)  # fmt: skip
+        engine.dispose()
+
+
+def bench_principal(ctx: Context) -> Principal:
+    with ctx.transaction() as session:
+        user, account, _ = create_account(session, email="bench@example.com", name="bench")
+        key = issue_key(
+            session, user_id=user.id, account_id=account.id, name="bench", scope=Scope.WRITE
+        )
+    with ctx.read() as session:
+        return resolve_key(session, key.key)
 
 
 if __name__ == "__main__":

@@ -164,6 +164,28 @@ def test_sized_volume_is_a_loop_mounted_image_of_its_size() -> None:
     assert host.commands[-1] == ["rm", "-f", "--", image, f"{image}.grow"]
 
 
+def test_a_size_reached_is_not_asked_of_the_host_again_until_the_volume_is_made_again() -> None:
+    host = _Host()
+    rt, client = _runtime(host=host)
+    rt.ensure_volume("gyvol1", "c1", size_gb=5)  # made: its image asked for once
+    asked = len(host.ensured())
+    assert asked == 1
+    rt.ensure_volume("gyvol1", "c1", size_gb=5)  # later starts: nothing on the host
+    rt.ensure_volume("gyvol1", "c1", size_gb=4)
+    assert len(host.ensured()) == asked
+    rt.ensure_volume("gyvol1", "c1", size_gb=6)  # more: asked
+    assert len(host.ensured()) == asked + 1
+    # Removed and made again: its new image, then nothing more.
+    rt.remove_volume("gyvol1")
+    rt.ensure_volume("gyvol1", "c1", size_gb=6)
+    rt.ensure_volume("gyvol1", "c1", size_gb=6)
+    assert len(host.ensured()) == asked + 2
+    # Made again elsewhere (another replica: another creation time): asked.
+    client.api.volumes_made["gyvol1"]["CreatedAt"] = "2026-12-02T00:00:00Z"
+    rt.ensure_volume("gyvol1", "c1", size_gb=6)
+    assert len(host.ensured()) == asked + 3
+
+
 def test_an_unsized_volume_stays_a_plain_one() -> None:
     host = _Host()
     rt, client = _runtime(host=host)

@@ -12,6 +12,7 @@ from gpuyard.runtimes.hosts.firewall import (
     bridge_name,
     chain_name,
     drop_rule,
+    jump_comes_first,
 )
 
 
@@ -147,3 +148,41 @@ def test_without_root_it_says_why() -> None:
     iso = IptablesIsolation("1a2b3c4d", runner=FakeIptables(broken=True), iptables="iptables")
     problem = iso.available()
     assert problem is not None and "Permission denied" in problem
+
+
+def test_another_installations_jump_above_ours_is_left_where_it_is() -> None:
+    fake = FakeIptables()
+    ours = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
+    other = IptablesIsolation("22222222", runner=fake, iptables="iptables")
+    ours.protect(["gyaaa"])
+    other.protect(["gybbb"])
+    fake.chains["FORWARD"].append(["-j", "NETAVARK_FORWARD"])
+    fake.calls.clear()
+    # Both chains only drop: either order keeps both networks closed, so neither
+    # installation moves its jump (they would take the top from each other at every
+    # start); the check is one listing.
+    ours.keep_first()
+    other.keep_first()
+    assert fake.chains["FORWARD"] == [
+        ["-j", other.chain],
+        ["-j", ours.chain],
+        ["-j", "NETAVARK_FORWARD"],
+    ]
+    assert fake.calls == [["iptables", "-w", "5", "-S", "FORWARD"]] * 2
+
+
+def test_an_engine_jump_between_two_installations_jumps_is_put_below_ours() -> None:
+    fake = FakeIptables()
+    ours = IptablesIsolation("1a2b3c4d", runner=fake, iptables="iptables")
+    other = IptablesIsolation("22222222", runner=fake, iptables="iptables")
+    ours.protect(["gyaaa"])
+    other.protect(["gybbb"])
+    fake.chains["FORWARD"].insert(1, ["-j", "NETAVARK_FORWARD"])
+    ours.keep_first()
+    assert fake.chains["FORWARD"][0] == ["-j", ours.chain]
+    assert fake.chains["FORWARD"].index(["-j", "NETAVARK_FORWARD"]) == 2
+    assert jump_comes_first(
+        [f"-A FORWARD {' '.join(r)}" for r in fake.chains["FORWARD"]], other.chain
+    )
+    assert not jump_comes_first(["-A FORWARD -j NETAVARK_FORWARD"], ours.chain)
+    assert not jump_comes_first([f"-A FORWARD -s 10.0.0.0/8 -j {other.chain}"], ours.chain)

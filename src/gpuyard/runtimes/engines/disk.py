@@ -84,6 +84,8 @@ class DiskSizes:
         self.container_problem: str | None = None
         self._rootless: bool | None = None
         self._warned: set[str] = set()
+        # (volume, its creation time) -> the size its image is known to have (grow).
+        self._sized: dict[tuple[str, str], int] = {}
 
     # -- container disks ------------------------------------------------------------
 
@@ -182,14 +184,35 @@ class DiskSizes:
         not mounted grows it offline), so a start never fails for a grow."""
         if self.images is None or not self.owns(info):
             return
+        # Every start asks; a command on the host each time is a round trip (SSH for a
+        # remote host) for nothing once the image has the size. Only this process
+        # grows its volumes' images, so a size it saw reached stays reached; the key
+        # holds the volume's creation time, so a volume made again is asked again.
+        key = (name, str(info.get("CreatedAt") or ""))
+        with self._lock:
+            if self._sized.get(key, 0) >= size:
+                return
         try:
             self.images.ensure(name, size)
         except RuntimeFailure as exc:
             log.warning("volume %s not grown yet: %s", name, exc.message)
+            return
+        with self._lock:
+            self._sized[key] = size
+
+    def made(self, name: str, info: Mapping[str, Any], size: int) -> None:
+        """Our volume ``name`` (the engine's answer to its create, ``info``) was just
+        made with an image of ``size`` bytes: the next start need not grow it."""
+        if self.owns(info):
+            with self._lock:
+                self._sized[(name, str(info.get("CreatedAt") or ""))] = size
 
     def removed(self, name: str, info: Mapping[str, Any]) -> None:
         """After our volume ``name`` (inspect data ``info``) was removed: its image."""
         if self.images is not None and self.owns(info):
+            with self._lock:
+                for key in [k for k in self._sized if k[0] == name]:
+                    del self._sized[key]
             self.images.remove(name)
 
     def usage(self, rows: list[dict[str, Any]]) -> tuple[dict[str, int], set[str]]:

@@ -467,9 +467,11 @@ class Engine:
             except docker.errors.NotFound:
                 options = self.disk.volume_options(name, size) if size else None
                 try:
-                    self.api.create_volume(
+                    made = self.api.create_volume(
                         name=name, labels=self.labels(labels), driver_opts=options
                     )
+                    if size and isinstance(made, dict):
+                        self.disk.made(name, made, size)
                 except docker.errors.APIError as e:
                     if not lost_creation_race(e):
                         raise

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 _IFNAME_MAX = 15
 
 _OUT_BRIDGE = re.compile(r" -o (\S+) ")
+# A plain jump to an isolation chain (chain_name) of any installation.
+_ISOLATION_JUMP = re.compile(r"-A FORWARD -j GY-ISO-[\w-]+")
 
 Runner = Callable[[Sequence[str]], "CommandResult"]
 
@@ -85,6 +87,22 @@ LOOPBACK_GUARD = [
     "-m", "comment", "--comment", "gpuyard: no host loopback from bridges",
     "-j", "DROP",
 ]  # fmt: skip
+
+
+def jump_comes_first(forward_rules: Sequence[str], chain: str) -> bool:
+    """Whether ``FORWARD`` (its ``-A FORWARD`` lines, in order) jumps to ``chain``
+    before any rule that could accept a packet. Only jumps to other installations'
+    isolation chains may come before it: those chains hold nothing but drop rules
+    (:func:`drop_rule`), so whatever they let through still reaches ours. Asking for
+    the very first place instead would make installations sharing a host take it from
+    each other at every container start (five commands each time, not one)."""
+    ours = f"-A FORWARD -j {chain}"
+    for line in forward_rules:
+        if line == ours:
+            return True
+        if not _ISOLATION_JUMP.fullmatch(line):
+            return False
+    return False
 
 
 def subprocess_runner(argv: Sequence[str]) -> CommandResult:
@@ -150,9 +168,11 @@ class IptablesIsolation:
                 self._must(self._ipt("-A", self.chain, *rule), f"closing bridge {bridge}")
 
     def keep_first(self) -> None:
-        """Our jump is the first rule of ``FORWARD``: the engine inserts its own jumps
-        (which accept its networks' traffic) at the top when they are missing, e.g. at
-        the first container start after a reboot, and above ours they would win."""
+        """Our jump comes before every rule of ``FORWARD`` that could accept (only other
+        installations' isolation jumps may precede it, :func:`jump_comes_first`): the
+        engine inserts its own jumps (which accept its networks' traffic) at the top
+        when they are missing, e.g. at the first container start after a reboot, and
+        above ours they would win. One ``iptables -S FORWARD`` when nothing moved."""
         with self._lock:
             self._ensure_chain()
 
@@ -163,7 +183,7 @@ class IptablesIsolation:
         listed = self._ipt("-S", "FORWARD")
         self._must(listed, "reading FORWARD")
         rules = [line for line in listed.output.splitlines() if line.startswith("-A FORWARD")]
-        if rules and rules[0] == f"-A FORWARD -j {self.chain}":
+        if jump_comes_first(rules, self.chain):
             # The usual case, one command (this runs after every container start): a
             # jump to it means the chain exists.
             return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterable
 
 from gpuyard.runtimes.engines.engine import Engine
@@ -33,17 +34,25 @@ HostPort = tuple[int, str]  # (port, "tcp" | "udp")
 _SS_PORT = re.compile(r":(\d+)$")
 
 
-def listening_ports(output: str, transport: str) -> set[HostPort]:
-    """The ports in ``ss -H -l -n`` output (one socket a line, the local address in
-    the fourth column)."""
+def listening_ports(output: str, transport: str | None = None) -> set[HostPort]:
+    """The ports in ``ss -H -l -n`` output (one socket a line). With ``transport`` the
+    output is of one transport (``-t`` or ``-u``: the local address in the fourth
+    column); without, of both (``-t -u``: a first column names each line's transport,
+    ``tcp`` or ``udp``, and the local address is the fifth)."""
     found: set[HostPort] = set()
     for line in output.splitlines():
         fields = line.split()
-        if len(fields) < 4:
-            continue
-        match = _SS_PORT.search(fields[3])
+        if transport is None:
+            if len(fields) < 5 or fields[0] not in ("tcp", "udp"):
+                continue
+            kind, local = fields[0], fields[4]
+        else:
+            if len(fields) < 4:
+                continue
+            kind, local = transport, fields[3]
+        match = _SS_PORT.search(local)
         if match:
-            found.add((int(match.group(1)), transport))
+            found.add((int(match.group(1)), kind))
     return found
 
 
@@ -74,18 +83,32 @@ def host_runner_of(engine: Engine) -> Runner | None:
 
 
 def ports_in_use(engine: Engine, low: int, high: int, skip_container: str) -> frozenset[HostPort]:
-    """The ports in ``low..high`` that something on the engine's host holds now."""
+    """The ports in ``low..high`` that something on the engine's host holds now.
+
+    This runs on every start, so its two questions are asked at once: the host's
+    listening sockets (one ``ss`` for both transports, in a thread) while the engine
+    lists its containers."""
     found: set[HostPort] = set()
+    runner = host_runner_of(engine)
+    listed: list[set[HostPort]] = []
+
+    def ask_host() -> None:
+        assert runner is not None
+        result = runner(["ss", "-H", "-l", "-n", "-t", "-u"])
+        if result.returncode == 0:
+            listed.append(listening_ports(result.output))
+        else:
+            log.debug("cannot list the host's listening ports: %s", result.output[:200])
+
+    asker = threading.Thread(target=ask_host, name="host-ports", daemon=True)
+    if runner is not None:
+        asker.start()
     try:
         found |= published_ports(engine.api.containers(all=True), skip_container)
     except Exception as exc:  # any transport or engine error: the start is the backstop
         log.debug("cannot list the engine's published ports: %s", exc)
-    runner = host_runner_of(engine)
     if runner is not None:
-        for flag, transport in (("-t", "tcp"), ("-u", "udp")):
-            result = runner(["ss", "-H", "-l", "-n", flag])
-            if result.returncode == 0:
-                found |= listening_ports(result.output, transport)
-            else:
-                log.debug("cannot list the host's listening ports: %s", result.output[:200])
+        asker.join()
+    for ports in listed:
+        found |= ports
     return frozenset(p for p in found if low <= p[0] <= high)
