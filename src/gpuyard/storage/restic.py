@@ -350,7 +350,8 @@ class ResticRepository:
             raise self._failure("backup", status, stderr or "restic printed no summary")
         short_id: str = summary["snapshot_id"]
         return BackupResult(
-            restic_id=self._full_id(
+            # A local repository's id is read from its directory: no second restic run.
+            restic_id=self.resolve_id(
                 short_id, host=host, tags=tags, path="/" + filename.lstrip("/")
             ),
             short_id=short_id,
