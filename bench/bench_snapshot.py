@@ -252,7 +252,8 @@ def main() -> int:
         print(f"{'what':40} {'seconds':>8} {'MB/s':>8} {'stored MiB':>11}")
         for key, label in labels.items():
             kept = f"{median([float(x) for x in stored[key]]) / MIB:11.1f}" if key in stored else ""
-            print(f"{label:40} {med[key]:8.2f} {mb / med[key]:8.1f} {kept}")
+            rate = "" if key.startswith("command") else f"{mb / med[key]:8.1f}"
+            print(f"{label:40} {med[key]:8.2f} {rate:>8} {kept}")
         snap_ratio = med["restic backup"] / med["stream first"]
         snap_tar = med["baseline snapshot"] / med["stream first"]
         speedup = med["stream first"] / med["stream incremental"]
