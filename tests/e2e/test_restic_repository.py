@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import signal
 import stat
+import subprocess
 import tarfile
 import threading
 import time
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpuyard.storage.restic import INSTALL_HINT, ResticError, ResticRepository
+from gpuyard.storage.restic_keys import FAST_PARAMS
 from gpuyard.storage.tar_stats import TarCounter, counted
 from tests.moto_s3 import S3_ENV, make_bucket, moto_s3, moto_server_path
 from tests.required_parts import need, needs_tools
@@ -119,6 +122,52 @@ def test_ensure_makes_a_private_password_and_the_repository_once(tmp_path: Path)
     with pytest.raises(ResticError, match="apt-get install restic") as caught:
         missing.ensure()
     assert caught.value.message == INSTALL_HINT
+
+
+def _keys(root: Path) -> dict[str, dict[str, object]]:
+    return {p.name: json.loads(p.read_bytes()) for p in (root / "keys").iterdir()}
+
+
+def _restic(root: Path, password: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = ["restic", "-r", str(root), "--password-file", str(password), "--no-cache", *args]
+    return subprocess.run(argv, capture_output=True, text=True, check=True)
+
+
+def test_a_local_repository_gets_a_fast_key_restic_opens(tmp_path: Path) -> None:
+    repo = local_repository(tmp_path)
+    repo.ensure()
+    root, password = tmp_path / "repo", tmp_path / "secrets" / "snapshot.password"
+    keys = _keys(root)
+    fast = [name for name, doc in keys.items() if (doc["N"], doc["r"], doc["p"]) == FAST_PARAMS]
+    own = [name for name in keys if name not in fast]
+    assert len(fast) == 1 and len(own) == 1
+    # restic opens the repository with the fast key when hinted, and with its own key
+    # still (nothing but the hint changes for an operator's restic).
+    listed = json.loads(
+        _restic(root, password, "--key-hint", fast[0], "key", "list", "--json").stdout
+    )
+    assert [k["id"] for k in listed if k["current"]] == [fast[0][:8]]
+    listed = json.loads(
+        _restic(root, password, "--key-hint", own[0], "key", "list", "--json").stdout
+    )
+    assert [k["id"] for k in listed if k["current"]] == [own[0][:8]]
+    # Another process on the same repository finds that key; it makes none of its own.
+    again = local_repository(tmp_path)
+    again.ensure()
+    result = again.backup_stream([b"x" * 1000], filename="v.tar", tags=["t"], host="h")
+    with again.dump_stream(result.restic_id, "v.tar") as chunks:
+        assert b"".join(chunks) == b"x" * 1000
+    assert _keys(root).keys() == keys.keys()
+
+
+def test_a_persons_password_keeps_only_restics_stretched_key(tmp_path: Path) -> None:
+    password = tmp_path / "chosen.password"
+    password.write_text("correct horse battery staple\n")
+    repo = ResticRepository(str(tmp_path / "repo"), password, tmp_path / "cache")
+    repo.ensure()
+    assert repo.find_by_tag("nothing") == []
+    [doc] = _keys(tmp_path / "repo").values()
+    assert (doc["N"], doc["r"], doc["p"]) != FAST_PARAMS
 
 
 def test_exists_creates_nothing(tmp_path: Path) -> None:

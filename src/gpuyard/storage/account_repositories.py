@@ -24,7 +24,8 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpuyard.storage.restic import ResticRepository, ensure_secret_file, write_secret_file
+from gpuyard.storage.restic import ResticError, ResticRepository
+from gpuyard.storage.secret_files import SecretFileError, ensure_secret_file, write_secret_file
 
 # Where the accounts' repositories are, under the configured location.
 ACCOUNTS_DIR = "accounts"
@@ -79,7 +80,10 @@ class SnapshotRepositories:
             known = self._accounts.get(account_id)
             if known is not None:
                 return known
-            secret = ensure_secret_file(self._secret_file)
+            try:
+                secret = ensure_secret_file(self._secret_file)
+            except SecretFileError as exc:
+                raise ResticError(str(exc)) from exc
             password = account_password(secret, account_id)
             path = self.password_file_of(account_id)
             self._keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

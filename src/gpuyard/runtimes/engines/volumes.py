@@ -1,7 +1,10 @@
 """Volume I/O on a Docker-API engine (the :class:`~gpuyard.runtimes.capabilities.VolumeIO`
 of runtimes/engines/runtime.py): tar streams read and written through the engine's
 archive API by short-lived helper containers of ours (runtimes/volumes/copy.py), so the
-user's container is never entered; this works the same for a remote host over SSH.
+user's container is never entered; this works the same for a remote host over SSH. A
+volume of an engine on this machine is read through a FIFO shared with its helper
+instead of the attach stream (runtimes/volumes/fifo_stream.py: the same bytes, without
+the engine's copies), falling back to the attach stream where the engine cannot share it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.runtimes.capabilities import Progress, VolumeIO
 from gpuyard.runtimes.engines.disk import with_size
 from gpuyard.runtimes.engines.engine import Engine
+from gpuyard.runtimes.engines.url import is_local_engine
 from gpuyard.runtimes.records import Chunk
 from gpuyard.runtimes.volumes.copy import (
     copy_volume,
@@ -22,6 +26,7 @@ from gpuyard.runtimes.volumes.copy import (
     volume_labels,
     volume_tar_stream,
 )
+from gpuyard.runtimes.volumes.fifo_stream import NotHere, volume_tar_fifo
 
 # The helpers of earlier versions that ran restic beside a volume: removed on sight.
 LEGACY_ROLE_RESTIC = "restic"
@@ -36,7 +41,13 @@ class EngineVolumeIO:
 
     @contextlib.contextmanager
     def read(self, volume: str) -> Iterator[Iterator[Chunk]]:
-        with volume_tar_stream(self.engine, volume) as chunks:
+        with contextlib.ExitStack() as stack:
+            chunks: Iterator[Chunk] | None = None
+            if is_local_engine(self.engine.base_url):
+                with contextlib.suppress(NotHere):  # raised before anything was read
+                    chunks = stack.enter_context(volume_tar_fifo(self.engine, volume))
+            if chunks is None:
+                chunks = stack.enter_context(volume_tar_stream(self.engine, volume))
             yield chunks
 
     def write(
