@@ -46,9 +46,25 @@ PREEMPTIBLE = (ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNN
 
 _LOCK = update(PlacementLock).where(PlacementLock.id == 1).values(counter=PlacementLock.counter + 1)
 
+# session.info keys. _LOCKED: the root transaction that holds the placement lock (taken
+# outside any SAVEPOINT, so no rollback to one gives it back). _REFRESHED: the root
+# transaction whose hint was refreshed. BATCH_TOUCHED: set by the placer in batches
+# (services/capacity/placement_batch.py) around each create's SAVEPOINT, the hosts its
+# claims told the hint about (re-read when the SAVEPOINT rolls back).
+_LOCKED = "gpuyard.placement_locked"
+_REFRESHED = "gpuyard.hint_refreshed"
+BATCH_TOUCHED = "gpuyard.placement_batch_touched"
+
 
 def lock_placement(session: Session) -> None:
+    """Take the placement lock in the caller's transaction (runs inside the caller's
+    transaction); once taken outside a SAVEPOINT, a second call is free."""
+    root = session.get_transaction()
+    if root is not None and session.info.get(_LOCKED) is root:
+        return
     session.execute(_LOCK)
+    if root is not None and not session.in_nested_transaction():
+        session.info[_LOCKED] = root
 
 
 def claim(
@@ -173,11 +189,22 @@ def _candidates(
     """A few hosts ``req`` fits on, best first under ``policy``, with exact figures:
     the hint's best until they read back exact (services/capacity/fleet_hint.py), else the
     database's candidate query."""
-    if session.in_nested_transaction() or asks_cuda(req):
-        # A savepoint may roll back without the hint hearing of it: no hint here. The
-        # hint knows no CUDA versions: the database filters on them.
+    if _hintless_savepoint(session) or asks_cuda(req):
+        # A savepoint may roll back without the hint hearing of it: no hint here (the
+        # placer's batches tell it). The hint knows no CUDA versions: the database
+        # filters on them.
         return candidate_hosts(session, req, ratios, policy, exclude=exclude)
-    hint.refresh(session, ratios, now)
+    root = session.get_transaction()
+    if session.info.get(_REFRESHED) is root:
+        # Refreshed already in this locked transaction (a batch): only hosts marked
+        # since then are read again.
+        with hint.lock:
+            dirty, hint.dirty = list(hint.dirty), set()
+        if dirty:
+            hint.update(capacities(session, dirty), ratios)
+    else:
+        hint.refresh(session, ratios, now)
+        session.info[_REFRESHED] = root
     for _ in range(4):
         ids = hint.pick(req, policy, exclude, CANDIDATES)
         if not ids:
@@ -202,7 +229,7 @@ def _remember(
     """Tell the hint what the claim took (or, when it cannot say exactly, that the
     host must be read again); a rollback of the transaction invalidates the hint."""
     before = next((h for h in hosts if h.host_id == placement.host_id), None)
-    if session.in_nested_transaction() or before is None:
+    if _hintless_savepoint(session) or before is None:
         hint.dirty.add(placement.host_id)
         return
     after = replace(
@@ -213,7 +240,18 @@ def _remember(
         used_disk_gb=before.used_disk_gb + request.disk_gb + max(0, added_volume_gb),
     )
     hint.update([after], ratios)
+    touched = session.info.get(BATCH_TOUCHED)
+    if touched is not None:
+        # The placer re-reads these hosts if the SAVEPOINT rolls back, and rebuilds the
+        # hint if the whole batch does.
+        touched.add(placement.host_id)
+        return
     event.listen(session, "after_rollback", lambda _s: hint.invalidate(), once=True)
+
+
+def _hintless_savepoint(session: Session) -> bool:
+    """In a SAVEPOINT whose rollback the hint would not hear of (any but the placer's)."""
+    return session.in_nested_transaction() and BATCH_TOUCHED not in session.info
 
 
 def refuse_unplaceable(session: Session, host_id: int) -> None:
