@@ -72,6 +72,8 @@ class Placer:
     def __init__(self, max_batch: int = MAX_BATCH) -> None:
         self.max_batch = max_batch
         self._mutex = threading.Lock()
+        # Notified whenever a request joins the queue (wait_queued).
+        self._joined = threading.Condition(self._mutex)
         self._queue: list[_Request[Any]] = []
         self._leading = False
         # Figures for benchmarks and tests: batches committed (or failed), steps run.
@@ -86,6 +88,7 @@ class Placer:
         request: _Request[T] = _Request(ctx, step, contextvars.copy_context())
         with self._mutex:
             self._queue.append(request)
+            self._joined.notify_all()
             lead = not self._leading
             self._leading = True
         if not lead:
@@ -93,6 +96,12 @@ class Placer:
         if not request.answered:
             self._lead()
         return request.answer()
+
+    def wait_queued(self, count: int, timeout: float) -> bool:
+        """Wait until ``count`` requests wait for a batch (not counting one running);
+        False if ``timeout`` seconds passed first. For tests and benchmarks."""
+        with self._joined:
+            return self._joined.wait_for(lambda: len(self._queue) >= count, timeout)
 
     def _lead(self) -> None:
         """Run one batch of the queue, then pass the lead on (or give it up)."""
