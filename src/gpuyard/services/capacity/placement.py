@@ -80,6 +80,7 @@ def claim(
     bid: float | None = None,
     exclude_hosts: frozenset[int] = frozenset(),
     policy: PlacementPolicy = PlacementPolicy.BINPACK,
+    fresh: bool = False,
 ) -> Placement:
     """Place ``request`` and record the GPU allocations and reservation for
     ``cluster_id``: on ``host_id`` when given (a stopped cluster's volume lives there),
@@ -97,14 +98,15 @@ def claim(
     with the reason, their compute released in this same transaction; the caller
     wakes the reconciler, which stops their containers (volumes kept).
 
-    The cluster's own existing reservation, if any, is replaced. Raises
+    The cluster's own existing reservation, if any, is replaced (``fresh``: the
+    cluster is new and holds none, so none is looked for). Raises
     InsufficientCapacity with what was asked and what is free.
     """
     lock_placement(session)
     hint = hint_for(session)
     # The cluster's own volume is already counted in its host's used disk (not in
     # another host's: a cluster moving there brings its whole volume).
-    own = session.get(Reservation, cluster_id)
+    own = None if fresh else session.get(Reservation, cluster_id)
     if own is not None:
         # A new cluster holds nothing yet: only an existing one has compute to drop.
         release_compute(session, cluster_id, mark=False)
@@ -398,6 +400,7 @@ def assign_ports(
     port_range: tuple[int, int],
     reserved: frozenset[int] = frozenset(),
     held: Callable[[], frozenset[tuple[int, str]]] | None = None,
+    fresh: bool = False,
 ) -> dict[tuple[int, str], int]:
     """(Re)assign host ports for ``ports``; returns ``(internal, transport) -> external``.
 
@@ -408,7 +411,8 @@ def assign_ports(
     there (Context.ports_held); it is asked only for a port the user chose, which
     then answers 409 PORT_IN_USE at once. A port gpuyard chooses is checked against
     the host when the cluster starts (reconciler/clusters/port_moves.py), outside this
-    transaction.
+    transaction. ``fresh``: the cluster holds no ports yet (a create), so there is
+    nothing to keep or free first.
     """
     held_now: frozenset[tuple[int, str]] | None = None
 
@@ -421,14 +425,18 @@ def assign_ports(
         return (port, transport) in held_now
 
     lock_placement(session)
-    previous = {
-        (r.internal_port, r.protocol): r.port
-        for r in session.scalars(
-            select(PortAllocation).where(PortAllocation.cluster_id == cluster_id)
-        )
-    }
-    session.execute(delete(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
-    session.flush()
+    if fresh and not ports:
+        return {}
+    previous: dict[tuple[int, str], int] = {}
+    if not fresh:
+        previous = {
+            (r.internal_port, r.protocol): r.port
+            for r in session.scalars(
+                select(PortAllocation).where(PortAllocation.cluster_id == cluster_id)
+            )
+        }
+        session.execute(delete(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
+        session.flush()
     taken = {
         (r.port, r.protocol)
         for r in session.execute(

@@ -104,7 +104,7 @@ from gpuyard.services.volumes.snapshots import (
     refuse_while_restoring,
     restore_target,
 )
-from gpuyard.store.schema import Cluster, Host, Project, Snapshot
+from gpuyard.store.schema import Cluster, GpuType, Host, Project, Snapshot
 
 
 @dataclass(frozen=True)
@@ -328,6 +328,8 @@ def _record_create(
     if location is not None:
         check_location(session, location)
     needs_gpu = gpu_count > 0 or body.gpu_type
+    # Held for the step, as the host below: the rate and the meter read it again.
+    _gpu_row = session.get(GpuType, body.gpu_type) if body.gpu_type else None
     gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
     bid = checked_bid(gpu, gpu_count, body.cloud_type, body) if body.spot else None
     clone = clone_source(session, principal, body)
@@ -403,6 +405,7 @@ def _record_create(
         now=now,
         bid=bid,
         policy=ctx.settings.placement_policy,
+        fresh=True,
         host_id=mounted.host_id if mounted is not None else None,
         not_enough_message=(
             f"not enough free resources on network volume {mounted.id}'s host"
@@ -418,7 +421,11 @@ def _record_create(
         port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
         reserved=server_ports(ctx.settings),
         held=partial(ctx.ports_held, placement.host_id, cluster_id),
+        fresh=True,
     )
+    # Held for the rest of the step: the session's identity map keeps rows only while
+    # something refers to them, and the checks and the meter below read this host.
+    _host = session.get(Host, placement.host_id)
     refuse_unenforced_limits(session, ctx, placement.host_id)
     refuse_unenforced_disk(session, ctx, placement.host_id)
     cluster.ports = with_host_ports(tuple(body.ports), assigned)
