@@ -180,3 +180,16 @@ def test_a_crash_mid_batch_leaves_nothing_half_made_and_answers_every_waiter(
     with ctx.read() as session:
         rows = session.execute(select(GpuAllocation.cluster_id, GpuAllocation.gpu_index)).all()
     assert rows == [(after.id, after.gpu_indices[0])]
+
+
+def test_a_step_that_queues_another_is_refused_not_deadlocked(ctx: Context) -> None:
+    """A step waiting for a batch of the transaction its own thread holds would never
+    be answered: it is refused at once, and the placer serves the next request."""
+    placer = placer_for(ctx)
+
+    def nested(session: Session) -> None:
+        placer.run(ctx, lambda _s: None)
+
+    with pytest.raises(RuntimeError, match="may not queue"):
+        placer.run(ctx, nested)
+    assert placer.run(ctx, lambda _s: 7) == 7

@@ -85,6 +85,9 @@ class Placer:
         with whatever other steps are waiting, and return what it returned once that
         transaction has committed (or raise what it raised; nothing of it is stored
         then). ``step`` must not commit, nor call :meth:`run` itself."""
+        if getattr(_LEADING, "active", False):
+            # Its batch would wait for the very transaction this thread holds.
+            raise RuntimeError("a placer step may not queue another step")
         request: _Request[T] = _Request(ctx, step, contextvars.copy_context())
         with self._mutex:
             self._queue.append(request)
@@ -107,9 +110,11 @@ class Placer:
         """Run one batch of the queue, then pass the lead on (or give it up)."""
         with self._mutex:
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+        _LEADING.active = True
         try:
             self._run_batch(batch)
         finally:
+            _LEADING.active = False
             for request in batch:
                 request.answered = True
                 request.done.set()
@@ -174,6 +179,9 @@ def _run_in_savepoint(session: Session, request: _Request[Any]) -> bool:
         session.info.pop(BATCH_TOUCHED, None)
     return True
 
+
+# Set in the thread that runs a batch, while it runs.
+_LEADING = threading.local()
 
 _PLACERS: weakref.WeakKeyDictionary[sessionmaker[Session], Placer] = weakref.WeakKeyDictionary()
 _PLACERS_LOCK = threading.Lock()
