@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.services.capacity.fleet_hint import FleetHint, hint_for
 from gpuyard.services.capacity.placement import BATCH_TOUCHED, lock_placement
+from gpuyard.services.clusters.lifecycle import PRICES_KEY
 from gpuyard.services.context import Context
 
 T = TypeVar("T")
@@ -150,8 +151,9 @@ class Placer:
             self.steps += len(batch)
         except BaseException as exc:
             self.batches += 1
-            if hint is not None:
-                # What the batch's claims told the hint never happened.
+            if hint is not None and len(batch) > 1:
+                # What the batch's claims told the hint never happened (a lone step's
+                # claim tells the hint of a rollback itself).
                 hint.invalidate()
             for request in ok:
                 request.value, request.error = None, exc
@@ -170,6 +172,8 @@ def _run_in_savepoint(session: Session, request: _Request[Any]) -> bool:
         # Committed (released) on success, rolled back on any exception, whatever
         # state a failed flush left it in.
         with session.begin_nested():
+            # Its own context's prices meter it (contexts may share one database).
+            session.info[PRICES_KEY] = request.ctx.settings.prices
             request.value = request.context.run(request.step, session)
     except Exception as exc:
         request.value, request.error = None, exc
