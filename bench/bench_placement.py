@@ -8,7 +8,11 @@ the other on one thread (one core), each a durable committed transaction:
   placement lock, candidate hosts, GPU and reservation rows, ports, event, usage
   interval), as an API request runs it, less HTTP;
 - ``claim``: what a placement needs durably, alone: a cluster row and
-  services/placement.claim (the lock, candidate hosts, GPU and reservation rows).
+  services/placement.claim (the lock, candidate hosts, GPU and reservation rows);
+- ``create, N threads``: the same use case from ``--threads`` threads at once, as
+  concurrent API requests run it: the process's placer records the creates that wait
+  together in one transaction (services/capacity/placement_batch.py). Printed with the
+  p50 and p99 latency of one create under that load and the mean batch size.
 
 The baseline, measured in the same run on the same database through the same engine
 (same pool, pragmas and SQLite BEGIN IMMEDIATE): a one-row INSERT per transaction, and,
@@ -16,7 +20,7 @@ for reference, the same through the bare driver (sqlite3 / psycopg). Goal: place
 per second >= 0.5 x the one-row insert rate, on SQLite and on PostgreSQL.
 
     .venv/bin/python bench/bench_placement.py [--hosts 10000] [--creates 1000]
-        [--db sqlite,postgres] [--pg-url URL]
+        [--threads 32] [--db sqlite,postgres] [--pg-url URL]
 
 PostgreSQL: --pg-url, else GPUYARD_TEST_POSTGRES_URL, else scripts/test-postgres.sh
 (a throwaway server); a database is made for the run and dropped after.
@@ -27,8 +31,10 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +49,7 @@ from sqlalchemy.engine import Engine
 from gpuyard.core.ids import new_cluster_id
 from gpuyard.core.models import ResourceRequest
 from gpuyard.services.capacity.placement import claim
+from gpuyard.services.capacity.placement_batch import placer_for
 from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
@@ -184,6 +191,48 @@ def claim_step(ctx: Context, project_id: int) -> Callable[[int], None]:
     return step
 
 
+class Concurrent:
+    """``threads`` threads issuing creates at once; keeps every create's latency."""
+
+    def __init__(self, ctx: Context, who: Principal, threads: int) -> None:
+        self.ctx, self.who, self.threads = ctx, who, threads
+        self.latencies: list[float] = []
+        self.batches = self.steps = 0
+
+    def rate(self, n: int) -> float:
+        body = CreateCluster(name="c", gpu_type=A6000, gpu_count=1, docker_image="img")
+        per = max(1, n // self.threads)
+        start = threading.Barrier(self.threads + 1)
+        lock = threading.Lock()
+        placer = placer_for(self.ctx)
+        batches, steps = placer.batches, placer.steps
+
+        def worker() -> None:
+            mine = []
+            start.wait()
+            for _ in range(per):
+                t = time.perf_counter()
+                create_cluster(self.ctx, self.who, body)
+                mine.append(time.perf_counter() - t)
+            with lock:
+                self.latencies.extend(mine)
+
+        workers = [threading.Thread(target=worker) for _ in range(self.threads)]
+        for w in workers:
+            w.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for w in workers:
+            w.join()
+        elapsed = time.perf_counter() - t0
+        self.batches += placer.batches - batches
+        self.steps += placer.steps - steps
+        return per * self.threads / elapsed
+
+    def percentile(self, q: float) -> float:
+        return statistics.quantiles(self.latencies, n=100)[int(q) - 1] * 1000
+
+
 @contextmanager
 def postgres_database(url: str) -> Iterator[str]:
     admin = create_engine(url, isolation_level="AUTOCOMMIT")
@@ -220,32 +269,56 @@ def run(label: str, url: str, args: argparse.Namespace, hosts: int) -> dict[str,
         "create (use case)": create_step(ctx, who),
         "claim + cluster row": claim_step(ctx, who.default_project_id),
     }
-    totals = {name: 0.0 for name in series}
+    threaded = f"create, {args.threads} threads"
+    load = Concurrent(ctx, who, args.threads)
+    totals = {name: 0.0 for name in [*series, threaded]}
+    counts = dict.fromkeys(totals, 0)
     for _ in range(args.rounds):
         for name, step in series.items():
             n = per_round * (4 if name.startswith("bare") else 1)
             totals[name] += n / rate(n, step)  # seconds
-    for name in series:
-        n = per_round * (4 if name.startswith("bare") else 1) * args.rounds
-        results[name] = n / totals[name]
+            counts[name] += n
+        if args.threads:
+            n = per_round * 4
+            done = max(1, n // args.threads) * args.threads
+            totals[threaded] += done / load.rate(n)
+            counts[threaded] += done
+    for name in totals:
+        if counts[name]:
+            results[name] = counts[name] / totals[name]
     engine.dispose()
     base = results["bare insert (SQLAlchemy)"]
     print(f"[{label}] {'series':<28}{'per second':>12}{'x bare':>9}")
     for name, value in results.items():
         print(f"[{label}] {name:<28}{value:>12.0f}{value / base:>9.2f}")
+    if args.threads:
+        print(f"[{label}] {threaded}: latency p50 {load.percentile(50):.1f} ms, "
+              f"p99 {load.percentile(99):.1f} ms; mean batch "
+              f"{load.steps / max(1, load.batches):.1f} creates per commit")  # fmt: skip
+        results["p50 ms"], results["p99 ms"] = load.percentile(50), load.percentile(99)
     return results
 
 
 def report(
-    label: str, args: argparse.Namespace, big: dict[str, float], small: dict[str, float]
+    label: str,
+    args: argparse.Namespace,
+    big: dict[str, float],
+    small: dict[str, float] | None = None,
 ) -> None:
+    small = small or {}
     base = big["bare insert (SQLAlchemy)"]
-    for name in ("create (use case)", "claim + cluster row"):
+    for name in ("create (use case)", "claim + cluster row", f"create, {args.threads} threads"):
+        if name not in big:
+            continue
         ratio = big[name] / base
         print(f"RATIO [{label}] {name} on {args.hosts} hosts: {ratio:.2f}x bare one-row "
               f"insert commits (goal >= 0.5x: {'MET' if ratio >= 0.5 else 'MISSED'})")  # fmt: skip
-        print(f"SCALE [{label}] {name}: {big[name]:.0f}/s on {args.hosts} hosts vs "
-              f"{small[name]:.0f}/s on {args.small_hosts} ({big[name] / small[name]:.2f}x)")  # fmt: skip
+        if name in small:
+            print(f"SCALE [{label}] {name}: {big[name]:.0f}/s on {args.hosts} hosts vs "
+                  f"{small[name]:.0f}/s on {args.small_hosts} ({big[name] / small[name]:.2f}x)")  # fmt: skip
+    if "p99 ms" in big:
+        print(f"LATENCY [{label}] create under {args.threads} threads on {args.hosts} hosts: "
+              f"p50 {big['p50 ms']:.1f} ms, p99 {big['p99 ms']:.1f} ms")  # fmt: skip
 
 
 def pg_url(arg: str | None) -> str | None:
@@ -268,6 +341,7 @@ def main() -> None:
     ap.add_argument("--small-hosts", type=int, default=100, help="the fleet to compare with")
     ap.add_argument("--creates", type=int, default=1_000, help="placements per series")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=32, help="concurrent creators (0: none)")
     ap.add_argument("--db", default="sqlite,postgres")
     ap.add_argument("--policy", default="binpack", choices=["binpack", "spread"])
     ap.add_argument("--pg-url", default=None)
@@ -275,7 +349,7 @@ def main() -> None:
     for db in args.db.split(","):
         if db == "sqlite":
             runs = []
-            for hosts in (args.hosts, args.small_hosts):
+            for hosts in (args.hosts, args.small_hosts)[: 2 if args.small_hosts else 1]:
                 path = Path(tempfile.mkdtemp(prefix="gy-place-db-")) / "bench.db"
                 runs.append(run("sqlite", f"sqlite:///{path}", args, hosts))
             report("sqlite", args, *runs)
@@ -285,7 +359,7 @@ def main() -> None:
                 print("[postgres] skipped: no PostgreSQL (--pg-url, GPUYARD_TEST_POSTGRES_URL)")
                 continue
             runs = []
-            for hosts in (args.hosts, args.small_hosts):
+            for hosts in (args.hosts, args.small_hosts)[: 2 if args.small_hosts else 1]:
                 with postgres_database(url) as db_url:
                     runs.append(run("postgres", db_url, args, hosts))
             report("postgres", args, *runs)

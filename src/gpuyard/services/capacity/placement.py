@@ -46,9 +46,25 @@ PREEMPTIBLE = (ClusterStatus.PENDING, ClusterStatus.STARTING, ClusterStatus.RUNN
 
 _LOCK = update(PlacementLock).where(PlacementLock.id == 1).values(counter=PlacementLock.counter + 1)
 
+# session.info keys. _LOCKED: the root transaction that holds the placement lock (taken
+# outside any SAVEPOINT, so no rollback to one gives it back). _REFRESHED: the root
+# transaction whose hint was refreshed. BATCH_TOUCHED: set by the placer in batches
+# (services/capacity/placement_batch.py) around each create's SAVEPOINT, the hosts its
+# claims told the hint about (re-read when the SAVEPOINT rolls back).
+_LOCKED = "gpuyard.placement_locked"
+_REFRESHED = "gpuyard.hint_refreshed"
+BATCH_TOUCHED = "gpuyard.placement_batch_touched"
+
 
 def lock_placement(session: Session) -> None:
+    """Take the placement lock in the caller's transaction (runs inside the caller's
+    transaction); once taken outside a SAVEPOINT, a second call is free."""
+    root = session.get_transaction()
+    if root is not None and session.info.get(_LOCKED) is root:
+        return
     session.execute(_LOCK)
+    if root is not None and not session.in_nested_transaction():
+        session.info[_LOCKED] = root
 
 
 def claim(
@@ -64,6 +80,7 @@ def claim(
     bid: float | None = None,
     exclude_hosts: frozenset[int] = frozenset(),
     policy: PlacementPolicy = PlacementPolicy.BINPACK,
+    fresh: bool = False,
 ) -> Placement:
     """Place ``request`` and record the GPU allocations and reservation for
     ``cluster_id``: on ``host_id`` when given (a stopped cluster's volume lives there),
@@ -81,14 +98,15 @@ def claim(
     with the reason, their compute released in this same transaction; the caller
     wakes the reconciler, which stops their containers (volumes kept).
 
-    The cluster's own existing reservation, if any, is replaced. Raises
+    The cluster's own existing reservation, if any, is replaced (``fresh``: the
+    cluster is new and holds none, so none is looked for). Raises
     InsufficientCapacity with what was asked and what is free.
     """
     lock_placement(session)
     hint = hint_for(session)
     # The cluster's own volume is already counted in its host's used disk (not in
     # another host's: a cluster moving there brings its whole volume).
-    own = session.get(Reservation, cluster_id)
+    own = None if fresh else session.get(Reservation, cluster_id)
     if own is not None:
         # A new cluster holds nothing yet: only an existing one has compute to drop.
         release_compute(session, cluster_id, mark=False)
@@ -173,11 +191,22 @@ def _candidates(
     """A few hosts ``req`` fits on, best first under ``policy``, with exact figures:
     the hint's best until they read back exact (services/capacity/fleet_hint.py), else the
     database's candidate query."""
-    if session.in_nested_transaction() or asks_cuda(req):
-        # A savepoint may roll back without the hint hearing of it: no hint here. The
-        # hint knows no CUDA versions: the database filters on them.
+    if _hintless_savepoint(session) or asks_cuda(req):
+        # A savepoint may roll back without the hint hearing of it: no hint here (the
+        # placer's batches tell it). The hint knows no CUDA versions: the database
+        # filters on them.
         return candidate_hosts(session, req, ratios, policy, exclude=exclude)
-    hint.refresh(session, ratios, now)
+    root = session.get_transaction()
+    if session.info.get(_REFRESHED) is root:
+        # Refreshed already in this locked transaction (a batch): only hosts marked
+        # since then are read again.
+        with hint.lock:
+            dirty, hint.dirty = list(hint.dirty), set()
+        if dirty:
+            hint.update(capacities(session, dirty), ratios)
+    else:
+        hint.refresh(session, ratios, now)
+        session.info[_REFRESHED] = root
     for _ in range(4):
         ids = hint.pick(req, policy, exclude, CANDIDATES)
         if not ids:
@@ -202,7 +231,7 @@ def _remember(
     """Tell the hint what the claim took (or, when it cannot say exactly, that the
     host must be read again); a rollback of the transaction invalidates the hint."""
     before = next((h for h in hosts if h.host_id == placement.host_id), None)
-    if session.in_nested_transaction() or before is None:
+    if _hintless_savepoint(session) or before is None:
         hint.dirty.add(placement.host_id)
         return
     after = replace(
@@ -213,7 +242,18 @@ def _remember(
         used_disk_gb=before.used_disk_gb + request.disk_gb + max(0, added_volume_gb),
     )
     hint.update([after], ratios)
+    touched = session.info.get(BATCH_TOUCHED)
+    if touched is not None:
+        # The placer re-reads these hosts if the SAVEPOINT rolls back, and rebuilds the
+        # hint if the whole batch does.
+        touched.add(placement.host_id)
+        return
     event.listen(session, "after_rollback", lambda _s: hint.invalidate(), once=True)
+
+
+def _hintless_savepoint(session: Session) -> bool:
+    """In a SAVEPOINT whose rollback the hint would not hear of (any but the placer's)."""
+    return session.in_nested_transaction() and BATCH_TOUCHED not in session.info
 
 
 def refuse_unplaceable(session: Session, host_id: int) -> None:
@@ -360,6 +400,7 @@ def assign_ports(
     port_range: tuple[int, int],
     reserved: frozenset[int] = frozenset(),
     held: Callable[[], frozenset[tuple[int, str]]] | None = None,
+    fresh: bool = False,
 ) -> dict[tuple[int, str], int]:
     """(Re)assign host ports for ``ports``; returns ``(internal, transport) -> external``.
 
@@ -370,7 +411,8 @@ def assign_ports(
     there (Context.ports_held); it is asked only for a port the user chose, which
     then answers 409 PORT_IN_USE at once. A port gpuyard chooses is checked against
     the host when the cluster starts (reconciler/clusters/port_moves.py), outside this
-    transaction.
+    transaction. ``fresh``: the cluster holds no ports yet (a create), so there is
+    nothing to keep or free first.
     """
     held_now: frozenset[tuple[int, str]] | None = None
 
@@ -383,14 +425,18 @@ def assign_ports(
         return (port, transport) in held_now
 
     lock_placement(session)
-    previous = {
-        (r.internal_port, r.protocol): r.port
-        for r in session.scalars(
-            select(PortAllocation).where(PortAllocation.cluster_id == cluster_id)
-        )
-    }
-    session.execute(delete(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
-    session.flush()
+    if fresh and not ports:
+        return {}
+    previous: dict[tuple[int, str], int] = {}
+    if not fresh:
+        previous = {
+            (r.internal_port, r.protocol): r.port
+            for r in session.scalars(
+                select(PortAllocation).where(PortAllocation.cluster_id == cluster_id)
+            )
+        }
+        session.execute(delete(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
+        session.flush()
     taken = {
         (r.port, r.protocol)
         for r in session.execute(

@@ -46,6 +46,7 @@ from gpuyard.observability.crash_points import crash_point
 from gpuyard.services.access.port_rules import check_external_ports, server_ports
 from gpuyard.services.billing.admission import admit
 from gpuyard.services.capacity.placement import assign_ports, claim
+from gpuyard.services.capacity.placement_batch import placer_for
 from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.catalog.locations import check_location
 
@@ -103,7 +104,7 @@ from gpuyard.services.volumes.snapshots import (
     refuse_while_restoring,
     restore_target,
 )
-from gpuyard.store.schema import Cluster, Host, Project, Snapshot
+from gpuyard.store.schema import Cluster, GpuType, Host, Project, Snapshot
 
 
 @dataclass(frozen=True)
@@ -266,153 +267,191 @@ def create_cluster(
         raise ValidationFailed("docker_image", "is required (or a template_id)")
     now = ctx.clock.now()
     gpu_count = body.gpu_count if body.gpu_count is not None else (1 if body.gpu_type else 0)
-    with ctx.transaction() as session:
-        project_id = project_for_create(session, principal, body.project_id)
-        template = None
-        # Credentials given by the create are named as its own field; a template's as
-        # the template.
-        auth_field = "registry_auth_id"
-        if body.template_id is not None:
-            account_id = session.get_one(Project, project_id).account_id
-            template = template_for_create(session, principal, account_id, body.template_id)
-            if "registry_auth_id" not in body.model_fields_set:
-                auth_field = "template_id"
-            body = with_template(body, template)
-        # The engine connects to the registry an image names: only allowed registries.
-        check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
-        check_external_ports(body.ports, ctx.settings, "ports")
-        check_references(session, principal.account_id, body.env.values(), "env")
-        registry_auth_id = None
-        if body.registry_auth_id is not None:
-            # One of the new cluster's account's; another account's reads as unknown.
-            account_id = session.get_one(Project, project_id).account_id
-            registry_auth_id = checked_auth_id(
-                session, account_id, body.registry_auth_id, auth_field
-            )
-        if location is not None:
-            check_location(session, location)
-        needs_gpu = gpu_count > 0 or body.gpu_type
-        gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
-        bid = checked_bid(gpu, gpu_count, body.cloud_type, body) if body.spot else None
-        clone = clone_source(session, principal, body)
-        # A clone's volume is at least its snapshot's source volume.
-        volume_gb = max(body.volume_gb, clone.volume_gb) if clone else body.volume_gb
-        if clone is not None:
-            check_fits(clone, volume_gb, field="snapshot_id")
-        # A network volume is mounted instead of a volume of its own (none is made,
-        # reserved or billed: volume_gb is ignored); the cluster goes to its host.
-        mounted = (
-            mount_for_cluster(
-                session,
-                principal,
-                body.network_volume_id,
-                location,
-                project_id if body.project_id is not None else None,
-            )
-            if body.network_volume_id
-            else None
-        )
-        if mounted is not None:
-            # A cluster lives in its network volume's project (named, or taken from it).
-            project_id = mounted.project_id
-            refuse_while_restoring(session, mounted.id)
-            volume_gb = 0
-        cluster_id = new_cluster_id()
-        own_env = seal_env(secret_box(ctx.settings), body.env, body.secret_env)
-        cluster = Cluster(
-            id=cluster_id,
-            project_id=project_id,
-            name=body.name or f"cluster-{cluster_id[:6]}",
-            image=body.docker_image,
-            docker_args=body.docker_args,
-            docker_entrypoint=body.docker_entrypoint,
-            min_cuda_version=body.min_cuda_version,
-            allowed_cuda_versions=body.allowed_cuda_versions,
-            env={**(sealed_env or {}), **merged_env(template, own_env)},
-            template_id=template.id if template is not None else None,
-            ports=ports_json(body.ports),
-            gpu_type=gpu.id if gpu else None,
-            gpu_count=gpu_count,
-            cpu_cores=body.cpu_cores,
-            memory_gb=body.memory_gb,
-            container_disk_gb=body.container_disk_gb,
-            volume_gb=volume_gb,
-            volume_mount_path=body.volume_mount_path,
-            network_volume_id=mounted.id if mounted is not None else None,
-            registry_auth_id=registry_auth_id,
-            serverless_endpoint_id=serverless_endpoint_id,
-            cloud_type=body.cloud_type.value,
-            interruptible=bid is not None,
-            bid_per_gpu=bid,
-            auto_terminate=body.auto_terminate.model_dump() if body.auto_terminate else {},
-            desired_status=ClusterStatus.RUNNING.value,
-            status=ClusterStatus.STARTING.value,
-            status_reason="created",
-            startup_step=STEP_ALLOCATED,
-            start_initiated_at=now,
-            created_at=now,
-            updated_at=now,
-            version=1,
-        )
-        session.add(cluster)
-        session.flush()
-        if idempotency is not None:
-            idempotency.record(session, cluster_id, now)
-        placement = claim(
-            session,
-            cluster_id=cluster_id,
-            request=replace(request_of(cluster, body.cloud_type), location=location),
-            volume_gb=volume_gb,
-            ratios=ctx.settings.allocation_ratios,
-            now=now,
-            bid=bid,
-            policy=ctx.settings.placement_policy,
-            host_id=mounted.host_id if mounted is not None else None,
-            not_enough_message=(
-                f"not enough free resources on network volume {mounted.id}'s host"
-                if mounted is not None
-                else None
-            ),
-        )
-        assigned = assign_ports(
-            session,
-            cluster_id=cluster_id,
-            host_id=placement.host_id,
-            ports=tuple(body.ports),
-            port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
-            reserved=server_ports(ctx.settings),
-            held=partial(ctx.ports_held, placement.host_id, cluster_id),
-        )
-        refuse_unenforced_limits(session, ctx, placement.host_id)
-        refuse_unenforced_disk(session, ctx, placement.host_id)
-        cluster.ports = with_host_ports(tuple(body.ports), assigned)
-        refuse_exposed_private_ports(session, ctx, placement.host_id, cluster.ports)
-        cluster.host_id = placement.host_id
-        cluster.gpu_indices = list(placement.gpu_indices)
-        session.flush()
-        admit(session, principal.account_id, project_id, cluster_id)
-        refuse_spent_policy(
-            session, cluster.auto_terminate, rate_of(session, cluster, ctx, running=True).total, now
-        )
-        record_event(
-            session, cluster_id, now, "status", "created", None, ClusterStatus.STARTING.value
-        )
-        if clone is not None:
-            # Its volume is made from the snapshot before its container starts.
-            add_restore(
-                session,
-                cluster_id,
-                clone,
-                placement.host_id,
-                restore_target(ctx.ownership.prefix, cluster_id),
-                now,
-            )
-            record_event(session, cluster_id, now, "snapshot", f"cloned from snapshot {clone.id}")
-        meter_status(session, cluster, ClusterStatus.STARTING, now)
-        if record_with is not None:
-            record_with(session, cluster)
+    step = partial(
+        _record_create,
+        ctx=ctx,
+        principal=principal,
+        body=body,
+        gpu_count=gpu_count,
+        now=now,
+        idempotency=idempotency,
+        location=location,
+        serverless_endpoint_id=serverless_endpoint_id,
+        sealed_env=sealed_env,
+        record_with=record_with,
+    )
+    # Recorded together with concurrent creates, in one transaction and commit
+    # (services/capacity/placement_batch.py); answered after that commit.
+    cluster = placer_for(ctx).run(ctx, step)
     crash_point("create.idempotent_after_row" if idempotency else "create.after_row")
     ctx.wake()
+    return cluster
+
+
+def _record_create(
+    session: Session,
+    *,
+    ctx: Context,
+    principal: Principal,
+    body: CreateCluster,
+    gpu_count: int,
+    now: datetime,
+    idempotency: Claim | None,
+    location: str | None,
+    serverless_endpoint_id: str | None,
+    sealed_env: Mapping[str, str] | None,
+    record_with: Callable[[Session, Cluster], None] | None,
+) -> Cluster:
+    """create_cluster's recording step: validate, place and record the new cluster.
+    Runs inside the caller's transaction, which holds the placement lock (the placer's
+    batch); raises whatever refuses the create, having stored nothing it must keep."""
+    project_id = project_for_create(session, principal, body.project_id)
+    template = None
+    # Credentials given by the create are named as its own field; a template's as
+    # the template.
+    auth_field = "registry_auth_id"
+    if body.template_id is not None:
+        account_id = session.get_one(Project, project_id).account_id
+        template = template_for_create(session, principal, account_id, body.template_id)
+        if "registry_auth_id" not in body.model_fields_set:
+            auth_field = "template_id"
+        body = with_template(body, template)
+    # The engine connects to the registry an image names: only allowed registries.
+    check_image(body.docker_image, ctx.settings.registry_policy, "docker_image")
+    check_external_ports(body.ports, ctx.settings, "ports")
+    check_references(session, principal.account_id, body.env.values(), "env")
+    registry_auth_id = None
+    if body.registry_auth_id is not None:
+        # One of the new cluster's account's; another account's reads as unknown.
+        account_id = session.get_one(Project, project_id).account_id
+        registry_auth_id = checked_auth_id(session, account_id, body.registry_auth_id, auth_field)
+    if location is not None:
+        check_location(session, location)
+    needs_gpu = gpu_count > 0 or body.gpu_type
+    # Held for the step, as the host below: the rate and the meter read it again.
+    _gpu_row = session.get(GpuType, body.gpu_type) if body.gpu_type else None
+    gpu = resolve_gpu_type(session, body.gpu_type) if needs_gpu else None
+    bid = checked_bid(gpu, gpu_count, body.cloud_type, body) if body.spot else None
+    clone = clone_source(session, principal, body)
+    # A clone's volume is at least its snapshot's source volume.
+    volume_gb = max(body.volume_gb, clone.volume_gb) if clone else body.volume_gb
+    if clone is not None:
+        check_fits(clone, volume_gb, field="snapshot_id")
+    # A network volume is mounted instead of a volume of its own (none is made,
+    # reserved or billed: volume_gb is ignored); the cluster goes to its host.
+    mounted = (
+        mount_for_cluster(
+            session,
+            principal,
+            body.network_volume_id,
+            location,
+            project_id if body.project_id is not None else None,
+        )
+        if body.network_volume_id
+        else None
+    )
+    if mounted is not None:
+        # A cluster lives in its network volume's project (named, or taken from it).
+        project_id = mounted.project_id
+        refuse_while_restoring(session, mounted.id)
+        volume_gb = 0
+    cluster_id = new_cluster_id()
+    own_env = seal_env(secret_box(ctx.settings), body.env, body.secret_env)
+    cluster = Cluster(
+        id=cluster_id,
+        project_id=project_id,
+        name=body.name or f"cluster-{cluster_id[:6]}",
+        image=body.docker_image,
+        docker_args=body.docker_args,
+        docker_entrypoint=body.docker_entrypoint,
+        min_cuda_version=body.min_cuda_version,
+        allowed_cuda_versions=body.allowed_cuda_versions,
+        env={**(sealed_env or {}), **merged_env(template, own_env)},
+        template_id=template.id if template is not None else None,
+        ports=ports_json(body.ports),
+        gpu_type=gpu.id if gpu else None,
+        gpu_count=gpu_count,
+        cpu_cores=body.cpu_cores,
+        memory_gb=body.memory_gb,
+        container_disk_gb=body.container_disk_gb,
+        volume_gb=volume_gb,
+        volume_mount_path=body.volume_mount_path,
+        network_volume_id=mounted.id if mounted is not None else None,
+        registry_auth_id=registry_auth_id,
+        serverless_endpoint_id=serverless_endpoint_id,
+        cloud_type=body.cloud_type.value,
+        interruptible=bid is not None,
+        bid_per_gpu=bid,
+        auto_terminate=body.auto_terminate.model_dump() if body.auto_terminate else {},
+        desired_status=ClusterStatus.RUNNING.value,
+        status=ClusterStatus.STARTING.value,
+        status_reason="created",
+        startup_step=STEP_ALLOCATED,
+        start_initiated_at=now,
+        created_at=now,
+        updated_at=now,
+        version=1,
+    )
+    session.add(cluster)
+    session.flush()
+    if idempotency is not None:
+        idempotency.record(session, cluster_id, now)
+    placement = claim(
+        session,
+        cluster_id=cluster_id,
+        request=replace(request_of(cluster, body.cloud_type), location=location),
+        volume_gb=volume_gb,
+        ratios=ctx.settings.allocation_ratios,
+        now=now,
+        bid=bid,
+        policy=ctx.settings.placement_policy,
+        fresh=True,
+        host_id=mounted.host_id if mounted is not None else None,
+        not_enough_message=(
+            f"not enough free resources on network volume {mounted.id}'s host"
+            if mounted is not None
+            else None
+        ),
+    )
+    assigned = assign_ports(
+        session,
+        cluster_id=cluster_id,
+        host_id=placement.host_id,
+        ports=tuple(body.ports),
+        port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+        reserved=server_ports(ctx.settings),
+        held=partial(ctx.ports_held, placement.host_id, cluster_id),
+        fresh=True,
+    )
+    # Held for the rest of the step: the session's identity map keeps rows only while
+    # something refers to them, and the checks and the meter below read this host.
+    _host = session.get(Host, placement.host_id)
+    refuse_unenforced_limits(session, ctx, placement.host_id)
+    refuse_unenforced_disk(session, ctx, placement.host_id)
+    cluster.ports = with_host_ports(tuple(body.ports), assigned)
+    refuse_exposed_private_ports(session, ctx, placement.host_id, cluster.ports)
+    cluster.host_id = placement.host_id
+    cluster.gpu_indices = list(placement.gpu_indices)
+    session.flush()
+    admit(session, principal.account_id, project_id, cluster_id)
+    refuse_spent_policy(
+        session, cluster.auto_terminate, rate_of(session, cluster, ctx, running=True).total, now
+    )
+    record_event(session, cluster_id, now, "status", "created", None, ClusterStatus.STARTING.value)
+    if clone is not None:
+        # Its volume is made from the snapshot before its container starts.
+        add_restore(
+            session,
+            cluster_id,
+            clone,
+            placement.host_id,
+            restore_target(ctx.ownership.prefix, cluster_id),
+            now,
+        )
+        record_event(session, cluster_id, now, "snapshot", f"cloned from snapshot {clone.id}")
+    meter_status(session, cluster, ClusterStatus.STARTING, now)
+    if record_with is not None:
+        record_with(session, cluster)
     return cluster
 
 

@@ -1,0 +1,200 @@
+"""Placement in batches: concurrent creates share one locked transaction and one commit.
+
+A create hands its whole recording step (a function of the session: rows, claim,
+ports, admission, events) to its process's :class:`Placer` and waits. The first
+waiter to find no batch running becomes the leader: it takes every queued step (up to
+``MAX_BATCH``), opens one write transaction, takes the placement lock once, runs each
+step in a SAVEPOINT of its own, commits once, and only then wakes each waiter with its
+own answer (the value its step returned, or the error it raised). Then it hands the
+lead to the oldest request that queued meanwhile, which runs the next batch.
+
+Guarantees, the same as one transaction per create:
+
+- every step runs under the placement lock (lock_placement, taken before the first
+  SAVEPOINT, so a rolled-back step never releases it), so no GPU or port is handed
+  twice, within a batch (each step sees the rows the steps before it flushed) or
+  across processes and replicas (the lock row serialises their batches);
+- a step's refusal (InsufficientCapacity, a quota or budget, a reused idempotency key,
+  any exception) rolls back its own SAVEPOINT only: the others commit;
+- a failure of the batch itself (the lock, a SAVEPOINT that cannot roll back, the
+  commit) rolls the whole transaction back: nothing of any step is stored, and every
+  waiter whose step had succeeded is answered with that failure;
+- no waiter is answered before the commit that holds its rows;
+- a batch of one runs without a SAVEPOINT: the single create pays nothing extra.
+
+Each step runs in the leader's thread inside a copy of its own request's
+``contextvars`` (request ids, audit). One placer per process and session factory
+(:func:`placer_for`); with several replicas the placement lock still orders batches.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpuyard.services.capacity.fleet_hint import FleetHint, hint_for
+from gpuyard.services.capacity.placement import BATCH_TOUCHED, lock_placement
+from gpuyard.services.clusters.lifecycle import PRICES_KEY
+from gpuyard.services.context import Context
+
+T = TypeVar("T")
+
+# The most steps one transaction takes: bounds a batch's lock hold and its waiters'
+# latency while requests keep arriving.
+MAX_BATCH = 64
+
+
+@dataclass(eq=False)
+class _Request(Generic[T]):
+    ctx: Context
+    step: Callable[[Session], T]
+    context: contextvars.Context
+    done: threading.Event = field(default_factory=threading.Event)
+    lead: bool = False
+    answered: bool = False
+    value: Any = None
+    error: BaseException | None = None
+
+    def answer(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[no-any-return]
+
+
+class Placer:
+    """See the module docstring. Thread-safe."""
+
+    def __init__(self, max_batch: int = MAX_BATCH) -> None:
+        self.max_batch = max_batch
+        self._mutex = threading.Lock()
+        # Notified whenever a request joins the queue (wait_queued).
+        self._joined = threading.Condition(self._mutex)
+        self._queue: list[_Request[Any]] = []
+        self._leading = False
+        # Figures for benchmarks and tests: batches committed (or failed), steps run.
+        self.batches = 0
+        self.steps = 0
+
+    def run(self, ctx: Context, step: Callable[[Session], T]) -> T:
+        """Run ``step`` inside a write transaction under the placement lock, together
+        with whatever other steps are waiting, and return what it returned once that
+        transaction has committed (or raise what it raised; nothing of it is stored
+        then). ``step`` must not commit, nor call :meth:`run` itself."""
+        if getattr(_LEADING, "active", False):
+            # Its batch would wait for the very transaction this thread holds.
+            raise RuntimeError("a placer step may not queue another step")
+        request: _Request[T] = _Request(ctx, step, contextvars.copy_context())
+        with self._mutex:
+            self._queue.append(request)
+            self._joined.notify_all()
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            request.done.wait()
+        if not request.answered:
+            self._lead()
+        return request.answer()
+
+    def wait_queued(self, count: int, timeout: float) -> bool:
+        """Wait until ``count`` requests wait for a batch (not counting one running);
+        False if ``timeout`` seconds passed first. For tests and benchmarks."""
+        with self._joined:
+            return self._joined.wait_for(lambda: len(self._queue) >= count, timeout)
+
+    def _lead(self) -> None:
+        """Run one batch of the queue, then pass the lead on (or give it up)."""
+        with self._mutex:
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+        _LEADING.active = True
+        try:
+            self._run_batch(batch)
+        finally:
+            _LEADING.active = False
+            for request in batch:
+                request.answered = True
+                request.done.set()
+            with self._mutex:
+                if self._queue:
+                    nxt = self._queue[0]
+                    nxt.lead = True
+                    nxt.done.set()
+                else:
+                    self._leading = False
+
+    def _run_batch(self, batch: list[_Request[Any]]) -> None:
+        ctx = batch[0].ctx
+        ok: list[_Request[Any]] = []
+        hint: FleetHint | None = None
+        try:
+            with ctx.transaction() as session:
+                lock_placement(session)
+                hint = hint_for(session)
+                if len(batch) == 1:
+                    only = batch[0]
+                    try:
+                        only.value = only.context.run(only.step, session)
+                    except BaseException as exc:
+                        only.error = exc
+                        raise
+                    ok.append(only)
+                else:
+                    for request in batch:
+                        if _run_in_savepoint(session, request):
+                            ok.append(request)
+            self.batches += 1
+            self.steps += len(batch)
+        except BaseException as exc:
+            self.batches += 1
+            if hint is not None and len(batch) > 1:
+                # What the batch's claims told the hint never happened (a lone step's
+                # claim tells the hint of a rollback itself).
+                hint.invalidate()
+            for request in ok:
+                request.value, request.error = None, exc
+            for request in batch:
+                if request.error is None and request not in ok:
+                    request.error = exc
+
+
+def _run_in_savepoint(session: Session, request: _Request[Any]) -> bool:
+    """Run one step in a SAVEPOINT; True when it succeeded. A step that raises is
+    rolled back to its SAVEPOINT (hosts its claims touched are re-read by the hint)
+    and keeps its error; a SAVEPOINT that cannot be rolled back fails the batch."""
+    touched: set[int] = set()
+    session.info[BATCH_TOUCHED] = touched
+    try:
+        # Committed (released) on success, rolled back on any exception, whatever
+        # state a failed flush left it in.
+        with session.begin_nested():
+            # Its own context's prices meter it (contexts may share one database).
+            session.info[PRICES_KEY] = request.ctx.settings.prices
+            request.value = request.context.run(request.step, session)
+    except Exception as exc:
+        request.value, request.error = None, exc
+        hint_for(session).dirty.update(touched)
+        return False
+    finally:
+        session.info.pop(BATCH_TOUCHED, None)
+    return True
+
+
+# Set in the thread that runs a batch, while it runs.
+_LEADING = threading.local()
+
+_PLACERS: weakref.WeakKeyDictionary[sessionmaker[Session], Placer] = weakref.WeakKeyDictionary()
+_PLACERS_LOCK = threading.Lock()
+
+
+def placer_for(ctx: Context) -> Placer:
+    """This process's placer for ``ctx``'s database (one per session factory)."""
+    with _PLACERS_LOCK:
+        placer = _PLACERS.get(ctx.sessions)
+        if placer is None:
+            placer = _PLACERS[ctx.sessions] = Placer()
+        return placer
