@@ -117,3 +117,23 @@ def test_another_account_sees_none(srv: LiveServer, sdk: Any) -> None:
     )
     assert codes(srv.graphql(lend, {"t": template["id"]}, key=key)) == ["TEMPLATE_NOT_FOUND"]
     assert [e["id"] for e in sdk.get_endpoints()] == [eid]
+
+
+def test_an_endpoints_network_volume_names_its_data_center(srv: LiveServer, sdk: Any) -> None:
+    with srv.client() as c:
+        r = c.post(
+            "/v1/networkvolumes", json={"name": "models", "size": 10, "dataCenterId": "local"}
+        )
+        assert r.status_code == 201, r.text
+        vid = r.json()["data"]["id"]
+    template = sdk.create_template("worker", "img:1", is_serverless=True)
+    saved = srv.graphql(
+        'mutation($t: String!, $v: String!) { saveEndpoint(input: {name: "vol", templateId: $t, '
+        'gpuIds: "AMPERE_48", networkVolumeId: $v}) { id networkVolume { id dataCenterId } } }',
+        {"t": template["id"], "v": vid},
+    )["data"]["saveEndpoint"]
+    assert saved["networkVolume"] == {"id": vid, "dataCenterId": "local"}
+    listed = srv.graphql("{ myself { endpoints { networkVolume { id dataCenterId } } } }")
+    assert listed["data"]["myself"]["endpoints"] == [
+        {"networkVolume": {"id": vid, "dataCenterId": "local"}}
+    ]

@@ -1,7 +1,8 @@
 """A serverless endpoint's worker clusters over real HTTP: the running server's scaler
 starts one for a queued job; it is absent from every list the user has (REST v1,
 RunPod v2 pods, GraphQL pods), readable by id with its endpoint named, refused to the
-user's actions (409 on v1 and v2), billed under the endpoint's name; another account
+user's actions (409 on v1 and v2), billed under the endpoint's name and counted in the account's
+currentSpendPerHr; another account
 can neither see nor touch it (404)."""
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ def test_worker_clusters_are_the_endpoints_not_the_users(srv: LiveServer) -> Non
     assert one["name"] == "echo-worker-1"
     assert cid not in [x["id"] for x in c.get("/v1/clusters").json()["data"]["clusters"]]
     assert cid not in [p["id"] for p in c.get("/runpod/v2/pods").json()["pods"]]
-    pods = srv.graphql("query { myself { pods { id } } }")["data"]["myself"]["pods"]
-    assert cid not in [p["id"] for p in pods]
+    me_gql = srv.graphql("query { myself { pods { id } currentSpendPerHr } }")["data"]["myself"]
+    assert cid not in [p["id"] for p in me_gql["pods"]]
+    # Not listed, but spent: the account's spend counts its workers.
+    assert me_gql["currentSpendPerHr"] == one["cost"]["hourly_rate"] > 0
 
     for r in (
         c.post(f"/v1/clusters/{cid}/stop"),

@@ -34,6 +34,7 @@ from gpuyard.core.secret_env import masked_env
 from gpuyard.services.serverless import endpoints as svc
 from gpuyard.services.serverless.endpoint_inputs import CreateEndpoint, UpdateEndpoint
 from gpuyard.services.tenancy.projects import ProjectRef
+from gpuyard.services.volumes.network_volumes import list_network_volumes
 from gpuyard.store.schema.serverless import ServerlessEndpoint
 
 # The use case's fields by the GraphQL input fields that set them (for error paths).
@@ -131,9 +132,20 @@ class UpdateEndpointTemplateInput:
     template_id: str
 
 
-def endpoint_of(row: ServerlessEndpoint, user_id: int | None) -> Endpoint:
+def volume_locations(gctx: GqlContext) -> dict[str, str]:
+    """The data centre (location) of each network volume the caller can see, by id."""
+    return {v.id: v.location for v in list_network_volumes(gctx.ctx, gctx.principal)}
+
+
+def endpoint_of(
+    row: ServerlessEndpoint, user_id: int | None, locations: dict[str, str]
+) -> Endpoint:
+    """The GraphQL shape of ``row``; ``locations`` (:func:`volume_locations`) gives its
+    network volume's data centre."""
     volume = (
-        EndpointNetworkVolume(id=row.network_volume_id, data_center_id=None)
+        EndpointNetworkVolume(
+            id=row.network_volume_id, data_center_id=locations.get(row.network_volume_id)
+        )
         if row.network_volume_id
         else None
     )
@@ -169,7 +181,8 @@ def my_endpoints(gctx: GqlContext) -> list[Endpoint]:
     """The account's live endpoints the caller may use, oldest first."""
     require(gctx, Permission.READ_RESOURCES)
     reads = svc.all_endpoints(gctx.ctx, gctx.principal)
-    return [endpoint_of(r.row, gctx.principal.user_id) for r in reads]
+    locations = volume_locations(gctx) if any(r.row.network_volume_id for r in reads) else {}
+    return [endpoint_of(r.row, gctx.principal.user_id, locations) for r in reads]
 
 
 def _listed(text: str) -> list[str]:
@@ -222,7 +235,8 @@ def save_endpoint(gctx: GqlContext, data: EndpointInput) -> Endpoint:
         raise from_pydantic(exc, ENDPOINT_NAMES) from exc
     except ValidationFailed as exc:
         raise renamed(exc, ENDPOINT_NAMES) from exc
-    return endpoint_of(read.row, gctx.principal.user_id)
+    locations = volume_locations(gctx) if read.row.network_volume_id else {}
+    return endpoint_of(read.row, gctx.principal.user_id, locations)
 
 
 def update_endpoint_template(gctx: GqlContext, data: UpdateEndpointTemplateInput) -> Endpoint:
@@ -234,7 +248,8 @@ def update_endpoint_template(gctx: GqlContext, data: UpdateEndpointTemplateInput
     except ValidationError as exc:
         raise from_pydantic(exc, ENDPOINT_NAMES) from exc
     read = svc.update_endpoint(gctx.ctx, gctx.principal, ProjectRef(), data.endpoint_id, update)
-    return endpoint_of(read.row, gctx.principal.user_id)
+    locations = volume_locations(gctx) if read.row.network_volume_id else {}
+    return endpoint_of(read.row, gctx.principal.user_id, locations)
 
 
 def delete_endpoint(gctx: GqlContext, endpoint_id: str) -> None:

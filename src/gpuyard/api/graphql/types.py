@@ -35,6 +35,7 @@ from gpuyard.runtimes.base import ContainerStats
 from gpuyard.services.billing import spot
 from gpuyard.services.clusters.views import ClusterDetails
 from gpuyard.services.fleet.runtime_stats import StatsKey
+from gpuyard.services.serverless.endpoint_views import workers_spend_per_hr
 from gpuyard.services.volumes.network_volumes import list_network_volumes
 
 Info = strawberry.Info[GqlContext, None]
@@ -516,11 +517,16 @@ class User:
     async def pods(self, info: Info) -> list[Pod]:
         return await listed_pods(info)
 
-    @strawberry.field(description="What the account's clusters cost per hour now.")
+    @strawberry.field(
+        description="What the account's clusters cost per hour now, its serverless "
+        "endpoints' workers included."
+    )
     def current_spend_per_hr(self, info: Info) -> float:
-        require(info.context, Permission.READ_BILLING)
-        # A pod's costPerHr is its details' rate (pod_from).
-        return round(sum(d.rate.total for d in info.context.clusters()), 6)
+        gctx = info.context
+        require(gctx, Permission.READ_BILLING)
+        # A pod's costPerHr is its details' rate (pod_from); workers are not listed.
+        pods = sum(d.rate.total for d in gctx.clusters())
+        return round(pods + workers_spend_per_hr(gctx.ctx, gctx.principal.account_id), 6)
 
 
 async def listed_pods(info: Info) -> list[Pod]:

@@ -16,6 +16,10 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.secret_env import masked_env
 from gpuyard.services.access.resource_util import iso
+from gpuyard.services.clusters import views as cluster_views
+from gpuyard.services.context import Context
+from gpuyard.core.states import ClusterStatus
+from gpuyard.store.schema import Cluster, Project
 from gpuyard.store.schema.serverless import ServerlessEndpoint, ServerlessJob, ServerlessWorker
 
 
@@ -111,3 +115,30 @@ def endpoint_view(row: ServerlessEndpoint, counts: EndpointCounts | None = None)
         "created_at": iso(row.created_at),
         "updated_at": iso(row.updated_at),
     }
+
+
+def worker_clusters(session: Session, account_id: int) -> list[Cluster]:
+    """The account's serverless workers' clusters that still cost something (every
+    status but terminated: a kept, stopped worker pays for its volume), oldest first.
+    Users' lists leave them out; what the account spends counts them."""
+    return list(
+        session.scalars(
+            select(Cluster)
+            .join(Project, Project.id == Cluster.project_id)
+            .where(
+                Project.account_id == account_id,
+                Cluster.serverless_endpoint_id.is_not(None),
+                Cluster.status != ClusterStatus.TERMINATED,
+            )
+            .order_by(Cluster.created_at, Cluster.id)
+        )
+    )
+
+
+def workers_spend_per_hr(ctx: Context, account_id: int) -> float:
+    """What the account's serverless workers cost per hour now (USD), each at its
+    cluster's rate."""
+    with ctx.read() as session:
+        clusters = worker_clusters(session, account_id)
+        rates = [d.rate.total for d in cluster_views.details(ctx, clusters, session)]
+    return round(sum(rates), 6)
