@@ -15,10 +15,10 @@ from sqlalchemy import case, func, literal, select, union_all
 from sqlalchemy.orm import Session
 
 from gpuyard.core.secret_env import masked_env
+from gpuyard.core.states import ClusterStatus
 from gpuyard.services.access.resource_util import iso
 from gpuyard.services.clusters import views as cluster_views
 from gpuyard.services.context import Context
-from gpuyard.core.states import ClusterStatus
 from gpuyard.store.schema import Cluster, Project
 from gpuyard.store.schema.serverless import ServerlessEndpoint, ServerlessJob, ServerlessWorker
 
