@@ -172,6 +172,40 @@ def test_silent_worker_gives_its_jobs_back_and_is_recycled(
     assert _status(ctx, job_id).output_json is None
 
 
+def test_a_job_the_worker_no_longer_reports_goes_back(
+    ctx: Context, alice: Principal, clock: FakeClock
+) -> None:
+    """A job handed out on a long poll whose connection died never reached the worker:
+    its next pings (which list the jobs it runs) leave it out, and past the grace the
+    job is queued again while the worker keeps the job it does report."""
+    endpoint_id = _endpoint(ctx, alice)
+    lost, kept = _submit(ctx, alice, endpoint_id, 2)
+    worker_id, key = make_worker(ctx, endpoint_id, created_at=clock.now(), status="ready")
+    ref = worker_calls.authenticate_worker(ctx, key, endpoint_id, worker_id)
+    assert {j["id"] for j in worker_calls.take(ctx, ref, 2)} == {lost, kept}
+    # Within the grace a ping may not list a job yet; one saying nothing about its
+    # jobs (no report) never gives any back.
+    assert worker_calls.ping(ctx, ref, frozenset({kept})) == 0
+    clock.advance(worker_calls.REPORT_GRACE_S + 1)
+    assert worker_calls.ping(ctx, ref, None) == 0
+    assert _status(ctx, lost).status == "IN_PROGRESS"
+    assert worker_calls.ping(ctx, ref, frozenset({kept})) == 1
+    assert (_status(ctx, lost).status, _status(ctx, lost).retried) == ("IN_QUEUE", 1)
+    assert (_status(ctx, kept).status, _status(ctx, kept).worker_id) == ("IN_PROGRESS", worker_id)
+    with ctx.read() as session:
+        worker = session.get(ServerlessWorker, worker_id)
+        assert worker is not None and (worker.status, worker.jobs_in_progress) == ("ready", 1)
+    # Another worker takes it; the first one's report cannot reclaim or drop it.
+    other_id, other_key = make_worker(ctx, endpoint_id, created_at=clock.now(), status="ready")
+    other = worker_calls.authenticate_worker(ctx, other_key, endpoint_id, other_id)
+    assert [j["id"] for j in worker_calls.take(ctx, other, 1)] == [lost]
+    clock.advance(worker_calls.REPORT_GRACE_S + 1)
+    assert worker_calls.ping(ctx, ref, frozenset()) == 1  # kept: now unreported too
+    assert _status(ctx, lost).worker_id == other_id
+    with pytest.raises(InvalidState):
+        worker_calls.job_done(ctx, ref, kept, {"output": "late"})
+
+
 def test_a_starting_worker_has_the_start_grace(
     ctx: Context, alice: Principal, clock: FakeClock
 ) -> None:

@@ -11,7 +11,8 @@ services/serverless/worker_env.py's):
 - ``POST job-done/{worker_id}/{job_id}``: the result ``{"output": ...}`` or
   ``{"error": ...}`` (``isStream=true``: a generator's end, its output the aggregate or
   ``[]``);
-- ``GET ping/{worker_id}``: alive (``starting`` becomes ``ready``).
+- ``GET ping/{worker_id}``: alive (``starting`` becomes ``ready``); the jobs it reports
+  running (``job_id``) tell which of its jobs never reached it (given back).
 
 Only a worker's key (``Authorization: KEY``, as the SDK sends it) is accepted here, and
 only on its own endpoint and worker id; an account's API key is no worker key (401).
@@ -137,8 +138,18 @@ async def job_done(endpoint_id: str, worker_id: str, job_id: str, request: Reque
 @router.get("/{endpoint_id}/ping/{worker_id}")
 async def ping(endpoint_id: str, worker_id: str, request: Request) -> Response:
     worker = await _worker(request, endpoint_id, worker_id)
-    await run_in_threadpool(calls.ping, app_state(request).ctx, worker)
+    await run_in_threadpool(calls.ping, app_state(request).ctx, worker, reported_jobs(request))
     return Response(status_code=200)
+
+
+def reported_jobs(request: Request) -> frozenset[str] | None:
+    """The jobs a ping says its worker runs: runpod-python's heartbeat sends
+    ``runpod_version`` always and ``job_id`` (comma-separated) while it runs any. None
+    when the ping is not one that reports them."""
+    query = request.query_params
+    if "runpod_version" not in query:
+        return None
+    return frozenset(j.strip() for j in query.get("job_id", "").split(",") if j.strip())
 
 
 def body_limit(method: str, path: str) -> int | None:

@@ -11,6 +11,7 @@ here runs inside the caller's transaction.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, func, select, update
@@ -143,14 +144,16 @@ def give_back_jobs(
     now: datetime,
     max_retries: int = 3,
     keep_s: int = 1800,
+    only: Collection[str] | None = None,
 ) -> int:
-    """The jobs worker ``worker_id`` holds go back to the queue (``retried`` one
-    higher), or end FAILED with ``reason`` once they were given back ``max_retries``
-    times (kept ``keep_s`` seconds); the worker then holds none. A job given back keeps
-    its ``queued_at`` (its first entry in the queue), so its ``delayTime`` counts every
-    wait it had and the QUEUE_DELAY scaler sees how long it has really waited; its
-    streamed chunks of the lost attempt are dropped. Returns how many were requeued or
-    failed. Runs inside the caller's transaction."""
+    """The jobs worker ``worker_id`` holds (those of ``only``, when given) go back to
+    the queue (``retried`` one higher), or end FAILED with ``reason`` once they were
+    given back ``max_retries`` times (kept ``keep_s`` seconds); the worker's count of
+    held jobs follows. A job given back keeps its ``queued_at`` (its first entry in the
+    queue), so its ``delayTime`` counts every wait it had and the QUEUE_DELAY scaler
+    sees how long it has really waited; its streamed chunks of the lost attempt are
+    dropped. Returns how many were requeued or failed. Runs inside the caller's
+    transaction."""
     held = session.scalars(
         select(ServerlessJob)
         .where(
@@ -159,7 +162,8 @@ def give_back_jobs(
         )
         .with_for_update()
     ).all()
-    for job in held:
+    lost = [job for job in held if only is None or job.id in only]
+    for job in lost:
         if job.retried >= max_retries:
             end_job(job, JobStatus.FAILED, now, keep_s, error=reason)
             continue
@@ -172,10 +176,10 @@ def give_back_jobs(
     session.execute(
         update(ServerlessWorker)
         .where(ServerlessWorker.id == worker_id)
-        .values(jobs_in_progress=0, updated_at=now)
+        .values(jobs_in_progress=len(held) - len(lost), updated_at=now)
         .execution_options(synchronize_session=False)
     )
-    return len(held)
+    return len(lost)
 
 
 def queue_state(session: Session, endpoint_id: str, now: datetime) -> QueueState:

@@ -24,7 +24,7 @@ from gpuyard.core.ids import worker_key_hash
 from gpuyard.core.serverless.jobs import JobStatus
 from gpuyard.services.context import Context
 from gpuyard.services.serverless.jobs import finish, recycle_worker
-from gpuyard.services.serverless.queue import release_worker_slot, take_jobs
+from gpuyard.services.serverless.queue import give_back_jobs, release_worker_slot, take_jobs
 from gpuyard.store.schema.serverless import ServerlessJob, ServerlessJobChunk, ServerlessWorker
 
 # Statuses of a worker whose key is no longer accepted.
@@ -95,21 +95,65 @@ def take(ctx: Context, worker: WorkerRef, max_jobs: int) -> list[dict[str, Any]]
         return [_job_input(job) for job in jobs]
 
 
-def ping(ctx: Context, worker: WorkerRef) -> None:
-    """The worker is alive: a starting worker becomes ready (its idle time starts)."""
+# A job handed out this recently may be missing from a ping that was on its way (the
+# SDK adds a job to its list as soon as the take answers, and pings every 10 s).
+REPORT_GRACE_S = 30
+
+
+def ping(ctx: Context, worker: WorkerRef, reported: frozenset[str] | None = None) -> int:
+    """The worker is alive: a starting worker becomes ready (its idle time starts).
+
+    ``reported``: the jobs the worker says it is running (runpod-python's heartbeat
+    sends them with each ping; None when the ping says nothing about its jobs). A job
+    it holds here, handed out more than :data:`REPORT_GRACE_S` ago, that it does not
+    report never reached it (the long poll's connection died before the answer) or was
+    lost: it goes back to the queue at once rather than waiting for its execution
+    timeout. Returns how many went back."""
     now = ctx.clock.now()
+    given = 0
     with ctx.transaction() as session:
         row = session.get(ServerlessWorker, worker.id, populate_existing=True)
         if row is None:
-            return
+            return 0
         row.last_ping_at = now
         row.updated_at = now
         became_ready = row.status == "starting"
         if became_ready:
             row.status = "ready"
             row.last_busy_at = row.last_busy_at or now
-    if became_ready:
-        ctx.wake()  # the scaler counts it as ready now
+        if reported is not None and row.jobs_in_progress > 0:
+            given = _give_back_unreported(ctx, session, worker, reported, now)
+    if became_ready or given:
+        ctx.wake()  # the scaler counts it as ready now / the jobs wait again
+    return given
+
+
+def _give_back_unreported(
+    ctx: Context, session: Session, worker: WorkerRef, reported: frozenset[str], now: datetime
+) -> int:
+    handed_before = now - timedelta(seconds=REPORT_GRACE_S)
+    unreported = [
+        job_id
+        for job_id, started_at in session.execute(
+            select(ServerlessJob.id, ServerlessJob.started_at).where(
+                ServerlessJob.worker_id == worker.id,
+                ServerlessJob.status == JobStatus.IN_PROGRESS.value,
+            )
+        )
+        if job_id not in reported and started_at is not None and started_at < handed_before
+    ]
+    if not unreported:
+        return 0
+    settings = ctx.settings
+    return give_back_jobs(
+        session,
+        worker.id,
+        f"worker {worker.id} no longer reported the job",
+        now,
+        max_retries=settings.serverless_job_max_retries,
+        keep_s=settings.serverless_result_ttl_s,
+        only=frozenset(unreported),
+    )
 
 
 def _held(session: Session, worker: WorkerRef, job_id: str) -> ServerlessJob:
