@@ -12,6 +12,10 @@ for it), as in production. ``wrk`` then fetches ``/bytes/1048576`` with 32 keep-
 connections from:
 
 - direct: ``127.0.0.1:<published port>``;
+- bare Caddy: a second Caddy of the same binary whose whole configuration is one
+  ``reverse_proxy`` to the published port (no matcher, lookup or header rule): what
+  any Caddy in the path costs on this machine, so the rows below it show how much
+  of the gap is gpuyard's configuration;
 - proxy (public), proxy (private, cookie): Caddy, with the cluster's proxy host name.
 
 Rounds alternate the order. Printed: requests/s, MiB/s, p50/p99 latency, the ratio
@@ -76,6 +80,17 @@ def wrk(url: str, connections: int, duration: int, headers: dict[str, str]) -> d
     if errors:
         raise RuntimeError(f"{url}: {errors.group(1)} failed responses\n{out}")
     return {"rps": rps, "mib_s": rps, "p50": lat["50"], "p99": lat["99"]}
+
+
+def bare_caddy_config(admin: str, port: int, upstream: str) -> dict[str, object]:
+    """One server on loopback ``port`` proxying everything to ``upstream``."""
+    route = {"handle": [{"handler": "reverse_proxy", "upstreams": [{"dial": upstream}]}]}
+    server = {"listen": [f"127.0.0.1:{port}"], "routes": [route],
+              "automatic_https": {"disable": True}}  # fmt: skip
+    return {
+        "admin": {"listen": admin, "config": {"persist": False}},
+        "apps": {"http": {"servers": {"bare": server}}},
+    }
 
 
 def start_api(home: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -144,6 +159,8 @@ def main() -> None:
     )  # fmt: skip
     caddy = CaddyProcess(work / "caddy")
     admin = CaddyAdmin(caddy.admin_address)
+    bare = CaddyProcess(work / "caddy-bare")
+    bare_admin = CaddyAdmin(bare.admin_address)
     resolver = ResolverProcess(work / "caddy")
     api: subprocess.Popen[bytes] | None = None
     try:
@@ -163,10 +180,14 @@ def main() -> None:
             resolver=f"127.0.0.1:{resolver.ensure()}", markers=str(resolver.markers),
         )  # fmt: skip
         admin.load(caddy_config(base, listen))
+        bare.ensure(bare_admin)
+        bare_port = free_port()
+        bare_admin.load(bare_caddy_config(bare.admin_address, bare_port, upstream))
         direct = f"http://127.0.0.1:{published}{PATH}"
         proxied = f"http://127.0.0.1:{port}{PATH}"
         targets = {
             "direct": (direct, {}),
+            "bare Caddy": (f"http://127.0.0.1:{bare_port}{PATH}", {}),
             "proxy public": (proxied, {"Host": base.host(PUBLIC_ID, 8888)}),
             "proxy private (cookie)": (
                 proxied,
@@ -184,8 +205,9 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        caddy_pid = caddy.pid()
-        assert caddy_pid is not None
+        caddy_pid, bare_pid = caddy.pid(), bare.pid()
+        assert caddy_pid is not None and bare_pid is not None
+        pids = {name: caddy_pid for name in targets} | {"bare Caddy": bare_pid}
         caddy_cpu: dict[str, float] = {name: 0.0 for name in targets}
         served: dict[str, float] = {name: 0.0 for name in targets}
         results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
@@ -196,9 +218,9 @@ def main() -> None:
             for name in order:
                 url, headers = targets[name]
                 wrk(url, args.connections, 2, headers)  # warm-up
-                before = cpu_seconds(caddy_pid)
+                before = cpu_seconds(pids[name])
                 run = wrk(url, args.connections, args.duration, headers)
-                caddy_cpu[name] += cpu_seconds(caddy_pid) - before
+                caddy_cpu[name] += cpu_seconds(pids[name]) - before
                 served[name] += run["rps"] * args.duration / 1024  # GiB
                 results[name].append(run)
                 single[name].append(wrk(url, 1, 3, headers)["p50"])
@@ -223,8 +245,10 @@ def main() -> None:
     finally:
         stop_process(api)
         caddy.stop()
+        bare.stop()
         resolver.stop()
         admin.close()
+        bare_admin.close()
         subprocess.run(["podman", "rm", "-f", container], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
