@@ -22,6 +22,16 @@ Guarantees, the same as one transaction per create:
 - no waiter is answered before the commit that holds its rows;
 - a batch of one runs without a SAVEPOINT: the single create pays nothing extra.
 
+Batch writers. A request may also bring a *fast form* (:class:`BatchWriter` and an
+item for it): the requests of one writer in a batch are then decided together, in
+memory, and written with one multi-row statement per table (the cluster creates of
+services/clusters/create_batch.py), inside one SAVEPOINT. The writer answers each
+item with its value, or :data:`DECLINED` when it cannot decide that item exactly as
+the step would (a refusal, a rare option): declined requests, and every request of a
+writer that raised, then run their own steps one by one, each in its SAVEPOINT, after
+the writer's rows, under the same lock. So a refusal is always answered by the step
+itself, with its own error, and the writer never has to say why.
+
 Each step runs in the leader's thread inside a copy of its own request's
 ``contextvars`` (request ids, audit). One placer per process and session factory
 (:func:`placer_for`); with several replicas the placement lock still orders batches.
@@ -34,7 +44,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -44,6 +54,27 @@ from gpuyard.services.clusters.lifecycle import PRICES_KEY
 from gpuyard.services.context import Context
 
 T = TypeVar("T")
+
+
+class _Declined:
+    def __repr__(self) -> str:
+        return "DECLINED"
+
+
+# A batch writer's answer for an item it leaves to the item's own step.
+DECLINED: Final = _Declined()
+
+
+class BatchWriter(Protocol):
+    """Records several requests' steps at once (see the module docstring)."""
+
+    def write(self, session: Session, items: list[Any]) -> list[Any]:
+        """One answer per item, in order: the value its step would return, or
+        DECLINED. Runs in a SAVEPOINT of the batch's transaction, under the placement
+        lock; must leave nothing of a declined item. Raising rolls back everything it
+        wrote: each item then runs its own step."""
+        ...
+
 
 # The most steps one transaction takes: bounds a batch's lock hold and its waiters'
 # latency while requests keep arriving.
@@ -55,6 +86,8 @@ class _Request(Generic[T]):
     ctx: Context
     step: Callable[[Session], T]
     context: contextvars.Context
+    writer: BatchWriter | None = None
+    item: Any = None
     done: threading.Event = field(default_factory=threading.Event)
     lead: bool = False
     answered: bool = False
@@ -81,15 +114,24 @@ class Placer:
         self.batches = 0
         self.steps = 0
 
-    def run(self, ctx: Context, step: Callable[[Session], T]) -> T:
+    def run(
+        self,
+        ctx: Context,
+        step: Callable[[Session], T],
+        fast: tuple[BatchWriter, Any] | None = None,
+    ) -> T:
         """Run ``step`` inside a write transaction under the placement lock, together
         with whatever other steps are waiting, and return what it returned once that
         transaction has committed (or raise what it raised; nothing of it is stored
-        then). ``step`` must not commit, nor call :meth:`run` itself."""
+        then). ``step`` must not commit, nor call :meth:`run` itself. ``fast``: a
+        writer and its item, recording the same as ``step`` when the writer takes it
+        (see the module docstring)."""
         if getattr(_LEADING, "active", False):
             # Its batch would wait for the very transaction this thread holds.
             raise RuntimeError("a placer step may not queue another step")
         request: _Request[T] = _Request(ctx, step, contextvars.copy_context())
+        if fast is not None:
+            request.writer, request.item = fast
         with self._mutex:
             self._queue.append(request)
             self._joined.notify_all()
@@ -135,8 +177,10 @@ class Placer:
             with ctx.transaction() as session:
                 lock_placement(session)
                 hint = hint_for(session)
-                if len(batch) == 1:
-                    only = batch[0]
+                ok = _run_writers(session, batch)
+                rest = [r for r in batch if r not in ok]
+                if len(rest) == 1 and not ok:
+                    only = rest[0]
                     try:
                         only.value = only.context.run(only.step, session)
                     except BaseException as exc:
@@ -144,14 +188,14 @@ class Placer:
                         raise
                     ok.append(only)
                 else:
-                    for request in batch:
+                    for request in rest:
                         if _run_in_savepoint(session, request):
                             ok.append(request)
             self.batches += 1
             self.steps += len(batch)
         except BaseException as exc:
             self.batches += 1
-            if hint is not None and len(batch) > 1:
+            if hint is not None and (len(batch) > 1 or any(r.writer for r in ok)):
                 # What the batch's claims told the hint never happened (a lone step's
                 # claim tells the hint of a rollback itself).
                 hint.invalidate()
@@ -160,6 +204,37 @@ class Placer:
             for request in batch:
                 if request.error is None and request not in ok:
                     request.error = exc
+
+
+def _run_writers(session: Session, batch: list[_Request[Any]]) -> list[_Request[Any]]:
+    """Let each batch writer record its requests of ``batch`` (one SAVEPOINT each);
+    returns the requests answered so (their value set), in batch order."""
+    groups: dict[int, tuple[BatchWriter, list[_Request[Any]]]] = {}
+    for request in batch:
+        if request.writer is not None:
+            groups.setdefault(id(request.writer), (request.writer, []))[1].append(request)
+    done: set[int] = set()
+    for writer, requests in groups.values():
+        touched: set[int] = set()
+        session.info[BATCH_TOUCHED] = touched
+        try:
+            with session.begin_nested():
+                answers = writer.write(session, [r.item for r in requests])
+                if len(answers) != len(requests):
+                    raise RuntimeError("a batch writer must answer every item")
+        except Exception:
+            # Nothing of it stands: its requests run their own steps (which answer
+            # whatever this was, if it is theirs), and the hosts it claimed on are
+            # read again.
+            hint_for(session).dirty.update(touched)
+            continue
+        finally:
+            session.info.pop(BATCH_TOUCHED, None)
+        for request, answer in zip(requests, answers, strict=True):
+            if answer is not DECLINED:
+                request.value = answer
+                done.add(id(request))
+    return [r for r in batch if id(r) in done]
 
 
 def _run_in_savepoint(session: Session, request: _Request[Any]) -> bool:
