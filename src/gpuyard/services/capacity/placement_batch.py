@@ -25,12 +25,13 @@ Guarantees, the same as one transaction per create:
 Batch writers. A request may also bring a *fast form* (:class:`BatchWriter` and an
 item for it): the requests of one writer in a batch are then decided together, in
 memory, and written with one multi-row statement per table (the cluster creates of
-services/clusters/create_batch.py), inside one SAVEPOINT. The writer answers each
+services/clusters/create_batch.py), first in the transaction. The writer answers each
 item with its value, or :data:`DECLINED` when it cannot decide that item exactly as
-the step would (a refusal, a rare option): declined requests, and every request of a
-writer that raised, then run their own steps one by one, each in its SAVEPOINT, after
-the writer's rows, under the same lock. So a refusal is always answered by the step
-itself, with its own error, and the writer never has to say why.
+the step would (a refusal, a rare option): declined requests then run their own steps
+one by one, each in its SAVEPOINT, after the writer's rows, under the same lock. So a
+refusal is always answered by the step itself, with its own error, and the writer
+never has to say why. A writer that raises rolls the transaction back (nothing is
+stored yet) and the batch runs again, in a new one, every request by its own step.
 
 Each step runs in the leader's thread inside a copy of its own request's
 ``contextvars`` (request ids, audit). One placer per process and session factory
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,9 +72,9 @@ class BatchWriter(Protocol):
 
     def write(self, session: Session, items: list[Any]) -> list[Any]:
         """One answer per item, in order: the value its step would return, or
-        DECLINED. Runs in a SAVEPOINT of the batch's transaction, under the placement
-        lock; must leave nothing of a declined item. Raising rolls back everything it
-        wrote: each item then runs its own step."""
+        DECLINED. Runs first in the batch's transaction, under the placement lock;
+        must leave nothing of a declined item. Raising rolls the transaction back: the
+        batch runs again, each item by its own step."""
         ...
 
 
@@ -151,6 +153,9 @@ class Placer:
 
     def _lead(self) -> None:
         """Run one batch of the queue, then pass the lead on (or give it up)."""
+        # Let the threads the last batch just answered run first: those that create
+        # again then join this batch instead of forming the next one on their own.
+        time.sleep(0)
         with self._mutex:
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
         _LEADING.active = True
@@ -169,7 +174,7 @@ class Placer:
                 else:
                     self._leading = False
 
-    def _run_batch(self, batch: list[_Request[Any]]) -> None:
+    def _run_batch(self, batch: list[_Request[Any]], writers: bool = True) -> None:
         ctx = batch[0].ctx
         ok: list[_Request[Any]] = []
         hint: FleetHint | None = None
@@ -177,7 +182,7 @@ class Placer:
             with ctx.transaction() as session:
                 lock_placement(session)
                 hint = hint_for(session)
-                ok = _run_writers(session, batch)
+                ok = _run_writers(session, batch) if writers else []
                 rest = [r for r in batch if r not in ok]
                 if len(rest) == 1 and not ok:
                     only = rest[0]
@@ -193,6 +198,14 @@ class Placer:
                             ok.append(request)
             self.batches += 1
             self.steps += len(batch)
+        except _WriterFailed as failed:
+            # Nothing of the batch was stored: it runs again, every request by its
+            # own step. The hosts the writer claimed on are read again.
+            if hint is not None:
+                hint.dirty.update(failed.touched)
+            for request in batch:
+                request.value = None
+            self._run_batch(batch, writers=False)
         except BaseException as exc:
             self.batches += 1
             if hint is not None and (len(batch) > 1 or any(r.writer for r in ok)):
@@ -206,9 +219,19 @@ class Placer:
                     request.error = exc
 
 
+class _WriterFailed(Exception):
+    """A batch writer raised: its batch runs again without writers."""
+
+    def __init__(self, touched: set[int]) -> None:
+        super().__init__("a batch writer failed")
+        self.touched = touched
+
+
 def _run_writers(session: Session, batch: list[_Request[Any]]) -> list[_Request[Any]]:
-    """Let each batch writer record its requests of ``batch`` (one SAVEPOINT each);
-    returns the requests answered so (their value set), in batch order."""
+    """Let each batch writer record its requests of ``batch``, first in the batch's
+    transaction (no SAVEPOINT: a writer that raises fails the transaction with
+    _WriterFailed, and the batch runs again without writers); returns the requests
+    answered so (their value set), in batch order."""
     groups: dict[int, tuple[BatchWriter, list[_Request[Any]]]] = {}
     for request in batch:
         if request.writer is not None:
@@ -218,16 +241,11 @@ def _run_writers(session: Session, batch: list[_Request[Any]]) -> list[_Request[
         touched: set[int] = set()
         session.info[BATCH_TOUCHED] = touched
         try:
-            with session.begin_nested():
-                answers = writer.write(session, [r.item for r in requests])
-                if len(answers) != len(requests):
-                    raise RuntimeError("a batch writer must answer every item")
-        except Exception:
-            # Nothing of it stands: its requests run their own steps (which answer
-            # whatever this was, if it is theirs), and the hosts it claimed on are
-            # read again.
-            hint_for(session).dirty.update(touched)
-            continue
+            answers = writer.write(session, [r.item for r in requests])
+            if len(answers) != len(requests):
+                raise RuntimeError("a batch writer must answer every item")
+        except Exception as exc:
+            raise _WriterFailed(touched) from exc
         finally:
             session.info.pop(BATCH_TOUCHED, None)
         for request, answer in zip(requests, answers, strict=True):

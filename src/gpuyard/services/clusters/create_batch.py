@@ -48,7 +48,7 @@ from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.access.port_rules import check_external_ports, server_ports
 from gpuyard.services.billing.admission import refuse_closed_account
-from gpuyard.services.billing.quotas import ACCOUNT_WIDE, limits_of, usage_of
+from gpuyard.services.billing.quotas import ACCOUNT_WIDE, usage_of
 from gpuyard.services.capacity.batch_claims import BatchClaims
 from gpuyard.services.capacity.placement_batch import DECLINED, BatchWriter
 from gpuyard.services.catalog.gpu_types import find_gpu_type
@@ -63,7 +63,7 @@ from gpuyard.services.tenancy.account_secrets import check_references
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
-from gpuyard.store.schema import Cluster, Event, GpuType, IdempotencyKey, UsageInterval
+from gpuyard.store.schema import Cluster, Event, GpuType, IdempotencyKey, Quota, UsageInterval
 
 
 def cluster_values(
@@ -267,10 +267,10 @@ class _Batch:
         adm = self.admission(account_id)
         if adm.refusal is not None:
             raise adm.refusal
+        if project_id not in adm.limits or ACCOUNT_WIDE not in adm.limits:
+            self._read_limits(adm, account_id, project_id)
         for scope in (ACCOUNT_WIDE, project_id):
-            limits = adm.limits.get(scope)
-            if limits is None:
-                limits = adm.limits[scope] = limits_of(self.session, account_id, scope)
+            limits = adm.limits[scope]
             if not limits.rows():
                 continue
             held = adm.usage.get(scope)
@@ -280,6 +280,18 @@ class _Batch:
             held = held.plus(adm.added.get(scope, Usage()))
             if first_breach(limits, held, want) is not None:
                 raise ValidationFailed("quota", "decided one by one")
+
+    def _read_limits(self, adm: _Admission, account_id: int, project_id: int) -> None:
+        """quotas.limits_of of the account and of the project, in one read."""
+        rows: dict[int, list[tuple[str, str, int]]] = {ACCOUNT_WIDE: [], project_id: []}
+        for scope, resource, gpu_type, value in self.session.execute(
+            select(Quota.project_id, Quota.resource, Quota.gpu_type, Quota.limit_value).where(
+                Quota.account_id == account_id, Quota.project_id.in_([ACCOUNT_WIDE, project_id])
+            )
+        ):
+            rows[scope].append((resource, gpu_type, int(value)))
+        for scope, found in rows.items():
+            adm.limits[scope] = Limits.from_rows(found)
 
     def count(self, account_id: int, project_id: int, want: Usage) -> None:
         adm = self.admission(account_id)
