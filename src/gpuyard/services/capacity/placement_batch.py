@@ -112,9 +112,11 @@ class Placer:
         self._joined = threading.Condition(self._mutex)
         self._queue: list[_Request[Any]] = []
         self._leading = False
-        # Figures for benchmarks and tests: batches committed (or failed), steps run.
+        # Figures for benchmarks and tests: batches committed (or failed), requests
+        # run, and of those, answered by a batch writer (committed).
         self.batches = 0
         self.steps = 0
+        self.written = 0
 
     def run(
         self,
@@ -183,6 +185,7 @@ class Placer:
                 lock_placement(session)
                 hint = hint_for(session)
                 ok = _run_writers(session, batch) if writers else []
+                by_writer = len(ok)
                 rest = [r for r in batch if r not in ok]
                 if len(rest) == 1 and not ok:
                     only = rest[0]
@@ -198,6 +201,7 @@ class Placer:
                             ok.append(request)
             self.batches += 1
             self.steps += len(batch)
+            self.written += by_writer
         except _WriterFailed as failed:
             # Nothing of the batch was stored: it runs again, every request by its
             # own step. The hosts the writer claimed on are read again.
