@@ -63,7 +63,7 @@ from gpuyard.services.tenancy.account_secrets import check_references
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
-from gpuyard.store.schema import Cluster, Event, GpuType, IdempotencyKey, Quota, UsageInterval
+from gpuyard.store.schema import Cluster, Event, IdempotencyKey, Quota, UsageInterval
 
 
 def cluster_values(
@@ -198,7 +198,7 @@ class _Batch:
     def __init__(self, session: Session, items: list[NewCluster]) -> None:
         self.session = session
         self.claims = BatchClaims(session)
-        self._gpu_types: dict[str, tuple[GpuType | None, GpuTypeInfo | None]] = {}
+        self._gpu_types: dict[str, GpuTypeInfo | None] = {}
         self._admissions: dict[int, _Admission] = {}
         self._keys_live: set[tuple[int, str, str]] = set()
         self._keys_expired: set[tuple[int, str, str]] = set()
@@ -236,15 +236,12 @@ class _Batch:
     # ------------------------------------------------------------ reads, once a batch
 
     def gpu_type(self, name: str | None) -> GpuTypeInfo:
-        """use_cases.resolve_gpu_type, the row held for the batch (the meter's and
-        the rate's reads of it are then identity-map hits)."""
+        """use_cases.resolve_gpu_type, read once a batch per name."""
         if not name:
             raise ValidationFailed("gpu_type", "a GPU type is required when gpu_count > 0")
-        known = self._gpu_types.get(name)
-        if known is None:
-            row = self.session.get(GpuType, name)
-            known = self._gpu_types[name] = (row, find_gpu_type(self.session, name))
-        info = known[1]
+        if name not in self._gpu_types:
+            self._gpu_types[name] = find_gpu_type(self.session, name)
+        info = self._gpu_types[name]
         if info is None or info.id != name:
             # Unknown, or found by another spelling: the step says which.
             raise ValidationFailed("gpu_type", f"unknown GPU type {name!r}")
