@@ -305,3 +305,17 @@ class _Hold:
     def __call__(self, _session: Session) -> None:
         self.holding.set()
         assert self._go.wait(WAIT_S)
+
+
+def test_the_answer_is_the_object_the_step_answers(ctx: Context, alice: Principal) -> None:
+    """What create_cluster returns through the writer holds the same values, of the
+    same types (times, JSON), as what the step returns: views render either alike."""
+    body = one_gpu("answer", env={"A": "1"}, docker_entrypoint=["sh", "-c"])
+    fast = create_cluster(ctx, alice, body)
+    slow = by_step(ctx, alice, body)
+    differ = {"id", "gpu_indices", "ports", "billed_run_from", "open_rate_micro", "open_since"}
+    for column in Cluster.__table__.columns:
+        if column.key in differ:
+            continue
+        mine, theirs = getattr(fast, column.key), getattr(slow, column.key)
+        assert (column.key, mine, type(mine)) == (column.key, theirs, type(theirs))
