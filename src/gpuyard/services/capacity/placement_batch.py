@@ -34,7 +34,8 @@ never has to say why. A writer that raises rolls the transaction back (nothing i
 stored yet) and the batch runs again, in a new one, every request by its own step.
 
 Each step runs in the leader's thread inside a copy of its own request's
-``contextvars`` (request ids, audit). One placer per process and session factory
+``contextvars`` (request ids, audit); a writer runs in the leader's own (what it
+records reads none of them). One placer per process and session factory
 (:func:`placer_for`); with several replicas the placement lock still orders batches.
 """
 
