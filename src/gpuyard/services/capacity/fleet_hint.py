@@ -41,7 +41,10 @@ from gpuyard.core.placement import AllocationRatios, free_resources
 from gpuyard.services.fleet.hosts import MOVES_IN_FLIGHT, capacities
 from gpuyard.store.schema import GpuAllocation, Host, HostGpu, Reservation, VolumeMove
 
-MAX_AGE = timedelta(seconds=10)
+# A rebuild reads every host and GPU claim (100-500 ms for 10,000 hosts, under the
+# placement lock); what only a rebuild catches changes a preference, never a decision
+# (exact reads and the database's fallback query decide), so it is rare.
+MAX_AGE = timedelta(seconds=60)
 _SLACK = 0.01
 
 
@@ -73,12 +76,15 @@ class FleetHint:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._hosts: dict[int, _Free] = {}
-        # GPU type -> free count -> host ids sorted by id, and by (free vCPUs, id).
-        self._by_id: dict[str, dict[int, list[int]]] = {}
-        self._by_vcpu: dict[str, dict[int, list[tuple[float, int]]]] = {}
-        # Every host by (free vCPUs, id) and (-free vCPUs, id): CPU-only requests.
-        self._vcpu_up: list[tuple[float, int]] = []
-        self._vcpu_down: list[tuple[float, int]] = []
+        # (GPU type, cloud type) -> free count -> host ids sorted by id, and by (free
+        # vCPUs, id). Each host is in its cloud type's buckets and in those of ""
+        # (any cloud type): a request for one cloud type never walks the others' hosts.
+        self._by_id: dict[tuple[str, str], dict[int, list[int]]] = {}
+        self._by_vcpu: dict[tuple[str, str], dict[int, list[tuple[float, int]]]] = {}
+        # Cloud type ("" any) -> every host by (free vCPUs, id) and (-free vCPUs, id):
+        # CPU-only requests.
+        self._vcpu_up: dict[str, list[tuple[float, int]]] = {}
+        self._vcpu_down: dict[str, list[tuple[float, int]]] = {}
         self._built_at: datetime | None = None
         self._ratios: AllocationRatios | None = None
         self._fingerprint: tuple[Any, ...] | None = None
@@ -104,9 +110,7 @@ class FleetHint:
         if stale:
             rows = _load_all(session, ratios)
             with self.lock:
-                self._clear()
-                for row in rows:
-                    self._add(row)
+                self._build(rows)
                 self._built_at, self._ratios, self._fingerprint = now, ratios, fingerprint
                 self.dirty.clear()
             return
@@ -153,10 +157,11 @@ class FleetHint:
 
     def _ordered(self, req: ResourceRequest, policy: PlacementPolicy) -> Iterator[int]:
         spread = policy is PlacementPolicy.SPREAD
+        cloud = "" if req.cloud_type == CloudType.ALL else req.cloud_type.value
         if req.gpu_count:
             ids, vcpus = (
-                self._by_id.get(req.gpu_type or "", {}),
-                self._by_vcpu.get(req.gpu_type or "", {}),
+                self._by_id.get((req.gpu_type or "", cloud), {}),
+                self._by_vcpu.get((req.gpu_type or "", cloud), {}),
             )
             counts = sorted((c for c in ids if c >= req.gpu_count), reverse=spread)
             for count in counts:
@@ -166,14 +171,37 @@ class FleetHint:
                     for _, host_id in vcpus[count]:
                         yield host_id
         elif spread:
-            for _, host_id in self._vcpu_down:
+            for _, host_id in self._vcpu_down.get(cloud, []):
                 yield host_id
         else:
-            start = bisect_left(self._vcpu_up, (req.vcpus - _SLACK, -1))
-            for _, host_id in self._vcpu_up[start:]:
+            up = self._vcpu_up.get(cloud, [])
+            start = bisect_left(up, (req.vcpus - _SLACK, -1))
+            for _, host_id in up[start:]:
                 yield host_id
 
     # ------------------------------------------------------------ the indexes
+
+    def _build(self, rows: list[_Free]) -> None:
+        """The indexes of ``rows`` alone (sorted once, not host by host)."""
+        self._clear()
+        for h in rows:
+            self._hosts[h.host_id] = h
+            for cloud in ("", h.cloud_type):
+                for gpu_type, count in h.gpus.items():
+                    key = (gpu_type, cloud)
+                    self._by_id.setdefault(key, {}).setdefault(count, []).append(h.host_id)
+                    by_vcpu = self._by_vcpu.setdefault(key, {}).setdefault(count, [])
+                    by_vcpu.append((h.vcpus, h.host_id))
+                self._vcpu_up.setdefault(cloud, []).append((h.vcpus, h.host_id))
+                self._vcpu_down.setdefault(cloud, []).append((-h.vcpus, h.host_id))
+        for by_id in self._by_id.values():
+            for ids in by_id.values():
+                ids.sort()
+        for buckets in self._by_vcpu.values():
+            for bucket in buckets.values():
+                bucket.sort()
+        for pairs in (*self._vcpu_up.values(), *self._vcpu_down.values()):
+            pairs.sort()
 
     def _clear(self) -> None:
         self._hosts.clear()
@@ -184,21 +212,24 @@ class FleetHint:
 
     def _add(self, h: _Free) -> None:
         self._hosts[h.host_id] = h
-        for gpu_type, count in h.gpus.items():
-            insort(self._by_id.setdefault(gpu_type, {}).setdefault(count, []), h.host_id)
-            insort(
-                self._by_vcpu.setdefault(gpu_type, {}).setdefault(count, []), (h.vcpus, h.host_id)
-            )
-        insort(self._vcpu_up, (h.vcpus, h.host_id))
-        insort(self._vcpu_down, (-h.vcpus, h.host_id))
+        for cloud in ("", h.cloud_type):
+            for gpu_type, count in h.gpus.items():
+                key = (gpu_type, cloud)
+                insort(self._by_id.setdefault(key, {}).setdefault(count, []), h.host_id)
+                insort(
+                    self._by_vcpu.setdefault(key, {}).setdefault(count, []), (h.vcpus, h.host_id)
+                )
+            insort(self._vcpu_up.setdefault(cloud, []), (h.vcpus, h.host_id))
+            insort(self._vcpu_down.setdefault(cloud, []), (-h.vcpus, h.host_id))
 
     def _remove(self, h: _Free) -> None:
         del self._hosts[h.host_id]
-        for gpu_type, count in h.gpus.items():
-            _discard(self._by_id[gpu_type], count, h.host_id)
-            _discard(self._by_vcpu[gpu_type], count, (h.vcpus, h.host_id))
-        _drop(self._vcpu_up, (h.vcpus, h.host_id))
-        _drop(self._vcpu_down, (-h.vcpus, h.host_id))
+        for cloud in ("", h.cloud_type):
+            for gpu_type, count in h.gpus.items():
+                _discard(self._by_id[(gpu_type, cloud)], count, h.host_id)
+                _discard(self._by_vcpu[(gpu_type, cloud)], count, (h.vcpus, h.host_id))
+            _drop(self._vcpu_up[cloud], (h.vcpus, h.host_id))
+            _drop(self._vcpu_down[cloud], (-h.vcpus, h.host_id))
 
 
 def _discard(buckets: dict[int, list[Any]], count: int, item: Any) -> None:

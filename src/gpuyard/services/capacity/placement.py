@@ -7,7 +7,7 @@ SQLite and PostgreSQL alike. The unique keys on GPU and port rows stay the backs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime
 
@@ -196,6 +196,23 @@ def _candidates(
         # placer's batches tell it). The hint knows no CUDA versions: the database
         # filters on them.
         return candidate_hosts(session, req, ratios, policy, exclude=exclude)
+    ready_hint(session, hint, ratios, now)
+    for _ in range(4):
+        ids = hint.pick(req, policy, exclude, CANDIDATES)
+        if not ids:
+            break
+        exact = capacities(session, ids)
+        if not hint.update(exact, ratios):
+            return exact
+    hosts = candidate_hosts(session, req, ratios, policy, exclude=exclude)
+    hint.update(hosts, ratios)
+    return hosts
+
+
+def ready_hint(session: Session, hint: FleetHint, ratios: AllocationRatios, now: datetime) -> None:
+    """Bring ``hint`` up to date inside the caller's locked transaction: refreshed once
+    per transaction (services/capacity/fleet_hint.py), then only the hosts marked dirty
+    since are read again."""
     root = session.get_transaction()
     if session.info.get(_REFRESHED) is root:
         # Refreshed already in this locked transaction (a batch): only hosts marked
@@ -207,16 +224,6 @@ def _candidates(
     else:
         hint.refresh(session, ratios, now)
         session.info[_REFRESHED] = root
-    for _ in range(4):
-        ids = hint.pick(req, policy, exclude, CANDIDATES)
-        if not ids:
-            break
-        exact = capacities(session, ids)
-        if not hint.update(exact, ratios):
-            return exact
-    hosts = candidate_hosts(session, req, ratios, policy, exclude=exclude)
-    hint.update(hosts, ratios)
-    return hosts
 
 
 def _remember(
@@ -470,14 +477,7 @@ def assign_ports(
             keep = previous.get(key)
             port = keep if keep and (keep, spec.transport) not in taken else 0
             if not port:
-                port = next(
-                    (
-                        p
-                        for p in range(port_range[0], port_range[1] + 1)
-                        if (p, spec.transport) not in taken and p not in reserved
-                    ),
-                    0,
-                )
+                port = free_port(taken, spec.transport, port_range, reserved)
             if not port:
                 raise InsufficientCapacity("no free host port left in the configured range")
         taken.add((port, spec.transport))
@@ -493,3 +493,21 @@ def assign_ports(
         )
     session.flush()
     return result
+
+
+def free_port(
+    taken: Collection[tuple[int, str]],
+    transport: str,
+    port_range: tuple[int, int],
+    reserved: Collection[int],
+) -> int:
+    """The lowest port of ``port_range`` for ``transport`` that is neither ``taken``
+    (``(port, transport)`` pairs) nor ``reserved``; 0 when none is left."""
+    return next(
+        (
+            p
+            for p in range(port_range[0], port_range[1] + 1)
+            if (p, transport) not in taken and p not in reserved
+        ),
+        0,
+    )

@@ -22,8 +22,20 @@ Guarantees, the same as one transaction per create:
 - no waiter is answered before the commit that holds its rows;
 - a batch of one runs without a SAVEPOINT: the single create pays nothing extra.
 
+Batch writers. A request may also bring a *fast form* (:class:`BatchWriter` and an
+item for it): the requests of one writer in a batch are then decided together, in
+memory, and written with one multi-row statement per table (the cluster creates of
+services/clusters/create_batch.py), first in the transaction. The writer answers each
+item with its value, or :data:`DECLINED` when it cannot decide that item exactly as
+the step would (a refusal, a rare option): declined requests then run their own steps
+one by one, each in its SAVEPOINT, after the writer's rows, under the same lock. So a
+refusal is always answered by the step itself, with its own error, and the writer
+never has to say why. A writer that raises rolls the transaction back (nothing is
+stored yet) and the batch runs again, in a new one, every request by its own step.
+
 Each step runs in the leader's thread inside a copy of its own request's
-``contextvars`` (request ids, audit). One placer per process and session factory
+``contextvars`` (request ids, audit); a writer runs in the leader's own (what it
+records reads none of them). One placer per process and session factory
 (:func:`placer_for`); with several replicas the placement lock still orders batches.
 """
 
@@ -31,10 +43,11 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -44,6 +57,27 @@ from gpuyard.services.clusters.lifecycle import PRICES_KEY
 from gpuyard.services.context import Context
 
 T = TypeVar("T")
+
+
+class _Declined:
+    def __repr__(self) -> str:
+        return "DECLINED"
+
+
+# A batch writer's answer for an item it leaves to the item's own step.
+DECLINED: Final = _Declined()
+
+
+class BatchWriter(Protocol):
+    """Records several requests' steps at once (see the module docstring)."""
+
+    def write(self, session: Session, items: list[Any]) -> list[Any]:
+        """One answer per item, in order: the value its step would return, or
+        DECLINED. Runs first in the batch's transaction, under the placement lock;
+        must leave nothing of a declined item. Raising rolls the transaction back: the
+        batch runs again, each item by its own step."""
+        ...
+
 
 # The most steps one transaction takes: bounds a batch's lock hold and its waiters'
 # latency while requests keep arriving.
@@ -55,6 +89,8 @@ class _Request(Generic[T]):
     ctx: Context
     step: Callable[[Session], T]
     context: contextvars.Context
+    writer: BatchWriter | None = None
+    item: Any = None
     done: threading.Event = field(default_factory=threading.Event)
     lead: bool = False
     answered: bool = False
@@ -77,19 +113,30 @@ class Placer:
         self._joined = threading.Condition(self._mutex)
         self._queue: list[_Request[Any]] = []
         self._leading = False
-        # Figures for benchmarks and tests: batches committed (or failed), steps run.
+        # Figures for benchmarks and tests: batches committed (or failed), requests
+        # run, and of those, answered by a batch writer (committed).
         self.batches = 0
         self.steps = 0
+        self.written = 0
 
-    def run(self, ctx: Context, step: Callable[[Session], T]) -> T:
+    def run(
+        self,
+        ctx: Context,
+        step: Callable[[Session], T],
+        fast: tuple[BatchWriter, Any] | None = None,
+    ) -> T:
         """Run ``step`` inside a write transaction under the placement lock, together
         with whatever other steps are waiting, and return what it returned once that
         transaction has committed (or raise what it raised; nothing of it is stored
-        then). ``step`` must not commit, nor call :meth:`run` itself."""
+        then). ``step`` must not commit, nor call :meth:`run` itself. ``fast``: a
+        writer and its item, recording the same as ``step`` when the writer takes it
+        (see the module docstring)."""
         if getattr(_LEADING, "active", False):
             # Its batch would wait for the very transaction this thread holds.
             raise RuntimeError("a placer step may not queue another step")
         request: _Request[T] = _Request(ctx, step, contextvars.copy_context())
+        if fast is not None:
+            request.writer, request.item = fast
         with self._mutex:
             self._queue.append(request)
             self._joined.notify_all()
@@ -109,6 +156,9 @@ class Placer:
 
     def _lead(self) -> None:
         """Run one batch of the queue, then pass the lead on (or give it up)."""
+        # Let the threads the last batch just answered run first: those that create
+        # again then join this batch instead of forming the next one on their own.
+        time.sleep(0)
         with self._mutex:
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
         _LEADING.active = True
@@ -127,7 +177,7 @@ class Placer:
                 else:
                     self._leading = False
 
-    def _run_batch(self, batch: list[_Request[Any]]) -> None:
+    def _run_batch(self, batch: list[_Request[Any]], writers: bool = True) -> None:
         ctx = batch[0].ctx
         ok: list[_Request[Any]] = []
         hint: FleetHint | None = None
@@ -135,8 +185,11 @@ class Placer:
             with ctx.transaction() as session:
                 lock_placement(session)
                 hint = hint_for(session)
-                if len(batch) == 1:
-                    only = batch[0]
+                ok = _run_writers(session, batch) if writers else []
+                by_writer = len(ok)
+                rest = [r for r in batch if r not in ok]
+                if len(rest) == 1 and not ok:
+                    only = rest[0]
                     try:
                         only.value = only.context.run(only.step, session)
                     except BaseException as exc:
@@ -144,14 +197,23 @@ class Placer:
                         raise
                     ok.append(only)
                 else:
-                    for request in batch:
+                    for request in rest:
                         if _run_in_savepoint(session, request):
                             ok.append(request)
             self.batches += 1
             self.steps += len(batch)
+            self.written += by_writer
+        except _WriterFailed as failed:
+            # Nothing of the batch was stored: it runs again, every request by its
+            # own step. The hosts the writer claimed on are read again.
+            if hint is not None:
+                hint.dirty.update(failed.touched)
+            for request in batch:
+                request.value = None
+            self._run_batch(batch, writers=False)
         except BaseException as exc:
             self.batches += 1
-            if hint is not None and len(batch) > 1:
+            if hint is not None and (len(batch) > 1 or any(r.writer for r in ok)):
                 # What the batch's claims told the hint never happened (a lone step's
                 # claim tells the hint of a rollback itself).
                 hint.invalidate()
@@ -160,6 +222,42 @@ class Placer:
             for request in batch:
                 if request.error is None and request not in ok:
                     request.error = exc
+
+
+class _WriterFailed(Exception):
+    """A batch writer raised: its batch runs again without writers."""
+
+    def __init__(self, touched: set[int]) -> None:
+        super().__init__("a batch writer failed")
+        self.touched = touched
+
+
+def _run_writers(session: Session, batch: list[_Request[Any]]) -> list[_Request[Any]]:
+    """Let each batch writer record its requests of ``batch``, first in the batch's
+    transaction (no SAVEPOINT: a writer that raises fails the transaction with
+    _WriterFailed, and the batch runs again without writers); returns the requests
+    answered so (their value set), in batch order."""
+    groups: dict[int, tuple[BatchWriter, list[_Request[Any]]]] = {}
+    for request in batch:
+        if request.writer is not None:
+            groups.setdefault(id(request.writer), (request.writer, []))[1].append(request)
+    done: set[int] = set()
+    for writer, requests in groups.values():
+        touched: set[int] = set()
+        session.info[BATCH_TOUCHED] = touched
+        try:
+            answers = writer.write(session, [r.item for r in requests])
+            if len(answers) != len(requests):
+                raise RuntimeError("a batch writer must answer every item")
+        except Exception as exc:
+            raise _WriterFailed(touched) from exc
+        finally:
+            session.info.pop(BATCH_TOUCHED, None)
+        for request, answer in zip(requests, answers, strict=True):
+            if answer is not DECLINED:
+                request.value = answer
+                done.add(id(request))
+    return [r for r in batch if id(r) in done]
 
 
 def _run_in_savepoint(session: Session, request: _Request[Any]) -> bool:

@@ -22,10 +22,7 @@ from gpuyard.core.autoterm import Rule, deadlines, read_policy_as
 from gpuyard.core.billing.pricing import RateParts, spot_floor
 from gpuyard.core.errors import (
     Conflict,
-    DiskNotEnforced,
     GpuyardError,
-    LimitsNotEnforced,
-    PrivatePortsExposed,
     ValidationFailed,
 )
 from gpuyard.core.ids import new_cluster_id
@@ -36,7 +33,6 @@ from gpuyard.core.models import (
     CloudType,
     GpuTypeInfo,
 )
-from gpuyard.core.network.proxy import private_on_loopback, proxy_only_ports
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import (
     Action,
@@ -67,7 +63,17 @@ from gpuyard.services.clusters.cluster_rows import (
 from gpuyard.services.clusters.cluster_rows import load_cluster as load_cluster
 from gpuyard.services.clusters.cluster_rows import owner_principal as owner_principal
 from gpuyard.services.clusters.cluster_rows import request_of as request_of
-from gpuyard.services.clusters.config import ports_json, ports_of, start_changes, with_host_ports
+from gpuyard.services.clusters.config import ports_of, start_changes, with_host_ports
+from gpuyard.services.clusters.create_batch import cluster_values, fast_form
+from gpuyard.services.clusters.host_checks import (
+    refuse_exposed_private_ports as refuse_exposed_private_ports,
+)
+from gpuyard.services.clusters.host_checks import (
+    refuse_unenforced_disk as refuse_unenforced_disk,
+)
+from gpuyard.services.clusters.host_checks import (
+    refuse_unenforced_limits as refuse_unenforced_limits,
+)
 from gpuyard.services.clusters.lifecycle import (
     guarded_update,
     meter_status,
@@ -189,57 +195,6 @@ def refuse_spent_policy(
         )
 
 
-def refuse_unenforced_limits(session: Session, ctx: Context, host_id: int) -> None:
-    """Raise LimitsNotEnforced when ``host_id``'s engine cannot apply CPU/memory limits
-    and the operator has not allowed that (GPUYARD_ALLOW_UNENFORCED_LIMITS)."""
-    host = session.get(Host, host_id)
-    if host is None or host.enforces_limits or ctx.settings.allow_unenforced_limits:
-        return
-    raise LimitsNotEnforced(
-        f"host {host.name}'s container engine cannot enforce CPU/memory limits "
-        f"({host.limits_note or 'refused by the engine'}); the operator can fix its cgroup "
-        "setup or allow running without limits (GPUYARD_ALLOW_UNENFORCED_LIMITS=true)",
-        {"host_id": host_id, "enforces_limits": False},
-    )
-
-
-def refuse_unenforced_disk(session: Session, ctx: Context, host_id: int) -> None:
-    """Raise DiskNotEnforced when ``host_id`` cannot enforce volume or container disk
-    sizes and the operator has not allowed that (GPUYARD_ALLOW_UNENFORCED_DISK)."""
-    host = session.get(Host, host_id)
-    if host is None or host.enforces_disk or ctx.settings.allow_unenforced_disk:
-        return
-    raise DiskNotEnforced(
-        f"host {host.name} cannot enforce disk sizes ({host.disk_note or 'not known'}); "
-        'the operator can give it what docs/decisions.md "Disk sizes" lists, or allow '
-        "unenforced sizes (GPUYARD_ALLOW_UNENFORCED_DISK=true)",
-        {"host_id": host_id, "enforces_disk": False},
-    )
-
-
-def refuse_exposed_private_ports(
-    session: Session, ctx: Context, host_id: int, ports: list[dict[str, Any]]
-) -> None:
-    """Raise PrivatePortsExposed when ``ports`` hold a private http port and
-    ``host_id``'s engine cannot keep it private (a ``tcp://`` engine: the proxy has no
-    way to a port on that host's loopback, so it would be published on the host's
-    addresses, core/network/proxy.py ``private_on_loopback``), unless the operator has allowed
-    that (GPUYARD_ALLOW_EXPOSED_PRIVATE_PORTS)."""
-    host = session.get(Host, host_id)
-    if host is None or ctx.settings.allow_exposed_private_ports:
-        return
-    private = proxy_only_ports(ports)
-    if not private or private_on_loopback(host.is_local, host.engine_url):
-        return
-    raise PrivatePortsExposed(
-        f"host {host.name} is reached over tcp://, so its private http ports "
-        f"({', '.join(str(p) for p in sorted(private))}) would answer on its addresses "
-        "without the proxy's checks; declare them public, or the operator can add the "
-        "host over ssh:// or allow it (GPUYARD_ALLOW_EXPOSED_PRIVATE_PORTS=true)",
-        {"host_id": host_id, "ports": sorted(private)},
-    )
-
-
 def create_cluster(
     ctx: Context,
     principal: Principal,
@@ -280,9 +235,23 @@ def create_cluster(
         sealed_env=sealed_env,
         record_with=record_with,
     )
+    # The plain create has a fast form too: decided with the batch's other plain
+    # creates in memory and written per table at once (services/clusters/create_batch.py).
+    fast = fast_form(
+        ctx,
+        principal,
+        body,
+        gpu_count,
+        now,
+        idempotency,
+        plain=location is None
+        and serverless_endpoint_id is None
+        and sealed_env is None
+        and record_with is None,
+    )
     # Recorded together with concurrent creates, in one transaction and commit
     # (services/capacity/placement_batch.py); answered after that commit.
-    cluster = placer_for(ctx).run(ctx, step)
+    cluster = placer_for(ctx).run(ctx, step, fast)
     crash_point("create.idempotent_after_row" if idempotency else "create.after_row")
     ctx.wake()
     return cluster
@@ -358,39 +327,21 @@ def _record_create(
     cluster_id = new_cluster_id()
     own_env = seal_env(secret_box(ctx.settings), body.env, body.secret_env)
     cluster = Cluster(
-        id=cluster_id,
-        project_id=project_id,
-        name=body.name or f"cluster-{cluster_id[:6]}",
-        image=body.docker_image,
-        docker_args=body.docker_args,
-        docker_entrypoint=body.docker_entrypoint,
-        min_cuda_version=body.min_cuda_version,
-        allowed_cuda_versions=body.allowed_cuda_versions,
-        env={**(sealed_env or {}), **merged_env(template, own_env)},
-        template_id=template.id if template is not None else None,
-        ports=ports_json(body.ports),
-        gpu_type=gpu.id if gpu else None,
-        gpu_count=gpu_count,
-        cpu_cores=body.cpu_cores,
-        memory_gb=body.memory_gb,
-        container_disk_gb=body.container_disk_gb,
-        volume_gb=volume_gb,
-        volume_mount_path=body.volume_mount_path,
-        network_volume_id=mounted.id if mounted is not None else None,
-        registry_auth_id=registry_auth_id,
-        serverless_endpoint_id=serverless_endpoint_id,
-        cloud_type=body.cloud_type.value,
-        interruptible=bid is not None,
-        bid_per_gpu=bid,
-        auto_terminate=body.auto_terminate.model_dump() if body.auto_terminate else {},
-        desired_status=ClusterStatus.RUNNING.value,
-        status=ClusterStatus.STARTING.value,
-        status_reason="created",
-        startup_step=STEP_ALLOCATED,
-        start_initiated_at=now,
-        created_at=now,
-        updated_at=now,
-        version=1,
+        **cluster_values(
+            cluster_id=cluster_id,
+            project_id=project_id,
+            body=body,
+            env={**(sealed_env or {}), **merged_env(template, own_env)},
+            gpu=gpu,
+            gpu_count=gpu_count,
+            volume_gb=volume_gb,
+            now=now,
+            template_id=template.id if template is not None else None,
+            network_volume_id=mounted.id if mounted is not None else None,
+            registry_auth_id=registry_auth_id,
+            serverless_endpoint_id=serverless_endpoint_id,
+            bid=bid,
+        )
     )
     session.add(cluster)
     session.flush()
