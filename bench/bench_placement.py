@@ -325,6 +325,19 @@ def report(
               f"p50 {big['p50 ms']:.1f} ms, p99 {big['p99 ms']:.1f} ms")  # fmt: skip
 
 
+def fitting(args: argparse.Namespace, hosts: int) -> argparse.Namespace:
+    """``args`` with no more creates than a fleet of ``hosts`` holds for one cloud type
+    (half the hosts, :func:`populate`): each round places ``creates / rounds`` clusters
+    of one GPU after 20 unmeasured ones in each single-threaded series, and four times
+    as many (at least one per thread) in the threaded one."""
+    usable = hosts * GPUS_PER_HOST // 2
+    spare = usable // args.rounds - 40 - args.threads
+    per_round = max(1, spare // (6 if args.threads else 2))
+    return argparse.Namespace(
+        **{**vars(args), "creates": min(args.creates, per_round * args.rounds)}
+    )
+
+
 def pg_url(arg: str | None) -> str | None:
     if arg:
         return arg
@@ -355,7 +368,7 @@ def main() -> None:
             runs = []
             for hosts in (args.hosts, args.small_hosts)[: 2 if args.small_hosts else 1]:
                 path = Path(tempfile.mkdtemp(prefix="gy-place-db-")) / "bench.db"
-                runs.append(run("sqlite", f"sqlite:///{path}", args, hosts))
+                runs.append(run("sqlite", f"sqlite:///{path}", fitting(args, hosts), hosts))
             report("sqlite", args, *runs)
         elif db == "postgres":
             url = pg_url(args.pg_url)
@@ -365,7 +378,7 @@ def main() -> None:
             runs = []
             for hosts in (args.hosts, args.small_hosts)[: 2 if args.small_hosts else 1]:
                 with postgres_database(url) as db_url:
-                    runs.append(run("postgres", db_url, args, hosts))
+                    runs.append(run("postgres", db_url, fitting(args, hosts), hosts))
             report("postgres", args, *runs)
 
 
