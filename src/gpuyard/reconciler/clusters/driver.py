@@ -15,7 +15,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError, RuntimeFailure
@@ -30,6 +29,7 @@ from gpuyard.reconciler.clusters.log_archive import forget_logs, keep_logs, stop
 from gpuyard.reconciler.clusters.port_moves import MOVES_PER_START, move_off, port_in_use
 from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_of
 from gpuyard.reconciler.clusters.restore import RestoreStorage, VolumeRestores
+from gpuyard.reconciler.clusters.start_checks import read_start_checks
 from gpuyard.reconciler.clusters.start_retries import StartRetries
 from gpuyard.runtimes.base import ContainerSpec, ContainerState, Runtime
 from gpuyard.runtimes.volumes.moves import copy_volume_between
@@ -177,16 +177,25 @@ class ClusterDriver:
             self.records.transition(c, ClusterStatus.STARTING, "starting")
         if not self.start_retries.due(c.id):
             return  # an engine step failed a moment ago: a later pass tries again
-        if self._gpus_still_in_use(c):
+        checks = read_start_checks(self.ctx, c)
+        if checks.gpus_held:
             # A preempted cluster is still stopping on our GPUs: start once it has
             # stopped (its job wakes the reconciler), so no GPU is ever shared.
             return
-        if not self.restores.volume_unread(c):
+        if checks.snapshot_reading:
+            # A move or a restore would remove the volume under the snapshot's reader,
+            # and a "stopped" snapshot must not see a running container; the
+            # snapshot's end wakes the reconciler.
             return
-        move = pending_move(self.ctx, c.id)
+        move = checks.move
         if move is not None and not self._move_volume(c, move, starting=True):
             return
-        if not self.restores.finish_pending_restore(c):
+        # After a move its restore is read again (the move's own steps came between).
+        if move is None:
+            restored = self.restores.finish_restore(c, checks.restore)
+        else:
+            restored = self.restores.finish_pending_restore(c)
+        if not restored:
             return
         engine_steps = False
         try:
@@ -443,20 +452,6 @@ class ClusterDriver:
                 log.warning("old copy of %s's volume stays for now: %s", move.cluster_id, exc)
                 continue
             old_copy_deleted(self.ctx, move.cluster_id)
-
-    def _gpus_still_in_use(self, c: Cluster) -> bool:
-        if not c.gpu_indices or c.host_id is None:
-            return False
-        mine = set(c.gpu_indices)
-        with self.ctx.read() as session:
-            leaving = session.scalars(
-                select(Cluster.gpu_indices).where(
-                    Cluster.host_id == c.host_id,
-                    Cluster.status == ClusterStatus.STOPPING.value,
-                    Cluster.id != c.id,
-                )
-            )
-            return any(mine & set(indices) for indices in leaving)
 
     def _await_running(self, c: Cluster) -> None:
         deadline = time.monotonic() + self.ctx.settings.readiness_timeout_s
