@@ -63,6 +63,7 @@ from gpuyard.runtimes.base import (
 )
 from gpuyard.runtimes.engines import logs as engine_logs
 from gpuyard.runtimes.engines import pull_errors
+from gpuyard.runtimes.engines.container_create import create_container
 from gpuyard.runtimes.engines.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
 from gpuyard.runtimes.engines.exec_endpoint import engine_exec_endpoint
 from gpuyard.runtimes.engines.inventory import discover_inventory
@@ -463,7 +464,7 @@ class DockerEngineRuntime:
         kwargs = self._create_kwargs(spec)
         with self.engine.errors(f"creating container for cluster {spec.cluster_id}"):
             try:
-                container = self.engine.client().containers.create(**kwargs)
+                container_id = create_container(self.engine.api, **kwargs)
             except docker.errors.APIError as e:
                 if e.status_code == 409 or "already in use" in str(e):
                     raise _NameInUse() from e
@@ -480,7 +481,7 @@ class DockerEngineRuntime:
                         {"image": spec.image},
                     ) from e
                 raise
-            return str(container.id)
+            return container_id
 
     def _create_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
         # No host IP: both engines then bind every interface (what 0.0.0.0 means).
