@@ -243,12 +243,26 @@ class ClusterDriver:
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
         container_id = self._create(c, spec, check_ports=check_ports)
         crash_point("start.after_container_create")
+        # The container's id is recorded while the engine starts it: the write needs
+        # nothing of the start, and the start nothing of the write. Either way round
+        # a crash leaves a cluster still ``starting``, which the next pass starts
+        # again (its create replaces whatever container the name has).
+        recorded = SideBySide(lambda: self._record_created(c, container_id), name="record")
+        try:
+            self.runtime_of(c.host_id).start(c.id)
+        except BaseException:
+            # The record's own failure (Abandon: the cluster moved on) comes first;
+            # a failed start is then handled with the container's id recorded.
+            recorded.result()
+            raise
+        recorded.result()
+        crash_point("start.after_container_start")
+
+    def _record_created(self, c: Cluster, container_id: str) -> None:
         self.records.record(
             c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
         )
         crash_point("start.after_create_recorded")
-        self.runtime_of(c.host_id).start(c.id)
-        crash_point("start.after_container_start")
 
     def _create(self, c: Cluster, spec: ContainerSpec, *, check_ports: bool) -> str:
         """Create the container of ``spec``; with ``check_ports``, after asking the host
