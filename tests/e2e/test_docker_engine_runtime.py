@@ -335,23 +335,24 @@ def test_engine_discovery_and_service_idempotence(tmp_path: Path) -> None:
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 
-class _RefusingContainers:
-    """Stands in for the SDK's ``client.containers``: refuses CPU quotas like a host
-    without the cpu cgroup controller would."""
+class _StubApi:
+    """Stands in for the SDK's low-level client: refuses CPU quotas like a host
+    without the cpu cgroup controller would, and records each create it was sent
+    (runtimes/engines/container_create.py)."""
+
+    api_version = "1.41"
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def create(self, **kwargs: Any) -> Any:
+    def create_container(self, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(kwargs)
-        if "nano_cpus" in kwargs:
+        if "NanoCpus" in kwargs["host_config"]:
             raise docker.errors.APIError(
                 "500 Server Error", explanation="crun: cgroup cpu controller not available"
             )
-        return type("C", (), {"id": "abc123"})()
+        return {"Id": "abc123"}
 
-
-class _StubApi:
     def inspect_container(self, name: str) -> dict[str, Any]:
         raise docker.errors.NotFound("no such container")
 
@@ -364,7 +365,6 @@ class _StubApi:
 
 class _StubClient:
     def __init__(self) -> None:
-        self.containers = _RefusingContainers()
         self.api = _StubApi()
 
     def version(self) -> dict[str, Any]:
@@ -387,8 +387,8 @@ def test_refused_limits_fail_clearly_unless_allowed() -> None:
     with pytest.raises(RuntimeFailure, match="cannot enforce CPU/memory limits") as info:
         rt.create(make_spec(rt, "refuse1", cpu_cores=2, memory_gb=1))
     assert "GPUYARD_ALLOW_UNENFORCED_LIMITS" in info.value.message
-    (only,) = stub.containers.calls  # no retry without limits
-    assert only["nano_cpus"] == 2_000_000_000
+    (only,) = stub.api.calls  # no retry without limits
+    assert only["host_config"]["NanoCpus"] == 2_000_000_000
     caps = rt.capabilities()
     assert not caps.cpu_limits and not caps.memory_limits
 
@@ -398,13 +398,14 @@ def test_allowed_unenforced_limits_degrade_and_gpu_requests_are_sent() -> None:
     spec = make_spec(rt, "degrade1", cpu_cores=2, memory_gb=1)
     spec = dataclasses.replace(spec, gpu_uuids=("GPU-1111", "GPU-2222"))
     assert rt.create(spec) == "abc123"
-    first, retry = stub.containers.calls
-    assert first["nano_cpus"] == 2_000_000_000 and first["mem_limit"] == 1024**3
-    assert "nano_cpus" not in retry and "mem_limit" not in retry
-    (request,) = retry["device_requests"]
+    first, retry = stub.api.calls
+    sent, resent = first["host_config"], retry["host_config"]
+    assert sent["NanoCpus"] == 2_000_000_000 and sent["Memory"] == 1024**3
+    assert "NanoCpus" not in resent and "Memory" not in resent
+    (request,) = resent["DeviceRequests"]
     assert request["DeviceIDs"] == ["GPU-1111", "GPU-2222"]
     assert request["Capabilities"] == [["gpu"]] and request["Driver"] == "nvidia"
-    assert retry["ports"] == {} and retry["labels"][LABEL_CLUSTER] == "degrade1"
+    assert "PortBindings" not in resent and retry["labels"][LABEL_CLUSTER] == "degrade1"
     assert retry["labels"][LABEL_INSTALLATION] == rt.engine.owner.installation_id
     assert retry["name"] == f"{rt.engine.owner.prefix}-degrade1"
     assert rt.capabilities().limits_problem

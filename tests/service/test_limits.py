@@ -46,20 +46,24 @@ def test_host_shows_unenforced_limits_and_creates_are_refused(
     rec.stop()
 
 
-class _Containers:
+class _Api:
+    """The SDK's low-level client: what the runtime's create sends (runtimes/engines/
+    container_create.py), refused the way an engine without cgroup limits does."""
+
+    api_version = "1.41"
+
     def __init__(self) -> None:
         self.created: list[dict[str, Any]] = []
 
-    def create(self, **kwargs: Any) -> Any:
-        if "nano_cpus" in kwargs or "mem_limit" in kwargs:
+    def create_container(self, **kwargs: Any) -> dict[str, Any]:
+        host_config = kwargs.get("host_config") or {}
+        if "NanoCpus" in host_config or "Memory" in host_config:
             raise docker.errors.APIError(
                 "refused", explanation="crun: opening file `cpu.cfs_quota_us`: cgroup not found"
             )
         self.created.append(kwargs)
-        return type("Created", (), {"id": "c0ffee"})()
+        return {"Id": "c0ffee"}
 
-
-class _Api:
     def inspect_volume(self, name: str) -> dict[str, Any]:
         return {"Name": name}
 
@@ -69,7 +73,6 @@ class _Api:
 
 class _Client:
     def __init__(self) -> None:
-        self.containers = _Containers()
         self.api = _Api()
 
     def version(self) -> dict[str, Any]:
@@ -104,13 +107,13 @@ def test_runtime_refuses_instead_of_dropping_limits(allowed: bool) -> None:
         with pytest.raises(RuntimeFailure) as refused:
             rt.create(_spec())
         assert "cannot enforce CPU/memory limits" in refused.value.message
-        assert client.containers.created == []
+        assert client.api.created == []
         # Refused again next time: limits are never switched off for everyone.
         with pytest.raises(RuntimeFailure):
             rt.create(_spec())
     else:
         assert rt.create(_spec()) == "c0ffee"
-        (kwargs,) = client.containers.created
-        assert "nano_cpus" not in kwargs and "mem_limit" not in kwargs
+        (kwargs,) = client.api.created
+        assert "NanoCpus" not in kwargs["host_config"] and "Memory" not in kwargs["host_config"]
     caps = rt.capabilities()
     assert caps.cpu_limits is False and "cgroup" in (caps.limits_problem or "")

@@ -41,21 +41,15 @@ class _Host:
         return [(c[4], c[5]) for c in self.commands if len(c) == 6 and "mkfs.ext4" in c[2]]
 
 
-class _Containers:
-    def __init__(self, api: _Api) -> None:
-        self.api = api
-        self.created: list[dict[str, Any]] = []
-
-    def create(self, **kwargs: Any) -> Any:
-        if "storage_opt" in kwargs and self.api.refuse_storage_opt:
-            raise docker.errors.APIError("refused", explanation=XFS_ONLY)
-        self.created.append(kwargs)
-        return type("Created", (), {"id": "c0ffee"})()
-
-
 class _Api:
+    """The SDK's low-level client: volumes in a dict, and what the runtime's create
+    sends (runtimes/engines/container_create.py), a disk size refused as on ext4."""
+
+    api_version = "1.41"
+
     def __init__(self, owner: Ownership) -> None:
         self.owner = owner
+        self.created: list[dict[str, Any]] = []
         self.volumes_made: dict[str, dict[str, Any]] = {}
         self.removed: list[str] = []
         self.refuse_storage_opt = True
@@ -90,6 +84,12 @@ class _Api:
             ]
         }
 
+    def create_container(self, **kwargs: Any) -> dict[str, Any]:
+        if "StorageOpt" in (kwargs.get("host_config") or {}) and self.refuse_storage_opt:
+            raise docker.errors.APIError("refused", explanation=XFS_ONLY)
+        self.created.append(kwargs)
+        return {"Id": "c0ffee"}
+
     def inspect_container(self, name: str) -> dict[str, Any]:
         raise docker.errors.NotFound(f"no container {name}")
 
@@ -100,7 +100,6 @@ class _Api:
 class _Client:
     def __init__(self, owner: Ownership, podman: bool = True) -> None:
         self.api = _Api(owner)
-        self.containers = _Containers(self.api)
         self.podman = podman
 
     def version(self) -> dict[str, Any]:
@@ -237,8 +236,8 @@ def test_container_disk_size_is_asked_for_and_a_refusal_is_not_dropped() -> None
     rt, client = _runtime(host=host)
     client.api.refuse_storage_opt = False
     rt.create(_spec("gyvol5", volume_gb=2, disk_gb=20))
-    (kwargs,) = client.containers.created
-    assert kwargs["storage_opt"] == {"size": "20G"}
+    (kwargs,) = client.api.created
+    assert kwargs["host_config"]["StorageOpt"] == {"size": "20G"}
     assert host.ensured() == [(f"{IMAGES}/gyvol5.img", str(2 * GIB))]
 
     rt, client = _runtime(host=_Host())
@@ -246,7 +245,7 @@ def test_container_disk_size_is_asked_for_and_a_refusal_is_not_dropped() -> None
         rt.create(_spec(disk_gb=20))
     assert "cannot enforce disk sizes" in refused.value.message
     assert "backingFS XFS" in refused.value.message
-    assert client.containers.created == []
+    assert client.api.created == []
     with pytest.raises(RuntimeFailure):  # refused again: never switched off for all
         rt.create(_spec(disk_gb=20))
     assert "container disk" in (rt.capabilities().disk_problem or "")
@@ -255,8 +254,8 @@ def test_container_disk_size_is_asked_for_and_a_refusal_is_not_dropped() -> None
 def test_container_disk_size_dropped_only_where_allowed() -> None:
     rt, client = _runtime(allowed=True, host=_Host())
     assert rt.create(_spec(disk_gb=20)) == "c0ffee"
-    (kwargs,) = client.containers.created
-    assert "storage_opt" not in kwargs
+    (kwargs,) = client.api.created
+    assert "StorageOpt" not in kwargs["host_config"]
     assert "backingFS XFS" in (rt.capabilities().disk_problem or "")
     rt.create(_spec(disk_gb=20))  # the next create asks no more
-    assert "storage_opt" not in client.containers.created[-1]
+    assert "StorageOpt" not in client.api.created[-1]["host_config"]

@@ -60,20 +60,19 @@ class StandInEngine:
             )
         self.started.append(name)
 
-    # -- the SDK's high-level containers API ---------------------------------------
+    api_version = "1.41"
+
     def create_container(self, *, name: str, labels: dict[str, str], **kwargs: Any) -> Any:
-        network = kwargs["network"]
+        network = kwargs["host_config"]["NetworkMode"]
         if network not in self.networks:
             raise api_error(404, f"network {network} not found")
         self.created += 1
         self.containers[name] = {"Config": {"Labels": labels}, "network": network}
-        return SimpleNamespace(id=f"id-{self.created}")
+        return {"Id": f"id-{self.created}"}
 
 
 def runtime_on(stand_in: StandInEngine) -> DockerEngineRuntime:
-    client = SimpleNamespace(
-        api=stand_in, containers=SimpleNamespace(create=stand_in.create_container)
-    )
+    client = SimpleNamespace(api=stand_in)
     return DockerEngineRuntime(
         None,
         owner=Ownership.new(),

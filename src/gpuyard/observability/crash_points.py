@@ -30,7 +30,8 @@ CRASH_POINTS: dict[str, str] = {
     "(cluster stopped, desired running), the kept start not yet made",
     "start.after_image": "start: image present, no container yet",
     "start.after_container_create": "start: container created, its id not recorded",
-    "start.after_create_recorded": "start: container id recorded, container not started",
+    "start.after_create_recorded": "start: container id recorded; the engine's start of "
+    "the container asked for at the same moment (started or not)",
     "start.after_container_start": "start: container started, not yet seen running",
     "start.after_running": "start: cluster running, a moved volume's old copy not deleted",
     "start.move.after_copy": "start on a new host: volume copied, the move not recorded",

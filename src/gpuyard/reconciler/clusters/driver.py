@@ -15,13 +15,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import Conflict, GpuyardError, RuntimeFailure
 from gpuyard.core.image_refs import check_image
 from gpuyard.core.progress import STEP_CREATED, STEP_READY
 from gpuyard.core.restarts import RestartPolicy, judge_failure
+from gpuyard.core.side_by_side import SideBySide
 from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.clusters.container_spec import ContainerSpecs
@@ -29,10 +29,12 @@ from gpuyard.reconciler.clusters.log_archive import forget_logs, keep_logs, stop
 from gpuyard.reconciler.clusters.port_moves import MOVES_PER_START, move_off, port_in_use
 from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_of
 from gpuyard.reconciler.clusters.restore import RestoreStorage, VolumeRestores
+from gpuyard.reconciler.clusters.start_checks import read_start_checks
 from gpuyard.reconciler.clusters.start_retries import StartRetries
-from gpuyard.runtimes.base import ContainerState, Runtime
+from gpuyard.runtimes.base import ContainerSpec, ContainerState, Runtime
 from gpuyard.runtimes.volumes.moves import copy_volume_between
 from gpuyard.services.capacity.placement import release_all, release_compute
+from gpuyard.services.clusters.config import ports_of
 from gpuyard.services.clusters.lifecycle import guarded_update, record_event
 from gpuyard.services.clusters.moves import (
     DONE,
@@ -175,16 +177,25 @@ class ClusterDriver:
             self.records.transition(c, ClusterStatus.STARTING, "starting")
         if not self.start_retries.due(c.id):
             return  # an engine step failed a moment ago: a later pass tries again
-        if self._gpus_still_in_use(c):
+        checks = read_start_checks(self.ctx, c)
+        if checks.gpus_held:
             # A preempted cluster is still stopping on our GPUs: start once it has
             # stopped (its job wakes the reconciler), so no GPU is ever shared.
             return
-        if not self.restores.volume_unread(c):
+        if checks.snapshot_reading:
+            # A move or a restore would remove the volume under the snapshot's reader,
+            # and a "stopped" snapshot must not see a running container; the
+            # snapshot's end wakes the reconciler.
             return
-        move = pending_move(self.ctx, c.id)
+        move = checks.move
         if move is not None and not self._move_volume(c, move, starting=True):
             return
-        if not self.restores.finish_pending_restore(c):
+        # After a move its restore is read again (the move's own steps came between).
+        if move is None:
+            restored = self.restores.finish_restore(c, checks.restore)
+        else:
+            restored = self.restores.finish_pending_restore(c)
+        if not restored:
             return
         engine_steps = False
         try:
@@ -192,12 +203,12 @@ class ClusterDriver:
             # each record is a write transaction on the start path.
             self._ensure_image(c)
             crash_point("start.after_image")
-            self._move_off_taken_ports(c)
             engine_steps = True
             met: set[tuple[int, str]] = set()  # ports the engine found taken, this pass
+            asked = False  # whether the host was just asked (no need to ask again)
             for moves_left in range(MOVES_PER_START, -1, -1):
                 try:
-                    self._create_and_start(c)
+                    self._create_and_start(c, check_ports=not asked)
                     break
                 except RuntimeFailure as exc:
                     taken = port_in_use(exc.message)
@@ -207,6 +218,7 @@ class ClusterDriver:
                     met.add(taken)
                     if not self._move_off_taken_ports(c, also=frozenset(met)):
                         raise
+                    asked = True
             self._await_running(c)
             self.start_retries.forget(c.id)
             crash_point("start.after_running")
@@ -221,21 +233,80 @@ class ClusterDriver:
             had = bool((c.runtime_handle or {}).get("container_id"))
             self._fail(c, exc.message, container=had, summary=f"start failed ({exc.code})")
 
-    def _create_and_start(self, c: Cluster) -> None:
-        """Create the cluster's container from its current spec and start it."""
+    def _create_and_start(self, c: Cluster, *, check_ports: bool) -> None:
+        """Create the cluster's container from its current spec and start it
+        (``check_ports``: ask the host which ports are taken, see :meth:`_create`)."""
         spec = self.specs.build(c)
         # Container creation always repeats: it replaces any container left over
         # from an interrupted attempt or the previous run (restart).
         if (c.runtime_handle or {}).get("container_id"):
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
-        container_id = self.runtime_of(c.host_id).create(spec)
+        container_id = self._create(c, spec, check_ports=check_ports)
         crash_point("start.after_container_create")
+        # The container's id is recorded while the engine starts it: the write needs
+        # nothing of the start, and the start nothing of the write. Either way round
+        # a crash leaves a cluster still ``starting``, which the next pass starts
+        # again (its create replaces whatever container the name has).
+        recorded = SideBySide(lambda: self._record_created(c, container_id), name="record")
+        try:
+            self.runtime_of(c.host_id).start(c.id)
+        except BaseException:
+            # The record's own failure (Abandon: the cluster moved on) comes first;
+            # a failed start is then handled with the container's id recorded.
+            recorded.result()
+            raise
+        recorded.result()
+        crash_point("start.after_container_start")
+
+    def _record_created(self, c: Cluster, container_id: str) -> None:
         self.records.record(
             c, startup_step=STEP_CREATED, runtime_handle={"container_id": container_id}
         )
         crash_point("start.after_create_recorded")
-        self.runtime_of(c.host_id).start(c.id)
-        crash_point("start.after_container_start")
+
+    def _create(self, c: Cluster, spec: ContainerSpec, *, check_ports: bool) -> str:
+        """Create the container of ``spec``; with ``check_ports``, after asking the host
+        which ports of the range something holds and moving the cluster's off them.
+
+        When every port is gpuyard's choice, the host is asked while the container is
+        created (a command on the host and an engine listing: neither needs the
+        other, and only the start binds the ports); a port that then moves means the
+        container is made again with the new ones. A port the user chose is asked
+        about first: if it is taken the start fails (PortInUse), with no container
+        made for it. Returns the container id."""
+        runtime = self.runtime_of(c.host_id)
+        if not check_ports or not c.ports:
+            return runtime.create(spec)
+        if any(p.external_port for p in ports_of(c)):
+            if self._move_off_taken_ports(c):
+                spec = self.specs.build(c)
+            return runtime.create(spec)
+        host_id, cluster_id = c.host_id, c.id
+        asked = SideBySide(lambda: self._ports_taken(host_id, cluster_id), name="host-ports")
+        try:
+            container_id = runtime.create(spec)
+        except BaseException:
+            asked.settle()
+            raise
+        try:
+            moved = self._move_off(c, asked.result())
+        except GpuyardError:
+            # No free port left in the range: the start fails; the container made
+            # for it goes (best effort: the next start replaces it anyway).
+            with contextlib.suppress(GpuyardError):
+                runtime.stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
+            raise
+        if moved:
+            # Made with a port something else holds: made again with the new ones.
+            container_id = runtime.create(self.specs.build(c))
+        return container_id
+
+    def _ports_taken(self, host_id: int | None, cluster_id: str) -> frozenset[tuple[int, str]]:
+        """The ports of the range something on the host holds (Runtime.host_ports_in_use)."""
+        settings = self.ctx.settings
+        return self.runtime_of(host_id).host_ports_in_use(
+            settings.port_range_start, settings.port_range_end, cluster_id
+        )
 
     def _move_off_taken_ports(
         self, c: Cluster, also: frozenset[tuple[int, str]] = frozenset()
@@ -246,11 +317,12 @@ class ClusterDriver:
         the user chose."""
         if not c.ports:
             return False
-        settings = self.ctx.settings
-        busy = self.runtime_of(c.host_id).host_ports_in_use(
-            settings.port_range_start, settings.port_range_end, c.id
-        )
-        busy |= also
+        return self._move_off(c, self._ports_taken(c.host_id, c.id) | also)
+
+    def _move_off(self, c: Cluster, busy: frozenset[tuple[int, str]]) -> bool:
+        """Move the cluster's ports off ``busy`` (see :meth:`_move_off_taken_ports`)."""
+        if not c.ports:
+            return False
         try:
             moved = move_off(self.ctx, c, busy, self.ctx.clock.now())
         except Conflict as exc:
@@ -394,20 +466,6 @@ class ClusterDriver:
                 log.warning("old copy of %s's volume stays for now: %s", move.cluster_id, exc)
                 continue
             old_copy_deleted(self.ctx, move.cluster_id)
-
-    def _gpus_still_in_use(self, c: Cluster) -> bool:
-        if not c.gpu_indices or c.host_id is None:
-            return False
-        mine = set(c.gpu_indices)
-        with self.ctx.read() as session:
-            leaving = session.scalars(
-                select(Cluster.gpu_indices).where(
-                    Cluster.host_id == c.host_id,
-                    Cluster.status == ClusterStatus.STOPPING.value,
-                    Cluster.id != c.id,
-                )
-            )
-            return any(mine & set(indices) for indices in leaving)
 
     def _await_running(self, c: Cluster) -> None:
         deadline = time.monotonic() + self.ctx.settings.readiness_timeout_s
@@ -622,10 +680,9 @@ class ClusterDriver:
         number = c.restarts + 1
         try:
             self._ensure_image(c)
-            # A port gpuyard chose may have been taken while the container was down.
-            self._move_off_taken_ports(c)
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
-            container_id = self.runtime_of(c.host_id).create(self.specs.build(c))
+            # A port gpuyard chose may have been taken while the container was down.
+            container_id = self._create(c, self.specs.build(c), check_ports=True)
             self.runtime_of(c.host_id).start(c.id)
             # A new container: a new address on its network.
             address = self.runtime_of(c.host_id).observe(c.id).address

@@ -62,6 +62,10 @@ def move_off(ctx: Context, c: Cluster, busy: frozenset[HostPort], now: datetime)
     Returns whether any moved; updates ``c.version`` and ``c.ports``. Raises PortInUse
     for a port the user chose, InsufficientCapacity when the range has no free port
     left, Conflict when the cluster changed meanwhile."""
+    if not _holds_any(c, busy):
+        # The usual answer, found without a write transaction: the cluster's row
+        # carries the host port of each of its claims (written with them).
+        return False
     with ctx.transaction() as session:
         mine = select(PortAllocation).where(PortAllocation.cluster_id == c.id)
         rows = list(session.scalars(mine))
@@ -95,6 +99,20 @@ def move_off(ctx: Context, c: Cluster, busy: frozenset[HostPort], now: datetime)
             )
     ctx.notifier.notify()  # the HTTP proxy's routes follow the new port
     return True
+
+
+def _holds_any(c: Cluster, busy: frozenset[HostPort]) -> bool:
+    """Whether one of ``c``'s host ports (as its row records them) lies in ``busy``;
+    True also for a row that does not say (the claims are then read)."""
+    if not busy:
+        return False
+    for item in c.ports or []:
+        port = item.get(HOST_PORT)
+        if not isinstance(port, int):
+            return True
+        if (port, "udp" if item.get("protocol") == "udp" else "tcp") in busy:
+            return True
+    return False
 
 
 def _reassign(

@@ -66,18 +66,15 @@ class VolumeRestores:
         self.runtime_of = runtime_of
         self.storage = storage
 
-    def volume_unread(self, c: Cluster) -> bool:
-        """Whether no snapshot is reading the cluster's volume now. The start waits until
-        then (the snapshot's end wakes the reconciler): a move or a restore would remove
-        the volume under the reader, and a ``stopped`` snapshot must not see a running
-        container."""
-        return not work.snapshot_reading(self.ctx, c)
-
     def finish_pending_restore(self, c: Cluster) -> bool:
         """Whether the start may go on after its storage steps: a pending restore is
         done. False: wait, or the start failed (the cluster is in ``error``). Raises
         Abandon when the cluster moved on during the restore."""
-        restore = svc.pending_restore(self.ctx, c.id)
+        return self.finish_restore(c, svc.pending_restore(self.ctx, c.id))
+
+    def finish_restore(self, c: Cluster, restore: VolumeRestore | None) -> bool:
+        """:meth:`finish_pending_restore` with the pending restore already read
+        (reconciler/clusters/start_checks.py; None: there is none)."""
         return restore is None or self._restore(c, restore)
 
     def _restore(self, c: Cluster, restore: VolumeRestore) -> bool:

@@ -14,14 +14,16 @@ allowed unenforced disk sizes (then the size is left out). :class:`Engine` owns 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_SIZE
+from gpuyard.core.side_by_side import SideBySide
 from gpuyard.runtimes.volumes.images import VolumeImages, driver_options
 
 
@@ -66,6 +68,52 @@ def with_size(labels: Mapping[str, str], size_gb: int) -> dict[str, str]:
     kept; 0: unchanged)."""
     wanted = max(size_label(labels) or 0, size_gb * 1024**3)
     return {**labels, LABEL_SIZE: str(wanted)} if wanted else dict(labels)
+
+
+class VolumeReady:
+    """What a container that mounts a volume waits for before it is started: nothing
+    (READY), or the image of a new sized volume, made on a thread of its own while the
+    engine records the volume and creates the container (Engine.prepare_volume): the
+    engine mounts the image only when a container using it starts."""
+
+    def __init__(
+        self,
+        making: SideBySide[str] | None = None,
+        *,
+        made: Callable[[], None] = lambda: None,
+        undo: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``made``: told once the image is whole; ``undo``: removes what was made for
+        the volume (its engine volume, its image)."""
+        self._making = making
+        self._made = made
+        self._undo = undo
+
+    def wait(self) -> None:
+        """Return once the volume can be mounted. Raises RuntimeFailure (the host's own
+        words) when its image could not be made: the volume is then not usable, and
+        the caller removes what uses it, then calls :meth:`undo`."""
+        if self._making is None:
+            return
+        self._making.result()
+        self._made()
+
+    def settle(self) -> None:
+        """Wait for the image's making to end, however it ends (the caller is failing
+        for another reason)."""
+        if self._making is not None:
+            self._making.settle()
+
+    def undo(self) -> None:
+        """After :meth:`wait` failed: remove the volume made for it and its image, so
+        the next start makes both again. Best effort: what cannot be removed now is
+        found again by the next start (a volume whose image is missing gets it made
+        when that start grows it)."""
+        with contextlib.suppress(RuntimeFailure):
+            self._undo()
+
+
+READY = VolumeReady()
 
 
 class DiskSizes:
@@ -175,6 +223,29 @@ class DiskSizes:
         if warn:
             log.warning("volume %s is made without a size limit: %s", name, problem)
         return None
+
+    def begin_volume(
+        self, name: str, size: int
+    ) -> tuple[dict[str, str] | None, SideBySide[str] | None]:
+        """Like :meth:`volume_options`, with the image made on a thread of its own: the
+        new volume's driver options at once, and the making to wait for before a
+        container mounts it (None: no image is made, sizes are not enforced here).
+        The volume's creation need not wait: the engine stores the options and mounts
+        the image at the first start of a container that uses it."""
+        if self.volumes_problem() is not None:
+            return self.volume_options(name, size), None
+        images = self.images
+        assert images is not None
+        path = images.path(name)  # an unusable name fails here, before anything is made
+        making = SideBySide(lambda: images.ensure(name, size), name="volume-image")
+        return driver_options(path), making
+
+    def drop_image(self, name: str) -> None:
+        """Remove volume ``name``'s image, made for a volume the engine then did not
+        create. Best effort."""
+        if self.images is not None:
+            with contextlib.suppress(RuntimeFailure):
+                self.images.remove(name)
 
     def grow(self, name: str, info: Mapping[str, Any], size: int) -> None:
         """Grow our existing volume ``name`` (inspect data ``info``) to ``size`` bytes

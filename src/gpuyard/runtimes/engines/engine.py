@@ -36,7 +36,7 @@ import requests
 
 from gpuyard.core.errors import RuntimeFailure, ValidationFailed
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, LABEL_MANAGED, Ownership
-from gpuyard.runtimes.engines.disk import DiskSizes, size_label
+from gpuyard.runtimes.engines.disk import READY, DiskSizes, VolumeReady, size_label
 from gpuyard.runtimes.hosts.edge import IptablesEdge
 from gpuyard.runtimes.hosts.firewall import (
     IptablesIsolation,
@@ -460,26 +460,59 @@ class Engine:
         of that size, runtimes/volumes/images.py); an existing one smaller than the size
         is grown. Where sizes cannot be enforced this raises RuntimeFailure, unless the
         operator allowed that (then the volume is made unsized)."""
+        ready = self.prepare_volume(name, labels)
+        try:
+            ready.wait()
+        except RuntimeFailure:
+            ready.undo()
+            raise
+
+    def prepare_volume(self, name: str, labels: Mapping[str, str] | None = None) -> VolumeReady:
+        """:meth:`ensure_volume` for a container about to be created: a new sized
+        volume's image is made on a thread of its own while the caller goes on (the
+        volume itself is recorded at once; the engine mounts the image only when a
+        container using it starts). The caller waits on the answer before that start;
+        if the wait fails, it removes what uses the volume and calls ``undo``."""
         size = size_label(labels)
         with self.errors(f"creating volume {name}"):
             try:
                 info = self.api.inspect_volume(name)
             except docker.errors.NotFound:
-                options = self.disk.volume_options(name, size) if size else None
-                try:
-                    made = self.api.create_volume(
-                        name=name, labels=self.labels(labels), driver_opts=options
-                    )
-                    if size and isinstance(made, dict):
-                        self.disk.made(name, made, size)
-                except docker.errors.APIError as e:
-                    if not lost_creation_race(e):
-                        raise
-                    # Whoever won the race, the volume must exist now.
-                    self.api.inspect_volume(name)
-                return
+                return self._new_volume(name, labels, size)
             if size:
                 self.disk.grow(name, info, size)
+        return READY
+
+    def _new_volume(
+        self, name: str, labels: Mapping[str, str] | None, size: int | None
+    ) -> VolumeReady:
+        options, making = self.disk.begin_volume(name, size) if size else (None, None)
+        try:
+            made = self.api.create_volume(
+                name=name, labels=self.labels(labels), driver_opts=options
+            )
+        except docker.errors.APIError as e:
+            if not lost_creation_race(e):
+                if making is not None:
+                    making.settle()
+                    self.disk.drop_image(name)
+                raise
+            # Whoever won the race, the volume must exist now; this call's own making
+            # of the image (the same file, made under a name of its own and renamed
+            # only if still missing) is still waited for.
+            self.api.inspect_volume(name)
+            return VolumeReady(making)
+        except BaseException:
+            if making is not None:
+                making.settle()
+                self.disk.drop_image(name)
+            raise
+
+        def image_made() -> None:
+            if size and isinstance(made, dict):
+                self.disk.made(name, made, size)
+
+        return VolumeReady(making, made=image_made, undo=lambda: self.remove_volume(name))
 
     def remove_volume(self, name: str, *, legacy: bool = False) -> None:
         """Delete our volume ``name``. Idempotent; one in use raises RuntimeFailure.

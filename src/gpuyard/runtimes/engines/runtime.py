@@ -63,6 +63,7 @@ from gpuyard.runtimes.base import (
 )
 from gpuyard.runtimes.engines import logs as engine_logs
 from gpuyard.runtimes.engines import pull_errors
+from gpuyard.runtimes.engines.container_create import create_container
 from gpuyard.runtimes.engines.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
 from gpuyard.runtimes.engines.exec_endpoint import engine_exec_endpoint
 from gpuyard.runtimes.engines.inventory import discover_inventory
@@ -350,10 +351,7 @@ class DockerEngineRuntime:
     ) -> None:
         """Create our volume ``name`` if it does not exist; with ``size_gb`` a sized
         one, or grow it (see Runtime.ensure_volume, Engine.ensure_volume). Idempotent."""
-        labels = {LABEL_CLUSTER: cluster_id} if cluster_id else {}
-        if size_gb:
-            labels[LABEL_SIZE] = str(size_gb * GIB)
-        self.engine.ensure_volume(name, labels or None)
+        self.engine.ensure_volume(name, _volume_labels(cluster_id, size_gb))
 
     def ensure_account_network(self, account_id: int, *, fresh: bool = False) -> str:
         """Create account ``account_id``'s private network if it does not exist (see
@@ -382,10 +380,35 @@ class DockerEngineRuntime:
             self._specs[spec.cluster_id] = spec
         if spec.replaces:
             self.engine.stop_and_remove(spec.replaces, timeout_s=10, legacy=True)
-        if spec.volume_name:
-            # Created with our labels (the engine would make an unlabelled one on
-            # mount, which our volume listing would not see), sized, or grown to size.
-            self.ensure_volume(spec.volume_name, spec.cluster_id, spec.volume_gb or None)
+        if not spec.volume_name:
+            return self._create_replacing(spec)
+        # Created with our labels (the engine would make an unlabelled one on mount,
+        # which our volume listing would not see), sized, or grown to size. A new sized
+        # volume's image (mkfs on the host, the slowest part of a first start) is made
+        # while the container is created: only the container's start mounts it.
+        ready = self.engine.prepare_volume(
+            spec.volume_name, _volume_labels(spec.cluster_id, spec.volume_gb or None)
+        )
+        try:
+            container_id = self._create_replacing(spec)
+        except BaseException:
+            ready.settle()
+            raise
+        try:
+            ready.wait()
+        except RuntimeFailure:
+            # The image could not be made: nothing may mount the volume. The container
+            # goes first (a volume in use cannot be removed), then the volume.
+            with contextlib.suppress(RuntimeFailure):
+                self.engine.remove_container(name)
+            ready.undo()
+            raise
+        return container_id
+
+    def _create_replacing(self, spec: ContainerSpec) -> str:
+        """Create the container, replacing one of ours of the same name, dropping what
+        the engine refused where that is allowed (see :meth:`create`)."""
+        name = self._name(spec.cluster_id)
         try:
             # Optimistic: most creates have no predecessor, and a remove that finds
             # nothing still costs an engine round trip.
@@ -441,7 +464,7 @@ class DockerEngineRuntime:
         kwargs = self._create_kwargs(spec)
         with self.engine.errors(f"creating container for cluster {spec.cluster_id}"):
             try:
-                container = self.engine.client().containers.create(**kwargs)
+                container_id = create_container(self.engine.api, **kwargs)
             except docker.errors.APIError as e:
                 if e.status_code == 409 or "already in use" in str(e):
                     raise _NameInUse() from e
@@ -458,7 +481,7 @@ class DockerEngineRuntime:
                         {"image": spec.image},
                     ) from e
                 raise
-            return str(container.id)
+            return container_id
 
     def _create_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
         # No host IP: both engines then bind every interface (what 0.0.0.0 means).
@@ -727,6 +750,14 @@ class DockerEngineRuntime:
         """What this machine has, as far as the engine says (no host commands: this
         machine's GPUs and disk are found at start)."""
         return discover_inventory(self.engine, None)
+
+
+def _volume_labels(cluster_id: str | None, size_gb: int | None) -> dict[str, str] | None:
+    """The labels of a cluster's volume: its cluster, and its size when it has one."""
+    labels = {LABEL_CLUSTER: cluster_id} if cluster_id else {}
+    if size_gb:
+        labels[LABEL_SIZE] = str(size_gb * GIB)
+    return labels or None
 
 
 def _split_image(image: str) -> tuple[str, str | None]:

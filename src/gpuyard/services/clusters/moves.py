@@ -196,11 +196,16 @@ def begin_move(
 def pending_move(ctx: Context, cluster_id: str) -> VolumeMove | None:
     """The cluster's move whose data is not copied yet, if any."""
     with ctx.read() as session:
-        move = session.get(VolumeMove, cluster_id)
-        if move is None or move.status != COPYING:
-            return None
-        session.expunge(move)
+        move = pending_move_in(session, cluster_id)
+        if move is not None:
+            session.expunge(move)
         return move
+
+
+def pending_move_in(session: Session, cluster_id: str) -> VolumeMove | None:
+    """:func:`pending_move`, read in ``session`` (still attached to it)."""
+    move = session.get(VolumeMove, cluster_id)
+    return move if move is not None and move.status == COPYING else None
 
 
 def record_progress(ctx: Context, cluster_id: str, copied: int) -> None:

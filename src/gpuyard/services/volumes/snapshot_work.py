@@ -201,18 +201,24 @@ def snapshot_reading(ctx: Context, cluster: Cluster) -> bool:
     mounts) is still being read. Its start waits: a move or a restore would remove the
     volume under the reader, and a ``stopped`` snapshot must not see a running
     container."""
+    with ctx.read() as session:
+        return snapshot_reading_in(session, cluster)
+
+
+def snapshot_reading_in(session: Session, cluster: Cluster) -> bool:
+    """:func:`snapshot_reading`, asked in ``session`` (a start's one read of its
+    pre-checks, reconciler/clusters/start_checks.py)."""
     mine = Snapshot.source_cluster_id == cluster.id
     if cluster.network_volume_id is not None:
         mine = mine | (Snapshot.source_network_volume_id == cluster.network_volume_id)
-    with ctx.read() as session:
-        return (
-            session.scalar(
-                select(Snapshot.id)
-                .where(mine, Snapshot.status == SnapshotStatus.CREATING.value)
-                .limit(1)
-            )
-            is not None
+    return (
+        session.scalar(
+            select(Snapshot.id)
+            .where(mine, Snapshot.status == SnapshotStatus.CREATING.value)
+            .limit(1)
         )
+        is not None
+    )
 
 
 def before_snapshot_outcome(ctx: Context, restore: VolumeRestore) -> str | None:

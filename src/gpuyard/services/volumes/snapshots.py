@@ -515,12 +515,18 @@ def add_restore(
 
 def pending_restore(ctx: Context, holder_id: str) -> VolumeRestore | None:
     with ctx.read() as session:
-        return session.scalar(
-            select(VolumeRestore).where(
-                VolumeRestore.holder_id == holder_id,
-                VolumeRestore.status == RestoreStatus.RESTORING.value,
-            )
+        return pending_restore_in(session, holder_id)
+
+
+def pending_restore_in(session: Session, holder_id: str) -> VolumeRestore | None:
+    """The restore into ``holder_id``'s volume not done yet, if any, read in
+    ``session`` (a start's one read of its pre-checks)."""
+    return session.scalar(
+        select(VolumeRestore).where(
+            VolumeRestore.holder_id == holder_id,
+            VolumeRestore.status == RestoreStatus.RESTORING.value,
         )
+    )
 
 
 def restore_volume_of_network_volume(
