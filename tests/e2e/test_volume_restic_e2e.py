@@ -60,7 +60,9 @@ def volume_with(engine: Engine, cluster: str) -> tuple[str, Path]:
 
 
 def helpers_left(engine: Engine) -> list[str]:
-    return [str(r.get("Names")) for r in engine.list_containers(f"gpuyard.role={ROLE_RESTIC_HELPER}")]
+    return [
+        str(r.get("Names")) for r in engine.list_containers(f"gpuyard.role={ROLE_RESTIC_HELPER}")
+    ]
 
 
 def restic_ls(repo: ResticRepository, restic_id: str, tmp_path: Path) -> str:

@@ -44,7 +44,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 
-from gpuyard.storage.rest_objects import KINDS, Mode, Policy, Refused, Target, object_path, parse_path
+from gpuyard.storage.rest_objects import (
+    KINDS,
+    Mode,
+    Policy,
+    Refused,
+    Target,
+    object_path,
+    parse_path,
+)
 
 _CLONE_NEWNET: Final = 0x40000000
 # The largest object accepted: restic 0.14's packs are 4-16 MiB (128 MiB at most).
@@ -110,7 +118,7 @@ class Handler(BaseHTTPRequestHandler):
         state: RepositoryState = self.server.state  # type: ignore[attr-defined]
         return state
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+    def log_message(self, format: str, *args: Any) -> None:
         """Requests are not logged (a backup makes thousands)."""
 
     def do_HEAD(self) -> None:
@@ -252,10 +260,10 @@ class Handler(BaseHTTPRequestHandler):
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o400)  # as restic's local backend leaves its files
-            try:
-                os.link(tmp, final)  # never replaces: an object with this name exists
-            except FileExistsError:
-                pass  # same name, same content (checked above): nothing to do
+            # Never replaces: an object of this name exists already with the same
+            # content (the name is its checked hash), so there is nothing to do.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, final)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

@@ -44,7 +44,12 @@ from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.volumes.copy import MOUNT, _reset_volume, volume_labels
 from gpuyard.runtimes.volumes.fifo_stream import NotHere
-from gpuyard.runtimes.volumes.restic_helper import HelperResult, failure, restic_helper
+from gpuyard.runtimes.volumes.restic_helper import (
+    HelperResult,
+    failure,
+    remove_restic_helpers,
+    restic_helper,
+)
 from gpuyard.storage.rest_objects import Mode
 from gpuyard.storage.rest_process import RestServer
 from gpuyard.storage.restic import ResticRepository, check_id
@@ -154,6 +159,8 @@ def restore_in_helper(
         raise NotHere(f"restic cannot reach {repository.location} from a helper")
     root, key = access
     with engine.errors(f"preparing volume {target_volume}"):
+        # A helper of an earlier attempt (a server killed mid-restore) holds it still.
+        remove_restic_helpers(engine, target_volume)
         _reset_volume(engine, target_volume, labels)
     args = ["--no-cache", "restore", restic_id, "--target", "/"]
     result = _run(engine, target_volume, repository, args, Mode.RESTORE, root, key, None, False)
@@ -175,10 +182,12 @@ def _run(
 ) -> HelperResult:
     """``restic args`` in a helper holding ``volume``, against ``root`` served for this
     run only; the credential and key are scrubbed from what restic printed."""
-    with restic_helper(engine, volume, args, binary=repository.binary(), read_only=read_only) as run:
-        with RestServer(root, mode, {key.name: key.content}, netns_fd=run.netns_fd) as server:
-            run.go({"repo": server.url().encode(), "pw": key.password.encode()})
-            result = run.wait(on_json)
+    with (
+        restic_helper(engine, volume, args, binary=repository.binary(), read_only=read_only) as run,
+        RestServer(root, mode, {key.name: key.content}, netns_fd=run.netns_fd) as server,
+    ):
+        run.go({"repo": server.url().encode(), "pw": key.password.encode()})
+        result = run.wait(on_json)
     for secret in (server.password, key.password):
         result.stderr = result.stderr.replace(secret, "***")
     if result.exit_status < 0:
