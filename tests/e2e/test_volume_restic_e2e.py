@@ -6,7 +6,9 @@ helper's own work directory (where the server's URL and key password are)."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,9 @@ import pytest
 from gpuyard.core.ownership import LABEL_CLUSTER, Ownership
 from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.volumes.copy import volume_checksum
-from gpuyard.runtimes.volumes.restic_helper import ROLE_RESTIC_HELPER
+from gpuyard.runtimes.volumes.restic_helper import ROLE_RESTIC_HELPER, restic_helper
+from gpuyard.storage.rest_objects import Mode
+from gpuyard.storage.rest_process import RestServer
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.volume_restic import backup_in_helper, restore_in_helper
 from tests.e2e.conftest import purge_installation
@@ -157,3 +161,53 @@ def test_symlinks_in_the_volume_lead_only_into_the_helper(
     assert (restored / "data.bin").read_bytes() == b"mine\n"
     assert listing(restored) == listing(root)
     assert repo.check().ok
+
+
+def test_the_helper_holds_only_the_volume_and_its_one_time_access(
+    local: Engine, repo: ResticRepository, tmp_path: Path
+) -> None:
+    """While restic runs: the helper has the volume read-only, its work directory and a
+    tmpfs, no network and its own PID namespace, and no secret in its configuration;
+    the server listens only inside the helper's namespace. After it: the one-time key's
+    password (which a tenant's race could read in the helper) opens nothing."""
+    src, _root = volume_with(local, "rhlook000001")
+    access = repo.helper_access()
+    assert access is not None
+    root, key = access
+    with restic_helper(
+        local, src, ["--no-cache", "cat", "config"], binary=repo.binary(), read_only=True
+    ) as run:
+        with RestServer(root, Mode.BACKUP, {key.name: key.content}, netns_fd=run.netns_fd) as srv:
+            info = local.api.inspect_container(run.name)
+            # Nothing on this machine's own loopback answers for the repository.
+            assert srv.port is not None
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", srv.port), timeout=2).close()
+            run.go({"repo": srv.url().encode(), "pw": key.password.encode()})
+            result = run.wait()
+        url, password = srv.url(), key.password
+    assert result.exit_status == 0, result.stderr
+    host = info["HostConfig"]
+    assert host.get("NetworkMode") == "none"
+    assert host.get("PidMode") in ("", "private", None)
+    assert not host.get("Privileged")
+    mounts = sorted((m["Destination"], m["RW"], m.get("Name") or "") for m in info["Mounts"])
+    assert [m[:2] for m in mounts] == [("/data", False), ("/gy", True)], mounts
+    assert mounts[0][2] == src
+    configured = json.dumps(info["Config"])
+    for secret in (password, url, repo_password(tmp_path)):
+        assert secret not in configured
+    # The leaked one-time password opens no key the repository holds.
+    leaked = tmp_path / "leaked"
+    leaked.write_text(password)
+    done = subprocess.run(
+        ["restic", "--repo", str(tmp_path / "repo"), "--password-file", str(leaked),
+         "--no-cache", "cat", "config"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "wrong password" in done.stderr
+    assert helpers_left(local) == []
+
+
+def repo_password(tmp_path: Path) -> str:
+    return (tmp_path / "secrets" / "snapshot.password").read_text().strip()

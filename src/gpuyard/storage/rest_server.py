@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -175,8 +176,11 @@ class Handler(BaseHTTPRequestHandler):
         path = object_path(self.state.root, target)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise Refused(404, "not found") from None
+        except OSError as exc:
+            # Missing, or a symlink planted in the repository (ELOOP): not an object.
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                raise Refused(404, "not found") from None
+            raise
         try:
             size = os.fstat(fd).st_size
             start, length = self._range(size)
@@ -336,8 +340,8 @@ def enter_netns(fd: int) -> None:
     """Move this thread into the network namespace open on ``fd`` (setns(2))."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.setns(fd, _CLONE_NEWNET) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"setns: {os.strerror(errno)}")
+        code = ctypes.get_errno()
+        raise OSError(code, f"setns: {os.strerror(code)}")
 
 
 def serve(config: dict[str, Any]) -> Server:
