@@ -177,7 +177,8 @@ def test_the_helper_holds_only_the_volume_and_its_one_time_access(
     with restic_helper(
         local, src, ["--no-cache", "cat", "config"], binary=repo.binary(), read_only=True
     ) as run:
-        with RestServer(root, Mode.BACKUP, {key.name: key.content}, netns_fd=run.netns_fd) as srv:
+        with RestServer(root, Mode.BACKUP, {key.name: key.content}) as srv:
+            srv.listen(run.netns_fd)
             info = local.api.inspect_container(run.name)
             # Nothing on this machine's own loopback answers for the repository.
             assert srv.port is not None

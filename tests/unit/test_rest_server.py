@@ -45,6 +45,7 @@ def repo(tmp_path: Path) -> Path:
 def started(root: Path, mode: Mode) -> RestServer:
     server = RestServer(root, mode, {KEY_NAME: KEY})
     server.start()
+    server.listen(None)  # this machine's loopback
     return server
 
 
@@ -193,7 +194,9 @@ def test_names_with_traversal_never_reach_a_file(backup: RestServer, repo: Path)
     assert (repo.parent / "outside").read_bytes() == b"not the repository's"
 
 
-def test_a_planted_symlink_in_the_repository_is_not_followed(backup: RestServer, repo: Path) -> None:
+def test_a_planted_symlink_in_the_repository_is_not_followed(
+    backup: RestServer, repo: Path
+) -> None:
     name = "c" * 64
     os.symlink(repo.parent / "outside", repo / "snapshots" / name)
     status, body = request(backup, "GET", f"/snapshots/{name}")

@@ -3,10 +3,13 @@ as a child process: the data plane stays out of the control plane's event loop a
 threads, and the server's whole life is the operation's.
 
 The child gets its configuration on stdin (the one-time credential and key never sit
-on a command line or in the environment), the helper's network namespace as file
-descriptor it names, and SIGTERM when the thread that started it ends (so it deletes the
-locks it created and goes when the server dies). :meth:`RestServer.close` ends its
-stdin, which ends it; one that does not go within a few seconds is killed.
+on a command line or in the environment), and SIGTERM when the thread that started it
+ends (so it deletes the locks it created and goes when the server dies). It is started
+first (:meth:`RestServer.start`: Python's start-up overlaps the helper's), then told
+where to listen (:meth:`RestServer.listen`): the helper's network namespace comes as a
+file descriptor passed over a unix socket pair (``SCM_RIGHTS``), so no PID is looked
+up twice. :meth:`RestServer.close` ends its stdin, which ends it; one that does not go
+within a few seconds is killed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,26 +48,17 @@ class RestServerFailed(RuntimeFailure):
 
 class RestServer:
     """One operation's REST backend server for the repository at ``root`` (see the
-    module docstring). ``netns_fd``: a network namespace to listen in (the helper's),
-    None for this process's own (tests). Use as a context manager, or call
-    :meth:`start` and :meth:`close`."""
+    module docstring). Use as a context manager (started on entry, closed on exit), or
+    call :meth:`start` and :meth:`close`; :meth:`listen` in between."""
 
-    def __init__(
-        self,
-        root: Path,
-        mode: Mode,
-        keys: dict[str, bytes],
-        *,
-        netns_fd: int | None = None,
-        port: int = 0,
-    ) -> None:
+    def __init__(self, root: Path, mode: Mode, keys: dict[str, bytes], *, port: int = 0) -> None:
         self.root = Path(root)
         self.mode = mode
         self.user = "gy-" + secrets.token_hex(4)
         self.password = secrets.token_urlsafe(32)
         self._keys = keys
-        self._netns_fd = netns_fd
         self._port = port
+        self._control: socket.socket | None = None
         self.port: int | None = None
         self.locks_removed: list[str] = []
         self._proc: subprocess.Popen[bytes] | None = None
@@ -76,7 +71,9 @@ class RestServer:
         return f"rest:http://{self.user}:{self.password}@{host}:{self.port}/"
 
     def start(self) -> None:
-        """Start the child and wait until it listens. Raises RestServerFailed."""
+        """Start the child (it then waits for :meth:`listen`). Raises RestServerFailed."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._control = ours
         config = {
             "root": str(self.root),
             "user": self.user,
@@ -84,24 +81,36 @@ class RestServer:
             "mode": self.mode.value,
             "keys": {k: base64.b64encode(v).decode() for k, v in self._keys.items()},
             "port": self._port,
-            "netns_fd": self._netns_fd,
+            "control_fd": theirs.fileno(),
         }
-        pass_fds = () if self._netns_fd is None else (self._netns_fd,)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", _MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=pass_fds,
+            pass_fds=(theirs.fileno(),),
             preexec_fn=die_with_parent(signal.SIGTERM),
             env=_child_environment(),
         )
         assert self._proc.stdin is not None and self._proc.stdout is not None
         assert self._proc.stderr is not None
+        theirs.close()
         self._err = Drain(self._proc.stderr)
         try:
             self._proc.stdin.write(json.dumps(config).encode() + b"\n")
             self._proc.stdin.flush()
+        except OSError as exc:
+            self._fail(f"the REST backend server did not start: {exc}")
+
+    def listen(self, netns_fd: int | None) -> None:
+        """Have the started child listen on ``127.0.0.1`` in the network namespace open
+        on ``netns_fd`` (the helper's; None: this process's own, for tests), and wait
+        until it does. Raises RestServerFailed."""
+        assert self._proc is not None and self._proc.stdout is not None
+        assert self._control is not None
+        try:
+            fds = [netns_fd] if netns_fd is not None else []
+            socket.send_fds(self._control, [b"listen\n"], fds)
             line = _read_line(self._proc.stdout, START_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             self._fail(f"the REST backend server did not start: {exc}")
@@ -119,6 +128,9 @@ class RestServer:
         """End the operation: the server stops answering, deletes the locks it made
         that restic left, and exits (killed after STOP_TIMEOUT_S). Idempotent."""
         proc, self._proc = self._proc, None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
         if proc is None:
             return
         assert proc.stdin is not None and proc.stdout is not None

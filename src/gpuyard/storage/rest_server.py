@@ -10,9 +10,10 @@ point at can be the repository, its password file or the server's home.
 The child reads one JSON document from its stdin (it is never on a command line):
 ``root`` (the repository directory), ``user`` and ``password`` (the one-time HTTP basic
 credential), ``mode`` (storage/rest_objects.py Mode), ``keys`` (name -> base64 of a key
-file made for this operation: the only keys served), ``port``, and whether to enter
-the network namespace open on the file descriptor ``netns_fd`` (the helper's) before it
-binds ``127.0.0.1:port``. A socket made after ``setns`` belongs to that namespace, so
+file made for this operation: the only keys served), ``port``, and ``control_fd``, a
+unix socket on which one message then says to listen, with the helper's network
+namespace as a passed file descriptor: the child enters it before it binds
+``127.0.0.1:port``. A socket made after ``setns`` belongs to that namespace, so
 only processes in the helper's namespace can connect; nothing listens on the host.
 It then prints ``listening <port>`` and serves until its stdin ends (the operation is
 over), SIGTERM or SIGINT: then it stops answering, deletes the locks it created that
@@ -350,11 +351,11 @@ def enter_netns(fd: int) -> None:
         raise OSError(code, f"setns: {os.strerror(code)}")
 
 
-def serve(config: dict[str, Any]) -> Server:
-    """Make the server ``config`` describes (see the module docstring), bound and
-    ready to serve; the caller runs ``serve_forever``."""
-    netns_fd = config.get("netns_fd")
-    if isinstance(netns_fd, int):
+def serve(config: dict[str, Any], netns_fd: int | None) -> Server:
+    """Make the server ``config`` describes (see the module docstring), bound (in the
+    network namespace open on ``netns_fd``, when given) and ready to serve; the caller
+    runs ``serve_forever``."""
+    if netns_fd is not None:
         enter_netns(netns_fd)
         os.close(netns_fd)
     state = RepositoryState(
@@ -369,7 +370,10 @@ def serve(config: dict[str, Any]) -> Server:
 
 def main() -> int:
     config = json.loads(sys.stdin.readline())
-    server = serve(config)
+    control = socket.socket(fileno=int(config["control_fd"]))
+    _message, fds, _flags, _addr = socket.recv_fds(control, 64, 1)
+    control.close()
+    server = serve(config, fds[0] if fds else None)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -377,7 +381,10 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    threading.Thread(target=server.serve_forever, name="rest", daemon=True).start()
+    # A short poll: the operation's end waits for serve_forever to notice the shutdown.
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, name="rest", daemon=True
+    ).start()
     print(f"listening {server.server_address[1]}", flush=True)
 
     def watch_stdin() -> None:

@@ -182,12 +182,17 @@ def _run(
 ) -> HelperResult:
     """``restic args`` in a helper holding ``volume``, against ``root`` served for this
     run only; the credential and key are scrubbed from what restic printed."""
+    # The server's child starts while the engine starts the helper; it listens once
+    # the helper's network namespace exists, and is closed before the helper goes.
+    binary = repository.binary()
     with (
-        restic_helper(engine, volume, args, binary=repository.binary(), read_only=read_only) as run,
-        RestServer(root, mode, {key.name: key.content}, netns_fd=run.netns_fd) as server,
+        RestServer(root, mode, {key.name: key.content}) as server,
+        restic_helper(engine, volume, args, binary=binary, read_only=read_only) as run,
     ):
+        server.listen(run.netns_fd)
         run.go({"repo": server.url().encode(), "pw": key.password.encode()})
         result = run.wait(on_json)
+        server.close()
     for secret in (server.password, key.password):
         result.stderr = result.stderr.replace(secret, "***")
     if result.exit_status < 0:
