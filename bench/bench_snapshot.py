@@ -21,7 +21,10 @@ repository (restic's own key and cache; init untimed) and a bare ``restic restor
 gpuyard's snapshot into an empty directory; ``tar c -C <volume dir> . | zstd -1 -T0 >
 file`` and ``zstd -d -c file | tar x -C <empty dir>`` are printed too. The incremental
 snapshot follows a 1 % change (10 MiB overwritten in the middle of one large file, 64
-small files rewritten) and is compared with the first snapshot of the same path. One
+small files rewritten) and is compared with the first snapshot of the same path; a
+second one follows 1 % changed as whole files (640 of the 16 KiB files per GiB
+rewritten). Both are also timed for bare restic (``restic backup <dir>`` again into
+its repository, where it takes its previous snapshot as the parent). One
 restic command's fixed cost (``restic cat config``, median of 5) is printed with
 restic's own stretched key and with the fast key gpuyard adds (storage/restic_keys.py).
 Each figure is the median of ``--rounds``. Goals: snapshot >= 0.9x bare restic backup,
@@ -92,6 +95,15 @@ def change_one_percent(root: Path, round_no: int) -> None:
         path.write_bytes(os.urandom(16 * 1024))
 
 
+def change_small_files(root: Path, total_mib: int, round_no: int) -> None:
+    """1 % of the tree changed as whole files: that many 16 KiB files rewritten."""
+    count = max(1, total_mib * MIB // 100 // (16 * 1024))
+    small_count = total_mib * MIB // 4 // (16 * 1024)
+    for n in range(count):
+        i = (round_no * 7919 + n * 13) % small_count
+        (root / f"dir-{i % 128:03d}" / f"file-{i:05d}").write_bytes(os.urandom(16 * 1024))
+
+
 def volume_dir(engine: Engine, name: str) -> Path:
     return Path(engine.api.inspect_volume(name)["Mountpoint"])
 
@@ -150,11 +162,14 @@ def restic_cli(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(argv, check=True, capture_output=True)
 
 
-def bare_restic_backup(src: Path, repo: Path) -> float:
-    shutil.rmtree(repo, ignore_errors=True)
-    shutil.rmtree(str(repo) + ".cache", ignore_errors=True)
-    Path(str(repo) + ".password").write_text(os.urandom(24).hex() + "\n")
-    restic_cli(repo, "init", "--repository-version", "2")
+def bare_restic_backup(src: Path, repo: Path, *, fresh: bool = True) -> float:
+    """``restic backup <dir>``; ``fresh``: into a new repository (init untimed), else
+    into the same one, where restic takes the last snapshot of the path as parent."""
+    if fresh:
+        shutil.rmtree(repo, ignore_errors=True)
+        shutil.rmtree(str(repo) + ".cache", ignore_errors=True)
+        Path(str(repo) + ".password").write_text(os.urandom(24).hex() + "\n")
+        restic_cli(repo, "init", "--repository-version", "2")
     t0 = time.perf_counter()
     restic_cli(repo, "backup", "-q", "--host", "bench", str(src))
     return time.perf_counter() - t0
@@ -268,14 +283,24 @@ def main() -> int:
             repo = fresh_repo()
             seconds, first_id, added, _same = helper_snapshot(engine, repo, f"h{r}", None)
             note("helper first", seconds, added)
+            note("restic backup", bare_restic_backup(src, work / "bare"))
+            # 1 %: 10 MiB inside one large file (restic reads that whole file again:
+            # it skips unchanged files, not unchanged parts) and 64 small files.
             change_one_percent(src, r * 2 + 2)
             os.sync()
-            seconds, last_id, added, unchanged = helper_snapshot(engine, repo, f"i{r}", first_id)
+            seconds, mid_id, added, unchanged = helper_snapshot(engine, repo, f"i{r}", first_id)
             note("helper incremental", seconds, added)
+            note("restic incremental", bare_restic_backup(src, work / "bare", fresh=False))
             print(f"  incremental: {unchanged} files unchanged", flush=True)
+            # 1 % as whole files: 16 KiB files rewritten.
+            change_small_files(src, args.mib, r)
+            os.sync()
+            seconds, last_id, added, unchanged = helper_snapshot(engine, repo, f"j{r}", mid_id)
+            note("helper files", seconds, added)
+            note("restic files", bare_restic_backup(src, work / "bare", fresh=False))
+            print(f"  incremental (whole files): {unchanged} files unchanged", flush=True)
             note("helper restore", worker_restore(runtime, repo, last_id))
             engine.remove_volume("bench-restored")
-            note("restic backup", bare_restic_backup(src, work / "bare"))
             note("restic restore", bare_restic_restore(repo, last_id, work / "restored"))
             note("command, stretched key", command_cost(work / "repo", fast=False))
             note("command, fast key", command_cost(work / "repo", fast=True))
@@ -292,7 +317,10 @@ def main() -> int:
             "baseline snapshot": "snapshot, tar c | zstd -1 -T0",
             "restic backup": "snapshot, bare restic backup <dir>",
             "helper first": "snapshot, gpuyard (restic beside)",
-            "helper incremental": "  after 1 % changed",
+            "helper incremental": "  after 1 % changed (in a large file)",
+            "restic incremental": "  bare restic, same change",
+            "helper files": "  after 1 % changed (whole files)",
+            "restic files": "  bare restic, same change",
             "stream first": "snapshot, gpuyard (tar stream)",
             "stream incremental": "  after 1 % changed",
             "baseline restore": "restore, zstd -d | tar x",
@@ -313,6 +341,14 @@ def main() -> int:
         snap_ratio = med["restic backup"] / med["helper first"]
         snap_tar = med["baseline snapshot"] / med["helper first"]
         speedup = med["helper first"] / med["helper incremental"]
+        speedup_files = med["helper first"] / med["helper files"]
+        print(
+            f"incremental vs bare restic's incremental: "
+            f"{med['restic incremental'] / med['helper incremental']:.2f}x (in a large file), "
+            f"{med['restic files'] / med['helper files']:.2f}x (whole files); bare restic's own "
+            f"first/incremental: {med['restic backup'] / med['restic incremental']:.1f}x, "
+            f"{med['restic backup'] / med['restic files']:.1f}x"
+        )
         restore_ratio = med["restic restore"] / med["helper restore"]
         restore_tar = med["baseline restore"] / med["helper restore"]
         if args.with_stream:
@@ -329,7 +365,7 @@ def main() -> int:
             f"RATIO snapshot {snap_ratio:.2f}x bare restic backup (goal >= 0.9: "
             f"{verdict(snap_ratio >= 0.9)}), {snap_tar:.2f}x tar | zstd; "
             f"incremental {speedup:.1f}x faster than the first (goal >= 10: "
-            f"{verdict(speedup >= 10)}); restore {restore_ratio:.2f}x bare restic restore "
+            f"{verdict(speedup >= 10)}; {speedup_files:.1f}x for whole files); restore {restore_ratio:.2f}x bare restic restore "
             f"(goal >= 0.9: {verdict(restore_ratio >= 0.9)}), {restore_tar:.2f}x zstd -d | tar x"
         )
         return 0
