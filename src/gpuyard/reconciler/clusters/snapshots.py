@@ -206,7 +206,7 @@ class SnapshotWorker:
                     engine, snap.volume_name, repository, parent=parent, **options
                 )
             except RuntimeFailure as exc:
-                if parent is None or isinstance(exc, VolumeCopyFailed):
+                if parent is None or not _parent_missing(exc):
                     raise
                 # The parent may have been forgotten meanwhile: read every file instead.
                 log.info(
@@ -498,6 +498,17 @@ class SnapshotWorker:
             migrate_shared_snapshots(self.ctx, self.repositories)
         except GpuyardError as exc:
             log.warning("snapshots cannot be moved to their accounts now: %s", exc.message)
+
+
+def _parent_missing(exc: RuntimeFailure) -> bool:
+    """Whether restic failed because the parent snapshot is gone (forgotten meanwhile):
+    its fatal error names the id it could not find."""
+    stderr = str(exc.details.get("stderr", ""))
+    return (
+        not isinstance(exc, VolumeCopyFailed)
+        and exc.details.get("exit_status") == 1
+        and ("no matching ID" in stderr or "parent" in stderr.lower())
+    )
 
 
 def _holder_size(holder: Cluster | NetworkVolume | None) -> int:

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import docker.errors
 import docker.types
@@ -94,11 +94,10 @@ class HelperRun:
 
     def go(self, files: Mapping[str, bytes]) -> None:
         """Write ``files`` (name -> content, 0600) into ``/gy`` and let restic run."""
-        for name, content in files.items():
+        for name, content in {**files, "go": b""}.items():
             fd = os.open(self.work / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(content)
-        (self.work / "go").touch(0o600)
 
     def wait(self, on_json: Callable[[dict[str, Any]], None] | None = None) -> HelperResult:
         """Wait for restic to end, handing each JSON line it prints to ``on_json``."""
@@ -110,7 +109,7 @@ class HelperRun:
         next_engine_check = time.monotonic() + ENGINE_POLL_S
         while True:
             done = rc.exists()
-            with contextlib.suppress(FileNotFoundError), open(out, "rb") as f:
+            with contextlib.suppress(FileNotFoundError), _open_ours(out) as f:
                 f.seek(offset)
                 data = f.read()
                 offset += len(data)
@@ -148,7 +147,7 @@ class HelperRun:
 
     def _stderr(self) -> str:
         tail: deque[str] = deque(maxlen=STDERR_LINES)
-        with contextlib.suppress(OSError), open(self.work / "err", "rb") as f:
+        with contextlib.suppress(OSError), _open_ours(self.work / "err") as f:
             for line in f:
                 if line.strip():
                     tail.append(line.decode("utf-8", "replace").rstrip())
@@ -265,9 +264,15 @@ def _open_netns(info: Mapping[str, Any], work: Path) -> int:
     return fd
 
 
+def _open_ours(path: Path) -> BinaryIO:
+    """A file the helper wrote into our directory, never through a link it made."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+
+
 def _read_status(rc: Path) -> int:
     try:
-        return int(rc.read_text().strip())
+        with _open_ours(rc) as f:
+            return int(f.read(32).strip())
     except (OSError, ValueError):
         return -1
 
