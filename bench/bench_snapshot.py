@@ -22,7 +22,7 @@ gpuyard's snapshot into an empty directory; ``tar c -C <volume dir> . | zstd -1 
 file`` and ``zstd -d -c file | tar x -C <empty dir>`` are printed too. The incremental
 snapshot follows a 1 % change (10 MiB overwritten in the middle of one large file, 64
 small files rewritten) and is compared with the first snapshot of the same path; a
-second one follows 1 % changed as whole files (640 of the 16 KiB files per GiB
+second one follows 1 % changed as whole files (655 of the 16 KiB files per GiB
 rewritten). Both are also timed for bare restic (``restic backup <dir>`` again into
 its repository, where it takes its previous snapshot as the parent). One
 restic command's fixed cost (``restic cat config``, median of 5) is printed with

@@ -1,22 +1,22 @@
 """Storage work: taking snapshots, restoring them into volumes, forgetting deleted ones.
 
 Each account's snapshots live in its own restic repository with its own password
-(storage/account_repositories.py). restic runs only here, on the control plane, and
-never where a volume is mounted: a volume is read through a short-lived helper
-container of ours (runtimes/volumes/copy.py) that mounts that volume alone, read-only,
-in its own PID namespace with no network, and runs ``tar c`` (symlinks stored as
-symlinks, never followed). The stream is read through the engine's API (the
-runtime's VolumeIO, runtimes/capabilities.py), counted as it passes
-(storage/tar_stats.py) and piped into
-``restic backup --stdin`` chunk by chunk, never whole in memory; content-defined
-chunking stores only what changed since the account's earlier snapshots. Nothing a
-tenant writes into a volume can make restic open a path: restic sees only a stream.
+(storage/account_repositories.py). On an engine of this machine with a local
+repository, restic runs in a helper beside the volume that holds only that volume
+(read-only) and restic, and reaches the repository only through a REST backend server
+started for that one operation (storage/volume_restic.py): a ``tree`` snapshot, compared
+against the volume's previous one, so unchanged files are not read again. Elsewhere (an
+engine on another host, an S3 repository) a helper that mounts the volume alone runs
+``tar c`` and the stream, read through the engine's API (the runtime's VolumeIO,
+runtimes/capabilities.py) and counted as it passes (storage/tar_stats.py), is piped
+into ``restic backup --stdin`` here, chunk by chunk: a ``tar`` snapshot. Either way
+nothing a tenant writes into a volume can make restic open a path of the control plane.
 
 A restore goes the other way, into a new engine volume that replaces the old one only
-once it is whole (the caller swaps it in), so a failed restore changes nothing: the
-snapshot's tar (``restic dump``), or for a ``tree`` (the volume's files, taken by restic
-beside the volume in earlier versions) a tar rebuilt from it (dump_as_volume_tar), is
-written through the engine's archive upload.
+once it is whole (the caller swaps it in), so a failed restore changes nothing: a
+``tree`` snapshot by ``restic restore`` in a helper holding only the new volume where
+that can run, else as a tar rebuilt from it (dump_as_volume_tar); a ``tar`` snapshot's
+tar (``restic dump``) through the engine's archive upload.
 
 Crashes: restic under this process dies with it (parent-death signal), so a stream cut
 off never commits a snapshot. Partial packs and stale locks are cleaned when the server
