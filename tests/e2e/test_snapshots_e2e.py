@@ -151,8 +151,9 @@ def check_one_clean(repo: ResticRepository) -> None:
 def test_snapshot_restore_and_clone_byte_for_byte(
     tmp_path: Path, engine_url: str, engine: docker.DockerClient
 ) -> None:
-    """A volume kept as its tar stream, read through the engine's API by a helper that
-    mounts only that volume, in its account's own repository."""
+    """A volume kept as its files (``tree``), read by restic in a helper that mounts
+    only that volume and reaches its account's own repository through the operation's
+    REST backend server; the next snapshot reads only what changed."""
     with running_server(tmp_path / "home", engine_url) as server, server.client() as c:
         cid = create_cluster(c)
         code, out = sh(engine, server, cid, WRITE_TREE.format(big_mb=100))
@@ -160,7 +161,7 @@ def test_snapshot_restore_and_clone_byte_for_byte(
         before = tree_checksum(engine, server, cid)
 
         first = take_snapshot(c, cid, "first")
-        assert snapshot_format(server, first["id"]) == "tar"
+        assert snapshot_format(server, first["id"]) == "tree"
         assert first["consistency"] == "crash_consistent"
         assert first["source_cluster_id"] == cid
         assert first["size_bytes"] >= 100 * 1024 * 1024
@@ -208,6 +209,13 @@ def test_snapshot_restore_and_clone_byte_for_byte(
         assert code == 0, out
         second = take_snapshot(c, cid, "second")
         assert second["stored_bytes"] < first["stored_bytes"] / 5, (first, second)
+        # The next one is compared against it (the volume's previous snapshot; the
+        # restore made the volume anew): restic reads only the file that changed.
+        assert sh(engine, server, cid, "echo more >> /workspace/code/f2.txt")[0] == 0
+        third = take_snapshot(c, cid, "third")
+        events = c.get(f"/v1/clusters/{cid}/events").json()["data"]
+        ready = [str(e) for e in events.get("events", events) if f"{third['id']} ready" in str(e)]
+        assert ready and "43 files unchanged" in ready[0], ready
 
         # A snapshot of a stopped cluster says so.
         assert c.post(f"/v1/clusters/{clone}/stop").status_code == 200

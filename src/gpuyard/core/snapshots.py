@@ -23,10 +23,12 @@ class Consistency(StrEnum):
 
 
 class SnapshotFormat(StrEnum):
-    # The volume's tar stream as one file (read through any engine's API).
+    # The volume's tar stream as one file (read through any engine's API): taken where
+    # restic cannot run beside the volume (a remote engine, an S3 repository).
     TAR = "tar"
-    # The volume's files themselves, taken by restic run beside the volume in earlier
-    # versions; still restored (as a tar rebuilt from the snapshot), never taken.
+    # The volume's files themselves under /data, taken by restic beside the volume (in
+    # a helper that reaches the repository only over REST); restored by restic restore
+    # in a helper, or elsewhere as a tar rebuilt from the snapshot.
     TREE = "tree"
 
 

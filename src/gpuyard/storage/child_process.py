@@ -37,9 +37,10 @@ def _prctl() -> Callable[..., int] | None:
     return fn
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when the thread that forked it
-    ends (the process dying included); None where prctl is missing."""
+def die_with_parent(signum: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``signum`` (SIGKILL unless told: a
+    child that must clean up first gets SIGTERM) when the thread that forked it ends
+    (the process dying included); None where prctl is missing."""
     prctl = _prctl()
     if prctl is None:
         return None
@@ -50,9 +51,9 @@ def die_with_parent() -> Callable[[], None] | None:
         # The signal follows the thread that forked, so the caller keeps its thread
         # alive for the child's whole life (every caller here waits for its child).
         with contextlib.suppress(Exception):
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
             if os.getppid() != parent:  # the parent died before prctl took effect
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signum)
 
     return preexec
 

@@ -94,7 +94,7 @@ from gpuyard.storage.child_process import (
     kill,
     write_all,
 )
-from gpuyard.storage.restic_keys import ensure_fast_key
+from gpuyard.storage.restic_keys import OperationKey, ensure_fast_key, operation_key
 from gpuyard.storage.secret_files import SecretFileError, ensure_secret_file
 
 log = logging.getLogger(__name__)
@@ -263,6 +263,24 @@ class ResticRepository:
             self._key_hint = ensure_fast_key(root, self._secret)
         except OSError as exc:  # a read-only repository, say: restic's own key still works
             log.warning("no fast key for restic repository %s: %s", self.location, exc)
+
+    def helper_access(self) -> tuple[Path, OperationKey] | None:
+        """For restic run elsewhere through a REST backend server of ours
+        (storage/volume_restic.py): the local repository's directory and a key made for
+        one operation. None for a repository that is not local, or whose password needs
+        stretching (a person's: storage/restic_keys.py). Makes the repository first."""
+        if not self.is_local:
+            return None
+        self.ensure()
+        if self._secret is None or self._key_hint is None:
+            return None  # no cheap key: the password is not one of ours
+        root = Path(self._local_path())
+        key = operation_key(root, self._secret)
+        return None if key is None else (root, key)
+
+    def binary(self) -> str:
+        """The restic binary this repository runs (ResticError when it is missing)."""
+        return self._executable()
 
     def exists(self) -> bool:
         """Whether the repository exists; creates nothing. A repository whose password

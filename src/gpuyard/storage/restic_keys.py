@@ -194,3 +194,43 @@ def ensure_fast_key(repository: Path, password: str) -> str | None:
         os.replace(tmp, keys / name)
         return name
     return None
+
+
+@dataclass(frozen=True)
+class OperationKey:
+    """A key file made for one operation (never written to the repository): restic in
+    a helper opens the repository with ``password`` and the key ``content``, served
+    under ``name`` by the operation's REST server (storage/rest_server.py)."""
+
+    name: str
+    content: bytes
+    password: str
+
+
+def operation_key(repository: Path, password: str) -> OperationKey | None:
+    """A new key sealing the master key of the local repository at ``repository``
+    under a new random password, with :data:`FAST_PARAMS`. None when no key of the
+    repository opens with ``password``. The repository's own password never leaves
+    this process: a helper that leaks the new one leaks a key that exists only while
+    its operation's server runs."""
+    keys = repository / "keys"
+    names = [n for n in sorted(os.listdir(keys)) if _KEY_NAME.fullmatch(n)]
+    files = [(keys / n).read_bytes() for n in names]
+    # Cheap keys first: the stretched one costs half a second.
+    files.sort(key=lambda data: not _is_fast(_loads(data)))
+    for data in files:
+        try:
+            master = master_key(data, password)
+        except KeyFileError:
+            continue
+        fresh = secrets.token_urlsafe(32)
+        content = fast_key_file(master, fresh)
+        return OperationKey(hashlib.sha256(content).hexdigest(), content, fresh)
+    return None
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None

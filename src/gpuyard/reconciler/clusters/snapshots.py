@@ -1,22 +1,22 @@
 """Storage work: taking snapshots, restoring them into volumes, forgetting deleted ones.
 
 Each account's snapshots live in its own restic repository with its own password
-(storage/account_repositories.py). restic runs only here, on the control plane, and
-never where a volume is mounted: a volume is read through a short-lived helper
-container of ours (runtimes/volumes/copy.py) that mounts that volume alone, read-only,
-in its own PID namespace with no network, and runs ``tar c`` (symlinks stored as
-symlinks, never followed). The stream is read through the engine's API (the
-runtime's VolumeIO, runtimes/capabilities.py), counted as it passes
-(storage/tar_stats.py) and piped into
-``restic backup --stdin`` chunk by chunk, never whole in memory; content-defined
-chunking stores only what changed since the account's earlier snapshots. Nothing a
-tenant writes into a volume can make restic open a path: restic sees only a stream.
+(storage/account_repositories.py). On an engine of this machine with a local
+repository, restic runs in a helper beside the volume that holds only that volume
+(read-only) and restic, and reaches the repository only through a REST backend server
+started for that one operation (storage/volume_restic.py): a ``tree`` snapshot, compared
+against the volume's previous one, so unchanged files are not read again. Elsewhere (an
+engine on another host, an S3 repository) a helper that mounts the volume alone runs
+``tar c`` and the stream, read through the engine's API (the runtime's VolumeIO,
+runtimes/capabilities.py) and counted as it passes (storage/tar_stats.py), is piped
+into ``restic backup --stdin`` here, chunk by chunk: a ``tar`` snapshot. Either way
+nothing a tenant writes into a volume can make restic open a path of the control plane.
 
 A restore goes the other way, into a new engine volume that replaces the old one only
-once it is whole (the caller swaps it in), so a failed restore changes nothing: the
-snapshot's tar (``restic dump``), or for a ``tree`` (the volume's files, taken by restic
-beside the volume in earlier versions) a tar rebuilt from it (dump_as_volume_tar), is
-written through the engine's archive upload.
+once it is whole (the caller swaps it in), so a failed restore changes nothing: a
+``tree`` snapshot by ``restic restore`` in a helper holding only the new volume where
+that can run, else as a tar rebuilt from it (dump_as_volume_tar); a ``tar`` snapshot's
+tar (``restic dump``) through the engine's archive upload.
 
 Crashes: restic under this process dies with it (parent-death signal), so a stream cut
 off never commits a snapshot. Partial packs and stale locks are cleaned when the server
@@ -42,6 +42,10 @@ from gpuyard.core.snapshots import SnapshotFormat
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.clusters.snapshot_migration import TAG_PREFIX, migrate_shared_snapshots
 from gpuyard.runtimes.base import Runtime
+from gpuyard.runtimes.engines.volumes import target_labels as runtime_volume_labels
+from gpuyard.runtimes.volumes.copy import VolumeCopyFailed
+from gpuyard.runtimes.volumes.fifo_stream import NotHere
+from gpuyard.runtimes.volumes.restic_helper import can_run_here
 from gpuyard.services.context import Context
 from gpuyard.services.volumes import snapshot_work as work
 from gpuyard.services.volumes import snapshots as svc
@@ -50,6 +54,7 @@ from gpuyard.storage.account_repositories import SnapshotRepositories
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.restic_dump import dump_as_volume_tar
 from gpuyard.storage.tar_stats import TarCounter, counted
+from gpuyard.storage.volume_restic import backup_in_helper, restore_in_helper
 from gpuyard.store.schema import Cluster, NetworkVolume, Snapshot
 
 log = logging.getLogger(__name__)
@@ -158,7 +163,7 @@ class SnapshotWorker:
         try:
             self._ready()
             runtime = self.runtime_of(snap.host_id)
-            taken = self._take_tar(runtime, snap, beat)
+            taken = self._take_beside(runtime, snap, beat) or self._take_tar(runtime, snap, beat)
         except Exception as exc:
             reason = exc.message if isinstance(exc, GpuyardError) else f"{type(exc).__name__}"
             log.warning("snapshot %s failed: %s", snapshot_id, reason)
@@ -174,6 +179,67 @@ class SnapshotWorker:
             # Failed meanwhile: its data is not wanted (forgotten later if not now).
             work.keep_for_forgetting(self.ctx, snapshot_id, taken.restic_id)
         self.ctx.wake()
+
+    def _take_beside(
+        self, runtime: Runtime, snap: Snapshot, beat: Callable[[int], None]
+    ) -> work.Taken | None:
+        """The snapshot as a ``tree``, taken by restic in a helper beside the volume
+        (storage/volume_restic.py) against the volume's previous one; None where that
+        cannot run (a remote engine, a repository that is not local): nothing was read
+        then, and the tar stream is the way."""
+        engine = runtime.docker_engine()
+        if engine is None or not can_run_here(engine):
+            log.info(
+                "snapshot %s: streaming the tar of %s (remote engine)", snap.id, snap.volume_name
+            )
+            return None
+        repository = self._repository(snap.account_id)
+        parent = work.parent_snapshot(self.ctx, snap)
+        options: dict[str, Any] = {
+            "tags": [snapshot_tag(snap.id)],
+            "host": self.ctx.ownership.prefix,
+            "on_progress": beat,
+        }
+        try:
+            try:
+                result = backup_in_helper(
+                    engine, snap.volume_name, repository, parent=parent, **options
+                )
+            except RuntimeFailure as exc:
+                if parent is None or not _parent_missing(exc):
+                    raise
+                # The parent may have been forgotten meanwhile: read every file instead.
+                log.info(
+                    "snapshot %s: backup against %s failed (%s); again without it",
+                    snap.id,
+                    parent[:8],
+                    exc.message,
+                )
+                self._forget_tagged(snap.id, snap.account_id)
+                result = backup_in_helper(
+                    engine, snap.volume_name, repository, parent=None, **options
+                )
+        except NotHere as exc:
+            log.info("snapshot %s: streaming the tar of %s (%s)", snap.id, snap.volume_name, exc)
+            return None
+        log.info(
+            "snapshot %s: restic beside %s, %d files (%d unchanged), %.1f s",
+            snap.id,
+            snap.volume_name,
+            result.files,
+            result.files_unmodified,
+            result.seconds,
+        )
+        return work.Taken(
+            restic_id=result.restic_id,
+            size_bytes=result.bytes,
+            stored_bytes=result.data_added,
+            file_count=result.files,
+            stream_bytes=result.bytes,
+            seconds=result.seconds,
+            format=SnapshotFormat.TREE,
+            files_unmodified=result.files_unmodified,
+        )
 
     def _take_tar(
         self, runtime: Runtime, snap: Snapshot, beat: Callable[[int], None]
@@ -289,9 +355,24 @@ class SnapshotWorker:
         beat: Callable[[int], None],
         size_gb: int = 0,
     ) -> None:
-        """Write the snapshot into ``target_volume`` (held to ``size_gb`` GiB at least)
-        as a tar stream through the engine's archive upload (restic runs here; only the
-        stream reaches the engine)."""
+        """Write the snapshot into ``target_volume`` (held to ``size_gb`` GiB at least):
+        a ``tree`` by restic in a helper beside the new volume where it can run
+        (storage/volume_restic.py), else as a tar stream through the engine's archive
+        upload (restic runs here; only the stream reaches the engine)."""
+        engine = runtime.docker_engine()
+        if fmt == SnapshotFormat.TREE and engine is not None and can_run_here(engine):
+            labels = runtime_volume_labels(engine, like_volume, cluster_id, size_gb)
+            try:
+                seconds = restore_in_helper(engine, target_volume, labels, repository, restic_id)
+                log.info(
+                    "restored %s into %s by restic beside it, %.1f s",
+                    restic_id[:8],
+                    target_volume,
+                    seconds,
+                )
+                return
+            except NotHere as exc:
+                log.info("restore into %s: streaming (%s)", target_volume, exc)
         source: contextlib.AbstractContextManager[Iterator[Any]] = (
             dump_as_volume_tar(repository, restic_id)
             if fmt == SnapshotFormat.TREE
@@ -417,6 +498,17 @@ class SnapshotWorker:
             migrate_shared_snapshots(self.ctx, self.repositories)
         except GpuyardError as exc:
             log.warning("snapshots cannot be moved to their accounts now: %s", exc.message)
+
+
+def _parent_missing(exc: RuntimeFailure) -> bool:
+    """Whether restic failed because the parent snapshot is gone (forgotten meanwhile):
+    its fatal error names the id it could not find."""
+    stderr = str(exc.details.get("stderr", ""))
+    return (
+        not isinstance(exc, VolumeCopyFailed)
+        and exc.details.get("exit_status") == 1
+        and ("no matching ID" in stderr or "parent" in stderr.lower())
+    )
 
 
 def _holder_size(holder: Cluster | NetworkVolume | None) -> int:

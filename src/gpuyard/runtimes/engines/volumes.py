@@ -27,9 +27,24 @@ from gpuyard.runtimes.volumes.copy import (
     volume_tar_stream,
 )
 from gpuyard.runtimes.volumes.fifo_stream import NotHere, volume_tar_fifo
+from gpuyard.runtimes.volumes.restic_helper import remove_restic_helpers
 
 # The helpers of earlier versions that ran restic beside a volume: removed on sight.
 LEGACY_ROLE_RESTIC = "restic"
+
+
+def target_labels(
+    engine: Engine, like: str | None, cluster_id: str | None, size_gb: int = 0
+) -> dict[str, str]:
+    """The labels a volume written anew gets: those of our volume ``like`` when it
+    exists, else ours naming ``cluster_id``; held to ``size_gb`` GiB at least."""
+    labels: dict[str, str] = {}
+    if like is not None:
+        with contextlib.suppress(RuntimeFailure):
+            labels = volume_labels(engine, like)
+    if not labels:
+        labels = engine.labels({LABEL_CLUSTER: cluster_id} if cluster_id else {})
+    return with_size(labels, size_gb)
 
 
 class EngineVolumeIO:
@@ -60,17 +75,12 @@ class EngineVolumeIO:
         on_progress: Progress | None = None,
         size_gb: int = 0,
     ) -> int:
-        labels: dict[str, str] = {}
-        if like is not None:
-            with contextlib.suppress(RuntimeFailure):
-                labels = volume_labels(self.engine, like)
-        if not labels:
-            labels = self.engine.labels({LABEL_CLUSTER: cluster_id} if cluster_id else {})
-        labels = with_size(labels, size_gb)
+        labels = target_labels(self.engine, like, cluster_id, size_gb)
         return fill_volume(self.engine, volume, labels, chunks, on_progress=on_progress)
 
     def remove_readers(self, volume: str) -> None:
         remove_helpers(self.engine, volume, role=LEGACY_ROLE_RESTIC)
+        remove_restic_helpers(self.engine, volume)
         remove_helpers(self.engine, volume)  # a tar stream's reader
 
     def copy_to(

@@ -102,6 +102,8 @@ class Taken:
     stream_bytes: int
     seconds: float
     format: SnapshotFormat = SnapshotFormat.TAR
+    # Files restic found unchanged since the parent snapshot (None: not told).
+    files_unmodified: int | None = None
 
 
 def finish_snapshot(ctx: Context, snapshot_id: str, taken: Taken) -> bool:
@@ -139,9 +141,37 @@ def finish_snapshot(ctx: Context, snapshot_id: str, taken: Taken) -> bool:
                 now,
                 "snapshot",
                 f"snapshot {snap.id} ready: {taken.size_bytes} bytes in {taken.file_count} "
-                f"files, {taken.stored_bytes} bytes stored, {taken.seconds:.1f} s",
+                f"files, {taken.stored_bytes} bytes stored, {taken.seconds:.1f} s"
+                + (
+                    f", {taken.files_unmodified} files unchanged"
+                    if taken.files_unmodified is not None
+                    else ""
+                ),
             )
     return True
+
+
+def parent_snapshot(ctx: Context, snap: Snapshot) -> str | None:
+    """The restic id of the latest ready ``tree`` snapshot of ``snap``'s engine volume
+    in its account's repository (the parent restic compares the volume against), None
+    when there is none."""
+    with ctx.read() as session:
+        return session.scalars(
+            select(Snapshot.restic_id)
+            .where(
+                Snapshot.account_id == snap.account_id,
+                Snapshot.host_id == snap.host_id,
+                Snapshot.volume_name == snap.volume_name,
+                Snapshot.status == SnapshotStatus.READY.value,
+                Snapshot.format == SnapshotFormat.TREE.value,
+                Snapshot.repository == SnapshotRepository.ACCOUNT.value,
+                Snapshot.restic_id.is_not(None),
+                Snapshot.deleted_at.is_(None),  # its data may be forgotten already
+                Snapshot.id != snap.id,
+            )
+            .order_by(Snapshot.ready_at.desc(), Snapshot.created_at.desc())
+            .limit(1)
+        ).first()
 
 
 def restore_progress(ctx: Context, restore_id: int, done: int, total: int) -> None:

@@ -69,8 +69,8 @@ class NetworkVolume(Base):
 
 class Snapshot(Base):
     """A saved copy of a cluster's or a network volume's data, kept in its account's
-    restic repository (storage/account_repositories.py) as one tar file tagged with
-    the snapshot's id."""
+    restic repository (storage/account_repositories.py), as the volume's files or one
+    tar file (``format``), tagged with the snapshot's id."""
 
     __tablename__ = "snapshots"
     __table_args__ = (Index("ix_snapshots_account_created", "account_id", "created_at"),)
@@ -99,8 +99,9 @@ class Snapshot(Base):
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     restic_id: Mapped[str | None] = mapped_column(String(64))
     # How the data is kept (core/snapshots.py SnapshotFormat): ``tar``, one file
-    # volume.tar (every snapshot taken now); ``tree``, the volume's files under /data
-    # (taken by earlier versions with restic beside the volume; still restored).
+    # volume.tar (taken where restic cannot run beside the volume); ``tree``, the
+    # volume's files under /data (restic beside the volume, reaching the repository
+    # only through the operation's REST backend server).
     format: Mapped[str] = mapped_column(String(10), default="tar", server_default="tar")
     # Which repository holds the data (core/snapshots.py SnapshotRepository):
     # ``account``, the account's own; NULL, the installation-wide one of earlier

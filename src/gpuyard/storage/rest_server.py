@@ -1,0 +1,407 @@
+"""A restic REST backend for ONE repository directory, for ONE operation, run as a child
+process of the control plane (``python -m gpuyard.storage.rest_server``; started and
+stopped by storage/rest_process.py).
+
+Why: restic runs inside a helper container that mounts only the volume it reads or
+writes and the restic binary (storage/volume_restic.py); it reaches the repository only
+through this server, never through a path, so nothing a tenant's symlinks in the volume
+point at can be the repository, its password file or the server's home.
+
+The child reads one JSON document from its stdin (it is never on a command line):
+``root`` (the repository directory), ``user`` and ``password`` (the one-time HTTP basic
+credential), ``mode`` (storage/rest_objects.py Mode), ``keys`` (name -> base64 of a key
+file made for this operation: the only keys served), ``port``, and ``control_fd``, a
+unix socket on which one message then says to listen, with the helper's network
+namespace as a passed file descriptor: the child enters it before it binds
+``127.0.0.1:port``. A socket made after ``setns`` belongs to that namespace, so
+only processes in the helper's namespace can connect; nothing listens on the host.
+It then prints ``listening <port>`` and serves until its stdin ends (the operation is
+over), SIGTERM or SIGINT: then it stops answering, deletes the locks it created that
+restic left behind (a helper killed mid-way) and exits. Its parent's death sends it
+SIGTERM (storage/child_process.py), so it cleans up then too.
+
+Every request is checked in this order, each refusal answered with a status and no
+effect: the credential (401), the path and object name (storage/rest_objects.py:
+400/404), the operation's policy (403/405). Uploads are read to a temporary file beside
+the repository's objects, their SHA-256 checked against their name (400 otherwise),
+and linked into place without replacing anything. Downloads honour ``Range`` and are
+sent with ``sendfile``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import errno
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Final
+
+from gpuyard.storage.rest_objects import (
+    KINDS,
+    Mode,
+    Policy,
+    Refused,
+    Target,
+    object_path,
+    parse_path,
+)
+
+_CLONE_NEWNET: Final = 0x40000000
+# The largest object accepted: restic 0.14's packs are 4-16 MiB (128 MiB at most).
+MAX_OBJECT_BYTES: Final = 1 << 30
+_V2: Final = "application/vnd.x.restic.rest.v2"
+_READ_CHUNK: Final = 1 << 20
+
+
+class RepositoryState:
+    """What the handlers share: the repository, the credential, the policy, the keys
+    served, and the locks created (so only those may be deleted, and leftovers go)."""
+
+    def __init__(
+        self, root: Path, user: str, password: str, mode: Mode, keys: dict[str, bytes]
+    ) -> None:
+        self.root = root
+        self.policy = Policy(mode)
+        self.keys = keys
+        self._authorization = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._lock = threading.Lock()
+        self._created_locks: set[str] = set()
+        self._closed = False
+
+    def authorized(self, header: str | None) -> bool:
+        if self._closed or header is None:
+            return False
+        return secrets.compare_digest(header.encode(), self._authorization.encode())
+
+    def lock_created(self, name: str) -> None:
+        with self._lock:
+            self._created_locks.add(name)
+
+    def lock_deleted(self, name: str) -> bool:
+        """Whether this server created lock ``name`` (and forgets it)."""
+        with self._lock:
+            if name not in self._created_locks:
+                return False
+            self._created_locks.discard(name)
+            return True
+
+    def close(self) -> list[str]:
+        """Refuse every request from now on and delete the locks created and not
+        deleted. Returns their names."""
+        with self._lock:
+            self._closed = True
+            left = sorted(self._created_locks)
+            self._created_locks.clear()
+        for name in left:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.root / "locks" / name)
+        return left
+
+
+class Handler(BaseHTTPRequestHandler):
+    """restic's REST protocol on one :class:`RepositoryState` (``server.state``)."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "gpuyard-rest"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go in separate writes: without this, Nagle's algorithm and
+        # the client's delayed ACK hold every small answer back ~40 ms.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    @property
+    def state(self) -> RepositoryState:
+        state: RepositoryState = self.server.state  # type: ignore[attr-defined]
+        return state
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Requests are not logged (a backup makes thousands)."""
+
+    def do_HEAD(self) -> None:
+        self._serve("HEAD")
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def _serve(self, method: str) -> None:
+        try:
+            if not self.state.authorized(self.headers.get("Authorization")):
+                self._discard_body()
+                raise Refused(401, "unauthorized")
+            target = parse_path(self.path)
+            self.state.policy.check(method, target)
+            if method in ("GET", "HEAD"):
+                self._read(method, target)
+            elif method == "POST":
+                self._save(target)
+            elif method == "DELETE":
+                self._delete(target)
+            else:
+                raise Refused(405, "method not allowed")
+        except Refused as exc:
+            self._answer(exc.status, exc.reason.encode())
+        except OSError as exc:
+            if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+                self.close_connection = True
+                return
+            self._answer(500, b"storage error")
+
+    # -- reading -------------------------------------------------------------------
+
+    def _read(self, method: str, target: Target) -> None:
+        if target.is_listing:
+            self._list(method, target.kind)
+            return
+        if target.kind == "keys":
+            assert target.name is not None
+            data = self.state.keys.get(target.name)
+            if data is None:
+                raise Refused(404, "not found")
+            self._answer(200, data, body=method == "GET")
+            return
+        path = object_path(self.state.root, target)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            # Missing, or a symlink planted in the repository (ELOOP): not an object.
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                raise Refused(404, "not found") from None
+            raise
+        try:
+            size = os.fstat(fd).st_size
+            start, length = self._range(size)
+            self.send_response(206 if length != size or start else 200)
+            self.send_header("Content-Length", str(length))
+            if start or length != size:
+                self.send_header("Content-Range", f"bytes {start}-{start + length - 1}/{size}")
+            self.end_headers()
+            if method == "GET":
+                self._send_file(fd, start, length)
+        finally:
+            os.close(fd)
+
+    def _range(self, size: int) -> tuple[int, int]:
+        """(offset, length) of a ``Range: bytes=a-b`` or ``bytes=a-`` header (the whole
+        object without one). 416 for one outside the object."""
+        header = self.headers.get("Range")
+        if header is None:
+            return 0, size
+        spec = header.removeprefix("bytes=")
+        first, sep, last = spec.partition("-")
+        if not sep or not first.isdigit() or (last and not last.isdigit()):
+            raise Refused(416, "unsupported range")
+        start = int(first)
+        end = min(int(last), size - 1) if last else size - 1
+        if start >= size or end < start:
+            raise Refused(416, "range outside the object")
+        return start, end - start + 1
+
+    def _send_file(self, fd: int, start: int, length: int) -> None:
+        self.wfile.flush()
+        out = self.connection.fileno()
+        offset, left = start, length
+        while left > 0:
+            sent = os.sendfile(out, fd, offset, left)
+            if sent == 0:
+                raise BrokenPipeError("the object ended early")
+            offset += sent
+            left -= sent
+
+    def _list(self, method: str, kind: str) -> None:
+        if kind == "keys":
+            entries = [(name, len(data)) for name, data in sorted(self.state.keys.items())]
+        else:
+            entries = list(_listing(self.state.root, kind))
+        v2 = _V2 in (self.headers.get("Accept") or "")
+        doc: list[Any] = (
+            [{"name": n, "size": s} for n, s in entries] if v2 else [n for n, _ in entries]
+        )
+        body = json.dumps(doc).encode()
+        self._answer(200, body, body=method == "GET", content_type=_V2 if v2 else None)
+
+    # -- writing -------------------------------------------------------------------
+
+    def _save(self, target: Target) -> None:
+        assert target.name is not None
+        length_header = self.headers.get("Content-Length")
+        if length_header is None or not length_header.isdigit():
+            raise Refused(411, "a length is required")
+        length = int(length_header)
+        if length > MAX_OBJECT_BYTES:
+            self.close_connection = True
+            raise Refused(413, "object too large")
+        final = object_path(self.state.root, target)
+        final.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = self.state.root / f".gy-upload-{secrets.token_hex(8)}"
+        digest = hashlib.sha256()
+        try:
+            with open(tmp, "xb") as f:
+                left = length
+                while left > 0:
+                    chunk = self.rfile.read(min(left, _READ_CHUNK))
+                    if not chunk:
+                        self.close_connection = True
+                        raise Refused(400, "the upload ended early")
+                    digest.update(chunk)
+                    f.write(chunk)
+                    left -= len(chunk)
+                if digest.hexdigest() != target.name:
+                    raise Refused(400, "the content does not match its name")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o400)  # as restic's local backend leaves its files
+            # Never replaces: an object of this name exists already with the same
+            # content (the name is its checked hash), so there is nothing to do.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if target.kind == "locks":
+            self.state.lock_created(target.name)
+        self._answer(200, b"")
+
+    def _delete(self, target: Target) -> None:
+        assert target.name is not None
+        # Only locks reach here (Policy), and only the ones this server made go.
+        if not self.state.lock_deleted(target.name):
+            raise Refused(403, "not a lock of this operation")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(object_path(self.state.root, target))
+        self._answer(200, b"")
+
+    # -- answers -------------------------------------------------------------------
+
+    def _answer(
+        self, status: int, data: bytes, *, body: bool = True, content_type: str | None = None
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        if content_type is not None:
+            self.send_header("Content-Type", content_type)
+        self.end_headers()
+        if body and data and self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _discard_body(self) -> None:
+        """Read a refused request's body off the connection (small ones), so the next
+        request on it parses; a large one closes the connection instead."""
+        length = self.headers.get("Content-Length")
+        if length and length.isdigit() and int(length) <= _READ_CHUNK:
+            self.rfile.read(int(length))
+        elif length and length != "0":
+            self.close_connection = True
+
+
+def _listing(root: Path, kind: str) -> list[tuple[str, int]]:
+    """(name, size) of every object of ``kind``; names that are not an object's (our
+    temporary files, anything else) are left out."""
+    assert kind in KINDS
+    dirs = [root / kind]
+    if kind == "data":
+        with contextlib.suppress(FileNotFoundError):
+            dirs = [root / "data" / d for d in sorted(os.listdir(root / "data")) if len(d) == 2]
+    found: list[tuple[str, int]] = []
+    for directory in dirs:
+        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False) and len(entry.name) == 64:
+                    with contextlib.suppress(ValueError):
+                        int(entry.name, 16)
+                        if entry.name == entry.name.lower():
+                            found.append((entry.name, entry.stat(follow_symlinks=False).st_size))
+    return found
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], state: RepositoryState) -> None:
+        self.state = state
+        super().__init__(address, Handler)
+
+
+def enter_netns(fd: int) -> None:
+    """Move this thread into the network namespace open on ``fd`` (setns(2))."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"setns: {os.strerror(code)}")
+
+
+def serve(config: dict[str, Any], netns_fd: int | None) -> Server:
+    """Make the server ``config`` describes (see the module docstring), bound (in the
+    network namespace open on ``netns_fd``, when given) and ready to serve; the caller
+    runs ``serve_forever``."""
+    if netns_fd is not None:
+        enter_netns(netns_fd)
+        os.close(netns_fd)
+    state = RepositoryState(
+        Path(config["root"]),
+        str(config["user"]),
+        str(config["password"]),
+        Mode(config["mode"]),
+        {str(k): base64.b64decode(v) for k, v in (config.get("keys") or {}).items()},
+    )
+    return Server((str(config.get("host", "127.0.0.1")), int(config.get("port", 0))), state)
+
+
+def main() -> int:
+    config = json.loads(sys.stdin.readline())
+    control = socket.socket(fileno=int(config["control_fd"]))
+    _message, fds, _flags, _addr = socket.recv_fds(control, 64, 1)
+    control.close()
+    server = serve(config, fds[0] if fds else None)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # A short poll: the operation's end waits for serve_forever to notice the shutdown.
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, name="rest", daemon=True
+    ).start()
+    print(f"listening {server.server_address[1]}", flush=True)
+
+    def watch_stdin() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdin.read()  # ends when the operation is over (or the parent is gone)
+        stop.set()
+
+    threading.Thread(target=watch_stdin, name="stdin", daemon=True).start()
+    stop.wait()
+    left = server.state.close()
+    server.shutdown()
+    with contextlib.suppress(OSError):
+        server.socket.shutdown(socket.SHUT_RDWR)
+    server.server_close()
+    print(json.dumps({"locks_removed": left}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The REST backend server of one operation (storage/rest_server.py, started as a child
+process by storage/rest_process.py, here on this machine's loopback): object names,
+the operation's policy, credentials, and nothing answered once the operation is over.
+A tenant who somehow reached it (another operation's credential, names with ``..``,
+planted symlinks) gets refusals and no file outside the repository."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuyard.storage.rest_objects import Mode, Policy, Refused, Target, object_path, parse_path
+from gpuyard.storage.rest_process import RestServer
+
+KEY = b'{"kdf":"scrypt","only":"this operation"}'
+KEY_NAME = hashlib.sha256(KEY).hexdigest()
+
+
+def name_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    for kind in ("keys", "locks", "snapshots", "index"):
+        (root / kind).mkdir(parents=True)
+    for i in range(256):
+        (root / "data" / f"{i:02x}").mkdir(parents=True)
+    (root / "config").write_bytes(b"config-bytes")
+    (root / "keys" / ("a" * 64)).write_bytes(b"the repository's own key")
+    blob = b"pack contents"
+    (root / "data" / name_of(blob)[:2] / name_of(blob)).write_bytes(blob)
+    (tmp_path / "outside").write_bytes(b"not the repository's")
+    return root
+
+
+def started(root: Path, mode: Mode) -> RestServer:
+    server = RestServer(root, mode, {KEY_NAME: KEY})
+    server.start()
+    server.listen(None)  # this machine's loopback
+    return server
+
+
+@pytest.fixture
+def backup(repo: Path) -> Iterator[RestServer]:
+    server = started(repo, Mode.BACKUP)
+    yield server
+    server.close()
+
+
+def request(
+    server: RestServer,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    assert server.port is not None
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    credential = f"{user or server.user}:{password or server.password}".encode()
+    sent = {"Authorization": "Basic " + base64.b64encode(credential).decode(), **(headers or {})}
+    conn.request(method, path, body=body, headers=sent)
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, data
+
+
+# -- names and paths (pure) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "/data/../config",
+        "/data/..%2fconfig",
+        "/keys/" + "A" * 64,
+        "/keys/" + "a" * 63,
+        "/keys/" + "a" * 65,
+        "/snapshots/" + "g" * 64,
+        "/index/.." + "a" * 62,
+        "/locks/" + "a" * 64 + "/x",
+        "/data/ab/" + "a" * 64,
+        "//etc/passwd",
+        "/etc/passwd",
+        "/config/../../etc/passwd",
+        "/data/" + "a" * 64 + "?x=1",
+        "/../repo/config",
+        "/keys",
+        "",
+    ],
+)
+def test_paths_that_are_not_objects_are_refused(raw: str) -> None:
+    with pytest.raises(Refused) as caught:
+        parse_path(raw)
+    assert caught.value.status in (400, 404)
+
+
+def test_object_paths_stay_under_the_root(tmp_path: Path) -> None:
+    name = "0f" + "1" * 62
+    assert object_path(tmp_path, parse_path(f"/data/{name}")) == tmp_path / "data" / "0f" / name
+    assert object_path(tmp_path, parse_path(f"/locks/{name}")) == tmp_path / "locks" / name
+    assert object_path(tmp_path, parse_path("/config")) == tmp_path / "config"
+    with pytest.raises(Refused):
+        object_path(tmp_path, Target("data", "../x"))
+    assert parse_path("/data/").is_listing
+
+
+@pytest.mark.parametrize(
+    ("mode", "method", "path", "allowed"),
+    [
+        (Mode.BACKUP, "POST", "/data/" + "a" * 64, True),
+        (Mode.BACKUP, "POST", "/config", False),
+        (Mode.BACKUP, "POST", "/keys/" + "a" * 64, False),
+        (Mode.BACKUP, "DELETE", "/keys/" + "a" * 64, False),
+        (Mode.BACKUP, "DELETE", "/data/" + "a" * 64, False),
+        (Mode.BACKUP, "DELETE", "/snapshots/" + "a" * 64, False),
+        (Mode.BACKUP, "DELETE", "/index/" + "a" * 64, False),
+        (Mode.BACKUP, "POST", "/?create=true", False),
+        (Mode.BACKUP, "POST", "/data/", False),
+        (Mode.RESTORE, "POST", "/data/" + "a" * 64, False),
+        (Mode.RESTORE, "POST", "/snapshots/" + "a" * 64, False),
+        (Mode.RESTORE, "POST", "/locks/" + "a" * 64, True),
+        (Mode.RESTORE, "GET", "/data/" + "a" * 64, True),
+        (Mode.RESTORE, "PUT", "/data/" + "a" * 64, False),
+    ],
+)
+def test_the_policy_of_each_operation(mode: Mode, method: str, path: str, allowed: bool) -> None:
+    policy = Policy(mode)
+    if allowed:
+        policy.check(method, parse_path(path))
+    else:
+        with pytest.raises(Refused) as caught:
+            policy.check(method, parse_path(path))
+        assert caught.value.status in (403, 405)
+
+
+# -- the server ----------------------------------------------------------------------
+
+
+def test_restic_requests_are_served(backup: RestServer, repo: Path) -> None:
+    assert request(backup, "GET", "/config") == (200, b"config-bytes")
+    status, _ = request(backup, "HEAD", "/config")
+    assert status == 200
+    # Only the operation's key exists for the client; the repository's own is hidden.
+    status, body = request(
+        backup, "GET", "/keys/", headers={"Accept": "application/vnd.x.restic.rest.v2"}
+    )
+    assert status == 200 and json.loads(body) == [{"name": KEY_NAME, "size": len(KEY)}]
+    assert request(backup, "GET", f"/keys/{KEY_NAME}") == (200, KEY)
+    assert request(backup, "GET", "/keys/" + "a" * 64)[0] == 404
+    blob = b"pack contents"
+    assert request(backup, "GET", "/data/")[1] == json.dumps([name_of(blob)]).encode()
+    assert request(backup, "GET", f"/data/{name_of(blob)}", headers={"Range": "bytes=5-8"}) == (
+        206,
+        b"cont",
+    )
+    new = os.urandom(3000)
+    assert request(backup, "POST", f"/index/{name_of(new)}", new)[0] == 200
+    assert (repo / "index" / name_of(new)).read_bytes() == new
+    # The same object again changes nothing; one whose content is not its name is refused.
+    assert request(backup, "POST", f"/index/{name_of(new)}", new)[0] == 200
+    assert request(backup, "POST", "/index/" + "b" * 64, new)[0] == 400
+    assert not (repo / "index" / ("b" * 64)).exists()
+    assert sorted(p.name for p in repo.iterdir() if p.name.startswith(".")) == []
+
+
+def test_another_operations_credential_is_refused(backup: RestServer, repo: Path) -> None:
+    other = started(repo, Mode.BACKUP)
+    try:
+        assert request(backup, "GET", "/config", user=other.user, password=other.password)[0] == 401
+        assert request(backup, "GET", "/config", password="guess")[0] == 401
+        assert request(other, "GET", "/config")[0] == 200
+    finally:
+        other.close()
+
+
+def test_names_with_traversal_never_reach_a_file(backup: RestServer, repo: Path) -> None:
+    for path in ("/data/../config", "/keys/../../outside", "/locks/..%2F..%2Foutside"):
+        status, body = request(backup, "GET", path)
+        assert status in (400, 404) and b"not the repository" not in body
+    assert request(backup, "POST", "/snapshots/../../outside", b"x")[0] in (400, 404)
+    assert (repo.parent / "outside").read_bytes() == b"not the repository's"
+
+
+def test_a_planted_symlink_in_the_repository_is_not_followed(
+    backup: RestServer, repo: Path
+) -> None:
+    name = "c" * 64
+    os.symlink(repo.parent / "outside", repo / "snapshots" / name)
+    status, body = request(backup, "GET", f"/snapshots/{name}")
+    assert status == 404 and b"not the repository" not in body
+
+
+def test_only_its_own_locks_are_deleted_and_leftovers_go_at_the_end(repo: Path) -> None:
+    server = started(repo, Mode.RESTORE)
+    mine, theirs = b"my lock", b"someone else's lock"
+    (repo / "locks" / name_of(theirs)).write_bytes(theirs)
+    assert request(server, "POST", f"/locks/{name_of(mine)}", mine)[0] == 200
+    assert request(server, "DELETE", f"/locks/{name_of(theirs)}")[0] == 403
+    assert request(server, "DELETE", f"/locks/{name_of(mine)}")[0] == 200
+    left = b"a lock the helper never removed"
+    assert request(server, "POST", f"/locks/{name_of(left)}", left)[0] == 200
+    server.close()
+    assert server.locks_removed == [name_of(left)]
+    assert sorted(os.listdir(repo / "locks")) == [name_of(theirs)]
+
+
+def test_nothing_is_answered_once_the_operation_is_over(repo: Path) -> None:
+    server = started(repo, Mode.BACKUP)
+    assert request(server, "GET", "/config")[0] == 200
+    server.close()
+    with pytest.raises(OSError):
+        request(server, "GET", "/config")
