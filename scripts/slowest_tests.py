@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class Case:
     seconds: float
     test_id: str  # path::name, as pytest names it (a class's name between)
-    path: str  # the test file, relative to the repository
+    path: str  # the test file, relative to the repository ("" when the case has none)
     group: str
 
 
@@ -37,6 +37,8 @@ def test_file(classname: str, root: Path = ROOT) -> tuple[str, str]:
     """The test file of a JUnit ``classname`` (``tests.e2e.test_x`` or, for a test in a
     class, ``tests.e2e.test_x.TestY``) and what follows it (the class, or ''): the
     longest dotted prefix that is a file under ``root``."""
+    if not classname:  # a collection error, or a case pytest was interrupted in
+        return "", ""
     parts = classname.split(".")
     for end in range(len(parts), 0, -1):
         candidate = "/".join(parts[:end]) + ".py"
@@ -58,10 +60,13 @@ def cases(report: Path, root: Path = ROOT) -> list[Case]:
     return found
 
 
-def per_file(all_cases: list[Case]) -> dict[str, float]:
-    """Seconds per test file (rounded to a tenth), sorted by path."""
+def per_file(all_cases: list[Case], root: Path = ROOT) -> dict[str, float]:
+    """Seconds per test file under ``root`` (rounded to a tenth), sorted by path; a
+    case of no file there (a collection error) weighs nothing."""
     totals: dict[str, float] = {}
     for case in all_cases:
+        if not (root / case.path).is_file():
+            continue
         totals[case.path] = totals.get(case.path, 0.0) + case.seconds
     return {path: round(totals[path], 1) for path in sorted(totals)}
 

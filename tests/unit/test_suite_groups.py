@@ -109,13 +109,20 @@ def test_slowest_of_all_reports_with_their_test_ids_and_seconds_per_file(tmp_pat
         ("tests/e2e/test_x.py::test_a[p1]", "e2e1"),
         ("tests/e2e/test_x.py::TestK::test_b", "e2e1"),
     ]
-    assert slowest.per_file(cases) == {"tests/e2e/test_x.py": 10.0, "tests/unit/test_u.py": 4.2}
+    assert slowest.per_file(cases, tmp_path) == {
+        "tests/e2e/test_x.py": 10.0,
+        "tests/unit/test_u.py": 4.2,
+    }
 
 
 def test_slowest_tests_prints_the_top_and_names_an_unreadable_report(tmp_path: Path) -> None:
     good = report(
         tmp_path / "e2e2.xml",
-        "".join(f'<testcase classname="tests.nowhere" name="t{i}" time="{i}"/>' for i in range(12)),
+        "".join(
+            f'<testcase classname="tests.unit.test_suite_groups" name="t{i}" time="{i}"/>'
+            for i in range(12)
+        )
+        + '<testcase classname="" name="tests/unit/test_gone.py" time="99"><error/></testcase>',
     )
     broken = tmp_path / "fast1.xml"
     broken.write_text("<testsuites>")
@@ -129,8 +136,10 @@ def test_slowest_tests_prints_the_top_and_names_an_unreadable_report(tmp_path: P
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "=== the 10 slowest tests of 12 (all groups) ==="
-    assert lines[1].split() == ["11.00s", "tests/nowhere.py::t11", "[e2e2]"]
-    assert len(lines) == 11 and lines[-1].split()[0] == "2.00s"
+    assert lines[0] == "=== the 10 slowest tests of 13 (all groups) ==="
+    assert lines[1].split() == ["99.00s", "tests/unit/test_gone.py", "[e2e2]"]
+    assert lines[2].split() == ["11.00s", "tests/unit/test_suite_groups.py::t11", "[e2e2]"]
+    assert len(lines) == 11 and lines[-1].split()[0] == "3.00s"
     assert "fast1.xml: cannot read it" in proc.stderr
-    assert json.loads(out.read_text()) == {"tests/nowhere.py": 66.0}
+    # Seconds per file: a case of no file (a collection error) weighs nothing.
+    assert json.loads(out.read_text()) == {"tests/unit/test_suite_groups.py": 66.0}
