@@ -4,12 +4,12 @@
 #   e2e:  end-to-end and browser tests with real containers, and the runtime contract
 #         suite (the in-memory and the Podman runtime alike) — mostly waiting on them.
 # Each kind's test files are dealt into groups of about equal measured time
-# (scripts/suite_groups.py, by tests/durations.json; SUITE_GROUPS="fast=2 e2e=5" says how
-# many), one pytest process each. They share no state: each PostgreSQL test makes its
-# own database, each e2e server takes a flock-locked port block
-# (tests/helpers.port_block), each simulated host claims its own namespace
-# (tests/e2e/podman_host.py), each group starts its own private `podman system service`
-# and labels what it makes with its own installation id.
+# (scripts/suite_groups.py, by tests/durations.json; SUITE_GROUPS, default
+# "fast=2 e2e=3", says how many), one pytest process each. They share no state: each
+# PostgreSQL test makes its own database, each e2e server takes a flock-locked port
+# block (tests/helpers.port_block), each simulated host claims its own namespace
+# (tests/e2e/podman_host.py), each group starts its own private `podman system
+# service` and labels what it makes with its own installation id.
 # Lines are prefixed with the group's name as they come; each group's summary is
 # printed again at the end, then the ten slowest tests of all groups together
 # (scripts/slowest_tests.py). Exits non-zero when any group fails, or runs no test
@@ -36,7 +36,7 @@ start_group() {
 }
 # The groups: each kind's files dealt by measured seconds (scripts/suite_groups.py,
 # tests/durations.json), one pytest process each. SUITE_GROUPS sets how many of each.
-if ! "$PYTHON" scripts/suite_groups.py ${SUITE_GROUPS:-fast=2 e2e=5} >"$work/groups" 2>"$work/groups.log"; then
+if ! "$PYTHON" scripts/suite_groups.py ${SUITE_GROUPS:-fast=2 e2e=3} >"$work/groups" 2>"$work/groups.log"; then
   cat "$work/groups.log"
   exit 1
 fi
