@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Every test, in two groups run at the same time (`make test` calls this):
+# Every test, in groups run at the same time (`make test` calls this). Two kinds:
 #   fast: unit, service (SQLite and PostgreSQL) and API tests — mostly CPU;
 #   e2e:  end-to-end and browser tests with real containers, and the runtime contract
 #         suite (the in-memory and the Podman runtime alike) — mostly waiting on them.
-# They share no state: each PostgreSQL test makes its own database, each e2e server
-# takes a flock-locked port block (tests/helpers.port_block), each group starts its own
-# private `podman system service` and labels what it makes with its own installation id.
+# Each kind's test files are dealt into groups of about equal measured time
+# (scripts/suite_groups.py, by tests/durations.json; SUITE_GROUPS, default
+# "fast=2 e2e=3", says how many), one pytest process each. They share no state: each
+# PostgreSQL test makes its own database, each e2e server takes a flock-locked port
+# block (tests/helpers.port_block), each simulated host claims its own namespace
+# (tests/e2e/podman_host.py), each group starts its own private `podman system
+# service` and labels what it makes with its own installation id.
 # Lines are prefixed with the group's name as they come; each group's summary is
-# printed again at the end. Exits non-zero when either group fails, or runs no test
+# printed again at the end, then the ten slowest tests of all groups together
+# (scripts/slowest_tests.py). Exits non-zero when any group fails, or runs no test
 # (every test skipped, or none collected: scripts/group_ran.py reads its JUnit report),
 # so a CI machine missing a part cannot look green.
 set -uo pipefail
@@ -25,21 +30,32 @@ start_group() {
   local name="$1"
   shift
   # Own temporary roots (short: unix socket paths are limited to 108 bytes); no shared
-  # cache directory between the two processes. The JUnit report tells how many ran.
-  env --default-signal=INT "$PYTEST" -q -ra --durations=10 -p no:cacheprovider \
+  # cache directory between the processes. The JUnit report tells how many ran.
+  env --default-signal=INT "$PYTEST" -q -ra -p no:cacheprovider \
     --basetemp="$work/$name" --junitxml="$work/$name.xml" "$@" >"$work/$name.log" 2>&1 &
 }
-start_group fast tests/unit tests/service tests/api
-fast_pid=$!
-start_group e2e tests/e2e tests/contract tests/console
-e2e_pid=$!
+# The groups: each kind's files dealt by measured seconds (scripts/suite_groups.py,
+# tests/durations.json), one pytest process each. SUITE_GROUPS sets how many of each.
+if ! "$PYTHON" scripts/suite_groups.py ${SUITE_GROUPS:-fast=2 e2e=3} >"$work/groups" 2>"$work/groups.log"; then
+  cat "$work/groups.log"
+  exit 1
+fi
+cat "$work/groups.log"
+names=()
+pids=()
+while read -r name files; do
+  # shellcheck disable=SC2086 # the files: one word each
+  start_group "$name" $files
+  names+=("$name")
+  pids+=("$!")
+done <"$work/groups"
 
-# Ctrl-C reaches both groups from the terminal (same process group): wait for their
+# Ctrl-C reaches every group from the terminal (same process group): wait for their
 # teardown. A TERM (a CI timeout) is passed on to them as an interrupt.
-trap 'wait "$fast_pid" "$e2e_pid"; rm -rf "$work"; exit 130' INT
-trap 'kill -INT "$fast_pid" "$e2e_pid" 2>/dev/null; wait "$fast_pid" "$e2e_pid"; rm -rf "$work"; exit 143' TERM
+trap 'wait "${pids[@]}"; rm -rf "$work"; exit 130' INT
+trap 'kill -INT "${pids[@]}" 2>/dev/null; wait "${pids[@]}"; rm -rf "$work"; exit 143' TERM
 
-# Show progress while both run, each line once, prefixed with its group.
+# Show progress while they run, each line once, prefixed with its group.
 show() {
   local name="$1" shown total
   shown="$(cat "$work/$name.shown" 2>/dev/null || echo 0)"
@@ -49,29 +65,33 @@ show() {
     echo "$total" >"$work/$name.shown"
   fi
 }
-while kill -0 "$fast_pid" 2>/dev/null || kill -0 "$e2e_pid" 2>/dev/null; do
+running() {
+  local pid
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done
+  return 1
+}
+while running; do
   sleep "${PROGRESS_EVERY_S:-20}" &
   wait $! # (a trap runs at once, not after the sleep)
-  show fast
-  show e2e
+  for name in "${names[@]}"; do show "$name"; done
 done
-wait "$fast_pid"
-fast_rc=$?
-wait "$e2e_pid"
-e2e_rc=$?
-show fast
-show e2e
+rcs=()
+for pid in "${pids[@]}"; do
+  wait "$pid"
+  rcs+=("$?")
+done
+for name in "${names[@]}"; do show "$name"; done
 
 status=0
-for name in fast e2e; do
-  if [ "$name" = fast ]; then rc=$fast_rc; else rc=$e2e_rc; fi
+for i in "${!names[@]}"; do
+  name="${names[$i]}" rc="${rcs[$i]}"
   echo
   echo "=== $name: exit $rc ==="
-  # The summary: from the durations table to the end (or the end, if it never came).
-  if grep -q 'slowest .* durations' "$work/$name.log"; then
-    sed -n '/slowest .* durations/,$p' "$work/$name.log"
+  # The summary: pytest's short summary to the end (or the end, if it never came).
+  if grep -q '=* short test summary info =*' "$work/$name.log"; then
+    sed -n '/=* short test summary info =*/,$p' "$work/$name.log"
   else
-    tail -n 40 "$work/$name.log"
+    tail -n 3 "$work/$name.log"
   fi
   [ "$rc" = 0 ] || status=1
   if [ "$rc" = 5 ]; then # pytest's exit code for "no test collected"
@@ -79,6 +99,12 @@ for name in fast e2e; do
   fi
   "$PYTHON" scripts/group_ran.py "$name" "$work/$name.xml" || status=1
 done
+# The ten slowest of all groups together; DURATIONS_OUT: where to write each file's
+# seconds (what tests/durations.json holds, to deal the groups by).
+echo
+reports=()
+for name in "${names[@]}"; do reports+=("$work/$name.xml"); done
+"$PYTHON" scripts/slowest_tests.py ${DURATIONS_OUT:+--files "$DURATIONS_OUT"} "${reports[@]}"
 if [ "$status" = 0 ]; then
   rm -rf "$work"
 else

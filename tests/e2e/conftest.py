@@ -21,9 +21,9 @@ import docker.errors
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
-from gpuyard.core.ownership import LABEL_INSTALLATION
+from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
 from gpuyard.runtimes.engines.devimage import build_dev_image
-from gpuyard.runtimes.engines.engine import vanished_mid_removal
+from gpuyard.runtimes.engines.engine import Engine, vanished_mid_removal
 from gpuyard.runtimes.engines.url import PodmanService
 from gpuyard.runtimes.hosts.edge import IptablesEdge
 from gpuyard.runtimes.hosts.firewall import IptablesIsolation
@@ -50,6 +50,18 @@ def engine_url() -> Iterator[str]:
     finally:
         service.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def local(engine_url: str) -> Iterator[Engine]:
+    """An :class:`Engine` on the session's engine for a new installation of the test's
+    own; everything labelled with it is purged afterwards (:func:`purge_installation`)."""
+    owner = Ownership.new()
+    engine = Engine(engine_url, owner=owner)
+    try:
+        yield engine
+    finally:
+        purge_installation(engine_url, owner.installation_id)
 
 
 @pytest.fixture

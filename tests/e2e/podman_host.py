@@ -7,9 +7,11 @@ With ``ssh_key`` (an OpenSSH public key line) the host is reached as a real remo
 is: its Podman listens on a unix socket only and an sshd in the namespace lets that key
 in as root; :attr:`PodmanHost.ssh_url` is the engine URL gpuyard is given.
 
-Used by the volume copy e2e test and bench/bench_volume_move.py. Everything it makes is
-named ``gyvc<n>`` and removed by :meth:`PodmanHost.close`; addresses are inside the /30
-it made (10.231.<n>.0/30, n from 200 up, a range the fleet scripts leave alone).
+Used by the e2e tests that need a second host and bench/bench_volume_move.py. Everything
+it makes is named ``gyvc<n>`` and removed by :meth:`PodmanHost.close`; addresses are
+inside the /30 it made (10.231.<n>.0/30, n from 200 up, a range the fleet scripts leave
+alone). Test processes run side by side (scripts/run-tests.sh): ``n`` is claimed
+atomically by making the namespace, and ``close`` removes only what this object made.
 """
 
 from __future__ import annotations
@@ -79,23 +81,36 @@ class PodmanHost:
     def __init__(self, ssh_key: str | None = None) -> None:
         self.ssh_key = ssh_key
         self._sshd: subprocess.Popen[bytes] | None = None
-        self.index = self._free_index()
-        self.name = f"gyvc{self.index}"
-        self.netns = f"/run/netns/{self.name}"
-        self.address = f"10.231.{self.index}.2"
-        self.lib = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir="/var/lib"))
-        self.run = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir="/run"))
+        # The index (name, address) is claimed by :meth:`start`: other test processes
+        # make simulated hosts at the same time, so a name is only ours once ``ip netns
+        # add`` made it; until then there is nothing of ours to remove.
+        self.index = 0
+        self.name = "gyvc"
+        self.netns = ""
+        self.address = ""
+        self._claimed = False
+        self._veth = False
+        self.lib = Path(tempfile.mkdtemp(prefix="gyvc-", dir="/var/lib"))
+        self.run = Path(tempfile.mkdtemp(prefix="gyvc-", dir="/run"))
         self._proc: subprocess.Popen[bytes] | None = None
 
-    @staticmethod
-    def _free_index() -> int:
-        taken = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    def _claim(self) -> None:
+        """Take the first free index: its namespace is made here, which fails for a name
+        that exists (``ip netns add`` creates its file exclusively), so two processes
+        asking at once never get the same one. An index whose veth is left over from a
+        killed run is skipped (it is not ours to remove)."""
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         for index in range(200, 250):
             name = f"gyvc{index}"
-            if name not in taken and f"{name}-o" not in links:
-                return index
-        raise RuntimeError("no free simulated-host index")
+            if f" {name}-" in links:  # its veth ends, "-o" and "-i"
+                continue
+            made = subprocess.run(["ip", "netns", "add", name], capture_output=True, timeout=30)
+            if made.returncode == 0:
+                self.index, self.name, self._claimed = index, name, True
+                self.netns = f"/run/netns/{name}"
+                self.address = f"10.231.{index}.2"
+                return
+        raise RuntimeError("no free simulated-host index (gyvc200-gyvc249 all taken)")
 
     @property
     def url(self) -> str:
@@ -122,9 +137,10 @@ class PodmanHost:
     def start(self, timeout_s: float = 30.0) -> str:
         # The host's uplink is "eth0" inside its namespace, as on a real server: a name
         # starting with "gy" would pass for one of gpuyard's container bridges.
+        self._claim()
         net, outer, inner = f"10.231.{self.index}", f"{self.name}-o", "eth0"
-        _run("ip", "netns", "add", self.name)
         _run("ip", "link", "add", outer, "type", "veth", "peer", "name", f"{self.name}-i")
+        self._veth = True
         _run("ip", "link", "set", f"{self.name}-i", "netns", self.name)
         _run(*self.nsenter(), "ip", "link", "set", f"{self.name}-i", "name", inner)
         _run("ip", "addr", "add", f"{net}.1/30", "dev", outer)
@@ -273,10 +289,15 @@ class PodmanHost:
         if self._proc is not None:
             terminate_process(self._proc, 10)
             self._proc = None
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _run("ip", "netns", "del", self.name)
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _run("ip", "link", "del", f"{self.name}-o")
+        # Only what this object made: a name it did not claim may be another process's.
+        if self._claimed:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _run("ip", "netns", "del", self.name)
+            self._claimed = False
+        if self._veth:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _run("ip", "link", "del", f"{self.name}-o")
+            self._veth = False
         # Overlay mounts lived in the service's private mount namespace, gone with it.
         shutil.rmtree(self.lib, ignore_errors=True)
         shutil.rmtree(self.run, ignore_errors=True)

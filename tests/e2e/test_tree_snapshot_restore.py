@@ -15,17 +15,15 @@ import json
 import os
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuyard.core.ownership import LABEL_CLUSTER, Ownership
+from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.volumes.copy import fill_volume, volume_checksum
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.restic_dump import dump_as_volume_tar
-from tests.e2e.conftest import purge_installation
 from tests.e2e.test_volume_copy import first_mount, listing, mountpoint
 from tests.required_parts import as_root, needs, needs_tools
 
@@ -76,16 +74,6 @@ def write_tree(root: Path, big: int = 8 << 20) -> None:
     os.chown(root, 1000, 1000)
     os.chmod(root, 0o711)
     os.utime(root, (OLD, OLD))
-
-
-@pytest.fixture
-def local(engine_url: str) -> Iterator[Engine]:
-    owner = Ownership.new()
-    engine = Engine(engine_url, owner=owner)
-    try:
-        yield engine
-    finally:
-        purge_installation(engine_url, owner.installation_id)
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ from gpuyard.runtimes.volumes.copy import (
     volume_checksum,
     volume_manifest,
 )
-from tests.e2e.conftest import purge_installation
 from tests.e2e.podman_host import HOSTS_HOW, PodmanHost, available
 from tests.required_parts import as_root, need, needs
 
@@ -105,16 +104,6 @@ def mountpoint(engine: Engine, volume: str) -> Path:
 
 def helpers_left(engine: Engine) -> list[str]:
     return [str(r.get("Names")) for r in engine.list_containers(f"{LABEL_ROLE}={ROLE_VOLUME_COPY}")]
-
-
-@pytest.fixture
-def local(engine_url: str) -> Iterator[Engine]:
-    owner = Ownership.new()
-    engine = Engine(engine_url, owner=owner)
-    try:
-        yield engine
-    finally:
-        purge_installation(engine_url, owner.installation_id)
 
 
 def test_copy_between_two_volumes_keeps_every_byte_and_attribute(local: Engine) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.engines.volumes import EngineVolumeIO
 from gpuyard.runtimes.volumes.copy import (
@@ -22,20 +21,9 @@ from gpuyard.runtimes.volumes.copy import (
     volume_tar_stream,
 )
 from gpuyard.runtimes.volumes.fifo_stream import OUT, volume_tar_fifo
-from tests.e2e.conftest import purge_installation
 from tests.required_parts import needs_tools
 
 pytestmark = [pytest.mark.e2e, needs_tools("podman", how="apt-get install podman runc")]
-
-
-@pytest.fixture
-def local(engine_url: str) -> Iterator[Engine]:
-    owner = Ownership.new()
-    engine = Engine(engine_url, owner=owner)
-    try:
-        yield engine
-    finally:
-        purge_installation(engine_url, owner.installation_id)
 
 
 def fill(engine: Engine, volume: str) -> Path:

@@ -1,5 +1,6 @@
-"""scripts/run-tests.sh fails a group in which no test ran (all skipped, or none
-collected), naming it, and scripts/group_ran.py, which decides that, on JUnit reports.
+"""scripts/run-tests.sh runs every group scripts/suite_groups.py deals, fails a group in
+which no test ran (all skipped, or none collected), naming it, and ends with the ten
+slowest tests of all groups; scripts/group_ran.py, which decides that, on JUnit reports.
 The script runs for real, with a stand-in for pytest that writes the report it is told."""
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_TESTS = ROOT / "scripts" / "run-tests.sh"
 GROUP_RAN = ROOT / "scripts" / "group_ran.py"
 
-RAN = '<testcase classname="t" name="a"/><testcase classname="t" name="b"><skipped/></testcase>'
+RAN = (
+    '<testcase classname="t" name="a" time="1.5"/>'
+    '<testcase classname="t" name="b" time="0.1"><skipped/></testcase>'
+)
 ALL_SKIPPED = '<testcase classname="t" name="a"><skipped message="missing system part"/></testcase>'
 
 # A stand-in for pytest: the group is its --basetemp's name; FAKE_<group> says what its
@@ -39,6 +43,8 @@ esac
 printf '<?xml version="1.0"?><testsuites><testsuite name="pytest">%s</testsuite></testsuites>' \\
   "$cases" >"$report"
 echo "$group: ${{!var:-ran}}"
+# The test files it was given, one a line after the group's name.
+printf '%s\\n' "$@" | grep '^tests/' | sed "s/^/$group /" >>"${{FAKE_FILES_LOG:-/dev/null}}"
 exit "$rc"
 """
 
@@ -72,11 +78,19 @@ def test_a_group_without_a_report_fails(tmp_path: Path) -> None:
     assert proc.returncode == 1 and proc.stdout.startswith("e2e: FAILED, no test report")
 
 
-def run_tests(tmp_path: Path, **fake: str) -> subprocess.CompletedProcess[str]:
+def run_tests(
+    tmp_path: Path,
+    groups: str = "fast=1 e2e=1",
+    env_extra: dict[str, str] | None = None,
+    **fake: str,
+) -> subprocess.CompletedProcess[str]:
     pytest_path = tmp_path / "pytest"
     pytest_path.write_text(FAKE_PYTEST)
     pytest_path.chmod(0o755)
-    env = {**os.environ, "PYTEST": str(pytest_path), "PYTHON": sys.executable}
+    env = {
+        **os.environ, "PYTEST": str(pytest_path), "PYTHON": sys.executable,
+        "SUITE_GROUPS": groups, **(env_extra or {}),
+    }  # fmt: skip
     env.update({f"FAKE_{group}": mode for group, mode in fake.items()})
     proc = subprocess.run(
         ["bash", str(RUN_TESTS)],
@@ -112,3 +126,28 @@ def test_run_tests_fails_a_group_that_ran_no_test(
     proc = run_tests(tmp_path, **fake)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert line in proc.stdout, proc.stdout
+
+
+def test_every_test_file_runs_in_exactly_one_group_and_the_slowest_come_last(
+    tmp_path: Path,
+) -> None:
+    given = tmp_path / "files.log"
+    proc = run_tests(tmp_path, "fast=2 e2e=3", {"FAKE_FILES_LOG": str(given)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = ["fast1", "fast2", "e2e1", "e2e2", "e2e3"]
+    for name in names:
+        assert f"{name}: 1 ran, 1 skipped" in proc.stdout, proc.stdout
+    lines = [line.split(" ", 1) for line in given.read_text().splitlines()]
+    files = [f for _, f in lines]
+    assert {g for g, _ in lines} == set(names)
+    assert len(files) == len(set(files))  # none twice
+    on_disk = {
+        p.relative_to(ROOT).as_posix()
+        for folder in ("unit", "service", "api", "e2e", "contract", "console")
+        for p in (ROOT / "tests" / folder).rglob("test_*.py")
+    }
+    assert set(files) == on_disk  # none left out
+    # The slowest of all groups together, after every group's summary.
+    tail = proc.stdout[proc.stdout.rindex("=== e2e3: exit 0 ===") :]
+    assert "=== the 10 slowest tests of 10 (all groups) ===" in tail
+    assert tail.count("1.50s  t.py::a") == 5
