@@ -10,12 +10,11 @@ import json
 import os
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuyard.core.ownership import LABEL_CLUSTER, Ownership
+from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.volumes.copy import volume_checksum
 from gpuyard.runtimes.volumes.restic_helper import ROLE_RESTIC_HELPER, restic_helper
@@ -23,7 +22,6 @@ from gpuyard.storage.rest_objects import Mode
 from gpuyard.storage.rest_process import RestServer
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.volume_restic import backup_in_helper, restore_in_helper
-from tests.e2e.conftest import purge_installation
 from tests.e2e.test_tree_snapshot_restore import SMALL_FILES, write_tree
 from tests.e2e.test_volume_copy import first_mount, listing, mountpoint
 from tests.required_parts import as_root, needs, needs_tools
@@ -35,16 +33,6 @@ pytestmark = [
 ]
 
 HOST = "gy-test"
-
-
-@pytest.fixture
-def local(engine_url: str) -> Iterator[Engine]:
-    owner = Ownership.new()
-    engine = Engine(engine_url, owner=owner)
-    try:
-        yield engine
-    finally:
-        purge_installation(engine_url, owner.installation_id)
 
 
 @pytest.fixture
