@@ -104,6 +104,9 @@ class ServerProcess:
                 pass
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             time.sleep(0.1)
+        # Stopped before the failure: a caller whose start() raised does not clean up a
+        # server it never had, which would otherwise outlive the test run.
+        self.stop()
         raise AssertionError("server did not come up:\n" + self.log.read_text()[-3000:])
 
     def kill9(self) -> None:
