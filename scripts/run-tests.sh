@@ -5,7 +5,7 @@
 #         suite (the in-memory and the Podman runtime alike) — mostly waiting on them.
 # Each kind's test files are dealt into groups of about equal measured time
 # (scripts/suite_groups.py, by tests/durations.json; SUITE_GROUPS, default
-# "fast=2 e2e=3", says how many), one pytest process each. They share no state: each
+# "fast=1 e2e=1" on 2 cores, says how many), one pytest process each. They share no state: each
 # PostgreSQL test makes its own database, each e2e server takes a flock-locked port
 # block (tests/helpers.port_block), each simulated host claims its own namespace
 # (tests/e2e/podman_host.py), each group starts its own private `podman system
@@ -36,7 +36,7 @@ start_group() {
 }
 # The groups: each kind's files dealt by measured seconds (scripts/suite_groups.py,
 # tests/durations.json), one pytest process each. SUITE_GROUPS sets how many of each.
-if ! "$PYTHON" scripts/suite_groups.py ${SUITE_GROUPS:-fast=2 e2e=3} >"$work/groups" 2>"$work/groups.log"; then
+if ! "$PYTHON" scripts/suite_groups.py ${SUITE_GROUPS:-fast=1 e2e=1} >"$work/groups" 2>"$work/groups.log"; then
   cat "$work/groups.log"
   exit 1
 fi
