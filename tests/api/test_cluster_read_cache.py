@@ -82,7 +82,7 @@ def _create(client: httpx.Client, name: str, **extra: object) -> dict[str, objec
 def test_a_kept_answer_reads_nothing_and_has_its_own_request_id(kept: LiveServer) -> None:
     with kept.client() as c:
         cid = _create(c, "kept")["id"]
-        assert kept.server.reconciler.wait_idle(10)
+        assert kept.server.reconciler.wait_idle(60)
         with counted(kept.server.ctx) as reader:
             first = c.get(f"/v1/clusters/{cid}")
             assert first.status_code == 200, first.text
@@ -101,7 +101,7 @@ def test_a_kept_answer_reads_nothing_and_has_its_own_request_id(kept: LiveServer
 def test_a_write_shows_in_the_next_answer(kept: LiveServer) -> None:
     with kept.client() as c:
         cid = _create(c, "written")["id"]
-        assert kept.server.reconciler.wait_idle(10)
+        assert kept.server.reconciler.wait_idle(60)
         assert c.get(f"/v1/clusters/{cid}").json()["data"]["status"] == "running"
         r = c.post(f"/v1/clusters/{cid}/stop")
         assert r.status_code == 200, r.text
@@ -112,7 +112,7 @@ def test_a_write_shows_in_the_next_answer(kept: LiveServer) -> None:
 def test_a_kept_answer_is_not_given_past_a_keys_project(kept: LiveServer) -> None:
     with kept.client() as admin:
         cid = _create(admin, "default project")["id"]
-        assert kept.server.reconciler.wait_idle(10)
+        assert kept.server.reconciler.wait_idle(60)
         assert admin.get(f"/v1/clusters/{cid}").status_code == 200  # now kept
         r = admin.post("/v1/projects", json={"name": "p2"})
         assert r.status_code == 201, r.text
@@ -156,7 +156,7 @@ def _names(client: httpx.Client, **params: object) -> list[str]:
 def test_a_kept_list_shows_a_write_at_once(kept: LiveServer) -> None:
     with kept.client() as c:
         cid = _create(c, "first")["id"]
-        assert kept.server.reconciler.wait_idle(10)
+        assert kept.server.reconciler.wait_idle(60)
         first = c.get("/v1/clusters")
         again = c.get("/v1/clusters")
         # Kept: the same data, each answer with its own request id.
