@@ -104,11 +104,13 @@ def ping(ctx: Context, worker: WorkerRef, reported: frozenset[str] | None = None
     """The worker is alive: a starting worker becomes ready (its idle time starts).
 
     ``reported``: the jobs the worker says it is running (runpod-python's heartbeat
-    sends them with each ping; None when the ping says nothing about its jobs). A job
-    it holds here, handed out more than :data:`REPORT_GRACE_S` ago, that it does not
-    report never reached it (the long poll's connection died before the answer) or was
-    lost: it goes back to the queue at once rather than waiting for its execution
-    timeout. Returns how many went back."""
+    sends them with each ping; None when the ping says nothing about its jobs). When it
+    names at least one job, a job it holds here, handed out more than
+    :data:`REPORT_GRACE_S` ago, that it does not name never reached it (the long poll's
+    connection died before the answer) or was lost: it goes back to the queue at once
+    rather than waiting for its execution timeout. An empty report gives nothing back:
+    SDK versions whose heartbeat process cannot see the job list always send none, and
+    their jobs must not be taken from them. Returns how many went back."""
     now = ctx.clock.now()
     given = 0
     with ctx.transaction() as session:
@@ -121,7 +123,7 @@ def ping(ctx: Context, worker: WorkerRef, reported: frozenset[str] | None = None
         if became_ready:
             row.status = "ready"
             row.last_busy_at = row.last_busy_at or now
-        if reported is not None and row.jobs_in_progress > 0:
+        if reported and row.jobs_in_progress > 0:
             given = _give_back_unreported(ctx, session, worker, reported, now)
     if became_ready or given:
         ctx.wake()  # the scaler counts it as ready now / the jobs wait again
