@@ -7,10 +7,15 @@ helper's own work directory (where the server's URL and key password are)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,3 +205,56 @@ def test_the_helper_holds_only_the_volume_and_its_one_time_access(
 
 def repo_password(tmp_path: Path) -> str:
     return (tmp_path / "secrets" / "snapshot.password").read_text().strip()
+
+
+def test_a_backup_waits_out_another_process_holding_the_repository(
+    local: Engine, repo: ResticRepository, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process's exclusive lock (a prune by a second server on the same
+    repository) refuses restic at once; the backup runs again once the lock is gone
+    instead of failing the snapshot."""
+    src, root = volume_with(local, "rhlock000001")
+    (root / "data").write_bytes(os.urandom(64 << 10))
+    # ``restic key passwd`` takes the exclusive lock, then waits for the new password
+    # on its stdin: the lock is held until that pipe closes.
+    holder = subprocess.Popen(
+        [
+            "restic",
+            "--repo",
+            str(tmp_path / "repo"),
+            "--password-file",
+            str(tmp_path / "secrets" / "snapshot.password"),
+            "key",
+            "passwd",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: bool(os.listdir(tmp_path / "repo" / "locks")), "the holder's lock")
+        caplog.set_level(logging.INFO, logger="gpuyard.storage.volume_restic")
+        done: list[Any] = []
+        backup = threading.Thread(
+            target=lambda: done.append(
+                backup_in_helper(local, src, repo, tags=["t1"], host=HOST, parent=None)
+            )
+        )
+        backup.start()
+        wait_for(lambda: "waits for a lock" in caplog.text, "the backup refused for the lock")
+        assert backup.is_alive() and not done
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()  # no new password: restic gives up and drops its lock
+        holder.wait(30)
+    backup.join(300)
+    assert done and done[0].files_new == 1
+    assert os.listdir(tmp_path / "repo" / "locks") == []
+    assert repo.check().ok
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.05)

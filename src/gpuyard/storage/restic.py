@@ -127,6 +127,11 @@ _ID_LOOKUP_PATIENCE_S: Final = 120.0
 _FORGET_BATCH: Final = 200
 
 
+def refused_for_lock(stderr: str) -> bool:
+    """Whether restic's ``stderr`` says another process's lock refused the command."""
+    return _LOCKED.search(stderr) is not None
+
+
 class ResticError(RuntimeFailure):
     """restic failed or cannot be run. ``details`` holds ``command`` (the restic
     subcommand), ``exit_status`` and ``stderr`` (its last lines); never the password."""

@@ -34,13 +34,14 @@ the latest snapshot of any volume with the same host and path); none reads every
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.errors import GpuyardError, RuntimeFailure
 from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.volumes.copy import MOUNT, _reset_volume, volume_labels
 from gpuyard.runtimes.volumes.fifo_stream import NotHere
@@ -52,11 +53,16 @@ from gpuyard.runtimes.volumes.restic_helper import (
 )
 from gpuyard.storage.rest_objects import Mode
 from gpuyard.storage.rest_process import RestServer
-from gpuyard.storage.restic import ResticRepository, check_id
+from gpuyard.storage.restic import ResticRepository, check_id, refused_for_lock
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
+
+# How long a backup or restore waits out another process's lock on the repository (a
+# prune of an installation sharing it): restic 0.14 refuses instead of waiting.
+LOCK_PATIENCE_S = 600.0
+LOCK_RETRY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,33 @@ def _run(
     read_only: bool,
 ) -> HelperResult:
     """``restic args`` in a helper holding ``volume``, against ``root`` served for this
-    run only; the credential and key are scrubbed from what restic printed."""
+    run only; the credential and key are scrubbed from what restic printed. Refused
+    for another process's lock, it runs again (stale locks removed first) for up to
+    LOCK_PATIENCE_S: restic refused before it read or wrote anything."""
+    give_up = time.monotonic() + LOCK_PATIENCE_S
+    while True:
+        result = _run_once(engine, volume, args, mode, root, key, on_json, read_only, repository)
+        if result.exit_status == 0 or not refused_for_lock(result.stderr):
+            return result
+        if time.monotonic() >= give_up:
+            return result
+        log.info("restic on volume %s waits for a lock on %s", volume, repository.location)
+        time.sleep(LOCK_RETRY_S)
+        with contextlib.suppress(GpuyardError):
+            repository.unlock()
+
+
+def _run_once(
+    engine: Engine,
+    volume: str,
+    args: Sequence[str],
+    mode: Mode,
+    root: Any,
+    key: Any,
+    on_json: Callable[[dict[str, Any]], None] | None,
+    read_only: bool,
+    repository: ResticRepository,
+) -> HelperResult:
     # The server's child starts while the engine starts the helper; it listens once
     # the helper's network namespace exists, and is closed before the helper goes.
     binary = repository.binary()

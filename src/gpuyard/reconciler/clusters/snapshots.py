@@ -51,6 +51,7 @@ from gpuyard.services.volumes import snapshot_work as work
 from gpuyard.services.volumes import snapshots as svc
 from gpuyard.settings import Settings
 from gpuyard.storage.account_repositories import SnapshotRepositories
+from gpuyard.storage.repository_gate import RepositoryGate
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.restic_dump import dump_as_volume_tar
 from gpuyard.storage.tar_stats import TarCounter, counted
@@ -111,8 +112,8 @@ class SnapshotWorker:
         self.runtime_of = runtime_of
         self.repositories = repositories
         self.worker_id = worker_id
-        # Forget and prune take the repository's exclusive lock: one at a time here.
-        self._forget_lock = threading.Lock()
+        # Backups and restores share a repository; forget and prune hold it alone.
+        self._gate = RepositoryGate()
         # Cleared while the start-up recovery runs: storage work waits for it.
         self._recovered = threading.Event()
         self._recovered.set()
@@ -202,9 +203,10 @@ class SnapshotWorker:
         }
         try:
             try:
-                result = backup_in_helper(
-                    engine, snap.volume_name, repository, parent=parent, **options
-                )
+                with self._gate.shared(repository.location):
+                    result = backup_in_helper(
+                        engine, snap.volume_name, repository, parent=parent, **options
+                    )
             except RuntimeFailure as exc:
                 if parent is None or not _parent_missing(exc):
                     raise
@@ -216,9 +218,10 @@ class SnapshotWorker:
                     exc.message,
                 )
                 self._forget_tagged(snap.id, snap.account_id)
-                result = backup_in_helper(
-                    engine, snap.volume_name, repository, parent=None, **options
-                )
+                with self._gate.shared(repository.location):
+                    result = backup_in_helper(
+                        engine, snap.volume_name, repository, parent=None, **options
+                    )
         except NotHere as exc:
             log.info("snapshot %s: streaming the tar of %s (%s)", snap.id, snap.volume_name, exc)
             return None
@@ -247,7 +250,10 @@ class SnapshotWorker:
         counter = TarCounter()
         repository = self._repository(snap.account_id)
         repository.ensure()
-        with runtime.volume_io().read(snap.volume_name) as chunks:
+        with (
+            self._gate.shared(repository.location),
+            runtime.volume_io().read(snap.volume_name) as chunks,
+        ):
             result = repository.backup_stream(
                 self._metered(counted(chunks, counter), beat),
                 filename=ARCHIVE_NAME,
@@ -323,17 +329,18 @@ class SnapshotWorker:
                     if moved is not None and moved.repository is not None:
                         shared, restic_id = False, moved.restic_id or restic_id
             repository = self._repository(account_id, shared=shared)
-            self._restore(
-                runtime,
-                repository,
-                fmt,
-                restic_id,
-                target_volume,
-                like_volume,
-                cluster_id,
-                beat,
-                holder_gb,
-            )
+            with self._gate.shared(repository.location):
+                self._restore(
+                    runtime,
+                    repository,
+                    fmt,
+                    restic_id,
+                    target_volume,
+                    like_volume,
+                    cluster_id,
+                    beat,
+                    holder_gb,
+                )
         except Exception as exc:
             with contextlib.suppress(GpuyardError):
                 runtime.remove_volume(target_volume)
@@ -446,7 +453,10 @@ class SnapshotWorker:
     def _forget(self, repository: ResticRepository, restic_ids: list[str]) -> bool:
         if not restic_ids:
             return True
-        with self._forget_lock:
+        with self._gate.exclusive(repository.location) as alone:
+            if not alone:
+                log.info("cannot forget snapshot data yet: %s is in use", repository.location)
+                return False
             try:
                 repository.forget(restic_ids, prune=True)
             except GpuyardError as exc:
