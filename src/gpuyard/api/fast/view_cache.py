@@ -114,6 +114,12 @@ class ViewCache:
         with self._lock:
             self._generation += 1
 
+    @property
+    def generation(self) -> int:
+        """How many commits (and invalidations) this cache has seen: unchanged between
+        two moments, nothing was written in between."""
+        return self._generation
+
     def stamp(self) -> Stamp:
         """Take this before the read an entry is made from."""
         return Stamp(self._generation, self._monotonic(), self._now())
