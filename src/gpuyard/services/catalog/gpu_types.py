@@ -39,8 +39,19 @@ def list_gpu_types(session: Session) -> list[GpuTypeInfo]:
     return [to_info(r) for r in session.scalars(select(GpuType).order_by(GpuType.id))]
 
 
+# session.info key: the types found in this session's transaction, by the name asked.
+_FOUND = "gpuyard.gpu_types_found"
+
+
 def find_gpu_type(session: Session, name: str) -> GpuTypeInfo | None:
-    """By exact id, or case-insensitively by id or display name ("RTX A6000")."""
+    """By exact id, or case-insensitively by id or display name ("RTX A6000").
+
+    Asked again in the same session (a start prices the cluster before and after its
+    changes, and places it), the answer is the one found first: the catalog is
+    written only when the store is seeded, never by a use case."""
+    found: dict[str, GpuTypeInfo | None] = session.info.setdefault(_FOUND, {})
+    if name in found:
+        return found[name]
     row = session.get(GpuType, name)
     if row is None:
         low = name.strip().lower()
@@ -48,7 +59,8 @@ def find_gpu_type(session: Session, name: str) -> GpuTypeInfo | None:
             if low in (candidate.id.lower(), candidate.display_name.lower()):
                 row = candidate
                 break
-    return to_info(row) if row else None
+    info = found[name] = to_info(row) if row else None
+    return info
 
 
 def catalog_types(ctx: Context, names: list[str] | None = None) -> list[GpuTypeInfo]:

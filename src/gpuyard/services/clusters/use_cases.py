@@ -449,6 +449,8 @@ def start_cluster(
     for _ in range(MAX_CONFLICT_RETRIES):
         now = ctx.clock.now()
         try:
+            # One transaction: a start either waits for the stop in progress (kept as
+            # the desired state) or is placed now.
             with ctx.transaction() as session:
                 cluster = load_cluster(session, principal, cluster_id)
                 refuse_worker(cluster, acting_for)
@@ -465,121 +467,132 @@ def start_cluster(
                         spot_bid(gpu, count, CloudType(cluster.cloud_type), bid_per_gpu)
                     rate = rate_of(session, cluster, ctx, running=True).total
                     defer_start(ctx, session, cluster, body, bid_per_gpu, now)
-                    deferred = StartResult(cluster, [], rate, rate, None)
+                    result = StartResult(cluster, [], rate, rate, None)
+                    deferred = True
                 else:
-                    deferred = None
-            if deferred is not None:
-                ctx.wake()
-                return deferred
-            with ctx.transaction() as session:
-                cluster = load_cluster(session, principal, cluster_id)
-                require_action(cluster, Action.START)
-                restore = restorable_for(session, principal, cluster, body)
-                # Taken of the volume as it rests, before anything changes it (the
-                # driver starts nothing on the volume until it is done).
-                before = (
-                    add_snapshot(
-                        session,
-                        principal.account_id,
-                        cluster_source(ctx, session, cluster),
-                        f"before-start-{now.strftime('%Y%m%d-%H%M%S')}",
-                        "taken by a start with snapshot_before_changes",
-                        now,
-                    )
-                    if body.snapshot_before_changes
-                    else None
-                )
-                # Detached: proposed changes must reach the row only through the funnel.
-                session.expunge(cluster)
-                previous = rate_of(session, cluster, ctx, running=True).total
-                values, applied, reasons = start_changes(cluster, body, secret_box(ctx.settings))
-                _check_secret_refs(ctx, session, cluster, values)
-                if bid_per_gpu is not None:
-                    gpu = resolve_gpu_type(session, cluster.gpu_type)
-                    count = values.get("gpu_count", cluster.gpu_count)
-                    bid = spot_bid(gpu, count, CloudType(cluster.cloud_type), bid_per_gpu)
-                    values.update(interruptible=True, bid_per_gpu=bid)
-                    applied.append(f"bid_per_gpu: {bid:.2f}")
-                    reasons.append("Spot bid")
-                elif cluster.interruptible:
-                    # A plain resume is on-demand: the cluster is no longer preemptible.
-                    values.update(interruptible=False, bid_per_gpu=None)
-                    applied.append("interruptible: true -> false")
-                    reasons.append("On-demand resume")
-                for column, value in values.items():
-                    setattr(cluster, column, value)
-                gpu_count = cluster.gpu_count
-                # On its own host; else (full, cordoned, unreachable) on another one,
-                # its volume moved there, unless the body says not to.
-                placement = place_for_start(
-                    session,
-                    ctx,
-                    cluster,
-                    now,
-                    allow_move=body.allow_move,
-                    not_enough_message="not enough free GPUs on the host machine"
-                    if gpu_count
-                    else "not enough free resources on the host machine",
-                    bid=cluster.bid_per_gpu if cluster.interruptible else None,
-                )
-                if cluster.network_volume_id is not None:
-                    # Checked under the placement lock, which its restore takes too.
-                    refuse_while_restoring(session, cluster.network_volume_id)
-                if restore is not None:
-                    check_fits(restore, values.get("volume_gb", cluster.volume_gb))
-                    add_restore(
-                        session,
-                        cluster.id,
-                        restore,
-                        placement.host_id,
-                        restore_target(ctx.ownership.prefix, cluster.id),
-                        now,
-                        after_snapshot_id=before.id if before is not None else None,
-                    )
-                    applied.append(f"restore_from_snapshot: {restore.id} ({restore.name})")
-                specs = ports_of(cluster)
-                assigned = assign_ports(
-                    session,
-                    cluster_id=cluster.id,
-                    host_id=placement.host_id,
-                    ports=specs,
-                    port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
-                    reserved=server_ports(ctx.settings),
-                    held=partial(ctx.ports_held, placement.host_id, cluster.id),
-                )
-                values["ports"] = cluster.ports = with_host_ports(specs, assigned)
-                version = transition_cluster(
-                    session,
-                    cluster,
-                    ClusterStatus.STARTING,
-                    "start requested" + (f" ({'; '.join(applied)})" if applied else ""),
-                    now,
-                    desired_status=ClusterStatus.RUNNING.value,
-                    startup_step=STEP_ALLOCATED,
-                    start_initiated_at=now,
-                    error_message=None,
-                    pending_start=None,
-                    gpu_indices=list(placement.gpu_indices),
-                    host_id=placement.host_id,
-                    **values,
-                )
-                cluster.status = ClusterStatus.STARTING.value
-                cluster.version = version
-                cluster.startup_step = STEP_ALLOCATED
-                cluster.start_initiated_at = now
-                cluster.error_message = None
-                cluster.gpu_indices = list(placement.gpu_indices)
-                cluster.host_id = placement.host_id
-                new = rate_of(session, cluster, ctx, running=True).total
-                refuse_spent_policy(session, cluster.auto_terminate, new, now)
-                admit(session, principal.account_id, cluster.project_id, cluster.id)
+                    result = _start_now(ctx, session, principal, cluster, body, bid_per_gpu, now)
+                    deferred = False
         except Conflict:
             continue
-        crash_point("start.after_request")
+        if not deferred:
+            crash_point("start.after_request")
         ctx.wake()
-        reason = ", ".join(reasons) if reasons and new != previous else None
-        return StartResult(cluster, applied, previous, new, reason, before)
+        return result
     raise Conflict(f"cluster {cluster_id} keeps changing; retry")
+
+
+def _start_now(
+    ctx: Context,
+    session: Session,
+    principal: Principal,
+    cluster: Cluster,
+    body: StartCluster,
+    bid_per_gpu: float | None,
+    now: datetime,
+) -> StartResult:
+    """The start of ``cluster`` (loaded in ``session``, not stopping) with the body's
+    changes: placed, its ports assigned, ``starting``. Raises as start_cluster does."""
+    restore = restorable_for(session, principal, cluster, body)
+    # Taken of the volume as it rests, before anything changes it (the
+    # driver starts nothing on the volume until it is done).
+    before = (
+        add_snapshot(
+            session,
+            principal.account_id,
+            cluster_source(ctx, session, cluster),
+            f"before-start-{now.strftime('%Y%m%d-%H%M%S')}",
+            "taken by a start with snapshot_before_changes",
+            now,
+        )
+        if body.snapshot_before_changes
+        else None
+    )
+    # Detached: proposed changes must reach the row only through the funnel.
+    session.expunge(cluster)
+    previous = rate_of(session, cluster, ctx, running=True).total
+    values, applied, reasons = start_changes(cluster, body, secret_box(ctx.settings))
+    _check_secret_refs(ctx, session, cluster, values)
+    if bid_per_gpu is not None:
+        gpu = resolve_gpu_type(session, cluster.gpu_type)
+        count = values.get("gpu_count", cluster.gpu_count)
+        bid = spot_bid(gpu, count, CloudType(cluster.cloud_type), bid_per_gpu)
+        values.update(interruptible=True, bid_per_gpu=bid)
+        applied.append(f"bid_per_gpu: {bid:.2f}")
+        reasons.append("Spot bid")
+    elif cluster.interruptible:
+        # A plain resume is on-demand: the cluster is no longer preemptible.
+        values.update(interruptible=False, bid_per_gpu=None)
+        applied.append("interruptible: true -> false")
+        reasons.append("On-demand resume")
+    for column, value in values.items():
+        setattr(cluster, column, value)
+    gpu_count = cluster.gpu_count
+    # On its own host; else (full, cordoned, unreachable) on another one,
+    # its volume moved there, unless the body says not to.
+    placement = place_for_start(
+        session,
+        ctx,
+        cluster,
+        now,
+        allow_move=body.allow_move,
+        not_enough_message="not enough free GPUs on the host machine"
+        if gpu_count
+        else "not enough free resources on the host machine",
+        bid=cluster.bid_per_gpu if cluster.interruptible else None,
+    )
+    if cluster.network_volume_id is not None:
+        # Checked under the placement lock, which its restore takes too.
+        refuse_while_restoring(session, cluster.network_volume_id)
+    if restore is not None:
+        check_fits(restore, values.get("volume_gb", cluster.volume_gb))
+        add_restore(
+            session,
+            cluster.id,
+            restore,
+            placement.host_id,
+            restore_target(ctx.ownership.prefix, cluster.id),
+            now,
+            after_snapshot_id=before.id if before is not None else None,
+        )
+        applied.append(f"restore_from_snapshot: {restore.id} ({restore.name})")
+    specs = ports_of(cluster)
+    assigned = assign_ports(
+        session,
+        cluster_id=cluster.id,
+        host_id=placement.host_id,
+        ports=specs,
+        port_range=(ctx.settings.port_range_start, ctx.settings.port_range_end),
+        reserved=server_ports(ctx.settings),
+        held=partial(ctx.ports_held, placement.host_id, cluster.id),
+    )
+    values["ports"] = cluster.ports = with_host_ports(specs, assigned)
+    version = transition_cluster(
+        session,
+        cluster,
+        ClusterStatus.STARTING,
+        "start requested" + (f" ({'; '.join(applied)})" if applied else ""),
+        now,
+        desired_status=ClusterStatus.RUNNING.value,
+        startup_step=STEP_ALLOCATED,
+        start_initiated_at=now,
+        error_message=None,
+        pending_start=None,
+        gpu_indices=list(placement.gpu_indices),
+        host_id=placement.host_id,
+        **values,
+    )
+    cluster.status = ClusterStatus.STARTING.value
+    cluster.version = version
+    cluster.startup_step = STEP_ALLOCATED
+    cluster.start_initiated_at = now
+    cluster.error_message = None
+    cluster.gpu_indices = list(placement.gpu_indices)
+    cluster.host_id = placement.host_id
+    new = rate_of(session, cluster, ctx, running=True).total
+    refuse_spent_policy(session, cluster.auto_terminate, new, now)
+    admit(session, principal.account_id, cluster.project_id, cluster.id)
+    reason = ", ".join(reasons) if reasons and new != previous else None
+    return StartResult(cluster, applied, previous, new, reason, before)
 
 
 def update_auto_terminate(
