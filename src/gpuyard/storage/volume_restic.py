@@ -108,10 +108,7 @@ def backup_in_helper(
     if parent is not None:
         check_id(parent)
     began = time.monotonic()
-    access = repository.helper_access()
-    if access is None:
-        raise NotHere(f"restic cannot reach {repository.location} from a helper")
-    root, key = access
+    root, key = _helper_access(repository)
     volume_labels(engine, volume)  # ours, or VolumeCopyFailed
     args = ["--no-cache", "backup", MOUNT, "--json", "--host", host]
     for tag in tags:
@@ -160,10 +157,7 @@ def restore_in_helper(
     nobody uses yet and swap it in)."""
     check_id(restic_id)
     began = time.monotonic()
-    access = repository.helper_access()
-    if access is None:
-        raise NotHere(f"restic cannot reach {repository.location} from a helper")
-    root, key = access
+    root, key = _helper_access(repository)
     with engine.errors(f"preparing volume {target_volume}"):
         # A helper of an earlier attempt (a server killed mid-restore) holds it still.
         remove_restic_helpers(engine, target_volume)
@@ -173,6 +167,15 @@ def restore_in_helper(
     if result.exit_status != 0:
         raise failure("restore", target_volume, engine, result)
     return time.monotonic() - began
+
+
+def _helper_access(repository: ResticRepository) -> tuple[Any, Any]:
+    """The repository's root and the operation's key for a helper (NotHere: restic
+    cannot reach it from one; nothing ran)."""
+    access = repository.helper_access()
+    if access is None:
+        raise NotHere(f"restic cannot reach {repository.location} from a helper")
+    return access
 
 
 def _run(
