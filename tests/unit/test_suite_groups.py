@@ -143,3 +143,22 @@ def test_slowest_tests_prints_the_top_and_names_an_unreadable_report(tmp_path: P
     assert "fast1.xml: cannot read it" in proc.stderr
     # Seconds per file: a case of no file (a collection error) weighs nothing.
     assert json.loads(out.read_text()) == {"tests/unit/test_suite_groups.py": 66.0}
+
+
+def test_files_move_from_the_heaviest_group_to_the_lightest_across_kinds() -> None:
+    measured = {"f1": 60.0, "f2": 40.0, "e1": 150.0, "e2": 100.0, "e3": 50.0}
+    fast = groups.Group("fast", ["f1", "f2"], 100.0)
+    e2e = groups.Group("e2e", ["e1", "e2", "e3"], 300.0)
+    evened = groups.even_out([fast, e2e], measured)
+    assert [(g.name, g.files, g.seconds) for g in evened] == [
+        ("fast", ["e2", "f1", "f2"], 200.0),
+        ("e2e", ["e1", "e3"], 200.0),
+    ]
+
+
+def test_a_move_that_would_not_shorten_the_longest_group_is_not_made() -> None:
+    measured = {"a": 100.0, "b": 90.0, "c": 10.0}
+    one = groups.Group("one", ["a"], 100.0)
+    two = groups.Group("two", ["b", "c"], 100.0)
+    evened = groups.even_out([one, two], {**measured, "unmeasured": 0.0})
+    assert [(g.files, g.seconds) for g in evened] == [(["a"], 100.0), (["b", "c"], 100.0)]
