@@ -19,3 +19,15 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
         assert {"clusters", "gpu_allocations", "api_keys"} <= set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_the_placement_fingerprint_has_its_covering_index(database_url: str) -> None:
+    """Migration 0032: hosts(healthy, status, id, updated_at), so the hint's
+    fingerprint (services/capacity/fleet_hint.py) reads the index alone."""
+    engine = make_engine(database_url)
+    try:
+        upgrade(engine)
+        indexes = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("hosts")}
+        assert indexes["ix_hosts_placeable"] == ["healthy", "status", "id", "updated_at"]
+    finally:
+        engine.dispose()

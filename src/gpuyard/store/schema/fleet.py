@@ -11,6 +11,7 @@ from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -36,6 +37,9 @@ class GpuType(Base):
 
 class Host(Base):
     __tablename__ = "hosts"
+    # Covers the placement hint's fingerprint (services/capacity/fleet_hint.py: count,
+    # ids and latest updated_at of the healthy, active hosts; migration 0032).
+    __table_args__ = (Index("ix_hosts_placeable", "healthy", "status", "id", "updated_at"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     location: Mapped[str] = mapped_column(String(100))
