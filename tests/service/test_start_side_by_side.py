@@ -8,6 +8,7 @@ Fake runtime (events make the two calls meet, no clock), real database."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -34,12 +35,16 @@ class MeetingRuntime(FakeRuntime):
         self.asking = threading.Event()
         self.met: list[bool] = []
         self.started_ports: list[tuple[int, ...]] = []
+        self.after_create: Callable[[], None] | None = None
 
     def create(self, spec: ContainerSpec) -> str:
         if not self.creating.is_set():
             self.creating.set()
             self.met.append(self.asking.wait(MEET_S))
-        return super().create(spec)
+        made = super().create(spec)
+        if self.after_create is not None:
+            self.after_create()
+        return made
 
     def host_ports_in_use(self, low: int, high: int, cluster_id: str) -> frozenset[tuple[int, str]]:
         if not self.asking.is_set():
@@ -132,3 +137,19 @@ def test_a_port_the_user_chose_is_asked_about_before_any_container(
     assert f"host port {chosen}/tcp" in (view.error_message or "")
     assert runtime.calls.get("create", 0) == 0
     assert runtime.started_ports == []
+
+
+def test_a_cluster_that_moves_on_while_its_container_starts_is_not_left_running(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: MeetingRuntime
+) -> None:
+    runtime.creating.set()
+    runtime.asking.set()
+    c = uc.create_cluster(ctx, alice, a6000(1))
+    # Terminated once its container is made: the start's record of the container
+    # finds the cluster moved on, while the engine starts the container.
+    runtime.after_create = lambda: uc.terminate_cluster(ctx, alice, c.id)
+    rec.driver.drive(c.id)
+    assert runtime.started_ports == [()]
+    assert c.id not in runtime.containers  # stopped at once, not left for the next pass
+    settle(rec, c.id)
+    assert status(ctx, alice, c.id) == "terminated"

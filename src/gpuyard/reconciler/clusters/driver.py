@@ -248,14 +248,24 @@ class ClusterDriver:
         # a crash leaves a cluster still ``starting``, which the next pass starts
         # again (its create replaces whatever container the name has).
         recorded = SideBySide(lambda: self._record_created(c, container_id), name="record")
+        runtime = self.runtime_of(c.host_id)
         try:
-            self.runtime_of(c.host_id).start(c.id)
+            runtime.start(c.id)
         except BaseException:
             # The record's own failure (Abandon: the cluster moved on) comes first;
             # a failed start is then handled with the container's id recorded.
             recorded.result()
             raise
-        recorded.result()
+        try:
+            recorded.result()
+        except Abandon:
+            # The cluster moved on (stopped, terminated) while its container started:
+            # that container is this attempt's, and nothing may run for a cluster no
+            # longer starting. Whatever the cluster moved to is the next pass's; if it
+            # is still to start, that pass makes the container again anyway.
+            with contextlib.suppress(GpuyardError):
+                runtime.stop(c.id, timeout_s=self.ctx.settings.stop_timeout_s)
+            raise
         crash_point("start.after_container_start")
 
     def _record_created(self, c: Cluster, container_id: str) -> None:
