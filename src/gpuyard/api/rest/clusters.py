@@ -77,26 +77,45 @@ async def _wait_settled(
     status_code=201,
     responses=documented(schemas.ClusterEnvelope, 201),
 )
-def create_cluster(
+async def create_cluster(
     body: CreateCluster,
     request: Request,
     idempotency_key: IdempotencyKeyHeader = None,
     principal: Principal = Depends(current_principal),
 ) -> JSONResponse:
     """Create a cluster: placed at once, then started by the reconciler. With an
-    ``Idempotency-Key``, a retry answers the same cluster (see the header)."""
+    ``Idempotency-Key``, a retry answers the same cluster (see the header). With
+    ``wait_for_ready`` (as a start has), the answer comes once the cluster is
+    running or has settled otherwise, or after ``timeout_minutes``
+    (``meta.wait_timed_out``); the wait is the reconciler's notifier, not a poll."""
     state = app_state(request)
-    ctx = state.ctx
-    claim = idem.claim_for(
-        ctx, principal, idem.ROUTE_CLUSTERS, idempotency_key, body.model_dump(mode="json")
+    cluster_id, replayed = await run_in_threadpool(
+        _create_once, state, principal, body, idempotency_key
     )
-    cluster_id, replayed = idem.create_once(
-        ctx, claim, lambda c: uc.create_cluster(ctx, principal, body, idempotency=c).id
-    )
-    answer = ok(views.cluster_v1(_detail(state, principal, cluster_id)), status_code=201)
+    meta: dict[str, Any] = {}
+    if body.wait_for_ready:
+        d, timed_out = await _wait_settled(state, principal, cluster_id, body.timeout_minutes * 60)
+        meta = {"wait_for_ready": True, "wait_timed_out": timed_out}
+    else:
+        d = await run_in_threadpool(_detail, state, principal, cluster_id)
+    answer = ok(views.cluster_v1(d), status_code=201, **meta)
     if replayed:
         answer.headers[REPLAYED_HEADER] = "true"
     return answer
+
+
+def _create_once(
+    state: AppState, principal: Principal, body: CreateCluster, idempotency_key: str | None
+) -> tuple[str, bool]:
+    """The create (or, for a retried ``Idempotency-Key``, the cluster it made) and
+    whether it was a replay. How long the caller waits is no part of the request a
+    key stands for."""
+    ctx = state.ctx
+    request = body.model_dump(mode="json", exclude={"wait_for_ready", "timeout_minutes"})
+    claim = idem.claim_for(ctx, principal, idem.ROUTE_CLUSTERS, idempotency_key, request)
+    return idem.create_once(
+        ctx, claim, lambda c: uc.create_cluster(ctx, principal, body, idempotency=c).id
+    )
 
 
 def _render_list(

@@ -147,6 +147,10 @@ class CreateCluster(_MarksSecrets):
     template_id: str | None = Field(default=None, min_length=1, max_length=20)
     # The account's registry credentials (/v1/registry-auths) the image is pulled with.
     registry_auth_id: int | None = Field(default=None, ge=1, le=MAX_ID, strict=True)
+    # As a start's: the REST answer waits for the cluster to settle (running, or
+    # stopped/error/terminated), up to timeout_minutes. Not part of the cluster.
+    wait_for_ready: bool = Field(default=False, strict=True)
+    timeout_minutes: int = Field(default=10, ge=1, le=30, strict=True)
 
     @property
     def spot(self) -> bool:
