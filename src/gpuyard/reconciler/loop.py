@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 
 # Statuses whose work must never wait behind slow work.
 _URGENT_STATUSES = {ClusterStatus.STOPPING.value, ClusterStatus.TERMINATING.value}
+# On wakes, the duties (auto-termination, utilisation, budgets, serverless scaling)
+# run at most this often; see Reconciler._run.
+DUTY_GAP_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ class Reconciler:
         self._wakeup = dispatcher.wakeup
         self._thread: threading.Thread | None = None
         self._last_heartbeat = 0.0
+        self._duties_at = -DUTY_GAP_S  # when the loop last ran the duties (monotonic)
+        self._duties_owed = False
 
     @property
     def host_id(self) -> int | None:
@@ -173,6 +178,7 @@ class Reconciler:
                     self.budget.seconds_until_next(),
                     self.serverless.seconds_until_next(),
                     self._heartbeat_in(),
+                    self._duties_owed_in(),
                 )
                 if d is not None
             ]
@@ -182,8 +188,18 @@ class Reconciler:
             if self.dispatcher.stopping:
                 break
             started = time.monotonic()
+            # A wake (a create, a stop, each step of a start) runs the lifecycle work at
+            # once; the duties, several milliseconds of reads each, at most every
+            # DUTY_GAP_S on wakes: a start wakes the loop three or four times, and each
+            # duty run took CPU from the start on a small host. A run skipped is owed
+            # and made DUTY_GAP_S after the last (the sleep above ends for it), so a
+            # policy or budget that changed waits at most that long.
+            duties = woken_at is None or started - self._duties_at >= DUTY_GAP_S
+            self._duties_owed = not duties
+            if duties:
+                self._duties_at = started
             try:
-                self.run_pass()
+                self.run_pass(duties=duties)
             except Exception as exc:  # keep the loop alive; the next pass retries
                 if is_database_unavailable(exc):
                     # A failover: every pass fails alike for seconds; one line each.
@@ -199,9 +215,11 @@ class Reconciler:
                     log.exception("reconciler pass hook failed")
 
     # -- one pass ------------------------------------------------------------
-    def run_pass(self, *, observe: bool | None = None) -> None:
+    def run_pass(self, *, observe: bool | None = None, duties: bool = True) -> None:
         """Dispatch every cluster in motion and every restart that is due (on the
-        engines this replica owns); heartbeat and observe the engines when due."""
+        engines this replica owns); run the duties held (auto-termination, utilisation,
+        budgets, serverless scaling) unless ``duties`` is false; heartbeat and observe
+        the engines when due."""
         with self.ctx.read() as session:
             moving = list(
                 session.execute(
@@ -234,6 +252,22 @@ class Reconciler:
                 submit(cluster_id, partial(start_pending, self.ctx), URGENT, host_id)
         self._dispatch_moves(mine)
         self._dispatch_storage(mine)
+        if duties:
+            self._run_duties()
+        if observe is False:
+            return
+        if time.monotonic() - self._last_heartbeat >= self.heartbeat_every_s or observe:
+            self._last_heartbeat = time.monotonic()
+            self.checks.queue_all(force_observe=bool(observe))
+
+    def _duties_owed_in(self) -> float | None:
+        """Seconds until a duty run skipped on a wake is due (None: none owed)."""
+        if not self._duties_owed:
+            return None
+        return max(0.0, self._duties_at + DUTY_GAP_S - time.monotonic())
+
+    def _run_duties(self) -> None:
+        """The duties this replica holds, each kept from stopping the others."""
         if self.leases.holds(AUTOTERM_DUTY):
             try:
                 # Idle windows sampled under another holder's fence start again.
@@ -254,11 +288,6 @@ class Reconciler:
                 self.serverless.run()
             except Exception:  # an endpoint's scaling never stops the lifecycle work
                 log.exception("serverless scaler pass failed")
-        if observe is False:
-            return
-        if time.monotonic() - self._last_heartbeat >= self.heartbeat_every_s or observe:
-            self._last_heartbeat = time.monotonic()
-            self.checks.queue_all(force_observe=bool(observe))
 
     def _heartbeat_in(self) -> float:
         """Seconds until the next heartbeat is due: the loop wakes for it on time, so
