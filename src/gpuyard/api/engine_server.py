@@ -22,11 +22,9 @@ from gpuyard.runtimes.engines.engine import EnginePolicy
 from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.runtimes.engines.url import detect_engine_url, is_local_engine
 from gpuyard.runtimes.fleet import Fleet
-from gpuyard.runtimes.hosts.firewall import subprocess_runner
-from gpuyard.runtimes.hosts.runtimes import host_runtime_factory
+from gpuyard.runtimes.hosts.runtimes import host_runtime_factory, local_volume_images
 from gpuyard.runtimes.slurm.host_nodes import HostNodes
 from gpuyard.runtimes.slurm.nodes import SlurmNodeRuntime
-from gpuyard.runtimes.volumes.images import VolumeImages
 from gpuyard.services.context import Context
 from gpuyard.settings import Settings
 
@@ -44,9 +42,7 @@ def engine_server(settings: Settings, url: str | None) -> Server:
 
     policy = engine_policy(settings, url)
     operator = training_operator_factory(settings, url) if settings.training_enabled else None
-    # Sized volumes' images are made by this machine's shell when the engine is here.
-    local = is_local_engine(url) and bool(settings.volume_image_dir)
-    images = VolumeImages(subprocess_runner, settings.volume_image_dir) if local else None
+    images = local_volume_images(url, settings.volume_image_dir)
     return build_server(
         settings,
         DockerEngineRuntime(url, policy=policy, volume_images=images),

@@ -47,7 +47,11 @@ def uninstall(
     from gpuyard.runtimes.engines.engine import Engine, EnginePolicy
     from gpuyard.runtimes.engines.url import detect_engine_url, is_local_engine
     from gpuyard.runtimes.fleet import HostEngine
-    from gpuyard.runtimes.hosts.runtimes import HostEngineRuntime, host_runtime_factory
+    from gpuyard.runtimes.hosts.runtimes import (
+        HostEngineRuntime,
+        host_runtime_factory,
+        local_volume_images,
+    )
     from gpuyard.services.installation.uninstall import (
         installation_of,
         owned_volumes,
@@ -65,11 +69,19 @@ def uninstall(
     owner, hosts = installation_of(settings.effective_database_url)
     local_url = detect_engine_url(settings.engine_url)
     policy = EnginePolicy(manage_host_firewall=is_local_engine(local_url))
-    factory = host_runtime_factory(settings.home, policy, settings.remote_engine_timeout_s)
+    # With the server's volume images, so that a deleted sized volume's image file
+    # goes with it (on this machine and on every host gpuyard runs commands on).
+    factory = host_runtime_factory(
+        settings.home,
+        policy,
+        settings.remote_engine_timeout_s,
+        volume_image_dir=settings.volume_image_dir,
+    )
+    images = local_volume_images(local_url, settings.volume_image_dir)
     closers: list[Callable[[], None]] = []
 
     def local() -> Engine:
-        return Engine(local_url, owner=owner, policy=policy)
+        return Engine(local_url, owner=owner, policy=policy, volume_images=images)
 
     def remote(i: int) -> Callable[[], Engine]:
         h = hosts[i]

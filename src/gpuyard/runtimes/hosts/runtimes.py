@@ -19,6 +19,7 @@ from gpuyard.runtimes.engines.engine import EnginePolicy
 from gpuyard.runtimes.engines.exec_endpoint import engine_exec_endpoint
 from gpuyard.runtimes.engines.inventory import discover_inventory
 from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
+from gpuyard.runtimes.engines.url import is_local_engine
 from gpuyard.runtimes.fleet import HostEngine, RuntimeFactory
 from gpuyard.runtimes.hosts.firewall import Runner, subprocess_runner
 from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys, SshRunner, SshSocketTunnel
@@ -97,6 +98,17 @@ class HostEngineRuntime(DockerEngineRuntime):
     def close(self) -> None:
         if self.tunnel is not None:
             self.tunnel.close()
+
+
+def local_volume_images(
+    engine_url: str | None, volume_image_dir: str | None
+) -> VolumeImages | None:
+    """How this machine's engine at ``engine_url`` makes (and removes) sized volumes'
+    images: by this machine's shell, in ``volume_image_dir``; None when the engine is
+    not on this machine or no directory is set (sizes then are not enforced)."""
+    if not volume_image_dir or not is_local_engine(engine_url):
+        return None
+    return VolumeImages(subprocess_runner, volume_image_dir)
 
 
 def host_runtime_factory(
