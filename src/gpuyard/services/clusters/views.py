@@ -167,6 +167,20 @@ def _in_projects(cluster: Cluster, project_ids: frozenset[int] | None) -> bool:
     return project_ids is None or cluster.project_id in project_ids
 
 
+_STATUS = select(Cluster.status, Cluster.pending_start).where(Cluster.id == bindparam("cluster_id"))
+
+
+def status_of(ctx: Context, cluster_id: str) -> tuple[ClusterStatus, bool] | None:
+    """The cluster's recorded status and whether a start is pending on it (None: no
+    such row). One indexed read with no visibility check: for a caller that has
+    already read the cluster as its owner (a waiter polling for a change)."""
+    with ctx.connect() as conn:
+        row = conn.execute(_STATUS, {"cluster_id": cluster_id}).first()
+    if row is None:
+        return None
+    return ClusterStatus(row.status), row.pending_start is not None
+
+
 def load_visible(
     ctx: Context, account_id: int, cluster_id: str, project_ids: frozenset[int] | None = None
 ) -> ClusterDetails:
