@@ -75,6 +75,10 @@ def place_for_start(
     volume's move there. Raises InsufficientCapacity (nothing fits, or moving is not
     allowed) or HostUnreachable (the volume cannot be read); nothing changes then."""
     old_host = cluster.host_id
+    # Taken outside the SAVEPOINTs below: held to the commit whichever claim succeeds
+    # (a lock taken inside one is given back with its rollback), and asked for once
+    # in the transaction (the admission check after the start's claim takes it too).
+    lock_placement(session)
     try:
         with session.begin_nested():
             return _claim(session, ctx, cluster, now, old_host, not_enough_message, bid)
