@@ -223,3 +223,13 @@ def test_nothing_is_answered_once_the_operation_is_over(repo: Path) -> None:
     server.close()
     with pytest.raises(OSError):
         request(server, "GET", "/config")
+
+
+def test_a_server_never_told_where_to_listen_listens_nowhere(repo: Path) -> None:
+    # The helper was never made (its creation failed): the operation ends before
+    # listen(). The child must not fall back to this machine's own namespace.
+    server = RestServer(repo, Mode.BACKUP, {KEY_NAME: KEY})
+    server.start()
+    server.close()
+    assert server.exit_code == 1
+    assert server.port is None

@@ -36,6 +36,12 @@ _NAME: Final = re.compile(r"[0-9a-f]{64}")
 # restic asks for the repository to be made with POST /?create=true: always refused.
 _CREATE_QUERY: Final = "create=true"
 
+# What the child is told over the control socket: listen in the namespace whose fd
+# comes with the message, or (tests) in its own. Anything else (the socket closed: the
+# helper was never made) and it exits without listening anywhere.
+LISTEN_IN: Final = b"listen\n"
+LISTEN_HERE: Final = b"listen here\n"
+
 
 class Mode(StrEnum):
     """What the operation does with the repository."""

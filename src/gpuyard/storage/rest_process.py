@@ -32,7 +32,7 @@ from typing import Final
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.storage.child_process import Drain, die_with_parent, kill
-from gpuyard.storage.rest_objects import Mode
+from gpuyard.storage.rest_objects import LISTEN_HERE, LISTEN_IN, Mode
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class RestServer:
         self._control: socket.socket | None = None
         self.port: int | None = None
         self.locks_removed: list[str] = []
+        self.exit_code: int | None = None  # the child's, once closed
         self._proc: subprocess.Popen[bytes] | None = None
         self._err: Drain | None = None
 
@@ -109,8 +110,10 @@ class RestServer:
         assert self._proc is not None and self._proc.stdout is not None
         assert self._control is not None
         try:
-            fds = [netns_fd] if netns_fd is not None else []
-            socket.send_fds(self._control, [b"listen\n"], fds)
+            if netns_fd is None:
+                socket.send_fds(self._control, [LISTEN_HERE], [])
+            else:
+                socket.send_fds(self._control, [LISTEN_IN], [netns_fd])
             line = _read_line(self._proc.stdout, START_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             self._fail(f"the REST backend server did not start: {exc}")
@@ -137,10 +140,11 @@ class RestServer:
         with contextlib.suppress(OSError):
             proc.stdin.close()
         try:
-            proc.wait(STOP_TIMEOUT_S)
+            self.exit_code = proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             log.warning("REST backend server %d did not stop; killed", proc.pid)
             kill(proc)
+            self.exit_code = proc.returncode
         with contextlib.suppress(OSError, ValueError):
             for line in proc.stdout.read().splitlines():
                 if line.startswith(b"{"):

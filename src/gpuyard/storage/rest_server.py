@@ -48,6 +48,8 @@ from typing import Any, Final
 
 from gpuyard.storage.rest_objects import (
     KINDS,
+    LISTEN_HERE,
+    LISTEN_IN,
     Mode,
     Policy,
     Refused,
@@ -371,9 +373,20 @@ def serve(config: dict[str, Any], netns_fd: int | None) -> Server:
 def main() -> int:
     config = json.loads(sys.stdin.readline())
     control = socket.socket(fileno=int(config["control_fd"]))
-    _message, fds, _flags, _addr = socket.recv_fds(control, 64, 1)
+    message, fds, _flags, _addr = socket.recv_fds(control, 64, 1)
     control.close()
-    server = serve(config, fds[0] if fds else None)
+    if message == LISTEN_IN and len(fds) == 1:
+        netns_fd: int | None = fds[0]
+    elif message == LISTEN_HERE and not fds:
+        netns_fd = None
+    else:
+        # The parent went away, or its helper was never made: never fall back to
+        # listening in this (the host's) namespace.
+        for fd in fds:
+            os.close(fd)
+        print("not told where to listen", file=sys.stderr, flush=True)
+        return 1
+    server = serve(config, netns_fd)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
