@@ -41,3 +41,18 @@ def test_locations_and_password_files(tmp_path: Path) -> None:
     fresh.for_account(7)
     assert key.read_text().strip() == account_password(secret, 7)
     assert not (tmp_path / "snapshots").exists()  # nothing made before first use
+
+
+def test_no_helper_reaches_the_installation_wide_repository(tmp_path: Path) -> None:
+    # A helper's one-time key opens the whole repository it is made for: the shared
+    # one holds every account's snapshots of earlier versions, so its restores stream.
+    repos = SnapshotRepositories(
+        str(tmp_path / "snapshots"), tmp_path / "snapshot.password", tmp_path / "cache",
+        tmp_path / "keys",
+    )  # fmt: skip
+    assert repos.shared.helper_access() is None
+    assert not (tmp_path / "snapshots" / "keys").exists()  # no key made for one either
+    access = repos.for_account(3).helper_access()
+    assert access is not None
+    root, _key = access
+    assert root == tmp_path / "snapshots" / "accounts" / "3"

@@ -60,8 +60,10 @@ class SnapshotRepositories:
         self._binary = binary
         self._lock = threading.Lock()
         self._accounts: dict[int, ResticRepository] = {}
+        # Every account's snapshots of earlier versions: a helper's one-time key to it
+        # would open them all, so its snapshots are read here and streamed.
         self.shared = ResticRepository(
-            location, self._secret_file, self._cache_dir, env=env, binary=binary
+            location, self._secret_file, self._cache_dir, env=env, binary=binary, helpers=False
         )
 
     def location_of(self, account_id: int) -> str:

@@ -199,8 +199,14 @@ class ResticRepository:
         cache_dir: Path,
         env: Mapping[str, str] | None = None,
         binary: str = "restic",
+        *,
+        helpers: bool = True,
     ) -> None:
+        """``helpers``: whether restic run in a helper beside a volume may reach this
+        repository (:meth:`helper_access`); never for one that holds more than one
+        account's data."""
         self._location = location
+        self._helpers = helpers
         self._password_file = Path(password_file)
         self._cache_dir = Path(cache_dir)
         self._env = dict(env) if env is not None else None
@@ -273,8 +279,9 @@ class ResticRepository:
         """For restic run elsewhere through a REST backend server of ours
         (storage/volume_restic.py): the local repository's directory and a key made for
         one operation. None for a repository that is not local, or whose password needs
-        stretching (a person's: storage/restic_keys.py). Makes the repository first."""
-        if not self.is_local:
+        stretching (a person's: storage/restic_keys.py), or one made with
+        ``helpers=False``. Makes the repository first."""
+        if not self.is_local or not self._helpers:
             return None
         self.ensure()
         if self._secret is None or self._key_hint is None:
