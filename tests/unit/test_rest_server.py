@@ -11,6 +11,8 @@ import hashlib
 import http.client
 import json
 import os
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -233,3 +235,37 @@ def test_a_server_never_told_where_to_listen_listens_nowhere(repo: Path) -> None
     server.close()
     assert server.exit_code == 1
     assert server.port is None
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/keys/" + "b" * 64),  # a backup adds no key: 403
+        ("POST", "/data/../config"),  # not an object name: 404
+        ("PUT", "/config"),  # 405
+    ],
+)
+def test_a_refused_body_is_never_read_as_the_next_request(
+    backup: RestServer, method: str, path: str
+) -> None:
+    assert backup.port is not None
+    credential = base64.b64encode(f"{backup.user}:{backup.password}".encode()).decode()
+    auth = f"Authorization: Basic {credential}\r\n"
+    # The refused request's body is itself a request: read as the next one, it would
+    # be answered (a listing) before the GET that follows.
+    smuggled = f"GET /snapshots/ HTTP/1.1\r\n{auth}\r\n".encode()
+    refused = (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len(smuggled)}\r\n\r\n"
+    )
+    then = f"GET /config HTTP/1.1\r\nHost: x\r\n{auth}\r\n"
+    with socket.create_connection(("127.0.0.1", backup.port), timeout=10) as conn:
+        conn.sendall(refused.encode() + smuggled + then.encode())
+        got = b""
+        while not got.endswith(b"config-bytes"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", got)
+    assert statuses[0] in (b"403", b"404", b"405")
+    assert statuses[1:] == [b"200"] and got.endswith(b"config-bytes"), got

@@ -147,9 +147,9 @@ class Handler(BaseHTTPRequestHandler):
         self._serve("PUT")
 
     def _serve(self, method: str) -> None:
+        self._body_taken = False  # whether this request's body has left the connection
         try:
             if not self.state.authorized(self.headers.get("Authorization")):
-                self._discard_body()
                 raise Refused(401, "unauthorized")
             target = parse_path(self.path)
             self.state.policy.check(method, target)
@@ -162,6 +162,10 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 raise Refused(405, "method not allowed")
         except Refused as exc:
+            # Whatever was refused (credential, name, method, policy, length), the body
+            # it came with must not be read as the next request on the connection.
+            if not self._body_taken:
+                self._discard_body()
             self._answer(exc.status, exc.reason.encode())
         except OSError as exc:
             if isinstance(exc, (BrokenPipeError, ConnectionResetError)):
@@ -257,6 +261,8 @@ class Handler(BaseHTTPRequestHandler):
         final.parent.mkdir(mode=0o700, exist_ok=True)
         tmp = self.state.root / f".gy-upload-{secrets.token_hex(8)}"
         digest = hashlib.sha256()
+        # From here the body is read to its end, or the connection closed.
+        self._body_taken = True
         try:
             with open(tmp, "xb") as f:
                 left = length
@@ -309,8 +315,11 @@ class Handler(BaseHTTPRequestHandler):
     def _discard_body(self) -> None:
         """Read a refused request's body off the connection (small ones), so the next
         request on it parses; a large one closes the connection instead."""
+        self._body_taken = True
         length = self.headers.get("Content-Length")
-        if length and length.isdigit() and int(length) <= _READ_CHUNK:
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True  # never parsed here: where it ends is unknown
+        elif length and length.isdigit() and int(length) <= _READ_CHUNK:
             self.rfile.read(int(length))
         elif length and length != "0":
             self.close_connection = True
