@@ -52,7 +52,7 @@ from gpuyard.runtimes.volumes.restic_helper import (
     restic_helper,
 )
 from gpuyard.storage.rest_objects import Mode
-from gpuyard.storage.rest_process import RestServer
+from gpuyard.storage.rest_process import RestServer, RestServerFailed
 from gpuyard.storage.restic import ResticRepository, check_id, refused_for_lock
 
 log = logging.getLogger(__name__)
@@ -220,14 +220,19 @@ def _run_once(
     # The server's child starts while the engine starts the helper; it listens once
     # the helper's network namespace exists, and is closed before the helper goes.
     binary = repository.binary()
-    with (
-        RestServer(root, mode, {key.name: key.content}) as server,
-        restic_helper(engine, volume, args, binary=binary, read_only=read_only) as run,
-    ):
-        server.listen(run.netns_fd)
-        run.go({"repo": server.url().encode(), "pw": key.password.encode()})
-        result = run.wait(on_json)
-        server.close()
+    try:
+        with (
+            RestServer(root, mode, {key.name: key.content}) as server,
+            restic_helper(engine, volume, args, binary=binary, read_only=read_only) as run,
+        ):
+            server.listen(run.netns_fd)
+            run.go({"repo": server.url().encode(), "pw": key.password.encode()})
+            result = run.wait(on_json)
+            server.close()
+    except RestServerFailed as exc:
+        # Raised before go(): restic never ran (a setns refused, say). The operation
+        # streams instead of failing.
+        raise NotHere(f"{exc.message} ({(exc.details or {}).get('stderr', '')[-300:]})") from exc
     for secret in (server.password, key.password):
         result.stderr = result.stderr.replace(secret, "***")
     if result.exit_status < 0:

@@ -210,7 +210,7 @@ def _create(
     binary: str,
     read_only: bool,
 ) -> None:
-    image = ensure_restic_image(engine, binary)
+    image = helper_image(engine, binary)
     kwargs: dict[str, Any] = {
         "command": ["sh", "-c", _SCRIPT, "sh", *args],
         "name": name,
@@ -236,9 +236,20 @@ def _create(
         engine.api.create_container(image, **kwargs)
     except docker.errors.ImageNotFound:
         forget_restic_image(engine)  # removed behind our back: import it again
-        engine.api.create_container(ensure_restic_image(engine, binary), **kwargs)
+        engine.api.create_container(helper_image(engine, binary), **kwargs)
     except docker.errors.APIError as exc:
         raise NotHere(f"the engine at {engine.where} cannot mount {work}: {exc}") from exc
+
+
+def helper_image(engine: Engine, binary: str) -> str:
+    """The helper image for ``binary`` on ``engine``. NotHere when it cannot be made
+    (a restic that is a script, libraries ldd cannot list): the operation streams."""
+    try:
+        return ensure_restic_image(engine, binary)
+    except RuntimeFailure as exc:
+        if engine.ping() is not None:
+            raise  # the engine itself fails: so would the stream
+        raise NotHere(f"no restic helper image: {exc.message}") from exc
 
 
 def _open_netns(info: Mapping[str, Any], work: Path) -> int:
