@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.volumes.copy import volume_checksum
@@ -258,3 +259,45 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120) -
     while not condition():
         assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
         time.sleep(0.05)
+
+
+def _rest_servers_of_this_process() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = next(int(x.split()[1]) for x in status.splitlines() if x.startswith("PPid:"))
+        if ppid == os.getpid() and b"gpuyard.storage.rest_server" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_a_repository_server_that_dies_ends_the_backup_at_once(
+    local: Engine, repo: ResticRepository
+) -> None:
+    """restic retries a repository that stopped answering for many minutes; the
+    operation watches its server and ends when it is gone."""
+    src, root = volume_with(local, "rhdead000001")
+    for i in range(8):
+        (root / f"big-{i}").write_bytes(os.urandom(16 << 20))
+    killed: list[int] = []
+
+    def kill_the_server(_done: int) -> None:
+        if not killed:
+            for pid in _rest_servers_of_this_process():
+                os.kill(pid, 9)
+                killed.append(pid)
+
+    began = time.monotonic()
+    with pytest.raises(RuntimeFailure, match="repository server"):
+        backup_in_helper(
+            local, src, repo, tags=["t"], host=HOST, parent=None, on_progress=kill_the_server
+        )
+    assert killed
+    assert time.monotonic() - began < 60
+    assert helpers_left(local) == []

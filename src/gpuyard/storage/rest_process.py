@@ -121,6 +121,10 @@ class RestServer:
             self._fail("the REST backend server did not start")
         self.port = int(line.split()[1])
 
+    def serving(self) -> bool:
+        """Whether the child is still there (it ends only when closed, or killed)."""
+        return self._proc is not None and self._proc.poll() is None
+
     def _fail(self, message: str) -> None:
         assert self._proc is not None and self._err is not None
         kill(self._proc)

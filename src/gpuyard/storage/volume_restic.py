@@ -46,6 +46,7 @@ from gpuyard.runtimes.engines.engine import Engine
 from gpuyard.runtimes.volumes.copy import MOUNT, _reset_volume, volume_labels
 from gpuyard.runtimes.volumes.fifo_stream import NotHere
 from gpuyard.runtimes.volumes.restic_helper import (
+    SERVER_GONE,
     HelperResult,
     failure,
     remove_restic_helpers,
@@ -227,7 +228,7 @@ def _run_once(
         ):
             server.listen(run.netns_fd)
             run.go({"repo": server.url().encode(), "pw": key.password.encode()})
-            result = run.wait(on_json)
+            result = run.wait(on_json, serving=server.serving)
             server.close()
     except RestServerFailed as exc:
         # Raised before go(): restic never ran (a setns refused, say). The operation
@@ -235,6 +236,11 @@ def _run_once(
         raise NotHere(f"{exc.message} ({(exc.details or {}).get('stderr', '')[-300:]})") from exc
     for secret in (server.password, key.password):
         result.stderr = result.stderr.replace(secret, "***")
+    if result.exit_status == SERVER_GONE:
+        raise RuntimeFailure(
+            f"the repository server of volume {volume}'s restic ended before restic did",
+            {"volume": volume, "stderr": result.stderr},
+        )
     if result.exit_status < 0:
         raise RuntimeFailure(
             f"the restic helper of volume {volume} ended before restic did",

@@ -60,6 +60,8 @@ WORK: Final = "/gy"
 POLL_S: Final = 0.02
 # How often the engine is asked whether the helper still runs.
 ENGINE_POLL_S: Final = 2.0
+# HelperRun.wait's status when what restic reaches the repository through ended first.
+SERVER_GONE: Final = -2
 STDERR_LINES: Final = 20
 # restic's progress lines per second (RESTIC_PROGRESS_FPS).
 PROGRESS_FPS: Final = "2"
@@ -99,8 +101,16 @@ class HelperRun:
             with os.fdopen(fd, "wb") as f:
                 f.write(content)
 
-    def wait(self, on_json: Callable[[dict[str, Any]], None] | None = None) -> HelperResult:
-        """Wait for restic to end, handing each JSON line it prints to ``on_json``."""
+    def wait(
+        self,
+        on_json: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        serving: Callable[[], bool] | None = None,
+    ) -> HelperResult:
+        """Wait for restic to end, handing each JSON line it prints to ``on_json``.
+        Ends early with status -1 when the helper is gone, and -2 when ``serving``
+        (what restic reaches the repository through) says False: restic would retry
+        a dead repository for many minutes."""
         out = self.work / "out"
         rc = self.work / "rc"
         summary: dict[str, Any] | None = None
@@ -124,6 +134,9 @@ class HelperRun:
                         on_json(doc)
             if done:
                 status = _read_status(rc)
+                break
+            if serving is not None and not serving() and not rc.exists():
+                status = SERVER_GONE
                 break
             if time.monotonic() >= next_engine_check:
                 next_engine_check = time.monotonic() + ENGINE_POLL_S
