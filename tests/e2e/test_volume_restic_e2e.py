@@ -6,6 +6,7 @@ helper's own work directory (where the server's URL and key password are)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,12 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_CLUSTER
 from gpuyard.runtimes.engines.engine import Engine
-from gpuyard.runtimes.volumes.copy import volume_checksum
+from gpuyard.runtimes.volumes.copy import VolumeCopyFailed, volume_checksum
 from gpuyard.runtimes.volumes.restic_helper import ROLE_RESTIC_HELPER, restic_helper
 from gpuyard.storage.rest_objects import Mode
 from gpuyard.storage.rest_process import RestServer
@@ -301,3 +303,21 @@ def test_a_repository_server_that_dies_ends_the_backup_at_once(
     assert killed
     assert time.monotonic() - began < 60
     assert helpers_left(local) == []
+
+
+def test_a_volume_gone_before_the_helper_mounts_it_is_not_snapshotted_empty(
+    local: Engine, repo: ResticRepository
+) -> None:
+    """The engine makes a missing named volume when a container mounts it: a volume
+    removed after it was checked would be read as an empty one."""
+    gone = local.owner.volume("rhgone000001")
+    try:
+        with (
+            pytest.raises(VolumeCopyFailed),
+            restic_helper(local, gone, ["version"], binary=repo.binary(), read_only=True),
+        ):
+            pass
+        assert helpers_left(local) == []
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            local.api.remove_volume(gone)  # the one the engine made for this test's helper

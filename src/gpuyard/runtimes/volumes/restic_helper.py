@@ -51,7 +51,13 @@ from gpuyard.runtimes.engines.restic_image import (
     forget_restic_image,
 )
 from gpuyard.runtimes.engines.url import is_local_engine
-from gpuyard.runtimes.volumes.copy import LABEL_HELPER_VOLUME, LABEL_ROLE, MOUNT, remove_helpers
+from gpuyard.runtimes.volumes.copy import (
+    LABEL_HELPER_VOLUME,
+    LABEL_ROLE,
+    MOUNT,
+    remove_helpers,
+    volume_labels,
+)
 from gpuyard.runtimes.volumes.fifo_stream import NotHere
 
 ROLE_RESTIC_HELPER: Final = "restic-helper"
@@ -195,6 +201,10 @@ def restic_helper(
     fd: int | None = None
     try:
         _create(engine, volume, name, work, args, binary=binary, read_only=read_only)
+        # The engine makes a named volume that is missing: one removed since the caller
+        # checked it would be snapshotted (or restored into) as an empty one. Ours, or
+        # VolumeCopyFailed.
+        volume_labels(engine, volume)
         with engine.errors(f"starting the restic helper of volume {volume}"):
             engine.api.start(name)
             info = engine.api.inspect_container(name)
