@@ -13,6 +13,7 @@ import json
 import os
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 
 from gpuyard.storage.rest_objects import Mode, Policy, Refused, Target, object_path, parse_path
 from gpuyard.storage.rest_process import RestServer
+from gpuyard.storage.rest_server import RepositoryState
 
 KEY = b'{"kdf":"scrypt","only":"this operation"}'
 KEY_NAME = hashlib.sha256(KEY).hexdigest()
@@ -269,3 +271,23 @@ def test_a_refused_body_is_never_read_as_the_next_request(
     statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", got)
     assert statuses[0] in (b"403", b"404", b"405")
     assert statuses[1:] == [b"200"] and got.endswith(b"config-bytes"), got
+
+
+def test_uploads_cut_off_by_a_killed_server_are_swept_at_the_next_start(repo: Path) -> None:
+    old, fresh = repo / ".gy-upload-0123456789abcdef", repo / ".gy-upload-fedcba9876543210"
+    old.write_bytes(b"half a pack")
+    fresh.write_bytes(b"another operation's upload, right now")
+    os.utime(old, (time.time() - 2 * 3600, time.time() - 2 * 3600))
+    server = started(repo, Mode.BACKUP)
+    try:
+        assert not old.exists()
+        assert fresh.exists()
+    finally:
+        server.close()
+
+
+def test_a_lock_written_as_the_operation_ends_does_not_outlive_it(repo: Path) -> None:
+    state = RepositoryState(repo, "u", "p", Mode.BACKUP, {})
+    assert state.lock_created("a" * 64)
+    assert state.close() == ["a" * 64]
+    assert not state.lock_created("b" * 64)  # the caller removes that one

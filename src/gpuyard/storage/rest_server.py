@@ -42,6 +42,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
@@ -59,6 +60,9 @@ from gpuyard.storage.rest_objects import (
 )
 
 _CLONE_NEWNET: Final = 0x40000000
+_UPLOAD_PREFIX: Final = ".gy-upload-"
+# An upload's temporary file older than this is a leftover of a server that was killed.
+UPLOAD_LEFTOVER_S: Final = 3600.0
 # The largest object accepted: restic 0.14's packs are 4-16 MiB (128 MiB at most).
 MAX_OBJECT_BYTES: Final = 1 << 30
 _V2: Final = "application/vnd.x.restic.rest.v2"
@@ -85,9 +89,14 @@ class RepositoryState:
             return False
         return secrets.compare_digest(header.encode(), self._authorization.encode())
 
-    def lock_created(self, name: str) -> None:
+    def lock_created(self, name: str) -> bool:
+        """Note lock ``name`` as this server's; False once closed (the caller removes
+        it: close() has already deleted the ones it knew)."""
         with self._lock:
+            if self._closed:
+                return False
             self._created_locks.add(name)
+            return True
 
     def lock_deleted(self, name: str) -> bool:
         """Whether this server created lock ``name`` (and forgets it)."""
@@ -259,7 +268,7 @@ class Handler(BaseHTTPRequestHandler):
             raise Refused(413, "object too large")
         final = object_path(self.state.root, target)
         final.parent.mkdir(mode=0o700, exist_ok=True)
-        tmp = self.state.root / f".gy-upload-{secrets.token_hex(8)}"
+        tmp = self.state.root / f"{_UPLOAD_PREFIX}{secrets.token_hex(8)}"
         digest = hashlib.sha256()
         # From here the body is read to its end, or the connection closed.
         self._body_taken = True
@@ -286,8 +295,11 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        if target.kind == "locks":
-            self.state.lock_created(target.name)
+        if target.kind == "locks" and not self.state.lock_created(target.name):
+            # Written while the operation ended: no lock may outlive it.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(final)
+            raise Refused(403, "the operation is over")
         self._answer(200, b"")
 
     def _delete(self, target: Target) -> None:
@@ -354,6 +366,25 @@ class Server(ThreadingHTTPServer):
         super().__init__(address, Handler)
 
 
+def sweep_uploads(root: Path, older_than_s: float = UPLOAD_LEFTOVER_S) -> list[str]:
+    """Remove the temporary files of uploads cut off by a server killed mid-upload
+    (older than ``older_than_s``: another operation's server on the same repository
+    may be writing its own right now). Returns their names."""
+    gone: list[str] = []
+    cutoff = time.time() - older_than_s
+    with contextlib.suppress(FileNotFoundError), os.scandir(root) as entries:
+        for entry in entries:
+            if not entry.name.startswith(_UPLOAD_PREFIX) or not entry.is_file(
+                follow_symlinks=False
+            ):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    gone.append(entry.name)
+    return gone
+
+
 def enter_netns(fd: int) -> None:
     """Move this thread into the network namespace open on ``fd`` (setns(2))."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -369,6 +400,7 @@ def serve(config: dict[str, Any], netns_fd: int | None) -> Server:
     if netns_fd is not None:
         enter_netns(netns_fd)
         os.close(netns_fd)
+    sweep_uploads(Path(config["root"]))
     state = RepositoryState(
         Path(config["root"]),
         str(config["user"]),
