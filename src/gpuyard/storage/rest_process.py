@@ -84,18 +84,24 @@ class RestServer:
             "port": self._port,
             "control_fd": theirs.fileno(),
         }
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", _MODULE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(theirs.fileno(),),
-            preexec_fn=die_with_parent(signal.SIGTERM),
-            env=_child_environment(),
-        )
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", _MODULE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),),
+                preexec_fn=die_with_parent(signal.SIGTERM),
+                env=_child_environment(),
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            ours.close()
+            self._control = None
+            raise RestServerFailed(f"the REST backend server did not start: {exc}") from exc
+        finally:
+            theirs.close()
         assert self._proc.stdin is not None and self._proc.stdout is not None
         assert self._proc.stderr is not None
-        theirs.close()
         self._err = Drain(self._proc.stderr)
         try:
             self._proc.stdin.write(json.dumps(config).encode() + b"\n")
