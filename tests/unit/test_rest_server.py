@@ -207,6 +207,18 @@ def test_a_planted_symlink_in_the_repository_is_not_followed(
     assert status == 404 and b"not the repository" not in body
 
 
+def test_a_planted_symlink_for_a_directory_is_not_followed(backup: RestServer, repo: Path) -> None:
+    # data/ab -> a directory outside, holding a file of the name asked for.
+    elsewhere = repo.parent / "elsewhere"
+    elsewhere.mkdir()
+    name = "ab" + "d" * 62
+    (elsewhere / name).write_bytes(b"not the repository's")
+    os.rmdir(repo / "data" / "ab")
+    os.symlink(elsewhere, repo / "data" / "ab")
+    status, body = request(backup, "GET", f"/data/{name}")
+    assert status == 404 and b"not the repository" not in body
+
+
 def test_only_its_own_locks_are_deleted_and_leftovers_go_at_the_end(repo: Path) -> None:
     server = started(repo, Mode.RESTORE)
     mine, theirs = b"my lock", b"someone else's lock"

@@ -25,6 +25,7 @@ What an operation may do (:class:`Policy`):
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -110,6 +111,22 @@ def object_path(root: Path, target: Target) -> Path:
     if target.kind == "data":
         return root / "data" / target.name[:2] / target.name
     return root / target.kind / target.name
+
+
+def open_object(root: Path, target: Target) -> int:
+    """``target``'s file under ``root``, open for reading, every component below the
+    root opened without following a symlink (a link planted for a directory as well
+    as for the object itself: OSError ELOOP or ENOTDIR)."""
+    parts = object_path(root, target).relative_to(root).parts
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
