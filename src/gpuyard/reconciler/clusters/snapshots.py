@@ -55,7 +55,7 @@ from gpuyard.storage.repository_gate import RepositoryGate
 from gpuyard.storage.restic import ResticRepository
 from gpuyard.storage.restic_dump import dump_as_volume_tar
 from gpuyard.storage.tar_stats import TarCounter, counted
-from gpuyard.storage.volume_restic import backup_in_helper, restore_in_helper
+from gpuyard.storage.volume_restic import HelperBackup, backup_in_helper, restore_in_helper
 from gpuyard.store.schema import Cluster, NetworkVolume, Snapshot
 
 log = logging.getLogger(__name__)
@@ -201,12 +201,16 @@ class SnapshotWorker:
             "host": self.ctx.ownership.prefix,
             "on_progress": beat,
         }
+
+        def backup(against: str | None) -> HelperBackup:
+            with self._gate.shared(repository.location):
+                return backup_in_helper(
+                    engine, snap.volume_name, repository, parent=against, **options
+                )
+
         try:
             try:
-                with self._gate.shared(repository.location):
-                    result = backup_in_helper(
-                        engine, snap.volume_name, repository, parent=parent, **options
-                    )
+                result = backup(parent)
             except RuntimeFailure as exc:
                 if parent is None or not _parent_missing(exc):
                     raise
@@ -218,10 +222,7 @@ class SnapshotWorker:
                     exc.message,
                 )
                 self._forget_tagged(snap.id, snap.account_id)
-                with self._gate.shared(repository.location):
-                    result = backup_in_helper(
-                        engine, snap.volume_name, repository, parent=None, **options
-                    )
+                result = backup(None)
         except NotHere as exc:
             log.info("snapshot %s: streaming the tar of %s (%s)", snap.id, snap.volume_name, exc)
             return None
@@ -514,10 +515,11 @@ def _parent_missing(exc: RuntimeFailure) -> bool:
     """Whether restic failed because the parent snapshot is gone (forgotten meanwhile):
     its fatal error names the id it could not find."""
     stderr = str(exc.details.get("stderr", ""))
+    # restic 0.14: "Fatal: unable to load parent snapshot …" / "… no matching ID found".
     return (
         not isinstance(exc, VolumeCopyFailed)
         and exc.details.get("exit_status") == 1
-        and ("no matching ID" in stderr or "parent" in stderr.lower())
+        and ("no matching ID" in stderr or "parent snapshot" in stderr.lower())
     )
 
 
