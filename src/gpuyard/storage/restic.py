@@ -202,9 +202,6 @@ class ResticRepository:
         *,
         helpers: bool = True,
     ) -> None:
-        """``helpers``: whether restic run in a helper beside a volume may reach this
-        repository (:meth:`helper_access`); never for one that holds more than one
-        account's data."""
         self._location = location
         self._helpers = helpers
         self._password_file = Path(password_file)
@@ -279,8 +276,8 @@ class ResticRepository:
         """For restic run elsewhere through a REST backend server of ours
         (storage/volume_restic.py): the local repository's directory and a key made for
         one operation. None for a repository that is not local, or whose password needs
-        stretching (a person's: storage/restic_keys.py), or one made with
-        ``helpers=False``. Makes the repository first."""
+        stretching (a person's: storage/restic_keys.py), or made ``helpers=False``.
+        Makes the repository first."""
         if not self.is_local or not self._helpers:
             return None
         self.ensure()
