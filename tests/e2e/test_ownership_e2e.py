@@ -78,11 +78,12 @@ def _servers(
 ) -> Iterator[ServerFactory]:
     made: list[ServerProcess] = []
 
-    def make(name: str, url: str, **env: str) -> ServerProcess:
+    def make(name: str, url: str, *, start: bool = True, **env: str) -> ServerProcess:
         server = ServerProcess(tmp_path / name, url, free_port())  # a port block of its own
         server.extra_env = {**FAST_OBSERVE, **env}
         made.append(server)
-        server.start()
+        if start:
+            server.start()
         return server
 
     try:
@@ -97,9 +98,17 @@ def _servers(
 
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[ServerFactory]:
-    """Starts servers (name, engine URL, extra settings); stops them
-    after and removes what their installations left on the engine."""
+    """Starts servers (name, engine URL, extra settings; ``start=False``: made, not
+    started); stops them after and removes what their installations left on the engine."""
     yield from _servers(tmp_path)
+
+
+def start_together(*servers: ServerProcess) -> None:
+    """Start ``servers`` side by side (their imports and starts overlap)."""
+    for server in servers:
+        server.launch()
+    for server in servers:
+        server.wait_up()
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -167,9 +176,7 @@ def full_passes(server: ServerProcess) -> int:
     raise AssertionError(f"no {FULL_PASSES} in /metrics")
 
 
-def holds(
-    check: Callable[[], None], *servers: ServerProcess, passes: int = OBSERVE_PASSES
-) -> None:
+def holds(check: Callable[[], None], *servers: ServerProcess, passes: int = OBSERVE_PASSES) -> None:
     """``check`` passes now and keeps passing until every one of ``servers`` has made
     ``passes`` more full reconcile passes (polled; the first failure is raised at once)."""
     marks = {server: full_passes(server) + passes for server in servers}
@@ -235,8 +242,9 @@ def test_two_installations_share_an_engine(
 ) -> None:
     # A collects unknown containers of its own after 2 s: were B's containers or the
     # previous installation's taken for A's, they would be gone within the hold below.
-    a = servers("a", engine_url, GPUYARD_ORPHAN_CONTAINER_GRACE_S="2")
-    b = servers("b", engine_url)
+    a = servers("a", engine_url, start=False, GPUYARD_ORPHAN_CONTAINER_GRACE_S="2")
+    b = servers("b", engine_url, start=False)
+    start_together(a, b)
     a_id, b_id = a.installation, b.installation
     assert a_id != b_id
 
