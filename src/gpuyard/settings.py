@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_misses: int = Field(default=3, ge=1)
     heartbeat_timeout_s: float = Field(default=3.0, gt=0)
+    # Each engine's containers are listed and compared with the store (crashes found,
+    # orphans collected) after a heartbeat at most this often.
+    observe_interval_s: float = Field(default=5.0, gt=0)
     # Several API replicas on one database (services/installation/leases.py): each background duty
     # is owned by one replica through a lease in the database that lasts this long
     # unless renewed; a dead replica's duties move to another within about this time.

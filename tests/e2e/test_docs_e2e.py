@@ -19,6 +19,7 @@ import collections
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +123,7 @@ def test_every_block_runs_as_written(
     need_tools(str(ROOT / ".venv" / "bin" / "gpuyard"), how="make venv")
     skipped: collections.Counter[str] = collections.Counter()
     ran = 0
+    took: dict[str, float] = {}
     with running_server(tmp_path / "home", engine_url, env=DOCS_ENV) as server:
         env = {k: v for k, v in os.environ.items() if k not in ("GPUYARD_URL", "GPUYARD_API_KEY")}
         env |= DOCS_ENV | {
@@ -137,6 +139,7 @@ def test_every_block_runs_as_written(
             todo = [b for b in all_blocks if not b.skip]
             if not todo:
                 continue
+            began = time.monotonic()
             r = subprocess.run(
                 ["bash", "-c", script_of(todo)],
                 cwd=ROOT,
@@ -155,8 +158,11 @@ def test_every_block_runs_as_written(
                     f"--- server log ---\n{server.log_tail(2000)}"
                 )
             ran += len(todo)
+            took[str(path.relative_to(ROOT))] = time.monotonic() - began
     with capsys.disabled():
         print(f"\ndocs blocks: {ran} ran, {sum(skipped.values())} skipped")
         for reason, n in skipped.most_common():
             print(f"  skipped {n}: {reason}")
+        slowest = sorted(took.items(), key=lambda kv: -kv[1])[:5]
+        print("  slowest pages: " + ", ".join(f"{page} {s:.0f} s" for page, s in slowest))
     assert ran >= 10

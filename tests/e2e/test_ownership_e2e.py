@@ -34,6 +34,7 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
+from gpuyard.observability.metrics import FULL_PASSES
 from gpuyard.runtimes.engines.engine import vanished_mid_removal
 from gpuyard.runtimes.engines.url import PodmanService
 from tests.e2e.conftest import DEV_IMAGE, SERVICE_HOW
@@ -53,9 +54,14 @@ pytestmark = [
     needs_tools("podman", how="apt-get install podman runc (bash scripts/setup-system.sh)"),
 ]
 
-# The reconciler observes the engine every 5 s (reconciler/loop.py): holding a check
-# this long covers at least two observe passes of every server.
-OBSERVE_PASSES_S = 12.0
+# The servers here heartbeat and observe their engine every second (5 s by default):
+# what the tests wait for (a crash seen, an orphan collected) comes within seconds.
+FAST_OBSERVE = {"GPUYARD_HEARTBEAT_INTERVAL_S": "1", "GPUYARD_OBSERVE_INTERVAL_S": "1"}
+# A check held over this many full reconcile passes (each observed every engine the
+# server owns) outlasts a 2 s orphan grace: a container wrongly taken for an unknown
+# one would be first seen by the first pass, collected by the third and gone by the
+# fourth.
+OBSERVE_PASSES = 4
 
 ServerFactory = Callable[..., ServerProcess]
 
@@ -72,11 +78,12 @@ def _servers(
 ) -> Iterator[ServerFactory]:
     made: list[ServerProcess] = []
 
-    def make(name: str, url: str, **env: str) -> ServerProcess:
+    def make(name: str, url: str, *, start: bool = True, **env: str) -> ServerProcess:
         server = ServerProcess(tmp_path / name, url, free_port())  # a port block of its own
-        server.extra_env = dict(env)
+        server.extra_env = {**FAST_OBSERVE, **env}
         made.append(server)
-        server.start()
+        if start:
+            server.start()
         return server
 
     try:
@@ -91,9 +98,17 @@ def _servers(
 
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[ServerFactory]:
-    """Starts servers (name, engine URL, extra settings); stops them
-    after and removes what their installations left on the engine."""
+    """Starts servers (name, engine URL, extra settings; ``start=False``: made, not
+    started); stops them after and removes what their installations left on the engine."""
     yield from _servers(tmp_path)
+
+
+def start_together(*servers: ServerProcess) -> None:
+    """Start ``servers`` side by side (their imports and starts overlap)."""
+    for server in servers:
+        server.launch()
+    for server in servers:
+        server.wait_up()
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -149,15 +164,30 @@ def volume_file(engine: docker.DockerClient, name: str, path: str) -> str:
     return out.decode() if isinstance(out, bytes) else str(out)
 
 
-def holds(check: Callable[[], None], seconds: float) -> None:
-    """``check`` passes now and keeps passing for ``seconds`` (polled; the first
-    failure is raised at once)."""
-    deadline = time.monotonic() + seconds
+def full_passes(server: ServerProcess) -> int:
+    """The server's count of full reconcile passes (``/metrics``)."""
+    r = httpx.get(
+        server.url + "/metrics", headers={"Authorization": f"Bearer {server.key}"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    for line in r.text.splitlines():
+        if line.startswith(FULL_PASSES + "_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError(f"no {FULL_PASSES} in /metrics")
+
+
+def holds(check: Callable[[], None], *servers: ServerProcess, passes: int = OBSERVE_PASSES) -> None:
+    """``check`` passes now and keeps passing until every one of ``servers`` has made
+    ``passes`` more full reconcile passes (polled; the first failure is raised at once)."""
+    marks = {server: full_passes(server) + passes for server in servers}
+    deadline = time.monotonic() + 120
     while True:
         check()
-        if time.monotonic() >= deadline:
+        if all(full_passes(server) >= mark for server, mark in marks.items()):
+            check()
             return
-        time.sleep(0.5)
+        assert time.monotonic() < deadline, "the servers made no full reconcile passes"
+        time.sleep(0.2)
 
 
 def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -212,8 +242,9 @@ def test_two_installations_share_an_engine(
 ) -> None:
     # A collects unknown containers of its own after 2 s: were B's containers or the
     # previous installation's taken for A's, they would be gone within the hold below.
-    a = servers("a", engine_url, GPUYARD_ORPHAN_CONTAINER_GRACE_S="2")
-    b = servers("b", engine_url)
+    a = servers("a", engine_url, start=False, GPUYARD_ORPHAN_CONTAINER_GRACE_S="2")
+    b = servers("b", engine_url, start=False)
+    start_together(a, b)
     a_id, b_id = a.installation, b.installation
     assert a_id != b_id
 
@@ -243,7 +274,7 @@ def test_two_installations_share_an_engine(
             return check
 
         everything = all_run((a, ca, a1), (a, ca, a2), (b, cb, b1), (b, cb, b2))
-        holds(everything, OBSERVE_PASSES_S)
+        holds(everything, a, b)
         for server, cid in ((a, a1), (a, a2), (b, b1), (b, b2)):
             assert sh(engine, server, cid, "cat /workspace/mark") == (0, f"{cid}\n")
 
@@ -279,7 +310,7 @@ def test_two_installations_share_an_engine(
             assert container_state(engine, a2_container) == "running"
             assert volume_exists(engine, a2_volume)
 
-        holds(nothing_lost, OBSERVE_PASSES_S)
+        holds(nothing_lost, a, b)
         assert not quarantined(a)  # the old installation's volumes are not the new one's
         assert sh_in(engine.containers.get(a2_container), "cat /workspace/mark") == (0, f"{a2}\n")
 
@@ -376,7 +407,7 @@ def test_restore_into_a_new_home_adopts_old_clusters_and_quarantines_newer_ones(
                 assert container_state(engine, container_name(server, cid)) == "exited"
                 assert volume_exists(engine, volume_name(server, cid)), cid
 
-        holds(adopted, OBSERVE_PASSES_S)
+        holds(adopted, server)
         for cid in old:
             assert sh(engine, server, cid, "cat /workspace/mark") == (0, f"{cid}\n")
 
@@ -436,7 +467,9 @@ def _log_count(server: ServerProcess, text: str) -> int:
 def test_engine_restart_brings_running_clusters_back(
     servers_on_private: ServerFactory, private_engine: PodmanService, engine: docker.DockerClient
 ) -> None:
-    server = servers_on_private("eng", private_engine.url)
+    # Heartbeats every second (FAST_OBSERVE): as many misses as the 5 s default would
+    # allow in the time the engine is away, so it is never taken for unreachable here.
+    server = servers_on_private("eng", private_engine.url, GPUYARD_HEARTBEAT_MISSES="30")
     all_gpus = {"gpu_type": "NVIDIA RTX A6000", "gpu_count": 4, "docker_image": DEV_IMAGE}
     with server.client() as c:
         cid = create(c, gpu_count=2)
@@ -526,7 +559,7 @@ def test_crashing_container_backs_off_then_errors_keeping_its_logs(
         # The stopped container is kept, its logs readable through the engine.
         assert container_state(engine, name) == "exited"
         assert b"crash-report" in engine.containers.get(name).logs()
-        holds(lambda: _still_there(engine, name), 6)  # an observe pass does not collect it
+        holds(lambda: _still_there(engine, name), server)  # observe passes do not collect it
 
         assert c.delete(f"/v1/clusters/{cid}").status_code == 200
         wait_status(c, cid, {"terminated"})

@@ -166,6 +166,7 @@ def build_server(
     reconciler = build_reconciler(
         ctx,
         fleet,
+        observe_every_s=ctx.settings.observe_interval_s,
         host_id=host_id,
         leases=leases,
         dispatcher=lanes,
