@@ -256,11 +256,12 @@ class BatchClaims:
 
     def write(self) -> None:
         """Insert the taken claims' rows, one statement per table (the clusters they
-        name must be rows already)."""
+        name must be rows already). Core statements: no ORM bulk work per row."""
+        conn = self.session.connection()
         for table, rows in (
             (GpuAllocation, self._gpus),
             (Reservation, self._reservations),
             (PortAllocation, self._ports),
         ):
             if rows:
-                self.session.execute(insert(table), rows)
+                conn.execute(insert(table.__table__), rows)

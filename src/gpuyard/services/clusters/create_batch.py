@@ -36,7 +36,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import delete, insert, select, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm.attributes import instance_dict
 
 from gpuyard.core.billing.ledger import boundary, micro_rates
 from gpuyard.core.billing.quotas import Limits, Usage, first_breach
@@ -179,6 +180,18 @@ def _full_row(values: Mapping[str, Any]) -> dict[str, Any]:
         else:
             row[column.key] = default.arg
     return row
+
+
+_CLUSTERS = Cluster.__mapper__.class_manager
+
+
+def _as_loaded(row: Mapping[str, Any]) -> Cluster:
+    """A Cluster holding ``row``'s values as if loaded from the row written: detached,
+    its identity set, nothing pending (no attribute set one by one, none flushed)."""
+    cluster: Cluster = _CLUSTERS.new_instance()
+    instance_dict(cluster).update(row)
+    make_transient_to_detached(cluster)
+    return cluster
 
 
 @dataclass
@@ -432,8 +445,10 @@ class _Batch:
     def write(self) -> dict[str, Cluster]:
         """The taken creates' rows, one INSERT per table, in the order the step
         writes them (keys before anything is placed; clusters before their claims).
-        Returns the clusters as stored (ORM objects of this session), by id."""
+        Returns the clusters as stored (detached ORM objects, as if loaded), by id.
+        Core statements on the session's connection: no ORM bulk work per row."""
         session = self.session
+        conn = session.connection()
         expired = [k for k in self._keys_taken if k in self._keys_expired]
         if expired:
             session.execute(
@@ -444,23 +459,18 @@ class _Batch:
                 )
             )
         if self.keys:
-            session.execute(insert(IdempotencyKey), self.keys)
+            conn.execute(insert(IdempotencyKey.__table__), self.keys)
         stored: dict[str, Cluster] = {}
         if self.clusters:
-            # Made by the insert itself, as if loaded: no object built attribute by
-            # attribute, none flushed again.
-            stored = {
-                c.id: c
-                for c in session.scalars(
-                    insert(Cluster).returning(Cluster, sort_by_parameter_order=True),
-                    self.clusters,
-                )
-            }
+            # Core rows, no RETURNING: the answers are built from the values written
+            # (every column's, defaults included: _full_row), as if loaded.
+            conn.execute(insert(Cluster.__table__), self.clusters)
+            stored = {row["id"]: _as_loaded(row) for row in self.clusters}
         self.claims.write()
         if self.events:
-            session.execute(insert(Event), self.events)
+            conn.execute(insert(Event.__table__), self.events)
         if self.intervals:
-            session.execute(insert(UsageInterval), self.intervals)
+            conn.execute(insert(UsageInterval.__table__), self.intervals)
         return stored
 
 
