@@ -27,7 +27,7 @@ from gpuyard.services.capacity.placement_batch import DECLINED, Placer, placer_f
 from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
-from gpuyard.services.idempotency import ROUTE_CLUSTERS, claim_for, create_once
+from gpuyard.services.idempotency import ROUTE_CLUSTERS, Claim, claim_for, create_once
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import (
     Cluster,
@@ -46,14 +46,67 @@ def one_gpu(name: str, **kw: Any) -> CreateCluster:
     return CreateCluster(name=name, gpu_type=A6000, gpu_count=1, docker_image="img", **kw)
 
 
-def by_step(ctx: Context, who: Principal, body: CreateCluster) -> Cluster:
+def by_step(
+    ctx: Context, who: Principal, body: CreateCluster, idempotency: Claim | None = None
+) -> Cluster:
     """The same create, recorded by its own step only (a ``record_with`` is an option
     the batch writer leaves to the step)."""
-    return create_cluster(ctx, who, body, record_with=lambda _s, _c: None)
+    return create_cluster(ctx, who, body, idempotency=idempotency, record_with=lambda _s, _c: None)
 
 
 def _row(session: Session, table: Any, where: Any) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in session.execute(select(table.__table__).where(where))]
+
+
+def _rows_of(session: Session, cluster_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "cluster": _row(session, Cluster, Cluster.id == cluster_id),
+        "reservation": _row(session, Reservation, Reservation.cluster_id == cluster_id),
+        "gpus": _row(session, GpuAllocation, GpuAllocation.cluster_id == cluster_id),
+        "ports": _row(session, PortAllocation, PortAllocation.cluster_id == cluster_id),
+        "events": _row(session, Event, Event.cluster_id == cluster_id),
+        "intervals": _row(session, UsageInterval, UsageInterval.cluster_id == cluster_id),
+        "keys": _row(session, IdempotencyKey, IdempotencyKey.resource_id == cluster_id),
+    }
+
+
+def assert_same_rows(ctx: Context, fast: Cluster, slow: Cluster) -> None:
+    """``fast`` (the writer's) and ``slow`` (the step's) hold the same rows, column for
+    column, but for the ids and the GPU and port each got; ``fast`` is as stored."""
+    differ = {"id", "gpu_indices", "ports"}
+    with ctx.read() as session:
+        a, b = _rows_of(session, fast.id), _rows_of(session, slow.id)
+    (ca,), (cb,) = a["cluster"], b["cluster"]
+    assert {k: v for k, v in ca.items() if k not in differ} == {
+        k: v for k, v in cb.items() if k not in differ
+    }
+    assert ca["open_rate_micro"] > 0 and ca["billed_run_from"] is not None
+    assert [p["internal_port"] for p in ca["ports"]] == [p["internal_port"] for p in cb["ports"]]
+    assert {p["host_port"] for p in ca["ports"]}.isdisjoint(p["host_port"] for p in cb["ports"])
+
+    def without(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in keys} for r in rows]
+
+    ids = ("id", "cluster_id")
+    assert without(a["reservation"], *ids) == without(b["reservation"], *ids)
+    assert without(a["events"], *ids) == without(b["events"], *ids)
+    assert without(a["intervals"], *ids) == without(b["intervals"], *ids)
+    assert without(a["gpus"], "cluster_id", "gpu_index") == without(
+        b["gpus"], "cluster_id", "gpu_index"
+    )
+    keyed = ("id", "key", "resource_id", "request_hash")
+    assert without(a["keys"], *keyed) == without(b["keys"], *keyed)
+    assert sorted((p["internal_port"], p["protocol"]) for p in a["ports"]) == sorted(
+        (p["internal_port"], p["protocol"]) for p in b["ports"]
+    )
+    # The answer is the cluster as stored.
+    assert (fast.status, fast.version, fast.host_id, fast.gpu_indices, fast.ports) == (
+        ca["status"],
+        ca["version"],
+        ca["host_id"],
+        ca["gpu_indices"],
+        ca["ports"],
+    )
 
 
 def test_the_writer_records_what_the_step_records(ctx: Context, alice: Principal) -> None:
@@ -67,48 +120,44 @@ def test_the_writer_records_what_the_step_records(ctx: Context, alice: Principal
     assert placer.written == written + 1
     slow = by_step(ctx, alice, body)
     assert placer.written == written + 1
-    differ = {"id", "gpu_indices", "ports"}
-    with ctx.read() as session:
-        rows = {}
-        for c in (fast, slow):
-            rows[c.id] = {
-                "cluster": _row(session, Cluster, Cluster.id == c.id),
-                "reservation": _row(session, Reservation, Reservation.cluster_id == c.id),
-                "gpus": _row(session, GpuAllocation, GpuAllocation.cluster_id == c.id),
-                "ports": _row(session, PortAllocation, PortAllocation.cluster_id == c.id),
-                "events": _row(session, Event, Event.cluster_id == c.id),
-                "intervals": _row(session, UsageInterval, UsageInterval.cluster_id == c.id),
-            }
-    a, b = rows[fast.id], rows[slow.id]
-    (ca,), (cb,) = a["cluster"], b["cluster"]
-    assert {k: v for k, v in ca.items() if k not in differ} == {
-        k: v for k, v in cb.items() if k not in differ
-    }
-    assert ca["open_rate_micro"] > 0 and ca["billed_run_from"] is not None
-    assert [p["internal_port"] for p in ca["ports"]] == [8888, 22]
-    assert {p["host_port"] for p in ca["ports"]}.isdisjoint(p["host_port"] for p in cb["ports"])
+    assert [p["internal_port"] for p in fast.ports] == [8888, 22]
+    assert_same_rows(ctx, fast, slow)
 
-    def without(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if k not in keys} for r in rows]
 
-    ids = ("id", "cluster_id")
-    assert without(a["reservation"], *ids) == without(b["reservation"], *ids)
-    assert without(a["events"], *ids) == without(b["events"], *ids)
-    assert without(a["intervals"], *ids) == without(b["intervals"], *ids)
-    assert without(a["gpus"], "cluster_id", "gpu_index") == without(
-        b["gpus"], "cluster_id", "gpu_index"
-    )
-    assert sorted((p["internal_port"], p["protocol"]) for p in a["ports"]) == sorted(
-        (p["internal_port"], p["protocol"]) for p in b["ports"]
-    )
-    # The answer is the cluster as stored.
-    assert (fast.status, fast.version, fast.host_id, fast.gpu_indices, fast.ports) == (
-        ca["status"],
-        ca["version"],
-        ca["host_id"],
-        ca["gpu_indices"],
-        ca["ports"],
-    )
+def test_a_batch_of_writer_creates_records_what_steps_record(
+    ctx: Context, alice: Principal
+) -> None:
+    """Three keyed creates in one batch (several rows a table: one statement each,
+    unnest on PostgreSQL), each compared with the same create by its step."""
+    body = one_gpu("many", ports=[PortSpec(internal_port=8888)], env={"A": "1"})
+
+    def keyed(i: int, step: bool) -> Callable[[], Cluster]:
+        claim = claim_for(ctx, alice, ROUTE_CLUSTERS, f"k{i}", body.model_dump())
+        create = by_step if step else create_cluster
+
+        def call() -> Cluster:
+            found: list[Cluster] = []
+
+            def make(c: Claim | None) -> str:
+                found.append(create(ctx, alice, body, idempotency=c))
+                return found[0].id
+
+            create_once(ctx, claim, make)
+            return found[0]
+
+        return call
+
+    placer = placer_for(ctx)
+    written = placer.written
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        with held_batch(ctx, pool) as held:
+            futures = queue(held, pool, [keyed(i, False) for i in range(3)])
+        batch = [f.result(WAIT_S) for f in futures]
+    assert placer.written == written + 3
+    slow = keyed(9, True)()
+    assert len({c.host_id for c in [*batch, slow]}) == 1
+    for fast in batch:
+        assert_same_rows(ctx, fast, slow)
 
 
 def test_writer_and_steps_in_one_batch_never_hand_a_gpu_twice(

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
@@ -49,6 +49,7 @@ from gpuyard.services.capacity.placement import (
     ready_hint,
 )
 from gpuyard.services.fleet.hosts import capacities
+from gpuyard.store.bulk import insert_rows
 from gpuyard.store.schema import GpuAllocation, Host, PortAllocation, Reservation
 
 # How many of the hint's picks are read exactly at once: the creates that follow land
@@ -263,5 +264,4 @@ class BatchClaims:
             (Reservation, self._reservations),
             (PortAllocation, self._ports),
         ):
-            if rows:
-                conn.execute(insert(table.__table__), rows)
+            insert_rows(conn, table, rows)

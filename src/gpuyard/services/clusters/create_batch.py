@@ -35,7 +35,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, insert, select, tuple_
+from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import instance_dict
 
@@ -64,6 +64,7 @@ from gpuyard.services.tenancy.account_secrets import check_references
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
+from gpuyard.store.bulk import insert_rows, table_of, with_defaults
 from gpuyard.store.schema import Cluster, Event, IdempotencyKey, Quota, UsageInterval
 
 
@@ -168,20 +169,13 @@ def fast_form(
 def _full_row(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with every other column of ``clusters`` at its default, as an ORM
     insert would store it (every column default here is Python-side)."""
-    row = dict(values)
-    for column in Cluster.__table__.columns:
-        if column.key in row:
-            continue
-        default = column.default
-        if default is None:
-            row[column.key] = None
-        elif default.is_callable:
-            row[column.key] = default.arg(None)
-        else:
-            row[column.key] = default.arg
+    row = with_defaults(_TABLE, values)
+    for key in _TABLE.columns.keys():  # noqa: SIM118 (the column keys, not names)
+        row.setdefault(key, None)
     return row
 
 
+_TABLE = table_of(Cluster)
 _CLUSTERS = Cluster.__mapper__.class_manager
 
 
@@ -459,18 +453,18 @@ class _Batch:
                 )
             )
         if self.keys:
-            conn.execute(insert(IdempotencyKey.__table__), self.keys)
+            insert_rows(conn, IdempotencyKey, self.keys)
         stored: dict[str, Cluster] = {}
         if self.clusters:
             # Core rows, no RETURNING: the answers are built from the values written
             # (every column's, defaults included: _full_row), as if loaded.
-            conn.execute(insert(Cluster.__table__), self.clusters)
+            insert_rows(conn, Cluster, self.clusters)
             stored = {row["id"]: _as_loaded(row) for row in self.clusters}
         self.claims.write()
         if self.events:
-            conn.execute(insert(Event.__table__), self.events)
+            insert_rows(conn, Event, self.events)
         if self.intervals:
-            conn.execute(insert(UsageInterval.__table__), self.intervals)
+            insert_rows(conn, UsageInterval, self.intervals)
         return stored
 
 
