@@ -16,11 +16,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.billing.quotas import LimitChange
-from gpuyard.core.errors import NotFound, QuotaExceeded
+from gpuyard.core.errors import AccountSuspended, BudgetExhausted, NotFound, QuotaExceeded
 from gpuyard.core.models import PortSpec
 from gpuyard.services.billing import quotas
 from gpuyard.services.capacity.placement_batch import DECLINED, Placer, placer_for
@@ -30,6 +30,7 @@ from gpuyard.services.context import Context
 from gpuyard.services.idempotency import ROUTE_CLUSTERS, Claim, claim_for, create_once
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import (
+    Account,
     Cluster,
     Event,
     GpuAllocation,
@@ -368,3 +369,26 @@ def test_the_answer_is_the_object_the_step_answers(ctx: Context, alice: Principa
             continue
         mine, theirs = getattr(fast, column.key), getattr(slow, column.key)
         assert (column.key, mine, type(mine)) == (column.key, theirs, type(theirs))
+
+
+def test_a_closed_accounts_create_is_refused_by_its_step(
+    ctx: Context, alice: Principal, bob: Principal
+) -> None:
+    """Alice's account is suspended, Bob's budget spent: the writer declines both (one
+    read of each account with its quotas) and their steps refuse them in their words."""
+    with ctx.transaction() as session:
+        session.execute(
+            update(Account).where(Account.id == alice.account_id).values(status="suspended")
+        )
+        session.execute(
+            update(Account).where(Account.id == bob.account_id).values(exhausted_at=ctx.clock.now())
+        )
+    placer = placer_for(ctx)
+    written = placer.written
+    with pytest.raises(AccountSuspended):
+        create_cluster(ctx, alice, one_gpu("a"))
+    with pytest.raises(BudgetExhausted):
+        create_cluster(ctx, bob, one_gpu("b"))
+    assert placer.written == written
+    with ctx.read() as session:
+        assert session.scalars(select(Cluster.id)).all() == []

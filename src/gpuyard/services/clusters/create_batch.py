@@ -35,7 +35,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import and_, delete, select, tuple_
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import instance_dict
 
@@ -48,7 +48,6 @@ from gpuyard.core.models import GpuTypeInfo
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.access.port_rules import check_external_ports, server_ports
-from gpuyard.services.billing.admission import refuse_closed_account
 from gpuyard.services.billing.quotas import ACCOUNT_WIDE, usage_of
 from gpuyard.services.capacity.batch_claims import BatchClaims
 from gpuyard.services.capacity.placement_batch import DECLINED, BatchWriter
@@ -65,7 +64,7 @@ from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
 from gpuyard.store.bulk import insert_rows, table_of, with_defaults
-from gpuyard.store.schema import Cluster, Event, IdempotencyKey, Quota, UsageInterval
+from gpuyard.store.schema import Account, Cluster, Event, IdempotencyKey, Quota, UsageInterval
 
 
 def cluster_values(
@@ -192,7 +191,8 @@ def _as_loaded(row: Mapping[str, Any]) -> Cluster:
 class _Admission:
     """An account's admission for the batch: read once, counted in memory."""
 
-    refusal: GpuyardError | None
+    # Suspended or out of budget: every create of it is the step's to refuse.
+    closed: bool
     limits: dict[int, Limits] = field(default_factory=dict)
     usage: dict[int, Usage] = field(default_factory=dict)
     # What the batch's creates taken so far ask, per scope (ACCOUNT_WIDE, project id).
@@ -254,25 +254,15 @@ class _Batch:
             raise ValidationFailed("gpu_type", f"unknown GPU type {name!r}")
         return info
 
-    def admission(self, account_id: int) -> _Admission:
-        known = self._admissions.get(account_id)
-        if known is None:
-            try:
-                refuse_closed_account(self.session, account_id)
-                refusal = None
-            except GpuyardError as exc:
-                refusal = exc
-            known = self._admissions[account_id] = _Admission(refusal)
-        return known
-
     def admit(self, account_id: int, project_id: int, want: Usage) -> None:
         """services/billing/admission.py ``admit`` for a cluster asking ``want``:
-        raises its refusal (the step words it)."""
-        adm = self.admission(account_id)
-        if adm.refusal is not None:
-            raise adm.refusal
-        if project_id not in adm.limits or ACCOUNT_WIDE not in adm.limits:
-            self._read_limits(adm, account_id, project_id)
+        raises (the step words the refusal) when the account is suspended or out of
+        budget (refuse_closed_account) or a quota would be passed."""
+        adm = self._admissions.get(account_id)
+        if adm is None or project_id not in adm.limits:
+            adm = self._read_admission(account_id, project_id)
+        if adm.closed:
+            raise ValidationFailed("account", "decided one by one")
         for scope in (ACCOUNT_WIDE, project_id):
             limits = adm.limits[scope]
             if not limits.rows():
@@ -285,20 +275,39 @@ class _Batch:
             if first_breach(limits, held, want) is not None:
                 raise ValidationFailed("quota", "decided one by one")
 
-    def _read_limits(self, adm: _Admission, account_id: int, project_id: int) -> None:
-        """quotas.limits_of of the account and of the project, in one read."""
+    def _read_admission(self, account_id: int, project_id: int) -> _Admission:
+        """The account's status (read afresh, as refuse_closed_account reads it) and
+        quotas.limits_of of the account and of the project, in one statement; only the
+        project's quotas once the account is known."""
+        known = self._admissions.get(account_id)
         rows: dict[int, list[tuple[str, str, int]]] = {ACCOUNT_WIDE: [], project_id: []}
-        for scope, resource, gpu_type, value in self.session.execute(
-            select(Quota.project_id, Quota.resource, Quota.gpu_type, Quota.limit_value).where(
-                Quota.account_id == account_id, Quota.project_id.in_([ACCOUNT_WIDE, project_id])
+        closed = False
+        quota = and_(
+            Quota.account_id == account_id, Quota.project_id.in_([ACCOUNT_WIDE, project_id])
+        )
+        quotas = select(Quota.project_id, Quota.resource, Quota.gpu_type, Quota.limit_value)
+        if known is None:
+            stmt = (
+                select(Account.status, Account.exhausted_at, *quotas.selected_columns)
+                .outerjoin(Quota, quota)
+                .where(Account.id == account_id)
             )
-        ):
-            rows[scope].append((resource, gpu_type, int(value)))
+            for status, exhausted_at, scope, resource, gpu_type, value in self.session.execute(
+                stmt
+            ):
+                closed = status == "suspended" or exhausted_at is not None
+                if scope is not None:
+                    rows[scope].append((resource, gpu_type, int(value)))
+            known = self._admissions[account_id] = _Admission(closed)
+        else:
+            for scope, resource, gpu_type, value in self.session.execute(quotas.where(quota)):
+                rows[scope].append((resource, gpu_type, int(value)))
         for scope, found in rows.items():
-            adm.limits[scope] = Limits.from_rows(found)
+            known.limits.setdefault(scope, Limits.from_rows(found))
+        return known
 
     def count(self, account_id: int, project_id: int, want: Usage) -> None:
-        adm = self.admission(account_id)
+        adm = self._admissions[account_id]
         for scope in (ACCOUNT_WIDE, project_id):
             adm.added[scope] = adm.added.get(scope, Usage()).plus(want)
 
