@@ -89,6 +89,10 @@ class FleetHint:
         self._ratios: AllocationRatios | None = None
         self._fingerprint: tuple[Any, ...] | None = None
         self.dirty: set[int] = set()
+        # While a rebuild reads: the hosts update() was told of meanwhile.
+        self._changed: set[int] | None = None
+        # One rebuild at a time (one may run outside the placement lock).
+        self._rebuilding = threading.Lock()
 
     # ------------------------------------------------------------ keeping it fresh
 
@@ -100,30 +104,73 @@ class FleetHint:
         """Rebuild when stale (see the module docstring); then reload dirty hosts."""
         fingerprint = tuple(session.execute(_FINGERPRINT).one())
         with self.lock:
-            stale = (
-                self._built_at is None
-                or now - self._built_at > MAX_AGE
-                or now < self._built_at
-                or ratios != self._ratios
-                or fingerprint != self._fingerprint
-            )
+            stale = self._aged(ratios, now) or fingerprint != self._fingerprint
         if stale:
-            rows = _load_all(session, ratios)
-            with self.lock:
-                self._build(rows)
-                self._built_at, self._ratios, self._fingerprint = now, ratios, fingerprint
-                self.dirty.clear()
+            self._rebuild(session, ratios, now, fingerprint)
             return
         with self.lock:
             dirty, self.dirty = list(self.dirty), set()
         if dirty:
             self.update(capacities(session, dirty), ratios)
 
+    def aged(self, ratios: AllocationRatios, now: datetime) -> bool:
+        """Whether age (or other ratios) alone calls for a rebuild."""
+        with self.lock:
+            return self._aged(ratios, now)
+
+    def rebuild_if_aged(self, session: Session, ratios: AllocationRatios, now: datetime) -> None:
+        """The rebuild that only age (or other ratios) calls for, read in ``session``
+        outside the placement lock, before a locked transaction (the placer's): the
+        locked :meth:`refresh` then finds it fresh unless the fingerprint moved since.
+        Claims and releases this process tells the hint while it reads are kept (they
+        are newer than what it read, or marked dirty: read again exactly)."""
+        with self.lock:
+            if not self._aged(ratios, now):
+                return
+        self._rebuild(session, ratios, now, tuple(session.execute(_FINGERPRINT).one()))
+
+    def _aged(self, ratios: AllocationRatios, now: datetime) -> bool:
+        return (
+            self._built_at is None
+            or now - self._built_at > MAX_AGE
+            or now < self._built_at
+            or ratios != self._ratios
+        )
+
+    def _rebuild(
+        self,
+        session: Session,
+        ratios: AllocationRatios,
+        now: datetime,
+        fingerprint: tuple[Any, ...],
+    ) -> None:
+        with self._rebuilding:
+            with self.lock:
+                if not self._aged(ratios, now) and fingerprint == self._fingerprint:
+                    return  # another thread's rebuild, just made
+                # What is marked dirty from here on was released after this read
+                # began: it stays marked.
+                dirty_before, self._changed = set(self.dirty), set()
+            try:
+                rows = _load_all(session, ratios)
+            finally:
+                with self.lock:
+                    changed, self._changed = self._changed or set(), None
+            with self.lock:
+                self._build([r for r in rows if r.host_id not in changed])
+                self._built_at, self._ratios, self._fingerprint = now, ratios, fingerprint
+                self.dirty -= dirty_before
+                # Hosts claimed on while it read: the claims' own figures are newer
+                # than the read; they are read again exactly.
+                self.dirty |= changed
+
     def update(self, hosts: Iterable[HostCapacity], ratios: AllocationRatios) -> bool:
         """Put the exact figures of ``hosts`` in; True when any differed."""
         changed = False
         with self.lock:
             for cap in hosts:
+                if self._changed is not None:
+                    self._changed.add(cap.host_id)
                 new = _from_capacity(cap, ratios) if cap.takes_placements else None
                 old = self._hosts.get(cap.host_id)
                 if old == new:
@@ -335,7 +382,11 @@ _HINTS_LOCK = threading.Lock()
 
 def hint_for(session: Session) -> FleetHint:
     """This process's hint for the database ``session`` is on."""
-    engine = session.get_bind().engine
+    return hint_of(session.get_bind().engine)
+
+
+def hint_of(engine: Engine) -> FleetHint:
+    """This process's hint for the database of ``engine``."""
     with _HINTS_LOCK:
         hint = _HINTS.get(engine)
         if hint is None:

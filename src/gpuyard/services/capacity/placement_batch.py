@@ -49,9 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpuyard.services.capacity.fleet_hint import FleetHint, hint_for
+from gpuyard.services.capacity.fleet_hint import FleetHint, hint_for, hint_of
 from gpuyard.services.capacity.placement import BATCH_TOUCHED, lock_placement
 from gpuyard.services.clusters.lifecycle import PRICES_KEY
 from gpuyard.services.context import Context
@@ -181,6 +182,7 @@ class Placer:
         ctx = batch[0].ctx
         ok: list[_Request[Any]] = []
         hint: FleetHint | None = None
+        _rebuild_aged_hint(ctx)
         try:
             with ctx.transaction() as session:
                 lock_placement(session)
@@ -222,6 +224,20 @@ class Placer:
             for request in batch:
                 if request.error is None and request not in ok:
                     request.error = exc
+
+
+def _rebuild_aged_hint(ctx: Context) -> None:
+    """The hint's rebuild by age (every fleet_hint.MAX_AGE: every host and GPU claim
+    read, 100-500 ms for 10,000 hosts) in a read of its own, before the batch's locked
+    transaction, so no other batch waits for it; the locked refresh still rebuilds when
+    the fingerprint moved."""
+    engine = ctx.sessions.kw.get("bind")
+    if not isinstance(engine, Engine):
+        return
+    hint, ratios, now = hint_of(engine), ctx.settings.allocation_ratios, ctx.clock.now()
+    if hint.aged(ratios, now):
+        with ctx.read() as session:
+            hint.rebuild_if_aged(session, ratios, now)
 
 
 class _WriterFailed(Exception):
