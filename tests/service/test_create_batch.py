@@ -20,10 +20,19 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.billing.quotas import LimitChange
-from gpuyard.core.errors import AccountSuspended, BudgetExhausted, NotFound, QuotaExceeded
+from gpuyard.core.errors import (
+    AccountSuspended,
+    BudgetExhausted,
+    InsufficientCapacity,
+    NotFound,
+    QuotaExceeded,
+)
 from gpuyard.core.models import PortSpec
 from gpuyard.services.billing import quotas
+from gpuyard.services.capacity.batch_claims import BatchClaims
 from gpuyard.services.capacity.placement_batch import DECLINED, Placer, placer_for
+from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters.host_checks import refuse_host_of_new
 from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
@@ -392,3 +401,59 @@ def test_a_closed_accounts_create_is_refused_by_its_step(
     assert placer.written == written
     with ctx.read() as session:
         assert session.scalars(select(Cluster.id)).all() == []
+
+
+def test_a_key_is_judged_live_at_its_own_creates_time(
+    ctx: Context, alice: Principal, clock: FakeClock
+) -> None:
+    """In one batch, the first create made at T+20 s and the second at T, whose key's
+    row expires at T+10 s: that row is live for the second create (its step answers
+    it: the key is held), not expired as it would be at the first create's time."""
+    body = one_gpu("keyed")
+    claim = claim_for(ctx, alice, ROUTE_CLUSTERS, "late-key", body.model_dump())
+    assert claim is not None
+    start = clock.now()
+    with ctx.transaction() as session:
+        session.execute(
+            insert(IdempotencyKey),
+            [
+                {
+                    "account_id": alice.account_id,
+                    "route": ROUTE_CLUSTERS,
+                    "key": "late-key",
+                    "request_hash": claim.request_hash,
+                    "resource_id": "earlier",
+                    "created_at": start,
+                    "expires_at": start + timedelta(seconds=10),
+                }
+            ],
+        )
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        with held_batch(ctx, pool) as placer:
+            clock.advance(20)
+            first = pool.submit(create_cluster, ctx, alice, one_gpu("later"))
+            assert placer.wait_queued(1, WAIT_S)
+            clock.advance(-20)
+            second = pool.submit(create_cluster, ctx, alice, body, idempotency=claim)
+            assert placer.wait_queued(2, WAIT_S)
+        assert isinstance(outcome(first), Cluster)
+        assert isinstance(outcome(second), Exception)
+    with ctx.read() as session:
+        rows = session.execute(select(IdempotencyKey.resource_id)).scalars().all()
+    assert rows == ["earlier"]
+
+
+def test_a_host_without_its_row_refuses_and_the_step_decides(
+    ctx: Context, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host checks refuse a host whose row they were not given (they fail closed:
+    nothing says its limits, disk or ports are kept); the writer then declines the
+    create and its step, which reads the host itself, places it."""
+    with pytest.raises(InsufficientCapacity):
+        refuse_host_of_new(None, 12345, ctx, [])
+    monkeypatch.setattr(BatchClaims, "host", lambda _self, _host_id: None)
+    placer = placer_for(ctx)
+    written = placer.written
+    made = create_cluster(ctx, alice, one_gpu("stepped"))
+    assert placer.written == written and made.host_id is not None

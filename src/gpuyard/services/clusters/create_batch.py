@@ -207,8 +207,8 @@ class _Batch:
         self.claims = BatchClaims(session)
         self._gpu_types: dict[str, GpuTypeInfo | None] = {}
         self._admissions: dict[int, _Admission] = {}
-        self._keys_live: set[tuple[int, str, str]] = set()
-        self._keys_expired: set[tuple[int, str, str]] = set()
+        # The stored rows of the batch's keys: their expiry.
+        self._keys_stored: dict[tuple[int, str, str], datetime] = {}
         self._keys_taken: set[tuple[int, str, str]] = set()
         self.keys: list[dict[str, Any]] = []
         self.clusters: list[dict[str, Any]] = []
@@ -218,12 +218,13 @@ class _Batch:
         self._read_keys(items)
 
     def _read_keys(self, items: list[NewCluster]) -> None:
+        """The expiry of each stored row of the batch's keys; whether one is live is
+        judged against each create's own time (:meth:`_key_of`)."""
         wanted = {
             (c.account_id, c.route, c.key) for c in (i.idempotency for i in items) if c is not None
         }
         if not wanted:
             return
-        now = items[0].now
         rows = self.session.execute(
             select(
                 IdempotencyKey.account_id,
@@ -237,8 +238,20 @@ class _Batch:
             )
         )
         for account_id, route, key, expires_at in rows:
-            live = expires_at > now
-            (self._keys_live if live else self._keys_expired).add((account_id, route, key))
+            self._keys_stored[(account_id, route, key)] = expires_at
+
+    def _key_of(self, item: NewCluster) -> tuple[int, str, str] | None:
+        """``item``'s idempotency key, unless the step must answer it: a row of it live
+        at the item's own time (Claim.record replaces only a row expired by then; a
+        live one is a replay or a reuse), or the batch's earlier create's key."""
+        claim = item.idempotency
+        if claim is None:
+            return None
+        key = (claim.account_id, claim.route, claim.key)
+        expires_at = self._keys_stored.get(key)
+        if key in self._keys_taken or (expires_at is not None and expires_at > item.now):
+            raise ValidationFailed("Idempotency-Key", "decided one by one")
+        return key
 
     # ------------------------------------------------------------ reads, once a batch
 
@@ -338,12 +351,7 @@ class _Batch:
             check_external_ports(body.ports, settings, "ports")
         check_references(session, principal.account_id, body.env.values(), "env")
         gpu = self.gpu_type(body.gpu_type) if gpu_count > 0 or body.gpu_type else None
-        key = None
-        if item.idempotency is not None:
-            claim = item.idempotency
-            key = (claim.account_id, claim.route, claim.key)
-            if key in self._keys_live or key in self._keys_taken:
-                raise ValidationFailed("Idempotency-Key", "decided one by one")
+        key = self._key_of(item)
         cluster_id = new_cluster_id()
         row = _full_row(
             cluster_values(
@@ -452,7 +460,8 @@ class _Batch:
         Core statements on the session's connection: no ORM bulk work per row."""
         session = self.session
         conn = session.connection()
-        expired = [k for k in self._keys_taken if k in self._keys_expired]
+        # A stored row of a key taken was expired at its create's time: replaced.
+        expired = [k for k in self._keys_taken if k in self._keys_stored]
         if expired:
             session.execute(
                 delete(IdempotencyKey).where(
