@@ -49,7 +49,7 @@ from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.access.port_rules import check_external_ports, server_ports
 from gpuyard.services.billing.quotas import ACCOUNT_WIDE, usage_of
-from gpuyard.services.capacity.batch_claims import BatchClaims
+from gpuyard.services.capacity.batch_claims import BatchClaims, Choice, HostFacts
 from gpuyard.services.capacity.placement_batch import DECLINED, BatchWriter
 from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.clusters.cluster_rows import request_of
@@ -187,6 +187,10 @@ def _as_loaded(row: Mapping[str, Any]) -> Cluster:
     return cluster
 
 
+# An idempotency key: account, route, key.
+_Key = tuple[int, str, str]
+
+
 @dataclass
 class _Admission:
     """An account's admission for the batch: read once, counted in memory."""
@@ -208,8 +212,8 @@ class _Batch:
         self._gpu_types: dict[str, GpuTypeInfo | None] = {}
         self._admissions: dict[int, _Admission] = {}
         # The stored rows of the batch's keys: their expiry.
-        self._keys_stored: dict[tuple[int, str, str], datetime] = {}
-        self._keys_taken: set[tuple[int, str, str]] = set()
+        self._keys_stored: dict[_Key, datetime] = {}
+        self._keys_taken: set[_Key] = set()
         self.keys: list[dict[str, Any]] = []
         self.clusters: list[dict[str, Any]] = []
         self._images: dict[tuple[int, str], GpuyardError | None] = {}
@@ -240,7 +244,7 @@ class _Batch:
         for account_id, route, key, expires_at in rows:
             self._keys_stored[(account_id, route, key)] = expires_at
 
-    def _key_of(self, item: NewCluster) -> tuple[int, str, str] | None:
+    def _key_of(self, item: NewCluster) -> _Key | None:
         """``item``'s idempotency key, unless the step must answer it: a row of it live
         at the item's own time (Claim.record replaces only a row expired by then; a
         live one is a replay or a reuse), or the batch's earlier create's key."""
@@ -343,37 +347,68 @@ class _Batch:
     def take(self, item: NewCluster) -> None:
         """Decide ``item`` and add its rows to the batch; raises GpuyardError (having
         added nothing) when the step must decide it."""
-        session, ctx, body, settings = self.session, item.ctx, item.body, item.ctx.settings
-        principal, now, gpu_count = item.principal, item.now, item.gpu_count
-        project_id = project_for_create(session, principal, body.project_id)
-        self.checked_image(ctx, body.docker_image)
+        project_id, gpu, key = self._checked(item)
+        row = self._new_row(item, project_id, gpu)
+        # The row as the step's helpers read a cluster (attributes).
+        cluster = SimpleNamespace(**row)
+        choice, assigned, ports, host = self._placed(item, cluster)
+        want = Usage(
+            gpus_by_type={row["gpu_type"]: item.gpu_count}
+            if row["gpu_type"] and item.gpu_count
+            else {},
+            vcpus=item.body.cpu_cores,
+            volume_gb=item.body.volume_gb,
+            running_clusters=1,
+        )
+        self.admit(item.principal.account_id, project_id, want)
+        rates = self._rates(item, cluster, gpu, host)
+        # Decided: from here on nothing refuses it.
+        self.claims.take(choice, assigned)
+        self.count(item.principal.account_id, project_id, want)
+        self._record(item, key, row, choice, ports, rates)
+
+    def _checked(self, item: NewCluster) -> tuple[int, GpuTypeInfo | None, _Key | None]:
+        """The step's checks before placement: the project, the image, ports and env,
+        the GPU type, the idempotency key."""
+        body, settings = item.body, item.ctx.settings
+        project_id = project_for_create(self.session, item.principal, body.project_id)
+        self.checked_image(item.ctx, body.docker_image)
         if body.ports:
             check_external_ports(body.ports, settings, "ports")
-        check_references(session, principal.account_id, body.env.values(), "env")
-        gpu = self.gpu_type(body.gpu_type) if gpu_count > 0 or body.gpu_type else None
-        key = self._key_of(item)
-        cluster_id = new_cluster_id()
-        row = _full_row(
+        check_references(self.session, item.principal.account_id, body.env.values(), "env")
+        gpu = self.gpu_type(body.gpu_type) if item.gpu_count > 0 or body.gpu_type else None
+        return project_id, gpu, self._key_of(item)
+
+    def _new_row(
+        self, item: NewCluster, project_id: int, gpu: GpuTypeInfo | None
+    ) -> dict[str, Any]:
+        """Every column of the new cluster as the step records it before placement."""
+        body, settings = item.body, item.ctx.settings
+        return _full_row(
             cluster_values(
-                cluster_id=cluster_id,
+                cluster_id=new_cluster_id(),
                 project_id=project_id,
                 body=body,
                 env=seal_env(secret_box(settings), body.env, body.secret_env) if body.env else {},
                 gpu=gpu,
-                gpu_count=gpu_count,
+                gpu_count=item.gpu_count,
                 volume_gb=body.volume_gb,
-                now=now,
+                now=item.now,
             )
         )
-        # The row as the step's helpers read a cluster (attributes).
-        cluster = SimpleNamespace(**row)
+
+    def _placed(
+        self, item: NewCluster, cluster: Any
+    ) -> tuple[Choice, dict[tuple[int, str], int], list[dict[str, Any]], HostFacts | None]:
+        """Its claim (not taken yet), host ports and the host's own checks."""
+        body, settings = item.body, item.ctx.settings
         choice = self.claims.choose(
-            cluster_id=cluster_id,
-            request=request_of(cluster, body.cloud_type),  # type: ignore[arg-type]
+            cluster_id=cluster.id,
+            request=request_of(cluster, body.cloud_type),
             volume_gb=body.volume_gb,
             ratios=settings.allocation_ratios,
             policy=settings.placement_policy,
-            now=now,
+            now=item.now,
         )
         host_id = choice.placement.host_id
         assigned = self.claims.ports(
@@ -384,28 +419,35 @@ class _Batch:
         )
         ports = with_host_ports(tuple(body.ports), assigned)
         host = self.claims.host(host_id)
-        refuse_host_of_new(host, host_id, ctx, ports)
-        want = Usage(
-            gpus_by_type={row["gpu_type"]: gpu_count} if row["gpu_type"] and gpu_count else {},
-            vcpus=body.cpu_cores,
-            volume_gb=body.volume_gb,
-            running_clusters=1,
-        )
-        self.admit(principal.account_id, project_id, want)
-        # Metering a new cluster (lifecycle.meter_status): nothing to close; an
-        # interval per billed meter from this second, unless its host is paused
-        # (lifecycle.billing_paused).
-        at = boundary(now)
-        rates: dict[str, int] = {}
-        if host is None or host.unreachable_since is None:
-            parts = cluster_rate(cluster, gpu, settings.prices, status=ClusterStatus.STARTING)  # type: ignore[arg-type]
-            rates = micro_rates(parts)
+        refuse_host_of_new(host, host_id, item.ctx, ports)
+        return choice, assigned, ports, host
+
+    @staticmethod
+    def _rates(
+        item: NewCluster, cluster: Any, gpu: GpuTypeInfo | None, host: HostFacts | None
+    ) -> dict[str, int]:
+        """Metering a new cluster (lifecycle.meter_status): nothing to close; a rate per
+        billed meter from this second, unless its host is paused
+        (lifecycle.billing_paused)."""
+        if host is not None and host.unreachable_since is not None:
+            return {}
+        prices = item.ctx.settings.prices
+        return micro_rates(cluster_rate(cluster, gpu, prices, status=ClusterStatus.STARTING))
+
+    def _record(
+        self,
+        item: NewCluster,
+        key: _Key | None,
+        row: dict[str, Any],
+        choice: Choice,
+        ports: list[dict[str, Any]],
+        rates: dict[str, int],
+    ) -> None:
+        """The taken create's rows: cluster, key, event, usage intervals."""
+        now, cluster_id, at = item.now, row["id"], boundary(item.now)
         open_rate = sum(rates.values())
-        # Decided: from here on nothing refuses it.
-        self.claims.take(choice, assigned)
-        self.count(principal.account_id, project_id, want)
         row.update(
-            host_id=host_id,
+            host_id=choice.placement.host_id,
             gpu_indices=list(choice.placement.gpu_indices),
             ports=ports,
             billed_closed=0,
@@ -441,7 +483,7 @@ class _Batch:
         self.intervals.extend(
             {
                 "cluster_id": cluster_id,
-                "project_id": project_id,
+                "project_id": row["project_id"],
                 "meter": meter,
                 "gpu_type": row["gpu_type"],
                 "rate_micro": rate,
