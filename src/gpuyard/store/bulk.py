@@ -60,32 +60,59 @@ def insert_rows(conn: Connection, mapped: type[Any], rows: Sequence[Mapping[str,
         conn.execute(insert(table), list(rows))
         return
     full = [with_defaults(table, r) for r in rows]
-    keys = tuple(full[0])
-    params = {}
-    for i, k in enumerate(keys):
-        values = [r[k] for r in full]
-        if _is_json(table, k):
-            # Sent as text and cast: an array of JSON lists would read as a 2-D array.
-            values = [json.dumps(v) for v in values]
-        params[f"c{i}"] = values
-    conn.execute(_unnest_insert(table, keys), params)
+    varying: list[str] = []
+    same: list[str] = []
+    params: dict[str, Any] = {}
+    for key in full[0]:
+        values = [r[key] for r in full]
+        first = values[0]
+        if all(type(v) is type(first) and v == first for v in values):
+            if first is None and table.c[key].server_default is None:
+                continue  # NULL in every row: what leaving it out stores
+            same.append(key)
+            params[f"s{len(same) - 1}"] = json.dumps(first) if _is_json(table, key) else first
+        else:
+            if _is_json(table, key):
+                # Sent as text and cast: an array of JSON lists would read as 2-D.
+                values = [json.dumps(v) for v in values]
+            varying.append(key)
+            params[f"c{len(varying) - 1}"] = values
+    if not varying:  # the same row again and again: nothing to unnest
+        conn.execute(insert(table), list(rows))
+        return
+    conn.execute(_unnest_insert(table, tuple(varying), tuple(same)), params)
 
 
 def _is_json(table: Table, key: str) -> bool:
     return isinstance(table.c[key].type, JSON)
 
 
-@lru_cache(maxsize=64)
-def _unnest_insert(table: Table, keys: tuple[str, ...]) -> Insert:
-    types = [Text() if _is_json(table, k) else table.c[k].type for k in keys]
+def _sent_type(table: Table, key: str) -> Any:
+    return Text() if _is_json(table, key) else table.c[key].type
+
+
+@lru_cache(maxsize=128)
+def _unnest_insert(table: Table, varying: tuple[str, ...], same: tuple[str, ...]) -> Insert:
+    """INSERT … SELECT of a column of values for each of ``varying`` (unnest of one
+    array each) and one value for each of ``same`` (a value every row shares is sent
+    once, not once a row)."""
+    types = [_sent_type(table, k) for k in varying]
     arrays = [bindparam(f"c{i}", type_=ARRAY(t)) for i, t in enumerate(types)]
     source = (
         func.unnest(*arrays)
         .table_valued(*(column(f"u{i}", t) for i, t in enumerate(types)))
         .render_derived()
     )
-    picked = [
-        cast(c, table.c[k].type) if _is_json(table, k) else c
-        for c, k in zip(source.c, keys, strict=True)
+    picked = [*source.c] + [
+        bindparam(f"s{i}", type_=_sent_type(table, k)) for i, k in enumerate(same)
     ]
-    return insert(table).from_select(list(keys), select(*picked))
+    keys = [*varying, *same]
+    return insert(table).from_select(
+        keys,
+        select(
+            *(
+                cast(c, table.c[k].type) if _is_json(table, k) else c
+                for c, k in zip(picked, keys, strict=True)
+            )
+        ),
+    )
