@@ -18,7 +18,9 @@ What keeps it close to the truth:
   claims) catches hosts added, removed, cordoned, uncordoned, unreachable or reachable
   again, and hosts edited with their ``updated_at``;
 - a rebuild at least every ``MAX_AGE`` catches what other replicas freed and volume
-  moves that ended (until then placement may prefer another host that fits).
+  moves that ended (until then placement may prefer another host that fits); the
+  placer reads it before its locked transaction (``rebuild_if_aged``), keeping what
+  claims told the hint meanwhile (their hosts are read again exactly).
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ waiter to find no batch running becomes the leader: it takes every queued step (
 ``MAX_BATCH``), opens one write transaction, takes the placement lock once, runs each
 step in a SAVEPOINT of its own, commits once, and only then wakes each waiter with its
 own answer (the value its step returned, or the error it raised). Then it hands the
-lead to the oldest request that queued meanwhile, which runs the next batch.
+lead to the oldest request that queued meanwhile, which runs the next batch (after up
+to ``GATHER_S`` for as many requests as the last batch held; never after a batch of
+one). A hint rebuild that only its age calls for is read before the batch's locked
+transaction (fleet_hint.FleetHint.rebuild_if_aged).
 
 Guarantees, the same as one transaction per create:
 
