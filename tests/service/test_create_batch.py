@@ -16,20 +16,30 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.billing.quotas import LimitChange
-from gpuyard.core.errors import NotFound, QuotaExceeded
+from gpuyard.core.errors import (
+    AccountSuspended,
+    BudgetExhausted,
+    InsufficientCapacity,
+    NotFound,
+    QuotaExceeded,
+)
 from gpuyard.core.models import PortSpec
 from gpuyard.services.billing import quotas
+from gpuyard.services.capacity.batch_claims import BatchClaims
 from gpuyard.services.capacity.placement_batch import DECLINED, Placer, placer_for
+from gpuyard.services.clock import FakeClock
+from gpuyard.services.clusters.host_checks import refuse_host_of_new
 from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
-from gpuyard.services.idempotency import ROUTE_CLUSTERS, claim_for, create_once
+from gpuyard.services.idempotency import ROUTE_CLUSTERS, Claim, claim_for, create_once
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import (
+    Account,
     Cluster,
     Event,
     GpuAllocation,
@@ -46,14 +56,67 @@ def one_gpu(name: str, **kw: Any) -> CreateCluster:
     return CreateCluster(name=name, gpu_type=A6000, gpu_count=1, docker_image="img", **kw)
 
 
-def by_step(ctx: Context, who: Principal, body: CreateCluster) -> Cluster:
+def by_step(
+    ctx: Context, who: Principal, body: CreateCluster, idempotency: Claim | None = None
+) -> Cluster:
     """The same create, recorded by its own step only (a ``record_with`` is an option
     the batch writer leaves to the step)."""
-    return create_cluster(ctx, who, body, record_with=lambda _s, _c: None)
+    return create_cluster(ctx, who, body, idempotency=idempotency, record_with=lambda _s, _c: None)
 
 
 def _row(session: Session, table: Any, where: Any) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in session.execute(select(table.__table__).where(where))]
+
+
+def _rows_of(session: Session, cluster_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "cluster": _row(session, Cluster, Cluster.id == cluster_id),
+        "reservation": _row(session, Reservation, Reservation.cluster_id == cluster_id),
+        "gpus": _row(session, GpuAllocation, GpuAllocation.cluster_id == cluster_id),
+        "ports": _row(session, PortAllocation, PortAllocation.cluster_id == cluster_id),
+        "events": _row(session, Event, Event.cluster_id == cluster_id),
+        "intervals": _row(session, UsageInterval, UsageInterval.cluster_id == cluster_id),
+        "keys": _row(session, IdempotencyKey, IdempotencyKey.resource_id == cluster_id),
+    }
+
+
+def assert_same_rows(ctx: Context, fast: Cluster, slow: Cluster) -> None:
+    """``fast`` (the writer's) and ``slow`` (the step's) hold the same rows, column for
+    column, but for the ids and the GPU and port each got; ``fast`` is as stored."""
+    differ = {"id", "gpu_indices", "ports"}
+    with ctx.read() as session:
+        a, b = _rows_of(session, fast.id), _rows_of(session, slow.id)
+    (ca,), (cb,) = a["cluster"], b["cluster"]
+    assert {k: v for k, v in ca.items() if k not in differ} == {
+        k: v for k, v in cb.items() if k not in differ
+    }
+    assert ca["open_rate_micro"] > 0 and ca["billed_run_from"] is not None
+    assert [p["internal_port"] for p in ca["ports"]] == [p["internal_port"] for p in cb["ports"]]
+    assert {p["host_port"] for p in ca["ports"]}.isdisjoint(p["host_port"] for p in cb["ports"])
+
+    def without(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in keys} for r in rows]
+
+    ids = ("id", "cluster_id")
+    assert without(a["reservation"], *ids) == without(b["reservation"], *ids)
+    assert without(a["events"], *ids) == without(b["events"], *ids)
+    assert without(a["intervals"], *ids) == without(b["intervals"], *ids)
+    assert without(a["gpus"], "cluster_id", "gpu_index") == without(
+        b["gpus"], "cluster_id", "gpu_index"
+    )
+    keyed = ("id", "key", "resource_id", "request_hash")
+    assert without(a["keys"], *keyed) == without(b["keys"], *keyed)
+    assert sorted((p["internal_port"], p["protocol"]) for p in a["ports"]) == sorted(
+        (p["internal_port"], p["protocol"]) for p in b["ports"]
+    )
+    # The answer is the cluster as stored.
+    assert (fast.status, fast.version, fast.host_id, fast.gpu_indices, fast.ports) == (
+        ca["status"],
+        ca["version"],
+        ca["host_id"],
+        ca["gpu_indices"],
+        ca["ports"],
+    )
 
 
 def test_the_writer_records_what_the_step_records(ctx: Context, alice: Principal) -> None:
@@ -67,48 +130,44 @@ def test_the_writer_records_what_the_step_records(ctx: Context, alice: Principal
     assert placer.written == written + 1
     slow = by_step(ctx, alice, body)
     assert placer.written == written + 1
-    differ = {"id", "gpu_indices", "ports"}
-    with ctx.read() as session:
-        rows = {}
-        for c in (fast, slow):
-            rows[c.id] = {
-                "cluster": _row(session, Cluster, Cluster.id == c.id),
-                "reservation": _row(session, Reservation, Reservation.cluster_id == c.id),
-                "gpus": _row(session, GpuAllocation, GpuAllocation.cluster_id == c.id),
-                "ports": _row(session, PortAllocation, PortAllocation.cluster_id == c.id),
-                "events": _row(session, Event, Event.cluster_id == c.id),
-                "intervals": _row(session, UsageInterval, UsageInterval.cluster_id == c.id),
-            }
-    a, b = rows[fast.id], rows[slow.id]
-    (ca,), (cb,) = a["cluster"], b["cluster"]
-    assert {k: v for k, v in ca.items() if k not in differ} == {
-        k: v for k, v in cb.items() if k not in differ
-    }
-    assert ca["open_rate_micro"] > 0 and ca["billed_run_from"] is not None
-    assert [p["internal_port"] for p in ca["ports"]] == [8888, 22]
-    assert {p["host_port"] for p in ca["ports"]}.isdisjoint(p["host_port"] for p in cb["ports"])
+    assert [p["internal_port"] for p in fast.ports] == [8888, 22]
+    assert_same_rows(ctx, fast, slow)
 
-    def without(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if k not in keys} for r in rows]
 
-    ids = ("id", "cluster_id")
-    assert without(a["reservation"], *ids) == without(b["reservation"], *ids)
-    assert without(a["events"], *ids) == without(b["events"], *ids)
-    assert without(a["intervals"], *ids) == without(b["intervals"], *ids)
-    assert without(a["gpus"], "cluster_id", "gpu_index") == without(
-        b["gpus"], "cluster_id", "gpu_index"
-    )
-    assert sorted((p["internal_port"], p["protocol"]) for p in a["ports"]) == sorted(
-        (p["internal_port"], p["protocol"]) for p in b["ports"]
-    )
-    # The answer is the cluster as stored.
-    assert (fast.status, fast.version, fast.host_id, fast.gpu_indices, fast.ports) == (
-        ca["status"],
-        ca["version"],
-        ca["host_id"],
-        ca["gpu_indices"],
-        ca["ports"],
-    )
+def test_a_batch_of_writer_creates_records_what_steps_record(
+    ctx: Context, alice: Principal
+) -> None:
+    """Three keyed creates in one batch (several rows a table: one statement each,
+    unnest on PostgreSQL), each compared with the same create by its step."""
+    body = one_gpu("many", ports=[PortSpec(internal_port=8888)], env={"A": "1"})
+
+    def keyed(i: int, step: bool) -> Callable[[], Cluster]:
+        claim = claim_for(ctx, alice, ROUTE_CLUSTERS, f"k{i}", body.model_dump())
+        create = by_step if step else create_cluster
+
+        def call() -> Cluster:
+            found: list[Cluster] = []
+
+            def make(c: Claim | None) -> str:
+                found.append(create(ctx, alice, body, idempotency=c))
+                return found[0].id
+
+            create_once(ctx, claim, make)
+            return found[0]
+
+        return call
+
+    placer = placer_for(ctx)
+    written = placer.written
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        with held_batch(ctx, pool) as held:
+            futures = queue(held, pool, [keyed(i, False) for i in range(3)])
+        batch = [f.result(WAIT_S) for f in futures]
+    assert placer.written == written + 3
+    slow = keyed(9, True)()
+    assert len({c.host_id for c in [*batch, slow]}) == 1
+    for fast in batch:
+        assert_same_rows(ctx, fast, slow)
 
 
 def test_writer_and_steps_in_one_batch_never_hand_a_gpu_twice(
@@ -319,3 +378,82 @@ def test_the_answer_is_the_object_the_step_answers(ctx: Context, alice: Principa
             continue
         mine, theirs = getattr(fast, column.key), getattr(slow, column.key)
         assert (column.key, mine, type(mine)) == (column.key, theirs, type(theirs))
+
+
+def test_a_closed_accounts_create_is_refused_by_its_step(
+    ctx: Context, alice: Principal, bob: Principal
+) -> None:
+    """Alice's account is suspended, Bob's budget spent: the writer declines both (one
+    read of each account with its quotas) and their steps refuse them in their words."""
+    with ctx.transaction() as session:
+        session.execute(
+            update(Account).where(Account.id == alice.account_id).values(status="suspended")
+        )
+        session.execute(
+            update(Account).where(Account.id == bob.account_id).values(exhausted_at=ctx.clock.now())
+        )
+    placer = placer_for(ctx)
+    written = placer.written
+    with pytest.raises(AccountSuspended):
+        create_cluster(ctx, alice, one_gpu("a"))
+    with pytest.raises(BudgetExhausted):
+        create_cluster(ctx, bob, one_gpu("b"))
+    assert placer.written == written
+    with ctx.read() as session:
+        assert session.scalars(select(Cluster.id)).all() == []
+
+
+def test_a_key_is_judged_live_at_its_own_creates_time(
+    ctx: Context, alice: Principal, clock: FakeClock
+) -> None:
+    """In one batch, the first create made at T+20 s and the second at T, whose key's
+    row expires at T+10 s: that row is live for the second create (its step answers
+    it: the key is held), not expired as it would be at the first create's time."""
+    body = one_gpu("keyed")
+    claim = claim_for(ctx, alice, ROUTE_CLUSTERS, "late-key", body.model_dump())
+    assert claim is not None
+    start = clock.now()
+    with ctx.transaction() as session:
+        session.execute(
+            insert(IdempotencyKey),
+            [
+                {
+                    "account_id": alice.account_id,
+                    "route": ROUTE_CLUSTERS,
+                    "key": "late-key",
+                    "request_hash": claim.request_hash,
+                    "resource_id": "earlier",
+                    "created_at": start,
+                    "expires_at": start + timedelta(seconds=10),
+                }
+            ],
+        )
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        with held_batch(ctx, pool) as placer:
+            clock.advance(20)
+            first = pool.submit(create_cluster, ctx, alice, one_gpu("later"))
+            assert placer.wait_queued(1, WAIT_S)
+            clock.advance(-20)
+            second = pool.submit(create_cluster, ctx, alice, body, idempotency=claim)
+            assert placer.wait_queued(2, WAIT_S)
+        assert isinstance(outcome(first), Cluster)
+        assert isinstance(outcome(second), Exception)
+    with ctx.read() as session:
+        rows = session.execute(select(IdempotencyKey.resource_id)).scalars().all()
+    assert rows == ["earlier"]
+
+
+def test_a_host_without_its_row_refuses_and_the_step_decides(
+    ctx: Context, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host checks refuse a host whose row they were not given (they fail closed:
+    nothing says its limits, disk or ports are kept); the writer then declines the
+    create and its step, which reads the host itself, places it."""
+    with pytest.raises(InsufficientCapacity):
+        refuse_host_of_new(None, 12345, ctx, [])
+    monkeypatch.setattr(BatchClaims, "host", lambda _self, _host_id: None)
+    placer = placer_for(ctx)
+    written = placer.written
+    made = create_cluster(ctx, alice, one_gpu("stepped"))
+    assert placer.written == written and made.host_id is not None

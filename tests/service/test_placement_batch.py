@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,10 +20,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
+from gpuyard.core.models import ResourceRequest
+from gpuyard.core.placement import AllocationRatios
+from gpuyard.services.capacity import fleet_hint
 from gpuyard.services.capacity.placement_batch import Placer, placer_for
 from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.services.clusters.use_cases import create_cluster
 from gpuyard.services.context import Context
+from gpuyard.services.fleet.hosts import capacities
 from gpuyard.services.idempotency import ROUTE_CLUSTERS, claim_for, create_once
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.store.schema import Cluster, Event, GpuAllocation, IdempotencyKey, Reservation
@@ -193,3 +198,48 @@ def test_a_step_that_queues_another_is_refused_not_deadlocked(ctx: Context) -> N
     with pytest.raises(RuntimeError, match="may not queue"):
         placer.run(ctx, nested)
     assert placer.run(ctx, lambda _s: 7) == 7
+
+
+def test_the_aged_hint_is_rebuilt_before_the_lock_and_keeps_claims_told_meanwhile(
+    ctx: Context, alice: Principal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch rebuilds an aged hint in a read of its own, before its locked
+    transaction; a claim the hint is told of while that read runs is not overwritten
+    by the older read: its host leaves the hint and is read again exactly."""
+    ratios, now = ctx.settings.allocation_ratios, ctx.clock.now()
+    with ctx.read() as session:
+        hint = fleet_hint.hint_for(session)
+        (host,) = capacities(session)
+    real = fleet_hint._load_all
+    reads: list[bool] = []
+
+    def load_all(session: Session, ratios: AllocationRatios) -> list[Any]:
+        reads.append(session.in_transaction() and lock_taken(session))
+        rows = real(session, ratios)
+        full = replace(host, used_gpu_indices=frozenset(g.index for g in host.gpus))
+        hint.update([full], ratios)  # a claim made meanwhile
+        return rows
+
+    monkeypatch.setattr(fleet_hint, "_load_all", load_all)
+    hint.invalidate()
+    with ctx.read() as session:
+        hint.rebuild_if_aged(session, ratios, now)
+    assert host.host_id in hint.dirty
+    assert hint.pick(one_gpu_request(), ctx.settings.placement_policy, (), 5) == []
+    reads.clear()
+    hint.invalidate()
+    assert hint.aged(ratios, now)
+    create_cluster(ctx, alice, one_gpu("after-rebuild"))
+    assert reads == [False]
+    assert not hint.aged(ratios, now)
+    # Read again exactly by the batch's locked refresh: back in the hint, as it is.
+    assert host.host_id not in hint.dirty
+    assert hint.pick(one_gpu_request(), ctx.settings.placement_policy, (), 5) == [host.host_id]
+
+
+def lock_taken(session: Session) -> bool:
+    return session.info.get("gpuyard.placement_locked") is not None
+
+
+def one_gpu_request() -> ResourceRequest:
+    return ResourceRequest(gpu_type=A6000, gpu_count=1, vcpus=1, memory_gb=1, disk_gb=1)

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
@@ -48,8 +48,9 @@ from gpuyard.services.capacity.placement import (
     lock_placement,
     ready_hint,
 )
-from gpuyard.services.fleet.hosts import capacities
-from gpuyard.store.schema import GpuAllocation, Host, PortAllocation, Reservation
+from gpuyard.services.fleet.hosts import HostRow, exact_hosts
+from gpuyard.store.bulk import insert_rows
+from gpuyard.store.schema import GpuAllocation, PortAllocation, Reservation
 
 # How many of the hint's picks are read exactly at once: the creates that follow land
 # there (the next hosts binpack fills, or those spread takes in turn).
@@ -58,32 +59,9 @@ _READ_AHEAD = 2 * CANDIDATES
 _ROUNDS = 4
 
 
-class HostFacts(Protocol):
-    """The columns of a host that a new cluster's own checks read
-    (services/clusters/host_checks.py, the meter's billing pause)."""
-
-    id: int
-    name: str
-    enforces_limits: bool
-    limits_note: str | None
-    enforces_disk: bool
-    disk_note: str | None
-    is_local: bool
-    engine_url: str | None
-    unreachable_since: datetime | None
-
-
-_FACTS = select(
-    Host.id,
-    Host.name,
-    Host.enforces_limits,
-    Host.limits_note,
-    Host.enforces_disk,
-    Host.disk_note,
-    Host.is_local,
-    Host.engine_url,
-    Host.unreachable_since,
-)
+# The columns of a host that a new cluster's own checks read
+# (services/clusters/host_checks.py, the meter's billing pause).
+HostFacts = HostRow
 
 
 @dataclass(frozen=True)
@@ -105,7 +83,7 @@ class BatchClaims:
         self.session = session
         self.hint = hint_for(session)
         self._exact: dict[int, HostCapacity] = {}
-        self._facts: dict[int, Any] = {}
+        self._facts: dict[int, HostFacts] = {}
         self._taken_ports: dict[int, set[tuple[int, str]]] = {}
         self._ready = False
         self._gpus: list[dict[str, Any]] = []
@@ -158,12 +136,11 @@ class BatchClaims:
         raise InsufficientCapacity("decided one by one")
 
     def _read(self, host_ids: list[int], ratios: AllocationRatios) -> None:
-        exact = capacities(self.session, host_ids)
-        for cap in exact:
+        exact = exact_hosts(self.session, host_ids)
+        for cap, facts in exact:
             self._exact[cap.host_id] = cap
-        for facts in self.session.execute(_FACTS.where(Host.id.in_(host_ids))):
-            self._facts[facts.id] = facts
-        self.hint.update(exact, ratios)
+            self._facts[cap.host_id] = facts
+        self.hint.update([cap for cap, _ in exact], ratios)
 
     def host(self, host_id: int) -> HostFacts | None:
         """What a new cluster's checks read of host ``host_id`` (read with its
@@ -256,11 +233,11 @@ class BatchClaims:
 
     def write(self) -> None:
         """Insert the taken claims' rows, one statement per table (the clusters they
-        name must be rows already)."""
+        name must be rows already). Core statements: no ORM bulk work per row."""
+        conn = self.session.connection()
         for table, rows in (
             (GpuAllocation, self._gpus),
             (Reservation, self._reservations),
             (PortAllocation, self._ports),
         ):
-            if rows:
-                self.session.execute(insert(table), rows)
+            insert_rows(conn, table, rows)

@@ -18,7 +18,9 @@ What keeps it close to the truth:
   claims) catches hosts added, removed, cordoned, uncordoned, unreachable or reachable
   again, and hosts edited with their ``updated_at``;
 - a rebuild at least every ``MAX_AGE`` catches what other replicas freed and volume
-  moves that ended (until then placement may prefer another host that fits).
+  moves that ended (until then placement may prefer another host that fits); the
+  placer reads it before its locked transaction (``rebuild_if_aged``), keeping what
+  claims told the hint meanwhile (their hosts are read again exactly).
 """
 
 from __future__ import annotations
@@ -233,22 +235,36 @@ class FleetHint:
         self._clear()
         for h in rows:
             self._hosts[h.host_id] = h
-            for cloud in ("", h.cloud_type):
-                for gpu_type, count in h.gpus.items():
-                    key = (gpu_type, cloud)
-                    self._by_id.setdefault(key, {}).setdefault(count, []).append(h.host_id)
-                    by_vcpu = self._by_vcpu.setdefault(key, {}).setdefault(count, [])
-                    by_vcpu.append((h.vcpus, h.host_id))
-                self._vcpu_up.setdefault(cloud, []).append((h.vcpus, h.host_id))
-                self._vcpu_down.setdefault(cloud, []).append((-h.vcpus, h.host_id))
+            for entries, entry in self._entries(h):
+                entries.append(entry)
+        for entries in self._lists():
+            entries.sort()
+
+    def _add(self, h: _Free) -> None:
+        self._hosts[h.host_id] = h
+        for entries, entry in self._entries(h):
+            insort(entries, entry)
+
+    def _entries(self, h: _Free) -> Iterator[tuple[list[Any], Any]]:
+        """Each sorted list of the indexes ``h`` belongs in (made when missing), with
+        its entry there."""
+        for cloud in ("", h.cloud_type):
+            for gpu_type, count in h.gpus.items():
+                key = (gpu_type, cloud)
+                yield self._by_id.setdefault(key, {}).setdefault(count, []), h.host_id
+                by_vcpu = self._by_vcpu.setdefault(key, {}).setdefault(count, [])
+                yield by_vcpu, (h.vcpus, h.host_id)
+            yield self._vcpu_up.setdefault(cloud, []), (h.vcpus, h.host_id)
+            yield self._vcpu_down.setdefault(cloud, []), (-h.vcpus, h.host_id)
+
+    def _lists(self) -> Iterator[list[Any]]:
+        """Every sorted list of the indexes."""
         for by_id in self._by_id.values():
-            for ids in by_id.values():
-                ids.sort()
-        for buckets in self._by_vcpu.values():
-            for bucket in buckets.values():
-                bucket.sort()
-        for pairs in (*self._vcpu_up.values(), *self._vcpu_down.values()):
-            pairs.sort()
+            yield from by_id.values()
+        for by_vcpu in self._by_vcpu.values():
+            yield from by_vcpu.values()
+        yield from self._vcpu_up.values()
+        yield from self._vcpu_down.values()
 
     def _clear(self) -> None:
         self._hosts.clear()
@@ -256,18 +272,6 @@ class FleetHint:
         self._by_vcpu.clear()
         self._vcpu_up.clear()
         self._vcpu_down.clear()
-
-    def _add(self, h: _Free) -> None:
-        self._hosts[h.host_id] = h
-        for cloud in ("", h.cloud_type):
-            for gpu_type, count in h.gpus.items():
-                key = (gpu_type, cloud)
-                insort(self._by_id.setdefault(key, {}).setdefault(count, []), h.host_id)
-                insort(
-                    self._by_vcpu.setdefault(key, {}).setdefault(count, []), (h.vcpus, h.host_id)
-                )
-            insort(self._vcpu_up.setdefault(cloud, []), (h.vcpus, h.host_id))
-            insort(self._vcpu_down.setdefault(cloud, []), (-h.vcpus, h.host_id))
 
     def _remove(self, h: _Free) -> None:
         del self._hosts[h.host_id]

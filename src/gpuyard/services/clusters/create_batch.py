@@ -35,8 +35,9 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, insert, select, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, delete, select, tuple_
+from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm.attributes import instance_dict
 
 from gpuyard.core.billing.ledger import boundary, micro_rates
 from gpuyard.core.billing.quotas import Limits, Usage, first_breach
@@ -47,9 +48,8 @@ from gpuyard.core.models import GpuTypeInfo
 from gpuyard.core.progress import STEP_ALLOCATED
 from gpuyard.core.states import ClusterStatus
 from gpuyard.services.access.port_rules import check_external_ports, server_ports
-from gpuyard.services.billing.admission import refuse_closed_account
 from gpuyard.services.billing.quotas import ACCOUNT_WIDE, usage_of
-from gpuyard.services.capacity.batch_claims import BatchClaims
+from gpuyard.services.capacity.batch_claims import BatchClaims, Choice, HostFacts
 from gpuyard.services.capacity.placement_batch import DECLINED, BatchWriter
 from gpuyard.services.catalog.gpu_types import find_gpu_type
 from gpuyard.services.clusters.cluster_rows import request_of
@@ -63,7 +63,8 @@ from gpuyard.services.tenancy.account_secrets import check_references
 from gpuyard.services.tenancy.auth import Principal
 from gpuyard.services.tenancy.projects import project_for_create
 from gpuyard.services.tenancy.secrets import seal_env, secret_box
-from gpuyard.store.schema import Cluster, Event, IdempotencyKey, Quota, UsageInterval
+from gpuyard.store.bulk import insert_rows, table_of, with_defaults
+from gpuyard.store.schema import Account, Cluster, Event, IdempotencyKey, Quota, UsageInterval
 
 
 def cluster_values(
@@ -167,25 +168,35 @@ def fast_form(
 def _full_row(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with every other column of ``clusters`` at its default, as an ORM
     insert would store it (every column default here is Python-side)."""
-    row = dict(values)
-    for column in Cluster.__table__.columns:
-        if column.key in row:
-            continue
-        default = column.default
-        if default is None:
-            row[column.key] = None
-        elif default.is_callable:
-            row[column.key] = default.arg(None)
-        else:
-            row[column.key] = default.arg
+    row = with_defaults(_TABLE, values)
+    for key in _TABLE.columns.keys():  # noqa: SIM118 (the column keys, not names)
+        row.setdefault(key, None)
     return row
+
+
+_TABLE = table_of(Cluster)
+_CLUSTERS = Cluster.__mapper__.class_manager
+
+
+def _as_loaded(row: Mapping[str, Any]) -> Cluster:
+    """A Cluster holding ``row``'s values as if loaded from the row written: detached,
+    its identity set, nothing pending (no attribute set one by one, none flushed)."""
+    cluster: Cluster = _CLUSTERS.new_instance()
+    instance_dict(cluster).update(row)
+    make_transient_to_detached(cluster)
+    return cluster
+
+
+# An idempotency key: account, route, key.
+_Key = tuple[int, str, str]
 
 
 @dataclass
 class _Admission:
     """An account's admission for the batch: read once, counted in memory."""
 
-    refusal: GpuyardError | None
+    # Suspended or out of budget: every create of it is the step's to refuse.
+    closed: bool
     limits: dict[int, Limits] = field(default_factory=dict)
     usage: dict[int, Usage] = field(default_factory=dict)
     # What the batch's creates taken so far ask, per scope (ACCOUNT_WIDE, project id).
@@ -200,9 +211,9 @@ class _Batch:
         self.claims = BatchClaims(session)
         self._gpu_types: dict[str, GpuTypeInfo | None] = {}
         self._admissions: dict[int, _Admission] = {}
-        self._keys_live: set[tuple[int, str, str]] = set()
-        self._keys_expired: set[tuple[int, str, str]] = set()
-        self._keys_taken: set[tuple[int, str, str]] = set()
+        # The stored rows of the batch's keys: their expiry.
+        self._keys_stored: dict[_Key, datetime] = {}
+        self._keys_taken: set[_Key] = set()
         self.keys: list[dict[str, Any]] = []
         self.clusters: list[dict[str, Any]] = []
         self._images: dict[tuple[int, str], GpuyardError | None] = {}
@@ -211,12 +222,13 @@ class _Batch:
         self._read_keys(items)
 
     def _read_keys(self, items: list[NewCluster]) -> None:
+        """The expiry of each stored row of the batch's keys; whether one is live is
+        judged against each create's own time (:meth:`_key_of`)."""
         wanted = {
             (c.account_id, c.route, c.key) for c in (i.idempotency for i in items) if c is not None
         }
         if not wanted:
             return
-        now = items[0].now
         rows = self.session.execute(
             select(
                 IdempotencyKey.account_id,
@@ -230,8 +242,20 @@ class _Batch:
             )
         )
         for account_id, route, key, expires_at in rows:
-            live = expires_at > now
-            (self._keys_live if live else self._keys_expired).add((account_id, route, key))
+            self._keys_stored[(account_id, route, key)] = expires_at
+
+    def _key_of(self, item: NewCluster) -> _Key | None:
+        """``item``'s idempotency key, unless the step must answer it: a row of it live
+        at the item's own time (Claim.record replaces only a row expired by then; a
+        live one is a replay or a reuse), or the batch's earlier create's key."""
+        claim = item.idempotency
+        if claim is None:
+            return None
+        key = (claim.account_id, claim.route, claim.key)
+        expires_at = self._keys_stored.get(key)
+        if key in self._keys_taken or (expires_at is not None and expires_at > item.now):
+            raise ValidationFailed("Idempotency-Key", "decided one by one")
+        return key
 
     # ------------------------------------------------------------ reads, once a batch
 
@@ -247,25 +271,15 @@ class _Batch:
             raise ValidationFailed("gpu_type", f"unknown GPU type {name!r}")
         return info
 
-    def admission(self, account_id: int) -> _Admission:
-        known = self._admissions.get(account_id)
-        if known is None:
-            try:
-                refuse_closed_account(self.session, account_id)
-                refusal = None
-            except GpuyardError as exc:
-                refusal = exc
-            known = self._admissions[account_id] = _Admission(refusal)
-        return known
-
     def admit(self, account_id: int, project_id: int, want: Usage) -> None:
         """services/billing/admission.py ``admit`` for a cluster asking ``want``:
-        raises its refusal (the step words it)."""
-        adm = self.admission(account_id)
-        if adm.refusal is not None:
-            raise adm.refusal
-        if project_id not in adm.limits or ACCOUNT_WIDE not in adm.limits:
-            self._read_limits(adm, account_id, project_id)
+        raises (the step words the refusal) when the account is suspended or out of
+        budget (refuse_closed_account) or a quota would be passed."""
+        adm = self._admissions.get(account_id)
+        if adm is None or project_id not in adm.limits:
+            adm = self._read_admission(account_id, project_id)
+        if adm.closed:
+            raise ValidationFailed("account", "decided one by one")
         for scope in (ACCOUNT_WIDE, project_id):
             limits = adm.limits[scope]
             if not limits.rows():
@@ -278,20 +292,39 @@ class _Batch:
             if first_breach(limits, held, want) is not None:
                 raise ValidationFailed("quota", "decided one by one")
 
-    def _read_limits(self, adm: _Admission, account_id: int, project_id: int) -> None:
-        """quotas.limits_of of the account and of the project, in one read."""
+    def _read_admission(self, account_id: int, project_id: int) -> _Admission:
+        """The account's status (read afresh, as refuse_closed_account reads it) and
+        quotas.limits_of of the account and of the project, in one statement; only the
+        project's quotas once the account is known."""
+        known = self._admissions.get(account_id)
         rows: dict[int, list[tuple[str, str, int]]] = {ACCOUNT_WIDE: [], project_id: []}
-        for scope, resource, gpu_type, value in self.session.execute(
-            select(Quota.project_id, Quota.resource, Quota.gpu_type, Quota.limit_value).where(
-                Quota.account_id == account_id, Quota.project_id.in_([ACCOUNT_WIDE, project_id])
+        closed = False
+        quota = and_(
+            Quota.account_id == account_id, Quota.project_id.in_([ACCOUNT_WIDE, project_id])
+        )
+        quotas = select(Quota.project_id, Quota.resource, Quota.gpu_type, Quota.limit_value)
+        if known is None:
+            stmt = (
+                select(Account.status, Account.exhausted_at, *quotas.selected_columns)
+                .outerjoin(Quota, quota)
+                .where(Account.id == account_id)
             )
-        ):
-            rows[scope].append((resource, gpu_type, int(value)))
+            for status, exhausted_at, scope, resource, gpu_type, value in self.session.execute(
+                stmt
+            ):
+                closed = status == "suspended" or exhausted_at is not None
+                if scope is not None:
+                    rows[scope].append((resource, gpu_type, int(value)))
+            known = self._admissions[account_id] = _Admission(closed)
+        else:
+            for scope, resource, gpu_type, value in self.session.execute(quotas.where(quota)):
+                rows[scope].append((resource, gpu_type, int(value)))
         for scope, found in rows.items():
-            adm.limits[scope] = Limits.from_rows(found)
+            known.limits.setdefault(scope, Limits.from_rows(found))
+        return known
 
     def count(self, account_id: int, project_id: int, want: Usage) -> None:
-        adm = self.admission(account_id)
+        adm = self._admissions[account_id]
         for scope in (ACCOUNT_WIDE, project_id):
             adm.added[scope] = adm.added.get(scope, Usage()).plus(want)
 
@@ -314,42 +347,68 @@ class _Batch:
     def take(self, item: NewCluster) -> None:
         """Decide ``item`` and add its rows to the batch; raises GpuyardError (having
         added nothing) when the step must decide it."""
-        session, ctx, body, settings = self.session, item.ctx, item.body, item.ctx.settings
-        principal, now, gpu_count = item.principal, item.now, item.gpu_count
-        project_id = project_for_create(session, principal, body.project_id)
-        self.checked_image(ctx, body.docker_image)
+        project_id, gpu, key = self._checked(item)
+        row = self._new_row(item, project_id, gpu)
+        # The row as the step's helpers read a cluster (attributes).
+        cluster = SimpleNamespace(**row)
+        choice, assigned, ports, host = self._placed(item, cluster)
+        want = Usage(
+            gpus_by_type={row["gpu_type"]: item.gpu_count}
+            if row["gpu_type"] and item.gpu_count
+            else {},
+            vcpus=item.body.cpu_cores,
+            volume_gb=item.body.volume_gb,
+            running_clusters=1,
+        )
+        self.admit(item.principal.account_id, project_id, want)
+        rates = self._rates(item, cluster, gpu, host)
+        # Decided: from here on nothing refuses it.
+        self.claims.take(choice, assigned)
+        self.count(item.principal.account_id, project_id, want)
+        self._record(item, key, row, choice, ports, rates)
+
+    def _checked(self, item: NewCluster) -> tuple[int, GpuTypeInfo | None, _Key | None]:
+        """The step's checks before placement: the project, the image, ports and env,
+        the GPU type, the idempotency key."""
+        body, settings = item.body, item.ctx.settings
+        project_id = project_for_create(self.session, item.principal, body.project_id)
+        self.checked_image(item.ctx, body.docker_image)
         if body.ports:
             check_external_ports(body.ports, settings, "ports")
-        check_references(session, principal.account_id, body.env.values(), "env")
-        gpu = self.gpu_type(body.gpu_type) if gpu_count > 0 or body.gpu_type else None
-        key = None
-        if item.idempotency is not None:
-            claim = item.idempotency
-            key = (claim.account_id, claim.route, claim.key)
-            if key in self._keys_live or key in self._keys_taken:
-                raise ValidationFailed("Idempotency-Key", "decided one by one")
-        cluster_id = new_cluster_id()
-        row = _full_row(
+        check_references(self.session, item.principal.account_id, body.env.values(), "env")
+        gpu = self.gpu_type(body.gpu_type) if item.gpu_count > 0 or body.gpu_type else None
+        return project_id, gpu, self._key_of(item)
+
+    def _new_row(
+        self, item: NewCluster, project_id: int, gpu: GpuTypeInfo | None
+    ) -> dict[str, Any]:
+        """Every column of the new cluster as the step records it before placement."""
+        body, settings = item.body, item.ctx.settings
+        return _full_row(
             cluster_values(
-                cluster_id=cluster_id,
+                cluster_id=new_cluster_id(),
                 project_id=project_id,
                 body=body,
                 env=seal_env(secret_box(settings), body.env, body.secret_env) if body.env else {},
                 gpu=gpu,
-                gpu_count=gpu_count,
+                gpu_count=item.gpu_count,
                 volume_gb=body.volume_gb,
-                now=now,
+                now=item.now,
             )
         )
-        # The row as the step's helpers read a cluster (attributes).
-        cluster = SimpleNamespace(**row)
+
+    def _placed(
+        self, item: NewCluster, cluster: Any
+    ) -> tuple[Choice, dict[tuple[int, str], int], list[dict[str, Any]], HostFacts | None]:
+        """Its claim (not taken yet), host ports and the host's own checks."""
+        body, settings = item.body, item.ctx.settings
         choice = self.claims.choose(
-            cluster_id=cluster_id,
-            request=request_of(cluster, body.cloud_type),  # type: ignore[arg-type]
+            cluster_id=cluster.id,
+            request=request_of(cluster, body.cloud_type),
             volume_gb=body.volume_gb,
             ratios=settings.allocation_ratios,
             policy=settings.placement_policy,
-            now=now,
+            now=item.now,
         )
         host_id = choice.placement.host_id
         assigned = self.claims.ports(
@@ -360,28 +419,35 @@ class _Batch:
         )
         ports = with_host_ports(tuple(body.ports), assigned)
         host = self.claims.host(host_id)
-        refuse_host_of_new(host, host_id, ctx, ports)
-        want = Usage(
-            gpus_by_type={row["gpu_type"]: gpu_count} if row["gpu_type"] and gpu_count else {},
-            vcpus=body.cpu_cores,
-            volume_gb=body.volume_gb,
-            running_clusters=1,
-        )
-        self.admit(principal.account_id, project_id, want)
-        # Metering a new cluster (lifecycle.meter_status): nothing to close; an
-        # interval per billed meter from this second, unless its host is paused
-        # (lifecycle.billing_paused).
-        at = boundary(now)
-        rates: dict[str, int] = {}
-        if host is None or host.unreachable_since is None:
-            parts = cluster_rate(cluster, gpu, settings.prices, status=ClusterStatus.STARTING)  # type: ignore[arg-type]
-            rates = micro_rates(parts)
+        refuse_host_of_new(host, host_id, item.ctx, ports)
+        return choice, assigned, ports, host
+
+    @staticmethod
+    def _rates(
+        item: NewCluster, cluster: Any, gpu: GpuTypeInfo | None, host: HostFacts | None
+    ) -> dict[str, int]:
+        """Metering a new cluster (lifecycle.meter_status): nothing to close; a rate per
+        billed meter from this second, unless its host is paused
+        (lifecycle.billing_paused)."""
+        if host is not None and host.unreachable_since is not None:
+            return {}
+        prices = item.ctx.settings.prices
+        return micro_rates(cluster_rate(cluster, gpu, prices, status=ClusterStatus.STARTING))
+
+    def _record(
+        self,
+        item: NewCluster,
+        key: _Key | None,
+        row: dict[str, Any],
+        choice: Choice,
+        ports: list[dict[str, Any]],
+        rates: dict[str, int],
+    ) -> None:
+        """The taken create's rows: cluster, key, event, usage intervals."""
+        now, cluster_id, at = item.now, row["id"], boundary(item.now)
         open_rate = sum(rates.values())
-        # Decided: from here on nothing refuses it.
-        self.claims.take(choice, assigned)
-        self.count(principal.account_id, project_id, want)
         row.update(
-            host_id=host_id,
+            host_id=choice.placement.host_id,
             gpu_indices=list(choice.placement.gpu_indices),
             ports=ports,
             billed_closed=0,
@@ -417,7 +483,7 @@ class _Batch:
         self.intervals.extend(
             {
                 "cluster_id": cluster_id,
-                "project_id": project_id,
+                "project_id": row["project_id"],
                 "meter": meter,
                 "gpu_type": row["gpu_type"],
                 "rate_micro": rate,
@@ -432,9 +498,12 @@ class _Batch:
     def write(self) -> dict[str, Cluster]:
         """The taken creates' rows, one INSERT per table, in the order the step
         writes them (keys before anything is placed; clusters before their claims).
-        Returns the clusters as stored (ORM objects of this session), by id."""
+        Returns the clusters as stored (detached ORM objects, as if loaded), by id.
+        Core statements on the session's connection: no ORM bulk work per row."""
         session = self.session
-        expired = [k for k in self._keys_taken if k in self._keys_expired]
+        conn = session.connection()
+        # A stored row of a key taken was expired at its create's time: replaced.
+        expired = [k for k in self._keys_taken if k in self._keys_stored]
         if expired:
             session.execute(
                 delete(IdempotencyKey).where(
@@ -444,23 +513,18 @@ class _Batch:
                 )
             )
         if self.keys:
-            session.execute(insert(IdempotencyKey), self.keys)
+            insert_rows(conn, IdempotencyKey, self.keys)
         stored: dict[str, Cluster] = {}
         if self.clusters:
-            # Made by the insert itself, as if loaded: no object built attribute by
-            # attribute, none flushed again.
-            stored = {
-                c.id: c
-                for c in session.scalars(
-                    insert(Cluster).returning(Cluster, sort_by_parameter_order=True),
-                    self.clusters,
-                )
-            }
+            # Core rows, no RETURNING: the answers are built from the values written
+            # (every column's, defaults included: _full_row), as if loaded.
+            insert_rows(conn, Cluster, self.clusters)
+            stored = {row["id"]: _as_loaded(row) for row in self.clusters}
         self.claims.write()
         if self.events:
-            session.execute(insert(Event), self.events)
+            insert_rows(conn, Event, self.events)
         if self.intervals:
-            session.execute(insert(UsageInterval), self.intervals)
+            insert_rows(conn, UsageInterval, self.intervals)
         return stored
 
 

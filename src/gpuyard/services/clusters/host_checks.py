@@ -9,7 +9,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from gpuyard.core.errors import DiskNotEnforced, LimitsNotEnforced, PrivatePortsExposed
+from gpuyard.core.errors import (
+    DiskNotEnforced,
+    InsufficientCapacity,
+    LimitsNotEnforced,
+    PrivatePortsExposed,
+)
 from gpuyard.core.network.proxy import private_on_loopback, proxy_only_ports
 from gpuyard.services.capacity.batch_claims import HostFacts
 from gpuyard.services.context import Context
@@ -82,7 +87,10 @@ def refuse_host_of_new(
     host: HostFacts | None, host_id: int, ctx: Context, ports: list[dict[str, Any]]
 ) -> None:
     """All three checks of a new cluster on ``host`` (the row, as the caller holds it),
-    in the order a create makes them."""
+    in the order a create makes them. No row (a host the caller did not read, or one
+    gone) refuses: nothing is known that could let the cluster on."""
+    if host is None:
+        raise InsufficientCapacity("the cluster's host is gone", {"host_id": host_id})
     _limits(host, host_id, ctx)
     _disk(host, host_id, ctx)
     _private_ports(host, host_id, ctx, ports)

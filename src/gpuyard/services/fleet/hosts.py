@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, and_, bindparam, func, select, true
 from sqlalchemy.orm import InstrumentedAttribute, Session
@@ -223,34 +224,49 @@ def _used(column: Any, host: Any) -> Any:
     )
 
 
-# Prebuilt (a claim runs them every time): a few hosts with their use summed per host,
-# and their GPUs with whether each is held.
-_FEW_HOSTS = select(
-    Host.id,
-    Host.cloud_type,
-    Host.vcpus,
-    Host.memory_gb,
-    Host.disk_gb,
-    Host.location,
-    Host.status,
-    Host.healthy,
-    Host.cuda_version,
-    _used(Reservation.vcpus, Host.id).label("used_vcpus"),
-    _used(Reservation.memory_gb, Host.id).label("used_memory_gb"),
-    _used(Reservation.container_disk_gb + Reservation.volume_gb, Host.id).label("used_disk_gb"),
-    select(func.coalesce(func.sum(VolumeMove.volume_gb), 0))
-    .where(VolumeMove.from_host_id == Host.id, VolumeMove.status.in_(MOVES_IN_FLIGHT))
-    .scalar_subquery()
-    .label("moving_gb"),
-).where(Host.id.in_(bindparam("ids", expanding=True)))
-_FEW_GPUS = (
+# Prebuilt (a claim runs it every time): a few hosts with their use summed per host,
+# joined to their GPUs with whether each is held (a row a GPU; one for a host without).
+_FEW_HOSTS = (
     select(
-        HostGpu.host_id,
-        HostGpu.gpu_index,
-        HostGpu.gpu_type,
-        HostGpu.uuid,
-        GpuAllocation.gpu_index.is_not(None).label("held"),
+        Host.id,
+        Host.cloud_type,
+        Host.vcpus,
+        Host.memory_gb,
+        Host.disk_gb,
+        Host.location,
+        Host.status,
+        Host.healthy,
+        Host.cuda_version,
+        # What a new cluster's own checks read of its host (HostFacts).
+        Host.name,
+        Host.enforces_limits,
+        Host.limits_note,
+        Host.enforces_disk,
+        Host.disk_note,
+        Host.is_local,
+        Host.engine_url,
+        Host.unreachable_since,
+        _used(Reservation.vcpus, Host.id).label("used_vcpus"),
+        _used(Reservation.memory_gb, Host.id).label("used_memory_gb"),
+        _used(Reservation.container_disk_gb + Reservation.volume_gb, Host.id).label("used_disk_gb"),
+        select(func.coalesce(func.sum(VolumeMove.volume_gb), 0))
+        .where(VolumeMove.from_host_id == Host.id, VolumeMove.status.in_(MOVES_IN_FLIGHT))
+        .scalar_subquery()
+        .label("moving_gb"),
     )
+    .where(Host.id.in_(bindparam("ids", expanding=True)))
+    .subquery("h")
+)
+_FEW = (
+    select(
+        _FEW_HOSTS,
+        HostGpu.gpu_index.label("gpu_index"),
+        HostGpu.gpu_type.label("gpu_type"),
+        HostGpu.uuid.label("gpu_uuid"),
+        GpuAllocation.gpu_index.is_not(None).label("gpu_held"),
+    )
+    .select_from(_FEW_HOSTS)
+    .outerjoin(HostGpu, HostGpu.host_id == _FEW_HOSTS.c.id)
     .outerjoin(
         GpuAllocation,
         and_(
@@ -258,40 +274,65 @@ _FEW_GPUS = (
             GpuAllocation.gpu_index == HostGpu.gpu_index,
         ),
     )
-    .where(HostGpu.host_id.in_(bindparam("ids", expanding=True)))
-    .order_by(HostGpu.gpu_index)
+    .order_by(_FEW_HOSTS.c.id, HostGpu.gpu_index)
 )
 
 
-def _few_capacities(session: Session, host_ids: list[int]) -> list[HostCapacity]:
-    """capacities() of the hosts ``host_ids``, in that order, in two statements."""
+class HostRow(Protocol):
+    """A row of exact_hosts: the host's columns (HostFacts' among them)."""
+
+    id: int
+    name: str
+    enforces_limits: bool
+    limits_note: str | None
+    enforces_disk: bool
+    disk_note: str | None
+    is_local: bool
+    engine_url: str | None
+    unreachable_since: datetime | None
+
+
+def exact_hosts(session: Session, host_ids: list[int]) -> list[tuple[HostCapacity, HostRow]]:
+    """capacities() of the hosts ``host_ids``, in that order, each with its row (the
+    columns a new cluster's host checks read), in one statement."""
     if not host_ids:
         return []
-    rows = {r.id: r for r in session.execute(_FEW_HOSTS, {"ids": host_ids})}
+    rows: dict[int, Any] = {}
     gpus: dict[int, list[HostGpuInfo]] = defaultdict(list)
     held: dict[int, set[int]] = defaultdict(set)
-    for host_id, index, gpu_type, uuid, taken in session.execute(_FEW_GPUS, {"ids": host_ids}):
-        gpus[host_id].append(HostGpuInfo(index=index, gpu_type=gpu_type, uuid=uuid))
-        if taken:
-            held[host_id].add(index)
+    for r in session.execute(_FEW, {"ids": host_ids}):
+        rows.setdefault(r.id, r)
+        if r.gpu_index is None:
+            continue
+        gpus[r.id].append(HostGpuInfo(index=r.gpu_index, gpu_type=r.gpu_type, uuid=r.gpu_uuid))
+        if r.gpu_held:
+            held[r.id].add(r.gpu_index)
     return [
-        HostCapacity(
-            host_id=h.id,
-            cloud_type=CloudType(h.cloud_type),
-            vcpus=h.vcpus,
-            memory_gb=h.memory_gb,
-            disk_gb=h.disk_gb,
-            gpus=tuple(gpus[h.id]),
-            used_vcpus=float(h.used_vcpus),
-            used_memory_gb=float(h.used_memory_gb),
-            used_disk_gb=float(h.used_disk_gb) + float(h.moving_gb),
-            used_gpu_indices=frozenset(held[h.id]),
-            location=h.location,
-            takes_placements=takes_placements(h.status, h.healthy),
-            cuda_version=h.cuda_version,
+        (
+            HostCapacity(
+                host_id=h.id,
+                cloud_type=CloudType(h.cloud_type),
+                vcpus=h.vcpus,
+                memory_gb=h.memory_gb,
+                disk_gb=h.disk_gb,
+                gpus=tuple(gpus[h.id]),
+                used_vcpus=float(h.used_vcpus),
+                used_memory_gb=float(h.used_memory_gb),
+                used_disk_gb=float(h.used_disk_gb) + float(h.moving_gb),
+                used_gpu_indices=frozenset(held[h.id]),
+                location=h.location,
+                takes_placements=takes_placements(h.status, h.healthy),
+                cuda_version=h.cuda_version,
+            ),
+            h,
         )
         for h in (rows[i] for i in host_ids if i in rows)
     ]
+
+
+def _few_capacities(session: Session, host_ids: list[int]) -> list[HostCapacity]:
+    """capacities() of the hosts ``host_ids``, in that order, in one statement."""
+    return [cap for cap, _ in exact_hosts(session, host_ids)]
 
 
 def gpu_uuids(session: Session, host_id: int, indices: list[int]) -> tuple[str, ...]:
