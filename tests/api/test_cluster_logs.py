@@ -349,7 +349,7 @@ def test_no_api_key_in_the_server_log_or_the_lines(
 
 
 def test_openapi_documents_json_and_event_stream(srv: LiveServer) -> None:
-    doc = httpx.get(srv.url + "/openapi.json").json()
+    doc = httpx.get(srv.url + "/openapi.json", timeout=60).json()
     op = doc["paths"]["/v1/clusters/{cluster_id}/logs"]["get"]
     content = op["responses"]["200"]["content"]
     assert {"application/json", "text/event-stream"} <= set(content)

@@ -244,4 +244,4 @@ def test_metrics_are_per_server(tmp_path: Path) -> None:
 
 
 def test_metrics_not_in_openapi(srv: LiveServer) -> None:
-    assert "/metrics" not in httpx.get(srv.url + "/openapi.json").json()["paths"]
+    assert "/metrics" not in httpx.get(srv.url + "/openapi.json", timeout=60).json()["paths"]

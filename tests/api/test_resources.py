@@ -725,7 +725,7 @@ def test_security_groups_isolation_and_attached_delete(srv: LiveServer) -> None:
 
 
 def test_openapi_documents_the_resource_endpoints(srv: LiveServer) -> None:
-    spec = httpx.get(srv.url + "/openapi.json").json()
+    spec = httpx.get(srv.url + "/openapi.json", timeout=60).json()
     for path, method, model in (
         ("/v1/projects", "get", "ProjectListEnvelope"),
         ("/v1/projects", "post", "ProjectEnvelope"),

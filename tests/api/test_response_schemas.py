@@ -37,6 +37,6 @@ def test_cluster_responses_match_their_schemas(srv: LiveServer) -> None:
         assert srv.server.reconciler.wait_idle(10)
         schemas.ClusterEnvelope.model_validate(c.delete(f"/v1/clusters/{cid}").json())
 
-    spec = httpx.get(srv.url + "/openapi.json").json()
+    spec = httpx.get(srv.url + "/openapi.json", timeout=60).json()
     get_one = spec["paths"]["/v1/clusters/{cluster_id}"]["get"]["responses"]["200"]
     assert get_one["content"]["application/json"]["schema"]["$ref"].endswith("ClusterEnvelope")

@@ -147,7 +147,7 @@ def test_state_capacity_snapshot_and_isolation(srv: LiveServer) -> None:
 
 
 def test_openapi_lists_the_endpoints(srv: LiveServer) -> None:
-    spec = httpx.get(srv.url + "/openapi.json").json()
+    spec = httpx.get(srv.url + "/openapi.json", timeout=60).json()
     for path in (
         "/v1/clusters",
         "/v1/clusters/{cluster_id}/start",
