@@ -168,13 +168,12 @@ def fast_form(
 def _full_row(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with every other column of ``clusters`` at its default, as an ORM
     insert would store it (every column default here is Python-side)."""
-    row = with_defaults(_TABLE, values)
-    for key in _TABLE.columns.keys():  # noqa: SIM118 (the column keys, not names)
-        row.setdefault(key, None)
-    return row
+    return {**_NULLS, **with_defaults(_TABLE, values)}
 
 
 _TABLE = table_of(Cluster)
+# Every column of clusters, None: what one without a default stores when not given.
+_NULLS: dict[str, Any] = dict.fromkeys(_TABLE.columns.keys())
 _CLUSTERS = Cluster.__mapper__.class_manager
 
 
