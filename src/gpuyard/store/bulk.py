@@ -34,19 +34,29 @@ def table_of(mapped: type[Any]) -> Table:
 def with_defaults(table: Table, values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with every other column of ``table`` that has a Python-side default
     at that default, as an insert of ``values`` alone would store it."""
-    row = dict(values)
+    scalars, callables = _defaults(table)
+    row = {**scalars, **values}
+    for key, make in callables:
+        if key not in values:
+            row[key] = make(None)
+    return row
+
+
+@lru_cache(maxsize=64)
+def _defaults(table: Table) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
+    """``table``'s Python-side column defaults: the values, and the functions."""
+    scalars: dict[str, Any] = {}
+    callables: list[tuple[str, Any]] = []
     for col in table.columns:
-        if col.key in row or col.default is None:
-            continue
         default = col.default
-        if getattr(default, "is_sequence", False):
+        if default is None or getattr(default, "is_sequence", False):
             continue
         arg = getattr(default, "arg", None)
         if getattr(default, "is_callable", False):
-            row[col.key] = arg(None)  # type: ignore[misc]
+            callables.append((col.key, arg))
         elif getattr(default, "is_scalar", False):
-            row[col.key] = arg
-    return row
+            scalars[col.key] = arg
+    return scalars, tuple(callables)
 
 
 def insert_rows(conn: Connection, mapped: type[Any], rows: Sequence[Mapping[str, Any]]) -> None:

@@ -36,8 +36,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import and_, delete, select, tuple_
-from sqlalchemy.orm import Session, make_transient_to_detached
-from sqlalchemy.orm.attributes import instance_dict
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import instance_dict, instance_state
 
 from gpuyard.core.billing.ledger import boundary, micro_rates
 from gpuyard.core.billing.quotas import Limits, Usage, first_breach
@@ -168,22 +168,24 @@ def fast_form(
 def _full_row(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with every other column of ``clusters`` at its default, as an ORM
     insert would store it (every column default here is Python-side)."""
-    row = with_defaults(_TABLE, values)
-    for key in _TABLE.columns.keys():  # noqa: SIM118 (the column keys, not names)
-        row.setdefault(key, None)
-    return row
+    return {**_NULLS, **with_defaults(_TABLE, values)}
 
 
 _TABLE = table_of(Cluster)
-_CLUSTERS = Cluster.__mapper__.class_manager
+# Every column of clusters, None: what one without a default stores when not given.
+_NULLS: dict[str, Any] = dict.fromkeys(_TABLE.columns.keys())
+_MAPPER = Cluster.__mapper__
+_CLUSTERS = _MAPPER.class_manager
 
 
 def _as_loaded(row: Mapping[str, Any]) -> Cluster:
     """A Cluster holding ``row``'s values as if loaded from the row written: detached,
-    its identity set, nothing pending (no attribute set one by one, none flushed)."""
+    its identity set, nothing pending (no attribute set one by one, none flushed).
+    What make_transient_to_detached does, less its walk over the attributes: every
+    column is in the object's dict and none has a pending change."""
     cluster: Cluster = _CLUSTERS.new_instance()
     instance_dict(cluster).update(row)
-    make_transient_to_detached(cluster)
+    instance_state(cluster).key = _MAPPER.identity_key_from_primary_key((row["id"],))
     return cluster
 
 
