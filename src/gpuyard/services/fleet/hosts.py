@@ -121,6 +121,20 @@ def sync_host_gpus(session: Session, host: Host, gpus: Sequence[HostGpuInfo]) ->
 MOVES_IN_FLIGHT = ("copying", "copied")
 
 
+# What placement reads of a host's own figures (the few hosts' read adds the rest).
+_HOST_FIGURES = (
+    Host.id,
+    Host.cloud_type,
+    Host.vcpus,
+    Host.memory_gb,
+    Host.disk_gb,
+    Host.location,
+    Host.status,
+    Host.healthy,
+    Host.cuda_version,
+)
+
+
 def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[HostCapacity]:
     """Hosts with what their allocations, reservations and in-flight volume moves (the
     source's copy) already use: the hosts ``host_ids`` in that order, whatever their
@@ -132,22 +146,11 @@ def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[
     if host_ids is not None:
         return _few_capacities(session, list(host_ids))
     # Columns, not ORM objects: a claim reads a few hosts, the catalog thousands.
-    q = select(
-        Host.id,
-        Host.cloud_type,
-        Host.vcpus,
-        Host.memory_gb,
-        Host.disk_gb,
-        Host.location,
-        Host.status,
-        Host.healthy,
-        Host.cuda_version,
+    q = (
+        select(*_HOST_FIGURES)
+        .where(Host.healthy.is_(True), Host.status == HostStatus.ACTIVE.value)
+        .order_by(Host.id)
     )
-    if host_ids is None:
-        q = q.where(Host.healthy.is_(True), Host.status == HostStatus.ACTIVE.value)
-        q = q.order_by(Host.id)
-    else:
-        q = q.where(Host.id.in_(list(host_ids)))
     hosts = list(session.execute(q))
     if host_ids is not None:
         order = {host_id: i for i, host_id in enumerate(host_ids)}
@@ -228,15 +231,7 @@ def _used(column: Any, host: Any) -> Any:
 # joined to their GPUs with whether each is held (a row a GPU; one for a host without).
 _FEW_HOSTS = (
     select(
-        Host.id,
-        Host.cloud_type,
-        Host.vcpus,
-        Host.memory_gb,
-        Host.disk_gb,
-        Host.location,
-        Host.status,
-        Host.healthy,
-        Host.cuda_version,
+        *_HOST_FIGURES,
         # What a new cluster's own checks read of its host (HostFacts).
         Host.name,
         Host.enforces_limits,
