@@ -306,7 +306,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 def routes(srv: LiveServer) -> list[tuple[str, str]]:
-    doc = httpx.get(f"{srv.url}/openapi.json").json()
+    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60).json()
     return [(m.upper(), p) for p, ops in doc["paths"].items() for m in ops]
 
 

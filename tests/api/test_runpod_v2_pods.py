@@ -428,7 +428,7 @@ def test_logs_stream_as_server_sent_events(srv: LiveServer, fake_runtime: FakeRu
 
 
 def test_the_routes_are_in_openapi_with_problem_errors(srv: LiveServer) -> None:
-    doc = httpx.get(f"{srv.url}/openapi.json").json()
+    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60).json()
     for method, path in (*ROUTES, ("GET", f"{V2}/pods"), ("POST", f"{V2}/pods")):
         op = doc["paths"][path][method.lower()]
         assert op["tags"] == ["runpod-v2"]

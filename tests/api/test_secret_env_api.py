@@ -113,6 +113,6 @@ def test_malformed_secret_objects_are_400(srv: LiveServer) -> None:
 
 
 def test_openapi_documents_the_secret_form(srv: LiveServer) -> None:
-    doc = httpx.get(f"{srv.url}/openapi.json").json()
+    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60).json()
     text = str(doc["components"]["schemas"]["CreateCluster"]["properties"]["env"])
     assert "'secret'" in text and "'boolean'" in text
