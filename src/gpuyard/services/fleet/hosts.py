@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -200,23 +200,42 @@ def capacities(session: Session, host_ids: Sequence[int] | None = None) -> list[
     for h in hosts:
         u = used.get(h.id)
         out.append(
-            HostCapacity(
-                host_id=h.id,
-                cloud_type=CloudType(h.cloud_type),
-                vcpus=h.vcpus,
-                memory_gb=h.memory_gb,
-                disk_gb=h.disk_gb,
-                gpus=tuple(gpus[h.id]),
-                used_vcpus=float(u.vcpus or 0) if u else 0.0,
-                used_memory_gb=float(u.memory_gb or 0) if u else 0.0,
-                used_disk_gb=(float(u.disk_gb or 0) if u else 0.0) + moving.get(h.id, 0.0),
-                used_gpu_indices=frozenset(used_gpus[h.id]),
-                location=h.location,
-                takes_placements=takes_placements(h.status, h.healthy),
-                cuda_version=h.cuda_version,
+            _capacity(
+                h,
+                gpus[h.id],
+                float(u.vcpus or 0) if u else 0.0,
+                float(u.memory_gb or 0) if u else 0.0,
+                (float(u.disk_gb or 0) if u else 0.0) + moving.get(h.id, 0.0),
+                used_gpus[h.id],
             )
         )
     return out
+
+
+def _capacity(
+    h: Any,
+    gpus: list[HostGpuInfo],
+    used_vcpus: float,
+    used_memory_gb: float,
+    used_disk_gb: float,
+    held: Iterable[int],
+) -> HostCapacity:
+    """A host row's capacity with what is used of it."""
+    return HostCapacity(
+        host_id=h.id,
+        cloud_type=CloudType(h.cloud_type),
+        vcpus=h.vcpus,
+        memory_gb=h.memory_gb,
+        disk_gb=h.disk_gb,
+        gpus=tuple(gpus),
+        used_vcpus=used_vcpus,
+        used_memory_gb=used_memory_gb,
+        used_disk_gb=used_disk_gb,
+        used_gpu_indices=frozenset(held),
+        location=h.location,
+        takes_placements=takes_placements(h.status, h.healthy),
+        cuda_version=h.cuda_version,
+    )
 
 
 def _used(column: Any, host: Any) -> Any:
@@ -304,20 +323,13 @@ def exact_hosts(session: Session, host_ids: list[int]) -> list[tuple[HostCapacit
             held[r.id].add(r.gpu_index)
     return [
         (
-            HostCapacity(
-                host_id=h.id,
-                cloud_type=CloudType(h.cloud_type),
-                vcpus=h.vcpus,
-                memory_gb=h.memory_gb,
-                disk_gb=h.disk_gb,
-                gpus=tuple(gpus[h.id]),
-                used_vcpus=float(h.used_vcpus),
-                used_memory_gb=float(h.used_memory_gb),
-                used_disk_gb=float(h.used_disk_gb) + float(h.moving_gb),
-                used_gpu_indices=frozenset(held[h.id]),
-                location=h.location,
-                takes_placements=takes_placements(h.status, h.healthy),
-                cuda_version=h.cuda_version,
+            _capacity(
+                h,
+                gpus[h.id],
+                float(h.used_vcpus),
+                float(h.used_memory_gb),
+                float(h.used_disk_gb) + float(h.moving_gb),
+                held[h.id],
             ),
             h,
         )
