@@ -56,6 +56,7 @@ from gpuyard.storage.rest_objects import (
     Refused,
     Target,
     object_path,
+    open_object,
     parse_path,
 )
 
@@ -195,11 +196,11 @@ class Handler(BaseHTTPRequestHandler):
                 raise Refused(404, "not found")
             self._answer(200, data, body=method == "GET")
             return
-        path = object_path(self.state.root, target)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = open_object(self.state.root, target)
         except OSError as exc:
-            # Missing, or a symlink planted in the repository (ELOOP): not an object.
+            # Missing, or a symlink planted in the repository for the object or for a
+            # directory above it (ELOOP, ENOTDIR): not an object.
             if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
                 raise Refused(404, "not found") from None
             raise

@@ -162,11 +162,14 @@ class DockerEngineRuntime:
         network_in_use_grace_s: float = NETWORK_IN_USE_GRACE_S,
         client: Any = None,
         volume_images: VolumeImages | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``client``: an SDK client to use instead of connecting to ``base_url``
         (tests inject a stand-in engine). ``volume_images``: how sized volumes are made
-        on the engine's host (see Engine)."""
+        on the engine's host (see Engine). ``clock``: monotonic seconds, for what this
+        runtime remembers for a while (images and networks seen, networks in use)."""
         self.network_in_use_grace_s = network_in_use_grace_s
+        self._clock = clock
         self.engine = Engine(
             base_url,
             timeout_s,
@@ -250,7 +253,7 @@ class DockerEngineRuntime:
 
     def _saw_image(self, image: str) -> None:
         with self._lock:
-            self._images_seen[image] = time.monotonic() + IMAGE_PRESENT_TTL_S
+            self._images_seen[image] = self._clock() + IMAGE_PRESENT_TTL_S
 
     def local_images(self) -> list[str]:
         with self.engine.errors("listing images"):
@@ -281,7 +284,7 @@ class DockerEngineRuntime:
             fresh = fresh and not parse_image_ref(image).local_only
         if not fresh:
             with self._lock:
-                if self._images_seen.get(image, 0.0) > time.monotonic():
+                if self._images_seen.get(image, 0.0) > self._clock():
                     return
             with self.engine.errors(f"inspecting image {image}"):
                 try:
@@ -361,12 +364,12 @@ class DockerEngineRuntime:
         cache. Raises RuntimeFailure (NotOurs for a network of that name not ours)."""
         name = self.engine.owner.account_network(account_id)
         with self._lock:
-            self._networks_used[name] = time.monotonic()
-            if not fresh and self._networks_seen.get(name, 0.0) > time.monotonic():
+            self._networks_used[name] = self._clock()
+            if not fresh and self._networks_seen.get(name, 0.0) > self._clock():
                 return name
         self.engine.ensure_network(name, {LABEL_ACCOUNT: str(account_id)})
         with self._lock:
-            self._networks_seen[name] = time.monotonic() + NETWORK_PRESENT_TTL_S
+            self._networks_seen[name] = self._clock() + NETWORK_PRESENT_TTL_S
         return name
 
     def create(self, spec: ContainerSpec) -> str:
@@ -637,7 +640,7 @@ class DockerEngineRuntime:
     def _network_recently_used(self, name: str) -> bool:
         with self._lock:
             used = self._networks_used.get(name)
-            if used is not None and time.monotonic() - used >= self.network_in_use_grace_s:
+            if used is not None and self._clock() - used >= self.network_in_use_grace_s:
                 del self._networks_used[name]
                 used = None
         return used is not None
