@@ -301,7 +301,18 @@ def test_cluster_lifecycle_on_real_containers(
         assert env["CUDA_VISIBLE_DEVICES"] == "0,1" == env["NVIDIA_VISIBLE_DEVICES"]
         assert container.labels["gpuyard.cluster_id"] == cid
         assert container.labels[LABEL_INSTALLATION] == server.installation.installation_id
-        assert f"host: {cid}" in http_get(f"http://127.0.0.1:{port}/")
+        try:
+            answer = http_get(f"http://127.0.0.1:{port}/", timeout=30)
+        except OSError as exc:
+            container.reload()
+            ss = subprocess.run(["ss", "-H", "-l", "-n", "-t"], capture_output=True, text=True)
+            pytest.fail(
+                f"port {port}: {exc}; container {container.attrs['State']}, ports "
+                f"{container.attrs['NetworkSettings']['Ports']}; listening: "
+                f"{[line for line in ss.stdout.splitlines() if f':{port} ' in line]}; "
+                f"server log: {server.log_tail()}"
+            )
+        assert f"host: {cid}" in answer
 
         write = "echo kept > /workspace/kept.txt; echo gone > /root/scratch"
         assert sh(engine, server, cid, write)[0] == 0

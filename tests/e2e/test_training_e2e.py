@@ -23,6 +23,7 @@ import pytest
 
 from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image, derive_image
 from tests.e2e.test_server_e2e import ServerProcess
+from tests.e2e.training_fleet import node_containers
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.e2e
@@ -347,7 +348,6 @@ def test_training_cluster_end_to_end(
 
         # A suspended account's cluster is stopped: no node container runs (nothing is
         # billed); the queue survives, and restart_cluster brings it back once resumed.
-        label = f"gpuyard.training_cluster_id={cid}"
         listed = c.get("/v1/accounts").json()["data"]
         aid = (listed if isinstance(listed, list) else listed["accounts"])[0]["id"]
         r = c.patch(f"/v1/accounts/{aid}", json={"status": "suspended", "reason": "e2e"})
@@ -357,7 +357,7 @@ def test_training_cluster_end_to_end(
             120,
             "stopped",
         )
-        assert engine.containers.list(all=True, filters={"label": label}) == []
+        assert node_containers(engine, server.installation, cid) == []
         assert not connect("127.0.0.1", port)
         assert c.patch(f"/v1/accounts/{aid}", json={"status": "active"}).status_code == 200
         act(c, cid, params, action="restart_cluster")
@@ -383,7 +383,7 @@ def test_training_cluster_end_to_end(
         # DELETE leaves nothing behind.
         assert c.delete(f"{BASE}{cid}/", params=params).status_code == 200
         until(lambda: c.get(f"{BASE}{cid}/", params=params).status_code == 404, 120, "cluster gone")
-        assert engine.containers.list(all=True, filters={"label": label}) == []
+        assert node_containers(engine, server.installation, cid) == []
         assert not [n for n in engine.networks.list() if n.name.startswith(prefix)]
         assert not [v for v in engine.volumes.list() if v.name.startswith(prefix)]
         assert not connect("127.0.0.1", port)
@@ -475,8 +475,7 @@ def test_a_killed_worker_comes_back_and_a_job_on_the_other_runs_on(
 
         assert c.delete(f"{BASE}{cid}/", params=params).status_code == 200
         until(lambda: c.get(f"{BASE}{cid}/", params=params).status_code == 404, 120, "gone")
-        label = f"gpuyard.training_cluster_id={cid}"
-        assert engine.containers.list(all=True, filters={"label": label}) == []
+        assert node_containers(engine, server.installation, cid) == []
     engine.close()
 
 

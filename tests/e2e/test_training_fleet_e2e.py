@@ -24,10 +24,10 @@ from gpuyard.runtimes.slurm.image import SLURM_IMAGE
 from tests.e2e.podman_host import HOSTS_HOW, available
 from tests.e2e.training_fleet import (
     BASE,
-    LABEL_TRAINING,
     TrainingFleet,
     create_training,
     detail,
+    node_containers,
     scope_of,
     training_fleet,
     wait,
@@ -74,8 +74,7 @@ def test_a_training_cluster_on_a_remote_host_runs_there_only(
         try:
             assert host_image["Id"] == here.api.inspect_image(SLURM_IMAGE)["Id"]
             # No node of the cluster on this machine's engine.
-            mine = {"label": f"{LABEL_TRAINING}={cid}"}
-            assert here.containers.list(all=True, filters=mine) == []
+            assert node_containers(here, remote.server.server.ctx.ownership, cid) == []
         finally:
             here.close()
         prefix = remote.server.server.ctx.ownership.training_prefix(cid)

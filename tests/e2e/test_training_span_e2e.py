@@ -27,9 +27,9 @@ from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.podman_host import HOSTS_HOW, available
 from tests.e2e.training_fleet import (
     BASE,
-    LABEL_TRAINING,
     TrainingFleet,
     create_training,
+    node_containers,
     scope_of,
     training_fleet,
     wait,
@@ -84,9 +84,7 @@ def test_a_cluster_spans_three_hosts_with_one_private_network(span: Span, engine
             assert span.labelled(host_id, cid) == {n for n, (h, _) in nodes.items() if h == host_id}
         here = docker.DockerClient(base_url=engine_url)
         try:
-            assert (
-                here.containers.list(all=True, filters={"label": f"{LABEL_TRAINING}={cid}"}) == []
-            )
+            assert node_containers(here, span.server.server.ctx.ownership, cid) == []
         finally:
             here.close()
 

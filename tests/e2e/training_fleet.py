@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
 from gpuyard.api.engine_server import training_operator_factory
+from gpuyard.core.ownership import Ownership
 from gpuyard.runtimes.engines.engine import EnginePolicy
 from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.runtimes.hosts.runtimes import host_runtime_factory
@@ -29,6 +31,18 @@ A6000 = "NVIDIA RTX A6000"
 BASE = "/distributed_jobs_v2/cluster/"
 LABEL_TRAINING = "gpuyard.training_cluster_id"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGe4tciPtcKsqalQ5MYQNCKBAGbS1rO94qvBwyD7hpHy k1"
+
+
+def node_containers(engine: docker.DockerClient, owner: Ownership, cid: int) -> list[str]:
+    """The containers of training cluster ``cid`` of installation ``owner`` on
+    ``engine``, as ``name (state)``. Scoped by the installation: training cluster ids
+    count from 1 in every installation, and another one may share the engine."""
+    labels = [owner.label_filter(), f"{LABEL_TRAINING}={cid}"]
+    return [
+        f"{ct.name} ({ct.status})"
+        for ct in engine.containers.list(all=True, filters={"label": labels})
+        if owner.owns(ct.labels)
+    ]
 
 
 def wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
