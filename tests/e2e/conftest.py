@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -86,15 +87,24 @@ def purge_installation(engine_url: str, installation_id: str) -> list[str]:
     removed: list[str] = []
     client = docker.DockerClient(base_url=engine_url)
     try:
-        for container in client.containers.list(all=True, filters={"label": wanted}):
-            if ours(container.labels):
+        # A removal the server began (it was stopped meanwhile) may still be under way,
+        # or have been cut off with the server's connection: asked again until the
+        # engine lists none, so no test after this one meets them.
+        deadline = time.monotonic() + 60
+        while left := [
+            c for c in client.containers.list(all=True, filters={"label": wanted}) if ours(c.labels)
+        ]:
+            for container in left:
                 try:
                     container.remove(force=True, v=True)
                 except docker.errors.APIError as e:
-                    # A removal the server began: gone, or going.
                     if not vanished_mid_removal(e) and "already in progress" not in str(e):
                         raise
-                removed.append(container.name)
+                if container.name not in removed:
+                    removed.append(container.name)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"containers of {installation_id} stay: {left}")
+            time.sleep(0.2)
         for volume in client.volumes.list(filters={"label": wanted}):
             if ours(volume.attrs.get("Labels")):
                 with contextlib.suppress(docker.errors.NotFound):
