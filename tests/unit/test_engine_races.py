@@ -87,3 +87,44 @@ def test_stopping_a_container_that_is_being_removed_is_done() -> None:
     api = RacingApi({})
     engine_with(api).stop_container("gy-x", 5)  # no error: it is gone, as asked
     assert api.stopped == ["gy-x"]
+
+
+class RemovingApi:
+    """The SDK's low-level client, answering each removal with the next of ``answers``
+    (None: removed; an exception is raised; the last answer repeats)."""
+
+    def __init__(self, *answers: Exception | None) -> None:
+        self.answers = list(answers)
+        self.removals = 0
+
+    def remove_container(self, name: str, v: bool, force: bool) -> None:
+        self.removals += 1
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if answer is not None:
+            raise answer
+
+
+IN_PROGRESS = "container 1133c9 is being removed: removal already in progress"
+
+
+def test_a_removal_another_caller_began_is_waited_for_until_the_container_is_gone() -> None:
+    # The other removal ends; ours is then told the container is gone.
+    api = RemovingApi(api_error(500, IN_PROGRESS), api_error(500, IN_PROGRESS), api_error(404, "x"))
+    engine = Engine(None, owner=Ownership.new(), client=SimpleNamespace(api=api))
+    engine.remove_container("gy-x", checked=True)
+    assert api.removals == 3
+
+
+def test_a_removal_another_caller_began_and_failed_is_done_again() -> None:
+    api = RemovingApi(api_error(500, IN_PROGRESS), None)
+    engine = Engine(None, owner=Ownership.new(), client=SimpleNamespace(api=api))
+    engine.remove_container("gy-x", checked=True)
+    assert api.removals == 2
+
+
+def test_a_removal_that_stays_in_progress_is_a_failure() -> None:
+    api = RemovingApi(api_error(500, IN_PROGRESS))
+    engine = Engine(None, owner=Ownership.new(), client=SimpleNamespace(api=api))
+    engine.removal_wait_s = 0.3
+    with pytest.raises(RuntimeFailure):
+        engine.remove_container("gy-x", checked=True)

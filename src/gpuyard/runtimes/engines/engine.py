@@ -52,6 +52,8 @@ FIREWALL_RETRY_S = 60.0
 # How long a container Podman says is being removed is asked about again before the
 # answer counts as a failure (a removal takes well under a second).
 VANISH_CONFIRM_S = 2.0
+# How long a removal waits for another caller's removal of the same container to end.
+REMOVAL_WAIT_S = 60.0
 
 # The Docker network option that names a bridge network's interface (Podman's compat
 # API honours it too).
@@ -190,6 +192,7 @@ class Engine:
         self._client_lock = threading.Lock()
         self._client_obj: Any = client
         self.vanish_confirm_s = VANISH_CONFIRM_S
+        self.removal_wait_s = REMOVAL_WAIT_S
         self._is_podman: bool | None = None
         self._lock = threading.Lock()
         # Why the engine cannot apply limits (None: it can, as far as known). Kept for
@@ -432,14 +435,22 @@ class Engine:
         verified it is ours. Idempotent."""
         if not checked and self.inspect_container(name) is None:
             return
+        deadline = time.monotonic() + self.removal_wait_s
         with self.errors(f"removing container {name}"):
-            try:
-                # v=True drops anonymous volumes an image declares; named ones stay.
-                self.api.remove_container(name, v=True, force=True)
-            except docker.errors.APIError as e:
-                # Gone, or another caller is already removing it: the outcome is the same.
-                if not vanished_mid_removal(e) and "already in progress" not in reason(e):
-                    raise
+            while True:
+                try:
+                    # v=True drops anonymous volumes an image declares; named ones stay.
+                    self.api.remove_container(name, v=True, force=True)
+                    return
+                except docker.errors.APIError as e:
+                    if vanished_mid_removal(e):
+                        return
+                    # Another caller is removing it. Gone only once the engine says so:
+                    # a caller releases the container's GPUs when this returns, and
+                    # that other removal may yet fail. Asked again until it is over.
+                    if "already in progress" not in reason(e) or time.monotonic() > deadline:
+                        raise
+                time.sleep(0.1)
 
     def list_containers(self, *label_filters: str) -> list[dict[str, Any]]:
         """Our containers (any state) that also match every ``label_filters`` entry
