@@ -28,6 +28,7 @@ from gpuyard.edge.caddy import CaddyProcess
 from gpuyard.edge.proxy_resolver import ResolverProcess
 from gpuyard.runtimes.engines.exec_output import run_keeping_output
 from tests.e2e.conftest import DEV_IMAGE, purge_installation
+from tests.e2e.serve_launcher import LAUNCHER, ForkedServer, can_fork
 from tests.helpers import PORT_BLOCK_SIZE, free_port, migrated_sqlite, port_block
 from tests.required_parts import needs_tools
 
@@ -41,7 +42,7 @@ class ServerProcess:
     def __init__(self, home: Path, engine_url: str, port: int) -> None:
         self.home, self.engine_url, self.port = home, engine_url, port
         self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedServer | None = None
         self.log = home / "server.log"
         self.extra_env: dict[str, str] = {}
         # Every installation id this process has had (a new home makes a new one):
@@ -88,13 +89,18 @@ class ServerProcess:
             # A new home gets a copy of the process's migrated template (its own
             # installation id): the start skips the migrations, seconds of CPU each.
             migrated_sqlite(self.db_path)
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuyard", "serve"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        if can_fork(env):
+            # Forked from a process that has imported the server (seconds of CPU less
+            # a start): tests/e2e/serve_launcher.py.
+            self.proc = LAUNCHER.serve(env, self.log)
+            return
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuyard", "serve"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_up(self) -> None:
         """Wait until the launched server answers (failing with its log's end if it
