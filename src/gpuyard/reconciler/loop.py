@@ -15,6 +15,7 @@ Its collaborators are built in one place, reconciler/wiring.py.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -126,8 +127,11 @@ class Reconciler:
         self.heartbeat_every_s = ctx.settings.heartbeat_interval_s
         self._wakeup = dispatcher.wakeup
         self._thread: threading.Thread | None = None
-        self._last_heartbeat = 0.0
-        self._duties_at = -DUTY_GAP_S  # when the loop last ran the duties (monotonic)
+        # Never: the first pass heartbeats. (Not 0.0: the monotonic clock counts from
+        # boot, and on a machine up for less than the interval the first heartbeat
+        # would wait for it.)
+        self._last_heartbeat = -math.inf
+        self._duties_at = -math.inf  # when the loop last ran the duties (monotonic)
         self._duties_owed = False
 
     @property
