@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+from sqlalchemy import event
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEV_IMAGE, median
@@ -57,6 +58,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--database-url", default=None, help="the store (default: SQLite, temp)")
     ap.add_argument("--driver-only", action="store_true", help="skip part 1")
+    ap.add_argument(
+        "--show-sql", action="store_true", help="print the last run's statements, per step"
+    )
     args = ap.parse_args()
     runs = args.runs
     work = Path(tempfile.mkdtemp(prefix="gy-prof-"))
@@ -125,7 +129,7 @@ def main() -> int:
         for label in sorted(times):
             print(f"  {label:<50} {median(times[label]) * 1000:>7.1f}")
         db = args.database_url or f"sqlite:///{work / 'profile.db'}"
-        profile_driver(url, runs, db, work / "home")
+        profile_driver(url, runs, db, work / "home", show_sql=args.show_sql)
         return 0
     finally:
         service.stop()
@@ -158,15 +162,24 @@ class Timed:
         return timed
 
 
-def profile_driver(url: str, runs: int, database_url: str, home: Path) -> None:
+def profile_driver(
+    url: str, runs: int, database_url: str, home: Path, *, show_sql: bool = False
+) -> None:
     """create->running and stopped->running through ClusterDriver.drive with a real
-    store and the real engine: per step, the engine calls (timed one by one) and the
-    rest (gpuyard's bookkeeping: transactions, reads, spec building)."""
+    store and the real engine: per step, the engine calls (timed one by one), the rest
+    (gpuyard's bookkeeping: transactions, reads, spec building) and how many SQL
+    statements each part sent (``show_sql``: the last run's, one line each)."""
     settings = Settings(
         home=home, database_url=database_url, local_gpus="NVIDIA RTX A6000:8",
         local_vcpus=64, local_memory_gb=512, local_disk_gb=2000, allow_unenforced_disk=True,
     )  # fmt: skip
     engine, sessions = open_store(settings)
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        statements.append(" ".join(statement.split())[:110])
+
+    event.listen(engine, "before_cursor_execute", count)
     ctx = Context(sessions=sessions, settings=settings)
     first_start(ctx)
     register_local_host(ctx, None)
@@ -182,8 +195,11 @@ def profile_driver(url: str, runs: int, database_url: str, home: Path) -> None:
                                      "protocol": "http"}]}
     )  # fmt: skip
 
+    shown: dict[str, list[str]] = {}
+
     def drive_until(cid: str, want: str, phase: str, t_request: float) -> None:
         calls.clear()
+        in_use_case = len(statements)
         t0 = time.perf_counter()
         for _ in range(10):
             rec.driver.drive(cid)
@@ -191,6 +207,11 @@ def profile_driver(url: str, runs: int, database_url: str, home: Path) -> None:
                 break
         t1 = time.perf_counter()
         per = phases[phase]
+        # Counts, kept as "seconds" so the table prints them (x1000: shown as is).
+        per["# statements: use case"].append(in_use_case / 1000)
+        per["# statements: drive"].append((len(statements) - in_use_case) / 1000)
+        shown[phase] = list(statements)
+        statements.clear()
         engine_s = 0.0
         for name, a, b in calls:
             per[f"engine {name}"].append(b - a)
@@ -203,12 +224,14 @@ def profile_driver(url: str, runs: int, database_url: str, home: Path) -> None:
     try:
         cids: list[str] = []
         for i in range(-1, runs):
+            statements.clear()
             t = time.perf_counter()
             c = uc.create_cluster(ctx, principal, body)
             drive_until(c.id, "running", "create->running", t)
             uc.stop_cluster(ctx, principal, c.id)
             for _ in range(5):
                 rec.driver.drive(c.id)
+            statements.clear()
             t = time.perf_counter()
             uc.start_cluster(ctx, principal, c.id, StartCluster())
             drive_until(c.id, "running", "stopped->running", t)
@@ -226,6 +249,11 @@ def profile_driver(url: str, runs: int, database_url: str, home: Path) -> None:
                 n = len(xs) / runs
                 extra = f"  x{n:.1f}" if label.startswith("engine") else ""
                 print(f"  {label:<50} {median(xs) * 1000:>7.1f}{extra}")
+        if show_sql:
+            for phase, lines in shown.items():
+                print(f"\n{phase}: the last run's statements")
+                for line in lines:
+                    print(f"  {line}")
     finally:
         subprocess.run(["podman", "--url", url, "rm", "-f", "--filter",
                         f"label={ctx.ownership.label_filter()}"], capture_output=True)  # fmt: skip
