@@ -87,6 +87,21 @@ def limits_of(session: Session, account_id: int, project_id: int = ACCOUNT_WIDE)
     return Limits.from_rows((r, t, int(v)) for r, t, v in rows)
 
 
+def account_and_project_limits(
+    session: Session, account_id: int, project_id: int
+) -> tuple[Limits, Limits]:
+    """The account's limits and project ``project_id``'s, in one read (a create's and
+    a start's check needs both)."""
+    rows: dict[int, list[tuple[str, str, int]]] = {ACCOUNT_WIDE: [], project_id: []}
+    for pid, resource, gpu_type, value in session.execute(
+        select(Quota.project_id, Quota.resource, Quota.gpu_type, Quota.limit_value).where(
+            Quota.account_id == account_id, Quota.project_id.in_({ACCOUNT_WIDE, project_id})
+        )
+    ):
+        rows[pid].append((resource, gpu_type, int(value)))
+    return Limits.from_rows(rows[ACCOUNT_WIDE]), Limits.from_rows(rows[project_id])
+
+
 def _project_filter(project_id: int | None) -> list[Any]:
     return [] if project_id is None else [Project.id == project_id]
 
@@ -292,8 +307,7 @@ def check_asked(
 
     Takes the placement lock (a no-op cost when the caller's claim took it already) so
     checks of one account run one after another."""
-    account_limits = limits_of(session, account_id)
-    project_limits = limits_of(session, account_id, project_id)
+    account_limits, project_limits = account_and_project_limits(session, account_id, project_id)
     if not account_limits.rows() and not project_limits.rows():
         return
     lock_placement(session)
