@@ -219,6 +219,40 @@ def test_a_planted_symlink_for_a_directory_is_not_followed(backup: RestServer, r
     assert status == 404 and b"not the repository" not in body
 
 
+def test_an_upload_into_a_planted_directory_link_lands_nowhere(
+    backup: RestServer, repo: Path
+) -> None:
+    # data/ab -> a directory outside: the object must not be written there.
+    elsewhere = repo.parent / "elsewhere"
+    elsewhere.mkdir()
+    data = b"ab-prefixed? no matter: the name is checked against the content"
+    name = name_of(data)
+    (repo / "data" / name[:2]).rmdir()
+    os.symlink(elsewhere, repo / "data" / name[:2])
+    assert request(backup, "POST", f"/data/{name}", data)[0] == 404
+    assert os.listdir(elsewhere) == []
+    assert not [n for n in os.listdir(repo) if n.startswith(".gy-upload-")]
+
+
+def test_a_lock_delete_through_a_planted_link_removes_nothing(repo: Path) -> None:
+    server = started(repo, Mode.RESTORE)
+    try:
+        mine = b"my lock"
+        assert request(server, "POST", f"/locks/{name_of(mine)}", mine)[0] == 200
+        # locks/ swapped for a link to a directory holding a file of the same name.
+        elsewhere = repo.parent / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / name_of(mine)).write_bytes(b"not the repository's")
+        os.rename(repo / "locks", repo.parent / "locks-moved")
+        os.symlink(elsewhere, repo / "locks")
+        assert request(server, "DELETE", f"/locks/{name_of(mine)}")[0] == 404
+        assert (elsewhere / name_of(mine)).exists()
+    finally:
+        os.unlink(repo / "locks")
+        os.rename(repo.parent / "locks-moved", repo / "locks")
+        server.close()
+
+
 def test_only_its_own_locks_are_deleted_and_leftovers_go_at_the_end(repo: Path) -> None:
     server = started(repo, Mode.RESTORE)
     mine, theirs = b"my lock", b"someone else's lock"

@@ -25,6 +25,7 @@ What an operation may do (:class:`Policy`):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -113,18 +114,34 @@ def object_path(root: Path, target: Target) -> Path:
     return root / target.kind / target.name
 
 
-def open_object(root: Path, target: Target) -> int:
-    """``target``'s file under ``root``, open for reading, every component below the
-    root opened without following a symlink (a link planted for a directory as well
-    as for the object itself: OSError ELOOP or ENOTDIR)."""
+def open_parent(root: Path, target: Target, *, create: bool = False) -> tuple[int, str]:
+    """The directory holding ``target``'s file under ``root``, open (an fd the caller
+    closes), and the file's name in it. Every component below the root is opened
+    without following a symlink (a link planted for a directory: OSError ELOOP or
+    ENOTDIR); ``create`` makes a missing one (0700), as an upload into a new
+    ``data/xx`` needs."""
     parts = object_path(root, target).relative_to(root).parts
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for part in parts[:-1]:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
             below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = below
-        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, parts[-1]
+
+
+def open_object(root: Path, target: Target) -> int:
+    """``target``'s file under ``root``, open for reading, no component below the root
+    followed through a symlink (the object itself neither): see :func:`open_parent`."""
+    fd, name = open_parent(root, target)
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
     finally:
         os.close(fd)
 

@@ -55,8 +55,8 @@ from gpuyard.storage.rest_objects import (
     Policy,
     Refused,
     Target,
-    object_path,
     open_object,
+    open_parent,
     parse_path,
 )
 
@@ -267,8 +267,6 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_OBJECT_BYTES:
             self.close_connection = True
             raise Refused(413, "object too large")
-        final = object_path(self.state.root, target)
-        final.parent.mkdir(mode=0o700, exist_ok=True)
         tmp = self.state.root / f"{_UPLOAD_PREFIX}{secrets.token_hex(8)}"
         digest = hashlib.sha256()
         # From here the body is read to its end, or the connection closed.
@@ -289,27 +287,51 @@ class Handler(BaseHTTPRequestHandler):
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o400)  # as restic's local backend leaves its files
-            # Never replaces: an object of this name exists already with the same
-            # content (the name is its checked hash), so there is nothing to do.
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, final)
+            # Into its directory as opened without following links (one planted for
+            # data/xx must not take the object elsewhere). Never replaces: an object
+            # of this name exists already with the same content (the name is its
+            # checked hash), so there is nothing to do.
+            parent, name = self._parent_of(target, create=True)
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, name, dst_dir_fd=parent)
+                if target.kind == "locks" and not self.state.lock_created(target.name):
+                    # Written while the operation ended: no lock may outlive it.
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=parent)
+                    raise Refused(403, "the operation is over")
+            finally:
+                os.close(parent)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        if target.kind == "locks" and not self.state.lock_created(target.name):
-            # Written while the operation ended: no lock may outlive it.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(final)
-            raise Refused(403, "the operation is over")
         self._answer(200, b"")
+
+    def _parent_of(self, target: Target, *, create: bool = False) -> tuple[int, str]:
+        """``target``'s directory (open) and name (rest_objects.open_parent); a link
+        planted in the repository's path to it refuses the request."""
+        try:
+            return open_parent(self.state.root, target, create=create)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise Refused(404, "not found") from None
+            raise
 
     def _delete(self, target: Target) -> None:
         assert target.name is not None
         # Only locks reach here (Policy), and only the ones this server made go.
         if not self.state.lock_deleted(target.name):
             raise Refused(403, "not a lock of this operation")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(object_path(self.state.root, target))
+        try:
+            parent, name = self._parent_of(target)
+        except FileNotFoundError:  # no locks/ at all: nothing to delete
+            self._answer(200, b"")
+            return
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=parent)
+        finally:
+            os.close(parent)
         self._answer(200, b"")
 
     # -- answers -------------------------------------------------------------------
