@@ -234,6 +234,17 @@ def test_an_upload_into_a_planted_directory_link_lands_nowhere(
     assert not [n for n in os.listdir(repo) if n.startswith(".gy-upload-")]
 
 
+def test_a_listing_does_not_follow_a_planted_directory_link(backup: RestServer, repo: Path) -> None:
+    elsewhere = repo.parent / "elsewhere"
+    elsewhere.mkdir()
+    name = "ab" + "e" * 62
+    (elsewhere / name).write_bytes(b"not the repository's")
+    os.rmdir(repo / "data" / "ab")
+    os.symlink(elsewhere, repo / "data" / "ab")
+    status, body = request(backup, "GET", "/data/")
+    assert status == 200 and name.encode() not in body
+
+
 def test_a_lock_delete_through_a_planted_link_removes_nothing(repo: Path) -> None:
     server = started(repo, Mode.RESTORE)
     try:

@@ -362,22 +362,54 @@ class Handler(BaseHTTPRequestHandler):
 
 def _listing(root: Path, kind: str) -> list[tuple[str, int]]:
     """(name, size) of every object of ``kind``; names that are not an object's (our
-    temporary files, anything else) are left out."""
+    temporary files, anything else) are left out, and so is any directory reached
+    through a symlink (one planted for ``data/xx`` lists nothing from elsewhere)."""
     assert kind in KINDS
-    dirs = [root / kind]
-    if kind == "data":
-        with contextlib.suppress(FileNotFoundError):
-            dirs = [root / "data" / d for d in sorted(os.listdir(root / "data")) if len(d) == 2]
     found: list[tuple[str, int]] = []
-    for directory in dirs:
-        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
-            for entry in entries:
-                if entry.is_file(follow_symlinks=False) and len(entry.name) == 64:
-                    with contextlib.suppress(ValueError):
-                        int(entry.name, 16)
-                        if entry.name == entry.name.lower():
-                            found.append((entry.name, entry.stat(follow_symlinks=False).st_size))
-    return found
+    top = _open_below(os.open(root, os.O_RDONLY | os.O_DIRECTORY), kind)
+    if top is None:
+        return found
+    try:
+        if kind != "data":
+            _scan(top, found)
+            return found
+        for name in sorted(os.listdir(top)):
+            sub = _open_below(os.dup(top), name) if len(name) == 2 else None
+            if sub is not None:
+                try:
+                    _scan(sub, found)
+                finally:
+                    os.close(sub)
+        return found
+    finally:
+        os.close(top)
+
+
+def _open_below(parent: int, name: str) -> int | None:
+    """Directory ``name`` in the open directory ``parent`` (which this closes), opened
+    without following a link; None when it is missing or not a plain directory."""
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+    finally:
+        os.close(parent)
+
+
+def _scan(directory: int, found: list[tuple[str, int]]) -> None:
+    """Append the objects (plain files with a 64-hex lower-case name) of the open
+    ``directory``."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False) and len(entry.name) == 64:
+                with contextlib.suppress(ValueError):
+                    int(entry.name, 16)
+                    if entry.name == entry.name.lower():
+                        found.append((entry.name, entry.stat(follow_symlinks=False).st_size))
 
 
 class Server(ThreadingHTTPServer):
