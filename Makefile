@@ -70,7 +70,7 @@ test: venv docs
 test-crash: venv
 	GPUYARD_CRASH_ALL=1 $(VENV)/bin/pytest -q -ra -p no:cacheprovider tests/e2e/test_crash_points_e2e.py
 
-# SkyPilot's client (.venv-skypilot) and its pod image, built offline for
+# SkyPilot's client (~/.cache/gpuyard/skypilot) and its pod image, built offline for
 # tests/e2e/test_skypilot_e2e.py (which builds them itself when missing).
 skypilot: venv
 	$(PY) -m tests.e2e.skypilot_image

@@ -13,8 +13,10 @@ every package it asks for installed). ``UV_OFFLINE`` keeps uv from looking for a
 network. The image is tagged by the digest of its recipe and wheels, so a later run
 reuses it.
 
-Everything is kept under the repository's ignored ``.venv-skypilot`` and
-``.cache/skypilot``; the image in the machine's Podman storage.
+Everything is kept in the machine's cache (``$XDG_CACHE_HOME/gpuyard/skypilot``, by
+default ``~/.cache/gpuyard/skypilot``: its ``venv`` and ``wheels``), so every checkout
+on the machine, a fresh clone's CI run included, builds them once; the image in the
+machine's Podman storage. A lock file there keeps two test runs from building at once.
 """
 
 from __future__ import annotations
@@ -33,9 +35,8 @@ from typing import IO
 
 SKYPILOT_VERSION = "0.14.1"
 RAY_VERSION = "2.9.3"
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv-skypilot"
-CACHE = ROOT / ".cache" / "skypilot"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuyard" / "skypilot"
+VENV = CACHE / "venv"
 WHEELS = CACHE / "wheels"
 IMAGE_REPO = "localhost/gpuyard/skypilot-runtime"
 SUITE = "bookworm"
@@ -99,7 +100,7 @@ def _sky_bin() -> Path:
     stamp = VENV / f".skypilot-{SKYPILOT_VERSION}"
     if sky.exists() and stamp.exists():
         return sky
-    _run(["python3", "-m", "venv", str(VENV)], "creating .venv-skypilot", 300)
+    _run(["python3", "-m", "venv", str(VENV)], "creating SkyPilot's virtual environment", 300)
     _run(
         [str(VENV / "bin" / "pip"), "install", "-q", f"skypilot[runpod]=={SKYPILOT_VERSION}"],
         f"pip install skypilot[runpod]=={SKYPILOT_VERSION}",

@@ -2,13 +2,14 @@
 ``sky launch`` of a one-GPU task on a real Podman container (simulated GPUs), ``sky
 exec`` on it, ``sky down``, and the gpuyard cluster terminated afterwards.
 
-SkyPilot is no dependency of gpuyard: its client lives in ``.venv-skypilot`` and the
-pod's image (sshd, rsync, SkyPilot's runtime and Ray, offline) is built once by
-tests/e2e/skypilot_image.py and reused by its content tag. The client runs under a
-temporary HOME holding ``~/.runpod/config.toml`` and a catalog made from gpuyard's own
-GraphQL answers, its local API server on a port of this test's own; everything it
-launched is taken down in a ``finally`` (``sky down``, then gpuyard's API, then ``sky
-api stop``). One test function: it is the slowest of the suite (minutes).
+SkyPilot is no dependency of gpuyard: its client lives in a virtual environment in
+the machine's cache and the pod's image (sshd, rsync, SkyPilot's runtime and Ray,
+offline) is built once by tests/e2e/skypilot_image.py and reused by its content tag.
+The client runs under a temporary HOME holding ``~/.runpod/config.toml`` and a
+catalog made from gpuyard's own GraphQL answers, its local API server on a port of
+this test's own; everything it launched is taken down in a ``finally`` (``sky
+down``, then gpuyard's API, then ``sky api stop``). One test function: it is the
+slowest of the suite (minutes).
 """
 
 from __future__ import annotations
