@@ -48,13 +48,13 @@ from gpuyard.reconciler.restarts import RestartSchedule
 from gpuyard.reconciler.serverless.scaler import ServerlessScaler
 from gpuyard.reconciler.workqueue import WorkQueue
 from gpuyard.runtimes.fleet import Fleet
-from gpuyard.services.clusters.moves import COPYING
+from gpuyard.services.clusters.moves import resting_moves
 from gpuyard.services.clusters.pending_starts import due_pending_starts
 from gpuyard.services.clusters.use_cases import start_pending
 from gpuyard.services.context import Context
 from gpuyard.services.volumes.snapshot_work import restore_holders, snapshots_to_take
 from gpuyard.store.outage import is_database_unavailable
-from gpuyard.store.schema import Cluster, VolumeMove
+from gpuyard.store.schema import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -249,13 +249,20 @@ class Reconciler:
                 submit(cluster_id, self.driver.drive, lane, host_id)
         for cid in self.restarts.take_due():
             submit(cid, self.driver.recover, SLOW, self._host_of(cid))
+        # The rest of the pass's work in one read (a wake runs a pass; each read of its
+        # own was a session and a transaction more on a start's path).
         with self.ctx.read() as session:
             pending = due_pending_starts(session)
+            resting = resting_moves(session)
+            snapshots = snapshots_to_take(session)
+            restores = restore_holders(session)
         for cluster_id, host_id in pending:
             if mine(host_id):
                 submit(cluster_id, partial(start_pending, self.ctx), URGENT, host_id)
-        self._dispatch_moves(mine)
-        self._dispatch_storage(mine)
+        for cluster_id, to_host in resting:
+            if mine(to_host):
+                submit(cluster_id, self.driver.move_resting, SLOW, to_host)
+        self._dispatch_storage(mine, snapshots, restores)
         if duties:
             self._run_duties()
         if observe is False:
@@ -298,30 +305,16 @@ class Reconciler:
         heartbeats keep their interval (the unreachable bound counts on it)."""
         return max(0.0, self._last_heartbeat + self.heartbeat_every_s - time.monotonic())
 
-    def _dispatch_moves(self, mine: Callable[[int | None], bool]) -> None:
-        """Volume moves of resting clusters (a drain) run on their new host's lanes."""
-        with self.ctx.read() as session:
-            resting = list(
-                session.execute(
-                    select(VolumeMove.cluster_id, VolumeMove.to_host_id)
-                    .join(Cluster, Cluster.id == VolumeMove.cluster_id)
-                    .where(
-                        VolumeMove.status == COPYING,
-                        Cluster.status.in_(
-                            [ClusterStatus.STOPPED.value, ClusterStatus.ERROR.value]
-                        ),
-                    )
-                )
-            )
-        for cluster_id, to_host in resting:
-            if mine(to_host):
-                self.dispatcher.submit_cluster(cluster_id, self.driver.move_resting, SLOW, to_host)
-
-    def _dispatch_storage(self, mine: Callable[[int | None], bool]) -> None:
-        """Snapshots being taken and network volume restores, each on its host's
-        storage lane (a job per snapshot or volume at a time)."""
+    def _dispatch_storage(
+        self,
+        mine: Callable[[int | None], bool],
+        snapshots: list[tuple[str, int]],
+        restores: list[tuple[str, int]],
+    ) -> None:
+        """Snapshots being taken and network volume restores (as read by the pass),
+        each on its host's storage lane (a job per snapshot or volume at a time)."""
         submit = self.dispatcher.submit_cluster
-        for snapshot_id, host_id in snapshots_to_take(self.ctx):
+        for snapshot_id, host_id in snapshots:
             if mine(host_id):
                 submit(
                     snapshot_id,
@@ -330,7 +323,7 @@ class Reconciler:
                     host_id,
                     job_key=("snapshot", snapshot_id),
                 )
-        for volume_id, host_id in restore_holders(self.ctx):
+        for volume_id, host_id in restores:
             if mine(host_id):
                 submit(
                     volume_id,

@@ -399,3 +399,19 @@ def _volume_only(cluster: Cluster) -> ResourceRequest:
         # It starts where its volume goes.
         **cuda_of(cluster),
     )
+
+
+def resting_moves(session: Session) -> list[tuple[str, int]]:
+    """(cluster id, new host id) of the volume moves of resting clusters (a drain),
+    which run on their new host's lanes."""
+    return [
+        (cluster_id, to_host)
+        for cluster_id, to_host in session.execute(
+            select(VolumeMove.cluster_id, VolumeMove.to_host_id)
+            .join(Cluster, Cluster.id == VolumeMove.cluster_id)
+            .where(
+                VolumeMove.status == COPYING,
+                Cluster.status.in_([ClusterStatus.STOPPED.value, ClusterStatus.ERROR.value]),
+            )
+        )
+    ]

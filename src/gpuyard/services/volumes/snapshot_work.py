@@ -265,31 +265,29 @@ def before_snapshot_outcome(ctx: Context, restore: VolumeRestore) -> str | None:
     return snap.error or "failed"
 
 
-def restore_holders(ctx: Context) -> list[tuple[str, int]]:
+def restore_holders(session: Session) -> list[tuple[str, int]]:
     """(holder id, host id) of every restore in flight into a network volume
     (clusters' restores are carried out by their start)."""
-    with ctx.read() as session:
-        return [
-            (holder, host_id)
-            for holder, host_id in session.execute(
-                select(VolumeRestore.holder_id, VolumeRestore.host_id)
-                .join(NetworkVolume, NetworkVolume.id == VolumeRestore.holder_id)
-                .where(VolumeRestore.status == RestoreStatus.RESTORING.value)
-            )
-        ]
+    return [
+        (holder, host_id)
+        for holder, host_id in session.execute(
+            select(VolumeRestore.holder_id, VolumeRestore.host_id)
+            .join(NetworkVolume, NetworkVolume.id == VolumeRestore.holder_id)
+            .where(VolumeRestore.status == RestoreStatus.RESTORING.value)
+        )
+    ]
 
 
-def snapshots_to_take(ctx: Context) -> list[tuple[str, int]]:
+def snapshots_to_take(session: Session) -> list[tuple[str, int]]:
     """(snapshot id, host id) of every snapshot being taken."""
-    with ctx.read() as session:
-        return [
-            (sid, host_id)
-            for sid, host_id in session.execute(
-                select(Snapshot.id, Snapshot.host_id).where(
-                    Snapshot.status == SnapshotStatus.CREATING.value
-                )
+    return [
+        (sid, host_id)
+        for sid, host_id in session.execute(
+            select(Snapshot.id, Snapshot.host_id).where(
+                Snapshot.status == SnapshotStatus.CREATING.value
             )
-        ]
+        )
+    ]
 
 
 @dataclass(frozen=True)
