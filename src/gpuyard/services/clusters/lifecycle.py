@@ -10,7 +10,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, insert, update
 from sqlalchemy.orm import Session
 
 from gpuyard.core.billing.ledger import boundary, micro_rates
@@ -162,17 +162,22 @@ def meter_status(session: Session, cluster: Any, status: ClusterStatus, now: dat
         boundary(start) if start else None,
         sum(rates.values()),
     )
-    for meter, rate in rates.items():
-        session.add(
-            UsageInterval(
-                cluster_id=cluster.id,
-                project_id=cluster.project_id,
-                meter=meter,
-                gpu_type=cluster.gpu_type,
-                rate_micro=rate,
-                started_at=at,
-                ended_at=None,
-            )
+    if rates:
+        # One statement for every meter (the session flushes what it holds first).
+        session.execute(
+            insert(UsageInterval),
+            [
+                {
+                    "cluster_id": cluster.id,
+                    "project_id": cluster.project_id,
+                    "meter": meter,
+                    "gpu_type": cluster.gpu_type,
+                    "rate_micro": rate,
+                    "started_at": at,
+                    "ended_at": None,
+                }
+                for meter, rate in rates.items()
+            ],
         )
 
 
