@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
 from gpuyard.core.errors import InsufficientCapacity, ValidationFailed
 from gpuyard.core.models import ResourceRequest
@@ -243,3 +244,30 @@ def lock_taken(session: Session) -> bool:
 
 def one_gpu_request() -> ResourceRequest:
     return ResourceRequest(gpu_type=A6000, gpu_count=1, vcpus=1, memory_gb=1, disk_gb=1)
+
+
+class LostDatabase(Session):
+    """A session of a database that has just gone away (a failover): every statement
+    fails as the driver would say it."""
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+
+
+def test_a_database_lost_before_the_batch_answers_every_waiter_with_it(ctx: Context) -> None:
+    """The batch's first read (the aged hint's rebuild, before its transaction) fails:
+    each create of the batch, the one leading it and the ones waiting, gets that
+    failure; none is answered as if it had succeeded with nothing."""
+    lost = replace(ctx, sessions=sessionmaker(**{**ctx.sessions.kw, "class_": LostDatabase}))
+    calls: list[Callable[[], Any]] = [
+        lambda: placer_for(ctx).run(lost, lambda _s: "stored"),
+        lambda: placer_for(ctx).run(lost, lambda _s: "stored"),
+    ]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        with held_batch(ctx, pool) as placer:
+            futures = queue(placer, pool, calls)
+            # Past the hint's age: the next batch reads it again first.
+            ctx.clock.advance((fleet_hint.MAX_AGE * 2).total_seconds())  # type: ignore[attr-defined]
+        answers = [outcome(f) for f in futures]
+    assert all(isinstance(a, OperationalError) for a in answers), answers
+    assert placer_for(ctx).run(ctx, lambda _s: 7) == 7

@@ -178,6 +178,14 @@ class Placer:
         _LEADING.active = True
         try:
             self._run_batch(batch)
+        except BaseException as exc:
+            # _run_batch answers every request itself; should it raise all the same,
+            # nothing of the batch committed: no waiter may take an unset value for
+            # its answer.
+            for request in batch:
+                if request.error is None:
+                    request.value, request.error = None, exc
+            raise
         finally:
             _LEADING.active = False
             for request in batch:
@@ -195,8 +203,10 @@ class Placer:
         ctx = batch[0].ctx
         ok: list[_Request[Any]] = []
         hint: FleetHint | None = None
-        _rebuild_aged_hint(ctx)
         try:
+            # Inside the try: a database lost here (a failover) is every request's
+            # answer, as one lost in the transaction is.
+            _rebuild_aged_hint(ctx)
             with ctx.transaction() as session:
                 lock_placement(session)
                 hint = hint_for(session)
