@@ -8,7 +8,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from gpuyard.reconciler.loop import Reconciler
+from sqlalchemy.exc import OperationalError
+
+from gpuyard.reconciler.loop import FAILED_PASS_RETRY_S, Reconciler
 
 
 class Counting:
@@ -50,5 +52,25 @@ def test_a_duty_skipped_on_a_wake_is_made_soon_after(rec: Reconciler) -> None:
         rec.wake()
         # Whether that pass ran them or owed them, a run follows the last wake.
         assert budget.wait_beyond(seen, 30)
+    finally:
+        rec.stop()
+
+
+def test_after_a_failed_pass_the_loop_waits_before_the_next(rec: Reconciler) -> None:
+    """The database away (a failover): the pass fails before its heartbeat, which
+    stays due, so the loop would retry at once, over and over. It waits a little."""
+    rec.ctx.settings.reconcile_interval_s = 3600.0
+    assert rec.next_sleep_s() == 0.0  # the first pass heartbeats: due at once
+
+    def lost(**_kwargs: object) -> None:
+        raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+
+    rec.run_pass = lost  # type: ignore[method-assign]
+    passes = threading.Semaphore(0)
+    rec.on_pass = lambda _lag, _took: passes.release()
+    rec.start()
+    try:
+        assert passes.acquire(timeout=30)
+        assert rec.next_sleep_s() >= FAILED_PASS_RETRY_S
     finally:
         rec.stop()

@@ -64,6 +64,8 @@ _URGENT_STATUSES = {ClusterStatus.STOPPING.value, ClusterStatus.TERMINATING.valu
 # On wakes, the duties (auto-termination, utilisation, budgets, serverless scaling)
 # run at most this often; see Reconciler._run.
 DUTY_GAP_S = 0.5
+# The least the loop waits for its next pass after one failed (the database away).
+FAILED_PASS_RETRY_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class Reconciler:
         self._last_heartbeat = -math.inf
         self._duties_at = -math.inf  # when the loop last ran the duties (monotonic)
         self._duties_owed = False
+        self._pass_failed = False  # the last pass raised (see next_sleep_s)
 
     @property
     def host_id(self) -> int | None:
@@ -163,6 +166,7 @@ class Reconciler:
         self._wakeup.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+            self.snapshots.wait_recovered(10)
         self.queue.close(wait=True)
         self.fleet.close()
 
@@ -171,22 +175,7 @@ class Reconciler:
 
     def _run(self) -> None:
         while not self.dispatcher.stopping:
-            # Sleep no longer than until the next auto-termination deadline, restart,
-            # budget crossing or webhook retry.
-            timeout = self.ctx.settings.reconcile_interval_s
-            dues = [
-                d
-                for d in (
-                    self.autoterm.seconds_until_next(),
-                    self.restarts.seconds_until_next(),
-                    self.budget.seconds_until_next(),
-                    self.serverless.seconds_until_next(),
-                    self._heartbeat_in(),
-                    self._duties_owed_in(),
-                )
-                if d is not None
-            ]
-            sleep_s = min([timeout, *dues])
+            sleep_s = self.next_sleep_s()
             due_at = time.monotonic() + sleep_s
             woken_at = self._wakeup.wait(sleep_s)
             if self.dispatcher.stopping:
@@ -202,8 +191,10 @@ class Reconciler:
             self._duties_owed = not duties
             if duties:
                 self._duties_at = started
+            self._pass_failed = True
             try:
                 self.run_pass(duties=duties)
+                self._pass_failed = False
             except Exception as exc:  # keep the loop alive; the next pass retries
                 if is_database_unavailable(exc):
                     # A failover: every pass fails alike for seconds; one line each.
@@ -217,6 +208,29 @@ class Reconciler:
                     hook(max(0.0, started - due), time.monotonic() - started)
                 except Exception:  # metrics never stop the loop
                     log.exception("reconciler pass hook failed")
+
+    def next_sleep_s(self) -> float:
+        """How long the loop sleeps before its next pass (a wake ends it sooner): no
+        longer than until the next auto-termination deadline, restart, budget
+        crossing, webhook retry, heartbeat or owed duty run; after a pass that failed,
+        at least FAILED_PASS_RETRY_S (its due work stays due while the database is
+        away, and would have the loop retry at once, over and over)."""
+        dues = [
+            d
+            for d in (
+                self.autoterm.seconds_until_next(),
+                self.restarts.seconds_until_next(),
+                self.budget.seconds_until_next(),
+                self.serverless.seconds_until_next(),
+                self._heartbeat_in(),
+                self._duties_owed_in(),
+            )
+            if d is not None
+        ]
+        sleep_s = min([self.ctx.settings.reconcile_interval_s, *dues])
+        if self._pass_failed:
+            sleep_s = max(sleep_s, FAILED_PASS_RETRY_S)
+        return sleep_s
 
     # -- one pass ------------------------------------------------------------
     def run_pass(self, *, observe: bool | None = None, duties: bool = True) -> None:

@@ -131,6 +131,11 @@ class SnapshotWorker:
         finally:
             self._recovered.set()
 
+    def wait_recovered(self, timeout_s: float) -> bool:
+        """Wait for a start-up recovery under way to end (a stop waits, so nothing
+        of it runs on after the reconciler has stopped); True when none runs."""
+        return self._recovered.wait(timeout_s)
+
     def _ready(self) -> None:
         """Wait for the start-up recovery (a crash's leftovers cleaned, earlier
         versions' snapshots moved), at most a few minutes: a recovery that hangs must
