@@ -207,14 +207,22 @@ def test_a_planted_symlink_in_the_repository_is_not_followed(
     assert status == 404 and b"not the repository" not in body
 
 
-def test_a_planted_symlink_for_a_directory_is_not_followed(backup: RestServer, repo: Path) -> None:
-    # data/ab -> a directory outside, holding a file of the name asked for.
+def planted_data_link(repo: Path, prefix: str, holding: str | None = None) -> Path:
+    """Replace ``data/<prefix>`` with a link to a directory outside the repository
+    (holding a file named ``holding``, if given); that directory."""
     elsewhere = repo.parent / "elsewhere"
     elsewhere.mkdir()
+    if holding is not None:
+        (elsewhere / holding).write_bytes(b"not the repository's")
+    os.rmdir(repo / "data" / prefix)
+    os.symlink(elsewhere, repo / "data" / prefix)
+    return elsewhere
+
+
+def test_a_planted_symlink_for_a_directory_is_not_followed(backup: RestServer, repo: Path) -> None:
+    # data/ab -> a directory outside, holding a file of the name asked for.
     name = "ab" + "d" * 62
-    (elsewhere / name).write_bytes(b"not the repository's")
-    os.rmdir(repo / "data" / "ab")
-    os.symlink(elsewhere, repo / "data" / "ab")
+    planted_data_link(repo, "ab", holding=name)
     status, body = request(backup, "GET", f"/data/{name}")
     assert status == 404 and b"not the repository" not in body
 
@@ -222,25 +230,18 @@ def test_a_planted_symlink_for_a_directory_is_not_followed(backup: RestServer, r
 def test_an_upload_into_a_planted_directory_link_lands_nowhere(
     backup: RestServer, repo: Path
 ) -> None:
-    # data/ab -> a directory outside: the object must not be written there.
-    elsewhere = repo.parent / "elsewhere"
-    elsewhere.mkdir()
-    data = b"ab-prefixed? no matter: the name is checked against the content"
+    # data/xx -> a directory outside: the object must not be written there.
+    data = b"any content: its name is checked against it"
     name = name_of(data)
-    (repo / "data" / name[:2]).rmdir()
-    os.symlink(elsewhere, repo / "data" / name[:2])
+    elsewhere = planted_data_link(repo, name[:2])
     assert request(backup, "POST", f"/data/{name}", data)[0] == 404
     assert os.listdir(elsewhere) == []
     assert not [n for n in os.listdir(repo) if n.startswith(".gy-upload-")]
 
 
 def test_a_listing_does_not_follow_a_planted_directory_link(backup: RestServer, repo: Path) -> None:
-    elsewhere = repo.parent / "elsewhere"
-    elsewhere.mkdir()
     name = "ab" + "e" * 62
-    (elsewhere / name).write_bytes(b"not the repository's")
-    os.rmdir(repo / "data" / "ab")
-    os.symlink(elsewhere, repo / "data" / "ab")
+    planted_data_link(repo, "ab", holding=name)
     status, body = request(backup, "GET", "/data/")
     assert status == 200 and name.encode() not in body
 
