@@ -28,6 +28,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -147,6 +148,8 @@ class Launcher:
             self._proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)
+        if self._socket is not None:
+            shutil.rmtree(self._socket.parent, ignore_errors=True)
 
 
 LAUNCHER = Launcher()
