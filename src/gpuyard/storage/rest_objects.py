@@ -114,6 +114,13 @@ def object_path(root: Path, target: Target) -> Path:
     return root / target.kind / target.name
 
 
+def open_directory_below(parent: int, name: str) -> int:
+    """Directory ``name`` in the open directory ``parent``, open (an fd the caller
+    closes), not followed through a symlink: a link or a file there raises OSError
+    (ELOOP or ENOTDIR), a missing one FileNotFoundError."""
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+
+
 def open_parent(root: Path, target: Target, *, create: bool = False) -> tuple[int, str]:
     """The directory holding ``target``'s file under ``root``, open (an fd the caller
     closes), and the file's name in it. Every component below the root is opened
@@ -127,7 +134,7 @@ def open_parent(root: Path, target: Target, *, create: bool = False) -> tuple[in
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o700, dir_fd=fd)
-            below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            below = open_directory_below(fd, part)
             os.close(fd)
             fd = below
     except BaseException:

@@ -55,6 +55,7 @@ from gpuyard.storage.rest_objects import (
     Policy,
     Refused,
     Target,
+    open_directory_below,
     open_object,
     open_parent,
     parse_path,
@@ -389,7 +390,7 @@ def _open_below(parent: int, name: str) -> int | None:
     """Directory ``name`` in the open directory ``parent`` (which this closes), opened
     without following a link; None when it is missing or not a plain directory."""
     try:
-        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+        return open_directory_below(parent, name)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
