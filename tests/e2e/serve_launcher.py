@@ -128,6 +128,10 @@ class Launcher:
         with self._lock:
             if self._proc is not None and self._proc.poll() is None and self._socket:
                 return self._socket
+            if self._proc is None:
+                atexit.register(self._stop)
+            else:  # the launcher died: its folder goes before a new one is made
+                self._stop()
             work = Path(tempfile.mkdtemp(prefix="gy-launch-"))
             self._socket = work / "launcher.sock"
             self._proc = subprocess.Popen(
@@ -135,7 +139,6 @@ class Launcher:
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
             )
-            atexit.register(self._stop)
             deadline = time.monotonic() + 120
             while not self._socket.exists():
                 if self._proc.poll() is not None or time.monotonic() > deadline:
