@@ -43,8 +43,11 @@ esac
 printf '<?xml version="1.0"?><testsuites><testsuite name="pytest">%s</testsuite></testsuites>' \\
   "$cases" >"$report"
 echo "$group: ${{!var:-ran}}"
-# The test files it was given, one a line after the group's name.
-printf '%s\\n' "$@" | grep '^tests/' | sed "s/^/$group /" >>"${{FAKE_FILES_LOG:-/dev/null}}"
+# The test files it was given, one a line after the group's name, in a file of the
+# group's own: groups run at once, and appends from several would interleave mid-line.
+if [ -n "${{FAKE_FILES_LOG:-}}" ]; then
+  printf '%s\\n' "$@" | grep '^tests/' | sed "s/^/$group /" >"$FAKE_FILES_LOG.$group"
+fi
 exit "$rc"
 """
 
@@ -137,7 +140,11 @@ def test_every_test_file_runs_in_exactly_one_group_and_the_slowest_come_last(
     names = ["fast1", "fast2", "e2e1", "e2e2", "e2e3"]
     for name in names:
         assert f"{name}: 1 ran, 1 skipped" in proc.stdout, proc.stdout
-    lines = [line.split(" ", 1) for line in given.read_text().splitlines()]
+    lines = [
+        line.split(" ", 1)
+        for name in names
+        for line in given.with_name(f"{given.name}.{name}").read_text().splitlines()
+    ]
     files = [f for _, f in lines]
     assert {g for g, _ in lines} == set(names)
     assert len(files) == len(set(files))  # none twice
