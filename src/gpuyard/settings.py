@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     # clusters with such ports are refused there unless allowed here.
     allow_exposed_private_ports: bool = False
     volume_image_dir: str = "/var/lib/gpuyard/volume-images"
+    # Spare volume images kept ready per size in use (runtimes/volumes/images.py
+    # SPARES_FOLDER): a new volume's first start takes one instead of making its file
+    # system. 0: none, each new volume's image is made on its start's path.
+    volume_spares: int = Field(default=1, ge=0, le=4)
     # Each account's clusters share a network closed to other accounts by host firewall
     # rules (runtimes/hosts/firewall.py; root needed on Podman). True: run without them, letting
     # clusters of different accounts reach each other (single-tenant installations).

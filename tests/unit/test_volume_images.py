@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,69 @@ def test_only_root_reads_the_images(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o600
     assert "nodev" in MOUNT_OPTIONS.split(",") and "nosuid" in MOUNT_OPTIONS.split(",")
     images.remove("gyabc-vol2")
+
+
+def _inode_and_uuid(path: str) -> tuple[int, str]:
+    header = subprocess_runner(["dumpe2fs", "-h", path]).output.splitlines()
+    fields = {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in header)}
+    return os.stat(path).st_ino, fields["Filesystem UUID"]
+
+
+@needs_tools
+def test_a_new_volume_takes_a_spare_image_and_one_is_made_again(tmp_path: Path) -> None:
+    """A spare of the exact size is taken (renamed: no mkfs on the start's path), is an
+    empty file system like a made one, and its refill is asked for off that path."""
+    refills: list[Callable[[], None]] = []
+    images = VolumeImages(
+        subprocess_runner, str(tmp_path / "images"), spares=1, later=refills.append
+    )
+    spares = tmp_path / "images" / ".spares"
+    first = images.ensure("gyabc-vol1", 64 * MIB)  # no spare yet: made, a refill asked
+    assert len(refills) == 1 and not spares.exists()
+    refills.pop()()
+    waiting = sorted(spares.iterdir())
+    assert [p.name.split(".")[0] for p in waiting] == [str(64 * MIB)]
+    assert spares.stat().st_mode & 0o777 == 0o700
+    images.refill(64 * MIB)  # one of a size is enough
+    assert sorted(spares.iterdir()) == waiting
+    images.ensure("gyabc-vol1", 64 * MIB)  # an existing image takes nothing
+    assert sorted(spares.iterdir()) == waiting and not refills
+    spare_fs = _inode_and_uuid(str(waiting[0]))
+    second = images.ensure("gyabc-vol2", 64 * MIB)
+    assert list(spares.iterdir()) == []  # taken
+    assert _inode_and_uuid(second) == spare_fs != _inode_and_uuid(first)
+    assert os.path.getsize(second) == 64 * MIB
+    assert Path(second).stat().st_mode & 0o777 == 0o600
+    listing = subprocess_runner(["debugfs", "-R", "ls /", second]).output
+    assert "lost+found" not in listing and ".." in listing, listing
+    assert len(refills) == 1  # and made again for the next one
+    # A spare of another size is not taken: a file system is made at the size asked.
+    refills.pop()()
+    third = images.ensure("gyabc-vol3", 96 * MIB)
+    assert os.path.getsize(third) == 96 * MIB and len(list(spares.iterdir())) == 1
+
+
+@needs_tools
+def test_concurrent_new_volumes_never_share_a_spare(tmp_path: Path) -> None:
+    """Eight volumes of one size made at once with one spare waiting: one of them
+    takes it, the others make their own; no two images are one file system."""
+    images = VolumeImages(
+        subprocess_runner, str(tmp_path / "images"), spares=1, later=lambda call: None
+    )
+    assert images.problem() is None  # makes the images' folder
+    images.refill(32 * MIB)
+    assert len(list((tmp_path / "images" / ".spares").iterdir())) == 1
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        paths = list(pool.map(lambda i: images.ensure(f"gyabc-c{i}", 32 * MIB), range(8)))
+    seen = [_inode_and_uuid(p) for p in paths]
+    assert len({inode for inode, _ in seen}) == 8
+    assert len({uuid for _, uuid in seen}) == 8
+    assert list((tmp_path / "images" / ".spares").iterdir()) == []
+
+
+def test_spares_are_not_refilled_for_a_removed_images_folder(tmp_path: Path) -> None:
+    """A refill that fires after its images' folder is gone (a test's, an uninstall)
+    makes nothing there."""
+    images = VolumeImages(subprocess_runner, str(tmp_path / "gone"), spares=1)
+    images.refill(32 * MIB)
+    assert not (tmp_path / "gone").exists()

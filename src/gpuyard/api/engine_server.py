@@ -42,7 +42,7 @@ def engine_server(settings: Settings, url: str | None) -> Server:
 
     policy = engine_policy(settings, url)
     operator = training_operator_factory(settings, url) if settings.training_enabled else None
-    images = local_volume_images(url, settings.volume_image_dir)
+    images = local_volume_images(url, settings.volume_image_dir, settings.volume_spares)
     return build_server(
         settings,
         DockerEngineRuntime(url, policy=policy, volume_images=images),
@@ -53,6 +53,7 @@ def engine_server(settings: Settings, url: str | None) -> Server:
             policy,
             settings.remote_engine_timeout_s,
             volume_image_dir=settings.volume_image_dir,
+            volume_spares=settings.volume_spares,
         ),
         proxy=partial(ProxySync.from_settings, settings=settings)
         if settings.proxy_enabled

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -61,31 +62,51 @@ async def _wait_settled(
 
     The caller has just read or written the cluster as its owner. Each wake reads
     only its status (one indexed row); the details, a few milliseconds of reads,
-    only once it has settled: a start wakes the waiter at each of its steps, and the
-    reads took CPU from the start itself."""
+    only once it has settled, in the same worker call: a start wakes the waiter at
+    each of its steps, and the reads took CPU from the start itself. The wake comes
+    to this event loop itself (a notifier listener), not through a thread of its own
+    that would hand it on."""
     deadline = time.monotonic() + timeout_s
     notifier = state.ctx.notifier
-    while True:
-        generation = notifier.generation()
-        if await run_in_threadpool(_settled, state, cluster_id):
-            d = await run_in_threadpool(_detail, state, principal, cluster_id)
-            if _is_settled(d.cluster.status, d.cluster.pending_start is not None):
+    loop = asyncio.get_running_loop()
+    changed = asyncio.Event()
+
+    def ring() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(changed.set)
+
+    notifier.listen(ring)
+    try:
+        while True:
+            changed.clear()
+            d = await run_in_threadpool(_detail_if_settled, state, principal, cluster_id)
+            if d is not None:
                 return d, False
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return await run_in_threadpool(_detail, state, principal, cluster_id), True
-        await asyncio.to_thread(notifier.wait_change, generation, min(left, 1.0))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return await run_in_threadpool(_detail, state, principal, cluster_id), True
+            # A second's cap: a change whose ring was lost is still seen.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(left, 1.0))
+    finally:
+        notifier.unlisten(ring)
+
+
+def _detail_if_settled(
+    state: AppState, principal: Principal, cluster_id: str
+) -> cluster_views.ClusterDetails | None:
+    """The details once the recorded status has settled (None: not yet); a row gone
+    (purged) has settled, and its details then raise as a read of it does."""
+    seen = cluster_views.status_of(state.ctx, cluster_id)
+    if seen is not None and not _is_settled(*seen):
+        return None
+    d = _detail(state, principal, cluster_id)
+    return d if _is_settled(d.cluster.status, d.cluster.pending_start is not None) else None
 
 
 def _is_settled(status: str, start_pending: bool) -> bool:
     # A stopped cluster with a start pending is on its way to running.
     return ClusterStatus(status) in SETTLED and not start_pending
-
-
-def _settled(state: AppState, cluster_id: str) -> bool:
-    """Whether the cluster's recorded status has settled; a row gone (purged) has."""
-    seen = cluster_views.status_of(state.ctx, cluster_id)
-    return seen is None or _is_settled(*seen)
 
 
 @router.post(

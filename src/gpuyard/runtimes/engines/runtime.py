@@ -33,7 +33,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import docker
@@ -43,6 +42,7 @@ import docker.types
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.image_refs import parse_image_ref
 from gpuyard.core.ownership import Ownership
+from gpuyard.core.side_by_side import SideBySide
 from gpuyard.runtimes.base import (
     GIB,
     LABEL_ACCOUNT,
@@ -66,6 +66,7 @@ from gpuyard.runtimes.engines import pull_errors
 from gpuyard.runtimes.engines.container_create import create_container
 from gpuyard.runtimes.engines.engine import DEFAULT_POLICY, Engine, EnginePolicy, reason
 from gpuyard.runtimes.engines.exec_endpoint import engine_exec_endpoint
+from gpuyard.runtimes.engines.inspect_data import observed_of, parse_engine_time, state_of
 from gpuyard.runtimes.engines.inventory import discover_inventory
 from gpuyard.runtimes.engines.volumes import EngineVolumeIO
 from gpuyard.runtimes.hosts.firewall import Runner
@@ -75,40 +76,11 @@ from gpuyard.runtimes.volumes.images import VolumeImages
 
 log = logging.getLogger(__name__)
 
-_ZERO_TIME_PREFIX = "0001-01-01"
-_RUNNING_STATES = {"running", "paused", "restarting"}
-_CREATED_STATES = {"created", "configured", "initialized"}
-
-
-def _now_ns() -> int:
-    return time.time_ns()
-
-
-def _parse_engine_time(value: str | None) -> int | None:
-    """Engine timestamps (RFC 3339 with up to 9 fractional digits) as epoch ns."""
-    if not value or value.startswith(_ZERO_TIME_PREFIX):
-        return None
-    text = value.strip().replace("Z", "+00:00")
-    frac = ""
-    if "." in text:
-        head, rest = text.split(".", 1)
-        digits = ""
-        i = 0
-        while i < len(rest) and rest[i].isdigit():
-            digits += rest[i]
-            i += 1
-        tz = rest[i:]
-        frac = digits[:9].ljust(9, "0")
-        text = head + tz
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return int(dt.timestamp()) * 1_000_000_000 + (int(frac) if frac else 0)
-
-
 IMAGE_PRESENT_TTL_S = 30.0
 NETWORK_PRESENT_TTL_S = 30.0
+# How long the look start takes at a container it started answers the next observe:
+# the readiness wait asks at once, so that look need not be taken twice.
+JUST_STARTED_S = 1.0
 # An account network a create used this recently is not removed as unused: Podman
 # checks a network's users and removes it without holding off a create in between, so
 # a container created meanwhile would find its network gone at start.
@@ -127,15 +99,6 @@ class _NameInUse(Exception):
 
 class _NetworkGone(Exception):
     """The account network the container was to join no longer exists."""
-
-
-def _state_of(status: str) -> ContainerState:
-    status = status.lower()
-    if status in _RUNNING_STATES:
-        return ContainerState.RUNNING
-    if status in _CREATED_STATES:
-        return ContainerState.CREATED
-    return ContainerState.EXITED
 
 
 class DockerEngineRuntime:
@@ -188,6 +151,8 @@ class DockerEngineRuntime:
         # The last spec created per cluster, so start() can recreate without limits if
         # the OCI runtime only rejects them when the container starts.
         self._specs: dict[str, ContainerSpec] = {}
+        # What start saw of each container just started, until when (see observe).
+        self._just_started: dict[str, tuple[float, Observed]] = {}
         # Images known present, until the given monotonic time: an inspect per start
         # is a round trip on the start path. An image removed meanwhile makes create
         # fail with a clear error and is forgotten, so the next start pulls it.
@@ -561,7 +526,16 @@ class DockerEngineRuntime:
             self.engine.remove_container(name)
             self._create(spec)
             self._start(cluster_id, name)
-        self.engine.keep_isolation_first()
+        # The engine may just have put its own accepting jumps above ours; they are
+        # put back below before this returns (nothing is reported running before).
+        # Meanwhile the container is looked at once, for the caller's first observe.
+        guard = SideBySide(self.engine.keep_isolation_first, name="isolation")
+        try:
+            seen = self.observe(cluster_id)
+        finally:
+            guard.result()
+        with self._lock:
+            self._just_started[cluster_id] = (self._clock() + JUST_STARTED_S, seen)
 
     def _start(self, cluster_id: str, name: str) -> None:
         with self.engine.errors(f"starting cluster {cluster_id}"):
@@ -583,6 +557,7 @@ class DockerEngineRuntime:
         self.engine.stop_and_remove(self._name(cluster_id), timeout_s)
         with self._lock:
             self._specs.pop(cluster_id, None)
+            self._just_started.pop(cluster_id, None)
             for consumer in ("view", "idle"):
                 self._cpu_samples.pop((consumer, cluster_id), None)
 
@@ -590,6 +565,8 @@ class DockerEngineRuntime:
         """Stop the container but keep it (and its logs) until it is started again or
         removed. A missing container is fine."""
         name = self._name(cluster_id)
+        with self._lock:
+            self._just_started.pop(cluster_id, None)
         if self.engine.inspect_container(name) is None:
             return
         self.engine.stop_container(name, timeout_s)
@@ -600,26 +577,14 @@ class DockerEngineRuntime:
         self.engine.remove_volume(name, legacy=legacy)
 
     def observe(self, cluster_id: str) -> Observed:
-        """The container's current state; MISSING when there is none."""
-        info = self.engine.inspect_container(self._name(cluster_id))
-        if info is None:
-            return Observed(state=ContainerState.MISSING)
-        state = info.get("State") or {}
-        cstate = _state_of(str(state.get("Status", "")))
-        error = state.get("Error") or None
-        if state.get("OOMKilled"):
-            error = "out of memory: the container was OOM-killed"
-        started = state.get("StartedAt")
-        started_at = str(started) if started and not str(started).startswith("0001") else None
-        exit_code = state.get("ExitCode") if cstate is ContainerState.EXITED else None
-        return Observed(
-            state=cstate,
-            container_id=info.get("Id"),
-            exit_code=int(exit_code) if exit_code is not None else None,
-            error=str(error) if error else None,
-            started_at=started_at,
-            address=_network_address(info),
-        )
+        """The container's current state; MISSING when there is none. The first call
+        within JUST_STARTED_S of :meth:`start` answers what start saw right after the
+        container started (its readiness wait's first look)."""
+        with self._lock:
+            until, seen = self._just_started.pop(cluster_id, (0.0, None))
+        if seen is not None and self._clock() < until:
+            return seen
+        return observed_of(self.engine.inspect_container(self._name(cluster_id)))
 
     def list_managed(self) -> list[ManagedContainer]:
         """Every cluster container of this installation, running or not (one call)."""
@@ -627,7 +592,7 @@ class DockerEngineRuntime:
         for row in self.engine.list_containers(LABEL_CLUSTER):
             cluster_id = (row.get("Labels") or {}).get(LABEL_CLUSTER)
             if cluster_id:
-                state = _state_of(str(row.get("State", "")))
+                state = state_of(str(row.get("State", "")))
                 out.append(ManagedContainer(str(cluster_id), str(row.get("Id")), state))
         return out
 
@@ -678,7 +643,7 @@ class DockerEngineRuntime:
         cpu_total = int(
             ((raw.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage") or 0
         )
-        now = _parse_engine_time(raw.get("read")) or _now_ns()
+        now = parse_engine_time(raw.get("read")) or time.time_ns()
         with self._lock:
             prev = self._cpu_samples.get((consumer, cluster_id))
             self._cpu_samples[(consumer, cluster_id)] = (cid, cpu_total, now)
@@ -686,7 +651,7 @@ class DockerEngineRuntime:
         if prev is not None and prev[0] == cid and now > prev[2] and cpu_total >= prev[1]:
             cpu_percent = (cpu_total - prev[1]) / (now - prev[2]) * 100.0
         else:
-            started = _parse_engine_time(observed.started_at)
+            started = parse_engine_time(observed.started_at)
             elapsed = now - started if started else 0
             cpu_percent = cpu_total / elapsed * 100.0 if elapsed > 0 else 0.0
         mem = raw.get("memory_stats") or {}
@@ -774,14 +739,3 @@ def _split_image(image: str) -> tuple[str, str | None]:
     if colon > slash:
         return image[:colon], image[colon + 1 :]
     return image, "latest"
-
-
-def _network_address(info: dict[str, Any]) -> str | None:
-    """The container's IP address on its (first) network, from an inspect answer."""
-    settings = info.get("NetworkSettings") or {}
-    for network in (settings.get("Networks") or {}).values():
-        address = (network or {}).get("IPAddress")
-        if address:
-            return str(address)
-    address = settings.get("IPAddress")
-    return str(address) if address else None

@@ -101,14 +101,15 @@ class HostEngineRuntime(DockerEngineRuntime):
 
 
 def local_volume_images(
-    engine_url: str | None, volume_image_dir: str | None
+    engine_url: str | None, volume_image_dir: str | None, spares: int = 0
 ) -> VolumeImages | None:
     """How this machine's engine at ``engine_url`` makes (and removes) sized volumes'
-    images: by this machine's shell, in ``volume_image_dir``; None when the engine is
-    not on this machine or no directory is set (sizes then are not enforced)."""
+    images: by this machine's shell, in ``volume_image_dir``, keeping ``spares`` spare
+    images per size in use; None when the engine is not on this machine or no
+    directory is set (sizes then are not enforced)."""
     if not volume_image_dir or not is_local_engine(engine_url):
         return None
-    return VolumeImages(subprocess_runner, volume_image_dir)
+    return VolumeImages(subprocess_runner, volume_image_dir, spares=spares)
 
 
 def host_runtime_factory(
@@ -117,16 +118,20 @@ def host_runtime_factory(
     timeout_s: float,
     *,
     volume_image_dir: str | None = DEFAULT_DIRECTORY,
+    volume_spares: int = 0,
 ) -> RuntimeFactory:
     """Makes the runtime of a host from its engine URL. Firewall rules are kept, and
-    sized volumes' images made (in ``volume_image_dir``), on every host we can run
+    sized volumes' images made (in ``volume_image_dir``, ``volume_spares`` spare images
+    kept per size in use), on every host we can run
     commands on (SSH, or a unix socket on this machine); a TCP engine's host keeps its
     engine's own isolation (``policy.allow_unisolated_networks`` decides for Podman)
     and cannot have sized volumes (``policy.allow_unenforced_disk`` decides; nor can
     any host when ``volume_image_dir`` is empty or None)."""
 
     def images(runner: Runner) -> VolumeImages | None:
-        return VolumeImages(runner, volume_image_dir) if volume_image_dir else None
+        if not volume_image_dir:
+            return None
+        return VolumeImages(runner, volume_image_dir, spares=volume_spares)
 
     keys = SshKeys(home)
     sockets = Path(home) / "ssh" / "sockets"

@@ -21,12 +21,15 @@ What the host needs: e2fsprogs (``mkfs.ext4``, ``e2fsck``, ``resize2fs``, ``debu
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.runtimes.hosts.firewall import Runner
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DIRECTORY = "/var/lib/gpuyard/volume-images"
 FS_TYPE = "ext4"
@@ -36,6 +39,17 @@ FS_TYPE = "ext4"
 # host blocks for nothing. nodev, nosuid: a tenant's file system holds no device node
 # or set-id program the host honours (as the engine mounts its own volumes).
 MOUNT_OPTIONS = "loop,discard,noinit_itable,nodev,nosuid"
+
+# Spare images: a new volume's image (mkfs of a fresh file system, the slowest part
+# of its first start, and CPU the start's own engine work then lacks) is taken ready
+# made from this folder of the images' folder when one of its exact size waits there;
+# one is made again, off the start's path, for the next volume of that size. A spare
+# is an empty file system nobody ever mounted; any installation sharing the folder
+# may take it (a rename: only one taker gets each). Names start with a dot, which no
+# volume's name does.
+SPARES_FOLDER = ".spares"
+MAX_SPARES = 16  # of all sizes together: each holds only its file system's metadata
+REFILL_DELAY_S = 2.0  # after the image it replaces: the start that took it is done
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 
@@ -50,27 +64,47 @@ done
 mkdir -p "$dir" && chmod 700 "$dir" && [ -w "$dir" ] || { echo "cannot write $dir"; exit 3; }
 """
 
-# Makes image $1 of $2 bytes if it is missing, else grows it to $2 bytes if smaller
-# (never shrinks). A new file system has no lost+found: a volume starts empty, as an
-# engine's plain volume does (a copy or restore then matches its source entry for
-# entry). A new image is made under a temporary name and renamed, so a
-# half-made one is never used. A grow marks the image ($1.grow) until its file system
-# has grown too: online when its loop device is attached (the volume is mounted),
-# else checked and resized offline; a grow that failed (an online resize needs
-# CAP_SYS_RESOURCE) is tried again by the next call.
-_ENSURE = r"""
-set -e
-umask 077
-img=$1; size=$2
-if [ ! -e "$img" ]; then
-  mkdir -p "$(dirname "$img")"
-  tmp="$img.new.$$"
+# Makes an empty file system in the sparse file $tmp of $size bytes. It has no
+# lost+found: a volume starts empty, as an engine's plain volume does (a copy or
+# restore then matches its source entry for entry).
+_MKFS = r"""
   truncate -s "$size" "$tmp"
   mkfs.ext4 -q -F -b 4096 -m 0 -E lazy_itable_init=1,lazy_journal_init=1,nodiscard "$tmp" \
     && debugfs -w -R "rmdir lost+found" "$tmp" >/dev/null 2>&1 \
     || { rm -f "$tmp"; exit 1; }
+"""
+
+# Makes image $1 of $2 bytes if it is missing, else grows it to $2 bytes if smaller
+# (never shrinks); prints "image taken" or "image made" when the image is new. A new
+# image is a spare of its size from folder $3 when one waits there (see
+# SPARES_FOLDER), else made now; either way under a temporary name first and renamed,
+# so a half-made one is never used. A grow marks the image ($1.grow) until its file
+# system has grown too: online when its loop device is attached (the volume is
+# mounted), else checked and resized offline; a grow that failed (an online resize
+# needs CAP_SYS_RESOURCE) is tried again by the next call.
+_ENSURE = (
+    r"""
+set -e
+umask 077
+img=$1; size=$2; spares=${3:-}
+if [ ! -e "$img" ]; then
+  mkdir -p "$(dirname "$img")"
+  tmp="$img.new.$$"
+  how=made
+  if [ -n "$spares" ]; then
+    for spare in "$spares/$size".*.img; do
+      # rename(2) is atomic: of two takers of one spare, only one gets it.
+      if mv -T "$spare" "$tmp" 2>/dev/null; then how=taken; break; fi
+    done
+  fi
+  if [ "$how" = made ]; then
+"""
+    + _MKFS.strip("\n")
+    + r"""
+  fi
   mv -n "$tmp" "$img"
   rm -f "$tmp"
+  echo "image $how"
 fi
 # Only root reads a tenant's raw file system (images made before this were 0644).
 chmod 600 "$img"
@@ -93,6 +127,36 @@ if [ -e "$img.grow" ]; then
   rm -f "$img.grow"
 fi
 """
+)
+
+# Makes one spare image of $2 bytes in folder $1 unless $3 of that size wait there
+# already, or the folder holds MAX_SPARES of any size. Made under a temporary name and
+# renamed, so a taker never sees a half-made one; what a refill cut off left behind
+# (older than any refill takes) goes first.
+_SPARE = (
+    r"""
+set -e
+umask 077
+spares=$1; size=$2; want=$3; most=$4
+# The images' folder itself is made by a volume's first image, never by a refill.
+[ -d "$(dirname "$spares")" ] || exit 0
+mkdir -p "$spares"
+chmod 700 "$spares"
+find "$spares" -maxdepth 1 -name '*.new' -mmin +10 -delete 2>/dev/null || true
+have=0; all=0
+for spare in "$spares"/*.img; do
+  [ -e "$spare" ] || continue
+  all=$((all + 1))
+  case "$spare" in "$spares/$size".*) have=$((have + 1));; esac
+done
+[ "$have" -lt "$want" ] && [ "$all" -lt "$most" ] || exit 0
+tmp="$spares/$size.$$.new"
+"""
+    + _MKFS.strip("\n")
+    + r"""
+mv -T "$tmp" "$spares/$size.$$.img"
+"""
+)
 
 # Prints "<allocated bytes> <path>" per existing image: blocks, not apparent length.
 _USAGE = r"""
@@ -113,12 +177,25 @@ class VolumeImages:
     through ``runner``. Thread-safe; every method but :meth:`problem` may raise
     RuntimeFailure with the host's own words."""
 
-    def __init__(self, runner: Runner, directory: str = DEFAULT_DIRECTORY) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        directory: str = DEFAULT_DIRECTORY,
+        *,
+        spares: int = 0,
+        later: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
+        """``spares``: how many spare images of each size in use to keep ready (0:
+        none; see SPARES_FOLDER); ``later`` runs a refill off the caller's path (by
+        default on a timer thread, REFILL_DELAY_S after the image it replaces)."""
         self.run = runner
         self.directory = directory.rstrip("/") or "/"
+        self.spares = max(0, spares)
+        self._later = later or _after(REFILL_DELAY_S)
         self._lock = threading.Lock()
         self._checked = False
         self._problem: str | None = None
+        self._refilling: set[int] = set()
 
     def path(self, volume: str) -> str:
         """The image file of volume ``volume``."""
@@ -151,11 +228,47 @@ class VolumeImages:
         if size_bytes <= 0:
             raise RuntimeFailure(f"volume {volume} needs a positive size, not {size_bytes}")
         image = self.path(volume)
-        self._check(
-            ["sh", "-c", _ENSURE, "sh", image, str(size_bytes)],
+        spares = [self.spare_folder] if self.spares else []
+        done = self._check(
+            ["sh", "-c", _ENSURE, "sh", image, str(size_bytes), *spares],
             f"preparing the image of volume {volume}",
         )
+        if spares and "image " in done:
+            # A new image (a spare taken, or none waited): the next one of this size
+            # finds a spare.
+            self._refill_later(size_bytes)
         return image
+
+    @property
+    def spare_folder(self) -> str:
+        """Where spare images wait (see SPARES_FOLDER)."""
+        return f"{self.directory}/{SPARES_FOLDER}"
+
+    def refill(self, size_bytes: int) -> None:
+        """Make spare images of ``size_bytes`` bytes until ``spares`` of them wait (at
+        most MAX_SPARES of all sizes). Best effort: a spare that cannot be made now
+        only means the next new volume of that size is made on its start's path."""
+        if not self.spares or size_bytes <= 0:
+            return
+        argv = ["sh", "-c", _SPARE, "sh", self.spare_folder, str(size_bytes)]
+        done = self.run([*argv, str(self.spares), str(MAX_SPARES)])
+        if done.returncode != 0:
+            log.info("no spare volume image made: %s", done.output.strip()[-300:])
+
+    def _refill_later(self, size_bytes: int) -> None:
+        with self._lock:
+            if size_bytes in self._refilling:
+                return
+            self._refilling.add(size_bytes)
+
+        def refill() -> None:
+            try:
+                self.refill(size_bytes)
+            finally:
+                with self._lock:
+                    self._refilling.discard(size_bytes)
+
+        self._later(refill)
 
     def remove(self, volume: str) -> None:
         """Delete volume ``volume``'s image (the engine's volume is removed first, so
@@ -181,6 +294,17 @@ class VolumeImages:
                 {"action": action},
             )
         return done.output
+
+
+def _after(delay_s: float) -> Callable[[Callable[[], None]], None]:
+    """Runs a call ``delay_s`` seconds from now on a daemon timer thread."""
+
+    def later(call: Callable[[], None]) -> None:
+        timer = threading.Timer(delay_s, call)
+        timer.daemon = True
+        timer.start()
+
+    return later
 
 
 def parse_usage(output: str, by_path: Mapping[str, str]) -> dict[str, int]:
