@@ -6,10 +6,12 @@ every tenant's configuration."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -20,10 +22,44 @@ SQLITE_BEGIN_OPTION = "sqlite_begin"
 WRITE_OPTIONS = {SQLITE_BEGIN_OPTION: "IMMEDIATE"}
 
 
-def make_engine(url: str) -> Engine:
+# A pooled PostgreSQL connection idle longer than this is pinged before it is handed
+# out (see make_engine).
+PING_IDLE_S = 2.0
+
+
+def make_engine(url: str, *, ping_idle_s: float = PING_IDLE_S) -> Engine:
+    """The store's engine for ``url``. PostgreSQL connections are pooled; one that sat
+    idle in the pool for more than ``ping_idle_s`` seconds is pinged before use, and a
+    dead one (a failover, a restart, an idle timeout) is replaced then. One used
+    moments ago is handed out unpinged: a ping on every checkout (SQLAlchemy's
+    ``pool_pre_ping``) was a round trip more per transaction, a dozen on a cluster's
+    start. One that died since anyway fails its statement as the database being away
+    (store/outage.py), and SQLAlchemy's invalidation then drops the pool's other
+    connections of before."""
     if url.startswith("sqlite"):
         return _sqlite_engine(url)
-    return create_engine(sqlalchemy_url(url), pool_size=20, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(sqlalchemy_url(url), pool_size=20, max_overflow=20)
+    _ping_when_idle(engine, ping_idle_s)
+    return engine
+
+
+def _ping_when_idle(engine: Engine, idle_s: float) -> None:
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_conn: Any, record: Any) -> None:
+        record.info["gy_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _lent(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("gy_idle_since")
+        if since is None or time.monotonic() - since <= idle_s:
+            return  # new (just connected), or used a moment ago
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            # The pool discards this connection and lends another (a new one).
+            raise DisconnectionError(f"pooled connection is dead: {exc}") from exc
+        if not alive:
+            raise DisconnectionError("pooled connection is dead")
 
 
 # SQLite's companions of a database file; it creates them with the database file's
