@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 from gpuyard.reconciler.lanes import SLOW, Dispatcher, Wakeup
@@ -42,6 +43,22 @@ def test_wait_reports_the_first_wake_since_the_last_look() -> None:
     first = wakeup.wait(5)
     assert first is not None
     assert wakeup.wait(0) is None
+
+
+def test_wakes_asked_for_soon_come_once_a_moment_later() -> None:
+    """A burst of finished jobs (``wake_soon``) wakes the loop once, after them."""
+    wakeup = Wakeup(soon_s=0.01)
+    try:
+        asked = time.monotonic()
+        for _ in range(3):
+            wakeup.wake_soon()
+        woken = wakeup.wait(5)
+        assert woken is not None and woken >= asked + 0.01
+        assert wakeup.wait(0.1) is None  # the three were one wake
+        wakeup.wake_soon()  # and a later one is a wake of its own
+        assert wakeup.wait(5) is not None
+    finally:
+        wakeup.stop()
 
 
 def test_restarts_are_handed_out_once_when_due() -> None:

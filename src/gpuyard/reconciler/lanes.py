@@ -32,19 +32,53 @@ WEBHOOKS = "webhooks"
 WEBHOOK_WORKERS = 4
 
 
-class Wakeup:
-    """When the loop should look again (``wake``, or its context's use cases ringing the
-    shared :class:`WorkSignal`) and whether it is stopping."""
+# A finished job wakes the loop this much later (see Wakeup.wake_soon).
+JOB_DONE_WAKE_S = 0.02
 
-    def __init__(self, signal: WorkSignal | None = None) -> None:
+
+class Wakeup:
+    """When the loop should look again (``wake``, ``wake_soon``, or its context's use
+    cases ringing the shared :class:`WorkSignal`) and whether it is stopping."""
+
+    def __init__(self, signal: WorkSignal | None = None, soon_s: float = JOB_DONE_WAKE_S) -> None:
         self.signal = signal or WorkSignal()
         self.stopping = threading.Event()
+        self.soon_s = soon_s
+        self._soon = threading.Event()
+        self._soon_lock = threading.Lock()
+        self._soon_thread: threading.Thread | None = None
 
     def wake(self) -> None:
         self.signal.wake()
 
+    def wake_soon(self) -> None:
+        """Wake the loop ``soon_s`` from now; the wakes asked for meanwhile are that one.
+
+        For the end of each job (the world moved: work a job held up may go now). Not
+        at once: the job's last write has just woken whoever waits on it (an API
+        answer that a cluster runs), and the pass took the CPU and the interpreter
+        from that answer on a small host; a pass of its own per job was also more
+        passes than a burst of finished jobs needs. One thread serves every wake."""
+        self._soon.set()
+        with self._soon_lock:
+            if self._soon_thread is None:
+                self._soon_thread = threading.Thread(
+                    target=self._wake_soon_loop, name="reconciler-wake-soon", daemon=True
+                )
+                self._soon_thread.start()
+
+    def _wake_soon_loop(self) -> None:
+        while True:
+            self._soon.wait()
+            if self.stopping.wait(self.soon_s):
+                return
+            # Cleared before the wake: a job ending after this asks for the next one.
+            self._soon.clear()
+            self.signal.wake()
+
     def stop(self) -> None:
         self.stopping.set()
+        self._soon.set()  # the wake-soon thread ends
         self.signal.wake()
 
     def wait(self, timeout_s: float) -> float | None:
@@ -86,7 +120,7 @@ class Dispatcher:
                 STORAGE: STORAGE_WORKERS,
                 WEBHOOKS: WEBHOOK_WORKERS,
             },
-            on_done=wakeup.wake,
+            on_done=wakeup.wake_soon,
         )
         return cls(queue, key_of, workers, wakeup)
 
