@@ -257,7 +257,11 @@ class VolumeImages:
         # At the lowest CPU priority: a refill is never what anybody waits for, and
         # starts on the same host (engine, runtime, network set-up) go first.
         argv = ["nice", "-n", "19", "sh", "-c", _SPARE, "sh", self.spare_folder, str(size_bytes)]
-        done = self.run([*argv, str(self.spares), str(MAX_SPARES)])
+        try:
+            done = self.run([*argv, str(self.spares), str(MAX_SPARES)])
+        except Exception as exc:  # the host's runner failed (SSH): nothing is lost
+            log.info("no spare volume image made: %s", exc)
+            return
         if done.returncode != 0:
             log.info("no spare volume image made: %s", done.output.strip()[-300:])
 
