@@ -13,6 +13,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -346,6 +347,38 @@ def test_uploads_cut_off_by_a_killed_server_are_swept_at_the_next_start(repo: Pa
 
 def test_a_lock_written_as_the_operation_ends_does_not_outlive_it(repo: Path) -> None:
     state = RepositoryState(repo, "u", "p", Mode.BACKUP, {})
-    assert state.lock_created("a" * 64)
-    assert state.close() == ["a" * 64]
-    assert not state.lock_created("b" * 64)  # the caller removes that one
+    (repo / "locks").mkdir(exist_ok=True)
+    first, late = repo / "locks" / ("a" * 64), repo / "locks" / ("b" * 64)
+    assert state.place_lock(first.name, first.touch)
+    assert state.close() == [first.name]
+    assert not first.exists()
+    assert not state.place_lock(late.name, late.touch)
+    assert not late.exists()  # never placed
+
+
+def test_a_lock_being_placed_as_the_server_closes_is_deleted(repo: Path) -> None:
+    """close() from another thread while a lock is being linked into place waits for
+    it and deletes it: no instant lets a placed lock escape the server's notice."""
+    state = RepositoryState(repo, "u", "p", Mode.BACKUP, {})
+    (repo / "locks").mkdir(exist_ok=True)
+    lock = repo / "locks" / ("c" * 64)
+    placing, go_on = threading.Event(), threading.Event()
+
+    def place() -> None:
+        placing.set()
+        go_on.wait(5)
+        lock.touch()
+
+    placer = threading.Thread(target=state.place_lock, args=(lock.name, place))
+    placer.start()
+    assert placing.wait(5)
+    closed: list[list[str]] = []
+    closer = threading.Thread(target=lambda: closed.append(state.close()))
+    closer.start()
+    closer.join(0.1)
+    assert closer.is_alive()  # waits for the placing to end
+    go_on.set()
+    placer.join(5)
+    closer.join(5)
+    assert closed == [[lock.name]]
+    assert not lock.exists()

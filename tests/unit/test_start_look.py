@@ -67,3 +67,15 @@ def test_a_stale_or_stopped_look_is_not_answered() -> None:
     rt.start("c1")
     rt.stop("c1")
     assert rt.observe("c1").state is ContainerState.MISSING  # not what start saw
+
+
+def test_a_create_after_a_start_forgets_the_look() -> None:
+    stand_in = LookedAt()
+    rt = runtime_on(stand_in)
+    rt.create(spec(7))
+    rt.start("c1")
+    stand_in.started.clear()  # the engine's answer once the container is made again
+    rt.create(spec(7))
+    looked = stand_in.inspects
+    assert rt.observe("c1").state is ContainerState.CREATED  # not what start saw
+    assert stand_in.inspects == looked + 1

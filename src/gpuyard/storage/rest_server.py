@@ -43,6 +43,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
@@ -91,12 +92,15 @@ class RepositoryState:
             return False
         return secrets.compare_digest(header.encode(), self._authorization.encode())
 
-    def lock_created(self, name: str) -> bool:
-        """Note lock ``name`` as this server's; False once closed (the caller removes
-        it: close() has already deleted the ones it knew)."""
+    def place_lock(self, name: str, place: Callable[[], None]) -> bool:
+        """Put lock ``name`` in place (``place``) and note it as this server's, as one
+        step against :meth:`close`: a lock is either placed and known, so close()
+        deletes it, or, once closed, never placed (False). (Placed first and noted
+        after, a server ending in between left a lock no one would delete.)"""
         with self._lock:
             if self._closed:
                 return False
+            place()
             self._created_locks.add(name)
             return True
 
@@ -293,13 +297,16 @@ class Handler(BaseHTTPRequestHandler):
             # of this name exists already with the same content (the name is its
             # checked hash), so there is nothing to do.
             parent, name = self._parent_of(target, create=True)
-            try:
+
+            def place() -> None:
                 with contextlib.suppress(FileExistsError):
                     os.link(tmp, name, dst_dir_fd=parent)
-                if target.kind == "locks" and not self.state.lock_created(target.name):
+
+            try:
+                if target.kind != "locks":
+                    place()
+                elif not self.state.place_lock(target.name, place):
                     # Written while the operation ended: no lock may outlive it.
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(name, dir_fd=parent)
                     raise Refused(403, "the operation is over")
             finally:
                 os.close(parent)

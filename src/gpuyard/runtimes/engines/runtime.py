@@ -346,6 +346,8 @@ class DockerEngineRuntime:
         name = self._name(spec.cluster_id)
         with self._lock:
             self._specs[spec.cluster_id] = spec
+            # The container start looked at is about to be replaced.
+            self._just_started.pop(spec.cluster_id, None)
         if spec.replaces:
             self.engine.stop_and_remove(spec.replaces, timeout_s=10, legacy=True)
         if not spec.volume_name:
