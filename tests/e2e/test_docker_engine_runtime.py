@@ -189,6 +189,33 @@ def test_volume_survives_stop_container_disk_does_not(
     assert "junk-gone" in out
 
 
+def test_a_restart_whose_volume_went_behind_our_back_gets_ours_again(
+    rt: DockerEngineRuntime, new_cluster: Callable[[], str]
+) -> None:
+    """A restart creates its container while its volume, seen before, is checked. The
+    volume removed meanwhile by someone else (the engine then makes a bare one for
+    the mount): the create makes the container again on a volume of ours, labelled."""
+    cid = new_cluster()
+    vol = rt.engine.owner.volume(cid)
+    write = "echo kept > /workspace/keep"
+    rt.create(make_spec(rt, cid, ("sh", "-c", write)))
+    rt.start(cid)
+    assert wait_state(rt, cid, ContainerState.EXITED).exit_code == 0
+    rt.stop(cid)
+    # The usual restart: created beside the check, on the same volume, data kept.
+    rt.create(make_spec(rt, cid, ("sh", "-c", "cat /workspace/keep")))
+    rt.start(cid)
+    assert wait_state(rt, cid, ContainerState.EXITED).exit_code == 0
+    assert "kept" in rt.logs(cid)
+    rt.stop(cid)
+    subprocess.run(["podman", "volume", "rm", vol], check=True, capture_output=True)
+    rt.create(make_spec(rt, cid, ("sh", "-c", "ls /workspace | wc -l")))
+    rt.start(cid)
+    assert wait_state(rt, cid, ContainerState.EXITED).exit_code == 0
+    assert vol in {v.name for v in rt.list_volumes()}  # labelled as ours again
+    assert rt.logs(cid).strip().splitlines()[-1] == "0"  # a new, empty volume
+
+
 def test_create_replaces_existing_container(
     rt: DockerEngineRuntime, new_cluster: Callable[[], str]
 ) -> None:

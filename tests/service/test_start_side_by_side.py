@@ -1,4 +1,5 @@
-"""A start asks the host which ports are taken while the container is created, and
+"""A start asks the host which ports are taken from the moment it begins (its store
+reads and spec go on meanwhile), the container's create takes that answer, and
 still never starts a container on a port something else holds: a port gpuyard chose
 that turns out taken gets the container made again on a free one before the start; a
 port the user chose is asked about first (no container is made for a start that
@@ -72,6 +73,7 @@ def test_the_host_is_asked_while_the_container_is_created(
     assert status(ctx, alice, c.id) == "running"
     assert runtime.met == [True, True]
     assert runtime.calls["create"] == 1
+    assert runtime.calls["host_ports_in_use"] == 1  # the start's early ask, taken
 
 
 def test_a_taken_port_found_meanwhile_is_never_started_on(

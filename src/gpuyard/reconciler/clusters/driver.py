@@ -25,11 +25,12 @@ from gpuyard.core.side_by_side import SideBySide
 from gpuyard.core.states import ClusterStatus
 from gpuyard.observability.crash_points import crash_point
 from gpuyard.reconciler.clusters.container_spec import ContainerSpecs
+from gpuyard.reconciler.clusters.early_ports import EarlyPortsAsk
 from gpuyard.reconciler.clusters.log_archive import forget_logs, keep_logs, stop_keeping_logs
 from gpuyard.reconciler.clusters.port_moves import MOVES_PER_START, move_off, port_in_use
 from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_of
 from gpuyard.reconciler.clusters.restore import RestoreStorage, VolumeRestores
-from gpuyard.reconciler.clusters.start_checks import read_start_checks
+from gpuyard.reconciler.clusters.start_checks import StartChecks, read_start_checks
 from gpuyard.reconciler.clusters.start_retries import StartRetries
 from gpuyard.runtimes.base import ContainerSpec, ContainerState, Runtime
 from gpuyard.runtimes.volumes.moves import copy_volume_between
@@ -187,6 +188,24 @@ class ClusterDriver:
             # and a "stopped" snapshot must not see a running container; the
             # snapshot's end wakes the reconciler.
             return
+        # (A move or a restore comes first and takes a while: the create asks then.)
+        quick = checks.move is None and checks.restore is None
+        early = self._ask_ports_early(c) if quick else None
+        try:
+            self._start_checked(c, checks, early)
+        finally:
+            if early is not None:
+                early.settle()
+
+    def _ask_ports_early(self, c: Cluster) -> EarlyPortsAsk | None:
+        """The host's taken ports, asked from now when the create would ask them side
+        by side (every port gpuyard's choice; reconciler/clusters/early_ports.py)."""
+        if not c.ports or any(p.external_port for p in ports_of(c)):
+            return None
+        host_id, cluster_id = c.host_id, c.id
+        return EarlyPortsAsk(lambda: self._ports_taken(host_id, cluster_id))
+
+    def _start_checked(self, c: Cluster, checks: StartChecks, early: EarlyPortsAsk | None) -> None:
         move = checks.move
         if move is not None and not self._move_volume(c, move, starting=True):
             return
@@ -208,7 +227,7 @@ class ClusterDriver:
             asked = False  # whether the host was just asked (no need to ask again)
             for moves_left in range(MOVES_PER_START, -1, -1):
                 try:
-                    self._create_and_start(c, check_ports=not asked)
+                    self._create_and_start(c, check_ports=not asked, early=early)
                     break
                 except RuntimeFailure as exc:
                     taken = port_in_use(exc.message)
@@ -233,15 +252,18 @@ class ClusterDriver:
             had = bool((c.runtime_handle or {}).get("container_id"))
             self._fail(c, exc.message, container=had, summary=f"start failed ({exc.code})")
 
-    def _create_and_start(self, c: Cluster, *, check_ports: bool) -> None:
+    def _create_and_start(
+        self, c: Cluster, *, check_ports: bool, early: EarlyPortsAsk | None = None
+    ) -> None:
         """Create the cluster's container from its current spec and start it
-        (``check_ports``: ask the host which ports are taken, see :meth:`_create`)."""
+        (``check_ports``: ask the host which ports are taken, see :meth:`_create`;
+        ``early``: that question, asked as the start began)."""
         spec = self.specs.build(c)
         # Container creation always repeats: it replaces any container left over
         # from an interrupted attempt or the previous run (restart).
         if (c.runtime_handle or {}).get("container_id"):
             keep_logs(self.ctx, self.runtime_of(c.host_id), c.id)
-        container_id = self._create(c, spec, check_ports=check_ports)
+        container_id = self._create(c, spec, check_ports=check_ports, early=early)
         crash_point("start.after_container_create")
         # The container's id is recorded while the engine starts it: the write needs
         # nothing of the start, and the start nothing of the write. Either way round
@@ -274,16 +296,24 @@ class ClusterDriver:
         )
         crash_point("start.after_create_recorded")
 
-    def _create(self, c: Cluster, spec: ContainerSpec, *, check_ports: bool) -> str:
+    def _create(
+        self,
+        c: Cluster,
+        spec: ContainerSpec,
+        *,
+        check_ports: bool,
+        early: EarlyPortsAsk | None = None,
+    ) -> str:
         """Create the container of ``spec``; with ``check_ports``, after asking the host
         which ports of the range something holds and moving the cluster's off them.
 
         When every port is gpuyard's choice, the host is asked while the container is
         created (a command on the host and an engine listing: neither needs the
-        other, and only the start binds the ports); a port that then moves means the
-        container is made again with the new ones. A port the user chose is asked
-        about first: if it is taken the start fails (PortInUse), with no container
-        made for it. Returns the container id."""
+        other, and only the start binds the ports), or since the start began
+        (``early``, while fresh); a port that then moves means the container is made
+        again with the new ones. A port the user chose is asked about first: if it is
+        taken the start fails (PortInUse), with no container made for it. Returns
+        the container id."""
         runtime = self.runtime_of(c.host_id)
         if not check_ports or not c.ports:
             return runtime.create(spec)
@@ -292,7 +322,9 @@ class ClusterDriver:
                 spec = self.specs.build(c)
             return runtime.create(spec)
         host_id, cluster_id = c.host_id, c.id
-        asked = SideBySide(lambda: self._ports_taken(host_id, cluster_id), name="host-ports")
+        asked = (early.take() if early is not None else None) or SideBySide(
+            lambda: self._ports_taken(host_id, cluster_id), name="host-ports"
+        )
         try:
             container_id = runtime.create(spec)
         except BaseException:

@@ -68,6 +68,7 @@ from gpuyard.runtimes.engines.engine import DEFAULT_POLICY, Engine, EnginePolicy
 from gpuyard.runtimes.engines.exec_endpoint import engine_exec_endpoint
 from gpuyard.runtimes.engines.inspect_data import observed_of, parse_engine_time, state_of
 from gpuyard.runtimes.engines.inventory import discover_inventory
+from gpuyard.runtimes.engines.volume_recheck import recheck_volume, remove_mount_made_volume
 from gpuyard.runtimes.engines.volumes import EngineVolumeIO
 from gpuyard.runtimes.hosts.firewall import Runner
 from gpuyard.runtimes.hosts.ports import ports_in_use
@@ -78,6 +79,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_PRESENT_TTL_S = 30.0
 NETWORK_PRESENT_TTL_S = 30.0
+VOLUME_SEEN_TTL_S = 3600.0
 # How long the look start takes at a container it started answers the next observe:
 # the readiness wait asks at once, so that look need not be taken twice.
 JUST_STARTED_S = 1.0
@@ -160,6 +162,9 @@ class DockerEngineRuntime:
         # Account networks known present, until the given monotonic time (same reason).
         # One removed meanwhile makes the create fail; it is then made again, once.
         self._networks_seen: dict[str, float] = {}
+        # Volumes this runtime made or found ours, until the given monotonic time: a
+        # restart creates its container while the volume is checked (see create).
+        self._volumes_seen: dict[str, float] = {}
         # When each account network was last asked for by a create (monotonic).
         self._networks_used: dict[str, float] = {}
         # Previous (container id, cpu total ns, wall ns) per (consumer, cluster) for
@@ -352,13 +357,16 @@ class DockerEngineRuntime:
             self.engine.stop_and_remove(spec.replaces, timeout_s=10, legacy=True)
         if not spec.volume_name:
             return self._create_replacing(spec)
+        labels = _volume_labels(spec.cluster_id, spec.volume_gb or None)
+        if self._volume_seen(spec.volume_name):
+            made = self._create_beside_volume_check(spec, labels)
+            if made is not None:
+                return made
         # Created with our labels (the engine would make an unlabelled one on mount,
         # which our volume listing would not see), sized, or grown to size. A new sized
         # volume's image (mkfs on the host, the slowest part of a first start) is made
         # while the container is created: only the container's start mounts it.
-        ready = self.engine.prepare_volume(
-            spec.volume_name, _volume_labels(spec.cluster_id, spec.volume_gb or None)
-        )
+        ready = self.engine.prepare_volume(spec.volume_name, labels)
         try:
             container_id = self._create_replacing(spec)
         except BaseException:
@@ -373,7 +381,38 @@ class DockerEngineRuntime:
                 self.engine.remove_container(name)
             ready.undo()
             raise
+        with self._lock:
+            self._volumes_seen[spec.volume_name] = self._clock() + VOLUME_SEEN_TTL_S
         return container_id
+
+    def _volume_seen(self, volume: str) -> bool:
+        with self._lock:
+            return self._volumes_seen.get(volume, 0.0) > self._clock()
+
+    def _create_beside_volume_check(
+        self, spec: ContainerSpec, labels: dict[str, str] | None
+    ) -> str | None:
+        """Create the container while its volume, seen before, is checked (and grown
+        to size): a restart's container needs nothing of the check, and the start,
+        which mounts the volume, comes after both. Returns the container id; None when
+        the volume turned out gone or not ours (removed behind gpuyard's back): the
+        container and whatever volume the engine made for its mount are removed, and
+        the caller makes both the first-time way."""
+        volume = str(spec.volume_name)
+        checked = SideBySide(lambda: recheck_volume(self.engine, volume, labels), name="volume")
+        try:
+            container_id = self._create_replacing(spec)
+        except BaseException:
+            checked.settle()
+            raise
+        if checked.result():
+            return container_id
+        log.warning("volume %s of cluster %s is gone; making it again", volume, spec.cluster_id)
+        with self._lock:
+            self._volumes_seen.pop(volume, None)
+        self.engine.remove_container(self._name(spec.cluster_id))
+        remove_mount_made_volume(self.engine, volume)
+        return None
 
     def _create_replacing(self, spec: ContainerSpec) -> str:
         """Create the container, replacing one of ours of the same name, dropping what
@@ -576,6 +615,8 @@ class DockerEngineRuntime:
     def remove_volume(self, name: str, *, legacy: bool = False) -> None:
         """Delete our named volume. A missing volume is fine; one still in use by a
         container raises :class:`RuntimeFailure`; somebody else's raises NotOurs."""
+        with self._lock:
+            self._volumes_seen.pop(name, None)
         self.engine.remove_volume(name, legacy=legacy)
 
     def observe(self, cluster_id: str) -> Observed:
