@@ -395,7 +395,7 @@ class DockerEngineRuntime:
         """Create the container while its volume, seen before, is checked (and grown
         to size): a restart's container needs nothing of the check, and the start,
         which mounts the volume, comes after both. Returns the container id; None when
-        the volume turned out gone or not ours (removed behind gpuyard's back): the
+        the volume turned out gone or bare (removed behind gpuyard's back): the
         container and whatever volume the engine made for its mount are removed, and
         the caller makes both the first-time way."""
         volume = str(spec.volume_name)

@@ -17,15 +17,16 @@ from gpuyard.runtimes.engines.engine import Engine
 
 
 def recheck_volume(engine: Engine, name: str, labels: Mapping[str, str] | None = None) -> bool:
-    """True when volume ``name`` is ours (then grown to the labels' size, as
-    Engine.prepare_volume does); False when it is gone or not ours (the engine may
-    just have made it, unlabelled, for a container's mount)."""
+    """True when volume ``name`` is there as made (labelled; then grown to the labels'
+    size, as Engine.prepare_volume does for a volume it finds); False when it is gone
+    or bare (the engine may just have made it, with no labels, for a container's
+    mount)."""
     with engine.errors(f"checking volume {name}"):
         try:
             info = engine.api.inspect_volume(name)
         except docker.errors.NotFound:
             return False
-    if not engine.claims(info.get("Labels")):
+    if not info.get("Labels"):
         return False
     size = size_label(labels)
     if size:
