@@ -436,12 +436,13 @@ def assign_ports(
         return {}
     previous: dict[tuple[int, str], int] = {}
     if not fresh:
-        previous = {
-            (r.internal_port, r.protocol): r.port
-            for r in session.scalars(
-                select(PortAllocation).where(PortAllocation.cluster_id == cluster_id)
-            )
-        }
+        rows = list(
+            session.scalars(select(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
+        )
+        kept = ports_kept(rows, ports, host_id)
+        if kept is not None:
+            return kept
+        previous = {(r.internal_port, r.protocol): r.port for r in rows}
         session.execute(delete(PortAllocation).where(PortAllocation.cluster_id == cluster_id))
         session.flush()
     taken = {
@@ -493,6 +494,25 @@ def assign_ports(
         )
     session.flush()
     return result
+
+
+def ports_kept(
+    rows: Collection[PortAllocation], ports: tuple[PortSpec, ...], host_id: int
+) -> dict[tuple[int, str], int] | None:
+    """What :func:`assign_ports` would answer for a cluster that keeps every port it
+    holds (``rows``): all on ``host_id``, exactly one per port of ``ports``, each of
+    gpuyard's choice. Then nothing changes (a row's key is the host, port and
+    transport: no other cluster holds any of them), so its rows stay as they are
+    instead of being deleted and written again. None when anything would change."""
+    keys = [(spec.internal_port, spec.transport) for spec in ports]
+    if any(spec.external_port for spec in ports) or len(set(keys)) != len(keys):
+        return None
+    held = {(r.internal_port, r.protocol): r for r in rows}
+    if len(held) != len(rows) or set(held) != set(keys):
+        return None
+    if any(r.host_id != host_id for r in rows):
+        return None
+    return {key: held[key].port for key in keys}
 
 
 def free_port(
