@@ -331,6 +331,10 @@ def main() -> int:
                                 f"label={mine}"], capture_output=True)  # fmt: skip
                 subprocess.run(["podman", "--url", bare.url, "volume", "prune", "-f", "--filter",
                                 f"label={mine}"], capture_output=True)  # fmt: skip
+                # Its account networks too (the server removes an unused one only
+                # after a grace period, and it is stopped before that).
+                subprocess.run(["podman", "--url", bare.url, "network", "prune", "-f", "--filter",
+                                f"label={mine}"], capture_output=True)  # fmt: skip
         service.stop()
         shutil.rmtree(work, ignore_errors=True)
         if pg_admin:
