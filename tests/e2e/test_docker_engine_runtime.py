@@ -372,6 +372,9 @@ class _StubApi:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
+    def info(self) -> dict[str, Any]:
+        return {}  # nothing told of its storage
+
     def create_container(self, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(kwargs)
         if "NanoCpus" in kwargs["host_config"]:

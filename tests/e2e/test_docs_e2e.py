@@ -38,6 +38,7 @@ DOCS_ENV = {
     "GPUYARD_LOCAL_GPUS": "NVIDIA RTX A6000:4",
     "GPUYARD_LOCAL_VCPUS": "32",
     "GPUYARD_LOCAL_MEMORY_GB": "128",
+    "GPUYARD_ALLOW_UNENFORCED_DISK": "true",
 }
 
 FENCE = re.compile(r"^```(sh|bash|console|python)\b\s*(?:\{skip=\"([^\"]+)\"\})?\s*$")

@@ -55,6 +55,9 @@ class _Api:
     def __init__(self) -> None:
         self.created: list[dict[str, Any]] = []
 
+    def info(self) -> dict[str, Any]:
+        return {}  # nothing told of its storage
+
     def create_container(self, **kwargs: Any) -> dict[str, Any]:
         host_config = kwargs.get("host_config") or {}
         if "NanoCpus" in host_config or "Memory" in host_config:

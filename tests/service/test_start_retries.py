@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from gpuyard.core.errors import RuntimeFailure
 from gpuyard.reconciler.loop import Reconciler
 from gpuyard.services.clock import FakeClock
 from gpuyard.services.clusters import use_cases as uc
@@ -71,3 +72,17 @@ def test_a_stop_during_the_back_off_ends_the_retries(
     assert status(ctx, alice, c.id) == "stopped"
     assert gpus_held(ctx, c.id) == []
     assert rec.driver.start_retries.due(c.id)
+
+
+def test_a_disk_size_the_host_cannot_enforce_ends_the_start_at_once(
+    ctx: Context, alice: Principal, rec: Reconciler, runtime: FakeRuntime
+) -> None:
+    runtime.fail_next["create"] = RuntimeFailure(
+        "this host cannot enforce disk sizes (overlay on extfs)", {"enforces_disk": False}
+    )
+    c = uc.create_cluster(ctx, alice, a6000(1))
+    rec.driver.drive(c.id)
+    assert status(ctx, alice, c.id) == "error"
+    assert retry_events(ctx, c.id) == []
+    assert runtime.calls["create"] == 1
+    assert gpus_held(ctx, c.id) == []

@@ -14,6 +14,7 @@ import pytest
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_SIZE, Ownership
 from gpuyard.runtimes.base import GIB, ContainerSpec
+from gpuyard.runtimes.engines.disk import storage_problem
 from gpuyard.runtimes.engines.engine import EnginePolicy
 from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.runtimes.hosts.firewall import CommandResult
@@ -54,6 +55,8 @@ class _Api:
         self.removed: list[str] = []
         self.refuse_storage_opt = True
         self.rootless = False
+        self.storage: list[list[str]] = []  # /info's DriverStatus ([] : none told)
+        self.info_asked = 0
 
     def inspect_volume(self, name: str) -> dict[str, Any]:
         if name not in self.volumes_made:
@@ -94,7 +97,12 @@ class _Api:
         raise docker.errors.NotFound(f"no container {name}")
 
     def info(self) -> dict[str, Any]:
-        return {"SecurityOptions": ["name=rootless"] if self.rootless else ["name=seccomp"]}
+        self.info_asked += 1
+        return {
+            "SecurityOptions": ["name=rootless"] if self.rootless else ["name=seccomp"],
+            "Driver": "overlay",
+            "DriverStatus": self.storage,
+        }
 
 
 class _Client:
@@ -259,3 +267,37 @@ def test_container_disk_size_dropped_only_where_allowed() -> None:
     assert "backingFS XFS" in (rt.capabilities().disk_problem or "")
     rt.create(_spec(disk_gb=20))  # the next create asks no more
     assert "StorageOpt" not in client.api.created[-1]["host_config"]
+
+
+EXTFS = [["Backing Filesystem", "extfs"], ["Supports d_type", "true"]]
+
+
+def test_storage_that_can_never_size_a_container_disk_is_told_by_the_engines_info() -> None:
+    # Podman 4.3's and Docker's /info on ext4, as this machine's engine answers.
+    assert "overlay on extfs" in (
+        storage_problem({"Driver": "overlay", "DriverStatus": EXTFS}) or ""
+    )
+    assert storage_problem({"Driver": "overlay2", "DriverStatus": EXTFS}) is not None
+    xfs = [["Backing Filesystem", "xfs"]]
+    assert storage_problem({"Driver": "overlay", "DriverStatus": xfs}) is None  # pquota: at create
+    assert storage_problem({"Driver": "btrfs", "DriverStatus": []}) is None
+    assert storage_problem({"Driver": "overlay", "DriverStatus": None}) is None
+    assert storage_problem({}) is None
+
+
+def test_a_host_shows_its_storage_problem_before_any_create_and_creates_skip_the_size() -> None:
+    rt, client = _runtime(allowed=True, host=_Host())
+    client.api.storage = EXTFS
+    assert "overlay on extfs" in (rt.capabilities().disk_problem or "")
+    assert rt.create(_spec(disk_gb=20)) == "c0ffee"  # no refused create first
+    (kwargs,) = client.api.created
+    assert "StorageOpt" not in kwargs["host_config"]
+    rt.capabilities()
+    assert client.api.info_asked == 1  # asked once, kept
+
+    rt, client = _runtime(host=_Host())
+    client.api.storage = EXTFS
+    rt.capabilities()
+    with pytest.raises(RuntimeFailure) as refused:
+        rt.create(_spec(disk_gb=20))
+    assert "overlay on extfs" in refused.value.message

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuyard.reconciler.clusters.start_retries import StartRetries
+from gpuyard.core.errors import RuntimeFailure
+from gpuyard.reconciler.clusters.start_retries import StartRetries, host_refusal
 
 
 def test_attempts_back_off_then_give_up() -> None:
@@ -31,3 +32,9 @@ def test_forget_and_other_clusters() -> None:
     assert not retries.due("a") and retries.due("b")
     retries.forget("a")
     assert retries.due("a")
+
+
+def test_a_host_refusing_a_limit_or_a_disk_size_is_not_tried_again() -> None:
+    assert host_refusal(RuntimeFailure("no pquota", {"enforces_disk": False}))
+    assert host_refusal(RuntimeFailure("no cgroup", {"enforces_limits": False}))
+    assert not host_refusal(RuntimeFailure("podman 500: database is locked"))

@@ -88,7 +88,8 @@ class FakeRuntime:
     Knobs for tests: ``images`` (present locally; ``pullable`` decides whether a missing
     one can be "pulled"), ``fail_images`` (``ensure_image`` raises for these),
     ``unavailable`` (``available()`` answers this message), ``fail_next`` (operation name ->
-    message, raised once by that operation), and :meth:`crash` to simulate an exit.
+    message, or the failure itself, raised once by that operation), and :meth:`crash` to
+    simulate an exit.
     ``calls`` counts every operation, for tests asserting how often the engine is hit.
     """
 
@@ -112,7 +113,7 @@ class FakeRuntime:
         self.private_images: dict[str, RegistryCredentials] = {}
         # The credentials each pull was given (None: anonymous), in order.
         self.pull_credentials: list[tuple[str, RegistryCredentials | None]] = []
-        self.fail_next: dict[str, str] = {}
+        self.fail_next: dict[str, str | RuntimeFailure] = {}
         self.unavailable: str | None = None
         self.real_gpus = real_gpus
         self.calls: dict[str, int] = {}
@@ -224,9 +225,11 @@ class FakeRuntime:
         self.calls[op] = self.calls.get(op, 0) + 1
         if self.unavailable is not None and op != "available":
             raise RuntimeFailure(self.unavailable)
-        msg = self.fail_next.pop(op, None)
-        if msg is not None:
-            raise RuntimeFailure(msg)
+        failure = self.fail_next.pop(op, None)
+        if isinstance(failure, RuntimeFailure):
+            raise failure
+        if failure is not None:
+            raise RuntimeFailure(failure)
 
     def _ensure_network(self, account_id: int) -> None:
         """The account's network, made if missing. Caller holds the lock."""

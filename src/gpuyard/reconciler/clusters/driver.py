@@ -31,7 +31,7 @@ from gpuyard.reconciler.clusters.port_moves import MOVES_PER_START, move_off, po
 from gpuyard.reconciler.clusters.records import Abandon, ClusterRecords, volume_of
 from gpuyard.reconciler.clusters.restore import RestoreStorage, VolumeRestores
 from gpuyard.reconciler.clusters.start_checks import StartChecks, read_start_checks
-from gpuyard.reconciler.clusters.start_retries import StartRetries
+from gpuyard.reconciler.clusters.start_retries import StartRetries, host_refusal
 from gpuyard.runtimes.base import ContainerSpec, ContainerState, Runtime
 from gpuyard.runtimes.volumes.moves import copy_volume_between
 from gpuyard.services.capacity.placement import release_all, release_compute
@@ -377,6 +377,8 @@ class ClusterDriver:
         """Whether the start gets another attempt after this engine failure
         (reconciler/clusters/start_retries.py); if so, the cluster's events say so (with the
         engine's words: the user's to read, never the server log's)."""
+        if host_refusal(exc):
+            return False  # the host's own limits: the same create fails the same way
         attempt = self.start_retries.failed(c.id)
         if attempt is None:
             return False

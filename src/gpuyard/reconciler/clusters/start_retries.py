@@ -7,7 +7,8 @@ that. So the engine steps of a start (create, start, the readiness check) get
 :data:`ATTEMPTS` tries, the next one no sooner than 1 s, then 2 s, … after a failure;
 the cluster stays ``starting`` meanwhile. A failure that is the user's (the image, the
 command, a secret that cannot be opened) costs those seconds too, and then ends in
-``error`` with the engine's last words, as before.
+``error`` with the engine's last words, as before. The host refusing a limit or a disk
+size it cannot enforce (:func:`host_refusal`) ends it at once.
 
 The count is kept in memory per replica: a restart of the server gives a start its
 tries again, which is what a start after a crash would need anyway.
@@ -19,8 +20,17 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from gpuyard.core.errors import RuntimeFailure
+
 ATTEMPTS = 3
 FIRST_DELAY_S = 1.0
+
+
+def host_refusal(exc: RuntimeFailure) -> bool:
+    """Whether ``exc`` is the host refusing what the cluster asks of it for good (CPU/
+    memory limits or a disk size its engine cannot enforce): no later attempt differs,
+    so none is made."""
+    return exc.details.get("enforces_disk") is False or exc.details.get("enforces_limits") is False
 
 
 class StartRetries:

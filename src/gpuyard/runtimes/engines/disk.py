@@ -5,7 +5,8 @@ where it cannot (docs/decisions.md "Disk sizes").
   that size on the engine's host (runtimes/volumes/images.py); a larger size asked of
   an existing one grows it. This needs a rootful Podman and commands on its host.
 - A container disk size (``storage_opt``: overlay on XFS with project quotas) the
-  engine refuses is remembered (:attr:`DiskSizes.container_problem`).
+  engine refuses, or its storage shows it cannot take (overlay on another file
+  system, :func:`storage_problem`), is remembered (:attr:`DiskSizes.container_problem`).
 
 Either, where it cannot be enforced, fails with a clear error unless the operator
 allowed unenforced disk sizes (then the size is left out). :class:`Engine` owns one
@@ -53,6 +54,26 @@ DISK_ERROR_MARKERS = (
     "project quota",
     "backingfs",
 )
+
+
+def storage_problem(info: Mapping[str, Any]) -> str | None:
+    """Why the engine of ``info`` (its ``/info`` answer: Docker's and Podman's compat
+    API alike) cannot limit a container's writable layer, when its storage says so
+    for certain: overlay on anything but XFS never can. None: it may (XFS still needs
+    ``pquota``, which only a create shows), or nothing is known."""
+    driver = str(info.get("Driver") or "")
+    status = {
+        str(pair[0]): str(pair[1])
+        for pair in info.get("DriverStatus") or []
+        if isinstance(pair, list | tuple) and len(pair) == 2
+    }
+    backing = status.get("Backing Filesystem")
+    if not driver.startswith("overlay") or not backing or backing == "xfs":
+        return None
+    return (
+        f"the engine's storage is {driver} on {backing}: container disk sizes need "
+        "overlay on XFS mounted with pquota"
+    )
 
 
 def size_label(labels: Mapping[str, str] | None) -> int | None:
@@ -130,7 +151,7 @@ class DiskSizes:
         # far as known); learnt from its refusal and kept for the life of the process,
         # like Engine.limits_problem: a host's storage does not change under it.
         self.container_problem: str | None = None
-        self._rootless: bool | None = None
+        self._info: dict[str, Any] | None = None  # the engine's /info, once asked
         self._warned: set[str] = set()
         # (volume, its creation time) -> the size its image is known to have (grow).
         self._sized: dict[tuple[str, str], int] = {}
@@ -185,6 +206,13 @@ class DiskSizes:
             volumes = self.volumes_problem()
         except RuntimeFailure:
             volumes = None  # unreachable: nothing is known
+        if self.container_problem is None:
+            # Learnt from the engine's storage before any create is refused for it,
+            # so the host shows it (and creates there answer 409) from the start.
+            with contextlib.suppress(RuntimeFailure):
+                known = storage_problem(self._engine_info())
+                with self._lock:
+                    self.container_problem = self.container_problem or known
         parts = []
         if self.container_problem:
             parts.append(f"container disk: {self.container_problem}")
@@ -192,13 +220,17 @@ class DiskSizes:
             parts.append(f"volumes: {volumes}")
         return "; ".join(parts) or None
 
-    def _is_rootless(self) -> bool:
-        if self._rootless is None:
+    def _engine_info(self) -> dict[str, Any]:
+        """The engine's ``/info``, asked once (what it tells does not change under a
+        running engine). Raises RuntimeFailure when the engine does not answer."""
+        if self._info is None:
             with self.engine.errors("querying the engine"):
-                info = self.engine.api.info() or {}
-            options = [str(o) for o in info.get("SecurityOptions") or []]
-            self._rootless = any("rootless" in o for o in options)
-        return self._rootless
+                self._info = dict(self.engine.api.info() or {})
+        return self._info
+
+    def _is_rootless(self) -> bool:
+        options = [str(o) for o in self._engine_info().get("SecurityOptions") or []]
+        return any("rootless" in o for o in options)
 
     # -- volumes --------------------------------------------------------------------
 
