@@ -115,6 +115,7 @@ def build_server(
     rate_limit_clock: Clock | None = None,
     host_runtimes: RuntimeFactory | None = None,
     proxy: Callable[[Context], ProxySync] | None = None,
+    freeze_gc: bool = True,
 ) -> Server:
     """Migrate the store, seed it, register the local host and assemble the app.
 
@@ -124,6 +125,9 @@ def build_server(
     ``host_runtimes``: makes the runtime of each host added through the API (None:
     ``runtime`` drives every host, as in tests on one engine).
     ``proxy``: makes the HTTP proxy's sync loop (None: no proxy, proxy URLs null).
+    ``freeze_gc``: at start, move everything built so far out of the collector's sight
+    (a server's process; False where one process builds many apps, as tests do: what
+    is frozen is never freed, so each app would stay in memory for good).
     """
     engine, sessions = open_store(settings)
     with sessions.begin() as session:
@@ -191,8 +195,9 @@ def build_server(
         # Everything imported and built so far lives as long as the process: move it out
         # of the collector's sight, so full collections stay short under load (they
         # otherwise walk SQLAlchemy's and FastAPI's large object graphs every time).
-        gc.collect()
-        gc.freeze()
+        if freeze_gc:
+            gc.collect()
+            gc.freeze()
         if run_reconciler:
             reconciler.start()
             reconciler.wake()
