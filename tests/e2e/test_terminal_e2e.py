@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -41,6 +42,22 @@ async def read_until(ws: ClientConnection, needle: bytes, timeout_s: float = 15)
     return seen
 
 
+CSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def screen_lines(out: bytes) -> list[bytes]:
+    """The lines a terminal would show for ``out``: control sequences dropped, and of
+    each line only what follows its last carriage return (busybox's line editor
+    redraws the line it is editing when typing arrives while it waits for the answer
+    to its cursor-position query: ``ech\r/ # ech\x1b[Jo hi``)."""
+    return [line.rsplit(b"\r", 1)[-1] for line in CSI.sub(b"", out).split(b"\r\n")]
+
+
+def test_screen_lines_follow_a_redrawn_line() -> None:
+    out = b"/ # \x1b[6nech\r/ # ech\x1b[Jo hi\r\nhi\r\n"
+    assert screen_lines(out) == [b"/ # echo hi", b"hi", b""]
+
+
 def ws_url(server: ServerProcess, cid: str, query: str = "") -> str:
     return server.url.replace("http://", "ws://") + f"/v1/clusters/{cid}/terminal{query}"
 
@@ -72,7 +89,8 @@ def test_terminal_on_a_real_container(
                 assert ws.subprotocol == "gpuyard.terminal.v1"
                 await ws.send(b"echo hi\n")
                 out = await read_until(ws, b"\nhi\r\n")
-                assert b"echo hi" in out  # the PTY echoes what is typed
+                # The PTY echoes what is typed.
+                assert any(b"echo hi" in line for line in screen_lines(out)), out
                 # The first size came with the upgrade; a resize changes it.
                 await ws.send(b"busybox stty size\n")
                 await read_until(ws, b"33 99\r\n")
