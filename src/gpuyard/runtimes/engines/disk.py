@@ -169,6 +169,13 @@ class DiskSizes:
             self.container_problem = e.message[:500]
         return True
 
+    def refuse_known(self, asked: bool) -> None:
+        """Raise :meth:`error` before any create when this create ``asked`` for a
+        container disk size the engine is known to refuse and the operator has not
+        allowed going without: the engine would only refuse it again."""
+        if asked and self.container_problem is not None and not self.allow:
+            raise self.error()
+
     @property
     def apply_container_size(self) -> bool:
         """False only when the engine refused container disk sizes and the operator

@@ -417,9 +417,7 @@ class DockerEngineRuntime:
     def _create_replacing(self, spec: ContainerSpec) -> str:
         """Create the container, replacing one of ours of the same name, dropping what
         the engine refused where that is allowed (see :meth:`create`)."""
-        disk = self.engine.disk
-        if spec.container_disk_gb > 0 and disk.container_problem and not disk.allow:
-            raise disk.error()  # known already: the engine would refuse it again
+        self.engine.disk.refuse_known(spec.container_disk_gb > 0)
         name = self._name(spec.cluster_id)
         try:
             # Optimistic: most creates have no predecessor, and a remove that finds
