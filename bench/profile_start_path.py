@@ -175,11 +175,24 @@ def profile_driver(
     )  # fmt: skip
     engine, sessions = open_store(settings)
     statements: list[str] = []
+    began: list[float] = []
 
     def count(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-        statements.append(" ".join(statement.split())[:110])
+        began.append(time.perf_counter())
+        statements.append(" ".join(statement.split())[:100])
 
+    def timed(*_args: Any) -> None:
+        # Each statement's line says when it began (ms since the phase's request) and
+        # how long it took.
+        if statements and not statements[-1].startswith("+"):
+            took = (time.perf_counter() - began[-1]) * 1000
+            statements[-1] = (
+                f"+{(began[-1] - phase_began[0]) * 1000:7.1f} {took:5.1f} {statements[-1]}"
+            )
+
+    phase_began = [0.0]
     event.listen(engine, "before_cursor_execute", count)
+    event.listen(engine, "after_cursor_execute", timed)
     ctx = Context(sessions=sessions, settings=settings)
     first_start(ctx)
     register_local_host(ctx, None)
@@ -210,7 +223,11 @@ def profile_driver(
         # Counts, kept as "seconds" so the table prints them (x1000: shown as is).
         per["# statements: use case"].append(in_use_case / 1000)
         per["# statements: drive"].append((len(statements) - in_use_case) / 1000)
-        shown[phase] = list(statements)
+        lines = list(statements) + [
+            f"+{(a - t_request) * 1000:7.1f} {(b - a) * 1000:5.1f} ENGINE {name}"
+            for name, a, b in calls
+        ]
+        shown[phase] = sorted(lines, key=lambda line: float(line[1:8]))
         statements.clear()
         engine_s = 0.0
         for name, a, b in calls:
@@ -225,14 +242,14 @@ def profile_driver(
         cids: list[str] = []
         for i in range(-1, runs):
             statements.clear()
-            t = time.perf_counter()
+            t = phase_began[0] = time.perf_counter()
             c = uc.create_cluster(ctx, principal, body)
             drive_until(c.id, "running", "create->running", t)
             uc.stop_cluster(ctx, principal, c.id)
             for _ in range(5):
                 rec.driver.drive(c.id)
             statements.clear()
-            t = time.perf_counter()
+            t = phase_began[0] = time.perf_counter()
             uc.start_cluster(ctx, principal, c.id, StartCluster())
             drive_until(c.id, "running", "stopped->running", t)
             uc.terminate_cluster(ctx, principal, c.id)

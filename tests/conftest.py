@@ -4,6 +4,7 @@ is set, required under CI), a use-case context on them, and principals."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from gpuyard.services.tenancy.auth import Principal, Scope, create_account, issu
 from gpuyard.store.db import make_engine
 from gpuyard.store.migrate import upgrade
 from tests.helpers import FRESH_INSTALLATION_ID, make_settings, migrated_sqlite
+from tests.pg_copies import PgCopies
 
 # The hooks that check the ``needs`` marks: a missing system part skips locally and
 # fails under CI (tests/required_parts.py).
@@ -30,6 +32,15 @@ from tests.required_parts import (  # noqa: F401
 )
 
 PG_URL = os.environ.get("GPUYARD_TEST_POSTGRES_URL", "").strip()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move what the imports and the collection made (modules, the schema, the
+    collected tests: all of it lives to the end of the run) out of the collector's
+    sight, so the full collections that free each test's server and database walk
+    only what the tests made since."""
+    gc.collect()
+    gc.freeze()
 
 
 def _pg_url(name: str) -> str:
@@ -98,15 +109,33 @@ def migrated_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Ite
         yield f"sqlite:///{path}"
         return
     need_postgres()
-    template: str = request.getfixturevalue("pg_template")
-    for url in _pg_database(template):
-        engine = create_engine(url)
-        try:
-            with engine.begin() as conn:
-                conn.execute(text(FRESH_INSTALLATION_ID), {"uuid": str(uuid.uuid4())})
-        finally:
-            engine.dispose()
+    copies: PgCopies = request.getfixturevalue("pg_copies")
+    url = copies.take()
+    try:
         yield url
+    finally:
+        copies.drop(url)
+
+
+def _fresh_installation(url: str) -> None:
+    """Give a copy of the template its own installation id, as a first migration would."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(FRESH_INSTALLATION_ID), {"uuid": str(uuid.uuid4())})
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_copies(pg_template: str) -> Iterator[PgCopies]:
+    """Fresh copies of the migrated template, each with its own installation id, made
+    one ahead of the tests that take them (tests/pg_copies.py)."""
+    copies = PgCopies(PG_URL, pg_template, _fresh_installation)
+    try:
+        yield copies
+    finally:
+        copies.close()
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import httpx
 import uvicorn
 
 from gpuyard.api.app import Server, TrainingOperatorFactory, build_server
+from gpuyard.api.http.prompt_server import PromptServer
 from gpuyard.core.billing.ledger import accrue_totals
 from gpuyard.core.fleet import HostStatus
 from gpuyard.runtimes.base import Runtime
@@ -294,20 +295,20 @@ def live_server(
     assert server.admin_key is not None
     recorder = StatusRecorder(server.app)
     config = uvicorn.Config(recorder, host="127.0.0.1", port=settings.port, log_level="warning")
-    uv = uvicorn.Server(config)
+    uv = PromptServer(config)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not uv.started:
         if time.monotonic() > deadline:
             raise RuntimeError("server did not start")
-        time.sleep(0.02)
+        time.sleep(0.005)
     try:
         yield LiveServer(
             server, f"http://127.0.0.1:{settings.port}", server.admin_key.key, recorder
         )
     finally:
-        uv.should_exit = True
+        uv.request_exit()
         thread.join(timeout=15)
         forget_app_callables()
     errors = [s for s in recorder.statuses if s >= 500 and s not in allowed_5xx]

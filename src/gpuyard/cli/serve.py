@@ -216,6 +216,8 @@ def run_server(host: str | None, port: int | None) -> None:
     """Run until Ctrl-C or SIGTERM; a Podman service started here is always stopped."""
     import uvicorn  # heavy; only the server needs it
 
+    from gpuyard.api.http.prompt_server import PromptServer  # (uvicorn's)
+
     overrides: dict[str, object] = {}
     if host is not None:
         overrides["host"] = host
@@ -250,7 +252,7 @@ def run_server(host: str | None, port: int | None) -> None:
             proxy_headers=bool(proxies),
             forwarded_allow_ips=proxies or None,
         )
-        uv = uvicorn.Server(config)
+        uv = PromptServer(config)
         if listener is None:
             uv.run()
         else:
