@@ -22,6 +22,14 @@ PYTEST="${PYTEST:-.venv/bin/pytest}"
 PYTHON="${PYTHON:-python3}"
 work="$(mktemp -d /tmp/gyt-XXXXXX)"
 
+# Bytecode caches: an environment with PYTHONDONTWRITEBYTECODE set (this machine's is)
+# makes every process of the suite (the groups' pytest, hundreds of CLI, server and
+# client subprocesses) compile gpuyard's modules and rewrite the test modules' asserts
+# from source again. They are written beside the sources (ignored by git), and compiled
+# once here so the groups do not all do it at their start.
+unset PYTHONDONTWRITEBYTECODE
+"$(dirname "$PYTEST")/python" -m compileall -q -j 0 src tests >/dev/null 2>&1 || true
+
 # Each group's pytest, in the background. A shell without job control starts background
 # commands with SIGINT ignored; `env --default-signal=INT` gives it back, so Ctrl-C (or
 # the TERM handler below) ends a group through pytest's own teardown, which removes
