@@ -26,7 +26,9 @@ second one follows 1 % changed as whole files (655 of the 16 KiB files per GiB
 rewritten). Both are also timed for bare restic (``restic backup <dir>`` again into
 its repository, where it takes its previous snapshot as the parent). One
 restic command's fixed cost (``restic cat config``, median of 5) is printed with
-restic's own stretched key and with the fast key gpuyard adds (storage/restic_keys.py).
+restic's own stretched key (the bare repository's) and with gpuyard's fast key, and
+the time to make a new repository, by ``restic init`` and by gpuyard
+(storage/restic_init.py).
 Each figure is the median of ``--rounds``. Goals: snapshot >= 0.9x bare restic backup,
 incremental >= 10x faster than the first, restore >= 0.9x bare restic restore. Needs
 root, podman, restic, zstd.
@@ -162,14 +164,20 @@ def restic_cli(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(argv, check=True, capture_output=True)
 
 
-def bare_restic_backup(src: Path, repo: Path, *, fresh: bool = True) -> float:
-    """``restic backup <dir>``; ``fresh``: into a new repository (init untimed), else
-    into the same one, where restic takes the last snapshot of the path as parent."""
+def bare_restic_backup(
+    src: Path, repo: Path, *, fresh: bool = True, inits: list[float] | None = None
+) -> float:
+    """``restic backup <dir>``; ``fresh``: into a new repository (its ``restic init``
+    untimed here, its seconds appended to ``inits``), else into the same one, where
+    restic takes the last snapshot of the path as parent."""
     if fresh:
         shutil.rmtree(repo, ignore_errors=True)
         shutil.rmtree(str(repo) + ".cache", ignore_errors=True)
         Path(str(repo) + ".password").write_text(os.urandom(24).hex() + "\n")
+        t0 = time.perf_counter()
         restic_cli(repo, "init", "--repository-version", "2")
+        if inits is not None:
+            inits.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     restic_cli(repo, "backup", "-q", "--host", "bench", str(src))
     return time.perf_counter() - t0
@@ -177,13 +185,13 @@ def bare_restic_backup(src: Path, repo: Path, *, fresh: bool = True) -> float:
 
 def bare_restic_restore(repo: ResticRepository, restic_id: str, dst: Path) -> float:
     """``restic restore`` of gpuyard's snapshot (the volume's tar file) into a directory,
-    opened with restic's own key as an operator's restic would."""
+    opened as an operator's restic would (no key hint: restic tries each key)."""
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
     location = Path(repo.location)
     argv = ["restic", "-r", str(location), "--password-file", str(location) + ".password"]
     argv += ["--cache-dir", str(location.parent / "cache")]
-    argv += ["--key-hint", key_of(location, fast=False), "restore", restic_id]
+    argv += ["restore", restic_id]
     t0 = time.perf_counter()
     subprocess.run([*argv, "--target", str(dst)], check=True, capture_output=True)
     return time.perf_counter() - t0
@@ -199,7 +207,8 @@ def key_of(location: Path, *, fast: bool) -> str:
 
 def command_cost(location: Path, *, fast: bool, times: int = 5) -> float:
     """The median wall time of ``restic cat config`` (opening the repository and
-    nothing else), with restic's own stretched key or with the fast key gpuyard adds."""
+    nothing else), with restic's own stretched key (of a repository ``restic init``
+    made) or with gpuyard's fast key."""
     argv = ["restic", "-r", str(location), "--password-file", str(location) + ".password"]
     argv += ["--cache-dir", str(location.parent / "cache")]
     argv += ["--key-hint", key_of(location, fast=fast), "cat", "config"]
@@ -264,9 +273,12 @@ def main() -> int:
             fresh = ResticRepository(
                 str(work / "repo"), work / "repo.password", cache_dir=work / "cache"
             )
+            t0 = time.perf_counter()
             fresh.ensure()
+            note("make repository, gpuyard", time.perf_counter() - t0)
             return fresh
 
+        inits: list[float] = []
         for r in range(args.rounds):
             note("baseline snapshot", baseline_snapshot(src, work / "tree.tar.zst"))
             note("baseline restore", baseline_restore(work / "tree.tar.zst", work / "restored"))
@@ -283,11 +295,12 @@ def main() -> int:
             repo = fresh_repo()
             # Which reads the tree first alternates: the second finds it in the page cache.
             if r % 2:
-                note("restic backup", bare_restic_backup(src, work / "bare"))
+                note("restic backup", bare_restic_backup(src, work / "bare", inits=inits))
             seconds, first_id, added, _same = helper_snapshot(engine, repo, f"h{r}", None)
             note("helper first", seconds, added)
             if not r % 2:
-                note("restic backup", bare_restic_backup(src, work / "bare"))
+                note("restic backup", bare_restic_backup(src, work / "bare", inits=inits))
+            note("make repository, restic init", inits[-1])
             # 1 %: 10 MiB inside one large file (restic reads that whole file again:
             # it skips unchanged files, not unchanged parts) and 64 small files.
             change_one_percent(src, r * 2 + 2)
@@ -309,7 +322,7 @@ def main() -> int:
             engine.remove_volume("bench-restored")
             if not r % 2:
                 note("restic restore", bare_restic_restore(repo, last_id, work / "restored"))
-            note("command, stretched key", command_cost(work / "repo", fast=False))
+            note("command, stretched key", command_cost(work / "bare", fast=False))
             note("command, fast key", command_cost(work / "repo", fast=True))
             print(
                 "round "
@@ -336,6 +349,8 @@ def main() -> int:
             "stream restore": "restore, gpuyard (tar stream)",
             "command, stretched key": "one restic command, restic's own key",
             "command, fast key": "one restic command, gpuyard's fast key",
+            "make repository, restic init": "new repository, restic init",
+            "make repository, gpuyard": "new repository, gpuyard's (restic_init)",
         }
         print(f"\ntree: {tree / MIB:.0f} MiB; rounds: {args.rounds}")
         print(f"{'what':40} {'seconds':>8} {'MB/s':>8} {'stored MiB':>11}")
@@ -343,7 +358,7 @@ def main() -> int:
             if key not in med:
                 continue
             kept = f"{median([float(x) for x in stored[key]]) / MIB:11.1f}" if key in stored else ""
-            rate = "" if key.startswith("command") else f"{mb / med[key]:8.1f}"
+            rate = "" if key.startswith(("command", "make")) else f"{mb / med[key]:8.1f}"
             print(f"{label:40} {med[key]:8.2f} {rate:>8} {kept}")
         snap_ratio = med["restic backup"] / med["helper first"]
         snap_tar = med["baseline snapshot"] / med["helper first"]

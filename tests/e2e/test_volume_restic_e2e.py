@@ -114,7 +114,7 @@ def test_snapshot_incremental_and_restore_beside_the_volume(
     assert helpers_left(local) == []
     # Nothing of the operations is left in the repository: no lock, no extra key.
     assert os.listdir(tmp_path / "repo" / "locks") == []
-    assert len(os.listdir(tmp_path / "repo" / "keys")) == 2  # restic's and the cheap one
+    assert len(os.listdir(tmp_path / "repo" / "keys")) == 1  # the cheap one, made here
 
 
 def test_symlinks_in_the_volume_lead_only_into_the_helper(

@@ -69,7 +69,6 @@ Two ``init`` runs racing on one repository both succeed and leave it unreadable,
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import fcntl
 import json
@@ -94,6 +93,8 @@ from gpuyard.storage.child_process import (
     kill,
     write_all,
 )
+from gpuyard.storage.json_stream import StreamError, json_array_items
+from gpuyard.storage.restic_init import init_repository
 from gpuyard.storage.restic_keys import OperationKey, ensure_fast_key, operation_key
 from gpuyard.storage.secret_files import SecretFileError, ensure_secret_file
 
@@ -243,7 +244,7 @@ class ResticRepository:
             with self._password_file.open("rb") as held:
                 fcntl.flock(held.fileno(), fcntl.LOCK_EX)
                 self._use_fast_key()
-                if not self._config_exists():
+                if not self._config_exists() and not self._init_here(chunker_from):
                     copied = (
                         ["--copy-chunker-params", *chunker_from._from_options()]
                         if chunker_from is not None
@@ -257,6 +258,20 @@ class ResticRepository:
                         log.info("created restic repository at %s", self.location)
                     self._use_fast_key()
             self._ready = True
+
+    def _init_here(self, chunker_from: ResticRepository | None) -> bool:
+        """Make a new local repository in Python (storage/restic_init.py: restic's
+        format without the 2 s of CPU of its scrypt calibration) for one of our random
+        passwords when no chunker parameters are copied. False leaves it to ``restic
+        init``. Runs under the password file's lock."""
+        if not self.is_local or chunker_from is not None or self._secret is None:
+            return False
+        self._executable()  # a missing restic says how to install it, as its init would
+        if not init_repository(Path(self._local_path()), self._secret):
+            return False
+        log.info("created restic repository at %s", self.location)
+        self._use_fast_key()
+        return True
 
     def _use_fast_key(self) -> None:
         """Find or add the key with a cheap KDF (storage/restic_keys.py) of a local
@@ -573,7 +588,10 @@ class ResticRepository:
         err = Drain(proc.stderr)
 
         def nodes() -> Iterator[dict[str, Any]]:
-            yield from _json_array_items(iter(lambda: stdout.read(1 << 16), b""), "matches")
+            try:
+                yield from json_array_items(iter(lambda: stdout.read(1 << 16), b""), "matches")
+            except StreamError as exc:
+                raise ResticError(exc.message, exc.details) from None
             status = proc.wait()
             if status != 0:
                 raise self._failure("find", status, err.text())
@@ -754,47 +772,3 @@ def _mentions_errors(output: str) -> bool:
         if "error" in lowered and not lowered.startswith("no errors were found"):
             return True
     return False
-
-
-def _json_array_items(chunks: Iterable[bytes], key: str) -> Iterator[dict[str, Any]]:
-    """The objects of the first array named ``key`` in the JSON document ``chunks``
-    (``[{"key": [{...}, {...}], ...}]``), one at a time, parsed as the bytes come in.
-    Raises ResticError when the document ends inside the array."""
-    decoder = json.JSONDecoder()
-    text = codecs.getincrementaldecoder("utf-8")("replace")
-    it = iter(chunks)
-    buf, pos = "", 0
-
-    def more() -> bool:
-        nonlocal buf, pos
-        for chunk in it:
-            if pos > (1 << 20):  # drop what was parsed, now and then
-                buf, pos = buf[pos:], 0
-            buf += text.decode(chunk)
-            return True
-        return False
-
-    opening = f'"{key}":['
-    while (start := buf.find(opening)) < 0:
-        if not more():
-            return  # no such array: nothing matched
-    pos = start + len(opening)
-    while True:
-        while pos >= len(buf) or buf[pos] in " \t\r\n,":
-            if pos < len(buf):
-                pos += 1
-            elif not more():
-                raise ResticError(f"restic printed a truncated {key} list", {"key": key})
-        if buf[pos] == "]":
-            return
-        try:
-            item, end = decoder.raw_decode(buf, pos)
-        except ValueError:
-            if not more():
-                raise ResticError(
-                    f"restic printed a garbled {key} list", {"key": key, "at": buf[pos:][:200]}
-                ) from None
-            continue
-        pos = end
-        if isinstance(item, dict):
-            yield item

@@ -105,6 +105,20 @@ def open_sealed(key: _UserKey, sealed: bytes) -> bytes:
     return _ctr(key, nonce, body)
 
 
+def master_seal(master: dict[str, Any], plaintext: bytes) -> bytes:
+    """``plaintext`` sealed with the repository's master key ``master`` (restic's JSON
+    of it), as restic seals the files of a repository."""
+    try:
+        key = _UserKey(
+            encrypt=base64.b64decode(master["encrypt"]),
+            mac_k=base64.b64decode(master["mac"]["k"]),
+            mac_r=base64.b64decode(master["mac"]["r"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise KeyFileError("not a restic master key") from exc
+    return seal(key, plaintext)
+
+
 def master_key(key_file: bytes, password: str) -> dict[str, Any]:
     """The repository's master key (restic's JSON: ``mac.k``, ``mac.r``, ``encrypt``)
     that the key file ``key_file`` seals, opened with ``password``."""
