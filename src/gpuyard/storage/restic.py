@@ -62,7 +62,8 @@ derives the key from the password with scrypt, calibrated at ``init`` to take ab
 half a second on the machine, before every command; a local repository gets a second
 key with a cheap KDF that restic is told to try first (storage/restic_keys.py: the
 passwords are random, stretching them buys nothing), which takes a restic command from
-0.7-0.9 s to about 0.25 s here.
+0.7-0.9 s to about 0.25 s here, and a new one for such a password is written in
+restic's format with that key alone (storage/restic_init.py), not by ``restic init``.
 Two ``init`` runs racing on one repository both succeed and leave it unreadable, so
 :meth:`ResticRepository.ensure` serialises them with a lock on the password file.
 """
