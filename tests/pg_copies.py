@@ -7,8 +7,8 @@ server, which runs without fsync) 50 ms (25 ms of CPU). Hundreds of tests each t
 fresh copy, so :class:`PgCopies` copies files, and makes the next copy in a thread
 while the current test runs: a test waits only when it asks before the copy is done.
 Each copy is made exactly as a test's own copy would be (the template, then
-``prepare`` on it), and is used by one test only. Only the thread connects to the template, one copy at
-a time, as ``TEMPLATE`` requires (no other connection to it).
+``prepare`` on it), and is used by one test only. Only the thread connects to the
+template, one copy at a time, as ``TEMPLATE`` requires (no other connection to it).
 """
 
 from __future__ import annotations
