@@ -10,22 +10,23 @@ from tests.conftest import PG_URL, _fresh_installation, need_postgres
 from tests.pg_copies import PgCopies
 
 
-def _databases() -> set[str]:
-    engine = create_engine(PG_URL)
-    try:
-        with engine.connect() as conn:
-            return set(conn.execute(text("SELECT datname FROM pg_database")).scalars())
-    finally:
-        engine.dispose()
-
-
-def _installation_id(url: str) -> str:
+def _column(url: str, query: str) -> list[str]:
+    """The first column of ``query``'s rows on the database ``url`` names."""
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            return str(conn.execute(text("SELECT uuid FROM installation")).scalar_one())
+            return [str(v) for v in conn.execute(text(query)).scalars()]
     finally:
         engine.dispose()
+
+
+def _databases() -> set[str]:
+    return set(_column(PG_URL, "SELECT datname FROM pg_database"))
+
+
+def _installation_id(url: str) -> str:
+    (uuid,) = _column(url, "SELECT uuid FROM installation")
+    return uuid
 
 
 def test_each_copy_is_fresh_and_its_own_and_untaken_ones_are_dropped(pg_template: str) -> None:
