@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuyard.storage.lock_journal import remove_orphaned_locks
 from gpuyard.storage.rest_objects import Mode, Policy, Refused, Target, object_path, parse_path
 from gpuyard.storage.rest_process import RestServer
 from gpuyard.storage.rest_server import RepositoryState
@@ -178,7 +180,7 @@ def test_restic_requests_are_served(backup: RestServer, repo: Path) -> None:
     assert request(backup, "POST", f"/index/{name_of(new)}", new)[0] == 200
     assert request(backup, "POST", "/index/" + "b" * 64, new)[0] == 400
     assert not (repo / "index" / ("b" * 64)).exists()
-    assert sorted(p.name for p in repo.iterdir() if p.name.startswith(".")) == []
+    assert sorted(p.name for p in repo.iterdir() if p.name.startswith(".gy-upload-")) == []
 
 
 def test_another_operations_credential_is_refused(backup: RestServer, repo: Path) -> None:
@@ -382,3 +384,56 @@ def test_a_lock_being_placed_as_the_server_closes_is_deleted(repo: Path) -> None
     closer.join(5)
     assert closed == [[lock.name]]
     assert not lock.exists()
+
+
+def test_locks_of_a_server_killed_with_sigkill_go_while_a_live_ones_stay(repo: Path) -> None:
+    """A server killed with SIGKILL cannot delete restic's locks; its journal names
+    them, so the next server on the repository (or gpuyard's unlock) removes them,
+    while the locks of a server still running are left alone."""
+    killed, live = started(repo, Mode.BACKUP), started(repo, Mode.BACKUP)
+    theirs, ours = b"a killed operation's lock", b"a live operation's lock"
+    try:
+        assert request(killed, "POST", f"/locks/{name_of(theirs)}", theirs)[0] == 200
+        assert request(live, "POST", f"/locks/{name_of(ours)}", ours)[0] == 200
+        assert killed.pid is not None
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.close()
+        assert (repo / "locks" / name_of(theirs)).exists()  # nothing deleted it yet
+        assert remove_orphaned_locks(repo) == [name_of(theirs)]
+        assert not (repo / "locks" / name_of(theirs)).exists()
+        assert (repo / "locks" / name_of(ours)).exists()
+        assert remove_orphaned_locks(repo) == []
+    finally:
+        live.close()
+    assert not (repo / "locks" / name_of(ours)).exists()  # deleted by its server
+    assert not [p for p in repo.iterdir() if p.name.startswith(".gy-")]  # no journal left
+
+
+def test_the_next_server_removes_what_a_killed_one_left(repo: Path) -> None:
+    killed = started(repo, Mode.BACKUP)
+    lock = b"left by a killed server"
+    assert request(killed, "POST", f"/locks/{name_of(lock)}", lock)[0] == 200
+    assert killed.pid is not None
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.close()
+    server = started(repo, Mode.RESTORE)
+    try:
+        assert not (repo / "locks" / name_of(lock)).exists()
+    finally:
+        server.close()
+
+
+def test_sigterm_with_the_end_of_stdin_ends_the_server_and_its_locks(repo: Path) -> None:
+    """The parent's death sends SIGTERM and ends the child's stdin at the same
+    moment; either way the child deletes its locks and exits, however the two meet."""
+    for attempt in range(10):
+        server = started(repo, Mode.BACKUP)
+        lock = f"lock {attempt}".encode()
+        assert request(server, "POST", f"/locks/{name_of(lock)}", lock)[0] == 200
+        pid = server.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        server.close()  # ends its stdin; waits for it (killed after a few seconds)
+        assert server.exit_code == 0, attempt
+        assert server.locks_removed == [name_of(lock)]
+        assert not (repo / "locks" / name_of(lock)).exists()

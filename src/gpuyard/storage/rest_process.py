@@ -127,6 +127,11 @@ class RestServer:
             self._fail("the REST backend server did not start")
         self.port = int(line.split()[1])
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs (None before start and once closed)."""
+        return self._proc.pid if self._proc is not None else None
+
     def serving(self) -> bool:
         """Whether the child is still there (it ends only when closed, or killed)."""
         return self._proc is not None and self._proc.poll() is None

@@ -18,7 +18,9 @@ only processes in the helper's namespace can connect; nothing listens on the hos
 It then prints ``listening <port>`` and serves until its stdin ends (the operation is
 over), SIGTERM or SIGINT: then it stops answering, deletes the locks it created that
 restic left behind (a helper killed mid-way) and exits. Its parent's death sends it
-SIGTERM (storage/child_process.py), so it cleans up then too.
+SIGTERM (storage/child_process.py), so it cleans up then too. Killed with SIGKILL, it
+cannot: each lock's name is journaled before the lock is placed, and the next server
+on the repository, or gpuyard's unlock, removes what it left (storage/lock_journal.py).
 
 Every request is checked in this order, each refusal answered with a status and no
 effect: the credential (401), the path and object name (storage/rest_objects.py:
@@ -38,6 +40,7 @@ import hashlib
 import json
 import os
 import secrets
+import select
 import signal
 import socket
 import sys
@@ -48,6 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 
+from gpuyard.storage.lock_journal import LockJournal, remove_orphaned_locks
 from gpuyard.storage.rest_objects import (
     KINDS,
     LISTEN_HERE,
@@ -77,9 +81,18 @@ class RepositoryState:
     served, and the locks created (so only those may be deleted, and leftovers go)."""
 
     def __init__(
-        self, root: Path, user: str, password: str, mode: Mode, keys: dict[str, bytes]
+        self,
+        root: Path,
+        user: str,
+        password: str,
+        mode: Mode,
+        keys: dict[str, bytes],
+        journal: LockJournal | None = None,
     ) -> None:
         self.root = root
+        # Where each lock's name goes before the lock does (storage/lock_journal.py),
+        # so a server killed with SIGKILL leaves locks others can remove.
+        self._journal = journal
         self.policy = Policy(mode)
         self.keys = keys
         self._authorization = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
@@ -100,6 +113,8 @@ class RepositoryState:
         with self._lock:
             if self._closed:
                 return False
+            if self._journal is not None:
+                self._journal.note(name)
             place()
             self._created_locks.add(name)
             return True
@@ -122,6 +137,8 @@ class RepositoryState:
         for name in left:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.root / "locks" / name)
+        if self._journal is not None:
+            self._journal.close()
         return left
 
 
@@ -463,15 +480,33 @@ def serve(config: dict[str, Any], netns_fd: int | None) -> Server:
     if netns_fd is not None:
         enter_netns(netns_fd)
         os.close(netns_fd)
-    sweep_uploads(Path(config["root"]))
+    root = Path(config["root"])
+    sweep_uploads(root)
+    # Locks a killed server of an earlier operation left would refuse this one's restic.
+    remove_orphaned_locks(root)
     state = RepositoryState(
-        Path(config["root"]),
+        root,
         str(config["user"]),
         str(config["password"]),
         Mode(config["mode"]),
         {str(k): base64.b64decode(v) for k, v in (config.get("keys") or {}).items()},
+        LockJournal(root),
     )
     return Server((str(config.get("host", "127.0.0.1")), int(config.get("port", 0))), state)
+
+
+def wait_for_end(stdin_fd: int, wake_fd: int) -> None:
+    """Return once ``stdin_fd`` ends (the operation is over, or the parent is gone) or
+    a byte arrives on ``wake_fd`` (a signal)."""
+    while True:
+        ready, _, _ = select.select([stdin_fd, wake_fd], [], [])
+        if wake_fd in ready:
+            return
+        try:
+            if not os.read(stdin_fd, 4096):
+                return
+        except OSError:
+            return
 
 
 def main() -> int:
@@ -491,26 +526,20 @@ def main() -> int:
         print("not told where to listen", file=sys.stderr, flush=True)
         return 1
     server = serve(config, netns_fd)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # The signals only wake the main thread through a pipe: a handler that set a
+    # threading.Event could run while this thread holds that event's own lock (just
+    # woken by the stdin's end) and wait on it for ever, leaving restic's locks.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
     # A short poll: the operation's end waits for serve_forever to notice the shutdown.
     threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.02}, name="rest", daemon=True
     ).start()
     print(f"listening {server.server_address[1]}", flush=True)
-
-    def watch_stdin() -> None:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdin.read()  # ends when the operation is over (or the parent is gone)
-        stop.set()
-
-    threading.Thread(target=watch_stdin, name="stdin", daemon=True).start()
-    stop.wait()
+    wait_for_end(sys.stdin.fileno(), wake_r)
     left = server.state.close()
     server.shutdown()
     with contextlib.suppress(OSError):

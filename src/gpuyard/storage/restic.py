@@ -54,7 +54,10 @@ the check is not clean or names unreferenced packs, then checks again. Every com
 that takes the exclusive lock (``forget``, ``prune``, ``check``) also removes stale
 locks and tries once more when it finds the repository locked, so one killed process
 cannot wedge the repository; a lock held by a live process raises
-:class:`ResticLocked`.
+:class:`ResticLocked`. restic in a helper container names the helper's host name and
+PID in its lock, so restic cannot tell that one is stale: the REST backend servers
+journal the locks they place, and :meth:`ResticRepository.unlock` also removes those
+whose server is gone (storage/lock_journal.py).
 
 restic 0.14 exits with status 1 for every failure, so failures are told apart by
 their messages (a missing repository says ``unable to open config file``). restic
@@ -95,6 +98,7 @@ from gpuyard.storage.child_process import (
     write_all,
 )
 from gpuyard.storage.json_stream import StreamError, json_array_items
+from gpuyard.storage.lock_journal import remove_orphaned_locks
 from gpuyard.storage.restic_init import init_repository
 from gpuyard.storage.restic_keys import OperationKey, ensure_fast_key, operation_key
 from gpuyard.storage.secret_files import SecretFileError, ensure_secret_file
@@ -483,9 +487,21 @@ class ResticRepository:
 
     def unlock(self) -> None:
         """Remove stale locks: those of processes on this host that are gone (a
-        server killed with -9) and any older than 30 minutes. Live locks stay."""
+        server killed with -9), those our REST backend servers placed for helpers
+        and could not delete (storage/lock_journal.py), and any older than 30
+        minutes. Live locks stay."""
         self.ensure()
+        self._remove_orphaned_locks()
         self._run("unlock")
+
+    def _remove_orphaned_locks(self) -> None:
+        """Delete the locks of helpers whose REST backend server is gone (a local
+        repository's journals); restic cannot tell those are stale."""
+        if not self.is_local:
+            return
+        removed = remove_orphaned_locks(Path(self._local_path()))
+        if removed:
+            log.info("removed %d locks of ended operations on %s", len(removed), self.location)
 
     def recover_after_crash(self) -> CheckResult:
         """Make the repository check clean after a crash: remove stale locks, and
@@ -702,6 +718,7 @@ class ResticRepository:
         ``check``). ``check``: raise ResticError on a non-zero exit status."""
         result = self._run_once(args)
         if result.returncode != 0 and _LOCKED.search(result.stderr) and args[0] != "unlock":
+            self._remove_orphaned_locks()
             self._run_once(("unlock",))
             result = self._run_once(args)
             if result.returncode != 0 and _LOCKED.search(result.stderr):
