@@ -45,6 +45,14 @@ class Cluster(Base):
         # The clusters live on a host (heartbeats, the observe pass), by status: an IN
         # list of live statuses never walks the host's terminated ones (migration 0015).
         Index("ix_clusters_host_status", "host_id", "status"),
+        # Whether any cluster pulls an image with credentials, asked at every start
+        # (services/tenancy/registry_auths.py is_private_image; migration 0033).
+        Index(
+            "ix_clusters_private_image",
+            "image",
+            sqlite_where=text("registry_auth_id IS NOT NULL"),
+            postgresql_where=text("registry_auth_id IS NOT NULL"),
+        ),
     )
     id: Mapped[str] = mapped_column(String(14), primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
