@@ -27,6 +27,7 @@ from gpuyard.api.app import Server, TrainingOperatorFactory, build_server
 from gpuyard.api.http.prompt_server import PromptServer
 from gpuyard.core.billing.ledger import accrue_totals
 from gpuyard.core.fleet import HostStatus
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.runtimes.base import Runtime
 from gpuyard.runtimes.fleet import RuntimeFactory
 from gpuyard.services.billing.ledger_totals import totals
@@ -187,7 +188,10 @@ class LiveServer:
 
     def client(self, key: str | None = None) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {key or self.key}"}, timeout=60
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {key or self.key}"},
+            timeout=60,
+            verify=trusted_tls(),
         )
 
     def graphql(
@@ -200,6 +204,7 @@ class LiveServer:
             json={"query": query, "variables": variables},
             headers={"Authorization": f"Bearer {key or self.key}"},
             timeout=30,
+            verify=trusted_tls(),
         )
         assert r.status_code == 200, r.text
         body: dict[str, Any] = r.json()

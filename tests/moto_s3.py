@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import free_port
 
 # What restic (and any S3 client) needs to talk to it.
@@ -45,7 +46,7 @@ def moto_s3(log_dir: Path) -> Iterator[str]:
         while True:
             assert proc.poll() is None, log.read_text()
             try:
-                httpx.get(endpoint, timeout=1)
+                httpx.get(endpoint, timeout=1, verify=trusted_tls())
                 break
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "moto_server did not start"
@@ -61,4 +62,4 @@ def moto_s3(log_dir: Path) -> Iterator[str]:
 
 
 def make_bucket(endpoint: str, bucket: str) -> None:
-    assert httpx.put(f"{endpoint}/{bucket}", timeout=10).status_code == 200
+    assert httpx.put(f"{endpoint}/{bucket}", timeout=10, verify=trusted_tls()).status_code == 200

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import LiveServer
 
 A6000 = "NVIDIA RTX A6000"
@@ -66,7 +67,9 @@ def invite(
         path = f"/v1/accounts/{account.id}/invitations"
         token = data(c.post(path, json={"email": email, "role": role}), 201)["token"]
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = httpx.post(f"{srv.url}/v1/invitations/{token}/accept", headers=headers, json={})
+    r = httpx.post(
+        f"{srv.url}/v1/invitations/{token}/accept", headers=headers, json={}, verify=trusted_tls()
+    )
     d = data(r, 201 if r.status_code == 201 else 200)
     issued = d.get("api_key")
     return d["membership"]["id"], issued["key"] if issued else None
@@ -170,7 +173,7 @@ def test_graphql_and_training_api_take_the_selection(srv: LiveServer, setup: Set
     auth = {"Authorization": f"Bearer {s.u_key}"}
 
     def pods(**kw: Any) -> Any:
-        r = httpx.post(f"{srv.url}/graphql", json=query, timeout=30, **kw)
+        r = httpx.post(f"{srv.url}/graphql", json=query, timeout=30, **kw, verify=trusted_tls())
         assert r.status_code in (200, 403), r.text
         return r
 
@@ -185,7 +188,9 @@ def test_graphql_and_training_api_take_the_selection(srv: LiveServer, setup: Set
     assert denied.json()["errors"][0]["extensions"]["code"] == "FORBIDDEN"
     # A viewer in B may not stop B's cluster through GraphQL either.
     stop = {"query": f'mutation {{ podStop(input: {{podId: "{s.b_cluster}"}}) {{ id }} }}'}
-    r = httpx.post(f"{srv.url}/graphql", json=stop, headers={**auth, HEADER: str(s.b.id)})
+    r = httpx.post(
+        f"{srv.url}/graphql", json=stop, headers={**auth, HEADER: str(s.b.id)}, verify=trusted_tls()
+    )
     assert r.json()["errors"][0]["extensions"]["code"] == "FORBIDDEN"
     # Seed 002: active_iam selects B's project; the viewer reads, and may not create.
     with srv.client(s.u_key) as u:
@@ -254,6 +259,7 @@ def test_the_proxy_key_check_acts_for_the_clusters_account(srv: LiveServer, setu
         r = httpx.get(
             f"{srv.url}/v1/proxy/authorize",
             headers={"X-Forwarded-Host": host, "Authorization": f"Bearer {key}"},
+            verify=trusted_tls(),
         )
         return r.status_code
 

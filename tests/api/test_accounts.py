@@ -11,6 +11,7 @@ import httpx
 
 from gpuyard.api.rest.schemas import resources as rs
 from gpuyard.api.rest.schemas import tenancy as ts
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.store.schema import Cluster
 from tests.api.test_resources import data, err
 from tests.helpers import LiveServer
@@ -55,7 +56,12 @@ def invite_and_accept(
             ts.InvitationCreatedEnvelope,
         )
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = httpx.post(f"{srv.url}/v1/invitations/{inv['token']}/accept", json={}, headers=headers)
+    r = httpx.post(
+        f"{srv.url}/v1/invitations/{inv['token']}/accept",
+        json={},
+        headers=headers,
+        verify=trusted_tls(),
+    )
     accepted: dict[str, Any] = data(r, 201, ts.InvitationAcceptedEnvelope)
     return accepted
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.store.schema import Cluster
 from tests.helpers import LiveServer
 
@@ -95,6 +96,7 @@ def test_graphql_deadlines_are_bounded(srv: LiveServer, when: str) -> None:
         json={"query": query},
         headers={"Authorization": f"Bearer {srv.key}"},
         timeout=30,
+        verify=trusted_tls(),
     )
     assert r.status_code == 200, r.text
     errors = r.json()["errors"]
@@ -142,6 +144,7 @@ def test_a_poisoned_stored_policy_breaks_no_read(srv: LiveServer, raw: Any) -> N
             },
             headers={"Authorization": f"Bearer {srv.key}"},
             timeout=30,
+            verify=trusted_tls(),
         )
         assert gql.status_code == 200 and "errors" not in gql.json(), gql.text
         assert gql.json()["data"]["pod"]["id"] == cid

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, live_server, make_settings
 
@@ -115,6 +116,11 @@ def test_bodies_within_the_limit_are_served(small: LiveServer) -> None:
 
 def test_graphql_batch_over_the_limit(small: LiveServer) -> None:
     batch = [{"query": "{ myself { id } }", "variables": {"pad": "v" * 500}}] * 10
-    r = httpx.post(f"{small.url}/graphql", json=batch, headers={"Authorization": small.key})
+    r = httpx.post(
+        f"{small.url}/graphql",
+        json=batch,
+        headers={"Authorization": small.key},
+        verify=trusted_tls(),
+    )
     assert r.status_code == 413
     assert r.json()["errors"][0]["extensions"]["code"] == "PAYLOAD_TOO_LARGE"

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from gpuyard.cli.main import cli
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, free_port, live_server, make_settings
 from tests.required_parts import needs_tools
@@ -265,7 +266,7 @@ def test_write_key_from_cli_can_create(server: LiveServer) -> None:
         server, "clusters", "create", "--image", "busybox", "--json", env={"GPUYARD_API_KEY": key}
     )
     assert ok_json(result)["status"] in ("pending", "starting", "running")
-    assert httpx.get(f"{server.url}/healthz").json()["ok"] is True
+    assert httpx.get(f"{server.url}/healthz", verify=trusted_tls()).json()["ok"] is True
 
 
 def test_spot_create_and_bid_resume(server: LiveServer) -> None:

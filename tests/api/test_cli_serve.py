@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import free_port
 
 
@@ -47,7 +48,7 @@ def wait_up(url: str, proc: subprocess.Popen[Any]) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         try:
-            httpx.get(f"{url}/healthz", timeout=1)
+            httpx.get(f"{url}/healthz", timeout=1, verify=trusted_tls())
             return
         except httpx.TransportError:
             time.sleep(0.1)
@@ -67,8 +68,10 @@ def test_serve_prints_key_once_redacts_logs_and_exits_cleanly(
         key = creds["api_key"]
         assert creds["url"] == url
         assert (tmp_path / "credentials").stat().st_mode & 0o777 == 0o600
-        assert httpx.get(f"{url}/v1/gpu-types?api_key={key}").status_code == 200
-        assert httpx.get(f"{url}/v1/clusters?apikey={key}").status_code == 200
+        assert (
+            httpx.get(f"{url}/v1/gpu-types?api_key={key}", verify=trusted_tls()).status_code == 200
+        )
+        assert httpx.get(f"{url}/v1/clusters?apikey={key}", verify=trusted_tls()).status_code == 200
         time.sleep(0.2)  # let the access log lines out
     finally:
         proc.send_signal(sig)

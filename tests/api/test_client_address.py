@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.store.schema import Host
 from tests.helpers import LiveServer, account_with_members, v1_error
 
@@ -161,6 +162,7 @@ def test_lowest_price_over_plain_http(srv: LiveServer) -> None:
         f"{srv.url}/graphql?api_key={srv.key}",
         json={"query": LOWEST % 2},
         timeout=30,
+        verify=trusted_tls(),
     )
     assert r.status_code == 200, r.text
     price = data(r.json())["gpuTypes"][0]["lowestPrice"]

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from gpuyard.api.rest.cluster_logs import LogListEnvelope
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key, resolve_key
 from gpuyard.store.schema import ClusterLogArchive
 from gpuyard.testing.fake_runtime import FakeRuntime
@@ -212,7 +213,7 @@ def test_another_account_gets_404_and_a_read_key_is_enough(srv: LiveServer) -> N
         assert c.get("/v1/clusters/nosuchcluster1/logs").status_code == 404
     with srv.client(read_key(srv)) as c:
         assert c.get(f"/v1/clusters/{cid}/logs").status_code == 200
-    assert httpx.get(f"{srv.url}/v1/clusters/{cid}/logs").status_code == 401
+    assert httpx.get(f"{srv.url}/v1/clusters/{cid}/logs", verify=trusted_tls()).status_code == 401
 
 
 def open_follow(
@@ -240,7 +241,10 @@ def test_follow_streams_new_lines_and_resumes_with_last_event_id(
     srv: LiveServer, fake_runtime: FakeRuntime
 ) -> None:
     with httpx.Client(
-        base_url=srv.url, headers={"Authorization": f"Bearer {srv.key}"}, timeout=10
+        base_url=srv.url,
+        headers={"Authorization": f"Bearer {srv.key}"},
+        timeout=10,
+        verify=trusted_tls(),
     ) as c:
         cid = created(srv, c, BODY)
         say(fake_runtime, cid, "old")
@@ -270,7 +274,10 @@ def test_follow_sees_stop_start_and_ends_on_terminate(
     srv: LiveServer, fake_runtime: FakeRuntime
 ) -> None:
     with httpx.Client(
-        base_url=srv.url, headers={"Authorization": f"Bearer {srv.key}"}, timeout=15
+        base_url=srv.url,
+        headers={"Authorization": f"Bearer {srv.key}"},
+        timeout=15,
+        verify=trusted_tls(),
     ) as c:
         cid = created(srv, c, BODY)
         # The driver's steps wait on what the stream has delivered, not on sleeps: it
@@ -334,7 +341,7 @@ def test_no_api_key_in_the_server_log_or_the_lines(
     with srv.client() as c:
         cid = created(srv, c, BODY)
         say(fake_runtime, cid, "hi")
-    with httpx.Client(base_url=srv.url, timeout=10) as bare:
+    with httpx.Client(base_url=srv.url, timeout=10, verify=trusted_tls()) as bare:
         r = bare.get(f"/v1/clusters/{cid}/logs", params={"api_key": srv.key})
         assert r.status_code == 200 and srv.key not in r.text
         with bare.stream(
@@ -349,7 +356,7 @@ def test_no_api_key_in_the_server_log_or_the_lines(
 
 
 def test_openapi_documents_json_and_event_stream(srv: LiveServer) -> None:
-    doc = httpx.get(srv.url + "/openapi.json", timeout=60).json()
+    doc = httpx.get(srv.url + "/openapi.json", timeout=60, verify=trusted_tls()).json()
     op = doc["paths"]["/v1/clusters/{cluster_id}/logs"]["get"]
     content = op["responses"]["200"]["content"]
     assert {"application/json", "text/event-stream"} <= set(content)

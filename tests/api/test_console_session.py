@@ -15,6 +15,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from gpuyard.core.sealed_key import secret_id
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy.auth import Scope, issue_key
 from gpuyard.store.console_sessions import ConsoleSession
 from gpuyard.store.schema import ApiKey
@@ -39,7 +40,7 @@ def srv(tmp_path: Path) -> Iterator[LiveServer]:
 
 def browser(srv: LiveServer) -> httpx.Client:
     """A client with a cookie jar and no Authorization header, like the page."""
-    return httpx.Client(base_url=srv.url, timeout=30)
+    return httpx.Client(base_url=srv.url, timeout=30, verify=trusted_tls())
 
 
 def sign_in(c: httpx.Client, key: str) -> str:
@@ -139,7 +140,9 @@ def test_sign_out_revokes_the_session_for_every_copy_of_the_cookie(srv: LiveServ
         assert "gpuyard_console=" in r.headers["set-cookie"]
         assert "max-age=0" in r.headers["set-cookie"].lower()
     # A copy of the cookie kept elsewhere acts as nobody now.
-    with httpx.Client(base_url=srv.url, cookies={"gpuyard_console": secret}) as thief:
+    with httpx.Client(
+        base_url=srv.url, cookies={"gpuyard_console": secret}, verify=trusted_tls()
+    ) as thief:
         r = thief.get("/v1/me", headers={"X-CSRF-Token": token})
         assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHORIZED"
         assert thief.get(PATH, headers={"X-CSRF-Token": token}).status_code == 401
@@ -263,7 +266,9 @@ def test_the_terminal_websocket_needs_the_token_and_this_origin(srv: LiveServer)
 def test_a_junk_cookie_is_looked_up_once_per_cache_period(srv: LiveServer) -> None:
     cache = srv.server.app.state.console_sessions
     junk = "j" * 43
-    with httpx.Client(base_url=srv.url, cookies={"gpuyard_console": junk}) as c:
+    with httpx.Client(
+        base_url=srv.url, cookies={"gpuyard_console": junk}, verify=trusted_tls()
+    ) as c:
         for _ in range(3):
             r = c.get("/v1/me", headers={"X-CSRF-Token": "t"})
             assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHORIZED"

@@ -13,6 +13,7 @@ import httpx
 from click.testing import CliRunner
 
 from gpuyard.cli.main import cli
+from gpuyard.core.tls_trust import trusted_tls
 from tests.api.test_graphql import codes, gql
 from tests.helpers import LiveServer, account_with_members, add_host_row, created, v1_error
 
@@ -146,7 +147,10 @@ def test_the_host_version_is_the_operators_alone(srv: LiveServer) -> None:
     _, new = fleet(srv)
     _, _, keys = account_with_members(srv, "other@b.test", ())
     with httpx.Client(
-        base_url=srv.url, headers={"Authorization": f"Bearer {keys['owner']}"}, timeout=30
+        base_url=srv.url,
+        headers={"Authorization": f"Bearer {keys['owner']}"},
+        timeout=30,
+        verify=trusted_tls(),
     ) as other:
         r = other.patch(f"/v1/hosts/{new}", json={"cuda_version": "99.0"})
         assert r.status_code in (403, 404), r.text

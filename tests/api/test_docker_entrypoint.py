@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.reconciler.clusters.container_spec import container_command
 from gpuyard.services.clusters.requests import CreateCluster
 from gpuyard.testing.fake_runtime import FakeRuntime
@@ -76,7 +77,10 @@ def test_another_account_cannot_see_it(srv: LiveServer) -> None:
         cid = created(srv, c, body(docker_entrypoint=SHELL, docker_args=SCRIPT))
     _, _, keys = account_with_members(srv, "other@c.test", ())
     with httpx.Client(
-        base_url=srv.url, headers={"Authorization": f"Bearer {keys['owner']}"}, timeout=30
+        base_url=srv.url,
+        headers={"Authorization": f"Bearer {keys['owner']}"},
+        timeout=30,
+        verify=trusted_tls(),
     ) as other:
         v1_error(other.get(f"/v1/clusters/{cid}"), 404)
         assert other.get("/v1/clusters").json()["data"]["clusters"] == []

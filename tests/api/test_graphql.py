@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from tests.helpers import LiveServer
 
@@ -37,6 +38,7 @@ def post_raw(srv: LiveServer, body: str, key: str | None = None) -> httpx.Respon
         content=body,
         headers={"content-type": "application/json"},
         timeout=30,
+        verify=trusted_tls(),
     )
 
 
@@ -378,25 +380,37 @@ def test_auth(srv: LiveServer) -> None:
         {"params": {"api_key": "gy_wrong"}},
         {"headers": {"Authorization": "Bearer gy_wrong"}},
     ):
-        r = httpx.post(f"{srv.url}/graphql", json=q, **kwargs)  # type: ignore[arg-type]
+        r = httpx.post(f"{srv.url}/graphql", json=q, **kwargs, verify=trusted_tls())  # type: ignore[arg-type]
         assert r.status_code == 401
         assert r.headers["www-authenticate"] == "Bearer"
         assert codes(r.json()) == ["UNAUTHORIZED"] and r.json()["errors"][0]["message"]
     ok_header = httpx.post(
-        f"{srv.url}/graphql", json=q, headers={"Authorization": f"Bearer {srv.key}"}
+        f"{srv.url}/graphql",
+        json=q,
+        headers={"Authorization": f"Bearer {srv.key}"},
+        verify=trusted_tls(),
     )
-    ok_query = httpx.post(f"{srv.url}/graphql", json=q, params={"api_key": srv.key})
-    ok_bare = httpx.post(f"{srv.url}/graphql", json=q, headers={"Authorization": srv.key})
+    ok_query = httpx.post(
+        f"{srv.url}/graphql", json=q, params={"api_key": srv.key}, verify=trusted_tls()
+    )
+    ok_bare = httpx.post(
+        f"{srv.url}/graphql", json=q, headers={"Authorization": srv.key}, verify=trusted_tls()
+    )
     assert ok_header.json() == ok_query.json() == ok_bare.json()
     assert ok_header.json()["data"]["myself"]["id"]
 
 
 def test_get_runs_queries_only(srv: LiveServer) -> None:
-    r = httpx.get(f"{srv.url}/graphql", params={"query": "{ myself { id } }", "api_key": srv.key})
+    r = httpx.get(
+        f"{srv.url}/graphql",
+        params={"query": "{ myself { id } }", "api_key": srv.key},
+        verify=trusted_tls(),
+    )
     assert r.status_code == 200 and r.json()["data"]["myself"]["id"]
     r = httpx.get(
         f"{srv.url}/graphql",
         params={"query": 'mutation { podStop(input: {podId: "x"}) { id } }', "api_key": srv.key},
+        verify=trusted_tls(),
     )
     assert codes(r.json()) == ["VALIDATION_ERROR"] and "POST" in r.json()["errors"][0]["message"]
 
@@ -410,7 +424,7 @@ def test_bad_requests(srv: LiveServer) -> None:
         '{"query": "{ myself { id } }", "variables": 3}',
         "[]",
     ):
-        r = httpx.post(f"{srv.url}/graphql", content=body, headers=h)
+        r = httpx.post(f"{srv.url}/graphql", content=body, headers=h, verify=trusted_tls())
         assert r.status_code == 400, body
         assert codes(r.json()) == ["VALIDATION_ERROR"]
 
@@ -432,11 +446,21 @@ def test_limits(srv: LiveServer) -> None:
     assert body["errors"][0]["extensions"]["details"]["limit"] == "tokens"
     h = {"Authorization": f"Bearer {srv.key}"}
     batch = [{"query": "{ myself { id } }"}] * 3
-    r = httpx.post(f"{srv.url}/graphql", json=batch, headers=h)
+    r = httpx.post(f"{srv.url}/graphql", json=batch, headers=h, verify=trusted_tls())
     assert r.status_code == 200 and [b["data"]["myself"]["id"] for b in r.json()] == ["1"] * 3
-    r = httpx.post(f"{srv.url}/graphql", json=[{"query": "{ myself { id } }"}] * 11, headers=h)
+    r = httpx.post(
+        f"{srv.url}/graphql",
+        json=[{"query": "{ myself { id } }"}] * 11,
+        headers=h,
+        verify=trusted_tls(),
+    )
     assert r.status_code == 400 and "batch" in r.json()["errors"][0]["message"]
-    r = httpx.post(f"{srv.url}/graphql", json={"query": "{ " + " " * 40_000 + "}"}, headers=h)
+    r = httpx.post(
+        f"{srv.url}/graphql",
+        json={"query": "{ " + " " * 40_000 + "}"},
+        headers=h,
+        verify=trusted_tls(),
+    )
     assert r.status_code == 413
     # Introspection is on by default (clients use it); the standard query passes the limits.
     from graphql import get_introspection_query
@@ -481,5 +505,7 @@ def test_accounts_are_isolated(srv: LiveServer) -> None:
     body = gql(srv, f'mutation {{ podResume(input: {{podId: "{theirs}", gpuCount: 1}}) {{ id }} }}')
     assert codes(body) == ["CLUSTER_NOT_FOUND"]
     assert gql(srv, lst, key=other.key)["data"]["myself"]["clusters"] == [{"id": theirs}]
-    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {other.key}"}) as c:
+    with httpx.Client(
+        base_url=srv.url, headers={"Authorization": f"Bearer {other.key}"}, verify=trusted_tls()
+    ) as c:
         assert c.get(f"/v1/clusters/{theirs}").json()["data"]["status"] == "running"

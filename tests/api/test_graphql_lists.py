@@ -14,6 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, event
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.runtimes.base import ContainerStats, StatsConsumer
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.testing.fake_runtime import FakeRuntime
@@ -255,6 +256,7 @@ def test_polling_clients_share_one_engine_call_per_container(
                     json={"query": SEED_LIST},
                     headers={"Authorization": f"Bearer {srv.key}"},
                     timeout=30,
+                    verify=trusted_tls(),
                 )
                 pods = ok(r.json())["myself"]["clusters"]
                 assert {p["id"] for p in pods} == set(ids)

@@ -21,6 +21,7 @@ from gpuyard.api.rest.schemas.hosts import (
     HostListEnvelope,
     SshPublicKeyEnvelope,
 )
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import Cluster, Host, HostGpu, VolumeMove
 from gpuyard.testing.fake_runtime import FakeRuntime
@@ -237,7 +238,7 @@ def test_every_route_needs_an_admin_key(fleet: LiveServer) -> None:
     for method, path, body in calls:
         with fleet.client(writer) as c:
             v1_error(c.request(method, path, json=body), 403, "FORBIDDEN")
-        r = httpx.request(method, fleet.url + path, json=body)
+        r = httpx.request(method, fleet.url + path, json=body, verify=trusted_tls())
         v1_error(r, 401, "UNAUTHORIZED")
     assert len(get(fleet, "/v1/hosts")["hosts"]) == 1
     assert get(fleet, "/v1/hosts/1")["status"] == "active"

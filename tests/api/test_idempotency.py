@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.store.schema import Cluster, GpuAllocation, TrainingCluster
 from tests.api.test_training_api import public_key
 from tests.helpers import LiveServer
@@ -66,7 +67,13 @@ def graphql(srv: LiveServer, query: str, key: str | bytes | None) -> httpx.Respo
     headers: dict[str, str | bytes] = {"Authorization": f"Bearer {srv.key}"}
     if key is not None:
         headers[HEADER] = key
-    return httpx.post(f"{srv.url}/graphql", json={"query": query}, headers=headers, timeout=30)
+    return httpx.post(
+        f"{srv.url}/graphql",
+        json={"query": query},
+        headers=headers,
+        timeout=30,
+        verify=trusted_tls(),
+    )
 
 
 def deploy_query(mutation: str, name: str, extra: str = "") -> str:
@@ -163,7 +170,7 @@ def test_training_retry_answers_the_same_cluster(srv: LiveServer, tmp_path: Path
 
 
 def test_openapi_documents_the_header(srv: LiveServer) -> None:
-    spec = httpx.get(f"{srv.url}/openapi.json", timeout=30).json()
+    spec = httpx.get(f"{srv.url}/openapi.json", timeout=30, verify=trusted_tls()).json()
     # /graphql is not in OpenAPI (its contract is the GraphQL schema; see api/app.py).
     assert "/graphql" not in spec["paths"]
     for path in ["/v1/clusters", TRAINING]:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer
 
@@ -44,6 +45,7 @@ def gql(srv: LiveServer, query: str, variables: dict[str, Any] | None = None) ->
         json={"query": query, "variables": variables},
         headers={"Authorization": f"Bearer {srv.key}"},
         timeout=60,
+        verify=trusted_tls(),
     )
 
 
@@ -285,7 +287,7 @@ def test_forbidden_mount_paths(srv: LiveServer) -> None:
 
 def test_deep_json_to_graphql_is_a_graphql_400(srv: LiveServer) -> None:
     headers = {"Authorization": f"Bearer {srv.key}", "content-type": "application/json"}
-    with httpx.Client(base_url=srv.url, headers=headers, timeout=60) as c:
+    with httpx.Client(base_url=srv.url, headers=headers, timeout=60, verify=trusted_tls()) as c:
         bodies = [
             b"[" * DEEP + b"]" * DEEP,
             b"[" * DEEP,

@@ -28,7 +28,7 @@ def accept(srv: LiveServer, token: str, key: str | None = None, **body: Any) -> 
         f"{srv.url}/v1/invitations/{token}/accept",
         json=body or None,
         headers=headers,
-        timeout=60,  # concurrent accepts queue on one database writer
+        timeout=60,  # concurrent accepts queue on one database writer, verify=trusted_tls()
     )
 
 

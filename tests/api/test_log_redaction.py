@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from gpuyard.cli.serve import RedactKeysFilter, configure_logging, redact
+from gpuyard.core.tls_trust import trusted_tls
 from tests.api.test_cli_serve import start_serve, wait_up
 from tests.helpers import free_port
 
@@ -88,7 +89,7 @@ def test_serve_logs_no_key_in_any_spelling(tmp_path: Path) -> None:
         wait_up(url, proc)
         key = json.loads((tmp_path / "credentials").read_text())["api_key"]
         # The percent-encoded name is accepted: it is the same parameter.
-        with httpx.Client(base_url=url) as c:
+        with httpx.Client(base_url=url, verify=trusted_tls()) as c:
             assert c.get(f"/v1/gpu-types?api%5Fkey={key}").status_code == 200
             assert c.get(f"/v1/clusters?apikey={key}&apikey={key}").status_code == 200
             for path in PROBES:

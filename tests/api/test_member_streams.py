@@ -14,6 +14,7 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy import members
 from gpuyard.services.tenancy.auth import resolve_key
 from tests.api.sse import events
@@ -95,7 +96,10 @@ def test_a_removed_members_log_follow_ends(srv: LiveServer, member: Member) -> N
     cid = running_cluster(srv)
     with (
         httpx.Client(
-            base_url=srv.url, headers={"Authorization": f"Bearer {member.key}"}, timeout=WAIT_S
+            base_url=srv.url,
+            headers={"Authorization": f"Bearer {member.key}"},
+            timeout=WAIT_S,
+            verify=trusted_tls(),
         ) as c,
         c.stream("GET", f"/v1/clusters/{cid}/logs", params={"follow": "true", "tail": 1}) as r,
     ):
@@ -109,7 +113,7 @@ def test_a_removed_members_log_follow_ends(srv: LiveServer, member: Member) -> N
 
 
 def test_a_removed_members_console_session_stops_acting(srv: LiveServer, member: Member) -> None:
-    with httpx.Client(base_url=srv.url, timeout=WAIT_S) as page:
+    with httpx.Client(base_url=srv.url, timeout=WAIT_S, verify=trusted_tls()) as page:
         r = page.post("/v1/console/session", json={"api_key": member.key})
         assert r.status_code == 201, r.text
         headers = {"X-CSRF-Token": r.json()["data"]["csrf_token"]}

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuyard.core.autoterm import Rule
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.observability.counters import record_auto_termination
 from gpuyard.reconciler.duties.autoterminate import Fired
 from gpuyard.services.clock import SystemClock
@@ -27,7 +28,11 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 def scrape(srv: LiveServer, **headers: str) -> Samples:
     """Scrape with ``headers`` (default: the admin key)."""
-    r = httpx.get(srv.url + "/metrics", headers=headers or {"Authorization": f"Bearer {srv.key}"})
+    r = httpx.get(
+        srv.url + "/metrics",
+        headers=headers or {"Authorization": f"Bearer {srv.key}"},
+        verify=trusted_tls(),
+    )
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain")
     return {
@@ -171,22 +176,33 @@ def key_of_scope(srv: LiveServer, scope: Scope) -> str:
 
 def test_metrics_need_an_admin_key_by_default(srv: LiveServer) -> None:
     url = srv.url + "/metrics"
-    missing = httpx.get(url)
+    missing = httpx.get(url, verify=trusted_tls())
     assert missing.status_code == 401
     assert missing.headers["www-authenticate"] == "Bearer"
     assert missing.json()["error"]["code"] == "UNAUTHORIZED"
     assert "gpuyard_" not in missing.text
-    assert httpx.get(url, headers={"Authorization": "Bearer gy_not-a-key"}).status_code == 401
+    assert (
+        httpx.get(
+            url, headers={"Authorization": "Bearer gy_not-a-key"}, verify=trusted_tls()
+        ).status_code
+        == 401
+    )
     for scope in (Scope.READ, Scope.WRITE):
-        refused = httpx.get(url, headers={"Authorization": f"Bearer {key_of_scope(srv, scope)}"})
+        refused = httpx.get(
+            url,
+            headers={"Authorization": f"Bearer {key_of_scope(srv, scope)}"},
+            verify=trusted_tls(),
+        )
         assert refused.status_code == 403, refused.text
         assert refused.json()["error"]["code"] == "FORBIDDEN"
         assert "gpuyard_" not in refused.text
     admin = scrape(srv)
     assert value(admin, "gpuyard_metrics_store_up") == 1
     # Every accepted spelling of the key works here as on the API.
-    assert httpx.get(url, params={"api_key": srv.key}).status_code == 200
-    assert httpx.get(url, headers={"Authorization": srv.key}).status_code == 200
+    assert httpx.get(url, params={"api_key": srv.key}, verify=trusted_tls()).status_code == 200
+    assert (
+        httpx.get(url, headers={"Authorization": srv.key}, verify=trusted_tls()).status_code == 200
+    )
 
 
 @pytest.fixture
@@ -200,20 +216,30 @@ def token_srv(
 
 def test_token_or_admin_key(token_srv: LiveServer) -> None:
     url = token_srv.url + "/metrics"
-    missing = httpx.get(url)
+    missing = httpx.get(url, verify=trusted_tls())
     assert missing.status_code == 401
     assert missing.headers["www-authenticate"] == "Bearer"
     assert missing.json()["error"]["code"] == "UNAUTHORIZED"
-    assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert (
+        httpx.get(url, headers={"Authorization": "Bearer wrong"}, verify=trusted_tls()).status_code
+        == 401
+    )
     # The token is not an API key, and a user's key is not the token.
     assert (
         httpx.get(
-            token_srv.url + "/v1/clusters", headers={"Authorization": "Bearer s3cret-scrape"}
+            token_srv.url + "/v1/clusters",
+            headers={"Authorization": "Bearer s3cret-scrape"},
+            verify=trusted_tls(),
         ).status_code
         == 401
     )
     user = key_of_scope(token_srv, Scope.WRITE)
-    assert httpx.get(url, headers={"Authorization": f"Bearer {user}"}).status_code == 403
+    assert (
+        httpx.get(
+            url, headers={"Authorization": f"Bearer {user}"}, verify=trusted_tls()
+        ).status_code
+        == 403
+    )
     m = scrape(token_srv, Authorization="Bearer s3cret-scrape")
     assert value(m, "gpuyard_metrics_store_up") == 1
     assert value(scrape(token_srv), "gpuyard_metrics_store_up") == 1  # the admin key
@@ -228,7 +254,11 @@ def test_public_setting_opens_metrics(tmp_path: Path, fake_runtime: FakeRuntime)
 def test_disabled_metrics_are_not_served(tmp_path: Path, fake_runtime: FakeRuntime) -> None:
     settings = make_settings(tmp_path / "home", metrics_enabled=False)
     with live_server(settings, fake_runtime) as server:
-        r = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {server.key}"})
+        r = httpx.get(
+            server.url + "/metrics",
+            headers={"Authorization": f"Bearer {server.key}"},
+            verify=trusted_tls(),
+        )
         assert r.status_code == 404
 
 
@@ -244,4 +274,9 @@ def test_metrics_are_per_server(tmp_path: Path) -> None:
 
 
 def test_metrics_not_in_openapi(srv: LiveServer) -> None:
-    assert "/metrics" not in httpx.get(srv.url + "/openapi.json", timeout=60).json()["paths"]
+    assert (
+        "/metrics"
+        not in httpx.get(srv.url + "/openapi.json", timeout=60, verify=trusted_tls()).json()[
+            "paths"
+        ]
+    )

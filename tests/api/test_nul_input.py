@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import LiveServer
 
 TRAINING = "/distributed_jobs_v2/cluster/"
@@ -52,7 +53,10 @@ def test_training_envelope(srv: LiveServer) -> None:
 def test_graphql_query_and_variables(srv: LiveServer) -> None:
     def post(body: dict[str, Any]) -> httpx.Response:
         return httpx.post(
-            f"{srv.url}/graphql", json=body, headers={"Authorization": f"Bearer {srv.key}"}
+            f"{srv.url}/graphql",
+            json=body,
+            headers={"Authorization": f"Bearer {srv.key}"},
+            verify=trusted_tls(),
         )
 
     literal = 'mutation { podStop(input: {podId: "ab\\u0000c"}) { id } }'

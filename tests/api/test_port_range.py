@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer, free_port, live_server, make_settings, refused
 
@@ -117,6 +118,7 @@ def test_graphql_deploys_get_a_port_in_the_range_and_not_the_servers(
         f"{overlapping.url}/graphql",
         json={"query": query},
         headers={"Authorization": f"Bearer {overlapping.key}"},
+        verify=trusted_tls(),
     )
     assert r.status_code == 200 and "errors" not in r.json(), r.text
     cid = r.json()["data"]["podFindAndDeployOnDemand"]["id"]

@@ -20,6 +20,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select
 
 from gpuyard.cli.main import cli
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.store.schema import Account, Project, Snapshot
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.test_accounts import invite_and_accept
@@ -162,7 +163,13 @@ def caller(srv: LiveServer, setup: Setup, who: str) -> dict[str, str]:
 
 
 def graphql(srv: LiveServer, headers: dict[str, str], query: str) -> dict[str, Any]:
-    r = httpx.post(f"{srv.url}/graphql", json={"query": query}, headers=headers, timeout=60)
+    r = httpx.post(
+        f"{srv.url}/graphql",
+        json={"query": query},
+        headers=headers,
+        timeout=60,
+        verify=trusted_tls(),
+    )
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
     return body
@@ -172,7 +179,7 @@ def graphql(srv: LiveServer, headers: dict[str, str], query: str) -> dict[str, A
 def test_another_projects_storage_is_not_found(srv: LiveServer, setup: Setup, who: str) -> None:
     headers = caller(srv, setup, who)
     five, two = setup.five, setup.two
-    with httpx.Client(base_url=srv.url, headers=headers, timeout=60) as c:
+    with httpx.Client(base_url=srv.url, headers=headers, timeout=60, verify=trusted_tls()) as c:
         assert ok(c.get("/v1/me"))["acting"]["project_ids"] == [two]
         # What the caller may make in its own project, to aim at "five"'s from.
         vol = {"name": "mine", "size": 5, "dataCenterId": "local"}

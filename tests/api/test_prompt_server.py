@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 
 from gpuyard.api.http.prompt_server import PromptServer
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import free_port
 
 Scope = MutableMapping[str, Any]
@@ -77,7 +78,9 @@ def test_a_request_in_flight_is_answered_before_the_server_ends() -> None:
     app = SlowApp()
     server, thread, base = serve(app)
     answers: list[httpx.Response] = []
-    asker = threading.Thread(target=lambda: answers.append(httpx.get(f"{base}/s", timeout=30)))
+    asker = threading.Thread(
+        target=lambda: answers.append(httpx.get(f"{base}/s", timeout=30, verify=trusted_tls()))
+    )
     asker.start()
     assert app.in_flight.wait(10)
     server.request_exit()
@@ -85,7 +88,7 @@ def test_a_request_in_flight_is_answered_before_the_server_ends() -> None:
     # Shutting down: no new connection, but the held request keeps the server (and the
     # app's shutdown) waiting.
     try:
-        httpx.get(f"{base}/late", timeout=5)
+        httpx.get(f"{base}/late", timeout=5, verify=trusted_tls())
         refused = False
     except httpx.ConnectError:
         refused = True

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from gpuyard.core.network.proxy import ProxyBase, ProxyStatus, Visibility
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.edge.caddy import CaddyError
 from gpuyard.edge.caddy_config import ProxyListen
 from gpuyard.edge.route_table import parse_table
@@ -75,7 +76,10 @@ def proxy_get(srv: LiveServer, url: str) -> httpx.Response:
     """``url`` (on the proxy domain) as the proxy forwards it to the API."""
     parts = urlsplit(url)
     return httpx.get(
-        f"{srv.url}{parts.path}?{parts.query}", headers={"Host": parts.netloc}, timeout=10
+        f"{srv.url}{parts.path}?{parts.query}",
+        headers={"Host": parts.netloc},
+        timeout=10,
+        verify=trusted_tls(),
     )
 
 
@@ -189,7 +193,11 @@ def redeem(srv: LiveServer, cid: str, port: int = 8888, key: str | None = None, 
 
 def proxy_check(srv: LiveServer, host: str, headers: dict[str, str]) -> int:
     """What the API answers the proxy's check of a request to ``host``."""
-    r = httpx.get(f"{srv.url}/v1/proxy/authorize", headers={"X-Forwarded-Host": host, **headers})
+    r = httpx.get(
+        f"{srv.url}/v1/proxy/authorize",
+        headers={"X-Forwarded-Host": host, **headers},
+        verify=trusted_tls(),
+    )
     return r.status_code
 
 
@@ -324,7 +332,12 @@ def test_who_may_open_a_port(proxied: LiveServer) -> None:
         r = c.get(f"/v1/clusters/{cid}/ports/8888/open")
         assert r.status_code == 503 and r.json()["error"]["code"] == "PROXY_UNAVAILABLE"
         expected(proxied, 503)
-    assert httpx.get(f"{proxied.url}/v1/clusters/{cid}/ports/8888/open").status_code == 401
+    assert (
+        httpx.get(
+            f"{proxied.url}/v1/clusters/{cid}/ports/8888/open", verify=trusted_tls()
+        ).status_code
+        == 401
+    )
 
 
 def test_the_proxy_key_check(proxied: LiveServer) -> None:
@@ -334,7 +347,9 @@ def test_the_proxy_key_check(proxied: LiveServer) -> None:
 
     def check(headers: dict[str, str], forwarded: str = host) -> int:
         r = httpx.get(
-            f"{proxied.url}/v1/proxy/authorize", headers={"X-Forwarded-Host": forwarded, **headers}
+            f"{proxied.url}/v1/proxy/authorize",
+            headers={"X-Forwarded-Host": forwarded, **headers},
+            verify=trusted_tls(),
         )
         return r.status_code
 
@@ -363,7 +378,9 @@ def test_the_status_page(proxied: LiveServer) -> None:
         cid = created(proxied, c, BODY)
 
         def page(host: str) -> httpx.Response:
-            return httpx.get(f"{proxied.url}/v1/proxy/unavailable", headers={"Host": host})
+            return httpx.get(
+                f"{proxied.url}/v1/proxy/unavailable", headers={"Host": host}, verify=trusted_tls()
+            )
 
         r = page(f"{cid}-8888.proxy.localhost:8080")
         assert r.status_code == 502 and "running, but nothing answers" in r.text

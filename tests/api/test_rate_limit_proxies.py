@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.api.test_cli_serve import wait_up
 from tests.helpers import free_port
 
@@ -50,6 +51,7 @@ def test_x_forwarded_for_names_the_source_only_behind_a_listed_proxy(
             httpx.get(
                 f"{url}/v1/gpu-types",
                 headers={"Authorization": f"Bearer {key}", "X-Forwarded-For": f"203.0.113.{i}"},
+                verify=trusted_tls(),
             ).status_code
             for i in range(4)
         ]

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from gpuyard.api.rest.schemas import resources as rs
 from gpuyard.cli.main import cli
 from gpuyard.core.errors import ValidationFailed
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.runtimes.slurm.image import SLURM_IMAGE
 from gpuyard.services.access import reserved_ips as reserved_ips_service
 from gpuyard.services.access.reserved_ips import get_reserved_ip
@@ -169,7 +170,7 @@ def test_projects_list_create_and_validate(srv: LiveServer) -> None:
     with srv.client(reader.key) as c:
         assert c.get("/v1/projects").status_code == 200
         err(c.post("/v1/projects", json={"name": "x"}), 403, "FORBIDDEN")
-    with httpx.Client(base_url=srv.url) as anon:
+    with httpx.Client(base_url=srv.url, verify=trusted_tls()) as anon:
         err(anon.get("/v1/projects"), 401, "UNAUTHORIZED")
 
 
@@ -725,7 +726,7 @@ def test_security_groups_isolation_and_attached_delete(srv: LiveServer) -> None:
 
 
 def test_openapi_documents_the_resource_endpoints(srv: LiveServer) -> None:
-    spec = httpx.get(srv.url + "/openapi.json", timeout=60).json()
+    spec = httpx.get(srv.url + "/openapi.json", timeout=60, verify=trusted_tls()).json()
     for path, method, model in (
         ("/v1/projects", "get", "ProjectListEnvelope"),
         ("/v1/projects", "post", "ProjectEnvelope"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from gpuyard.api.rest.schemas import responses as schemas
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import LiveServer
 
 
@@ -37,6 +38,6 @@ def test_cluster_responses_match_their_schemas(srv: LiveServer) -> None:
         assert srv.server.reconciler.wait_idle(10)
         schemas.ClusterEnvelope.model_validate(c.delete(f"/v1/clusters/{cid}").json())
 
-    spec = httpx.get(srv.url + "/openapi.json", timeout=60).json()
+    spec = httpx.get(srv.url + "/openapi.json", timeout=60, verify=trusted_tls()).json()
     get_one = spec["paths"]["/v1/clusters/{cluster_id}"]["get"]["responses"]["200"]
     assert get_one["content"]["application/json"]["schema"]["$ref"].endswith("ClusterEnvelope")

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from tests.helpers import LiveServer
 
@@ -29,7 +30,7 @@ def key_for(srv: LiveServer, email: str, scope: Scope = Scope.WRITE) -> str:
 
 
 def test_auth_forms(srv: LiveServer) -> None:
-    with httpx.Client(base_url=srv.url) as c:
+    with httpx.Client(base_url=srv.url, verify=trusted_tls()) as c:
         err(c.get("/v1/clusters"), 401, "UNAUTHORIZED")
         err(c.get("/v1/clusters", headers={"Authorization": "Bearer nope"}), 401, "UNAUTHORIZED")
         assert (
@@ -147,7 +148,7 @@ def test_state_capacity_snapshot_and_isolation(srv: LiveServer) -> None:
 
 
 def test_openapi_lists_the_endpoints(srv: LiveServer) -> None:
-    spec = httpx.get(srv.url + "/openapi.json", timeout=60).json()
+    spec = httpx.get(srv.url + "/openapi.json", timeout=60, verify=trusted_tls()).json()
     for path in (
         "/v1/clusters",
         "/v1/clusters/{cluster_id}/start",
@@ -159,15 +160,15 @@ def test_openapi_lists_the_endpoints(srv: LiveServer) -> None:
         assert path in spec["paths"]
     start = spec["paths"]["/v1/clusters/{cluster_id}/start"]["post"]
     assert "requestBody" in start
-    assert httpx.get(srv.url + "/docs").status_code == 200
+    assert httpx.get(srv.url + "/docs", verify=trusted_tls()).status_code == 200
 
 
 def test_the_api_reference_page_needs_no_internet(srv: LiveServer) -> None:
-    page = httpx.get(srv.url + "/docs")
+    page = httpx.get(srv.url + "/docs", verify=trusted_tls())
     assert page.status_code == 200 and "swagger-ui" in page.text
     assets = re.findall(r'(?:src|href)="(/[^"]+)"', page.text)
     assert any(a.endswith(".js") for a in assets) and any(a.endswith(".css") for a in assets)
     assert "cdn" not in page.text.lower() and "http" not in "".join(assets)
     for asset in assets:
-        r = httpx.get(srv.url + asset)
+        r = httpx.get(srv.url + asset, verify=trusted_tls())
         assert r.status_code == 200 and len(r.content) > 100, asset

@@ -11,6 +11,7 @@ import httpx
 
 from gpuyard.api.rest.schemas import resources as rs
 from gpuyard.api.rest.schemas import tenancy as ts
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy.cluster_access import Need, key_may_access
 from tests.api.test_accounts import invite_and_accept, new_account
 from tests.api.test_resources import data, err
@@ -138,9 +139,11 @@ def test_a_restricted_key_does_not_accept_invitations(srv: LiveServer) -> None:
         body = {"email": "bob@beta.test", "role": "owner"}
         token = c.post(f"/v1/accounts/{a['account']['id']}/invitations", json=body).json()
     accept = f"{srv.url}/v1/invitations/{token['data']['token']}/accept"
-    r = httpx.post(accept, json={}, headers={"Authorization": f"Bearer {ci}"})
+    r = httpx.post(accept, json={}, headers={"Authorization": f"Bearer {ci}"}, verify=trusted_tls())
     err(r, 403, "FORBIDDEN")
-    r = httpx.post(accept, json={}, headers={"Authorization": f"Bearer {bob}"})
+    r = httpx.post(
+        accept, json={}, headers={"Authorization": f"Bearer {bob}"}, verify=trusted_tls()
+    )
     assert r.status_code == 201, r.text
 
 
@@ -149,7 +152,7 @@ def test_a_console_session_of_a_restricted_key_is_as_restricted(srv: LiveServer)
     aid, owner, home = made["account"]["id"], made["api_key"]["key"], made["project"]["id"]
     with srv.client(owner) as c:
         ci = c.post("/v1/api-keys", json={"name": "ci", "project_id": home}).json()["data"]
-    with httpx.Client(base_url=srv.url, timeout=30) as browser:
+    with httpx.Client(base_url=srv.url, timeout=30, verify=trusted_tls()) as browser:
         signed = browser.post("/v1/console/session", json={"api_key": ci["key"]})
         assert signed.status_code == 201, signed.text
         session = signed.json()["data"]

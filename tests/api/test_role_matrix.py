@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from gpuyard.core.roles import Role
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema import ApiKey, Member, User
 from gpuyard.testing.fake_runtime import FakeRuntime
@@ -306,7 +307,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 def routes(srv: LiveServer) -> list[tuple[str, str]]:
-    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60).json()
+    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60, verify=trusted_tls()).json()
     return [(m.upper(), p) for p, ops in doc["paths"].items() for m in ops]
 
 
@@ -570,7 +571,11 @@ def test_key_management_between_roles(world: World) -> None:
             codes = {403: "FORBIDDEN", 404: "API_KEY_NOT_FOUND"}
             if r.status_code != want or (want != 200 and code(r) != codes[want]):
                 wrong.append(f"{actor} revokes {holder}'s key: {r.status_code}, {want} expected")
-            still = httpx.get(f"{srv.url}/v1/me", headers={"Authorization": f"Bearer {secret}"})
+            still = httpx.get(
+                f"{srv.url}/v1/me",
+                headers={"Authorization": f"Bearer {secret}"},
+                verify=trusted_tls(),
+            )
             if (still.status_code == 200) == (want == 200):
                 wrong.append(f"{holder}'s key after {actor}'s revoke: {still.status_code}")
     assert not wrong, "\n".join(wrong)

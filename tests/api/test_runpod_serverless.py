@@ -20,6 +20,7 @@ import httpx
 import pytest
 import runpod
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.serverless.worker_env import worker_environment
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.store.schema.serverless import ServerlessWorker
@@ -165,7 +166,9 @@ def test_run_status_output(world: World) -> None:
     job = runpod.Endpoint(world.endpoints["async"]).run({"input": {"v": "hi"}})
     assert job.output(timeout=60) == {"v": "hi"}
     assert job.status() == "COMPLETED"
-    with httpx.Client(headers={"Authorization": f"Bearer {world.a.key}"}) as c:
+    with httpx.Client(
+        headers={"Authorization": f"Bearer {world.a.key}"}, verify=trusted_tls()
+    ) as c:
         r = c.get(f"{world.srv.url}/runpod/v2/{world.endpoints['async']}/status/{job.job_id}")
     body = r.json()
     assert r.status_code == 200 and body["status"] == "COMPLETED"
@@ -231,7 +234,9 @@ def test_health_and_purge(world: World) -> None:
 
 
 def test_runsync_answers_in_queue_when_not_done_in_time(world: World) -> None:
-    with httpx.Client(headers={"Authorization": f"Bearer {world.a.key}"}, timeout=30) as c:
+    with httpx.Client(
+        headers={"Authorization": f"Bearer {world.a.key}"}, timeout=30, verify=trusted_tls()
+    ) as c:
         r = c.post(
             f"{world.srv.url}/runpod/v2/{world.endpoints['idle']}/runsync",
             params={"wait": 200},
@@ -243,7 +248,9 @@ def test_runsync_answers_in_queue_when_not_done_in_time(world: World) -> None:
 
 def test_bad_bodies_are_problems_not_500s(world: World) -> None:
     url = f"{world.srv.url}/runpod/v2/{world.endpoints['idle']}"
-    with httpx.Client(headers={"Authorization": f"Bearer {world.a.key}"}, timeout=30) as c:
+    with httpx.Client(
+        headers={"Authorization": f"Bearer {world.a.key}"}, timeout=30, verify=trusted_tls()
+    ) as c:
         assert c.post(f"{url}/run", json={}).status_code == 422
         bad = {"input": {}, "policy": {"ttl": -1}}
         r = c.post(f"{url}/run", json=bad)
@@ -269,7 +276,9 @@ JOB_ROUTES: list[tuple[str, str, dict[str, object] | None]] = [
 
 
 def _job_of_a(world: World) -> str:
-    with httpx.Client(headers={"Authorization": f"Bearer {world.a.key}"}) as c:
+    with httpx.Client(
+        headers={"Authorization": f"Bearer {world.a.key}"}, verify=trusted_tls()
+    ) as c:
         r = c.post(f"{world.srv.url}/runpod/v2/{world.endpoints['idle']}/run", json={"input": 1})
         job_id: str = r.json()["id"]
         return job_id
@@ -278,7 +287,9 @@ def _job_of_a(world: World) -> str:
 def test_another_accounts_key_reads_every_job_route_as_absent(world: World) -> None:
     job = _job_of_a(world)
     wrong = []
-    with httpx.Client(headers={"Authorization": f"Bearer {world.b.key}"}, timeout=30) as c:
+    with httpx.Client(
+        headers={"Authorization": f"Bearer {world.b.key}"}, timeout=30, verify=trusted_tls()
+    ) as c:
         for method, tail, body in JOB_ROUTES:
             url = f"{world.srv.url}/runpod/v2/{world.endpoints['idle']}/" + tail.format(job=job)
             r = c.request(method, url, json=body)
@@ -289,7 +300,9 @@ def test_another_accounts_key_reads_every_job_route_as_absent(world: World) -> N
             if "{job}" in tail and c.request(method, url, json=body).status_code != 404:
                 wrong.append(f"{method} {tail} via B's endpoint")
     assert not wrong, wrong
-    with httpx.Client(headers={"Authorization": f"Bearer {world.a.key}"}) as c:
+    with httpx.Client(
+        headers={"Authorization": f"Bearer {world.a.key}"}, verify=trusted_tls()
+    ) as c:
         r = c.get(f"{world.srv.url}/runpod/v2/{world.endpoints['idle']}/status/{job}")
         assert r.json()["status"] == "IN_QUEUE"
 
@@ -298,7 +311,7 @@ def test_worker_keys_are_refused_outside_their_own_routes(world: World) -> None:
     worker_id, key = world.workers["plain"]
     ep = world.endpoints["plain"]
     base = f"{world.srv.url}/runpod/v2/workers"
-    with httpx.Client(headers={"Authorization": key}, timeout=30) as c:
+    with httpx.Client(headers={"Authorization": key}, timeout=30, verify=trusted_tls()) as c:
         assert c.get(f"{world.srv.url}/v1/clusters").status_code == 401
         for method, tail, body in JOB_ROUTES:
             url = f"{world.srv.url}/runpod/v2/{ep}/" + tail.format(job="x")
@@ -308,7 +321,9 @@ def test_worker_keys_are_refused_outside_their_own_routes(world: World) -> None:
         other = world.workers["async"][0]
         assert c.get(f"{base}/{ep}/ping/{other}").status_code == 403
     # An account's key is no worker key.
-    with httpx.Client(headers={"Authorization": f"Bearer {world.a.key}"}, timeout=30) as c:
+    with httpx.Client(
+        headers={"Authorization": f"Bearer {world.a.key}"}, timeout=30, verify=trusted_tls()
+    ) as c:
         for path in (
             f"{base}/{ep}/job-take/{worker_id}?protocol=1",
             f"{base}/{ep}/ping/{worker_id}",
@@ -324,14 +339,16 @@ def test_a_worker_cannot_answer_another_endpoints_job(world: World) -> None:
     job = _job_of_a(world)  # on the "idle" endpoint, which has no worker
     thief_id, thief_key = make_worker(ctx, world.endpoints["b"], status="ready")
     base = f"{world.srv.url}/runpod/v2/workers/{world.endpoints['b']}"
-    with httpx.Client(headers={"Authorization": thief_key}, timeout=30) as c:
+    with httpx.Client(headers={"Authorization": thief_key}, timeout=30, verify=trusted_tls()) as c:
         r = c.get(f"{base}/job-take/{thief_id}?protocol=1")
         assert r.status_code == 204
         r = c.post(f"{base}/job-done/{thief_id}/{job}?protocol=1", content=b'{"output": "x"}')
         assert r.status_code == 409
         r = c.post(f"{base}/job-stream/{thief_id}/{job}", content=b'{"output": "x"}')
         assert r.status_code == 409
-    with httpx.Client(headers={"Authorization": f"Bearer {world.a.key}"}) as c:
+    with httpx.Client(
+        headers={"Authorization": f"Bearer {world.a.key}"}, verify=trusted_tls()
+    ) as c:
         r = c.get(f"{world.srv.url}/runpod/v2/{world.endpoints['idle']}/status/{job}")
         assert r.json()["status"] == "IN_QUEUE" and "output" not in r.json()
 
@@ -342,6 +359,7 @@ def test_body_limits_per_route(world: World) -> None:
     with httpx.Client(
         headers={"Authorization": f"Bearer {world.a.key}", "Content-Type": "application/json"},
         timeout=60,
+        verify=trusted_tls(),
     ) as c:
         assert c.post(f"{url}/run", content=big).status_code == 413
         r = c.post(f"{url}/runsync", params={"wait": 0}, content=big)

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from gpuyard.api.http.problems import PROBLEM_MEDIA_TYPE, RUNPOD_V2_PREFIX
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.api.sse import events
 from tests.api.test_runpod_v2_problems import problem
@@ -384,7 +385,7 @@ def test_another_accounts_key_hears_404_for_this_accounts_pod(srv: LiveServer) -
 
 
 def test_a_missing_bearer_is_401(srv: LiveServer) -> None:
-    with httpx.Client(base_url=srv.url) as anonymous:
+    with httpx.Client(base_url=srv.url, verify=trusted_tls()) as anonymous:
         for method, path in (*ROUTES, ("GET", f"{V2}/pods"), ("POST", f"{V2}/pods")):
             r = _call(anonymous, method, path, "nosuchpod0000")
             body = problem(r, 401, "UNAUTHORIZED")
@@ -428,7 +429,7 @@ def test_logs_stream_as_server_sent_events(srv: LiveServer, fake_runtime: FakeRu
 
 
 def test_the_routes_are_in_openapi_with_problem_errors(srv: LiveServer) -> None:
-    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60).json()
+    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60, verify=trusted_tls()).json()
     for method, path in (*ROUTES, ("GET", f"{V2}/pods"), ("POST", f"{V2}/pods")):
         op = doc["paths"][path][method.lower()]
         assert op["tags"] == ["runpod-v2"]

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from gpuyard.api.http.problems import RUNPOD_V2_PREFIX as V2
+from gpuyard.core.tls_trust import trusted_tls
 from tests.api.test_runpod_v2_problems import problem
 from tests.contract.runpod_v2 import check_answer
 from tests.helpers import LiveServer, account_with_members
@@ -311,7 +312,12 @@ def test_catalog_gpus_and_datacenters(srv: LiveServer) -> None:
         )
         refused(c.get(f"{V2}/catalog/datacenters/mars"), 404, "GET", "/v2/catalog/datacenters/{id}")
     # No key: 401, as a problem.
-    refused(httpx.get(f"{srv.url}{V2}/catalog/gpus"), 401, "GET", "/v2/catalog/gpus")
+    refused(
+        httpx.get(f"{srv.url}{V2}/catalog/gpus", verify=trusted_tls()),
+        401,
+        "GET",
+        "/v2/catalog/gpus",
+    )
 
 
 # ---------------------------------------------------------------- tenancy

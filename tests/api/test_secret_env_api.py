@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from gpuyard.core.secret_env import MASK
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.testing.fake_runtime import FakeRuntime
 from tests.helpers import LiveServer
 
@@ -113,6 +114,6 @@ def test_malformed_secret_objects_are_400(srv: LiveServer) -> None:
 
 
 def test_openapi_documents_the_secret_form(srv: LiveServer) -> None:
-    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60).json()
+    doc = httpx.get(f"{srv.url}/openapi.json", timeout=60, verify=trusted_tls()).json()
     text = str(doc["components"]["schemas"]["CreateCluster"]["properties"]["env"])
     assert "'secret'" in text and "'boolean'" in text

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import LiveServer
 
 SEED_BASIC = {"wait_for_ready": True, "timeout_minutes": 15}
@@ -161,7 +162,11 @@ def test_v2_start_and_get(srv: LiveServer) -> None:
     with srv.client() as c:
         cid = stopped_cluster(srv, c, "v2")
         # The seed's v2 curl sends no body, only the bare Authorization header.
-        r = httpx.post(f"{srv.url}/v2/clusters/{cid}/start", headers={"Authorization": srv.key})
+        r = httpx.post(
+            f"{srv.url}/v2/clusters/{cid}/start",
+            headers={"Authorization": srv.key},
+            verify=trusted_tls(),
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert set(body) >= {

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from gpuyard.core.ids import new_worker_key
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import free_port
 
 GATE = "only serverless workers are served here"
@@ -46,7 +47,7 @@ def test_the_worker_listener_serves_workers_only(tmp_path: Path) -> None:
         while True:
             assert proc.poll() is None, proc.communicate()
             try:
-                if httpx.get(f"{main}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{main}/healthz", timeout=1, verify=trusted_tls()).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -54,16 +55,20 @@ def test_the_worker_listener_serves_workers_only(tmp_path: Path) -> None:
             time.sleep(0.1)
         key = new_worker_key()
         path = "/runpod/v2/abcdefghijklm1/health"
-        refused = httpx.get(f"{workers}/healthz", timeout=5)
+        refused = httpx.get(f"{workers}/healthz", timeout=5, verify=trusted_tls())
         assert refused.status_code == 404 and refused.json()["detail"] == GATE
         assert (
-            httpx.get(f"{workers}/v1/clusters", headers={"Authorization": key}).json()["detail"]
+            httpx.get(
+                f"{workers}/v1/clusters", headers={"Authorization": key}, verify=trusted_tls()
+            ).json()["detail"]
             == GATE
         )
         # A worker's key reaches the app (whose answer this is, not the gate's).
-        through = httpx.get(f"{workers}{path}", headers={"Authorization": key}, timeout=5)
+        through = httpx.get(
+            f"{workers}{path}", headers={"Authorization": key}, timeout=5, verify=trusted_tls()
+        )
         assert through.json().get("detail") != GATE
-        assert httpx.get(f"{main}/healthz", timeout=5).status_code == 200
+        assert httpx.get(f"{main}/healthz", timeout=5, verify=trusted_tls()).status_code == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)

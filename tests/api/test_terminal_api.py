@@ -17,6 +17,7 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.edge.terminal_bridge import Resize
 from gpuyard.runtimes.base import Runtime
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
@@ -159,7 +160,9 @@ def test_plain_http_get_is_checked_then_told_to_upgrade(srv: LiveServer) -> None
         assert r.json()["error"]["code"] == "UPGRADE_REQUIRED"
     with srv.client(new_key(srv, Scope.READ)) as c:
         assert c.get(f"/v1/clusters/{cid}/terminal").status_code == 403
-    assert httpx.get(f"{srv.url}/v1/clusters/{cid}/terminal").status_code == 401
+    assert (
+        httpx.get(f"{srv.url}/v1/clusters/{cid}/terminal", verify=trusted_tls()).status_code == 401
+    )
 
 
 def test_session_over_the_key_subprotocol(srv: LiveServer, shells: list[Any]) -> None:

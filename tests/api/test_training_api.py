@@ -14,6 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.tenancy.auth import Scope, create_account, issue_key
 from gpuyard.services.training import stops as training_stops
 from gpuyard.store.schema import GpuAllocation, Member, TrainingCluster
@@ -119,6 +120,7 @@ def test_create_list_get_delete(tsrv: LiveServer, setup: dict[str, Any]) -> None
         bare = httpx.get(
             f"{tsrv.url}{BASE}{cluster['id']}",
             params=params(setup, apikey=tsrv.key),
+            verify=trusted_tls(),
         )
         assert bare.status_code == 200 and bare.json()["data"]["id"] == cluster["id"]
         events = c.get(f"{BASE}{cluster['id']}/events/", params=params(setup)).json()["data"]
@@ -334,14 +336,16 @@ def test_scope_misuse_never_leaks(tsrv: LiveServer, setup: dict[str, Any]) -> No
         # b's real membership of the admin's account: sees the admin's cluster.
         shared_view = c.get(f"{BASE}{cluster['id']}/", params=params(setup, active_iam=shared_id))
         assert shared_view.status_code == 200 and shared_view.json()["data"]["id"] == cluster["id"]
-    r = httpx.get(f"{tsrv.url}{BASE}", params=params(setup))
+    r = httpx.get(f"{tsrv.url}{BASE}", params=params(setup), verify=trusted_tls())
     assert_error(r, 401, "UNAUTHORIZED")
-    r = httpx.get(f"{tsrv.url}{BASE}", params=params(setup, apikey="nope"))
+    r = httpx.get(f"{tsrv.url}{BASE}", params=params(setup, apikey="nope"), verify=trusted_tls())
     assert_error(r, 401, "UNAUTHORIZED")
     # Without a key nothing about the request is judged: a malformed body is still 401.
-    r = httpx.post(f"{tsrv.url}{BASE}", params=params(setup), content=b"{nope")
+    r = httpx.post(
+        f"{tsrv.url}{BASE}", params=params(setup), content=b"{nope", verify=trusted_tls()
+    )
     assert_error(r, 401, "UNAUTHORIZED")
-    r = httpx.put(f"{tsrv.url}{BASE}1/", params=params(setup), content=b"[1]")
+    r = httpx.put(f"{tsrv.url}{BASE}1/", params=params(setup), content=b"[1]", verify=trusted_tls())
     assert_error(r, 401, "UNAUTHORIZED")
 
 

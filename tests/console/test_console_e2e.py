@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from tests.console.conftest import watch
 from tests.e2e.test_server_e2e import ServerProcess, running_server
@@ -105,7 +106,7 @@ class Recorder:
 
 
 def route_templates(server: ServerProcess) -> list[tuple[str, re.Pattern[str], str]]:
-    doc = httpx.get(f"{server.url}/openapi.json", timeout=30).json()
+    doc = httpx.get(f"{server.url}/openapi.json", timeout=30, verify=trusted_tls()).json()
     found = [(m.upper(), p) for p, ops in doc["paths"].items() for m in ops]
     out = []
     for method, path in [*found, *NON_OPENAPI_ROUTES]:

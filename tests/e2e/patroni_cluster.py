@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import free_port
 
 SUPERUSER_PASSWORD = "ha-super"
@@ -176,7 +177,9 @@ class PatroniCluster:
 
     def _etcd_healthy(self) -> bool:
         try:
-            return httpx.get(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1).is_success
+            return httpx.get(
+                f"http://127.0.0.1:{self.etcd_port}/health", timeout=1, verify=trusted_tls()
+            ).is_success
         except httpx.HTTPError:
             return False
 
@@ -185,7 +188,9 @@ class PatroniCluster:
         """Patroni's view of the cluster (GET /cluster on any node that answers)."""
         for node in self.nodes:
             try:
-                r = httpx.get(f"http://127.0.0.1:{node.api_port}/cluster", timeout=2)
+                r = httpx.get(
+                    f"http://127.0.0.1:{node.api_port}/cluster", timeout=2, verify=trusted_tls()
+                )
             except httpx.HTTPError:
                 continue
             if r.is_success:

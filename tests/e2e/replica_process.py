@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.helpers import free_port
 
 T = TypeVar("T")
@@ -80,7 +81,10 @@ class Replica:
         while time.monotonic() < deadline:
             assert self.proc is not None and self.proc.poll() is None, self.tail()
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                if (
+                    httpx.get(f"{self.url}/healthz", timeout=1, verify=trusted_tls()).status_code
+                    == 200
+                ):
                     return
             except httpx.HTTPError:
                 pass
@@ -112,7 +116,10 @@ class Replica:
     def client(self, timeout: float = 60) -> httpx.Client:
         key = json.loads((self.home / "credentials").read_text())["api_key"]
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=timeout
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=timeout,
+            verify=trusted_tls(),
         )
 
 

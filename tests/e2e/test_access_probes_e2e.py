@@ -15,6 +15,7 @@ import httpx
 import pytest
 import websockets
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from tests.e2e.test_network_isolation import as_key, new_account_key
 from tests.e2e.test_server_e2e import ServerProcess, running_server, wait_status
@@ -44,7 +45,9 @@ def proxied(proxy_port: int, url: str, headers: dict[str, str]) -> int:
     target = f"http://127.0.0.1:{proxy_port}{parts.path or '/'}" + (
         f"?{parts.query}" if parts.query else ""
     )
-    r = httpx.get(target, headers={"Host": parts.netloc, **headers}, timeout=10)
+    r = httpx.get(
+        target, headers={"Host": parts.netloc, **headers}, timeout=10, verify=trusted_tls()
+    )
     return r.status_code
 
 
@@ -104,6 +107,7 @@ def test_another_account_gets_nowhere(
     landed = httpx.get(
         f"http://127.0.0.1:{proxy_port}{parts.path}?{parts.query}",
         headers={"Host": parts.netloc},
+        verify=trusted_tls(),
     )
     assert landed.status_code == 302
     own_cookie = landed.headers["set-cookie"].split(";")[0]
@@ -147,7 +151,7 @@ def test_another_account_gets_nowhere(
     def from_address(address: str, key: str) -> int:
         parts = urlsplit(url)
         transport = httpx.HTTPTransport(local_address=address)
-        with httpx.Client(transport=transport, timeout=10) as client:
+        with httpx.Client(transport=transport, timeout=10, verify=trusted_tls()) as client:
             r = client.get(
                 f"http://127.0.0.1:{proxy_port}/",
                 headers={"Host": parts.netloc, "Authorization": f"Bearer {key}"},

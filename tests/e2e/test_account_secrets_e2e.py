@@ -13,6 +13,7 @@ import docker
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import container_name, running_server, wait_status
 
@@ -81,6 +82,7 @@ def test_secret_reaches_the_container_and_nothing_else(
             f"{server.url}/graphql",
             headers={"Authorization": f"Bearer {server.key}"},
             json={"query": f'{{ pod(input: {{podId: "{cid}"}}) {{ env }} }}'},
+            verify=trusted_tls(),
         )
         answers.append(pod.text)
 

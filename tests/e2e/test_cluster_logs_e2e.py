@@ -18,6 +18,7 @@ import docker
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.api.sse import Event, events
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import gone, running_server, wait_status
@@ -75,7 +76,7 @@ def test_follow_resume_stop_and_terminate_on_real_containers(
         url = f"{server.url}/v1/clusters/{cid}/logs"
         # The key in the query, as an EventSource (which cannot set headers) sends it.
         key = {"api_key": server.key}
-        with httpx.Client(timeout=20) as sse:
+        with httpx.Client(timeout=20, verify=trusted_tls()) as sse:
             # tail=0: only what the container prints from now on.
             began = time.time()
             with sse.stream("GET", url, params={**key, "follow": "true", "tail": 0}) as s:

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.observability.crash_points import CRASH_POINTS, ENV_VAR
 from gpuyard.runtimes.hosts.ssh_tunnel import SshKeys
 from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image
@@ -210,6 +211,7 @@ def a_budget_stop(run: Run) -> None:
         base_url=run.server.url,
         headers={"Authorization": f"Bearer {data['api_key']['key']}"},
         timeout=120,
+        verify=trusted_tls(),
     ) as owner:
         for _ in range(2):
             assert owner.post("/v1/clusters", json=CLUSTER).status_code == 201

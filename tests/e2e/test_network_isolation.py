@@ -21,6 +21,7 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_ACCOUNT, LABEL_INSTALLATION, Ownership
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.runtimes.engines.devimage import SERVE_PORT
 from gpuyard.runtimes.engines.engine import EnginePolicy, NotOurs
 from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
@@ -67,7 +68,10 @@ def new_account_key(server: ServerProcess, email: str) -> str:
 
 def as_key(server: ServerProcess, key: str) -> httpx.Client:
     return httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=120
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+        verify=trusted_tls(),
     )
 
 

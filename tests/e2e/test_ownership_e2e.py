@@ -34,6 +34,7 @@ import pytest
 
 from gpuyard.core.errors import RuntimeFailure
 from gpuyard.core.ownership import LABEL_INSTALLATION
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.observability.metrics import FULL_PASSES
 from gpuyard.runtimes.engines.engine import vanished_mid_removal
 from gpuyard.runtimes.engines.url import PodmanService
@@ -167,7 +168,10 @@ def volume_file(engine: docker.DockerClient, name: str, path: str) -> str:
 def full_passes(server: ServerProcess) -> int:
     """The server's count of full reconcile passes (``/metrics``)."""
     r = httpx.get(
-        server.url + "/metrics", headers={"Authorization": f"Bearer {server.key}"}, timeout=30
+        server.url + "/metrics",
+        headers={"Authorization": f"Bearer {server.key}"},
+        timeout=30,
+        verify=trusted_tls(),
     )
     assert r.status_code == 200, r.text
     for line in r.text.splitlines():

@@ -25,6 +25,7 @@ import docker
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.core.training.clusters import NodeName
 from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from gpuyard.runtimes.engines.engine import EnginePolicy
@@ -102,7 +103,12 @@ def answers_from(container: Any, address: str, port: int) -> bool:
 
 def answers_here(address: str, port: int) -> bool:
     try:
-        return httpx.get(f"http://{address}:{port}/healthz", timeout=5).status_code == 200
+        return (
+            httpx.get(
+                f"http://{address}:{port}/healthz", timeout=5, verify=trusted_tls()
+            ).status_code
+            == 200
+        )
     except httpx.HTTPError:
         return False
 
@@ -122,6 +128,7 @@ def through_proxy(
         headers={"Host": parts.netloc, **headers},
         timeout=30,
         follow_redirects=False,
+        verify=trusted_tls(),
     )
 
 

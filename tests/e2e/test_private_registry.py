@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from gpuyard.core.ownership import Ownership
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.runtimes.engines.pull_errors import CREDENTIALS_NEEDED
 from gpuyard.runtimes.engines.runtime import DockerEngineRuntime
 from gpuyard.runtimes.engines.url import PodmanService
@@ -62,7 +63,12 @@ def private_registry(root: Path) -> Iterator[int]:
         deadline = time.monotonic() + 20
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 401:
+                if (
+                    httpx.get(
+                        f"http://127.0.0.1:{port}/v2/", timeout=2, verify=trusted_tls()
+                    ).status_code
+                    == 401
+                ):
                     break
             except httpx.HTTPError:
                 pass

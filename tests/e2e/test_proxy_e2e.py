@@ -23,6 +23,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools.web_image import WEB_IMAGE, build_web_image
 from gpuyard.edge.caddy import CaddyProcess
 from gpuyard.services.installation.bootstrap import open_store
@@ -48,7 +49,9 @@ class Proxy:
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.client = httpx.Client(timeout=30, follow_redirects=False, trust_env=False)
+        self.client = httpx.Client(
+            timeout=30, follow_redirects=False, trust_env=False, verify=trusted_tls()
+        )
 
     def get(self, url: str, headers: dict[str, str] | None = None) -> httpx.Response:
         parts = urlsplit(url)
@@ -175,7 +178,9 @@ def test_proxy_urls_through_real_caddy(
                     f"http://127.0.0.1:{proxy.port}/stream?seconds={STREAM_SECONDS}&interval=5"
                 )
                 with (
-                    httpx.Client(timeout=httpx.Timeout(30, read=60), trust_env=False) as s,
+                    httpx.Client(
+                        timeout=httpx.Timeout(30, read=60), trust_env=False, verify=trusted_tls()
+                    ) as s,
                     s.stream("GET", stream_url, headers={"Host": parts.netloc}) as r,
                 ):
                     assert r.status_code == 200

@@ -24,6 +24,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools.web_image import WEB_IMAGE
 from gpuyard.edge.caddy import CaddyAdmin, CaddyProcess
 from gpuyard.edge.proxy_resolver import ZONE, ResolverProcess
@@ -122,7 +123,9 @@ def test_streams_and_websockets_outlive_other_clusters(
     def stream() -> None:
         try:
             with (
-                httpx.Client(timeout=httpx.Timeout(30, read=20), trust_env=False) as s,
+                httpx.Client(
+                    timeout=httpx.Timeout(30, read=20), trust_env=False, verify=trusted_tls()
+                ) as s,
                 s.stream(
                     "GET",
                     f"http://127.0.0.1:{proxy.port}/stream?seconds={STREAM_SECONDS}&interval=1",

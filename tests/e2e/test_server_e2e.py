@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.edge.caddy import CaddyProcess
 from gpuyard.edge.proxy_resolver import ResolverProcess
 from gpuyard.runtimes.engines.exec_output import run_keeping_output
@@ -110,7 +111,7 @@ class ServerProcess:
         deadline = time.monotonic() + 60
         # One client for every try: a new one each time loads the CA bundle (tens of
         # milliseconds of CPU, taken from the server starting beside it).
-        with httpx.Client(timeout=1, trust_env=False) as probe:
+        with httpx.Client(timeout=1, trust_env=False, verify=trusted_tls()) as probe:
             while time.monotonic() < deadline:
                 try:
                     # Ours answers only once its database exists (an answer before that
@@ -182,7 +183,10 @@ class ServerProcess:
 
     def client(self) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=120
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {self.key}"},
+            timeout=120,
+            verify=trusted_tls(),
         )
 
 

@@ -25,6 +25,7 @@ import httpx
 import pytest
 import runpod
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools.serverless_image import SERVERLESS_IMAGE, build_serverless_image
 from tests.e2e.test_server_e2e import ServerProcess, running_server
 from tests.helpers import free_port
@@ -303,7 +304,7 @@ def test_a_workers_key_answers_for_its_own_endpoint_only(sdk: ServerProcess) -> 
     assert env["RUNPOD_ENDPOINT_ID"] == ep.endpoint_id and key != sdk.key
     queued = other.run({"not": "yours"})
     workers = f"{sdk.url}/runpod/v2/workers"
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, verify=trusted_tls()) as c:
         for path in (
             f"{workers}/{other.endpoint_id}/job-take/{worker_id}",
             f"{workers}/{other.endpoint_id}/job-take-batch/{worker_id}?batch_size=4",

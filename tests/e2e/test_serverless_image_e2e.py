@@ -25,6 +25,7 @@ from click.testing import CliRunner
 
 from gpuyard.cli.main import cli
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools.serverless_image import (
     DIRECT_HTTP_PORT,
     SERVERLESS_IMAGE,
@@ -85,7 +86,7 @@ def run_direct(
     deadline = time.monotonic() + 30
     while True:
         try:
-            httpx.get(f"{base}/health", timeout=1).raise_for_status()
+            httpx.get(f"{base}/health", timeout=1, verify=trusted_tls()).raise_for_status()
             return base, container
         except httpx.HTTPError:
             if time.monotonic() > deadline:
@@ -129,7 +130,7 @@ def test_direct_http_runs_the_handler(
     expected: Any,
 ) -> None:
     base, _ = run_direct(engine, serverless_image, owner, handler)
-    with httpx.Client(base_url=base, timeout=10) as client:
+    with httpx.Client(base_url=base, timeout=10, verify=trusted_tls()) as client:
         answer = client.post("/", json=body)
         assert answer.status_code == 200, answer.text
         assert answer.json() == expected
@@ -144,7 +145,9 @@ def test_direct_http_runs_jobs_concurrently_and_stops_at_once(
     with ThreadPoolExecutor(4) as pool:
         answers = list(
             pool.map(
-                lambda _: httpx.post(base, json={"input": {"seconds": 1}}, timeout=10).json(),
+                lambda _: httpx.post(
+                    base, json={"input": {"seconds": 1}}, timeout=10, verify=trusted_tls()
+                ).json(),
                 range(4),
             )
         )

@@ -25,6 +25,7 @@ import asyncssh
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_network_isolation import as_key, new_account_key
@@ -367,7 +368,9 @@ def invited_member(env: Env, email: str, key: Path) -> tuple[httpx.Client, int]:
         f"/v1/accounts/{account_id}/invitations", json={"email": email, "role": "member"}
     )
     assert r.status_code == 201, r.text
-    r = httpx.post(f"{env.server.url}/v1/invitations/{r.json()['data']['token']}/accept")
+    r = httpx.post(
+        f"{env.server.url}/v1/invitations/{r.json()['data']['token']}/accept", verify=trusted_tls()
+    )
     assert r.status_code == 201, r.text
     made = r.json()["data"]
     client = as_key(env.server, made["api_key"]["key"])

@@ -10,6 +10,7 @@ from pathlib import Path
 import docker
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import (
     ServerProcess,
@@ -39,6 +40,7 @@ def new_account(server: ServerProcess, c: httpx.Client, name: str) -> tuple[int,
         base_url=server.url,
         headers={"Authorization": f"Bearer {data['api_key']['key']}"},
         timeout=120,
+        verify=trusted_tls(),
     )
     return int(data["account"]["id"]), owner
 

@@ -20,6 +20,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from gpuyard.core.tls_trust import trusted_tls
 from tests.api.sse import Event, events
 from tests.e2e.conftest import DEV_IMAGE
 from tests.e2e.test_server_e2e import ServerProcess, running_server, sh, wait_status
@@ -176,7 +177,9 @@ def test_a_removed_members_terminal_and_log_stream_end_within_seconds(
             json={"email": "carol@example.com", "role": "member"},
         )
         assert r.status_code == 201, r.text
-        r = httpx.post(f"{server.url}/v1/invitations/{r.json()['data']['token']}/accept")
+        r = httpx.post(
+            f"{server.url}/v1/invitations/{r.json()['data']['token']}/accept", verify=trusted_tls()
+        )
         assert r.status_code == 201, r.text
         member_key = r.json()["data"]["api_key"]["key"]
         member_id = r.json()["data"]["membership"]["id"]
@@ -195,6 +198,7 @@ def test_a_removed_members_terminal_and_log_stream_end_within_seconds(
                     base_url=server.url,
                     headers={"Authorization": f"Bearer {member_key}"},
                     timeout=60,
+                    verify=trusted_tls(),
                 ) as m,
                 m.stream(
                     "GET", f"/v1/clusters/{cid}/logs", params={"follow": "true", "tail": 1}

@@ -21,6 +21,7 @@ import docker
 import httpx
 import pytest
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.runtimes.slurm.image import SLURM_IMAGE, build_slurm_image, derive_image
 from tests.e2e.test_server_e2e import ServerProcess
 from tests.e2e.training_fleet import node_containers
@@ -499,11 +500,15 @@ def test_a_removed_members_key_leaves_the_training_nodes(
             json={"email": "mia@example.com", "role": "member"},
         )
         assert r.status_code == 201, r.text
-        r = httpx.post(f"{server.url}/v1/invitations/{r.json()['data']['token']}/accept")
+        r = httpx.post(
+            f"{server.url}/v1/invitations/{r.json()['data']['token']}/accept", verify=trusted_tls()
+        )
         assert r.status_code == 201, r.text
         made = r.json()["data"]
         with httpx.Client(
-            base_url=server.url, headers={"Authorization": f"Bearer {made['api_key']['key']}"}
+            base_url=server.url,
+            headers={"Authorization": f"Bearer {made['api_key']['key']}"},
+            verify=trusted_tls(),
         ) as member:
             r = member.post("/v1/ssh-keys", json={"name": "mia", "public_key": member_pub})
             assert r.status_code == 201, r.text

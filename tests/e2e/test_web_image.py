@@ -16,6 +16,7 @@ import pytest
 import websockets
 
 from gpuyard.core.ownership import LABEL_INSTALLATION, Ownership
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools.web_image import (
     WEB_IMAGE,
     WEB_PORT,
@@ -68,7 +69,9 @@ def web(engine: docker.DockerClient, engine_url: str, web_image: str) -> Iterato
         deadline = time.monotonic() + 15
         while True:
             try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).raise_for_status()
+                httpx.get(
+                    f"http://127.0.0.1:{port}/healthz", timeout=1, verify=trusted_tls()
+                ).raise_for_status()
                 break
             except httpx.HTTPError:
                 if time.monotonic() > deadline:
@@ -88,7 +91,7 @@ def test_build_is_cached_by_recipe(web_image: str) -> None:
 
 def test_endpoints_in_a_container(web: tuple[str, str]) -> None:
     addr, _ = web
-    with httpx.Client(base_url=f"http://{addr}") as client:
+    with httpx.Client(base_url=f"http://{addr}", verify=trusted_tls()) as client:
         page = client.get("/")
         assert page.status_code == 200 and "host: webhost" in page.text
         mib = client.get("/bytes/1048576")
@@ -115,7 +118,9 @@ def test_stop_is_prompt(web: tuple[str, str], engine: docker.DockerClient) -> No
     addr, name = web
     container = engine.containers.get(name)
     # A long stream holds a connection process open: the stop must not wait for it.
-    with httpx.stream("GET", f"http://{addr}/stream?seconds=60&interval=1") as r:
+    with httpx.stream(
+        "GET", f"http://{addr}/stream?seconds=60&interval=1", verify=trusted_tls()
+    ) as r:
         next(r.iter_lines())
         t0 = time.monotonic()
         container.stop(timeout=10)

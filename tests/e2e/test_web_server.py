@@ -22,6 +22,7 @@ import httpx
 import pytest
 import websockets
 
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools.web_image import compile_web_server
 from tests.helpers import free_port
 from tests.required_parts import needs_tools
@@ -59,17 +60,17 @@ def pattern(n: int) -> bytes:
 
 
 def test_index_names_the_host(server: str) -> None:
-    r = httpx.get(f"http://{server}/")
+    r = httpx.get(f"http://{server}/", verify=trusted_tls())
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/html")
     assert f"host: {socket.gethostname()}" in r.text
-    head = httpx.head(f"http://{server}/")
+    head = httpx.head(f"http://{server}/", verify=trusted_tls())
     assert head.status_code == 200 and head.content == b""
     assert int(head.headers["content-length"]) == len(r.content)
 
 
 def test_bytes_keep_alive(server: str) -> None:
-    with httpx.Client() as client:
+    with httpx.Client(verify=trusted_tls()) as client:
         for n in (0, 1, 1000, 1 << 20, (1 << 20) + 7):
             r = client.get(f"http://{server}/bytes/{n}")
             assert r.status_code == 200
@@ -97,7 +98,9 @@ def test_stream_writes_a_line_per_interval(server: str) -> None:
     times: list[float] = []
     lines: list[str] = []
     start_t = time.monotonic()
-    with httpx.stream("GET", f"http://{server}/stream?seconds=1&interval=0.25") as r:
+    with httpx.stream(
+        "GET", f"http://{server}/stream?seconds=1&interval=0.25", verify=trusted_tls()
+    ) as r:
         assert r.headers["transfer-encoding"] == "chunked"
         for line in r.iter_lines():
             times.append(time.monotonic() - start_t)
@@ -105,25 +108,27 @@ def test_stream_writes_a_line_per_interval(server: str) -> None:
     assert [line.split()[1] for line in lines] == ["0", "1", "2", "3", "4"]
     # Lines arrive as they are written, not all at the end.
     assert times[2] - times[0] > 0.4 and times[-1] - times[0] >= 0.9
-    assert httpx.get(f"http://{server}/stream?interval=0").status_code == 400
+    assert httpx.get(f"http://{server}/stream?interval=0", verify=trusted_tls()).status_code == 400
 
 
 def test_echo_sized_and_chunked(server: str) -> None:
     body = os.urandom(300_000)
-    r = httpx.post(f"http://{server}/echo", content=body, headers={"content-type": "x/y"})
+    r = httpx.post(
+        f"http://{server}/echo", content=body, headers={"content-type": "x/y"}, verify=trusted_tls()
+    )
     assert r.content == body and r.headers["content-type"] == "x/y"
 
     def parts() -> Iterator[bytes]:
         for i in range(20):
             yield bytes([i]) * 1000
 
-    r = httpx.post(f"http://{server}/echo", content=parts())
+    r = httpx.post(f"http://{server}/echo", content=parts(), verify=trusted_tls())
     assert r.headers["transfer-encoding"] == "chunked"
     assert r.content == b"".join(bytes([i]) * 1000 for i in range(20))
-    assert httpx.post(f"http://{server}/echo").content == b""
-    assert httpx.get(f"http://{server}/echo").status_code == 405
-    assert httpx.post(f"http://{server}/", content=b"x").status_code == 405
-    assert httpx.get(f"http://{server}/nope").status_code == 404
+    assert httpx.post(f"http://{server}/echo", verify=trusted_tls()).content == b""
+    assert httpx.get(f"http://{server}/echo", verify=trusted_tls()).status_code == 405
+    assert httpx.post(f"http://{server}/", content=b"x", verify=trusted_tls()).status_code == 405
+    assert httpx.get(f"http://{server}/nope", verify=trusted_tls()).status_code == 404
 
 
 def test_expect_continue(server: str) -> None:
@@ -199,7 +204,7 @@ def test_websocket_unmasked_frame_is_a_protocol_error(server: str) -> None:
 
 
 def test_websocket_needs_an_upgrade(server: str) -> None:
-    assert httpx.get(f"http://{server}/ws").status_code == 400
+    assert httpx.get(f"http://{server}/ws", verify=trusted_tls()).status_code == 400
     r = httpx.get(
         f"http://{server}/ws",
         headers={
@@ -208,6 +213,7 @@ def test_websocket_needs_an_upgrade(server: str) -> None:
             "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
             "sec-websocket-version": "8",
         },
+        verify=trusted_tls(),
     )
     assert r.status_code == 426 and r.headers["sec-websocket-version"] == "13"
 
@@ -215,7 +221,9 @@ def test_websocket_needs_an_upgrade(server: str) -> None:
 def test_sigterm_ends_server_and_connections(binary: Path) -> None:
     proc, port = start(binary)
     # A connection in the middle of a long stream has its own process; it must go too.
-    with httpx.stream("GET", f"http://127.0.0.1:{port}/stream?seconds=60&interval=1") as r:
+    with httpx.stream(
+        "GET", f"http://127.0.0.1:{port}/stream?seconds=60&interval=1", verify=trusted_tls()
+    ) as r:
         lines = r.iter_lines()
         next(lines)
         t0 = time.monotonic()
@@ -227,4 +235,4 @@ def test_sigterm_ends_server_and_connections(binary: Path) -> None:
                 pass
         assert time.monotonic() - t0 < 30
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"http://127.0.0.1:{port}/")
+        httpx.get(f"http://127.0.0.1:{port}/", verify=trusted_tls())

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from gpuyard.cli.main import cli
 from gpuyard.core.errors import RuntimeFailure
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.devtools import serverless_handler as handlers
 from gpuyard.devtools import serverless_image as image
 from tests.helpers import free_port
@@ -224,7 +225,7 @@ def direct() -> Iterator[str]:
 
 
 def test_direct_http_server(direct: str) -> None:
-    with httpx.Client(base_url=direct, timeout=10) as client:
+    with httpx.Client(base_url=direct, timeout=10, verify=trusted_tls()) as client:
         assert client.get("/health").json()["status"] == "ok"
         assert client.get("/nope").status_code == 404
         assert client.post("/", content=b"[").status_code == 400
@@ -234,7 +235,10 @@ def test_direct_http_server(direct: str) -> None:
     with ThreadPoolExecutor(3) as pool:
         outs = list(
             pool.map(
-                lambda _: httpx.post(direct, json={"input": {"seconds": 0.5}}).json(), range(3)
+                lambda _: httpx.post(
+                    direct, json={"input": {"seconds": 0.5}}, verify=trusted_tls()
+                ).json(),
+                range(3),
             )
         )
     assert max(o["in_flight_max"] for o in outs) >= 3  # a thread per connection
@@ -248,7 +252,7 @@ def test_direct_http_reports_a_failing_handler() -> None:
     server = handlers.make_http_server(broken, port, host="127.0.0.1")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        answer = httpx.post(f"http://127.0.0.1:{port}/", json={"input": 1})
+        answer = httpx.post(f"http://127.0.0.1:{port}/", json={"input": 1}, verify=trusted_tls())
         assert answer.status_code == 500 and answer.json() == {"error": "RuntimeError: boom"}
     finally:
         server.shutdown()

@@ -25,6 +25,7 @@ from gpuyard.api.http.database_outage import DatabaseOutage
 from gpuyard.api.http.nul_guard import NulGuard
 from gpuyard.api.http.rate_limit import RateLimit, RateLimiter, RateLimits, seconds_of
 from gpuyard.api.http.request_ids import RequestIds
+from gpuyard.api.http.route_mount import mount_routes
 from gpuyard.api.rest import catalog, clusters
 from gpuyard.api.rest import cluster_logs as cluster_logs_api
 from gpuyard.api.rest import cluster_metrics as cluster_metrics_api
@@ -50,7 +51,7 @@ from gpuyard.api.rest.tenancy import projects as projects_api
 from gpuyard.api.rest.tenancy import quotas as quotas_api
 from gpuyard.api.rest.tenancy import registry_auths as registry_auths_api
 from gpuyard.api.rest.tenancy import secrets as secrets_api
-from gpuyard.api.runpod_v2 import build_router as runpod_v2_router
+from gpuyard.api.runpod_v2 import routers as runpod_v2_routers
 from gpuyard.api.runpod_v2.fast_reads import FAST_READS
 from gpuyard.api.runpod_v2.serverless_jobs import body_limit as job_body_limit
 from gpuyard.api.runpod_v2.serverless_workers import body_limit as worker_body_limit
@@ -262,38 +263,41 @@ def build_server(
     console_api.install(app)  # the web console, its sign-in and session cookie
     # Outermost: a database outage (a failover) raised ahead of routing is a 503 too.
     app.add_middleware(DatabaseOutage)
-    app.include_router(clusters.router)
-    app.include_router(cluster_logs_api.router)
-    app.include_router(cluster_metrics_api.router)
-    app.include_router(catalog.router)
-    app.include_router(hosts_api.router)
-    app.include_router(billing.router)
-    app.include_router(projects_api.router)
-    app.include_router(plans_api.router)
-    app.include_router(ssh_keys_api.router)
-    app.include_router(secrets_api.router)
-    app.include_router(registry_auths_api.router)
-    app.include_router(images_api.router)
-    app.include_router(host_images_api.router)
-    app.include_router(reserved_ips_api.router)
-    app.include_router(security_groups_api.router)
-    app.include_router(templates_api.router)
-    app.include_router(endpoints_api.router)
-    app.include_router(orphans_api.router)
-    app.include_router(snapshots_api.router)
-    app.include_router(network_volumes_api.router)
-    app.include_router(terminal_api.router)
-    app.include_router(proxy_api.router)
-    app.include_router(accounts_api.router)
-    app.include_router(quotas_api.router)
-    app.include_router(budgets_api.router)
-    app.include_router(audit_api.router)
-    app.include_router(me_api.router)
+    for router in (
+        clusters.router,
+        cluster_logs_api.router,
+        cluster_metrics_api.router,
+        catalog.router,
+        hosts_api.router,
+        billing.router,
+        projects_api.router,
+        plans_api.router,
+        ssh_keys_api.router,
+        secrets_api.router,
+        registry_auths_api.router,
+        images_api.router,
+        host_images_api.router,
+        reserved_ips_api.router,
+        security_groups_api.router,
+        templates_api.router,
+        endpoints_api.router,
+        orphans_api.router,
+        snapshots_api.router,
+        network_volumes_api.router,
+        terminal_api.router,
+        proxy_api.router,
+        accounts_api.router,
+        quotas_api.router,
+        budgets_api.router,
+        audit_api.router,
+        me_api.router,
+    ):
+        mount_routes(app, router)
     # GraphQL's contract is its own schema (introspection), fuzzed as such; a JSON
     # schema cannot say which query strings are valid, so OpenAPI leaves it out.
     app.include_router(graphql_router(settings), include_in_schema=False)
-    app.include_router(training.router)
-    app.include_router(runpod_v2_router())
+    for router in (training.router, *runpod_v2_routers()):
+        mount_routes(app, router)
 
     @app.get("/healthz", tags=["meta"])
     async def healthz() -> JSONResponse:

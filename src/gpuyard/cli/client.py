@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
+
 JSON = dict[str, Any]
 
 
@@ -54,7 +56,11 @@ class GpuyardClient:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
-            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout_s,
+            transport=transport,
+            verify=trusted_tls(),
         )
 
     def close(self) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from gpuyard.core.tls_trust import trusted_tls
+
 log = logging.getLogger(__name__)
 
 _ADMIN_TIMEOUT_S = 5.0
@@ -38,10 +40,12 @@ class CaddyAdmin:
     def __init__(self, address: str) -> None:
         self.address = address
         if address.startswith("unix//"):
-            transport = httpx.HTTPTransport(uds=address[len("unix/") :])
+            transport = httpx.HTTPTransport(
+                uds=address[len("unix/") :], verify=trusted_tls(trust_env=False)
+            )
             base = "http://localhost"
         else:
-            transport = httpx.HTTPTransport()
+            transport = httpx.HTTPTransport(verify=trusted_tls(trust_env=False))
             base = f"http://{address}"
         # Caddy's admin checks Host (and Origin) against its listen address; over a unix
         # socket it accepts an empty host.

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 
 from gpuyard.core.errors import ValidationFailed
 from gpuyard.core.network.embedded_ipv4 import embedded_ipv4
+from gpuyard.core.tls_trust import trusted_tls
 from gpuyard.services.context import Context
 from gpuyard.services.tenancy.secrets import SecretUnreadable, secret_box
 from gpuyard.store.schema import Account, AccountEvent, WebhookDelivery
@@ -300,7 +301,12 @@ def _post(ctx: Context, attempt: _Attempt, url: str, secret: str) -> str | None:
         extensions["sni_hostname"] = target.host
     timeout = ctx.settings.webhook_timeout_s
     try:
-        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+        with httpx.Client(
+            timeout=timeout,
+            follow_redirects=False,
+            trust_env=False,
+            verify=trusted_tls(trust_env=False),
+        ) as client:
             request = client.build_request(
                 "POST", target.connect_url(), content=body, headers=headers, extensions=extensions
             )
